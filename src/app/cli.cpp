@@ -1,0 +1,52 @@
+#include "app/cli.hpp"
+
+#include <cctype>
+
+namespace cg::app {
+
+std::string env_name_for(const std::string& prefix, const std::string& long_flag) {
+    std::string out = prefix;
+    for (char c : long_flag) out += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return out;
+}
+
+void mirror_env(CLI::App& app, const std::string& prefix) {
+    for (CLI::Option* opt : app.get_options()) {
+        if (!opt->get_envname().empty() || opt->get_lnames().empty()) continue;
+        const auto& name = opt->get_lnames().front();
+        if (name == "help" || name == "help-all") continue;
+        opt->envname(env_name_for(prefix, name));
+    }
+    for (CLI::App* sub : app.get_subcommands({})) mirror_env(*sub, prefix);
+}
+
+void add_runtime_flags(CLI::App& cmd, runtime_flags& f) {
+    cmd.add_option("--health-listen", f.health_listen, "address for /healthz, /readyz, /metrics")
+        ->capture_default_str();
+    cmd.add_option("--offload-threads", f.offload_threads, "threads for blocking and Stripe work")
+        ->check(CLI::Range(1u, 64u))
+        ->capture_default_str();
+    cmd.add_option("--shutdown-timeout", f.shutdown_timeout_s, "seconds to drain on SIGTERM before giving up")
+        ->check(CLI::Range(0.0, 3600.0))
+        ->capture_default_str();
+    cmd.add_option("--max-loop-lag", f.max_loop_lag_s, "seconds of event-loop lag above which /healthz fails")
+        ->check(CLI::Range(0.001, 60.0))
+        ->capture_default_str();
+}
+
+runtime_options to_runtime_options(const runtime_flags& f) {
+    runtime_options o;
+    auto hp = net::parse_host_port(f.health_listen);
+    if (!hp) throw CLI::ValidationError("--health-listen", hp.err().describe());
+    o.health_listen = *hp;
+    o.offload_threads = f.offload_threads;
+    o.shutdown_timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(f.shutdown_timeout_s));
+    o.max_loop_lag = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(f.max_loop_lag_s));
+    return o;
+}
+
+logger make_stderr_logger(log_level level) { return logger(std::make_shared<fd_sink>(2), level); }
+
+}  // namespace cg::app

@@ -1,0 +1,23 @@
+// Subcommand registration. Each subcommand lives in its own cmd_<name>.cpp and adds itself to the CLI;
+// the function it sets as callback runs after parsing and returns the process exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <memory>
+
+#include "core/log.hpp"
+
+namespace cg::app {
+
+struct global_flags {
+    std::string log_level = "info";
+    cg::log_level level() const;
+};
+
+// What a parsed subcommand wants to run.
+using command_main = std::function<int(const global_flags&)>;
+
+void register_version(CLI::App& app, command_main& selected);
+
+}  // namespace cg::app

@@ -1,0 +1,39 @@
+// chargeguard: NSQ billing events → Stripe, exactly once. See README.md and DESIGN.md.
+#include <cstdio>
+
+#include "app/cli.hpp"
+#include "app/commands.hpp"
+
+namespace cg::app {
+
+log_level global_flags::level() const { return parse_log_level(log_level).value_or(cg::log_level::info); }
+
+}  // namespace cg::app
+
+int main(int argc, char** argv) {
+    using namespace cg::app;
+    CLI::App app{"chargeguard — charges Stripe exactly once for billing events from NSQ"};
+    app.require_subcommand(1);
+    global_flags globals;
+    app.add_option("--log-level", globals.log_level, "debug | info | warn | error | off")
+        ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}))
+        ->capture_default_str();
+
+    command_main selected;
+    register_version(app, selected);
+
+    mirror_env(app);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+    try {
+        return selected ? selected(globals) : 0;
+    } catch (const CLI::Error& e) {
+        return app.exit(e);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "chargeguard: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,118 @@
+#include "app/runtime.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/experimental/parallel_group.hpp>
+#include <csignal>
+
+#include "http/health_routes.hpp"
+#include "net/timeout.hpp"
+
+namespace cg::app {
+
+namespace {
+double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Runs every drain as its own coroutine and completes when all have. The shared state outlives this
+// coroutine when it is cancelled by the shutdown timeout while drains are still running.
+struct join_state {
+    std::size_t left;
+    net::steady_timer done;
+};
+
+asio::awaitable<void> run_all(std::vector<runtime::drain_fn> fns) {
+    auto ex = co_await asio::this_coro::executor;
+    auto st = std::make_shared<join_state>(join_state{fns.size(), net::steady_timer(ex, std::chrono::steady_clock::time_point::max())});
+    for (auto& fn : fns) {
+        asio::co_spawn(ex, fn(), [st](std::exception_ptr) {
+            if (--st->left == 0) st->done.cancel();
+        });
+    }
+    if (st->left > 0) co_await st->done.async_wait();
+}
+}  // namespace
+
+runtime::runtime(runtime_options opts, logger log)
+    : opts_(std::move(opts)), log_(std::move(log)), offload_(opts_.offload_threads), signals_(io_) {}
+
+runtime::~runtime() {
+    if (probe_) probe_->stop();
+    offload_.stop();
+    offload_.join();
+}
+
+result<net::tcp::endpoint> runtime::start() {
+    auto& lag_hist = metrics_.histogram("chargeguard_event_loop_lag_seconds",
+                                        "Lateness of a periodic timer on the main event loop")
+                         .Add({}, metrics::latency_buckets());
+    probe_ = std::make_shared<net::lag_probe>(io_.get_executor(), opts_.lag_interval,
+                                              [&lag_hist](double s) { lag_hist.Observe(s); });
+    probe_->start();
+    health_.add_liveness("event_loop", [this]() {
+        double lag = probe_->recent_max_lag(opts_.lag_window);
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "max lag %.4fs in the last %.0fs (limit %.3fs)", lag, seconds(opts_.lag_window),
+                      seconds(opts_.max_loop_lag));
+        return metrics::check_status{lag <= seconds(opts_.max_loop_lag), buf};
+    });
+    http::add_health_routes(routes_, metrics_, health_);
+    server_ = std::make_unique<http::server>(io_.get_executor(), routes_, http::server_options{}, log_);
+    auto ep = server_->listen(opts_.health_listen);
+    if (!ep) return ep.err();
+    server_->start();
+    if (opts_.handle_signals) {
+        signals_.add(SIGINT);
+        signals_.add(SIGTERM);
+        wait_signal();
+    }
+    log_.info("health server listening", {{"address", ep->address().to_string()}, {"port", ep->port()}});
+    return ep;
+}
+
+void runtime::wait_signal() {
+    signals_.async_wait([this](std::error_code ec, int sig) {
+        if (ec) return;
+        if (!stopping_) {
+            request_stop(sig == SIGINT ? "SIGINT" : "SIGTERM");
+            wait_signal();
+        } else {
+            log_.warn("second signal: stopping at once", {{"signal", sig}});
+            exit_code_ = 130;
+            io_.stop();
+        }
+    });
+}
+
+void runtime::request_stop(std::string_view reason) {
+    if (stopping_) return;
+    stopping_ = true;
+    log_.info("shutdown requested", {{"reason", reason}, {"timeout_s", seconds(opts_.shutdown_timeout)}});
+    asio::co_spawn(io_, shutdown(this), [this](std::exception_ptr e) {
+        if (e) {
+            exit_code_ = 1;
+            log_.error("shutdown failed");
+        }
+        io_.stop();
+    });
+}
+
+asio::awaitable<void> runtime::shutdown(runtime* self) {
+    auto started = std::chrono::steady_clock::now();
+    bool in_time = co_await net::with_timeout(run_all(self->drains_), self->opts_.shutdown_timeout);
+    if (!in_time) {
+        self->exit_code_ = 1;
+        self->log_.warn("shutdown timed out; abandoning remaining work");
+    }
+    if (self->server_) self->server_->stop();
+    if (self->probe_) self->probe_->stop();
+    std::error_code ignored;
+    self->signals_.cancel(ignored);
+    self->log_.info("shutdown complete",
+                    {{"seconds", seconds(std::chrono::steady_clock::now() - started)}, {"clean", in_time}});
+}
+
+int runtime::run() {
+    io_.run();
+    return exit_code_;
+}
+
+}  // namespace cg::app

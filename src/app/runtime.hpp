@@ -1,0 +1,81 @@
+// The process runtime shared by long-running subcommands: the main io_context (one thread), the offload
+// pool, logger, metrics, health server, event-loop lag probe, and signal-driven bounded shutdown.
+#pragma once
+
+#include <asio/io_context.hpp>
+#include <asio/signal_set.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/log.hpp"
+#include "core/result.hpp"
+#include "http/router.hpp"
+#include "http/server.hpp"
+#include "metrics/health.hpp"
+#include "metrics/registry.hpp"
+#include "net/address.hpp"
+#include "net/lag_probe.hpp"
+#include "net/offload.hpp"
+
+namespace cg::app {
+
+struct runtime_options {
+    net::host_port health_listen{"127.0.0.1", 9180};
+    unsigned offload_threads = 2;
+    std::chrono::steady_clock::duration shutdown_timeout = std::chrono::seconds(30);
+    // /healthz fails when the loop was late by more than this within the window.
+    std::chrono::steady_clock::duration max_loop_lag = std::chrono::milliseconds(200);
+    std::chrono::steady_clock::duration lag_window = std::chrono::seconds(10);
+    std::chrono::steady_clock::duration lag_interval = std::chrono::milliseconds(50);
+    bool handle_signals = true;
+};
+
+class runtime {
+public:
+    runtime(runtime_options opts, logger log);
+    ~runtime();
+
+    asio::io_context& io() { return io_; }
+    net::offload_pool& offload() { return offload_; }
+    const logger& log() const { return log_; }
+    metrics::registry& metrics() { return metrics_; }
+    metrics::health& health() { return health_; }
+    // Extra routes for the health server; add them before start().
+    http::router& routes() { return routes_; }
+
+    // A drain step run on the first signal (or request_stop()); all run concurrently, bounded together by
+    // shutdown_timeout. Called on the main executor.
+    using drain_fn = std::function<asio::awaitable<void>()>;
+    void on_shutdown(drain_fn fn) { drains_.push_back(std::move(fn)); }
+
+    // Starts the lag probe, the health server and the signal handlers. Returns the bound endpoint.
+    result<net::tcp::endpoint> start();
+    // Runs the main loop until shutdown completes. Returns the process exit code.
+    int run();
+    // Begins a graceful shutdown, as SIGTERM would. Call on the main executor.
+    void request_stop(std::string_view reason);
+    bool stopping() const { return stopping_; }
+
+private:
+    static asio::awaitable<void> shutdown(runtime* self);
+    void wait_signal();
+
+    runtime_options opts_;
+    logger log_;
+    asio::io_context io_{1};
+    net::offload_pool offload_;
+    metrics::registry metrics_;
+    metrics::health health_;
+    http::router routes_;
+    std::unique_ptr<http::server> server_;
+    std::shared_ptr<net::lag_probe> probe_;
+    asio::signal_set signals_;
+    std::vector<drain_fn> drains_;
+    bool stopping_ = false;
+    int exit_code_ = 0;
+};
+
+}  // namespace cg::app

@@ -1,0 +1,198 @@
+#include "http/server.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/ssl/stream.hpp>
+#include <asio/write.hpp>
+#include <set>
+
+#include "net/error.hpp"
+#include "net/timeout.hpp"
+#include "net/tls.hpp"
+
+namespace cg::http {
+
+struct server::state {
+    asio::any_io_executor ex;
+    router routes;
+    server_options opts;
+    logger log;
+    net::tcp_acceptor acceptor;
+    bool stopped = false;
+    std::set<net::tcp_socket*> conns;  // touched only on ex
+
+    state(asio::any_io_executor e, router r, server_options o, logger l)
+        : ex(e), routes(std::move(r)), opts(std::move(o)), log(std::move(l)), acceptor(e) {}
+};
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Reads until the parser has a full message or fails. Returns false on EOF/timeout/error before any
+// byte of a message, or after a transport failure.
+template <typename Stream>
+asio::awaitable<bool> read_request(Stream& stream, request_parser& parser, std::string& buf,
+                                   clock::duration timeout) {
+    auto deadline = clock::now() + timeout;
+    for (;;) {
+        if (!buf.empty()) {
+            auto used = parser.feed(buf);
+            buf.erase(0, used);
+            if (parser.state() != parse_state::need_more) co_return true;
+        }
+        char chunk[8192];
+        auto left = deadline - clock::now();
+        if (left <= clock::duration::zero()) co_return false;
+        auto r = co_await net::with_timeout(stream.async_read_some(asio::buffer(chunk), net::nothrow), left);
+        if (!r) co_return false;
+        auto [ec, n] = *r;
+        if (ec) {
+            if (parser.started()) {
+                parser.feed_eof();
+                co_return parser.state() != parse_state::need_more;
+            }
+            co_return false;
+        }
+        buf.append(chunk, n);
+    }
+}
+
+template <typename Stream>
+asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream) {
+    request_parser parser(st->opts.limits);
+    std::string buf, out;
+    while (!st->stopped) {
+        if (!co_await read_request(stream, parser, buf, st->opts.read_timeout)) co_return;
+        response resp;
+        bool head = false;
+        if (parser.state() == parse_state::failed) {
+            resp = make_response(status_for(parser.error()), parser.error_detail() + "\n");
+            resp.headers.set("Connection", "close");
+        } else {
+            request& req = parser.message();
+            head = req.method == "HEAD";
+            try {
+                resp = co_await st->routes.dispatch(req);
+            } catch (const std::exception& e) {
+                st->log.error("http handler failed", {{"path", req.path()}, {"error", e.what()}});
+                resp = make_response(500, "internal error\n");
+            }
+            if (st->stopped || resp.abort_connection) co_return;
+            if (!req.keep_alive()) resp.headers.set("Connection", "close");
+        }
+        if (!resp.headers.has("Server")) resp.headers.add("Server", st->opts.server_name);
+        out.clear();
+        serialize(resp, out, head);
+        auto [ec, n] = co_await asio::async_write(stream, asio::buffer(out), net::nothrow);
+        if (ec || !resp.keep_alive()) co_return;
+        parser.reset();
+    }
+}
+
+asio::awaitable<void> run_connection(std::shared_ptr<server::state> st, net::tcp_socket sock) {
+    st->conns.insert(&sock);
+    struct unregister {
+        server::state* st;
+        net::tcp_socket* s;
+        ~unregister() { st->conns.erase(s); }
+    } guard{st.get(), &sock};
+
+    if (!st->opts.tls) {
+        co_await serve(st, sock);
+        std::error_code ignored;
+        sock.shutdown(net::tcp::socket::shutdown_both, ignored);
+        co_return;
+    }
+    net::tls_stream tls(std::move(sock), *st->opts.tls);
+    st->conns.erase(&sock);
+    st->conns.insert(&tls.next_layer());
+    guard.s = &tls.next_layer();
+    auto hs = co_await net::with_timeout(
+        tls.async_handshake(asio::ssl::stream_base::server), st->opts.read_timeout);
+    if (!hs || std::get<0>(*hs)) co_return;
+    co_await serve(st, tls);
+    // Best-effort close_notify, bounded so a silent peer cannot hold the coroutine.
+    (void)co_await net::with_timeout(tls.async_shutdown(net::nothrow), std::chrono::seconds(1));
+}
+
+asio::awaitable<void> accept_loop(std::shared_ptr<server::state> st) {
+    while (!st->stopped) {
+        auto [ec, sock] = co_await st->acceptor.async_accept();
+        if (ec) {
+            if (st->stopped || ec == asio::error::operation_aborted) co_return;
+            st->log.warn("accept failed", {{"error", ec.message()}});
+            // EMFILE and friends: back off briefly instead of spinning.
+            co_await net::sleep_for(std::chrono::milliseconds(50));
+            continue;
+        }
+        if (st->conns.size() >= st->opts.max_connections) {
+            std::error_code ignored;
+            sock.close(ignored);
+            continue;
+        }
+        std::error_code ignored;
+        sock.set_option(net::tcp::no_delay(true), ignored);
+        asio::co_spawn(st->ex, run_connection(st, std::move(sock)), [log = st->log](std::exception_ptr e) {
+            if (!e) return;
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::exception& x) {
+                log.error("http connection failed", {{"error", x.what()}});
+            }
+        });
+    }
+}
+
+}  // namespace
+
+server::server(asio::any_io_executor ex, router routes, server_options opts, logger log)
+    : st_(std::make_shared<state>(ex, std::move(routes), std::move(opts), std::move(log))) {}
+
+server::~server() {
+    if (st_ && !st_->stopped) stop();
+}
+
+result<net::tcp::endpoint> server::listen(const net::host_port& where) {
+    std::error_code ec;
+    auto addr = asio::ip::make_address(where.host, ec);
+    if (ec) return cg::error(net::errc::bad_address, "listen address must be an IP literal: " + where.host);
+    net::tcp::endpoint ep(addr, where.port);
+    auto& a = st_->acceptor;
+    a.open(ep.protocol(), ec);
+    if (!ec) a.set_option(net::tcp::acceptor::reuse_address(true), ec);
+    if (!ec) a.bind(ep, ec);
+    if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+        std::error_code ignored;
+        a.close(ignored);
+        return error(ec, "listen on " + where.to_string());
+    }
+    return a.local_endpoint();
+}
+
+void server::start() {
+    asio::co_spawn(st_->ex, accept_loop(st_), [log = st_->log](std::exception_ptr e) {
+        if (!e) return;
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+            log.error("http accept loop failed", {{"error", x.what()}});
+        }
+    });
+}
+
+void server::stop() {
+    st_->stopped = true;
+    std::error_code ignored;
+    st_->acceptor.close(ignored);
+    for (auto* s : st_->conns) s->close(ignored);
+}
+
+net::tcp::endpoint server::local_endpoint() const {
+    std::error_code ec;
+    return st_->acceptor.local_endpoint(ec);
+}
+
+std::size_t server::open_connections() const { return st_->conns.size(); }
+
+}  // namespace cg::http

@@ -1,0 +1,52 @@
+// Coroutine HTTP/1.1 server (plain TCP or TLS) with keep-alive, pipelining and size limits.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/ssl/context.hpp>
+#include <chrono>
+#include <memory>
+
+#include "core/log.hpp"
+#include "core/result.hpp"
+#include "http/proto/parser.hpp"
+#include "http/router.hpp"
+#include "net/address.hpp"
+#include "net/tokens.hpp"
+
+namespace cg::http {
+
+struct server_options {
+    parse_limits limits;
+    // A connection with no complete request for this long is closed (slowloris guard).
+    std::chrono::steady_clock::duration read_timeout = std::chrono::seconds(30);
+    std::size_t max_connections = 512;
+    // Serve TLS when set (test doubles use it for HTTPS).
+    std::shared_ptr<asio::ssl::context> tls;
+    std::string server_name = "chargeguard";
+};
+
+class server {
+public:
+    server(asio::any_io_executor ex, router routes, server_options opts, logger log);
+    ~server();
+    server(const server&) = delete;
+    server& operator=(const server&) = delete;
+
+    // Binds and listens (port 0 → ephemeral). Does not accept until start().
+    result<net::tcp::endpoint> listen(const net::host_port& where);
+    // Starts the accept loop on the executor. Completes nothing; stop() ends it.
+    void start();
+    // Closes the listener and every open connection. In-progress handlers finish but their responses
+    // are dropped. Safe to call more than once; must be called on the server's executor.
+    void stop();
+
+    net::tcp::endpoint local_endpoint() const;
+    std::size_t open_connections() const;
+
+    struct state;  // shared with connection coroutines; opaque
+
+private:
+    std::shared_ptr<state> st_;
+};
+
+}  // namespace cg::http

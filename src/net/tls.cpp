@@ -1,0 +1,90 @@
+#include "net/tls.hpp"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include <asio/ip/address.hpp>
+
+#include "net/error.hpp"
+
+namespace cg::net {
+namespace {
+
+std::string openssl_errors() {
+    std::string out;
+    while (unsigned long e = ERR_get_error()) {
+        char buf[256];
+        ERR_error_string_n(e, buf, sizeof buf);
+        if (!out.empty()) out += "; ";
+        out += buf;
+    }
+    return out;
+}
+
+bool is_ip_literal(const std::string& host) {
+    std::error_code ec;
+    (void)asio::ip::make_address(host, ec);
+    return !ec;
+}
+
+}  // namespace
+
+result<std::shared_ptr<asio::ssl::context>> make_tls_client_context(const tls_client_options& opts) {
+    auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
+    SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION);
+    ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_compression);
+    std::error_code ec;
+    if (opts.ca_file.empty()) {
+        ctx->set_default_verify_paths(ec);
+        if (ec) return error(errc::tls_setup_failed, "system CA store: " + ec.message());
+    } else {
+        ctx->load_verify_file(opts.ca_file, ec);
+        if (ec) return error(errc::tls_setup_failed, "CA file '" + opts.ca_file + "': " + ec.message());
+    }
+    ctx->set_verify_mode(asio::ssl::verify_peer, ec);
+    if (ec) return error(errc::tls_setup_failed, ec.message());
+    return ctx;
+}
+
+result<std::shared_ptr<asio::ssl::context>> make_tls_server_context(const tls_server_options& opts) {
+    auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_server);
+    SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION);
+    ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_compression |
+                     asio::ssl::context::single_dh_use);
+    std::error_code ec;
+    ctx->use_certificate_chain_file(opts.cert_file, ec);
+    if (ec) return error(errc::tls_setup_failed, "certificate '" + opts.cert_file + "': " + ec.message());
+    ctx->use_private_key_file(opts.key_file, asio::ssl::context::pem, ec);
+    if (ec) return error(errc::tls_setup_failed, "key '" + opts.key_file + "': " + ec.message());
+    return ctx;
+}
+
+result<void> prepare_tls_client(tls_stream& stream, const std::string& host) {
+    SSL* ssl = stream.native_handle();
+    if (!is_ip_literal(host)) {
+        if (SSL_set_tlsext_host_name(ssl, host.c_str()) != 1)
+            return error(errc::tls_setup_failed, "SNI: " + openssl_errors());
+        if (SSL_set1_host(ssl, host.c_str()) != 1)
+            return error(errc::tls_setup_failed, "host check: " + openssl_errors());
+    } else {
+        X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+        if (X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str()) != 1)
+            return error(errc::tls_setup_failed, "IP check: " + openssl_errors());
+    }
+    SSL_set_verify(ssl, SSL_VERIFY_PEER, nullptr);
+    return {};
+}
+
+std::string describe_tls_error(tls_stream& stream, std::error_code ec) {
+    std::string out = ec.message();
+    long v = SSL_get_verify_result(stream.native_handle());
+    if (v != X509_V_OK) {
+        out += " (certificate: ";
+        out += X509_verify_cert_error_string(v);
+        out += ")";
+    }
+    return out;
+}
+
+}  // namespace cg::net

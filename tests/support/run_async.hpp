@@ -1,0 +1,52 @@
+// The one helper coroutine tests use: run a coroutine on a fresh io_context with a time limit and
+// rethrow whatever it threw.
+#pragma once
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <chrono>
+#include <exception>
+#include <optional>
+#include <stdexcept>
+
+namespace cg::test {
+
+// Runs `make(io)` (a function returning asio::awaitable<T>) to completion on `io`, at most `limit`.
+// Throws std::runtime_error on timeout; rethrows the coroutine's exception.
+template <typename Make>
+auto run_async(asio::io_context& io, Make&& make, std::chrono::steady_clock::duration limit = std::chrono::seconds(30)) {
+    using awaitable_t = decltype(make());
+    using T = typename awaitable_t::value_type;
+    std::exception_ptr err;
+    bool done = false;
+    if constexpr (std::is_void_v<T>) {
+        asio::co_spawn(io, make(), [&](std::exception_ptr e) {
+            err = e;
+            done = true;
+        });
+        io.restart();
+        io.run_for(limit);
+        if (!done) throw std::runtime_error("test coroutine did not finish in time");
+        if (err) std::rethrow_exception(err);
+    } else {
+        std::optional<T> out;
+        asio::co_spawn(io, make(), [&](std::exception_ptr e, T v) {
+            err = e;
+            if (!e) out.emplace(std::move(v));
+            done = true;
+        });
+        io.restart();
+        io.run_for(limit);
+        if (!done) throw std::runtime_error("test coroutine did not finish in time");
+        if (err) std::rethrow_exception(err);
+        return std::move(*out);
+    }
+}
+
+template <typename Make>
+auto run_async(Make&& make, std::chrono::steady_clock::duration limit = std::chrono::seconds(30)) {
+    asio::io_context io;
+    return run_async(io, std::forward<Make>(make), limit);
+}
+
+}  // namespace cg::test
