@@ -1,0 +1,44 @@
+# Shared by ci/test and ci/demo.
+
+# Debian packages the build, the tests and the demo need (DESIGN.md §7, plus openssl for test
+# certificates and clang for the fuzz target).
+CG_PACKAGES="meson ninja-build g++ pkg-config libasio-dev libssl-dev libpq-dev libsimdjson-dev
+  libboost-test-dev libhttp-parser-dev libcli11-dev libfmt-dev prometheus-cpp-dev postgresql
+  postgresql-contrib openssl ca-certificates python3 procps"
+
+install_packages() {
+  local missing=()
+  for p in $CG_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing ${missing[*]}" >&2
+    local sudo=; [ "$(id -u)" = 0 ] || sudo=sudo
+    # policy-rc.d keeps the packaged cluster from starting; we start our own.
+    $sudo apt-get update -qq >&2
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      -o DPkg::Lock::Timeout=300 "${missing[@]}" >&2
+  fi
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Starts a throwaway cluster and exports libpq's PG* variables plus the test hooks; stops it on exit.
+start_postgres() {
+  CG_PG_DIR=$(mktemp -d /tmp/cg-pg.XXXXXX)
+  chmod 755 "$CG_PG_DIR"
+  local port; port=$(free_port)
+  "$root/ci/pg-cluster" start "$CG_PG_DIR" "$port"
+  trap 'ci_cleanup' EXIT
+  export PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres PGDATABASE=chargeguard_test
+  # Tests that restart the server call: "$CHARGEGUARD_TEST_PG_CTL" restart|stop|start "$CHARGEGUARD_TEST_PG_DIR"
+  export CHARGEGUARD_TEST_PG_CTL="$root/ci/pg-cluster" CHARGEGUARD_TEST_PG_DIR=$CG_PG_DIR
+  echo "== PostgreSQL on 127.0.0.1:$port ($CG_PG_DIR)" >&2
+}
+
+ci_cleanup() {
+  if [ -n "${CG_PG_DIR:-}" ]; then
+    "$root/ci/pg-cluster" stop "$CG_PG_DIR" || true
+    rm -rf "$CG_PG_DIR"
+  fi
+}
