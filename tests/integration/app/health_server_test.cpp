@@ -1,0 +1,148 @@
+// The health server of the runtime, over real sockets: /healthz, /readyz, /metrics, a deliberately
+// blocked loop turning /healthz red, and malformed requests that must not take the server down.
+#include <asio/post.hpp>
+#include <atomic>
+#include <boost/test/unit_test.hpp>
+#include <future>
+#include <thread>
+
+#include "app/runtime.hpp"
+#include "support/prom_text.hpp"
+#include "support/raw_http.hpp"
+
+using namespace cg;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct running_runtime {
+    std::shared_ptr<memory_sink> sink = std::make_shared<memory_sink>();
+    app::runtime rt;
+    std::atomic<bool> db_ready{false};
+    unsigned short port = 0;
+    std::thread loop;
+
+    explicit running_runtime(app::runtime_options o) : rt(with_defaults(o), logger(sink, log_level::debug)) {
+        rt.health().add_readiness("database", [this] {
+            return metrics::check_status{db_ready.load(), db_ready ? "answering" : "unreachable"};
+        });
+        auto ep = rt.start();
+        BOOST_REQUIRE_MESSAGE(ep.has_value(), (ep ? "" : ep.err().describe()));
+        port = ep->port();
+        loop = std::thread([this] { rt.run(); });
+    }
+    ~running_runtime() {
+        asio::post(rt.io(), [this] { rt.request_stop("test over"); });
+        loop.join();
+    }
+    static app::runtime_options with_defaults(app::runtime_options o) {
+        o.health_listen = {"127.0.0.1", 0};
+        o.handle_signals = false;
+        return o;
+    }
+};
+
+double lag_over(const test::prom_family& f, const std::string& lo) {
+    return test::bucket_count(f, "+Inf") - test::bucket_count(f, lo);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(healthz_readyz_metrics) {
+    running_runtime r({});
+    auto h = test::http_get(r.port, "/healthz");
+    BOOST_TEST(h.status == 200);
+    BOOST_TEST(h.body.find("ok event_loop") != std::string::npos);
+
+    auto not_ready = test::http_get(r.port, "/readyz");
+    BOOST_TEST(not_ready.status == 503);
+    BOOST_TEST(not_ready.body == "FAIL database: unreachable\n");
+    r.db_ready = true;
+    auto ready = test::http_get(r.port, "/readyz");
+    BOOST_TEST(ready.status == 200);
+
+    auto m = test::http_get(r.port, "/metrics");
+    BOOST_TEST(m.status == 200);
+    BOOST_TEST(*m.headers.get("Content-Type") == "text/plain; version=0.0.4; charset=utf-8");
+    auto fams = test::parse_prometheus(m.body);
+    BOOST_REQUIRE(fams.count("chargeguard_event_loop_lag_seconds"));
+    BOOST_TEST(fams["chargeguard_event_loop_lag_seconds"].type == "histogram");
+
+    BOOST_TEST(test::http_get(r.port, "/nope").status == 404);
+    test::raw_http c(r.port);
+    BOOST_TEST(c.exchange("POST /healthz HTTP/1.1\r\nContent-Length: 0\r\n\r\n").status == 405);
+}
+
+BOOST_AUTO_TEST_CASE(keep_alive_serves_many_requests_on_one_connection) {
+    running_runtime r({});
+    test::raw_http c(r.port);
+    for (int i = 0; i < 20; ++i) BOOST_TEST(c.get("/healthz").status == 200);
+    // Two pipelined requests in one write: both answered, in order.
+    c.exchange("GET /healthz HTTP/1.1\r\n\r\nGET /nope HTTP/1.1\r\n\r\n");
+    BOOST_TEST(c.read_response().status == 404);
+}
+
+BOOST_AUTO_TEST_CASE(blocked_loop_turns_healthz_red_and_is_recorded) {
+    app::runtime_options o;
+    o.max_loop_lag = 100ms;
+    o.lag_window = 1s;
+    o.lag_interval = 20ms;
+    running_runtime r(o);
+    BOOST_TEST(test::http_get(r.port, "/healthz").status == 200);
+
+    // Block the main loop for 300 ms on purpose, and ask /healthz while it is blocked.
+    std::promise<void> blocking;
+    asio::post(r.rt.io(), [&blocking] {
+        blocking.set_value();
+        std::this_thread::sleep_for(300ms);
+    });
+    blocking.get_future().wait();
+    auto h = test::http_get(r.port, "/healthz");  // answered once the loop is free again
+    BOOST_TEST(h.status == 503);
+    BOOST_TEST(h.body.find("FAIL event_loop") != std::string::npos);
+
+    // The lag histogram records a sample between 0.25 s and 0.5 s once the late tick has run.
+    double late = 0;
+    for (int i = 0; i < 100 && late < 1; ++i) {
+        auto fams = test::parse_prometheus(test::http_get(r.port, "/metrics").body);
+        auto& f = fams.at("chargeguard_event_loop_lag_seconds");
+        late = lag_over(f, "0.25");
+        BOOST_TEST(lag_over(f, "0.5") == 0);
+    }
+    BOOST_TEST(late >= 1);
+
+    // Liveness recovers once the window has passed without lag.
+    int status = 0;
+    auto until = std::chrono::steady_clock::now() + 5s;
+    while (status != 200 && std::chrono::steady_clock::now() < until) status = test::http_get(r.port, "/healthz").status;
+    BOOST_TEST(status == 200);
+}
+
+BOOST_AUTO_TEST_CASE(malformed_requests_get_4xx_and_server_keeps_serving) {
+    running_runtime r({});
+    {
+        test::raw_http c(r.port);
+        auto resp = c.exchange("\x16\x03\x01\x02\x00 garbage\r\n\r\n");
+        BOOST_TEST(resp.status == 400);
+        BOOST_TEST(*resp.headers.get("Connection") == "close");
+        BOOST_TEST(c.closed_by_peer());
+    }
+    {
+        test::raw_http c(r.port);
+        auto resp = c.exchange("GET /healthz HTTP/1.1\r\nX-Big: " + std::string(64 * 1024, 'a') + "\r\n\r\n");
+        BOOST_TEST(resp.status == 431);
+    }
+    {
+        test::raw_http c(r.port);
+        auto resp = c.exchange("POST /healthz HTTP/1.1\r\nContent-Length: 104857600\r\n\r\n");
+        BOOST_TEST(resp.status == 413);
+        BOOST_TEST(c.closed_by_peer());
+    }
+    {
+        test::raw_http c(r.port);
+        auto resp = c.exchange("POST /healthz HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
+        BOOST_TEST(resp.status == 400);
+    }
+    BOOST_TEST(test::http_get(r.port, "/healthz").status == 200);
+    BOOST_TEST(r.sink->contains("health server listening"));
+}

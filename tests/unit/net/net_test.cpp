@@ -1,0 +1,118 @@
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <boost/test/unit_test.hpp>
+#include <thread>
+
+#include "net/address.hpp"
+#include "net/error.hpp"
+#include "net/lag_probe.hpp"
+#include "net/offload.hpp"
+#include "net/timeout.hpp"
+#include "net/tls.hpp"
+#include "support/run_async.hpp"
+
+using namespace cg;
+using namespace std::chrono_literals;
+
+BOOST_AUTO_TEST_CASE(host_port_parsing) {
+    auto a = net::parse_host_port("127.0.0.1:9180");
+    BOOST_REQUIRE(a.has_value());
+    BOOST_TEST(a->host == "127.0.0.1");
+    BOOST_TEST(a->port == 9180);
+    auto b = net::parse_host_port("[::1]:4150");
+    BOOST_REQUIRE(b.has_value());
+    BOOST_TEST(b->host == "::1");
+    BOOST_TEST(b->to_string() == "[::1]:4150");
+    auto c = net::parse_host_port(":0");
+    BOOST_REQUIRE(c.has_value());
+    BOOST_TEST(c->host == "127.0.0.1");
+    for (auto bad : {"nohost", "h:99999", "h:", "h:12x", "::1:80", "[::1]80"}) {
+        auto r = net::parse_host_port(bad);
+        BOOST_TEST(!r.has_value(), bad);
+        if (!r) BOOST_TEST((r.code() == net::errc::bad_address));
+    }
+}
+
+namespace {
+asio::awaitable<int> slow_value(std::chrono::milliseconds d) {
+    co_await net::sleep_for(d);
+    co_return 7;
+}
+
+asio::awaitable<std::pair<std::optional<int>, std::optional<int>>> race() {
+    auto fast = co_await net::with_timeout(slow_value(5ms), 2s);
+    auto slow = co_await net::with_timeout(slow_value(2s), 20ms);
+    co_return std::pair{fast, slow};
+}
+
+asio::awaitable<std::thread::id> thread_id() { co_return std::this_thread::get_id(); }
+
+struct offload_seen {
+    std::thread::id worker, resumed;
+};
+asio::awaitable<offload_seen> hop(net::offload_pool* pool) {
+    offload_seen s;
+    s.worker = co_await net::offload(pool->get_executor(), thread_id());
+    s.resumed = std::this_thread::get_id();
+    co_return s;
+}
+
+asio::awaitable<int> thrower() {
+    throw std::runtime_error("boom");
+    co_return 0;
+}
+asio::awaitable<std::string> offload_throw(net::offload_pool* pool) {
+    try {
+        co_await net::offload(pool->get_executor(), thrower());
+    } catch (const std::runtime_error& e) {
+        co_return e.what();
+    }
+    co_return "no exception";
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(with_timeout_returns_value_or_nullopt) {
+    auto [fast, slow] = test::run_async([] { return race(); });
+    BOOST_REQUIRE(fast.has_value());
+    BOOST_TEST(*fast == 7);
+    BOOST_TEST(!slow.has_value());
+}
+
+BOOST_AUTO_TEST_CASE(offload_runs_elsewhere_and_resumes_on_caller) {
+    net::offload_pool pool(2);
+    auto seen = test::run_async([&] { return hop(&pool); });
+    BOOST_TEST((seen.worker != std::this_thread::get_id()));
+    BOOST_TEST((seen.resumed == std::this_thread::get_id()));  // run_async drives io on this thread
+    BOOST_TEST(test::run_async([&] { return offload_throw(&pool); }) == "boom");
+}
+
+BOOST_AUTO_TEST_CASE(tls_context_errors_are_clear) {
+    auto bad = net::make_tls_client_context({.ca_file = "/nonexistent/ca.pem"});
+    BOOST_REQUIRE(!bad.has_value());
+    BOOST_TEST((bad.code() == net::errc::tls_setup_failed));
+    BOOST_TEST(bad.err().message.find("/nonexistent/ca.pem") != std::string::npos);
+    auto sys = net::make_tls_client_context({});
+    BOOST_REQUIRE(sys.has_value());
+    BOOST_TEST((SSL_CTX_get_verify_mode((*sys)->native_handle()) & SSL_VERIFY_PEER) != 0);
+    auto srv = net::make_tls_server_context({.cert_file = "/nonexistent/cert.pem", .key_file = "/nonexistent/key.pem"});
+    BOOST_TEST(!srv.has_value());
+}
+
+BOOST_AUTO_TEST_CASE(lag_probe_sees_a_blocked_loop) {
+    asio::io_context io;
+    std::vector<double> samples;
+    auto probe = std::make_shared<net::lag_probe>(io.get_executor(), 10ms, [&](double s) { samples.push_back(s); });
+    probe->start();
+    io.run_for(50ms);
+    BOOST_TEST(probe->recent_max_lag(5s) < 0.2);
+    // Block the loop on purpose: the next tick fires ~150 ms late.
+    auto before = samples.size();
+    asio::post(io, [] { std::this_thread::sleep_for(150ms); });
+    io.run_one_for(1s);  // runs the blocking handler
+    BOOST_TEST(probe->recent_max_lag(5s) >= 0.14);  // overdue tick is visible before it runs
+    while (samples.size() == before) io.run_one_for(1s);
+    BOOST_TEST(samples.back() >= 0.14);
+    BOOST_TEST(samples.back() < 1.0);
+    probe->stop();
+    io.run_for(30ms);
+}
