@@ -26,6 +26,9 @@ public:
         return read_response();
     }
 
+    // Sends bytes without reading anything back.
+    void exchange_partial(const std::string& wire) { asio::write(sock_, asio::buffer(wire)); }
+
     http::response get(const std::string& path) {
         return exchange("GET " + path + " HTTP/1.1\r\nHost: test\r\n\r\n");
     }

@@ -1,0 +1,93 @@
+// http::server over real sockets: slow clients are cut off, handler failures become 500s, a handler can
+// drop the connection, and the connection limit holds.
+#define BOOST_TEST_MODULE http_server
+#include <asio/io_context.hpp>
+#include <boost/test/unit_test.hpp>
+#include <thread>
+
+#include "http/server.hpp"
+#include "net/timeout.hpp"
+#include "support/raw_http.hpp"
+
+using namespace cg;
+using namespace std::chrono_literals;
+
+namespace {
+
+asio::awaitable<http::response> fail_handler(http::request&) {
+    throw std::runtime_error("handler bug");
+    co_return http::response{};
+}
+asio::awaitable<http::response> drop_handler(http::request&) {
+    http::response r;
+    r.abort_connection = true;
+    co_return r;
+}
+asio::awaitable<http::response> slow_handler(http::request&) {
+    co_await net::sleep_for(50ms);
+    co_return http::make_response(200, "slow");
+}
+
+struct running_server {
+    asio::io_context io{1};
+    std::shared_ptr<memory_sink> sink = std::make_shared<memory_sink>();
+    std::unique_ptr<http::server> srv;
+    unsigned short port = 0;
+    std::thread t;
+
+    explicit running_server(http::server_options o) {
+        http::router r;
+        r.add("GET", "/fail", fail_handler);
+        r.add("GET", "/drop", drop_handler);
+        r.add("GET", "/slow", slow_handler);
+        srv = std::make_unique<http::server>(io.get_executor(), std::move(r), std::move(o), logger(sink, log_level::debug));
+        auto ep = srv->listen({"127.0.0.1", 0});
+        BOOST_REQUIRE(ep.has_value());
+        port = ep->port();
+        srv->start();
+        t = std::thread([this] { io.run(); });
+    }
+    ~running_server() {
+        asio::post(io, [this] { srv->stop(); });
+        t.join();
+    }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(handler_exception_is_500_and_logged) {
+    running_server s({});
+    BOOST_TEST(test::http_get(s.port, "/fail").status == 500);
+    BOOST_TEST(s.sink->contains("handler bug"));
+    BOOST_TEST(test::http_get(s.port, "/slow").body == "slow");
+}
+
+BOOST_AUTO_TEST_CASE(abort_connection_drops_without_answer) {
+    running_server s({});
+    test::raw_http c(s.port);
+    BOOST_CHECK_THROW(c.get("/drop"), std::runtime_error);
+}
+
+BOOST_AUTO_TEST_CASE(slow_client_is_cut_off) {
+    http::server_options o;
+    o.read_timeout = 200ms;
+    running_server s(o);
+    test::raw_http c(s.port);
+    c.exchange_partial("GET /slow HTTP/1.1\r\nHost: x\r\n");  // never finishes its headers
+    auto t0 = std::chrono::steady_clock::now();
+    BOOST_TEST(c.closed_by_peer());
+    auto waited = std::chrono::steady_clock::now() - t0;
+    BOOST_TEST((waited >= 150ms && waited < 5s));
+}
+
+BOOST_AUTO_TEST_CASE(connection_limit_holds) {
+    http::server_options o;
+    o.max_connections = 2;
+    running_server s(o);
+    test::raw_http a(s.port), b(s.port);
+    BOOST_TEST(a.get("/slow").status == 200);
+    BOOST_TEST(b.get("/slow").status == 200);
+    test::raw_http c(s.port);  // accepted by the kernel, closed by the server
+    BOOST_TEST(c.closed_by_peer());
+    BOOST_TEST(a.get("/slow").status == 200);  // the first two still work
+}
