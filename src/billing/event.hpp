@@ -1,0 +1,36 @@
+// A billing event as published on NSQ (one JSON object per message), parsed and validated.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/result.hpp"
+
+namespace cg::billing {
+
+// {"customer_id":"acme-42","billing_period":"2026-11","amount_cents":1999,"currency":"usd",
+//  "stripe_customer_id":"cus_…","description":"optional"}. Unknown fields are ignored.
+struct billing_event {
+    std::string customer_id;         // the billing system's customer id: [A-Za-z0-9_.@-]{1,255}
+    std::string billing_period;      // e.g. "2026-11": [A-Za-z0-9_.-]{1,64}
+    std::int64_t amount_cents = 0;   // minor units, 1 .. 99 999 999
+    std::string currency;            // ISO 4217, lower case
+    std::string stripe_customer_id;  // cus_…
+    std::string description;         // optional, ≤ 500 chars
+};
+
+enum class event_errc { ok = 0, too_large, not_json, missing_field, bad_field };
+const std::error_category& event_category() noexcept;
+inline std::error_code make_error_code(event_errc e) noexcept { return {static_cast<int>(e), event_category()}; }
+
+inline constexpr std::size_t max_event_bytes = 64 * 1024;
+
+// Parses and validates one event. On failure the error message names the field and the rule, for the
+// dead-letter table ("amount_cents: must be an integer in 1..99999999").
+result<billing_event> parse_event(std::string_view body);
+
+}  // namespace cg::billing
+
+template <>
+struct std::is_error_code_enum<cg::billing::event_errc> : std::true_type {};

@@ -1,0 +1,23 @@
+// The idempotency key: a content hash of stable business fields only. Never attempts, connection ids,
+// nsqd addresses, timestamps or the NSQ message id — those change across redeliveries and restarts,
+// and a key that changes is a second charge.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace cg::billing {
+
+// hex(sha256(namespace ":" customer_id ":" billing_period))[:32]. The inputs may not contain ':'
+// (event validation and the --key-namespace check guarantee it), so the encoding is unambiguous.
+std::string base_key(std::string_view key_namespace, std::string_view customer_id, std::string_view billing_period);
+
+// The Idempotency-Key sent to Stripe: the base key for generation 1, base + "-g<N>" after. A new
+// generation is only taken after listing the customer's charges shows none carrying the base key.
+std::string stripe_idempotency_key(std::string_view base, std::int32_t generation);
+
+// True when `ns` can be used as a key namespace: 1..64 characters of [A-Za-z0-9_.-].
+bool valid_key_namespace(std::string_view ns);
+
+}  // namespace cg::billing
