@@ -1,0 +1,50 @@
+#include "billing/decision.hpp"
+
+namespace cg::billing {
+
+std::string_view to_string(record_status s) noexcept {
+    switch (s) {
+        case record_status::pending: return "pending";
+        case record_status::charged: return "charged";
+        case record_status::declined: return "declined";
+        case record_status::failed: return "failed";
+        case record_status::cap_blocked: return "cap_blocked";
+        case record_status::conflict: return "conflict";
+    }
+    return "?";
+}
+
+std::optional<record_status> parse_record_status(std::string_view s) noexcept {
+    for (auto v : {record_status::pending, record_status::charged, record_status::declined, record_status::failed,
+                   record_status::cap_blocked, record_status::conflict})
+        if (to_string(v) == s) return v;
+    return std::nullopt;
+}
+
+bool is_final(record_status s) noexcept { return s != record_status::pending; }
+
+std::string_view to_string(existing_action a) noexcept {
+    switch (a) {
+        case existing_action::duplicate_finish: return "duplicate_finish";
+        case existing_action::payload_conflict: return "payload_conflict";
+        case existing_action::lease_held_requeue: return "lease_held_requeue";
+        case existing_action::recover_same_key: return "recover_same_key";
+        case existing_action::recover_search: return "recover_search";
+    }
+    return "?";
+}
+
+existing_action decide_existing(const ledger_record& rec, const billing_event& ev, sys_time now) {
+    // A different amount for the same customer and period is never charged on top: a human decides.
+    if (rec.amount_cents != ev.amount_cents || rec.currency != ev.currency ||
+        rec.stripe_customer_id != ev.stripe_customer_id)
+        return existing_action::payload_conflict;
+    if (is_final(rec.status)) return existing_action::duplicate_finish;
+    if (rec.lease_until && *rec.lease_until > now) return existing_action::lease_held_requeue;
+    // Same key is safe only while Stripe still remembers it and no 5xx/timeout left the outcome open.
+    bool within_window = !rec.first_stripe_attempt_at || now - *rec.first_stripe_attempt_at < same_key_window;
+    if (!rec.indeterminate_since && within_window) return existing_action::recover_same_key;
+    return existing_action::recover_search;
+}
+
+}  // namespace cg::billing

@@ -1,0 +1,54 @@
+// The pure part of the billing state machine (DESIGN.md §4): what to do with a message whose key already
+// has a ledger row. No I/O, no clock: `now` is passed in, so the table is tested without a database.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "billing/event.hpp"
+
+namespace cg::billing {
+
+using sys_time = std::chrono::system_clock::time_point;
+
+enum class record_status { pending, charged, declined, failed, cap_blocked, conflict };
+std::string_view to_string(record_status s) noexcept;
+std::optional<record_status> parse_record_status(std::string_view s) noexcept;
+// Final states never call Stripe again.
+bool is_final(record_status s) noexcept;
+
+// A billing_records row, as far as decisions need it.
+struct ledger_record {
+    std::string key;
+    std::string customer_id;
+    std::string billing_period;
+    std::int64_t amount_cents = 0;
+    std::string currency;
+    std::string stripe_customer_id;
+    record_status status = record_status::pending;
+    std::optional<std::string> charge_id;
+    std::int32_t key_generation = 1;
+    std::optional<sys_time> indeterminate_since;
+    std::optional<sys_time> lease_until;
+    std::optional<sys_time> first_stripe_attempt_at;
+    std::int32_t stripe_attempts = 0;
+};
+
+enum class existing_action {
+    duplicate_finish,    // final state: FIN, count a prevented duplicate
+    payload_conflict,    // same customer+period, different amount/currency/customer: dead-letter, FIN
+    lease_held_requeue,  // another worker holds the lease: REQ with delay, no Stripe call
+    recover_same_key,    // lease expired, safe to re-send under the same key (Stripe replays a success)
+    recover_search,      // lease expired, past the replay window or indeterminate: list charges first
+};
+std::string_view to_string(existing_action a) noexcept;
+
+// Stripe prunes idempotency keys after 24 h; we stop trusting replay an hour earlier.
+inline constexpr std::chrono::hours same_key_window{23};
+
+existing_action decide_existing(const ledger_record& rec, const billing_event& ev, sys_time now);
+
+}  // namespace cg::billing
