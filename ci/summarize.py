@@ -1,24 +1,61 @@
 #!/usr/bin/env python3
-"""Sums meson testlog.json files into the one line CI reads: "N passed, N failed[, N skipped]".
-Exit status 1 when anything failed (or nothing ran)."""
+"""Sums test results into the one line CI reads: "N passed, N failed[, N skipped]".
+
+Arguments: pairs of meson testlog.json and JUnit directory (written by ci/junit-wrap). A Boost.Test
+executable counts its test cases; any other test counts as one. A test that meson saw fail while its
+cases all passed (a crash at exit, a sanitizer report, a timeout) adds one failure.
+Exit status 1 when anything failed or nothing ran."""
 import json
+import os
 import sys
+import xml.etree.ElementTree as ET
+
+
+def junit_counts(path):
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else root.iter("testsuite")
+    p = f = s = 0
+    for suite in suites:
+        for case in suite.iter("testcase"):
+            if case.find("failure") is not None or case.find("error") is not None:
+                f += 1
+            elif case.find("skipped") is not None:
+                s += 1
+            else:
+                p += 1
+    return p, f, s
+
 
 passed = failed = skipped = 0
-for path in sys.argv[1:]:
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
+args = sys.argv[1:]
+for testlog, junit_dir in zip(args[0::2], args[1::2]):
+    with open(testlog) as fh:
+        for line in fh:
+            if not line.strip():
                 continue
-            r = json.loads(line)["result"]
-            if r in ("OK", "EXPECTEDFAIL"):
-                passed += 1
-            elif r == "SKIP":
+            t = json.loads(line)
+            result = t["result"]
+            exe = os.path.basename(t["command"][0]) if t.get("command") else ""
+            xml = os.path.join(junit_dir, exe + ".xml")
+            ok = result in ("OK", "EXPECTEDFAIL")
+            if result == "SKIP":
                 skipped += 1
+                continue
+            if os.path.exists(xml):
+                try:
+                    p, f, s = junit_counts(xml)
+                except ET.ParseError:
+                    p, f, s = 0, 1, 0
+                passed, failed, skipped = passed + p, failed + f, skipped + s
+                if not ok and f == 0:
+                    failed += 1
+                    print(f"FAILED: {t['name']} ({result}) after its cases passed, in {testlog}", file=sys.stderr)
+            elif ok:
+                passed += 1
             else:
                 failed += 1
-                print(f"FAILED: {json.loads(line)['name']} ({r}) in {path}", file=sys.stderr)
+            if not ok:
+                print(f"FAILED: {t['name']} ({result}) in {testlog}", file=sys.stderr)
 line = f"{passed} passed, {failed} failed"
 if skipped:
     line += f", {skipped} skipped"

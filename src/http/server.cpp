@@ -3,6 +3,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/ssl/stream.hpp>
 #include <asio/write.hpp>
+#include <algorithm>
 #include <set>
 
 #include "net/error.hpp"
@@ -57,6 +58,30 @@ asio::awaitable<bool> read_request(Stream& stream, request_parser& parser, std::
     }
 }
 
+// After answering a request we refused mid-upload (413/431/400), keep reading and discarding for a
+// short while so the client can finish sending and read our answer; closing at once would reset the
+// connection and lose the response (the "lingering close" of RFC 9112 §9.6).
+void half_close(net::tcp_socket& s) {
+    std::error_code ignored;
+    s.shutdown(net::tcp::socket::shutdown_send, ignored);  // the client sees EOF after our answer at once
+}
+void half_close(net::tls_stream&) {}  // TLS: close_notify comes later; the linger still protects the answer
+
+template <typename Stream>
+asio::awaitable<void> linger(Stream& stream) {
+    half_close(stream);
+    auto deadline = clock::now() + std::chrono::seconds(2);
+    std::size_t budget = 4 * 1024 * 1024;
+    char chunk[8192];
+    while (budget > 0) {
+        auto left = deadline - clock::now();
+        if (left <= clock::duration::zero()) break;
+        auto r = co_await net::with_timeout(stream.async_read_some(asio::buffer(chunk), net::nothrow), left);
+        if (!r || std::get<0>(*r)) break;
+        budget -= std::min(budget, std::get<1>(*r));
+    }
+}
+
 template <typename Stream>
 asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream) {
     request_parser parser(st->opts.limits);
@@ -84,7 +109,12 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream) {
         out.clear();
         serialize(resp, out, head);
         auto [ec, n] = co_await asio::async_write(stream, asio::buffer(out), net::nothrow);
-        if (ec || !resp.keep_alive()) co_return;
+        if (ec) co_return;
+        if (parser.state() == parse_state::failed) {
+            co_await linger(stream);
+            co_return;
+        }
+        if (!resp.keep_alive()) co_return;
         parser.reset();
     }
 }

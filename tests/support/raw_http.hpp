@@ -21,8 +21,10 @@ public:
     }
 
     // Sends `wire` and reads one response. Throws if the server closes before answering.
+    // A server may answer (413/431) before it has read everything we send; the answer still counts.
     http::response exchange(const std::string& wire) {
-        asio::write(sock_, asio::buffer(wire));
+        std::error_code ec;
+        asio::write(sock_, asio::buffer(wire), ec);
         return read_response();
     }
 
