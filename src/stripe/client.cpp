@@ -5,6 +5,7 @@
 #include <random>
 
 #include "http/proto/message.hpp"
+#include "net/error.hpp"
 #include "net/timeout.hpp"
 #include "net/tls.hpp"
 #include "stripe/error.hpp"
@@ -110,7 +111,9 @@ net::awaitable<call_result> run_call(state_ptr st, std::string method, std::stri
                          (safe_to_repeat && out.cls == outcome_class::indeterminate);
         bool told_not_to = out.http.ok() &&
                            parse_should_retry(out.http.resp.headers.get("Stripe-Should-Retry")) == false;
-        if (!retryable || told_not_to || attempt > policy.max_retries) break;
+        // A certificate we refuse will be refused again: retrying only delays the alert.
+        bool hopeless = out.http.err.code == net::errc::tls_verify_failed;
+        if (!retryable || told_not_to || hopeless || attempt > policy.max_retries) break;
         double unit = std::uniform_real_distribution<double>(0.0, 1.0)(st->rng);
         auto delay = backoff_delay(policy, attempt, unit, out.http.ok() ? retry_after(out.http.resp) : std::nullopt);
         st->log.info("stripe retry", {{"method", method}, {"path", std::string_view(target).substr(0, target.find('?'))},
@@ -221,8 +224,9 @@ std::string list_target(const list_charges_request& req) {
 }
 
 net::awaitable<result<std::optional<charge>>> run_find(state_ptr st, std::string customer, std::string key,
-                                                      std::optional<std::int64_t> created_gte) {
+                                                      std::optional<std::int64_t> created_gte, unsigned page_size) {
     list_charges_request req;
+    req.limit = page_size;
     req.customer = std::move(customer);
     req.created_gte = created_gte;
     for (;;) {
@@ -296,8 +300,9 @@ net::awaitable<result<charge_page>> client::list_charges(list_charges_request re
 
 net::awaitable<result<std::optional<charge>>> client::find_charge_by_billing_key(std::string customer,
                                                                                 std::string billing_key,
-                                                                                std::optional<std::int64_t> created_gte) {
-    co_return co_await on_strand(st_, run_find(st_, std::move(customer), std::move(billing_key), created_gte));
+                                                                                std::optional<std::int64_t> created_gte,
+                                                                                unsigned page_size) {
+    co_return co_await on_strand(st_, run_find(st_, std::move(customer), std::move(billing_key), created_gte, page_size));
 }
 
 net::awaitable<call_result> client::call(std::string method, std::string target, std::string body,

@@ -55,7 +55,8 @@ public:
     // Pages through the customer's charges (created ≥ created_gte) and returns the first whose
     // metadata[billing_key] equals `billing_key`, or nullopt when there is none. Reads its own writes.
     net::awaitable<result<std::optional<charge>>> find_charge_by_billing_key(std::string customer, std::string billing_key,
-                                                                          std::optional<std::int64_t> created_gte);
+                                                                          std::optional<std::int64_t> created_gte,
+                                                                          unsigned page_size = 100);
 
     // Any call: `target` is origin-form ("/v1/charges?x=1"); `body` form-encoded; an idempotency key
     // is required for POST. Auth and Stripe-Version are added. Retries as described above.
