@@ -330,16 +330,16 @@ BOOST_AUTO_TEST_CASE(pool_wait_counts_against_the_request_timeout) {
     f.start(false);
     http::client_options o;
     o.max_connections = 1;
-    o.request_timeout = 150ms;
+    o.request_timeout = 400ms;
     auto c = f.client(false, o);
     std::vector<http::client_result> results(2);
     run_async(f.io, [&]() -> asio::awaitable<void> {
         latch l(f.io, 2);
-        asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=100", &results[0], &l), asio::detached);
-        asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=100", &results[1], &l), asio::detached);
+        asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=250", &results[0], &l), asio::detached);
+        asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=250", &results[1], &l), asio::detached);
         co_await l.wait();
     });
-    // The first one fits; the second waits ~100 ms for the connection and then needs 100 ms more.
+    // The first one fits; the second waits ~250 ms for the connection and then needs 250 ms more.
     BOOST_TEST(results[0].ok());
     BOOST_TEST_REQUIRE(!results[1].ok());
     BOOST_TEST(results[1].err.code == make_error_code(http::errc::timeout));
