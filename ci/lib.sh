@@ -42,3 +42,15 @@ ci_cleanup() {
     rm -rf "$CG_PG_DIR"
   fi
 }
+
+# The official Stripe Node SDK pinned in tests/stripe-sdk (conformance test of fake-stripe). Without
+# node/npm the test skips itself with a message.
+install_node_packages() {
+  if command -v npm >/dev/null 2>&1; then
+    echo "== npm ci (tests/stripe-sdk)" >&2
+    (cd "$root/tests/stripe-sdk" && npm ci --no-audit --no-fund --loglevel=error >&2) \
+      || echo "== npm ci failed: the Stripe SDK conformance test will skip" >&2
+  else
+    echo "== npm not found: the Stripe SDK conformance test will skip" >&2
+  fi
+}

@@ -6,7 +6,9 @@
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
+#include <optional>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "net/tokens.hpp"
@@ -39,9 +41,22 @@ private:
 // Runs `task` on `ex` (typically offload_pool::get_executor()) and resumes the caller on its own
 // executor with the result; an exception thrown by `task` is rethrown in the caller. Cancellation of the
 // caller is not forwarded: `task` must bound itself (timeouts). `task` must own everything it uses.
+namespace detail {
+// Asio 1.22's co_spawn(…, use_awaitable) needs a default-constructible result; box anything else.
+template <typename T>
+asio::awaitable<std::optional<T>> boxed(asio::awaitable<T> task) {
+    co_return std::optional<T>(co_await std::move(task));
+}
+}  // namespace detail
+
 template <typename Executor, typename T>
 asio::awaitable<T> offload(Executor ex, asio::awaitable<T> task) {
-    co_return co_await asio::co_spawn(ex, std::move(task), asio::use_awaitable);
+    if constexpr (std::is_void_v<T> || std::is_default_constructible_v<T>) {
+        co_return co_await asio::co_spawn(ex, std::move(task), asio::use_awaitable);
+    } else {
+        auto r = co_await asio::co_spawn(ex, detail::boxed(std::move(task)), asio::use_awaitable);
+        co_return std::move(*r);
+    }
 }
 
 }  // namespace cg::net

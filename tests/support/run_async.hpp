@@ -11,6 +11,15 @@
 
 namespace cg::test {
 
+// Runs `io` until `done` is set (not until it runs out of work: a server on `io` never does), at most
+// `limit`.
+inline void run_until_done(asio::io_context& io, const bool& done, std::chrono::steady_clock::duration limit) {
+    io.restart();
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!done && io.run_one_until(deadline) > 0) {
+    }
+}
+
 // Runs `make(io)` (a function returning asio::awaitable<T>) to completion on `io`, at most `limit`.
 // Throws std::runtime_error on timeout; rethrows the coroutine's exception.
 template <typename Make>
@@ -24,8 +33,7 @@ auto run_async(asio::io_context& io, Make&& make, std::chrono::steady_clock::dur
             err = e;
             done = true;
         });
-        io.restart();
-        io.run_for(limit);
+        run_until_done(io, done, limit);
         if (!done) throw std::runtime_error("test coroutine did not finish in time");
         if (err) std::rethrow_exception(err);
     } else {
@@ -35,8 +43,7 @@ auto run_async(asio::io_context& io, Make&& make, std::chrono::steady_clock::dur
             if (!e) out.emplace(std::move(v));
             done = true;
         });
-        io.restart();
-        io.run_for(limit);
+        run_until_done(io, done, limit);
         if (!done) throw std::runtime_error("test coroutine did not finish in time");
         if (err) std::rethrow_exception(err);
         return std::move(*out);

@@ -116,3 +116,23 @@ BOOST_AUTO_TEST_CASE(lag_probe_sees_a_blocked_loop) {
     probe->stop();
     io.run_for(30ms);
 }
+
+namespace {
+asio::awaitable<result<int>> parse_on_worker(int v) {
+    if (v < 0) co_return error(core_errc::out_of_range, "negative");
+    co_return v * 2;
+}
+asio::awaitable<std::pair<result<int>, result<int>>> offload_results(net::offload_pool* pool) {
+    auto ok = co_await net::offload(pool->get_executor(), parse_on_worker(21));
+    auto bad = co_await net::offload(pool->get_executor(), parse_on_worker(-1));
+    co_return std::pair{std::move(ok), std::move(bad)};
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(offload_carries_results_without_default_constructor) {
+    net::offload_pool pool(1);
+    auto [ok, bad] = test::run_async([&] { return offload_results(&pool); });
+    BOOST_REQUIRE(ok.has_value());
+    BOOST_TEST(*ok == 42);
+    BOOST_TEST((bad.code() == core_errc::out_of_range));
+}

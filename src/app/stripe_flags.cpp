@@ -1,0 +1,79 @@
+#include "app/stripe_flags.hpp"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "http/origin.hpp"
+
+namespace cg::app {
+namespace {
+std::chrono::milliseconds ms(double s) { return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0)); }
+}  // namespace
+
+void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
+    cmd.add_option("--stripe-api-base", f.api_base, "Stripe API origin (or the vault proxy's)")->capture_default_str();
+    cmd.add_option("--stripe-key-file", f.key_file, "file holding the Stripe secret key (else STRIPE_API_KEY)");
+    cmd.add_option("--stripe-ca-file", f.ca_file, "PEM CA bundle to verify the API with (default: system store)");
+    cmd.add_option("--stripe-version", f.version, "Stripe-Version header")->capture_default_str();
+    cmd.add_option("--stripe-connect-timeout", f.connect_timeout_s, "seconds for DNS + TCP + TLS")
+        ->check(CLI::Range(0.001, 600.0))
+        ->capture_default_str();
+    cmd.add_option("--stripe-request-timeout", f.request_timeout_s, "seconds for one Stripe request")
+        ->check(CLI::Range(0.001, 600.0))
+        ->capture_default_str();
+    cmd.add_option("--stripe-max-connections", f.max_connections, "pooled connections to Stripe")
+        ->check(CLI::Range(1u, 4096u))
+        ->capture_default_str();
+    cmd.add_option("--stripe-max-retries", f.max_retries, "retries with the same key for 409/429/not-sent")
+        ->check(CLI::Range(0u, 20u))
+        ->capture_default_str();
+    cmd.add_option("--stripe-retry-initial", f.retry_initial_s, "seconds before the first retry (doubles, jittered)")
+        ->check(CLI::Range(0.0, 60.0))
+        ->capture_default_str();
+    cmd.add_option("--stripe-retry-max", f.retry_max_s, "cap on the retry delay in seconds")
+        ->check(CLI::Range(0.0, 300.0))
+        ->capture_default_str();
+}
+
+result<std::string> read_stripe_key(const std::string& key_file, const char* env_value) {
+    std::string key;
+    if (!key_file.empty()) {
+        std::ifstream in(key_file);
+        if (!in) return error(core_errc::io_error, "cannot read --stripe-key-file '" + key_file + "'");
+        std::stringstream ss;
+        ss << in.rdbuf();
+        key = ss.str();
+        while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
+        if (key.empty()) return error(core_errc::invalid_argument, "--stripe-key-file '" + key_file + "' is empty");
+    } else if (env_value && *env_value) {
+        key = env_value;
+    } else {
+        return error(core_errc::invalid_argument, "no Stripe key: set STRIPE_API_KEY or --stripe-key-file");
+    }
+    if (key.find_first_of("\r\n \t") != std::string::npos)
+        return error(core_errc::invalid_argument, "the Stripe key contains whitespace");
+    return key;
+}
+
+stripe::client_config to_stripe_config(const stripe_flags& f) {
+    stripe::client_config c;
+    if (auto o = http::parse_origin(f.api_base); !o) throw CLI::ValidationError("--stripe-api-base", o.err().message);
+    c.api_base = f.api_base;
+    auto key = read_stripe_key(f.key_file, std::getenv("STRIPE_API_KEY"));
+    if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
+    c.api_key = std::move(*key);
+    c.ca_file = f.ca_file;
+    c.stripe_version = f.version;
+    c.connect_timeout = ms(f.connect_timeout_s);
+    c.request_timeout = ms(f.request_timeout_s);
+    c.max_connections = f.max_connections;
+    c.retry.max_retries = f.max_retries;
+    c.retry.initial_delay = ms(f.retry_initial_s);
+    c.retry.max_delay = ms(f.retry_max_s);
+    if (c.retry.max_delay < c.retry.initial_delay)
+        throw CLI::ValidationError("--stripe-retry-max", "must be at least --stripe-retry-initial");
+    return c;
+}
+
+}  // namespace cg::app

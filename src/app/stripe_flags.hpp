@@ -1,0 +1,35 @@
+// Stripe flags shared by the subcommands that talk to Stripe (consume, proxy, reconcile). The API key
+// comes from --stripe-key-file or STRIPE_API_KEY, never from argv.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "core/result.hpp"
+#include "stripe/config.hpp"
+
+namespace cg::app {
+
+struct stripe_flags {
+    std::string api_base = "https://api.stripe.com";
+    std::string key_file;
+    std::string ca_file;
+    std::string version = "2024-06-20";
+    double connect_timeout_s = 5;
+    double request_timeout_s = 30;
+    unsigned max_connections = 16;
+    unsigned max_retries = 2;
+    double retry_initial_s = 0.5;
+    double retry_max_s = 5;
+};
+
+void add_stripe_flags(CLI::App& cmd, stripe_flags& f);
+
+// The key from `key_file` (trailing whitespace trimmed) when set, else `env_value` (STRIPE_API_KEY).
+result<std::string> read_stripe_key(const std::string& key_file, const char* env_value);
+
+// Validates and converts, reading the key (from the environment's STRIPE_API_KEY unless a key file is
+// given). Throws CLI::ValidationError with a clear message; never echoes the key.
+stripe::client_config to_stripe_config(const stripe_flags& f);
+
+}  // namespace cg::app

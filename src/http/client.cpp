@@ -1,0 +1,220 @@
+#include "http/client.hpp"
+
+#include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <atomic>
+#include <deque>
+#include <vector>
+
+#include "http/client_connection.hpp"
+#include "http/proto/error.hpp"
+#include "net/timeout.hpp"
+
+namespace cg::http {
+
+using clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string millis(clock::duration d) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
+}
+
+// A request waiting for the pool: woken with a connection handed over, or with a free slot.
+struct waiter {
+    explicit waiter(const asio::any_io_executor& ex) : timer(ex, clock::time_point::max()) {}
+    net::steady_timer timer;
+    std::unique_ptr<client_connection> handed;
+    bool slot = false;
+};
+
+}  // namespace
+
+// Everything below is touched only on `strand`, except the atomics.
+struct client::state : std::enable_shared_from_this<client::state> {
+    state(asio::any_io_executor ex, http::origin o, client_options op, logger l)
+        : strand(asio::make_strand(ex)), origin(std::move(o)), opts(std::move(op)), log(std::move(l)) {}
+
+    asio::strand<asio::any_io_executor> strand;
+    http::origin origin;
+    client_options opts;
+    logger log;
+    std::deque<std::unique_ptr<client_connection>> idle;  // most recently used at the back
+    std::deque<waiter*> waiters;
+    std::atomic<std::uint64_t> open{0}, idle_count{0}, requests{0}, connects{0}, handshakes{0}, reused{0};
+
+    // A connection's slot ends (closed or never opened): give it to the oldest waiter or free it.
+    void discard(std::unique_ptr<client_connection> c) {
+        c.reset();
+        if (!waiters.empty()) {
+            waiter* w = waiters.front();
+            waiters.pop_front();
+            w->slot = true;
+            w->timer.cancel();
+            return;
+        }
+        --open;
+    }
+
+    // A healthy connection comes back: straight to the oldest waiter, else to the idle list.
+    void release(std::unique_ptr<client_connection> c) {
+        if (!waiters.empty()) {
+            waiter* w = waiters.front();
+            waiters.pop_front();
+            w->handed = std::move(c);
+            w->timer.cancel();
+            return;
+        }
+        c->idle_since = clock::now();
+        idle.push_back(std::move(c));
+        idle_count = idle.size();
+    }
+};
+
+namespace {
+
+// A slot in the pool, with or without a connection yet. Its destructor frees the slot, so a request
+// abandoned at any point (timeout, error, exception) never leaks pool capacity.
+class lease {
+public:
+    lease() = default;
+    lease(std::shared_ptr<client::state> st, std::unique_ptr<client_connection> c, bool reused)
+        : st_(std::move(st)), conn_(std::move(c)), reused_(reused) {}
+    lease(lease&&) = default;
+    lease& operator=(lease&&) = delete;
+    ~lease() {
+        if (st_) st_->discard(std::move(conn_));
+    }
+    bool valid() const { return st_ != nullptr; }
+    bool reused() const { return reused_; }
+    std::unique_ptr<client_connection>& conn() { return conn_; }
+    void give_back() {
+        auto st = std::move(st_);
+        st->release(std::move(conn_));
+    }
+
+private:
+    std::shared_ptr<client::state> st_;
+    std::unique_ptr<client_connection> conn_;
+    bool reused_ = false;
+};
+
+// Returns a lease: a live idle connection, or an empty slot to connect on. Waits while the pool is
+// full; an invalid lease means the wait was cancelled.
+net::awaitable<lease> acquire(std::shared_ptr<client::state> st) {
+    while (!st->idle.empty()) {
+        auto c = std::move(st->idle.back());
+        st->idle.pop_back();
+        st->idle_count = st->idle.size();
+        if (c->idle_alive() && clock::now() - c->idle_since < st->opts.idle_timeout) co_return lease(st, std::move(c), true);
+        c.reset();
+        --st->open;
+    }
+    if (st->open < st->opts.max_connections) {
+        ++st->open;
+        co_return lease(st, nullptr, false);
+    }
+    waiter w(st->strand);
+    st->waiters.push_back(&w);
+    co_await w.timer.async_wait();
+    // Still queued means we were cancelled rather than woken.
+    if (auto it = std::find(st->waiters.begin(), st->waiters.end(), &w); it != st->waiters.end()) st->waiters.erase(it);
+    if (w.handed) co_return lease(st, std::move(w.handed), true);
+    if (w.slot) co_return lease(st, nullptr, false);
+    co_return lease();
+}
+
+// One attempt without the overall deadline (the caller adds it). Sets *sent as the request leaves.
+net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const request* req, bool* sent) {
+    client_result out;
+    lease l = co_await acquire(st);
+    if (!l.valid()) {
+        out.err = error(errc::pool_exhausted, "cancelled while waiting for a pooled connection");
+        co_return out;
+    }
+    if (!l.conn()) {
+        l.conn() = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr);
+        auto c = co_await net::with_timeout(l.conn()->connect(st->origin), st->opts.connect_timeout);
+        if (!c) {
+            out.err = error(errc::timeout, "connect to " + st->origin.to_string() + " timed out after " +
+                                               millis(st->opts.connect_timeout));
+            co_return out;
+        }
+        if (!*c) {
+            out.err = c->err();
+            co_return out;
+        }
+        ++st->connects;
+        if (st->origin.tls) ++st->handshakes;
+    } else {
+        ++st->reused;
+    }
+    out.reused_connection = l.reused();
+    auto r = co_await l.conn()->exchange(*req, sent, st->opts.limits);
+    if (!r) {
+        out.err = r.err();
+        co_return out;
+    }
+    out.resp = std::move(*r);
+    if (l.conn()->reusable()) l.give_back();
+    co_return out;
+}
+
+net::awaitable<client_result> run_request(std::shared_ptr<client::state> st, request req) {
+    ++st->requests;
+    if (!req.headers.has("Host")) req.headers.add("Host", st->origin.host_header());
+    bool sent = false;
+    auto r = co_await net::with_timeout(attempt(st, &req, &sent), st->opts.request_timeout);
+    if (r) {
+        r->request_sent = r->err ? sent : true;
+        co_return std::move(*r);
+    }
+    client_result out;
+    out.request_sent = sent;
+    out.err = error(errc::timeout, std::string(sent ? "no response" : "request not sent") + " from " +
+                                       st->origin.to_string() + " within " + millis(st->opts.request_timeout));
+    co_return out;
+}
+
+}  // namespace
+
+result<std::unique_ptr<client>> client::create(asio::any_io_executor ex, std::string_view base_url,
+                                               client_options opts, logger log) {
+    auto o = parse_origin(base_url);
+    if (!o) return o.err();
+    if (o->tls && !opts.tls) return error(core_errc::invalid_argument, "https origin needs a TLS client context");
+    if (opts.max_connections == 0) return error(core_errc::invalid_argument, "max_connections must be at least 1");
+    return std::make_unique<client>(std::move(ex), std::move(*o), std::move(opts), std::move(log));
+}
+
+client::client(asio::any_io_executor ex, http::origin o, client_options opts, logger log)
+    : st_(std::make_shared<state>(std::move(ex), std::move(o), std::move(opts), std::move(log))) {}
+
+client::~client() {
+    // Idle connections are owned by the state; drop them on the strand so no handler races the close.
+    asio::post(st_->strand, [st = st_] {
+        st->idle.clear();
+        st->idle_count = 0;
+    });
+}
+
+net::awaitable<client_result> client::request(http::request req) {
+    co_return co_await asio::co_spawn(st_->strand, run_request(st_, std::move(req)), asio::use_awaitable);
+}
+
+const http::origin& client::target() const noexcept { return st_->origin; }
+const client_options& client::options() const noexcept { return st_->opts; }
+asio::strand<asio::any_io_executor> client::get_executor() const noexcept { return st_->strand; }
+
+client_stats client::stats() const {
+    client_stats s;
+    s.requests = st_->requests;
+    s.connects = st_->connects;
+    s.handshakes = st_->handshakes;
+    s.reused = st_->reused;
+    s.open = st_->open;
+    s.idle = st_->idle_count;
+    return s;
+}
+
+}  // namespace cg::http

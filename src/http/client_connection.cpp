@@ -1,0 +1,115 @@
+#include "http/client_connection.hpp"
+
+#include <sys/socket.h>
+
+#include <asio/connect.hpp>
+#include <asio/read.hpp>
+#include <asio/ssl/error.hpp>
+#include <asio/write.hpp>
+#include <cerrno>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
+#include "http/proto/error.hpp"
+#include "net/error.hpp"
+
+namespace cg::http {
+
+client_connection::client_connection(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls)
+    : tls_ctx_(std::move(tls)) {
+    if (tls_ctx_)
+        tls_ = std::make_unique<net::tls_stream>(ex, *tls_ctx_);
+    else
+        tcp_ = std::make_unique<net::tcp_socket>(ex);
+}
+
+client_connection::~client_connection() {
+    // Closing without close_notify: the peer treats it as a plain disconnect, which is what an HTTP/1.1
+    // client does when it drops an idle keep-alive connection.
+    std::error_code ignored;
+    lowest().close(ignored);
+}
+
+net::tcp_socket& client_connection::lowest() noexcept { return tls_ ? tls_->next_layer() : *tcp_; }
+
+net::awaitable<result<void>> client_connection::connect(const origin& o) {
+    net::tcp_resolver resolver(lowest().get_executor());
+    auto [rec, endpoints] = co_await resolver.async_resolve(o.host, std::to_string(o.port));
+    if (rec) co_return error(rec, "resolve " + o.host + ": " + rec.message());
+    if (endpoints.empty()) co_return error(net::errc::resolve_failed, "resolve " + o.host + ": no addresses");
+
+    auto [cec, ep] = co_await asio::async_connect(lowest(), endpoints);
+    if (cec) co_return error(cec, "connect to " + o.to_string() + ": " + cec.message());
+    std::error_code ignored;
+    lowest().set_option(net::tcp::no_delay(true), ignored);
+    if (!tls_) co_return result<void>{};
+
+    if (auto p = net::prepare_tls_client(*tls_, o.host); !p) co_return p.err();
+    auto [hec] = co_await tls_->async_handshake(asio::ssl::stream_base::client);
+    if (hec) {
+        bool verify = SSL_get_verify_result(tls_->native_handle()) != X509_V_OK;
+        std::string why = "TLS handshake with " + o.to_string() + " failed: " + net::describe_tls_error(*tls_, hec);
+        if (verify) co_return error(net::errc::tls_verify_failed, std::move(why));
+        co_return error(hec, std::move(why));
+    }
+    co_return result<void>{};
+}
+
+namespace {
+
+template <typename Stream>
+net::awaitable<result<response>> exchange_on(Stream& stream, std::string& buf, const request& req, bool* sent,
+                                             const parse_limits& limits, bool& reusable) {
+    reusable = false;
+    std::string out;
+    serialize(req, out);
+    *sent = true;
+    auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(out), net::nothrow);
+    if (wec) co_return error(wec, "write request: " + wec.message());
+
+    response_parser parser(limits);
+    parser.expect_no_body(req.method == "HEAD");
+    for (;;) {
+        if (!buf.empty()) {
+            auto used = parser.feed(buf);
+            buf.erase(0, used);
+            if (parser.state() == parse_state::done) break;
+            if (parser.state() == parse_state::failed)
+                co_return error(parser.error(), "response: " + parser.error_detail());
+        }
+        char chunk[16 * 1024];
+        auto [rec, n] = co_await stream.async_read_some(asio::buffer(chunk), net::nothrow);
+        if (rec) {
+            // EOF (or a TLS stream truncated by the peer) may end a read-until-close body.
+            parser.feed_eof();
+            if (parser.state() == parse_state::done) break;
+            if (rec == asio::error::eof || rec == asio::ssl::error::stream_truncated)
+                co_return error(errc::connection_closed, parser.started() ? "peer closed mid-response"
+                                                                          : "peer closed before responding");
+            co_return error(rec, "read response: " + rec.message());
+        }
+        buf.append(chunk, n);
+    }
+    response resp = std::move(parser.message());
+    // Bytes after a complete response were never asked for: the connection is out of sync.
+    reusable = resp.keep_alive() && buf.empty();
+    co_return resp;
+}
+
+}  // namespace
+
+net::awaitable<result<response>> client_connection::exchange(const request& req, bool* sent,
+                                                             const parse_limits& limits) {
+    if (tls_) co_return co_await exchange_on(*tls_, buf_, req, sent, limits, reusable_);
+    co_return co_await exchange_on(*tcp_, buf_, req, sent, limits, reusable_);
+}
+
+bool client_connection::idle_alive() {
+    if (!lowest().is_open()) return false;
+    char c;
+    ssize_t n = ::recv(lowest().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    // Nothing to read is the only healthy state: 0 is EOF, data is a close_notify or garbage.
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+}  // namespace cg::http

@@ -1,0 +1,58 @@
+// One client-side HTTP/1.1 connection over TCP or TLS: connect (async DNS, TCP, TLS handshake with SNI
+// and host verification), then request/response exchanges. Used by one coroutine at a time (the
+// client's pool hands it out); owns no timers: callers bound it with `||` timeouts.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/ssl/context.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/result.hpp"
+#include "http/origin.hpp"
+#include "http/proto/message.hpp"
+#include "http/proto/parser.hpp"
+#include "net/tls.hpp"
+#include "net/tokens.hpp"
+
+namespace cg::http {
+
+class client_connection {
+public:
+    // `tls` null → plain TCP. The context must outlive the connection.
+    client_connection(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls);
+    ~client_connection();
+    client_connection(const client_connection&) = delete;
+    client_connection& operator=(const client_connection&) = delete;
+
+    // Resolves `o.host`, connects to the first endpoint that accepts and, for TLS, handshakes and
+    // verifies the certificate against `o.host`. Errors: the resolver/socket code, or
+    // net::errc::tls_verify_failed / the TLS code with OpenSSL's reason in the message. Completes on
+    // the connection's executor; cancellable through the awaiting coroutine's cancellation slot.
+    net::awaitable<result<void>> connect(const origin& o);
+
+    // Writes `req` and reads one response. `*sent` becomes true just before the first byte is written
+    // (from then on the server may have acted on the request). Errors: socket codes, or http::errc
+    // (connection_closed when the peer closed before a full response, bad_message, body_too_large).
+    // `req` and `sent` must outlive the call.
+    net::awaitable<result<response>> exchange(const request& req, bool* sent, const parse_limits& limits);
+
+    // True when the last response allows another request on this connection.
+    bool reusable() const noexcept { return reusable_; }
+    // Non-blocking check before reuse: the peer has neither closed nor sent anything unsolicited.
+    bool idle_alive();
+
+    std::chrono::steady_clock::time_point idle_since{};
+
+private:
+    net::tcp_socket& lowest() noexcept;
+
+    std::shared_ptr<asio::ssl::context> tls_ctx_;
+    std::unique_ptr<net::tls_stream> tls_;
+    std::unique_ptr<net::tcp_socket> tcp_;
+    std::string buf_;
+    bool reusable_ = false;
+};
+
+}  // namespace cg::http

@@ -1,0 +1,316 @@
+#include "stripe/client.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <charconv>
+#include <random>
+
+#include "http/proto/message.hpp"
+#include "net/error.hpp"
+#include "net/timeout.hpp"
+#include "net/tls.hpp"
+#include "stripe/error.hpp"
+#include "stripe/form.hpp"
+#include "stripe/json.hpp"
+
+namespace cg::stripe {
+
+struct client::state {
+    client_config cfg;
+    logger log;
+    std::unique_ptr<http::client> http;
+    std::mt19937_64 rng{std::random_device{}()};  // jitter; used only on the http client's strand
+};
+
+namespace {
+
+using state_ptr = std::shared_ptr<client::state>;
+
+errc errc_for(outcome_class c) {
+    switch (c) {
+        case outcome_class::succeeded: return errc::ok;
+        case outcome_class::declined: return errc::declined;
+        case outcome_class::cap_exceeded: return errc::cap_exceeded;
+        case outcome_class::idempotency_conflict: return errc::idempotency_conflict;
+        case outcome_class::retry_same_key: return errc::retry_same_key;
+        case outcome_class::indeterminate: return errc::indeterminate;
+        case outcome_class::rejected: return errc::rejected;
+    }
+    return errc::indeterminate;
+}
+
+std::optional<std::chrono::seconds> retry_after(const http::response& r) {
+    auto h = r.headers.get("Retry-After");
+    if (!h) return std::nullopt;
+    long s = 0;
+    auto [p, ec] = std::from_chars(h->data(), h->data() + h->size(), s);
+    if (ec != std::errc{} || s < 0) return std::nullopt;
+    return std::chrono::seconds(s);
+}
+
+// Fills cls, error, request id, replay flag and message from the last attempt.
+void classify(call_result& out) {
+    const auto& h = out.http;
+    if (!h.ok()) {
+        out.cls = classify_transport_failure(h.request_sent);
+        out.message = (h.request_sent ? "after sending: " : "before sending: ") + h.err.describe();
+        return;
+    }
+    const auto& r = h.resp;
+    out.request_id = std::string(r.headers.get("Request-Id").value_or(""));
+    out.replayed = r.headers.get("Idempotent-Replayed").value_or("") == "true";
+    if (r.status >= 300) out.error = parse_error(r.body);
+    response_facts f;
+    f.status = r.status;
+    if (out.error) {
+        f.error_type = out.error->type;
+        f.error_code = out.error->code;
+    }
+    f.should_retry = parse_should_retry(r.headers.get("Stripe-Should-Retry"));
+    out.cls = classify_response(f);
+    out.message = "HTTP " + std::to_string(r.status);
+    if (out.error) {
+        out.message += " " + out.error->type;
+        if (!out.error->code.empty()) out.message += "/" + out.error->code;
+        if (!out.error->decline_code.empty()) out.message += "/" + out.error->decline_code;
+        if (!out.error->message.empty()) out.message += ": " + out.error->message;
+    }
+}
+
+http::request build(const client_config& cfg, const std::string& method, const std::string& target,
+                    const std::string& body, const std::string& key) {
+    http::request req;
+    req.method = method;
+    req.target = target;
+    req.body = body;
+    req.headers.add("Authorization", "Bearer " + cfg.api_key);
+    req.headers.add("Stripe-Version", cfg.stripe_version);
+    req.headers.add("Accept", "application/json");
+    req.headers.add("User-Agent", "chargeguard/0.1");
+    if (method != "GET") req.headers.add("Content-Type", "application/x-www-form-urlencoded");
+    if (!key.empty()) req.headers.add("Idempotency-Key", key);
+    return req;
+}
+
+// The retry loop. Runs on the http client's strand.
+net::awaitable<call_result> run_call(state_ptr st, std::string method, std::string target, std::string body,
+                                     std::string key) {
+    call_result out;
+    if (method == "POST" && (key.empty() || key.size() > 255)) {
+        out.cls = outcome_class::rejected;
+        out.message = "POST needs an Idempotency-Key of 1 to 255 characters";
+        co_return out;
+    }
+    const bool safe_to_repeat = method == "GET";
+    const auto& policy = st->cfg.retry;
+    for (unsigned attempt = 1;; ++attempt) {
+        out = call_result{};
+        out.http = co_await st->http->request(build(st->cfg, method, target, body, key));
+        out.attempts = attempt;
+        classify(out);
+        bool retryable = out.cls == outcome_class::retry_same_key ||
+                         (safe_to_repeat && out.cls == outcome_class::indeterminate);
+        bool told_not_to = out.http.ok() &&
+                           parse_should_retry(out.http.resp.headers.get("Stripe-Should-Retry")) == false;
+        // A certificate we refuse will be refused again: retrying only delays the alert.
+        bool hopeless = out.http.err.code == net::errc::tls_verify_failed;
+        if (!retryable || told_not_to || hopeless || attempt > policy.max_retries) break;
+        double unit = std::uniform_real_distribution<double>(0.0, 1.0)(st->rng);
+        auto delay = backoff_delay(policy, attempt, unit, out.http.ok() ? retry_after(out.http.resp) : std::nullopt);
+        st->log.info("stripe retry", {{"method", method}, {"path", std::string_view(target).substr(0, target.find('?'))},
+                                      {"attempt", attempt}, {"delay_ms", static_cast<std::int64_t>(delay.count())},
+                                      {"reason", out.message}, {"request_id", out.request_id}});
+        co_await net::sleep_for(delay);
+    }
+    co_return out;
+}
+
+charge_outcome base_outcome(call_result&& r) {
+    charge_outcome o;
+    o.cls = r.cls;
+    o.http_status = r.http.ok() ? r.http.resp.status : 0;
+    o.request_id = std::move(r.request_id);
+    o.replayed = r.replayed;
+    o.attempts = r.attempts;
+    o.message = std::move(r.message);
+    if (r.error) {
+        o.error = std::move(*r.error);
+        o.charge_id = o.error.charge;
+        o.payment_intent_id = o.error.payment_intent;
+    }
+    return o;
+}
+
+// A 2xx whose body we cannot read still means "done", but we do not know the object: let billing
+// resolve it through the list like any other unknown.
+void unreadable(charge_outcome& o, const cg::error& e) {
+    o.cls = outcome_class::indeterminate;
+    o.message = "HTTP " + std::to_string(o.http_status) + " with unreadable body: " + e.message;
+}
+
+form_map meta_form(const metadata& m) {
+    form_map out;
+    for (const auto& [k, v] : m) out.emplace_back(k, form_value(v));
+    return out;
+}
+
+net::awaitable<charge_outcome> run_create_charge(state_ptr st, charge_request req) {
+    form_map f;
+    f.emplace_back("amount", std::to_string(req.amount));
+    f.emplace_back("currency", req.currency);
+    f.emplace_back("customer", req.customer);
+    if (!req.description.empty()) f.emplace_back("description", req.description);
+    if (!req.metadata.empty()) f.emplace_back("metadata", meta_form(req.metadata));
+    auto r = co_await run_call(st, "POST", "/v1/charges", encode_form(f), req.idempotency_key);
+    std::string body = r.http.ok() ? std::move(r.http.resp.body) : std::string();
+    charge_outcome o = base_outcome(std::move(r));
+    if (o.cls != outcome_class::succeeded) co_return o;
+    auto c = parse_charge(body);
+    if (!c) {
+        unreadable(o, c.err());
+        co_return o;
+    }
+    o.charge_id = c->id;
+    o.payment_intent_id = c->payment_intent;
+    if (c->status == "failed") {
+        o.cls = outcome_class::declined;
+        o.message = "charge " + c->id + " failed: " + c->failure_code;
+    }
+    o.charge = std::move(*c);
+    co_return o;
+}
+
+net::awaitable<charge_outcome> run_create_intent(state_ptr st, payment_intent_request req) {
+    form_map f;
+    f.emplace_back("amount", std::to_string(req.amount));
+    f.emplace_back("currency", req.currency);
+    f.emplace_back("customer", req.customer);
+    if (!req.payment_method.empty()) f.emplace_back("payment_method", req.payment_method);
+    if (req.confirm) f.emplace_back("confirm", "true");
+    if (req.off_session) f.emplace_back("off_session", "true");
+    if (!req.description.empty()) f.emplace_back("description", req.description);
+    if (!req.metadata.empty()) f.emplace_back("metadata", meta_form(req.metadata));
+    auto r = co_await run_call(st, "POST", "/v1/payment_intents", encode_form(f), req.idempotency_key);
+    std::string body = r.http.ok() ? std::move(r.http.resp.body) : std::string();
+    charge_outcome o = base_outcome(std::move(r));
+    if (o.cls != outcome_class::succeeded) co_return o;
+    auto p = parse_payment_intent(body);
+    if (!p) {
+        unreadable(o, p.err());
+        co_return o;
+    }
+    o.payment_intent_id = p->id;
+    o.charge_id = p->latest_charge;
+    // Off-session and confirmed: anything but these means the customer would have to act.
+    if (p->status != "succeeded" && p->status != "processing" && p->status != "requires_capture") {
+        o.cls = outcome_class::declined;
+        o.message = "payment intent " + p->id + " is " + p->status;
+    }
+    o.intent = std::move(*p);
+    co_return o;
+}
+
+template <typename T, typename Parse>
+net::awaitable<result<T>> run_get(state_ptr st, std::string target, Parse parse) {
+    auto r = co_await run_call(st, "GET", std::move(target), {}, {});
+    if (r.cls != outcome_class::succeeded) co_return error(errc_for(r.cls), std::move(r.message));
+    co_return parse(r.http.resp.body);
+}
+
+std::string list_target(const list_charges_request& req) {
+    std::string t = "/v1/charges?customer=" + http::url_encode(req.customer) + "&limit=" + std::to_string(req.limit);
+    if (req.created_gte) t += "&created[gte]=" + std::to_string(*req.created_gte);
+    if (!req.starting_after.empty()) t += "&starting_after=" + http::url_encode(req.starting_after);
+    return t;
+}
+
+net::awaitable<result<std::optional<charge>>> run_find(state_ptr st, std::string customer, std::string key,
+                                                      std::optional<std::int64_t> created_gte, unsigned page_size) {
+    list_charges_request req;
+    req.limit = page_size;
+    req.customer = std::move(customer);
+    req.created_gte = created_gte;
+    for (;;) {
+        auto page = co_await run_get<charge_page>(st, list_target(req), parse_charge_page);
+        if (!page) co_return page.err();
+        for (auto& c : page->data)
+            if (metadata_value(c.metadata, "billing_key") == key) co_return std::optional<charge>(std::move(c));
+        if (!page->has_more || page->data.empty()) co_return std::optional<charge>();
+        req.starting_after = page->data.back().id;
+    }
+}
+
+// co_spawn(…, use_awaitable) in Asio 1.22 needs a default-constructible value; result<T> is not.
+template <typename T>
+net::awaitable<std::optional<T>> boxed(net::awaitable<T> a) {
+    co_return co_await std::move(a);
+}
+
+// Runs `a` on the client's strand and resumes the caller on its own executor.
+template <typename T>
+net::awaitable<T> on_strand(state_ptr st, net::awaitable<T> a) {
+    auto r = co_await asio::co_spawn(st->http->get_executor(), boxed(std::move(a)), asio::use_awaitable);
+    co_return std::move(*r);
+}
+
+}  // namespace
+
+result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, client_config cfg, logger log) {
+    if (cfg.api_key.empty()) return error(errc::bad_config, "no Stripe API key (STRIPE_API_KEY or --stripe-key-file)");
+    if (cfg.api_key.find_first_of("\r\n") != std::string::npos) return error(errc::bad_config, "API key contains a line break");
+    http::client_options o;
+    o.max_connections = cfg.max_connections;
+    o.connect_timeout = cfg.connect_timeout;
+    o.request_timeout = cfg.request_timeout;
+    if (cfg.api_base.starts_with("https://")) {
+        auto tls = net::make_tls_client_context({cfg.ca_file});
+        if (!tls) return tls.err();
+        o.tls = *tls;
+    }
+    auto h = http::client::create(offload, cfg.api_base, std::move(o), log);
+    if (!h) return error(errc::bad_config, "--stripe-api-base: " + h.err().message);
+    auto st = std::make_shared<state>();
+    st->cfg = std::move(cfg);
+    st->log = std::move(log);
+    st->http = std::move(*h);
+    return std::unique_ptr<client>(new client(std::move(st)));
+}
+
+client::client(std::shared_ptr<state> st) : st_(std::move(st)) {}
+client::~client() = default;
+
+net::awaitable<charge_outcome> client::create_charge(charge_request req) {
+    co_return co_await on_strand(st_, run_create_charge(st_, std::move(req)));
+}
+
+net::awaitable<charge_outcome> client::create_payment_intent(payment_intent_request req) {
+    co_return co_await on_strand(st_, run_create_intent(st_, std::move(req)));
+}
+
+net::awaitable<result<charge>> client::retrieve_charge(std::string id) {
+    co_return co_await on_strand(st_, run_get<charge>(st_, "/v1/charges/" + http::url_encode(id), parse_charge));
+}
+
+net::awaitable<result<payment_intent>> client::retrieve_payment_intent(std::string id) {
+    co_return co_await on_strand(st_, run_get<payment_intent>(st_, "/v1/payment_intents/" + http::url_encode(id), parse_payment_intent));
+}
+
+net::awaitable<result<charge_page>> client::list_charges(list_charges_request req) {
+    co_return co_await on_strand(st_, run_get<charge_page>(st_, list_target(req), parse_charge_page));
+}
+
+net::awaitable<result<std::optional<charge>>> client::find_charge_by_billing_key(std::string customer,
+                                                                                std::string billing_key,
+                                                                                std::optional<std::int64_t> created_gte,
+                                                                                unsigned page_size) {
+    co_return co_await on_strand(st_, run_find(st_, std::move(customer), std::move(billing_key), created_gte, page_size));
+}
+
+net::awaitable<call_result> client::call(std::string method, std::string target, std::string body,
+                                         std::string idempotency_key) {
+    co_return co_await on_strand(st_, run_call(st_, std::move(method), std::move(target), std::move(body), std::move(idempotency_key)));
+}
+
+const client_config& client::config() const noexcept { return st_->cfg; }
+http::client_stats client::http_stats() const { return st_->http->stats(); }
+
+}  // namespace cg::stripe

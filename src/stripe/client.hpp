@@ -1,0 +1,76 @@
+// Stripe API client: form-encoded requests with auth, Stripe-Version and Idempotency-Key; JSON answers
+// parsed into typed results and classified into one outcome; bounded jittered retries for
+// `retry_same_key` answers only (reads also retry `indeterminate`, being safe to repeat).
+//
+// Executors: everything runs on the strand of its http::client, which sits on the executor given to
+// create() (the offload pool). Every public coroutine may be awaited from any executor (the main loop)
+// and completes on the caller's executor. Cancelling the caller does not stop a call: each attempt is
+// bounded by request_timeout and the retries by the policy. The client must outlive every call.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/log.hpp"
+#include "core/result.hpp"
+#include "http/client.hpp"
+#include "net/tokens.hpp"
+#include "stripe/config.hpp"
+#include "stripe/types.hpp"
+
+namespace cg::stripe {
+
+// A raw API call and its classification, for callers that forward bodies as they are (vault proxy).
+struct call_result {
+    outcome_class cls = outcome_class::indeterminate;
+    http::client_result http;        // the last attempt (response or transport failure)
+    std::optional<api_error> error;  // parsed `error` of a non-2xx body
+    unsigned attempts = 0;
+    std::string request_id;
+    bool replayed = false;
+    std::string message;             // one line describing the outcome; never a secret
+};
+
+class client {
+public:
+    // Builds the TLS context (cfg.ca_file or the system store) and the HTTP pool. Fails on a missing
+    // key, a bad URL or an unreadable CA file.
+    static result<std::unique_ptr<client>> create(asio::any_io_executor offload, client_config cfg, logger log);
+    ~client();
+    client(const client&) = delete;
+    client& operator=(const client&) = delete;
+
+    // POST /v1/charges. Returns the classified outcome (never throws for API or network failures).
+    net::awaitable<charge_outcome> create_charge(charge_request req);
+    // POST /v1/payment_intents with confirm / off_session / payment_method.
+    net::awaitable<charge_outcome> create_payment_intent(payment_intent_request req);
+
+    // GET /v1/charges/{id}, GET /v1/payment_intents/{id}. Errors carry stripe::errc.
+    net::awaitable<result<charge>> retrieve_charge(std::string id);
+    net::awaitable<result<payment_intent>> retrieve_payment_intent(std::string id);
+    // GET /v1/charges?customer=…&created[gte]=…&limit=…&starting_after=… (one page, newest first).
+    net::awaitable<result<charge_page>> list_charges(list_charges_request req);
+    // Pages through the customer's charges (created ≥ created_gte) and returns the first whose
+    // metadata[billing_key] equals `billing_key`, or nullopt when there is none. Reads its own writes.
+    net::awaitable<result<std::optional<charge>>> find_charge_by_billing_key(std::string customer, std::string billing_key,
+                                                                          std::optional<std::int64_t> created_gte,
+                                                                          unsigned page_size = 100);
+
+    // Any call: `target` is origin-form ("/v1/charges?x=1"); `body` form-encoded; an idempotency key
+    // is required for POST. Auth and Stripe-Version are added. Retries as described above.
+    net::awaitable<call_result> call(std::string method, std::string target, std::string body,
+                                     std::string idempotency_key);
+
+    const client_config& config() const noexcept;
+    http::client_stats http_stats() const;
+
+    struct state;
+
+private:
+    explicit client(std::shared_ptr<state> st);
+    std::shared_ptr<state> st_;
+};
+
+}  // namespace cg::stripe

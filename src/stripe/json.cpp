@@ -1,0 +1,145 @@
+#include "stripe/json.hpp"
+
+#include <simdjson.h>
+
+#include "stripe/error.hpp"
+
+namespace cg::stripe {
+namespace {
+
+using simdjson::dom::element;
+using simdjson::dom::object;
+
+simdjson::dom::parser& parser() {
+    thread_local simdjson::dom::parser p;
+    return p;
+}
+
+// The top-level object of `body`, valid until the next parse on this thread.
+result<object> parse_object(std::string_view body) {
+    element doc;
+    if (auto e = parser().parse(body.data(), body.size()).get(doc); e)
+        return error(errc::bad_response, std::string("JSON: ") + simdjson::error_message(e));
+    object o;
+    if (doc.get_object().get(o)) return error(errc::bad_response, "JSON body is not an object");
+    return o;
+}
+
+std::string str(object o, std::string_view key) {
+    std::string_view s;
+    if (o[key].get_string().get(s)) return {};
+    return std::string(s);
+}
+
+std::int64_t num(object o, std::string_view key) {
+    std::int64_t n = 0;
+    if (o[key].get_int64().get(n)) return 0;
+    return n;
+}
+
+// An expandable field: a string id, or an object with an id.
+std::string id_or_object(object o, std::string_view key) {
+    element e;
+    if (o[key].get(e)) return {};
+    std::string_view s;
+    if (!e.get_string().get(s)) return std::string(s);
+    object inner;
+    if (!e.get_object().get(inner)) return str(inner, "id");
+    return {};
+}
+
+metadata meta(object o) {
+    metadata out;
+    object m;
+    if (o["metadata"].get_object().get(m)) return out;
+    for (auto field : m) {
+        std::string_view v;
+        if (!field.value.get_string().get(v)) out.emplace_back(std::string(field.key), std::string(v));
+    }
+    return out;
+}
+
+result<charge> to_charge(object o) {
+    charge c;
+    c.id = str(o, "id");
+    if (c.id.empty() || str(o, "object") != "charge") return error(errc::bad_response, "not a charge object");
+    c.amount = num(o, "amount");
+    c.currency = str(o, "currency");
+    c.customer = id_or_object(o, "customer");
+    c.status = str(o, "status");
+    bool paid = false;
+    if (!o["paid"].get_bool().get(paid)) c.paid = paid;
+    c.created = num(o, "created");
+    c.payment_intent = id_or_object(o, "payment_intent");
+    c.description = str(o, "description");
+    c.failure_code = str(o, "failure_code");
+    c.metadata = meta(o);
+    return c;
+}
+
+}  // namespace
+
+std::optional<std::string_view> metadata_value(const metadata& m, std::string_view key) {
+    for (const auto& [k, v] : m)
+        if (k == key) return std::string_view(v);
+    return std::nullopt;
+}
+
+result<charge> parse_charge(std::string_view body) {
+    auto o = parse_object(body);
+    if (!o) return o.err();
+    return to_charge(*o);
+}
+
+result<payment_intent> parse_payment_intent(std::string_view body) {
+    auto o = parse_object(body);
+    if (!o) return o.err();
+    payment_intent p;
+    p.id = str(*o, "id");
+    if (p.id.empty() || str(*o, "object") != "payment_intent") return error(errc::bad_response, "not a payment_intent object");
+    p.amount = num(*o, "amount");
+    p.currency = str(*o, "currency");
+    p.customer = id_or_object(*o, "customer");
+    p.status = str(*o, "status");
+    p.latest_charge = id_or_object(*o, "latest_charge");
+    p.created = num(*o, "created");
+    p.metadata = meta(*o);
+    return p;
+}
+
+result<charge_page> parse_charge_page(std::string_view body) {
+    auto o = parse_object(body);
+    if (!o) return o.err();
+    if (str(*o, "object") != "list") return error(errc::bad_response, "not a list object");
+    charge_page page;
+    bool more = false;
+    if (!(*o)["has_more"].get_bool().get(more)) page.has_more = more;
+    simdjson::dom::array data;
+    if ((*o)["data"].get_array().get(data)) return error(errc::bad_response, "list without data");
+    for (element e : data) {
+        object co;
+        if (e.get_object().get(co)) return error(errc::bad_response, "list item is not an object");
+        auto c = to_charge(co);
+        if (!c) return c.err();
+        page.data.push_back(std::move(*c));
+    }
+    return page;
+}
+
+std::optional<api_error> parse_error(std::string_view body) {
+    auto o = parse_object(body);
+    if (!o) return std::nullopt;
+    object e;
+    if ((*o)["error"].get_object().get(e)) return std::nullopt;
+    api_error out;
+    out.type = str(e, "type");
+    out.code = str(e, "code");
+    out.decline_code = str(e, "decline_code");
+    out.message = str(e, "message");
+    out.param = str(e, "param");
+    out.charge = id_or_object(e, "charge");
+    out.payment_intent = id_or_object(e, "payment_intent");
+    return out;
+}
+
+}  // namespace cg::stripe

@@ -1,0 +1,104 @@
+// Stripe objects, requests and outcomes as chargeguard uses them. Money is integer minor units.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "stripe/outcome.hpp"
+
+namespace cg::stripe {
+
+using metadata = std::vector<std::pair<std::string, std::string>>;
+
+// Value of `key` in `m`, or nullopt.
+std::optional<std::string_view> metadata_value(const metadata& m, std::string_view key);
+
+struct charge {
+    std::string id;  // ch_…
+    std::int64_t amount = 0;
+    std::string currency;
+    std::string customer;
+    std::string status;  // succeeded | pending | failed
+    bool paid = false;
+    std::int64_t created = 0;  // unix seconds
+    std::string payment_intent;
+    std::string description;
+    std::string failure_code;
+    stripe::metadata metadata;
+};
+
+struct payment_intent {
+    std::string id;  // pi_…
+    std::int64_t amount = 0;
+    std::string currency;
+    std::string customer;
+    std::string status;  // succeeded | processing | requires_action | requires_payment_method | …
+    std::string latest_charge;
+    std::int64_t created = 0;
+    stripe::metadata metadata;
+};
+
+struct charge_page {
+    std::vector<charge> data;
+    bool has_more = false;
+};
+
+// The `error` object of a non-2xx answer.
+struct api_error {
+    std::string type;  // api_error | card_error | idempotency_error | invalid_request_error
+    std::string code;
+    std::string decline_code;
+    std::string message;
+    std::string param;
+    std::string charge;
+    std::string payment_intent;
+};
+
+struct charge_request {
+    std::int64_t amount = 0;
+    std::string currency;
+    std::string customer;
+    std::string description;
+    stripe::metadata metadata;
+    std::string idempotency_key;  // required (≤ 255 chars)
+};
+
+struct payment_intent_request {
+    std::int64_t amount = 0;
+    std::string currency;
+    std::string customer;
+    std::string payment_method;
+    std::string description;
+    stripe::metadata metadata;
+    std::string idempotency_key;  // required (≤ 255 chars)
+    bool confirm = true;
+    bool off_session = true;
+};
+
+struct list_charges_request {
+    std::string customer;
+    std::optional<std::int64_t> created_gte;
+    unsigned limit = 100;
+    std::string starting_after;
+};
+
+// What one create call came to, after the client's own bounded retries.
+struct charge_outcome {
+    outcome_class cls = outcome_class::indeterminate;
+    std::string charge_id;          // ch_… when succeeded; the failed charge on a /v1/charges decline
+    std::string payment_intent_id;  // pi_… for PaymentIntent calls
+    int http_status = 0;            // 0: no response
+    std::string request_id;         // Request-Id of the last response
+    bool replayed = false;          // Idempotent-Replayed: true
+    unsigned attempts = 0;
+    api_error error;                // non-2xx answers
+    std::string message;            // one line for logs and last_error; never a secret
+    std::optional<stripe::charge> charge;
+    std::optional<stripe::payment_intent> intent;
+};
+
+}  // namespace cg::stripe

@@ -1,0 +1,122 @@
+// fake-stripe: a stateful HTTPS double of the Stripe API surface chargeguard uses (specs/stripe.md):
+// charges and PaymentIntents with metadata, list/retrieve, idempotency (24 h window on a movable clock,
+// replay with Idempotent-Replayed, 400 idempotency_error on a parameter mismatch, 409 while the same key
+// executes; 429 and validation 400s not saved; 500s saved), declines per customer, and fault injection.
+//
+// Everything runs on the executor given to the constructor; the accessors below must be called there
+// too (tests run the fake on their own io_context thread and read state between co_awaits).
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/ssl/context.hpp>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/log.hpp"
+#include "core/result.hpp"
+#include "http/server.hpp"
+#include "net/address.hpp"
+
+namespace cg::fake {
+
+// Fault injection; counters apply to the next N matching requests and count down.
+struct faults {
+    int latency_ms = 0;         // added to every /v1 request
+    int latency_jitter_ms = 0;  // plus uniform random [0, jitter]
+    int stall_ms = 0;           // with stall_count: the next N /v1 requests wait this long first
+    int stall_count = 0;
+    int fail_after_create = 0;  // next N creating POSTs: object created, then 500 (saved, replayed)
+    int drop_after_create = 0;  // next N creating POSTs: object created and 200 saved, connection dropped
+    int rate_limit = 0;         // next N POSTs: 429 rate_limit with Stripe-Should-Retry: true (not saved)
+    int in_use = 0;             // next N POSTs: 409 idempotency_key_in_use (not saved)
+};
+
+struct decline_rule {
+    std::string code = "card_declined";  // or authentication_required, expired_card, …
+    std::string decline_code = "generic_decline";
+};
+
+struct charge_rec {
+    std::string id;
+    std::int64_t amount = 0;
+    std::string currency, customer, description, status, failure_code, payment_intent;
+    std::int64_t created = 0;
+    std::vector<std::pair<std::string, std::string>> metadata;
+    std::uint64_t seq = 0;  // creation order (newest first in lists)
+};
+
+struct intent_rec {
+    std::string id;
+    std::int64_t amount = 0;
+    std::string currency, customer, description, status, payment_method, latest_charge;
+    std::int64_t created = 0;
+    std::vector<std::pair<std::string, std::string>> metadata;
+};
+
+class fake_stripe {
+public:
+    fake_stripe(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls, logger log,
+                std::size_t max_connections = 2048);
+    ~fake_stripe();
+
+    result<net::tcp::endpoint> listen(const net::host_port& where);
+    void start();
+    void stop();
+
+    // Test hooks (same as the /_admin endpoints). Call on the fake's executor.
+    struct faults& faults() noexcept { return faults_; }
+    void decline(std::string customer, decline_rule rule = {});
+    void advance_clock(std::chrono::seconds by) noexcept { clock_offset_ += by; }
+    std::int64_t now() const;  // unix seconds on the fake clock
+    const std::vector<charge_rec>& charges() const noexcept { return charges_; }
+    const std::vector<intent_rec>& intents() const noexcept { return intents_; }
+    int posts_for(const std::string& key) const;
+    int max_concurrent() const noexcept { return max_active_; }
+    std::uint64_t requests() const noexcept { return requests_; }
+    void reset();
+
+    // Internals used by the request handlers.
+    struct idem_rec {
+        std::string fingerprint;
+        bool executing = true;
+        int status = 0;
+        std::string body;
+        std::string request_id;
+        std::int64_t created = 0;
+    };
+    struct call;
+
+private:
+    friend struct call;
+    asio::awaitable<http::response> api(http::request& req);
+    asio::awaitable<http::response> admin(http::request& req);
+    asio::awaitable<void> delay(bool stall_ok);
+    asio::awaitable<http::response> post(http::request& req, std::string request_id);
+    http::response get(const http::request& req);
+    // Creating endpoints: fill status + body; `created` tells whether an object came to exist.
+    void create_charge(const std::map<std::string, std::string>& p, int& status, std::string& body, bool& created);
+    void create_intent(const std::map<std::string, std::string>& p, int& status, std::string& body, bool& created);
+    charge_rec& new_charge(const std::map<std::string, std::string>& p, const decline_rule* declined);
+    std::string new_id(const char* prefix);
+
+    asio::any_io_executor ex_;
+    std::unique_ptr<http::server> server_;
+    logger log_;
+    struct faults faults_;
+    std::map<std::string, decline_rule> declines_;
+    std::vector<charge_rec> charges_;
+    std::vector<intent_rec> intents_;
+    std::map<std::string, idem_rec> idem_;
+    std::map<std::string, int> posts_;
+    std::chrono::seconds clock_offset_{0};
+    std::mt19937_64 rng_{20240601};
+    std::uint64_t seq_ = 0, requests_ = 0, next_req_ = 0;
+    int active_ = 0, max_active_ = 0;
+};
+
+}  // namespace cg::fake

@@ -1,0 +1,454 @@
+// stripe::client ↔ fake-stripe over TLS, one test per outcome class and per failure the issue names.
+// The fake runs on the test's io_context (main thread); the client on an offload pool, as in production.
+// g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <boost/test/unit_test.hpp>
+#include <cstdlib>
+#include <thread>
+
+#include "http/server.hpp"
+#include "net/offload.hpp"
+#include "net/tls.hpp"
+#include "stripe/client.hpp"
+#include "stripe/error.hpp"
+#include "support/run_async.hpp"
+#include "tests/doubles/stripe/fake_stripe.hpp"
+
+using namespace std::chrono_literals;
+using namespace cg;
+using stripe::outcome_class;
+using cg::test::run_async;
+
+namespace {
+
+std::string cert(const char* name) {
+    const char* dir = std::getenv("CG_TEST_CERTS");
+    BOOST_TEST_REQUIRE(dir != nullptr, "CG_TEST_CERTS must point at the generated test PKI");
+    return std::string(dir) + "/" + name;
+}
+
+std::string cls(outcome_class c) { return std::string(stripe::to_string(c)); }
+
+struct fixture {
+    asio::io_context io{1};
+    net::offload_pool pool{2};
+    std::unique_ptr<fake::fake_stripe> fake;
+    std::uint16_t port = 0;
+
+    fixture() {
+        auto tls = net::make_tls_server_context({cert("server.pem"), cert("server.key")});
+        BOOST_TEST_REQUIRE(tls.has_value());
+        fake = std::make_unique<fake::fake_stripe>(io.get_executor(), *tls, logger());
+        auto ep = fake->listen({"127.0.0.1", 0});
+        BOOST_TEST_REQUIRE(ep.has_value());
+        port = ep->port();
+        fake->start();
+    }
+
+    stripe::client_config config() const {
+        stripe::client_config c;
+        c.api_base = "https://127.0.0.1:" + std::to_string(port);
+        c.api_key = "sk_test_chargeguard";
+        c.ca_file = cert("ca.pem");
+        c.request_timeout = 2s;
+        c.connect_timeout = 1s;
+        c.retry = {2, 10ms, 40ms};
+        return c;
+    }
+
+    std::unique_ptr<stripe::client> client(stripe::client_config c) {
+        auto r = stripe::client::create(pool.get_executor(), std::move(c), logger());
+        BOOST_TEST_REQUIRE(r.has_value());
+        return std::move(*r);
+    }
+    std::unique_ptr<stripe::client> client() { return client(config()); }
+};
+
+stripe::charge_request charge_req(std::string key, std::string customer = "cus_ok", std::int64_t amount = 4200) {
+    stripe::charge_request r;
+    r.amount = amount;
+    r.currency = "usd";
+    r.customer = std::move(customer);
+    r.description = "plan 2024-05";
+    r.metadata = {{"billing_key", key}, {"customer_id", "c-1"}, {"billing_period", "2024-05"}};
+    r.idempotency_key = std::move(key);
+    return r;
+}
+
+asio::awaitable<void> charge_into(stripe::client* c, stripe::charge_request req, stripe::charge_outcome* out,
+                                  int* left, net::steady_timer* done) {
+    *out = co_await c->create_charge(std::move(req));
+    if (--*left == 0) done->cancel();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(client_fake)
+
+BOOST_AUTO_TEST_CASE(succeeded_then_replayed_with_the_same_id) {
+    fixture f;
+    auto c = f.client();
+    auto main_thread = std::this_thread::get_id();
+    auto [a, b] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+        auto first = co_await c->create_charge(charge_req("key-1"));
+        BOOST_TEST((std::this_thread::get_id() == main_thread));  // resumed on the caller's executor
+        auto second = co_await c->create_charge(charge_req("key-1"));
+        co_return std::pair(first, second);
+    });
+    BOOST_TEST(cls(a.cls) == "succeeded", a.message);
+    BOOST_TEST(a.charge_id.starts_with("ch_"));
+    BOOST_TEST(a.http_status == 200);
+    BOOST_TEST(!a.replayed);
+    BOOST_TEST(a.request_id.starts_with("req_"));
+    BOOST_TEST(a.attempts == 1u);
+    BOOST_TEST_REQUIRE(a.charge.has_value());
+    BOOST_TEST(a.charge->amount == 4200);
+    BOOST_TEST(stripe::metadata_value(a.charge->metadata, "billing_key").value_or("") == "key-1");
+
+    BOOST_TEST(cls(b.cls) == "succeeded");
+    BOOST_TEST(b.replayed);
+    BOOST_TEST(b.charge_id == a.charge_id);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+    BOOST_TEST(f.fake->posts_for("key-1") == 2);
+}
+
+BOOST_AUTO_TEST_CASE(keep_alive_one_handshake_for_many_charges) {
+    fixture f;
+    auto c = f.client();
+    int ok = run_async(f.io, [&]() -> asio::awaitable<int> {
+        int n = 0;
+        for (int i = 0; i < 25; ++i) {
+            auto o = co_await c->create_charge(charge_req("ka-" + std::to_string(i)));
+            n += o.cls == outcome_class::succeeded;
+        }
+        co_return n;
+    });
+    BOOST_TEST(ok == 25);
+    BOOST_TEST(c->http_stats().handshakes == 1u);
+    BOOST_TEST(f.fake->charges().size() == 25u);
+}
+
+BOOST_AUTO_TEST_CASE(declined_card_and_authentication_required) {
+    fixture f;
+    f.fake->decline("cus_broke", {"card_declined", "insufficient_funds"});
+    f.fake->decline("cus_3ds", {"authentication_required", ""});
+    auto c = f.client();
+    auto [d, pi] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+        auto a = co_await c->create_charge(charge_req("dec-1", "cus_broke"));
+        stripe::payment_intent_request p;
+        p.amount = 900;
+        p.currency = "eur";
+        p.customer = "cus_3ds";
+        p.payment_method = "pm_card_visa";
+        p.idempotency_key = "dec-2";
+        auto b = co_await c->create_payment_intent(p);
+        co_return std::pair(a, b);
+    });
+    BOOST_TEST(cls(d.cls) == "declined");
+    BOOST_TEST(d.http_status == 402);
+    BOOST_TEST(d.error.type == "card_error");
+    BOOST_TEST(d.error.decline_code == "insufficient_funds");
+    BOOST_TEST(d.charge_id.starts_with("ch_"));  // the failed charge
+    BOOST_TEST(d.attempts == 1u);
+    BOOST_TEST(cls(pi.cls) == "declined");
+    BOOST_TEST(pi.error.code == "authentication_required");
+    BOOST_TEST(pi.payment_intent_id.starts_with("pi_"));
+}
+
+BOOST_AUTO_TEST_CASE(idempotency_conflict_on_changed_parameters) {
+    fixture f;
+    auto c = f.client();
+    auto o = run_async(f.io, [&]() -> asio::awaitable<stripe::charge_outcome> {
+        auto first = co_await c->create_charge(charge_req("same-key", "cus_ok", 100));
+        BOOST_TEST(cls(first.cls) == "succeeded");
+        co_return co_await c->create_charge(charge_req("same-key", "cus_ok", 200));
+    });
+    BOOST_TEST(cls(o.cls) == "idempotency_conflict");
+    BOOST_TEST(o.http_status == 400);
+    BOOST_TEST(o.attempts == 1u);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(rejected_bad_key_and_validation) {
+    fixture f;
+    auto cfg = f.config();
+    cfg.api_key = "pk_test_wrong_kind";
+    auto bad_key = f.client(cfg);
+    auto c = f.client();
+    auto [auth, invalid] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+        auto a = co_await bad_key->create_charge(charge_req("rej-1"));
+        auto r = charge_req("rej-2");
+        r.currency = "US";
+        auto b = co_await c->create_charge(r);
+        co_return std::pair(a, b);
+    });
+    BOOST_TEST(cls(auth.cls) == "rejected");
+    BOOST_TEST(auth.http_status == 401);
+    BOOST_TEST(auth.message.find("Invalid API Key") != std::string::npos, auth.message);
+    BOOST_TEST(cls(invalid.cls) == "rejected");
+    BOOST_TEST(invalid.error.param == "currency");
+    BOOST_TEST(f.fake->charges().empty());
+}
+
+BOOST_AUTO_TEST_CASE(cap_exceeded_from_a_vault_like_upstream) {
+    // fake-stripe has no spend caps (the vault proxy adds them); a stub server answers as the proxy does.
+    asio::io_context io{1};
+    net::offload_pool pool{1};
+    auto tls = net::make_tls_server_context({cert("server.pem"), cert("server.key")});
+    BOOST_TEST_REQUIRE(tls.has_value());
+    http::router r;
+    r.add("POST", "/v1/charges", [](http::request&) -> asio::awaitable<http::response> {
+        auto resp = http::make_response(402,
+            R"({"error":{"type":"invalid_request_error","code":"spend_cap_exceeded","message":"cap of 5000 usd for 2024-05 reached"}})",
+            "application/json");
+        co_return resp;
+    });
+    http::server_options so;
+    so.tls = *tls;
+    http::server srv(io.get_executor(), r, so, logger());
+    auto ep = srv.listen({"127.0.0.1", 0});
+    BOOST_TEST_REQUIRE(ep.has_value());
+    srv.start();
+    stripe::client_config cfg;
+    cfg.api_base = "https://127.0.0.1:" + std::to_string(ep->port());
+    cfg.api_key = "vk_test_vault";
+    cfg.ca_file = cert("ca.pem");
+    auto c = stripe::client::create(pool.get_executor(), cfg, logger());
+    BOOST_TEST_REQUIRE(c.has_value());
+    auto o = run_async(io, [&]() { return (*c)->create_charge(charge_req("cap-1")); });
+    BOOST_TEST(cls(o.cls) == "cap_exceeded");
+    BOOST_TEST(o.message.find("cap of 5000") != std::string::npos, o.message);
+}
+
+BOOST_AUTO_TEST_CASE(rate_limited_then_retried_with_the_same_key_into_one_charge) {
+    fixture f;
+    f.fake->faults().rate_limit = 2;
+    auto c = f.client();
+    auto o = run_async(f.io, [&]() { return c->create_charge(charge_req("rl-1")); });
+    BOOST_TEST(cls(o.cls) == "succeeded", o.message);
+    BOOST_TEST(o.attempts == 3u);
+    BOOST_TEST(f.fake->posts_for("rl-1") == 3);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(rate_limit_outlasting_the_retries_is_retry_same_key) {
+    fixture f;
+    f.fake->faults().rate_limit = 10;
+    auto c = f.client();
+    auto o = run_async(f.io, [&]() { return c->create_charge(charge_req("rl-2")); });
+    BOOST_TEST(cls(o.cls) == "retry_same_key");
+    BOOST_TEST(o.http_status == 429);
+    BOOST_TEST(o.attempts == 3u);  // 1 + max_retries
+    BOOST_TEST(f.fake->charges().empty());
+}
+
+BOOST_AUTO_TEST_CASE(key_in_use_409_is_retried) {
+    fixture f;
+    f.fake->faults().in_use = 1;
+    auto c = f.client();
+    auto o = run_async(f.io, [&]() { return c->create_charge(charge_req("iu-1")); });
+    BOOST_TEST(cls(o.cls) == "succeeded", o.message);
+    BOOST_TEST(o.attempts == 2u);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(concurrent_same_key_gets_409_then_the_replayed_charge) {
+    fixture f;
+    f.fake->faults().latency_ms = 200;
+    auto cfg = f.config();
+    cfg.retry = {3, 150ms, 300ms};
+    auto c = f.client(cfg);
+    stripe::charge_outcome a, b;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        int left = 2;
+        net::steady_timer done(f.io, net::steady_timer::time_point::max());
+        asio::co_spawn(f.io, charge_into(c.get(), charge_req("dup"), &a, &left, &done), asio::detached);
+        asio::co_spawn(f.io, charge_into(c.get(), charge_req("dup"), &b, &left, &done), asio::detached);
+        co_await done.async_wait();
+    });
+    BOOST_TEST(cls(a.cls) == "succeeded", a.message);
+    BOOST_TEST(cls(b.cls) == "succeeded", b.message);
+    BOOST_TEST(a.charge_id == b.charge_id);
+    BOOST_TEST(a.replayed != b.replayed);  // exactly one of them saw the original
+    BOOST_TEST(a.attempts + b.attempts >= 3u);  // the loser met a 409 first
+    BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(server_error_after_create_is_indeterminate_and_replayed) {
+    fixture f;
+    f.fake->faults().fail_after_create = 1;
+    auto c = f.client();
+    auto [first, again] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+        auto a = co_await c->create_charge(charge_req("500-1"));
+        auto b = co_await c->create_charge(charge_req("500-1"));
+        co_return std::pair(a, b);
+    });
+    BOOST_TEST(cls(first.cls) == "indeterminate");
+    BOOST_TEST(first.http_status == 500);
+    BOOST_TEST(first.attempts == 1u);  // never hammered
+    BOOST_TEST(cls(again.cls) == "indeterminate");
+    BOOST_TEST(again.replayed);  // Stripe saved the 500
+    BOOST_TEST(f.fake->charges().size() == 1u);
+    // The charge exists: recovery finds it through the list.
+    auto found_id = run_async(f.io, [&]() -> asio::awaitable<std::string> {
+        auto found = co_await c->find_charge_by_billing_key("cus_ok", "500-1", std::nullopt);
+        co_return found && found->has_value() ? (*found)->id : std::string("<none>");
+    });
+    BOOST_TEST(found_id == f.fake->charges()[0].id);
+}
+
+BOOST_AUTO_TEST_CASE(stall_times_out_as_indeterminate_and_the_key_later_replays) {
+    fixture f;
+    auto cfg = f.config();
+    cfg.request_timeout = 100ms;
+    cfg.retry = {6, 60ms, 100ms};
+    auto c = f.client(cfg);
+    auto [first, later] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+        // Warm the pool so the stalled request is sent at once (the timeout then surely falls after it).
+        auto warm = co_await c->create_charge(charge_req("warm-up"));
+        BOOST_TEST(cls(warm.cls) == "succeeded");
+        f.fake->faults().stall_ms = 200;
+        f.fake->faults().stall_count = 1;
+        auto a = co_await c->create_charge(charge_req("stall-1"));
+        // Same key again: 409 while the stalled request still executes, then the replay.
+        auto b = co_await c->create_charge(charge_req("stall-1"));
+        co_return std::pair(a, b);
+    });
+    BOOST_TEST(cls(first.cls) == "indeterminate");
+    BOOST_TEST(first.http_status == 0);
+    BOOST_TEST(first.attempts == 1u);
+    BOOST_TEST(first.message.find("timeout") != std::string::npos, first.message);
+    BOOST_TEST(cls(later.cls) == "succeeded", later.message);
+    BOOST_TEST(later.replayed);
+    BOOST_TEST_REQUIRE(f.fake->charges().size() == 2u);  // warm-up + the stalled one, never two of it
+    BOOST_TEST(later.charge_id == f.fake->charges()[1].id);
+}
+
+BOOST_AUTO_TEST_CASE(dropped_connection_after_create_then_replay_returns_the_original) {
+    fixture f;
+    f.fake->faults().drop_after_create = 1;
+    auto c = f.client();
+    auto [first, again] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+        auto a = co_await c->create_charge(charge_req("drop-1"));
+        auto b = co_await c->create_charge(charge_req("drop-1"));
+        co_return std::pair(a, b);
+    });
+    BOOST_TEST(cls(first.cls) == "indeterminate");
+    BOOST_TEST(first.attempts == 1u);
+    BOOST_TEST(cls(again.cls) == "succeeded");
+    BOOST_TEST(again.replayed);
+    BOOST_TEST_REQUIRE(f.fake->charges().size() == 1u);
+    BOOST_TEST(again.charge_id == f.fake->charges()[0].id);
+}
+
+BOOST_AUTO_TEST_CASE(unreachable_before_sending_is_retry_same_key) {
+    fixture f;
+    auto cfg = f.config();
+    {
+        net::tcp_acceptor a(f.io, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+        cfg.api_base = "https://127.0.0.1:" + std::to_string(a.local_endpoint().port());
+    }
+    auto c = f.client(cfg);
+    auto o = run_async(f.io, [&]() { return c->create_charge(charge_req("nc-1")); });
+    BOOST_TEST(cls(o.cls) == "retry_same_key");
+    BOOST_TEST(o.attempts == 3u);
+    BOOST_TEST(o.message.find("before sending") != std::string::npos, o.message);
+}
+
+BOOST_AUTO_TEST_CASE(wrong_ca_is_a_clear_error_and_not_retried) {
+    fixture f;
+    auto cfg = f.config();
+    cfg.ca_file = cert("other-ca.pem");
+    auto c = f.client(cfg);
+    auto o = run_async(f.io, [&]() { return c->create_charge(charge_req("ca-1")); });
+    BOOST_TEST(cls(o.cls) == "retry_same_key");  // nothing was sent
+    BOOST_TEST(o.attempts == 1u);
+    BOOST_TEST(o.message.find("certificate verify failed") != std::string::npos, o.message);
+    BOOST_TEST(f.fake->requests() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(payment_intent_and_retrieval) {
+    fixture f;
+    auto c = f.client();
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        stripe::payment_intent_request p;
+        p.amount = 1500;
+        p.currency = "usd";
+        p.customer = "cus_ok";
+        p.payment_method = "pm_card_visa";
+        p.metadata = {{"billing_key", "pi-key"}};
+        p.idempotency_key = "pi-1";
+        auto o = co_await c->create_payment_intent(p);
+        BOOST_TEST(cls(o.cls) == "succeeded", o.message);
+        BOOST_TEST(o.payment_intent_id.starts_with("pi_"));
+        BOOST_TEST(o.charge_id.starts_with("ch_"));
+        auto pi = co_await c->retrieve_payment_intent(o.payment_intent_id);
+        BOOST_TEST_REQUIRE(pi.has_value());
+        BOOST_TEST(pi->status == "succeeded");
+        BOOST_TEST(pi->latest_charge == o.charge_id);
+        auto ch = co_await c->retrieve_charge(o.charge_id);
+        BOOST_TEST_REQUIRE(ch.has_value());
+        BOOST_TEST(ch->payment_intent == o.payment_intent_id);
+        BOOST_TEST(stripe::metadata_value(ch->metadata, "billing_key").value_or("") == "pi-key");
+        auto missing = co_await c->retrieve_charge("ch_nope");
+        BOOST_TEST(missing.code() == make_error_code(stripe::errc::rejected));
+    });
+}
+
+BOOST_AUTO_TEST_CASE(list_pages_and_find_by_billing_key) {
+    fixture f;
+    auto c = f.client();
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        for (int i = 0; i < 7; ++i) (void)co_await c->create_charge(charge_req("bk-" + std::to_string(i), "cus_a"));
+        (void)co_await c->create_charge(charge_req("bk-other", "cus_b"));
+        stripe::list_charges_request q;
+        q.customer = "cus_a";
+        q.limit = 3;
+        auto p1 = co_await c->list_charges(q);
+        BOOST_TEST_REQUIRE(p1.has_value());
+        BOOST_TEST(p1->data.size() == 3u);
+        BOOST_TEST(p1->has_more);
+        BOOST_TEST(stripe::metadata_value(p1->data[0].metadata, "billing_key").value_or("") == "bk-6");  // newest first
+        q.starting_after = p1->data.back().id;
+        auto p2 = co_await c->list_charges(q);
+        BOOST_TEST_REQUIRE(p2.has_value());
+        BOOST_TEST(stripe::metadata_value(p2->data[0].metadata, "billing_key").value_or("") == "bk-3");
+        // The oldest needs three pages of two.
+        auto found = co_await c->find_charge_by_billing_key("cus_a", "bk-0", std::nullopt, 2);
+        BOOST_TEST_REQUIRE(found.has_value());
+        BOOST_TEST_REQUIRE(found->has_value());
+        BOOST_TEST(stripe::metadata_value((*found)->metadata, "billing_key").value_or("") == "bk-0");
+        auto other = co_await c->find_charge_by_billing_key("cus_a", "bk-other", std::nullopt, 2);
+        BOOST_TEST_REQUIRE(other.has_value());
+        BOOST_TEST(!other->has_value());  // another customer's charge
+    });
+    BOOST_TEST(f.fake->requests() >= 8u + 2u + 4u);
+}
+
+BOOST_AUTO_TEST_CASE(key_older_than_24h_starts_a_new_request) {
+    fixture f;
+    auto c = f.client();
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto a = co_await c->create_charge(charge_req("old-key"));
+        auto since = f.fake->now();
+        f.fake->advance_clock(std::chrono::hours(24));
+        auto b = co_await c->create_charge(charge_req("old-key"));
+        BOOST_TEST(cls(b.cls) == "succeeded");
+        BOOST_TEST(!b.replayed);
+        BOOST_TEST(b.charge_id != a.charge_id);
+        // created[gte] filters: only the charge made on the moved clock.
+        stripe::list_charges_request q;
+        q.customer = "cus_ok";
+        q.created_gte = since + 3600;
+        auto page = co_await c->list_charges(q);
+        BOOST_TEST_REQUIRE(page.has_value());
+        BOOST_TEST_REQUIRE(page->data.size() == 1u);
+        BOOST_TEST(page->data[0].id == b.charge_id);
+    });
+    BOOST_TEST(f.fake->charges().size() == 2u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

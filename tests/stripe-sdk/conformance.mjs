@@ -1,0 +1,147 @@
+// Real-client conformance: the official Stripe Node SDK against fake-stripe. Keeps the double honest:
+// if fake-stripe drifts from what Stripe's own client expects (wire format, headers, error shapes),
+// this fails. Usage: node conformance.mjs <fake-stripe binary> <cert dir>  (NODE_EXTRA_CA_CERTS = CA)
+import { spawn } from 'node:child_process';
+import https from 'node:https';
+import assert from 'node:assert/strict';
+import Stripe from 'stripe';
+
+const [, , fakeBin, certDir] = process.argv;
+const child = spawn(fakeBin, ['--listen', '127.0.0.1:0', '--cert', `${certDir}/server.pem`,
+  '--key', `${certDir}/server.key`, '--decline', 'cus_declined'], { stdio: ['ignore', 'pipe', 'inherit'] });
+
+function portOf(proc) {
+  return new Promise((resolve, reject) => {
+    let buf = '';
+    proc.stdout.on('data', (d) => {
+      buf += d;
+      const m = buf.match(/listening on [^\s]+:(\d+)/);
+      if (m) resolve(Number(m[1]));
+    });
+    proc.on('exit', (code) => reject(new Error(`fake-stripe exited with ${code} before listening`)));
+  });
+}
+
+function admin(port, path) {
+  return new Promise((resolve, reject) => {
+    https.get({ host: '127.0.0.1', port, path }, (res) => {
+      let body = '';
+      res.on('data', (d) => (body += d));
+      res.on('end', () => resolve(JSON.parse(body)));
+    }).on('error', reject);
+  });
+}
+
+let failures = 0;
+async function check(name, fn) {
+  try {
+    await fn();
+    console.log(`ok   ${name}`);
+  } catch (e) {
+    failures++;
+    console.log(`FAIL ${name}: ${e.stack || e}`);
+  }
+}
+
+try {
+  const port = await portOf(child);
+  const stripe = new Stripe('sk_test_conformance', {
+    host: '127.0.0.1', port, protocol: 'https', maxNetworkRetries: 0, telemetry: false,
+  });
+  const params = {
+    amount: 4200, currency: 'usd', customer: 'cus_sdk', description: 'conformance',
+    metadata: { billing_key: 'bk-sdk-1', billing_period: '2024-05' },
+  };
+
+  let first;
+  await check('create charge with an idempotency key', async () => {
+    first = await stripe.charges.create(params, { idempotencyKey: 'sdk-key-1' });
+    assert.match(first.id, /^ch_/);
+    assert.equal(first.object, 'charge');
+    assert.equal(first.amount, 4200);
+    assert.equal(first.status, 'succeeded');
+    assert.equal(first.metadata.billing_key, 'bk-sdk-1');
+    assert.match(first.lastResponse.requestId, /^req_/);
+  });
+
+  await check('replay returns the same charge, marked replayed', async () => {
+    const again = await stripe.charges.create(params, { idempotencyKey: 'sdk-key-1' });
+    assert.equal(again.id, first.id);
+    assert.equal(again.lastResponse.headers['idempotent-replayed'], 'true');
+    const posts = await admin(port, '/_admin/posts?key=sdk-key-1');
+    assert.equal(posts.count, 2);
+    const all = await admin(port, '/_admin/charges');
+    assert.equal(all.count, 1);
+  });
+
+  await check('decline maps to StripeCardError', async () => {
+    await assert.rejects(
+      stripe.charges.create({ ...params, customer: 'cus_declined' }, { idempotencyKey: 'sdk-key-2' }),
+      (e) => {
+        assert.ok(e instanceof Stripe.errors.StripeCardError, `got ${e.constructor.name}`);
+        assert.equal(e.type, 'StripeCardError');
+        assert.equal(e.code, 'card_declined');
+        assert.equal(e.decline_code, 'generic_decline');
+        assert.equal(e.statusCode, 402);
+        assert.match(e.raw.charge, /^ch_/);
+        return true;
+      });
+  });
+
+  await check('same key with other parameters maps to StripeIdempotencyError', async () => {
+    await assert.rejects(
+      stripe.charges.create({ ...params, amount: 4300 }, { idempotencyKey: 'sdk-key-1' }),
+      (e) => {
+        assert.ok(e instanceof Stripe.errors.StripeIdempotencyError, `got ${e.constructor.name}`);
+        assert.equal(e.statusCode, 400);
+        return true;
+      });
+  });
+
+  await check('bad parameters map to StripeInvalidRequestError with param', async () => {
+    await assert.rejects(
+      stripe.charges.create({ ...params, currency: 'US' }, { idempotencyKey: 'sdk-key-3' }),
+      (e) => e instanceof Stripe.errors.StripeInvalidRequestError && e.param === 'currency');
+  });
+
+  await check('list, paginate and retrieve', async () => {
+    await stripe.charges.create({ ...params, metadata: { billing_key: 'bk-sdk-2' } }, { idempotencyKey: 'sdk-key-4' });
+    const page = await stripe.charges.list({ customer: 'cus_sdk', limit: 1 });
+    assert.equal(page.object, 'list');
+    assert.equal(page.data.length, 1);
+    assert.equal(page.has_more, true);
+    assert.equal(page.data[0].metadata.billing_key, 'bk-sdk-2');  // newest first
+    const ids = [];
+    for await (const c of stripe.charges.list({ customer: 'cus_sdk', limit: 1 })) ids.push(c.id);
+    assert.deepEqual(ids.length, 2);
+    assert.equal(ids[1], first.id);
+    const got = await stripe.charges.retrieve(first.id);
+    assert.equal(got.id, first.id);
+    await assert.rejects(stripe.charges.retrieve('ch_missing'),
+      (e) => e instanceof Stripe.errors.StripeInvalidRequestError && e.statusCode === 404);
+  });
+
+  await check('off-session PaymentIntent confirms into a charge', async () => {
+    const pi = await stripe.paymentIntents.create({
+      amount: 1500, currency: 'usd', customer: 'cus_sdk', payment_method: 'pm_card_visa',
+      confirm: true, off_session: true, metadata: { billing_key: 'bk-sdk-pi' },
+    }, { idempotencyKey: 'sdk-key-5' });
+    assert.match(pi.id, /^pi_/);
+    assert.equal(pi.status, 'succeeded');
+    assert.match(pi.latest_charge, /^ch_/);
+    const again = await stripe.paymentIntents.retrieve(pi.id);
+    assert.equal(again.latest_charge, pi.latest_charge);
+  });
+
+  await check('bad API key maps to StripeAuthenticationError', async () => {
+    const wrong = new Stripe('pk_test_not_a_secret', { host: '127.0.0.1', port, protocol: 'https', telemetry: false });
+    await assert.rejects(wrong.charges.list({ limit: 1 }), (e) => e instanceof Stripe.errors.StripeAuthenticationError);
+  });
+} catch (e) {
+  failures++;
+  console.log(`FAIL setup: ${e.stack || e}`);
+} finally {
+  child.kill('SIGTERM');
+}
+console.log(failures ? `${failures} conformance check(s) failed` : 'all conformance checks passed');
+process.exit(failures ? 1 : 0);
