@@ -21,6 +21,8 @@ inline void run_until_done(asio::io_context& io, const bool& done, std::chrono::
 }
 
 // Runs `make(io)` (a function returning asio::awaitable<T>) to completion on `io`, at most `limit`.
+// When the coroutine hands work to other threads (an offload pool), declare `io` before that pool so it
+// outlives the pool's threads: they may still release their hold on `io` after the coroutine is done.
 // Throws std::runtime_error on timeout; rethrows the coroutine's exception.
 template <typename Make>
 auto run_async(asio::io_context& io, Make&& make, std::chrono::steady_clock::duration limit = std::chrono::seconds(30)) {
