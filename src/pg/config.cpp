@@ -80,6 +80,7 @@ result<config> config::from_dsn(std::string_view dsn) {
             for (auto* g = given.get(); g->keyword; ++g)
                 if (std::string_view(g->keyword) == d->keyword && g->val) {
                     val = g->val;
+                    if (std::string_view(d->keyword) == "password" && *g->val) c.dsn_has_password = true;
                     if (std::string_view(d->keyword) == "gssencmode") gss_given = true;
                 }
         }

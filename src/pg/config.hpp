@@ -28,6 +28,9 @@ struct config {
     std::vector<endpoint> endpoints;
     // Per attempt (libpq's connect_timeout, which PQconnectPoll itself ignores). Default 10 s.
     std::chrono::milliseconds connect_timeout{10000};
+    // The DSN string itself carried a password (callers refuse that on a command line: secrets never come
+    // from argv). PGPASSWORD and ~/.pgpass do not count.
+    bool dsn_has_password = false;
 
     // Parses `dsn` (conninfo "host=… dbname=…" or URI "postgresql://…"); missing keywords come from libpq's
     // defaults, i.e. the PG* environment variables. An empty dsn means "environment only". Call once at
