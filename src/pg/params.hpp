@@ -33,11 +33,17 @@ public:
 
     params& add(null_t);
     params& add(bool v);
+    // Integers are typed by their C++ width (int16 → int2, int32 → int4, int64 → int8), so `$1` works where
+    // PostgreSQL wants exactly int4 (function arguments) and `SELECT $1` comes back as the same width.
     template <std::integral I>
         requires(!std::is_same_v<I, bool> && !std::is_same_v<I, char>)
     params& add(I v) {
         if constexpr (std::is_unsigned_v<I> && sizeof(I) >= sizeof(std::int64_t))
             return add_text(std::to_string(v), oid::unknown);  // may not fit int8: let the server decide
+        else if constexpr (sizeof(I) <= 2 && std::is_signed_v<I>)
+            return add_text(std::to_string(v), oid::int2);
+        else if constexpr (sizeof(I) <= 4 && (std::is_signed_v<I> || sizeof(I) < 4))
+            return add_text(std::to_string(v), oid::int4);
         else
             return add_text(std::to_string(static_cast<std::int64_t>(v)), oid::int8);
     }

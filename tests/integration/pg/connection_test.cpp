@@ -2,6 +2,7 @@
 #include <boost/test/unit_test.hpp>
 #include <limits>
 
+#include "helpers.hpp"
 #include "support.hpp"
 #include "support/run_async.hpp"
 
@@ -18,14 +19,7 @@ net::awaitable<std::unique_ptr<pg::connection>> connect_ok(pg_fixture& f, pg::co
     co_return std::move(*c);
 }
 
-template <typename T>
-T must(result<T> r, const char* what) {
-    if (!r) throw std::runtime_error(std::string(what) + ": " + r.err().describe());
-    return std::move(*r);
-}
-void must(result<void> r, const char* what) {
-    if (!r) throw std::runtime_error(std::string(what) + ": " + r.err().describe());
-}
+using cg::test::must;
 
 pg::timestamp ts(int y, unsigned mo, unsigned d, int h, int mi, int s, int us) {
     using namespace std::chrono;

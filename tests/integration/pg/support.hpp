@@ -30,6 +30,7 @@ inline pg::config server_config(const std::string& dsn = "") {
 inline void admin_exec(const std::string& sql, const std::string& dbname = "") {
     std::string dsn = dbname.empty() ? std::string() : "dbname=" + dbname;
     PGconn* c = PQconnectdb(dsn.c_str());
+    PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);  // "does not exist, skipping"
     std::string err;
     if (PQstatus(c) != CONNECTION_OK) {
         err = PQerrorMessage(c);
