@@ -272,6 +272,23 @@ net::awaitable<result<pg_result*>> connection::next_result(op& o) {
 
 // ---- operations -------------------------------------------------------------------------------------
 
+connection::stmt_plan connection::plan_statement(const std::string& sql, const params& p) {
+    if (opts_.max_prepared == 0) return {};
+    // Keyed by text and parameter types: a statement prepared for int4 must not receive an int8.
+    std::string key = sql;
+    key.push_back('\0');
+    key.append(reinterpret_cast<const char*>(p.types()), static_cast<std::size_t>(p.size()) * sizeof(unsigned));
+    if (auto it = prepared_.find(key); it != prepared_.end()) return {it->second, {}, false};
+    if (prepared_.size() >= opts_.max_prepared) return {};
+    return {"cg_" + std::to_string(next_statement_++), std::move(key), true};
+}
+
+bool connection::send_statement(const std::string& sql, const params& p, const stmt_plan& plan) {
+    if (plan.name.empty())
+        return PQsendQueryParams(conn_, sql.c_str(), p.size(), p.types(), p.values(), p.lengths(), p.formats(), 0);
+    return PQsendQueryPrepared(conn_, plan.name.c_str(), p.size(), p.values(), p.lengths(), p.formats(), 0);
+}
+
 result<void> connection::begin_op() {
     if (!conn_ || broken_ || PQstatus(conn_) != CONNECTION_OK) return lost("before sending");
     if (busy_) return error(errc::protocol_error, "connection already has an operation in progress");
@@ -291,7 +308,24 @@ net::awaitable<result<rows>> connection::query_with(std::string_view sql, params
     op o{deadline_after(timeout)};
     std::string text(sql);  // libpq wants NUL-terminated SQL
     result<rows> out = error(errc::protocol_error, "no result");
-    if (!PQsendQueryParams(conn_, text.c_str(), p.size(), p.types(), p.values(), p.lengths(), p.formats(), 0)) {
+    auto plan = plan_statement(text, p);
+    if (plan.prepare) {
+        // First use on this connection: Parse once (one extra round trip), then execute by name.
+        result<void> prepared;
+        if (!PQsendPrepare(conn_, plan.name.c_str(), text.c_str(), p.size(), p.types())) {
+            prepared = lost("sending");
+        } else if (auto ec = co_await flush(o)) {
+            prepared = fail_op(ec, o);
+        } else if (auto r = co_await collect(o); !r) {
+            prepared = r.err();
+        }
+        if (!prepared) {
+            end_op(began, prepared.code());
+            co_return prepared.err();
+        }
+        prepared_.emplace(plan.key, plan.name);
+    }
+    if (!send_statement(text, p, plan)) {
         out = lost("sending");
     } else if (auto ec = co_await flush(o)) {
         out = fail_op(ec, o);
@@ -357,17 +391,29 @@ net::awaitable<result<std::vector<result<rows>>>> connection::run(const pipeline
     op o{deadline_after(timeout)};
     const bool sync_each = batch.mode() == pipeline::sync_mode::per_statement;
     result<std::vector<result<rows>>> out = error(errc::protocol_error, "pipeline not run");
+    std::vector<stmt_plan> plans;
     if (!PQenterPipelineMode(conn_)) {
         out = error(errc::protocol_error, "could not enter pipeline mode: " + conn_message());
     } else {
         // Everything is queued in libpq's output buffer first (nonblocking mode never blocks here); flush()
         // then sends it while reading whatever the server already answered.
         bool queued = true;
+        plans.reserve(batch.size());
+        std::unordered_map<std::string, std::string> preparing;  // first Parse of each new statement only
         for (const auto& s : batch.statements()) {
             const auto& p = s.args;
-            queued = PQsendQueryParams(conn_, s.sql.c_str(), p.size(), p.types(), p.values(), p.lengths(),
-                                       p.formats(), 0) &&
-                     (!sync_each || PQpipelineSync(conn_));
+            auto plan = plan_statement(s.sql, p);
+            if (plan.prepare) {
+                if (auto it = preparing.find(plan.key); it != preparing.end()) {
+                    plan.name = it->second;  // parsed earlier in this batch
+                    plan.prepare = false;
+                } else {
+                    preparing.emplace(plan.key, plan.name);
+                    queued = PQsendPrepare(conn_, plan.name.c_str(), s.sql.c_str(), p.size(), p.types());
+                }
+            }
+            queued = queued && send_statement(s.sql, p, plan) && (!sync_each || PQpipelineSync(conn_));
+            plans.push_back(std::move(plan));
             if (!queued) break;
         }
         if (!queued || (!sync_each && !PQpipelineSync(conn_))) {
@@ -375,7 +421,7 @@ net::awaitable<result<std::vector<result<rows>>>> connection::run(const pipeline
         } else if (auto ec = co_await flush(o)) {
             out = fail_op(ec, o);
         } else {
-            out = co_await collect_pipeline(o, batch);
+            out = co_await collect_pipeline(o, batch, plans);
         }
         if (!out) broken_ = true;  // stuck in pipeline mode with unread results: unusable
     }
@@ -392,7 +438,29 @@ net::awaitable<result<void>> connection::expect_sync(op& o) {
     co_return result<void>{};
 }
 
-net::awaitable<result<std::vector<result<rows>>>> connection::collect_pipeline(op& o, const pipeline& batch) {
+net::awaitable<result<void>> connection::read_prepare(op& o, const stmt_plan& plan) {
+    auto r = co_await next_result(o);
+    if (!r) co_return r.err();
+    if (!*r) co_return error(errc::protocol_error, "pipeline: missing prepare result");
+    rows owner(*r);
+    result<void> out;
+    switch (PQresultStatus(*r)) {
+        case PGRES_COMMAND_OK: prepared_.emplace(plan.key, plan.name); break;
+        case PGRES_PIPELINE_ABORTED: out = error(errc::pipeline_aborted, "prepare skipped"); break;
+        case PGRES_FATAL_ERROR: out = result_error(*r, o); break;
+        default: co_return error(errc::protocol_error, "pipeline: unexpected prepare result");
+    }
+    auto end = co_await next_result(o);
+    if (!end) co_return end.err();
+    if (*end) {
+        rows extra(*end);
+        co_return error(errc::protocol_error, "pipeline: more than one prepare result");
+    }
+    co_return out;
+}
+
+net::awaitable<result<std::vector<result<rows>>>> connection::collect_pipeline(op& o, const pipeline& batch,
+                                                                               const std::vector<stmt_plan>& plans) {
     const bool sync_each = batch.mode() == pipeline::sync_mode::per_statement;
     const std::size_t n = batch.size();
     std::vector<result<rows>> out;
@@ -400,11 +468,24 @@ net::awaitable<result<std::vector<result<rows>>>> connection::collect_pipeline(o
     std::size_t first_failure = n;
     bool txn_control = false;  // an explicit BEGIN/COMMIT/ROLLBACK changes what a failure undoes
     for (std::size_t i = 0; i < n; ++i) {
+        std::optional<error> prepare_failed;
+        if (plans[i].prepare) {
+            auto pr = co_await read_prepare(o, plans[i]);
+            if (!pr && pr.code() != errc::pipeline_aborted && pr.code().category() == category() &&
+                (pr.code() == errc::connection_lost || pr.code() == errc::timeout || pr.code() == errc::canceled ||
+                 pr.code() == errc::protocol_error))
+                co_return pr.err();
+            if (!pr && pr.code() != errc::pipeline_aborted) prepare_failed = pr.err();
+        }
         auto r = co_await next_result(o);
         if (!r) co_return r.err();
         if (!*r) co_return error(errc::protocol_error, "pipeline: missing result for statement " + std::to_string(i));
         rows res(*r);
-        switch (PQresultStatus(*r)) {
+        if (prepare_failed) {  // the execute was skipped; the statement's error is the Parse error
+            if (stats_) stats_->error(prepare_failed->code);
+            if (first_failure == n) first_failure = i;
+            out.emplace_back(std::move(*prepare_failed));
+        } else switch (PQresultStatus(*r)) {
             case PGRES_TUPLES_OK:
             case PGRES_COMMAND_OK: {
                 auto tag = res.command();

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/log.hpp"
@@ -35,6 +36,10 @@ struct connection_options {
     // After a timeout's cancel: how long to wait for the server to end the query before dropping the
     // connection (errc::timeout either way; the connection stays usable if the server answered).
     std::chrono::milliseconds cancel_grace{1000};
+    // Statements are prepared once per connection (named, keyed by SQL text and parameter types) and then
+    // executed by name: PostgreSQL parses and plans them once instead of on every call. Up to this many per
+    // connection; beyond, statements run unnamed. Zero disables preparing.
+    std::size_t max_prepared = 256;
 };
 
 class connection {
@@ -99,6 +104,11 @@ private:
     struct io_ready;
     enum class want { read, write, read_or_write };
     struct attempt;
+    struct stmt_plan {
+        std::string name;   // empty: unnamed statement
+        std::string key;    // cache key when `prepare` is set
+        bool prepare = false;
+    };
 
     connection(asio::any_io_executor ex, asio::any_io_executor offload, connection_options opts, logger log,
                std::shared_ptr<stats> st);
@@ -109,9 +119,13 @@ private:
     net::awaitable<std::error_code> flush(op& o);
     net::awaitable<result<pg_result*>> next_result(op& o);
     net::awaitable<result<rows>> collect(op& o);
-    net::awaitable<result<std::vector<result<rows>>>> collect_pipeline(op& o, const pipeline& batch);
+    net::awaitable<result<std::vector<result<rows>>>> collect_pipeline(op& o, const pipeline& batch,
+                                                                       const std::vector<stmt_plan>& plans);
+    net::awaitable<result<void>> read_prepare(op& o, const stmt_plan& plan);
     net::awaitable<result<void>> expect_sync(op& o);
 
+    stmt_plan plan_statement(const std::string& sql, const params& p);
+    bool send_statement(const std::string& sql, const params& p, const stmt_plan& plan);
     result<void> begin_op();
     void end_op(clock::time_point began, const std::error_code& ec);
     void reassign_socket();
@@ -129,6 +143,8 @@ private:
     connection_options opts_;
     logger log_;
     std::shared_ptr<stats> stats_;
+    std::unordered_map<std::string, std::string> prepared_;  // cache key → statement name
+    std::size_t next_statement_ = 0;
     bool broken_ = false;
     bool busy_ = false;
     clock::time_point last_used_ = clock::now();

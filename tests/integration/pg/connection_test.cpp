@@ -160,6 +160,38 @@ net::awaitable<void> pipeline_one_failure(pg_fixture& f) {
     for (int i = 0; i < 100; ++i) BOOST_TEST(s[i]->get<std::int64_t>(0, 0) == 2 * i);
 }
 
+net::awaitable<void> prepared_statements(pg_fixture& f) {
+    auto c = co_await connect_ok(f);
+    // The same text with different parameter types is two statements (an int4 plan must not get an int8).
+    BOOST_TEST(must(co_await c->query("SELECT $1 + 0", 5), "int4")[0].get<std::int64_t>(0) == 5);
+    BOOST_TEST(must(co_await c->query("SELECT $1 + 0", std::int64_t{1} << 40), "int8")[0].get<std::int64_t>(0) ==
+               (std::int64_t{1} << 40));
+    BOOST_TEST(must(co_await c->query("SELECT $1 + 0", 6), "int4 again")[0].get<std::int64_t>(0) == 6);
+    auto n = must(co_await c->query("SELECT count(*) FROM pg_prepared_statements WHERE statement = 'SELECT $1 + 0'"), "n");
+    BOOST_TEST(n[0].get<std::int64_t>(0) == 2);  // parsed once per type signature, then reused
+    // A statement that does not parse fails on its own, on a single query and inside pipelines.
+    BOOST_TEST((co_await c->query("SELEC $1", 1)).code() == pg::errc::syntax_error);
+    pg::pipeline each(pg::pipeline::sync_mode::per_statement);
+    for (int i = 0; i < 10; ++i) each.add(i == 4 ? "SELEC $1::int8" : "SELECT $1::int8", i);
+    auto r = must(co_await c->run(each), "per statement");
+    for (int i = 0; i < 10; ++i) {
+        if (i == 4) BOOST_TEST(r[i].code() == pg::errc::syntax_error);
+        else BOOST_TEST(r[i]->get<std::int64_t>(0, 0) == i);
+    }
+    pg::pipeline batch;
+    for (int i = 0; i < 10; ++i) batch.add(i == 4 ? "SELEC $1::int4" : "SELECT $1::int4", i);
+    auto b = must(co_await c->run(batch), "per batch");
+    for (int i = 0; i < 10; ++i) {
+        auto want = i < 4 ? pg::errc::rolled_back : i == 4 ? pg::errc::syntax_error : pg::errc::pipeline_aborted;
+        BOOST_TEST(b[i].code() == want, "statement " << i << ": " << b[i].code().message());
+    }
+    // Statements whose Parse was skipped are parsed again next time, and work.
+    auto again = must(co_await c->run(each), "again");
+    BOOST_TEST(again[9]->get<std::int64_t>(0, 0) == 9);
+    auto ok = must(co_await c->query("SELECT $1::int4", 3), "parsed after skip");
+    BOOST_TEST(ok[0].get<std::int32_t>(0) == 3);
+}
+
 net::awaitable<void> timeout_cancels(pg_fixture& f) {
     pg::connection_options opts;
     opts.query_timeout = 200ms;
@@ -234,6 +266,11 @@ BOOST_AUTO_TEST_CASE(insert_on_conflict_do_nothing_returning) {
 BOOST_AUTO_TEST_CASE(pipeline_of_1000_with_one_failure) {
     pg_fixture f;
     cg::test::run_async(f.io, [&] { return pipeline_one_failure(f); });
+}
+
+BOOST_AUTO_TEST_CASE(statements_prepared_once_per_connection) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return prepared_statements(f); });
 }
 
 BOOST_AUTO_TEST_CASE(query_timeout_cancels_server_side) {
