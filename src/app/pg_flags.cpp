@@ -58,6 +58,15 @@ result<std::vector<pg::migration>> load_migrations(const pg_flags& f) {
     return pg::embedded_migrations();
 }
 
+std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f) {
+    auto p = pg::pool::create(rt.io().get_executor(), rt.offload().get_executor(), to_pool_options(f), rt.log(),
+                              &rt.metrics());
+    p->add_readiness_check(rt.health());
+    rt.on_shutdown([p]() { return p->close(); });
+    p->start();
+    return p;
+}
+
 net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f, const std::vector<pg::migration>& ms,
                                                   logger log) {
     if (!f.migrate) co_return result<void>{};

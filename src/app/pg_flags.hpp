@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "app/runtime.hpp"
 #include "core/log.hpp"
 #include "core/result.hpp"
 #include "net/tokens.hpp"
@@ -36,6 +37,11 @@ pg::pool_options to_pool_options(const pg_flags& f);
 
 // The migrations to apply: --migrations-dir when given (read once, now), else the embedded ones.
 result<std::vector<pg::migration>> load_migrations(const pg_flags& f);
+
+// For long-running subcommands: creates the pool on the runtime's main loop with its metrics, registers the
+// "postgres" readiness check and a shutdown step that closes the pool, and starts it (first connection and
+// health checks in the background). Throws CLI::ValidationError for a bad DSN.
+std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f);
 
 // For long-running subcommands: when --migrate was given, applies `ms` on a connection from `p` before the
 // command starts serving. Returns the first error. Completes on the pool's executor; `p`, `f` and `ms` must
