@@ -20,11 +20,13 @@ struct migrate_flags {
     double lock_timeout_s = 120;
 };
 
-net::awaitable<int> run_migrate(const migrate_flags& f, const pg::config& cfg, const std::vector<pg::migration>& ms,
-                                asio::any_io_executor offload, logger log) {
+net::awaitable<int> run_migrate(const migrate_flags& f, const pg::config& cfg,
+                                const std::vector<pg::migration>& ms, asio::any_io_executor offload,
+                                logger log) {
     auto c = co_await pg::connection::connect(cfg, offload, {}, log);
     if (!c) {
-        std::fprintf(stderr, "chargeguard migrate: %s (%s)\n", c.err().describe().c_str(), cfg.describe().c_str());
+        std::fprintf(stderr, "chargeguard migrate: %s (%s)\n", c.err().describe().c_str(),
+                     cfg.describe().c_str());
         co_return 1;
     }
     pg::migrate_options opts;
@@ -35,9 +37,12 @@ net::awaitable<int> run_migrate(const migrate_flags& f, const pg::config& cfg, c
         std::fprintf(stderr, "chargeguard migrate: %s\n", rep.err().describe().c_str());
         co_return 1;
     }
-    for (const auto& name : rep->applied) std::printf("%s %s\n", f.dry_run ? "would apply" : "applied", name.c_str());
+    for (const auto& name : rep->applied)
+        std::printf("%s %s\n", f.dry_run ? "would apply" : "applied", name.c_str());
     for (int v : rep->unknown_versions)
-        std::fprintf(stderr, "chargeguard migrate: warning: the database has migration %04d, unknown to this binary\n", v);
+        std::fprintf(
+            stderr, "chargeguard migrate: warning: the database has migration %04d, unknown to this binary\n",
+            v);
     std::printf("%zu %s, %zu already applied\n", rep->applied.size(), f.dry_run ? "pending" : "applied",
                 rep->already_applied);
     co_return 0;
@@ -54,10 +59,11 @@ int migrate_main(const migrate_flags& f, const global_flags& g) {
     asio::io_context io{1};
     net::offload_pool offload{1};
     int rc = 1;
-    asio::co_spawn(io, run_migrate(f, cfg, *ms, offload.get_executor(), log), [&rc](std::exception_ptr e, int r) {
-        if (e) std::rethrow_exception(e);
-        rc = r;
-    });
+    asio::co_spawn(io, run_migrate(f, cfg, *ms, offload.get_executor(), log),
+                   [&rc](std::exception_ptr e, int r) {
+                       if (e) std::rethrow_exception(e);
+                       rc = r;
+                   });
     io.run();
     offload.drain();  // let PQfinish run
     return rc;
@@ -67,7 +73,8 @@ int migrate_main(const migrate_flags& f, const global_flags& g) {
 
 void register_migrate(CLI::App& app, command_main& selected) {
     auto f = std::make_shared<migrate_flags>();
-    auto* cmd = app.add_subcommand("migrate", "apply migrations/*.sql in order, once each, under an advisory lock");
+    auto* cmd =
+        app.add_subcommand("migrate", "apply migrations/*.sql in order, once each, under an advisory lock");
     add_pg_flags(*cmd, f->pg, false);
     cmd->add_flag("--dry-run", f->dry_run, "list the migrations that would be applied; change nothing");
     cmd->add_option("--lock-timeout", f->lock_timeout_s, "seconds to wait for another migrate run to finish")

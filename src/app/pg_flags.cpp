@@ -14,14 +14,18 @@ std::chrono::milliseconds to_ms(double seconds) {
 }  // namespace
 
 void add_pg_flags(CLI::App& cmd, pg_flags& f, bool long_running) {
-    cmd.add_option("--pg-dsn", f.dsn,
-                   "PostgreSQL conninfo (\"host=… dbname=…\") or URI; unset keywords come from PGHOST, PGPORT, "
-                   "PGUSER, PGDATABASE, … as libpq defines them. Passwords: PGPASSWORD or ~/.pgpass");
-    cmd.add_option("--migrations-dir", f.migrations_dir,
-                   "read migrations/NNNN_name.sql from this directory instead of the ones built into the binary");
+    cmd.add_option(
+        "--pg-dsn", f.dsn,
+        "PostgreSQL conninfo (\"host=… dbname=…\") or URI; unset keywords come from PGHOST, PGPORT, "
+        "PGUSER, PGDATABASE, … as libpq defines them. Passwords: PGPASSWORD or ~/.pgpass");
+    cmd.add_option(
+        "--migrations-dir", f.migrations_dir,
+        "read migrations/NNNN_name.sql from this directory instead of the ones built into the binary");
     if (!long_running) return;
     cmd.add_flag("--migrate", f.migrate, "apply pending migrations at startup (under the migration lock)");
-    cmd.add_option("--pg-pool-size", f.pool_size, "PostgreSQL connections")->check(CLI::Range(1, 256))->capture_default_str();
+    cmd.add_option("--pg-pool-size", f.pool_size, "PostgreSQL connections")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
     cmd.add_option("--pg-query-timeout", f.query_timeout_s, "seconds before a statement is cancelled")
         ->check(CLI::Range(0.001, 3600.0))
         ->capture_default_str();
@@ -37,9 +41,10 @@ pg::config to_pg_config(const pg_flags& f) {
     if (cfg->dsn_has_password) {
         const char* env = std::getenv(env_name_for("CHARGEGUARD_", "pg-dsn").c_str());
         if (!env || f.dsn != env)
-            throw CLI::ValidationError("--pg-dsn",
-                                       "the DSN carries a password on the command line, where every local user can "
-                                       "read it: use PGPASSWORD, ~/.pgpass, or the CHARGEGUARD_PG_DSN variable");
+            throw CLI::ValidationError(
+                "--pg-dsn",
+                "the DSN carries a password on the command line, where every local user can "
+                "read it: use PGPASSWORD, ~/.pgpass, or the CHARGEGUARD_PG_DSN variable");
     }
     return std::move(*cfg);
 }
@@ -59,16 +64,16 @@ result<std::vector<pg::migration>> load_migrations(const pg_flags& f) {
 }
 
 std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f) {
-    auto p = pg::pool::create(rt.io().get_executor(), rt.offload().get_executor(), to_pool_options(f), rt.log(),
-                              &rt.metrics());
+    auto p = pg::pool::create(rt.io().get_executor(), rt.offload().get_executor(), to_pool_options(f),
+                              rt.log(), &rt.metrics());
     p->add_readiness_check(rt.health());
     rt.on_shutdown([p]() { return p->close(); });
     p->start();
     return p;
 }
 
-net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f, const std::vector<pg::migration>& ms,
-                                                  logger log) {
+net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f,
+                                                  const std::vector<pg::migration>& ms, logger log) {
     if (!f.migrate) co_return result<void>{};
     auto c = co_await p.acquire();
     if (!c) co_return c.err();

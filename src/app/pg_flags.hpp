@@ -46,7 +46,7 @@ std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f);
 // For long-running subcommands: when --migrate was given, applies `ms` on a connection from `p` before the
 // command starts serving. Returns the first error. Completes on the pool's executor; `p`, `f` and `ms` must
 // outlive the call.
-net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f, const std::vector<pg::migration>& ms,
-                                                  logger log);
+net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f,
+                                                  const std::vector<pg::migration>& ms, logger log);
 
 }  // namespace cg::app

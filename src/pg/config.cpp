@@ -22,7 +22,8 @@ std::vector<std::string> split_commas(std::string_view s) {
     std::size_t start = 0;
     for (;;) {
         auto comma = s.find(',', start);
-        out.emplace_back(s.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+        out.emplace_back(
+            s.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
         if (comma == std::string_view::npos) break;
         start = comma + 1;
     }
@@ -30,7 +31,8 @@ std::vector<std::string> split_commas(std::string_view s) {
 }
 
 // host/hostaddr/port lists → endpoints, with libpq's rules: a single port applies to every host.
-result<std::vector<endpoint>> make_endpoints(std::string_view host, std::string_view hostaddr, std::string_view port) {
+result<std::vector<endpoint>> make_endpoints(std::string_view host, std::string_view hostaddr,
+                                             std::string_view port) {
     auto hosts = split_commas(host);
     auto addrs = split_commas(hostaddr);
     auto ports = split_commas(port);
@@ -48,7 +50,8 @@ result<std::vector<endpoint>> make_endpoints(std::string_view host, std::string_
         e.port = ports.empty() ? "5432" : ports.size() == 1 ? ports[0] : ports[i];
         if (e.port.empty()) e.port = "5432";
         auto p = parse_int64(e.port);
-        if (!p || *p <= 0 || *p > 65535) return error(errc::bad_config, "port \"" + e.port + "\" is not a port number");
+        if (!p || *p <= 0 || *p > 65535)
+            return error(errc::bad_config, "port \"" + e.port + "\" is not a port number");
         out.push_back(std::move(e));
     }
     return out;
@@ -86,10 +89,14 @@ result<config> config::from_dsn(std::string_view dsn) {
         }
         if (!val) continue;
         std::string_view kw = d->keyword;
-        if (kw == "host") host = val;
-        else if (kw == "hostaddr") hostaddr = val;
-        else if (kw == "port") port = val;
-        else c.keywords.emplace_back(kw, val);
+        if (kw == "host")
+            host = val;
+        else if (kw == "hostaddr")
+            hostaddr = val;
+        else if (kw == "port")
+            port = val;
+        else
+            c.keywords.emplace_back(kw, val);
     }
     auto eps = make_endpoints(host, hostaddr, port);
     if (!eps) return eps.err();
@@ -98,7 +105,8 @@ result<config> config::from_dsn(std::string_view dsn) {
     if (auto t = c.get("connect_timeout"); !t.empty()) {
         auto secs = parse_int64(t);
         if (!secs || *secs < 0) return error(errc::bad_config, "connect_timeout must be a number of seconds");
-        // libpq: 0 means forever, and anything under 2 s is raised to 2 s. Forever is no choice for a service.
+        // libpq: 0 means forever, and anything under 2 s is raised to 2 s. Forever is no choice for a
+        // service.
         if (*secs > 0) c.connect_timeout = std::chrono::seconds(std::max<std::int64_t>(*secs, 2));
     }
     // GSSAPI encryption probing may consult a Kerberos credential cache inside PQconnectPoll (file reads,

@@ -65,9 +65,14 @@ struct connection::attempt {
     std::string port;
 };
 
-connection::connection(asio::any_io_executor ex, asio::any_io_executor offload, connection_options opts, logger log,
-                       std::shared_ptr<stats> st)
-    : offload_(std::move(offload)), sd_(ex), timer_(ex), opts_(opts), log_(std::move(log)), stats_(std::move(st)) {}
+connection::connection(asio::any_io_executor ex, asio::any_io_executor offload, connection_options opts,
+                       logger log, std::shared_ptr<stats> st)
+    : offload_(std::move(offload)),
+      sd_(ex),
+      timer_(ex),
+      opts_(opts),
+      log_(std::move(log)),
+      stats_(std::move(st)) {}
 
 connection::~connection() {
     if (!conn_) return;
@@ -104,7 +109,8 @@ net::awaitable<result<std::vector<connection::attempt>>> connection::plan_attemp
         }
         for (const auto& r : results) out.push_back({ep.host, r.endpoint().address().to_string(), ep.port});
     }
-    if (out.empty()) co_return error(errc::connection_failed, last_error.empty() ? "no server to connect to" : last_error);
+    if (out.empty())
+        co_return error(errc::connection_failed, last_error.empty() ? "no server to connect to" : last_error);
     co_return out;
 }
 
@@ -163,14 +169,18 @@ net::awaitable<result<void>> connection::start(const config& cfg, const attempt&
         if (st == PGRES_POLLING_OK) break;
         if (st == PGRES_POLLING_FAILED) {
             auto msg = conn_message();
-            co_return error(looks_like_auth_failure(conn_, msg) ? errc::auth_failed : errc::connection_failed, msg);
+            co_return error(looks_like_auth_failure(conn_, msg) ? errc::auth_failed : errc::connection_failed,
+                            msg);
         }
         auto w = co_await wait_io(st == PGRES_POLLING_READING ? want::read : want::write, o.deadline);
         if (w.ec == errc::timeout)
-            co_return error(errc::connection_failed,
-                            "connection to " + (a.host.empty() ? std::string("the default socket") : a.host) +
-                                " port " + a.port + " timed out after " +
-                                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(cfg.connect_timeout).count()) + " ms");
+            co_return error(
+                errc::connection_failed,
+                "connection to " + (a.host.empty() ? std::string("the default socket") : a.host) + " port " +
+                    a.port + " timed out after " +
+                    std::to_string(
+                        std::chrono::duration_cast<std::chrono::milliseconds>(cfg.connect_timeout).count()) +
+                    " ms");
         if (w.ec == errc::canceled) co_return error(errc::canceled, "connect cancelled");
         st = PQconnectPoll(conn_);
     }
@@ -215,8 +225,8 @@ net::awaitable<connection::io_ready> connection::wait_io(want w, clock::time_poi
     int which = 0;  // 0 readable, 1 writable, 2 timer
     if (w == want::read_or_write) {
         if (timed) {
-            auto r = co_await (sd_.async_wait(wait_type::wait_read) || sd_.async_wait(wait_type::wait_write) ||
-                               timer_.async_wait());
+            auto r = co_await (sd_.async_wait(wait_type::wait_read) ||
+                               sd_.async_wait(wait_type::wait_write) || timer_.async_wait());
             which = static_cast<int>(r.index());
             ec = first_ec(r);
         } else {
@@ -277,7 +287,8 @@ connection::stmt_plan connection::plan_statement(const std::string& sql, const p
     // Keyed by text and parameter types: a statement prepared for int4 must not receive an int8.
     std::string key = sql;
     key.push_back('\0');
-    key.append(reinterpret_cast<const char*>(p.types()), static_cast<std::size_t>(p.size()) * sizeof(unsigned));
+    key.append(reinterpret_cast<const char*>(p.types()),
+               static_cast<std::size_t>(p.size()) * sizeof(unsigned));
     if (auto it = prepared_.find(key); it != prepared_.end()) return {it->second, {}, false};
     if (prepared_.size() >= opts_.max_prepared) return {};
     return {"cg_" + std::to_string(next_statement_++), std::move(key), true};
@@ -285,7 +296,8 @@ connection::stmt_plan connection::plan_statement(const std::string& sql, const p
 
 bool connection::send_statement(const std::string& sql, const params& p, const stmt_plan& plan) {
     if (plan.name.empty())
-        return PQsendQueryParams(conn_, sql.c_str(), p.size(), p.types(), p.values(), p.lengths(), p.formats(), 0);
+        return PQsendQueryParams(conn_, sql.c_str(), p.size(), p.types(), p.values(), p.lengths(),
+                                 p.formats(), 0);
     return PQsendQueryPrepared(conn_, plan.name.c_str(), p.size(), p.values(), p.lengths(), p.formats(), 0);
 }
 
@@ -336,7 +348,9 @@ net::awaitable<result<rows>> connection::query_with(std::string_view sql, params
     co_return out;
 }
 
-net::awaitable<result<void>> connection::execute(std::string_view sql) { return execute(sql, opts_.query_timeout); }
+net::awaitable<result<void>> connection::execute(std::string_view sql) {
+    return execute(sql, opts_.query_timeout);
+}
 
 net::awaitable<result<void>> connection::execute(std::string_view sql, duration timeout) {
     auto began = clock::now();
@@ -374,7 +388,8 @@ net::awaitable<result<rows>> connection::collect(op& o) {
         } else {
             // COPY and friends are not supported: the connection's protocol state is now unknown.
             broken_ = true;
-            co_return error(errc::protocol_error, std::string("unsupported result status ") + PQresStatus(status));
+            co_return error(errc::protocol_error,
+                            std::string("unsupported result status ") + PQresStatus(status));
         }
     }
     co_return out;
@@ -445,10 +460,17 @@ net::awaitable<result<void>> connection::read_prepare(op& o, const stmt_plan& pl
     rows owner(*r);
     result<void> out;
     switch (PQresultStatus(*r)) {
-        case PGRES_COMMAND_OK: prepared_.emplace(plan.key, plan.name); break;
-        case PGRES_PIPELINE_ABORTED: out = error(errc::pipeline_aborted, "prepare skipped"); break;
-        case PGRES_FATAL_ERROR: out = result_error(*r, o); break;
-        default: co_return error(errc::protocol_error, "pipeline: unexpected prepare result");
+        case PGRES_COMMAND_OK:
+            prepared_.emplace(plan.key, plan.name);
+            break;
+        case PGRES_PIPELINE_ABORTED:
+            out = error(errc::pipeline_aborted, "prepare skipped");
+            break;
+        case PGRES_FATAL_ERROR:
+            out = result_error(*r, o);
+            break;
+        default:
+            co_return error(errc::protocol_error, "pipeline: unexpected prepare result");
     }
     auto end = co_await next_result(o);
     if (!end) co_return end.err();
@@ -459,8 +481,8 @@ net::awaitable<result<void>> connection::read_prepare(op& o, const stmt_plan& pl
     co_return out;
 }
 
-net::awaitable<result<std::vector<result<rows>>>> connection::collect_pipeline(op& o, const pipeline& batch,
-                                                                               const std::vector<stmt_plan>& plans) {
+net::awaitable<result<std::vector<result<rows>>>> connection::collect_pipeline(
+    op& o, const pipeline& batch, const std::vector<stmt_plan>& plans) {
     const bool sync_each = batch.mode() == pipeline::sync_mode::per_statement;
     const std::size_t n = batch.size();
     std::vector<result<rows>> out;
@@ -472,54 +494,59 @@ net::awaitable<result<std::vector<result<rows>>>> connection::collect_pipeline(o
         if (plans[i].prepare) {
             auto pr = co_await read_prepare(o, plans[i]);
             if (!pr && pr.code() != errc::pipeline_aborted && pr.code().category() == category() &&
-                (pr.code() == errc::connection_lost || pr.code() == errc::timeout || pr.code() == errc::canceled ||
-                 pr.code() == errc::protocol_error))
+                (pr.code() == errc::connection_lost || pr.code() == errc::timeout ||
+                 pr.code() == errc::canceled || pr.code() == errc::protocol_error))
                 co_return pr.err();
             if (!pr && pr.code() != errc::pipeline_aborted) prepare_failed = pr.err();
         }
         auto r = co_await next_result(o);
         if (!r) co_return r.err();
-        if (!*r) co_return error(errc::protocol_error, "pipeline: missing result for statement " + std::to_string(i));
+        if (!*r)
+            co_return error(errc::protocol_error,
+                            "pipeline: missing result for statement " + std::to_string(i));
         rows res(*r);
         if (prepare_failed) {  // the execute was skipped; the statement's error is the Parse error
             if (stats_) stats_->error(prepare_failed->code);
             if (first_failure == n) first_failure = i;
             out.emplace_back(std::move(*prepare_failed));
-        } else switch (PQresultStatus(*r)) {
-            case PGRES_TUPLES_OK:
-            case PGRES_COMMAND_OK: {
-                auto tag = res.command();
-                if (tag == "BEGIN" || tag == "COMMIT" || tag == "ROLLBACK" || tag == "START TRANSACTION")
-                    txn_control = true;
-                out.emplace_back(std::move(res));
-                break;
+        } else
+            switch (PQresultStatus(*r)) {
+                case PGRES_TUPLES_OK:
+                case PGRES_COMMAND_OK: {
+                    auto tag = res.command();
+                    if (tag == "BEGIN" || tag == "COMMIT" || tag == "ROLLBACK" || tag == "START TRANSACTION")
+                        txn_control = true;
+                    out.emplace_back(std::move(res));
+                    break;
+                }
+                case PGRES_PIPELINE_ABORTED:
+                    out.emplace_back(error(errc::pipeline_aborted, "statement " + std::to_string(i)));
+                    break;
+                case PGRES_FATAL_ERROR: {
+                    auto e = result_error(*r, o);
+                    if (stats_) stats_->error(e.code);
+                    if (first_failure == n) first_failure = i;
+                    out.emplace_back(std::move(e));
+                    break;
+                }
+                default:
+                    co_return error(errc::protocol_error, std::string("pipeline: unexpected result status ") +
+                                                              PQresStatus(PQresultStatus(*r)));
             }
-            case PGRES_PIPELINE_ABORTED:
-                out.emplace_back(error(errc::pipeline_aborted, "statement " + std::to_string(i)));
-                break;
-            case PGRES_FATAL_ERROR: {
-                auto e = result_error(*r, o);
-                if (stats_) stats_->error(e.code);
-                if (first_failure == n) first_failure = i;
-                out.emplace_back(std::move(e));
-                break;
-            }
-            default:
-                co_return error(errc::protocol_error,
-                                std::string("pipeline: unexpected result status ") + PQresStatus(PQresultStatus(*r)));
-        }
         auto end = co_await next_result(o);  // each statement's results end with NULL
         if (!end) co_return end.err();
         if (*end) {
             rows extra(*end);
-            co_return error(errc::protocol_error, "pipeline: more than one result for statement " + std::to_string(i));
+            co_return error(errc::protocol_error,
+                            "pipeline: more than one result for statement " + std::to_string(i));
         }
         if (sync_each)
             if (auto s = co_await expect_sync(o); !s) co_return s.err();
     }
     if (!sync_each)
         if (auto s = co_await expect_sync(o); !s) co_return s.err();
-    if (!PQexitPipelineMode(conn_)) co_return error(errc::protocol_error, "could not leave pipeline mode: " + conn_message());
+    if (!PQexitPipelineMode(conn_))
+        co_return error(errc::protocol_error, "could not leave pipeline mode: " + conn_message());
     // One sync = one implicit transaction: a failure undid everything before it.
     if (!sync_each && first_failure < n && !txn_control)
         for (std::size_t i = 0; i < first_failure; ++i)
@@ -533,11 +560,16 @@ net::awaitable<result<std::vector<result<rows>>>> connection::collect_pipeline(o
 tx_status connection::transaction_status() const noexcept {
     if (!conn_) return tx_status::unknown;
     switch (PQtransactionStatus(conn_)) {
-        case PQTRANS_IDLE: return tx_status::idle;
-        case PQTRANS_ACTIVE: return tx_status::active;
-        case PQTRANS_INTRANS: return tx_status::in_transaction;
-        case PQTRANS_INERROR: return tx_status::in_error;
-        default: return tx_status::unknown;
+        case PQTRANS_IDLE:
+            return tx_status::idle;
+        case PQTRANS_ACTIVE:
+            return tx_status::active;
+        case PQTRANS_INTRANS:
+            return tx_status::in_transaction;
+        case PQTRANS_INERROR:
+            return tx_status::in_error;
+        default:
+            return tx_status::unknown;
     }
 }
 
@@ -560,7 +592,9 @@ bool connection::check_alive() {
     return PQstatus(conn_) == CONNECTION_OK && PQtransactionStatus(conn_) == PQTRANS_IDLE;
 }
 
-int connection::backend_pid() const noexcept { return conn_ ? PQbackendPID(conn_) : 0; }
+int connection::backend_pid() const noexcept {
+    return conn_ ? PQbackendPID(conn_) : 0;
+}
 
 void connection::send_cancel() {
     PGcancel* c = PQgetCancel(conn_);
@@ -606,11 +640,14 @@ error connection::result_error(const pg_result* r, const op& o) {
     return error(e, msg);
 }
 
-std::string connection::conn_message() const { return conn_ ? trim(PQerrorMessage(conn_)) : "no connection"; }
+std::string connection::conn_message() const {
+    return conn_ ? trim(PQerrorMessage(conn_)) : "no connection";
+}
 
 void connection::on_notice(void* self, const char* message) {
     auto* c = static_cast<connection*>(self);
-    if (c && c->log_.enabled(log_level::debug)) c->log_.debug("postgres notice", {{"message", trim(message)}});
+    if (c && c->log_.enabled(log_level::debug))
+        c->log_.debug("postgres notice", {{"message", trim(message)}});
 }
 
 }  // namespace cg::pg

@@ -43,7 +43,7 @@ struct connection_options {
 };
 
 class connection {
-public:
+  public:
     using clock = std::chrono::steady_clock;
     using duration = clock::duration;
 
@@ -53,9 +53,11 @@ public:
     // errc::canceled. Cancellable through the awaiting coroutine's cancellation slot. Completes on the
     // caller's executor, which the connection then belongs to. `offload` (where PQfinish/PQcancel run) must
     // outlive the connection; `cfg` must outlive the call.
-    static net::awaitable<result<std::unique_ptr<connection>>> connect(const config& cfg, asio::any_io_executor offload,
-                                                                      connection_options opts = {}, logger log = {},
-                                                                      std::shared_ptr<stats> st = nullptr);
+    static net::awaitable<result<std::unique_ptr<connection>>> connect(const config& cfg,
+                                                                       asio::any_io_executor offload,
+                                                                       connection_options opts = {},
+                                                                       logger log = {},
+                                                                       std::shared_ptr<stats> st = nullptr);
 
     ~connection();  // releases the socket (never closes it) and runs PQfinish on the offload pool
     connection(const connection&) = delete;
@@ -99,14 +101,14 @@ public:
     const connection_options& options() const noexcept { return opts_; }
     const logger& log() const noexcept { return log_; }
 
-private:
+  private:
     struct op;  // one operation's deadline and cancel state
     struct io_ready;
     enum class want { read, write, read_or_write };
     struct attempt;
     struct stmt_plan {
-        std::string name;   // empty: unnamed statement
-        std::string key;    // cache key when `prepare` is set
+        std::string name;  // empty: unnamed statement
+        std::string key;   // cache key when `prepare` is set
         bool prepare = false;
     };
 

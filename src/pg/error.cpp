@@ -7,31 +7,56 @@ namespace {
 
 const char* describe(int v) noexcept {
     switch (static_cast<errc>(v)) {
-        case errc::ok: return "ok";
-        case errc::unavailable: return "PostgreSQL unavailable";
-        case errc::connection_failed: return "could not connect to PostgreSQL";
-        case errc::auth_failed: return "PostgreSQL authentication failed";
-        case errc::connection_lost: return "PostgreSQL connection lost (outcome unknown)";
-        case errc::timeout: return "PostgreSQL query timed out";
-        case errc::canceled: return "PostgreSQL operation cancelled";
-        case errc::unique_violation: return "unique violation";
-        case errc::foreign_key_violation: return "foreign key violation";
-        case errc::check_violation: return "check constraint violation";
-        case errc::not_null_violation: return "not-null violation";
-        case errc::integrity_violation: return "integrity constraint violation";
-        case errc::serialization_failure: return "serialization failure";
-        case errc::deadlock: return "deadlock detected";
-        case errc::lock_not_available: return "lock not available";
-        case errc::query_canceled: return "query cancelled by the server";
-        case errc::syntax_error: return "SQL syntax or access rule error";
-        case errc::data_exception: return "data exception";
-        case errc::insufficient_resources: return "insufficient resources";
-        case errc::server_error: return "PostgreSQL server error";
-        case errc::pipeline_aborted: return "skipped: an earlier statement of the pipeline failed";
-        case errc::rolled_back: return "rolled back: a later statement of the same batch failed";
-        case errc::protocol_error: return "unexpected libpq state";
-        case errc::bad_config: return "bad PostgreSQL configuration";
-        case errc::bad_migration: return "bad migration";
+        case errc::ok:
+            return "ok";
+        case errc::unavailable:
+            return "PostgreSQL unavailable";
+        case errc::connection_failed:
+            return "could not connect to PostgreSQL";
+        case errc::auth_failed:
+            return "PostgreSQL authentication failed";
+        case errc::connection_lost:
+            return "PostgreSQL connection lost (outcome unknown)";
+        case errc::timeout:
+            return "PostgreSQL query timed out";
+        case errc::canceled:
+            return "PostgreSQL operation cancelled";
+        case errc::unique_violation:
+            return "unique violation";
+        case errc::foreign_key_violation:
+            return "foreign key violation";
+        case errc::check_violation:
+            return "check constraint violation";
+        case errc::not_null_violation:
+            return "not-null violation";
+        case errc::integrity_violation:
+            return "integrity constraint violation";
+        case errc::serialization_failure:
+            return "serialization failure";
+        case errc::deadlock:
+            return "deadlock detected";
+        case errc::lock_not_available:
+            return "lock not available";
+        case errc::query_canceled:
+            return "query cancelled by the server";
+        case errc::syntax_error:
+            return "SQL syntax or access rule error";
+        case errc::data_exception:
+            return "data exception";
+        case errc::insufficient_resources:
+            return "insufficient resources";
+        case errc::server_error:
+            return "PostgreSQL server error";
+        case errc::pipeline_aborted:
+            return "skipped: an earlier statement of the pipeline failed";
+        case errc::rolled_back:
+            return "rolled back: a later statement of the same batch failed";
+        case errc::protocol_error:
+            return "unexpected libpq state";
+        case errc::bad_config:
+            return "bad PostgreSQL configuration";
+        case errc::bad_migration:
+            return "bad migration";
     }
     return "unknown PostgreSQL error";
 }
@@ -67,31 +92,56 @@ errc errc_from_sqlstate(std::string_view s) noexcept {
 
 const char* errc_name(errc e) noexcept {
     switch (e) {
-        case errc::ok: return "ok";
-        case errc::unavailable: return "unavailable";
-        case errc::connection_failed: return "connection_failed";
-        case errc::auth_failed: return "auth_failed";
-        case errc::connection_lost: return "connection_lost";
-        case errc::timeout: return "timeout";
-        case errc::canceled: return "canceled";
-        case errc::unique_violation: return "unique_violation";
-        case errc::foreign_key_violation: return "foreign_key_violation";
-        case errc::check_violation: return "check_violation";
-        case errc::not_null_violation: return "not_null_violation";
-        case errc::integrity_violation: return "integrity_violation";
-        case errc::serialization_failure: return "serialization_failure";
-        case errc::deadlock: return "deadlock";
-        case errc::lock_not_available: return "lock_not_available";
-        case errc::query_canceled: return "query_canceled";
-        case errc::syntax_error: return "syntax_error";
-        case errc::data_exception: return "data_exception";
-        case errc::insufficient_resources: return "insufficient_resources";
-        case errc::server_error: return "server_error";
-        case errc::pipeline_aborted: return "pipeline_aborted";
-        case errc::rolled_back: return "rolled_back";
-        case errc::protocol_error: return "protocol_error";
-        case errc::bad_config: return "bad_config";
-        case errc::bad_migration: return "bad_migration";
+        case errc::ok:
+            return "ok";
+        case errc::unavailable:
+            return "unavailable";
+        case errc::connection_failed:
+            return "connection_failed";
+        case errc::auth_failed:
+            return "auth_failed";
+        case errc::connection_lost:
+            return "connection_lost";
+        case errc::timeout:
+            return "timeout";
+        case errc::canceled:
+            return "canceled";
+        case errc::unique_violation:
+            return "unique_violation";
+        case errc::foreign_key_violation:
+            return "foreign_key_violation";
+        case errc::check_violation:
+            return "check_violation";
+        case errc::not_null_violation:
+            return "not_null_violation";
+        case errc::integrity_violation:
+            return "integrity_violation";
+        case errc::serialization_failure:
+            return "serialization_failure";
+        case errc::deadlock:
+            return "deadlock";
+        case errc::lock_not_available:
+            return "lock_not_available";
+        case errc::query_canceled:
+            return "query_canceled";
+        case errc::syntax_error:
+            return "syntax_error";
+        case errc::data_exception:
+            return "data_exception";
+        case errc::insufficient_resources:
+            return "insufficient_resources";
+        case errc::server_error:
+            return "server_error";
+        case errc::pipeline_aborted:
+            return "pipeline_aborted";
+        case errc::rolled_back:
+            return "rolled_back";
+        case errc::protocol_error:
+            return "protocol_error";
+        case errc::bad_config:
+            return "bad_config";
+        case errc::bad_migration:
+            return "bad_migration";
     }
     return "unknown";
 }

@@ -21,7 +21,9 @@ std::string sha256_hex(std::string_view s) {
     return to_hex(std::span<const std::uint8_t>(md, len));
 }
 
-error fail(std::string msg) { return error(errc::bad_migration, std::move(msg)); }
+error fail(std::string msg) {
+    return error(errc::bad_migration, std::move(msg));
+}
 
 }  // namespace
 
@@ -53,7 +55,8 @@ result<std::vector<migration>> embedded_migrations() {
         if (!m) return m.err();
         out.push_back(std::move(*m));
     }
-    std::sort(out.begin(), out.end(), [](const migration& a, const migration& b) { return a.version < b.version; });
+    std::sort(out.begin(), out.end(),
+              [](const migration& a, const migration& b) { return a.version < b.version; });
     if (auto ok = check_sequence(out); !ok) return ok.err();
     return out;
 }
@@ -74,14 +77,17 @@ result<std::vector<migration>> load_migrations(const std::string& dir) {
         out.push_back(std::move(*m));
     }
     if (ec) return fail("cannot list " + dir + ": " + ec.message());
-    std::sort(out.begin(), out.end(), [](const migration& a, const migration& b) { return a.version < b.version; });
+    std::sort(out.begin(), out.end(),
+              [](const migration& a, const migration& b) { return a.version < b.version; });
     if (auto ok = check_sequence(out); !ok) return ok.err();
     return out;
 }
 
 namespace {
 
-error wrap(const error& e, const std::string& what) { return error(e.code, what + ": " + e.message); }
+error wrap(const error& e, const std::string& what) {
+    return error(e.code, what + ": " + e.message);
+}
 
 // Everything migrate() does while holding the advisory lock.
 net::awaitable<result<migrate_report>> migrate_locked(connection& c, const std::vector<migration>& ms,
@@ -116,8 +122,9 @@ net::awaitable<result<migrate_report>> migrate_locked(connection& c, const std::
         auto it = std::find_if(applied.begin(), applied.end(), [&](auto& a) { return a.first == m.version; });
         if (it != applied.end()) {
             if (it->second != m.checksum)
-                co_return fail(m.name + " was changed after it was applied (checksum " + it->second + " in the database, " +
-                               m.checksum + " now); migrations are forward-only: add a new one");
+                co_return fail(m.name + " was changed after it was applied (checksum " + it->second +
+                               " in the database, " + m.checksum +
+                               " now); migrations are forward-only: add a new one");
             ++rep.already_applied;
             continue;
         }
@@ -131,8 +138,9 @@ net::awaitable<result<migrate_report>> migrate_locked(connection& c, const std::
         auto body = co_await c.execute(m.sql, opts.statement_timeout);
         result<rows> record = error(errc::protocol_error, "not run");
         if (body)
-            record = co_await c.query("INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-                                      m.version, m.name, m.checksum);
+            record = co_await c.query(
+                "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)", m.version,
+                m.name, m.checksum);
         // (No co_await inside ?: — g++ 12 miscompiles it.)
         result<void> done;
         if (body && record)
@@ -150,16 +158,18 @@ net::awaitable<result<migrate_report>> migrate_locked(connection& c, const std::
 
 }  // namespace
 
-net::awaitable<result<migrate_report>> migrate(connection& c, const std::vector<migration>& ms, migrate_options opts,
-                                               logger log) {
+net::awaitable<result<migrate_report>> migrate(connection& c, const std::vector<migration>& ms,
+                                               migrate_options opts, logger log) {
     if (auto ok = check_sequence(ms); !ok) co_return ok.err();
     // Session-level lock: a second instance waits here (server-side; our loop stays free) until the first
     // commits and unlocks, then finds everything applied.
-    auto lock = co_await c.query_with("SELECT pg_advisory_lock($1)", params(migration_lock_key), opts.lock_timeout);
+    auto lock =
+        co_await c.query_with("SELECT pg_advisory_lock($1)", params(migration_lock_key), opts.lock_timeout);
     if (!lock) {
         if (lock.code() == errc::timeout)
-            co_return error(errc::timeout, "another chargeguard migrate run held the migration lock for more than " +
-                                               std::to_string(opts.lock_timeout.count()) + " ms");
+            co_return error(errc::timeout,
+                            "another chargeguard migrate run held the migration lock for more than " +
+                                std::to_string(opts.lock_timeout.count()) + " ms");
         co_return wrap(lock.err(), "taking the migration lock");
     }
     auto rep = co_await migrate_locked(c, ms, opts, log);

@@ -18,7 +18,7 @@ class connection;
 
 struct migration {
     int version = 0;
-    std::string name;      // "0001_billing_records"
+    std::string name;  // "0001_billing_records"
     std::string sql;
     std::string checksum;  // hex sha256 of sql: an applied migration must never change
 };
@@ -58,8 +58,8 @@ struct migrate_report {
 // bad_migration) when an applied migration's checksum differs from `ms`. Returns what it did. Completes on
 // the connection's executor; `c` and `ms` must outlive the call. On error the lock is released (or the
 // connection is broken, which releases it).
-net::awaitable<result<migrate_report>> migrate(connection& c, const std::vector<migration>& ms, migrate_options opts,
-                                               logger log);
+net::awaitable<result<migrate_report>> migrate(connection& c, const std::vector<migration>& ms,
+                                               migrate_options opts, logger log);
 
 // The advisory lock key migrations use ("cgmigrat" as a big-endian integer).
 inline constexpr long long migration_lock_key = 0x63676d6967726174LL;

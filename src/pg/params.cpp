@@ -11,13 +11,21 @@ params& params::push(std::string v, bool is_null, unsigned type_oid, int format)
     return *this;
 }
 
-params& params::add_text(std::string v, unsigned type_oid) { return push(std::move(v), false, type_oid, 0); }
+params& params::add_text(std::string v, unsigned type_oid) {
+    return push(std::move(v), false, type_oid, 0);
+}
 
-params& params::add(null_t) { return push({}, true, oid::unknown, 0); }
+params& params::add(null_t) {
+    return push({}, true, oid::unknown, 0);
+}
 
-params& params::add(bool v) { return add_text(v ? "t" : "f", oid::bool_); }
+params& params::add(bool v) {
+    return add_text(v ? "t" : "f", oid::bool_);
+}
 
-params& params::add(timestamp t) { return add_text(format_timestamptz(t), oid::timestamptz); }
+params& params::add(timestamp t) {
+    return add_text(format_timestamptz(t), oid::timestamptz);
+}
 
 params& params::add(std::span<const std::uint8_t> v) {
     return push(std::string(reinterpret_cast<const char*>(v.data()), v.size()), false, oid::bytea, 1);

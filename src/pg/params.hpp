@@ -21,12 +21,12 @@ struct null_t {};
 inline constexpr null_t null{};
 
 class params {
-public:
+  public:
     params() = default;
     // params(a, b, c) == params().add(a).add(b).add(c)
     template <typename... A>
-        requires(sizeof...(A) > 0 && !(sizeof...(A) == 1 && (std::is_same_v<std::remove_cvref_t<A>, params> && ...)))
-    explicit params(A&&... a) {
+    requires(sizeof...(A) > 0 && !(sizeof...(A) == 1 && (std::is_same_v<std::remove_cvref_t<A>, params> &&
+                                                         ...))) explicit params(A&&... a) {
         reserve(sizeof...(A));
         (add(std::forward<A>(a)), ...);
     }
@@ -36,8 +36,7 @@ public:
     // Integers are typed by their C++ width (int16 → int2, int32 → int4, int64 → int8), so `$1` works where
     // PostgreSQL wants exactly int4 (function arguments) and `SELECT $1` comes back as the same width.
     template <std::integral I>
-        requires(!std::is_same_v<I, bool> && !std::is_same_v<I, char>)
-    params& add(I v) {
+    requires(!std::is_same_v<I, bool> && !std::is_same_v<I, char>) params& add(I v) {
         if constexpr (std::is_unsigned_v<I> && sizeof(I) >= sizeof(std::int64_t))
             return add_text(std::to_string(v), oid::unknown);  // may not fit int8: let the server decide
         else if constexpr (sizeof(I) <= 2 && std::is_signed_v<I>)
@@ -71,7 +70,7 @@ public:
     const int* lengths() const noexcept { return lengths_.data(); }
     const int* formats() const noexcept { return formats_.data(); }
 
-private:
+  private:
     params& add_text(std::string v, unsigned type_oid);
     params& push(std::string v, bool is_null, unsigned type_oid, int format);
 

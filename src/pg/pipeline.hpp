@@ -20,7 +20,7 @@
 namespace cg::pg {
 
 class pipeline {
-public:
+  public:
     enum class sync_mode { per_batch, per_statement };
     explicit pipeline(sync_mode m = sync_mode::per_batch) noexcept : mode_(m) {}
     sync_mode mode() const noexcept { return mode_; }
@@ -47,7 +47,7 @@ public:
     void reserve(std::size_t n) { statements_.reserve(n); }
     const std::vector<statement>& statements() const noexcept { return statements_; }
 
-private:
+  private:
     sync_mode mode_;
     std::vector<statement> statements_;
 };

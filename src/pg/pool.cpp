@@ -9,12 +9,14 @@ namespace cg::pg {
 
 using std::chrono::milliseconds;
 
-std::chrono::milliseconds next_backoff(milliseconds current, milliseconds initial, milliseconds max) noexcept {
+std::chrono::milliseconds next_backoff(milliseconds current, milliseconds initial,
+                                       milliseconds max) noexcept {
     if (current <= milliseconds::zero()) return std::min(initial, max);
     return current >= max / 2 ? max : current * 2;
 }
 
-// ---- readiness: written on the pool's executor, read by health checks from anywhere ------------------------
+// ---- readiness: written on the pool's executor, read by health checks from anywhere
+// ------------------------
 
 struct pool::readiness {
     mutable std::mutex mu;
@@ -45,7 +47,8 @@ struct pool::waiter {
     }
 };
 
-// ---- pooled_connection ---------------------------------------------------------------------------------------
+// ---- pooled_connection
+// ---------------------------------------------------------------------------------------
 
 pooled_connection::pooled_connection(std::shared_ptr<pool> p, std::unique_ptr<connection> c) noexcept
     : pool_(std::move(p)), conn_(std::move(c)) {}
@@ -76,7 +79,8 @@ void pooled_connection::discard() noexcept {
 
 std::shared_ptr<pool> pool::create(asio::any_io_executor ex, asio::any_io_executor offload, pool_options opts,
                                    logger log, metrics::registry* reg) {
-    return std::shared_ptr<pool>(new pool(std::move(ex), std::move(offload), std::move(opts), std::move(log), reg));
+    return std::shared_ptr<pool>(
+        new pool(std::move(ex), std::move(offload), std::move(opts), std::move(log), reg));
 }
 
 pool::pool(asio::any_io_executor ex, asio::any_io_executor offload, pool_options opts, logger log,
@@ -133,7 +137,8 @@ net::awaitable<result<pooled_connection>> pool::acquire() {
         }
         // Every connection is loaned out: wait for one, boundedly.
         if (waiters_.size() >= opts_.max_waiters)
-            co_return fail("too many callers waiting for a connection (" + std::to_string(waiters_.size()) + ")");
+            co_return fail("too many callers waiting for a connection (" + std::to_string(waiters_.size()) +
+                           ")");
         if (stats_) stats_->waits.Increment();
         waiter w(ex_, deadline, this);
         waiters_.push_back(&w);
@@ -190,7 +195,8 @@ void pool::give_back(std::unique_ptr<connection> c) noexcept {
         case tx_status::in_transaction:
         case tx_status::in_error:
             // Never hand a half-done transaction to the next caller.
-            asio::co_spawn(ex_, rollback_and_return(shared_from_this(), std::move(c)), [](std::exception_ptr) {});
+            asio::co_spawn(ex_, rollback_and_return(shared_from_this(), std::move(c)),
+                           [](std::exception_ptr) {});
             return;
         default:
             return drop(std::move(c));
@@ -235,12 +241,15 @@ void pool::wake_one_for_slot() {
     w->timer.cancel();
 }
 
-bool pool::may_connect() const { return !down_ || (!probing_ && clock::now() >= next_attempt_); }
+bool pool::may_connect() const {
+    return !down_ || (!probing_ && clock::now() >= next_attempt_);
+}
 
 std::string pool::down_message() const {
     auto left = std::chrono::duration_cast<milliseconds>(next_attempt_ - clock::now()).count();
     return "PostgreSQL is unreachable (" + last_error_.describe() + "); next connection attempt " +
-           (probing_ ? std::string("in progress") : "in " + std::to_string(std::max<long long>(left, 0)) + " ms");
+           (probing_ ? std::string("in progress")
+                     : "in " + std::to_string(std::max<long long>(left, 0)) + " ms");
 }
 
 void pool::mark_up() {
@@ -303,8 +312,9 @@ struct pool::maintainer {
                 continue;  // the next stale connection, if any, right away
             }
             if (self->closed_) break;
-            auto wait = self->down_ ? std::chrono::duration_cast<milliseconds>(self->next_attempt_ - clock::now())
-                                    : self->opts_.health_interval / 2;
+            auto wait = self->down_
+                            ? std::chrono::duration_cast<milliseconds>(self->next_attempt_ - clock::now())
+                            : self->opts_.health_interval / 2;
             self->maint_timer_->expires_after(std::max(wait, milliseconds(10)));
             co_await self->maint_timer_->async_wait();
         }

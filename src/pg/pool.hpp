@@ -51,7 +51,7 @@ std::chrono::milliseconds next_backoff(std::chrono::milliseconds current, std::c
 // A connection on loan. Gives it back to the pool when destroyed (or on release()). Move-only; destroy it on
 // the pool's executor.
 class pooled_connection {
-public:
+  public:
     pooled_connection() = default;
     pooled_connection(std::shared_ptr<pool> p, std::unique_ptr<connection> c) noexcept;
     pooled_connection(pooled_connection&&) noexcept = default;
@@ -67,19 +67,19 @@ public:
     // Closes the connection instead of reusing it (its state is unknown to the caller).
     void discard() noexcept;
 
-private:
+  private:
     std::shared_ptr<pool> pool_;
     std::unique_ptr<connection> conn_;
 };
 
 class pool : public std::enable_shared_from_this<pool> {
-public:
+  public:
     using clock = std::chrono::steady_clock;
 
     // `ex`: where the pool and its connections live (the main io_context). `offload`: for PQfinish/PQcancel;
     // it must outlive the pool. `reg`: metrics (optional; must outlive the pool).
-    static std::shared_ptr<pool> create(asio::any_io_executor ex, asio::any_io_executor offload, pool_options opts,
-                                        logger log, metrics::registry* reg = nullptr);
+    static std::shared_ptr<pool> create(asio::any_io_executor ex, asio::any_io_executor offload,
+                                        pool_options opts, logger log, metrics::registry* reg = nullptr);
     ~pool();
 
     // Starts the maintenance task (first connection, health pings, reconnect probes). Call once, on `ex`.
@@ -106,13 +106,14 @@ public:
     status state() const;
     const pool_options& options() const noexcept { return opts_; }
 
-private:
+  private:
     friend class pooled_connection;
     struct waiter;
     struct readiness;
     struct maintainer;
 
-    pool(asio::any_io_executor ex, asio::any_io_executor offload, pool_options opts, logger log, metrics::registry* reg);
+    pool(asio::any_io_executor ex, asio::any_io_executor offload, pool_options opts, logger log,
+         metrics::registry* reg);
 
     std::unique_ptr<connection> take_idle();
     net::awaitable<result<std::unique_ptr<connection>>> open_one();
@@ -125,7 +126,8 @@ private:
     bool may_connect() const;
     std::string down_message() const;
     void update_gauges();
-    static net::awaitable<void> rollback_and_return(std::shared_ptr<pool> self, std::unique_ptr<connection> c);
+    static net::awaitable<void> rollback_and_return(std::shared_ptr<pool> self,
+                                                    std::unique_ptr<connection> c);
     static net::awaitable<void> ping(std::shared_ptr<pool> self, std::unique_ptr<connection> c);
 
     asio::any_io_executor ex_;
@@ -142,8 +144,8 @@ private:
     bool closed_ = false;
     bool started_ = false;
 
-    bool down_ = false;       // the last connect failed
-    bool probing_ = false;    // a connect is in progress while down
+    bool down_ = false;     // the last connect failed
+    bool probing_ = false;  // a connect is in progress while down
     clock::time_point next_attempt_{};
     std::chrono::milliseconds backoff_{0};
     error last_error_;

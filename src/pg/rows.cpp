@@ -7,13 +7,19 @@
 
 namespace cg::pg {
 
-void rows::deleter::operator()(pg_result* r) const noexcept { PQclear(r); }
+void rows::deleter::operator()(pg_result* r) const noexcept {
+    PQclear(r);
+}
 
 rows::rows(pg_result* res) noexcept : res_(res) {}
 
-std::size_t rows::size() const noexcept { return res_ ? static_cast<std::size_t>(PQntuples(res_.get())) : 0; }
+std::size_t rows::size() const noexcept {
+    return res_ ? static_cast<std::size_t>(PQntuples(res_.get())) : 0;
+}
 
-int rows::columns() const noexcept { return res_ ? PQnfields(res_.get()) : 0; }
+int rows::columns() const noexcept {
+    return res_ ? PQnfields(res_.get()) : 0;
+}
 
 std::string_view rows::column_name(int col) const {
     const char* n = res_ ? PQfname(res_.get(), col) : nullptr;
@@ -26,7 +32,9 @@ std::int64_t rows::affected() const noexcept {
     return parse_int64(PQcmdTuples(res_.get())).value_or(0);
 }
 
-std::string_view rows::command() const noexcept { return res_ ? PQcmdStatus(res_.get()) : ""; }
+std::string_view rows::command() const noexcept {
+    return res_ ? PQcmdStatus(res_.get()) : "";
+}
 
 bool rows::is_null(std::size_t row, int col) const {
     if (row >= size() || col < 0 || col >= columns())
@@ -53,8 +61,8 @@ void rows::fail(std::size_t r, int c, const char* what) const {
 void rows::expect_type(int c, std::initializer_list<unsigned> oids, const char* what) const {
     auto t = PQftype(res_.get(), c);
     if (std::find(oids.begin(), oids.end(), t) == oids.end())
-        throw column_error("column \"" + std::string(column_name(c)) + "\" has type oid " + std::to_string(t) +
-                           ", not " + what);
+        throw column_error("column \"" + std::string(column_name(c)) + "\" has type oid " +
+                           std::to_string(t) + ", not " + what);
 }
 
 std::int64_t rows::decode(std::size_t r, int c, tag<std::int64_t>) const {

@@ -20,7 +20,7 @@ namespace cg::pg {
 // Thrown by rows::get when a column's type or nullness does not match what the code asked for: the SQL and
 // the code disagree, a bug (STYLE.md "Errors": broken invariants throw).
 class column_error : public std::runtime_error {
-public:
+  public:
     using std::runtime_error::runtime_error;
 };
 
@@ -30,7 +30,7 @@ template <typename T>
 struct is_optional<std::optional<T>> : std::true_type {};
 
 class rows {
-public:
+  public:
     rows() = default;
     explicit rows(pg_result* res) noexcept;  // takes ownership
 
@@ -61,7 +61,7 @@ public:
     }
 
     class row_ref {
-    public:
+      public:
         row_ref(const rows& r, std::size_t i) : r_(&r), i_(i) {}
         template <typename T>
         T get(int col) const {
@@ -74,7 +74,7 @@ public:
             return as_impl<T...>(std::index_sequence_for<T...>{});
         }
 
-    private:
+      private:
         template <typename... T, std::size_t... I>
         std::tuple<T...> as_impl(std::index_sequence<I...>) const {
             return std::tuple<T...>(r_->get<T>(i_, static_cast<int>(I))...);
@@ -84,13 +84,15 @@ public:
     };
     row_ref operator[](std::size_t i) const { return row_ref(*this, i); }
 
-private:
+  private:
     template <typename T>
     struct tag {};
     std::int64_t decode(std::size_t r, int c, tag<std::int64_t>) const;
     std::int32_t decode(std::size_t r, int c, tag<std::int32_t>) const;
     bool decode(std::size_t r, int c, tag<bool>) const;
-    std::string decode(std::size_t r, int c, tag<std::string>) const { return std::string(text_checked(r, c)); }
+    std::string decode(std::size_t r, int c, tag<std::string>) const {
+        return std::string(text_checked(r, c));
+    }
     std::string_view decode(std::size_t r, int c, tag<std::string_view>) const { return text_checked(r, c); }
     timestamp decode(std::size_t r, int c, tag<timestamp>) const;
     bytes decode(std::size_t r, int c, tag<bytes>) const;

@@ -5,7 +5,8 @@
 namespace cg::pg {
 
 stats::stats(metrics::registry& reg, const std::string& pool_name, std::size_t pool_size)
-    : size(reg.gauge("chargeguard_pg_pool_size", "Configured PostgreSQL connections").Add({{"pool", pool_name}})),
+    : size(reg.gauge("chargeguard_pg_pool_size", "Configured PostgreSQL connections")
+               .Add({{"pool", pool_name}})),
       open(reg.gauge("chargeguard_pg_pool_open_connections", "Open PostgreSQL connections (idle and in use)")
                .Add({{"pool", pool_name}})),
       in_use(reg.gauge("chargeguard_pg_pool_in_use_connections", "PostgreSQL connections handed out")
@@ -39,6 +40,8 @@ void stats::error(const std::error_code& ec) {
         .Increment();
 }
 
-void stats::connect_done(bool ok) { (ok ? connects_ok_ : connects_failed_).Increment(); }
+void stats::connect_done(bool ok) {
+    (ok ? connects_ok_ : connects_failed_).Increment();
+}
 
 }  // namespace cg::pg

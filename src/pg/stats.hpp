@@ -9,7 +9,7 @@
 namespace cg::pg {
 
 class stats {
-public:
+  public:
     // Registers (or finds) the families on `reg`, labelled pool=`pool_name`. `reg` must outlive this.
     stats(metrics::registry& reg, const std::string& pool_name, std::size_t pool_size);
 
@@ -19,14 +19,14 @@ public:
     void error(const std::error_code& ec);
     void connect_done(bool ok);
 
-    metrics::Gauge& size;           // configured connections
-    metrics::Gauge& open;           // connected (idle + in use)
-    metrics::Gauge& in_use;         // handed out to callers
-    metrics::Gauge& up;             // 1 while PostgreSQL answers, as last seen by the pool
-    metrics::Counter& waits;        // acquisitions that had to wait for a connection to come back
+    metrics::Gauge& size;                // configured connections
+    metrics::Gauge& open;                // connected (idle + in use)
+    metrics::Gauge& in_use;              // handed out to callers
+    metrics::Gauge& up;                  // 1 while PostgreSQL answers, as last seen by the pool
+    metrics::Counter& waits;             // acquisitions that had to wait for a connection to come back
     metrics::Counter& acquire_failures;  // acquisitions that ended in errc::unavailable
 
-private:
+  private:
     metrics::registry& reg_;
     std::string pool_;
     metrics::Histogram& latency_;

@@ -105,8 +105,9 @@ std::string format_timestamptz(timestamp t) {
     auto us = rest - h - mi - sec;
     char buf[48];
     std::snprintf(buf, sizeof buf, "%04d-%02u-%02u %02d:%02d:%02d.%06lld+00", static_cast<int>(ymd.year()),
-                  static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()), static_cast<int>(h.count()),
-                  static_cast<int>(mi.count()), static_cast<int>(sec.count()), static_cast<long long>(us.count()));
+                  static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()),
+                  static_cast<int>(h.count()), static_cast<int>(mi.count()), static_cast<int>(sec.count()),
+                  static_cast<long long>(us.count()));
     return buf;
 }
 

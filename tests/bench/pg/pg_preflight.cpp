@@ -30,13 +30,15 @@ namespace {
 // The statement under test, identical for chargeguard ($1) and pgbench (:k, sent as a parameter with -M
 // prepared): the key is derived from the number so both sides send one integer.
 const char* const preflight_sql =
-    "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
+    "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+    "stripe_customer_id, "
     "lease_until) VALUES (lpad(to_hex($1::bigint), 32, '0'), 'cus_' || $1::bigint, '2024-05', 1999, 'usd', "
     "'cus_S', now() + interval '30 seconds') ON CONFLICT DO NOTHING RETURNING key";
 
 void admin(const std::string& sql, const std::string& db = "") {
     PGconn* c = PQconnectdb(db.empty() ? "" : ("dbname=" + db).c_str());
-    PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);
+    PQsetNoticeProcessor(
+        c, [](void*, const char*) {}, nullptr);
     PGresult* r = PQexec(c, sql.c_str());
     if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) {
         std::fprintf(stderr, "%s: %s", sql.c_str(), PQerrorMessage(c));
@@ -88,8 +90,10 @@ net::awaitable<void> worker(pg::config cfg, asio::any_io_executor offload, std::
     if (batch <= 1) {
         for (auto k = from; k < to; ++k) {
             auto r = co_await conn.query(preflight_sql, k);
-            if (r && r->size() == 1) ++st.inserted;
-            else ++st.errors;
+            if (r && r->size() == 1)
+                ++st.inserted;
+            else
+                ++st.errors;
         }
     } else {
         for (auto k = from; k < to;) {
@@ -121,22 +125,25 @@ figures run(const pg::config& cfg, net::offload_pool& offload, std::int64_t n, i
     auto c0 = cpu_seconds();
     for (int i = 0; i < conns; ++i) {
         auto from = base + n * i / conns, to = base + n * (i + 1) / conns;
-        asio::co_spawn(io, worker(cfg, offload.get_executor(), from, to, batch, mode, st), [](std::exception_ptr e) {
-            if (e) std::rethrow_exception(e);
-        });
+        asio::co_spawn(io, worker(cfg, offload.get_executor(), from, to, batch, mode, st),
+                       [](std::exception_ptr e) {
+                           if (e) std::rethrow_exception(e);
+                       });
     }
     io.run();
-    return {std::chrono::duration<double>(clock_type::now() - t0).count(), cpu_seconds() - c0, st.inserted, st.errors};
+    return {std::chrono::duration<double>(clock_type::now() - t0).count(), cpu_seconds() - c0, st.inserted,
+            st.errors};
 }
 
 // Runs pgbench with the same statement; returns its TPS (0 if it could not run).
-double pgbench(const std::string& db, std::int64_t n, int clients, std::int64_t base, const std::string& script) {
+double pgbench(const std::string& db, std::int64_t n, int clients, std::int64_t base,
+               const std::string& script) {
     const char* bin = std::getenv("PGBENCH");
     std::string exe = bin ? bin : "/usr/lib/postgresql/15/bin/pgbench";
     int threads = clients < 2 ? clients : 2;  // the machine has 2 cores
-    std::string cmd = exe + " -n -M prepared -c " + std::to_string(clients) + " -j " + std::to_string(threads) +
-                      " -t " + std::to_string(n / clients) + " -D base=" + std::to_string(base) + " -f " + script +
-                      " " + db + " 2>&1";
+    std::string cmd = exe + " -n -M prepared -c " + std::to_string(clients) + " -j " +
+                      std::to_string(threads) + " -t " + std::to_string(n / clients) +
+                      " -D base=" + std::to_string(base) + " -f " + script + " " + db + " 2>&1";
     FILE* p = ::popen(cmd.c_str(), "r");
     if (!p) return 0;
     char line[512];
@@ -188,8 +195,9 @@ int main(int argc, char** argv) {
         stmt.replace(stmt.find("$1::bigint"), 10, ":k::bigint");
         std::ofstream(script) << "\\set k :base + random(1, 1000000000000)\n" << stmt << ";\n";
     }
-    std::printf("pre-flight INSERT … ON CONFLICT DO NOTHING RETURNING, %lld distinct keys per run, batch %zu\n",
-                static_cast<long long>(n), batch);
+    std::printf(
+        "pre-flight INSERT … ON CONFLICT DO NOTHING RETURNING, %lld distinct keys per run, batch %zu\n",
+        static_cast<long long>(n), batch);
     std::printf("%-5s %-34s %12s %9s %8s %8s\n", "conns", "mode", "inserts/s", "seconds", "cpu-s", "errors");
     std::int64_t base = 0;
     struct mode_t {
@@ -215,7 +223,8 @@ int main(int argc, char** argv) {
         double tps = pgbench(db, n, conns, 1000000000000000LL * conns, script);
         std::printf("%-5d %-34s %12.0f\n", conns, "pgbench -M prepared (same statement)", tps);
         if (tps > 0)
-            std::printf("%-5d ratio pipelined (commit per statement) / pgbench = %.2f\n", conns, best_pipelined / tps);
+            std::printf("%-5d ratio pipelined (commit per statement) / pgbench = %.2f\n", conns,
+                        best_pipelined / tps);
         std::fflush(stdout);
     }
     std::printf("max RSS %ld MB\n", rss_mb());

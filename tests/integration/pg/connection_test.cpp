@@ -12,8 +12,9 @@ using cg::test::pg_fixture;
 
 namespace {
 
-net::awaitable<std::unique_ptr<pg::connection>> connect_ok(pg_fixture& f, pg::config cfg = cg::test::server_config(),
-                                                            pg::connection_options opts = {}) {
+net::awaitable<std::unique_ptr<pg::connection>> connect_ok(pg_fixture& f,
+                                                           pg::config cfg = cg::test::server_config(),
+                                                           pg::connection_options opts = {}) {
     auto c = co_await pg::connection::connect(cfg, f.offload.get_executor(), opts);
     if (!c) throw std::runtime_error("connect: " + c.err().describe());
     co_return std::move(*c);
@@ -28,23 +29,28 @@ pg::timestamp ts(int y, unsigned mo, unsigned d, int h, int mi, int s, int us) {
 
 net::awaitable<void> round_trip(pg_fixture& f) {
     auto c = co_await connect_ok(f);
-    must(co_await c->execute("CREATE TEMP TABLE t (n int, i int8, s text, b bool, ts timestamptz, by bytea)"), "create");
-    const std::int64_t ints[] = {0, -1, 42, std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max()};
-    const std::string texts[] = {"", "plain", "héllo ✓ 日本", "quote ' and backslash \\ and \"dq\"", "tab\tnewline\n"};
-    const pg::timestamp times[] = {ts(1970, 1, 1, 0, 0, 0, 0), ts(2000, 2, 29, 12, 0, 0, 1), ts(1999, 12, 31, 23, 59, 59, 999999),
-                                   ts(1, 1, 1, 0, 0, 0, 0), ts(9999, 12, 31, 23, 59, 59, 999999)};
+    must(co_await c->execute("CREATE TEMP TABLE t (n int, i int8, s text, b bool, ts timestamptz, by bytea)"),
+         "create");
+    const std::int64_t ints[] = {0, -1, 42, std::numeric_limits<std::int64_t>::min(),
+                                 std::numeric_limits<std::int64_t>::max()};
+    const std::string texts[] = {"", "plain", "héllo ✓ 日本", "quote ' and backslash \\ and \"dq\"",
+                                 "tab\tnewline\n"};
+    const pg::timestamp times[] = {ts(1970, 1, 1, 0, 0, 0, 0), ts(2000, 2, 29, 12, 0, 0, 1),
+                                   ts(1999, 12, 31, 23, 59, 59, 999999), ts(1, 1, 1, 0, 0, 0, 0),
+                                   ts(9999, 12, 31, 23, 59, 59, 999999)};
     bytes all(256);
     for (int i = 0; i < 256; ++i) all[i] = static_cast<std::uint8_t>(i);
     const bytes blobs[] = {all, {}, {0}, {0x5c, 0x78}, {0xff, 0x00, 0xff}};
     for (int n = 0; n < 5; ++n) {
-        auto r = must(co_await c->query("INSERT INTO t VALUES ($1, $2, $3, $4, $5, $6)", n, ints[n], texts[n], n % 2 == 0,
-                                        times[n], blobs[n]),
+        auto r = must(co_await c->query("INSERT INTO t VALUES ($1, $2, $3, $4, $5, $6)", n, ints[n], texts[n],
+                                        n % 2 == 0, times[n], blobs[n]),
                       "insert");
         BOOST_TEST(r.affected() == 1);
     }
     // A row of NULLs through std::optional and pg::null.
-    must(co_await c->query("INSERT INTO t VALUES ($1, $2, $3, $4, $5, $6)", 5, std::optional<std::int64_t>(), pg::null,
-                           std::optional<bool>(), std::optional<pg::timestamp>(), std::optional<bytes>()),
+    must(co_await c->query("INSERT INTO t VALUES ($1, $2, $3, $4, $5, $6)", 5, std::optional<std::int64_t>(),
+                           pg::null, std::optional<bool>(), std::optional<pg::timestamp>(),
+                           std::optional<bytes>()),
          "insert nulls");
 
     auto r = must(co_await c->query("SELECT n, i, s, b, ts, by FROM t ORDER BY n"), "select");
@@ -63,32 +69,38 @@ net::awaitable<void> round_trip(pg_fixture& f) {
     BOOST_TEST(!r[5].get<std::optional<pg::timestamp>>(4).has_value());
     BOOST_TEST(!r[5].get<std::optional<bytes>>(5).has_value());
     BOOST_CHECK_THROW(r[5].get<std::int64_t>(1), pg::column_error);  // NULL into a non-optional
-    BOOST_CHECK_THROW(r[0].get<bool>(1), pg::column_error);           // int8 read as bool
+    BOOST_CHECK_THROW(r[0].get<bool>(1), pg::column_error);          // int8 read as bool
 
     // The server sees the values we meant (not just a codec that round-trips its own mistakes).
-    auto chk = must(co_await c->query("SELECT i = -9223372036854775808, length(s), ts = '2000-02-29 12:00:00.000001+00', "
-                                      "octet_length(by) "
-                                      "FROM t WHERE n = $1 OR n = $2 ORDER BY n",
-                                      3, 1),
-                  "check");
-    BOOST_TEST(chk[0].get<bool>(2) == true);                 // n = 1: the leap-day timestamp
-    BOOST_TEST(chk[0].get<std::int64_t>(3) == 0);            // n = 1: empty bytea
-    BOOST_TEST(chk[1].get<bool>(0) == true);                 // n = 3: INT64_MIN
+    auto chk = must(
+        co_await c->query("SELECT i = -9223372036854775808, length(s), ts = '2000-02-29 12:00:00.000001+00', "
+                          "octet_length(by) "
+                          "FROM t WHERE n = $1 OR n = $2 ORDER BY n",
+                          3, 1),
+        "check");
+    BOOST_TEST(chk[0].get<bool>(2) == true);       // n = 1: the leap-day timestamp
+    BOOST_TEST(chk[0].get<std::int64_t>(3) == 0);  // n = 1: empty bytea
+    BOOST_TEST(chk[1].get<bool>(0) == true);       // n = 3: INT64_MIN
     BOOST_TEST(chk[1].get<std::int64_t>(1) == 32);
     auto utf8 = must(co_await c->query("SELECT length(s), octet_length(s) FROM t WHERE n = 2"), "utf8");
     BOOST_TEST(utf8[0].get<std::int64_t>(0) == 10);  // characters: the text arrived as UTF-8
     BOOST_TEST(utf8[0].get<std::int64_t>(1) == static_cast<std::int64_t>(texts[2].size()));
-    auto blob = must(co_await c->query("SELECT octet_length(by), get_byte(by, 255), by = $1 FROM t WHERE n = 0", all), "blob");
+    auto blob =
+        must(co_await c->query("SELECT octet_length(by), get_byte(by, 255), by = $1 FROM t WHERE n = 0", all),
+             "blob");
     BOOST_TEST(blob[0].get<std::int64_t>(0) == 256);
     BOOST_TEST(blob[0].get<std::int64_t>(1) == 255);
     BOOST_TEST(blob[0].get<bool>(2) == true);
-    auto tsq = must(co_await c->query("SELECT $1::timestamptz = '1999-12-31 23:59:59.999999+00'", times[2]), "ts");
+    auto tsq =
+        must(co_await c->query("SELECT $1::timestamptz = '1999-12-31 23:59:59.999999+00'", times[2]), "ts");
     BOOST_TEST(tsq[0].get<bool>(0) == true);
 }
 
 net::awaitable<void> on_conflict(pg_fixture& f) {
     auto c = co_await connect_ok(f);
-    must(co_await c->execute("CREATE TEMP TABLE k (key text PRIMARY KEY, amount bigint NOT NULL CHECK (amount > 0))"), "create");
+    must(co_await c->execute(
+             "CREATE TEMP TABLE k (key text PRIMARY KEY, amount bigint NOT NULL CHECK (amount > 0))"),
+         "create");
     const char* sql = "INSERT INTO k (key, amount) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING key";
     auto first = must(co_await c->query(sql, "a", 100), "first");
     BOOST_TEST(first.size() == 1u);
@@ -117,7 +129,8 @@ net::awaitable<void> pipeline_one_failure(pg_fixture& f) {
     auto c = co_await connect_ok(f);
     must(co_await c->execute("CREATE TEMP TABLE p (id int PRIMARY KEY)"), "create");
     pg::pipeline batch;
-    for (int i = 0; i < 1000; ++i) batch.add("INSERT INTO p (id) VALUES ($1) RETURNING id", i == 500 ? 7 : i);  // 500 repeats id 7
+    for (int i = 0; i < 1000; ++i)
+        batch.add("INSERT INTO p (id) VALUES ($1) RETURNING id", i == 500 ? 7 : i);  // 500 repeats id 7
     auto r = must(co_await c->run(batch), "run");
     BOOST_TEST_REQUIRE(r.size() == 1000u);
     int failed = 0;
@@ -164,10 +177,12 @@ net::awaitable<void> prepared_statements(pg_fixture& f) {
     auto c = co_await connect_ok(f);
     // The same text with different parameter types is two statements (an int4 plan must not get an int8).
     BOOST_TEST(must(co_await c->query("SELECT $1 + 0", 5), "int4")[0].get<std::int64_t>(0) == 5);
-    BOOST_TEST(must(co_await c->query("SELECT $1 + 0", std::int64_t{1} << 40), "int8")[0].get<std::int64_t>(0) ==
-               (std::int64_t{1} << 40));
+    BOOST_TEST(must(co_await c->query("SELECT $1 + 0", std::int64_t{1} << 40), "int8")[0].get<std::int64_t>(
+                   0) == (std::int64_t{1} << 40));
     BOOST_TEST(must(co_await c->query("SELECT $1 + 0", 6), "int4 again")[0].get<std::int64_t>(0) == 6);
-    auto n = must(co_await c->query("SELECT count(*) FROM pg_prepared_statements WHERE statement = 'SELECT $1 + 0'"), "n");
+    auto n = must(
+        co_await c->query("SELECT count(*) FROM pg_prepared_statements WHERE statement = 'SELECT $1 + 0'"),
+        "n");
     BOOST_TEST(n[0].get<std::int64_t>(0) == 2);  // parsed once per type signature, then reused
     // A statement that does not parse fails on its own, on a single query and inside pipelines.
     BOOST_TEST((co_await c->query("SELEC $1", 1)).code() == pg::errc::syntax_error);
@@ -175,14 +190,18 @@ net::awaitable<void> prepared_statements(pg_fixture& f) {
     for (int i = 0; i < 10; ++i) each.add(i == 4 ? "SELEC $1::int8" : "SELECT $1::int8", i);
     auto r = must(co_await c->run(each), "per statement");
     for (int i = 0; i < 10; ++i) {
-        if (i == 4) BOOST_TEST(r[i].code() == pg::errc::syntax_error);
-        else BOOST_TEST(r[i]->get<std::int64_t>(0, 0) == i);
+        if (i == 4)
+            BOOST_TEST(r[i].code() == pg::errc::syntax_error);
+        else
+            BOOST_TEST(r[i]->get<std::int64_t>(0, 0) == i);
     }
     pg::pipeline batch;
     for (int i = 0; i < 10; ++i) batch.add(i == 4 ? "SELEC $1::int4" : "SELECT $1::int4", i);
     auto b = must(co_await c->run(batch), "per batch");
     for (int i = 0; i < 10; ++i) {
-        auto want = i < 4 ? pg::errc::rolled_back : i == 4 ? pg::errc::syntax_error : pg::errc::pipeline_aborted;
+        auto want = i < 4    ? pg::errc::rolled_back
+                    : i == 4 ? pg::errc::syntax_error
+                             : pg::errc::pipeline_aborted;
         BOOST_TEST(b[i].code() == want, "statement " << i << ": " << b[i].code().message());
     }
     // Statements whose Parse was skipped are parsed again next time, and work.
@@ -225,8 +244,9 @@ net::awaitable<void> bad_password(pg_fixture& f) {
     auto wrong = cg::test::server_config("user=cg_password password=wrong-horse");
     auto r = co_await pg::connection::connect(wrong, f.offload.get_executor());
     BOOST_TEST(r.code() == pg::errc::auth_failed);
-    BOOST_TEST(r.err().message.find("password authentication failed for user \"cg_password\"") != std::string::npos,
-               r.err().message);
+    BOOST_TEST(
+        r.err().message.find("password authentication failed for user \"cg_password\"") != std::string::npos,
+        r.err().message);
     auto none = cg::test::server_config("user=cg_password password=");
     auto r2 = co_await pg::connection::connect(none, f.offload.get_executor());
     BOOST_TEST(r2.code() == pg::errc::auth_failed, r2.err().describe());
@@ -244,7 +264,8 @@ net::awaitable<void> resolves_names(pg_fixture& f) {
     auto r = must(co_await c->query("SELECT inet_server_addr()::text"), "addr");
     auto addr = r[0].get<std::string>(0);
     BOOST_TEST((addr.rfind("127.0.0.1", 0) == 0 || addr.rfind("::1", 0) == 0), addr);
-    auto bad = co_await pg::connection::connect(cg::test::server_config("host=no-such-host.invalid"), f.offload.get_executor());
+    auto bad = co_await pg::connection::connect(cg::test::server_config("host=no-such-host.invalid"),
+                                                f.offload.get_executor());
     BOOST_TEST(bad.code() == pg::errc::connection_failed);
     BOOST_TEST(bad.err().message.find("no-such-host.invalid") != std::string::npos, bad.err().message);
 }

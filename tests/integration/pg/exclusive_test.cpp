@@ -1,15 +1,14 @@
 // The pool while the PostgreSQL server restarts under load, and event-loop lag under 10 000 queries.
-#include <boost/test/unit_test.hpp>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
+#include <boost/test/unit_test.hpp>
+#include <cstdio>
 #include <map>
 #include <thread>
-
-#include <fcntl.h>
-#include <unistd.h>
-#include <cstdio>
 
 #include "helpers.hpp"
 #include "net/lag_probe.hpp"
@@ -105,13 +104,15 @@ net::awaitable<void> restart_worker(restart_run& s) {
             continue;
         }
         auto id = s.next_id++;
-        auto r = co_await (*c)->query("INSERT INTO t (id, v) VALUES ($1, $2) RETURNING id, v * 3 + 1", id, id);
+        auto r =
+            co_await (*c)->query("INSERT INTO t (id, v) VALUES ($1, $2) RETURNING id, v * 3 + 1", id, id);
         if (!r) {
             ++s.failed;
             ++s.classes[pg::error_class(r.code())];
             continue;
         }
-        if (r->size() != 1 || (*r)[0].get<std::int64_t>(0) != id || (*r)[0].get<std::int64_t>(1) != id * 3 + 1) {
+        if (r->size() != 1 || (*r)[0].get<std::int64_t>(0) != id ||
+            (*r)[0].get<std::int64_t>(1) != id * 3 + 1) {
             ++s.wrong;
             continue;
         }
@@ -166,8 +167,9 @@ net::awaitable<void> restart_under_load(pg_fixture& f, std::string db, std::stri
 
     std::string classes;
     for (auto& [k, v] : s.classes) classes += k + "=" + std::to_string(v) + " ";
-    BOOST_TEST_MESSAGE("restart: ok before " << s.ok_before << ", after " << s.ok_after << ", failed " << s.failed
-                                             << ", unavailable " << s.unavailable << " [" << classes << "], max lag "
+    BOOST_TEST_MESSAGE("restart: ok before " << s.ok_before << ", after " << s.ok_after << ", failed "
+                                             << s.failed << ", unavailable " << s.unavailable << " ["
+                                             << classes << "], max lag "
                                              << lag_recorder::percentile(lag.raw, 1.0) * 1000 << " ms (own "
                                              << lag_recorder::percentile(lag.own, 1.0) * 1000 << " ms)");
     BOOST_TEST(s.restart_rc == 0);
@@ -228,13 +230,15 @@ net::awaitable<void> queries_keep_the_loop_responsive(pg_fixture& f) {
     BOOST_TEST(s.done == 10000);
     BOOST_TEST(s.wrong == 0);
     auto raw99 = lag_recorder::percentile(lag.raw, 0.99), own99 = lag_recorder::percentile(lag.own, 0.99);
-    BOOST_TEST_MESSAGE("loop lag over " << lag.raw.size() << " ticks: raw p50 " << lag_recorder::percentile(lag.raw, 0.5) * 1000
-                                        << " ms, p99 " << raw99 * 1000 << " ms, max "
-                                        << lag_recorder::percentile(lag.raw, 1.0) * 1000 << " ms; caused by the loop: p99 "
-                                        << own99 * 1000 << " ms, max " << lag_recorder::percentile(lag.own, 1.0) * 1000
-                                        << " ms");
+    BOOST_TEST_MESSAGE("loop lag over " << lag.raw.size() << " ticks: raw p50 "
+                                        << lag_recorder::percentile(lag.raw, 0.5) * 1000 << " ms, p99 "
+                                        << raw99 * 1000 << " ms, max "
+                                        << lag_recorder::percentile(lag.raw, 1.0) * 1000
+                                        << " ms; caused by the loop: p99 " << own99 * 1000 << " ms, max "
+                                        << lag_recorder::percentile(lag.own, 1.0) * 1000 << " ms");
     BOOST_TEST(lag.raw.size() > 100u);
-    BOOST_TEST(lag.have_schedstat(), "/proc/thread-self/schedstat is needed to tell preemption from blocking");
+    BOOST_TEST(lag.have_schedstat(),
+               "/proc/thread-self/schedstat is needed to tell preemption from blocking");
     BOOST_TEST(own99 < 0.005, "p99 loop lag caused by the loop " << own99 * 1000 << " ms");
     // Preemption by other processes is bounded by a few scheduler ticks; anything far beyond is a real stall.
     BOOST_TEST(raw99 < 0.020, "raw p99 loop lag " << raw99 * 1000 << " ms");
@@ -246,15 +250,18 @@ net::awaitable<void> queries_keep_the_loop_responsive(pg_fixture& f) {
 BOOST_AUTO_TEST_CASE(pool_recovers_from_a_server_restart) {
     const char* ctl = std::getenv("CHARGEGUARD_TEST_PG_CTL");
     const char* dir = std::getenv("CHARGEGUARD_TEST_PG_DIR");
-    BOOST_TEST_REQUIRE((ctl && dir), "CHARGEGUARD_TEST_PG_CTL and CHARGEGUARD_TEST_PG_DIR (ci/lib.sh) say how to restart "
-                                     "the server");
+    BOOST_TEST_REQUIRE((ctl && dir),
+                       "CHARGEGUARD_TEST_PG_CTL and CHARGEGUARD_TEST_PG_DIR (ci/lib.sh) say how to restart "
+                       "the server");
     pg_fixture f;
     cg::test::scratch_db db("restart");
     std::string cmd = std::string("\"") + ctl + "\" restart \"" + dir + "\" >/dev/null 2>&1";
-    cg::test::run_async(f.io, [&] { return restart_under_load(f, db.name, cmd); }, 90s);
+    cg::test::run_async(
+        f.io, [&] { return restart_under_load(f, db.name, cmd); }, 90s);
 }
 
 BOOST_AUTO_TEST_CASE(ten_thousand_queries_with_loop_lag_p99_under_5ms) {
     pg_fixture f;
-    cg::test::run_async(f.io, [&] { return queries_keep_the_loop_responsive(f); }, 90s);
+    cg::test::run_async(
+        f.io, [&] { return queries_keep_the_loop_responsive(f); }, 90s);
 }

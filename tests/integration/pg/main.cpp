@@ -8,9 +8,10 @@
 
 int main(int argc, char** argv) {
     if (!std::getenv("PGHOST")) {
-        std::fprintf(stderr,
-                     "SKIP: PGHOST is not set. These tests need a PostgreSQL server: run ci/test, or start one with "
-                     "ci/pg-cluster and export PGHOST/PGPORT/PGUSER/PGDATABASE (see ci/lib.sh start_postgres).\n");
+        std::fprintf(
+            stderr,
+            "SKIP: PGHOST is not set. These tests need a PostgreSQL server: run ci/test, or start one with "
+            "ci/pg-cluster and export PGHOST/PGPORT/PGUSER/PGDATABASE (see ci/lib.sh start_postgres).\n");
         return 77;
     }
     return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);

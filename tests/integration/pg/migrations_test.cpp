@@ -1,13 +1,13 @@
 // Migrations against the real server: the schema they create, idempotence, dry runs, checksums, failure
 // atomicity, and concurrent runs (in-process and as two `chargeguard migrate` processes).
-#include <boost/test/unit_test.hpp>
+#include "pg/migrations.hpp"
 
 #include <asio/experimental/awaitable_operators.hpp>
+#include <boost/test/unit_test.hpp>
 #include <cstdio>
 #include <thread>
 
 #include "helpers.hpp"
-#include "pg/migrations.hpp"
 #include "support.hpp"
 #include "support/run_async.hpp"
 
@@ -24,8 +24,9 @@ const std::vector<pg::migration>& all() {
 }
 
 net::awaitable<std::unique_ptr<pg::connection>> connect_db(pg_fixture& f, const std::string& db) {
-    co_return must(co_await pg::connection::connect(cg::test::server_config("dbname=" + db), f.offload.get_executor()),
-                   "connect");
+    co_return must(
+        co_await pg::connection::connect(cg::test::server_config("dbname=" + db), f.offload.get_executor()),
+        "connect");
 }
 
 std::string key(int i) {
@@ -42,7 +43,8 @@ net::awaitable<void> twice_is_noop(pg_fixture& f, std::string db) {
     auto second = must(co_await pg::migrate(*c, all(), {}, logger()), "second");
     BOOST_TEST(second.applied.empty());
     BOOST_TEST(second.already_applied == all().size());
-    auto rows = must(co_await c->query("SELECT version, name FROM schema_migrations ORDER BY version"), "history");
+    auto rows =
+        must(co_await c->query("SELECT version, name FROM schema_migrations ORDER BY version"), "history");
     BOOST_TEST_REQUIRE(rows.size() == all().size());
     BOOST_TEST(rows[0].get<std::string>(1) == "0001_billing_records");
 
@@ -53,42 +55,58 @@ net::awaitable<void> twice_is_noop(pg_fixture& f, std::string db) {
     }
     // The billing pre-flight statement and the ledger's constraints.
     const char* preflight =
-        "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
+        "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+        "stripe_customer_id, "
         "lease_until) VALUES ($1, $2, $3, $4, $5, $6, now() + interval '30 seconds') "
         "ON CONFLICT DO NOTHING RETURNING key";
-    BOOST_TEST(must(co_await c->query(preflight, key(1), "cus_1", "2024-05", 1999, "usd", "cus_S1"), "insert").size() == 1u);
-    BOOST_TEST(must(co_await c->query(preflight, key(1), "cus_1", "2024-05", 1999, "usd", "cus_S1"), "dup").size() == 0u);
+    BOOST_TEST(must(co_await c->query(preflight, key(1), "cus_1", "2024-05", 1999, "usd", "cus_S1"), "insert")
+                   .size() == 1u);
+    BOOST_TEST(
+        must(co_await c->query(preflight, key(1), "cus_1", "2024-05", 1999, "usd", "cus_S1"), "dup").size() ==
+        0u);
     // Same customer and period under another key: ON CONFLICT DO NOTHING covers the UNIQUE too.
-    BOOST_TEST(must(co_await c->query(preflight, key(2), "cus_1", "2024-05", 1999, "usd", "cus_S1"), "same").size() == 0u);
-    auto plain = "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
-                 "stripe_customer_id) VALUES ($1, $2, $3, $4, $5, $6)";
-    BOOST_TEST((co_await c->query(plain, key(3), "cus_1", "2024-05", 5, "usd", "cus_S1")).code() == pg::errc::unique_violation);
-    BOOST_TEST((co_await c->query(plain, key(4), "cus_2", "2024-05", 0, "usd", "cus_S1")).code() == pg::errc::check_violation);
-    BOOST_TEST((co_await c->query(plain, "not-hex", "cus_2", "2024-05", 5, "usd", "cus_S1")).code() == pg::errc::check_violation);
-    BOOST_TEST((co_await c->query("UPDATE billing_records SET status = 'bogus' WHERE key = $1", key(1))).code() ==
+    BOOST_TEST(must(co_await c->query(preflight, key(2), "cus_1", "2024-05", 1999, "usd", "cus_S1"), "same")
+                   .size() == 0u);
+    auto plain =
+        "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+        "stripe_customer_id) VALUES ($1, $2, $3, $4, $5, $6)";
+    BOOST_TEST((co_await c->query(plain, key(3), "cus_1", "2024-05", 5, "usd", "cus_S1")).code() ==
+               pg::errc::unique_violation);
+    BOOST_TEST((co_await c->query(plain, key(4), "cus_2", "2024-05", 0, "usd", "cus_S1")).code() ==
                pg::errc::check_violation);
-    BOOST_TEST((co_await c->query("UPDATE billing_records SET status = 'charged' WHERE key = $1", key(1))).code() ==
-               pg::errc::check_violation);  // charged needs a charge_id
-    auto upd = must(co_await c->query("UPDATE billing_records SET status = 'charged', charge_id = 'ch_1' WHERE key = $1 "
-                                      "RETURNING updated_at > created_at",
-                                      key(1)),
-                    "charge");
+    BOOST_TEST((co_await c->query(plain, "not-hex", "cus_2", "2024-05", 5, "usd", "cus_S1")).code() ==
+               pg::errc::check_violation);
+    BOOST_TEST(
+        (co_await c->query("UPDATE billing_records SET status = 'bogus' WHERE key = $1", key(1))).code() ==
+        pg::errc::check_violation);
+    BOOST_TEST(
+        (co_await c->query("UPDATE billing_records SET status = 'charged' WHERE key = $1", key(1))).code() ==
+        pg::errc::check_violation);  // charged needs a charge_id
+    auto upd = must(
+        co_await c->query("UPDATE billing_records SET status = 'charged', charge_id = 'ch_1' WHERE key = $1 "
+                          "RETURNING updated_at > created_at",
+                          key(1)),
+        "charge");
     BOOST_TEST(upd.affected() == 1);
     // The vault's reservation key: one row per (key, idempotency key).
-    must(co_await c->query("INSERT INTO vault_keys (id, name, secret_hash, billing_period, cap_cents, currency) "
-                           "VALUES ('vk_1', 'test', $1, '2024-05', 10000, 'usd')",
-                           bytes(32, 7)),
+    must(co_await c->query(
+             "INSERT INTO vault_keys (id, name, secret_hash, billing_period, cap_cents, currency) "
+             "VALUES ('vk_1', 'test', $1, '2024-05', 10000, 'usd')",
+             bytes(32, 7)),
          "vault key");
-    const char* reserve = "INSERT INTO vault_spend (vault_key_id, idempotency_key, amount_cents) VALUES ($1, $2, $3) "
-                          "ON CONFLICT DO NOTHING RETURNING amount_cents";
+    const char* reserve =
+        "INSERT INTO vault_spend (vault_key_id, idempotency_key, amount_cents) VALUES ($1, $2, $3) "
+        "ON CONFLICT DO NOTHING RETURNING amount_cents";
     BOOST_TEST(must(co_await c->query(reserve, "vk_1", "idem-1", 500), "reserve").size() == 1u);
     BOOST_TEST(must(co_await c->query(reserve, "vk_1", "idem-1", 500), "retry").size() == 0u);
-    BOOST_TEST((co_await c->query(reserve, "vk_missing", "idem-1", 500)).code() == pg::errc::foreign_key_violation);
+    BOOST_TEST((co_await c->query(reserve, "vk_missing", "idem-1", 500)).code() ==
+               pg::errc::foreign_key_violation);
     // The indexes the queries need exist.
-    auto idx = must(co_await c->query("SELECT count(*) FROM pg_indexes WHERE indexname = ANY($1::text[])",
-                                      "{billing_records_pending_lease_idx,dead_letters_received_at_idx,"
-                                      "vault_spend_counted_idx,vault_keys_secret_hash_key,vault_audit_key_at_idx}"),
-                    "indexes");
+    auto idx =
+        must(co_await c->query("SELECT count(*) FROM pg_indexes WHERE indexname = ANY($1::text[])",
+                               "{billing_records_pending_lease_idx,dead_letters_received_at_idx,"
+                               "vault_spend_counted_idx,vault_keys_secret_hash_key,vault_audit_key_at_idx}"),
+             "indexes");
     BOOST_TEST(idx[0].get<std::int64_t>(0) == 5);
 }
 
@@ -98,8 +116,10 @@ net::awaitable<void> dry_run(pg_fixture& f, std::string db) {
     o.dry_run = true;
     auto rep = must(co_await pg::migrate(*c, all(), o, logger()), "dry run");
     BOOST_TEST(rep.applied.size() == all().size());
-    auto t = must(co_await c->query("SELECT to_regclass('schema_migrations') IS NULL, to_regclass('billing_records') IS NULL"),
-                  "check");
+    auto t =
+        must(co_await c->query(
+                 "SELECT to_regclass('schema_migrations') IS NULL, to_regclass('billing_records') IS NULL"),
+             "check");
     BOOST_TEST(t[0].get<bool>(0));
     BOOST_TEST(t[0].get<bool>(1));
 }
@@ -115,7 +135,8 @@ net::awaitable<void> changed_and_failing(pg_fixture& f, std::string db) {
     BOOST_TEST(r.err().message.find("0002_dead_letters was changed") != std::string::npos, r.err().message);
     // A failing migration leaves nothing behind: not its first statement, not its record.
     auto broken = all();
-    broken.push_back(must(pg::make_migration("0099_broken.sql", "CREATE TABLE half_done (id int); SELECT 1/0;"), "make"));
+    broken.push_back(
+        must(pg::make_migration("0099_broken.sql", "CREATE TABLE half_done (id int); SELECT 1/0;"), "make"));
     auto b = co_await pg::migrate(*c, broken, {}, logger());
     BOOST_TEST(b.code() == pg::errc::data_exception);
     BOOST_TEST(b.err().message.find("0099_broken") != std::string::npos, b.err().message);
@@ -126,7 +147,8 @@ net::awaitable<void> changed_and_failing(pg_fixture& f, std::string db) {
     BOOST_TEST(t[0].get<std::int64_t>(1) == 0);
     // And the lock was released: another session can take it at once.
     auto other = co_await connect_db(f, db);
-    auto lock = must(co_await other->query("SELECT pg_try_advisory_lock($1)", pg::migration_lock_key), "try lock");
+    auto lock =
+        must(co_await other->query("SELECT pg_try_advisory_lock($1)", pg::migration_lock_key), "try lock");
     BOOST_TEST(lock[0].get<bool>(0));
 }
 
@@ -205,7 +227,8 @@ BOOST_AUTO_TEST_CASE(two_concurrent_migrate_processes) {
     auto n = all().size();
     auto applied = [](const std::string& out) {
         std::size_t a = 0, b = 0;
-        std::sscanf(out.substr(out.rfind('\n', out.size() - 2) + 1).c_str(), "%zu applied, %zu already applied", &a, &b);
+        std::sscanf(out.substr(out.rfind('\n', out.size() - 2) + 1).c_str(),
+                    "%zu applied, %zu already applied", &a, &b);
         return std::pair(a, b);
     };
     auto [a1, b1] = applied(r1.second);
@@ -214,7 +237,8 @@ BOOST_AUTO_TEST_CASE(two_concurrent_migrate_processes) {
     BOOST_TEST(b1 + b2 == n, r1.second << r2.second);
     auto again = shell(cmd + " --dry-run");
     BOOST_TEST(again.first == 0);
-    BOOST_TEST(again.second.find("0 pending, " + std::to_string(n) + " already applied") != std::string::npos, again.second);
+    BOOST_TEST(again.second.find("0 pending, " + std::to_string(n) + " already applied") != std::string::npos,
+               again.second);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,9 +1,8 @@
 // The pool against the real server: reuse, rollback of abandoned transactions, bounded waits, failing fast
 // while the server is unreachable, readiness and metrics.
-#include <boost/test/unit_test.hpp>
-
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <boost/test/unit_test.hpp>
 
 #include "helpers.hpp"
 #include "net/timeout.hpp"
@@ -42,9 +41,9 @@ net::awaitable<void> rollback_on_return(pg_fixture& f, std::string db) {
         must(co_await c->execute("BEGIN"), "begin");
         must(co_await c->query("INSERT INTO r VALUES ($1)", 1), "insert");
         BOOST_TEST((c->transaction_status() == pg::tx_status::in_transaction));
-    }  // given back mid-transaction
+    }                                                       // given back mid-transaction
     auto c = must(co_await p->acquire(), "acquire again");  // waits for the rollback to finish
-    BOOST_TEST(c->backend_pid() == pid);                      // rolled back and reused, not dropped
+    BOOST_TEST(c->backend_pid() == pid);                    // rolled back and reused, not dropped
     BOOST_TEST((c->transaction_status() == pg::tx_status::idle));
     auto n = must(co_await c->query("SELECT count(*) FROM r"), "count");
     BOOST_TEST(n[0].get<std::int64_t>(0) == 0);
@@ -115,7 +114,8 @@ net::awaitable<void> down_fails_fast(pg_fixture& f) {
         if (i == 0) {
             BOOST_TEST(r.err().message.find("unreachable") != std::string::npos, r.err().message);
             BOOST_TEST(r.err().message.find("Connection refused") != std::string::npos, r.err().message);
-            BOOST_TEST(r.err().message.find("next connection attempt in") != std::string::npos, r.err().message);
+            BOOST_TEST(r.err().message.find("next connection attempt in") != std::string::npos,
+                       r.err().message);
         }
     }
     BOOST_TEST((clock_type::now() - t0) < 100ms);
@@ -124,7 +124,9 @@ net::awaitable<void> down_fails_fast(pg_fixture& f) {
     BOOST_TEST(ready.body.find("FAIL postgres") != std::string::npos, ready.body);
     BOOST_TEST(ready.body.find("Connection refused") != std::string::npos, ready.body);
     auto text = reg.render();
-    BOOST_TEST(text.find("chargeguard_pg_connects_total{outcome=\"failed\",pool=\"main\"} 1") != std::string::npos, text);
+    BOOST_TEST(
+        text.find("chargeguard_pg_connects_total{outcome=\"failed\",pool=\"main\"} 1") != std::string::npos,
+        text);
     BOOST_TEST(text.find("chargeguard_pg_up{pool=\"main\"} 0") != std::string::npos);
     co_await p->close();
 }
@@ -140,13 +142,18 @@ net::awaitable<void> readiness_and_metrics(pg_fixture& f) {
         must(co_await c->query("SELECT 1"), "select");
         BOOST_TEST((co_await c->query("SELECT 1/0")).code() == pg::errc::data_exception);
         auto text = reg.render();
-        BOOST_TEST(text.find("chargeguard_pg_pool_in_use_connections{pool=\"main\"} 1") != std::string::npos, text);
-        BOOST_TEST(text.find("chargeguard_pg_query_duration_seconds_count{pool=\"main\"} 2") != std::string::npos, text);
-        BOOST_TEST(text.find("chargeguard_pg_errors_total{class=\"data_exception\",pool=\"main\"} 1") != std::string::npos);
+        BOOST_TEST(text.find("chargeguard_pg_pool_in_use_connections{pool=\"main\"} 1") != std::string::npos,
+                   text);
+        BOOST_TEST(
+            text.find("chargeguard_pg_query_duration_seconds_count{pool=\"main\"} 2") != std::string::npos,
+            text);
+        BOOST_TEST(text.find("chargeguard_pg_errors_total{class=\"data_exception\",pool=\"main\"} 1") !=
+                   std::string::npos);
         BOOST_TEST(text.find("chargeguard_pg_pool_size{pool=\"main\"} 2") != std::string::npos);
     }
     auto text = reg.render();
-    BOOST_TEST(text.find("chargeguard_pg_pool_in_use_connections{pool=\"main\"} 0") != std::string::npos, text);
+    BOOST_TEST(text.find("chargeguard_pg_pool_in_use_connections{pool=\"main\"} 0") != std::string::npos,
+               text);
     BOOST_TEST(text.find("chargeguard_pg_pool_open_connections{pool=\"main\"} 1") != std::string::npos, text);
     co_await p->close();
     BOOST_TEST(!health.ready().ok);
@@ -160,10 +167,12 @@ net::awaitable<void> dead_idle_dropped(pg_fixture& f) {
         victim = c->backend_pid();
     }
     // Kill the idle connection's backend from another session, and wait until it is gone.
-    auto admin = must(co_await pg::connection::connect(cg::test::server_config(), f.offload.get_executor()), "admin");
+    auto admin =
+        must(co_await pg::connection::connect(cg::test::server_config(), f.offload.get_executor()), "admin");
     must(co_await admin->query("SELECT pg_terminate_backend($1)", victim), "terminate");
     for (int i = 0; i < 200; ++i) {
-        auto n = must(co_await admin->query("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", victim), "poll");
+        auto n = must(co_await admin->query("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", victim),
+                      "poll");
         if (n[0].get<std::int64_t>(0) == 0) break;
         co_await net::sleep_for(5ms);
     }

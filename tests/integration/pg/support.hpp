@@ -30,13 +30,15 @@ inline pg::config server_config(const std::string& dsn = "") {
 inline void admin_exec(const std::string& sql, const std::string& dbname = "") {
     std::string dsn = dbname.empty() ? std::string() : "dbname=" + dbname;
     PGconn* c = PQconnectdb(dsn.c_str());
-    PQsetNoticeProcessor(c, [](void*, const char*) {}, nullptr);  // "does not exist, skipping"
+    PQsetNoticeProcessor(
+        c, [](void*, const char*) {}, nullptr);  // "does not exist, skipping"
     std::string err;
     if (PQstatus(c) != CONNECTION_OK) {
         err = PQerrorMessage(c);
     } else {
         PGresult* r = PQexec(c, sql.c_str());
-        if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) err = PQresultErrorMessage(r);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
+            err = PQresultErrorMessage(r);
         PQclear(r);
     }
     PQfinish(c);

@@ -18,15 +18,24 @@ BOOST_AUTO_TEST_CASE(sqlstate_categories) {
         const char* state;
         pg::errc want;
     } table[] = {
-        {"23505", pg::errc::unique_violation},     {"23503", pg::errc::foreign_key_violation},
-        {"23514", pg::errc::check_violation},      {"23502", pg::errc::not_null_violation},
-        {"23P01", pg::errc::integrity_violation},  {"40001", pg::errc::serialization_failure},
-        {"40P01", pg::errc::deadlock},             {"55P03", pg::errc::lock_not_available},
-        {"57014", pg::errc::query_canceled},       {"57P01", pg::errc::connection_lost},
-        {"08006", pg::errc::connection_lost},      {"28P01", pg::errc::auth_failed},
-        {"42P01", pg::errc::syntax_error},         {"42601", pg::errc::syntax_error},
-        {"22012", pg::errc::data_exception},       {"53300", pg::errc::insufficient_resources},
-        {"XX000", pg::errc::server_error},         {"", pg::errc::server_error},
+        {"23505", pg::errc::unique_violation},
+        {"23503", pg::errc::foreign_key_violation},
+        {"23514", pg::errc::check_violation},
+        {"23502", pg::errc::not_null_violation},
+        {"23P01", pg::errc::integrity_violation},
+        {"40001", pg::errc::serialization_failure},
+        {"40P01", pg::errc::deadlock},
+        {"55P03", pg::errc::lock_not_available},
+        {"57014", pg::errc::query_canceled},
+        {"57P01", pg::errc::connection_lost},
+        {"08006", pg::errc::connection_lost},
+        {"28P01", pg::errc::auth_failed},
+        {"42P01", pg::errc::syntax_error},
+        {"42601", pg::errc::syntax_error},
+        {"22012", pg::errc::data_exception},
+        {"53300", pg::errc::insufficient_resources},
+        {"XX000", pg::errc::server_error},
+        {"", pg::errc::server_error},
     };
     for (auto& row : table) BOOST_TEST((pg::errc_from_sqlstate(row.state) == row.want), row.state);
     BOOST_TEST(pg::is_transient(pg::errc::serialization_failure));
@@ -52,8 +61,10 @@ BOOST_AUTO_TEST_CASE(timestamptz_codec) {
     BOOST_TEST_REQUIRE(t.has_value());
     BOOST_TEST(pg::format_timestamptz(*t) == "2024-02-29 23:59:59.500000+00");
     // Offsets are applied (other sessions' TimeZone settings), down to seconds.
-    BOOST_TEST((pg::parse_timestamptz("2024-01-01 05:30:00+05:30") == pg::parse_timestamptz("2024-01-01 00:00:00+00")));
-    BOOST_TEST((pg::parse_timestamptz("2023-12-31 23:00:00-01") == pg::parse_timestamptz("2024-01-01 00:00:00+00")));
+    BOOST_TEST((pg::parse_timestamptz("2024-01-01 05:30:00+05:30") ==
+                pg::parse_timestamptz("2024-01-01 00:00:00+00")));
+    BOOST_TEST(
+        (pg::parse_timestamptz("2023-12-31 23:00:00-01") == pg::parse_timestamptz("2024-01-01 00:00:00+00")));
     BOOST_TEST((pg::parse_timestamptz("1970-01-01 00:00:00+00")->time_since_epoch().count() == 0));
     BOOST_TEST((pg::parse_timestamptz("1970-01-01 00:00:00.000001+00")->time_since_epoch().count() == 1));
     for (auto bad : {"infinity", "2024-13-01 00:00:00+00", "2024-02-30 00:00:00+00", "2024-01-01 00:00:00",
@@ -72,8 +83,8 @@ BOOST_AUTO_TEST_CASE(bytea_codec) {
 }
 
 BOOST_AUTO_TEST_CASE(params_encoding) {
-    pg::params p(std::int64_t{-5}, 7, std::int16_t{3}, true, "text", std::string("s"), pg::null, std::optional<int>(),
-                 bytes{0, 1, 2});
+    pg::params p(std::int64_t{-5}, 7, std::int16_t{3}, true, "text", std::string("s"), pg::null,
+                 std::optional<int>(), bytes{0, 1, 2});
     BOOST_TEST(p.size() == 9);
     auto v = p.values();
     BOOST_TEST(std::string(v[0]) == "-5");
@@ -156,7 +167,8 @@ BOOST_AUTO_TEST_CASE(migration_names) {
     BOOST_TEST(m->checksum.size() == 64u);
     BOOST_TEST(pg::make_migration("42_x.sql", "").code() == pg::errc::bad_migration);
     BOOST_TEST(pg::make_migration("0001_x.txt", "").code() == pg::errc::bad_migration);
-    std::vector<pg::migration> out_of_order{*pg::make_migration("0002_b.sql", ""), *pg::make_migration("0001_a.sql", "")};
+    std::vector<pg::migration> out_of_order{*pg::make_migration("0002_b.sql", ""),
+                                            *pg::make_migration("0001_a.sql", "")};
     BOOST_TEST(pg::check_sequence(out_of_order).code() == pg::errc::bad_migration);
     auto embedded = pg::embedded_migrations();
     BOOST_TEST_REQUIRE(embedded.has_value());
