@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
 
     command_main selected;
     register_version(app, selected);
+    register_migrate(app, selected);
 
     mirror_env(app);
     try {

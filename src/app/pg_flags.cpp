@@ -1,0 +1,90 @@
+#include "app/pg_flags.hpp"
+
+#include <cstdlib>
+
+#include "app/cli.hpp"
+
+namespace cg::app {
+namespace {
+
+std::chrono::milliseconds to_ms(double seconds) {
+    return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
+}
+
+}  // namespace
+
+void add_pg_flags(CLI::App& cmd, pg_flags& f, bool long_running) {
+    cmd.add_option(
+        "--pg-dsn", f.dsn,
+        "PostgreSQL conninfo (\"host=… dbname=…\") or URI; unset keywords come from PGHOST, PGPORT, "
+        "PGUSER, PGDATABASE, … as libpq defines them. Passwords: PGPASSWORD or ~/.pgpass");
+    cmd.add_option(
+        "--migrations-dir", f.migrations_dir,
+        "read migrations/NNNN_name.sql from this directory instead of the ones built into the binary");
+    if (!long_running) return;
+    cmd.add_flag("--migrate", f.migrate, "apply pending migrations at startup (under the migration lock)");
+    cmd.add_option("--pg-pool-size", f.pool_size, "PostgreSQL connections")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
+    cmd.add_option("--pg-query-timeout", f.query_timeout_s, "seconds before a statement is cancelled")
+        ->check(CLI::Range(0.001, 3600.0))
+        ->capture_default_str();
+    cmd.add_option("--pg-acquire-timeout", f.acquire_timeout_s,
+                   "seconds to wait for a free PostgreSQL connection before giving up")
+        ->check(CLI::Range(0.0, 600.0))
+        ->capture_default_str();
+}
+
+pg::config to_pg_config(const pg_flags& f) {
+    auto cfg = pg::config::from_dsn(f.dsn);
+    if (!cfg) throw CLI::ValidationError("--pg-dsn", cfg.err().message);
+    if (cfg->dsn_has_password) {
+        const char* env = std::getenv(env_name_for("CHARGEGUARD_", "pg-dsn").c_str());
+        if (!env || f.dsn != env)
+            throw CLI::ValidationError(
+                "--pg-dsn",
+                "the DSN carries a password on the command line, where every local user can "
+                "read it: use PGPASSWORD, ~/.pgpass, or the CHARGEGUARD_PG_DSN variable");
+    }
+    return std::move(*cfg);
+}
+
+pg::pool_options to_pool_options(const pg_flags& f) {
+    pg::pool_options o;
+    o.server = to_pg_config(f);
+    o.size = f.pool_size;
+    o.conn.query_timeout = to_ms(f.query_timeout_s);
+    o.acquire_timeout = to_ms(f.acquire_timeout_s);
+    return o;
+}
+
+result<std::vector<pg::migration>> load_migrations(const pg_flags& f) {
+    if (!f.migrations_dir.empty()) return pg::load_migrations(f.migrations_dir);
+    return pg::embedded_migrations();
+}
+
+std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f) {
+    auto p = pg::pool::create(rt.io().get_executor(), rt.offload().get_executor(), to_pool_options(f),
+                              rt.log(), &rt.metrics());
+    p->add_readiness_check(rt.health());
+    rt.on_shutdown([p]() { return p->close(); });
+    p->start();
+    return p;
+}
+
+net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f,
+                                                  const std::vector<pg::migration>& ms, logger log) {
+    if (!f.migrate) co_return result<void>{};
+    auto c = co_await p.acquire();
+    if (!c) co_return c.err();
+    auto rep = co_await pg::migrate(**c, ms, {}, log);
+    if (!rep) {
+        c->discard();  // it may still hold the lock or a transaction
+        co_return rep.err();
+    }
+    log.info("migrations up to date",
+             {{"applied", rep->applied.size()}, {"already_applied", rep->already_applied}});
+    co_return result<void>{};
+}
+
+}  // namespace cg::app

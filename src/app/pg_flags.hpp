@@ -1,0 +1,52 @@
+// PostgreSQL flags shared by the subcommands that talk to PostgreSQL (migrate now; consume, proxy, vault,
+// reconcile later): --pg-dsn, --migrations-dir, and for long-running ones --migrate and the pool knobs.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "app/runtime.hpp"
+#include "core/log.hpp"
+#include "core/result.hpp"
+#include "net/tokens.hpp"
+#include "pg/config.hpp"
+#include "pg/migrations.hpp"
+#include "pg/pool.hpp"
+
+namespace cg::app {
+
+struct pg_flags {
+    std::string dsn;             // libpq conninfo or URI; empty: libpq's PG* environment variables
+    std::string migrations_dir;  // empty: the migrations compiled into the binary
+    bool migrate = false;        // long-running commands: apply migrations before serving
+    std::size_t pool_size = 4;
+    double query_timeout_s = 5;
+    double acquire_timeout_s = 1;
+};
+
+// Adds --pg-dsn and --migrations-dir; with `long_running` also --migrate, --pg-pool-size,
+// --pg-query-timeout, --pg-acquire-timeout. (CHARGEGUARD_<FLAG> env vars come from mirror_env.)
+void add_pg_flags(CLI::App& cmd, pg_flags& f, bool long_running);
+
+// The server configuration: --pg-dsn over libpq's PG* defaults. Throws CLI::ValidationError with a clear
+// message when the DSN is malformed, or when it carries a password and came from the command line (use
+// PGPASSWORD, ~/.pgpass, or CHARGEGUARD_PG_DSN instead: argv is visible to every local user).
+pg::config to_pg_config(const pg_flags& f);
+pg::pool_options to_pool_options(const pg_flags& f);
+
+// The migrations to apply: --migrations-dir when given (read once, now), else the embedded ones.
+result<std::vector<pg::migration>> load_migrations(const pg_flags& f);
+
+// For long-running subcommands: creates the pool on the runtime's main loop with its metrics, registers the
+// "postgres" readiness check and a shutdown step that closes the pool, and starts it (first connection and
+// health checks in the background). Throws CLI::ValidationError for a bad DSN.
+std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f);
+
+// For long-running subcommands: when --migrate was given, applies `ms` on a connection from `p` before the
+// command starts serving. Returns the first error. Completes on the pool's executor; `p`, `f` and `ms` must
+// outlive the call.
+net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f,
+                                                  const std::vector<pg::migration>& ms, logger log);
+
+}  // namespace cg::app

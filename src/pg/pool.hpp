@@ -1,0 +1,156 @@
+// A fixed-size pool of PostgreSQL connections on one executor (the main io_context).
+//
+//  * lazy: connections open on demand up to `size` (plus one opened by start() so readiness is known early);
+//  * health: an idle connection is checked without I/O when handed out (did the server close it?), and
+//    the maintenance task pings connections idle longer than `health_interval`;
+//  * failure: when a connect fails the pool is "down": acquire() fails at once with errc::unavailable and
+//    the cause, until the backoff (doubling from backoff_initial to backoff_max, jittered) lets one probe
+//    through; the maintenance task probes on its own so readiness recovers without traffic;
+//  * bounded: when every connection is busy, acquire() waits at most `acquire_timeout`, and at most
+//    `max_waiters` callers wait; beyond either it returns errc::unavailable;
+//  * a connection given back inside a transaction is rolled back before reuse (dropped if that fails); one
+//    given back broken or mid-operation is dropped.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "core/log.hpp"
+#include "core/result.hpp"
+#include "metrics/health.hpp"
+#include "metrics/registry.hpp"
+#include "net/tokens.hpp"
+#include "pg/config.hpp"
+#include "pg/connection.hpp"
+
+namespace cg::pg {
+
+class stats;
+class pool;
+
+struct pool_options {
+    config server;
+    std::size_t size = 4;
+    connection_options conn;
+    std::chrono::milliseconds acquire_timeout{1000};
+    std::size_t max_waiters = 256;
+    std::chrono::milliseconds health_interval{10000};
+    std::chrono::milliseconds backoff_initial{100};
+    std::chrono::milliseconds backoff_max{5000};
+    std::string name = "main";  // metrics label
+};
+
+// The next reconnect delay: doubles from `initial`, capped at `max` (before jitter). Pure.
+std::chrono::milliseconds next_backoff(std::chrono::milliseconds current, std::chrono::milliseconds initial,
+                                       std::chrono::milliseconds max) noexcept;
+
+// A connection on loan. Gives it back to the pool when destroyed (or on release()). Move-only; destroy it on
+// the pool's executor.
+class pooled_connection {
+  public:
+    pooled_connection() = default;
+    pooled_connection(std::shared_ptr<pool> p, std::unique_ptr<connection> c) noexcept;
+    pooled_connection(pooled_connection&&) noexcept = default;
+    pooled_connection& operator=(pooled_connection&& o) noexcept;
+    ~pooled_connection() { release(); }
+
+    connection& operator*() const noexcept { return *conn_; }
+    connection* operator->() const noexcept { return conn_.get(); }
+    explicit operator bool() const noexcept { return static_cast<bool>(conn_); }
+
+    // Returns the connection now (rolled back first if a transaction is open).
+    void release() noexcept;
+    // Closes the connection instead of reusing it (its state is unknown to the caller).
+    void discard() noexcept;
+
+  private:
+    std::shared_ptr<pool> pool_;
+    std::unique_ptr<connection> conn_;
+};
+
+class pool : public std::enable_shared_from_this<pool> {
+  public:
+    using clock = std::chrono::steady_clock;
+
+    // `ex`: where the pool and its connections live (the main io_context). `offload`: for PQfinish/PQcancel;
+    // it must outlive the pool. `reg`: metrics (optional; must outlive the pool).
+    static std::shared_ptr<pool> create(asio::any_io_executor ex, asio::any_io_executor offload,
+                                        pool_options opts, logger log, metrics::registry* reg = nullptr);
+    ~pool();
+
+    // Starts the maintenance task (first connection, health pings, reconnect probes). Call once, on `ex`.
+    void start();
+
+    // A connection, or errc::unavailable with the reason (PostgreSQL down and the cause, pool exhausted
+    // after acquire_timeout, too many waiters, pool closed). Completes on the pool's executor; cancellable
+    // through the awaiting coroutine's cancellation slot (then errc::unavailable). The pool stays alive while
+    // a pooled_connection exists.
+    net::awaitable<result<pooled_connection>> acquire();
+
+    // Registers a readiness check "postgres" that reads the pool's cached view (no query per request).
+    void add_readiness_check(metrics::health& h, std::string name = "postgres");
+
+    // Stops the maintenance task, fails waiters, closes idle connections; loaned connections close when given
+    // back. Completes on the pool's executor.
+    net::awaitable<void> close();
+
+    struct status {
+        std::size_t size = 0, open = 0, idle = 0, in_use = 0, waiting = 0;
+        bool up = false;
+        std::string last_error;
+    };
+    status state() const;
+    const pool_options& options() const noexcept { return opts_; }
+
+  private:
+    friend class pooled_connection;
+    struct waiter;
+    struct readiness;
+    struct maintainer;
+
+    pool(asio::any_io_executor ex, asio::any_io_executor offload, pool_options opts, logger log,
+         metrics::registry* reg);
+
+    std::unique_ptr<connection> take_idle();
+    net::awaitable<result<std::unique_ptr<connection>>> open_one();
+    void give_back(std::unique_ptr<connection> c) noexcept;
+    void drop(std::unique_ptr<connection> c) noexcept;
+    void to_idle(std::unique_ptr<connection> c);
+    void wake_one_for_slot();
+    void mark_up();
+    void mark_down(const error& e);
+    bool may_connect() const;
+    std::string down_message() const;
+    void update_gauges();
+    static net::awaitable<void> rollback_and_return(std::shared_ptr<pool> self,
+                                                    std::unique_ptr<connection> c);
+    static net::awaitable<void> ping(std::shared_ptr<pool> self, std::unique_ptr<connection> c);
+
+    asio::any_io_executor ex_;
+    asio::any_io_executor offload_;
+    pool_options opts_;
+    logger log_;
+    std::shared_ptr<stats> stats_;
+    std::shared_ptr<readiness> ready_;
+
+    std::deque<std::unique_ptr<connection>> idle_;  // back = most recently used
+    std::deque<waiter*> waiters_;
+    std::size_t open_ = 0;    // idle + loaned + connecting + rolling back
+    std::size_t in_use_ = 0;  // loaned
+    bool closed_ = false;
+    bool started_ = false;
+
+    bool down_ = false;     // the last connect failed
+    bool probing_ = false;  // a connect is in progress while down
+    clock::time_point next_attempt_{};
+    std::chrono::milliseconds backoff_{0};
+    error last_error_;
+    std::minstd_rand rng_;
+    std::unique_ptr<net::steady_timer> maint_timer_;
+};
+
+}  // namespace cg::pg

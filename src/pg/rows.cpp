@@ -1,0 +1,107 @@
+#include "pg/rows.hpp"
+
+#include <libpq-fe.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace cg::pg {
+
+void rows::deleter::operator()(pg_result* r) const noexcept {
+    PQclear(r);
+}
+
+rows::rows(pg_result* res) noexcept : res_(res) {}
+
+std::size_t rows::size() const noexcept {
+    return res_ ? static_cast<std::size_t>(PQntuples(res_.get())) : 0;
+}
+
+int rows::columns() const noexcept {
+    return res_ ? PQnfields(res_.get()) : 0;
+}
+
+std::string_view rows::column_name(int col) const {
+    const char* n = res_ ? PQfname(res_.get(), col) : nullptr;
+    if (!n) throw column_error("column " + std::to_string(col) + " out of range");
+    return n;
+}
+
+std::int64_t rows::affected() const noexcept {
+    if (!res_) return 0;
+    return parse_int64(PQcmdTuples(res_.get())).value_or(0);
+}
+
+std::string_view rows::command() const noexcept {
+    return res_ ? PQcmdStatus(res_.get()) : "";
+}
+
+bool rows::is_null(std::size_t row, int col) const {
+    if (row >= size() || col < 0 || col >= columns())
+        throw column_error("row " + std::to_string(row) + " column " + std::to_string(col) + " out of range");
+    return PQgetisnull(res_.get(), static_cast<int>(row), col) != 0;
+}
+
+std::string_view rows::text(std::size_t row, int col) const {
+    if (is_null(row, col)) return {};
+    return {PQgetvalue(res_.get(), static_cast<int>(row), col),
+            static_cast<std::size_t>(PQgetlength(res_.get(), static_cast<int>(row), col))};
+}
+
+std::string_view rows::text_checked(std::size_t r, int c) const {
+    if (is_null(r, c)) fail(r, c, "is NULL (read it as std::optional)");
+    return text(r, c);
+}
+
+void rows::fail(std::size_t r, int c, const char* what) const {
+    std::string name = c >= 0 && c < columns() ? std::string(column_name(c)) : std::to_string(c);
+    throw column_error("row " + std::to_string(r) + " column \"" + name + "\" " + what);
+}
+
+void rows::expect_type(int c, std::initializer_list<unsigned> oids, const char* what) const {
+    auto t = PQftype(res_.get(), c);
+    if (std::find(oids.begin(), oids.end(), t) == oids.end())
+        throw column_error("column \"" + std::string(column_name(c)) + "\" has type oid " +
+                           std::to_string(t) + ", not " + what);
+}
+
+std::int64_t rows::decode(std::size_t r, int c, tag<std::int64_t>) const {
+    auto s = text_checked(r, c);
+    expect_type(c, {oid::int8, oid::int4, oid::int2, oid::oid}, "an integer");
+    auto v = parse_int64(s);
+    if (!v) fail(r, c, "is not an integer");
+    return *v;
+}
+
+std::int32_t rows::decode(std::size_t r, int c, tag<std::int32_t>) const {
+    auto v = decode(r, c, tag<std::int64_t>{});
+    if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max())
+        fail(r, c, "does not fit in 32 bits");
+    return static_cast<std::int32_t>(v);
+}
+
+bool rows::decode(std::size_t r, int c, tag<bool>) const {
+    auto s = text_checked(r, c);
+    expect_type(c, {oid::bool_}, "boolean");
+    auto v = parse_bool(s);
+    if (!v) fail(r, c, "is not a boolean");
+    return *v;
+}
+
+timestamp rows::decode(std::size_t r, int c, tag<timestamp>) const {
+    auto s = text_checked(r, c);
+    expect_type(c, {oid::timestamptz}, "timestamptz");
+    auto v = parse_timestamptz(s);
+    if (!v) fail(r, c, "is not an ISO timestamptz (infinity?)");
+    return *v;
+}
+
+bytes rows::decode(std::size_t r, int c, tag<bytes>) const {
+    auto s = text_checked(r, c);
+    expect_type(c, {oid::bytea}, "bytea");
+    auto v = parse_bytea_hex(s);
+    if (!v) fail(r, c, "is not hex bytea");
+    return std::move(*v);
+}
+
+}  // namespace cg::pg
