@@ -31,8 +31,9 @@ std::vector<unsigned> plan_rdy(std::span<const rdy_conn> conns, unsigned max_in_
             released[i] = true;
         }
     }
+    const std::size_t start = cursor;
     for (std::size_t step = 0; step < n && kept < max_in_flight; ++step) {
-        std::size_t i = (cursor + step) % n;
+        std::size_t i = (start + step) % n;
         if (out[i] == 0 && !released[i]) {
             out[i] = 1;
             ++kept;
