@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
 
     command_main selected;
     register_version(app, selected);
+    register_publish(app, selected);
+    register_tail(app, selected);
 
     mirror_env(app);
     try {

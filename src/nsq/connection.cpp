@@ -39,6 +39,7 @@ asio::awaitable<error> connection::run(net::tcp::endpoint ep) {
     }
     phase_ = phase::closed;
     in_flight_.clear();
+    in_flight_total_ = 0;
     std::error_code ignored;
     sock_.shutdown(net::tcp::socket::shutdown_both, ignored);
     sock_.close(ignored);
@@ -156,10 +157,10 @@ bool connection::handle_frame(const proto::frame& f) {
                 fail(m.err());
                 return false;
             }
-            if (!in_flight_.insert(m->id).second) {
-                log_.warn("duplicate message id in flight; ignored", {{"id", m->id.view()}});
-                return true;
-            }
+            if (++in_flight_[m->id] > 1)
+                log_.warn("message redelivered while its earlier delivery is still being handled (it timed out)",
+                          {{"id", m->id.view()}, {"attempts", m->attempts}});
+            ++in_flight_total_;
             if (rdy.remaining > 0) --rdy.remaining;
             rdy.last_active = last_read_;
             owner_->on_message(shared_from_this(), *m);
@@ -262,8 +263,17 @@ void connection::send_rdy(unsigned count) {
     notify_writer();
 }
 
+bool connection::release(const proto::message_id& id) {
+    if (phase_ == phase::closed) return false;
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) return false;
+    if (--it->second == 0) in_flight_.erase(it);
+    --in_flight_total_;
+    return true;
+}
+
 bool connection::finish(const proto::message_id& id) {
-    if (phase_ == phase::closed || in_flight_.erase(id) == 0) return false;
+    if (!release(id)) return false;
     proto::append_fin(out_, id.view());
     notify_writer();
     check_drained();
@@ -271,7 +281,7 @@ bool connection::finish(const proto::message_id& id) {
 }
 
 bool connection::requeue(const proto::message_id& id, milliseconds delay) {
-    if (phase_ == phase::closed || in_flight_.erase(id) == 0) return false;
+    if (!release(id)) return false;
     proto::append_req(out_, id.view(), static_cast<std::uint64_t>(std::max<long long>(0, delay.count())));
     notify_writer();
     check_drained();

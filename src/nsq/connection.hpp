@@ -8,7 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -41,6 +41,7 @@ struct rdy_state {
     unsigned sent = 0;       // last RDY written
     unsigned committed = 0;  // what nsqd may still be applying: max(sent, a recent higher value)
     unsigned remaining = 0;  // messages still allowed by the last RDY (go-nsq's "remain")
+    unsigned target = 0;     // what the last plan wants (applied as the budget allows)
     std::chrono::steady_clock::time_point last_active{};
 };
 
@@ -71,7 +72,7 @@ public:
     bool subscribed() const noexcept { return phase_ == phase::subscribed; }
     bool ever_subscribed() const noexcept { return ever_subscribed_; }
     const std::string& key() const noexcept { return key_; }
-    std::size_t in_flight() const noexcept { return in_flight_.size(); }
+    std::size_t in_flight() const noexcept { return in_flight_total_; }
     const proto::identify_response& negotiated() const noexcept { return negotiated_; }
     std::chrono::milliseconds msg_timeout() const noexcept { return std::chrono::milliseconds(negotiated_.msg_timeout); }
     unsigned max_rdy() const noexcept { return static_cast<unsigned>(negotiated_.max_rdy_count); }
@@ -90,6 +91,7 @@ private:
     void notify_writer();
     void check_drained();
     void fail(error e);
+    bool release(const proto::message_id& id);
     void stop_loops();
 
     asio::any_io_executor ex_;
@@ -108,7 +110,10 @@ private:
     phase phase_ = phase::connecting;
     error end_;
     proto::identify_response negotiated_;
-    std::unordered_set<proto::message_id, proto::message_id_hash> in_flight_;
+    // id → deliveries of it still unanswered here. nsqd may redeliver an id to this same connection after
+    // it timed out; both deliveries are handled and each answer is sent (nsqd judges the late one).
+    std::unordered_map<proto::message_id, std::uint32_t, proto::message_id_hash> in_flight_;
+    std::size_t in_flight_total_ = 0;
     std::chrono::steady_clock::time_point last_read_{};
 };
 

@@ -255,30 +255,33 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
             self->settle_pending = false;
             if (ec) return;
             for (auto& [k, c] : self->conns) c->rdy.committed = c->rdy.sent;
-            self->rebalance();
+            self->rebalance(false);
         });
     }
 
-    // Recomputes every connection's RDY (plan_rdy) and applies it: decreases now, increases within
-    // what max_in_flight leaves once the committed RDY of the others is counted.
-    void rebalance() {
+    // Applies each connection's planned RDY: decreases now, increases within what max_in_flight leaves
+    // once the committed RDY of the others is counted (the rest after the settle delay). `recompute`
+    // makes a new plan (plan_rdy) first; the settle timer applies the pending one as it was.
+    void rebalance(bool recompute = true) {
         if (stopping || backoff.backing_off()) return;
         auto live = live_subscribed();
         if (live.empty()) return;
-        std::vector<rdy_conn> in;
-        auto now = sclock::now();
-        for (auto* c : live) in.push_back({c->rdy.sent, c->max_rdy(), now - c->rdy.last_active});
-        auto target = plan_rdy(in, cfg.max_in_flight, cfg.low_rdy_idle_timeout, rr_cursor);
-        for (std::size_t i = 0; i < live.size(); ++i)
-            if (target[i] < live[i]->rdy.sent) set_rdy(*live[i], target[i]);
-        for (std::size_t i = 0; i < live.size(); ++i) {
-            auto* c = live[i];
-            if (target[i] <= c->rdy.sent) continue;
+        if (recompute) {
+            std::vector<rdy_conn> in;
+            auto now = sclock::now();
+            for (auto* c : live) in.push_back({c->rdy.sent, c->max_rdy(), now - c->rdy.last_active});
+            auto target = plan_rdy(in, cfg.max_in_flight, cfg.low_rdy_idle_timeout, rr_cursor);
+            for (std::size_t i = 0; i < live.size(); ++i) live[i]->rdy.target = target[i];
+        }
+        for (auto* c : live)
+            if (c->rdy.target < c->rdy.sent) set_rdy(*c, c->rdy.target);
+        for (auto* c : live) {
+            if (c->rdy.target <= c->rdy.sent) continue;
             auto others = committed_total() - c->rdy.committed;
             unsigned room = others >= cfg.max_in_flight ? 0 : cfg.max_in_flight - static_cast<unsigned>(others);
-            unsigned allowed = std::min(target[i], room);
+            unsigned allowed = std::min(c->rdy.target, room);
             if (allowed > c->rdy.sent) set_rdy(*c, allowed);
-            if (allowed < target[i]) schedule_settle();
+            if (allowed < c->rdy.target) schedule_settle();
         }
     }
 

@@ -392,18 +392,16 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
 
     // nsqd's messagePump heartbeat ticker: every interval, whatever else is sent.
     static asio::awaitable<void> heartbeats(std::shared_ptr<impl> self, std::shared_ptr<client> cl) {
+        cl->hb_timer.expires_after(cl->hb);
         while (!cl->closed) {
-            if (cl->hb <= milliseconds(0)) {
-                cl->hb_timer.expires_at(forever);
-            } else {
-                cl->hb_timer.expires_after(cl->hb);
-            }
             auto [ec] = co_await cl->hb_timer.async_wait();
             if (cl->closed) co_return;
-            if (ec) continue;  // interval changed by IDENTIFY
-            if (self->frozen) continue;
-            proto::append_frame(cl->out, proto::frame_type::response, "_heartbeat_");
-            cl->notify();
+            if (ec) continue;  // IDENTIFY re-armed the ticker
+            if (!self->frozen) {
+                proto::append_frame(cl->out, proto::frame_type::response, "_heartbeat_");
+                cl->notify();
+            }
+            cl->hb_timer.expires_at(cl->hb_timer.expiry() + cl->hb);
         }
     }
 
@@ -504,7 +502,12 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         cl.user_agent = req->user_agent;
         if (req->heartbeat_interval_ms == -1) cl.hb = milliseconds(0);
         else if (req->heartbeat_interval_ms > 0) cl.hb = milliseconds(req->heartbeat_interval_ms);
-        cl.hb_timer.cancel();  // restart the ticker with the new interval
+        // Restart the ticker now, before the next read deadline is set (as nsqd's IDENTIFY event does).
+        if (cl.hb > milliseconds(0)) {
+            cl.hb_timer.expires_after(cl.hb);
+        } else {
+            cl.hb_timer.expires_at(forever);
+        }
         if (req->msg_timeout_ms > 0) cl.msg_timeout = milliseconds(req->msg_timeout_ms);
         if (obs == -1) cl.output_buffer_size = 0;
         else if (obs > 0) cl.output_buffer_size = obs;
