@@ -28,6 +28,7 @@ std::span<char> frame_decoder::prepare(std::size_t min_bytes) {
 void frame_decoder::commit(std::size_t n) { end_ += n; }
 
 void frame_decoder::feed(std::string_view bytes) {
+    if (bytes.empty()) return;  // memcpy from a null view is UB even for 0 bytes
     auto area = prepare(bytes.size());
     std::memcpy(area.data(), bytes.data(), bytes.size());
     commit(bytes.size());
