@@ -20,5 +20,7 @@ using command_main = std::function<int(const global_flags&)>;
 
 void register_version(CLI::App& app, command_main& selected);
 void register_migrate(CLI::App& app, command_main& selected);
+void register_publish(CLI::App& app, command_main& selected);
+void register_tail(CLI::App& app, command_main& selected);
 
 }  // namespace cg::app

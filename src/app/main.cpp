@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
     command_main selected;
     register_version(app, selected);
     register_migrate(app, selected);
+    register_publish(app, selected);
+    register_tail(app, selected);
 
     mirror_env(app);
     try {

@@ -1,0 +1,154 @@
+// `chargeguard tail`: like nsq_tail — consumes a topic (an ephemeral channel unless --channel is given),
+// prints each message as one JSON line {"id","attempts","timestamp","body"} on stdout and FINs it.
+// SIGTERM drains (RDY 0, in-flight finished, CLS) and exits 0.
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/write.hpp>
+#include <csignal>
+#include <random>
+#include <unistd.h>
+
+#include "app/cli.hpp"
+#include "app/commands.hpp"
+#include "app/nsq_flags.hpp"
+#include "app/runtime.hpp"
+#include "net/tokens.hpp"
+#include "nsq/consumer.hpp"
+
+namespace cg::app {
+namespace {
+
+// Serialises lines to stdout without blocking the loop when stdout is a pipe or a terminal; a regular
+// file (which epoll refuses) is written directly — it does not block for long.
+class line_writer {
+public:
+    explicit line_writer(asio::any_io_executor ex) : sd_(ex), idle_(ex, std::chrono::steady_clock::time_point::max()) {
+        std::error_code ec;
+        sd_.assign(::dup(STDOUT_FILENO), ec);
+        async_ = !ec;
+        if (ec) {
+            std::error_code ignored;
+            sd_.close(ignored);
+        }
+    }
+
+    void write(std::string line) {
+        if (!async_) {
+            write_blocking(line);
+            return;
+        }
+        buf_ += line;
+        if (!writing_) {
+            writing_ = true;
+            asio::co_spawn(sd_.get_executor(), drain(this), asio::detached);
+        }
+    }
+
+    // Completes once everything written so far reached stdout.
+    asio::awaitable<void> flush() {
+        while (writing_) co_await idle_.async_wait(net::nothrow);
+    }
+
+    bool broken() const { return broken_; }
+
+private:
+    static asio::awaitable<void> drain(line_writer* self) {
+        while (!self->buf_.empty() && !self->broken_) {
+            std::swap(self->buf_, self->sending_);
+            auto [ec, n] = co_await asio::async_write(self->sd_, asio::buffer(self->sending_), net::nothrow);
+            self->sending_.clear();
+            if (ec) self->broken_ = true;  // EPIPE: the reader went away
+        }
+        self->buf_.clear();
+        self->writing_ = false;
+        self->idle_.cancel();
+    }
+
+    void write_blocking(const std::string& s) {
+        std::size_t off = 0;
+        while (off < s.size() && !broken_) {
+            auto n = ::write(STDOUT_FILENO, s.data() + off, s.size() - off);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                broken_ = true;
+                return;
+            }
+            off += static_cast<std::size_t>(n);
+        }
+    }
+
+    asio::posix::stream_descriptor sd_;
+    net::steady_timer idle_;
+    std::string buf_, sending_;
+    bool async_ = false, writing_ = false, broken_ = false;
+};
+
+std::string json_line(const nsq::message& m) {
+    std::string s = "{\"id\":";
+    append_json_string(s, m.id());
+    s += ",\"attempts\":" + std::to_string(m.attempts()) + ",\"timestamp\":" + std::to_string(m.timestamp()) +
+         ",\"body\":";
+    append_json_string(s, m.body());
+    s += "}\n";
+    return s;
+}
+
+struct tail_flags {
+    nsq_consumer_flags nsq;
+    runtime_flags rt;
+    std::uint64_t max_messages = 0;
+};
+
+int run_tail(tail_flags f, const global_flags& g) {
+    if (f.nsq.channel.empty()) {
+        std::random_device rd;
+        f.nsq.channel = "tail" + std::to_string(rd() % 1000000) + "#ephemeral";
+    }
+    auto cfg = to_consumer_config(f.nsq);  // throws CLI::ValidationError before anything starts
+    auto opts = to_runtime_options(f.rt);
+    auto log = make_stderr_logger(g.level());
+    std::signal(SIGPIPE, SIG_IGN);
+    runtime rt(opts, log);
+    auto ex = rt.io().get_executor();
+    line_writer out(ex);
+    std::uint64_t printed = 0;
+    nsq::consumer consumer(
+        ex, cfg,
+        [&](nsq::message& m) -> asio::awaitable<nsq::disposition> {
+            out.write(json_line(m));
+            if (out.broken()) rt.request_stop("stdout closed");
+            if (f.max_messages > 0 && ++printed == f.max_messages) rt.request_stop("--max-messages reached");
+            co_return nsq::disposition::finish();
+        },
+        log, rt.metrics());
+    consumer.add_readiness(rt.health());
+    rt.on_shutdown([&]() -> asio::awaitable<void> {
+        co_await consumer.stop();
+        co_await out.flush();
+    });
+    if (auto ep = rt.start(); !ep) {
+        log.error("cannot start", {{"error", ep.err().describe()}});
+        return 1;
+    }
+    if (auto r = consumer.start(); !r) {
+        log.error("cannot start the consumer", {{"error", r.err().describe()}});
+        return 1;
+    }
+    return rt.run();
+}
+
+}  // namespace
+
+void register_tail(CLI::App& app, command_main& selected) {
+    auto* cmd = app.add_subcommand("tail", "print messages of an NSQ topic as JSON lines (like nsq_tail)");
+    auto f = std::make_shared<tail_flags>();
+    add_nsq_consumer_flags(*cmd, f->nsq, false);
+    add_runtime_flags(*cmd, f->rt);
+    cmd->add_option("--max-messages", f->max_messages, "exit after this many messages (0 = run until SIGTERM)");
+    cmd->callback([&selected, f] {
+        selected = [f](const global_flags& g) { return run_tail(*f, g); };
+    });
+}
+
+}  // namespace cg::app

@@ -1,0 +1,77 @@
+// Consumer and producer settings, with go-nsq's names and defaults where they exist, and the validation
+// that refuses values nsqd would reject before any connection is made.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/result.hpp"
+#include "nsq/proto/frame.hpp"
+
+namespace cg::nsq {
+
+using std::chrono::milliseconds;
+
+struct consumer_config {
+    std::string topic;
+    std::string channel;
+    std::vector<std::string> nsqd_tcp_addresses;      // "host:port", connected to directly
+    std::vector<std::string> lookupd_http_addresses;  // "host:port" or "http://host:port"
+
+    unsigned max_in_flight = 1;      // handlers at once and the sum of RDY over all connections
+    milliseconds msg_timeout{0};     // 0: nsqd's --msg-timeout; else 1 s .. 15 min
+    milliseconds heartbeat_interval{30000};  // 1 s .. 60 s
+    unsigned max_attempts = 5;       // 0: unlimited; past it the give-up callback runs instead
+    milliseconds lookupd_poll_interval{60000};
+    double lookupd_poll_jitter = 0.3;
+
+    // Reconnect to an address that failed: min · 2^(n-1), capped, with ±20 % jitter.
+    milliseconds reconnect_backoff_min{1000};
+    milliseconds reconnect_backoff_max{60000};
+    // Handler-failure backoff (go-nsq): multiplier · 2^level, capped.
+    milliseconds backoff_multiplier{1000};
+    milliseconds max_backoff_duration{120000};
+    // requeue() without a delay: default · attempts, capped (go-nsq's DefaultRequeueDelay/MaxRequeueDelay).
+    milliseconds default_requeue_delay{90000};
+    milliseconds max_requeue_delay{15 * 60 * 1000};
+    // With more connections than max_in_flight, RDY 1 moves on to idle connections this often.
+    milliseconds rdy_redistribute_interval{5000};
+    milliseconds low_rdy_idle_timeout{10000};
+    // A budget freed by lowering RDY on one connection is given to another only after this long, so the
+    // sum of RDY nsqd sees never exceeds max_in_flight even though connections are separate streams.
+    milliseconds rdy_settle_delay{100};
+    milliseconds connect_timeout{5000};  // TCP connect + IDENTIFY + SUB
+    milliseconds lookupd_timeout{5000};  // one /lookup request
+    // Graceful stop: wait this long for in-flight handlers, then for CLOSE_WAIT.
+    milliseconds drain_timeout{30000};
+
+    std::string client_id;   // default: the short host name
+    std::string hostname;    // default: the host name
+    std::string user_agent = "chargeguard-nsq/0.1";
+    std::size_t max_frame_size = proto::default_max_frame_size;
+};
+
+// Checks names, addresses and bounds; the message names the offending setting.
+result<void> validate(const consumer_config& c);
+
+struct producer_config {
+    milliseconds heartbeat_interval{30000};
+    milliseconds connect_timeout{5000};
+    milliseconds publish_timeout{10000};  // from write to OK
+    milliseconds reconnect_backoff_min{100};
+    milliseconds reconnect_backoff_max{10000};
+    std::string client_id, hostname;
+    std::string user_agent = "chargeguard-nsq/0.1";
+    std::size_t max_frame_size = proto::default_max_frame_size;
+};
+
+result<void> validate(const producer_config& c);
+
+// The machine's host name (gethostname), and its first label.
+std::string local_hostname();
+std::string short_hostname();
+
+}  // namespace cg::nsq

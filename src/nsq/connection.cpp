@@ -1,0 +1,313 @@
+#include "nsq/connection.hpp"
+
+#include <asio/connect.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/write.hpp>
+
+#include "net/timeout.hpp"
+#include "nsq/proto/commands.hpp"
+#include "nsq/proto/error.hpp"
+
+namespace cg::nsq {
+
+using namespace std::chrono;
+using sclock = steady_clock;
+
+connection::connection(asio::any_io_executor ex, std::string key, const consumer_config& cfg, connection_owner* owner,
+                       logger log)
+    : ex_(ex),
+      key_(std::move(key)),
+      cfg_(cfg),
+      owner_(owner),
+      log_(log.with({{"nsqd", key_}})),
+      sock_(ex),
+      decoder_(cfg.max_frame_size),
+      writer_wake_(ex, sclock::time_point::max()),
+      drained_wake_(ex, sclock::time_point::max()) {}
+
+asio::awaitable<error> connection::run(net::tcp::endpoint ep) {
+    using namespace asio::experimental::awaitable_operators;
+    auto self = shared_from_this();
+    if (auto e = co_await handshake(ep)) {
+        fail(e);
+    } else {
+        phase_ = phase::subscribed;
+        ever_subscribed_ = true;
+        last_read_ = sclock::now();
+        owner_->on_subscribed(*this);
+        co_await (read_loop() || write_loop() || watchdog() || close_waiter());
+    }
+    phase_ = phase::closed;
+    in_flight_.clear();
+    in_flight_total_ = 0;
+    std::error_code ignored;
+    sock_.shutdown(net::tcp::socket::shutdown_both, ignored);
+    sock_.close(ignored);
+    writer_wake_.cancel();
+    drained_wake_.cancel();
+    co_return end_;
+}
+
+// magic + IDENTIFY → negotiated reply → SUB → OK, all within connect_timeout.
+asio::awaitable<error> connection::handshake(net::tcp::endpoint ep) {
+    auto deadline = sclock::now() + cfg_.connect_timeout;
+    auto connected = co_await net::with_timeout(sock_.async_connect(ep), cfg_.connect_timeout);
+    if (!connected) co_return error(errc::timeout, "connect to " + key_ + " timed out");
+    if (auto [ec] = *connected; ec) co_return error(ec, "connect to " + key_);
+    std::error_code ignored;
+    sock_.set_option(net::tcp::no_delay(true), ignored);
+
+    proto::identify_request id;
+    id.client_id = cfg_.client_id.empty() ? short_hostname() : cfg_.client_id;
+    id.hostname = cfg_.hostname.empty() ? local_hostname() : cfg_.hostname;
+    id.user_agent = cfg_.user_agent;
+    id.heartbeat_interval_ms = cfg_.heartbeat_interval.count();
+    id.msg_timeout_ms = cfg_.msg_timeout.count();
+    std::string out;
+    proto::append_magic(out);
+    proto::append_identify(out, proto::to_json(id));
+    auto [wec, wn] = co_await asio::async_write(sock_, asio::buffer(out), net::nothrow);
+    if (wec) co_return error(wec, "writing IDENTIFY");
+
+    auto f = co_await read_frame(deadline);
+    if (!f) co_return f.err();
+    if (f->type == proto::frame_type::error) co_return error(errc::server_error, "IDENTIFY: " + std::string(f->data));
+    auto neg = proto::parse_identify_response(f->data);
+    if (!neg) co_return neg.err();
+    if (neg->tls_v1 || neg->snappy || neg->deflate)
+        co_return error(errc::unsupported, "nsqd enabled TLS/compression we did not ask for");
+    if (neg->auth_required) co_return error(errc::unsupported, "nsqd requires AUTH, which chargeguard does not implement");
+    negotiated_ = *neg;
+
+    out.clear();
+    proto::append_sub(out, cfg_.topic, cfg_.channel);
+    std::tie(wec, wn) = co_await asio::async_write(sock_, asio::buffer(out), net::nothrow);
+    if (wec) co_return error(wec, "writing SUB");
+    for (;;) {
+        f = co_await read_frame(deadline);
+        if (!f) co_return f.err();
+        if (f->type == proto::frame_type::error) co_return error(errc::server_error, "SUB: " + std::string(f->data));
+        if (f->type == proto::frame_type::response && f->data == "OK") break;
+        if (f->type == proto::frame_type::response && f->data == "_heartbeat_") {
+            out.clear();
+            proto::append_nop(out);
+            std::tie(wec, wn) = co_await asio::async_write(sock_, asio::buffer(out), net::nothrow);
+            if (wec) co_return error(wec, "writing NOP");
+            continue;
+        }
+        co_return error(errc::bad_response, "unexpected reply to SUB");
+    }
+    log_.info("subscribed", {{"topic", cfg_.topic},
+                             {"channel", cfg_.channel},
+                             {"msg_timeout_ms", negotiated_.msg_timeout},
+                             {"max_rdy_count", negotiated_.max_rdy_count},
+                             {"nsqd_version", negotiated_.version}});
+    co_return error{};
+}
+
+asio::awaitable<result<proto::frame>> connection::read_frame(sclock::time_point deadline) {
+    for (;;) {
+        proto::frame f;
+        auto st = decoder_.next(f);
+        if (st == proto::decode_status::frame) co_return f;
+        if (st == proto::decode_status::error) co_return decoder_.last_error();
+        auto left = deadline - sclock::now();
+        if (left <= sclock::duration::zero()) co_return error(errc::timeout, "handshake with " + key_ + " timed out");
+        auto area = decoder_.prepare();
+        auto r = co_await net::with_timeout(sock_.async_read_some(asio::buffer(area.data(), area.size())), left);
+        if (!r) co_return error(errc::timeout, "handshake with " + key_ + " timed out");
+        auto [ec, n] = *r;
+        if (ec) co_return error(ec == asio::error::eof ? make_error_code(errc::connection_closed) : ec, "handshake");
+        decoder_.commit(n);
+    }
+}
+
+asio::awaitable<void> connection::read_loop() {
+    for (;;) {
+        auto area = decoder_.prepare(64 * 1024);
+        auto [ec, n] = co_await sock_.async_read_some(asio::buffer(area.data(), area.size()));
+        if (done_) co_return;
+        if (ec) {
+            fail(error(ec == asio::error::eof ? make_error_code(errc::connection_closed) : ec, "read"));
+            co_return;
+        }
+        last_read_ = sclock::now();
+        decoder_.commit(n);
+        proto::frame f;
+        for (;;) {
+            auto st = decoder_.next(f);
+            if (st == proto::decode_status::need_more) break;
+            if (st == proto::decode_status::error) {
+                fail(decoder_.last_error());
+                co_return;
+            }
+            if (!handle_frame(f)) co_return;
+        }
+        owner_->on_read_batch(*this);
+        if (!out_.empty()) notify_writer();
+    }
+}
+
+// One frame; false ends the connection.
+bool connection::handle_frame(const proto::frame& f) {
+    switch (f.type) {
+        case proto::frame_type::message: {
+            auto m = proto::parse_message(f.data);
+            if (!m) {
+                fail(m.err());
+                return false;
+            }
+            if (++in_flight_[m->id] > 1)
+                log_.warn("message redelivered while its earlier delivery is still being handled (it timed out)",
+                          {{"id", m->id.view()}, {"attempts", m->attempts}});
+            ++in_flight_total_;
+            if (rdy.remaining > 0) --rdy.remaining;
+            rdy.last_active = last_read_;
+            owner_->on_message(shared_from_this(), *m);
+            return true;
+        }
+        case proto::frame_type::response:
+            if (f.data == "_heartbeat_") {
+                proto::append_nop(out_);
+            } else if (f.data == "CLOSE_WAIT") {
+                close_wait_ = true;
+                check_drained();
+            }
+            return true;
+        case proto::frame_type::error: {
+            auto e = proto::classify_error(f.data);
+            owner_->on_error_frame(*this, e);
+            if (e.fatal) {
+                fail(error(errc::server_error, std::string(f.data)));
+                return false;
+            }
+            return true;
+        }
+    }
+    return true;
+}
+
+asio::awaitable<void> connection::write_loop() {
+    for (;;) {
+        while (out_.empty()) {
+            if (done_) co_return;
+            writer_waiting_ = true;
+            co_await writer_wake_.async_wait();
+            writer_waiting_ = false;
+        }
+        if (done_) co_return;
+        std::swap(out_, sending_);
+        writing_ = true;
+        auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(sending_), net::nothrow);
+        writing_ = false;
+        sending_.clear();
+        if (done_) co_return;
+        if (ec) {
+            fail(error(ec, "write"));
+            co_return;
+        }
+        check_drained();
+    }
+}
+
+// nsqd sends a heartbeat every interval whatever else it sends; two missed mean it is gone.
+asio::awaitable<void> connection::watchdog() {
+    auto limit = 2 * cfg_.heartbeat_interval;
+    for (;;) {
+        if (!co_await net::sleep_for(cfg_.heartbeat_interval / 4) || done_) co_return;
+        if (sclock::now() - last_read_ > limit) {
+            fail(error(errc::heartbeat_timeout, "nothing from nsqd for " + std::to_string(limit.count()) + " ms"));
+            co_return;
+        }
+    }
+}
+
+// Ends the connection gracefully once CLOSE_WAIT came, nothing is in flight and the queue is written.
+asio::awaitable<void> connection::close_waiter() {
+    for (;;) {
+        co_await drained_wake_.async_wait();
+        if (done_) co_return;
+        if (close_wait_ && in_flight_.empty() && out_.empty() && !writing_) {
+            stop_loops();
+            co_return;
+        }
+    }
+}
+
+void connection::check_drained() {
+    if (close_wait_ && in_flight_.empty() && out_.empty() && !writing_) drained_wake_.cancel();
+}
+
+void connection::notify_writer() {
+    if (writer_waiting_) writer_wake_.cancel();
+}
+
+void connection::fail(error e) {
+    if (!end_ && phase_ != phase::closed) end_ = std::move(e);
+    stop_loops();
+}
+
+// Wakes every loop of run() so each returns by itself (not relying on || cancellation).
+void connection::stop_loops() {
+    if (done_) return;
+    done_ = true;
+    std::error_code ignored;
+    sock_.cancel(ignored);
+    writer_wake_.cancel();
+    drained_wake_.cancel();
+}
+
+void connection::send_rdy(unsigned count) {
+    if (phase_ == phase::closed) return;
+    proto::append_rdy(out_, count);
+    notify_writer();
+}
+
+bool connection::release(const proto::message_id& id) {
+    if (phase_ == phase::closed) return false;
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) return false;
+    if (--it->second == 0) in_flight_.erase(it);
+    --in_flight_total_;
+    return true;
+}
+
+bool connection::finish(const proto::message_id& id) {
+    if (!release(id)) return false;
+    proto::append_fin(out_, id.view());
+    notify_writer();
+    check_drained();
+    return true;
+}
+
+bool connection::requeue(const proto::message_id& id, milliseconds delay) {
+    if (!release(id)) return false;
+    proto::append_req(out_, id.view(), static_cast<std::uint64_t>(std::max<long long>(0, delay.count())));
+    notify_writer();
+    check_drained();
+    return true;
+}
+
+bool connection::touch(const proto::message_id& id) {
+    if (phase_ == phase::closed || !in_flight_.contains(id)) return false;
+    proto::append_touch(out_, id.view());
+    notify_writer();
+    owner_->on_touch_sent();
+    return true;
+}
+
+void connection::start_close() {
+    if (phase_ != phase::subscribed) return;
+    phase_ = phase::closing;
+    proto::append_cls(out_);
+    notify_writer();
+}
+
+void connection::abort() {
+    if (phase_ == phase::closed) return;
+    fail(error(errc::shutting_down, "connection aborted"));
+    std::error_code ignored;
+    sock_.close(ignored);
+}
+
+}  // namespace cg::nsq

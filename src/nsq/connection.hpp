@@ -1,0 +1,120 @@
+// One consumer connection to one nsqd: magic → IDENTIFY → SUB, then a read loop (frames → owner), a
+// write queue, a heartbeat watchdog (2 × heartbeat_interval without a byte closes it) and the set of
+// message ids in flight on it. The consumer drives RDY; the connection only sends what it is told.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "net/tokens.hpp"
+#include "nsq/config.hpp"
+#include "nsq/proto/error_frame.hpp"
+#include "nsq/proto/frame.hpp"
+#include "nsq/proto/identify.hpp"
+#include "nsq/proto/message.hpp"
+
+namespace cg::nsq {
+
+class connection;
+
+// What a connection reports to its consumer. Called on the connection's executor.
+class connection_owner {
+public:
+    virtual ~connection_owner() = default;
+    virtual void on_subscribed(connection& c) = 0;
+    // A message frame arrived and its id was added to the in-flight set.
+    virtual void on_message(const std::shared_ptr<connection>& c, const proto::message_view& m) = 0;
+    // All frames of one read were handled (RDY re-send point).
+    virtual void on_read_batch(connection& c) = 0;
+    virtual void on_error_frame(connection& c, const proto::error_frame& e) = 0;
+    virtual void on_touch_sent() = 0;
+};
+
+// The consumer's RDY bookkeeping for a connection.
+struct rdy_state {
+    unsigned sent = 0;       // last RDY written
+    unsigned committed = 0;  // what nsqd may still be applying: max(sent, a recent higher value)
+    unsigned remaining = 0;  // messages still allowed by the last RDY (go-nsq's "remain")
+    unsigned target = 0;     // what the last plan wants (applied as the budget allows)
+    std::chrono::steady_clock::time_point last_active{};
+};
+
+class connection : public std::enable_shared_from_this<connection> {
+public:
+    enum class phase { connecting, subscribed, closing, closed };
+
+    connection(asio::any_io_executor ex, std::string key, const consumer_config& cfg, connection_owner* owner,
+               logger log);
+
+    // Connects to `ep`, identifies, subscribes, then serves until the connection ends (peer close, fatal
+    // error frame, heartbeat timeout, abort(), or a graceful close after CLS). Returns why it ended (an
+    // empty error for a graceful close). Completes on the connection's executor; `owner` and this object
+    // must outlive it (the caller holds a shared_ptr). Cancel with abort().
+    asio::awaitable<error> run(net::tcp::endpoint ep);
+
+    // Commands (no-ops once closed). FIN/REQ/TOUCH apply only to ids in flight here; false otherwise.
+    void send_rdy(unsigned count);
+    bool finish(const proto::message_id& id);
+    bool requeue(const proto::message_id& id, std::chrono::milliseconds delay);
+    bool touch(const proto::message_id& id);
+    // Sends CLS; the connection closes once nsqd answered CLOSE_WAIT and nothing is in flight.
+    void start_close();
+    // Closes the socket now; run() returns.
+    void abort();
+
+    phase state() const noexcept { return phase_; }
+    bool subscribed() const noexcept { return phase_ == phase::subscribed; }
+    bool ever_subscribed() const noexcept { return ever_subscribed_; }
+    const std::string& key() const noexcept { return key_; }
+    std::size_t in_flight() const noexcept { return in_flight_total_; }
+    const proto::identify_response& negotiated() const noexcept { return negotiated_; }
+    std::chrono::milliseconds msg_timeout() const noexcept { return std::chrono::milliseconds(negotiated_.msg_timeout); }
+    unsigned max_rdy() const noexcept { return static_cast<unsigned>(negotiated_.max_rdy_count); }
+    asio::any_io_executor executor() const { return ex_; }
+
+    rdy_state rdy;  // owned by the consumer
+
+private:
+    asio::awaitable<error> handshake(net::tcp::endpoint ep);
+    asio::awaitable<result<proto::frame>> read_frame(std::chrono::steady_clock::time_point deadline);
+    asio::awaitable<void> read_loop();
+    asio::awaitable<void> write_loop();
+    asio::awaitable<void> watchdog();
+    asio::awaitable<void> close_waiter();
+    bool handle_frame(const proto::frame& f);
+    void notify_writer();
+    void check_drained();
+    void fail(error e);
+    bool release(const proto::message_id& id);
+    void stop_loops();
+
+    asio::any_io_executor ex_;
+    std::string key_;
+    const consumer_config& cfg_;
+    connection_owner* owner_;
+    logger log_;
+    net::tcp_socket sock_;
+    proto::frame_decoder decoder_;
+    std::string out_, sending_;
+    net::steady_timer writer_wake_, drained_wake_;
+    bool writer_waiting_ = false, writing_ = false;
+    bool close_wait_ = false;
+    bool done_ = false;
+    bool ever_subscribed_ = false;
+    phase phase_ = phase::connecting;
+    error end_;
+    proto::identify_response negotiated_;
+    // id → deliveries of it still unanswered here. nsqd may redeliver an id to this same connection after
+    // it timed out; both deliveries are handled and each answer is sent (nsqd judges the late one).
+    std::unordered_map<proto::message_id, std::uint32_t, proto::message_id_hash> in_flight_;
+    std::size_t in_flight_total_ = 0;
+    std::chrono::steady_clock::time_point last_read_{};
+};
+
+}  // namespace cg::nsq

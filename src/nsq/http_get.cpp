@@ -1,0 +1,73 @@
+#include "nsq/http_get.hpp"
+
+#include <asio/this_coro.hpp>
+#include <asio/write.hpp>
+
+#include "http/proto/parser.hpp"
+#include "net/timeout.hpp"
+#include "net/tokens.hpp"
+#include "nsq/proto/error.hpp"
+
+namespace cg::nsq {
+namespace {
+
+// Default-constructible, as co_spawn (under with_timeout's ||) requires of a coroutine's value.
+struct outcome {
+    error err;
+    http::response resp;
+};
+
+asio::awaitable<outcome> exchange(net::host_port where, std::string target, std::string accept) {
+    auto ex = co_await asio::this_coro::executor;
+    net::tcp_resolver resolver(ex);
+    auto [rec, eps] = co_await resolver.async_resolve(where.host, std::to_string(where.port));
+    if (rec || eps.empty()) co_return outcome{error(rec ? rec : make_error_code(errc::bad_config), "resolve " + where.to_string()), {}};
+    net::tcp_socket sock(ex);
+    std::error_code cec = asio::error::host_unreachable;
+    for (const auto& e : eps) {
+        std::error_code ignored;
+        sock.close(ignored);
+        std::tie(cec) = co_await sock.async_connect(e.endpoint());
+        if (!cec) break;
+    }
+    if (cec) co_return outcome{error(cec, "connect " + where.to_string()), {}};
+
+    http::request req;
+    req.method = "GET";
+    req.target = std::move(target);
+    req.headers.add("Host", where.to_string());
+    req.headers.add("Accept", accept);
+    req.headers.add("Connection", "close");
+    std::string out;
+    http::serialize(req, out);
+    auto [wec, wn] = co_await asio::async_write(sock, asio::buffer(out), net::nothrow);
+    if (wec) co_return outcome{error(wec, "write request"), {}};
+
+    http::response_parser parser;
+    char buf[8192];
+    for (;;) {
+        auto [ec, n] = co_await sock.async_read_some(asio::buffer(buf));
+        if (ec) {
+            parser.feed_eof();
+        } else {
+            parser.feed(std::string_view(buf, n));
+        }
+        if (parser.state() == http::parse_state::done) co_return outcome{{}, std::move(parser.message())};
+        if (parser.state() == http::parse_state::failed)
+            co_return outcome{error(parser.error(), "response from " + where.to_string() + ": " + parser.error_detail()), {}};
+        if (ec) co_return outcome{error(errc::connection_closed, "response from " + where.to_string() + " cut short"), {}};
+    }
+}
+
+}  // namespace
+
+asio::awaitable<result<http::response>> http_get(net::host_port where, std::string target, std::string accept,
+                                                 std::chrono::milliseconds timeout) {
+    auto name = where.to_string();
+    auto r = co_await net::with_timeout(exchange(std::move(where), std::move(target), std::move(accept)), timeout);
+    if (!r) co_return error(errc::timeout, "GET from " + name + " timed out");
+    if (r->err) co_return std::move(r->err);
+    co_return std::move(r->resp);
+}
+
+}  // namespace cg::nsq

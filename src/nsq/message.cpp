@@ -1,0 +1,69 @@
+#include "nsq/message.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+
+#include "net/tokens.hpp"
+#include "nsq/connection.hpp"
+#include "nsq/policy.hpp"
+
+namespace cg::nsq {
+
+message::message(const proto::message_view& v, std::shared_ptr<connection> conn, clock::time_point delivered,
+                 std::chrono::milliseconds msg_timeout, std::chrono::milliseconds max_msg_timeout)
+    : id_(v.id),
+      attempts_(v.attempts),
+      timestamp_(v.timestamp),
+      body_(v.body),
+      conn_(std::move(conn)),
+      delivered_(delivered),
+      msg_timeout_(msg_timeout),
+      max_msg_timeout_(max_msg_timeout) {}
+
+message::~message() = default;
+
+bool message::touch() { return conn_ && conn_->touch(id_); }
+
+struct keepalive::state {
+    net::steady_timer timer;
+    message* msg;
+    bool stopped = false;
+    std::size_t touches = 0;
+};
+
+namespace {
+
+// TOUCHes until stopped, until the connection is gone, or until a TOUCH could no longer extend the
+// deadline (nsqd's max-msg-timeout cap). Holds the state, not the message: after stop it never
+// dereferences `msg`.
+asio::awaitable<void> keepalive_loop(std::shared_ptr<keepalive::state> st) {
+    for (;;) {
+        auto next = next_touch(clock::now(), st->msg->delivered_at(), st->msg->msg_timeout(),
+                               st->msg->max_msg_timeout());
+        if (!next) co_return;
+        st->timer.expires_at(*next);
+        co_await st->timer.async_wait();
+        if (st->stopped) co_return;
+        if (!st->msg->touch()) co_return;
+        ++st->touches;
+    }
+}
+
+}  // namespace
+
+keepalive::keepalive(message& m) {
+    if (!m.conn()) return;
+    auto ex = m.conn()->executor();
+    st_ = std::make_shared<state>(state{net::steady_timer(ex), &m});
+    asio::co_spawn(ex, keepalive_loop(st_), asio::detached);
+}
+
+keepalive::~keepalive() {
+    if (!st_) return;
+    st_->stopped = true;
+    st_->timer.cancel();
+}
+
+std::size_t keepalive::touches() const noexcept { return st_ ? st_->touches : 0; }
+
+}  // namespace cg::nsq

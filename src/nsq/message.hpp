@@ -1,0 +1,107 @@
+// A message handed to a consumer handler: it owns its body (copied out of the read buffer), knows the
+// connection it came on (for TOUCH/FIN/REQ), and the handler's answer (disposition).
+#pragma once
+
+#include <asio/awaitable.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "nsq/proto/message.hpp"
+
+namespace cg::nsq {
+
+class connection;
+
+class message {
+public:
+    using clock = std::chrono::steady_clock;
+    message(const proto::message_view& v, std::shared_ptr<connection> conn, clock::time_point delivered,
+            std::chrono::milliseconds msg_timeout, std::chrono::milliseconds max_msg_timeout);
+    message(message&&) noexcept = default;
+    message& operator=(message&&) noexcept = default;
+    ~message();
+
+    std::string_view id() const noexcept { return id_.view(); }  // 16 ASCII bytes
+    const proto::message_id& raw_id() const noexcept { return id_; }
+    std::uint16_t attempts() const noexcept { return attempts_; }  // 1 on first delivery
+    std::int64_t timestamp() const noexcept { return timestamp_; } // ns since the epoch, set at publish
+    const std::string& body() const noexcept { return body_; }
+
+    // Sends TOUCH: nsqd resets this message's timeout to now + msg_timeout (capped at delivery +
+    // max_msg_timeout). Returns false, sending nothing, when the connection it came on is gone or the
+    // message is no longer in flight there. Call on the consumer's executor.
+    bool touch();
+
+    std::chrono::milliseconds msg_timeout() const noexcept { return msg_timeout_; }          // effective
+    std::chrono::milliseconds max_msg_timeout() const noexcept { return max_msg_timeout_; }  // nsqd's cap
+    clock::time_point delivered_at() const noexcept { return delivered_; }
+
+    // The connection the message came on (internal: the consumer and keepalive use it).
+    const std::shared_ptr<connection>& conn() const noexcept { return conn_; }
+
+private:
+    proto::message_id id_;
+    std::uint16_t attempts_ = 0;
+    std::int64_t timestamp_ = 0;
+    std::string body_;
+    std::shared_ptr<connection> conn_;
+    clock::time_point delivered_;
+    std::chrono::milliseconds msg_timeout_, max_msg_timeout_;
+};
+
+// What a handler decided.
+class disposition {
+public:
+    enum class kind { finish, requeue, requeue_without_backoff };
+
+    static disposition finish() { return disposition(kind::finish, std::nullopt); }
+    // REQ and count a failure (go-nsq backoff). Without a delay: default_requeue_delay · attempts.
+    static disposition requeue(std::optional<std::chrono::milliseconds> delay = std::nullopt) {
+        return disposition(kind::requeue, delay);
+    }
+    // REQ without touching the backoff state ("not now", e.g. a lease held by another worker).
+    static disposition requeue_without_backoff(std::optional<std::chrono::milliseconds> delay = std::nullopt) {
+        return disposition(kind::requeue_without_backoff, delay);
+    }
+
+    kind what() const noexcept { return kind_; }
+    std::optional<std::chrono::milliseconds> delay() const noexcept { return delay_; }
+
+private:
+    disposition(kind k, std::optional<std::chrono::milliseconds> d) : kind_(k), delay_(d) {}
+    kind kind_;
+    std::optional<std::chrono::milliseconds> delay_;
+};
+
+// The handler the billing pipeline (or `tail`) gives the consumer. Runs on the consumer's executor; the
+// message stays valid until the returned awaitable completes. An exception counts as requeue().
+using message_handler = std::function<asio::awaitable<disposition>(message&)>;
+// Called instead of the handler once attempts > max_attempts; the consumer FINs afterwards (an exception
+// means "could not dead-letter": the message is requeued instead).
+using give_up_handler = std::function<asio::awaitable<void>(message&)>;
+
+// Holds a message alive while a handler awaits slow work: TOUCHes every effective msg_timeout / 2 and
+// stops before nsqd's max-msg-timeout cap, where a TOUCH can no longer help. Construct on the
+// consumer's executor; destroy (normally: leave scope) before the handler returns. The message must
+// outlive the keepalive.
+class keepalive {
+public:
+    explicit keepalive(message& m);
+    ~keepalive();
+    keepalive(const keepalive&) = delete;
+    keepalive& operator=(const keepalive&) = delete;
+
+    std::size_t touches() const noexcept;
+
+    struct state;
+
+private:
+    std::shared_ptr<state> st_;
+};
+
+}  // namespace cg::nsq

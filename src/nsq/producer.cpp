@@ -1,0 +1,288 @@
+#include "nsq/producer.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/write.hpp>
+#include <deque>
+#include <random>
+
+#include "net/address.hpp"
+#include "net/timeout.hpp"
+#include "net/tokens.hpp"
+#include "nsq/policy.hpp"
+#include "nsq/proto/commands.hpp"
+#include "nsq/proto/error.hpp"
+#include "nsq/proto/error_frame.hpp"
+#include "nsq/proto/frame.hpp"
+#include "nsq/proto/identify.hpp"
+
+namespace cg::nsq {
+
+using namespace std::chrono;
+using sclock = steady_clock;
+
+namespace {
+constexpr auto forever = sclock::time_point::max();
+
+struct waiter {
+    explicit waiter(asio::any_io_executor ex) : wake(ex, forever) {}
+    net::steady_timer wake;
+    bool done = false;
+    error err;
+    std::uint64_t count = 0;
+};
+}  // namespace
+
+struct producer::state {
+    state(asio::any_io_executor e, std::string a, producer_config c, logger l)
+        : ex(e), address(std::move(a)), cfg(std::move(c)), log(l.with({{"nsqd", address}})), sock(e),
+          decoder(cfg.max_frame_size), writer_wake(e, forever), connect_wake(e, forever), idle_wake(e, forever) {}
+
+    asio::any_io_executor ex;
+    std::string address;
+    producer_config cfg;
+    logger log;
+    net::tcp_socket sock;
+    proto::frame_decoder decoder;
+    std::string out, sending;
+    std::deque<std::shared_ptr<waiter>> pending;
+    net::steady_timer writer_wake, connect_wake, idle_wake;
+    bool connected = false, connecting = false, closed = false, writer_waiting = false, done = false;
+    unsigned failures = 0;
+    sclock::time_point next_attempt{};
+    std::uint64_t published = 0;
+    std::mt19937_64 rng{std::random_device{}()};
+
+    void notify_writer() {
+        if (writer_waiting) writer_wake.cancel();
+    }
+
+    void complete_front(error e) {
+        auto w = pending.front();
+        pending.pop_front();
+        w->done = true;
+        w->err = std::move(e);
+        if (!w->err) published += w->count;
+        w->wake.cancel();
+        if (pending.empty()) idle_wake.cancel();
+    }
+
+    // The connection ended: every pending call fails (its message may or may not have been published).
+    void fail_all(const error& e) {
+        if (!connected) return;
+        connected = false;
+        done = true;
+        std::error_code ignored;
+        sock.close(ignored);
+        writer_wake.cancel();
+        while (!pending.empty()) complete_front(e);
+        ++failures;
+        auto delay = reconnect_delay(failures, cfg.reconnect_backoff_min, cfg.reconnect_backoff_max,
+                                     std::uniform_real_distribution<double>(0, 1)(rng));
+        next_attempt = sclock::now() + delay;
+        log.warn("nsqd producer connection lost", {{"error", e.describe()}});
+    }
+};
+
+namespace {
+
+asio::awaitable<result<proto::frame>> read_frame(producer::state& st, sclock::time_point deadline) {
+    for (;;) {
+        proto::frame f;
+        auto s = st.decoder.next(f);
+        if (s == proto::decode_status::frame) co_return f;
+        if (s == proto::decode_status::error) co_return st.decoder.last_error();
+        auto left = deadline - sclock::now();
+        auto area = st.decoder.prepare();
+        auto r = co_await net::with_timeout(st.sock.async_read_some(asio::buffer(area.data(), area.size())), left);
+        if (!r) co_return error(errc::timeout, "IDENTIFY answer timed out");
+        auto [ec, n] = *r;
+        if (ec) co_return error(ec, "reading IDENTIFY answer");
+        st.decoder.commit(n);
+    }
+}
+
+asio::awaitable<void> read_loop(std::shared_ptr<producer::state> st) {
+    for (;;) {
+        auto area = st->decoder.prepare(16 * 1024);
+        auto [ec, n] = co_await st->sock.async_read_some(asio::buffer(area.data(), area.size()));
+        if (st->done) co_return;
+        if (ec) {
+            st->fail_all(error(ec == asio::error::eof ? make_error_code(errc::connection_closed) : ec, "read"));
+            co_return;
+        }
+        st->decoder.commit(n);
+        proto::frame f;
+        proto::decode_status s;
+        while ((s = st->decoder.next(f)) == proto::decode_status::frame) {
+            if (f.type == proto::frame_type::response && f.data == "_heartbeat_") {
+                proto::append_nop(st->out);
+                st->notify_writer();
+            } else if (st->pending.empty()) {
+                st->fail_all(error(errc::bad_response, "answer without a command: " + std::string(f.data)));
+                co_return;
+            } else if (f.type == proto::frame_type::response) {
+                st->complete_front({});
+            } else if (f.type == proto::frame_type::error) {
+                auto e = proto::classify_error(f.data);
+                st->complete_front(error(errc::server_error, std::string(f.data)));
+                if (e.fatal) {
+                    st->fail_all(error(errc::server_error, std::string(f.data)));
+                    co_return;
+                }
+            } else {
+                st->fail_all(error(errc::bad_response, "message frame on a producer connection"));
+                co_return;
+            }
+        }
+        if (s == proto::decode_status::error) {
+            st->fail_all(st->decoder.last_error());
+            co_return;
+        }
+    }
+}
+
+asio::awaitable<void> write_loop(std::shared_ptr<producer::state> st) {
+    for (;;) {
+        while (st->out.empty()) {
+            if (st->done) co_return;
+            st->writer_waiting = true;
+            co_await st->writer_wake.async_wait();
+            st->writer_waiting = false;
+        }
+        if (st->done) co_return;
+        std::swap(st->out, st->sending);
+        auto [ec, n] = co_await asio::async_write(st->sock, asio::buffer(st->sending), net::nothrow);
+        st->sending.clear();
+        if (st->done) co_return;
+        if (ec) {
+            st->fail_all(error(ec, "write"));
+            co_return;
+        }
+    }
+}
+
+asio::awaitable<error> connect(std::shared_ptr<producer::state> st) {
+    auto hp = net::parse_host_port(st->address);
+    if (!hp) co_return hp.err();
+    net::tcp_resolver resolver(st->ex);
+    auto [rec, eps] = co_await resolver.async_resolve(hp->host, std::to_string(hp->port));
+    if (rec || eps.empty()) co_return error(rec ? rec : make_error_code(errc::bad_config), "resolve " + st->address);
+    st->sock = net::tcp_socket(st->ex);
+    st->decoder = proto::frame_decoder(st->cfg.max_frame_size);
+    st->out.clear();
+    auto deadline = sclock::now() + st->cfg.connect_timeout;
+    auto c = co_await net::with_timeout(st->sock.async_connect(eps.begin()->endpoint()), st->cfg.connect_timeout);
+    if (!c) co_return error(errc::timeout, "connect to " + st->address + " timed out");
+    if (auto [ec] = *c; ec) co_return error(ec, "connect to " + st->address);
+    std::error_code ignored;
+    st->sock.set_option(net::tcp::no_delay(true), ignored);
+    proto::identify_request id;
+    id.client_id = st->cfg.client_id.empty() ? short_hostname() : st->cfg.client_id;
+    id.hostname = st->cfg.hostname.empty() ? local_hostname() : st->cfg.hostname;
+    id.user_agent = st->cfg.user_agent;
+    id.heartbeat_interval_ms = st->cfg.heartbeat_interval.count();
+    std::string out;
+    proto::append_magic(out);
+    proto::append_identify(out, proto::to_json(id));
+    auto [wec, wn] = co_await asio::async_write(st->sock, asio::buffer(out), net::nothrow);
+    if (wec) co_return error(wec, "writing IDENTIFY");
+    auto f = co_await read_frame(*st, deadline);
+    if (!f) co_return f.err();
+    if (f->type == proto::frame_type::error) co_return error(errc::server_error, std::string(f->data));
+    auto neg = proto::parse_identify_response(f->data);
+    if (!neg) co_return neg.err();
+    if (neg->auth_required) co_return error(errc::unsupported, "nsqd requires AUTH");
+    co_return error{};
+}
+
+asio::awaitable<void> serve(std::shared_ptr<producer::state> st) {
+    using namespace asio::experimental::awaitable_operators;
+    co_await (read_loop(st) || write_loop(st));
+}
+
+}  // namespace
+
+producer::producer(asio::any_io_executor ex, std::string address, producer_config cfg, logger log)
+    : st_(std::make_shared<state>(ex, std::move(address), std::move(cfg), std::move(log))) {}
+
+producer::~producer() {
+    st_->closed = true;
+    st_->fail_all(error(errc::shutting_down, "producer destroyed"));
+    st_->connect_wake.cancel();
+}
+
+asio::awaitable<result<void>> producer::send(std::string command, std::uint64_t count) {
+    auto st = st_;
+    if (st->closed) co_return error(errc::shutting_down, "producer closed");
+    while (!st->connected) {
+        if (st->connecting) {
+            co_await st->connect_wake.async_wait();
+            if (st->closed) co_return error(errc::shutting_down, "producer closed");
+            if (!st->connected && !st->connecting)
+                co_return error(errc::connection_closed, "connect to " + st->address + " failed");
+            continue;
+        }
+        st->connecting = true;
+        if (auto wait = st->next_attempt - sclock::now(); wait > sclock::duration::zero()) co_await net::sleep_for(wait);
+        auto e = co_await connect(st);
+        st->connecting = false;
+        if (!e) {
+            st->connected = true;
+            st->done = false;
+            st->failures = 0;
+            asio::co_spawn(st->ex, serve(st), [](std::exception_ptr) {});
+        } else {
+            ++st->failures;
+            st->next_attempt = sclock::now() + reconnect_delay(st->failures, st->cfg.reconnect_backoff_min,
+                                                               st->cfg.reconnect_backoff_max, 0.5);
+        }
+        st->connect_wake.cancel();
+        if (e) co_return e;
+    }
+    auto w = std::make_shared<waiter>(st->ex);
+    w->count = count;
+    st->out += command;
+    st->pending.push_back(w);
+    st->notify_writer();
+    co_await net::with_timeout(w->wake.async_wait(), st->cfg.publish_timeout);
+    if (!w->done) {
+        // Answers would no longer line up with commands: start over on a new connection.
+        st->fail_all(error(errc::timeout, "no answer from nsqd within the publish timeout"));
+    }
+    if (w->err) co_return w->err;
+    co_return result<void>{};
+}
+
+asio::awaitable<result<void>> producer::publish(std::string topic, std::string body) {
+    if (!proto::valid_topic_name(topic)) co_return error(errc::bad_name, "topic '" + topic + "'");
+    std::string cmd;
+    proto::append_pub(cmd, topic, body);
+    co_return co_await send(std::move(cmd), 1);
+}
+
+asio::awaitable<result<void>> producer::multi_publish(std::string topic, std::vector<std::string> bodies) {
+    if (!proto::valid_topic_name(topic)) co_return error(errc::bad_name, "topic '" + topic + "'");
+    if (bodies.empty()) co_return result<void>{};
+    std::string cmd;
+    proto::append_mpub(cmd, topic, std::span<const std::string>(bodies));
+    co_return co_await send(std::move(cmd), bodies.size());
+}
+
+asio::awaitable<result<void>> producer::deferred_publish(std::string topic, milliseconds delay, std::string body) {
+    if (!proto::valid_topic_name(topic)) co_return error(errc::bad_name, "topic '" + topic + "'");
+    std::string cmd;
+    proto::append_dpub(cmd, topic, static_cast<std::uint64_t>(std::max<long long>(0, delay.count())), body);
+    co_return co_await send(std::move(cmd), 1);
+}
+
+asio::awaitable<void> producer::close() {
+    auto st = st_;
+    while (!st->pending.empty()) co_await st->idle_wake.async_wait();
+    st->closed = true;
+    st->fail_all(error(errc::shutting_down, "producer closed"));
+}
+
+std::uint64_t producer::published_messages() const { return st_->published; }
+
+}  // namespace cg::nsq

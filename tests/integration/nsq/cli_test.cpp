@@ -1,0 +1,175 @@
+// The built `chargeguard` executable: `tail` refuses a bad --msg-timeout at startup, drains on SIGTERM
+// with nothing timed out; `publish` MPUBs a JSONL file.
+#include <boost/test/unit_test.hpp>
+#include <fcntl.h>
+#include <fstream>
+#include <signal.h>
+#include <simdjson.h>
+#include <spawn.h>
+#include <sstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fake_nsqd.hpp"
+#include "helpers.hpp"
+#include "tests/support/run_async.hpp"
+
+extern char** environ;
+
+using namespace nsqtest;
+using namespace cg::test::nsq;
+
+namespace {
+
+std::string exe() {
+    const char* p = std::getenv("CHARGEGUARD_EXE");
+    BOOST_REQUIRE_MESSAGE(p, "CHARGEGUARD_EXE not set (meson sets it)");
+    return p;
+}
+
+std::string temp_path(const std::string& name) {
+    return "/tmp/cg-nsq-test-" + std::to_string(::getpid()) + "-" + name;
+}
+
+std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Starts the executable with stdout/stderr redirected to files.
+pid_t spawn(std::vector<std::string> args, const std::string& out, const std::string& err) {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    args.insert(args.begin(), exe());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    BOOST_REQUIRE(rc == 0);
+    return pid;
+}
+
+// Waits for the child without blocking the loop (the fake nsqd runs on it). -1 on timeout.
+asio::awaitable<int> wait_exit(pid_t pid, milliseconds limit) {
+    int status = 0;
+    bool exited = co_await eventually([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, limit);
+    if (!exited) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        co_return -1;
+    }
+    co_return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(tail_refuses_a_bad_msg_timeout_before_connecting) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd nsqd(ex);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        auto out = temp_path("bad.out"), err = temp_path("bad.err");
+        auto pid = spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout", "500ms",
+                          "--health-listen", "127.0.0.1:0"},
+                         out, err);
+        int code = co_await wait_exit(pid, seconds(10));
+        auto text = slurp(err);
+        BOOST_TEST(code != 0);
+        BOOST_TEST(code != -1);
+        BOOST_TEST(text.find("--msg-timeout") != std::string::npos, text);
+        BOOST_TEST(text.find("500ms is out of range") != std::string::npos, text);
+        BOOST_TEST(nsqd.total_connections() == 0u);
+        // Same for a value over nsqd's max-msg-timeout, and a non-duration.
+        pid = spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout", "16m"}, out, err);
+        BOOST_TEST(co_await wait_exit(pid, seconds(10)) > 0);
+        BOOST_TEST(slurp(err).find("16m is out of range") != std::string::npos);
+        pid = spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout", "soon"}, out, err);
+        BOOST_TEST(co_await wait_exit(pid, seconds(10)) > 0);
+        BOOST_TEST(slurp(err).find("not a duration") != std::string::npos);
+        ::unlink(out.c_str());
+        ::unlink(err.c_str());
+    });
+}
+
+BOOST_AUTO_TEST_CASE(tail_prints_json_lines_and_drains_on_sigterm) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd nsqd(ex);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        nsqd.set_latency(milliseconds(5));  // keep messages in flight when SIGTERM lands
+        for (int i = 0; i < 20000; ++i) nsqd.publish("tl", "{\"n\":" + std::to_string(i) + "}");
+        auto out = temp_path("tail.out"), err = temp_path("tail.err");
+        auto pid = spawn({"tail", "--topic", "tl", "--channel", "tailtest", "--nsqd-tcp-address", nsqd.tcp_address(),
+                          "--max-in-flight", "100", "--msg-timeout", "2s", "--heartbeat-interval", "1s",
+                          "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10"},
+                         out, err);
+        BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("tl", "tailtest").finish_count >= 300; },
+                                          seconds(10)));
+        BOOST_TEST(nsqd.channel("tl", "tailtest").in_flight > 0);
+        ::kill(pid, SIGTERM);
+        int code = co_await wait_exit(pid, seconds(15));
+        BOOST_TEST(code == 0, slurp(err));
+        auto ch = nsqd.channel("tl", "tailtest");
+        BOOST_TEST(ch.timeout_count == 0u);
+        BOOST_TEST(ch.in_flight == 0);  // everything delivered was FINed before the connection closed
+        BOOST_TEST(ch.requeue_count == 0u);
+        BOOST_TEST(ch.depth > 0);  // it stopped consuming
+        auto text = slurp(out);
+        std::size_t lines = 0;
+        simdjson::dom::parser p;
+        std::istringstream in(text);
+        std::string line;
+        while (std::getline(in, line)) {
+            ++lines;
+            simdjson::dom::element doc;
+            BOOST_REQUIRE(p.parse(line).get(doc) == simdjson::SUCCESS);
+            BOOST_TEST(std::string_view(doc["id"]).size() == 16u);
+            BOOST_TEST(std::int64_t(doc["attempts"]) == 1);
+            BOOST_TEST(std::int64_t(doc["timestamp"]) > 0);
+            BOOST_TEST(std::string_view(doc["body"]).substr(0, 5) == "{\"n\":");
+        }
+        BOOST_TEST(lines == ch.finish_count);
+        BOOST_TEST(slurp(err).find("\"msg\":\"consumer stopped\"") != std::string::npos);
+        ::unlink(out.c_str());
+        ::unlink(err.c_str());
+    });
+}
+
+BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd nsqd(ex);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        nsqd.record_commands(true);
+        auto in = temp_path("events.jsonl"), out = temp_path("pub.out"), err = temp_path("pub.err");
+        {
+            std::ofstream f(in);
+            for (int i = 0; i < 1234; ++i) f << "{\"customer_id\":\"c" << i << "\",\"amount\":100}\n";
+            f << "\n";  // blank lines are skipped
+        }
+        auto pid = spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", "--batch-size",
+                          "500", in},
+                         out, err);
+        BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 0, slurp(err));
+        BOOST_TEST(nsqd.topic_message_count("billing") == 1234u);
+        auto log = nsqd.command_log();
+        BOOST_TEST(std::count(log.begin(), log.end(), "MPUB billing") == 3);
+        BOOST_TEST(slurp(err).find("publish finished") != std::string::npos);
+        {
+            std::ofstream f(in);
+            f << "{\"ok\":1}\nnot json\n";
+        }
+        pid = spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", in}, out, err);
+        BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 1);
+        BOOST_TEST(slurp(err).find("\"line\":2") != std::string::npos, slurp(err));
+        ::unlink(in.c_str());
+        ::unlink(out.c_str());
+        ::unlink(err.c_str());
+    });
+}
