@@ -35,13 +35,14 @@ for testlog, junit_dir in zip(args[0::2], args[1::2]):
                 continue
             t = json.loads(line)
             result = t["result"]
-            exe = os.path.basename(t["command"][0]) if t.get("command") else ""
-            xml = os.path.join(junit_dir, exe + ".xml")
+            # The command starts with ci/junit-wrap; the report is named after the test executable.
+            xml = next((x for x in (os.path.join(junit_dir, os.path.basename(c) + ".xml")
+                                    for c in t.get("command") or []) if os.path.exists(x)), "")
             ok = result in ("OK", "EXPECTEDFAIL")
             if result == "SKIP":
                 skipped += 1
                 continue
-            if os.path.exists(xml):
+            if xml:
                 try:
                     p, f, s = junit_counts(xml)
                 except ET.ParseError:
