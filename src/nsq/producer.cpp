@@ -80,6 +80,8 @@ struct producer::state {
         auto delay = reconnect_delay(failures, cfg.reconnect_backoff_min, cfg.reconnect_backoff_max,
                                      std::uniform_real_distribution<double>(0, 1)(rng));
         next_attempt = sclock::now() + delay;
+        // A close we asked for is not news; a connection that broke under us is.
+        if (closed) return;
         log.warn("nsqd producer connection lost", {{"error", e.describe()}});
     }
 };
