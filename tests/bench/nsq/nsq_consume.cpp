@@ -18,23 +18,11 @@
 #include "net/timeout.hpp"
 #include "nsq/consumer.hpp"
 #include "nsq/producer.hpp"
+#include "support/process_usage.hpp"
 
 using namespace std::chrono;
 
 namespace {
-
-double cpu_seconds() {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-           static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
-long peak_rss_kb() {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss;
-}
 
 // The child: a fake nsqd preloaded with n messages; writes its port to `fd`, runs until SIGTERM.
 [[noreturn]] void run_fake(int fd, long n) {
@@ -105,7 +93,7 @@ int main(int argc, char** argv) {
     cfg.max_in_flight = 2500;
     long handled = 0;
     auto t0 = steady_clock::now();
-    double cpu0 = cpu_seconds();
+    double cpu0 = cg::test::cpu_seconds();
     std::unique_ptr<cg::nsq::consumer> c;
     c = std::make_unique<cg::nsq::consumer>(io.get_executor(), cfg,
         [&](cg::nsq::message&) -> asio::awaitable<cg::nsq::disposition> {
@@ -118,7 +106,7 @@ int main(int argc, char** argv) {
     if (!c->start()) return 1;
     io.run();
     auto secs = duration<double>(steady_clock::now() - t0).count();
-    double cpu = cpu_seconds() - cpu0;
+    double cpu = cg::test::cpu_seconds() - cpu0;
     if (child > 0) {
         ::kill(child, SIGTERM);
         ::waitpid(child, nullptr, 0);
@@ -127,7 +115,7 @@ int main(int argc, char** argv) {
                 real ? "real nsqd" : "fake-nsqd");
     std::printf("  throughput   %.0f msgs/s (%.2f s)\n", static_cast<double>(n) / secs, secs);
     std::printf("  consumer CPU %.2f CPU-s per 10^6 messages\n", cpu / (static_cast<double>(n) / 1e6));
-    std::printf("  peak RSS     %.1f MB\n", static_cast<double>(peak_rss_kb()) / 1024.0);
+    std::printf("  peak RSS     %.1f MB\n", static_cast<double>(cg::test::peak_rss_kib()) / 1024.0);
     std::printf("  finished     %llu, fin_failed %llu\n", static_cast<unsigned long long>(c->stats().finished),
                 static_cast<unsigned long long>(c->stats().fin_failed));
     return c->stats().finished == static_cast<std::uint64_t>(n) ? 0 : 1;

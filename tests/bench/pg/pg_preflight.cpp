@@ -21,6 +21,7 @@
 #include "net/offload.hpp"
 #include "pg/connection.hpp"
 #include "pg/migrations.hpp"
+#include "support/process_usage.hpp"
 
 using namespace cg;
 using clock_type = std::chrono::steady_clock;
@@ -55,19 +56,6 @@ std::int64_t count_rows(const std::string& db) {
     PQclear(r);
     PQfinish(c);
     return n;
-}
-
-double cpu_seconds() {
-    rusage u{};
-    getrusage(RUSAGE_SELF, &u);
-    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
-
-long rss_mb() {
-    rusage u{};
-    getrusage(RUSAGE_SELF, &u);
-    return u.ru_maxrss / 1024;
 }
 
 struct run_state {
@@ -122,7 +110,7 @@ figures run(const pg::config& cfg, net::offload_pool& offload, std::int64_t n, i
     run_state st;
     st.workers_left = conns;
     auto t0 = clock_type::now();
-    auto c0 = cpu_seconds();
+    auto c0 = cg::test::cpu_seconds();
     for (int i = 0; i < conns; ++i) {
         auto from = base + n * i / conns, to = base + n * (i + 1) / conns;
         asio::co_spawn(io, worker(cfg, offload.get_executor(), from, to, batch, mode, st),
@@ -131,7 +119,7 @@ figures run(const pg::config& cfg, net::offload_pool& offload, std::int64_t n, i
                        });
     }
     io.run();
-    return {std::chrono::duration<double>(clock_type::now() - t0).count(), cpu_seconds() - c0, st.inserted,
+    return {std::chrono::duration<double>(clock_type::now() - t0).count(), cg::test::cpu_seconds() - c0, st.inserted,
             st.errors};
 }
 
@@ -227,7 +215,7 @@ int main(int argc, char** argv) {
                         best_pipelined / tps);
         std::fflush(stdout);
     }
-    std::printf("max RSS %ld MB\n", rss_mb());
+    std::printf("max RSS %ld MB\n", (cg::test::peak_rss_kib() / 1024));
     std::remove(script.c_str());
     offload.drain();
     admin("DROP DATABASE IF EXISTS " + db + " WITH (FORCE)");

@@ -18,24 +18,12 @@
 #include "net/tls.hpp"
 #include "stripe/client.hpp"
 #include "tests/doubles/stripe/fake_stripe.hpp"
+#include "support/process_usage.hpp"
 
 using namespace cg;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
-
-double cpu_seconds() {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-           static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
-long max_rss_mib() {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss / 1024;
-}
 
 // The fake on its own thread and io_context, like a remote server.
 struct fake_thread {
@@ -117,7 +105,7 @@ void throughput(fake_thread& f, net::offload_pool& pool, const std::string& cert
     auto c = make_client(pool, certs, f.port, conns);
     asio::io_context main_loop{1};
     run_stats s;
-    double cpu0 = cpu_seconds();
+    double cpu0 = cg::test::cpu_seconds();
     auto t0 = clock_type::now();
     auto until = t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(secs));
     for (std::size_t i = 0; i < conns * 2; ++i)
@@ -129,7 +117,7 @@ void throughput(fake_thread& f, net::offload_pool& pool, const std::string& cert
     std::printf("0 ms latency, %3zu connections, %3zu callers: %8.0f charges/s  (%d ok, %d failed, %.1f s)  "
                 "TLS handshakes %llu  CPU %.2f s  maxRSS %ld MiB\n",
                 conns, conns * 2, s.ok / wall, s.ok, s.failed, wall, static_cast<unsigned long long>(st.handshakes),
-                cpu_seconds() - cpu0, max_rss_mib());
+                cg::test::cpu_seconds() - cpu0, (cg::test::peak_rss_kib() / 1024));
 }
 
 void outstanding(fake_thread& f, net::offload_pool& pool, const std::string& certs, std::size_t conns, int n) {
@@ -141,7 +129,7 @@ void outstanding(fake_thread& f, net::offload_pool& pool, const std::string& cer
     auto c = make_client(pool, certs, f.port, conns);
     asio::io_context main_loop{1};
     run_stats s;
-    double cpu0 = cpu_seconds();
+    double cpu0 = cg::test::cpu_seconds();
     auto t0 = clock_type::now();
     for (int i = 0; i < n; ++i)
         asio::co_spawn(main_loop, one(c.get(), "out" + std::to_string(conns) + "-" + std::to_string(i), &s), asio::detached);
@@ -152,7 +140,7 @@ void outstanding(fake_thread& f, net::offload_pool& pool, const std::string& cer
     std::printf("200 ms latency, %4d outstanding, pool %4zu: concurrency reached at fake-stripe %4d  "
                 "%7.0f charges/s  (%d ok, %d failed, %.2f s)  TLS handshakes %llu  CPU %.2f s  maxRSS %ld MiB\n",
                 n, conns, server_conc, s.ok / wall, s.ok, s.failed, wall,
-                static_cast<unsigned long long>(st.handshakes), cpu_seconds() - cpu0, max_rss_mib());
+                static_cast<unsigned long long>(st.handshakes), cg::test::cpu_seconds() - cpu0, (cg::test::peak_rss_kib() / 1024));
 }
 
 }  // namespace

@@ -16,19 +16,15 @@
 #include "stripe/error.hpp"
 #include "support/run_async.hpp"
 #include "tests/doubles/stripe/fake_stripe.hpp"
+#include "support/test_certs.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;
 using stripe::outcome_class;
 using cg::test::run_async;
+using cg::test::cert;
 
 namespace {
-
-std::string cert(const char* name) {
-    const char* dir = std::getenv("CG_TEST_CERTS");
-    BOOST_TEST_REQUIRE(dir != nullptr, "CG_TEST_CERTS must point at the generated test PKI");
-    return std::string(dir) + "/" + name;
-}
 
 std::string cls(outcome_class c) { return std::string(stripe::to_string(c)); }
 

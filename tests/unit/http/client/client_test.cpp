@@ -18,19 +18,15 @@
 #include "net/timeout.hpp"
 #include "net/tls.hpp"
 #include "support/run_async.hpp"
+#include "support/test_certs.hpp"
 
 using namespace std::chrono_literals;
 namespace http = cg::http;
 namespace net = cg::net;
 using cg::test::run_async;
+using cg::test::cert;
 
 namespace {
-
-std::string cert(const char* name) {
-    const char* dir = std::getenv("CG_TEST_CERTS");
-    BOOST_TEST_REQUIRE(dir != nullptr, "CG_TEST_CERTS must point at the generated test PKI");
-    return std::string(dir) + "/" + name;
-}
 
 std::shared_ptr<asio::ssl::context> client_tls(const char* ca = "ca.pem") {
     auto ctx = net::make_tls_client_context({cert(ca)});
