@@ -12,6 +12,7 @@
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
+#include "billing/event.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
 #include "nsq/producer.hpp"
@@ -30,7 +31,21 @@ struct publish_flags {
     std::size_t batch_size = 500;
     std::size_t batch_bytes = 1024 * 1024;
     unsigned retries = 5;
+    bool no_validate = false;
 };
+
+// Checks one input line before it is published. With validation (the default) a line must be a billing
+// event `consume` will accept; otherwise any JSON object passes (to exercise the dead-letter path).
+// Returns the reason a line is refused, or an empty string.
+std::string check_line(const std::string& line, bool validate, simdjson::dom::parser& parser) {
+    if (validate) {
+        auto ev = billing::parse_event(line);
+        return ev ? std::string() : ev.err().message.empty() ? ev.err().describe() : ev.err().message;
+    }
+    simdjson::dom::element doc;
+    if (parser.parse(line).get(doc) != simdjson::SUCCESS || !doc.is_object()) return "not a JSON object";
+    return {};
+}
 
 // Blocking read of up to 64 KiB; runs on the offload pool. Empty string at EOF; throws on error.
 asio::awaitable<std::string> read_chunk(int fd) {
@@ -133,10 +148,11 @@ asio::awaitable<void> publish_all(publish_state& st) {
                 if (nl == std::string::npos) break;
                 continue;
             }
-            simdjson::dom::element doc;
-            if (parser.parse(line).get(doc) != simdjson::SUCCESS || !doc.is_object()) {
-                st.log.error("input line is not a JSON object; stopping",
-                             {{"line", st.line_no}, {"published", st.published}});
+            if (auto why = check_line(line, !st.f.no_validate, parser); !why.empty()) {
+                // Earlier batches are already out; publishing them again after fixing the file is harmless,
+                // since charges are keyed on each event's content.
+                st.log.error("input line refused; stopping",
+                             {{"line", st.line_no}, {"reason", why}, {"published", st.published}});
                 st.exit_code = 1;
                 co_return;
             }
@@ -200,6 +216,8 @@ void register_publish(CLI::App& app, command_main& selected) {
     cmd->add_option("--topic", f->topic, "NSQ topic")->required();
     cmd->add_option("--batch-size", f->batch_size, "events per MPUB")->capture_default_str()->check(CLI::Range(1, 100000));
     cmd->add_option("--retries", f->retries, "retries of a failed MPUB (connection errors)")->capture_default_str();
+    cmd->add_flag("--no-validate", f->no_validate,
+                  "publish any JSON object, not only valid billing events (to exercise dead-lettering)");
     cmd->add_option("FILE", f->file, "JSONL file, one event per line ('-' for stdin)")->required();
     cmd->callback([&selected, f] {
         selected = [f](const global_flags& g) { return run_publish(*f, g); };

@@ -150,7 +150,9 @@ BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
         auto in = temp_path("events.jsonl"), out = temp_path("pub.out"), err = temp_path("pub.err");
         {
             std::ofstream f(in);
-            for (int i = 0; i < 1234; ++i) f << "{\"customer_id\":\"c" << i << "\",\"amount\":100}\n";
+            for (int i = 0; i < 1234; ++i)
+                f << "{\"customer_id\":\"c" << i << "\",\"billing_period\":\"2026-11\",\"amount_cents\":100,"
+                  << "\"currency\":\"usd\",\"stripe_customer_id\":\"cus_" << i << "\"}\n";
             f << "\n";  // blank lines are skipped
         }
         auto pid = spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", "--batch-size",
@@ -162,12 +164,25 @@ BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
         BOOST_TEST(std::count(log.begin(), log.end(), "MPUB billing") == 3);
         BOOST_TEST(slurp(err).find("publish finished") != std::string::npos);
         {
+            // Line 2 is JSON but not a billing event (money as a float): refused with the reason.
             std::ofstream f(in);
-            f << "{\"ok\":1}\nnot json\n";
+            f << "{\"customer_id\":\"a\",\"billing_period\":\"p\",\"amount_cents\":5,\"currency\":\"usd\","
+                 "\"stripe_customer_id\":\"cus_a\"}\n{\"customer_id\":\"b\",\"amount_cents\":19.99}\nnot json\n";
         }
         pid = spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", in}, out, err);
         BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 1);
         BOOST_TEST(slurp(err).find("\"line\":2") != std::string::npos, slurp(err));
+        BOOST_TEST(slurp(err).find("amount_cents") != std::string::npos, slurp(err));
+        BOOST_TEST(nsqd.topic_message_count("billing") == 1234u);  // the batch holding line 1 was not sent
+        // --no-validate lets any JSON object through (to exercise dead-lettering).
+        {
+            std::ofstream f(in);
+            f << "{\"customer_id\":\"b\",\"amount_cents\":19.99}\n{\"anything\":true}\n";
+        }
+        pid = spawn({"publish", "--no-validate", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", in},
+                    out, err);
+        BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 0, slurp(err));
+        BOOST_TEST(nsqd.topic_message_count("billing") == 1236u);
         ::unlink(in.c_str());
         ::unlink(out.c_str());
         ::unlink(err.c_str());
