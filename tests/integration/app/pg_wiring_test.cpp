@@ -6,25 +6,16 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <boost/test/unit_test.hpp>
-#include <cstdio>
-#include <cstdlib>
 #include <thread>
 
 #include "app/pg_flags.hpp"
 #include "integration/pg/support.hpp"
+#include "support/pg_main.hpp"
 #include "support/prom_text.hpp"
 #include "support/raw_http.hpp"
 
 using namespace cg;
 using namespace std::chrono_literals;
-
-int main(int argc, char** argv) {
-    if (!std::getenv("PGHOST")) {
-        std::fprintf(stderr, "SKIP: PGHOST is not set; these tests need a PostgreSQL server (run ci/test).\n");
-        return 77;
-    }
-    return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
-}
 
 namespace {
 
