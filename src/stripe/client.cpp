@@ -8,6 +8,7 @@
 #include "net/error.hpp"
 #include "net/timeout.hpp"
 #include "net/tls.hpp"
+#include "stripe/client_metrics.hpp"
 #include "stripe/error.hpp"
 #include "stripe/form.hpp"
 #include "stripe/json.hpp"
@@ -18,12 +19,27 @@ struct client::state {
     client_config cfg;
     logger log;
     std::unique_ptr<http::client> http;
+    std::unique_ptr<client_metrics> metrics;      // null: no registry given
     std::mt19937_64 rng{std::random_device{}()};  // jitter; used only on the http client's strand
 };
 
 namespace {
 
 using state_ptr = std::shared_ptr<client::state>;
+using steady = std::chrono::steady_clock;
+
+// Start of a logical call, on the strand: the connection figures catch up and the clock starts.
+steady::time_point begin_call(const client::state& st) {
+    if (st.metrics) st.metrics->sync(st.http->stats());
+    return steady::now();
+}
+
+// End of a logical call (after its retries), on the strand.
+void end_call(const client::state& st, operation op, outcome_class cls, steady::time_point start) {
+    if (!st.metrics) return;
+    st.metrics->finished(op, cls, steady::now() - start);
+    st.metrics->sync(st.http->stats());
+}
 
 errc errc_for(outcome_class c) {
     switch (c) {
@@ -91,9 +107,9 @@ http::request build(const client_config& cfg, const std::string& method, const s
     return req;
 }
 
-// The retry loop. Runs on the http client's strand.
-net::awaitable<call_result> run_call(state_ptr st, std::string method, std::string target, std::string body,
-                                     std::string key) {
+// The retry loop. Runs on the http client's strand. Counts attempts, retries and replays under `op`.
+net::awaitable<call_result> run_call(state_ptr st, operation op, std::string method, std::string target,
+                                     std::string body, std::string key) {
     call_result out;
     if (method == "POST" && (key.empty() || key.size() > 255)) {
         out.cls = outcome_class::rejected;
@@ -106,6 +122,7 @@ net::awaitable<call_result> run_call(state_ptr st, std::string method, std::stri
         out = call_result{};
         out.http = co_await st->http->request(build(st->cfg, method, target, body, key));
         out.attempts = attempt;
+        if (st->metrics) st->metrics->attempt(op);
         classify(out);
         bool retryable = out.cls == outcome_class::retry_same_key ||
                          (safe_to_repeat && out.cls == outcome_class::indeterminate);
@@ -114,6 +131,7 @@ net::awaitable<call_result> run_call(state_ptr st, std::string method, std::stri
         // A certificate we refuse will be refused again: retrying only delays the alert.
         bool hopeless = out.http.err.code == net::errc::tls_verify_failed;
         if (!retryable || told_not_to || hopeless || attempt > policy.max_retries) break;
+        if (st->metrics) st->metrics->retry(op, retry_reason(out.http));
         double unit = std::uniform_real_distribution<double>(0.0, 1.0)(st->rng);
         auto delay = backoff_delay(policy, attempt, unit, out.http.ok() ? retry_after(out.http.resp) : std::nullopt);
         st->log.info("stripe retry", {{"method", method}, {"path", std::string_view(target).substr(0, target.find('?'))},
@@ -121,7 +139,17 @@ net::awaitable<call_result> run_call(state_ptr st, std::string method, std::stri
                                       {"reason", out.message}, {"request_id", out.request_id}});
         co_await net::sleep_for(delay);
     }
+    if (out.replayed && st->metrics) st->metrics->replay(op);
     co_return out;
+}
+
+// client::call: one logical call of its own.
+net::awaitable<call_result> run_raw_call(state_ptr st, std::string method, std::string target, std::string body,
+                                         std::string key) {
+    auto start = begin_call(*st);
+    auto r = co_await run_call(st, operation::call, std::move(method), std::move(target), std::move(body), std::move(key));
+    end_call(*st, operation::call, r.cls, start);
+    co_return r;
 }
 
 charge_outcome base_outcome(call_result&& r) {
@@ -153,21 +181,15 @@ form_map meta_form(const metadata& m) {
     return out;
 }
 
-net::awaitable<charge_outcome> run_create_charge(state_ptr st, charge_request req) {
-    form_map f;
-    f.emplace_back("amount", std::to_string(req.amount));
-    f.emplace_back("currency", req.currency);
-    f.emplace_back("customer", req.customer);
-    if (!req.description.empty()) f.emplace_back("description", req.description);
-    if (!req.metadata.empty()) f.emplace_back("metadata", meta_form(req.metadata));
-    auto r = co_await run_call(st, "POST", "/v1/charges", encode_form(f), req.idempotency_key);
+// The outcome of POST /v1/charges: a 200 whose charge failed is a decline.
+charge_outcome charge_outcome_of(call_result&& r) {
     std::string body = r.http.ok() ? std::move(r.http.resp.body) : std::string();
     charge_outcome o = base_outcome(std::move(r));
-    if (o.cls != outcome_class::succeeded) co_return o;
+    if (o.cls != outcome_class::succeeded) return o;
     auto c = parse_charge(body);
     if (!c) {
         unreadable(o, c.err());
-        co_return o;
+        return o;
     }
     o.charge_id = c->id;
     o.payment_intent_id = c->payment_intent;
@@ -176,27 +198,32 @@ net::awaitable<charge_outcome> run_create_charge(state_ptr st, charge_request re
         o.message = "charge " + c->id + " failed: " + c->failure_code;
     }
     o.charge = std::move(*c);
-    co_return o;
+    return o;
 }
 
-net::awaitable<charge_outcome> run_create_intent(state_ptr st, payment_intent_request req) {
+net::awaitable<charge_outcome> run_create_charge(state_ptr st, charge_request req) {
+    auto start = begin_call(*st);
     form_map f;
     f.emplace_back("amount", std::to_string(req.amount));
     f.emplace_back("currency", req.currency);
     f.emplace_back("customer", req.customer);
-    if (!req.payment_method.empty()) f.emplace_back("payment_method", req.payment_method);
-    if (req.confirm) f.emplace_back("confirm", "true");
-    if (req.off_session) f.emplace_back("off_session", "true");
     if (!req.description.empty()) f.emplace_back("description", req.description);
     if (!req.metadata.empty()) f.emplace_back("metadata", meta_form(req.metadata));
-    auto r = co_await run_call(st, "POST", "/v1/payment_intents", encode_form(f), req.idempotency_key);
+    auto r = co_await run_call(st, operation::create_charge, "POST", "/v1/charges", encode_form(f), req.idempotency_key);
+    charge_outcome o = charge_outcome_of(std::move(r));
+    end_call(*st, operation::create_charge, o.cls, start);
+    co_return o;
+}
+
+// The outcome of a confirmed off-session POST /v1/payment_intents.
+charge_outcome intent_outcome_of(call_result&& r) {
     std::string body = r.http.ok() ? std::move(r.http.resp.body) : std::string();
     charge_outcome o = base_outcome(std::move(r));
-    if (o.cls != outcome_class::succeeded) co_return o;
+    if (o.cls != outcome_class::succeeded) return o;
     auto p = parse_payment_intent(body);
     if (!p) {
         unreadable(o, p.err());
-        co_return o;
+        return o;
     }
     o.payment_intent_id = p->id;
     o.charge_id = p->latest_charge;
@@ -206,14 +233,36 @@ net::awaitable<charge_outcome> run_create_intent(state_ptr st, payment_intent_re
         o.message = "payment intent " + p->id + " is " + p->status;
     }
     o.intent = std::move(*p);
+    return o;
+}
+
+net::awaitable<charge_outcome> run_create_intent(state_ptr st, payment_intent_request req) {
+    auto start = begin_call(*st);
+    form_map f;
+    f.emplace_back("amount", std::to_string(req.amount));
+    f.emplace_back("currency", req.currency);
+    f.emplace_back("customer", req.customer);
+    if (!req.payment_method.empty()) f.emplace_back("payment_method", req.payment_method);
+    if (req.confirm) f.emplace_back("confirm", "true");
+    if (req.off_session) f.emplace_back("off_session", "true");
+    if (!req.description.empty()) f.emplace_back("description", req.description);
+    if (!req.metadata.empty()) f.emplace_back("metadata", meta_form(req.metadata));
+    auto r = co_await run_call(st, operation::create_payment_intent, "POST", "/v1/payment_intents", encode_form(f),
+                               req.idempotency_key);
+    charge_outcome o = intent_outcome_of(std::move(r));
+    end_call(*st, operation::create_payment_intent, o.cls, start);
     co_return o;
 }
 
+// A read. A 2xx whose body is not the object counts as `indeterminate` in the metrics, as for creates.
 template <typename T, typename Parse>
-net::awaitable<result<T>> run_get(state_ptr st, std::string target, Parse parse) {
-    auto r = co_await run_call(st, "GET", std::move(target), {}, {});
-    if (r.cls != outcome_class::succeeded) co_return error(errc_for(r.cls), std::move(r.message));
-    co_return parse(r.http.resp.body);
+net::awaitable<result<T>> run_get(state_ptr st, operation op, std::string target, Parse parse) {
+    auto start = begin_call(*st);
+    auto r = co_await run_call(st, op, "GET", std::move(target), {}, {});
+    result<T> out = r.cls == outcome_class::succeeded ? parse(r.http.resp.body)
+                                                      : result<T>(error(errc_for(r.cls), std::move(r.message)));
+    end_call(*st, op, out ? r.cls : outcome_class::indeterminate, start);
+    co_return out;
 }
 
 std::string list_target(const list_charges_request& req) {
@@ -230,7 +279,7 @@ net::awaitable<result<std::optional<charge>>> run_find(state_ptr st, std::string
     req.customer = std::move(customer);
     req.created_gte = created_gte;
     for (;;) {
-        auto page = co_await run_get<charge_page>(st, list_target(req), parse_charge_page);
+        auto page = co_await run_get<charge_page>(st, operation::list_charges, list_target(req), parse_charge_page);
         if (!page) co_return page.err();
         for (auto& c : page->data)
             if (metadata_value(c.metadata, "billing_key") == key) co_return std::optional<charge>(std::move(c));
@@ -254,7 +303,8 @@ net::awaitable<T> on_strand(state_ptr st, net::awaitable<T> a) {
 
 }  // namespace
 
-result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, client_config cfg, logger log) {
+result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, client_config cfg, logger log,
+                                               metrics::registry* metrics) {
     if (cfg.api_key.empty()) return error(errc::bad_config, "no Stripe API key (STRIPE_API_KEY or --stripe-key-file)");
     if (cfg.api_key.find_first_of("\r\n") != std::string::npos) return error(errc::bad_config, "API key contains a line break");
     http::client_options o;
@@ -272,6 +322,7 @@ result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, cl
     st->cfg = std::move(cfg);
     st->log = std::move(log);
     st->http = std::move(*h);
+    if (metrics) st->metrics = std::make_unique<client_metrics>(*metrics);
     return std::unique_ptr<client>(new client(std::move(st)));
 }
 
@@ -287,15 +338,15 @@ net::awaitable<charge_outcome> client::create_payment_intent(payment_intent_requ
 }
 
 net::awaitable<result<charge>> client::retrieve_charge(std::string id) {
-    co_return co_await on_strand(st_, run_get<charge>(st_, "/v1/charges/" + http::url_encode(id), parse_charge));
+    co_return co_await on_strand(st_, run_get<charge>(st_, operation::retrieve_charge, "/v1/charges/" + http::url_encode(id), parse_charge));
 }
 
 net::awaitable<result<payment_intent>> client::retrieve_payment_intent(std::string id) {
-    co_return co_await on_strand(st_, run_get<payment_intent>(st_, "/v1/payment_intents/" + http::url_encode(id), parse_payment_intent));
+    co_return co_await on_strand(st_, run_get<payment_intent>(st_, operation::retrieve_payment_intent, "/v1/payment_intents/" + http::url_encode(id), parse_payment_intent));
 }
 
 net::awaitable<result<charge_page>> client::list_charges(list_charges_request req) {
-    co_return co_await on_strand(st_, run_get<charge_page>(st_, list_target(req), parse_charge_page));
+    co_return co_await on_strand(st_, run_get<charge_page>(st_, operation::list_charges, list_target(req), parse_charge_page));
 }
 
 net::awaitable<result<std::optional<charge>>> client::find_charge_by_billing_key(std::string customer,
@@ -307,7 +358,7 @@ net::awaitable<result<std::optional<charge>>> client::find_charge_by_billing_key
 
 net::awaitable<call_result> client::call(std::string method, std::string target, std::string body,
                                          std::string idempotency_key) {
-    co_return co_await on_strand(st_, run_call(st_, std::move(method), std::move(target), std::move(body), std::move(idempotency_key)));
+    co_return co_await on_strand(st_, run_raw_call(st_, std::move(method), std::move(target), std::move(body), std::move(idempotency_key)));
 }
 
 const client_config& client::config() const noexcept { return st_->cfg; }

@@ -20,6 +20,10 @@
 #include "stripe/config.hpp"
 #include "stripe/types.hpp"
 
+namespace cg::metrics {
+class registry;
+}
+
 namespace cg::stripe {
 
 // A raw API call and its classification, for callers that forward bodies as they are (vault proxy).
@@ -36,8 +40,10 @@ struct call_result {
 class client {
 public:
     // Builds the TLS context (cfg.ca_file or the system store) and the HTTP pool. Fails on a missing
-    // key, a bad URL or an unreadable CA file.
-    static result<std::unique_ptr<client>> create(asio::any_io_executor offload, client_config cfg, logger log);
+    // key, a bad URL or an unreadable CA file. With `metrics`, the client exports chargeguard_stripe_*
+    // series there (see stripe/client_metrics.hpp); the registry must outlive the client.
+    static result<std::unique_ptr<client>> create(asio::any_io_executor offload, client_config cfg, logger log,
+                                                  metrics::registry* metrics = nullptr);
     ~client();
     client(const client&) = delete;
     client& operator=(const client&) = delete;
