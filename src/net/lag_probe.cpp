@@ -42,8 +42,9 @@ void lag_probe::start() {
 }
 
 void lag_probe::stop() {
+    // The ticking coroutine sees the flag at its next tick (at most one interval later) and ends; the
+    // io_context therefore stays busy for up to one interval after stop().
     stopped_.store(true);
-    // Wake the timer by posting a no-op: the loop sees stopped_ at its next tick at the latest.
 }
 
 void lag_probe::on_tick(clock::time_point due, clock::time_point fired) {
