@@ -16,7 +16,7 @@
 #include "stripe/error.hpp"
 #include "support/run_async.hpp"
 #include "tests/doubles/stripe/fake_stripe.hpp"
-#include "support/test_certs.hpp"
+#include "fake_fixture.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;
@@ -28,40 +28,7 @@ namespace {
 
 std::string cls(outcome_class c) { return std::string(stripe::to_string(c)); }
 
-struct fixture {
-    asio::io_context io{1};
-    net::offload_pool pool{2};
-    std::unique_ptr<fake::fake_stripe> fake;
-    std::uint16_t port = 0;
-
-    fixture() {
-        auto tls = net::make_tls_server_context({cert("server.pem"), cert("server.key")});
-        BOOST_TEST_REQUIRE(tls.has_value());
-        fake = std::make_unique<fake::fake_stripe>(io.get_executor(), *tls, logger());
-        auto ep = fake->listen({"127.0.0.1", 0});
-        BOOST_TEST_REQUIRE(ep.has_value());
-        port = ep->port();
-        fake->start();
-    }
-
-    stripe::client_config config() const {
-        stripe::client_config c;
-        c.api_base = "https://127.0.0.1:" + std::to_string(port);
-        c.api_key = "sk_test_chargeguard";
-        c.ca_file = cert("ca.pem");
-        c.request_timeout = 2s;
-        c.connect_timeout = 1s;
-        c.retry = {2, 10ms, 40ms};
-        return c;
-    }
-
-    std::unique_ptr<stripe::client> client(stripe::client_config c) {
-        auto r = stripe::client::create(pool.get_executor(), std::move(c), logger());
-        BOOST_TEST_REQUIRE(r.has_value());
-        return std::move(*r);
-    }
-    std::unique_ptr<stripe::client> client() { return client(config()); }
-};
+using fixture = test::fake_stripe_fixture;
 
 stripe::charge_request charge_req(std::string key, std::string customer = "cus_ok", std::int64_t amount = 4200) {
     stripe::charge_request r;

@@ -11,8 +11,8 @@
 #include "stripe/client.hpp"
 #include "support/prom_text.hpp"
 #include "support/run_async.hpp"
-#include "support/test_certs.hpp"
 #include "tests/doubles/stripe/fake_stripe.hpp"
+#include "fake_fixture.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;
@@ -24,37 +24,8 @@ namespace {
 
 using label_map = std::map<std::string, std::string>;
 
-// The fixture of client_fake_test.cpp: fake-stripe on the test's io_context, the client on an offload pool.
-struct fixture {
-    asio::io_context io{1};
-    net::offload_pool pool{2};
-    std::unique_ptr<fake::fake_stripe> fake;
-    std::uint16_t port = 0;
-    metrics::registry reg;
-
-    fixture() {
-        auto tls = net::make_tls_server_context({cert("server.pem"), cert("server.key")});
-        BOOST_TEST_REQUIRE(tls.has_value());
-        fake = std::make_unique<fake::fake_stripe>(io.get_executor(), *tls, logger());
-        auto ep = fake->listen({"127.0.0.1", 0});
-        BOOST_TEST_REQUIRE(ep.has_value());
-        port = ep->port();
-        fake->start();
-    }
-
-    std::unique_ptr<stripe::client> client(metrics::registry* r) {
-        stripe::client_config c;
-        c.api_base = "https://127.0.0.1:" + std::to_string(port);
-        c.api_key = "sk_test_chargeguard";
-        c.ca_file = cert("ca.pem");
-        c.request_timeout = 2s;
-        c.connect_timeout = 1s;
-        c.retry = {2, 10ms, 40ms};
-        auto cl = stripe::client::create(pool.get_executor(), std::move(c), logger(), r);
-        BOOST_TEST_REQUIRE(cl.has_value());
-        return std::move(*cl);
-    }
-
+// The shared fake-stripe fixture, plus a scrape of the registry its clients record into.
+struct fixture : test::fake_stripe_fixture {
     std::map<std::string, test::prom_family> scrape() const { return test::parse_prometheus(reg.render()); }
 };
 

@@ -1,0 +1,58 @@
+// fake-stripe on the test's io_context and stripe::client instances on an offload pool, shared by the
+// Stripe integration tests. `io` is declared before `pool` so it outlives the pool's threads.
+#pragma once
+
+#include <asio/io_context.hpp>
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <memory>
+
+#include "metrics/registry.hpp"
+#include "net/offload.hpp"
+#include "net/tls.hpp"
+#include "stripe/client.hpp"
+#include "support/test_certs.hpp"
+#include "tests/doubles/stripe/fake_stripe.hpp"
+
+namespace cg::test {
+
+struct fake_stripe_fixture {
+    asio::io_context io{1};
+    net::offload_pool pool{2};
+    std::unique_ptr<fake::fake_stripe> fake;
+    std::uint16_t port = 0;
+    metrics::registry reg;  // for clients created with &reg
+
+    fake_stripe_fixture() {
+        auto tls = net::make_tls_server_context({cert("server.pem"), cert("server.key")});
+        BOOST_TEST_REQUIRE(tls.has_value());
+        fake = std::make_unique<fake::fake_stripe>(io.get_executor(), *tls, logger());
+        auto ep = fake->listen({"127.0.0.1", 0});
+        BOOST_TEST_REQUIRE(ep.has_value());
+        port = ep->port();
+        fake->start();
+    }
+
+    // Short timeouts and retry delays so the suite stays fast.
+    stripe::client_config config() const {
+        using namespace std::chrono_literals;
+        stripe::client_config c;
+        c.api_base = "https://127.0.0.1:" + std::to_string(port);
+        c.api_key = "sk_test_chargeguard";
+        c.ca_file = cert("ca.pem");
+        c.request_timeout = 2s;
+        c.connect_timeout = 1s;
+        c.retry = {2, 10ms, 40ms};
+        return c;
+    }
+
+    std::unique_ptr<stripe::client> client(stripe::client_config c, metrics::registry* r = nullptr) {
+        auto cl = stripe::client::create(pool.get_executor(), std::move(c), logger(), r);
+        BOOST_TEST_REQUIRE(cl.has_value());
+        return std::move(*cl);
+    }
+    std::unique_ptr<stripe::client> client(metrics::registry* r) { return client(config(), r); }
+    std::unique_ptr<stripe::client> client() { return client(config()); }
+};
+
+}  // namespace cg::test
