@@ -11,6 +11,36 @@ import sys
 import xml.etree.ElementTree as ET
 
 
+def junit_failures(path):
+    """(case name, first lines of its failure text) for each failed case in a JUnit report."""
+    out = []
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError:
+        return out
+    for case in root.iter("testcase"):
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        if bad is not None:
+            text = (bad.get("message") or "") + "\n" + (bad.text or "")
+            out.append((case.get("name"), "\n".join(text.strip().splitlines()[:8])))
+    return out
+
+
+def report_failure(t, xml):
+    """Say which cases failed and why, so a CI log is enough to start diagnosing."""
+    for name, text in junit_failures(xml) if xml else []:
+        print(f"  case {name}:", file=sys.stderr)
+        for line in text.splitlines():
+            print(f"    {line}", file=sys.stderr)
+    tail = (t.get("stdout") or "").splitlines()[-30:]
+    if tail:
+        print(f"  last lines of {t['name']}:", file=sys.stderr)
+        for line in tail:
+            print(f"    {line}", file=sys.stderr)
+
+
 def junit_counts(path):
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else root.iter("testsuite")
@@ -57,6 +87,7 @@ for testlog, junit_dir in zip(args[0::2], args[1::2]):
                 failed += 1
             if not ok:
                 print(f"FAILED: {t['name']} ({result}) in {testlog}", file=sys.stderr)
+                report_failure(t, xml)
 line = f"{passed} passed, {failed} failed"
 if skipped:
     line += f", {skipped} skipped"

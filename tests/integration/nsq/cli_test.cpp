@@ -115,6 +115,8 @@ BOOST_AUTO_TEST_CASE(tail_prints_json_lines_and_drains_on_sigterm) {
         ::kill(pid, SIGTERM);
         int code = co_await wait_exit(pid, seconds(15));
         BOOST_TEST(code == 0, slurp(err));
+        // The process is gone; nsqd reads the last FINs before it sees the close.
+        BOOST_REQUIRE(co_await eventually([&] { return nsqd.client_count() == 0; }));
         auto ch = nsqd.channel("tl", "tailtest");
         BOOST_TEST(ch.timeout_count == 0u);
         BOOST_TEST(ch.in_flight == 0);  // everything delivered was FINed before the connection closed

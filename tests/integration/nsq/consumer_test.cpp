@@ -291,7 +291,13 @@ BOOST_AUTO_TEST_CASE(rdy_rotates_when_connections_outnumber_max_in_flight) {
             co_return disposition::finish();
         }, {}, reg);
         BOOST_REQUIRE(c.start().has_value());
-        BOOST_REQUIRE(co_await eventually([&] { return got.size() == 60u; }, seconds(20)));
+        // The handler sees the last message before its FIN reaches nsqd: wait for the FINs too.
+        BOOST_REQUIRE(co_await eventually([&] {
+            if (got.size() != 60u) return false;
+            for (auto& n : nsqds)
+                if (n->channel("rot", "billing").finish_count != 15u) return false;
+            return true;
+        }, seconds(20)));
         BOOST_TEST(ledger->violations == 0u);
         BOOST_TEST(ledger->peak <= 2);
         BOOST_TEST(c.stats().max_handlers <= 2u);
@@ -321,6 +327,8 @@ BOOST_AUTO_TEST_CASE(stop_drains_in_flight_handlers_then_closes) {
         BOOST_REQUIRE(co_await eventually([&] { return c.stats().received >= 60; }));
         BOOST_TEST(health.ready().ok);
         co_await c.stop();
+        // stop() ends when our side closed; nsqd reads the last FINs before it sees the close.
+        BOOST_REQUIRE(co_await eventually([&] { return nsqd.client_count() == 0; }));
         auto ch = nsqd.channel("dr", "billing");
         BOOST_TEST(c.stats().finished == c.stats().received);
         BOOST_TEST(ch.finish_count == c.stats().received);
@@ -335,7 +343,6 @@ BOOST_AUTO_TEST_CASE(stop_drains_in_flight_handlers_then_closes) {
         BOOST_REQUIRE((rdy0 != log.end()));
         BOOST_REQUIRE((cls != log.end()));
         BOOST_TEST((rdy0 < cls));
-        BOOST_REQUIRE(co_await eventually([&] { return nsqd.client_count() == 0; }));
     });
 }
 
