@@ -159,7 +159,7 @@ net::awaitable<result<void>> connection::start(const config& cfg, const attempt&
 
     conn_ = PQconnectStartParams(keys.data(), vals.data(), 0);
     if (!conn_) co_return error(errc::connection_failed, "libpq: out of memory");
-    PQsetNoticeProcessor(conn_, &connection::on_notice, this);
+    PQsetNoticeReceiver(conn_, &connection::on_notice, this);
     if (PQstatus(conn_) == CONNECTION_BAD) co_return error(errc::connection_failed, conn_message());
 
     op o{deadline_after(cfg.connect_timeout)};
@@ -578,16 +578,13 @@ bool connection::check_alive() {
     pollfd p{PQsocket(conn_), POLLIN | POLLRDHUP, 0};
     if (p.fd < 0) return false;
     if (::poll(&p, 1, 0) > 0) {
-        // The server closed its end (shutdown, restart, idle timeout): whatever it said last, we are done.
-        if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
-            broken_ = true;
-            return false;
-        }
-        if ((p.revents & POLLIN) && !PQconsumeInput(conn_)) {
-            broken_ = true;
-            return false;
-        }
+        // Read what the server said last first (its FATAL reaches on_notice, which logs it and marks the
+        // session broken even while the socket still looks open).
+        if ((p.revents & POLLIN) && !PQconsumeInput(conn_)) broken_ = true;
         while (PGnotify* n = PQnotifies(conn_)) PQfreemem(n);
+        // The server closed its end (shutdown, restart, idle timeout): whatever it said, we are done.
+        if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) broken_ = true;
+        if (broken_) return false;
     }
     return PQstatus(conn_) == CONNECTION_OK && PQtransactionStatus(conn_) == PQTRANS_IDLE;
 }
@@ -644,10 +641,23 @@ std::string connection::conn_message() const {
     return conn_ ? trim(PQerrorMessage(conn_)) : "no connection";
 }
 
-void connection::on_notice(void* self, const char* message) {
+// libpq hands an ErrorResponse that arrives while no query runs (the server's FATAL before it closes an
+// idle session: pg_terminate_backend, shutdown, idle timeout) to the notice receiver. A FATAL or PANIC
+// means the session is over even while the socket still looks open: mark it broken so the pool drops it.
+void connection::on_notice(void* self, const PGresult* res) {
     auto* c = static_cast<connection*>(self);
-    if (c && c->log_.enabled(log_level::debug))
-        c->log_.debug("postgres notice", {{"message", trim(message)}});
+    if (!c || !res) return;
+    const char* sev = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
+    const char* msg = PQresultErrorMessage(res);
+    std::string_view severity = sev ? sev : "";
+    if (severity == "FATAL" || severity == "PANIC") {
+        c->broken_ = true;
+        const char* state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+        c->log_.warn("postgres ended the session", {{"message", trim(msg ? msg : "")},
+                                                    {"sqlstate", state ? state : ""}});
+    } else if (c->log_.enabled(log_level::debug)) {
+        c->log_.debug("postgres notice", {{"message", trim(msg ? msg : "")}});
+    }
 }
 
 }  // namespace cg::pg

@@ -21,7 +21,8 @@
 #include "pg/pipeline.hpp"
 #include "pg/rows.hpp"
 
-struct pg_conn;  // libpq's PGconn
+struct pg_conn;    // libpq's PGconn
+struct pg_result;  // libpq's PGresult
 
 namespace cg::pg {
 
@@ -136,7 +137,7 @@ class connection {
     error result_error(const pg_result* r, const op& o);
     error fail_op(std::error_code ec, const op& o);
     std::string conn_message() const;
-    static void on_notice(void* self, const char* message);
+    static void on_notice(void* self, const pg_result* res);
 
     pg_conn* conn_ = nullptr;
     asio::any_io_executor offload_;

@@ -128,15 +128,15 @@ BOOST_AUTO_TEST_CASE(silent_client_gets_two_heartbeats_then_is_closed_after_two_
         BOOST_REQUIRE(nsqd.start().has_value());
         raw_client c(ex);
         co_await c.connect(nsqd.tcp_port());
+        auto t0 = steady_clock::now();  // before IDENTIFY: nsqd's read deadline starts when it reads it
         co_await c.send(golden::magic + golden_identify());
         co_await c.read_frame();
-        auto t0 = steady_clock::now();
         BOOST_TEST(co_await c.read_frame(seconds(2)) == golden::heartbeat);
         BOOST_TEST(co_await c.read_frame(seconds(2)) == golden::heartbeat);
         BOOST_TEST(co_await c.closed_within(seconds(2)));
         auto took = duration_cast<milliseconds>(steady_clock::now() - t0).count();
-        BOOST_TEST(took >= 1800);
-        BOOST_TEST(took <= 2600);
+        BOOST_TEST(took >= 2000);
+        BOOST_TEST(took < 3000);  // not a third heartbeat interval
         BOOST_TEST(nsqd.heartbeat_disconnects() == 1u);
     });
 }
@@ -183,7 +183,7 @@ BOOST_AUTO_TEST_CASE(timeouts_touch_and_requeue_behave_like_nsqd) {
         }
         BOOST_TEST(again == id);
         std::string req;
-        proto::append_req(req, id, 100);
+        proto::append_req(req, id, 1000);  // deferred long enough to be seen on a loaded machine
         co_await c.send(req);
         BOOST_TEST(co_await eventually([&] { return nsqd.channel("golden", "c").deferred == 1; }));
         for (;;) {

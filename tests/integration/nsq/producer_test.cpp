@@ -25,7 +25,7 @@ BOOST_AUTO_TEST_CASE(pub_mpub_dpub_and_reconnect) {
         BOOST_REQUIRE((co_await prod.publish("p", "one")).has_value());
         std::vector<std::string> bodies{"a", "bb", "ccc"};
         BOOST_REQUIRE((co_await prod.multi_publish("p", bodies)).has_value());
-        BOOST_REQUIRE((co_await prod.deferred_publish("p", milliseconds(300), "later")).has_value());
+        BOOST_REQUIRE((co_await prod.deferred_publish("p", milliseconds(1500), "later")).has_value());
         BOOST_TEST(nsqd.topic_message_count("p") == 5u);
         BOOST_TEST(nsqd.channel("p", "c").depth == 4);
         BOOST_TEST(nsqd.channel("p", "c").deferred == 1);

@@ -17,8 +17,9 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-std::shared_ptr<pg::pool> make_pool(pg_fixture& f, pg::pool_options o, metrics::registry* reg = nullptr) {
-    return pg::pool::create(f.io.get_executor(), f.offload.get_executor(), std::move(o), logger(), reg);
+std::shared_ptr<pg::pool> make_pool(pg_fixture& f, pg::pool_options o, metrics::registry* reg = nullptr,
+                                    logger log = {}) {
+    return pg::pool::create(f.io.get_executor(), f.offload.get_executor(), std::move(o), std::move(log), reg);
 }
 
 pg::pool_options options(pg::config cfg, std::size_t size) {
@@ -81,10 +82,9 @@ net::awaitable<void> bounded_wait(pg_fixture& f) {
     BOOST_TEST(waited < 1s);
     // A connection given back while someone waits goes straight to the waiter.
     asio::co_spawn(f.io, release_later(std::move(held), 50ms), asio::detached);
-    auto t1 = clock_type::now();
+    // Success alone proves the handover: the 200 ms acquire deadline would have failed it otherwise.
     auto got = must(co_await p->acquire(), "acquire after release");
     BOOST_TEST(got->backend_pid() == pid);
-    BOOST_TEST((clock_type::now() - t1) < 190ms);
     auto text = reg.render();
     BOOST_TEST(text.find("chargeguard_pg_pool_waits_total{pool=\"main\"} 2") != std::string::npos, text);
     BOOST_TEST(text.find("chargeguard_pg_pool_acquire_failures_total{pool=\"main\"} 1") != std::string::npos);
@@ -118,7 +118,7 @@ net::awaitable<void> down_fails_fast(pg_fixture& f) {
                        r.err().message);
         }
     }
-    BOOST_TEST((clock_type::now() - t0) < 100ms);
+    BOOST_TEST((clock_type::now() - t0) < 1s);  // answered from the cached failure, inside the 2 s backoff
     auto ready = health.ready();
     BOOST_TEST(!ready.ok);
     BOOST_TEST(ready.body.find("FAIL postgres") != std::string::npos, ready.body);
@@ -160,27 +160,25 @@ net::awaitable<void> readiness_and_metrics(pg_fixture& f) {
 }
 
 net::awaitable<void> dead_idle_dropped(pg_fixture& f) {
-    auto p = make_pool(f, options(cg::test::server_config(), 2));
+    auto sink = std::make_shared<memory_sink>();
+    auto p = make_pool(f, options(cg::test::server_config(), 2), nullptr, logger(sink, log_level::info));
     int victim = 0;
     {
         auto c = must(co_await p->acquire(), "acquire");
         victim = c->backend_pid();
     }
-    // Kill the idle connection's backend from another session, and wait until it is gone.
+    // Kill the idle connection's backend from another session; PostgreSQL 14+ waits until it is gone.
     auto admin =
         must(co_await pg::connection::connect(cg::test::server_config(), f.offload.get_executor()), "admin");
-    must(co_await admin->query("SELECT pg_terminate_backend($1)", victim), "terminate");
-    for (int i = 0; i < 200; ++i) {
-        auto n = must(co_await admin->query("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", victim),
-                      "poll");
-        if (n[0].get<std::int64_t>(0) == 0) break;
-        co_await net::sleep_for(5ms);
-    }
-    co_await net::sleep_for(20ms);  // the backend's socket closes as the process exits
+    auto gone = must(co_await admin->query("SELECT pg_terminate_backend($1, 10000)", victim), "terminate");
+    BOOST_REQUIRE(gone[0].get<bool>(0));
     // The pool notices without a failed query: it hands out a fresh connection that works.
     auto c = must(co_await p->acquire(), "acquire after terminate");
     BOOST_TEST(c->backend_pid() != victim);
     BOOST_TEST(must(co_await c->query("SELECT 1"), "select")[0].get<std::int64_t>(0) == 1);
+    // The server's last words (FATAL 57P01) were read and logged, not lost with the socket.
+    BOOST_TEST(sink->contains("postgres ended the session"));
+    BOOST_TEST(sink->contains("57P01"));
     c.release();
     co_await p->close();
 }

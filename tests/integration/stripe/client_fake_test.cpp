@@ -266,14 +266,16 @@ BOOST_AUTO_TEST_CASE(server_error_after_create_is_indeterminate_and_replayed) {
 BOOST_AUTO_TEST_CASE(stall_times_out_as_indeterminate_and_the_key_later_replays) {
     fixture f;
     auto cfg = f.config();
-    cfg.request_timeout = 100ms;
-    cfg.retry = {6, 60ms, 100ms};
+    // The timeout covers a TLS handshake (the retries below open new connections): leave room for a
+    // slow machine, and stall well past it.
+    cfg.request_timeout = 500ms;
+    cfg.retry = {12, 100ms, 400ms};
     auto c = f.client(cfg);
     auto [first, later] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
         // Warm the pool so the stalled request is sent at once (the timeout then surely falls after it).
         auto warm = co_await c->create_charge(charge_req("warm-up"));
         BOOST_TEST(cls(warm.cls) == "succeeded");
-        f.fake->faults().stall_ms = 200;
+        f.fake->faults().stall_ms = 1500;
         f.fake->faults().stall_count = 1;
         auto a = co_await c->create_charge(charge_req("stall-1"));
         // Same key again: 409 while the stalled request still executes, then the replay.
