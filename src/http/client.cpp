@@ -134,7 +134,7 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
     }
     if (!l.conn()) {
         l.conn() = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr);
-        auto c = co_await net::with_timeout(l.conn()->connect(st->origin), st->opts.connect_timeout);
+        auto c = co_await net::with_timeout(l.conn()->connect(st->origin, st->opts.connect_timeout), st->opts.connect_timeout);
         if (!c) {
             out.err = error(errc::timeout, "connect to " + st->origin.to_string() + " timed out after " +
                                                millis(st->opts.connect_timeout));

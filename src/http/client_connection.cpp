@@ -12,6 +12,7 @@
 
 #include "http/proto/error.hpp"
 #include "net/error.hpp"
+#include "net/resolve.hpp"
 
 namespace cg::http {
 
@@ -32,13 +33,12 @@ client_connection::~client_connection() {
 
 net::tcp_socket& client_connection::lowest() noexcept { return tls_ ? tls_->next_layer() : *tcp_; }
 
-net::awaitable<result<void>> client_connection::connect(const origin& o) {
-    net::tcp_resolver resolver(lowest().get_executor());
-    auto [rec, endpoints] = co_await resolver.async_resolve(o.host, std::to_string(o.port));
-    if (rec) co_return error(rec, "resolve " + o.host + ": " + rec.message());
-    if (endpoints.empty()) co_return error(net::errc::resolve_failed, "resolve " + o.host + ": no addresses");
+net::awaitable<result<void>> client_connection::connect(const origin& o,
+                                                        std::chrono::steady_clock::duration timeout) {
+    auto endpoints = co_await net::resolve(o.host, std::to_string(o.port), timeout);
+    if (!endpoints) co_return endpoints.err();
 
-    auto [cec, ep] = co_await asio::async_connect(lowest(), endpoints);
+    auto [cec, ep] = co_await asio::async_connect(lowest(), *endpoints);
     if (cec) co_return error(cec, "connect to " + o.to_string() + ": " + cec.message());
     std::error_code ignored;
     lowest().set_option(net::tcp::no_delay(true), ignored);

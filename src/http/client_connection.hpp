@@ -30,7 +30,9 @@ public:
     // verifies the certificate against `o.host`. Errors: the resolver/socket code, or
     // net::errc::tls_verify_failed / the TLS code with OpenSSL's reason in the message. Completes on
     // the connection's executor; cancellable through the awaiting coroutine's cancellation slot.
-    net::awaitable<result<void>> connect(const origin& o);
+    // DNS, TCP and (for https) the TLS handshake; the lookup alone gives up after `timeout`, and an enclosing
+    // `op || timer` cuts the whole of it.
+    net::awaitable<result<void>> connect(const origin& o, std::chrono::steady_clock::duration timeout);
 
     // Writes `req` and reads one response. `*sent` becomes true just before the first byte is written
     // (from then on the server may have acted on the request). Errors: socket codes, or http::errc

@@ -10,6 +10,7 @@
 
 #include "http/proto/message.hpp"
 #include "net/address.hpp"
+#include "net/resolve.hpp"
 #include "net/timeout.hpp"
 #include "net/tokens.hpp"
 #include "nsq/connection.hpp"
@@ -365,15 +366,14 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     asio::awaitable<bool> connect_once(const std::string& key) {
         auto hp = net::parse_host_port(key);
         if (!hp) co_return false;
-        net::tcp_resolver resolver(ex);
-        auto [rec, eps] = co_await resolver.async_resolve(hp->host, std::to_string(hp->port));
-        if (rec || eps.empty()) {
-            log.warn("cannot resolve nsqd", {{"nsqd", key}, {"error", rec.message()}});
+        auto eps = co_await net::resolve(hp->host, std::to_string(hp->port), cfg.connect_timeout);
+        if (!eps) {
+            log.warn("cannot resolve nsqd", {{"nsqd", key}, {"error", eps.err().message}});
             co_return false;
         }
         auto c = std::make_shared<connection>(ex, key, cfg, this, log);
         conns[key] = c;
-        auto err = co_await c->run(eps.begin()->endpoint());
+        auto err = co_await c->run(eps->begin()->endpoint());
         bool was_subscribed = c->ever_subscribed();
         conns.erase(key);
         if (was_subscribed) {

@@ -4,6 +4,7 @@
 #include <asio/write.hpp>
 
 #include "http/proto/parser.hpp"
+#include "net/resolve.hpp"
 #include "net/timeout.hpp"
 #include "net/tokens.hpp"
 #include "nsq/proto/error.hpp"
@@ -19,12 +20,12 @@ struct outcome {
 
 asio::awaitable<outcome> exchange(net::host_port where, std::string target, std::string accept) {
     auto ex = co_await asio::this_coro::executor;
-    net::tcp_resolver resolver(ex);
-    auto [rec, eps] = co_await resolver.async_resolve(where.host, std::to_string(where.port));
-    if (rec || eps.empty()) co_return outcome{error(rec ? rec : make_error_code(errc::bad_config), "resolve " + where.to_string()), {}};
+    // The caller's with_timeout bounds the whole exchange; its cancellation also ends the lookup's wait.
+    auto eps = co_await net::resolve(where.host, std::to_string(where.port), std::chrono::seconds(30));
+    if (!eps) co_return outcome{eps.err(), {}};
     net::tcp_socket sock(ex);
     std::error_code cec = asio::error::host_unreachable;
-    for (const auto& e : eps) {
+    for (const auto& e : *eps) {
         std::error_code ignored;
         sock.close(ignored);
         std::tie(cec) = co_await sock.async_connect(e.endpoint());

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "net/address.hpp"
+#include "net/resolve.hpp"
 #include "net/timeout.hpp"
 #include "net/tokens.hpp"
 #include "nsq/policy.hpp"
@@ -167,14 +168,13 @@ asio::awaitable<void> write_loop(std::shared_ptr<producer::state> st) {
 asio::awaitable<error> connect(std::shared_ptr<producer::state> st) {
     auto hp = net::parse_host_port(st->address);
     if (!hp) co_return hp.err();
-    net::tcp_resolver resolver(st->ex);
-    auto [rec, eps] = co_await resolver.async_resolve(hp->host, std::to_string(hp->port));
-    if (rec || eps.empty()) co_return error(rec ? rec : make_error_code(errc::bad_config), "resolve " + st->address);
+    auto eps = co_await net::resolve(hp->host, std::to_string(hp->port), st->cfg.connect_timeout);
+    if (!eps) co_return eps.err();
     st->sock = net::tcp_socket(st->ex);
     st->decoder = proto::frame_decoder(st->cfg.max_frame_size);
     st->out.clear();
     auto deadline = sclock::now() + st->cfg.connect_timeout;
-    auto c = co_await net::with_timeout(st->sock.async_connect(eps.begin()->endpoint()), st->cfg.connect_timeout);
+    auto c = co_await net::with_timeout(st->sock.async_connect(eps->begin()->endpoint()), st->cfg.connect_timeout);
     if (!c) co_return error(errc::timeout, "connect to " + st->address + " timed out");
     if (auto [ec] = *c; ec) co_return error(ec, "connect to " + st->address);
     std::error_code ignored;

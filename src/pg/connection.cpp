@@ -9,6 +9,7 @@
 #include <asio/this_coro.hpp>
 #include <variant>
 
+#include "net/resolve.hpp"
 #include "pg/stats.hpp"
 
 namespace cg::pg {
@@ -88,7 +89,6 @@ connection::~connection() {
 
 net::awaitable<result<std::vector<connection::attempt>>> connection::plan_attempts(const config& cfg) {
     std::vector<attempt> out;
-    auto ex = co_await asio::this_coro::executor;
     std::string last_error;
     for (const auto& ep : cfg.endpoints) {
         if (!ep.hostaddr.empty() || ep.is_unix_socket() || ep.host.empty()) {
@@ -101,13 +101,12 @@ net::awaitable<result<std::vector<connection::attempt>>> connection::plan_attemp
             out.push_back({ep.host, ep.host, ep.port});
             continue;
         }
-        net::tcp_resolver resolver(ex);
-        auto [ec, results] = co_await resolver.async_resolve(ep.host, ep.port);
-        if (ec) {
-            last_error = "could not resolve \"" + ep.host + "\": " + ec.message();
+        auto results = co_await net::resolve(ep.host, ep.port, cfg.connect_timeout);
+        if (!results) {
+            last_error = results.err().message;  // "resolve <host>: <why>"
             continue;
         }
-        for (const auto& r : results) out.push_back({ep.host, r.endpoint().address().to_string(), ep.port});
+        for (const auto& r : *results) out.push_back({ep.host, r.endpoint().address().to_string(), ep.port});
     }
     if (out.empty())
         co_return error(errc::connection_failed, last_error.empty() ? "no server to connect to" : last_error);

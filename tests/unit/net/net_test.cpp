@@ -7,6 +7,7 @@
 #include "net/error.hpp"
 #include "net/lag_probe.hpp"
 #include "net/offload.hpp"
+#include "net/resolve.hpp"
 #include "net/timeout.hpp"
 #include "net/tls.hpp"
 #include "support/run_async.hpp"
@@ -137,4 +138,81 @@ BOOST_AUTO_TEST_CASE(offload_carries_results_without_default_constructor) {
     auto [ok, bad] = test::run_async(io, [&] { return offload_results(&pool); });
     BOOST_TEST(ok == 42);
     BOOST_TEST((bad == core_errc::out_of_range));
+}
+
+// ---- resolve(): a deadline that a hung lookup cannot outlive --------------------------------------------
+
+namespace {
+
+struct lookup_probe {
+    net::resolve_handler held;  // a lookup that never answers (until the test says so)
+    int started = 0;
+};
+
+asio::awaitable<std::pair<std::string, double>> hung_lookup(lookup_probe* p) {
+    auto t0 = std::chrono::steady_clock::now();
+    net::resolve_initiator start = [p](asio::ip::tcp::resolver&, net::resolve_handler h) {
+        ++p->started;
+        p->held = std::move(h);
+    };
+    auto r = co_await net::resolve_with(std::move(start), "stuck.example", 150ms);
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    co_return std::pair(r ? std::string("answer") : r.err().message, took);
+}
+
+asio::awaitable<std::pair<std::string, double>> hung_lookup_dropped(lookup_probe* p) {
+    auto r = co_await hung_lookup(p);
+    p->held = nullptr;  // the lookup's state goes while its io_context still exists
+    co_return r;
+}
+
+asio::awaitable<std::string> late_answer_after_timeout(lookup_probe* p) {
+    auto r = co_await hung_lookup(p);
+    // The abandoned lookup answers now: nothing must touch the finished wait (ASan would see it).
+    p->held(std::error_code{}, net::resolve_results{});
+    p->held = nullptr;
+    co_await net::sleep_for(10ms);
+    co_return r.first;
+}
+
+asio::awaitable<std::string> outer_timeout_cuts_the_lookup(lookup_probe* p) {
+    // An enclosing `op || timer` (a request deadline) ends the wait too, long before resolve's own.
+    net::resolve_initiator start = [p](asio::ip::tcp::resolver&, net::resolve_handler h) { p->held = std::move(h); };
+    auto r = co_await net::with_timeout(net::resolve_with(std::move(start), "stuck.example", 60s), 100ms);
+    p->held = nullptr;
+    co_return r ? std::string("finished") : std::string("timed out");
+}
+
+asio::awaitable<std::string> resolve_localhost() {
+    auto r = co_await net::resolve("127.0.0.1", "4150", 5s);
+    if (!r) co_return r.err().message;
+    co_return r->begin()->endpoint().address().to_string() + ":" + std::to_string(r->begin()->endpoint().port());
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(resolve_gives_up_on_a_hung_lookup_at_its_deadline) {
+    lookup_probe p;
+    auto [what, took] = test::run_async([&] { return hung_lookup_dropped(&p); });
+    BOOST_TEST(p.started == 1);
+    BOOST_TEST(what == "resolve stuck.example: no answer within 150 ms");
+    BOOST_TEST(took >= 0.15);
+    BOOST_TEST(took < 2.0);
+}
+
+BOOST_AUTO_TEST_CASE(an_abandoned_lookup_may_answer_later) {
+    lookup_probe p;
+    BOOST_TEST(test::run_async([&] { return late_answer_after_timeout(&p); }) ==
+               "resolve stuck.example: no answer within 150 ms");
+}
+
+BOOST_AUTO_TEST_CASE(an_enclosing_timeout_ends_the_lookup_wait) {
+    lookup_probe p;
+    auto t0 = std::chrono::steady_clock::now();
+    BOOST_TEST(test::run_async([&] { return outer_timeout_cuts_the_lookup(&p); }) == "timed out");
+    BOOST_TEST((std::chrono::steady_clock::now() - t0) < 5s);  // not resolve's own 60 s
+}
+
+BOOST_AUTO_TEST_CASE(resolve_answers_a_numeric_host) {
+    BOOST_TEST(test::run_async([] { return resolve_localhost(); }) == "127.0.0.1:4150");
 }
