@@ -34,7 +34,8 @@ std::string_view to_string(existing_action a) noexcept {
     return "?";
 }
 
-existing_action decide_existing(const ledger_record& rec, const billing_event& ev, sys_time now) {
+existing_action decide_existing(const ledger_record& rec, const billing_event& ev, sys_time now,
+                                std::chrono::seconds window) {
     // A different amount for the same customer and period is never charged on top: a human decides.
     if (rec.amount_cents != ev.amount_cents || rec.currency != ev.currency ||
         rec.stripe_customer_id != ev.stripe_customer_id)
@@ -42,7 +43,7 @@ existing_action decide_existing(const ledger_record& rec, const billing_event& e
     if (is_final(rec.status)) return existing_action::duplicate_finish;
     if (rec.lease_until && *rec.lease_until > now) return existing_action::lease_held_requeue;
     // Same key is safe only while Stripe still remembers it and no 5xx/timeout left the outcome open.
-    bool within_window = !rec.first_stripe_attempt_at || now - *rec.first_stripe_attempt_at < same_key_window;
+    bool within_window = !rec.first_stripe_attempt_at || now - *rec.first_stripe_attempt_at < window;
     if (!rec.indeterminate_since && within_window) return existing_action::recover_same_key;
     return existing_action::recover_search;
 }

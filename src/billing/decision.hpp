@@ -49,6 +49,8 @@ std::string_view to_string(existing_action a) noexcept;
 // Stripe prunes idempotency keys after 24 h; we stop trusting replay an hour earlier.
 inline constexpr std::chrono::hours same_key_window{23};
 
-existing_action decide_existing(const ledger_record& rec, const billing_event& ev, sys_time now);
+// `window`: how long a key is trusted for replay (configurable for tests; same_key_window in production).
+existing_action decide_existing(const ledger_record& rec, const billing_event& ev, sys_time now,
+                                std::chrono::seconds window = same_key_window);
 
 }  // namespace cg::billing

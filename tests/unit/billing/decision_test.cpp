@@ -81,3 +81,12 @@ BOOST_AUTO_TEST_CASE(status_names_round_trip) {
         BOOST_TEST((parse_record_status(to_string(s)) == s));
     BOOST_TEST(!parse_record_status("settled").has_value());
 }
+
+// The pipeline passes its configured window; the default stays same_key_window.
+BOOST_AUTO_TEST_CASE(same_key_window_is_configurable) {
+    auto r = record(record_status::pending);
+    r.first_stripe_attempt_at = now - 2h;
+    BOOST_TEST((decide_existing(r, event(), now) == existing_action::recover_same_key));
+    BOOST_TEST((decide_existing(r, event(), now, 1h) == existing_action::recover_search));
+    BOOST_TEST((decide_existing(r, event(), now, 3h) == existing_action::recover_same_key));
+}

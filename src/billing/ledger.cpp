@@ -1,0 +1,263 @@
+#include "billing/ledger.hpp"
+
+#include <vector>
+
+#include "pg/pipeline.hpp"
+#include "pg/rows.hpp"
+
+namespace cg::billing {
+namespace {
+
+using ms = std::chrono::milliseconds;
+
+// Every statement that reads a whole row selects these columns in this order (decode_record reads them).
+#define CG_RECORD_COLUMNS                                                                                       \
+    "key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, "          \
+    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts"
+
+// Lease arithmetic on the database clock; the length travels as milliseconds (int8).
+#define CG_LEASE_END(p) "now() + " p "::bigint * interval '1 millisecond'"
+
+const std::string preflight_insert_sql =
+    "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
+    "status, lease_until, nsq_message_id, nsq_attempts) "
+    "VALUES ($1, $2, $3, $4, $5, $6, 'pending', " CG_LEASE_END("$7") ", $8, $9) "
+    "ON CONFLICT DO NOTHING RETURNING " CG_RECORD_COLUMNS;
+
+// The row that made the insert conflict: by key first; else the (customer_id, billing_period) row under
+// another key.
+const std::string preflight_existing_sql =
+    "SELECT " CG_RECORD_COLUMNS " FROM billing_records "
+    "WHERE key = $1::text OR (customer_id = $2::text AND billing_period = $3::text) "
+    "ORDER BY key = $1::text DESC LIMIT 1";
+
+const std::string find_sql = "SELECT " CG_RECORD_COLUMNS " FROM billing_records WHERE key = $1";
+
+const std::string take_sql =
+    "UPDATE billing_records SET lease_until = " CG_LEASE_END("$2") ", nsq_message_id = $3, nsq_attempts = $4 "
+    "WHERE key = $1 AND status = 'pending' AND (lease_until IS NULL OR lease_until < now()) "
+    "RETURNING " CG_RECORD_COLUMNS;
+
+const std::string renew_sql =
+    "UPDATE billing_records SET lease_until = " CG_LEASE_END("$3") " "
+    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 RETURNING lease_until";
+
+const std::string attempt_sql =
+    "UPDATE billing_records SET stripe_attempts = stripe_attempts + 1, "
+    "first_stripe_attempt_at = coalesce(first_stripe_attempt_at, now()), lease_until = " CG_LEASE_END("$3") " "
+    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 "
+    "RETURNING key_generation, stripe_attempts, lease_until";
+
+// Final states drop the lease; last_error keeps the previous one when the new state has none (charged).
+const std::string settle_sql =
+    "UPDATE billing_records SET status = $2::text, charge_id = coalesce($3::text, charge_id), "
+    "last_error = coalesce($4::text, last_error), lease_until = NULL "
+    "WHERE key = $1 AND status = 'pending'";
+
+// A released lease is set just in the past, so the next take (lease_until < now()) succeeds at once.
+// The open answer is recorded even when our lease lapsed meanwhile (it steers whoever holds the row to search
+// first); only our own lease is released.
+const std::string indeterminate_sql =
+    "UPDATE billing_records SET indeterminate_since = coalesce(indeterminate_since, now()), last_error = $3, "
+    "lease_until = CASE WHEN lease_until = $2 THEN now() - interval '1 millisecond' ELSE lease_until END "
+    "WHERE key = $1 AND status = 'pending' RETURNING lease_until = now() - interval '1 millisecond'";
+
+const std::string release_sql =
+    "UPDATE billing_records SET last_error = $3, lease_until = now() - interval '1 millisecond' "
+    "WHERE key = $1 AND status = 'pending' AND lease_until = $2";
+
+const std::string bump_sql =
+    "UPDATE billing_records SET key_generation = key_generation + 1, indeterminate_since = NULL "
+    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 AND key_generation = $3 RETURNING key_generation";
+
+// Held until the batch's transaction ends: concurrent deliveries of one message insert one letter.
+const std::string letter_lock_sql = "SELECT pg_advisory_xact_lock(hashtextextended('cg_dead_letter:' || $1::text, 0))";
+const std::string letter_insert_sql =
+    "INSERT INTO dead_letters (topic, channel, nsq_message_id, attempts, raw_body, reason, billing_key) "
+    "SELECT $1::text, $2::text, $3::text, $4::int, $5::bytea, $6::text, $7::text "
+    "WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE nsq_message_id = $3::text AND reason = $6::text)";
+
+#undef CG_RECORD_COLUMNS
+#undef CG_LEASE_END
+
+std::optional<sys_time> to_sys(std::optional<pg::timestamp> t) {
+    if (!t) return std::nullopt;
+    return sys_time(*t);
+}
+
+ledger_record decode_record(const pg::rows& r, std::size_t i) {
+    ledger_record rec;
+    rec.key = r.get<std::string>(i, 0);
+    rec.customer_id = r.get<std::string>(i, 1);
+    rec.billing_period = r.get<std::string>(i, 2);
+    rec.amount_cents = r.get<std::int64_t>(i, 3);
+    rec.currency = r.get<std::string>(i, 4);
+    rec.stripe_customer_id = r.get<std::string>(i, 5);
+    auto status = parse_record_status(r.get<std::string_view>(i, 6));
+    // The CHECK constraint lists the same states: anything else means schema and code disagree.
+    if (!status) throw pg::column_error("billing_records.status: unknown value " + r.get<std::string>(i, 6));
+    rec.status = *status;
+    rec.charge_id = r.get<std::optional<std::string>>(i, 7);
+    rec.key_generation = r.get<std::int32_t>(i, 8);
+    rec.indeterminate_since = to_sys(r.get<std::optional<pg::timestamp>>(i, 9));
+    rec.lease_until = to_sys(r.get<std::optional<pg::timestamp>>(i, 10));
+    rec.first_stripe_attempt_at = to_sys(r.get<std::optional<pg::timestamp>>(i, 11));
+    rec.stripe_attempts = r.get<std::int32_t>(i, 12);
+    return rec;
+}
+
+std::int64_t millis(ms d) { return static_cast<std::int64_t>(d.count()); }
+
+// One statement on a pooled connection. `sql` is one of the statics above (it outlives the call).
+net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std::string& sql, pg::params p) {
+    auto c = co_await pool->acquire();
+    if (!c) co_return c.err();
+    auto& conn = **c;
+    co_return co_await conn.query_with(sql, std::move(p), conn.options().query_timeout);
+}
+
+// One atomic batch (pipeline mode, one sync): the first failing statement's error, or every result.
+net::awaitable<result<std::vector<pg::rows>>> exec_batch(std::shared_ptr<pg::pool> pool, pg::pipeline batch) {
+    auto c = co_await pool->acquire();
+    if (!c) co_return c.err();
+    auto r = co_await (*c)->run(batch);
+    if (!r) co_return r.err();
+    std::vector<pg::rows> out;
+    out.reserve(r->size());
+    // The failing statement reports its own error; the others pipeline_aborted / rolled_back: report the cause.
+    for (auto& one : *r)
+        if (!one && one.code() != pg::errc::pipeline_aborted && one.code() != pg::errc::rolled_back)
+            co_return one.err();
+    for (auto& one : *r) {
+        if (!one) co_return one.err();
+        out.push_back(std::move(*one));
+    }
+    co_return out;
+}
+
+void add_letter(pg::pipeline& batch, dead_letter l) {
+    batch.add(letter_lock_sql, l.nsq_message_id);
+    pg::params p;
+    p.add(std::move(l.topic)).add(std::move(l.channel)).add(std::move(l.nsq_message_id)).add(l.attempts);
+    p.add(std::span(reinterpret_cast<const std::uint8_t*>(l.raw_body.data()), l.raw_body.size()));
+    p.add(std::move(l.reason)).add(l.billing_key);
+    batch.add_params(letter_insert_sql, std::move(p));
+}
+
+}  // namespace
+
+net::awaitable<result<preflight_result>> ledger::preflight(new_record rec, std::chrono::milliseconds lease) {
+    const auto& e = rec.event;
+    auto ins = co_await exec(pool_, preflight_insert_sql,
+                             pg::params(rec.key, e.customer_id, e.billing_period, e.amount_cents, e.currency,
+                                        e.stripe_customer_id, millis(lease), rec.nsq_message_id, rec.nsq_attempts));
+    if (!ins) co_return ins.err();
+    if (!ins->empty()) co_return preflight_result{true, decode_record(*ins, 0)};
+    auto existing =
+        co_await exec(pool_, preflight_existing_sql, pg::params(rec.key, e.customer_id, e.billing_period));
+    if (!existing) co_return existing.err();
+    // Rows are never deleted, so the conflicting row is there; if not, something outside the design did it.
+    if (existing->empty())
+        co_return error(pg::errc::protocol_error, "pre-flight conflicted but no row matches key " + rec.key);
+    co_return preflight_result{false, decode_record(*existing, 0)};
+}
+
+net::awaitable<result<std::optional<ledger_record>>> ledger::find(std::string key) {
+    auto r = co_await exec(pool_, find_sql, pg::params(std::move(key)));
+    if (!r) co_return r.err();
+    if (r->empty()) co_return std::optional<ledger_record>();
+    co_return std::optional<ledger_record>(decode_record(*r, 0));
+}
+
+net::awaitable<result<std::optional<ledger_record>>> ledger::take_expired_lease(std::string key,
+                                                                              std::chrono::milliseconds lease,
+                                                                              std::string nsq_message_id,
+                                                                              std::int32_t nsq_attempts) {
+    auto r = co_await exec(pool_, take_sql, pg::params(std::move(key), millis(lease), std::move(nsq_message_id),
+                                                       nsq_attempts));
+    if (!r) co_return r.err();
+    if (r->empty()) co_return std::optional<ledger_record>();
+    co_return std::optional<ledger_record>(decode_record(*r, 0));
+}
+
+net::awaitable<result<std::optional<lease_token>>> ledger::renew_lease(std::string key, lease_token held,
+                                                                       std::chrono::milliseconds lease) {
+    auto r = co_await exec(pool_, renew_sql, pg::params(std::move(key), held, millis(lease)));
+    if (!r) co_return r.err();
+    if (r->empty()) co_return std::optional<lease_token>();
+    co_return std::optional<lease_token>((*r)[0].get<pg::timestamp>(0));
+}
+
+net::awaitable<result<std::optional<attempt_record>>> ledger::record_attempt(std::string key, lease_token held,
+                                                                            std::chrono::milliseconds lease) {
+    auto r = co_await exec(pool_, attempt_sql, pg::params(std::move(key), held, millis(lease)));
+    if (!r) co_return r.err();
+    if (r->empty()) co_return std::optional<attempt_record>();
+    auto [gen, attempts, until] = (*r)[0].as<std::int32_t, std::int32_t, pg::timestamp>();
+    co_return std::optional<attempt_record>(attempt_record{gen, attempts, until});
+}
+
+net::awaitable<result<bool>> ledger::settle(std::string key, record_status status, std::optional<std::string> charge_id,
+                                            std::optional<std::string> last_error, std::optional<dead_letter> letter) {
+    pg::pipeline batch;
+    batch.add(settle_sql, std::move(key), std::string(to_string(status)), std::move(charge_id), std::move(last_error));
+    if (letter) add_letter(batch, std::move(*letter));
+    auto r = co_await exec_batch(pool_, std::move(batch));
+    if (!r) co_return r.err();
+    co_return (*r)[0].affected() == 1;
+}
+
+net::awaitable<result<bool>> ledger::mark_charged(std::string key, std::string charge_id) {
+    co_return co_await settle(std::move(key), record_status::charged, std::move(charge_id), std::nullopt, std::nullopt);
+}
+
+net::awaitable<result<bool>> ledger::mark_declined(std::string key, std::optional<std::string> charge_id,
+                                                   std::string last_error) {
+    co_return co_await settle(std::move(key), record_status::declined, std::move(charge_id), std::move(last_error),
+                              std::nullopt);
+}
+
+net::awaitable<result<bool>> ledger::mark_cap_blocked(std::string key, std::string last_error) {
+    co_return co_await settle(std::move(key), record_status::cap_blocked, std::nullopt, std::move(last_error),
+                              std::nullopt);
+}
+
+net::awaitable<result<bool>> ledger::mark_conflict(std::string key, std::string last_error, dead_letter letter) {
+    co_return co_await settle(std::move(key), record_status::conflict, std::nullopt, std::move(last_error),
+                              std::move(letter));
+}
+
+net::awaitable<result<bool>> ledger::mark_failed(std::string key, std::string last_error, dead_letter letter) {
+    co_return co_await settle(std::move(key), record_status::failed, std::nullopt, std::move(last_error),
+                              std::move(letter));
+}
+
+net::awaitable<result<bool>> ledger::mark_indeterminate(std::string key, lease_token held, std::string last_error) {
+    auto r = co_await exec(pool_, indeterminate_sql, pg::params(std::move(key), held, std::move(last_error)));
+    if (!r) co_return r.err();
+    co_return !r->empty() && (*r)[0].get<bool>(0);
+}
+
+net::awaitable<result<bool>> ledger::release_lease(std::string key, lease_token held, std::string last_error) {
+    auto r = co_await exec(pool_, release_sql, pg::params(std::move(key), held, std::move(last_error)));
+    if (!r) co_return r.err();
+    co_return r->affected() == 1;
+}
+
+net::awaitable<result<std::optional<std::int32_t>>> ledger::bump_generation(std::string key, lease_token held,
+                                                                            std::int32_t from_generation) {
+    auto r = co_await exec(pool_, bump_sql, pg::params(std::move(key), held, from_generation));
+    if (!r) co_return r.err();
+    if (r->empty()) co_return std::optional<std::int32_t>();
+    co_return std::optional<std::int32_t>((*r)[0].get<std::int32_t>(0));
+}
+
+net::awaitable<result<bool>> ledger::add_dead_letter(dead_letter letter) {
+    pg::pipeline batch;
+    add_letter(batch, std::move(letter));
+    auto r = co_await exec_batch(pool_, std::move(batch));
+    if (!r) co_return r.err();
+    co_return (*r)[1].affected() == 1;
+}
+
+}  // namespace cg::billing

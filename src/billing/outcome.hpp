@@ -1,0 +1,73 @@
+// The pure edges of the billing pipeline (DESIGN.md §4): what a delivery comes to (verdict), how a Stripe
+// outcome maps onto the ledger, the requeue backoff, and the Stripe request a billing event becomes. No I/O:
+// table-tested in tests/unit/billing.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "billing/event.hpp"
+#include "stripe/outcome.hpp"
+#include "stripe/types.hpp"
+
+namespace cg::billing {
+
+// Why a delivery ended as it did: the metrics label and the log field.
+enum class verdict_reason {
+    charged,                      // charged now, or found charged at Stripe during recovery
+    declined,                     // final decline (now or found during recovery)
+    cap_blocked,                  // the vault proxy refused: spend cap exceeded (an alert)
+    duplicate_prevented,          // the ledger already holds a final state for this key
+    dead_lettered,                // invalid payload, payload conflict, Stripe idempotency error or rejection
+    requeued_lease_held,          // another worker is charging this row
+    requeued_retry_same_key,      // Stripe: nothing happened (409 in use, 429, not sent); same key later
+    requeued_indeterminate,       // Stripe: may have happened (5xx, timeout after sending); search later
+    requeued_postgres,            // PostgreSQL failed at some step
+    requeued_stripe_unavailable,  // the charge search failed
+    requeued_lease_lost,          // our lease was taken over before Stripe was called
+    requeued_unresolved,          // past max attempts, but a Stripe attempt is unresolved: not dropped
+};
+inline constexpr std::size_t verdict_reason_count = 12;
+std::string_view to_string(verdict_reason r) noexcept;
+
+struct verdict {
+    enum class action { finish, requeue };
+    action act = action::finish;
+    std::chrono::milliseconds delay{0};  // REQ only
+    verdict_reason reason = verdict_reason::duplicate_prevented;
+    std::string detail;  // one line for logs (a dead letter's reason, Stripe's message, a pg error)
+
+    static verdict finish(verdict_reason r, std::string detail = {}) { return {action::finish, {}, r, std::move(detail)}; }
+    static verdict requeue(verdict_reason r, std::chrono::milliseconds d, std::string detail = {}) {
+        return {action::requeue, d, r, std::move(detail)};
+    }
+    bool finished() const noexcept { return act == action::finish; }
+};
+
+// Requeue delay growing with the delivery's attempt count: initial · 2^(attempts−1), capped at max.
+struct backoff {
+    std::chrono::milliseconds initial{1'000};
+    std::chrono::milliseconds max{60'000};
+};
+std::chrono::milliseconds backoff_delay(const backoff& b, std::int32_t attempts) noexcept;
+
+// What the ledger does with one create-charge outcome (after the client's own bounded retries).
+enum class charge_step {
+    mark_charged,                  // succeeded → charged + FIN
+    mark_declined,                 // declined → declined + FIN
+    mark_cap_blocked,              // cap_exceeded → cap_blocked + FIN + alert
+    mark_conflict_dead_letter,     // idempotency_conflict → conflict + dead letter + FIN
+    release_requeue,               // retry_same_key → stays pending, lease released, REQ
+    mark_indeterminate_requeue,    // indeterminate → indeterminate_since, lease released, REQ
+    mark_failed_dead_letter,       // rejected → failed with last_error + dead letter + FIN
+};
+charge_step step_for(stripe::outcome_class c) noexcept;
+std::string_view to_string(charge_step s) noexcept;
+
+// POST /v1/charges for an event: Idempotency-Key = stripe_idempotency_key(base, generation); metadata always
+// carries the base key (so a search finds a charge of any generation), customer_id and billing_period.
+stripe::charge_request build_charge_request(const billing_event& ev, std::string_view base, std::int32_t generation);
+
+}  // namespace cg::billing

@@ -1,0 +1,115 @@
+// The per-message billing state machine (DESIGN.md §4): one delivery in, one verdict out (FIN or REQ with a
+// delay). Transport-agnostic: it knows nothing of NSQ sockets; the app maps a `delivery` from an NSQ message,
+// `touch` to TOUCH, and the verdict to FIN / REQ.
+//
+// Invariants it keeps: Stripe is never called without a committed pending row whose lease this worker holds and
+// whose attempt is recorded; a new key generation is only taken after a list of the customer's charges shows
+// none carrying the base key; any PostgreSQL error requeues with backoff (never a Stripe call on a guess).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "billing/decision.hpp"
+#include "billing/ledger.hpp"
+#include "billing/outcome.hpp"
+#include "core/log.hpp"
+#include "net/tokens.hpp"
+#include "stripe/types.hpp"
+
+namespace cg::stripe {
+class client;
+}
+namespace cg::metrics {
+class registry;
+}
+
+namespace cg::billing {
+
+// One delivery of one message, copied out of the transport's buffers.
+struct delivery {
+    std::string topic;
+    std::string channel;
+    std::string message_id;  // the NSQ message id as hex text
+    std::int32_t attempts = 1;
+    std::string body;
+};
+
+// "Still working on it": the app extends the message's timeout (NSQ TOUCH). Called on the pipeline's executor.
+using touch_fn = std::function<void()>;
+
+struct pipeline_config {
+    std::string key_namespace = "chargeguard";
+    // How long a pending row stays ours without renewal (database clock), and how often it is renewed (and
+    // `touch` called) while Stripe is awaited. The interval must be well under the lease.
+    std::chrono::milliseconds lease{60'000};
+    std::chrono::milliseconds lease_renew_interval{15'000};
+    // REQ delays.
+    std::chrono::milliseconds lease_held_delay{10'000};        // another worker is charging this row
+    std::chrono::milliseconds retry_same_key_delay{5'000};     // Stripe said "nothing happened, try again"
+    std::chrono::milliseconds indeterminate_delay{30'000};     // 5xx / timeout: resolve by search later
+    std::chrono::milliseconds stripe_unavailable_delay{30'000};  // the charge search failed
+    backoff postgres_backoff{};                                // PostgreSQL errors, by delivery attempt
+    // Past this, a pending row's key is not trusted for replay any more (Stripe prunes keys at 24 h).
+    std::chrono::seconds same_key_window{billing::same_key_window};
+    // The search for an existing charge starts this long before the first attempt (clock skew with Stripe).
+    std::chrono::seconds search_slack{std::chrono::hours(24)};
+    // "Now" for the decision table (tests move it); leases always use the database clock.
+    std::function<sys_time()> now = [] { return std::chrono::system_clock::now(); };
+};
+
+class pipeline {
+  public:
+    // `ledger_` and `stripe` must outlive the pipeline; `reg` too when given (metrics are optional). The
+    // pipeline runs on the ledger pool's executor (the main loop); the Stripe client hops to its own.
+    pipeline(pipeline_config cfg, billing::ledger& ledger, stripe::client& stripe, logger log,
+             metrics::registry* reg = nullptr);
+    ~pipeline();
+    pipeline(const pipeline&) = delete;
+    pipeline& operator=(const pipeline&) = delete;
+
+    // Runs the whole §4 machine for one delivery and returns FIN or REQ(delay) with the reason. Never throws for
+    // database, Stripe or payload failures (they are verdicts); throws only on broken invariants (a column of
+    // an unexpected type). Call and complete on the ledger pool's executor. Cancellation is not supported
+    // while Stripe is awaited (the call is bounded by the client's own timeouts); `touch` may be empty and
+    // must stay callable until the coroutine completes.
+    net::awaitable<verdict> handle(delivery d, touch_fn touch = {});
+
+    // For a delivery past the transport's max attempts: dead-letter "max attempts exceeded" and FIN — unless
+    // the ledger shows a pending row with a Stripe attempt that may have happened (see pipeline.cpp). Same
+    // executor and lifetime rules as handle().
+    net::awaitable<verdict> give_up(delivery d, touch_fn touch = {});
+
+    const pipeline_config& config() const noexcept { return cfg_; }
+
+  private:
+    struct run;
+    struct lease_keeper;
+    struct metrics_set;
+
+    net::awaitable<verdict> process(run& r);
+    net::awaitable<verdict> give_up_process(run& r);
+    net::awaitable<verdict> on_existing(run& r, ledger_record rec);
+    net::awaitable<verdict> recover(run& r);
+    net::awaitable<verdict> search(run& r);
+    net::awaitable<verdict> charge(run& r);
+    net::awaitable<verdict> settle(run& r, const stripe::charge_outcome& out);
+    net::awaitable<verdict> dead_letter_finish(run& r, std::string reason, std::optional<std::string> key);
+    net::awaitable<void> call_stripe(stripe::charge_request req, stripe::charge_outcome& out, lease_keeper& k);
+    net::awaitable<void> keep_lease(run& r, lease_keeper& k);
+    verdict postgres_failed(run& r, const error& e, std::string_view step);
+    verdict count(verdict v);
+
+    pipeline_config cfg_;
+    billing::ledger& ledger_;
+    stripe::client& stripe_;
+    logger log_;
+    std::unique_ptr<metrics_set> metrics_;
+};
+
+}  // namespace cg::billing

@@ -1,0 +1,149 @@
+// The billing pipeline against real parts: a scratch PostgreSQL database with the migrations applied, an
+// in-process fake-stripe over TLS, a stripe::client on the offload pool, and a pg::pool on the test's
+// io_context (the "main loop": the fake, the pool and the pipeline all run there).
+#pragma once
+
+#include <asio/co_spawn.hpp>
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "billing/key.hpp"
+#include "billing/ledger.hpp"
+#include "billing/pipeline.hpp"
+#include "pg/migrations.hpp"
+#include "pg/pool.hpp"
+#include "support/run_async.hpp"
+#include "tests/integration/pg/support.hpp"
+#include "tests/integration/stripe/fake_fixture.hpp"
+
+namespace cg::test {
+
+inline const std::string key_namespace = "test";
+
+inline std::string event_json(const std::string& customer, const std::string& period, std::int64_t amount,
+                              const std::string& stripe_customer = "cus_ok") {
+    return R"({"customer_id":")" + customer + R"(","billing_period":")" + period +
+           R"(","amount_cents":)" + std::to_string(amount) + R"(,"currency":"usd","stripe_customer_id":")" +
+           stripe_customer + R"(","description":"plan )" + period + R"("})";
+}
+
+inline billing::delivery delivery_of(std::string body, std::string message_id, std::int32_t attempts = 1) {
+    billing::delivery d;
+    d.topic = "billing";
+    d.channel = "chargeguard";
+    d.message_id = std::move(message_id);
+    d.attempts = attempts;
+    d.body = std::move(body);
+    return d;
+}
+
+inline std::string key_of(const std::string& customer, const std::string& period) {
+    return billing::base_key(key_namespace, customer, period);
+}
+
+// Asio 1.22's co_spawn needs a default-constructible result (result<T> is not): box it.
+template <typename T>
+net::awaitable<std::optional<T>> boxed(net::awaitable<T> a) {
+    co_return std::optional<T>(co_await std::move(a));
+}
+
+struct billing_fixture : fake_stripe_fixture {
+    scratch_db db{"billing"};
+    std::shared_ptr<pg::pool> pg;
+    std::unique_ptr<stripe::client> stripe;
+    std::unique_ptr<billing::ledger> ledger;
+    std::chrono::seconds clock_offset{0};  // added to the pipeline's "now" (tests move time)
+
+    billing_fixture() {
+        pg = pool_for(db.config());
+        auto migrated = run(boxed_migrate());
+        BOOST_TEST_REQUIRE(migrated.has_value(), (migrated ? "" : migrated.err().describe()));
+        auto sc = config();
+        sc.request_timeout = std::chrono::seconds(10);  // slow-Stripe tests add latency on purpose
+        stripe = client(sc);
+        ledger = std::make_unique<billing::ledger>(pg);
+    }
+    ~billing_fixture() {
+        try {
+            run_async(io, [&]() -> net::awaitable<void> { co_await pg->close(); });
+        } catch (...) {
+        }
+    }
+
+    // Runs an awaitable returning result<T> (or anything) on the test's io_context and returns its value.
+    template <typename T>
+    T run(net::awaitable<T> a) {
+        return std::move(*run_async(io, [&]() { return boxed(std::move(a)); }));
+    }
+
+    net::awaitable<result<pg::migrate_report>> boxed_migrate() {
+        auto c = co_await pg->acquire();
+        if (!c) co_return c.err();
+        auto ms = pg::embedded_migrations();
+        if (!ms) co_return ms.err();
+        co_return co_await pg::migrate(**c, *ms, {}, logger());
+    }
+
+    std::shared_ptr<pg::pool> pool_for(pg::config cfg) {
+        pg::pool_options o;
+        o.server = std::move(cfg);
+        o.size = 4;
+        o.server.connect_timeout = std::chrono::seconds(2);
+        return pg::pool::create(io.get_executor(), pool.get_executor(), std::move(o), logger());
+    }
+
+    // Short delays so requeue verdicts are easy to compare; the lease is long unless a test shortens it.
+    billing::pipeline_config config_for_pipeline() {
+        using namespace std::chrono_literals;
+        billing::pipeline_config c;
+        c.key_namespace = key_namespace;
+        c.lease = 30s;
+        c.lease_renew_interval = 5s;
+        c.lease_held_delay = 101ms;
+        c.retry_same_key_delay = 102ms;
+        c.indeterminate_delay = 103ms;
+        c.stripe_unavailable_delay = 104ms;
+        c.postgres_backoff = {50ms, 400ms};
+        c.now = [this] { return std::chrono::system_clock::now() + clock_offset; };
+        return c;
+    }
+
+    std::unique_ptr<billing::pipeline> make_pipeline(billing::pipeline_config c, metrics::registry* r = nullptr) {
+        return std::make_unique<billing::pipeline>(std::move(c), *ledger, *stripe, logger(), r);
+    }
+    std::unique_ptr<billing::pipeline> make_pipeline() { return make_pipeline(config_for_pipeline()); }
+
+    // One delivery through `p`, run on the test's io_context.
+    billing::verdict handle(billing::pipeline& p, billing::delivery d) {
+        return run_async(io, [&]() { return p.handle(std::move(d)); });
+    }
+
+    std::optional<billing::ledger_record> row(const std::string& key) {
+        auto r = run(ledger->find(key));
+        BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+        return *r;
+    }
+
+    // A single int8 from SQL (counts), with text parameters.
+    template <typename... A>
+    std::int64_t scalar(const std::string& sql, A... args) {
+        auto r = run(query(sql, pg::params(args...)));
+        BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+        return (*r)[0].template get<std::int64_t>(0);
+    }
+
+    net::awaitable<result<pg::rows>> query(std::string sql, pg::params p) {
+        auto c = co_await pg->acquire();
+        if (!c) co_return c.err();
+        co_return co_await (*c)->query_with(sql, std::move(p), std::chrono::seconds(5));
+    }
+
+    std::int64_t dead_letters(const std::string& message_id) {
+        return scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = $1", message_id);
+    }
+};
+
+}  // namespace cg::test

@@ -1,0 +1,386 @@
+// The billing state machine (DESIGN.md §4) end to end: real PostgreSQL (scratch database, migrations applied),
+// fake-stripe over TLS, the real stripe::client. Each test names the failure it would catch.
+// g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+#include <asio/detached.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include "billing/outcome.hpp"
+#include "fixture.hpp"
+#include "stripe/types.hpp"
+#include "support/prom_text.hpp"
+
+using namespace std::chrono_literals;
+using namespace cg;
+using billing::verdict_reason;
+using cg::test::delivery_of;
+using cg::test::event_json;
+using cg::test::key_of;
+using cg::test::run_async;
+
+namespace {
+
+using fixture = test::billing_fixture;
+
+std::string reason(const billing::verdict& v) { return std::string(billing::to_string(v.reason)); }
+
+// Runs one delivery to completion and wakes `done` (a timer used as an event).
+net::awaitable<void> handle_into(billing::pipeline* p, billing::delivery d, std::optional<billing::verdict>* out,
+                                 net::steady_timer* done) {
+    *out = co_await p->handle(std::move(d));
+    done->cancel();
+}
+
+double metric(metrics::registry& reg, const std::string& family, const std::string& outcome) {
+    auto fams = test::parse_prometheus(reg.render());
+    auto it = fams.find(family);
+    if (it == fams.end()) return -1;
+    for (auto& s : it->second.samples)
+        if (s.labels.count("outcome") && s.labels.at("outcome") == outcome) return s.value;
+    return -1;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(billing_pipeline)
+
+// One event → one charge with the metadata and key §4 prescribes, row charged with that id, FIN, counted.
+BOOST_AUTO_TEST_CASE(happy_path_charges_once_with_key_and_metadata) {
+    fixture f;
+    metrics::registry reg;
+    auto p = f.make_pipeline(f.config_for_pipeline(), &reg);
+    auto key = key_of("acme-1", "2026-11");
+    auto v = f.handle(*p, delivery_of(event_json("acme-1", "2026-11", 1999), "0a0000000000000000000001"));
+    BOOST_TEST(v.finished());
+    BOOST_TEST(reason(v) == "charged", v.detail);
+
+    BOOST_TEST_REQUIRE(f.fake->charges().size() == 1u);
+    const auto& ch = f.fake->charges()[0];
+    BOOST_TEST(ch.amount == 1999);
+    BOOST_TEST(ch.currency == "usd");
+    BOOST_TEST(ch.customer == "cus_ok");
+    stripe::metadata md(ch.metadata.begin(), ch.metadata.end());
+    BOOST_TEST(stripe::metadata_value(md, "billing_key").value_or("") == key);
+    BOOST_TEST(stripe::metadata_value(md, "customer_id").value_or("") == "acme-1");
+    BOOST_TEST(stripe::metadata_value(md, "billing_period").value_or("") == "2026-11");
+    BOOST_TEST(f.fake->posts_for(key) == 1);  // Idempotency-Key is the base key (generation 1)
+    BOOST_TEST(v.detail == ch.id);
+
+    auto rec = f.row(key);
+    BOOST_TEST_REQUIRE(rec.has_value());
+    BOOST_TEST(billing::to_string(rec->status) == "charged");
+    BOOST_TEST(rec->charge_id.value_or("") == ch.id);
+    BOOST_TEST(rec->stripe_attempts == 1);
+    BOOST_TEST(rec->key_generation == 1);
+    BOOST_TEST(rec->first_stripe_attempt_at.has_value());
+    BOOST_TEST(!rec->lease_until.has_value());
+    BOOST_TEST(metric(reg, "chargeguard_billing_messages_total", "charged") == 1.0);
+    BOOST_TEST(metric(reg, "chargeguard_billing_messages_total", "dead_lettered") == 0.0);
+    auto fams = test::parse_prometheus(reg.render());
+    BOOST_TEST(fams.count("chargeguard_billing_stripe_call_duration_seconds") == 1u);
+}
+
+// Redeliveries (attempts 2, 3, another message id) never POST again: the ledger says charged.
+BOOST_AUTO_TEST_CASE(redelivery_is_a_prevented_duplicate) {
+    fixture f;
+    metrics::registry reg;
+    auto p = f.make_pipeline(f.config_for_pipeline(), &reg);
+    auto body = event_json("acme-2", "2026-11", 500);
+    auto key = key_of("acme-2", "2026-11");
+    BOOST_TEST(reason(f.handle(*p, delivery_of(body, "0b01", 1))) == "charged");
+    auto v2 = f.handle(*p, delivery_of(body, "0b01", 2));
+    auto v3 = f.handle(*p, delivery_of(body, "0b02", 3));
+    BOOST_TEST(v2.finished());
+    BOOST_TEST(reason(v2) == "duplicate_prevented");
+    BOOST_TEST(reason(v3) == "duplicate_prevented");
+    BOOST_TEST(f.fake->posts_for(key) == 1);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+    BOOST_TEST(metric(reg, "chargeguard_billing_messages_total", "duplicate_prevented") == 2.0);
+}
+
+// Same customer and period, another amount: dead-lettered "conflict", the recorded row untouched, one charge;
+// a redelivery of the conflicting message adds no second letter.
+BOOST_AUTO_TEST_CASE(payload_conflict_is_dead_lettered_and_ledger_untouched) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto key = key_of("acme-3", "2026-11");
+    BOOST_TEST(reason(f.handle(*p, delivery_of(event_json("acme-3", "2026-11", 1000), "0c01"))) == "charged");
+    auto v = f.handle(*p, delivery_of(event_json("acme-3", "2026-11", 2000), "0c02"));
+    BOOST_TEST(v.finished());
+    BOOST_TEST(reason(v) == "dead_lettered");
+    BOOST_TEST(v.detail == "conflict");
+    auto again = f.handle(*p, delivery_of(event_json("acme-3", "2026-11", 2000), "0c02", 2));
+    BOOST_TEST(reason(again) == "dead_lettered");
+    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = $1 AND reason = 'conflict' "
+                        "AND billing_key = $2 AND attempts = 1 AND topic = 'billing' AND channel = 'chargeguard'",
+                        std::string("0c02"), key) == 1);
+    BOOST_TEST(f.dead_letters("0c01") == 0);
+    auto rec = f.row(key);
+    BOOST_TEST(rec->amount_cents == 1000);
+    BOOST_TEST(billing::to_string(rec->status) == "charged");
+    BOOST_TEST(f.fake->charges().size() == 1u);
+    BOOST_TEST(f.fake->posts_for(key) == 1);
+}
+
+// Invalid payloads: dead letter with parse_event's reason and the raw body, FIN, no ledger row; a redelivery
+// of the same message does not add a second letter.
+BOOST_AUTO_TEST_CASE(invalid_event_is_dead_lettered_once) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto v = f.handle(*p, delivery_of("not json {", "0d01"));
+    BOOST_TEST(v.finished());
+    BOOST_TEST(reason(v) == "dead_lettered");
+    BOOST_TEST(v.detail.find("not a JSON object") != std::string::npos, v.detail);
+    auto again = f.handle(*p, delivery_of("not json {", "0d01", 2));
+    BOOST_TEST(reason(again) == "dead_lettered");
+    BOOST_TEST(f.dead_letters("0d01") == 1);
+    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '0d01' AND "
+                        "raw_body = convert_to('not json {', 'UTF8') AND billing_key IS NULL") == 1);
+
+    auto bad = R"({"customer_id":"acme-4","billing_period":"2026-11","amount_cents":19.99,"currency":"usd",)"
+               R"("stripe_customer_id":"cus_ok"})";
+    auto vb = f.handle(*p, delivery_of(bad, "0d02"));
+    BOOST_TEST(reason(vb) == "dead_lettered");
+    BOOST_TEST(vb.detail.find("amount_cents") != std::string::npos, vb.detail);
+    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '0d02' AND reason LIKE "
+                        "'%amount_cents%'") == 1);
+    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records") == 0);
+    BOOST_TEST(f.fake->requests() == 0u);
+}
+
+// A worker charged at Stripe, then died before recording it (row pending, attempt recorded, lease expired).
+// The redelivery recovers under the same key: Stripe replays the original charge; one charge, row charged
+// with the original id.
+BOOST_AUTO_TEST_CASE(crash_after_stripe_charged_recovers_with_the_same_key) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto body = event_json("acme-5", "2026-11", 4200);
+    auto key = key_of("acme-5", "2026-11");
+    auto ev = billing::parse_event(body);
+    BOOST_TEST_REQUIRE(ev.has_value());
+    // The dead worker's steps: pre-flight, attempt recorded, Stripe charged; its lease lapses (0 ms here).
+    auto first_charge = run_async(f.io, [&]() -> net::awaitable<std::string> {
+        billing::new_record nr{key, *ev, "0e01", 1};
+        auto pf = co_await f.ledger->preflight(nr, 0ms);
+        BOOST_TEST_REQUIRE(pf.has_value());
+        BOOST_TEST_REQUIRE(pf->inserted);
+        auto token = std::chrono::time_point_cast<std::chrono::microseconds>(*pf->record.lease_until);
+        auto att = co_await f.ledger->record_attempt(key, token, 0ms);
+        BOOST_TEST_REQUIRE((att.has_value() && att->has_value()));
+        auto out = co_await f.stripe->create_charge(billing::build_charge_request(*ev, key, 1));
+        BOOST_TEST_REQUIRE((out.cls == stripe::outcome_class::succeeded));
+        co_return out.charge_id;
+    });
+    auto v = f.handle(*p, delivery_of(body, "0e01", 2));
+    BOOST_TEST(reason(v) == "charged", v.detail);
+    BOOST_TEST(v.detail == first_charge);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+    BOOST_TEST(f.fake->posts_for(key) == 2);  // the same key again: replayed, not a new charge
+    auto rec = f.row(key);
+    BOOST_TEST(rec->charge_id.value_or("") == first_charge);
+    BOOST_TEST(rec->stripe_attempts == 2);
+}
+
+// 500 after the charge was created: indeterminate, REQ. The redelivery searches (the same key would only
+// replay the 500), finds the charge by metadata[billing_key] and records it: exactly one charge, one POST.
+BOOST_AUTO_TEST_CASE(server_error_after_create_is_resolved_by_search) {
+    fixture f;
+    metrics::registry reg;
+    auto p = f.make_pipeline(f.config_for_pipeline(), &reg);
+    auto body = event_json("acme-6", "2026-11", 700);
+    auto key = key_of("acme-6", "2026-11");
+    f.fake->faults().fail_after_create = 1;
+    auto v = f.handle(*p, delivery_of(body, "0f01", 1));
+    BOOST_TEST(!v.finished());
+    BOOST_TEST(reason(v) == "requeued_indeterminate", v.detail);
+    BOOST_TEST(v.delay == 103ms);
+    auto pending = f.row(key);
+    BOOST_TEST(billing::to_string(pending->status) == "pending");
+    BOOST_TEST(pending->indeterminate_since.has_value());
+    BOOST_TEST(pending->lease_until.has_value());
+    BOOST_TEST((*pending->lease_until <= std::chrono::system_clock::now()));  // released for RECOVER
+    BOOST_TEST_REQUIRE(f.fake->charges().size() == 1u);
+    auto created = f.fake->charges()[0].id;
+
+    auto v2 = f.handle(*p, delivery_of(body, "0f01", 2));
+    BOOST_TEST(reason(v2) == "charged", v2.detail);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+    BOOST_TEST(f.fake->posts_for(key) == 1);
+    auto rec = f.row(key);
+    BOOST_TEST(rec->charge_id.value_or("") == created);
+    BOOST_TEST(rec->key_generation == 1);
+    BOOST_TEST(metric(reg, "chargeguard_billing_messages_total", "requeued_indeterminate") == 1.0);
+}
+
+// A pending row whose first attempt is past the 23 h window (pipeline and fake-stripe clocks moved 25 h) and
+// no charge at Stripe: the search finds none, the generation is bumped, one charge under "<base>-g2".
+BOOST_AUTO_TEST_CASE(stale_pending_row_without_charge_takes_generation_two) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto body = event_json("acme-7", "2026-11", 800);
+    auto key = key_of("acme-7", "2026-11");
+    f.fake->faults().rate_limit = 3;  // the first try and both client retries: 429, nothing saved
+    auto v = f.handle(*p, delivery_of(body, "1001", 1));
+    BOOST_TEST(reason(v) == "requeued_retry_same_key", v.detail);
+    BOOST_TEST(v.delay == 102ms);
+    BOOST_TEST(f.fake->charges().empty());
+    BOOST_TEST(f.row(key)->stripe_attempts == 1);
+
+    f.clock_offset = std::chrono::hours(25);
+    f.fake->advance_clock(std::chrono::hours(25));
+    auto v2 = f.handle(*p, delivery_of(body, "1001", 2));
+    BOOST_TEST(reason(v2) == "charged", v2.detail);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+    BOOST_TEST(f.fake->posts_for(key) == 3);          // only the 429s
+    BOOST_TEST(f.fake->posts_for(key + "-g2") == 1);  // the new generation
+    stripe::metadata md(f.fake->charges()[0].metadata.begin(), f.fake->charges()[0].metadata.end());
+    BOOST_TEST(stripe::metadata_value(md, "billing_key").value_or("") == key);  // always the base key
+    auto rec = f.row(key);
+    BOOST_TEST(rec->key_generation == 2);
+    BOOST_TEST(billing::to_string(rec->status) == "charged");
+}
+
+// Another worker holds the lease: REQ with the lease-held delay, no Stripe call, row untouched.
+BOOST_AUTO_TEST_CASE(lease_held_elsewhere_requeues_without_calling_stripe) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto body = event_json("acme-8", "2026-11", 900);
+    auto key = key_of("acme-8", "2026-11");
+    auto ev = billing::parse_event(body);
+    billing::new_record nr{key, *ev, "other", 1};
+    auto pf = f.run(f.ledger->preflight(nr, 60s));
+    BOOST_TEST_REQUIRE((pf.has_value() && pf->inserted));
+    auto v = f.handle(*p, delivery_of(body, "1101", 2));
+    BOOST_TEST(!v.finished());
+    BOOST_TEST(reason(v) == "requeued_lease_held");
+    BOOST_TEST(v.delay == 101ms);
+    BOOST_TEST(f.fake->requests() == 0u);
+    auto rec = f.row(key);
+    BOOST_TEST(rec->stripe_attempts == 0);
+    BOOST_TEST((rec->lease_until == pf->record.lease_until));
+}
+
+// A decline is final: declined, FIN; a redelivery does not try again.
+BOOST_AUTO_TEST_CASE(decline_is_final) {
+    fixture f;
+    f.fake->decline("cus_broke", {"card_declined", "insufficient_funds"});
+    auto p = f.make_pipeline();
+    auto body = event_json("acme-9", "2026-11", 1200, "cus_broke");
+    auto key = key_of("acme-9", "2026-11");
+    auto v = f.handle(*p, delivery_of(body, "1201"));
+    BOOST_TEST(v.finished());
+    BOOST_TEST(reason(v) == "declined", v.detail);
+    auto rec = f.row(key);
+    BOOST_TEST(billing::to_string(rec->status) == "declined");
+    BOOST_TEST(rec->charge_id.has_value());  // the failed charge, for support
+    auto again = f.handle(*p, delivery_of(body, "1201", 2));
+    BOOST_TEST(reason(again) == "duplicate_prevented");
+    BOOST_TEST(f.fake->posts_for(key) == 1);
+}
+
+// PostgreSQL unreachable (a pool pointed at a closed port): REQ with a delay growing with attempts, capped,
+// and Stripe is never called.
+BOOST_AUTO_TEST_CASE(postgres_unreachable_requeues_without_calling_stripe) {
+    fixture f;
+    net::tcp::acceptor probe(f.io, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    auto closed_port = probe.local_endpoint().port();
+    probe.close();
+    auto dead_pool = f.pool_for(test::server_config("host=127.0.0.1 port=" + std::to_string(closed_port)));
+    billing::ledger dead_ledger(dead_pool);
+    billing::pipeline p(f.config_for_pipeline(), dead_ledger, *f.stripe, logger());
+    auto body = event_json("acme-10", "2026-11", 1300);
+    auto v1 = f.handle(p, delivery_of(body, "1301", 1));
+    auto v3 = f.handle(p, delivery_of(body, "1301", 3));
+    auto v9 = f.handle(p, delivery_of(body, "1301", 9));
+    BOOST_TEST(reason(v1) == "requeued_postgres", v1.detail);
+    BOOST_TEST(!v1.finished());
+    BOOST_TEST(v1.delay == 50ms);
+    BOOST_TEST(v3.delay == 200ms);
+    BOOST_TEST(v9.delay == 400ms);  // capped
+    BOOST_TEST(f.fake->requests() == 0u);
+    run_async(f.io, [&]() -> net::awaitable<void> { co_await dead_pool->close(); });
+}
+
+// Stripe slower than the lease: the lease is renewed while the call is awaited, so a second pipeline handling a
+// redelivery meanwhile sees "lease held" and never POSTs. Without renewal it would take the expired lease and
+// POST under the same key (409 in use here; a second charge after a new generation in general).
+BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_stripe_call) {
+    fixture f;
+    auto cfg = f.config_for_pipeline();
+    cfg.lease = 1000ms;
+    cfg.lease_renew_interval = 200ms;
+    auto a = f.make_pipeline(cfg);
+    auto b = f.make_pipeline(cfg);
+    f.fake->faults().latency_ms = 2200;
+    auto body = event_json("acme-11", "2026-11", 1400);
+    auto key = key_of("acme-11", "2026-11");
+
+    std::optional<billing::verdict> va, vb;
+    net::steady_timer b_done(f.io, std::chrono::steady_clock::time_point::max());
+    int touches = 0;
+    // At the 7th touch (≈ 1.4 s into the call, past the 1 s lease) the redelivery arrives at the other instance.
+    billing::touch_fn touch = [&] {
+        if (++touches == 7)
+            asio::co_spawn(f.io, handle_into(b.get(), delivery_of(body, "1401", 2), &vb, &b_done), asio::detached);
+    };
+    va = run_async(f.io, [&]() -> net::awaitable<billing::verdict> {
+        auto v = co_await a->handle(delivery_of(body, "1401", 1), touch);
+        if (!vb) co_await b_done.async_wait();  // cancelled when b finishes
+        co_return v;
+    });
+    BOOST_TEST(touches >= 7);
+    BOOST_TEST_REQUIRE(vb.has_value());
+    BOOST_TEST(reason(*vb) == "requeued_lease_held", vb->detail);
+    BOOST_TEST(reason(*va) == "charged", va->detail);
+    BOOST_TEST(f.fake->posts_for(key) == 1);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
+// Past max attempts: a message with no ledger row is dead-lettered "max attempts exceeded" and finished.
+BOOST_AUTO_TEST_CASE(give_up_dead_letters_an_untouched_message) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto body = event_json("acme-12", "2026-11", 1500);
+    auto v = run_async(f.io, [&]() { return p->give_up(delivery_of(body, "1501", 10)); });
+    BOOST_TEST(v.finished());
+    BOOST_TEST(reason(v) == "dead_lettered");
+    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '1501' AND "
+                        "reason = 'max attempts exceeded'") == 1);
+    BOOST_TEST(f.fake->requests() == 0u);
+}
+
+// Past max attempts with an unresolved Stripe attempt: never dropped. In flight elsewhere (lease held) → REQ
+// "requeued_unresolved", no letter; indeterminate → the machine resolves it by search → charged, no letter.
+BOOST_AUTO_TEST_CASE(give_up_keeps_a_message_whose_stripe_attempt_is_unresolved) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto body = event_json("acme-13", "2026-11", 1600);
+    auto key = key_of("acme-13", "2026-11");
+    auto ev = billing::parse_event(body);
+    run_async(f.io, [&]() -> net::awaitable<void> {
+        billing::new_record nr{key, *ev, "1601", 1};
+        auto pf = co_await f.ledger->preflight(nr, 60s);
+        BOOST_TEST_REQUIRE((pf.has_value() && pf->inserted));
+        auto token = std::chrono::time_point_cast<std::chrono::microseconds>(*pf->record.lease_until);
+        auto att = co_await f.ledger->record_attempt(key, token, 60s);
+        BOOST_TEST_REQUIRE((att.has_value() && att->has_value()));
+    });
+    auto held = run_async(f.io, [&]() { return p->give_up(delivery_of(body, "1601", 10)); });
+    BOOST_TEST(!held.finished());
+    BOOST_TEST(reason(held) == "requeued_unresolved", held.detail);
+    BOOST_TEST(f.dead_letters("1601") == 0);
+    BOOST_TEST(f.fake->requests() == 0u);
+
+    auto body2 = event_json("acme-14", "2026-11", 1700);
+    auto key2 = key_of("acme-14", "2026-11");
+    f.fake->faults().fail_after_create = 1;
+    BOOST_TEST(reason(f.handle(*p, delivery_of(body2, "1602", 1))) == "requeued_indeterminate");
+    auto resolved = run_async(f.io, [&]() { return p->give_up(delivery_of(body2, "1602", 10)); });
+    BOOST_TEST(reason(resolved) == "charged", resolved.detail);
+    BOOST_TEST(f.dead_letters("1602") == 0);
+    BOOST_TEST(f.fake->posts_for(key2) == 1);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

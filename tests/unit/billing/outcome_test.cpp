@@ -1,0 +1,81 @@
+// The pure edges of the pipeline: outcome → ledger step, requeue backoff, the Stripe request of an event.
+#include <boost/test/unit_test.hpp>
+#include <set>
+
+#include "billing/key.hpp"
+#include "billing/outcome.hpp"
+
+using namespace cg::billing;
+using namespace std::chrono_literals;
+using cg::stripe::outcome_class;
+
+BOOST_AUTO_TEST_SUITE(outcome)
+
+// DESIGN.md §4's CHARGE table, row by row.
+BOOST_AUTO_TEST_CASE(outcome_to_ledger_step_table) {
+    struct row {
+        outcome_class in;
+        charge_step want;
+    };
+    const row rows[] = {
+        {outcome_class::succeeded, charge_step::mark_charged},
+        {outcome_class::declined, charge_step::mark_declined},
+        {outcome_class::cap_exceeded, charge_step::mark_cap_blocked},
+        {outcome_class::idempotency_conflict, charge_step::mark_conflict_dead_letter},
+        {outcome_class::retry_same_key, charge_step::release_requeue},
+        {outcome_class::indeterminate, charge_step::mark_indeterminate_requeue},
+        {outcome_class::rejected, charge_step::mark_failed_dead_letter},
+    };
+    for (const auto& r : rows)
+        BOOST_TEST(to_string(step_for(r.in)) == to_string(r.want), cg::stripe::to_string(r.in));
+}
+
+BOOST_AUTO_TEST_CASE(backoff_doubles_per_attempt_and_caps) {
+    backoff b{100ms, 1000ms};
+    BOOST_TEST(backoff_delay(b, 0).count() == 100);
+    BOOST_TEST(backoff_delay(b, 1).count() == 100);
+    BOOST_TEST(backoff_delay(b, 2).count() == 200);
+    BOOST_TEST(backoff_delay(b, 3).count() == 400);
+    BOOST_TEST(backoff_delay(b, 4).count() == 800);
+    BOOST_TEST(backoff_delay(b, 5).count() == 1000);
+    BOOST_TEST(backoff_delay(b, 65535).count() == 1000);  // no overflow for NSQ's largest attempt count
+    BOOST_TEST(backoff_delay({0ms, 0ms}, 3).count() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(charge_request_carries_base_key_metadata_and_generation_key) {
+    billing_event e;
+    e.customer_id = "acme";
+    e.billing_period = "2026-11";
+    e.amount_cents = 1999;
+    e.currency = "usd";
+    e.stripe_customer_id = "cus_1";
+    e.description = "plan";
+    auto base = base_key("ns", "acme", "2026-11");
+    auto g1 = build_charge_request(e, base, 1);
+    BOOST_TEST(g1.idempotency_key == base);
+    BOOST_TEST(g1.amount == 1999);
+    BOOST_TEST(g1.currency == "usd");
+    BOOST_TEST(g1.customer == "cus_1");
+    BOOST_TEST(g1.description == "plan");
+    BOOST_TEST(cg::stripe::metadata_value(g1.metadata, "billing_key").value_or("") == base);
+    BOOST_TEST(cg::stripe::metadata_value(g1.metadata, "customer_id").value_or("") == "acme");
+    BOOST_TEST(cg::stripe::metadata_value(g1.metadata, "billing_period").value_or("") == "2026-11");
+    auto g3 = build_charge_request(e, base, 3);
+    BOOST_TEST(g3.idempotency_key == base + "-g3");
+    BOOST_TEST(cg::stripe::metadata_value(g3.metadata, "billing_key").value_or("") == base);  // still the base
+}
+
+BOOST_AUTO_TEST_CASE(verdict_reasons_are_distinct_metric_labels) {
+    std::set<std::string> seen;
+    for (std::size_t i = 0; i < verdict_reason_count; ++i) {
+        auto s = std::string(to_string(static_cast<verdict_reason>(i)));
+        BOOST_TEST(s != "?");
+        seen.insert(s);
+    }
+    BOOST_TEST(seen.size() == verdict_reason_count);
+    BOOST_TEST(verdict::requeue(verdict_reason::requeued_postgres, 5ms).delay.count() == 5);
+    BOOST_TEST(!verdict::requeue(verdict_reason::requeued_postgres, 5ms).finished());
+    BOOST_TEST(verdict::finish(verdict_reason::charged).finished());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
