@@ -383,4 +383,68 @@ BOOST_AUTO_TEST_CASE(give_up_keeps_a_message_whose_stripe_attempt_is_unresolved)
     BOOST_TEST(f.fake->charges().size() == 1u);
 }
 
+// Same customer and period under another key namespace: the UNIQUE (customer_id, billing_period) row conflicts,
+// not the key. Dead-lettered "conflict" naming the recorded key; never a second charge.
+BOOST_AUTO_TEST_CASE(same_customer_period_under_another_key_is_a_conflict) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto cfg = f.config_for_pipeline();
+    cfg.key_namespace = "other-ns";
+    auto other = f.make_pipeline(cfg);
+    auto body = event_json("acme-15", "2026-11", 1800);
+    auto key = key_of("acme-15", "2026-11");
+    BOOST_TEST(reason(f.handle(*p, delivery_of(body, "1701"))) == "charged");
+    auto v = f.handle(*other, delivery_of(body, "1702"));
+    BOOST_TEST(v.finished());
+    BOOST_TEST(reason(v) == "dead_lettered");
+    BOOST_TEST(v.detail == "conflict");
+    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '1702' AND reason = 'conflict' "
+                        "AND billing_key = $1", key) == 1);
+    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records") == 1);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
+// Stripe already saw the key with other parameters (400 idempotency_error): status conflict, dead letter, FIN.
+BOOST_AUTO_TEST_CASE(stripe_idempotency_error_marks_conflict_and_dead_letters) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto body = event_json("acme-16", "2026-11", 1900);
+    auto key = key_of("acme-16", "2026-11");
+    auto ev = billing::parse_event(body);
+    BOOST_TEST_REQUIRE(ev.has_value());
+    auto other = *ev;
+    other.amount_cents = 1901;
+    auto pre = f.run(f.stripe->create_charge(billing::build_charge_request(other, key, 1)));
+    BOOST_TEST_REQUIRE((pre.cls == stripe::outcome_class::succeeded));
+    auto v = f.handle(*p, delivery_of(body, "1801"));
+    BOOST_TEST(v.finished());
+    BOOST_TEST(reason(v) == "dead_lettered");
+    BOOST_TEST(v.detail.find("idempotency_error") != std::string::npos, v.detail);
+    BOOST_TEST(billing::to_string(f.row(key)->status) == "conflict");
+    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '1801' AND "
+                        "reason = 'stripe idempotency_error' AND billing_key = $1", key) == 1);
+    BOOST_TEST(reason(f.handle(*p, delivery_of(body, "1801", 2))) == "duplicate_prevented");
+    BOOST_TEST(f.fake->posts_for(key) == 2);
+}
+
+// A rejected request (401: bad API key) is final: failed with last_error, dead letter, FIN.
+BOOST_AUTO_TEST_CASE(stripe_rejection_marks_failed_and_dead_letters) {
+    fixture f;
+    auto sc = f.config();
+    sc.api_key = "bad_key";
+    auto bad_client = f.client(sc);
+    billing::pipeline p(f.config_for_pipeline(), *f.ledger, *bad_client, logger());
+    auto body = event_json("acme-17", "2026-11", 2000);
+    auto key = key_of("acme-17", "2026-11");
+    auto v = f.handle(p, delivery_of(body, "1901"));
+    BOOST_TEST(v.finished());
+    BOOST_TEST(reason(v) == "dead_lettered");
+    auto rec = f.row(key);
+    BOOST_TEST(billing::to_string(rec->status) == "failed");
+    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND last_error LIKE '%401%'", key) == 1);
+    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '1901' AND "
+                        "reason = 'stripe rejected'") == 1);
+    BOOST_TEST(f.fake->charges().empty());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
