@@ -11,8 +11,8 @@ namespace {
 using ms = std::chrono::milliseconds;
 
 // Every statement that reads a whole row selects these columns in this order (decode_record reads them).
-#define CG_RECORD_COLUMNS                                                                                       \
-    "key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, "          \
+#define CG_RECORD_COLUMNS                                                                               \
+    "key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, " \
     "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts"
 
 // Lease arithmetic on the database clock; the length travels as milliseconds (int8).
@@ -27,7 +27,8 @@ const std::string preflight_insert_sql =
 // The row that made the insert conflict: by key first; else the (customer_id, billing_period) row under
 // another key.
 const std::string preflight_existing_sql =
-    "SELECT " CG_RECORD_COLUMNS " FROM billing_records "
+    "SELECT " CG_RECORD_COLUMNS
+    " FROM billing_records "
     "WHERE key = $1::text OR (customer_id = $2::text AND billing_period = $3::text) "
     "ORDER BY key = $1::text DESC LIMIT 1";
 
@@ -68,10 +69,12 @@ const std::string release_sql =
 
 const std::string bump_sql =
     "UPDATE billing_records SET key_generation = key_generation + 1, indeterminate_since = NULL "
-    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 AND key_generation = $3 RETURNING key_generation";
+    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 AND key_generation = $3 RETURNING "
+    "key_generation";
 
 // Held until the batch's transaction ends: concurrent deliveries of one message insert one letter.
-const std::string letter_lock_sql = "SELECT pg_advisory_xact_lock(hashtextextended('cg_dead_letter:' || $1::text, 0))";
+const std::string letter_lock_sql =
+    "SELECT pg_advisory_xact_lock(hashtextextended('cg_dead_letter:' || $1::text, 0))";
 const std::string letter_insert_sql =
     "INSERT INTO dead_letters (topic, channel, nsq_message_id, attempts, raw_body, reason, billing_key) "
     "SELECT $1::text, $2::text, $3::text, $4::int, $5::bytea, $6::text, $7::text "
@@ -106,7 +109,9 @@ ledger_record decode_record(const pg::rows& r, std::size_t i) {
     return rec;
 }
 
-std::int64_t millis(ms d) { return static_cast<std::int64_t>(d.count()); }
+std::int64_t millis(ms d) {
+    return static_cast<std::int64_t>(d.count());
+}
 
 // One statement on a pooled connection. `sql` is one of the statics above (it outlives the call).
 net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std::string& sql, pg::params p) {
@@ -124,7 +129,8 @@ net::awaitable<result<std::vector<pg::rows>>> exec_batch(std::shared_ptr<pg::poo
     if (!r) co_return r.err();
     std::vector<pg::rows> out;
     out.reserve(r->size());
-    // The failing statement reports its own error; the others pipeline_aborted / rolled_back: report the cause.
+    // The failing statement reports its own error; the others pipeline_aborted / rolled_back: report the
+    // cause.
     for (auto& one : *r)
         if (!one && one.code() != pg::errc::pipeline_aborted && one.code() != pg::errc::rolled_back)
             co_return one.err();
@@ -148,9 +154,10 @@ void add_letter(pg::pipeline& batch, dead_letter l) {
 
 net::awaitable<result<preflight_result>> ledger::preflight(new_record rec, std::chrono::milliseconds lease) {
     const auto& e = rec.event;
-    auto ins = co_await exec(pool_, preflight_insert_sql,
-                             pg::params(rec.key, e.customer_id, e.billing_period, e.amount_cents, e.currency,
-                                        e.stripe_customer_id, millis(lease), rec.nsq_message_id, rec.nsq_attempts));
+    auto ins =
+        co_await exec(pool_, preflight_insert_sql,
+                      pg::params(rec.key, e.customer_id, e.billing_period, e.amount_cents, e.currency,
+                                 e.stripe_customer_id, millis(lease), rec.nsq_message_id, rec.nsq_attempts));
     if (!ins) co_return ins.err();
     if (!ins->empty()) co_return preflight_result{true, decode_record(*ins, 0)};
     auto existing =
@@ -169,12 +176,10 @@ net::awaitable<result<std::optional<ledger_record>>> ledger::find(std::string ke
     co_return std::optional<ledger_record>(decode_record(*r, 0));
 }
 
-net::awaitable<result<std::optional<ledger_record>>> ledger::take_expired_lease(std::string key,
-                                                                              std::chrono::milliseconds lease,
-                                                                              std::string nsq_message_id,
-                                                                              std::int32_t nsq_attempts) {
-    auto r = co_await exec(pool_, take_sql, pg::params(std::move(key), millis(lease), std::move(nsq_message_id),
-                                                       nsq_attempts));
+net::awaitable<result<std::optional<ledger_record>>> ledger::take_expired_lease(
+    std::string key, std::chrono::milliseconds lease, std::string nsq_message_id, std::int32_t nsq_attempts) {
+    auto r = co_await exec(
+        pool_, take_sql, pg::params(std::move(key), millis(lease), std::move(nsq_message_id), nsq_attempts));
     if (!r) co_return r.err();
     if (r->empty()) co_return std::optional<ledger_record>();
     co_return std::optional<ledger_record>(decode_record(*r, 0));
@@ -188,8 +193,8 @@ net::awaitable<result<std::optional<lease_token>>> ledger::renew_lease(std::stri
     co_return std::optional<lease_token>((*r)[0].get<pg::timestamp>(0));
 }
 
-net::awaitable<result<std::optional<attempt_record>>> ledger::record_attempt(std::string key, lease_token held,
-                                                                            std::chrono::milliseconds lease) {
+net::awaitable<result<std::optional<attempt_record>>> ledger::record_attempt(
+    std::string key, lease_token held, std::chrono::milliseconds lease) {
     auto r = co_await exec(pool_, attempt_sql, pg::params(std::move(key), held, millis(lease)));
     if (!r) co_return r.err();
     if (r->empty()) co_return std::optional<attempt_record>();
@@ -197,10 +202,13 @@ net::awaitable<result<std::optional<attempt_record>>> ledger::record_attempt(std
     co_return std::optional<attempt_record>(attempt_record{gen, attempts, until});
 }
 
-net::awaitable<result<bool>> ledger::settle(std::string key, record_status status, std::optional<std::string> charge_id,
-                                            std::optional<std::string> last_error, std::optional<dead_letter> letter) {
+net::awaitable<result<bool>> ledger::settle(std::string key, record_status status,
+                                            std::optional<std::string> charge_id,
+                                            std::optional<std::string> last_error,
+                                            std::optional<dead_letter> letter) {
     pg::pipeline batch;
-    batch.add(settle_sql, std::move(key), std::string(to_string(status)), std::move(charge_id), std::move(last_error));
+    batch.add(settle_sql, std::move(key), std::string(to_string(status)), std::move(charge_id),
+              std::move(last_error));
     if (letter) add_letter(batch, std::move(*letter));
     auto r = co_await exec_batch(pool_, std::move(batch));
     if (!r) co_return r.err();
@@ -208,13 +216,14 @@ net::awaitable<result<bool>> ledger::settle(std::string key, record_status statu
 }
 
 net::awaitable<result<bool>> ledger::mark_charged(std::string key, std::string charge_id) {
-    co_return co_await settle(std::move(key), record_status::charged, std::move(charge_id), std::nullopt, std::nullopt);
+    co_return co_await settle(std::move(key), record_status::charged, std::move(charge_id), std::nullopt,
+                              std::nullopt);
 }
 
 net::awaitable<result<bool>> ledger::mark_declined(std::string key, std::optional<std::string> charge_id,
                                                    std::string last_error) {
-    co_return co_await settle(std::move(key), record_status::declined, std::move(charge_id), std::move(last_error),
-                              std::nullopt);
+    co_return co_await settle(std::move(key), record_status::declined, std::move(charge_id),
+                              std::move(last_error), std::nullopt);
 }
 
 net::awaitable<result<bool>> ledger::mark_cap_blocked(std::string key, std::string last_error) {
@@ -222,23 +231,27 @@ net::awaitable<result<bool>> ledger::mark_cap_blocked(std::string key, std::stri
                               std::nullopt);
 }
 
-net::awaitable<result<bool>> ledger::mark_conflict(std::string key, std::string last_error, dead_letter letter) {
+net::awaitable<result<bool>> ledger::mark_conflict(std::string key, std::string last_error,
+                                                   dead_letter letter) {
     co_return co_await settle(std::move(key), record_status::conflict, std::nullopt, std::move(last_error),
                               std::move(letter));
 }
 
-net::awaitable<result<bool>> ledger::mark_failed(std::string key, std::string last_error, dead_letter letter) {
+net::awaitable<result<bool>> ledger::mark_failed(std::string key, std::string last_error,
+                                                 dead_letter letter) {
     co_return co_await settle(std::move(key), record_status::failed, std::nullopt, std::move(last_error),
                               std::move(letter));
 }
 
-net::awaitable<result<bool>> ledger::mark_indeterminate(std::string key, lease_token held, std::string last_error) {
+net::awaitable<result<bool>> ledger::mark_indeterminate(std::string key, lease_token held,
+                                                        std::string last_error) {
     auto r = co_await exec(pool_, indeterminate_sql, pg::params(std::move(key), held, std::move(last_error)));
     if (!r) co_return r.err();
     co_return !r->empty() && (*r)[0].get<bool>(0);
 }
 
-net::awaitable<result<bool>> ledger::release_lease(std::string key, lease_token held, std::string last_error) {
+net::awaitable<result<bool>> ledger::release_lease(std::string key, lease_token held,
+                                                   std::string last_error) {
     auto r = co_await exec(pool_, release_sql, pg::params(std::move(key), held, std::move(last_error)));
     if (!r) co_return r.err();
     co_return r->affected() == 1;

@@ -2,17 +2,17 @@
 // billing_records and dead_letters, in one place, on a pg::pool.
 //
 // Leases use the database clock (now()) only. Holding a lease means knowing the exact lease_until value this
-// worker last wrote (a `lease_token`): every statement that needs the lease compares it (`lease_until = $token`)
-// and moves it forward atomically, so a worker whose lease expired and was taken over cannot renew, record an
-// attempt, bump the generation or release someone else's lease. A token is unique in practice: a lease is only
-// ever set by an atomic transition from "absent" (insert) or "expired" (take), and a new token is always later
-// than the expired one it replaces.
+// worker last wrote (a `lease_token`): every statement that needs the lease compares it (`lease_until =
+// $token`) and moves it forward atomically, so a worker whose lease expired and was taken over cannot renew,
+// record an attempt, bump the generation or release someone else's lease. A token is unique in practice: a
+// lease is only ever set by an atomic transition from "absent" (insert) or "expired" (take), and a new token
+// is always later than the expired one it replaces.
 //
 // Every function acquires a connection from the pool, runs one statement (or one atomic batch) and gives it
 // back. Errors are pg errors passed through unchanged (errc::unavailable when PostgreSQL is unreachable,
-// connection_lost, timeout, …): the pipeline requeues with backoff on any of them. Each coroutine completes on
-// the pool's executor (call it there: the main loop); cancelling it cancels the statement (the connection is
-// then discarded). The pool must outlive every call; arguments are copied into the coroutine frame.
+// connection_lost, timeout, …): the pipeline requeues with backoff on any of them. Each coroutine completes
+// on the pool's executor (call it there: the main loop); cancelling it cancels the statement (the connection
+// is then discarded). The pool must outlive every call; arguments are copied into the coroutine frame.
 #pragma once
 
 #include <chrono>
@@ -78,22 +78,25 @@ class ledger {
 
     // Takes the lease of a pending row whose lease expired (by the database clock), atomically; records the
     // delivery that took it. nullopt: not pending, or someone holds the lease.
-    net::awaitable<result<std::optional<ledger_record>>> take_expired_lease(std::string key, std::chrono::milliseconds lease,
-                                                                          std::string nsq_message_id,
-                                                                          std::int32_t nsq_attempts);
+    net::awaitable<result<std::optional<ledger_record>>> take_expired_lease(std::string key,
+                                                                            std::chrono::milliseconds lease,
+                                                                            std::string nsq_message_id,
+                                                                            std::int32_t nsq_attempts);
 
     // Extends our lease to now()+lease. nullopt: the lease is not ours any more (expired and taken, or the
     // row settled).
     net::awaitable<result<std::optional<lease_token>>> renew_lease(std::string key, lease_token held,
                                                                    std::chrono::milliseconds lease);
 
-    // Before every Stripe call: stripe_attempts+1, first_stripe_attempt_at = coalesce(…, now()), and the lease
-    // renewed to now()+lease (a fresh lease for the call). nullopt: we do not hold the lease: do not call Stripe.
+    // Before every Stripe call: stripe_attempts+1, first_stripe_attempt_at = coalesce(…, now()), and the
+    // lease renewed to now()+lease (a fresh lease for the call). nullopt: we do not hold the lease: do not
+    // call Stripe.
     net::awaitable<result<std::optional<attempt_record>>> record_attempt(std::string key, lease_token held,
-                                                                        std::chrono::milliseconds lease);
+                                                                         std::chrono::milliseconds lease);
 
     // Final states. Each applies only to a pending row (true) — false means another worker settled it first.
-    // They do not require the lease: an answer from Stripe is a fact worth recording even if our lease lapsed.
+    // They do not require the lease: an answer from Stripe is a fact worth recording even if our lease
+    // lapsed.
     net::awaitable<result<bool>> mark_charged(std::string key, std::string charge_id);
     net::awaitable<result<bool>> mark_declined(std::string key, std::optional<std::string> charge_id,
                                                std::string last_error);
@@ -105,13 +108,15 @@ class ledger {
     // Stripe's answer left the outcome open: indeterminate_since = coalesce(…, now()) and last_error on the
     // pending row (even if our lease lapsed: it steers recovery to search first), and our lease released so a
     // redelivery can RECOVER at once. false: the lease was not ours (or the row is no longer pending).
-    net::awaitable<result<bool>> mark_indeterminate(std::string key, lease_token held, std::string last_error);
-    // Keeps the row pending and releases the lease (Stripe said nothing happened; retry later). false: not ours.
+    net::awaitable<result<bool>> mark_indeterminate(std::string key, lease_token held,
+                                                    std::string last_error);
+    // Keeps the row pending and releases the lease (Stripe said nothing happened; retry later). false: not
+    // ours.
     net::awaitable<result<bool>> release_lease(std::string key, lease_token held, std::string last_error);
 
     // key_generation+1 (only from `from_generation`, only while we hold the lease), clearing
-    // indeterminate_since: the open answer belonged to the old key, and a search just showed no charge for it.
-    // Returns the new generation, or nullopt when the lease or the generation moved.
+    // indeterminate_since: the open answer belonged to the old key, and a search just showed no charge for
+    // it. Returns the new generation, or nullopt when the lease or the generation moved.
     net::awaitable<result<std::optional<std::int32_t>>> bump_generation(std::string key, lease_token held,
                                                                         std::int32_t from_generation);
 
@@ -123,8 +128,10 @@ class ledger {
     const std::shared_ptr<pg::pool>& pool() const noexcept { return pool_; }
 
   private:
-    net::awaitable<result<bool>> settle(std::string key, record_status status, std::optional<std::string> charge_id,
-                                        std::optional<std::string> last_error, std::optional<dead_letter> letter);
+    net::awaitable<result<bool>> settle(std::string key, record_status status,
+                                        std::optional<std::string> charge_id,
+                                        std::optional<std::string> last_error,
+                                        std::optional<dead_letter> letter);
 
     std::shared_ptr<pg::pool> pool_;
 };

@@ -8,18 +8,30 @@ namespace cg::billing {
 
 std::string_view to_string(verdict_reason r) noexcept {
     switch (r) {
-        case verdict_reason::charged: return "charged";
-        case verdict_reason::declined: return "declined";
-        case verdict_reason::cap_blocked: return "cap_blocked";
-        case verdict_reason::duplicate_prevented: return "duplicate_prevented";
-        case verdict_reason::dead_lettered: return "dead_lettered";
-        case verdict_reason::requeued_lease_held: return "requeued_lease_held";
-        case verdict_reason::requeued_retry_same_key: return "requeued_retry_same_key";
-        case verdict_reason::requeued_indeterminate: return "requeued_indeterminate";
-        case verdict_reason::requeued_postgres: return "requeued_postgres";
-        case verdict_reason::requeued_stripe_unavailable: return "requeued_stripe_unavailable";
-        case verdict_reason::requeued_lease_lost: return "requeued_lease_lost";
-        case verdict_reason::requeued_unresolved: return "requeued_unresolved";
+        case verdict_reason::charged:
+            return "charged";
+        case verdict_reason::declined:
+            return "declined";
+        case verdict_reason::cap_blocked:
+            return "cap_blocked";
+        case verdict_reason::duplicate_prevented:
+            return "duplicate_prevented";
+        case verdict_reason::dead_lettered:
+            return "dead_lettered";
+        case verdict_reason::requeued_lease_held:
+            return "requeued_lease_held";
+        case verdict_reason::requeued_retry_same_key:
+            return "requeued_retry_same_key";
+        case verdict_reason::requeued_indeterminate:
+            return "requeued_indeterminate";
+        case verdict_reason::requeued_postgres:
+            return "requeued_postgres";
+        case verdict_reason::requeued_stripe_unavailable:
+            return "requeued_stripe_unavailable";
+        case verdict_reason::requeued_lease_lost:
+            return "requeued_lease_lost";
+        case verdict_reason::requeued_unresolved:
+            return "requeued_unresolved";
     }
     return "?";
 }
@@ -34,13 +46,20 @@ std::chrono::milliseconds backoff_delay(const backoff& b, std::int32_t attempts)
 charge_step step_for(stripe::outcome_class c) noexcept {
     using oc = stripe::outcome_class;
     switch (c) {
-        case oc::succeeded: return charge_step::mark_charged;
-        case oc::declined: return charge_step::mark_declined;
-        case oc::cap_exceeded: return charge_step::mark_cap_blocked;
-        case oc::idempotency_conflict: return charge_step::mark_conflict_dead_letter;
-        case oc::retry_same_key: return charge_step::release_requeue;
-        case oc::indeterminate: return charge_step::mark_indeterminate_requeue;
-        case oc::rejected: return charge_step::mark_failed_dead_letter;
+        case oc::succeeded:
+            return charge_step::mark_charged;
+        case oc::declined:
+            return charge_step::mark_declined;
+        case oc::cap_exceeded:
+            return charge_step::mark_cap_blocked;
+        case oc::idempotency_conflict:
+            return charge_step::mark_conflict_dead_letter;
+        case oc::retry_same_key:
+            return charge_step::release_requeue;
+        case oc::indeterminate:
+            return charge_step::mark_indeterminate_requeue;
+        case oc::rejected:
+            return charge_step::mark_failed_dead_letter;
     }
     // An outcome class added later must not be mistaken for a final answer: treat it as "may have happened".
     return charge_step::mark_indeterminate_requeue;
@@ -48,18 +67,26 @@ charge_step step_for(stripe::outcome_class c) noexcept {
 
 std::string_view to_string(charge_step s) noexcept {
     switch (s) {
-        case charge_step::mark_charged: return "mark_charged";
-        case charge_step::mark_declined: return "mark_declined";
-        case charge_step::mark_cap_blocked: return "mark_cap_blocked";
-        case charge_step::mark_conflict_dead_letter: return "mark_conflict_dead_letter";
-        case charge_step::release_requeue: return "release_requeue";
-        case charge_step::mark_indeterminate_requeue: return "mark_indeterminate_requeue";
-        case charge_step::mark_failed_dead_letter: return "mark_failed_dead_letter";
+        case charge_step::mark_charged:
+            return "mark_charged";
+        case charge_step::mark_declined:
+            return "mark_declined";
+        case charge_step::mark_cap_blocked:
+            return "mark_cap_blocked";
+        case charge_step::mark_conflict_dead_letter:
+            return "mark_conflict_dead_letter";
+        case charge_step::release_requeue:
+            return "release_requeue";
+        case charge_step::mark_indeterminate_requeue:
+            return "mark_indeterminate_requeue";
+        case charge_step::mark_failed_dead_letter:
+            return "mark_failed_dead_letter";
     }
     return "?";
 }
 
-stripe::charge_request build_charge_request(const billing_event& ev, std::string_view base, std::int32_t generation) {
+stripe::charge_request build_charge_request(const billing_event& ev, std::string_view base,
+                                            std::int32_t generation) {
     stripe::charge_request r;
     r.amount = ev.amount_cents;
     r.currency = ev.currency;

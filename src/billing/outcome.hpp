@@ -39,7 +39,9 @@ struct verdict {
     verdict_reason reason = verdict_reason::duplicate_prevented;
     std::string detail;  // one line for logs (a dead letter's reason, Stripe's message, a pg error)
 
-    static verdict finish(verdict_reason r, std::string detail = {}) { return {action::finish, {}, r, std::move(detail)}; }
+    static verdict finish(verdict_reason r, std::string detail = {}) {
+        return {action::finish, {}, r, std::move(detail)};
+    }
     static verdict requeue(verdict_reason r, std::chrono::milliseconds d, std::string detail = {}) {
         return {action::requeue, d, r, std::move(detail)};
     }
@@ -55,19 +57,20 @@ std::chrono::milliseconds backoff_delay(const backoff& b, std::int32_t attempts)
 
 // What the ledger does with one create-charge outcome (after the client's own bounded retries).
 enum class charge_step {
-    mark_charged,                  // succeeded → charged + FIN
-    mark_declined,                 // declined → declined + FIN
-    mark_cap_blocked,              // cap_exceeded → cap_blocked + FIN + alert
-    mark_conflict_dead_letter,     // idempotency_conflict → conflict + dead letter + FIN
-    release_requeue,               // retry_same_key → stays pending, lease released, REQ
-    mark_indeterminate_requeue,    // indeterminate → indeterminate_since, lease released, REQ
-    mark_failed_dead_letter,       // rejected → failed with last_error + dead letter + FIN
+    mark_charged,                // succeeded → charged + FIN
+    mark_declined,               // declined → declined + FIN
+    mark_cap_blocked,            // cap_exceeded → cap_blocked + FIN + alert
+    mark_conflict_dead_letter,   // idempotency_conflict → conflict + dead letter + FIN
+    release_requeue,             // retry_same_key → stays pending, lease released, REQ
+    mark_indeterminate_requeue,  // indeterminate → indeterminate_since, lease released, REQ
+    mark_failed_dead_letter,     // rejected → failed with last_error + dead letter + FIN
 };
 charge_step step_for(stripe::outcome_class c) noexcept;
 std::string_view to_string(charge_step s) noexcept;
 
 // POST /v1/charges for an event: Idempotency-Key = stripe_idempotency_key(base, generation); metadata always
 // carries the base key (so a search finds a charge of any generation), customer_id and billing_period.
-stripe::charge_request build_charge_request(const billing_event& ev, std::string_view base, std::int32_t generation);
+stripe::charge_request build_charge_request(const billing_event& ev, std::string_view base,
+                                            std::int32_t generation);
 
 }  // namespace cg::billing

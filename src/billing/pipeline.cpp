@@ -43,7 +43,8 @@ struct pipeline::run {
     std::optional<sys_time> first_attempt;
 
     dead_letter letter(std::string reason, std::optional<std::string> billing_key) const {
-        return {d.topic, d.channel, d.message_id, d.attempts, d.body, std::move(reason), std::move(billing_key)};
+        return {d.topic, d.channel,         d.message_id,          d.attempts,
+                d.body,  std::move(reason), std::move(billing_key)};
     }
 };
 
@@ -64,15 +65,19 @@ struct pipeline::metrics_set {
         // Every series exists from the start so alerts on rates see zeros instead of gaps.
         for (std::size_t i = 0; i < verdict_reason_count; ++i)
             outcomes[i] = &fam.Add({{"outcome", std::string(to_string(static_cast<verdict_reason>(i)))}});
-        stripe_duration = &reg.histogram("chargeguard_billing_stripe_call_duration_seconds",
-                                         "Create-charge calls as the pipeline awaited them (client retries included)")
-                               .Add({}, metrics::latency_buckets());
+        stripe_duration =
+            &reg.histogram("chargeguard_billing_stripe_call_duration_seconds",
+                           "Create-charge calls as the pipeline awaited them (client retries included)")
+                 .Add({}, metrics::latency_buckets());
     }
 };
 
 pipeline::pipeline(pipeline_config cfg, billing::ledger& ledger, stripe::client& stripe, logger log,
                    metrics::registry* reg)
-    : cfg_(std::move(cfg)), ledger_(ledger), stripe_(stripe), log_(std::move(log)),
+    : cfg_(std::move(cfg)),
+      ledger_(ledger),
+      stripe_(stripe),
+      log_(std::move(log)),
       metrics_(reg ? std::make_unique<metrics_set>(*reg) : nullptr) {
     if (!valid_key_namespace(cfg_.key_namespace)) throw std::invalid_argument("invalid key namespace");
     if (cfg_.lease_renew_interval <= std::chrono::milliseconds(0) || cfg_.lease_renew_interval >= cfg_.lease)
@@ -92,9 +97,11 @@ net::awaitable<verdict> pipeline::handle(delivery d, touch_fn touch) {
     r.touch = std::move(touch);
     r.log = log_.with({{"message_id", r.d.message_id}, {"attempts", r.d.attempts}});
     auto v = co_await process(r);
-    r.log.log(v.finished() ? log_level::info : log_level::warn, v.finished() ? "billing message finished" : "billing message requeued",
-              std::array<log_field, 3>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail),
-                                       log_field("delay_ms", static_cast<std::int64_t>(v.delay.count()))});
+    r.log.log(
+        v.finished() ? log_level::info : log_level::warn,
+        v.finished() ? "billing message finished" : "billing message requeued",
+        std::array<log_field, 3>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail),
+                                 log_field("delay_ms", static_cast<std::int64_t>(v.delay.count()))});
     co_return count(std::move(v));
 }
 
@@ -124,14 +131,16 @@ net::awaitable<verdict> pipeline::on_existing(run& r, ledger_record rec) {
     }
     switch (decide_existing(rec, r.ev, cfg_.now(), cfg_.same_key_window)) {
         case existing_action::duplicate_finish:
-            co_return verdict::finish(verdict_reason::duplicate_prevented, std::string(to_string(rec.status)));
+            co_return verdict::finish(verdict_reason::duplicate_prevented,
+                                      std::string(to_string(rec.status)));
         case existing_action::payload_conflict:
             // The recorded row stays as it is: a human decides which amount is right.
             co_return co_await dead_letter_finish(r, "conflict", r.key);
         case existing_action::lease_held_requeue:
             co_return verdict::requeue(verdict_reason::requeued_lease_held, cfg_.lease_held_delay);
         case existing_action::recover_same_key:
-        case existing_action::recover_search: co_return co_await recover(r);
+        case existing_action::recover_search:
+            co_return co_await recover(r);
     }
     throw std::logic_error("unknown existing_action");
 }
@@ -150,8 +159,9 @@ net::awaitable<verdict> pipeline::recover(run& r) {
     r.first_attempt = rec.first_stripe_attempt_at;
     rec.lease_until.reset();  // ours now: decide on the rest of the row
     auto action = decide_existing(rec, r.ev, cfg_.now(), cfg_.same_key_window);
-    r.log.info("recovering a pending billing record",
-               {{"action", to_string(action)}, {"generation", rec.key_generation}, {"stripe_attempts", rec.stripe_attempts}});
+    r.log.info("recovering a pending billing record", {{"action", to_string(action)},
+                                                       {"generation", rec.key_generation},
+                                                       {"stripe_attempts", rec.stripe_attempts}});
     // Anything but "same key is safe" searches first: searching is never wrong, only slower.
     if (action == existing_action::recover_same_key) co_return co_await charge(r);
     co_return co_await search(r);
@@ -164,7 +174,8 @@ net::awaitable<verdict> pipeline::search(run& r) {
     auto found = co_await stripe_.find_charge_by_billing_key(r.ev.stripe_customer_id, r.key, since);
     if (!found) {
         // Without an answer nothing may be charged: give the row back for a later try.
-        auto rel = co_await ledger_.release_lease(r.key, r.lease, "charge search failed: " + found.err().describe());
+        auto rel =
+            co_await ledger_.release_lease(r.key, r.lease, "charge search failed: " + found.err().describe());
         if (!rel) r.log.warn("could not release the lease", {{"error", rel.err().describe()}});
         co_return verdict::requeue(verdict_reason::requeued_stripe_unavailable, cfg_.stripe_unavailable_delay,
                                    found.err().describe());
@@ -172,7 +183,8 @@ net::awaitable<verdict> pipeline::search(run& r) {
     if (*found) {
         const stripe::charge& ch = **found;
         if (ch.status == "failed") {
-            auto m = co_await ledger_.mark_declined(r.key, ch.id, "declined (found by search): " + ch.failure_code);
+            auto m = co_await ledger_.mark_declined(r.key, ch.id,
+                                                    "declined (found by search): " + ch.failure_code);
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
             co_return verdict::finish(verdict_reason::declined, "found declined charge " + ch.id);
         }
@@ -184,7 +196,8 @@ net::awaitable<verdict> pipeline::search(run& r) {
     auto bumped = co_await ledger_.bump_generation(r.key, r.lease, r.generation);
     if (!bumped) co_return postgres_failed(r, bumped.err(), "bump generation");
     if (!*bumped)
-        co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay, "bump generation");
+        co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay,
+                                   "bump generation");
     r.log.warn("no charge carries the key: charging under a new key generation", {{"generation", **bumped}});
     r.generation = **bumped;
     co_return co_await charge(r);
@@ -195,7 +208,9 @@ net::awaitable<verdict> pipeline::search(run& r) {
 net::awaitable<verdict> pipeline::charge(run& r) {
     auto att = co_await ledger_.record_attempt(r.key, r.lease, cfg_.lease);
     if (!att) co_return postgres_failed(r, att.err(), "record attempt");
-    if (!*att) co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay, "record attempt");
+    if (!*att)
+        co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay,
+                                   "record attempt");
     r.lease = (*att)->lease;
     r.generation = (*att)->key_generation;
 
@@ -203,13 +218,16 @@ net::awaitable<verdict> pipeline::charge(run& r) {
     stripe::charge_outcome out;
     lease_keeper keeper(co_await asio::this_coro::executor);
     auto began = std::chrono::steady_clock::now();
-    co_await (call_stripe(build_charge_request(r.ev, r.key, r.generation), out, keeper) && keep_lease(r, keeper));
+    co_await (call_stripe(build_charge_request(r.ev, r.key, r.generation), out, keeper) &&
+              keep_lease(r, keeper));
     if (metrics_)
-        metrics_->stripe_duration->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
+        metrics_->stripe_duration->Observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
     co_return co_await settle(r, out);
 }
 
-net::awaitable<void> pipeline::call_stripe(stripe::charge_request req, stripe::charge_outcome& out, lease_keeper& k) {
+net::awaitable<void> pipeline::call_stripe(stripe::charge_request req, stripe::charge_outcome& out,
+                                           lease_keeper& k) {
     out = co_await stripe_.create_charge(std::move(req));
     k.done = true;
     k.timer.cancel();  // wakes keep_lease; if it is mid-renewal it sees `done` afterwards
@@ -226,7 +244,8 @@ net::awaitable<void> pipeline::keep_lease(run& r, lease_keeper& k) {
         if (k.lost) continue;
         auto renewed = co_await ledger_.renew_lease(r.key, r.lease, cfg_.lease);
         if (!renewed) {
-            r.log.warn("lease renewal failed; retrying at the next interval", {{"error", renewed.err().describe()}});
+            r.log.warn("lease renewal failed; retrying at the next interval",
+                       {{"error", renewed.err().describe()}});
         } else if (!*renewed) {
             k.lost = true;
             r.log.error("lease lost while Stripe was called: another worker may recover this row");
@@ -239,7 +258,8 @@ net::awaitable<void> pipeline::keep_lease(run& r, lease_keeper& k) {
 net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& out) {
     auto step = step_for(out.cls);
     // A success without a charge id cannot be recorded as charged: treat it as "may have happened".
-    if (step == charge_step::mark_charged && out.charge_id.empty()) step = charge_step::mark_indeterminate_requeue;
+    if (step == charge_step::mark_charged && out.charge_id.empty())
+        step = charge_step::mark_indeterminate_requeue;
     switch (step) {
         case charge_step::mark_charged: {
             auto m = co_await ledger_.mark_charged(r.key, out.charge_id);
@@ -257,13 +277,16 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
         case charge_step::mark_cap_blocked: {
             auto m = co_await ledger_.mark_cap_blocked(r.key, out.message);
             if (!m) co_return postgres_failed(r, m.err(), "mark cap_blocked");
-            r.log.warn("alert: spend cap exceeded, charge blocked", {{"alert", true}, {"stripe", out.message}});
+            r.log.warn("alert: spend cap exceeded, charge blocked",
+                       {{"alert", true}, {"stripe", out.message}});
             co_return verdict::finish(verdict_reason::cap_blocked, out.message);
         }
         case charge_step::mark_conflict_dead_letter: {
-            auto m = co_await ledger_.mark_conflict(r.key, out.message, r.letter("stripe idempotency_error", r.key));
+            auto m = co_await ledger_.mark_conflict(r.key, out.message,
+                                                    r.letter("stripe idempotency_error", r.key));
             if (!m) co_return postgres_failed(r, m.err(), "mark conflict");
-            co_return verdict::finish(verdict_reason::dead_lettered, "stripe idempotency_error: " + out.message);
+            co_return verdict::finish(verdict_reason::dead_lettered,
+                                      "stripe idempotency_error: " + out.message);
         }
         case charge_step::mark_failed_dead_letter: {
             auto m = co_await ledger_.mark_failed(r.key, out.message, r.letter("stripe rejected", r.key));
@@ -273,18 +296,21 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
         case charge_step::release_requeue: {
             auto m = co_await ledger_.release_lease(r.key, r.lease, out.message);
             if (!m) co_return postgres_failed(r, m.err(), "release lease");
-            co_return verdict::requeue(verdict_reason::requeued_retry_same_key, cfg_.retry_same_key_delay, out.message);
+            co_return verdict::requeue(verdict_reason::requeued_retry_same_key, cfg_.retry_same_key_delay,
+                                       out.message);
         }
         case charge_step::mark_indeterminate_requeue: {
             auto m = co_await ledger_.mark_indeterminate(r.key, r.lease, out.message);
             if (!m) co_return postgres_failed(r, m.err(), "mark indeterminate");
-            co_return verdict::requeue(verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay, out.message);
+            co_return verdict::requeue(verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
+                                       out.message);
         }
     }
     throw std::logic_error("unknown charge_step");
 }
 
-net::awaitable<verdict> pipeline::dead_letter_finish(run& r, std::string reason, std::optional<std::string> key) {
+net::awaitable<verdict> pipeline::dead_letter_finish(run& r, std::string reason,
+                                                     std::optional<std::string> key) {
     auto added = co_await ledger_.add_dead_letter(r.letter(reason, std::move(key)));
     if (!added) co_return postgres_failed(r, added.err(), "dead letter");
     if (!*added) r.log.info("dead letter already stored for this message", {{"reason", reason}});
@@ -294,25 +320,27 @@ net::awaitable<verdict> pipeline::dead_letter_finish(run& r, std::string reason,
 verdict pipeline::postgres_failed(run& r, const error& e, std::string_view step) {
     auto delay = backoff_delay(cfg_.postgres_backoff, r.d.attempts);
     r.log.warn("postgres failed; requeueing", {{"step", step}, {"error", e.describe()}});
-    return verdict::requeue(verdict_reason::requeued_postgres, delay, std::string(step) + ": " + e.describe());
+    return verdict::requeue(verdict_reason::requeued_postgres, delay,
+                            std::string(step) + ": " + e.describe());
 }
 
 // Past max attempts a message is normally dead-lettered and finished. Not when the ledger shows a pending row
 // whose Stripe attempt may have happened (stripe_attempts > 0: in flight, indeterminate, or "retry with the
-// same key"): dropping it would leave the row pending forever with either a customer never charged or a charge
-// the ledger does not know. Such a delivery keeps going through the normal machine, which is idempotent and
-// is the only thing that can settle the row (recover → search → charged / new generation); when it cannot
-// settle yet, it requeues and the verdict says requeued_unresolved. Logged as an error each time, so an
-// operator sees a message stuck at max attempts.
+// same key"): dropping it would leave the row pending forever with either a customer never charged or a
+// charge the ledger does not know. Such a delivery keeps going through the normal machine, which is
+// idempotent and is the only thing that can settle the row (recover → search → charged / new generation);
+// when it cannot settle yet, it requeues and the verdict says requeued_unresolved. Logged as an error each
+// time, so an operator sees a message stuck at max attempts.
 net::awaitable<verdict> pipeline::give_up(delivery d, touch_fn touch) {
     run r;
     r.d = std::move(d);
     r.touch = std::move(touch);
     r.log = log_.with({{"message_id", r.d.message_id}, {"attempts", r.d.attempts}});
     auto v = co_await give_up_process(r);
-    r.log.log(v.finished() ? log_level::warn : log_level::error,
-              v.finished() ? "billing message given up" : "billing message past max attempts requeued",
-              std::array<log_field, 2>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail)});
+    r.log.log(
+        v.finished() ? log_level::warn : log_level::error,
+        v.finished() ? "billing message given up" : "billing message past max attempts requeued",
+        std::array<log_field, 2>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail)});
     co_return count(std::move(v));
 }
 
@@ -323,7 +351,8 @@ net::awaitable<verdict> pipeline::give_up_process(run& r) {
     auto rec = co_await ledger_.find(key);
     if (!rec) co_return postgres_failed(r, rec.err(), "find");
     if (*rec && is_final((*rec)->status))
-        co_return verdict::finish(verdict_reason::duplicate_prevented, std::string(to_string((*rec)->status)));
+        co_return verdict::finish(verdict_reason::duplicate_prevented,
+                                  std::string(to_string((*rec)->status)));
     if (*rec && (*rec)->stripe_attempts > 0) {
         r.log.error("max attempts exceeded with an unresolved Stripe attempt: not dropping the message",
                     {{"billing_key", key}, {"stripe_attempts", (*rec)->stripe_attempts}});

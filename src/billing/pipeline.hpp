@@ -2,9 +2,10 @@
 // delay). Transport-agnostic: it knows nothing of NSQ sockets; the app maps a `delivery` from an NSQ message,
 // `touch` to TOUCH, and the verdict to FIN / REQ.
 //
-// Invariants it keeps: Stripe is never called without a committed pending row whose lease this worker holds and
-// whose attempt is recorded; a new key generation is only taken after a list of the customer's charges shows
-// none carrying the base key; any PostgreSQL error requeues with backoff (never a Stripe call on a guess).
+// Invariants it keeps: Stripe is never called without a committed pending row whose lease this worker holds
+// and whose attempt is recorded; a new key generation is only taken after a list of the customer's charges
+// shows none carrying the base key; any PostgreSQL error requeues with backoff (never a Stripe call on a
+// guess).
 #pragma once
 
 #include <chrono>
@@ -40,7 +41,8 @@ struct delivery {
     std::string body;
 };
 
-// "Still working on it": the app extends the message's timeout (NSQ TOUCH). Called on the pipeline's executor.
+// "Still working on it": the app extends the message's timeout (NSQ TOUCH). Called on the pipeline's
+// executor.
 using touch_fn = std::function<void()>;
 
 struct pipeline_config {
@@ -50,11 +52,11 @@ struct pipeline_config {
     std::chrono::milliseconds lease{60'000};
     std::chrono::milliseconds lease_renew_interval{15'000};
     // REQ delays.
-    std::chrono::milliseconds lease_held_delay{10'000};        // another worker is charging this row
-    std::chrono::milliseconds retry_same_key_delay{5'000};     // Stripe said "nothing happened, try again"
-    std::chrono::milliseconds indeterminate_delay{30'000};     // 5xx / timeout: resolve by search later
+    std::chrono::milliseconds lease_held_delay{10'000};          // another worker is charging this row
+    std::chrono::milliseconds retry_same_key_delay{5'000};       // Stripe said "nothing happened, try again"
+    std::chrono::milliseconds indeterminate_delay{30'000};       // 5xx / timeout: resolve by search later
     std::chrono::milliseconds stripe_unavailable_delay{30'000};  // the charge search failed
-    backoff postgres_backoff{};                                // PostgreSQL errors, by delivery attempt
+    backoff postgres_backoff{};                                  // PostgreSQL errors, by delivery attempt
     // Past this, a pending row's key is not trusted for replay any more (Stripe prunes keys at 24 h).
     std::chrono::seconds same_key_window{billing::same_key_window};
     // The search for an existing charge starts this long before the first attempt (clock skew with Stripe).
@@ -73,11 +75,11 @@ class pipeline {
     pipeline(const pipeline&) = delete;
     pipeline& operator=(const pipeline&) = delete;
 
-    // Runs the whole §4 machine for one delivery and returns FIN or REQ(delay) with the reason. Never throws for
-    // database, Stripe or payload failures (they are verdicts); throws only on broken invariants (a column of
-    // an unexpected type). Call and complete on the ledger pool's executor. Cancellation is not supported
-    // while Stripe is awaited (the call is bounded by the client's own timeouts); `touch` may be empty and
-    // must stay callable until the coroutine completes.
+    // Runs the whole §4 machine for one delivery and returns FIN or REQ(delay) with the reason. Never throws
+    // for database, Stripe or payload failures (they are verdicts); throws only on broken invariants (a
+    // column of an unexpected type). Call and complete on the ledger pool's executor. Cancellation is not
+    // supported while Stripe is awaited (the call is bounded by the client's own timeouts); `touch` may be
+    // empty and must stay callable until the coroutine completes.
     net::awaitable<verdict> handle(delivery d, touch_fn touch = {});
 
     // For a delivery past the transport's max attempts: dead-letter "max attempts exceeded" and FIN — unless
@@ -100,7 +102,8 @@ class pipeline {
     net::awaitable<verdict> charge(run& r);
     net::awaitable<verdict> settle(run& r, const stripe::charge_outcome& out);
     net::awaitable<verdict> dead_letter_finish(run& r, std::string reason, std::optional<std::string> key);
-    net::awaitable<void> call_stripe(stripe::charge_request req, stripe::charge_outcome& out, lease_keeper& k);
+    net::awaitable<void> call_stripe(stripe::charge_request req, stripe::charge_outcome& out,
+                                     lease_keeper& k);
     net::awaitable<void> keep_lease(run& r, lease_keeper& k);
     verdict postgres_failed(run& r, const error& e, std::string_view step);
     verdict count(verdict v);

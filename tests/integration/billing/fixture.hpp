@@ -25,9 +25,9 @@ inline const std::string key_namespace = "test";
 
 inline std::string event_json(const std::string& customer, const std::string& period, std::int64_t amount,
                               const std::string& stripe_customer = "cus_ok") {
-    return R"({"customer_id":")" + customer + R"(","billing_period":")" + period +
-           R"(","amount_cents":)" + std::to_string(amount) + R"(,"currency":"usd","stripe_customer_id":")" +
-           stripe_customer + R"(","description":"plan )" + period + R"("})";
+    return R"({"customer_id":")" + customer + R"(","billing_period":")" + period + R"(","amount_cents":)" +
+           std::to_string(amount) + R"(,"currency":"usd","stripe_customer_id":")" + stripe_customer +
+           R"(","description":"plan )" + period + R"("})";
 }
 
 inline billing::delivery delivery_of(std::string body, std::string message_id, std::int32_t attempts = 1) {
@@ -111,7 +111,8 @@ struct billing_fixture : fake_stripe_fixture {
         return c;
     }
 
-    std::unique_ptr<billing::pipeline> make_pipeline(billing::pipeline_config c, metrics::registry* r = nullptr) {
+    std::unique_ptr<billing::pipeline> make_pipeline(billing::pipeline_config c,
+                                                     metrics::registry* r = nullptr) {
         return std::make_unique<billing::pipeline>(std::move(c), *ledger, *stripe, logger(), r);
     }
     std::unique_ptr<billing::pipeline> make_pipeline() { return make_pipeline(config_for_pipeline()); }

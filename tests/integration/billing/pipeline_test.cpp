@@ -1,6 +1,6 @@
-// The billing state machine (DESIGN.md §4) end to end: real PostgreSQL (scratch database, migrations applied),
-// fake-stripe over TLS, the real stripe::client. Each test names the failure it would catch.
-// g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
+// The billing state machine (DESIGN.md §4) end to end: real PostgreSQL (scratch database, migrations
+// applied), fake-stripe over TLS, the real stripe::client. Each test names the failure it would catch. g++ 12
+// -O2 false positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
 #include <asio/detached.hpp>
@@ -23,11 +23,13 @@ namespace {
 
 using fixture = test::billing_fixture;
 
-std::string reason(const billing::verdict& v) { return std::string(billing::to_string(v.reason)); }
+std::string reason(const billing::verdict& v) {
+    return std::string(billing::to_string(v.reason));
+}
 
 // Runs one delivery to completion and wakes `done` (a timer used as an event).
-net::awaitable<void> handle_into(billing::pipeline* p, billing::delivery d, std::optional<billing::verdict>* out,
-                                 net::steady_timer* done) {
+net::awaitable<void> handle_into(billing::pipeline* p, billing::delivery d,
+                                 std::optional<billing::verdict>* out, net::steady_timer* done) {
     *out = co_await p->handle(std::move(d));
     done->cancel();
 }
@@ -112,9 +114,10 @@ BOOST_AUTO_TEST_CASE(payload_conflict_is_dead_lettered_and_ledger_untouched) {
     BOOST_TEST(v.detail == "conflict");
     auto again = f.handle(*p, delivery_of(event_json("acme-3", "2026-11", 2000), "0c02", 2));
     BOOST_TEST(reason(again) == "dead_lettered");
-    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = $1 AND reason = 'conflict' "
-                        "AND billing_key = $2 AND attempts = 1 AND topic = 'billing' AND channel = 'chargeguard'",
-                        std::string("0c02"), key) == 1);
+    BOOST_TEST(
+        f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = $1 AND reason = 'conflict' "
+                 "AND billing_key = $2 AND attempts = 1 AND topic = 'billing' AND channel = 'chargeguard'",
+                 std::string("0c02"), key) == 1);
     BOOST_TEST(f.dead_letters("0c01") == 0);
     auto rec = f.row(key);
     BOOST_TEST(rec->amount_cents == 1000);
@@ -302,9 +305,9 @@ BOOST_AUTO_TEST_CASE(postgres_unreachable_requeues_without_calling_stripe) {
     run_async(f.io, [&]() -> net::awaitable<void> { co_await dead_pool->close(); });
 }
 
-// Stripe slower than the lease: the lease is renewed while the call is awaited, so a second pipeline handling a
-// redelivery meanwhile sees "lease held" and never POSTs. Without renewal it would take the expired lease and
-// POST under the same key (409 in use here; a second charge after a new generation in general).
+// Stripe slower than the lease: the lease is renewed while the call is awaited, so a second pipeline handling
+// a redelivery meanwhile sees "lease held" and never POSTs. Without renewal it would take the expired lease
+// and POST under the same key (409 in use here; a second charge after a new generation in general).
 BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_stripe_call) {
     fixture f;
     auto cfg = f.config_for_pipeline();
@@ -319,10 +322,12 @@ BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_stripe_call) {
     std::optional<billing::verdict> va, vb;
     net::steady_timer b_done(f.io, std::chrono::steady_clock::time_point::max());
     int touches = 0;
-    // At the 7th touch (≈ 1.4 s into the call, past the 1 s lease) the redelivery arrives at the other instance.
+    // At the 7th touch (≈ 1.4 s into the call, past the 1 s lease) the redelivery arrives at the other
+    // instance.
     billing::touch_fn touch = [&] {
         if (++touches == 7)
-            asio::co_spawn(f.io, handle_into(b.get(), delivery_of(body, "1401", 2), &vb, &b_done), asio::detached);
+            asio::co_spawn(f.io, handle_into(b.get(), delivery_of(body, "1401", 2), &vb, &b_done),
+                           asio::detached);
     };
     va = run_async(f.io, [&]() -> net::awaitable<billing::verdict> {
         auto v = co_await a->handle(delivery_of(body, "1401", 1), touch);
@@ -383,8 +388,8 @@ BOOST_AUTO_TEST_CASE(give_up_keeps_a_message_whose_stripe_attempt_is_unresolved)
     BOOST_TEST(f.fake->charges().size() == 1u);
 }
 
-// Same customer and period under another key namespace: the UNIQUE (customer_id, billing_period) row conflicts,
-// not the key. Dead-lettered "conflict" naming the recorded key; never a second charge.
+// Same customer and period under another key namespace: the UNIQUE (customer_id, billing_period) row
+// conflicts, not the key. Dead-lettered "conflict" naming the recorded key; never a second charge.
 BOOST_AUTO_TEST_CASE(same_customer_period_under_another_key_is_a_conflict) {
     fixture f;
     auto p = f.make_pipeline();
@@ -398,13 +403,16 @@ BOOST_AUTO_TEST_CASE(same_customer_period_under_another_key_is_a_conflict) {
     BOOST_TEST(v.finished());
     BOOST_TEST(reason(v) == "dead_lettered");
     BOOST_TEST(v.detail == "conflict");
-    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '1702' AND reason = 'conflict' "
-                        "AND billing_key = $1", key) == 1);
+    BOOST_TEST(
+        f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '1702' AND reason = 'conflict' "
+                 "AND billing_key = $1",
+                 key) == 1);
     BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records") == 1);
     BOOST_TEST(f.fake->charges().size() == 1u);
 }
 
-// Stripe already saw the key with other parameters (400 idempotency_error): status conflict, dead letter, FIN.
+// Stripe already saw the key with other parameters (400 idempotency_error): status conflict, dead letter,
+// FIN.
 BOOST_AUTO_TEST_CASE(stripe_idempotency_error_marks_conflict_and_dead_letters) {
     fixture f;
     auto p = f.make_pipeline();
@@ -422,7 +430,8 @@ BOOST_AUTO_TEST_CASE(stripe_idempotency_error_marks_conflict_and_dead_letters) {
     BOOST_TEST(v.detail.find("idempotency_error") != std::string::npos, v.detail);
     BOOST_TEST(billing::to_string(f.row(key)->status) == "conflict");
     BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '1801' AND "
-                        "reason = 'stripe idempotency_error' AND billing_key = $1", key) == 1);
+                        "reason = 'stripe idempotency_error' AND billing_key = $1",
+                        key) == 1);
     BOOST_TEST(reason(f.handle(*p, delivery_of(body, "1801", 2))) == "duplicate_prevented");
     BOOST_TEST(f.fake->posts_for(key) == 2);
 }
@@ -441,7 +450,8 @@ BOOST_AUTO_TEST_CASE(stripe_rejection_marks_failed_and_dead_letters) {
     BOOST_TEST(reason(v) == "dead_lettered");
     auto rec = f.row(key);
     BOOST_TEST(billing::to_string(rec->status) == "failed");
-    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND last_error LIKE '%401%'", key) == 1);
+    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND last_error LIKE '%401%'",
+                        key) == 1);
     BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '1901' AND "
                         "reason = 'stripe rejected'") == 1);
     BOOST_TEST(f.fake->charges().empty());

@@ -1,9 +1,10 @@
 // The pure edges of the pipeline: outcome → ledger step, requeue backoff, the Stripe request of an event.
+#include "billing/outcome.hpp"
+
 #include <boost/test/unit_test.hpp>
 #include <set>
 
 #include "billing/key.hpp"
-#include "billing/outcome.hpp"
 
 using namespace cg::billing;
 using namespace std::chrono_literals;
@@ -62,7 +63,8 @@ BOOST_AUTO_TEST_CASE(charge_request_carries_base_key_metadata_and_generation_key
     BOOST_TEST(cg::stripe::metadata_value(g1.metadata, "billing_period").value_or("") == "2026-11");
     auto g3 = build_charge_request(e, base, 3);
     BOOST_TEST(g3.idempotency_key == base + "-g3");
-    BOOST_TEST(cg::stripe::metadata_value(g3.metadata, "billing_key").value_or("") == base);  // still the base
+    BOOST_TEST(cg::stripe::metadata_value(g3.metadata, "billing_key").value_or("") ==
+               base);  // still the base
 }
 
 BOOST_AUTO_TEST_CASE(verdict_reasons_are_distinct_metric_labels) {
