@@ -315,7 +315,7 @@ BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_stripe_call) {
     cfg.lease_renew_interval = 200ms;
     auto a = f.make_pipeline(cfg);
     auto b = f.make_pipeline(cfg);
-    f.fake->faults().latency_ms = 2200;
+    f.fake->faults().latency_ms = 3000;  // the 7th renewal (≈ 1.4 s) comes well before the answer
     auto body = event_json("acme-11", "2026-11", 1400);
     auto key = key_of("acme-11", "2026-11");
 
