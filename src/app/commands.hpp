@@ -22,5 +22,6 @@ void register_version(CLI::App& app, command_main& selected);
 void register_migrate(CLI::App& app, command_main& selected);
 void register_publish(CLI::App& app, command_main& selected);
 void register_tail(CLI::App& app, command_main& selected);
+void register_consume(CLI::App& app, command_main& selected);
 
 }  // namespace cg::app

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
     register_migrate(app, selected);
     register_publish(app, selected);
     register_tail(app, selected);
+    register_consume(app, selected);
 
     mirror_env(app);
     try {

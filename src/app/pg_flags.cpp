@@ -63,11 +63,11 @@ result<std::vector<pg::migration>> load_migrations(const pg_flags& f) {
     return pg::embedded_migrations();
 }
 
-std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f) {
+std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f, bool close_on_shutdown) {
     auto p = pg::pool::create(rt.io().get_executor(), rt.offload().get_executor(), to_pool_options(f),
                               rt.log(), &rt.metrics());
     p->add_readiness_check(rt.health());
-    rt.on_shutdown([p]() { return p->close(); });
+    if (close_on_shutdown) rt.on_shutdown([p]() { return p->close(); });
     p->start();
     return p;
 }

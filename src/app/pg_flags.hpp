@@ -39,9 +39,11 @@ pg::pool_options to_pool_options(const pg_flags& f);
 result<std::vector<pg::migration>> load_migrations(const pg_flags& f);
 
 // For long-running subcommands: creates the pool on the runtime's main loop with its metrics, registers the
-// "postgres" readiness check and a shutdown step that closes the pool, and starts it (first connection and
-// health checks in the background). Throws CLI::ValidationError for a bad DSN.
-std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f);
+// "postgres" readiness check and (with `close_on_shutdown`) a shutdown step that closes the pool, and starts
+// it (first connection and health checks in the background). Shutdown steps run concurrently: a command
+// whose other drains still need the pool (consume: in-flight messages) passes false and closes it itself
+// after them. Throws CLI::ValidationError for a bad DSN.
+std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f, bool close_on_shutdown = true);
 
 // For long-running subcommands: when --migrate was given, applies `ms` on a connection from `p` before the
 // command starts serving. Returns the first error. Completes on the pool's executor; `p`, `f` and `ms` must

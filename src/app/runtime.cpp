@@ -82,9 +82,10 @@ void runtime::wait_signal() {
     });
 }
 
-void runtime::request_stop(std::string_view reason) {
+void runtime::request_stop(std::string_view reason, int exit_code) {
     if (stopping_) return;
     stopping_ = true;
+    exit_code_ = exit_code;
     log_.info("shutdown requested", {{"reason", reason}, {"timeout_s", seconds(opts_.shutdown_timeout)}});
     asio::co_spawn(io_, shutdown(this), [this](std::exception_ptr e) {
         if (e) {

@@ -55,8 +55,10 @@ public:
     result<net::tcp::endpoint> start();
     // Runs the main loop until shutdown completes. Returns the process exit code.
     int run();
-    // Begins a graceful shutdown, as SIGTERM would. Call on the main executor.
-    void request_stop(std::string_view reason);
+    // Begins a graceful shutdown, as SIGTERM would. Call on the main executor. A non-zero `exit_code` makes
+    // run() return it (a startup step that failed after the loop started, e.g. --migrate); ignored when a
+    // shutdown is already under way.
+    void request_stop(std::string_view reason, int exit_code = 0);
     bool stopping() const { return stopping_; }
 
 private:

@@ -1,0 +1,260 @@
+// `chargeguard consume`: the sidecar. NSQ consumer → billing pipeline (DESIGN.md §4) → Stripe (directly or
+// through the vault proxy), serving /healthz, /readyz (nsq + postgres) and /metrics.
+//
+// Executors (DESIGN.md §2): the consumer, the PostgreSQL pool, the pipeline coroutines and the health server
+// run on the runtime's main io_context; the Stripe client's HTTPS work runs on the offload pool and its
+// results come back to the main loop. SIGTERM: the consumer drains first (RDY 0, in-flight pipelines finish,
+// CLS), then the pool closes, then the process exits 0.
+#include <asio/co_spawn.hpp>
+#include <memory>
+#include <stdexcept>
+
+#include "app/cli.hpp"
+#include "app/commands.hpp"
+#include "app/nsq_flags.hpp"
+#include "app/pg_flags.hpp"
+#include "app/runtime.hpp"
+#include "app/stripe_flags.hpp"
+#include "billing/key.hpp"
+#include "billing/ledger.hpp"
+#include "billing/pipeline.hpp"
+#include "nsq/consumer.hpp"
+#include "stripe/client.hpp"
+
+namespace cg::app {
+namespace {
+
+using std::chrono::milliseconds;
+
+// The pipeline's own knobs, as Go-style durations like the NSQ flags.
+struct pipeline_flags {
+    std::string key_namespace = "chargeguard";
+    std::string lease = "60s";
+    std::string lease_renew_interval = "15s";
+    std::string lease_held_delay = "10s";
+    std::string retry_same_key_delay = "5s";
+    std::string indeterminate_delay = "30s";
+    std::string search_failed_delay = "30s";
+};
+
+struct consume_flags {
+    nsq_consumer_flags nsq;
+    pg_flags pg;
+    stripe_flags stripe;
+    pipeline_flags billing;
+    runtime_flags rt;
+};
+
+void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
+    cmd.add_option("--key-namespace", f.key_namespace,
+                   "prefix hashed into every idempotency key (1-64 of [A-Za-z0-9_.-]); never change it "
+                   "for a live ledger: a new namespace means new keys")
+        ->capture_default_str();
+    cmd.add_option("--lease", f.lease, "how long a pending ledger row stays this worker's without renewal")
+        ->capture_default_str();
+    cmd.add_option("--lease-renew-interval", f.lease_renew_interval,
+                   "how often the lease is renewed while Stripe is awaited (shorter than --lease)")
+        ->capture_default_str();
+    cmd.add_option("--lease-held-delay", f.lease_held_delay,
+                   "REQ delay when another worker holds the row's lease (no handler backoff)")
+        ->capture_default_str();
+    cmd.add_option("--retry-same-key-delay", f.retry_same_key_delay,
+                   "REQ delay when Stripe said nothing happened (409 in use, 429, not sent)")
+        ->capture_default_str();
+    cmd.add_option("--indeterminate-delay", f.indeterminate_delay,
+                   "REQ delay after a 5xx or a timeout, before recovery searches Stripe")
+        ->capture_default_str();
+    cmd.add_option("--search-failed-delay", f.search_failed_delay,
+                   "REQ delay when the recovery search of the customer's charges failed")
+        ->capture_default_str();
+}
+
+milliseconds duration_flag(const char* flag, const std::string& v, milliseconds min, milliseconds max) {
+    auto d = parse_duration(v);
+    if (!d) throw CLI::ValidationError(flag, "'" + v + "' is not a duration (e.g. 1500ms, 60s, 2m)");
+    if (*d < min || *d > max)
+        throw CLI::ValidationError(flag, v + " is out of range: " + std::to_string(min.count()) + "ms .. " +
+                                             std::to_string(max.count()) + "ms");
+    return *d;
+}
+
+// Validates and converts; throws CLI::ValidationError naming the flag at fault.
+billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
+    using namespace std::chrono_literals;
+    billing::pipeline_config c;
+    if (!billing::valid_key_namespace(f.key_namespace))
+        throw CLI::ValidationError("--key-namespace",
+                                   "'" + f.key_namespace + "' is not 1-64 characters of [A-Za-z0-9_.-]");
+    c.key_namespace = f.key_namespace;
+    c.lease = duration_flag("--lease", f.lease, 1s, 24h);
+    c.lease_renew_interval = duration_flag("--lease-renew-interval", f.lease_renew_interval, 10ms, 24h);
+    if (c.lease_renew_interval >= c.lease)
+        throw CLI::ValidationError("--lease-renew-interval",
+                                   f.lease_renew_interval + " must be shorter than --lease " + f.lease +
+                                       " (a lease renewed no sooner than it expires can be taken over while "
+                                       "Stripe is still answering)");
+    // nsqd refuses a REQ timeout above its --max-req-timeout (1 h by default).
+    c.lease_held_delay = duration_flag("--lease-held-delay", f.lease_held_delay, 0ms, 1h);
+    c.retry_same_key_delay = duration_flag("--retry-same-key-delay", f.retry_same_key_delay, 0ms, 1h);
+    c.indeterminate_delay = duration_flag("--indeterminate-delay", f.indeterminate_delay, 0ms, 1h);
+    c.stripe_unavailable_delay = duration_flag("--search-failed-delay", f.search_failed_delay, 0ms, 1h);
+    return c;
+}
+
+billing::delivery delivery_of(const nsq::message& m, const nsq::consumer_config& cfg) {
+    billing::delivery d;
+    d.topic = cfg.topic;
+    d.channel = cfg.channel;
+    d.message_id = std::string(m.id());  // 16 ASCII characters, as nsqd prints them
+    d.attempts = m.attempts();
+    d.body = m.body();
+    return d;
+}
+
+// "Another worker holds the lease" is not a failure of this consumer: requeue it without go-nsq's handler
+// backoff, which would otherwise pause every connection while a duplicate waits for the original's charge.
+nsq::disposition to_disposition(const billing::verdict& v) {
+    if (v.finished()) return nsq::disposition::finish();
+    if (v.reason == billing::verdict_reason::requeued_lease_held)
+        return nsq::disposition::requeue_without_backoff(v.delay);
+    return nsq::disposition::requeue(v.delay);
+}
+
+// The message handler. The keepalive TOUCHes the message every msg_timeout / 2 for the whole run (pre-flight
+// and ledger steps as well as the Stripe call, which may outlast --msg-timeout); the pipeline's own touch
+// (every lease renewal while Stripe is awaited) maps to one more TOUCH. Runs on the consumer's executor; the
+// consumer keeps `m` and the pipeline alive until it completes.
+net::awaitable<nsq::disposition> handle_message(billing::pipeline* p, const nsq::consumer_config* cfg,
+                                                nsq::message& m) {
+    nsq::keepalive alive(m);
+    auto v = co_await p->handle(delivery_of(m, *cfg), [&m] { m.touch(); });
+    co_return to_disposition(v);
+}
+
+// The give-up handler (attempts > --max-attempts). The consumer FINs after it returns, and the only way it
+// offers to keep the message is an exception. The pipeline refuses to give up on a row whose Stripe attempt
+// is unresolved (a FIN would drop a charge that may or may not have happened, with nothing left to settle
+// the row): that verdict is a requeue, so it is thrown, and the consumer REQs the message (with its default
+// delay and handler backoff) until the ledger settles.
+net::awaitable<void> give_up_message(billing::pipeline* p, const nsq::consumer_config* cfg, nsq::message& m) {
+    nsq::keepalive alive(m);
+    auto v = co_await p->give_up(delivery_of(m, *cfg), [&m] { m.touch(); });
+    if (!v.finished())
+        throw std::runtime_error("past max attempts but not settled (" + std::string(billing::to_string(v.reason)) +
+                                 "): keeping the message");
+}
+
+// After the loop runs: --migrate (if asked), then the consumer starts. A failure stops the process with 1.
+net::awaitable<void> start_consuming(runtime* rt, pg::pool* pool, const pg_flags* pgf,
+                                     std::vector<pg::migration> ms, nsq::consumer* consumer) {
+    if (auto m = co_await migrate_if_requested(*pool, *pgf, ms, rt->log()); !m) {
+        rt->log().error("cannot apply migrations", {{"error", m.err().describe()}});
+        rt->request_stop("--migrate failed", 1);
+        co_return;
+    }
+    if (rt->stopping()) co_return;
+    if (auto r = consumer->start(); !r) {
+        rt->log().error("cannot start the consumer", {{"error", r.err().describe()}});
+        rt->request_stop("consumer failed to start", 1);
+    }
+}
+
+// Consumer drain first (its in-flight pipelines still need PostgreSQL), then the pool.
+net::awaitable<void> drain(nsq::consumer* consumer, std::shared_ptr<pg::pool> pool) {
+    co_await consumer->stop();
+    co_await pool->close();
+}
+
+std::string joined(const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+    return out;
+}
+
+void log_effective_config(const logger& log, const consume_flags& f, const nsq::consumer_config& n,
+                          const pg::config& pgc, const stripe::client_config& s,
+                          const billing::pipeline_config& b, const runtime_options& o) {
+    log.info("consume starting",
+             {{"topic", n.topic},
+              {"channel", n.channel},
+              {"nsqd_tcp_addresses", joined(n.nsqd_tcp_addresses)},
+              {"lookupd_http_addresses", joined(n.lookupd_http_addresses)},
+              {"max_in_flight", n.max_in_flight},
+              {"msg_timeout_ms", n.msg_timeout.count()},
+              {"max_attempts", n.max_attempts},
+              {"pg", pgc.describe()},
+              {"migrate", f.pg.migrate},
+              {"stripe_api_base", s.api_base},
+              {"stripe_ca_file", s.ca_file.empty() ? std::string("(system store)") : s.ca_file},
+              {"stripe_key_from", f.stripe.key_file.empty() ? std::string("STRIPE_API_KEY") : f.stripe.key_file},
+              {"key_namespace", b.key_namespace},
+              {"lease_ms", b.lease.count()},
+              {"lease_renew_interval_ms", b.lease_renew_interval.count()},
+              {"lease_held_delay_ms", b.lease_held_delay.count()},
+              {"health_listen", f.rt.health_listen},
+              {"offload_threads", o.offload_threads},
+              {"shutdown_timeout_s", f.rt.shutdown_timeout_s}});
+}
+
+int run_consume(const consume_flags& f, const global_flags& g) {
+    // Every validation (and reading the key) happens before anything connects.
+    auto ncfg = to_consumer_config(f.nsq);
+    auto pgc = to_pg_config(f.pg);
+    auto scfg = to_stripe_config(f.stripe);
+    auto bcfg = to_pipeline_config(f.billing);
+    auto opts = to_runtime_options(f.rt);
+    // Leave a fifth of the shutdown budget for CLS, the last FINs and closing the pool.
+    ncfg.drain_timeout = std::chrono::duration_cast<milliseconds>(opts.shutdown_timeout * 4 / 5);
+    auto ms = load_migrations(f.pg);
+    if (!ms) throw CLI::ValidationError("--migrations-dir", ms.err().describe());
+    auto log = make_stderr_logger(g.level());
+    log_effective_config(log, f, ncfg, pgc, scfg, bcfg, opts);
+
+    runtime rt(opts, log);
+    auto stripe = stripe::client::create(rt.offload().get_executor(), std::move(scfg), log, &rt.metrics());
+    if (!stripe) {
+        log.error("cannot create the Stripe client", {{"error", stripe.err().describe()}});
+        return 1;
+    }
+    auto pool = start_pool(rt, f.pg, false);
+    billing::ledger ledger(pool);
+    billing::pipeline pipeline(std::move(bcfg), ledger, **stripe, log, &rt.metrics());
+    nsq::consumer consumer(
+        rt.io().get_executor(), ncfg,
+        [&pipeline, &ncfg](nsq::message& m) { return handle_message(&pipeline, &ncfg, m); }, log, rt.metrics());
+    consumer.set_give_up_handler([&pipeline, &ncfg](nsq::message& m) { return give_up_message(&pipeline, &ncfg, m); });
+    consumer.add_readiness(rt.health());
+    rt.on_shutdown([&consumer, pool]() { return drain(&consumer, pool); });
+    if (auto ep = rt.start(); !ep) {
+        log.error("cannot start", {{"error", ep.err().describe()}});
+        return 1;
+    }
+    asio::co_spawn(rt.io(), start_consuming(&rt, pool.get(), &f.pg, std::move(*ms), &consumer),
+                   [&rt](std::exception_ptr e) {
+                       if (!e) return;
+                       try {
+                           std::rethrow_exception(e);
+                       } catch (const std::exception& ex) {
+                           rt.log().error("startup failed", {{"error", ex.what()}});
+                       }
+                       rt.request_stop("startup failed", 1);
+                   });
+    return rt.run();
+}
+
+}  // namespace
+
+void register_consume(CLI::App& app, command_main& selected) {
+    auto* cmd = app.add_subcommand("consume", "consume billing events from NSQ and charge Stripe exactly once");
+    auto f = std::make_shared<consume_flags>();
+    add_nsq_consumer_flags(*cmd, f->nsq, true);
+    add_pg_flags(*cmd, f->pg, true);
+    add_stripe_flags(*cmd, f->stripe);
+    add_pipeline_flags(*cmd, f->billing);
+    add_runtime_flags(*cmd, f->rt);
+    cmd->callback([&selected, f] {
+        selected = [f](const global_flags& g) { return run_consume(*f, g); };
+    });
+}
+
+}  // namespace cg::app
