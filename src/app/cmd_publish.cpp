@@ -154,6 +154,7 @@ asio::awaitable<void> publish_all(publish_state& st) {
                 st.log.error("input line refused; stopping",
                              {{"line", st.line_no}, {"reason", why}, {"published", st.published}});
                 st.exit_code = 1;
+                co_await st.producer->close();  // a connected producer keeps the loop (and the process) alive
                 co_return;
             }
             batch_bytes += line.size();
@@ -161,6 +162,7 @@ asio::awaitable<void> publish_all(publish_state& st) {
             if (batch.size() >= st.f.batch_size || batch_bytes >= st.f.batch_bytes) {
                 if (!co_await send_batch(st, batch, prog)) {
                     st.exit_code = 1;
+                    co_await st.producer->close();
                     co_return;
                 }
                 batch_bytes = 0;

@@ -176,6 +176,20 @@ BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
         BOOST_TEST(slurp(err).find("\"line\":2") != std::string::npos, slurp(err));
         BOOST_TEST(slurp(err).find("amount_cents") != std::string::npos, slurp(err));
         BOOST_TEST(nsqd.topic_message_count("billing") == 1234u);  // the batch holding line 1 was not sent
+        {
+            // Refused after a batch went out: the connected producer is closed and the process exits.
+            std::ofstream f(in);
+            for (int i = 0; i < 3; ++i)
+                f << "{\"customer_id\":\"d" << i << "\",\"billing_period\":\"p\",\"amount_cents\":5,"
+                  << "\"currency\":\"usd\",\"stripe_customer_id\":\"cus_d\"}\n";
+            f << "not json\n";
+        }
+        pid = spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", "--batch-size", "2",
+                     in},
+                    out, err);
+        BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 1, slurp(err));
+        BOOST_TEST(slurp(err).find("\"line\":4") != std::string::npos, slurp(err));
+        BOOST_TEST(nsqd.topic_message_count("billing") == 1236u);  // the first batch of two went out
         // --no-validate lets any JSON object through (to exercise dead-lettering).
         {
             std::ofstream f(in);
@@ -184,7 +198,7 @@ BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
         pid = spawn({"publish", "--no-validate", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", in},
                     out, err);
         BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 0, slurp(err));
-        BOOST_TEST(nsqd.topic_message_count("billing") == 1236u);
+        BOOST_TEST(nsqd.topic_message_count("billing") == 1238u);
         ::unlink(in.c_str());
         ::unlink(out.c_str());
         ::unlink(err.c_str());
