@@ -307,8 +307,13 @@ result<void> connection::begin_op() {
     return {};
 }
 
-void connection::end_op(clock::time_point began, const std::error_code& ec) {
+void connection::end_op(clock::time_point began, const std::error_code& ec, const op& o) {
     busy_ = false;
+    // A connection we sent a cancel for is never reused. PostgreSQL's postmaster delivers a cancel as two
+    // SIGINTs (to the backend and to its process group); when the first has already ended our statement,
+    // the second can land after it and cancel whatever this connection runs next (seen under CPU load:
+    // the statement after a timed-out one failing with 57014). Timeouts are rare; a reconnect is cheap.
+    if (o.cancel_sent) broken_ = true;
     last_used_ = clock::now();
     if (stats_) stats_->query_done(std::chrono::duration<double>(last_used_ - began).count(), ec);
 }
@@ -331,7 +336,7 @@ net::awaitable<result<rows>> connection::query_with(std::string_view sql, params
             prepared = r.err();
         }
         if (!prepared) {
-            end_op(began, prepared.code());
+            end_op(began, prepared.code(), o);
             co_return prepared.err();
         }
         prepared_.emplace(plan.key, plan.name);
@@ -343,7 +348,7 @@ net::awaitable<result<rows>> connection::query_with(std::string_view sql, params
     } else {
         out = co_await collect(o);
     }
-    end_op(began, out.code());
+    end_op(began, out.code(), o);
     co_return out;
 }
 
@@ -365,7 +370,7 @@ net::awaitable<result<void>> connection::execute(std::string_view sql, duration 
         auto r = co_await collect(o);
         if (!r) out = r.err();
     }
-    end_op(began, out.code());
+    end_op(began, out.code(), o);
     co_return out;
 }
 
@@ -439,7 +444,7 @@ net::awaitable<result<std::vector<result<rows>>>> connection::run(const pipeline
         }
         if (!out) broken_ = true;  // stuck in pipeline mode with unread results: unusable
     }
-    end_op(began, out.code());
+    end_op(began, out.code(), o);
     co_return out;
 }
 

@@ -130,7 +130,7 @@ class connection {
     stmt_plan plan_statement(const std::string& sql, const params& p);
     bool send_statement(const std::string& sql, const params& p, const stmt_plan& plan);
     result<void> begin_op();
-    void end_op(clock::time_point began, const std::error_code& ec);
+    void end_op(clock::time_point began, const std::error_code& ec, const op& o);
     void reassign_socket();
     void send_cancel();
     error lost(std::string_view what);
