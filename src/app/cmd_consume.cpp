@@ -69,13 +69,12 @@ void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
         ->capture_default_str();
 }
 
-milliseconds duration_flag(const char* flag, const std::string& v, milliseconds min, milliseconds max) {
-    auto d = parse_duration(v);
-    if (!d) throw CLI::ValidationError(flag, "'" + v + "' is not a duration (e.g. 1500ms, 60s, 2m)");
-    if (*d < min || *d > max)
+milliseconds duration_in_range(const char* flag, const std::string& v, milliseconds min, milliseconds max) {
+    auto d = duration_flag(flag, v);
+    if (d < min || d > max)
         throw CLI::ValidationError(flag, v + " is out of range: " + std::to_string(min.count()) + "ms .. " +
                                              std::to_string(max.count()) + "ms");
-    return *d;
+    return d;
 }
 
 // Validates and converts; throws CLI::ValidationError naming the flag at fault.
@@ -86,18 +85,18 @@ billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
         throw CLI::ValidationError("--key-namespace",
                                    "'" + f.key_namespace + "' is not 1-64 characters of [A-Za-z0-9_.-]");
     c.key_namespace = f.key_namespace;
-    c.lease = duration_flag("--lease", f.lease, 1s, 24h);
-    c.lease_renew_interval = duration_flag("--lease-renew-interval", f.lease_renew_interval, 10ms, 24h);
+    c.lease = duration_in_range("--lease", f.lease, 1s, 24h);
+    c.lease_renew_interval = duration_in_range("--lease-renew-interval", f.lease_renew_interval, 10ms, 24h);
     if (c.lease_renew_interval >= c.lease)
         throw CLI::ValidationError("--lease-renew-interval",
                                    f.lease_renew_interval + " must be shorter than --lease " + f.lease +
                                        " (a lease renewed no sooner than it expires can be taken over while "
                                        "Stripe is still answering)");
     // nsqd refuses a REQ timeout above its --max-req-timeout (1 h by default).
-    c.lease_held_delay = duration_flag("--lease-held-delay", f.lease_held_delay, 0ms, 1h);
-    c.retry_same_key_delay = duration_flag("--retry-same-key-delay", f.retry_same_key_delay, 0ms, 1h);
-    c.indeterminate_delay = duration_flag("--indeterminate-delay", f.indeterminate_delay, 0ms, 1h);
-    c.stripe_unavailable_delay = duration_flag("--search-failed-delay", f.search_failed_delay, 0ms, 1h);
+    c.lease_held_delay = duration_in_range("--lease-held-delay", f.lease_held_delay, 0ms, 1h);
+    c.retry_same_key_delay = duration_in_range("--retry-same-key-delay", f.retry_same_key_delay, 0ms, 1h);
+    c.indeterminate_delay = duration_in_range("--indeterminate-delay", f.indeterminate_delay, 0ms, 1h);
+    c.stripe_unavailable_delay = duration_in_range("--search-failed-delay", f.search_failed_delay, 0ms, 1h);
     return c;
 }
 

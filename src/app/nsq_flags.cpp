@@ -53,15 +53,11 @@ std::optional<milliseconds> parse_duration(std::string_view s) {
     return milliseconds(static_cast<std::int64_t>(total_ms + 0.5));
 }
 
-namespace {
-
 milliseconds duration_flag(const std::string& flag, const std::string& v) {
     auto d = parse_duration(v);
     if (!d) throw CLI::ValidationError(flag, "'" + v + "' is not a duration (e.g. 1500ms, 60s, 2m)");
     return *d;
 }
-
-}  // namespace
 
 nsq::consumer_config to_consumer_config(const nsq_consumer_flags& f) {
     nsq::consumer_config c;

@@ -31,6 +31,8 @@ void add_nsq_consumer_flags(CLI::App& cmd, nsq_consumer_flags& f, bool channel_r
 
 // Go-style durations: "1500ms", "60s", "1m30s", "2h"; "0" alone is zero. nullopt when malformed.
 std::optional<std::chrono::milliseconds> parse_duration(std::string_view s);
+// parse_duration for a flag's value; throws CLI::ValidationError naming the flag when malformed.
+std::chrono::milliseconds duration_flag(const std::string& flag, const std::string& value);
 
 // Converts and validates; throws CLI::ValidationError naming the flag and the accepted range, e.g.
 // "--msg-timeout: 500ms is out of range: 0 (nsqd's default) or 1s .. 15m (nsqd's max-msg-timeout)".

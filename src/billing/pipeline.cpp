@@ -33,6 +33,11 @@ std::int64_t unix_seconds(sys_time t) {
 
 // One delivery's working state, owned by handle()'s frame.
 struct pipeline::run {
+    run(delivery del, touch_fn t, const logger& base)
+        : d(std::move(del)),
+          touch(std::move(t)),
+          log(base.with({{"message_id", d.message_id}, {"attempts", d.attempts}})) {}
+
     delivery d;
     touch_fn touch;
     logger log;
@@ -92,10 +97,7 @@ verdict pipeline::count(verdict v) {
 }
 
 net::awaitable<verdict> pipeline::handle(delivery d, touch_fn touch) {
-    run r;
-    r.d = std::move(d);
-    r.touch = std::move(touch);
-    r.log = log_.with({{"message_id", r.d.message_id}, {"attempts", r.d.attempts}});
+    run r(std::move(d), std::move(touch), log_);
     auto v = co_await process(r);
     r.log.log(
         v.finished() ? log_level::info : log_level::warn,
@@ -332,10 +334,7 @@ verdict pipeline::postgres_failed(run& r, const error& e, std::string_view step)
 // when it cannot settle yet, it requeues and the verdict says requeued_unresolved. Logged as an error each
 // time, so an operator sees a message stuck at max attempts.
 net::awaitable<verdict> pipeline::give_up(delivery d, touch_fn touch) {
-    run r;
-    r.d = std::move(d);
-    r.touch = std::move(touch);
-    r.log = log_.with({{"message_id", r.d.message_id}, {"attempts", r.d.attempts}});
+    run r(std::move(d), std::move(touch), log_);
     auto v = co_await give_up_process(r);
     r.log.log(
         v.finished() ? log_level::warn : log_level::error,

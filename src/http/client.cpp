@@ -16,10 +16,6 @@ using clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string millis(clock::duration d) {
-    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
-}
-
 // A request waiting for the pool: woken with a connection handed over, or with a free slot.
 struct waiter {
     explicit waiter(const asio::any_io_executor& ex) : timer(ex, clock::time_point::max()) {}
@@ -137,7 +133,7 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
         auto c = co_await net::with_timeout(l.conn()->connect(st->origin, st->opts.connect_timeout), st->opts.connect_timeout);
         if (!c) {
             out.err = error(errc::timeout, "connect to " + st->origin.to_string() + " timed out after " +
-                                               millis(st->opts.connect_timeout));
+                                               net::describe_timeout(st->opts.connect_timeout));
             co_return out;
         }
         if (!*c) {
@@ -172,7 +168,7 @@ net::awaitable<client_result> run_request(std::shared_ptr<client::state> st, req
     client_result out;
     out.request_sent = sent;
     out.err = error(errc::timeout, std::string(sent ? "no response" : "request not sent") + " from " +
-                                       st->origin.to_string() + " within " + millis(st->opts.request_timeout));
+                                       st->origin.to_string() + " within " + net::describe_timeout(st->opts.request_timeout));
     co_return out;
 }
 

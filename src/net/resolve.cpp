@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "net/error.hpp"
+#include "net/timeout.hpp"
 
 namespace cg::net {
 
@@ -18,10 +19,6 @@ struct pending_lookup {
     resolve_results results;
     bool done = false;
 };
-
-std::string millis(std::chrono::steady_clock::duration d) {
-    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
-}
 
 }  // namespace
 
@@ -41,7 +38,7 @@ awaitable<result<resolve_results>> resolve_with(resolve_initiator start, std::st
     if (!st->done) {
         st->resolver.cancel();  // drops the lookup if it has not started yet; a running one is abandoned
         if (wec) co_return error(asio::error::operation_aborted, "resolve " + what + ": cancelled");
-        co_return error(errc::timeout, "resolve " + what + ": no answer within " + millis(timeout));
+        co_return error(errc::timeout, "resolve " + what + ": no answer within " + describe_timeout(timeout));
     }
     if (st->ec) co_return error(st->ec, "resolve " + what + ": " + st->ec.message());
     if (st->results.empty()) co_return error(errc::resolve_failed, "resolve " + what + ": no addresses");

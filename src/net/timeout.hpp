@@ -5,11 +5,17 @@
 #include <asio/this_coro.hpp>
 #include <chrono>
 #include <optional>
+#include <string>
 #include <variant>
 
 #include "net/tokens.hpp"
 
 namespace cg::net {
+
+// "1500 ms": how timeout messages name a duration.
+inline std::string describe_timeout(std::chrono::steady_clock::duration d) {
+    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
+}
 
 // Awaits `op`, or gives up after `d`. Returns the op's value, or nullopt on timeout (the op is then
 // cancelled through its cancellation slot). `op` must not throw on ordinary I/O errors: use `nothrow`.

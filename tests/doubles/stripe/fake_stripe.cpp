@@ -389,7 +389,6 @@ void fake_stripe::create_charge(const params& p, int& status, std::string& body,
         return;
     }
     status = 402;
-    json_obj extra;
     std::string fields = "\"charge\":\"" + c.id + "\"";
     if (rule->code == "card_declined") fields += ",\"decline_code\":\"" + rule->decline_code + "\"";
     body = error_body("card_error", rule->code, "Your card was declined.", {}, fields);
