@@ -54,3 +54,17 @@ install_node_packages() {
     echo "== npm not found: the Stripe SDK conformance test will skip" >&2
   fi
 }
+
+# The real NSQ 1.3.0 daemons and stock clients, when this machine has them (../shared/tools/nsq-1.3.0 beside
+# the checkout, or CHARGEGUARD_NSQ_TOOLS). Tests that need them read NSQD_BIN, NSQLOOKUPD_BIN, NSQ_TAIL_BIN
+# and TO_NSQ_BIN and print a clear "skipped" line when they are unset.
+export_nsq_tools() {
+  local dir=${CHARGEGUARD_NSQ_TOOLS:-$root/../shared/tools/nsq-1.3.0}
+  if [ -x "$dir/nsqd" ]; then
+    dir=$(cd "$dir" && pwd)
+    export NSQD_BIN=$dir/nsqd NSQLOOKUPD_BIN=$dir/nsqlookupd NSQ_TAIL_BIN=$dir/nsq_tail TO_NSQ_BIN=$dir/to_nsq
+    echo "== real NSQ: $("$NSQD_BIN" --version 2>&1 | head -1)" >&2
+  else
+    echo "== real NSQ not found at $dir: real-broker tests will skip" >&2
+  fi
+}
