@@ -60,6 +60,7 @@ install_node_packages() {
 # and TO_NSQ_BIN and print a clear "skipped" line when they are unset.
 export_nsq_tools() {
   local dir=${CHARGEGUARD_NSQ_TOOLS:-$root/../shared/tools/nsq-1.3.0}
+  [ -x "$dir/nsqd" ] || [ -n "${CHARGEGUARD_NSQ_TOOLS:-}" ] || dir=/work/shared/tools/nsq-1.3.0
   if [ -x "$dir/nsqd" ]; then
     dir=$(cd "$dir" && pwd)
     export NSQD_BIN=$dir/nsqd NSQLOOKUPD_BIN=$dir/nsqlookupd NSQ_TAIL_BIN=$dir/nsq_tail TO_NSQ_BIN=$dir/to_nsq
