@@ -165,7 +165,7 @@ struct lab::variant_run {
     std::chrono::seconds clock_offset{0};
     net::steady_timer park;  // crashed handlers wait here until their consumer is torn down
     std::set<std::string> keys;
-    std::uint64_t received = 0, fin_failed = 0, timeouts = 0;
+    std::uint64_t received = 0, fin_failed = 0, timeouts = 0, disconnects = 0;
 
     void snapshot_consumer() {
         if (!consumer) return;
@@ -569,12 +569,14 @@ net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
         v->brokers.push_back(std::move(*b));
     }
     for (auto& b : v->brokers) {
+        auto t = co_await http_call(*b->http, "POST", "/topic/create?topic=" + v->topic, "");
+        if (!t) throw std::runtime_error("topic/create: " + t.err().describe());
         auto r = co_await http_call(*b->http, "POST",
                                     "/channel/create?topic=" + v->topic + "&channel=" + channel_name, "");
         if (!r) throw std::runtime_error("channel/create: " + r.err().describe());
     }
     // A real nsqd scans a new channel for timeouts only from its next 5 s refresh: start after it.
-    if (real) {
+    if (real && s.stripe_latency_ms > opts_.msg_timeout.count()) {
         auto ready_at = v->brokers[0]->started + 5500ms;
         if (sclock::now() < ready_at)
             co_await sleep_for(std::chrono::duration_cast<milliseconds>(ready_at - sclock::now()));
@@ -599,7 +601,7 @@ net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
     v->ncfg.channel = channel_name;
     v->ncfg.max_in_flight = two_brokers ? std::max(2u, s.max_in_flight) : s.max_in_flight;
     v->ncfg.msg_timeout = opts_.msg_timeout;
-    v->ncfg.heartbeat_interval = 1s;
+    v->ncfg.heartbeat_interval = milliseconds(s.heartbeat_ms);
     v->ncfg.max_attempts = s.max_attempts;
     v->ncfg.reconnect_backoff_min = 100ms;
     v->ncfg.reconnect_backoff_max = 1s;
@@ -625,6 +627,7 @@ net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
             // The crash: connections dropped without FIN, like a killed process; nsqd redelivers each
             // message that was in flight once its msg_timeout runs out.
             v->snapshot_consumer();
+            v->disconnects += v->consumer->stats().disconnects;
             v->consumer.reset();
             v->park.cancel();
             v->crash_pending = false;
@@ -680,6 +683,7 @@ net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
     }
     if (sclock::now() >= deadline) log_.warn("lab: scenario did not settle in time", {{"scenario", s.name}});
 
+    v->disconnects += v->consumer->stats().disconnects;  // before the graceful stop closes them
     co_await v->consumer->stop();
     v->snapshot_consumer();
     v->consumer.reset();
@@ -693,6 +697,7 @@ net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
     out.variant = safe ? "safe" : "unsafe";
     out.deliveries = v->received;
     out.fin_failed = v->fin_failed;
+    out.disconnects = v->disconnects;
     out.nsqd_timeouts = v->timeouts;
     // Charges per customer, as fake-stripe holds them.
     auto charges = co_await admin("GET", "/_admin/charges", "");

@@ -202,5 +202,15 @@ int main(int argc, char** argv) {
         "unsafe = the real NSQ consumer and Stripe client with the mistake below; safe = the billing "
         "pipeline as `chargeguard consume` runs it.\n\n");
     for (const auto* s : scenarios) std::printf("%-20s %s\n", s->name.c_str(), s->what.c_str());
+    bool noted = false;
+    for (const auto& r : st.rows) {
+        if (r.disconnects == 0) continue;
+        if (!noted) std::printf("\n");
+        noted = true;
+        std::printf(
+            "%s %s: nsqd closed %llu connection(s) while the consumer ran (a connection whose heartbeats go "
+            "unanswered for two intervals is dropped)\n",
+            r.scenario.c_str(), r.variant.c_str(), static_cast<unsigned long long>(r.disconnects));
+    }
     return 0;
 }

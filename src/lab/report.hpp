@@ -17,6 +17,9 @@ struct row {
     std::uint64_t customers_uncharged = 0;  // published customers with no charge
     std::uint64_t nsqd_timeouts = 0;        // the channel's timeout_count at nsqd
     std::uint64_t fin_failed = 0;           // E_FIN_FAILED frames the consumers received
+    // Not a column: connections nsqd closed while a consumer ran (heartbeats unanswered for two intervals),
+    // as opposed to the lab's own crashes and graceful stops. Printed in the notes under the table.
+    std::uint64_t disconnects = 0;
 };
 
 // A fixed-width text table with a header line.

@@ -48,13 +48,34 @@ const std::vector<scenario>& all_scenarios() {
             scenario s;
             s.name = "FM3";
             s.what =
-                "Stripe call blocking the main loop, 1.5 s > msg_timeout 1 s, max_in_flight 10, Attempts key";
+                "Stripe call blocking the main loop (pynsq's IOLoop), 1.2 s > msg_timeout 1 s, max_in_flight "
+                "10, "
+                "heartbeat 30 s, Attempts key";
             s.unsafe_key = key_policy::attempts;
             s.call = unsafe_call::blocking;
+            s.heartbeat_ms =
+                30000;  // nsqd's and pynsq's default: heartbeats answered late, the connection stays
+            s.stripe_latency_ms = 1200;
             s.events = 10;
             s.max_in_flight = 10;
-            s.max_attempts = 3;
-            s.stripe_latency_ms = 1500;
+            s.max_attempts = 2;
+            s.real_broker = true;
+            v.push_back(s);
+        }
+        {
+            scenario s;
+            s.name = "FM3-heartbeat";
+            s.what =
+                "as FM3 with heartbeat 1 s and max_in_flight 5: the blocked loop misses heartbeats, nsqd "
+                "drops "
+                "the connection";
+            s.unsafe_key = key_policy::attempts;
+            s.call = unsafe_call::blocking;
+            s.heartbeat_ms = 1000;
+            s.stripe_latency_ms = 1200;
+            s.events = 5;
+            s.max_in_flight = 5;
+            s.max_attempts = 2;
             s.real_broker = true;
             v.push_back(s);
         }

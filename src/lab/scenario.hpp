@@ -29,6 +29,7 @@ struct scenario {
     unsigned max_attempts = 5;
     int crashes = 0;               // the first N deliveries end in a crash after Stripe answered, before FIN
     int stripe_latency_ms = 0;     // fake-stripe answers every /v1 call this late
+    int heartbeat_ms = 1000;       // the consumers' IDENTIFY heartbeat_interval
     int fail_after_create = 0;     // the first N creating POSTs: charge created, then 500 (saved, replayed)
     bool publish_twice = false;    // the producer re-publishes every event (its PUB's OK was lost)
     bool two_brokers = false;      // fake broker: every event also reaches a second nsqd (producer failover)
