@@ -194,10 +194,16 @@ int main(int argc, char** argv) {
         return 0;
     }
     std::fputs(lab::render_table(st.rows).c_str(), stdout);
-    std::printf(
-        "\nbroker: %s for FM2b, FM3, FM3b; fake-nsqd for the rest. msg_timeout %lld ms, heartbeat 1 s.\n",
-        o.nsqd_bin.empty() ? "fake-nsqd" : ("real nsqd (" + o.nsqd_bin + ")").c_str(),
-        static_cast<long long>(o.msg_timeout.count()));
+    std::string real_list;
+    for (const auto* s : scenarios)
+        if (s->real_broker) real_list += (real_list.empty() ? "" : ", ") + s->name;
+    if (o.nsqd_bin.empty() || real_list.empty())
+        std::printf("\nbroker: fake-nsqd for every scenario");
+    else
+        std::printf("\nbroker: the real nsqd (%s) for %s; fake-nsqd for the rest", o.nsqd_bin.c_str(),
+                    real_list.c_str());
+    std::printf(". msg_timeout %lld ms; heartbeat 1 s unless stated.\n",
+                static_cast<long long>(o.msg_timeout.count()));
     std::printf(
         "unsafe = the real NSQ consumer and Stripe client with the mistake below; safe = the billing "
         "pipeline as `chargeguard consume` runs it.\n\n");
