@@ -165,6 +165,7 @@ struct lab::variant_run {
     std::chrono::seconds clock_offset{0};
     net::steady_timer park;  // crashed handlers wait here until their consumer is torn down
     std::set<std::string> keys;
+    int running = 0;  // handlers of this run's consumers (current or crashed) not yet returned
     std::uint64_t received = 0, fin_failed = 0, timeouts = 0, disconnects = 0;
 
     void snapshot_consumer() {
@@ -177,6 +178,16 @@ struct lab::variant_run {
 namespace {
 
 using run_t = lab::variant_run;
+
+// Counts a handler as running for its whole life, so a run ends only once every handler — including those
+// of a crashed consumer — has returned and nothing refers to the run any more.
+struct running_guard {
+    explicit running_guard(run_t* r) : v(r) { ++v->running; }
+    ~running_guard() { --v->running; }
+    running_guard(const running_guard&) = delete;
+    running_guard& operator=(const running_guard&) = delete;
+    run_t* v;
+};
 
 // "Crash after Stripe answered, before FIN": the first `crashes` deliveries of a run park here; the driver
 // sees crash_pending, tears the consumer's connections down without a FIN (what a killed process does), and
@@ -267,6 +278,7 @@ net::awaitable<nsq::disposition> ledger_naive(run_t* v, nsq::message& m, billing
 
 // The unsafe consumer: the real NSQ consumer and Stripe client, no ledger, and one of the bad keys.
 net::awaitable<nsq::disposition> unsafe_handle(run_t* v, nsq::message& m) {
+    running_guard g(v);
     auto ev = billing::parse_event(m.body());
     if (!ev) co_return nsq::disposition::finish();
     if (v->sc->call == unsafe_call::ledger_naive_key) co_return co_await ledger_naive(v, m, std::move(*ev));
@@ -320,6 +332,7 @@ nsq::disposition to_disposition(const billing::verdict& v) {
 
 // The safe consumer: what `chargeguard consume` runs — the pipeline, with the message TOUCHed throughout.
 net::awaitable<nsq::disposition> safe_handle(run_t* v, nsq::message& m) {
+    running_guard g(v);
     billing::verdict verdict;
     {
         nsq::keepalive alive(m);
@@ -335,6 +348,7 @@ net::awaitable<void> unsafe_give_up(nsq::message&) {
 }  // go-nsq's default: log, FIN
 
 net::awaitable<void> safe_give_up(run_t* v, nsq::message& m) {
+    running_guard g(v);
     billing::verdict verdict;
     {
         nsq::keepalive alive(m);
@@ -691,6 +705,8 @@ net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
         v->timeouts += static_cast<std::uint64_t>((co_await stats_of(*b, v->topic)).timeouts);
     for (auto& b : v->brokers) co_await stop_broker(std::move(b));
     v->brokers.clear();
+    for (auto until = sclock::now() + 30s; v->running > 0 && sclock::now() < until;) co_await sleep_for(20ms);
+    if (v->running > 0) throw std::runtime_error("handlers still running after the run ended");
 
     row out;
     out.scenario = s.name;
