@@ -153,6 +153,10 @@ struct lab::variant_run {
     const scenario* sc;
     bool safe;
     std::string topic;
+    bool real = false;         // the real nsqd
+    bool two_brokers = false;  // FM2b on fake-nsqd: the event reaches a second nsqd
+    std::string data_dir;
+    std::vector<std::string> bodies;
     std::vector<std::unique_ptr<broker>> brokers;
     std::unique_ptr<metrics::registry> reg = std::make_unique<metrics::registry>();
     std::unique_ptr<billing::pipeline> pipeline;
@@ -559,15 +563,32 @@ net::awaitable<std::vector<row>> lab::run(const scenario& s) {
 net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
     auto v = std::make_unique<variant_run>(this, &s, safe, io_.get_executor());
     v->topic = topic_for(s, safe);
-    const bool real = real_broker_for(s);
+    v->real = real_broker_for(s);
     // Without a real nsqd there is no broker restart that keeps its messages: the fake broker's FM2b history
     // is the other way a message reaches a second nsqd — the producer's failover re-publish.
-    const bool two_brokers = s.broker_restart && !real;
-    v->crashes_left = two_brokers ? 0 : s.crashes;
+    v->two_brokers = s.broker_restart && !v->real;
+    v->crashes_left = v->two_brokers ? 0 : s.crashes;
+    v->data_dir = opts_.work_dir + "/nsqd-" + v->topic;
+    for (int i = 1; i <= s.events; ++i) v->bodies.push_back(event_body(s, i));
     log_.info("lab: running",
-              {{"scenario", s.name}, {"variant", safe ? "safe" : "unsafe"}, {"real_nsqd", real}});
+              {{"scenario", s.name}, {"variant", safe ? "safe" : "unsafe"}, {"real_nsqd", v->real}});
 
-    // Fresh state: fake-stripe, the ledger.
+    co_await prepare(*v);
+    co_await publish(*v);
+    configure_consumer(*v);
+    if (safe)
+        v->pipeline =
+            std::make_unique<billing::pipeline>(pipeline_config_for(v.get()), *ledger_, *stripe_, log_);
+    start_consumer(v.get(), log_);
+    co_await drive(*v);
+    co_await wind_down(*v);
+    co_return co_await count(*v);
+}
+
+// Fresh state for one run: fake-stripe reset with the scenario's faults, the ledger emptied, the broker(s)
+// started with the topic and channel created.
+net::awaitable<void> lab::prepare(variant_run& v) {
+    const auto& s = *v.sc;
     if (auto r = co_await admin("POST", "/_admin/reset", ""); !r)
         throw std::runtime_error(r.err().describe());
     std::string faults = "latency_ms=" + std::to_string(s.stripe_latency_ms) +
@@ -575,182 +596,187 @@ net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
     if (auto r = co_await admin("POST", "/_admin/faults", faults); !r)
         throw std::runtime_error(r.err().describe());
     co_await sql("TRUNCATE billing_records, dead_letters");
-
-    const std::string data_dir = opts_.work_dir + "/nsqd-" + v->topic;
-    for (int i = 0; i < (two_brokers ? 2 : 1); ++i) {
-        auto b = co_await start_broker(real, data_dir);
+    for (int i = 0; i < (v.two_brokers ? 2 : 1); ++i) {
+        auto b = co_await start_broker(v.real, v.data_dir);
         if (!b) throw std::runtime_error("broker: " + b.err().describe());
-        v->brokers.push_back(std::move(*b));
+        v.brokers.push_back(std::move(*b));
     }
-    for (auto& b : v->brokers) {
-        auto t = co_await http_call(*b->http, "POST", "/topic/create?topic=" + v->topic, "");
+    for (auto& b : v.brokers) {
+        auto t = co_await http_call(*b->http, "POST", "/topic/create?topic=" + v.topic, "");
         if (!t) throw std::runtime_error("topic/create: " + t.err().describe());
         auto r = co_await http_call(*b->http, "POST",
-                                    "/channel/create?topic=" + v->topic + "&channel=" + channel_name, "");
+                                    "/channel/create?topic=" + v.topic + "&channel=" + channel_name, "");
         if (!r) throw std::runtime_error("channel/create: " + r.err().describe());
     }
     // A real nsqd scans a new channel for timeouts only from its next 5 s refresh: start after it.
-    if (real && s.stripe_latency_ms > opts_.msg_timeout.count()) {
-        auto ready_at = v->brokers[0]->started + 5500ms;
+    if (v.real && s.stripe_latency_ms > opts_.msg_timeout.count()) {
+        auto ready_at = v.brokers[0]->started + 5500ms;
         if (sclock::now() < ready_at)
             co_await sleep_for(std::chrono::duration_cast<milliseconds>(ready_at - sclock::now()));
     }
-    std::vector<std::string> bodies;
-    for (int i = 1; i <= s.events; ++i) bodies.push_back(event_body(s, i));
-    auto publish_all = [&]() -> std::vector<std::pair<broker*, std::string>> {
-        std::vector<std::pair<broker*, std::string>> out;
-        for (const auto& body : bodies) {
-            out.emplace_back(v->brokers[0].get(), body);
-            if (s.publish_twice) out.emplace_back(v->brokers[0].get(), body);
-            if (two_brokers) out.emplace_back(v->brokers[1].get(), body);
+}
+
+// Every event once (twice when the producer re-publishes; also to the second nsqd in the fake FM2b).
+net::awaitable<void> lab::publish(variant_run& v) {
+    for (const auto& body : v.bodies) {
+        std::vector<broker*> to{v.brokers[0].get()};
+        if (v.sc->publish_twice) to.push_back(v.brokers[0].get());
+        if (v.two_brokers) to.push_back(v.brokers[1].get());
+        for (auto* b : to) {
+            auto r = co_await http_call(*b->http, "POST", "/pub?topic=" + v.topic, body);
+            if (!r) throw std::runtime_error("pub: " + r.err().describe());
         }
-        return out;
-    };
-    for (auto& [b, body] : publish_all()) {
-        auto r = co_await http_call(*b->http, "POST", "/pub?topic=" + v->topic, body);
-        if (!r) throw std::runtime_error("pub: " + r.err().describe());
     }
+}
 
-    v->ncfg.topic = v->topic;
-    v->ncfg.channel = channel_name;
-    v->ncfg.max_in_flight = two_brokers ? std::max(2u, s.max_in_flight) : s.max_in_flight;
-    v->ncfg.msg_timeout = opts_.msg_timeout;
-    v->ncfg.heartbeat_interval = milliseconds(s.heartbeat_ms);
-    v->ncfg.max_attempts = s.max_attempts;
-    v->ncfg.reconnect_backoff_min = 100ms;
-    v->ncfg.reconnect_backoff_max = 1s;
-    v->ncfg.backoff_multiplier = 50ms;
-    v->ncfg.max_backoff_duration = 400ms;
-    v->ncfg.default_requeue_delay = 300ms;
-    v->ncfg.max_requeue_delay = 1s;
-    v->ncfg.rdy_redistribute_interval = 500ms;
-    v->ncfg.drain_timeout = 10s;
-    v->ncfg.connect_timeout = 2s;
-    if (safe)
-        v->pipeline =
-            std::make_unique<billing::pipeline>(pipeline_config_for(v.get()), *ledger_, *stripe_, log_);
-    start_consumer(v.get(), log_);
+void lab::configure_consumer(variant_run& v) {
+    const auto& s = *v.sc;
+    auto& c = v.ncfg;
+    c.topic = v.topic;
+    c.channel = channel_name;
+    c.max_in_flight = v.two_brokers ? std::max(2u, s.max_in_flight) : s.max_in_flight;
+    c.msg_timeout = opts_.msg_timeout;
+    c.heartbeat_interval = milliseconds(s.heartbeat_ms);
+    c.max_attempts = s.max_attempts;
+    // Short delays so the whole table runs in minutes.
+    c.reconnect_backoff_min = 100ms;
+    c.reconnect_backoff_max = 1s;
+    c.backoff_multiplier = 50ms;
+    c.max_backoff_duration = 400ms;
+    c.default_requeue_delay = 300ms;
+    c.max_requeue_delay = 1s;
+    c.rdy_redistribute_interval = 500ms;
+    c.drain_timeout = 10s;
+    c.connect_timeout = 2s;
+}
 
+// The crash: connections dropped without FIN, like a killed process; nsqd redelivers each message that was
+// in flight once its msg_timeout runs out. Then a new consumer (a restarted process) subscribes.
+net::awaitable<void> lab::crash_and_restart(variant_run& v) {
+    v.snapshot_consumer();
+    v.disconnects += v.consumer->stats().disconnects;
+    v.consumer.reset();
+    v.park.cancel();
+    v.crash_pending = false;
+    if (v.sc->broker_restart && v.real) {
+        // …and the broker restarts on another address (its messages persisted in --data-path).
+        for (auto& b : v.brokers)
+            v.timeouts += static_cast<std::uint64_t>((co_await stats_of(*b, v.topic)).timeouts);
+        auto old = std::move(v.brokers[0]);
+        v.brokers.clear();
+        co_await stop_broker(std::move(old));
+        auto b = co_await start_broker(true, v.data_dir);
+        if (!b) throw std::runtime_error("broker restart: " + b.err().describe());
+        v.brokers.push_back(std::move(*b));
+    }
+    start_consumer(&v, log_);
+}
+
+net::awaitable<void> lab::channel_op(variant_run& v, std::string op) {
+    auto r = co_await http_call(*v.brokers[0]->http, "POST",
+                                "/channel/" + op + "?topic=" + v.topic + "&channel=" + channel_name, "");
+    if (!r) throw std::runtime_error("channel/" + op + ": " + r.err().describe());
+}
+
+// Until nothing is left to deliver: crashes and restarts as they come, the operator's pause/resume, the
+// re-publish a day later. Settled = every handler idle and nsqd holding nothing (queued, in flight,
+// deferred) for three polls in a row.
+net::awaitable<void> lab::drive(variant_run& v) {
+    const auto& s = *v.sc;
     auto deadline = sclock::now() + 150s;
     bool paused = false, resumed = false, republished = false;
     sclock::time_point paused_at;
     int quiet = 0;
     while (sclock::now() < deadline) {
         co_await sleep_for(100ms);
-        if (v->crash_pending) {
-            // The crash: connections dropped without FIN, like a killed process; nsqd redelivers each
-            // message that was in flight once its msg_timeout runs out.
-            v->snapshot_consumer();
-            v->disconnects += v->consumer->stats().disconnects;
-            v->consumer.reset();
-            v->park.cancel();
-            v->crash_pending = false;
-            if (s.broker_restart && real) {
-                // …and the broker restarts on another address (its messages persisted in --data-path).
-                for (auto& b : v->brokers)
-                    v->timeouts += static_cast<std::uint64_t>((co_await stats_of(*b, v->topic)).timeouts);
-                auto old = std::move(v->brokers[0]);
-                v->brokers.clear();
-                co_await stop_broker(std::move(old));
-                auto b = co_await start_broker(true, data_dir);
-                if (!b) throw std::runtime_error("broker restart: " + b.err().describe());
-                v->brokers.push_back(std::move(*b));
-            }
-            start_consumer(v.get(), log_);
+        if (v.crash_pending) {
+            co_await crash_and_restart(v);
             quiet = 0;
             continue;
         }
         if (s.pause_in_flight && !paused &&
-            v->consumer->stats().received >= static_cast<std::uint64_t>(s.events)) {
-            auto r = co_await http_call(*v->brokers[0]->http, "POST",
-                                        "/channel/pause?topic=" + v->topic + "&channel=" + channel_name, "");
-            if (!r) throw std::runtime_error("channel/pause: " + r.err().describe());
+            v.consumer->stats().received >= static_cast<std::uint64_t>(s.events)) {
+            co_await channel_op(v, "pause");
             paused = true;
             paused_at = sclock::now();
         } else if (paused && !resumed && sclock::now() - paused_at >= 2s) {
-            auto r =
-                co_await http_call(*v->brokers[0]->http, "POST",
-                                   "/channel/unpause?topic=" + v->topic + "&channel=" + channel_name, "");
-            if (!r) throw std::runtime_error("channel/unpause: " + r.err().describe());
+            co_await channel_op(v, "unpause");
             resumed = true;
         }
-        bool idle = consumer_idle(*v) && (!s.pause_in_flight || resumed);
-        if (idle) {
-            for (auto& b : v->brokers)
-                if (!(co_await stats_of(*b, v->topic)).quiet()) idle = false;
-        }
+        bool idle = consumer_idle(v) && (!s.pause_in_flight || resumed);
+        for (auto& b : v.brokers)
+            if (idle && !(co_await stats_of(*b, v.topic)).quiet()) idle = false;
         quiet = idle ? quiet + 1 : 0;
         if (quiet < 3) continue;
-        if (s.republish_after_24h && !republished) {
-            // A day later the same events come again (an upstream replay): Stripe has forgotten the key.
-            republished = true;
-            co_await advance_stripe_clock(stripe_day);
-            v->clock_offset += stripe_day;
-            for (auto& [b, body] : publish_all()) {
-                auto r = co_await http_call(*b->http, "POST", "/pub?topic=" + v->topic, body);
-                if (!r) throw std::runtime_error("pub: " + r.err().describe());
-            }
-            quiet = 0;
-            continue;
-        }
-        break;
+        if (!s.republish_after_24h || republished) co_return;
+        // A day later the same events come again (an upstream replay): Stripe has forgotten the key.
+        republished = true;
+        co_await advance_stripe_clock(stripe_day);
+        v.clock_offset += stripe_day;
+        co_await publish(v);
+        quiet = 0;
     }
-    if (sclock::now() >= deadline) log_.warn("lab: scenario did not settle in time", {{"scenario", s.name}});
+    throw std::runtime_error(s.name + ": the run did not settle within 150 s");
+}
 
-    v->disconnects += v->consumer->stats().disconnects;  // before the graceful stop closes them
-    co_await v->consumer->stop();
-    v->snapshot_consumer();
-    v->consumer.reset();
-    for (auto& b : v->brokers)
-        v->timeouts += static_cast<std::uint64_t>((co_await stats_of(*b, v->topic)).timeouts);
-    for (auto& b : v->brokers) co_await stop_broker(std::move(b));
-    v->brokers.clear();
-    for (auto until = sclock::now() + 30s; v->running > 0 && sclock::now() < until;) co_await sleep_for(20ms);
-    if (v->running > 0) throw std::runtime_error("handlers still running after the run ended");
+// Graceful stop of the last consumer, nsqd's timeout counts, the brokers stopped, every handler returned.
+net::awaitable<void> lab::wind_down(variant_run& v) {
+    v.disconnects += v.consumer->stats().disconnects;  // before the graceful stop closes them
+    co_await v.consumer->stop();
+    v.snapshot_consumer();
+    v.consumer.reset();
+    for (auto& b : v.brokers)
+        v.timeouts += static_cast<std::uint64_t>((co_await stats_of(*b, v.topic)).timeouts);
+    for (auto& b : v.brokers) co_await stop_broker(std::move(b));
+    v.brokers.clear();
+    for (auto until = sclock::now() + 30s; v.running > 0 && sclock::now() < until;) co_await sleep_for(20ms);
+    if (v.running > 0) throw std::runtime_error("handlers still running after the run ended");
+}
 
+// The row: the consumers' and nsqd's counts, and what fake-stripe holds — succeeded charges per customer, and
+// POSTs per idempotency key the run used.
+net::awaitable<row> lab::count(variant_run& v) {
+    const auto& s = *v.sc;
     row out;
     out.scenario = s.name;
-    out.variant = safe ? "safe" : "unsafe";
-    out.deliveries = v->received;
-    out.fin_failed = v->fin_failed;
-    out.disconnects = v->disconnects;
-    out.nsqd_timeouts = v->timeouts;
-    // Charges per customer, as fake-stripe holds them.
+    out.variant = v.safe ? "safe" : "unsafe";
+    out.deliveries = v.received;
+    out.fin_failed = v.fin_failed;
+    out.disconnects = v.disconnects;
+    out.nsqd_timeouts = v.timeouts;
     auto charges = co_await admin("GET", "/_admin/charges", "");
     if (!charges) throw std::runtime_error(charges.err().describe());
     std::map<std::string, std::uint64_t> per_customer;
     simdjson::dom::parser p;
     simdjson::dom::element doc;
-    if (p.parse(*charges).get(doc)) throw std::runtime_error("fake-stripe /_admin/charges: bad JSON");
     simdjson::dom::array data;
-    if (!doc["data"].get(data)) {
-        for (auto c : data) {
-            std::string_view status, customer;
-            if (c["status"].get(status) || status != "succeeded") continue;
-            if (c["customer"].get(customer)) continue;
-            ++per_customer[std::string(customer)];
-            ++out.charges_created;
-        }
+    if (p.parse(*charges).get(doc) || doc["data"].get(data))
+        throw std::runtime_error("fake-stripe /_admin/charges: unexpected JSON");
+    for (auto c : data) {
+        std::string_view status, customer;
+        if (c["status"].get(status) || status != "succeeded" || c["customer"].get(customer)) continue;
+        ++per_customer[std::string(customer)];
+        ++out.charges_created;
     }
     for (int i = 1; i <= s.events; ++i) {
         auto n = per_customer[stripe_customer(i)];
         if (n == 0) ++out.customers_uncharged;
         if (n > 1) out.duplicate_charges += n - 1;
     }
-    // POSTs per idempotency key, as fake-stripe counted them.
-    std::set<std::string> keys = v->keys;
-    if (safe)
+    std::set<std::string> keys = v.keys;
+    if (v.safe)  // the pipeline's keys: the content key and its later generations
         for (int i = 1; i <= s.events; ++i) {
             auto base = billing::base_key(key_namespace, "cust-" + std::to_string(i), billing_period);
             for (int g = 1; g <= 5; ++g) keys.insert(billing::stripe_idempotency_key(base, g));
         }
     for (const auto& k : keys) {
         auto r = co_await admin("GET", "/_admin/posts?key=" + http::url_encode(k), "");
-        if (!r) continue;
         simdjson::dom::parser pp;
         simdjson::dom::element d;
         std::int64_t n = 0;
-        if (!pp.parse(*r).get(d) && !d["count"].get(n)) out.stripe_posts += static_cast<std::uint64_t>(n);
+        if (!r || pp.parse(*r).get(d) || d["count"].get(n))
+            throw std::runtime_error("fake-stripe /_admin/posts: " + (r ? *r : r.err().describe()));
+        out.stripe_posts += static_cast<std::uint64_t>(n);
     }
     co_return out;
 }

@@ -76,6 +76,14 @@ class lab {
 
   private:
     net::awaitable<row> run_variant(const scenario& s, bool safe);
+    net::awaitable<void> prepare(variant_run& v);
+    net::awaitable<void> publish(variant_run& v);
+    void configure_consumer(variant_run& v);
+    net::awaitable<void> drive(variant_run& v);
+    net::awaitable<void> crash_and_restart(variant_run& v);
+    net::awaitable<void> channel_op(variant_run& v, std::string op);
+    net::awaitable<void> wind_down(variant_run& v);
+    net::awaitable<row> count(variant_run& v);
     net::awaitable<result<std::unique_ptr<broker>>> start_broker(bool real, std::string data_dir);
     net::awaitable<void> stop_broker(std::unique_ptr<broker> b);
     net::awaitable<result<std::string>> admin(std::string method, std::string target, std::string body);
