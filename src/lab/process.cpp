@@ -31,7 +31,7 @@ child::child(child&& o) noexcept : pid_(o.pid_), out_(o.out_), buf_(std::move(o.
 
 child& child::operator=(child&& o) noexcept {
     if (this != &o) {
-        this->~child();
+        release();
         pid_ = o.pid_;
         out_ = o.out_;
         buf_ = std::move(o.buf_);
@@ -42,8 +42,13 @@ child& child::operator=(child&& o) noexcept {
 }
 
 child::~child() {
+    release();
+}
+
+void child::release() noexcept {
     if (pid_ > 0) stop(SIGKILL, std::chrono::milliseconds(2000));
     if (out_ >= 0) ::close(out_);
+    out_ = -1;
 }
 
 result<child> child::spawn(const std::vector<std::string>& argv, const std::string& stderr_path) {

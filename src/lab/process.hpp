@@ -33,6 +33,8 @@ class child {
     pid_t pid() const noexcept { return pid_; }
 
   private:
+    void release() noexcept;  // SIGKILL + reap if running, close the pipe
+
     pid_t pid_ = -1;
     int out_ = -1;
     std::string buf_;
