@@ -327,11 +327,10 @@ billing::delivery delivery_of(run_t* v, const nsq::message& m) {
     return d;
 }
 
+// As `consume` maps a verdict (src/app/cmd_consume.cpp): a requeue is "not now", never a handler failure.
 nsq::disposition to_disposition(const billing::verdict& v) {
     if (v.finished()) return nsq::disposition::finish();
-    if (v.reason == billing::verdict_reason::requeued_lease_held)
-        return nsq::disposition::requeue_without_backoff(v.delay);
-    return nsq::disposition::requeue(v.delay);
+    return nsq::disposition::requeue_without_backoff(v.delay);
 }
 
 // The safe consumer: what `chargeguard consume` runs — the pipeline, with the message TOUCHed throughout.
@@ -347,19 +346,20 @@ net::awaitable<nsq::disposition> safe_handle(run_t* v, nsq::message& m) {
     co_return to_disposition(verdict);
 }
 
-net::awaitable<void> unsafe_give_up(nsq::message&) {
-    co_return;
-}  // go-nsq's default: log, FIN
+// go-nsq's default past max_attempts: log and FIN.
+net::awaitable<nsq::disposition> unsafe_give_up(nsq::message&) {
+    co_return nsq::disposition::finish();
+}
 
-net::awaitable<void> safe_give_up(run_t* v, nsq::message& m) {
+// As `consume`: past max attempts the pipeline runs the same machine; its verdict is applied like any other.
+net::awaitable<nsq::disposition> safe_give_up(run_t* v, nsq::message& m) {
     running_guard g(v);
     billing::verdict verdict;
     {
         nsq::keepalive alive(m);
         verdict = co_await v->pipeline->give_up(delivery_of(v, m), [&m] { m.touch(); });
     }
-    if (!verdict.finished())
-        throw std::runtime_error("past max attempts but not settled: keeping the message");
+    co_return to_disposition(verdict);
 }
 
 billing::pipeline_config pipeline_config_for(run_t* v) {
