@@ -90,15 +90,19 @@ std::shared_ptr<pg::pool> one_shot_pool(asio::io_context& io, net::offload_pool&
 }
 
 // Runs `task` (returning the exit code) on a fresh loop, then closes the pool.
+// With `nsqd`, also a producer for it, created and destroyed outside the coroutine (as `publish` does).
 template <typename Make>
-int run_one_shot(const pg_flags& f, const global_flags& g, Make make) {
+int run_one_shot(const pg_flags& f, const global_flags& g, Make make, const std::string& nsqd = {}) {
     auto log = make_stderr_logger(g.level());
     (void)to_pg_config(f);  // validates before anything connects
     asio::io_context io{1};
     net::offload_pool off{1};
     auto pool = one_shot_pool(io, off, f, log);
+    std::unique_ptr<nsq::producer> producer;
+    if (!nsqd.empty())
+        producer = std::make_unique<nsq::producer>(io.get_executor(), nsqd, nsq::producer_config{}, log);
     int rc = 1;
-    asio::co_spawn(io, make(io, pool, log), [&](std::exception_ptr e, int r) {
+    asio::co_spawn(io, make(pool, producer.get()), [&](std::exception_ptr e, int r) {
         if (e) {
             try {
                 std::rethrow_exception(e);
@@ -217,9 +221,9 @@ net::awaitable<bool> replay_one(const replay_flags& f, billing::dead_letter_stor
     co_return true;
 }
 
-net::awaitable<int> run_replay(replay_flags f, std::shared_ptr<pg::pool> pool, logger log) {
+net::awaitable<int> run_replay(replay_flags f, std::shared_ptr<pg::pool> pool, nsq::producer* producer) {
     billing::dead_letter_store store(pool);
-    nsq::producer prod(co_await asio::this_coro::executor, f.nsqd_tcp_address, nsq::producer_config{}, log);
+    nsq::producer& prod = *producer;
     replay_counts n;
     bool go_on = true;
     for (auto id : f.ids) {
@@ -280,10 +284,9 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
     list->add_flag("--json", lf->json, "one JSON object per line");
     list->callback([&selected, lf] {
         selected = [lf](const global_flags& g) {
-            return run_one_shot(lf->pg, g,
-                                [lf](asio::io_context&, std::shared_ptr<pg::pool> p, const logger&) {
-                                    return run_list(*lf, std::move(p));
-                                });
+            return run_one_shot(lf->pg, g, [lf](std::shared_ptr<pg::pool> p, nsq::producer*) {
+                return run_list(*lf, std::move(p));
+            });
         };
     });
 
@@ -294,10 +297,9 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
     show->add_flag("--json", sf->json, "as one JSON object");
     show->callback([&selected, sf] {
         selected = [sf](const global_flags& g) {
-            return run_one_shot(sf->pg, g,
-                                [sf](asio::io_context&, std::shared_ptr<pg::pool> p, const logger&) {
-                                    return run_show(*sf, std::move(p));
-                                });
+            return run_one_shot(sf->pg, g, [sf](std::shared_ptr<pg::pool> p, nsq::producer*) {
+                return run_show(*sf, std::move(p));
+            });
         };
     });
 
@@ -322,10 +324,12 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
             throw CLI::ValidationError("--topic", "'" + rf->topic + "' is not a valid topic name");
         if (rf->by.empty()) rf->by = default_operator();
         selected = [rf](const global_flags& g) {
-            return run_one_shot(rf->pg, g,
-                                [rf](asio::io_context&, std::shared_ptr<pg::pool> p, const logger& log) {
-                                    return run_replay(*rf, std::move(p), log);
-                                });
+            return run_one_shot(
+                rf->pg, g,
+                [rf](std::shared_ptr<pg::pool> p, nsq::producer* prod) {
+                    return run_replay(*rf, std::move(p), prod);
+                },
+                rf->nsqd_tcp_address);
         };
     });
 }

@@ -391,10 +391,8 @@ void print_report(const reconcile_run& run, std::size_t expected, std::size_t re
     std::printf("\n%zu unexplained, %zu re-published\n", unexplained, republished);
 }
 
-net::awaitable<std::size_t> republish(reconcile_run& run, std::vector<item*> lost) {
+net::awaitable<std::size_t> republish(reconcile_run& run, nsq::producer& prod, std::vector<item*> lost) {
     if (lost.empty()) co_return 0;
-    nsq::producer prod(co_await asio::this_coro::executor, run.f.nsqd_tcp_address, nsq::producer_config{},
-                       run.log);
     std::size_t done = 0;
     for (std::size_t i = 0; i < lost.size(); i += 200) {
         std::vector<std::string> bodies;
@@ -409,13 +407,12 @@ net::awaitable<std::size_t> republish(reconcile_run& run, std::vector<item*> los
         for (std::size_t j = i; j < i + n; ++j) lost[j]->action = "re-published to " + run.f.topic;
         done += n;
     }
-    co_await prod.close();
     co_return done;
 }
 
 net::awaitable<int> run_reconcile(const reconcile_flags* fp, std::shared_ptr<pg::pool> pool,
-                                  stripe::client* stripe, std::vector<billing::expected_event> expected,
-                                  logger log) {
+                                  stripe::client* stripe, nsq::producer* producer,
+                                  std::vector<billing::expected_event> expected, logger log) {
     const auto& f = *fp;
     reconcile_run run{f, *pool, *stripe, log, billing::request_pacer(f.stripe_rate, 5), {}, {}, 0, {}};
     for (auto& e : expected) {
@@ -454,7 +451,10 @@ net::awaitable<int> run_reconcile(const reconcile_flags* fp, std::shared_ptr<pg:
             lost.push_back(&it);
     }
     std::size_t republished = 0;
-    if (f.publish) republished = co_await republish(run, lost);
+    if (producer) {
+        republished = co_await republish(run, *producer, lost);
+        co_await producer->close();
+    }
     print_report(run, expected.size(), republished);
     if (!run.failure.empty()) {
         std::fprintf(stderr, "chargeguard reconcile: %s\n", run.failure.c_str());
@@ -503,8 +503,12 @@ int reconcile_main(const reconcile_flags& f, const global_flags& g) {
         return 2;
     }
     auto pool = pg::pool::create(io.get_executor(), off.get_executor(), std::move(opts), log);
+    std::unique_ptr<nsq::producer> producer;
+    if (f.publish)
+        producer = std::make_unique<nsq::producer>(io.get_executor(), f.nsqd_tcp_address,
+                                                   nsq::producer_config{}, log);
     int rc = 2;
-    asio::co_spawn(io, run_reconcile(&f, pool, stripe->get(), std::move(mine), log),
+    asio::co_spawn(io, run_reconcile(&f, pool, stripe->get(), producer.get(), std::move(mine), log),
                    [&rc](std::exception_ptr e, int r) {
                        if (e) {
                            try {

@@ -239,25 +239,27 @@ recon_verdict classify(const recon_facts& f) {
         return {recon_class::missing, "no ledger row and no dead letter: the message never reached consume"};
     }
     const ledger_record& rec = *f.record;
-    // A second successful charge for one key: money taken that the ledger does not account for.
-    if (succeeded && rec.status != record_status::pending)
-        return {recon_class::not_in_ledger,
-                "charge " + succeeded->id + " (" + money(succeeded->amount, succeeded->currency) +
-                    ") carries the key; the ledger records " + rec.charge_id.value_or("none")};
     if (rec.status == record_status::charged && f.recorded_charge_known) {
         const std::string id = rec.charge_id.value_or("");
+        // The charge that does carry the key, if any: what the row should probably say.
+        const std::string also = succeeded ? "; " + succeeded->id + " carries the key" : "";
         if (!f.recorded_charge)
-            return {recon_class::absent_at_stripe, "charge " + id + " does not exist at Stripe"};
+            return {recon_class::absent_at_stripe, "charge " + id + " does not exist at Stripe" + also};
         const charge_fact& ch = *f.recorded_charge;
         if (ch.customer != rec.stripe_customer_id || ch.amount != rec.amount_cents ||
             ch.currency != rec.currency)
             return {recon_class::absent_at_stripe,
                     "charge " + id + " is " + ch.customer + " " + money(ch.amount, ch.currency) +
                         " at Stripe; the ledger says " + rec.stripe_customer_id + " " +
-                        money(rec.amount_cents, rec.currency)};
+                        money(rec.amount_cents, rec.currency) + also};
         if (ch.status != "succeeded")
-            return {recon_class::absent_at_stripe, "charge " + id + " is " + ch.status + " at Stripe"};
+            return {recon_class::absent_at_stripe, "charge " + id + " is " + ch.status + " at Stripe" + also};
     }
+    // A second successful charge for one key: money taken that the ledger does not account for.
+    if (succeeded && rec.status != record_status::pending)
+        return {recon_class::not_in_ledger,
+                "charge " + succeeded->id + " (" + money(succeeded->amount, succeeded->currency) +
+                    ") carries the key; the ledger records " + rec.charge_id.value_or("none")};
     if (!f.expected)
         return {recon_class::mismatch, "the ledger has this customer and period; the expected list does not"};
     const billing_event& ev = f.expected->event;
