@@ -611,3 +611,66 @@ BOOST_FIXTURE_TEST_CASE(reconcile_classifies_each_tampered_row, ops) {
         BOOST_TEST(c->out().find("charge ch_gone does not exist at Stripe") != std::string::npos, c->out());
     });
 }
+
+// consume exports the age of the oldest pending ledger row (a row left pending two minutes ago by a worker
+// that died) and how many are pending; `chargeguard probe` is 0 on /healthz, 1 on a 404 and on a closed port.
+BOOST_FIXTURE_TEST_CASE(consume_exports_oldest_pending_age_and_probe_answers, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        co_await query(
+            "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+            "stripe_customer_id, status, lease_until, created_at) VALUES ('" +
+            key_of("stuck", "2026-09") +
+            "', 'stuck', '2026-09', 700, 'usd', 'cus_s', 'pending', now() + interval '1 hour', "
+            "now() - interval '120 seconds')");
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        std::optional<unsigned short> port;
+        auto logged_port = [&]() -> std::optional<unsigned short> {
+            std::istringstream in(consumer.err());
+            std::string line;
+            simdjson::dom::parser p;
+            while (std::getline(in, line)) {
+                simdjson::dom::element doc;
+                if (p.parse(line).get(doc) != simdjson::SUCCESS) continue;
+                std::string_view msg;
+                std::int64_t n = 0;
+                if (doc["msg"].get(msg) == simdjson::SUCCESS && msg == "health server listening" &&
+                    doc["port"].get(n) == simdjson::SUCCESS)
+                    return static_cast<unsigned short>(n);
+            }
+            return std::nullopt;
+        };
+        BOOST_TEST_REQUIRE(
+            co_await eventually([&] { return (port = logged_port()).has_value(); }, seconds(20)),
+            consumer.err());
+        auto base = "http://127.0.0.1:" + std::to_string(*port);
+        auto cl = http::client::create(io.get_executor(), base, {}, logger());
+        BOOST_TEST_REQUIRE(cl.has_value());
+        double age = -1, pending = -1;
+        auto gauge = [](const std::string& text, const std::string& name) {
+            auto at = text.find("\n" + name + " ");
+            return at == std::string::npos ? -1.0 : std::stod(text.substr(at + name.size() + 2));
+        };
+        for (int i = 0; i < 200 && !(age >= 120 && pending == 1); ++i) {
+            http::request req;
+            req.target = "/metrics";
+            auto r = co_await (*cl)->request(std::move(req));
+            BOOST_TEST_REQUIRE(r.ok());
+            age = gauge(r.resp.body, "chargeguard_billing_oldest_pending_age_seconds");
+            pending = gauge(r.resp.body, "chargeguard_billing_pending_records");
+            if (!(age >= 120 && pending == 1)) co_await net::sleep_for(milliseconds(50));
+        }
+        BOOST_TEST(age >= 120);
+        BOOST_TEST(age < 600);
+        BOOST_TEST(pending == 1);
+
+        child* c = nullptr;
+        BOOST_TEST(co_await run_cmd(c, argv("probe", base + "/healthz")) == 0, c->out());
+        BOOST_TEST(c->out().find(" 200 ") != std::string::npos, c->out());
+        BOOST_TEST(co_await run_cmd(c, argv("probe", base + "/no-such-path")) == 1, c->out());
+        co_await stop_cleanly(consumer);
+        BOOST_TEST(co_await run_cmd(c, argv("probe", "--timeout", "1", base + "/healthz")) == 1, c->out());
+        BOOST_TEST(co_await run_cmd(c, argv("probe", "not-a-url")) == 1, c->out());
+    });
+}
