@@ -28,14 +28,18 @@ step() { echo "== $(date -u +%T) $*"; }
 [ -n "${NSQD_BIN:-}" ] && [ -x "${NSQD_BIN}" ] || skip "NSQD_BIN is not set (the real nsqd 1.3.0 runs in the pod)"
 [ "$(id -u)" = 0 ] || skip "not root: rootful podman with runc is what works on these machines"
 
-have_tools() { command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null; }
+have_tools() {
+  command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null &&
+    command -v catatonit >/dev/null
+}
 if ! have_tools; then
   if [ -n "${CI:-}${CHARGEGUARD_CI:-}" ]; then
-    step "installing podman runc debootstrap"
+    # catatonit: the pod's infra (pause) process, a podman recommendation --no-install-recommends leaves out.
+    step "installing podman runc debootstrap catatonit"
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=300 \
-      podman runc debootstrap >/dev/null || skip "apt-get install podman runc debootstrap failed"
+      podman runc debootstrap catatonit >/dev/null || skip "apt-get install podman runc debootstrap failed"
   fi
-  have_tools || skip "podman, runc or debootstrap is not installed (CI installs them as root)"
+  have_tools || skip "podman, runc, debootstrap or catatonit is not installed (CI installs them as root)"
 fi
 
 cache=$build/container-cache
@@ -82,7 +86,7 @@ if ! podman image exists "$base"; then
     rm -rf "$rootfs"
   fi
   step "importing the base image"
-  podman import "$cache/bookworm-minbase.tar" "$base" >/dev/null || fail "podman import"
+  podman import "$cache/bookworm-minbase.tar" "$base" >/dev/null 2>&1 || fail "podman import"
 fi
 
 # --- the image ------------------------------------------------------------------------------------------
@@ -181,6 +185,9 @@ STRIPE_API_KEY=sk_test_container_never_logged "$CHARGEGUARD_EXE" reconcile --exp
 }
 grep -q "^ok  *$n\$" "$work/reconcile.out" || fail "reconcile did not count $n ok: $(cat "$work/reconcile.out")"
 step "$n events charged once each (published twice)"
+
+rss=$(podman exec "$id-cg" sh -c 'grep VmHWM /proc/1/status' | awk '{print $2}')
+echo "chargeguard peak RSS after $n charges: $((rss / 1024)) MiB"
 
 # --- health, then a clean stop ------------------------------------------------------------------------
 podman healthcheck run "$id-cg" || fail "podman healthcheck run: unhealthy"
