@@ -2,6 +2,7 @@
 
 #include <libpq-fe.h>
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/address.hpp>
@@ -10,6 +11,7 @@
 #include <variant>
 
 #include "net/resolve.hpp"
+#include "pg/cancel.hpp"
 #include "pg/stats.hpp"
 
 namespace cg::pg {
@@ -19,9 +21,6 @@ using clock = std::chrono::steady_clock;
 
 struct finish_deleter {
     void operator()(PGconn* c) const noexcept { PQfinish(c); }
-};
-struct cancel_deleter {
-    void operator()(PGcancel* c) const noexcept { PQfreeCancel(c); }
 };
 
 void ignore_notice(void*, const char*) {}
@@ -77,12 +76,25 @@ connection::connection(asio::any_io_executor ex, asio::any_io_executor offload, 
 
 connection::~connection() {
     if (!conn_) return;
+    if (broken_) abort_socket();
     sd_.release();  // libpq owns the fd: PQfinish closes it
     PQsetNoticeProcessor(conn_, ignore_notice, nullptr);
     // PQfinish may block (it writes a Terminate message): run it on the offload pool. If that pool never
     // runs the handler (stopped), destroying the handler still finishes the connection.
     asio::post(offload_, [c = std::unique_ptr<PGconn, finish_deleter>(conn_)]() mutable { c.reset(); });
     conn_ = nullptr;
+}
+
+// A connection dropped mid-operation (timed out, cancelled, lost) may still hold an unsent or unacknowledged
+// statement in the kernel's send queue; an ordinary close keeps retransmitting it, so after a partition heals
+// the server would still receive and run a statement we reported as failed. SO_LINGER 0 makes the close that
+// PQfinish does abortive (RST, queue discarded). Set here, on the caller's thread and at once, so it holds
+// however late the offload pool runs PQfinish.
+void connection::abort_socket() noexcept {
+    int fd = PQsocket(conn_);
+    if (fd < 0) return;
+    ::linger l{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
 }
 
 // ---- connecting -------------------------------------------------------------------------------------
@@ -268,7 +280,8 @@ net::awaitable<result<pg_result*>> connection::next_result(op& o) {
         if (!PQisBusy(conn_)) co_return PQgetResult(conn_);
         auto w = co_await wait_io(want::read, o.deadline);
         if (w.ec == errc::timeout && !o.cancel_sent) {
-            // Ask the server to stop, then give it a moment to answer so the connection stays usable.
+            // Ask the server to stop, then give it a moment to answer, so the statement's outcome is known
+            // (its result, or 57014 from our cancel). The connection is not reused either way (end_op).
             send_cancel();
             o.cancel_sent = true;
             o.deadline = deadline_after(opts_.cancel_grace);
@@ -598,14 +611,9 @@ int connection::backend_pid() const noexcept {
 }
 
 void connection::send_cancel() {
-    PGcancel* c = PQgetCancel(conn_);
-    if (!c) return;
-    // PQcancel opens a new connection and waits for it: offload pool. Fire and forget; the caller waits for
-    // the query's own result (or the grace deadline).
-    asio::post(offload_, [c = std::unique_ptr<PGcancel, cancel_deleter>(c)]() {
-        char buf[256];
-        PQcancel(c.get(), buf, sizeof buf);
-    });
+    // PQcancel blocks without a timeout: never on the offload pool (cancel.hpp says why and where instead).
+    // Fire and forget; the caller waits for the query's own result (or the grace deadline).
+    send_cancel_request(PQgetCancel(conn_), log_);
 }
 
 error connection::lost(std::string_view what) {
@@ -657,8 +665,8 @@ void connection::on_notice(void* self, const PGresult* res) {
     if (severity == "FATAL" || severity == "PANIC") {
         c->broken_ = true;
         const char* state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-        c->log_.warn("postgres ended the session", {{"message", trim(msg ? msg : "")},
-                                                    {"sqlstate", state ? state : ""}});
+        c->log_.warn("postgres ended the session",
+                     {{"message", trim(msg ? msg : "")}, {"sqlstate", state ? state : ""}});
     } else if (c->log_.enabled(log_level::debug)) {
         c->log_.debug("postgres notice", {{"message", trim(msg ? msg : "")}});
     }
