@@ -10,8 +10,10 @@
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 #include <boost/test/unit_test.hpp>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "billing/key.hpp"
@@ -36,15 +38,38 @@ double seconds_since(sclock::time_point t) {
     return std::chrono::duration<double>(sclock::now() - t).count();
 }
 
-// SIGSTOPs a server process and SIGCONTs it when destroyed (also when a check throws).
+// SIGSTOPs a server process and SIGCONTs it when destroyed (also when a check throws), or after `limit` at
+// the latest, from a watchdog thread: a test that hangs (the code under test blocking the loop) must never
+// leave the shared server stopped.
 struct stopped_process {
+    std::mutex mu;
+    std::condition_variable cv;
     pid_t pid;
-    explicit stopped_process(pid_t p) : pid(p) { BOOST_TEST_REQUIRE(::kill(pid, SIGSTOP) == 0); }
-    void resume() {
+    std::thread watchdog;
+
+    stopped_process(pid_t p, std::chrono::seconds limit) : pid(p) {
+        BOOST_TEST_REQUIRE(pid > 0);
+        BOOST_TEST_REQUIRE(::kill(pid, SIGSTOP) == 0);
+        watchdog = std::thread([this, limit] {
+            std::unique_lock lock(mu);
+            if (!cv.wait_for(lock, limit, [this] { return pid == 0; })) resume_locked();
+        });
+    }
+    void resume_locked() {
         if (pid > 0) ::kill(pid, SIGCONT);
         pid = 0;
     }
-    ~stopped_process() { resume(); }
+    void resume() {
+        {
+            std::lock_guard lock(mu);
+            resume_locked();
+        }
+        cv.notify_all();
+    }
+    ~stopped_process() {
+        resume();
+        watchdog.join();
+    }
 };
 
 struct server_ctl {
@@ -144,7 +169,7 @@ net::awaitable<void> abandoned_renewal(pg_fixture& f, const cg::test::scratch_db
     BOOST_TEST_REQUIRE(pid > 0);
     {
         // The backend stalls with the renewal in its socket buffer; the client times out, cancels, gives up.
-        stopped_process stall(pid);
+        stopped_process stall(pid, 10s);
         auto began = sclock::now();
         auto r = co_await ledger.renew_lease(key_for("abandon"), token, 60s);
         BOOST_TEST_REQUIRE(!r.has_value(), "the renewal cannot have succeeded on a stopped backend");
@@ -266,7 +291,7 @@ net::awaitable<void> cancels_off_the_offload_pool(pg_fixture& f, const server_ct
 
     // The postmaster stops answering: a cancel request now connects (the kernel accepts into the backlog)
     // and then waits forever for the postmaster to close it.
-    stopped_process stall(srv.postmaster());
+    stopped_process stall(srv.postmaster(), 8s);
     std::vector<std::optional<result<pg::rows>>> out(conns.size());
     int finished = 0;
     for (std::size_t i = 0; i < conns.size(); ++i)
