@@ -153,8 +153,11 @@ net::awaitable<result<pg::rows>> exec_with_deadline(std::shared_ptr<pg::pool> po
     if (!c) co_return c.err();
     auto& conn = **c;
     auto timeout = conn.options().query_timeout;
+    // No client timeout (zero) means the client never abandons the statement for time: no deadline worth
+    // checking, but the parameter stays, so a far one.
+    auto window = timeout > ms::zero() ? timeout : std::chrono::duration_cast<ms>(std::chrono::hours(1));
     auto deadline =
-        std::chrono::time_point_cast<std::chrono::microseconds>(std::chrono::system_clock::now() + timeout);
+        std::chrono::time_point_cast<std::chrono::microseconds>(std::chrono::system_clock::now() + window);
     p.add(pg::timestamp(deadline));
     auto r = co_await conn.query_with(sql, std::move(p), timeout);
     if (!r) co_return r.err();

@@ -141,7 +141,9 @@ net::awaitable<result<pooled_connection>> pool::acquire_until(acquire_mode mode,
             co_return pooled_connection(self, std::move(c));
         }
         clock::time_point wake = deadline;  // or a short pause before the next on-demand connect
-        if (open_ < opts_.size) {
+        if (open_ < opts_.size && on_demand && clock::now() < demand_retry_at_) {
+            wake = std::min(deadline, demand_retry_at_);  // an on-demand connect just failed: pause first
+        } else if (open_ < opts_.size) {
             if (!on_demand && !may_connect()) co_return fail(down_message());
             auto r = co_await open_one(on_demand ? deadline : clock::time_point::max());
             if (r) {
@@ -156,8 +158,10 @@ net::awaitable<result<pooled_connection>> pool::acquire_until(acquire_mode mode,
                                last_connect.describe());
             // Short and independent of the background backoff (which may say "seconds"): the caller's
             // deadline, not a timer, bounds how long it keeps trying.
-            wake = std::min(deadline, clock::now() + std::clamp(opts_.backoff_initial, milliseconds(10),
-                                                                milliseconds(250)));
+            if (r.err().code != errc::canceled)
+                demand_retry_at_ =
+                    clock::now() + std::clamp(opts_.backoff_initial, milliseconds(10), milliseconds(250));
+            wake = std::min(deadline, std::max(demand_retry_at_, clock::now() + milliseconds(10)));
         } else if (waiters_.size() >= opts_.max_waiters) {
             co_return fail("too many callers waiting for a connection (" + std::to_string(waiters_.size()) +
                            ")");

@@ -166,6 +166,9 @@ class pool : public std::enable_shared_from_this<pool> {
     clock::time_point next_attempt_{};
     std::chrono::milliseconds backoff_{0};
     error last_error_;
+    // wait_for_server callers: no on-demand connect before this (set after one failed), so however many
+    // callers wait, a server that refuses at once sees at most `size` attempts per short pause.
+    clock::time_point demand_retry_at_{};
     std::minstd_rand rng_;
     std::unique_ptr<net::steady_timer> maint_timer_;
 };

@@ -55,6 +55,7 @@ REQUEUE_DELAY_S = 1
 PG_QUERY_TIMEOUT_S = 2
 STRIPE_REQUEST_TIMEOUT_S = 10
 PG_BACKOFF_MAX_S = 5  # pg::pool_options::backoff_max (not a flag)
+RESTART_DELAY_S = 1.0
 CUT_S = (2.0, 10.0)
 CUT_EVERY_S = (1.0, 4.0)
 KILL_EVERY_S = (4.0, 10.0)
@@ -189,6 +190,8 @@ class Seed:
         self.workers = [None] * WORKERS
         self.worker_logs = [os.path.join(self.work, "consume-%d.log" % i) for i in range(WORKERS)]
         self.stats = {"cuts": 0, "cuts_by": {}, "kills": 0, "exits": 0, "published": 0}
+        self.exited_at = {}  # worker → when it exited on its own (restarted RESTART_DELAY_S later)
+        self.exit_codes = {}
 
     # ---- services -----------------------------------------------------------------------------------
 
@@ -287,10 +290,18 @@ class Seed:
         self.workers[i] = self.spawn(cmd, out, env=env)
 
     def supervise(self):
-        """Restarts consumers that exited on their own (e.g. --migrate while cut off from PostgreSQL)."""
+        """Restarts consumers that exited on their own (e.g. --migrate while cut off from PostgreSQL) after
+        RESTART_DELAY_S, like a supervisor's restart backoff (a link-down cut fails a start at once)."""
+        now = time.monotonic()
         for i, p in enumerate(self.workers):
-            if p is not None and p.poll() is not None:
+            if p is None or p.poll() is None:
+                continue
+            if i not in self.exited_at:
+                self.exited_at[i] = now
                 self.stats["exits"] += 1
+                self.exit_codes[p.returncode] = self.exit_codes.get(p.returncode, 0) + 1
+            elif now - self.exited_at[i] >= RESTART_DELAY_S:
+                del self.exited_at[i]
                 self.start_worker(i)
 
     def kill_worker(self, i):
@@ -298,6 +309,8 @@ class Seed:
         if p and p.poll() is None:
             p.send_signal(signal.SIGKILL)
             p.wait()
+        elif i in self.exited_at:
+            return  # already down, waiting for its restart
         self.stats["kills"] += 1
         self.start_worker(i)
 
@@ -438,10 +451,10 @@ class Seed:
             time.sleep(0.5)
         settle = time.monotonic() - healed
         s = self.stats
-        summary = ("seed %d (%s): %d events + %d duplicates, %d cuts %s, %d kills, %d exits restarted; "
+        summary = ("seed %d (%s): %d events + %d duplicates, %d cuts %s, %d kills, %d exits %s restarted; "
                    "chaos %.0f s; " % (self.seed, self.nsqd_kind, len(events), s["published"] - len(events),
                                        s["cuts"], json.dumps(s["cuts_by"], sort_keys=True), s["kills"],
-                                       s["exits"], healed - began))
+                                       s["exits"], json.dumps(self.exit_codes), healed - began))
         if problems:
             log(summary + "FAILED after %.1f s (bound %d s): %d problems" % (settle, bound, len(problems)))
             for p in problems[:20]:
@@ -524,6 +537,7 @@ def main():
     results = {}
     for seed in parse_seeds(args.seeds):
         s = Seed(args, net, pg, pki, seed, work)
+        cleanup.add(s.stop)  # also on SIGTERM mid-seed (idempotent)
         try:
             results[seed] = s.run()
         except Exception as e:
