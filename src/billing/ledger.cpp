@@ -60,7 +60,7 @@ const std::string take_sql =
     "AND clock_timestamp() < $5::timestamptz RETURNING " CG_RECORD_COLUMNS ") "
     "SELECT " CG_RECORD_COLUMNS ", clock_timestamp() >= $5::timestamptz FROM (VALUES (1)) AS one(x) "
     "LEFT JOIN taken ON true";
-constexpr int take_late_column = 13;
+constexpr int take_late_column = 14;  // right after CG_RECORD_COLUMNS (14 columns)
 
 const std::string renew_sql =
     "WITH renewed AS (UPDATE billing_records SET lease_until = " CG_LEASE_END("$3") " "

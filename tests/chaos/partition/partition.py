@@ -24,7 +24,6 @@ temp files) is removed at the end, also on failure or SIGTERM.
 
 import argparse
 import atexit
-import hashlib
 import json
 import os
 import random
@@ -39,12 +38,16 @@ import time
 import urllib.parse
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import chaos  # noqa: E402  the crash-chaos harness: keys, events' shape and the exactly-once assertions
 import netns  # noqa: E402
 
 WORKERS = 3
-KEY_NAMESPACE = "chaos"
-TOPIC, CHANNEL = "billing", "chargeguard"
+KEY_NAMESPACE = chaos.NAMESPACE
+TOPIC, CHANNEL = chaos.TOPIC, chaos.CHANNEL
 STRIPE_KEY = "sk_test_partition"
 
 # The timings the issue reproduced with (short, so partitions outlast them).
@@ -84,10 +87,6 @@ def free_port(ip):
     port = s.getsockname()[1]
     s.close()
     return port
-
-
-def base_key(customer, period):
-    return hashlib.sha256(("%s:%s:%s" % (KEY_NAMESPACE, customer, period)).encode()).hexdigest()[:32]
 
 
 class Cleanup:
@@ -175,6 +174,24 @@ def wait_listening(ip, port, proc, what, limit=20):
         except OSError:
             time.sleep(0.05)
     raise RuntimeError("%s did not listen on %s:%d" % (what, ip, port))
+
+
+class _Ledger:
+    """What chaos.check reads the ledger through."""
+
+    def __init__(self, pg, db):
+        self.pg, self.db = pg, db
+
+    def query(self, sql):
+        return self.pg.psql(self.db, sql)
+
+
+class _Stripe:
+    def __init__(self, seed):
+        self.seed = seed
+
+    def charges(self):
+        return self.seed.stripe_admin("/_admin/charges")["data"]
 
 
 class Seed:
@@ -317,20 +334,26 @@ class Seed:
     # ---- events ---------------------------------------------------------------------------------------
 
     def make_events(self, n):
-        events = []
+        """`n` valid events (one per customer, chaos.PERIOD, as chaos.check expects them) and a few invalid
+        lines, which must be dead-lettered (a dead letter for anything else is a false one)."""
+        valid = []
         for k in range(n):
-            customer = "cust-%d-%d" % (self.seed, k)
-            period = "2026-%02d" % (1 + k % 12)
-            events.append({"customer_id": customer, "billing_period": period, "amount_cents": 100 + k,
-                           "currency": "usd", "stripe_customer_id": "cus_%d_%d" % (self.seed, k),
-                           "description": "partition seed %d event %d" % (self.seed, k)})
-        return events
+            customer = "part-%d-%d" % (self.seed, k)
+            scus = "cus_%d_%d" % (self.seed, k)
+            body = json.dumps({"customer_id": customer, "billing_period": chaos.PERIOD, "amount_cents": 100 + k,
+                               "currency": "usd", "stripe_customer_id": scus,
+                               "description": "partition seed %d event %d" % (self.seed, k)})
+            valid.append((customer, scus, 100 + k, False, body))
+        invalid = ['{"customer_id":"part-%d-bad","billing_period":"%s","amount_cents":"12","currency":"usd",'
+                   '"stripe_customer_id":"cus_x"}' % (self.seed, chaos.PERIOD),
+                   "not json at all %d" % self.seed]
+        return valid, invalid
 
     def publish(self, lines):
         path = os.path.join(self.work, "batch-%d.jsonl" % self.stats["published"])
         with open(path, "w") as f:
-            f.write("".join(json.dumps(e) + "\n" for e in lines))
-        r = subprocess.run([self.args.chargeguard, "publish", "--nsqd-tcp-address",
+            f.write("".join(line + "\n" for line in lines))
+        r = subprocess.run([self.args.chargeguard, "publish", "--no-validate", "--nsqd-tcp-address",
                             "%s:%d" % (self.net.host_ip, self.nsqd_tcp), "--topic", TOPIC, path],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0:
@@ -339,11 +362,11 @@ class Seed:
 
     # ---- the run --------------------------------------------------------------------------------------
 
-    def chaos(self, events):
-        """Publishes `events` (plus exact duplicates) over the first 2/3 of the chaos window while cutting
+    def chaos(self, lines):
+        """Publishes `lines` (plus exact duplicates) over the first 2/3 of the chaos window while cutting
         and killing; returns when the window ends with every cut healed."""
-        dups = [e for e in events if self.rng.random() < 0.25]
-        stream = events + dups
+        dups = [e for e in lines if self.rng.random() < 0.25]
+        stream = lines + dups
         self.rng.shuffle(stream)
         window = self.args.chaos
         start = time.monotonic()
@@ -388,40 +411,20 @@ class Seed:
         for i in list(heal_at):
             self.net.heal(i)
 
-    def check(self, events):
-        """Problems that remain now ([] when quiescent and exactly once)."""
-        problems = []
-        expected = {base_key(e["customer_id"], e["billing_period"]): e for e in events}
-        charges = self.stripe_admin("/_admin/charges")["data"]
-        by_key = {}
-        for c in charges:
-            if c.get("status") != "succeeded":
-                problems.append("a charge that did not succeed: %s %s" % (c.get("id"), c.get("status")))
-                continue
-            by_key.setdefault(c.get("metadata", {}).get("billing_key"), []).append(c)
-        for key, cs in by_key.items():
-            if key not in expected:
-                problems.append("a charge for an unknown key %s" % key)
-            elif len(cs) > 1:
-                problems.append("TWICE: key %s charged %d times (%s)" % (key, len(cs), [c["id"] for c in cs]))
-        rows = {r[0]: r for r in self.pg.psql(self.db, "SELECT key, status, coalesce(charge_id, '') FROM "
-                                                       "billing_records")}
-        for key, e in expected.items():
-            cs = by_key.get(key, [])
-            if not cs:
-                problems.append("not charged (yet): %s (%s)" % (key, e["customer_id"]))
-                continue
-            row = rows.get(key)
-            if not row:
-                problems.append("no ledger row for charged key %s" % key)
-            elif row[1] != "charged" or row[2] != cs[0]["id"]:
-                problems.append("ledger %s is %s/%s, Stripe says charged %s" % (key, row[1], row[2], cs[0]["id"]))
-        for key in rows:
-            if key not in expected:
-                problems.append("a ledger row for an unknown key %s" % key)
-        letters = self.pg.psql(self.db, "SELECT count(*) FROM dead_letters")[0][0]
-        if letters != "0":
-            problems.append("FALSE DEAD LETTER: %s dead letters for valid events" % letters)
+    def check(self, valid, invalid):
+        """Problems that remain now ([] when quiescent and exactly once). The exactly-once and dead-letter
+        assertions are chaos.check's; quiescence adds nsqd's channel and the ledger's pending rows."""
+        report = {"failures": []}
+        chaos.check(report, valid, invalid, _Ledger(self.pg, self.db), _Stripe(self))
+        problems = list(report["failures"])
+        if report.get("duplicates"):
+            problems.insert(0, "TWICE: %d events charged more than once" % report["duplicates"])
+        false_letters = [p for p in problems if "was dead-lettered" in p]
+        if false_letters:
+            problems.insert(0, "FALSE DEAD LETTER: %d valid events dead-lettered" % len(false_letters))
+        pending = self.pg.psql(self.db, "SELECT count(*) FROM billing_records WHERE status = 'pending'")[0][0]
+        if pending != "0":
+            problems.append("%s ledger rows still pending" % pending)
         backlog = self.channel_backlog()
         if backlog is not None and any(backlog):
             problems.append("nsqd channel not drained: depth %d, in flight %d, deferred %d" % backlog)
@@ -431,16 +434,16 @@ class Seed:
         self.start_services()
         for i in range(WORKERS):
             self.start_worker(i)
-        events = self.make_events(self.args.events)
+        valid, invalid = self.make_events(self.args.events)
         began = time.monotonic()
-        self.chaos(events)
+        self.chaos([v[4] for v in valid] + invalid)
         healed = time.monotonic()
         bound = quiescence_bound()
         problems = ["not checked"]
         while time.monotonic() < healed + bound:
             self.supervise()
             try:
-                problems = self.check(events)
+                problems = self.check(valid, invalid)
             except Exception as e:  # a transient read failure is not a verdict
                 problems = ["check failed: %s" % e]
             if not problems:
@@ -451,8 +454,8 @@ class Seed:
             time.sleep(0.5)
         settle = time.monotonic() - healed
         s = self.stats
-        summary = ("seed %d (%s): %d events + %d duplicates, %d cuts %s, %d kills, %d exits %s restarted; "
-                   "chaos %.0f s; " % (self.seed, self.nsqd_kind, len(events), s["published"] - len(events),
+        summary = ("seed %d (%s): %d events + %d duplicates/invalid, %d cuts %s, %d kills, %d exits %s restarted; "
+                   "chaos %.0f s; " % (self.seed, self.nsqd_kind, len(valid), s["published"] - len(valid),
                                        s["cuts"], json.dumps(s["cuts_by"], sort_keys=True), s["kills"],
                                        s["exits"], json.dumps(self.exit_codes), healed - began))
         if problems:
@@ -515,6 +518,10 @@ def main():
     atexit.register(cleanup.run)
 
     def on_signal(signum, _frame):
+        # Once: a second SIGTERM (timeout(1) forwards one, meson may send another) must not cut the
+        # cleanup short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         cleanup.run()
         os._exit(128 + signum)
 
