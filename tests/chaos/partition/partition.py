@@ -346,7 +346,7 @@ class Seed:
             valid.append((customer, scus, 100 + k, False, body))
         invalid = ['{"customer_id":"part-%d-bad","billing_period":"%s","amount_cents":"12","currency":"usd",'
                    '"stripe_customer_id":"cus_x"}' % (self.seed, chaos.PERIOD),
-                   "not json at all %d" % self.seed]
+                   '{"customer_id":"part-%d-missing"}' % self.seed]
         return valid, invalid
 
     def publish(self, lines):
@@ -467,7 +467,7 @@ class Seed:
                     tail = f.read()[-3000:]
                 log("---- consume %d log tail ----\n%s" % (i, tail))
             return False
-        log(summary + "quiescent %.1f s after the last heal (bound %d s): exactly once, no dead letter"
+        log(summary + "quiescent %.1f s after the last heal (bound %d s): exactly once, only the invalid lines dead-lettered"
             % (settle, bound))
         return True
 
