@@ -99,8 +99,9 @@ class pool : public std::enable_shared_from_this<pool> {
     // Starts the maintenance task (first connection, health pings, reconnect probes). Call once, on `ex`.
     void start();
 
-    // A connection, or errc::unavailable with the reason (PostgreSQL down and the cause, pool exhausted
-    // after acquire_timeout, too many waiters, pool closed). Completes on the pool's executor; cancellable
+    // A connection, or errc::unavailable with the reason (fail_fast: PostgreSQL down and the cause, pool
+    // exhausted after acquire_timeout; wait_for_server: no working connection by server_wait, with the last
+    // connect error; either: too many waiters, pool closed). Completes on the pool's executor; cancellable
     // through the awaiting coroutine's cancellation slot (then errc::unavailable). The pool stays alive while
     // a pooled_connection exists.
     net::awaitable<result<pooled_connection>> acquire(acquire_mode mode = acquire_mode::fail_fast);
