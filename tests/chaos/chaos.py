@@ -636,7 +636,7 @@ def main():
             f"{r.get('duplicates', '?')} duplicates, {r.get('uncharged', '?')} uncharged, "
             f"{r.get('dead_letters', '?')} dead letters; quiescence {r.get('quiescence_s', '?')} s "
             f"(bound {r.get('quiescence_bound_s', '?')} s); nsqd restart {r.get('nsqd_restart', '?')}; "
-            f"{r['kill_count']} kills — {kills}")
+            f"{r['kill_count']} kills caught deliveries at: {kills}")
         for msg in r["failures"][:20]:
             log(f"   FAIL {msg}")
         if not r["ok"]:
@@ -654,7 +654,8 @@ def main():
         totals["uncharged"] += r.get("uncharged", 0)
         totals["worst_quiescence_s"] = max(totals["worst_quiescence_s"], r.get("quiescence_s", 0.0))
     kills = ", ".join(f"{w} {totals['kills'].get(w, 0)}" for w in WINDOWS)
-    log(f"== totals: {totals['runs']} runs, {totals['events']} events, {totals['kill_count']} kills ({kills}), "
+    log(f"== totals: {totals['runs']} runs, {totals['events']} events, {totals['kill_count']} kills (deliveries caught "
+        f"at: {kills}), "
         f"{totals['charges']} charges, {totals['duplicates']} duplicates, {totals['uncharged']} uncharged, "
         f"worst time to quiescence {totals['worst_quiescence_s']} s, failed seeds {totals['failed'] or 'none'}")
     return 1 if totals["failed"] else 0
