@@ -12,7 +12,9 @@ asserts, from the outside:
     charge for anything else, and the ledger row `charged` with that charge's id;
   * no false dead letter: every event is valid, so dead_letters stays empty;
   * quiescence (the above, plus nsqd's channel empty: nothing queued, in flight or deferred) within a bound
-    derived from the timings (see quiescence_bound()).
+    derived from the timings (see quiescence_bound());
+  * no ledger step failed fast on the pool's stale reconnect backoff (the consumers' logs): a step waits,
+    bounded, for a working connection instead.
 
 Skips (exit 77, one "skipped: ..." line) when not root or namespaces are unavailable, or a binary is
 missing. Everything it creates (namespaces, veths, bridge, nft table, processes, the PostgreSQL cluster,
@@ -430,6 +432,17 @@ class Seed:
             problems.append("nsqd channel not drained: depth %d, in flight %d, deferred %d" % backlog)
         return problems
 
+    def stale_backoff_failures(self):
+        """Ledger steps that failed at once on the pool's reconnect backoff ("next connection attempt in …")
+        instead of connecting on demand: the ledger must wait (bounded) for a working connection, so a settle
+        after a charge never fails on a stale "down" (issue 15, item 2)."""
+        out = []
+        for path in self.worker_logs:
+            for entry in chaos.read_log(path):
+                if "step" in entry and "next connection attempt in" in str(entry.get("error", "")):
+                    out.append("%s: %s" % (entry.get("step"), entry.get("billing_key")))
+        return out
+
     def run(self):
         self.start_services()
         for i in range(WORKERS):
@@ -453,6 +466,10 @@ class Seed:
                 break
             time.sleep(0.5)
         settle = time.monotonic() - healed
+        stale = self.stale_backoff_failures()
+        if stale:
+            problems = ["STALE BACKOFF: %d ledger steps failed on the pool's reconnect backoff, e.g. %s"
+                        % (len(stale), stale[:3])] + problems
         s = self.stats
         summary = ("seed %d (%s): %d events + %d duplicates/invalid, %d cuts %s, %d kills, %d exits %s restarted; "
                    "chaos %.0f s; " % (self.seed, self.nsqd_kind, len(valid), s["published"] - len(valid),
