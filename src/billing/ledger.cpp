@@ -40,20 +40,41 @@ const std::string preflight_existing_sql =
 
 const std::string find_sql = "SELECT " CG_RECORD_COLUMNS " FROM billing_records WHERE key = $1";
 
+// The lease-extending statements (take, renew, record attempt) carry their own deadline, checked by the
+// database: `clock_timestamp() < $deadline`, where the deadline is the client's wall clock at send time plus
+// the statement's client-side timeout. A statement the client gave up on (timed out, cancelled, its
+// connection dropped in a partition) can still reach the server later — TCP retransmits it after a heal, or a
+// stalled backend reads it from its socket buffer — and without the check it would extend a lease nobody
+// works on. The client abandons only after timeout + cancel_grace, so with the database clock within
+// cancel_grace of the client's, such a statement can never take effect after the client saw it fail.
+// clock_timestamp() (not now(), the transaction start) is re-read when a row lock wait ends, so a statement
+// parked behind a lock is held to the same deadline. Each statement also reports whether it arrived late, so
+// a late arrival is a timeout error (the caller requeues) and never reads as "the lease is not ours"; a
+// database clock ahead of ours by more than the timeout shows up as such errors in the log, not as silently
+// lost leases. The connection side (pg::connection) additionally drops an abandoned connection with an
+// abortive close, so the kernel stops retransmitting it at once.
 const std::string take_sql =
-    "UPDATE billing_records SET lease_until = " CG_LEASE_END("$2") ", nsq_message_id = $3, nsq_attempts = $4 "
+    "WITH taken AS (UPDATE billing_records SET lease_until = " CG_LEASE_END("$2") ", nsq_message_id = $3, "
+    "nsq_attempts = $4 "
     "WHERE key = $1 AND status = 'pending' AND (lease_until IS NULL OR lease_until < now()) "
-    "RETURNING " CG_RECORD_COLUMNS;
+    "AND clock_timestamp() < $5::timestamptz RETURNING " CG_RECORD_COLUMNS ") "
+    "SELECT " CG_RECORD_COLUMNS ", clock_timestamp() >= $5::timestamptz FROM (VALUES (1)) AS one(x) "
+    "LEFT JOIN taken ON true";
+constexpr int take_late_column = 14;  // right after CG_RECORD_COLUMNS (14 columns)
 
 const std::string renew_sql =
-    "UPDATE billing_records SET lease_until = " CG_LEASE_END("$3") " "
-    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 RETURNING lease_until";
+    "WITH renewed AS (UPDATE billing_records SET lease_until = " CG_LEASE_END("$3") " "
+    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 AND clock_timestamp() < $4::timestamptz "
+    "RETURNING lease_until) "
+    "SELECT (SELECT lease_until FROM renewed), clock_timestamp() >= $4::timestamptz";
 
 const std::string attempt_sql =
-    "UPDATE billing_records SET stripe_attempts = stripe_attempts + 1, "
+    "WITH attempted AS (UPDATE billing_records SET stripe_attempts = stripe_attempts + 1, "
     "first_stripe_attempt_at = coalesce(first_stripe_attempt_at, now()), lease_until = " CG_LEASE_END("$3") " "
-    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 "
-    "RETURNING key_generation, stripe_attempts, lease_until";
+    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 AND clock_timestamp() < $4::timestamptz "
+    "RETURNING key_generation, stripe_attempts, lease_until) "
+    "SELECT key_generation, stripe_attempts, lease_until, clock_timestamp() >= $4::timestamptz "
+    "FROM (VALUES (1)) AS one(x) LEFT JOIN attempted ON true";
 
 // Final states drop the lease; last_error keeps the previous one when the new state has none (charged).
 const std::string settle_sql =
@@ -122,15 +143,42 @@ std::int64_t millis(ms d) {
 
 // One statement on a pooled connection. `sql` is one of the statics above (it outlives the call).
 net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std::string& sql, pg::params p) {
-    auto c = co_await pool->acquire();
+    auto c = co_await pool->acquire(pg::acquire_mode::wait_for_server);
     if (!c) co_return c.err();
     auto& conn = **c;
     co_return co_await conn.query_with(sql, std::move(p), conn.options().query_timeout);
 }
 
+// One lease-extending statement: as exec(), with the statement's deadline appended as the last parameter
+// (see take_sql). The deadline is taken after the connection is acquired, right before sending, from the
+// same timeout the connection enforces. Returns the single row the statement always produces, or
+// errc::timeout when the database saw the statement only after its deadline and it changed nothing
+// (`changed` says whether the row carries the statement's effect; `late_col` is the late flag's column).
+net::awaitable<result<pg::rows>> exec_with_deadline(std::shared_ptr<pg::pool> pool, const std::string& sql,
+                                                    pg::params p, int late_col) {
+    auto c = co_await pool->acquire(pg::acquire_mode::wait_for_server);
+    if (!c) co_return c.err();
+    auto& conn = **c;
+    auto timeout = conn.options().query_timeout;
+    // No client timeout (zero) means the client never abandons the statement for time: no deadline worth
+    // checking, but the parameter stays, so a far one.
+    auto window = timeout > ms::zero() ? timeout : std::chrono::duration_cast<ms>(std::chrono::hours(1));
+    auto deadline =
+        std::chrono::time_point_cast<std::chrono::microseconds>(std::chrono::system_clock::now() + window);
+    p.add(pg::timestamp(deadline));
+    auto r = co_await conn.query_with(sql, std::move(p), timeout);
+    if (!r) co_return r.err();
+    if (r->size() != 1) co_return error(pg::errc::protocol_error, "lease statement: expected one row");
+    if (r->is_null(0, 0) && (*r)[0].get<bool>(late_col))
+        co_return error(pg::errc::timeout,
+                        "the database received the lease statement after its deadline and ignored it "
+                        "(a stalled connection, or the database clock ahead of ours)");
+    co_return r;
+}
+
 // One atomic batch (pipeline mode, one sync): the first failing statement's error, or every result.
 net::awaitable<result<std::vector<pg::rows>>> exec_batch(std::shared_ptr<pg::pool> pool, pg::pipeline batch) {
-    auto c = co_await pool->acquire();
+    auto c = co_await pool->acquire(pg::acquire_mode::wait_for_server);
     if (!c) co_return c.err();
     auto r = co_await (*c)->run(batch);
     if (!r) co_return r.err();
@@ -185,26 +233,29 @@ net::awaitable<result<std::optional<ledger_record>>> ledger::find(std::string ke
 
 net::awaitable<result<std::optional<ledger_record>>> ledger::take_expired_lease(
     std::string key, std::chrono::milliseconds lease, std::string nsq_message_id, std::int32_t nsq_attempts) {
-    auto r = co_await exec(
-        pool_, take_sql, pg::params(std::move(key), millis(lease), std::move(nsq_message_id), nsq_attempts));
+    auto r = co_await exec_with_deadline(
+        pool_, take_sql, pg::params(std::move(key), millis(lease), std::move(nsq_message_id), nsq_attempts),
+        take_late_column);
     if (!r) co_return r.err();
-    if (r->empty()) co_return std::optional<ledger_record>();
+    if (r->is_null(0, 0)) co_return std::optional<ledger_record>();
     co_return std::optional<ledger_record>(decode_record(*r, 0));
 }
 
 net::awaitable<result<std::optional<lease_token>>> ledger::renew_lease(std::string key, lease_token held,
                                                                        std::chrono::milliseconds lease) {
-    auto r = co_await exec(pool_, renew_sql, pg::params(std::move(key), held, millis(lease)));
+    auto r =
+        co_await exec_with_deadline(pool_, renew_sql, pg::params(std::move(key), held, millis(lease)), 1);
     if (!r) co_return r.err();
-    if (r->empty()) co_return std::optional<lease_token>();
+    if (r->is_null(0, 0)) co_return std::optional<lease_token>();
     co_return std::optional<lease_token>((*r)[0].get<pg::timestamp>(0));
 }
 
 net::awaitable<result<std::optional<attempt_record>>> ledger::record_attempt(
     std::string key, lease_token held, std::chrono::milliseconds lease) {
-    auto r = co_await exec(pool_, attempt_sql, pg::params(std::move(key), held, millis(lease)));
+    auto r =
+        co_await exec_with_deadline(pool_, attempt_sql, pg::params(std::move(key), held, millis(lease)), 3);
     if (!r) co_return r.err();
-    if (r->empty()) co_return std::optional<attempt_record>();
+    if (r->is_null(0, 0)) co_return std::optional<attempt_record>();
     auto [gen, attempts, until] = (*r)[0].as<std::int32_t, std::int32_t, pg::timestamp>();
     co_return std::optional<attempt_record>(attempt_record{gen, attempts, until});
 }

@@ -32,10 +32,13 @@ enum class tx_status { idle, active, in_transaction, in_error, unknown };
 
 struct connection_options {
     // Deadline of query()/execute()/run() unless given explicitly; zero means none. On expiry the query is
-    // cancelled server-side (PQcancel on the offload pool) and the call returns errc::timeout.
+    // cancelled server-side (a cancel request on a dedicated thread, cancel.hpp) and the call returns
+    // errc::timeout.
     std::chrono::milliseconds query_timeout{5000};
-    // After a timeout's cancel: how long to wait for the server to end the query before dropping the
-    // connection (errc::timeout either way; the connection stays usable if the server answered).
+    // After a timeout's cancel: how long to wait for the server to end the query (errc::timeout either way).
+    // The connection is dropped afterwards in every case: a connection we sent a cancel for is never reused
+    // (a late second SIGINT from the postmaster could cancel its next statement), and one whose server did
+    // not answer in time is closed abortively so nothing it still queued can reach the server later.
     std::chrono::milliseconds cancel_grace{1000};
     // Statements are prepared once per connection (named, keyed by SQL text and parameter types) and then
     // executed by name: PostgreSQL parses and plans them once instead of on every call. Up to this many per
@@ -52,8 +55,8 @@ class connection {
     // PQconnectStartParams/PQconnectPoll under cfg.connect_timeout per attempt, then sets nonblocking mode.
     // Returns the connection, or errc::connection_failed / errc::auth_failed with libpq's message, or
     // errc::canceled. Cancellable through the awaiting coroutine's cancellation slot. Completes on the
-    // caller's executor, which the connection then belongs to. `offload` (where PQfinish/PQcancel run) must
-    // outlive the connection; `cfg` must outlive the call.
+    // caller's executor, which the connection then belongs to. `offload` (where PQfinish runs) must outlive
+    // the connection; `cfg` must outlive the call.
     static net::awaitable<result<std::unique_ptr<connection>>> connect(const config& cfg,
                                                                        asio::any_io_executor offload,
                                                                        connection_options opts = {},
@@ -92,7 +95,8 @@ class connection {
     net::awaitable<result<std::vector<result<rows>>>> run(const pipeline& batch, duration timeout);
 
     tx_status transaction_status() const noexcept;
-    // A broken connection (lost, timed out beyond the grace, cancelled mid-operation) must be dropped.
+    // A broken connection (lost, timed out — whether or not the server answered the cancel within the grace
+    // —, cancelled by the caller mid-operation) must be dropped.
     bool broken() const noexcept { return broken_; }
     // Non-blocking liveness check for an idle connection: consumes anything the server sent meanwhile and
     // reports false if the server closed the connection (restart, idle timeout) or the state is not idle.
@@ -133,6 +137,7 @@ class connection {
     void end_op(clock::time_point began, const std::error_code& ec, const op& o);
     void reassign_socket();
     void send_cancel();
+    void abort_socket() noexcept;
     error lost(std::string_view what);
     error result_error(const pg_result* r, const op& o);
     error fail_op(std::error_code ec, const op& o);

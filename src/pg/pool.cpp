@@ -1,8 +1,11 @@
 #include "pg/pool.hpp"
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <mutex>
 
+#include "net/offload.hpp"
+#include "net/timeout.hpp"
 #include "pg/stats.hpp"
 
 namespace cg::pg {
@@ -113,13 +116,23 @@ pool::status pool::state() const {
     return s;
 }
 
-net::awaitable<result<pooled_connection>> pool::acquire() {
+net::awaitable<result<pooled_connection>> pool::acquire(acquire_mode mode) {
+    auto wait = mode == acquire_mode::fail_fast ? opts_.acquire_timeout : opts_.server_wait;
+    return acquire_until(mode, clock::now() + wait);
+}
+
+net::awaitable<result<pooled_connection>> pool::acquire_until(acquire_mode mode, clock::time_point deadline) {
     auto self = shared_from_this();
-    auto deadline = clock::now() + opts_.acquire_timeout;
+    const bool on_demand = mode == acquire_mode::wait_for_server;
+    const auto began = clock::now();
     auto fail = [this](std::string why) -> result<pooled_connection> {
         if (stats_) stats_->acquire_failures.Increment();
         return error(errc::unavailable, std::move(why));
     };
+    auto waited = [&] {
+        return std::to_string(std::chrono::duration_cast<milliseconds>(clock::now() - began).count()) + " ms";
+    };
+    error last_connect;
     for (;;) {
         if (closed_) co_return fail("the pool is closed");
         if (auto c = take_idle()) {
@@ -127,20 +140,35 @@ net::awaitable<result<pooled_connection>> pool::acquire() {
             update_gauges();
             co_return pooled_connection(self, std::move(c));
         }
-        if (open_ < opts_.size) {
-            if (!may_connect()) co_return fail(down_message());
-            auto r = co_await open_one();
-            if (!r) co_return fail(r.err().describe());
-            ++in_use_;
-            update_gauges();
-            co_return pooled_connection(self, std::move(*r));
-        }
-        // Every connection is loaned out: wait for one, boundedly.
-        if (waiters_.size() >= opts_.max_waiters)
+        clock::time_point wake = deadline;  // or a short pause before the next on-demand connect
+        if (open_ < opts_.size && on_demand && clock::now() < demand_retry_at_) {
+            wake = std::min(deadline, demand_retry_at_);  // an on-demand connect just failed: pause first
+        } else if (open_ < opts_.size) {
+            if (!on_demand && !may_connect()) co_return fail(down_message());
+            auto r = co_await open_one(on_demand ? deadline : clock::time_point::max());
+            if (r) {
+                ++in_use_;
+                update_gauges();
+                co_return pooled_connection(self, std::move(*r));
+            }
+            if (!on_demand) co_return fail(r.err().describe());
+            last_connect = r.err();
+            if (clock::now() >= deadline)
+                co_return fail("no working PostgreSQL connection within " + waited() + ": " +
+                               last_connect.describe());
+            // Short and independent of the background backoff (which may say "seconds"): the caller's
+            // deadline, not a timer, bounds how long it keeps trying.
+            if (r.err().code != errc::canceled)
+                demand_retry_at_ =
+                    clock::now() + std::clamp(opts_.backoff_initial, milliseconds(10), milliseconds(250));
+            wake = std::min(deadline, std::max(demand_retry_at_, clock::now() + milliseconds(10)));
+        } else if (waiters_.size() >= opts_.max_waiters) {
             co_return fail("too many callers waiting for a connection (" + std::to_string(waiters_.size()) +
                            ")");
+        }
+        // Wait for a connection to come back (every one is loaned out), or for the pause: boundedly.
         if (stats_) stats_->waits.Increment();
-        waiter w(ex_, deadline, this);
+        waiter w(ex_, wake, this);
         waiters_.push_back(&w);
         co_await w.timer.async_wait();
         std::erase(waiters_, &w);
@@ -149,10 +177,14 @@ net::awaitable<result<pooled_connection>> pool::acquire() {
             update_gauges();
             co_return pooled_connection(self, std::move(w.conn));
         }
-        if (clock::now() >= deadline)
-            co_return fail("no connection came free within " + std::to_string(opts_.acquire_timeout.count()) +
-                           " ms (all " + std::to_string(opts_.size) + " in use)");
-        // Woken because a slot was freed (a connection dropped) or the pool closed: try again.
+        if (clock::now() >= deadline) {
+            if (last_connect)
+                co_return fail("no working PostgreSQL connection within " + waited() + ": " +
+                               last_connect.describe());
+            co_return fail("no connection came free within " + waited() + " (all " +
+                           std::to_string(opts_.size) + " in use)");
+        }
+        // Woken because a slot was freed (a connection dropped), the pause ended or the pool closed: again.
     }
 }
 
@@ -167,11 +199,22 @@ std::unique_ptr<connection> pool::take_idle() {
     return nullptr;
 }
 
-net::awaitable<result<std::unique_ptr<connection>>> pool::open_one() {
+net::awaitable<result<std::unique_ptr<connection>>> pool::open_one(clock::time_point deadline) {
     ++open_;
     if (down_) probing_ = true;
     update_gauges();
-    auto r = co_await connection::connect(opts_.server, offload_, opts_.conn, log_, stats_);
+    result<std::unique_ptr<connection>> r =
+        error(errc::canceled, "connect abandoned at the caller's deadline");
+    if (deadline == clock::time_point::max()) {
+        r = co_await connection::connect(opts_.server, offload_, opts_.conn, log_, stats_);
+    } else {
+        // An on-demand connect ends at the caller's deadline (the connect is cancelled: canceled is not a
+        // verdict on the server, so it does not mark the pool down).
+        auto left = std::max<clock::duration>(deadline - clock::now(), clock::duration::zero());
+        auto done = co_await net::with_timeout(
+            net::detail::boxed(connection::connect(opts_.server, offload_, opts_.conn, log_, stats_)), left);
+        if (done) r = std::move(**done);
+    }
     probing_ = false;
     if (!r) {
         --open_;

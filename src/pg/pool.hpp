@@ -5,7 +5,9 @@
 //    the maintenance task pings connections idle longer than `health_interval`;
 //  * failure: when a connect fails the pool is "down": acquire() fails at once with errc::unavailable and
 //    the cause, until the backoff (doubling from backoff_initial to backoff_max, jittered) lets one probe
-//    through; the maintenance task probes on its own so readiness recovers without traffic;
+//    through; the maintenance task probes on its own so readiness recovers without traffic. A caller that
+//    must not give up on a stale "down" (acquire_mode::wait_for_server, e.g. recording a charge Stripe
+//    already made) ignores the backoff: it connects at once, on demand, and keeps trying until its deadline;
 //  * bounded: when every connection is busy, acquire() waits at most `acquire_timeout`, and at most
 //    `max_waiters` callers wait; beyond either it returns errc::unavailable;
 //  * a connection given back inside a transaction is rolled back before reuse (dropped if that fails); one
@@ -37,11 +39,23 @@ struct pool_options {
     std::size_t size = 4;
     connection_options conn;
     std::chrono::milliseconds acquire_timeout{1000};
+    // How long acquire(acquire_mode::wait_for_server) waits for a working connection at most.
+    std::chrono::milliseconds server_wait{5000};
     std::size_t max_waiters = 256;
     std::chrono::milliseconds health_interval{10000};
     std::chrono::milliseconds backoff_initial{100};
     std::chrono::milliseconds backoff_max{5000};
     std::string name = "main";  // metrics label
+};
+
+// What acquire() does while the pool believes PostgreSQL is down (a connect failed, reconnect backoff).
+enum class acquire_mode {
+    // Fail at once with errc::unavailable and the cause; wait at most acquire_timeout for a busy pool.
+    fail_fast,
+    // The backoff timer is not a verdict: connect now, on demand (bounded by the deadline), and again after
+    // short pauses until a connection works or the deadline passes (server_wait unless given explicitly).
+    // Concurrent connects stay bounded by the pool size. A busy pool is waited for until the deadline too.
+    wait_for_server,
 };
 
 // The next reconnect delay: doubles from `initial`, capped at `max` (before jitter). Pure.
@@ -76,7 +90,7 @@ class pool : public std::enable_shared_from_this<pool> {
   public:
     using clock = std::chrono::steady_clock;
 
-    // `ex`: where the pool and its connections live (the main io_context). `offload`: for PQfinish/PQcancel;
+    // `ex`: where the pool and its connections live (the main io_context). `offload`: for PQfinish;
     // it must outlive the pool. `reg`: metrics (optional; must outlive the pool).
     static std::shared_ptr<pool> create(asio::any_io_executor ex, asio::any_io_executor offload,
                                         pool_options opts, logger log, metrics::registry* reg = nullptr);
@@ -85,11 +99,14 @@ class pool : public std::enable_shared_from_this<pool> {
     // Starts the maintenance task (first connection, health pings, reconnect probes). Call once, on `ex`.
     void start();
 
-    // A connection, or errc::unavailable with the reason (PostgreSQL down and the cause, pool exhausted
-    // after acquire_timeout, too many waiters, pool closed). Completes on the pool's executor; cancellable
+    // A connection, or errc::unavailable with the reason (fail_fast: PostgreSQL down and the cause, pool
+    // exhausted after acquire_timeout; wait_for_server: no working connection by server_wait, with the last
+    // connect error; either: too many waiters, pool closed). Completes on the pool's executor; cancellable
     // through the awaiting coroutine's cancellation slot (then errc::unavailable). The pool stays alive while
     // a pooled_connection exists.
-    net::awaitable<result<pooled_connection>> acquire();
+    net::awaitable<result<pooled_connection>> acquire(acquire_mode mode = acquire_mode::fail_fast);
+    // As acquire(mode), with an explicit deadline instead of acquire_timeout / server_wait.
+    net::awaitable<result<pooled_connection>> acquire_until(acquire_mode mode, clock::time_point deadline);
 
     // Registers a readiness check "postgres" that reads the pool's cached view (no query per request).
     void add_readiness_check(metrics::health& h, std::string name = "postgres");
@@ -116,7 +133,8 @@ class pool : public std::enable_shared_from_this<pool> {
          metrics::registry* reg);
 
     std::unique_ptr<connection> take_idle();
-    net::awaitable<result<std::unique_ptr<connection>>> open_one();
+    net::awaitable<result<std::unique_ptr<connection>>> open_one(
+        clock::time_point deadline = clock::time_point::max());
     void give_back(std::unique_ptr<connection> c) noexcept;
     void drop(std::unique_ptr<connection> c) noexcept;
     void to_idle(std::unique_ptr<connection> c);
@@ -149,6 +167,9 @@ class pool : public std::enable_shared_from_this<pool> {
     clock::time_point next_attempt_{};
     std::chrono::milliseconds backoff_{0};
     error last_error_;
+    // wait_for_server callers: no on-demand connect before this (set after one failed), so however many
+    // callers wait, a server that refuses at once sees at most `size` attempts per short pause.
+    clock::time_point demand_retry_at_{};
     std::minstd_rand rng_;
     std::unique_ptr<net::steady_timer> maint_timer_;
 };

@@ -1,0 +1,360 @@
+// PostgreSQL failing in the ways a partition or a stalled host makes it fail, against the real server:
+//  * a lease renewal the client abandoned (its backend stalled) must never take effect afterwards;
+//  * a caller that must not give up (settling a charge) gets a fresh connect on demand while the pool is
+//    still backing off after an outage, bounded by its deadline;
+//  * cancel requests stuck on an unreachable postmaster never pin the shared offload pool.
+// They stop and SIGSTOP the shared server, so the executable runs alone (meson is_parallel: false).
+#include <signal.h>
+#include <sys/types.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
+#include <boost/test/unit_test.hpp>
+#include <condition_variable>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "billing/key.hpp"
+#include "billing/ledger.hpp"
+#include "helpers.hpp"
+#include "net/offload.hpp"
+#include "net/timeout.hpp"
+#include "pg/cancel.hpp"
+#include "pg/migrations.hpp"
+#include "support.hpp"
+#include "support/run_async.hpp"
+
+using namespace cg;
+using namespace std::chrono_literals;
+using cg::test::must;
+using cg::test::pg_fixture;
+using sclock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(sclock::time_point t) {
+    return std::chrono::duration<double>(sclock::now() - t).count();
+}
+
+// SIGSTOPs a server process and SIGCONTs it when destroyed (also when a check throws), or after `limit` at
+// the latest, from a watchdog thread: a test that hangs (the code under test blocking the loop) must never
+// leave the shared server stopped.
+struct stopped_process {
+    std::mutex mu;
+    std::condition_variable cv;
+    pid_t pid;
+    std::thread watchdog;
+
+    stopped_process(pid_t p, std::chrono::seconds limit) : pid(p) {
+        BOOST_TEST_REQUIRE(pid > 0);
+        BOOST_TEST_REQUIRE(::kill(pid, SIGSTOP) == 0);
+        watchdog = std::thread([this, limit] {
+            std::unique_lock lock(mu);
+            if (!cv.wait_for(lock, limit, [this] { return pid == 0; })) resume_locked();
+        });
+    }
+    void resume_locked() {
+        if (pid > 0) ::kill(pid, SIGCONT);
+        pid = 0;
+    }
+    void resume() {
+        {
+            std::lock_guard lock(mu);
+            resume_locked();
+        }
+        cv.notify_all();
+    }
+    ~stopped_process() {
+        resume();
+        watchdog.join();
+    }
+};
+
+struct server_ctl {
+    std::string ctl, dir;
+    server_ctl() {
+        const char* c = std::getenv("CHARGEGUARD_TEST_PG_CTL");
+        const char* d = std::getenv("CHARGEGUARD_TEST_PG_DIR");
+        BOOST_TEST_REQUIRE((c && d),
+                           "CHARGEGUARD_TEST_PG_CTL and CHARGEGUARD_TEST_PG_DIR (ci/lib.sh) say how "
+                           "to stop and start the server");
+        ctl = c;
+        dir = d;
+    }
+    int run(const std::string& what) const {
+        return std::system(("\"" + ctl + "\" " + what + " \"" + dir + "\" >/dev/null 2>&1").c_str());
+    }
+    pid_t postmaster() const {
+        std::ifstream f(dir + "/data/postmaster.pid");
+        long pid = 0;
+        f >> pid;
+        return static_cast<pid_t>(pid);
+    }
+};
+
+// Runs the server control script on an offload thread (pg_ctl waits; the loop must not).
+net::awaitable<int> run_ctl(const server_ctl* srv, std::string what) {
+    co_return srv->run(what);
+}
+
+// Polls `cond` on timers (never blocking the loop) until it holds or `limit` passes.
+template <typename Cond>
+net::awaitable<bool> eventually(Cond cond, sclock::duration limit) {
+    auto until = sclock::now() + limit;
+    while (!(co_await cond())) {
+        if (sclock::now() > until) co_return false;
+        co_await net::sleep_for(20ms);
+    }
+    co_return true;
+}
+
+net::awaitable<result<void>> migrate_db(std::shared_ptr<pg::pool> p) {
+    auto c = co_await p->acquire();
+    if (!c) co_return c.err();
+    auto ms = pg::embedded_migrations();
+    if (!ms) co_return ms.err();
+    auto r = co_await pg::migrate(**c, *ms, {}, logger());
+    if (!r) co_return r.err();
+    co_return result<void>{};
+}
+
+std::string key_for(const std::string& customer) {
+    return billing::base_key("faults", customer, "2026-11");
+}
+
+billing::new_record record_for(const std::string& customer) {
+    billing::new_record rec;
+    rec.key = key_for(customer);
+    rec.event = {customer, "2026-11", 1200, "usd", "cus_ok", ""};
+    rec.nsq_message_id = "0123456789abcdef";
+    rec.nsq_attempts = 1;
+    return rec;
+}
+
+net::awaitable<std::optional<pg::timestamp>> lease_of(std::shared_ptr<pg::pool> p, std::string key) {
+    auto c = must(co_await p->acquire(), "acquire");
+    auto r = must(co_await c->query("SELECT lease_until FROM billing_records WHERE key = $1", key), "lease");
+    co_return r[0].get<std::optional<pg::timestamp>>(0);
+}
+
+// ---- 1. an abandoned lease renewal never lands ---------------------------------------------------------
+
+net::awaitable<void> abandoned_renewal(pg_fixture& f, const cg::test::scratch_db& db) {
+    pg::pool_options o;
+    o.server = db.config();
+    o.size = 1;  // the renewal must run on the backend we stall
+    o.conn.query_timeout = 400ms;
+    o.conn.cancel_grace = 300ms;
+    auto pool = pg::pool::create(f.io.get_executor(), f.offload.get_executor(), o, logger());
+    must(co_await migrate_db(pool), "migrate");
+    auto admin = pg::pool::create(f.io.get_executor(), f.offload.get_executor(), o, logger());
+    billing::ledger ledger(pool);
+
+    auto pf = must(co_await ledger.preflight(record_for("abandon"), 60s), "preflight");
+    BOOST_TEST_REQUIRE(pf.inserted);
+    auto token = std::chrono::time_point_cast<std::chrono::microseconds>(*pf.record.lease_until);
+    // A normal renewal works and moves the lease (the statement is right; only its timing is under test).
+    auto renewed = must(co_await ledger.renew_lease(key_for("abandon"), token, 60s), "renew");
+    BOOST_TEST_REQUIRE(renewed.has_value());
+    BOOST_TEST_REQUIRE((*renewed > token));
+    token = *renewed;
+
+    int pid = 0;
+    {
+        auto c = must(co_await pool->acquire(), "acquire");
+        pid = c->backend_pid();
+    }
+    BOOST_TEST_REQUIRE(pid > 0);
+    {
+        // The backend stalls with the renewal in its socket buffer; the client times out, cancels, gives up.
+        stopped_process stall(pid, 10s);
+        auto began = sclock::now();
+        auto r = co_await ledger.renew_lease(key_for("abandon"), token, 60s);
+        BOOST_TEST_REQUIRE(!r.has_value(), "the renewal cannot have succeeded on a stopped backend");
+        BOOST_TEST_MESSAGE("renewal abandoned after " << seconds_since(began)
+                                                      << " s: " << r.err().describe());
+        // The backend wakes up later and reads the statement the client abandoned.
+        co_await net::sleep_for(300ms);
+        stall.resume();
+    }
+    // Wait until that backend has gone (it reads the statement, then finds its client gone).
+    bool gone = co_await eventually(
+        [&]() -> net::awaitable<bool> {
+            auto c = co_await admin->acquire();
+            if (!c) co_return false;
+            auto r = co_await (*c)->query("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid);
+            co_return r && (*r)[0].get<std::int64_t>(0) == 0;
+        },
+        15s);
+    BOOST_TEST(gone, "the stalled backend should have ended after its client left");
+    auto lease = co_await lease_of(admin, key_for("abandon"));
+    BOOST_TEST_REQUIRE(lease.has_value());
+    BOOST_TEST((*lease == token),
+               "the abandoned renewal must not have moved the lease (it moved by "
+                   << std::chrono::duration_cast<std::chrono::milliseconds>(*lease - token).count()
+                   << " ms)");
+    // The lease is still ours to renew: nothing else happened to the row.
+    auto again = must(co_await ledger.renew_lease(key_for("abandon"), token, 60s), "renew after");
+    BOOST_TEST(again.has_value());
+    co_await pool->close();
+    co_await admin->close();
+}
+
+// ---- 2. on-demand connects while the pool backs off ---------------------------------------------------
+
+net::awaitable<void> settle_after_outage(pg_fixture& f, const cg::test::scratch_db& db,
+                                         const server_ctl& srv) {
+    pg::pool_options o;
+    o.server = db.config();
+    o.size = 2;
+    o.acquire_timeout = 500ms;
+    o.server_wait = 10s;
+    // A long backoff: after one failed connect the pool believes PostgreSQL is down for 20 s.
+    o.backoff_initial = 20s;
+    o.backoff_max = 20s;
+    auto pool = pg::pool::create(f.io.get_executor(), f.offload.get_executor(), o, logger());
+    pool->start();
+    must(co_await migrate_db(pool), "migrate");
+    billing::ledger ledger(pool);
+    auto pf = must(co_await ledger.preflight(record_for("settle"), 60s), "preflight");
+    BOOST_TEST_REQUIRE(pf.inserted);
+
+    // Stop the server (on a thread: pg_ctl waits), and make the pool see it: it is now down, backing off.
+    BOOST_TEST_REQUIRE(co_await net::offload(f.offload.get_executor(), run_ctl(&srv, "stop")) == 0);
+    auto down = co_await pool->acquire();
+    BOOST_TEST_REQUIRE(!down.has_value());
+    BOOST_TEST_REQUIRE(!pool->state().up);
+
+    // While it is down: a bounded waiter gives up at its deadline, not at once and not much later.
+    auto began = sclock::now();
+    auto bounded = co_await pool->acquire_until(pg::acquire_mode::wait_for_server, sclock::now() + 1500ms);
+    double waited = seconds_since(began);
+    BOOST_TEST(!bounded.has_value());
+    BOOST_TEST(waited >= 1.4, "gave up after " << waited << " s, before its deadline");
+    BOOST_TEST(waited < 3.0, "gave up after " << waited << " s, long after its deadline");
+    if (!bounded) BOOST_TEST_MESSAGE("bounded wait: " << bounded.err().describe());
+
+    // The server comes back; the pool's backoff still says "down" for ~20 s.
+    BOOST_TEST_REQUIRE(co_await net::offload(f.offload.get_executor(), run_ctl(&srv, "start")) == 0);
+    auto stale = co_await pool->acquire();
+    BOOST_TEST(!stale.has_value(), "fail_fast still trusts the backoff (the stale state this test is about)");
+
+    // Settling after a successful charge: connects at once instead of failing on the stale state.
+    began = sclock::now();
+    auto m = co_await ledger.mark_charged(key_for("settle"), "ch_after_outage");
+    BOOST_TEST_REQUIRE(m.has_value(), (m ? "" : m.err().describe()));
+    BOOST_TEST(*m);
+    BOOST_TEST(seconds_since(began) < 5.0);
+    BOOST_TEST(pool->state().up);
+
+    // And a waiter that starts while the server is down gets a connection as soon as it is back.
+    BOOST_TEST_REQUIRE(co_await net::offload(f.offload.get_executor(), run_ctl(&srv, "stop")) == 0);
+    std::thread starter([&srv] {
+        std::this_thread::sleep_for(1s);  // a thread of the test, not the loop
+        srv.run("start");
+    });
+    began = sclock::now();
+    auto back = co_await pool->acquire_until(pg::acquire_mode::wait_for_server, sclock::now() + 20s);
+    waited = seconds_since(began);
+    starter.join();
+    BOOST_TEST_REQUIRE(back.has_value(), (back ? "" : back.err().describe()));
+    auto one = co_await (*back)->query("SELECT 1");
+    BOOST_TEST(one.has_value());
+    BOOST_TEST(waited < 10.0, "connected " << waited << " s after asking (the backoff would have said 20 s)");
+    back->release();
+    co_await pool->close();
+}
+
+// ---- 3. hung cancels do not starve the offload pool -----------------------------------------------------
+
+// Like the Stripe client's work on the offload pool: a chain of timers (request and retry deadlines).
+net::awaitable<int> offload_timers() {
+    for (int i = 0; i < 5; ++i) co_await net::sleep_for(100ms);
+    co_return 5;
+}
+
+net::awaitable<result<pg::rows>> sleep_query(std::shared_ptr<pg::connection> c) {
+    co_return co_await c->query("SELECT pg_sleep(5)");
+}
+
+net::awaitable<void> cancels_off_the_offload_pool(pg_fixture& f, const server_ctl& srv) {
+    pg::connection_options co;
+    co.query_timeout = 300ms;
+    co.cancel_grace = 300ms;
+    auto cfg = cg::test::server_config();
+    std::vector<std::shared_ptr<pg::connection>> conns;
+    for (int i = 0; i < 2; ++i)
+        conns.push_back(must(co_await pg::connection::connect(cfg, f.offload.get_executor(), co), "connect"));
+    auto before = pg::cancels_in_flight();
+
+    // The postmaster stops answering: a cancel request now connects (the kernel accepts into the backlog)
+    // and then waits forever for the postmaster to close it.
+    stopped_process stall(srv.postmaster(), 8s);
+    std::vector<std::optional<result<pg::rows>>> out(conns.size());
+    int finished = 0;
+    for (std::size_t i = 0; i < conns.size(); ++i)
+        asio::co_spawn(f.io, net::detail::boxed(sleep_query(conns[i])),
+                       [&out, &finished, i](std::exception_ptr e, std::optional<result<pg::rows>> r) {
+                           if (e) std::rethrow_exception(e);
+                           out[i] = std::move(r);
+                           ++finished;
+                       });
+    // Both queries time out and send their cancels (the shared pool has exactly two threads).
+    co_await eventually([&]() -> net::awaitable<bool> { co_return pg::cancels_in_flight() >= before + 2; },
+                        5s);
+    BOOST_TEST(pg::cancels_in_flight() >= before + 2,
+               "both cancel requests should be stuck on the postmaster");
+
+    auto began = sclock::now();
+    auto work = co_await net::with_timeout(net::offload(f.offload.get_executor(), offload_timers()), 3s);
+    double took = seconds_since(began);
+    BOOST_TEST(work.has_value(), "offload work did not finish within 3 s while cancels were stuck");
+    BOOST_TEST(took < 1.5, "offload work took " << took << " s (0.5 s of timers)");
+    BOOST_TEST_MESSAGE("offload work with two stuck cancels: " << took << " s");
+
+    co_await eventually([&]() -> net::awaitable<bool> { co_return finished == 2; }, 5s);
+    BOOST_TEST_REQUIRE(finished == 2);
+    for (auto& r : out) {
+        BOOST_TEST_REQUIRE(r.has_value());
+        BOOST_TEST(!r->has_value());
+        if (!r->has_value()) BOOST_TEST((r->code() == pg::errc::timeout), r->err().describe());
+    }
+    for (auto& c : conns) BOOST_TEST(c->broken());
+
+    stall.resume();
+    bool drained = co_await eventually(
+        [&]() -> net::awaitable<bool> { co_return pg::cancels_in_flight() == before; }, 10s);
+    BOOST_TEST(drained, "the stuck cancels should finish once the postmaster runs again");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(abandoned_lease_renewal_never_takes_effect) {
+    pg_fixture f;
+    cg::test::scratch_db db("abandon");
+    cg::test::run_async(
+        f.io, [&] { return abandoned_renewal(f, db); }, 60s);
+}
+
+BOOST_AUTO_TEST_CASE(settling_connects_on_demand_while_the_pool_backs_off) {
+    server_ctl srv;
+    pg_fixture f;
+    cg::test::scratch_db db("ondemand");
+    try {
+        cg::test::run_async(
+            f.io, [&] { return settle_after_outage(f, db, srv); }, 90s);
+    } catch (...) {
+        srv.run("start");  // leave the server running for whatever runs next
+        throw;
+    }
+    srv.run("start");
+}
+
+BOOST_AUTO_TEST_CASE(stuck_cancel_requests_do_not_starve_the_offload_pool) {
+    server_ctl srv;
+    pg_fixture f;
+    cg::test::run_async(
+        f.io, [&] { return cancels_off_the_offload_pool(f, srv); }, 60s);
+}
