@@ -1,0 +1,98 @@
+-- The vault proxy (issue 9) learned what 0003 left open: a reservation must remember the request it stands
+-- for, so a row left `uncertain` (5xx, timeout, disconnect) can be resolved later by replaying it under the
+-- same Idempotency-Key, or by searching the customer's charges for it; and the cap check plus the
+-- reservation is one server-side function, so it is one round trip and one atomic step.
+
+COMMENT ON COLUMN vault_keys.allowed_endpoints IS
+    'operations the key may call: charges.create, payment_intents.create, charges.read, payment_intents.read';
+
+ALTER TABLE vault_spend
+    -- The forwarded request (never the Authorization header): what the resolver replays.
+    ADD COLUMN request_path    text,
+    ADD COLUMN request_body    text,
+    -- The Stripe customer of the request, when it named one: what the resolver searches past Stripe's 24 h.
+    ADD COLUMN customer        text,
+    -- The resolver's bookkeeping: how often it tried, when it may try again, and what it last learned.
+    ADD COLUMN resolve_attempts integer NOT NULL DEFAULT 0,
+    ADD COLUMN next_resolve_at  timestamptz,
+    ADD COLUMN last_error       text;
+
+ALTER TABLE vault_audit
+    -- Stripe's Request-Id of the forwarded call, to match an audit row with Stripe's request log.
+    ADD COLUMN request_id text;
+
+-- Why: the resolver's loop picks rows due for another look (uncertain, or reserved and stale after a proxy
+-- crash), oldest due first. Replaces the 0003 index on updated_at, which the resolver no longer orders by.
+DROP INDEX vault_spend_unresolved_idx;
+CREATE INDEX vault_spend_unresolved_idx ON vault_spend (next_resolve_at, updated_at)
+    WHERE state IN ('reserved', 'uncertain');
+
+-- The atomic "find or reserve" step. Locks the key's row first (FOR UPDATE serialises every reservation of
+-- one key), then, in READ COMMITTED, each later statement takes a fresh snapshot, so the sum sees every
+-- reservation committed before the lock was granted: the cap can never be overshot by a race.
+--
+-- outcome:
+--   reserved          a new row, counted now (the caller owns it: settle / release / uncertain)
+--   rereserved        a released row for this key taken again at the new amount, counted again (the
+--                     caller owns it)
+--   existing          a reserved / settled / uncertain row: a retry, not counted again (state returned)
+--   cap_exceeded      committed + amount > cap; nothing written
+--   amount_mismatch   the key was first used with another amount (Stripe would answer idempotency_error)
+--   key_expired       the row is older than `same_key_window_s`: Stripe may have pruned the key, so
+--                     forwarding could charge again without counting; refused
+--   key_unusable      the key is unknown, revoked or expired (it may have been revoked since auth)
+-- committed_cents and cap_cents describe the key after the step (for the utilisation gauge).
+CREATE FUNCTION cg_vault_reserve(p_key text, p_idem text, p_amount bigint, p_path text, p_body text,
+                                 p_customer text, p_same_key_window_s bigint,
+                                 OUT outcome text, OUT state text, OUT committed_cents bigint,
+                                 OUT cap_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    k   vault_keys%ROWTYPE;
+    r   vault_spend%ROWTYPE;
+BEGIN
+    SELECT * INTO k FROM vault_keys WHERE id = p_key FOR UPDATE;
+    IF NOT FOUND OR k.revoked_at IS NOT NULL OR (k.expires_at IS NOT NULL AND k.expires_at <= now()) THEN
+        outcome := 'key_unusable';
+        RETURN;
+    END IF;
+    cap_cents := k.cap_cents;
+    SELECT coalesce(sum(s.amount_cents), 0) INTO committed_cents FROM vault_spend s
+        WHERE s.vault_key_id = p_key AND s.state IN ('reserved', 'settled', 'uncertain');
+    SELECT * INTO r FROM vault_spend s WHERE s.vault_key_id = p_key AND s.idempotency_key = p_idem;
+    IF FOUND THEN
+        state := r.state;
+        IF r.state = 'released' THEN
+            -- Stripe refused it (or never saw it): a retry may execute, so it counts again, at its own amount.
+            IF committed_cents + p_amount > k.cap_cents THEN
+                outcome := 'cap_exceeded';
+            ELSE
+                UPDATE vault_spend s SET state = 'reserved', amount_cents = p_amount, request_path = p_path,
+                       request_body = p_body, customer = p_customer, reserved_at = now(), resolve_attempts = 0,
+                       next_resolve_at = NULL, last_error = NULL
+                 WHERE s.vault_key_id = p_key AND s.idempotency_key = p_idem;
+                committed_cents := committed_cents + p_amount;
+                outcome := 'rereserved';
+                state := 'reserved';
+            END IF;
+        ELSIF r.amount_cents <> p_amount THEN
+            outcome := 'amount_mismatch';
+        ELSIF r.reserved_at < now() - p_same_key_window_s * interval '1 second' THEN
+            outcome := 'key_expired';
+        ELSE
+            outcome := 'existing';
+        END IF;
+        RETURN;
+    END IF;
+    IF committed_cents + p_amount > k.cap_cents THEN
+        outcome := 'cap_exceeded';
+        RETURN;
+    END IF;
+    INSERT INTO vault_spend (vault_key_id, idempotency_key, amount_cents, state, request_path, request_body,
+                             customer)
+        VALUES (p_key, p_idem, p_amount, 'reserved', p_path, p_body, p_customer);
+    committed_cents := committed_cents + p_amount;
+    outcome := 'reserved';
+    state := 'reserved';
+END
+$$;
