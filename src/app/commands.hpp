@@ -23,5 +23,7 @@ void register_migrate(CLI::App& app, command_main& selected);
 void register_publish(CLI::App& app, command_main& selected);
 void register_tail(CLI::App& app, command_main& selected);
 void register_consume(CLI::App& app, command_main& selected);
+void register_vault(CLI::App& app, command_main& selected);
+void register_proxy(CLI::App& app, command_main& selected);
 
 }  // namespace cg::app

@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
     register_publish(app, selected);
     register_tail(app, selected);
     register_consume(app, selected);
+    register_vault(app, selected);
+    register_proxy(app, selected);
 
     mirror_env(app);
     try {
