@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include <asio/co_spawn.hpp>
+#include <asio/strand.hpp>
 
 #include "http/client_connection.hpp"
 #include "net/timeout.hpp"
@@ -14,15 +15,23 @@ namespace {
 using state_ptr = std::shared_ptr<proxy::state>;
 using ms = std::chrono::milliseconds;
 
+// The completion handler holds only a weak reference: the task's own frame keeps the state alive while it
+// runs, and stop() waits for every task, so the state (and its clients on the offload pool) never outlives
+// the proxy's owner by hiding in a finished frame.
 void spawn_logged(state_ptr st, net::awaitable<void> task, const char* name) {
-    asio::co_spawn(st->main, std::move(task), [log = st->log, name](std::exception_ptr e) {
-        if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& x) {
-            log.error("vault proxy task failed", {{"task", name}, {"error", x.what()}});
-        }
-    });
+    ++st->running;
+    asio::co_spawn(st->main, std::move(task),
+                   [w = std::weak_ptr<proxy::state>(st), log = st->log, name](std::exception_ptr e) {
+                       if (auto s = w.lock()) {
+                           if (--s->running == 0 && s->all_stopped) s->all_stopped->cancel();
+                       }
+                       if (!e) return;
+                       try {
+                           std::rethrow_exception(e);
+                       } catch (const std::exception& x) {
+                           log.error("vault proxy task failed", {{"task", name}, {"error", x.what()}});
+                       }
+                   });
 }
 
 ms backoff_for(const proxy::state& st, std::int32_t attempts) {
@@ -53,9 +62,9 @@ net::awaitable<void> defer(state_ptr st, const spend_row& row, std::string why) 
 net::awaitable<void> search(state_ptr st, spend_row row) {
     bool tagged = row.body.find("metadata[" + std::string(vault_tag_key) + "]") != std::string::npos;
     if (row.customer.empty() || !tagged) {
-        co_await defer(st, row,
-                       row.customer.empty() ? "cannot search Stripe: the request named no customer"
-                                            : "cannot search Stripe: the request carried no vault tag");
+        std::string why = row.customer.empty() ? "cannot search Stripe: the request named no customer"
+                                               : "cannot search Stripe: the request carried no vault tag";
+        co_await defer(st, row, std::move(why));
         co_return;
     }
     stripe::list_charges_request q;
@@ -143,8 +152,10 @@ net::awaitable<std::size_t> run_resolve_once(state_ptr st) {
 
 net::awaitable<void> resolver_loop(state_ptr st) {
     while (!st->stopping) {
-        co_await run_resolve_once(st);
-        if (!co_await nap(st, st->cfg.resolve_interval)) break;
+        std::size_t looked = co_await run_resolve_once(st);
+        (void)looked;
+        bool more = co_await nap(st, st->cfg.resolve_interval);
+        if (!more) break;
     }
 }
 
@@ -176,7 +187,9 @@ net::awaitable<bool> run_flush(state_ptr st) {
 net::awaitable<void> audit_loop(state_ptr st) {
     while (!st->stopping) {
         bool ok = co_await run_flush(st);
-        if (!co_await nap(st, ok ? st->cfg.audit_flush_interval : ms(500))) break;
+        ms pause = ok ? st->cfg.audit_flush_interval : ms(500);
+        bool more = co_await nap(st, pause);
+        if (!more) break;
     }
 }
 
@@ -205,7 +218,8 @@ net::awaitable<void> refresh_gauges(state_ptr st) {
 net::awaitable<void> gauge_loop(state_ptr st) {
     while (!st->stopping) {
         co_await refresh_gauges(st);
-        if (!co_await nap(st, st->cfg.gauge_interval)) break;
+        bool more = co_await nap(st, st->cfg.gauge_interval);
+        if (!more) break;
     }
 }
 
@@ -229,7 +243,8 @@ net::awaitable<void> probe_loop(state_ptr st) {
             st->upstream_ok = why.empty();
             st->upstream_detail = why.empty() ? o.to_string() + " reachable" : o.to_string() + ": " + why;
         }
-        if (!co_await nap(st, st->cfg.upstream_probe_interval)) break;
+        bool more = co_await nap(st, st->cfg.upstream_probe_interval);
+        if (!more) break;
     }
 }
 
@@ -256,6 +271,14 @@ void proxy::start() {
 net::awaitable<void> proxy::stop() {
     st_->stopping = true;
     for (auto* t : st_->sleepers) t->cancel();
+    // The tasks end at their next check (a resolver pass or a probe in progress finishes first, bounded by
+    // the upstream timeouts).
+    if (st_->running > 0) {
+        net::steady_timer done(st_->main, std::chrono::steady_clock::time_point::max());
+        st_->all_stopped = &done;
+        co_await done.async_wait();
+        st_->all_stopped = nullptr;
+    }
     co_await run_flush(st_);
 }
 

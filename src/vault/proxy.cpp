@@ -144,8 +144,8 @@ net::awaitable<http::response> forward_read(state_ptr st, http::request& req, le
 // After a create came back: move the reservation. Only the request that made (or re-made) the reservation
 // owns it; a retry of a row still in flight or unresolved only settles it on a 2xx (the same answer the
 // owner gets from Stripe's replay). Returns the audit outcome.
-net::awaitable<std::string> account(state_ptr st, const reserve_result& res, const std::string& key_id,
-                                    const std::string& idem, const http::client_result& r) {
+net::awaitable<std::string> account(state_ptr st, reserve_result res, std::string key_id, std::string idem,
+                                    const http::client_result& r) {
     int status = r.ok() ? r.resp.status : 0;
     auto how = settlement_for(status, r.request_sent);
     std::string why = r.ok() ? "HTTP " + std::to_string(status) : r.err.describe();
@@ -304,9 +304,11 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     if (!id) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
     auto key = co_await st->store.find_key(*id);
     if (!key) co_return unavailable(*st, l, key.err());
-    if (!*key || !verify_secret(secret, (*key)->secret_hash))
-        co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
+    if (!*key) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
+    // A wrong secret for a real id is audited under that id: someone is guessing that key.
     l.row.key_id = (*key)->id;
+    if (!verify_secret(secret, (*key)->secret_hash))
+        co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
     if (!(*key)->usable)
         co_return finish(*st, l, "unauthenticated",
                          refuse(*st,

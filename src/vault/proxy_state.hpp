@@ -38,6 +38,8 @@ struct proxy::state {
     bool stopping = false;
     bool started = false;
     std::set<net::steady_timer*> sleepers;
+    int running = 0;                           // background tasks not yet finished
+    net::steady_timer* all_stopped = nullptr;  // stop() waits on it until `running` is 0
     std::uint64_t next_request_id = 0;
 
     // Read by the readiness check from the health server's thread (the same main loop, but keep it simple).

@@ -231,10 +231,12 @@ net::awaitable<result<bool>> store::revoke(std::string id) {
 }
 
 net::awaitable<result<reserve_result>> store::reserve(reserve_request q) {
-    auto r = co_await exec(pool_, reserve_sql,
-                           pg::params(q.key_id, q.idempotency_key, q.amount_cents, q.path, q.body,
-                                      q.customer.empty() ? std::optional<std::string>() : q.customer,
-                                      static_cast<std::int64_t>(q.same_key_window.count())));
+    // Built outside the co_await: g++ 12 mis-destroys a conditional expression's temporary inside one.
+    std::optional<std::string> customer;
+    if (!q.customer.empty()) customer = q.customer;
+    pg::params p(q.key_id, q.idempotency_key, q.amount_cents, q.path, q.body, customer,
+                 static_cast<std::int64_t>(q.same_key_window.count()));
+    auto r = co_await exec(pool_, reserve_sql, std::move(p));
     if (!r) co_return r.err();
     if (r->size() != 1)
         throw pg::column_error("cg_vault_reserve returned " + std::to_string(r->size()) + " rows");
