@@ -22,7 +22,10 @@ expected_total sum_expected(std::istream& in, const std::string& period, const s
         ++out.lines;
         auto ev = billing::parse_event(line);
         if (!ev) {
-            ++out.skipped["invalid: " + (ev.err().message.empty() ? ev.err().describe() : ev.err().message)];
+            // "event lacks a required field: customer_id", as the dead-letter table words it.
+            std::string why = ev.err().code.message();
+            if (!ev.err().message.empty()) why += ": " + ev.err().message;
+            ++out.skipped["invalid (" + why + ")"];
             continue;
         }
         if (ev->billing_period != period) {
