@@ -27,9 +27,40 @@ DROP INDEX vault_spend_unresolved_idx;
 CREATE INDEX vault_spend_unresolved_idx ON vault_spend (next_resolve_at, updated_at)
     WHERE state IN ('reserved', 'uncertain');
 
+-- What each key has committed (reserved + settled + uncertain), kept by a trigger on vault_spend so the cap
+-- check reads one locked row instead of summing every reservation the key ever made (that sum grew with the
+-- period and became the proxy's bottleneck: thousands of rows per key under load).
+ALTER TABLE vault_keys ADD COLUMN committed_cents bigint NOT NULL DEFAULT 0 CHECK (committed_cents >= 0);
+UPDATE vault_keys k SET committed_cents = coalesce((SELECT sum(s.amount_cents) FROM vault_spend s
+    WHERE s.vault_key_id = k.id AND s.state IN ('reserved', 'settled', 'uncertain')), 0);
+
+CREATE FUNCTION cg_vault_spend_committed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    delta bigint := 0;
+BEGIN
+    IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.state IN ('reserved', 'settled', 'uncertain') THEN
+        delta := delta + NEW.amount_cents;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.state IN ('reserved', 'settled', 'uncertain') THEN
+        delta := delta - OLD.amount_cents;
+    END IF;
+    IF delta <> 0 THEN
+        UPDATE vault_keys SET committed_cents = committed_cents + delta
+         WHERE id = coalesce(NEW.vault_key_id, OLD.vault_key_id);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER vault_spend_committed AFTER INSERT OR UPDATE OF state, amount_cents OR DELETE ON vault_spend
+    FOR EACH ROW EXECUTE FUNCTION cg_vault_spend_committed();
+
 -- The atomic "find or reserve" step. Locks the key's row first (FOR UPDATE serialises every reservation of
--- one key), then, in READ COMMITTED, each later statement takes a fresh snapshot, so the sum sees every
--- reservation committed before the lock was granted: the cap can never be overshot by a race.
+-- one key, and every release, whose trigger updates the same row); SELECT … FOR UPDATE returns the row's
+-- latest committed version, so committed_cents includes every reservation committed before the lock was
+-- granted, and later statements (READ COMMITTED) see the key's spend rows as of then: the cap can never be
+-- overshot by a race, and a retry always finds its row.
 --
 -- outcome:
 --   reserved          a new row, counted now (the caller owns it: settle / release / uncertain)
@@ -57,8 +88,7 @@ BEGIN
         RETURN;
     END IF;
     cap_cents := k.cap_cents;
-    SELECT coalesce(sum(s.amount_cents), 0) INTO committed_cents FROM vault_spend s
-        WHERE s.vault_key_id = p_key AND s.state IN ('reserved', 'settled', 'uncertain');
+    committed_cents := k.committed_cents;  -- the locked row's latest version: current
     SELECT * INTO r FROM vault_spend s WHERE s.vault_key_id = p_key AND s.idempotency_key = p_idem;
     IF FOUND THEN
         state := r.state;

@@ -40,6 +40,7 @@ struct proxy_flags {
     std::string same_key_window = "23h";
     std::string resolve_interval = "5s";
     std::string stale_reserved = "2m";
+    std::string key_cache_ttl = "1s";
     pg_flags pg;
     runtime_flags rt;
 };
@@ -69,6 +70,9 @@ vault::proxy_config to_proxy_config(const proxy_flags& f) {
     c.resolve_interval = duration_flag("--resolve-interval", f.resolve_interval);
     c.first_resolve_delay = c.resolve_interval;
     c.stale_reserved = duration_flag("--stale-reserved", f.stale_reserved);
+    c.key_cache_ttl = duration_flag("--key-cache-ttl", f.key_cache_ttl);
+    if (c.key_cache_ttl > std::chrono::minutes(1))
+        throw CLI::ValidationError("--key-cache-ttl", "at most 1m (a revoked key may read for this long)");
     if (c.stale_reserved <= c.request_timeout)
         throw CLI::ValidationError("--stale-reserved",
                                    "must be longer than --upstream-timeout (a row still in flight is "
@@ -211,6 +215,11 @@ void register_proxy(CLI::App& app, command_main& selected) {
         ->capture_default_str();
     cmd->add_option("--stale-reserved", f->stale_reserved,
                     "a reservation still `reserved` this long after its last change is treated as abandoned")
+        ->capture_default_str();
+    cmd->add_option(
+           "--key-cache-ttl", f->key_cache_ttl,
+           "reuse a key's row this long (creates re-check revocation under the key's lock; reads may pass "
+           "this long after a revoke); 0 reads it on every request")
         ->capture_default_str();
     add_pg_flags(*cmd, f->pg, true);
     add_runtime_flags(*cmd, f->rt);

@@ -284,6 +284,22 @@ std::string presented_secret(const http::request& req) {
     return {};
 }
 
+// The key's row, from the cache when it is younger than key_cache_ttl.
+net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id) {
+    auto now = clock::now();
+    if (st->cfg.key_cache_ttl.count() > 0) {
+        if (auto it = st->keys.find(id);
+            it != st->keys.end() && now - it->second.fetched < st->cfg.key_cache_ttl)
+            co_return std::optional<key_record>(it->second.key);
+    }
+    auto r = co_await st->store.find_key(id);
+    if (r && *r && st->cfg.key_cache_ttl.count() > 0) {
+        if (st->keys.size() >= 10'000) st->keys.clear();  // bounded: only real keys get here, but be safe
+        st->keys[id] = proxy::state::cached_key{**r, now};
+    }
+    co_return r;
+}
+
 net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     ledger_line l;
     l.row.method = req.method.empty() ? "?" : req.method;
@@ -302,7 +318,7 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     refusal unauth{
         401, "authentication_error", "", "Invalid vault key provided: " + redact_secret(secret), {}};
     if (!id) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
-    auto key = co_await st->store.find_key(*id);
+    auto key = co_await find_key(st, *id);
     if (!key) co_return unavailable(*st, l, key.err());
     if (!*key) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
     // A wrong secret for a real id is audited under that id: someone is guessing that key.

@@ -6,6 +6,7 @@
 #include <deque>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 
 #include "net/tokens.hpp"
 #include "vault/proxy.hpp"
@@ -41,6 +42,11 @@ struct proxy::state {
     int running = 0;                           // background tasks not yet finished
     net::steady_timer* all_stopped = nullptr;  // stop() waits on it until `running` is 0
     std::uint64_t next_request_id = 0;
+    struct cached_key {
+        key_record key;
+        std::chrono::steady_clock::time_point fetched;
+    };
+    std::unordered_map<std::string, cached_key> keys;  // by id; only keys that exist
 
     // Read by the readiness check from the health server's thread (the same main loop, but keep it simple).
     std::mutex probe_mu;
