@@ -126,3 +126,28 @@ BEGIN
     state := 'reserved';
 END
 $$;
+
+-- Many reservations of one key in one transaction, in order (element i sees elements < i): the proxy batches
+-- the creates that arrive while a batch is in flight, so the key's row lock is taken once per batch instead
+-- of once per request (under load the lock, not the work, bounded a key's throughput). Same outcomes as
+-- cg_vault_reserve, one row per element, `ord` from 1.
+CREATE FUNCTION cg_vault_reserve_many(p_key text, p_idems text[], p_amounts bigint[], p_paths text[],
+                                      p_bodies text[], p_customers text[], p_same_key_window_s bigint)
+RETURNS TABLE (ord integer, outcome text, state text, committed_cents bigint, cap_cents bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    i integer;
+    r record;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_idems, 1), 0) LOOP
+        SELECT * INTO r FROM cg_vault_reserve(p_key, p_idems[i], p_amounts[i], p_paths[i], p_bodies[i],
+                                              p_customers[i], p_same_key_window_s);
+        ord := i;
+        outcome := r.outcome;
+        state := r.state;
+        committed_cents := r.committed_cents;
+        cap_cents := r.cap_cents;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;

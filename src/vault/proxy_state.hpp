@@ -5,6 +5,7 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -47,6 +48,17 @@ struct proxy::state {
         std::chrono::steady_clock::time_point fetched;
     };
     std::unordered_map<std::string, cached_key> keys;  // by id; only keys that exist
+    // Creates of one key waiting for the next cg_vault_reserve_many batch (see reserve_batched in proxy.cpp).
+    struct pending_reserve {
+        reserve_request req;
+        std::optional<result<reserve_result>> out;
+        net::steady_timer* wake = nullptr;
+    };
+    struct reserve_queue {
+        std::deque<pending_reserve*> waiting;
+        bool draining = false;
+    };
+    std::unordered_map<std::string, reserve_queue> reserve_queues;  // by key id
 
     // Read by the readiness check from the health server's thread (the same main loop, but keep it simple).
     std::mutex probe_mu;

@@ -36,6 +36,12 @@ const std::string reserve_sql =
     "SELECT outcome, state, coalesce(committed_cents, 0), coalesce(cap_cents, 0) "
     "FROM cg_vault_reserve($1::text, $2::text, $3::bigint, $4::text, $5::text, $6::text, $7::bigint)";
 
+const std::string reserve_many_sql =
+    "SELECT ord, outcome, state, coalesce(committed_cents, 0), coalesce(cap_cents, 0) "
+    "FROM cg_vault_reserve_many($1::text, $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], "
+    "$7::bigint) "
+    "ORDER BY ord";
+
 const std::string settle_sql =
     "UPDATE vault_spend SET state = 'settled', stripe_object_id = $3, next_resolve_at = NULL "
     "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state IN ('reserved', 'uncertain')";
@@ -247,6 +253,48 @@ net::awaitable<result<reserve_result>> store::reserve(reserve_request q) {
     out.state = r->get<std::optional<std::string>>(0, 1).value_or("");
     out.committed_cents = r->get<std::int64_t>(0, 2);
     out.cap_cents = r->get<std::int64_t>(0, 3);
+    co_return out;
+}
+
+net::awaitable<result<std::vector<reserve_result>>> store::reserve_many(std::vector<reserve_request> rs) {
+    if (rs.empty()) co_return std::vector<reserve_result>{};
+    std::vector<std::optional<std::string>> idems, paths, bodies, customers;
+    std::string amounts = "{";
+    for (std::size_t i = 0; i < rs.size(); ++i) {
+        idems.emplace_back(rs[i].idempotency_key);
+        paths.emplace_back(rs[i].path);
+        bodies.emplace_back(rs[i].body);
+        if (rs[i].customer.empty())
+            customers.emplace_back(std::nullopt);
+        else
+            customers.emplace_back(rs[i].customer);
+        amounts += (i ? "," : "") + std::to_string(rs[i].amount_cents);
+    }
+    amounts += "}";
+    pg::params p;
+    p.add(rs[0].key_id)
+        .add(pg_text_array(idems))
+        .add(amounts)
+        .add(pg_text_array(paths))
+        .add(pg_text_array(bodies));
+    p.add(pg_text_array(customers)).add(static_cast<std::int64_t>(rs[0].same_key_window.count()));
+    auto r = co_await exec(pool_, reserve_many_sql, std::move(p));
+    if (!r) co_return r.err();
+    if (r->size() != rs.size())
+        throw pg::column_error("cg_vault_reserve_many returned " + std::to_string(r->size()) + " rows for " +
+                               std::to_string(rs.size()));
+    std::vector<reserve_result> out;
+    out.reserve(rs.size());
+    for (std::size_t i = 0; i < r->size(); ++i) {
+        auto o = parse_reserve_outcome(r->get<std::string_view>(i, 1));
+        if (!o) throw pg::column_error("cg_vault_reserve_many: unknown outcome " + r->get<std::string>(i, 1));
+        reserve_result one;
+        one.outcome = *o;
+        one.state = r->get<std::optional<std::string>>(i, 2).value_or("");
+        one.committed_cents = r->get<std::int64_t>(i, 3);
+        one.cap_cents = r->get<std::int64_t>(i, 4);
+        out.push_back(std::move(one));
+    }
     co_return out;
 }
 

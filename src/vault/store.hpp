@@ -125,6 +125,9 @@ class store {
 
     // The atomic find-or-reserve step (cg_vault_reserve).
     net::awaitable<result<reserve_result>> reserve(reserve_request r);
+    // The same step for several requests of one key (all `rs` share rs[0].key_id and the window), in one
+    // transaction, in order. One result per request, in the same order.
+    net::awaitable<result<std::vector<reserve_result>>> reserve_many(std::vector<reserve_request> rs);
     // reserved/uncertain → settled. False when the row was in neither state.
     net::awaitable<result<bool>> settle(std::string key_id, std::string idem, std::string object_id);
     // reserved/uncertain → released.
