@@ -61,6 +61,7 @@ vault::proxy_config to_proxy_config(const proxy_flags& f) {
     c.connect_timeout = seconds_flag(f.upstream_connect_timeout_s);
     c.request_timeout = seconds_flag(f.upstream_timeout_s);
     c.max_connections = f.upstream_max_connections;
+    c.upstream_clients = f.rt.offload_threads;  // one HTTPS client (strand) per offload thread
     c.max_body_bytes = f.max_body_bytes;
     auto window = duration_flag("--same-key-window", f.same_key_window);
     if (window < std::chrono::minutes(1) || window > std::chrono::hours(24))

@@ -234,7 +234,7 @@ net::awaitable<std::string> probe_once(std::shared_ptr<asio::ssl::context> tls, 
 }
 
 net::awaitable<void> probe_loop(state_ptr st) {
-    auto o = st->upstream->target();
+    auto o = st->upstreams.front()->target();
     while (!st->stopping) {
         auto why = co_await asio::co_spawn(st->offload, probe_once(st->tls, o, st->cfg.connect_timeout),
                                            asio::use_awaitable);

@@ -126,7 +126,8 @@ http::response transport_failure(proxy::state& st, const http::client_result& r)
 
 net::awaitable<http::client_result> forward(state_ptr st, http::request up, ledger_line& l) {
     auto t0 = clock::now();
-    auto r = co_await st->upstream->request(std::move(up));
+    auto* client = st->upstreams[st->next_upstream++ % st->upstreams.size()].get();
+    auto r = co_await client->request(std::move(up));
     l.upstream_seconds = seconds_since(t0);
     if (r.ok()) {
         l.row.upstream_status = r.resp.status;
@@ -426,7 +427,8 @@ result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::a
         return error(core_errc::invalid_argument, "the upstream key is a vault key, not a Stripe key");
     auto st = std::make_shared<state>(main, offload, cfg, std::move(pool), log);
     http::client_options o;
-    o.max_connections = cfg.max_connections;
+    std::size_t n = std::max<std::size_t>(1, cfg.upstream_clients);
+    o.max_connections = std::max<std::size_t>(1, cfg.max_connections / n);
     o.connect_timeout = cfg.connect_timeout;
     o.request_timeout = cfg.request_timeout;
     if (cfg.upstream.starts_with("https://")) {
@@ -435,9 +437,11 @@ result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::a
         o.tls = *tls;
         st->tls = *tls;
     }
-    auto up = http::client::create(offload, cfg.upstream, std::move(o), log);
-    if (!up) return error(core_errc::invalid_argument, "--upstream: " + up.err().message);
-    st->upstream = std::move(*up);
+    for (std::size_t i = 0; i < n; ++i) {
+        auto up = http::client::create(offload, cfg.upstream, o, log);
+        if (!up) return error(core_errc::invalid_argument, "--upstream: " + up.err().message);
+        st->upstreams.push_back(std::move(*up));
+    }
 
     stripe::client_config sc;
     sc.api_base = cfg.upstream;

@@ -35,9 +35,10 @@ namespace cg::vault {
 
 struct proxy_config {
     std::string upstream = "https://api.stripe.com";
-    std::string upstream_key;  // the real Stripe key (sk_…/rk_…)
-    std::string ca_file;       // PEM bundle for the upstream; empty: system store
-    std::size_t max_connections = 64;
+    std::string upstream_key;          // the real Stripe key (sk_…/rk_…)
+    std::string ca_file;               // PEM bundle for the upstream; empty: system store
+    std::size_t max_connections = 64;  // to the upstream, over all clients
+    std::size_t upstream_clients = 2;  // HTTPS clients (one strand each) sharing the forwarded requests
     std::chrono::milliseconds connect_timeout{5000};
     std::chrono::milliseconds request_timeout{30000};
     std::size_t max_body_bytes = 64 * 1024;  // larger create bodies → 413

@@ -21,7 +21,10 @@ struct proxy::state {
     std::shared_ptr<pg::pool> pool;
     vault::store store;
     logger log;
-    std::unique_ptr<http::client> upstream;   // forwards requests (offload executor)
+    // Forward requests (offload executor), round robin: each client is one strand, so one thread at a time
+    // does its TLS; several spread the work over the offload pool.
+    std::vector<std::unique_ptr<http::client>> upstreams;
+    std::size_t next_upstream = 0;
     std::unique_ptr<stripe::client> stripe;   // the resolver's replays and searches (offload executor)
     std::shared_ptr<asio::ssl::context> tls;  // the upstream probe's context
 
