@@ -60,6 +60,11 @@ struct vault_fixture : fake_stripe_fixture {
     }
     ~vault_fixture() {
         try {
+            if (second) {
+                second->server->stop();
+                run_async(io, [&]() -> net::awaitable<void> { co_await second->proxy->stop(); });
+                run_async(io, [&]() -> net::awaitable<void> { co_await second->pool->close(); });
+            }
             if (server) server->stop();
             if (proxy) run_async(io, [&]() -> net::awaitable<void> { co_await proxy->stop(); });
             run_async(io, [&]() -> net::awaitable<void> { co_await pg->close(); });
@@ -146,6 +151,37 @@ struct vault_fixture : fake_stripe_fixture {
         caller = std::move(*cl);
     }
 
+    // A second, independent proxy instance on the same database (its own reservation batching, its own pool):
+    // what two replicas of the sidecar look like. Returns a client that reaches it.
+    struct replica {
+        std::shared_ptr<pg::pool> pool;
+        std::unique_ptr<vault::proxy> proxy;
+        std::unique_ptr<http::server> server;
+        std::unique_ptr<http::client> caller;
+    };
+    metrics::registry vreg2;
+    std::unique_ptr<replica> second;
+    http::client& start_second() {
+        second = std::make_unique<replica>();
+        second->pool = pool_for(db.config());
+        auto p = vault::proxy::create(io.get_executor(), pool.get_executor(), proxy_config(), second->pool,
+                                      log, vreg2);
+        BOOST_TEST_REQUIRE(p.has_value());
+        second->proxy = std::move(*p);
+        second->server = std::make_unique<http::server>(io.get_executor(), second->proxy->routes(),
+                                                        http::server_options{}, log);
+        auto ep = second->server->listen({"127.0.0.1", 0});
+        BOOST_TEST_REQUIRE(ep.has_value());
+        second->server->start();
+        http::client_options co;
+        co.max_connections = 256;
+        auto cl = http::client::create(pool.get_executor(), "http://127.0.0.1:" + std::to_string(ep->port()),
+                                       co, logger());
+        BOOST_TEST_REQUIRE(cl.has_value());
+        second->caller = std::move(*cl);
+        return *second->caller;
+    }
+
     issued issue(std::int64_t cap, std::string allow = std::string(vault::default_allow),
                  std::string currency = "usd") {
         auto s = vault::issue_secret();
@@ -196,7 +232,8 @@ struct vault_fixture : fake_stripe_fixture {
     }
 
     // Sends every request at once and returns the answers in order.
-    std::vector<http::response> send_all(std::vector<http::request> qs) {
+    // `other`: odd requests go there (a second replica), even ones to the fixture's proxy.
+    std::vector<http::response> send_all(std::vector<http::request> qs, http::client* other = nullptr) {
         struct shared {
             std::vector<http::response> out;
             std::size_t left;
@@ -206,7 +243,8 @@ struct vault_fixture : fake_stripe_fixture {
         st->out.resize(qs.size());
         st->left = qs.size();
         for (std::size_t i = 0; i < qs.size(); ++i) {
-            asio::co_spawn(io, one(caller.get(), std::move(qs[i])),
+            http::client* via = other && i % 2 ? other : caller.get();
+            asio::co_spawn(io, one(via, std::move(qs[i])),
                            [st, i](std::exception_ptr e, http::client_result r) {
                                if (e || !r.ok()) r.resp.status = 0;
                                st->out[i] = std::move(r.resp);
