@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
     register_dead_letters(app, selected);
     register_reconcile(app, selected);
     register_probe(app, selected);
+    register_vault(app, selected);
+    register_proxy(app, selected);
 
     mirror_env(app);
     try {

@@ -1,0 +1,230 @@
+// `chargeguard proxy`: the spend-cap vault proxy (DESIGN.md §1, issue 9). A Stripe-compatible HTTP(S) surface
+// on
+// --listen for holders of vault keys; the real Stripe key (STRIPE_API_KEY or --stripe-key-file, never argv)
+// stays inside. /healthz, /readyz (postgres, upstream) and /metrics on --health-listen.
+//
+// Executors (DESIGN.md §2): the listener, the handlers, the PostgreSQL pool and the proxy's background tasks
+// run on the runtime's main io_context; upstream HTTPS runs on the offload pool. SIGTERM: the listener stops,
+// the audit queue is written, the pool closes, exit 0.
+#include <asio/co_spawn.hpp>
+#include <memory>
+
+#include "app/cli.hpp"
+#include "app/commands.hpp"
+#include "app/nsq_flags.hpp"
+#include "app/pg_flags.hpp"
+#include "app/runtime.hpp"
+#include "app/stripe_flags.hpp"
+#include "http/origin.hpp"
+#include "http/server.hpp"
+#include "net/tls.hpp"
+#include "vault/proxy.hpp"
+
+namespace cg::app {
+namespace {
+
+using std::chrono::milliseconds;
+
+struct proxy_flags {
+    std::string listen = "127.0.0.1:8420";
+    std::string upstream = "https://api.stripe.com";
+    std::string stripe_key_file;
+    std::string stripe_ca_file;
+    std::string tls_cert, tls_key;
+    double upstream_connect_timeout_s = 5;
+    double upstream_timeout_s = 30;
+    unsigned upstream_max_connections = 64;
+    std::size_t max_body_bytes = 64 * 1024;
+    std::size_t max_connections = 1024;
+    double read_timeout_s = 30;
+    std::string same_key_window = "23h";
+    std::string resolve_interval = "5s";
+    std::string stale_reserved = "2m";
+    std::string key_cache_ttl = "1s";
+    pg_flags pg;
+    runtime_flags rt;
+};
+
+milliseconds seconds_flag(double s) {
+    return milliseconds(static_cast<std::int64_t>(s * 1000.0));
+}
+
+vault::proxy_config to_proxy_config(const proxy_flags& f) {
+    vault::proxy_config c;
+    if (auto o = http::parse_origin(f.upstream); !o)
+        throw CLI::ValidationError("--upstream", o.err().message);
+    c.upstream = f.upstream;
+    auto key = read_stripe_key(f.stripe_key_file, std::getenv("STRIPE_API_KEY"));
+    if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
+    c.upstream_key = std::move(*key);
+    c.ca_file = f.stripe_ca_file;
+    c.connect_timeout = seconds_flag(f.upstream_connect_timeout_s);
+    c.request_timeout = seconds_flag(f.upstream_timeout_s);
+    c.max_connections = f.upstream_max_connections;
+    c.upstream_clients = f.rt.offload_threads;  // one HTTPS client (strand) per offload thread
+    c.max_body_bytes = f.max_body_bytes;
+    auto window = duration_flag("--same-key-window", f.same_key_window);
+    if (window < std::chrono::minutes(1) || window > std::chrono::hours(24))
+        throw CLI::ValidationError("--same-key-window",
+                                   "must be between 1m and 24h (Stripe keeps keys at least 24 h)");
+    c.same_key_window = std::chrono::duration_cast<std::chrono::seconds>(window);
+    c.resolve_interval = duration_flag("--resolve-interval", f.resolve_interval);
+    c.first_resolve_delay = c.resolve_interval;
+    c.stale_reserved = duration_flag("--stale-reserved", f.stale_reserved);
+    c.key_cache_ttl = duration_flag("--key-cache-ttl", f.key_cache_ttl);
+    if (c.key_cache_ttl > std::chrono::minutes(1))
+        throw CLI::ValidationError("--key-cache-ttl", "at most 1m (a revoked key may read for this long)");
+    if (c.stale_reserved <= c.request_timeout)
+        throw CLI::ValidationError("--stale-reserved",
+                                   "must be longer than --upstream-timeout (a row still in flight is "
+                                   "not abandoned)");
+    return c;
+}
+
+http::server_options to_server_options(const proxy_flags& f) {
+    http::server_options o;
+    // The handler refuses create bodies over --max-body-bytes with a Stripe-shaped, audited 413; the parser's
+    // own limit (plain 413, nothing audited) only stops what is far beyond it.
+    o.limits.max_body_bytes = std::max<std::size_t>(f.max_body_bytes * 4, 1024 * 1024);
+    o.limits.max_header_bytes = 16 * 1024;
+    o.max_connections = f.max_connections;
+    o.read_timeout = seconds_flag(f.read_timeout_s);
+    o.server_name = "chargeguard-vault";
+    if (f.tls_cert.empty() != f.tls_key.empty())
+        throw CLI::ValidationError("--tls-cert", "--tls-cert and --tls-key go together");
+    if (!f.tls_cert.empty()) {
+        auto tls = net::make_tls_server_context({f.tls_cert, f.tls_key});
+        if (!tls) throw CLI::ValidationError("--tls-cert", tls.err().describe());
+        o.tls = *tls;
+    }
+    return o;
+}
+
+// Stop accepting, let the proxy write its audit queue, then close the pool (which the audit writer needed).
+net::awaitable<void> drain(http::server* server, vault::proxy* p, std::shared_ptr<pg::pool> pool) {
+    server->stop();
+    co_await p->stop();
+    co_await pool->close();
+}
+
+net::awaitable<void> start_serving(runtime* rt, pg::pool* pool, const pg_flags* pgf,
+                                   std::vector<pg::migration> ms, vault::proxy* p) {
+    if (auto m = co_await migrate_if_requested(*pool, *pgf, ms, rt->log()); !m) {
+        rt->log().error("cannot apply migrations", {{"error", m.err().describe()}});
+        rt->request_stop("--migrate failed", 1);
+        co_return;
+    }
+    if (!rt->stopping()) p->start();
+}
+
+int run_proxy(const proxy_flags& f, const global_flags& g) {
+    auto cfg = to_proxy_config(f);
+    auto sopts = to_server_options(f);
+    auto listen = net::parse_host_port(f.listen);
+    if (!listen) throw CLI::ValidationError("--listen", listen.err().describe());
+    auto opts = to_runtime_options(f.rt);
+    auto ms = load_migrations(f.pg);
+    if (!ms) throw CLI::ValidationError("--migrations-dir", ms.err().describe());
+    auto log = make_stderr_logger(g.level());
+    log.info(
+        "proxy starting",
+        {{"listen", f.listen},
+         {"tls", !f.tls_cert.empty()},
+         {"upstream", cfg.upstream},
+         {"stripe_key_from", f.stripe_key_file.empty() ? std::string("STRIPE_API_KEY") : f.stripe_key_file},
+         {"max_body_bytes", cfg.max_body_bytes},
+         {"same_key_window_s", static_cast<std::int64_t>(cfg.same_key_window.count())},
+         {"resolve_interval_ms", static_cast<std::int64_t>(cfg.resolve_interval.count())},
+         {"pg", to_pg_config(f.pg).describe()},
+         {"health_listen", f.rt.health_listen}});
+
+    runtime rt(opts, log);
+    auto pool = start_pool(rt, f.pg, false);
+    auto p = vault::proxy::create(rt.io().get_executor(), rt.offload().get_executor(), std::move(cfg), pool,
+                                  log, rt.metrics());
+    if (!p) {
+        log.error("cannot create the proxy", {{"error", p.err().describe()}});
+        return 1;
+    }
+    (*p)->add_readiness(rt.health());
+    http::server server(rt.io().get_executor(), (*p)->routes(), std::move(sopts), log);
+    auto ep = server.listen(*listen);
+    if (!ep) {
+        log.error("cannot listen", {{"error", ep.err().describe()}});
+        return 1;
+    }
+    rt.on_shutdown([&server, px = p->get(), pool]() { return drain(&server, px, pool); });
+    if (auto hep = rt.start(); !hep) {
+        log.error("cannot start", {{"error", hep.err().describe()}});
+        return 1;
+    }
+    server.start();
+    log.info("vault proxy listening", {{"address", ep->address().to_string()}, {"port", ep->port()}});
+    asio::co_spawn(rt.io(), start_serving(&rt, pool.get(), &f.pg, std::move(*ms), p->get()),
+                   [&rt](std::exception_ptr e) {
+                       if (!e) return;
+                       try {
+                           std::rethrow_exception(e);
+                       } catch (const std::exception& ex) {
+                           rt.log().error("startup failed", {{"error", ex.what()}});
+                       }
+                       rt.request_stop("startup failed", 1);
+                   });
+    return rt.run();
+}
+
+}  // namespace
+
+void register_proxy(CLI::App& app, command_main& selected) {
+    auto* cmd = app.add_subcommand(
+        "proxy", "the spend-cap vault proxy: Stripe's API for vault keys, capped per period");
+    auto f = std::make_shared<proxy_flags>();
+    cmd->add_option("--listen", f->listen, "address for the Stripe-compatible API")->capture_default_str();
+    cmd->add_option("--upstream", f->upstream, "Stripe API origin the proxy forwards to")
+        ->capture_default_str();
+    cmd->add_option("--stripe-key-file", f->stripe_key_file,
+                    "file holding the real Stripe key (else STRIPE_API_KEY)");
+    cmd->add_option("--stripe-ca-file", f->stripe_ca_file,
+                    "PEM CA bundle to verify the upstream (default: system store)");
+    cmd->add_option("--tls-cert", f->tls_cert, "PEM certificate chain: serve HTTPS on --listen");
+    cmd->add_option("--tls-key", f->tls_key, "PEM private key for --tls-cert");
+    cmd->add_option("--upstream-connect-timeout", f->upstream_connect_timeout_s,
+                    "seconds for DNS + TCP + TLS to Stripe")
+        ->check(CLI::Range(0.001, 600.0))
+        ->capture_default_str();
+    cmd->add_option("--upstream-timeout", f->upstream_timeout_s,
+                    "seconds for one forwarded request; past it the reservation is uncertain")
+        ->check(CLI::Range(0.001, 600.0))
+        ->capture_default_str();
+    cmd->add_option("--upstream-max-connections", f->upstream_max_connections, "pooled connections to Stripe")
+        ->check(CLI::Range(1u, 4096u))
+        ->capture_default_str();
+    cmd->add_option("--max-body-bytes", f->max_body_bytes, "largest create body accepted (larger: 413)")
+        ->check(CLI::Range(std::size_t{256}, std::size_t{16 * 1024 * 1024}))
+        ->capture_default_str();
+    cmd->add_option("--max-connections", f->max_connections, "client connections open at once")
+        ->check(CLI::Range(std::size_t{1}, std::size_t{100000}))
+        ->capture_default_str();
+    cmd->add_option("--read-timeout", f->read_timeout_s, "seconds a client has to send a complete request")
+        ->check(CLI::Range(0.1, 3600.0))
+        ->capture_default_str();
+    cmd->add_option("--same-key-window", f->same_key_window,
+                    "refuse a retry whose Idempotency-Key was first used longer ago (Stripe keeps keys 24 h)")
+        ->capture_default_str();
+    cmd->add_option("--resolve-interval", f->resolve_interval,
+                    "how often uncertain reservations are looked at")
+        ->capture_default_str();
+    cmd->add_option("--stale-reserved", f->stale_reserved,
+                    "a reservation still `reserved` this long after its last change is treated as abandoned")
+        ->capture_default_str();
+    cmd->add_option(
+           "--key-cache-ttl", f->key_cache_ttl,
+           "reuse a key's row this long (creates re-check revocation under the key's lock; reads may pass "
+           "this long after a revoke); 0 reads it on every request")
+        ->capture_default_str();
+    add_pg_flags(*cmd, f->pg, true);
+    add_runtime_flags(*cmd, f->rt);
+    cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_proxy(*f, g); }; });
+}
+
+}  // namespace cg::app

@@ -1,0 +1,339 @@
+// `chargeguard vault issue | list | show | revoke`: vault keys for the spend-cap proxy (DESIGN.md §1, §5).
+// `issue` prints the secret once on stdout (and nothing else there, so `secret=$(chargeguard vault issue …)`
+// works); the description goes to stderr. Only the secret's SHA-256 is stored.
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "app/cli.hpp"
+#include "app/commands.hpp"
+#include "app/pg_flags.hpp"
+#include "app/vault_expected.hpp"
+#include "net/offload.hpp"
+#include "pg/error.hpp"
+#include "vault/cap.hpp"
+#include "vault/policy.hpp"
+#include "vault/secret.hpp"
+#include "vault/store.hpp"
+
+namespace cg::app {
+namespace {
+
+struct issue_flags {
+    pg_flags pg;
+    std::string name, period, currency, expected_file, headroom = "1.10",
+                                                       allow = std::string(vault::default_allow), expires_at;
+    std::optional<std::int64_t> expected_cents;
+};
+struct list_flags {
+    pg_flags pg;
+    bool json = false;
+};
+struct show_flags {
+    pg_flags pg;
+    std::string id;
+    int audit = 20;
+    bool json = false;
+};
+struct revoke_flags {
+    pg_flags pg;
+    std::string id;
+};
+
+// Runs `body(store)` against a one-connection pool on a private loop; returns its exit code.
+template <typename Body>
+int with_store(const pg_flags& f, const global_flags& g, Body body) {
+    auto log = make_stderr_logger(g.level());
+    pg::pool_options o = to_pool_options(f);
+    o.size = 1;
+    asio::io_context io{1};
+    net::offload_pool offload{1};
+    auto pool = pg::pool::create(io.get_executor(), offload.get_executor(), std::move(o), log);
+    int rc = 1;
+    std::exception_ptr failure;
+    asio::co_spawn(
+        io,
+        [](std::shared_ptr<pg::pool> p, Body b) -> net::awaitable<int> {
+            vault::store s(p);
+            int r = co_await b(s);
+            co_await p->close();
+            co_return r;
+        }(pool, std::move(body)),
+        [&](std::exception_ptr e, int r) {
+            failure = e;
+            rc = r;
+        });
+    io.run();
+    offload.drain();
+    if (failure) std::rethrow_exception(failure);
+    return rc;
+}
+
+int fail(const char* what, const error& e) {
+    std::fprintf(stderr, "chargeguard vault %s: %s\n", what, e.describe().c_str());
+    return 1;
+}
+
+std::string money(std::int64_t cents, const std::string& currency) {
+    std::string s = std::to_string(cents / 100) + ".";
+    std::int64_t frac = cents % 100;
+    s += (frac < 10 ? "0" : "") + std::to_string(frac);
+    return s + " " + currency;
+}
+
+std::string when(const std::optional<pg::timestamp>& t) {
+    return t ? pg::format_timestamptz(*t) : "-";
+}
+
+// RFC 3339 with an explicit offset ("2026-12-31T23:59:59Z", "…+01:00"): the shape only; PostgreSQL parses it.
+bool rfc3339(const std::string& s) {
+    if (s.size() < 20 || s[4] != '-' || s[7] != '-' || (s[10] != 'T' && s[10] != 't' && s[10] != ' ') ||
+        s[13] != ':')
+        return false;
+    return s.back() == 'Z' || s.back() == 'z' ||
+           (s.size() >= 6 && (s[s.size() - 6] == '+' || s[s.size() - 6] == '-'));
+}
+
+// The expected total: --expected-total-cents, or the sum over --expected-file with a report on stderr.
+std::int64_t expected_of(const issue_flags& f) {
+    if (f.expected_cents) {
+        if (*f.expected_cents < 0)
+            throw CLI::ValidationError("--expected-total-cents", "must not be negative");
+        return *f.expected_cents;
+    }
+    std::ifstream in(f.expected_file);
+    if (!in) throw CLI::ValidationError("--expected-file", "cannot read '" + f.expected_file + "'");
+    auto t = sum_expected(in, f.period, f.currency);
+    std::fprintf(stderr, "%s: %zu lines, %zu events of period %s summed to %s; %zu skipped\n",
+                 f.expected_file.c_str(), t.lines, t.counted, f.period.c_str(),
+                 money(t.total_cents, f.currency).c_str(), t.skipped_total());
+    for (const auto& [why, n] : t.skipped) std::fprintf(stderr, "  skipped %zu × %s\n", n, why.c_str());
+    if (t.counted == 0) throw CLI::ValidationError("--expected-file", "no valid event of period " + f.period);
+    return t.total_cents;
+}
+
+net::awaitable<int> issue(vault::store& s, const issue_flags& f, vault::new_key k, std::int64_t expected) {
+    for (int attempt = 0;; ++attempt) {
+        auto sec = vault::issue_secret();
+        if (!sec) co_return fail("issue", sec.err());
+        k.id = sec->id;
+        k.secret_hash = sec->hash;
+        auto r = co_await s.insert_key(k);
+        if (!r && r.code() == pg::errc::unique_violation && attempt < 3)
+            continue;  // an id (or hash) collision
+        if (!r) co_return fail("issue", r.err());
+        std::fprintf(
+            stderr,
+            "issued vault key %s \"%s\": period %s, cap %s (expected %s × %s), allows %s, expires %s\n",
+            k.id.c_str(), k.name.c_str(), k.billing_period.c_str(), money(k.cap_cents, k.currency).c_str(),
+            money(expected, k.currency).c_str(), f.headroom.c_str(), f.allow.c_str(),
+            k.expires_at ? k.expires_at->c_str() : "never");
+        std::fprintf(stderr, "the secret below is shown once; only its hash is stored\n");
+        std::printf("%s\n", sec->secret.c_str());
+        co_return 0;
+    }
+}
+
+int run_issue(const issue_flags& f, const global_flags& g) {
+    if (f.currency.size() != 3 ||
+        !std::all_of(f.currency.begin(), f.currency.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
+        throw CLI::ValidationError("--currency", "three lower-case letters (ISO 4217), e.g. usd");
+    auto h = vault::parse_headroom(f.headroom);
+    if (!h) throw CLI::ValidationError("--headroom", h.err().message);
+    auto allowed = vault::parse_allow_list(f.allow);
+    if (!allowed) throw CLI::ValidationError("--allow", allowed.err().message);
+    if (!f.expires_at.empty() && !rfc3339(f.expires_at))
+        throw CLI::ValidationError("--expires-at",
+                                   "'" + f.expires_at + "' is not RFC 3339 (2026-12-31T23:59:59Z)");
+    std::int64_t expected = expected_of(f);
+    auto cap = vault::cap_for(expected, *h);
+    if (!cap) throw CLI::ValidationError("--headroom", cap.err().message);
+    vault::new_key k;
+    k.name = f.name;
+    k.billing_period = f.period;
+    k.currency = f.currency;
+    k.cap_cents = *cap;
+    k.allowed = *allowed;
+    if (!f.expires_at.empty()) k.expires_at = f.expires_at;
+    return with_store(f.pg, g, [&f, k, expected](vault::store& s) { return issue(s, f, k, expected); });
+}
+
+std::string json_str(const std::string& s) {
+    return "\"" + vault::json_escape(s) + "\"";
+}
+
+std::string usage_json(const vault::key_usage& u) {
+    const auto& k = u.key;
+    std::string allowed;
+    for (const auto& a : k.allowed) allowed += (allowed.empty() ? "" : ",") + json_str(a);
+    auto ts = [](const std::optional<pg::timestamp>& t) {
+        return t ? json_str(pg::format_timestamptz(*t)) : std::string("null");
+    };
+    return "{\"id\":" + json_str(k.id) + ",\"name\":" + json_str(k.name) +
+           ",\"period\":" + json_str(k.billing_period) + ",\"currency\":" + json_str(k.currency) +
+           ",\"cap_cents\":" + std::to_string(k.cap_cents) +
+           ",\"settled_cents\":" + std::to_string(u.settled_cents) +
+           ",\"reserved_cents\":" + std::to_string(u.reserved_cents) +
+           ",\"uncertain_cents\":" + std::to_string(u.uncertain_cents) +
+           ",\"released_cents\":" + std::to_string(u.released_cents) + ",\"utilisation_pct\":" +
+           vault::format_percent_bp(vault::utilisation_bp(u.committed(), k.cap_cents)) + ",\"allowed\":[" +
+           allowed + "],\"expires_at\":" + ts(k.expires_at) + ",\"revoked_at\":" + ts(k.revoked_at) +
+           ",\"created_at\":" + json_str(pg::format_timestamptz(k.created_at)) +
+           ",\"usable\":" + (k.usable ? "true" : "false") + "}";
+}
+
+void print_table(const std::vector<vault::key_usage>& keys) {
+    std::printf("%-16s  %-20s  %-10s  %-3s  %14s  %14s  %12s  %12s  %7s  %-22s  %s\n", "ID", "NAME", "PERIOD",
+                "CUR", "CAP", "SETTLED", "RESERVED", "UNCERTAIN", "USED%", "EXPIRES", "REVOKED");
+    for (const auto& u : keys) {
+        const auto& k = u.key;
+        std::printf("%-16s  %-20.20s  %-10.10s  %-3s  %14lld  %14lld  %12lld  %12lld  %7s  %-22s  %s\n",
+                    k.id.c_str(), k.name.c_str(), k.billing_period.c_str(), k.currency.c_str(),
+                    static_cast<long long>(k.cap_cents), static_cast<long long>(u.settled_cents),
+                    static_cast<long long>(u.reserved_cents), static_cast<long long>(u.uncertain_cents),
+                    vault::format_percent_bp(vault::utilisation_bp(u.committed(), k.cap_cents)).c_str(),
+                    when(k.expires_at).c_str(), when(k.revoked_at).c_str());
+    }
+}
+
+net::awaitable<int> list(vault::store& s, bool json) {
+    auto keys = co_await s.usage();
+    if (!keys) co_return fail("list", keys.err());
+    if (json) {
+        std::printf("[");
+        for (std::size_t i = 0; i < keys->size(); ++i)
+            std::printf("%s%s", i ? ",\n " : "", usage_json((*keys)[i]).c_str());
+        std::printf("]\n");
+    } else {
+        print_table(*keys);
+    }
+    co_return 0;
+}
+
+net::awaitable<int> show(vault::store& s, const show_flags& f) {
+    auto keys = co_await s.usage(f.id);
+    if (!keys) co_return fail("show", keys.err());
+    if (keys->empty()) {
+        std::fprintf(stderr, "chargeguard vault show: no vault key %s\n", f.id.c_str());
+        co_return 1;
+    }
+    auto audit = co_await s.recent_audit(f.id, f.audit);
+    if (!audit) co_return fail("show", audit.err());
+    const auto& u = keys->front();
+    if (f.json) {
+        std::string rows;
+        for (const auto& a : *audit) {
+            rows +=
+                std::string(rows.empty() ? "" : ",") + "{\"at\":" + json_str(pg::format_timestamptz(*a.at)) +
+                ",\"method\":" + json_str(a.method) + ",\"path\":" + json_str(a.path) +
+                ",\"amount_cents\":" + (a.amount_cents ? std::to_string(*a.amount_cents) : "null") +
+                ",\"idempotency_key\":" + (a.idempotency_key ? json_str(*a.idempotency_key) : "null") +
+                ",\"upstream_status\":" + (a.upstream_status ? std::to_string(*a.upstream_status) : "null") +
+                ",\"outcome\":" + json_str(a.outcome) + ",\"latency_ms\":" + std::to_string(a.latency_ms) +
+                "}";
+        }
+        std::printf("{\"key\":%s,\"audit\":[%s]}\n", usage_json(u).c_str(), rows.c_str());
+        co_return 0;
+    }
+    print_table(*keys);
+    std::string allowed;
+    for (const auto& a : u.key.allowed) allowed += (allowed.empty() ? "" : ",") + a;
+    std::printf("\nallows %s; created %s; released %lld\n\nlast %zu audit rows:\n", allowed.c_str(),
+                pg::format_timestamptz(u.key.created_at).c_str(), static_cast<long long>(u.released_cents),
+                audit->size());
+    for (const auto& a : *audit)
+        std::printf("  %s  %-4s %-24s %10s  %-24.24s  %3s  %-16s %8.2f ms\n",
+                    pg::format_timestamptz(*a.at).c_str(), a.method.c_str(), a.path.c_str(),
+                    a.amount_cents ? std::to_string(*a.amount_cents).c_str() : "-",
+                    a.idempotency_key.value_or("-").c_str(),
+                    a.upstream_status ? std::to_string(*a.upstream_status).c_str() : "-", a.outcome.c_str(),
+                    a.latency_ms);
+    co_return 0;
+}
+
+net::awaitable<int> revoke(vault::store& s, std::string id) {
+    auto r = co_await s.revoke(id);
+    if (!r) co_return fail("revoke", r.err());
+    if (!*r) {
+        std::fprintf(stderr,
+                     "chargeguard vault revoke: no usable vault key %s (unknown or already revoked)\n",
+                     id.c_str());
+        co_return 1;
+    }
+    std::fprintf(stderr, "revoked vault key %s: the proxy refuses it from now on (401)\n", id.c_str());
+    co_return 0;
+}
+
+}  // namespace
+
+void register_vault(CLI::App& app, command_main& selected) {
+    auto* vault_cmd = app.add_subcommand("vault", "manage spend-cap vault keys for `chargeguard proxy`");
+    vault_cmd->require_subcommand(1);
+
+    auto fi = std::make_shared<issue_flags>();
+    auto* issue_cmd =
+        vault_cmd->add_subcommand("issue", "issue a vault key; prints its secret once on stdout");
+    add_pg_flags(*issue_cmd, fi->pg, false);
+    issue_cmd->add_option("--name", fi->name, "what the key is for (shown by list)")->required();
+    issue_cmd->add_option("--period", fi->period, "the billing period it may spend for, e.g. 2026-11")
+        ->required();
+    issue_cmd->add_option("--currency", fi->currency, "ISO 4217 code, lower case (usd)")->required();
+    auto* total =
+        issue_cmd->add_option("--expected-total-cents", fi->expected_cents, "the period's expected spend");
+    auto* file = issue_cmd->add_option(
+        "--expected-file", fi->expected_file,
+        "JSONL billing run (as `publish` takes): sums amount_cents of the period's valid "
+        "events, each customer once");
+    total->excludes(file);
+    file->excludes(total);
+    issue_cmd->add_option("--headroom", fi->headroom, "cap = floor(expected × headroom), exact decimal")
+        ->capture_default_str();
+    issue_cmd->add_option("--allow", fi->allow, "comma-separated operations the key may call")
+        ->capture_default_str();
+    issue_cmd->add_option("--expires-at", fi->expires_at, "RFC 3339 expiry (default: none)");
+    issue_cmd->callback([&selected, fi, total, file] {
+        if (total->count() + file->count() != 1)
+            throw CLI::ValidationError("vault issue",
+                                       "give exactly one of --expected-total-cents or --expected-file");
+        selected = [fi](const global_flags& g) { return run_issue(*fi, g); };
+    });
+
+    auto fl = std::make_shared<list_flags>();
+    auto* list_cmd = vault_cmd->add_subcommand("list", "list vault keys with cap, spend and utilisation");
+    add_pg_flags(*list_cmd, fl->pg, false);
+    list_cmd->add_flag("--json", fl->json, "one JSON array");
+    list_cmd->callback([&selected, fl] {
+        selected = [fl](const global_flags& g) {
+            return with_store(fl->pg, g, [json = fl->json](vault::store& s) { return list(s, json); });
+        };
+    });
+
+    auto fs = std::make_shared<show_flags>();
+    auto* show_cmd = vault_cmd->add_subcommand("show", "one vault key and its last audit rows");
+    add_pg_flags(*show_cmd, fs->pg, false);
+    show_cmd->add_option("id", fs->id, "vault key id")->required();
+    show_cmd->add_option("--audit", fs->audit, "audit rows to show")
+        ->check(CLI::Range(0, 10000))
+        ->capture_default_str();
+    show_cmd->add_flag("--json", fs->json, "one JSON object");
+    show_cmd->callback([&selected, fs] {
+        selected = [fs](const global_flags& g) {
+            return with_store(fs->pg, g, [fs](vault::store& s) { return show(s, *fs); });
+        };
+    });
+
+    auto fr = std::make_shared<revoke_flags>();
+    auto* revoke_cmd =
+        vault_cmd->add_subcommand("revoke", "revoke a vault key (the proxy answers 401 from then on)");
+    add_pg_flags(*revoke_cmd, fr->pg, false);
+    revoke_cmd->add_option("id", fr->id, "vault key id")->required();
+    revoke_cmd->callback([&selected, fr] {
+        selected = [fr](const global_flags& g) {
+            return with_store(fr->pg, g, [id = fr->id](vault::store& s) { return revoke(s, id); });
+        };
+    });
+}
+
+}  // namespace cg::app

@@ -1,0 +1,299 @@
+// The proxy's background tasks: the resolver of uncertain / abandoned reservations, the audit writer, the
+// gauge refresher and the upstream probe. All run on the main executor.
+#include <simdjson.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/strand.hpp>
+
+#include "http/client_connection.hpp"
+#include "net/timeout.hpp"
+#include "vault/proxy_state.hpp"
+
+namespace cg::vault {
+namespace {
+
+using state_ptr = std::shared_ptr<proxy::state>;
+using ms = std::chrono::milliseconds;
+
+// The completion handler holds only a weak reference: the task's own frame keeps the state alive while it
+// runs, and stop() waits for every task, so the state (and its clients on the offload pool) never outlives
+// the proxy's owner by hiding in a finished frame.
+void spawn_logged(state_ptr st, net::awaitable<void> task, const char* name) {
+    ++st->running;
+    asio::co_spawn(st->main, std::move(task),
+                   [w = std::weak_ptr<proxy::state>(st), log = st->log, name](std::exception_ptr e) {
+                       if (auto s = w.lock()) {
+                           if (--s->running == 0 && s->all_stopped) s->all_stopped->cancel();
+                       }
+                       if (!e) return;
+                       try {
+                           std::rethrow_exception(e);
+                       } catch (const std::exception& x) {
+                           log.error("vault proxy task failed", {{"task", name}, {"error", x.what()}});
+                       }
+                   });
+}
+
+ms backoff_for(const proxy::state& st, std::int32_t attempts) {
+    auto d = st.cfg.first_resolve_delay * (std::int64_t{1} << std::min<std::int32_t>(attempts, 16));
+    return std::min<ms>(d, st.cfg.max_resolve_backoff);
+}
+
+void resolved(proxy::state& st, const spend_row& row, std::string_view how, std::string_view detail) {
+    st.resolutions->Add({{"result", std::string(how)}}).Increment();
+    st.log.info("vault reservation resolved", {{"key_id", row.key_id},
+                                               {"idempotency_key", row.idempotency_key},
+                                               {"amount_cents", row.amount_cents},
+                                               {"result", how},
+                                               {"detail", detail}});
+}
+
+net::awaitable<void> defer(state_ptr st, const spend_row& row, std::string why) {
+    st->resolutions->Add({{"result", "deferred"}}).Increment();
+    st->log.warn("vault reservation still unresolved",
+                 {{"key_id", row.key_id}, {"idempotency_key", row.idempotency_key}, {"reason", why}});
+    auto r = co_await st->store.defer(row.key_id, row.idempotency_key, why,
+                                      backoff_for(*st, row.resolve_attempts));
+    if (!r) st->log.warn("vault resolver: cannot defer", {{"error", r.err().describe()}});
+}
+
+// Searches the customer's charges for the proxy's metadata tag. Settles on a succeeded or pending charge,
+// releases on a failed one or none (the list reads Stripe's own writes at once).
+net::awaitable<void> search(state_ptr st, spend_row row) {
+    bool tagged = row.body.find("metadata[" + std::string(vault_tag_key) + "]") != std::string::npos;
+    if (row.customer.empty() || !tagged) {
+        std::string why = row.customer.empty() ? "cannot search Stripe: the request named no customer"
+                                               : "cannot search Stripe: the request carried no vault tag";
+        co_await defer(st, row, std::move(why));
+        co_return;
+    }
+    stripe::list_charges_request q;
+    q.customer = row.customer;
+    q.created_gte = row.reserved_at_unix - 300;  // clock skew with Stripe
+    q.limit = 100;
+    for (;;) {
+        auto page = co_await st->stripe->list_charges(q);
+        if (!page) {
+            co_await defer(st, row, "charge search failed: " + page.err().describe());
+            co_return;
+        }
+        for (const auto& c : page->data) {
+            if (stripe::metadata_value(c.metadata, vault_tag_key) != row.idempotency_key) continue;
+            if (c.status == "failed") {
+                auto r = co_await st->store.release(row.key_id, row.idempotency_key,
+                                                    "search: charge " + c.id + " failed");
+                if (r) resolved(*st, row, "released", "search found failed charge " + c.id);
+                co_return;
+            }
+            std::string id =
+                row.path == "/v1/payment_intents" && !c.payment_intent.empty() ? c.payment_intent : c.id;
+            auto r = co_await st->store.settle(row.key_id, row.idempotency_key, id);
+            if (r) resolved(*st, row, "settled", "search found " + id);
+            co_return;
+        }
+        if (!page->has_more || page->data.empty()) break;
+        q.starting_after = page->data.back().id;
+    }
+    auto r = co_await st->store.release(row.key_id, row.idempotency_key,
+                                        "search: no charge carries the vault tag");
+    if (r) resolved(*st, row, "released", "search found no charge");
+}
+
+// Re-sends the stored request under its Idempotency-Key: Stripe replays what it saved, or executes it once.
+net::awaitable<void> replay(state_ptr st, spend_row row) {
+    auto r = co_await st->stripe->call("POST", row.path, row.body, row.idempotency_key);
+    if (!r.http.ok()) {
+        co_await defer(st, row, "replay: " + r.message);
+        co_return;
+    }
+    int status = r.http.resp.status;
+    auto how = settlement_for(status, true);
+    if (how == settlement::settle) {
+        auto id = object_id(r.http.resp.body).value_or("unknown");
+        auto s = co_await st->store.settle(row.key_id, row.idempotency_key, id);
+        if (s) resolved(*st, row, "settled", "replay: HTTP " + std::to_string(status) + " " + id);
+        co_return;
+    }
+    if (how == settlement::release) {
+        auto s = co_await st->store.release(row.key_id, row.idempotency_key, "replay: " + r.message);
+        if (s) resolved(*st, row, "released", "replay: " + r.message);
+        co_return;
+    }
+    // A replayed 5xx is Stripe's saved answer: replaying again will say the same. Only a search can tell.
+    if (r.replayed) {
+        co_await search(st, std::move(row));
+        co_return;
+    }
+    co_await defer(st, row, "replay: " + r.message);
+}
+
+net::awaitable<void> resolve_row(state_ptr st, spend_row row) {
+    bool in_window =
+        row.age_seconds < st->cfg.same_key_window.count() && !row.path.empty() && !row.body.empty();
+    // A `reserved` row left behind by a proxy that died may never have reached Stripe: look before replaying
+    // it (a replay would execute a request its client may have given up on).
+    bool searchable = !row.customer.empty() && row.body.find(std::string(vault_tag_key)) != std::string::npos;
+    if (!in_window || (row.state == "reserved" && searchable)) {
+        co_await search(st, std::move(row));
+        co_return;
+    }
+    co_await replay(st, std::move(row));
+}
+
+net::awaitable<std::size_t> run_resolve_once(state_ptr st) {
+    auto rows = co_await st->store.due(st->cfg.stale_reserved, st->cfg.resolve_batch);
+    if (!rows) {
+        st->log.warn("vault resolver: cannot read reservations", {{"error", rows.err().describe()}});
+        co_return 0;
+    }
+    for (auto& row : *rows) co_await resolve_row(st, std::move(row));
+    co_return rows->size();
+}
+
+net::awaitable<void> resolver_loop(state_ptr st) {
+    while (!st->stopping) {
+        std::size_t looked = co_await run_resolve_once(st);
+        (void)looked;
+        bool more = co_await nap(st, st->cfg.resolve_interval);
+        if (!more) break;
+    }
+}
+
+net::awaitable<bool> run_flush(state_ptr st) {
+    while (!st->audit.empty()) {
+        std::size_t n = std::min<std::size_t>(st->audit.size(), 1000);
+        std::vector<audit_row> batch(
+            std::make_move_iterator(st->audit.begin()),
+            std::make_move_iterator(st->audit.begin() + static_cast<std::ptrdiff_t>(n)));
+        st->audit.erase(st->audit.begin(), st->audit.begin() + static_cast<std::ptrdiff_t>(n));
+        auto copy = batch;
+        auto r = co_await st->store.write_audit(std::move(batch));
+        if (!r) {
+            // Back to the front, in order; the queue limit drops the oldest if PostgreSQL stays away.
+            for (auto it = copy.rbegin(); it != copy.rend(); ++it) st->audit.push_front(std::move(*it));
+            while (st->audit.size() > st->cfg.audit_queue_limit) {
+                st->audit.pop_front();
+                st->audit_dropped->Increment();
+            }
+            st->log.warn("vault audit: cannot write",
+                         {{"queued", st->audit.size()}, {"error", r.err().describe()}});
+            co_return false;
+        }
+        st->audit_written->Increment(static_cast<double>(n));
+    }
+    co_return true;
+}
+
+net::awaitable<void> audit_loop(state_ptr st) {
+    while (!st->stopping) {
+        bool ok = co_await run_flush(st);
+        ms pause = ok ? st->cfg.audit_flush_interval : ms(500);
+        bool more = co_await nap(st, pause);
+        if (!more) break;
+    }
+}
+
+net::awaitable<void> refresh_gauges(state_ptr st) {
+    auto usage = co_await st->store.usage();
+    if (usage) {
+        for (const auto& u : *usage) {
+            if (!u.key.usable) continue;
+            double ratio = u.key.cap_cents > 0
+                               ? static_cast<double>(u.committed()) / static_cast<double>(u.key.cap_cents)
+                               : 0.0;
+            st->utilisation->Add({{"key", u.key.id}}).Set(ratio);
+        }
+    }
+    auto states = co_await st->store.reservations_by_state();
+    if (states) {
+        for (std::string_view s : {"reserved", "settled", "released", "uncertain"}) {
+            std::int64_t n = 0;
+            for (const auto& [name, count] : *states)
+                if (name == s) n = count;
+            st->reservations->Add({{"state", std::string(s)}}).Set(static_cast<double>(n));
+        }
+    }
+}
+
+net::awaitable<void> gauge_loop(state_ptr st) {
+    while (!st->stopping) {
+        co_await refresh_gauges(st);
+        bool more = co_await nap(st, st->cfg.gauge_interval);
+        if (!more) break;
+    }
+}
+
+// DNS + TCP + TLS handshake with certificate verification, on the offload executor.
+net::awaitable<std::string> probe_once(std::shared_ptr<asio::ssl::context> tls, http::origin o, ms timeout) {
+    auto ex = co_await asio::this_coro::executor;
+    http::client_connection c(ex, o.tls ? tls : nullptr);
+    auto r = co_await net::with_timeout(c.connect(o, timeout), timeout);
+    if (!r) co_return "connect timed out after " + net::describe_timeout(timeout);
+    if (!*r) co_return r->err().describe();
+    co_return std::string();
+}
+
+net::awaitable<void> probe_loop(state_ptr st) {
+    auto o = st->upstreams.front()->target();
+    while (!st->stopping) {
+        auto why = co_await asio::co_spawn(st->offload, probe_once(st->tls, o, st->cfg.connect_timeout),
+                                           asio::use_awaitable);
+        {
+            std::lock_guard lock(st->probe_mu);
+            st->upstream_ok = why.empty();
+            st->upstream_detail = why.empty() ? o.to_string() + " reachable" : o.to_string() + ": " + why;
+        }
+        bool more = co_await nap(st, st->cfg.upstream_probe_interval);
+        if (!more) break;
+    }
+}
+
+}  // namespace
+
+net::awaitable<bool> nap(std::shared_ptr<proxy::state> st, std::chrono::steady_clock::duration d) {
+    if (st->stopping) co_return false;
+    net::steady_timer t(st->main, d);
+    st->sleepers.insert(&t);
+    co_await t.async_wait();
+    st->sleepers.erase(&t);
+    co_return !st->stopping;
+}
+
+void proxy::start() {
+    if (st_->started) return;
+    st_->started = true;
+    spawn_logged(st_, resolver_loop(st_), "resolver");
+    spawn_logged(st_, audit_loop(st_), "audit");
+    spawn_logged(st_, gauge_loop(st_), "gauges");
+    spawn_logged(st_, probe_loop(st_), "upstream_probe");
+}
+
+net::awaitable<void> proxy::stop() {
+    st_->stopping = true;
+    for (auto* t : st_->sleepers) t->cancel();
+    // The tasks end at their next check (a resolver pass or a probe in progress finishes first, bounded by
+    // the upstream timeouts).
+    if (st_->running > 0) {
+        net::steady_timer done(st_->main, std::chrono::steady_clock::time_point::max());
+        st_->all_stopped = &done;
+        co_await done.async_wait();
+        st_->all_stopped = nullptr;
+    }
+    co_await run_flush(st_);
+}
+
+void proxy::add_readiness(metrics::health& h) {
+    h.add_readiness("upstream", [st = st_]() {
+        std::lock_guard lock(st->probe_mu);
+        return metrics::check_status{st->upstream_ok, st->upstream_detail};
+    });
+}
+
+net::awaitable<std::size_t> proxy::resolve_once() {
+    co_return co_await run_resolve_once(st_);
+}
+net::awaitable<bool> proxy::flush_audit() {
+    co_return co_await run_flush(st_);
+}
+
+}  // namespace cg::vault

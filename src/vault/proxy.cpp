@@ -1,0 +1,496 @@
+#include "vault/proxy.hpp"
+
+#include <array>
+#include <asio/co_spawn.hpp>
+#include <cstdio>
+
+#include "net/tls.hpp"
+#include "vault/proxy_state.hpp"
+#include "vault/secret.hpp"
+
+namespace cg::vault {
+namespace {
+
+using clock = std::chrono::steady_clock;
+using state_ptr = std::shared_ptr<proxy::state>;
+
+double seconds_since(clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+}
+
+// Request headers a client may send on to Stripe. Everything else stays behind: Authorization (the vault
+// key), Stripe-Account (a vault key spends the platform's own account, never a connected one), cookies,
+// proxies' headers.
+constexpr std::array<std::string_view, 6> forwarded_request_headers{
+    "Content-Type",    "Accept",     "Stripe-Version",
+    "Idempotency-Key", "User-Agent", "X-Stripe-Client-User-Agent"};
+
+// Response headers that describe the hop, not the answer.
+bool hop_by_hop(std::string_view name) {
+    for (std::string_view h : {"Connection", "Keep-Alive", "Transfer-Encoding", "Content-Length",
+                               "Proxy-Connection", "Upgrade", "TE", "Trailer"})
+        if (iequals(name, h)) return true;
+    return false;
+}
+
+// What one request came to, filled in as the handler goes and written as its audit row.
+struct ledger_line {
+    audit_row row;
+    clock::time_point started = clock::now();
+    double upstream_seconds = 0;
+};
+
+std::string next_request_id(proxy::state& st) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "req_vault_%08llx", static_cast<unsigned long long>(++st.next_request_id));
+    return buf;
+}
+
+// A Stripe-shaped refusal. `retry`: Stripe-Should-Retry (the SDKs obey it; absent → their defaults).
+http::response refuse(proxy::state& st, const refusal& r, std::optional<bool> retry) {
+    auto resp = http::make_response(r.status, error_body(r), "application/json");
+    resp.headers.add("Request-Id", next_request_id(st));
+    if (retry) resp.headers.add("Stripe-Should-Retry", *retry ? "true" : "false");
+    return resp;
+}
+
+// Ends the request: counts the outcome, queues the audit row, observes the latencies.
+http::response finish(proxy::state& st, ledger_line& l, std::string outcome, http::response resp) {
+    l.row.outcome = std::move(outcome);
+    double total = seconds_since(l.started);
+    l.row.latency_ms = total * 1000.0;
+    st.count(l.row.outcome);
+    if (l.row.upstream_status || l.upstream_seconds > 0) {
+        st.upstream_latency->Observe(l.upstream_seconds);
+        st.added_latency->Observe(std::max(0.0, total - l.upstream_seconds));
+    }
+    st.queue_audit(std::move(l.row));
+    return resp;
+}
+
+http::response unavailable(proxy::state& st, ledger_line& l, const error& e) {
+    st.log.warn("vault proxy: PostgreSQL unavailable, nothing forwarded",
+                {{"path", l.row.path}, {"key_id", l.row.key_id.value_or("")}, {"error", e.describe()}});
+    refusal r{503,
+              "api_error",
+              "vault_unavailable",
+              "The spend-cap vault cannot reach its database; nothing was sent to Stripe. Retry later.",
+              {}};
+    return finish(st, l, "unavailable", refuse(st, r, true));
+}
+
+// The upstream request: the client's method, target and body with the real key.
+http::request upstream_request(const proxy::state& st, const http::request& req, std::string body) {
+    http::request up;
+    up.method = req.method;
+    up.target = req.target;
+    up.body = std::move(body);
+    up.headers.add("Authorization", "Bearer " + st.cfg.upstream_key);
+    for (auto name : forwarded_request_headers)
+        if (auto v = req.headers.get(name)) up.headers.add(std::string(name), std::string(*v));
+    if (up.method == "POST" && !up.headers.has("Content-Type"))
+        up.headers.add("Content-Type", "application/x-www-form-urlencoded");
+    return up;
+}
+
+// Stripe's answer as the client gets it: status, body and every end-to-end header (Request-Id,
+// Idempotent-Replayed, Original-Request, Stripe-Should-Retry, …).
+http::response relay(const http::response& up) {
+    http::response out;
+    out.status = up.status;
+    out.reason = up.reason;
+    out.body = up.body;
+    for (const auto& [k, v] : up.headers)
+        if (!hop_by_hop(k)) out.headers.add(k, v);
+    return out;
+}
+
+// A transport failure as the client sees it: 502 when nothing reached Stripe (safe to retry), 504 when the
+// request went out and no answer came (retry with the same Idempotency-Key: Stripe replays or executes once).
+http::response transport_failure(proxy::state& st, const http::client_result& r) {
+    refusal e;
+    e.type = "api_error";
+    if (r.request_sent) {
+        e.status = 504;
+        e.code = "upstream_timeout";
+        e.message =
+            "Stripe did not answer in time; the request may have been executed. Retry with the same "
+            "Idempotency-Key.";
+    } else {
+        e.status = 502;
+        e.code = "upstream_unreachable";
+        e.message = "Stripe could not be reached; nothing was sent.";
+    }
+    return refuse(st, e, true);
+}
+
+net::awaitable<http::client_result> forward(state_ptr st, http::request up, ledger_line& l) {
+    auto t0 = clock::now();
+    auto* client = st->upstreams[st->next_upstream++ % st->upstreams.size()].get();
+    auto r = co_await client->request(std::move(up));
+    l.upstream_seconds = seconds_since(t0);
+    if (r.ok()) {
+        l.row.upstream_status = r.resp.status;
+        if (auto id = r.resp.headers.get("Request-Id")) l.row.request_id = std::string(*id);
+    }
+    co_return r;
+}
+
+// A GET the key may make: forwarded as it is, no accounting.
+net::awaitable<http::response> forward_read(state_ptr st, http::request& req, ledger_line& l) {
+    auto r = co_await forward(st, upstream_request(*st, req, {}), l);
+    if (!r.ok()) co_return finish(*st, l, "upstream_failed", transport_failure(*st, r));
+    co_return finish(*st, l, "read", relay(r.resp));
+}
+
+// After a create came back: move the reservation. Only the request that made (or re-made) the reservation
+// owns it; a retry of a row still in flight or unresolved only settles it on a 2xx (the same answer the
+// owner gets from Stripe's replay). Returns the audit outcome.
+net::awaitable<std::string> account(state_ptr st, reserve_result res, std::string key_id, std::string idem,
+                                    const http::client_result& r) {
+    int status = r.ok() ? r.resp.status : 0;
+    auto how = settlement_for(status, r.request_sent);
+    std::string why = r.ok() ? "HTTP " + std::to_string(status) : r.err.describe();
+    result<bool> moved = false;
+    std::string outcome;
+    if (how == settlement::settle) {
+        auto id = object_id(r.resp.body).value_or("unknown");
+        if (res.owner() || res.state == "uncertain" || res.state == "reserved")
+            moved = co_await st->store.settle(key_id, idem, id);
+        outcome = res.owner() ? "settled" : "retry_forwarded";
+    } else if (!res.owner()) {
+        outcome = "retry_forwarded";
+    } else if (how == settlement::release) {
+        moved = co_await st->store.release(key_id, idem, why);
+        outcome = r.ok() ? "released" : "upstream_unreachable";
+    } else {
+        moved = co_await st->store.mark_uncertain(key_id, idem, why, st->cfg.first_resolve_delay);
+        outcome = "uncertain";
+    }
+    if (!moved)
+        // The row keeps counting as it was (reserved); the resolver picks it up once it is stale.
+        st->log.error("vault proxy: cannot record the answer; the resolver will settle it",
+                      {{"key_id", key_id},
+                       {"idempotency_key", idem},
+                       {"answer", why},
+                       {"error", moved.err().describe()}});
+    co_return outcome;
+}
+
+// Drains one key's queue: everything waiting goes to PostgreSQL as one cg_vault_reserve_many call (one lock
+// acquisition, one transaction, in arrival order); what arrives meanwhile forms the next batch. A request
+// alone pays nothing for this: it is the whole batch.
+net::awaitable<void> drain_reservations(state_ptr st, std::string key_id) {
+    constexpr std::size_t max_batch = 256;
+    for (;;) {
+        auto& q = st->reserve_queues[key_id];
+        if (q.waiting.empty()) {
+            st->reserve_queues.erase(key_id);
+            co_return;
+        }
+        std::vector<proxy::state::pending_reserve*> batch;
+        while (!q.waiting.empty() && batch.size() < max_batch) {
+            batch.push_back(q.waiting.front());
+            q.waiting.pop_front();
+        }
+        std::vector<reserve_request> reqs;
+        reqs.reserve(batch.size());
+        for (auto* p : batch) reqs.push_back(p->req);
+        result<std::vector<reserve_result>> r = error(core_errc::io_error, "not run");
+        try {
+            r = co_await st->store.reserve_many(std::move(reqs));
+        } catch (const std::exception& e) {
+            // A broken invariant (schema and code disagree): every waiter fails rather than hangs.
+            st->log.error("vault proxy: reservation batch failed", {{"key_id", key_id}, {"error", e.what()}});
+            r = error(core_errc::io_error, e.what());
+        }
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            if (r)
+                batch[i]->out.emplace((*r)[i]);
+            else
+                batch[i]->out.emplace(r.err());
+            batch[i]->wake->cancel();
+        }
+    }
+}
+
+// The atomic find-or-reserve step for one create, batched with the other creates of its key.
+net::awaitable<result<reserve_result>> reserve_batched(state_ptr st, reserve_request rq) {
+    net::steady_timer wake(st->main, clock::time_point::max());
+    proxy::state::pending_reserve p;
+    p.req = std::move(rq);
+    p.wake = &wake;
+    std::string key_id = p.req.key_id;
+    auto& q = st->reserve_queues[key_id];
+    q.waiting.push_back(&p);
+    if (!q.draining) {
+        q.draining = true;
+        asio::co_spawn(st->main, drain_reservations(st, key_id), [log = st->log](std::exception_ptr e) {
+            if (!e) return;
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::exception& x) {
+                log.error("vault proxy: reservation drain failed", {{"error", x.what()}});
+            }
+        });
+    }
+    while (!p.out) co_await wake.async_wait();
+    co_return std::move(*p.out);
+}
+
+net::awaitable<http::response> forward_create(state_ptr st, http::request& req, ledger_line& l,
+                                              const key_record& key) {
+    if (req.body.size() > st->cfg.max_body_bytes)
+        co_return finish(
+            *st, l, "too_large",
+            refuse(*st,
+                   {413,
+                    "invalid_request_error",
+                    "request_too_large",
+                    "The request body exceeds " + std::to_string(st->cfg.max_body_bytes) + " bytes.",
+                    {}},
+                   false));
+    auto idem = req.headers.get("Idempotency-Key").value_or("");
+    if (idem.empty() || idem.size() > 255)
+        co_return finish(
+            *st, l, "bad_request",
+            refuse(*st,
+                   {400, "invalid_request_error", "idempotency_key_required",
+                    "The vault requires an Idempotency-Key header (1 to 255 characters) on every "
+                    "POST, so a retry can never charge or count twice.",
+                    "Idempotency-Key"},
+                   false));
+    l.row.idempotency_key = std::string(idem);
+    auto parsed = parse_create(req.body, key.currency);
+    if (auto* bad = std::get_if<refusal>(&parsed))
+        co_return finish(*st, l, "bad_request", refuse(*st, *bad, false));
+    auto& p = std::get<create_params>(parsed);
+    l.row.amount_cents = p.amount;
+    std::string body = with_vault_tag(req.body, idem, p);
+
+    reserve_request rq;
+    rq.key_id = key.id;
+    rq.idempotency_key = std::string(idem);
+    rq.amount_cents = p.amount;
+    rq.path = std::string(req.path());
+    rq.body = body;
+    rq.customer = p.customer;
+    rq.same_key_window = st->cfg.same_key_window;
+    auto res = co_await reserve_batched(st, std::move(rq));
+    if (!res) co_return unavailable(*st, l, res.err());
+    if (res->cap_cents > 0 || res->outcome != reserve_outcome::key_unusable)
+        st->utilisation->Add({{"key", key.id}})
+            .Set(res->cap_cents > 0
+                     ? static_cast<double>(res->committed_cents) / static_cast<double>(res->cap_cents)
+                     : 0.0);
+    switch (res->outcome) {
+        case reserve_outcome::key_unusable:
+            co_return finish(*st, l, "unauthenticated",
+                             refuse(*st,
+                                    {401,
+                                     "authentication_error",
+                                     "api_key_expired",
+                                     "This vault key has been revoked or has expired.",
+                                     {}},
+                                    false));
+        case reserve_outcome::cap_exceeded: {
+            // 402 with type invalid_request_error and code spend_cap_exceeded. stripe-node (pinned 23.1.0)
+            // picks the error class from the status alone (402 → StripeCardError), so `type` only decides
+            // what callers branching on err.rawType see: card_error would tell them "the customer's card
+            // failed" and start dunning (ask the customer for a new card) for what is our own budget;
+            // invalid_request_error says "this request cannot succeed as sent", and err.code ===
+            // 'spend_cap_exceeded' names why. chargeguard's own client maps 402 + spend_cap_exceeded to
+            // cap_blocked whatever the type.
+            std::string msg = "This request would take the vault key's spend past its cap of " +
+                              std::to_string(res->cap_cents) + " " + key.currency + " (" +
+                              std::to_string(res->committed_cents) +
+                              " already committed); Stripe was not contacted.";
+            co_return finish(
+                *st, l, "cap_exceeded",
+                refuse(*st, {402, "invalid_request_error", "spend_cap_exceeded", msg, "amount"}, false));
+        }
+        case reserve_outcome::amount_mismatch:
+            co_return finish(
+                *st, l, "bad_request",
+                refuse(*st,
+                       {400,
+                        "idempotency_error",
+                        "",
+                        "Keys for idempotent requests can only be used with the same parameters they "
+                        "were first used with (the vault recorded another amount for this key).",
+                        {}},
+                       false));
+        case reserve_outcome::key_expired:
+            co_return finish(*st, l, "bad_request",
+                             refuse(*st,
+                                    {400,
+                                     "idempotency_error",
+                                     "idempotency_key_expired",
+                                     "This Idempotency-Key was first used more than " +
+                                         std::to_string(st->cfg.same_key_window.count() / 3600) +
+                                         " hours ago; Stripe may have forgotten it. Use a new key.",
+                                     {}},
+                                    false));
+        default:
+            break;
+    }
+    auto r = co_await forward(st, upstream_request(*st, req, body), l);
+    std::string outcome = co_await account(st, *res, key.id, std::string(idem), r);
+    if (!r.ok()) co_return finish(*st, l, outcome, transport_failure(*st, r));
+    co_return finish(*st, l, outcome, relay(r.resp));
+}
+
+// The presented vault secret: "Authorization: Bearer cgvk_…", what the SDKs send.
+std::string presented_secret(const http::request& req) {
+    auto h = req.headers.get("Authorization").value_or("");
+    if (h.size() > 7 && iequals(h.substr(0, 7), "Bearer ")) return std::string(h.substr(7));
+    return {};
+}
+
+// The key's row, from the cache when it is younger than key_cache_ttl.
+net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id) {
+    auto now = clock::now();
+    if (st->cfg.key_cache_ttl.count() > 0) {
+        if (auto it = st->keys.find(id);
+            it != st->keys.end() && now - it->second.fetched < st->cfg.key_cache_ttl)
+            co_return std::optional<key_record>(it->second.key);
+    }
+    auto r = co_await st->store.find_key(id);
+    if (r && *r && st->cfg.key_cache_ttl.count() > 0) {
+        if (st->keys.size() >= 10'000) st->keys.clear();  // bounded: only real keys get here, but be safe
+        st->keys[id] = proxy::state::cached_key{**r, now};
+    }
+    co_return r;
+}
+
+net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
+    ledger_line l;
+    l.row.method = req.method.empty() ? "?" : req.method;
+    l.row.path = req.path().empty() ? "/" : std::string(req.path());
+    if (!l.row.path.starts_with("/v1/"))
+        co_return finish(*st, l, "not_found",
+                         refuse(*st,
+                                {404,
+                                 "invalid_request_error",
+                                 "",
+                                 "Unrecognized request URL (" + req.method + ": " + l.row.path + ").",
+                                 {}},
+                                false));
+    auto secret = presented_secret(req);
+    auto id = secret_id(secret);
+    refusal unauth{
+        401, "authentication_error", "", "Invalid vault key provided: " + redact_secret(secret), {}};
+    if (!id) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
+    auto key = co_await find_key(st, *id);
+    if (!key) co_return unavailable(*st, l, key.err());
+    if (!*key) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
+    // A wrong secret for a real id is audited under that id: someone is guessing that key.
+    l.row.key_id = (*key)->id;
+    if (!verify_secret(secret, (*key)->secret_hash))
+        co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
+    if (!(*key)->usable)
+        co_return finish(*st, l, "unauthenticated",
+                         refuse(*st,
+                                {401,
+                                 "authentication_error",
+                                 "api_key_expired",
+                                 "This vault key has been revoked or has expired.",
+                                 {}},
+                                false));
+    auto op = operation_for(req.method, req.path());
+    if (op.name.empty() || !(*key)->allows(op.name)) {
+        std::string what = op.name.empty() ? req.method + " " + l.row.path : op.name;
+        co_return finish(
+            *st, l, "forbidden",
+            refuse(*st, {403, "permission_error", "", "This vault key does not allow " + what + ".", {}},
+                   false));
+    }
+    if (!op.creates) co_return co_await forward_read(st, req, l);
+    co_return co_await forward_create(st, req, l, **key);
+}
+
+}  // namespace
+
+void proxy::state::queue_audit(audit_row row) {
+    if (audit.size() >= cfg.audit_queue_limit) {
+        audit.pop_front();
+        audit_dropped->Increment();
+    }
+    audit.push_back(std::move(row));
+}
+
+result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::any_io_executor offload,
+                                             proxy_config cfg, std::shared_ptr<pg::pool> pool, logger log,
+                                             metrics::registry& reg) {
+    if (cfg.upstream_key.empty()) return error(core_errc::invalid_argument, "no upstream Stripe key");
+    if (secret_id(cfg.upstream_key))
+        return error(core_errc::invalid_argument, "the upstream key is a vault key, not a Stripe key");
+    auto st = std::make_shared<state>(main, offload, cfg, std::move(pool), log);
+    http::client_options o;
+    std::size_t n = std::max<std::size_t>(1, cfg.upstream_clients);
+    o.max_connections = std::max<std::size_t>(1, cfg.max_connections / n);
+    o.connect_timeout = cfg.connect_timeout;
+    o.request_timeout = cfg.request_timeout;
+    if (cfg.upstream.starts_with("https://")) {
+        auto tls = net::make_tls_client_context({cfg.ca_file});
+        if (!tls) return tls.err();
+        o.tls = *tls;
+        st->tls = *tls;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        auto up = http::client::create(offload, cfg.upstream, o, log);
+        if (!up) return error(core_errc::invalid_argument, "--upstream: " + up.err().message);
+        st->upstreams.push_back(std::move(*up));
+    }
+
+    stripe::client_config sc;
+    sc.api_base = cfg.upstream;
+    sc.api_key = cfg.upstream_key;
+    sc.ca_file = cfg.ca_file;
+    sc.stripe_version = cfg.stripe_version;
+    sc.max_connections = 4;
+    sc.connect_timeout = cfg.connect_timeout;
+    sc.request_timeout = cfg.request_timeout;
+    auto sc_client = stripe::client::create(offload, std::move(sc), log);
+    if (!sc_client) return sc_client.err();
+    st->stripe = std::move(*sc_client);
+
+    st->requests = &reg.counter("chargeguard_vault_requests_total", "Proxied requests by outcome");
+    st->resolutions = &reg.counter("chargeguard_vault_resolutions_total",
+                                   "Uncertain or abandoned reservations the resolver looked at, by result");
+    st->utilisation =
+        &reg.gauge("chargeguard_vault_cap_utilisation_ratio",
+                   "Committed spend (settled + reserved + uncertain) over the cap, per vault key");
+    st->reservations = &reg.gauge("chargeguard_vault_reservations", "vault_spend rows by state");
+    st->upstream_latency = &reg.histogram("chargeguard_vault_upstream_latency_seconds",
+                                          "Time from forwarding a request to Stripe's complete answer")
+                                .Add({}, metrics::latency_buckets());
+    st->added_latency = &reg.histogram("chargeguard_vault_added_latency_seconds",
+                                       "Time the proxy adds to a forwarded request (total minus upstream)")
+                             .Add({}, metrics::latency_buckets());
+    st->audit_dropped =
+        &reg.counter("chargeguard_vault_audit_dropped_total",
+                     "Audit rows dropped because PostgreSQL stayed unreachable and the queue was full")
+             .Add({});
+    st->audit_written = &reg.counter("chargeguard_vault_audit_written_total", "Audit rows written").Add({});
+    return std::unique_ptr<proxy>(new proxy(std::move(st)));
+}
+
+proxy::proxy(std::shared_ptr<state> st) : st_(std::move(st)) {}
+proxy::~proxy() = default;
+
+http::router proxy::routes() {
+    http::router r;
+    r.add_prefix("", "/", [this](http::request& q) { return handle(q); });
+    return r;
+}
+
+net::awaitable<http::response> proxy::handle(http::request& req) {
+    return run_handle(st_, req);
+}
+
+std::size_t proxy::audit_queued() const {
+    return st_->audit.size();
+}
+
+}  // namespace cg::vault

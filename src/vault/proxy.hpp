@@ -1,0 +1,106 @@
+// The spend-cap proxy: a Stripe-compatible surface for the endpoints a vault key may call. Per request it
+// authenticates the vault key, checks the key's allow list, and for a create (POST /v1/charges,
+// POST /v1/payment_intents) reserves the amount in one atomic step (vault::store::reserve) before forwarding
+// it with the real key; the answer goes back as Stripe gave it and settles, releases or leaves the
+// reservation uncertain. A background resolver settles uncertain rows by replaying them under the same
+// Idempotency-Key (inside Stripe's window) or by searching the customer's charges for the proxy's metadata
+// tag. Every request writes one audit row (batched, written in the background).
+//
+// Executors: the handler, the store calls, the resolver and the audit writer run on the main executor (the
+// pool's); the upstream HTTPS pool and the resolver's Stripe client run on the offload executor and their
+// results come back to the main loop. The real key lives only in `config::upstream_key` and the two clients'
+// request headers: never in a response, a log line or an audit row.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "core/log.hpp"
+#include "core/result.hpp"
+#include "http/client.hpp"
+#include "http/proto/message.hpp"
+#include "http/router.hpp"
+#include "metrics/health.hpp"
+#include "metrics/registry.hpp"
+#include "net/tokens.hpp"
+#include "pg/pool.hpp"
+#include "stripe/client.hpp"
+#include "vault/policy.hpp"
+#include "vault/store.hpp"
+
+namespace cg::vault {
+
+struct proxy_config {
+    std::string upstream = "https://api.stripe.com";
+    std::string upstream_key;          // the real Stripe key (sk_…/rk_…)
+    std::string ca_file;               // PEM bundle for the upstream; empty: system store
+    std::size_t max_connections = 64;  // to the upstream, over all clients
+    std::size_t upstream_clients = 2;  // HTTPS clients (one strand each) sharing the forwarded requests
+    std::chrono::milliseconds connect_timeout{5000};
+    std::chrono::milliseconds request_timeout{30000};
+    std::size_t max_body_bytes = 64 * 1024;  // larger create bodies → 413
+    // A retry under a key first used longer ago than this is refused (Stripe may have pruned the key).
+    std::chrono::seconds same_key_window{23 * 3600};
+    // Resolver: how often it looks, how many rows per look, after how long a `reserved` row counts as
+    // abandoned, the first delay after a row becomes uncertain, and the longest backoff between attempts.
+    std::chrono::milliseconds resolve_interval{5000};
+    int resolve_batch = 50;
+    std::chrono::milliseconds stale_reserved{120'000};
+    std::chrono::milliseconds first_resolve_delay{5000};
+    std::chrono::milliseconds max_resolve_backoff{600'000};
+    // Audit rows are written in batches this often (and at shutdown); at most this many wait in memory.
+    std::chrono::milliseconds audit_flush_interval{50};
+    std::size_t audit_queue_limit = 100'000;
+    // Gauges (cap utilisation per key, reservations by state) are refreshed this often.
+    std::chrono::milliseconds gauge_interval{5000};
+    // The upstream readiness probe (DNS + TCP + TLS handshake) runs this often.
+    std::chrono::milliseconds upstream_probe_interval{10'000};
+    std::string stripe_version = "2024-06-20";  // the resolver's requests (clients send their own)
+    // A key's row (hash, currency, allow list, revocation) is reused for this long before it is read again.
+    // Creates are unaffected: cg_vault_reserve re-checks revocation and expiry under the key's lock, so a
+    // revoked key cannot spend even inside the TTL; a read (GET) may pass for up to the TTL after a revoke.
+    // Zero: every request reads the row.
+    std::chrono::milliseconds key_cache_ttl{1000};
+};
+
+class proxy {
+  public:
+    // Builds the upstream clients (TLS context with verification). `pool` and `reg` must outlive the proxy.
+    static result<std::unique_ptr<proxy>> create(asio::any_io_executor main, asio::any_io_executor offload,
+                                                 proxy_config cfg, std::shared_ptr<pg::pool> pool, logger log,
+                                                 metrics::registry& reg);
+    ~proxy();
+    proxy(const proxy&) = delete;
+    proxy& operator=(const proxy&) = delete;
+
+    // Routes for the proxy's listener: everything goes to handle().
+    http::router routes();
+    // Answers one request (never throws for client, database or upstream failures). Runs on the main
+    // executor; `req` must outlive the call.
+    net::awaitable<http::response> handle(http::request& req);
+
+    // Starts the resolver, the audit writer, the gauge refresher and the upstream probe on the main executor.
+    void start();
+    // Stops the background tasks and writes the audit rows still queued (bounded by the pool's timeouts).
+    net::awaitable<void> stop();
+
+    // Readiness check "upstream": the last probe's result.
+    void add_readiness(metrics::health& h);
+
+    // One pass of the resolver (tests drive it directly). Returns rows looked at.
+    net::awaitable<std::size_t> resolve_once();
+    // Writes the queued audit rows now. Returns false if PostgreSQL refused (they stay queued).
+    net::awaitable<bool> flush_audit();
+    std::size_t audit_queued() const;
+
+    struct state;
+
+  private:
+    explicit proxy(std::shared_ptr<state> st);
+    std::shared_ptr<state> st_;
+};
+
+}  // namespace cg::vault

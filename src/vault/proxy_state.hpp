@@ -1,0 +1,87 @@
+// proxy::state, shared by proxy.cpp (the request handler) and background.cpp (resolver, audit writer,
+// gauges, upstream probe). Internal to the vault module.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include "net/tokens.hpp"
+#include "vault/proxy.hpp"
+
+namespace cg::vault {
+
+struct proxy::state {
+    asio::any_io_executor main;
+    asio::any_io_executor offload;
+    proxy_config cfg;
+    std::shared_ptr<pg::pool> pool;
+    vault::store store;
+    logger log;
+    // Forward requests (offload executor), round robin: each client is one strand, so one thread at a time
+    // does its TLS; several spread the work over the offload pool.
+    std::vector<std::unique_ptr<http::client>> upstreams;
+    std::size_t next_upstream = 0;
+    std::unique_ptr<stripe::client> stripe;   // the resolver's replays and searches (offload executor)
+    std::shared_ptr<asio::ssl::context> tls;  // the upstream probe's context
+
+    // Metrics (owned by the registry).
+    metrics::family<metrics::Counter>* requests = nullptr;
+    metrics::family<metrics::Counter>* resolutions = nullptr;
+    metrics::family<metrics::Gauge>* utilisation = nullptr;
+    metrics::family<metrics::Gauge>* reservations = nullptr;
+    metrics::Histogram* upstream_latency = nullptr;
+    metrics::Histogram* added_latency = nullptr;
+    metrics::Counter* audit_dropped = nullptr;
+    metrics::Counter* audit_written = nullptr;
+
+    // Main executor only.
+    std::deque<audit_row> audit;
+    bool stopping = false;
+    bool started = false;
+    std::set<net::steady_timer*> sleepers;
+    int running = 0;                           // background tasks not yet finished
+    net::steady_timer* all_stopped = nullptr;  // stop() waits on it until `running` is 0
+    std::uint64_t next_request_id = 0;
+    struct cached_key {
+        key_record key;
+        std::chrono::steady_clock::time_point fetched;
+    };
+    std::unordered_map<std::string, cached_key> keys;  // by id; only keys that exist
+    // Creates of one key waiting for the next cg_vault_reserve_many batch (see reserve_batched in proxy.cpp).
+    struct pending_reserve {
+        reserve_request req;
+        std::optional<result<reserve_result>> out;
+        net::steady_timer* wake = nullptr;
+    };
+    struct reserve_queue {
+        std::deque<pending_reserve*> waiting;
+        bool draining = false;
+    };
+    std::unordered_map<std::string, reserve_queue> reserve_queues;  // by key id
+
+    // Read by the readiness check from the health server's thread (the same main loop, but keep it simple).
+    std::mutex probe_mu;
+    bool upstream_ok = false;
+    std::string upstream_detail = "not probed yet";
+
+    state(asio::any_io_executor m, asio::any_io_executor o, proxy_config c, std::shared_ptr<pg::pool> p,
+          logger l)
+        : main(std::move(m)),
+          offload(std::move(o)),
+          cfg(std::move(c)),
+          pool(p),
+          store(std::move(p)),
+          log(std::move(l)) {}
+
+    void count(std::string_view outcome) { requests->Add({{"outcome", std::string(outcome)}}).Increment(); }
+    void queue_audit(audit_row row);
+};
+
+// Sleeps on the main executor; stop() wakes every sleeper. Returns false when woken by stop().
+net::awaitable<bool> nap(std::shared_ptr<proxy::state> st, std::chrono::steady_clock::duration d);
+
+}  // namespace cg::vault

@@ -1,0 +1,408 @@
+#include "vault/store.hpp"
+
+#include <algorithm>
+
+#include "pg/rows.hpp"
+
+namespace cg::vault {
+namespace {
+
+using ms = std::chrono::milliseconds;
+
+#define CG_KEY_COLUMNS                                                                                    \
+    "k.id, k.name, k.secret_hash, k.billing_period, k.cap_cents, k.currency, k.allowed_endpoints::text, " \
+    "k.expires_at, k.revoked_at, k.created_at, "                                                          \
+    "(k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()))"
+
+const std::string insert_key_sql =
+    "INSERT INTO vault_keys (id, name, secret_hash, billing_period, cap_cents, currency, allowed_endpoints, "
+    "expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7::text[], $8::timestamptz)";
+
+const std::string find_key_sql = "SELECT " CG_KEY_COLUMNS " FROM vault_keys k WHERE k.id = $1";
+
+const std::string usage_sql =
+    "SELECT " CG_KEY_COLUMNS
+    ", coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'settled'), 0)::bigint, "
+    "coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'reserved'), 0)::bigint, "
+    "coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'uncertain'), 0)::bigint, "
+    "coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'released'), 0)::bigint "
+    "FROM vault_keys k LEFT JOIN vault_spend s ON s.vault_key_id = k.id "
+    "WHERE $1::text IS NULL OR k.id = $1::text GROUP BY k.id ORDER BY k.created_at DESC, k.id";
+
+const std::string revoke_sql =
+    "UPDATE vault_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL";
+
+const std::string reserve_sql =
+    "SELECT outcome, state, coalesce(committed_cents, 0), coalesce(cap_cents, 0) "
+    "FROM cg_vault_reserve($1::text, $2::text, $3::bigint, $4::text, $5::text, $6::text, $7::bigint)";
+
+const std::string reserve_many_sql =
+    "SELECT ord, outcome, state, coalesce(committed_cents, 0), coalesce(cap_cents, 0) "
+    "FROM cg_vault_reserve_many($1::text, $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], "
+    "$7::bigint) "
+    "ORDER BY ord";
+
+const std::string settle_sql =
+    "UPDATE vault_spend SET state = 'settled', stripe_object_id = $3, next_resolve_at = NULL "
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state IN ('reserved', 'uncertain')";
+
+const std::string release_sql =
+    "UPDATE vault_spend SET state = 'released', last_error = $3, next_resolve_at = NULL "
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state IN ('reserved', 'uncertain')";
+
+const std::string uncertain_sql =
+    "UPDATE vault_spend SET state = 'uncertain', last_error = $3, "
+    "next_resolve_at = now() + $4::bigint * interval '1 millisecond' "
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state = 'reserved'";
+
+const std::string defer_sql =
+    "UPDATE vault_spend SET last_error = $3, resolve_attempts = resolve_attempts + 1, "
+    "next_resolve_at = now() + $4::bigint * interval '1 millisecond' "
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state IN ('reserved', 'uncertain')";
+
+const std::string due_sql =
+    "SELECT vault_key_id, idempotency_key, amount_cents, state, coalesce(request_path, ''), "
+    "coalesce(request_body, ''), coalesce(customer, ''), "
+    "extract(epoch FROM now() - reserved_at)::bigint, extract(epoch FROM reserved_at)::bigint, "
+    "resolve_attempts "
+    "FROM vault_spend WHERE state IN ('reserved', 'uncertain') AND ("
+    "(state = 'uncertain' AND (next_resolve_at IS NULL OR next_resolve_at <= now())) OR "
+    "(state = 'reserved' AND (next_resolve_at IS NULL OR next_resolve_at <= now()) "
+    " AND updated_at < now() - $1::bigint * interval '1 millisecond')) "
+    "ORDER BY next_resolve_at NULLS FIRST, updated_at LIMIT $2::int";
+
+const std::string audit_sql =
+    "INSERT INTO vault_audit (vault_key_id, method, path, amount_cents, idempotency_key, upstream_status, "
+    "outcome, latency_ms, request_id) "
+    "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::int[], "
+    "$7::text[], "
+    "$8::float8[], $9::text[])";
+
+const std::string recent_audit_sql =
+    "SELECT vault_key_id, method, path, amount_cents, idempotency_key, upstream_status, outcome, latency_ms, "
+    "request_id, at FROM vault_audit WHERE vault_key_id = $1 ORDER BY at DESC, id DESC LIMIT $2::int";
+
+const std::string by_state_sql = "SELECT state, count(*)::bigint FROM vault_spend GROUP BY state";
+
+#undef CG_KEY_COLUMNS
+
+net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std::string& sql, pg::params p) {
+    auto c = co_await pool->acquire();
+    if (!c) co_return c.err();
+    auto& conn = **c;
+    co_return co_await conn.query_with(sql, std::move(p), conn.options().query_timeout);
+}
+
+// {a,b,"c d"} → [a, b, c d]. Our names never need quoting, but PostgreSQL may quote anything.
+std::vector<std::string> parse_text_array(std::string_view s) {
+    std::vector<std::string> out;
+    if (s.size() < 2 || s.front() != '{' || s.back() != '}') return out;
+    s = s.substr(1, s.size() - 2);
+    std::string cur;
+    bool quoted = false, any = false;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        char c = s[i];
+        if (quoted) {
+            if (c == '\\' && i + 1 < s.size())
+                cur += s[++i];
+            else if (c == '"')
+                quoted = false;
+            else
+                cur += c;
+        } else if (c == '"') {
+            quoted = any = true;
+        } else if (c == ',') {
+            out.push_back(std::move(cur));
+            cur.clear();
+            any = false;
+        } else {
+            cur += c;
+            any = true;
+        }
+    }
+    if (any || !cur.empty() || !out.empty()) out.push_back(std::move(cur));
+    return out;
+}
+
+key_record decode_key(const pg::rows& r, std::size_t i) {
+    key_record k;
+    k.id = r.get<std::string>(i, 0);
+    k.name = r.get<std::string>(i, 1);
+    k.secret_hash = r.get<bytes>(i, 2);
+    k.billing_period = r.get<std::string>(i, 3);
+    k.cap_cents = r.get<std::int64_t>(i, 4);
+    k.currency = r.get<std::string>(i, 5);
+    k.allowed = parse_text_array(r.get<std::string_view>(i, 6));
+    k.expires_at = r.get<std::optional<pg::timestamp>>(i, 7);
+    k.revoked_at = r.get<std::optional<pg::timestamp>>(i, 8);
+    k.created_at = r.get<pg::timestamp>(i, 9);
+    k.usable = r.get<bool>(i, 10);
+    return k;
+}
+
+template <typename T, typename F>
+std::string array_of(const std::vector<audit_row>& rows, F f) {
+    std::string out = "{";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+        if (i) out += ',';
+        std::optional<T> v = f(rows[i]);
+        if (!v) {
+            out += "NULL";
+        } else if constexpr (std::is_same_v<T, std::string>) {
+            out += '"';
+            for (char c : *v) {
+                if (c == '"' || c == '\\') out += '\\';
+                out += c;
+            }
+            out += '"';
+        } else {
+            out += std::to_string(*v);
+        }
+    }
+    return out + "}";
+}
+
+}  // namespace
+
+bool key_record::allows(std::string_view op) const {
+    return std::find(allowed.begin(), allowed.end(), op) != allowed.end();
+}
+
+std::optional<reserve_outcome> parse_reserve_outcome(std::string_view s) {
+    if (s == "reserved") return reserve_outcome::reserved;
+    if (s == "rereserved") return reserve_outcome::rereserved;
+    if (s == "existing") return reserve_outcome::existing;
+    if (s == "cap_exceeded") return reserve_outcome::cap_exceeded;
+    if (s == "amount_mismatch") return reserve_outcome::amount_mismatch;
+    if (s == "key_expired") return reserve_outcome::key_expired;
+    if (s == "key_unusable") return reserve_outcome::key_unusable;
+    return std::nullopt;
+}
+
+std::string pg_text_array(const std::vector<std::optional<std::string>>& v) {
+    std::string out = "{";
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        if (i) out += ',';
+        if (!v[i]) {
+            out += "NULL";
+            continue;
+        }
+        out += '"';
+        for (char c : *v[i]) {
+            if (c == '"' || c == '\\') out += '\\';
+            out += c;
+        }
+        out += '"';
+    }
+    return out + "}";
+}
+
+net::awaitable<result<void>> store::insert_key(new_key k) {
+    std::vector<std::optional<std::string>> allowed(k.allowed.begin(), k.allowed.end());
+    pg::params p;
+    p.add(k.id).add(k.name).add(k.secret_hash).add(k.billing_period).add(k.cap_cents).add(k.currency);
+    p.add(pg_text_array(allowed)).add(k.expires_at);
+    auto r = co_await exec(pool_, insert_key_sql, std::move(p));
+    if (!r) co_return r.err();
+    co_return result<void>{};
+}
+
+net::awaitable<result<std::optional<key_record>>> store::find_key(std::string id) {
+    auto r = co_await exec(pool_, find_key_sql, pg::params(std::move(id)));
+    if (!r) co_return r.err();
+    if (r->empty()) co_return std::optional<key_record>();
+    co_return std::optional<key_record>(decode_key(*r, 0));
+}
+
+net::awaitable<result<std::vector<key_usage>>> store::usage(std::optional<std::string> id) {
+    auto r = co_await exec(pool_, usage_sql, pg::params(id));
+    if (!r) co_return r.err();
+    std::vector<key_usage> out;
+    for (std::size_t i = 0; i < r->size(); ++i) {
+        key_usage u;
+        u.key = decode_key(*r, i);
+        u.settled_cents = r->get<std::int64_t>(i, 11);
+        u.reserved_cents = r->get<std::int64_t>(i, 12);
+        u.uncertain_cents = r->get<std::int64_t>(i, 13);
+        u.released_cents = r->get<std::int64_t>(i, 14);
+        out.push_back(std::move(u));
+    }
+    co_return out;
+}
+
+net::awaitable<result<bool>> store::revoke(std::string id) {
+    auto r = co_await exec(pool_, revoke_sql, pg::params(std::move(id)));
+    if (!r) co_return r.err();
+    co_return r->affected() == 1;
+}
+
+net::awaitable<result<reserve_result>> store::reserve(reserve_request q) {
+    // Built outside the co_await: g++ 12 mis-destroys a conditional expression's temporary inside one.
+    std::optional<std::string> customer;
+    if (!q.customer.empty()) customer = q.customer;
+    pg::params p(q.key_id, q.idempotency_key, q.amount_cents, q.path, q.body, customer,
+                 static_cast<std::int64_t>(q.same_key_window.count()));
+    auto r = co_await exec(pool_, reserve_sql, std::move(p));
+    if (!r) co_return r.err();
+    if (r->size() != 1)
+        throw pg::column_error("cg_vault_reserve returned " + std::to_string(r->size()) + " rows");
+    auto o = parse_reserve_outcome(r->get<std::string_view>(0, 0));
+    if (!o) throw pg::column_error("cg_vault_reserve: unknown outcome " + r->get<std::string>(0, 0));
+    reserve_result out;
+    out.outcome = *o;
+    out.state = r->get<std::optional<std::string>>(0, 1).value_or("");
+    out.committed_cents = r->get<std::int64_t>(0, 2);
+    out.cap_cents = r->get<std::int64_t>(0, 3);
+    co_return out;
+}
+
+net::awaitable<result<std::vector<reserve_result>>> store::reserve_many(std::vector<reserve_request> rs) {
+    if (rs.empty()) co_return std::vector<reserve_result>{};
+    std::vector<std::optional<std::string>> idems, paths, bodies, customers;
+    std::string amounts = "{";
+    for (std::size_t i = 0; i < rs.size(); ++i) {
+        idems.emplace_back(rs[i].idempotency_key);
+        paths.emplace_back(rs[i].path);
+        bodies.emplace_back(rs[i].body);
+        if (rs[i].customer.empty())
+            customers.emplace_back(std::nullopt);
+        else
+            customers.emplace_back(rs[i].customer);
+        amounts += (i ? "," : "") + std::to_string(rs[i].amount_cents);
+    }
+    amounts += "}";
+    pg::params p;
+    p.add(rs[0].key_id)
+        .add(pg_text_array(idems))
+        .add(amounts)
+        .add(pg_text_array(paths))
+        .add(pg_text_array(bodies));
+    p.add(pg_text_array(customers)).add(static_cast<std::int64_t>(rs[0].same_key_window.count()));
+    auto r = co_await exec(pool_, reserve_many_sql, std::move(p));
+    if (!r) co_return r.err();
+    if (r->size() != rs.size())
+        throw pg::column_error("cg_vault_reserve_many returned " + std::to_string(r->size()) + " rows for " +
+                               std::to_string(rs.size()));
+    std::vector<reserve_result> out;
+    out.reserve(rs.size());
+    for (std::size_t i = 0; i < r->size(); ++i) {
+        auto o = parse_reserve_outcome(r->get<std::string_view>(i, 1));
+        if (!o) throw pg::column_error("cg_vault_reserve_many: unknown outcome " + r->get<std::string>(i, 1));
+        reserve_result one;
+        one.outcome = *o;
+        one.state = r->get<std::optional<std::string>>(i, 2).value_or("");
+        one.committed_cents = r->get<std::int64_t>(i, 3);
+        one.cap_cents = r->get<std::int64_t>(i, 4);
+        out.push_back(std::move(one));
+    }
+    co_return out;
+}
+
+net::awaitable<result<bool>> store::settle(std::string key_id, std::string idem, std::string object_id) {
+    auto r = co_await exec(pool_, settle_sql,
+                           pg::params(std::move(key_id), std::move(idem), std::move(object_id)));
+    if (!r) co_return r.err();
+    co_return r->affected() == 1;
+}
+
+net::awaitable<result<bool>> store::release(std::string key_id, std::string idem, std::string why) {
+    auto r =
+        co_await exec(pool_, release_sql, pg::params(std::move(key_id), std::move(idem), std::move(why)));
+    if (!r) co_return r.err();
+    co_return r->affected() == 1;
+}
+
+net::awaitable<result<bool>> store::mark_uncertain(std::string key_id, std::string idem, std::string why,
+                                                   ms retry_in) {
+    auto r = co_await exec(pool_, uncertain_sql,
+                           pg::params(std::move(key_id), std::move(idem), std::move(why),
+                                      static_cast<std::int64_t>(retry_in.count())));
+    if (!r) co_return r.err();
+    co_return r->affected() == 1;
+}
+
+net::awaitable<result<void>> store::defer(std::string key_id, std::string idem, std::string why,
+                                          ms retry_in) {
+    auto r = co_await exec(pool_, defer_sql,
+                           pg::params(std::move(key_id), std::move(idem), std::move(why),
+                                      static_cast<std::int64_t>(retry_in.count())));
+    if (!r) co_return r.err();
+    co_return result<void>{};
+}
+
+net::awaitable<result<std::vector<spend_row>>> store::due(ms stale_reserved, int limit) {
+    auto r =
+        co_await exec(pool_, due_sql, pg::params(static_cast<std::int64_t>(stale_reserved.count()), limit));
+    if (!r) co_return r.err();
+    std::vector<spend_row> out;
+    for (std::size_t i = 0; i < r->size(); ++i) {
+        spend_row s;
+        s.key_id = r->get<std::string>(i, 0);
+        s.idempotency_key = r->get<std::string>(i, 1);
+        s.amount_cents = r->get<std::int64_t>(i, 2);
+        s.state = r->get<std::string>(i, 3);
+        s.path = r->get<std::string>(i, 4);
+        s.body = r->get<std::string>(i, 5);
+        s.customer = r->get<std::string>(i, 6);
+        s.age_seconds = r->get<std::int64_t>(i, 7);
+        s.reserved_at_unix = r->get<std::int64_t>(i, 8);
+        s.resolve_attempts = r->get<std::int32_t>(i, 9);
+        out.push_back(std::move(s));
+    }
+    co_return out;
+}
+
+net::awaitable<result<void>> store::write_audit(std::vector<audit_row> rows) {
+    if (rows.empty()) co_return result<void>{};
+    pg::params p;
+    p.add(array_of<std::string>(rows, [](const audit_row& a) { return a.key_id; }));
+    p.add(
+        array_of<std::string>(rows, [](const audit_row& a) { return std::optional<std::string>(a.method); }));
+    p.add(array_of<std::string>(rows, [](const audit_row& a) { return std::optional<std::string>(a.path); }));
+    p.add(array_of<std::int64_t>(rows, [](const audit_row& a) { return a.amount_cents; }));
+    p.add(array_of<std::string>(rows, [](const audit_row& a) { return a.idempotency_key; }));
+    p.add(array_of<int>(rows, [](const audit_row& a) { return a.upstream_status; }));
+    p.add(array_of<std::string>(rows,
+                                [](const audit_row& a) { return std::optional<std::string>(a.outcome); }));
+    p.add(array_of<std::string>(rows, [](const audit_row& a) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.3f", a.latency_ms);
+        return std::optional<std::string>(buf);
+    }));
+    p.add(array_of<std::string>(rows, [](const audit_row& a) { return a.request_id; }));
+    auto r = co_await exec(pool_, audit_sql, std::move(p));
+    if (!r) co_return r.err();
+    co_return result<void>{};
+}
+
+net::awaitable<result<std::vector<audit_row>>> store::recent_audit(std::string key_id, int limit) {
+    auto r = co_await exec(pool_, recent_audit_sql, pg::params(std::move(key_id), limit));
+    if (!r) co_return r.err();
+    std::vector<audit_row> out;
+    for (std::size_t i = 0; i < r->size(); ++i) {
+        audit_row a;
+        a.key_id = r->get<std::optional<std::string>>(i, 0);
+        a.method = r->get<std::string>(i, 1);
+        a.path = r->get<std::string>(i, 2);
+        a.amount_cents = r->get<std::optional<std::int64_t>>(i, 3);
+        a.idempotency_key = r->get<std::optional<std::string>>(i, 4);
+        if (auto s = r->get<std::optional<std::int32_t>>(i, 5)) a.upstream_status = *s;
+        a.outcome = r->get<std::string>(i, 6);
+        a.latency_ms = std::stod(r->get<std::string>(i, 7));
+        a.request_id = r->get<std::optional<std::string>>(i, 8);
+        a.at = r->get<pg::timestamp>(i, 9);
+        out.push_back(std::move(a));
+    }
+    co_return out;
+}
+
+net::awaitable<result<std::vector<std::pair<std::string, std::int64_t>>>> store::reservations_by_state() {
+    auto r = co_await exec(pool_, by_state_sql, pg::params());
+    if (!r) co_return r.err();
+    std::vector<std::pair<std::string, std::int64_t>> out;
+    for (std::size_t i = 0; i < r->size(); ++i)
+        out.emplace_back(r->get<std::string>(i, 0), r->get<std::int64_t>(i, 1));
+    co_return out;
+}
+
+}  // namespace cg::vault

@@ -1,0 +1,159 @@
+// The vault's SQL (DESIGN.md §5, migrations 0003 and 0004): keys, the atomic find-or-reserve step and the
+// state changes of a reservation, the resolver's work list, the audit trail. Every call takes one pooled
+// connection for one statement (or one batch) and gives it back.
+//
+// Executors: call and complete on the pool's executor (the main loop). Errors: pg::errc codes (errc::
+// unavailable when PostgreSQL cannot be reached). The pool must outlive every call.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/bytes.hpp"
+#include "core/result.hpp"
+#include "net/tokens.hpp"
+#include "pg/pool.hpp"
+#include "pg/types.hpp"
+
+namespace cg::vault {
+
+struct new_key {
+    std::string id;
+    std::string name;
+    bytes secret_hash;
+    std::string billing_period;
+    std::int64_t cap_cents = 0;
+    std::string currency;
+    std::vector<std::string> allowed;
+    std::optional<std::string> expires_at;  // RFC 3339 text; PostgreSQL parses it
+};
+
+struct key_record {
+    std::string id;
+    std::string name;
+    bytes secret_hash;
+    std::string billing_period;
+    std::int64_t cap_cents = 0;
+    std::string currency;
+    std::vector<std::string> allowed;
+    std::optional<pg::timestamp> expires_at;
+    std::optional<pg::timestamp> revoked_at;
+    pg::timestamp created_at{};
+    bool usable = false;  // not revoked, not expired (database clock)
+    bool allows(std::string_view op) const;
+};
+
+struct key_usage {
+    key_record key;
+    std::int64_t settled_cents = 0, reserved_cents = 0, uncertain_cents = 0, released_cents = 0;
+    std::int64_t committed() const { return settled_cents + reserved_cents + uncertain_cents; }
+};
+
+enum class reserve_outcome {
+    reserved,
+    rereserved,
+    existing,
+    cap_exceeded,
+    amount_mismatch,
+    key_expired,
+    key_unusable
+};
+std::optional<reserve_outcome> parse_reserve_outcome(std::string_view s);
+
+struct reserve_result {
+    reserve_outcome outcome = reserve_outcome::key_unusable;
+    std::string state;  // the row's state (existing) or "reserved"
+    std::int64_t committed_cents = 0;
+    std::int64_t cap_cents = 0;
+    bool owner() const {
+        return outcome == reserve_outcome::reserved || outcome == reserve_outcome::rereserved;
+    }
+};
+
+struct reserve_request {
+    std::string key_id;
+    std::string idempotency_key;
+    std::int64_t amount_cents = 0;
+    std::string path;
+    std::string body;  // as forwarded (no header, no secret)
+    std::string customer;
+    std::chrono::seconds same_key_window{23 * 3600};
+};
+
+// A reservation the resolver should look at.
+struct spend_row {
+    std::string key_id;
+    std::string idempotency_key;
+    std::int64_t amount_cents = 0;
+    std::string state;
+    std::string path;
+    std::string body;
+    std::string customer;
+    std::int64_t age_seconds = 0;       // since reserved_at (database clock)
+    std::int64_t reserved_at_unix = 0;  // for the charge search's created[gte]
+    std::int32_t resolve_attempts = 0;
+};
+
+struct audit_row {
+    std::optional<std::string> key_id;
+    std::string method;
+    std::string path;
+    std::optional<std::int64_t> amount_cents;
+    std::optional<std::string> idempotency_key;
+    std::optional<int> upstream_status;
+    std::string outcome;
+    double latency_ms = 0;
+    std::optional<std::string> request_id;
+    std::optional<pg::timestamp> at;  // read back only
+};
+
+class store {
+  public:
+    explicit store(std::shared_ptr<pg::pool> pool) : pool_(std::move(pool)) {}
+
+    // Inserts a key. A primary-key clash (an id already taken) is pg::errc::unique_violation.
+    net::awaitable<result<void>> insert_key(new_key k);
+    net::awaitable<result<std::optional<key_record>>> find_key(std::string id);
+    // Every key (newest first) or one, with what it has spent.
+    net::awaitable<result<std::vector<key_usage>>> usage(std::optional<std::string> id = std::nullopt);
+    // Sets revoked_at; false when there is no such key or it was revoked already.
+    net::awaitable<result<bool>> revoke(std::string id);
+
+    // The atomic find-or-reserve step (cg_vault_reserve).
+    net::awaitable<result<reserve_result>> reserve(reserve_request r);
+    // The same step for several requests of one key (all `rs` share rs[0].key_id and the window), in one
+    // transaction, in order. One result per request, in the same order.
+    net::awaitable<result<std::vector<reserve_result>>> reserve_many(std::vector<reserve_request> rs);
+    // reserved/uncertain → settled. False when the row was in neither state.
+    net::awaitable<result<bool>> settle(std::string key_id, std::string idem, std::string object_id);
+    // reserved/uncertain → released.
+    net::awaitable<result<bool>> release(std::string key_id, std::string idem, std::string why);
+    // reserved → uncertain, due for the resolver after `retry_in`.
+    net::awaitable<result<bool>> mark_uncertain(std::string key_id, std::string idem, std::string why,
+                                                std::chrono::milliseconds retry_in);
+    // Keeps the row as it is, due again after `retry_in`; counts an attempt.
+    net::awaitable<result<void>> defer(std::string key_id, std::string idem, std::string why,
+                                       std::chrono::milliseconds retry_in);
+    // Rows due: uncertain and due, or reserved and untouched for `stale_reserved` (a proxy died mid-call).
+    net::awaitable<result<std::vector<spend_row>>> due(std::chrono::milliseconds stale_reserved, int limit);
+
+    // One multi-row INSERT.
+    net::awaitable<result<void>> write_audit(std::vector<audit_row> rows);
+    // A key's last `limit` audit rows, newest first.
+    net::awaitable<result<std::vector<audit_row>>> recent_audit(std::string key_id, int limit);
+
+    // Number of vault_spend rows per state (for the reservations gauge).
+    net::awaitable<result<std::vector<std::pair<std::string, std::int64_t>>>> reservations_by_state();
+
+  private:
+    std::shared_ptr<pg::pool> pool_;
+};
+
+// PostgreSQL array literal of text values ({"a","b",NULL}), for unnest($n::text[]). Pure.
+std::string pg_text_array(const std::vector<std::optional<std::string>>& v);
+
+}  // namespace cg::vault

@@ -1,0 +1,346 @@
+// Benchmark: requests/s and added latency of `chargeguard proxy` (the real binary, a child process) against
+// calling fake-stripe directly, in the same run, at 1, 32 and 256 concurrent clients; plus the proxy's peak
+// RSS (VmHWM of the child).
+//
+//   direct:  load generator --HTTPS--> fake-stripe
+//   proxy:   load generator --HTTP (loopback sidecar)--> chargeguard proxy --HTTPS--> fake-stripe
+//
+// Every request is a POST /v1/charges with its own Idempotency-Key, so every proxied one is authenticated,
+// reserved in PostgreSQL (cg_vault_reserve), forwarded, settled and audited. Added latency = proxy − direct
+// at each percentile. Needs PGHOST (a scratch database is created and dropped).
+// Usage: vault_proxy CHARGEGUARD_EXE [CERT_DIR] [SECONDS]   (CERT_DIR defaults to $CG_TEST_CERTS)
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "http/client.hpp"
+#include "net/offload.hpp"
+#include "net/timeout.hpp"
+#include "net/tls.hpp"
+#include "support/process_usage.hpp"
+#include "tests/doubles/stripe/fake_stripe.hpp"
+#include "tests/integration/pg/support.hpp"
+
+extern char** environ;
+
+using namespace cg;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// The fake on its own thread and io_context, like a remote server.
+struct fake_thread {
+    asio::io_context io{1};
+    std::unique_ptr<fake::fake_stripe> fake;
+    std::thread t;
+    std::uint16_t port = 0;
+
+    explicit fake_thread(const std::string& certs) {
+        auto tls = net::make_tls_server_context({certs + "/server.pem", certs + "/server.key"});
+        if (!tls) throw std::runtime_error(tls.err().describe());
+        fake = std::make_unique<fake::fake_stripe>(io.get_executor(), *tls, logger(), 4096);
+        auto ep = fake->listen({"127.0.0.1", 0});
+        if (!ep) throw std::runtime_error(ep.err().describe());
+        port = ep->port();
+        fake->start();
+        t = std::thread([this] { io.run(); });
+    }
+    ~fake_thread() {
+        asio::post(io, [this] { fake->stop(); });
+        io.stop();
+        t.join();
+    }
+};
+
+// A child process with stdout/stderr in files.
+struct child {
+    pid_t pid = -1;
+    std::string out, err;
+    child(const std::vector<std::string>& args, const std::string& tag) {
+        out = "/tmp/cg-bench-" + tag + "-" + std::to_string(::getpid()) + ".out";
+        err = out.substr(0, out.size() - 4) + ".err";
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        std::vector<char*> argv;
+        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0)
+            throw std::runtime_error("spawn " + args[0]);
+        posix_spawn_file_actions_destroy(&fa);
+    }
+    int wait() {
+        int st = 0;
+        ::waitpid(pid, &st, 0);
+        pid = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    }
+    ~child() {
+        if (pid > 0) {
+            ::kill(pid, SIGTERM);
+            ::waitpid(pid, nullptr, 0);
+        }
+        ::unlink(out.c_str());
+        ::unlink(err.c_str());
+    }
+    long vm_hwm_kib() const {
+        std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+        std::string line;
+        while (std::getline(in, line))
+            if (line.starts_with("VmHWM:")) return std::atol(line.c_str() + 6);
+        return -1;
+    }
+};
+
+struct run_result {
+    double rps = 0;
+    double p50_ms = 0, p99_ms = 0;
+    std::size_t ok = 0, failed = 0;
+};
+
+double pct(std::vector<double>& v, double p) {
+    if (v.empty()) return 0;
+    std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())));
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
+    return v[i];
+}
+
+struct load {
+    std::vector<http::client*> clients;
+    std::string auth;
+    std::string prefix;
+    clock_type::time_point until;
+    std::vector<double> lat_ms;
+    std::size_t ok = 0, failed = 0;
+    std::uint64_t seq = 0;
+};
+
+net::awaitable<void> worker(load* l, std::size_t index) {
+    http::client* c = l->clients[index % l->clients.size()];
+    while (clock_type::now() < l->until) {
+        http::request q;
+        q.method = "POST";
+        q.target = "/v1/charges";
+        q.body = "amount=1999&currency=usd&customer=cus_bench&description=bench&metadata[billing_key]=bk";
+        q.headers.add("Authorization", l->auth);
+        q.headers.add("Content-Type", "application/x-www-form-urlencoded");
+        q.headers.add("Idempotency-Key", l->prefix + std::to_string(++l->seq));
+        auto t0 = clock_type::now();
+        auto r = co_await c->request(std::move(q));
+        double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+        if (r.ok() && r.resp.status == 200) {
+            ++l->ok;
+            l->lat_ms.push_back(ms);
+        } else {
+            ++l->failed;
+        }
+    }
+}
+
+run_result run_load(asio::io_context& io, std::vector<http::client*> clients, std::string auth,
+                    std::string prefix, int concurrency, double seconds) {
+    load l;
+    l.clients = std::move(clients);
+    l.auth = std::move(auth);
+    l.prefix = std::move(prefix);
+    auto start = clock_type::now();
+    l.until =
+        start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
+    int left = concurrency;
+    for (int i = 0; i < concurrency; ++i)
+        asio::co_spawn(io, worker(&l, static_cast<std::size_t>(i)), [&left](std::exception_ptr e) {
+            if (e) std::rethrow_exception(e);
+            --left;
+        });
+    io.restart();
+    while (left > 0) io.run_one();
+    double elapsed = std::chrono::duration<double>(clock_type::now() - start).count();
+    run_result out;
+    out.ok = l.ok;
+    out.failed = l.failed;
+    out.rps = static_cast<double>(l.ok) / elapsed;
+    out.p50_ms = pct(l.lat_ms, 0.50);
+    out.p99_ms = pct(l.lat_ms, 0.99);
+    return out;
+}
+
+std::vector<std::unique_ptr<http::client>> clients_for(net::offload_pool& pool, const std::string& base,
+                                                       std::shared_ptr<asio::ssl::context> tls,
+                                                       int concurrency) {
+    std::vector<std::unique_ptr<http::client>> out;
+    int n = std::min(4, std::max(1, concurrency / 8));  // one strand per client: spread the TLS work
+    for (int i = 0; i < n; ++i) {
+        http::client_options o;
+        o.tls = tls;
+        o.max_connections = static_cast<std::size_t>((concurrency + n - 1) / n);
+        o.request_timeout = std::chrono::seconds(30);
+        auto c = http::client::create(pool.get_executor(), base, o, logger());
+        if (!c) throw std::runtime_error(c.err().describe());
+        out.push_back(std::move(*c));
+    }
+    return out;
+}
+
+std::vector<http::client*> raw(const std::vector<std::unique_ptr<http::client>>& v) {
+    std::vector<http::client*> out;
+    for (const auto& c : v) out.push_back(c.get());
+    return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        std::fprintf(stderr, "usage: vault_proxy CHARGEGUARD_EXE [CERT_DIR] [SECONDS]\n");
+        return 2;
+    }
+    if (!std::getenv("PGHOST")) {
+        std::fprintf(stderr, "vault_proxy: PGHOST is not set (the proxy needs PostgreSQL)\n");
+        return 2;
+    }
+    std::string exe = argv[1];
+    const char* env_certs = std::getenv("CG_TEST_CERTS");
+    std::string certs = argc > 2 ? argv[2] : env_certs ? env_certs : "";
+    double seconds = argc > 3 ? std::atof(argv[3]) : 3.0;
+    if (certs.empty()) {
+        std::fprintf(stderr, "vault_proxy: no cert dir (argument or CG_TEST_CERTS)\n");
+        return 2;
+    }
+
+    test::scratch_db db("vault_bench");
+    ::setenv("PGDATABASE", db.name.c_str(), 1);
+    ::setenv("STRIPE_API_KEY", "sk_test_bench_real_key", 1);
+    {
+        child m({exe, "migrate"}, "migrate");
+        if (m.wait() != 0) throw std::runtime_error("chargeguard migrate failed: " + slurp(m.err));
+    }
+    std::string secret;
+    {
+        child k({exe, "vault", "issue", "--name", "bench", "--period", "2026-11", "--currency", "usd",
+                 "--expected-total-cents", "900000000000000"},
+                "issue");
+        if (k.wait() != 0) throw std::runtime_error("vault issue failed: " + slurp(k.err));
+        secret = slurp(k.out);
+        while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) secret.pop_back();
+    }
+
+    fake_thread fake(certs);
+    std::string upstream = "https://127.0.0.1:" + std::to_string(fake.port);
+    child proxy({exe, "proxy", "--listen", "127.0.0.1:0", "--upstream", upstream, "--stripe-ca-file",
+                 certs + "/ca.pem", "--health-listen", "127.0.0.1:0", "--pg-pool-size", "8",
+                 "--upstream-max-connections", "256", "--max-connections", "4096", "--offload-threads", "2"},
+                "proxy");
+    // The proxy logs its port once it listens (it logs nothing per request at info).
+    std::uint16_t proxy_port = 0;
+    std::regex listening(R"re("msg":"vault proxy listening".*"port":(\d+))re");
+    for (int i = 0; i < 400 && proxy_port == 0; ++i) {
+        std::smatch m;
+        std::string log = slurp(proxy.err);
+        if (std::regex_search(log, m, listening))
+            proxy_port = static_cast<std::uint16_t>(std::stoi(m[1]));
+        else
+            std::this_thread::sleep_for(
+                std::chrono::milliseconds(25));  // polling a child's startup, not a test
+    }
+    if (proxy_port == 0) throw std::runtime_error("the proxy did not start: " + slurp(proxy.err));
+
+    asio::io_context io{1};
+    net::offload_pool pool{4};
+    auto tls = net::make_tls_client_context({certs + "/ca.pem"});
+    if (!tls) throw std::runtime_error(tls.err().describe());
+
+    std::printf(
+        "vault_proxy: POST /v1/charges, %.1f s per run; proxy = chargeguard proxy (child, 2 offload threads, "
+        "8 PostgreSQL connections), upstream fake-stripe over TLS\n",
+        seconds);
+    std::printf("%-6s %12s %12s %8s %10s %10s %10s %10s %12s %12s\n", "conc", "direct r/s", "proxy r/s",
+                "ratio", "direct p50", "proxy p50", "direct p99", "proxy p99", "added p50", "added p99");
+    for (int conc : {1, 32, 256}) {
+        auto direct_clients = clients_for(pool, upstream, *tls, conc);
+        auto proxy_clients =
+            clients_for(pool, "http://127.0.0.1:" + std::to_string(proxy_port), nullptr, conc);
+        // Warm both paths (connections, TLS, prepared statements), then measure.
+        run_load(io, raw(direct_clients), "Bearer sk_test_bench_real_key",
+                 "w-d-" + std::to_string(conc) + "-", conc, 0.3);
+        run_load(io, raw(proxy_clients), "Bearer " + secret, "w-p-" + std::to_string(conc) + "-", conc, 0.3);
+        auto d = run_load(io, raw(direct_clients), "Bearer sk_test_bench_real_key",
+                          "d-" + std::to_string(conc) + "-", conc, seconds);
+        auto p = run_load(io, raw(proxy_clients), "Bearer " + secret, "p-" + std::to_string(conc) + "-", conc,
+                          seconds);
+        std::printf("%-6d %12.0f %12.0f %7.0f%% %8.2fms %8.2fms %8.2fms %8.2fms %10.2fms %10.2fms%s\n", conc,
+                    d.rps, p.rps, 100.0 * p.rps / std::max(1.0, d.rps), d.p50_ms, p.p50_ms, d.p99_ms,
+                    p.p99_ms, p.p50_ms - d.p50_ms, p.p99_ms - d.p99_ms,
+                    (d.failed + p.failed) ? "  (failures!)" : "");
+        std::fflush(stdout);
+    }
+    // The proxy's own view: time spent waiting for Stripe vs time it added, and PostgreSQL statement time.
+    std::smatch hm;
+    std::string log = slurp(proxy.err);
+    if (std::regex_search(log, hm, std::regex(R"re("msg":"health server listening".*"port":(\d+))re"))) {
+        http::client_options o;
+        auto mc = http::client::create(pool.get_executor(), "http://127.0.0.1:" + hm[1].str(), o, logger());
+        if (mc) {
+            http::request q;
+            q.target = "/metrics";
+            std::optional<http::client_result> got;
+            asio::co_spawn(
+                io,
+                [](http::client* c, http::request r) -> net::awaitable<http::client_result> {
+                    co_return co_await c->request(std::move(r));
+                }((*mc).get(), q),
+                [&got](std::exception_ptr, http::client_result r) { got = std::move(r); });
+            io.restart();
+            while (!got) io.run_one();
+            std::istringstream in(got->resp.body);
+            std::string line;
+            std::map<std::string, double> m;
+            while (std::getline(in, line)) {
+                auto sp = line.rfind(' ');
+                if (line.starts_with("chargeguard_vault_") || line.starts_with("chargeguard_pg_"))
+                    if (line.find("_sum") != std::string::npos || line.find("_count") != std::string::npos)
+                        m[line.substr(0, sp)] += std::atof(line.c_str() + sp + 1);
+            }
+            auto mean_ms = [&](const std::string& name) {
+                double n = m[name + "_count"];
+                return n > 0 ? 1000.0 * m[name + "_sum"] / n : 0.0;
+            };
+            std::printf("proxy's own means over all runs: upstream %.3f ms, added %.3f ms\n",
+                        mean_ms("chargeguard_vault_upstream_latency_seconds"),
+                        mean_ms("chargeguard_vault_added_latency_seconds"));
+            for (const auto& [k, v] : m)
+                if (k.starts_with("chargeguard_pg_") && k.find("_count") != std::string::npos) {
+                    auto base = k.substr(0, k.find("_count"));
+                    auto labels = k.substr(k.find("_count") + 6);
+                    double sum = m[base + "_sum" + labels];
+                    std::printf("  %s%s: %.0f, mean %.3f ms\n", base.c_str(), labels.c_str(), v,
+                                v > 0 ? 1000.0 * sum / v : 0.0);
+                }
+        }
+    }
+    std::printf("proxy peak RSS (VmHWM): %ld KiB; load generator + fake-stripe process peak RSS: %ld KiB\n",
+                proxy.vm_hwm_kib(), test::peak_rss_kib());
+    return 0;
+}
