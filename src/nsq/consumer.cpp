@@ -14,6 +14,7 @@
 #include "net/timeout.hpp"
 #include "net/tokens.hpp"
 #include "nsq/connection.hpp"
+#include "nsq/handshake.hpp"
 #include "nsq/http_get.hpp"
 #include "nsq/policy.hpp"
 #include "nsq/proto/error.hpp"
@@ -61,6 +62,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     consumer_config cfg;
     message_handler handler;
     give_up_handler give_up;
+    std::shared_ptr<asio::ssl::context> tls_ctx;  // built at start() when TLS is on
     logger log;
     consumer_stats stats;
     metrics::Counter *m_received, *m_finished, *m_requeued, *m_gave_up, *m_fin_failed, *m_touches;
@@ -366,14 +368,14 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     asio::awaitable<bool> connect_once(const std::string& key) {
         auto hp = net::parse_host_port(key);
         if (!hp) co_return false;
-        auto eps = co_await net::resolve(hp->host, std::to_string(hp->port), cfg.connect_timeout);
+        auto eps = co_await resolve_all(*hp, cfg.connect_timeout, cfg.resolver);
         if (!eps) {
             log.warn("cannot resolve nsqd", {{"nsqd", key}, {"error", eps.err().message}});
             co_return false;
         }
-        auto c = std::make_shared<connection>(ex, key, cfg, this, log);
+        auto c = std::make_shared<connection>(ex, key, cfg, this, log, tls_ctx);
         conns[key] = c;
-        auto err = co_await c->run(eps->begin()->endpoint());
+        auto err = co_await c->run(std::move(*eps));
         bool was_subscribed = c->ever_subscribed();
         conns.erase(key);
         if (was_subscribed) {
@@ -499,6 +501,9 @@ void consumer::add_readiness(metrics::health& h) {
 result<void> consumer::start() {
     if (auto v = validate(core_->cfg); !v) return v;
     if (core_->started) return error(errc::bad_config, "consumer already started");
+    auto tls = make_nsq_tls_context(core_->cfg.security);
+    if (!tls) return tls.err();
+    core_->tls_ctx = *tls;
     core_->started = true;
     auto& c = *core_;
     if (c.cfg.client_id.empty()) c.cfg.client_id = short_hostname();
