@@ -5,6 +5,7 @@
 #include <asio/io_context.hpp>
 #include <asio/signal_set.hpp>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <simdjson.h>
@@ -12,6 +13,7 @@
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
+#include "app/nsq_flags.hpp"
 #include "billing/event.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
@@ -25,6 +27,7 @@ namespace {
 using namespace std::chrono;
 
 struct publish_flags {
+    nsq_security_flags security;
     std::string nsqd_tcp_address;
     std::string topic;
     std::string file;
@@ -181,10 +184,12 @@ int run_publish(const publish_flags& f, const global_flags& g) {
     if (!nsq::proto::valid_topic_name(f.topic)) throw CLI::ValidationError("--topic", "'" + f.topic + "' is not a valid topic name");
     if (!net::parse_host_port(f.nsqd_tcp_address))
         throw CLI::ValidationError("--nsqd-tcp-address", "'" + f.nsqd_tcp_address + "' is not host:port");
+    nsq::producer_config pcfg;
+    pcfg.security = to_nsq_security(f.security, std::getenv("CHARGEGUARD_NSQ_AUTH_SECRET"));
     auto log = make_stderr_logger(g.level());
     asio::io_context io(1);
     net::offload_pool pool(1);
-    nsq::producer producer(io.get_executor(), f.nsqd_tcp_address, nsq::producer_config{}, log);
+    nsq::producer producer(io.get_executor(), f.nsqd_tcp_address, pcfg, log);
     publish_state st{f, log, &pool, &producer};
     asio::signal_set sigs(io, SIGINT, SIGTERM);
     sigs.async_wait([&](std::error_code ec, int) {
@@ -221,6 +226,7 @@ void register_publish(CLI::App& app, command_main& selected) {
     cmd->add_flag("--no-validate", f->no_validate,
                   "publish any JSON object, not only valid billing events (to exercise dead-lettering)");
     cmd->add_option("FILE", f->file, "JSONL file, one event per line ('-' for stdin)")->required();
+    add_nsq_security_flags(*cmd, f->security);
     cmd->callback([&selected, f] {
         selected = [f](const global_flags& g) { return run_publish(*f, g); };
     });

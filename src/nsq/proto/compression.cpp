@@ -22,7 +22,7 @@ constexpr std::array<std::uint32_t, 256> make_crc32c_table() {
 constexpr auto crc32c_table = make_crc32c_table();
 
 constexpr std::size_t max_block = 65536;  // uncompressed bytes per chunk
-constexpr std::string_view stream_identifier = "\xff\x06\x00\x00sNaPpY";
+constexpr std::string_view stream_identifier("\xff\x06\x00\x00sNaPpY", 10);
 constexpr unsigned char chunk_compressed = 0x00, chunk_uncompressed = 0x01, chunk_padding = 0xfe,
                         chunk_identifier = 0xff;
 
