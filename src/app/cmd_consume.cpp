@@ -5,7 +5,9 @@
 // run on the runtime's main io_context; the Stripe client's HTTPS work runs on the offload pool and its
 // results come back to the main loop. SIGTERM: the consumer drains first (RDY 0, in-flight pipelines finish,
 // CLS), then the pool closes, then the process exits 0.
+#include <algorithm>
 #include <asio/co_spawn.hpp>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 
@@ -97,6 +99,8 @@ billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
     c.retry_same_key_delay = duration_in_range("--retry-same-key-delay", f.retry_same_key_delay, 0ms, 1h);
     c.indeterminate_delay = duration_in_range("--indeterminate-delay", f.indeterminate_delay, 0ms, 1h);
     c.stripe_unavailable_delay = duration_in_range("--search-failed-delay", f.search_failed_delay, 0ms, 1h);
+    if (const char* pause = std::getenv("CHARGEGUARD_TEST_STEP_PAUSE_MS"))
+        c.test_step_pause = milliseconds(std::clamp(std::atoll(pause), 0LL, 1000LL));
     return c;
 }
 
@@ -110,13 +114,14 @@ billing::delivery delivery_of(const nsq::message& m, const nsq::consumer_config&
     return d;
 }
 
-// "Another worker holds the lease" is not a failure of this consumer: requeue it without go-nsq's handler
-// backoff, which would otherwise pause every connection while a duplicate waits for the original's charge.
+// Every billing verdict carries its own delay (the lease's remaining time, a Stripe retry delay, a
+// PostgreSQL backoff by attempt), so none of them uses go-nsq's handler backoff: that pauses every
+// connection (RDY 0) and climbs one level per failed message, so one PostgreSQL restart with 200 messages
+// in flight would park the whole consumer for minutes after the database is back. Handler backoff stays for
+// what it is for: a handler that throws (a bug).
 nsq::disposition to_disposition(const billing::verdict& v) {
     if (v.finished()) return nsq::disposition::finish();
-    if (v.reason == billing::verdict_reason::requeued_lease_held)
-        return nsq::disposition::requeue_without_backoff(v.delay);
-    return nsq::disposition::requeue(v.delay);
+    return nsq::disposition::requeue_without_backoff(v.delay);
 }
 
 // The message handler. The keepalive TOUCHes the message every msg_timeout / 2 for the whole run (pre-flight
@@ -130,25 +135,25 @@ net::awaitable<nsq::disposition> handle_message(billing::pipeline* p, const nsq:
     co_return to_disposition(v);
 }
 
-// The give-up handler (attempts > --max-attempts). The consumer FINs after it returns, and the only way it
-// offers to keep the message is an exception. The pipeline refuses to give up on a row whose Stripe attempt
-// is unresolved (a FIN would drop a charge that may or may not have happened, with nothing left to settle
-// the row): that verdict is a requeue, so it is thrown, and the consumer REQs the message (with its default
-// delay and handler backoff) until the ledger settles.
-net::awaitable<void> give_up_message(billing::pipeline* p, const nsq::consumer_config* cfg, nsq::message& m) {
+// The give-up handler (attempts > --max-attempts). An attempt count is not a verdict on a billing event: the
+// pipeline runs the same machine (it dead-letters only what can never succeed) and its verdict is applied
+// like any other, so a valid event is never dropped for being redelivered often.
+net::awaitable<nsq::disposition> give_up_message(billing::pipeline* p, const nsq::consumer_config* cfg,
+                                                 nsq::message& m) {
     nsq::keepalive alive(m);
     auto v = co_await p->give_up(delivery_of(m, *cfg), [&m] { m.touch(); });
-    if (!v.finished())
-        throw std::runtime_error("past max attempts but not settled (" + std::string(billing::to_string(v.reason)) +
-                                 "): keeping the message");
+    co_return to_disposition(v);
 }
 
-// After the loop runs: --migrate (if asked), then the consumer starts. A failure stops the process with 1.
+// After the loop runs: wait for PostgreSQL (and --migrate, if asked) — retrying while it is down or starting,
+// up to --pg-startup-timeout — then the consumer starts. A failure stops the process with 1.
 net::awaitable<void> start_consuming(runtime* rt, pg::pool* pool, const pg_flags* pgf,
                                      std::vector<pg::migration> ms, nsq::consumer* consumer) {
-    if (auto m = co_await migrate_if_requested(*pool, *pgf, ms, rt->log()); !m) {
-        rt->log().error("cannot apply migrations", {{"error", m.err().describe()}});
-        rt->request_stop("--migrate failed", 1);
+    if (auto m = co_await wait_for_postgres(*rt, *pool, *pgf, ms); !m) {
+        if (rt->stopping()) co_return;
+        rt->log().error(pgf->migrate ? "cannot apply migrations" : "PostgreSQL is not answering",
+                        {{"error", m.err().describe()}});
+        rt->request_stop(pgf->migrate ? "--migrate failed" : "PostgreSQL unreachable at startup", 1);
         co_return;
     }
     if (rt->stopping()) co_return;
@@ -190,6 +195,7 @@ void log_effective_config(const logger& log, const consume_flags& f, const nsq::
               {"lease_ms", b.lease.count()},
               {"lease_renew_interval_ms", b.lease_renew_interval.count()},
               {"lease_held_delay_ms", b.lease_held_delay.count()},
+              {"test_step_pause_ms", b.test_step_pause.count()},
               {"health_listen", f.rt.health_listen},
               {"offload_threads", o.offload_threads},
               {"shutdown_timeout_s", f.rt.shutdown_timeout_s}});
@@ -208,6 +214,10 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     if (!ms) throw CLI::ValidationError("--migrations-dir", ms.err().describe());
     auto log = make_stderr_logger(g.level());
     log_effective_config(log, f, ncfg, pgc, scfg, bcfg, opts);
+    if (bcfg.test_step_pause.count() > 0)
+        log.warn("test failpoint active: pausing between billing steps (CHARGEGUARD_TEST_STEP_PAUSE_MS); "
+                 "never set this in production",
+                 {{"max_pause_ms", bcfg.test_step_pause.count()}});
 
     runtime rt(opts, log);
     auto stripe = stripe::client::create(rt.offload().get_executor(), std::move(scfg), log, &rt.metrics());

@@ -100,6 +100,27 @@ struct tail_flags {
     std::uint64_t max_messages = 0;
 };
 
+// What the tail handler needs, owned by run_tail's frame (which outlives the consumer and the loop).
+struct tail_state {
+    runtime& rt;
+    line_writer& out;
+    std::uint64_t max_messages = 0;
+    std::uint64_t printed = 0;
+};
+
+// The handler: one JSON line per message, FIN. A free coroutine (STYLE.md: no capturing coroutine lambdas).
+asio::awaitable<nsq::disposition> tail_message(tail_state* st, nsq::message& m) {
+    st->out.write(json_line(m));
+    if (st->out.broken()) st->rt.request_stop("stdout closed");
+    if (st->max_messages > 0 && ++st->printed == st->max_messages) st->rt.request_stop("--max-messages reached");
+    co_return nsq::disposition::finish();
+}
+
+asio::awaitable<void> tail_drain(nsq::consumer* consumer, line_writer* out) {
+    co_await consumer->stop();
+    co_await out->flush();
+}
+
 int run_tail(tail_flags f, const global_flags& g) {
     if (f.nsq.channel.empty()) {
         std::random_device rd;
@@ -112,21 +133,11 @@ int run_tail(tail_flags f, const global_flags& g) {
     runtime rt(opts, log);
     auto ex = rt.io().get_executor();
     line_writer out(ex);
-    std::uint64_t printed = 0;
+    tail_state st{rt, out, f.max_messages};
     nsq::consumer consumer(
-        ex, cfg,
-        [&](nsq::message& m) -> asio::awaitable<nsq::disposition> {
-            out.write(json_line(m));
-            if (out.broken()) rt.request_stop("stdout closed");
-            if (f.max_messages > 0 && ++printed == f.max_messages) rt.request_stop("--max-messages reached");
-            co_return nsq::disposition::finish();
-        },
-        log, rt.metrics());
+        ex, cfg, [&st](nsq::message& m) { return tail_message(&st, m); }, log, rt.metrics());
     consumer.add_readiness(rt.health());
-    rt.on_shutdown([&]() -> asio::awaitable<void> {
-        co_await consumer.stop();
-        co_await out.flush();
-    });
+    rt.on_shutdown([&consumer, &out]() { return tail_drain(&consumer, &out); });
     if (auto ep = rt.start(); !ep) {
         log.error("cannot start", {{"error", ep.err().describe()}});
         return 1;

@@ -1,6 +1,9 @@
 #include "app/pg_flags.hpp"
 
+#include <asio/this_coro.hpp>
 #include <cstdlib>
+#include <mutex>
+#include <random>
 
 #include "app/cli.hpp"
 
@@ -32,6 +35,11 @@ void add_pg_flags(CLI::App& cmd, pg_flags& f, bool long_running) {
     cmd.add_option("--pg-acquire-timeout", f.acquire_timeout_s,
                    "seconds to wait for a free PostgreSQL connection before giving up")
         ->check(CLI::Range(0.0, 600.0))
+        ->capture_default_str();
+    cmd.add_option("--pg-startup-timeout", f.startup_timeout_s,
+                   "seconds startup keeps retrying while PostgreSQL is unreachable or starting (first "
+                   "connection and --migrate) before exiting 1; /readyz says what it waits for")
+        ->check(CLI::Range(0.0, 86400.0))
         ->capture_default_str();
 }
 
@@ -85,6 +93,72 @@ net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f
     log.info("migrations up to date",
              {{"applied", rep->applied.size()}, {"already_applied", rep->already_applied}});
     co_return result<void>{};
+}
+
+namespace {
+
+// What startup waits for, for /readyz: shared with the readiness check, which may outlive the wait.
+struct startup_state {
+    std::mutex mu;
+    bool done = false;
+    std::string waiting_for = "PostgreSQL (first connection)";
+};
+
+// One try: a working connection, then the migrations when asked.
+net::awaitable<result<void>> connect_and_migrate(pg::pool& p, const pg_flags& f,
+                                                 const std::vector<pg::migration>& ms, logger log) {
+    if (f.migrate) co_return co_await migrate_if_requested(p, f, ms, std::move(log));
+    auto c = co_await p.acquire();
+    if (!c) co_return c.err();
+    co_return result<void>{};
+}
+
+}  // namespace
+
+net::awaitable<result<void>> wait_for_postgres(runtime& rt, pg::pool& p, const pg_flags& f,
+                                               const std::vector<pg::migration>& ms) {
+    using namespace std::chrono;
+    auto st = std::make_shared<startup_state>();
+    rt.health().add_readiness("startup", [st]() -> metrics::check_status {
+        std::lock_guard lk(st->mu);
+        if (st->done) return {true, "started"};
+        return {false, "waiting for " + st->waiting_for};
+    });
+    auto finish = [&st] {
+        std::lock_guard lk(st->mu);
+        st->done = true;
+    };
+    const auto deadline = steady_clock::now() + to_ms(f.startup_timeout_s);
+    std::mt19937_64 rng(std::random_device{}());
+    milliseconds delay{250};
+    net::steady_timer timer(co_await asio::this_coro::executor);
+    for (int attempt = 1;; ++attempt) {
+        auto r = co_await connect_and_migrate(p, f, ms, rt.log());
+        if (r) {
+            finish();
+            if (attempt > 1) rt.log().info("PostgreSQL is answering: starting", {{"attempts", attempt}});
+            co_return r;
+        }
+        // Jittered in [delay/2, delay], doubling up to 5 s, so restarted sidecars do not retry in lockstep.
+        auto wait = milliseconds(delay.count() / 2 + static_cast<milliseconds::rep>(
+                                                         std::uniform_real_distribution<double>(0, 0.5)(rng) *
+                                                         static_cast<double>(delay.count())));
+        if (!pg::is_transient(r.code()) || rt.stopping() || steady_clock::now() + wait > deadline) co_return r;
+        std::string what = f.migrate ? "PostgreSQL to apply migrations" : "PostgreSQL (first connection)";
+        {
+            std::lock_guard lk(st->mu);
+            st->waiting_for = what + " (attempt " + std::to_string(attempt) + ": " + r.err().describe() + ")";
+        }
+        rt.log().warn("waiting for PostgreSQL before starting",
+                      {{"error", r.err().describe()},
+                       {"attempt", attempt},
+                       {"retry_in_ms", static_cast<std::int64_t>(wait.count())},
+                       {"gives_up_in_s",
+                        static_cast<std::int64_t>(duration_cast<seconds>(deadline - steady_clock::now()).count())}});
+        timer.expires_after(wait);
+        co_await timer.async_wait();
+        delay = std::min(delay * 2, milliseconds(5000));
+    }
 }
 
 }  // namespace cg::app

@@ -23,6 +23,7 @@ struct pg_flags {
     std::size_t pool_size = 4;
     double query_timeout_s = 5;
     double acquire_timeout_s = 1;
+    double startup_timeout_s = 300;  // how long startup waits for PostgreSQL (first connection, --migrate)
 };
 
 // Adds --pg-dsn and --migrations-dir; with `long_running` also --migrate, --pg-pool-size,
@@ -50,5 +51,15 @@ std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f, bool close_
 // outlive the call.
 net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f,
                                                   const std::vector<pg::migration>& ms, logger log);
+
+// For long-running subcommands, before they start serving: waits until PostgreSQL answers (a connection
+// from `p` works) and, with --migrate, the migrations are applied — retrying transient failures (server
+// down, starting up, restarting, a lost connection) with capped, jittered backoff for up to
+// --pg-startup-timeout, and logging why each time. While it waits, readiness check "startup" on the
+// runtime's health says what it waits for. Returns the last error when the wait runs out, the first
+// permanent error (a migration that fails), or an error when the runtime is stopping. Completes on the
+// pool's executor (the runtime's main loop); `rt`, `p`, `f` and `ms` must outlive the call.
+net::awaitable<result<void>> wait_for_postgres(runtime& rt, pg::pool& p, const pg_flags& f,
+                                               const std::vector<pg::migration>& ms);
 
 }  // namespace cg::app

@@ -1,5 +1,7 @@
 #include "billing/decision.hpp"
 
+#include <algorithm>
+
 namespace cg::billing {
 
 std::string_view to_string(record_status s) noexcept {
@@ -41,11 +43,28 @@ existing_action decide_existing(const ledger_record& rec, const billing_event& e
         rec.stripe_customer_id != ev.stripe_customer_id)
         return existing_action::payload_conflict;
     if (is_final(rec.status)) return existing_action::duplicate_finish;
-    if (rec.lease_until && *rec.lease_until > now) return existing_action::lease_held_requeue;
+    // The database's own view of the lease when the row carries it; the local clock otherwise.
+    bool held = rec.lease_remaining ? rec.lease_remaining->count() > 0 : rec.lease_until && *rec.lease_until > now;
+    if (held) return existing_action::lease_held_requeue;
+    return recovery_mode(rec, now, window);
+}
+
+existing_action recovery_mode(const ledger_record& rec, sys_time now, std::chrono::seconds window) {
     // Same key is safe only while Stripe still remembers it and no 5xx/timeout left the outcome open.
     bool within_window = !rec.first_stripe_attempt_at || now - *rec.first_stripe_attempt_at < window;
     if (!rec.indeterminate_since && within_window) return existing_action::recover_same_key;
     return existing_action::recover_search;
+}
+
+std::chrono::milliseconds lease_held_requeue_delay(std::optional<std::chrono::milliseconds> remaining,
+                                                   std::chrono::milliseconds lease, std::chrono::milliseconds floor,
+                                                   std::chrono::milliseconds cap, double unit) noexcept {
+    using std::chrono::milliseconds;
+    auto wait = std::max(remaining.value_or(lease), floor);
+    auto spread = std::max(floor, wait / 10);
+    unit = std::clamp(unit, 0.0, 1.0);
+    auto jitter = milliseconds(static_cast<milliseconds::rep>(static_cast<double>(spread.count()) * unit));
+    return std::min(wait + jitter, cap);
 }
 
 }  // namespace cg::billing

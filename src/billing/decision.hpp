@@ -35,6 +35,8 @@ struct ledger_record {
     std::optional<sys_time> lease_until;
     std::optional<sys_time> first_stripe_attempt_at;
     std::int32_t stripe_attempts = 0;
+    // lease_until − now() by the database clock when the row was read (0 once expired); nullopt: no lease.
+    std::optional<std::chrono::milliseconds> lease_remaining;
 };
 
 enum class existing_action {
@@ -49,8 +51,23 @@ std::string_view to_string(existing_action a) noexcept;
 // Stripe prunes idempotency keys after 24 h; we stop trusting replay an hour earlier.
 inline constexpr std::chrono::hours same_key_window{23};
 
+// How long a requeue for a lease held by another worker waits: until that lease can have expired (its
+// remaining time by the database clock), never less than `floor`, plus jitter in [0, max(floor, 10 % of the
+// wait)) so copies of one event do not come back in lockstep; capped at `cap` (nsqd's --max-req-timeout).
+// `unit` is a uniform random number in [0, 1). Without a known remaining time (nullopt) the lease may be a
+// whole `lease` long. Pure: table-tested.
+std::chrono::milliseconds lease_held_requeue_delay(std::optional<std::chrono::milliseconds> remaining,
+                                                   std::chrono::milliseconds lease, std::chrono::milliseconds floor,
+                                                   std::chrono::milliseconds cap, double unit) noexcept;
+
 // `window`: how long a key is trusted for replay (configurable for tests; same_key_window in production).
 existing_action decide_existing(const ledger_record& rec, const billing_event& ev, sys_time now,
                                 std::chrono::seconds window = same_key_window);
+
+// For a pending row whose lease this worker has just taken: re-send under the same key (recover_same_key:
+// Stripe replays a first success) only while Stripe still remembers the key and no 5xx/timeout left the
+// outcome open; otherwise list the customer's charges first (recover_search).
+existing_action recovery_mode(const ledger_record& rec, sys_time now,
+                              std::chrono::seconds window = same_key_window);
 
 }  // namespace cg::billing

@@ -11,17 +11,23 @@ namespace {
 using ms = std::chrono::milliseconds;
 
 // Every statement that reads a whole row selects these columns in this order (decode_record reads them).
+// The last column is the lease's remaining time by the database clock (NULL without a lease, 0 once
+// expired), so a "lease held" requeue can wait exactly as long as the holder may still be working.
 #define CG_RECORD_COLUMNS                                                                               \
     "key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, " \
-    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts"
+    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts, "      \
+    "greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint"
 
 // Lease arithmetic on the database clock; the length travels as milliseconds (int8).
 #define CG_LEASE_END(p) "now() + " p "::bigint * interval '1 millisecond'"
 
+// The insert also records the first Stripe attempt (what record_attempt does for a recovered row): the row
+// is ours and leased the moment it exists, so there is no step — and no wait for a pooled connection —
+// between "row written" and "attempt recorded" in which a crash could leave a row that looks untried.
 const std::string preflight_insert_sql =
     "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
-    "status, lease_until, nsq_message_id, nsq_attempts) "
-    "VALUES ($1, $2, $3, $4, $5, $6, 'pending', " CG_LEASE_END("$7") ", $8, $9) "
+    "status, lease_until, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at) "
+    "VALUES ($1, $2, $3, $4, $5, $6, 'pending', " CG_LEASE_END("$7") ", $8, $9, 1, now()) "
     "ON CONFLICT DO NOTHING RETURNING " CG_RECORD_COLUMNS;
 
 // The row that made the insert conflict: by key first; else the (customer_id, billing_period) row under
@@ -106,6 +112,7 @@ ledger_record decode_record(const pg::rows& r, std::size_t i) {
     rec.lease_until = to_sys(r.get<std::optional<pg::timestamp>>(i, 10));
     rec.first_stripe_attempt_at = to_sys(r.get<std::optional<pg::timestamp>>(i, 11));
     rec.stripe_attempts = r.get<std::int32_t>(i, 12);
+    if (auto left = r.get<std::optional<std::int64_t>>(i, 13)) rec.lease_remaining = ms(*left);
     return rec;
 }
 

@@ -30,8 +30,6 @@ std::string_view to_string(verdict_reason r) noexcept {
             return "requeued_stripe_unavailable";
         case verdict_reason::requeued_lease_lost:
             return "requeued_lease_lost";
-        case verdict_reason::requeued_unresolved:
-            return "requeued_unresolved";
     }
     return "?";
 }

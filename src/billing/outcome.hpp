@@ -27,9 +27,8 @@ enum class verdict_reason {
     requeued_postgres,            // PostgreSQL failed at some step
     requeued_stripe_unavailable,  // the charge search failed
     requeued_lease_lost,          // our lease was taken over before Stripe was called
-    requeued_unresolved,          // past max attempts, but a Stripe attempt is unresolved: not dropped
 };
-inline constexpr std::size_t verdict_reason_count = 12;
+inline constexpr std::size_t verdict_reason_count = 11;
 std::string_view to_string(verdict_reason r) noexcept;
 
 struct verdict {

@@ -64,6 +64,8 @@ struct pipeline::lease_keeper {
 struct pipeline::metrics_set {
     std::array<metrics::Counter*, verdict_reason_count> outcomes{};
     metrics::Histogram* stripe_duration = nullptr;
+    metrics::Counter* past_max_attempts = nullptr;
+    metrics::Counter* lease_lost = nullptr;
 
     explicit metrics_set(metrics::registry& reg) {
         auto& fam = reg.counter("chargeguard_billing_messages_total", "Billing deliveries by verdict reason");
@@ -74,6 +76,13 @@ struct pipeline::metrics_set {
             &reg.histogram("chargeguard_billing_stripe_call_duration_seconds",
                            "Create-charge calls as the pipeline awaited them (client retries included)")
                  .Add({}, metrics::latency_buckets());
+        past_max_attempts = &reg.counter("chargeguard_billing_past_max_attempts_total",
+                                         "Deliveries past --max-attempts, kept going through the machine "
+                                         "instead of being dropped (a message that keeps coming back)")
+                                 .Add({});
+        lease_lost = &reg.counter("chargeguard_billing_lease_lost_total",
+                                  "Leases found taken over by another worker while Stripe was being called")
+                         .Add({});
     }
 };
 
@@ -98,12 +107,27 @@ verdict pipeline::count(verdict v) {
 
 net::awaitable<verdict> pipeline::handle(delivery d, touch_fn touch) {
     run r(std::move(d), std::move(touch), log_);
+    co_return co_await finish_run(r, false);
+}
+
+net::awaitable<verdict> pipeline::give_up(delivery d, touch_fn touch) {
+    run r(std::move(d), std::move(touch), log_);
+    if (metrics_) metrics_->past_max_attempts->Increment();
+    r.log.error("message past max attempts: still processed, never dropped while the ledger can settle it");
+    co_return co_await finish_run(r, true);
+}
+
+net::awaitable<verdict> pipeline::finish_run(run& r, bool past_max_attempts) {
+    // Debug lines mark each step of a delivery (received, row written, Stripe called, Stripe answered, then
+    // the verdict): enough to tell, after a crash, which step a delivery had reached.
+    r.log.debug("billing delivery received");
     auto v = co_await process(r);
-    r.log.log(
-        v.finished() ? log_level::info : log_level::warn,
-        v.finished() ? "billing message finished" : "billing message requeued",
-        std::array<log_field, 3>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail),
-                                 log_field("delay_ms", static_cast<std::int64_t>(v.delay.count()))});
+    co_await test_pause();  // between the ledger update and FIN
+    auto level = v.finished() ? log_level::info : past_max_attempts ? log_level::error : log_level::warn;
+    r.log.log(level, v.finished() ? "billing message finished" : "billing message requeued",
+              std::array<log_field, 4>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail),
+                                       log_field("delay_ms", static_cast<std::int64_t>(v.delay.count())),
+                                       log_field("past_max_attempts", past_max_attempts)});
     co_return count(std::move(v));
 }
 
@@ -119,10 +143,28 @@ net::awaitable<verdict> pipeline::process(run& r) {
     auto pf = co_await ledger_.preflight(std::move(row), cfg_.lease);
     if (!pf) co_return postgres_failed(r, pf.err(), "pre-flight");
     if (pf->inserted) {
+        r.log.debug("ledger row written");
+        co_await test_pause();  // between the row and the Stripe call
+        // The insert recorded the first attempt too (ledger.cpp): straight to Stripe.
         r.lease = token_of(pf->record);
-        co_return co_await charge(r);
+        r.generation = pf->record.key_generation;
+        r.first_attempt = pf->record.first_stripe_attempt_at;
+        co_return co_await charge(r, true);
     }
     co_return co_await on_existing(r, std::move(pf->record));
+}
+
+net::awaitable<void> pipeline::test_pause() {
+    if (cfg_.test_step_pause.count() <= 0) co_return;
+    auto ms = std::uniform_int_distribution<std::int64_t>(0, cfg_.test_step_pause.count())(rng_);
+    net::steady_timer t(co_await asio::this_coro::executor, std::chrono::milliseconds(ms));
+    co_await t.async_wait();
+}
+
+verdict pipeline::lease_held(std::optional<std::chrono::milliseconds> remaining, std::string detail) {
+    double unit = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+    auto delay = lease_held_requeue_delay(remaining, cfg_.lease, cfg_.lease_held_delay, cfg_.max_requeue_delay, unit);
+    return verdict::requeue(verdict_reason::requeued_lease_held, delay, std::move(detail));
 }
 
 net::awaitable<verdict> pipeline::on_existing(run& r, ledger_record rec) {
@@ -139,7 +181,7 @@ net::awaitable<verdict> pipeline::on_existing(run& r, ledger_record rec) {
             // The recorded row stays as it is: a human decides which amount is right.
             co_return co_await dead_letter_finish(r, "conflict", r.key);
         case existing_action::lease_held_requeue:
-            co_return verdict::requeue(verdict_reason::requeued_lease_held, cfg_.lease_held_delay);
+            co_return lease_held(rec.lease_remaining);
         case existing_action::recover_same_key:
         case existing_action::recover_search:
             co_return co_await recover(r);
@@ -152,20 +194,26 @@ net::awaitable<verdict> pipeline::on_existing(run& r, ledger_record rec) {
 net::awaitable<verdict> pipeline::recover(run& r) {
     auto taken = co_await ledger_.take_expired_lease(r.key, cfg_.lease, r.d.message_id, r.d.attempts);
     if (!taken) co_return postgres_failed(r, taken.err(), "take lease");
-    if (!*taken)
-        co_return verdict::requeue(verdict_reason::requeued_lease_held, cfg_.lease_held_delay,
-                                   "lease not expired by the database clock, or taken by another worker");
+    if (!*taken) {
+        // Another worker took it first (or settled it): wait for its lease, by a fresh read of the row.
+        auto now_row = co_await ledger_.find(r.key);
+        if (!now_row) co_return postgres_failed(r, now_row.err(), "find");
+        if (*now_row && is_final((*now_row)->status))
+            co_return verdict::finish(verdict_reason::duplicate_prevented, std::string(to_string((*now_row)->status)));
+        std::optional<std::chrono::milliseconds> remaining;
+        if (*now_row) remaining = (*now_row)->lease_remaining;
+        co_return lease_held(remaining, "lease taken by another worker");
+    }
     ledger_record rec = std::move(**taken);
     r.lease = token_of(rec);
     r.generation = rec.key_generation;
     r.first_attempt = rec.first_stripe_attempt_at;
-    rec.lease_until.reset();  // ours now: decide on the rest of the row
-    auto action = decide_existing(rec, r.ev, cfg_.now(), cfg_.same_key_window);
+    auto action = recovery_mode(rec, cfg_.now(), cfg_.same_key_window);
     r.log.info("recovering a pending billing record", {{"action", to_string(action)},
                                                        {"generation", rec.key_generation},
                                                        {"stripe_attempts", rec.stripe_attempts}});
     // Anything but "same key is safe" searches first: searching is never wrong, only slower.
-    if (action == existing_action::recover_same_key) co_return co_await charge(r);
+    if (action == existing_action::recover_same_key) co_return co_await charge(r, false);
     co_return co_await search(r);
 }
 
@@ -202,26 +250,31 @@ net::awaitable<verdict> pipeline::search(run& r) {
                                    "bump generation");
     r.log.warn("no charge carries the key: charging under a new key generation", {{"generation", **bumped}});
     r.generation = **bumped;
-    co_return co_await charge(r);
+    co_return co_await charge(r, false);
 }
 
-// CHARGE: record the attempt (and renew the lease) before Stripe hears of it; call Stripe while the lease is
-// kept alive; map the outcome onto the ledger.
-net::awaitable<verdict> pipeline::charge(run& r) {
-    auto att = co_await ledger_.record_attempt(r.key, r.lease, cfg_.lease);
-    if (!att) co_return postgres_failed(r, att.err(), "record attempt");
-    if (!*att)
-        co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay,
-                                   "record attempt");
-    r.lease = (*att)->lease;
-    r.generation = (*att)->key_generation;
+// CHARGE: record the attempt (and renew the lease) before Stripe hears of it — unless the pre-flight insert
+// already did; call Stripe while the lease is kept alive; map the outcome onto the ledger.
+net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
+    if (!attempt_recorded) {
+        auto att = co_await ledger_.record_attempt(r.key, r.lease, cfg_.lease);
+        if (!att) co_return postgres_failed(r, att.err(), "record attempt");
+        if (!*att)
+            co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay,
+                                       "record attempt");
+        r.lease = (*att)->lease;
+        r.generation = (*att)->key_generation;
+    }
 
     using namespace asio::experimental::awaitable_operators;
     stripe::charge_outcome out;
     lease_keeper keeper(co_await asio::this_coro::executor);
     auto began = std::chrono::steady_clock::now();
+    r.log.debug("calling Stripe", {{"generation", r.generation}});
     co_await (call_stripe(build_charge_request(r.ev, r.key, r.generation), out, keeper) &&
               keep_lease(r, keeper));
+    r.log.debug("Stripe answered", {{"outcome", stripe::to_string(out.cls)}, {"charge_id", out.charge_id}});
+    co_await test_pause();  // between Stripe's answer and the ledger update
     if (metrics_)
         metrics_->stripe_duration->Observe(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
@@ -250,6 +303,7 @@ net::awaitable<void> pipeline::keep_lease(run& r, lease_keeper& k) {
                        {{"error", renewed.err().describe()}});
         } else if (!*renewed) {
             k.lost = true;
+            if (metrics_) metrics_->lease_lost->Increment();
             r.log.error("lease lost while Stripe was called: another worker may recover this row");
         } else {
             r.lease = **renewed;
@@ -324,45 +378,6 @@ verdict pipeline::postgres_failed(run& r, const error& e, std::string_view step)
     r.log.warn("postgres failed; requeueing", {{"step", step}, {"error", e.describe()}});
     return verdict::requeue(verdict_reason::requeued_postgres, delay,
                             std::string(step) + ": " + e.describe());
-}
-
-// Past max attempts a message is normally dead-lettered and finished. Not when the ledger shows a pending row
-// whose Stripe attempt may have happened (stripe_attempts > 0: in flight, indeterminate, or "retry with the
-// same key"): dropping it would leave the row pending forever with either a customer never charged or a
-// charge the ledger does not know. Such a delivery keeps going through the normal machine, which is
-// idempotent and is the only thing that can settle the row (recover → search → charged / new generation);
-// when it cannot settle yet, it requeues and the verdict says requeued_unresolved. Logged as an error each
-// time, so an operator sees a message stuck at max attempts.
-net::awaitable<verdict> pipeline::give_up(delivery d, touch_fn touch) {
-    run r(std::move(d), std::move(touch), log_);
-    auto v = co_await give_up_process(r);
-    r.log.log(
-        v.finished() ? log_level::warn : log_level::error,
-        v.finished() ? "billing message given up" : "billing message past max attempts requeued",
-        std::array<log_field, 2>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail)});
-    co_return count(std::move(v));
-}
-
-net::awaitable<verdict> pipeline::give_up_process(run& r) {
-    auto ev = parse_event(r.d.body);
-    if (!ev) co_return co_await dead_letter_finish(r, invalid_reason(ev.err()), std::nullopt);
-    auto key = base_key(cfg_.key_namespace, ev->customer_id, ev->billing_period);
-    auto rec = co_await ledger_.find(key);
-    if (!rec) co_return postgres_failed(r, rec.err(), "find");
-    if (*rec && is_final((*rec)->status))
-        co_return verdict::finish(verdict_reason::duplicate_prevented,
-                                  std::string(to_string((*rec)->status)));
-    if (*rec && (*rec)->stripe_attempts > 0) {
-        r.log.error("max attempts exceeded with an unresolved Stripe attempt: not dropping the message",
-                    {{"billing_key", key}, {"stripe_attempts", (*rec)->stripe_attempts}});
-        auto v = co_await process(r);
-        if (!v.finished()) {
-            v.detail = std::string(to_string(v.reason)) + ": " + v.detail;
-            v.reason = verdict_reason::requeued_unresolved;
-        }
-        co_return v;
-    }
-    co_return co_await dead_letter_finish(r, "max attempts exceeded", key);
 }
 
 }  // namespace cg::billing

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 
@@ -52,7 +53,11 @@ struct pipeline_config {
     std::chrono::milliseconds lease{60'000};
     std::chrono::milliseconds lease_renew_interval{15'000};
     // REQ delays.
-    std::chrono::milliseconds lease_held_delay{10'000};          // another worker is charging this row
+    // Another worker holds the row's lease: the requeue waits until that lease can have expired (its
+    // remaining time by the database clock), never less than this, plus jitter.
+    std::chrono::milliseconds lease_held_delay{10'000};
+    // No REQ delay above this (nsqd refuses one above its --max-req-timeout, 1 h by default).
+    std::chrono::milliseconds max_requeue_delay{3'600'000};
     std::chrono::milliseconds retry_same_key_delay{5'000};       // Stripe said "nothing happened, try again"
     std::chrono::milliseconds indeterminate_delay{30'000};       // 5xx / timeout: resolve by search later
     std::chrono::milliseconds stripe_unavailable_delay{30'000};  // the charge search failed
@@ -61,6 +66,11 @@ struct pipeline_config {
     std::chrono::seconds same_key_window{billing::same_key_window};
     // The search for an existing charge starts this long before the first attempt (clock skew with Stripe).
     std::chrono::seconds search_slack{std::chrono::hours(24)};
+    // Failpoint for the chaos test only (never set in production; `consume` reads it from the environment
+    // variable CHARGEGUARD_TEST_STEP_PAUSE_MS and logs a warning): a random pause in [0, this] after the row
+    // is written, after Stripe answers and after the ledger is updated, so the kills of a chaos run land in
+    // every window between those steps rather than only in the Stripe call. 0: off.
+    std::chrono::milliseconds test_step_pause{0};
     // "Now" for the decision table (tests move it); leases always use the database clock.
     std::function<sys_time()> now = [] { return std::chrono::system_clock::now(); };
 };
@@ -82,9 +92,11 @@ class pipeline {
     // empty and must stay callable until the coroutine completes.
     net::awaitable<verdict> handle(delivery d, touch_fn touch = {});
 
-    // For a delivery past the transport's max attempts: dead-letter "max attempts exceeded" and FIN — unless
-    // the ledger shows a pending row with a Stripe attempt that may have happened (see pipeline.cpp). Same
-    // executor and lifetime rules as handle().
+    // For a delivery past the transport's max attempts. An attempt count says how often the broker tried,
+    // not that the event is poison: the delivery goes through the same machine as handle() (which
+    // dead-letters only what can never succeed), logged as an error and counted
+    // (chargeguard_billing_past_max_attempts_total) so an operator sees a message that keeps coming back.
+    // Same executor and lifetime rules as handle().
     net::awaitable<verdict> give_up(delivery d, touch_fn touch = {});
 
     const pipeline_config& config() const noexcept { return cfg_; }
@@ -95,11 +107,13 @@ class pipeline {
     struct metrics_set;
 
     net::awaitable<verdict> process(run& r);
-    net::awaitable<verdict> give_up_process(run& r);
+    net::awaitable<verdict> finish_run(run& r, bool past_max_attempts);
     net::awaitable<verdict> on_existing(run& r, ledger_record rec);
     net::awaitable<verdict> recover(run& r);
     net::awaitable<verdict> search(run& r);
-    net::awaitable<verdict> charge(run& r);
+    net::awaitable<verdict> charge(run& r, bool attempt_recorded);
+    verdict lease_held(std::optional<std::chrono::milliseconds> remaining, std::string detail = {});
+    net::awaitable<void> test_pause();
     net::awaitable<verdict> settle(run& r, const stripe::charge_outcome& out);
     net::awaitable<verdict> dead_letter_finish(run& r, std::string reason, std::optional<std::string> key);
     net::awaitable<void> call_stripe(stripe::charge_request req, stripe::charge_outcome& out,
@@ -113,6 +127,7 @@ class pipeline {
     stripe::client& stripe_;
     logger log_;
     std::unique_ptr<metrics_set> metrics_;
+    std::mt19937_64 rng_{std::random_device{}()};  // requeue jitter; used on the pipeline's executor only
 };
 
 }  // namespace cg::billing

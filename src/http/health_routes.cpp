@@ -4,14 +4,20 @@ namespace cg::http {
 
 namespace {
 response report(const metrics::health_report& rep) { return make_response(rep.ok ? 200 : 503, rep.body); }
+
+// Free coroutines (STYLE.md: no capturing coroutine lambdas); the router's forwarding lambdas only pass the
+// state, which the caller keeps alive as long as the router.
+asio::awaitable<response> live(const metrics::health* h) { co_return report(h->live()); }
+asio::awaitable<response> ready(const metrics::health* h) { co_return report(h->ready()); }
+asio::awaitable<response> scrape(const metrics::registry* reg) {
+    co_return make_response(200, reg->render(), metrics::registry::content_type);
+}
 }  // namespace
 
 void add_health_routes(router& r, metrics::registry& reg, metrics::health& h) {
-    r.add("GET", "/healthz", [&h](request&) -> asio::awaitable<response> { co_return report(h.live()); });
-    r.add("GET", "/readyz", [&h](request&) -> asio::awaitable<response> { co_return report(h.ready()); });
-    r.add("GET", "/metrics", [&reg](request&) -> asio::awaitable<response> {
-        co_return make_response(200, reg.render(), metrics::registry::content_type);
-    });
+    r.add("GET", "/healthz", [&h](request&) { return live(&h); });
+    r.add("GET", "/readyz", [&h](request&) { return ready(&h); });
+    r.add("GET", "/metrics", [&reg](request&) { return scrape(&reg); });
 }
 
 }  // namespace cg::http

@@ -53,6 +53,9 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
                                     "E_FIN_FAILED from nsqd: the message had already timed out")
                             .Add(lb);
         m_touches = &reg.counter("chargeguard_nsq_touches_total", "TOUCH commands sent").Add(lb);
+        m_handler_errors = &reg.counter("chargeguard_nsq_handler_errors_total",
+                                        "message or give-up handlers that threw (a bug: the message is requeued)")
+                                .Add(lb);
         m_connections = &reg.gauge("chargeguard_nsq_connections", "nsqd connections subscribed").Add(lb);
         m_rdy = &reg.gauge("chargeguard_nsq_rdy", "sum of RDY over all nsqd connections").Add(lb);
         m_handlers = &reg.gauge("chargeguard_nsq_handlers_running", "message handlers running").Add(lb);
@@ -65,7 +68,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     std::shared_ptr<asio::ssl::context> tls_ctx;  // built at start() when TLS is on
     logger log;
     consumer_stats stats;
-    metrics::Counter *m_received, *m_finished, *m_requeued, *m_gave_up, *m_fin_failed, *m_touches;
+    metrics::Counter *m_received, *m_finished, *m_requeued, *m_gave_up, *m_fin_failed, *m_touches, *m_handler_errors;
     metrics::Gauge *m_connections, *m_rdy, *m_handlers;
     std::shared_ptr<std::atomic<int>> subscribed = std::make_shared<std::atomic<int>>(0);
 
@@ -147,28 +150,38 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
         asio::co_spawn(ex, run_handler(shared_from_this(), std::move(m)), [](std::exception_ptr) {});
     }
 
-    // Runs the handler (or give-up) for one message and applies its disposition. Never throws.
+    // Runs the handler (or give-up) for one message and applies its disposition. Never throws: an exception
+    // out of a handler is a bug in it (dispositions say "keep it"), logged, counted and requeued.
     static asio::awaitable<void> run_handler(std::shared_ptr<core> self, message m) {
         auto d = disposition::finish();
         bool gave_up = false;
         try {
             if (self->cfg.max_attempts > 0 && m.attempts() > self->cfg.max_attempts) {
                 gave_up = true;
-                self->log.warn("message past max_attempts: giving up",
+                self->log.warn("message past max_attempts: passing it to the give-up handler",
                                {{"id", m.id()}, {"attempts", m.attempts()}, {"max_attempts", self->cfg.max_attempts}});
-                if (self->give_up) co_await self->give_up(m);
+                if (self->give_up) d = co_await self->give_up(m);
             } else {
                 d = co_await self->handler(m);
             }
         } catch (const std::exception& e) {
-            ++self->stats.handler_errors;
-            self->log.error(gave_up ? "give-up handler failed; requeueing" : "message handler failed; requeueing",
-                            {{"id", m.id()}, {"attempts", m.attempts()}, {"error", e.what()}});
+            self->handler_failed(m, gave_up, e.what());
+            d = disposition::requeue();
+            gave_up = false;
+        } catch (...) {
+            self->handler_failed(m, gave_up, "unknown exception");
             d = disposition::requeue();
             gave_up = false;
         }
         self->apply(m, d, gave_up);
         self->handler_done();
+    }
+
+    void handler_failed(const message& m, bool gave_up, std::string_view what) {
+        ++stats.handler_errors;
+        m_handler_errors->Increment();
+        log.error(gave_up ? "give-up handler threw (a bug): requeueing" : "message handler threw (a bug): requeueing",
+                  {{"id", m.id()}, {"attempts", m.attempts()}, {"error", what}});
     }
 
     void apply(message& m, const disposition& d, bool gave_up) {

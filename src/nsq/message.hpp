@@ -79,11 +79,13 @@ private:
 };
 
 // The handler the billing pipeline (or `tail`) gives the consumer. Runs on the consumer's executor; the
-// message stays valid until the returned awaitable completes. An exception counts as requeue().
+// message stays valid until the returned awaitable completes. A handler says what to do with the message by
+// its disposition, never by throwing: an exception is a bug in the handler, logged with the message id,
+// counted (chargeguard_nsq_handler_errors_total) and answered with requeue() so the message is not lost.
 using message_handler = std::function<asio::awaitable<disposition>(message&)>;
-// Called instead of the handler once attempts > max_attempts; the consumer FINs afterwards (an exception
-// means "could not dead-letter": the message is requeued instead).
-using give_up_handler = std::function<asio::awaitable<void>(message&)>;
+// Called instead of the handler once attempts > max_attempts, with the same contract: its disposition is
+// applied (finish → counted as given up; a requeue keeps the message). Without one the consumer FINs.
+using give_up_handler = std::function<asio::awaitable<disposition>(message&)>;
 
 // Holds a message alive while a handler awaits slow work: TOUCHes every effective msg_timeout / 2 and
 // stops before nsqd's max-msg-timeout cap, where a TOUCH can no longer help. Construct on the

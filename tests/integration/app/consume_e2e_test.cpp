@@ -4,7 +4,9 @@
 // child's own log and /metrics — never on sleeps. Skipped (exit 77) without PGHOST.
 #define BOOST_TEST_MODULE consume_e2e
 #define BOOST_TEST_NO_MAIN
+#include <asio/ip/tcp.hpp>
 #include <boost/test/unit_test.hpp>
+#include <cstdlib>
 #include <fcntl.h>
 #include <deque>
 #include <fstream>
@@ -138,6 +140,12 @@ struct e2e : test::fake_stripe_fixture {
     child& spawn(std::vector<std::string> extra) {
         auto args = base_args();
         args.insert(args.end(), extra.begin(), extra.end());
+        return spawn_raw(args, true);
+    }
+
+    // `args` after the executable; `with_command` false: `args` lacks the leading "consume".
+    child& spawn_raw(std::vector<std::string> args, bool with_command = false) {
+        if (!with_command) args.insert(args.begin(), "consume");
         child c;
         c.err_path = tmp + "-" + std::to_string(children.size()) + ".err";
         posix_spawn_file_actions_t fa;
@@ -276,7 +284,8 @@ BOOST_FIXTURE_TEST_CASE(charges_each_pair_once_dead_letters_invalid_and_drains, 
         BOOST_TEST_REQUIRE(keys.size() == 150u);
         const std::uint64_t published = 203;
 
-        auto& c = spawn({"--max-in-flight", "50"});
+        // Duplicates wait for their original's lease to be able to expire: keep it short here.
+        auto& c = spawn({"--max-in-flight", "50", "--lease", "2s", "--lease-renew-interval", "500ms"});
         co_await await_port(c);
         BOOST_TEST_REQUIRE(co_await eventually([&] { return counts().finish_count == published; }, seconds(40)),
                            c.log());
@@ -324,6 +333,54 @@ BOOST_FIXTURE_TEST_CASE(charges_each_pair_once_dead_letters_invalid_and_drains, 
         BOOST_TEST(after.timeout_count == 0u);
         BOOST_TEST(after.finish_count == published);
     });
+}
+
+// Started while PostgreSQL is not there yet (a pod whose database is still starting): consume does not exit
+// 1 but waits, retrying with backoff and saying why in its log and on /readyz; once a server answers on that
+// address it applies the migrations, starts consuming and charges.
+BOOST_FIXTURE_TEST_CASE(startup_waits_for_postgres_then_migrates_and_charges, e2e) {
+    const char* ctl = std::getenv("CHARGEGUARD_TEST_PG_CTL");
+    if (!ctl) {
+        BOOST_TEST_MESSAGE("skipped: CHARGEGUARD_TEST_PG_CTL not set (ci/test sets it)");
+        return;
+    }
+    std::string dir = tmp + "-latepg";
+    unsigned short pg_port = 0;
+    {
+        asio::ip::tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
+        pg_port = a.local_endpoint().port();
+    }
+    run(*this, [&]() -> net::awaitable<void> {
+        start_nsqd();
+        nsqd->publish(topic, event_json(900, "2024-07", 4242));
+        auto args = base_args();
+        for (std::size_t i = 0; i + 1 < args.size(); ++i)
+            if (args[i] == "--pg-dsn")
+                args[i + 1] = "host=127.0.0.1 port=" + std::to_string(pg_port) + " user=postgres dbname=chargeguard_test";
+        args.erase(args.begin());  // "consume": spawn() puts the base args back; pass ours as the extras
+        auto& c = spawn_raw(args);
+        co_await await_port(c);
+        BOOST_TEST_REQUIRE(co_await eventually([&] { return c.log().find("waiting for PostgreSQL before starting") != std::string::npos; },
+                                               seconds(20)),
+                           c.log());
+        auto ready = co_await get(c, "/readyz");
+        BOOST_TEST_REQUIRE(ready.ok());
+        BOOST_TEST(ready.resp.status == 503);
+        BOOST_TEST(ready.resp.body.find("FAIL startup: waiting for PostgreSQL to apply migrations") != std::string::npos,
+                   ready.resp.body);
+        BOOST_TEST(::waitpid(c.pid, nullptr, WNOHANG) == 0);  // still running, not exited 1
+
+        // The database arrives.
+        std::string cmd = std::string(ctl) + " start " + dir + " " + std::to_string(pg_port) + " >" + dir + ".log 2>&1";
+        BOOST_TEST_REQUIRE(std::system(cmd.c_str()) == 0);
+        BOOST_TEST_REQUIRE(co_await eventually([&] { return counts().finish_count == 1; }, seconds(40)), c.log());
+        BOOST_TEST(fake->charges().size() == 1u);
+        auto again = co_await get(c, "/readyz");
+        BOOST_TEST(again.resp.body.find("ok startup") != std::string::npos, again.resp.body);
+        BOOST_TEST(c.log().find("\"msg\":\"migrations up to date\"") != std::string::npos);
+        co_await terminate_cleanly(c);
+    });
+    std::system((std::string(ctl) + " stop " + dir + " >/dev/null 2>&1; rm -rf " + dir).c_str());
 }
 
 // kill -9 while every charge is in flight at Stripe (the fake still completes them: Stripe got the POSTs);

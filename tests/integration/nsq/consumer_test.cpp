@@ -367,9 +367,9 @@ BOOST_AUTO_TEST_CASE(past_max_attempts_goes_to_the_give_up_handler_then_fin) {
             ++handled;
             co_return disposition::requeue_without_backoff(milliseconds(0));
         }, {}, reg);
-        c.set_give_up_handler([&](message& m) -> asio::awaitable<void> {
+        c.set_give_up_handler([&](message& m) -> asio::awaitable<disposition> {
             given_up.emplace_back(m.body(), m.attempts());
-            co_return;
+            co_return disposition::finish();
         });
         BOOST_REQUIRE(c.start().has_value());
         BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("ga", "billing").finish_count == 1; }));
@@ -378,6 +378,66 @@ BOOST_AUTO_TEST_CASE(past_max_attempts_goes_to_the_give_up_handler_then_fin) {
         BOOST_TEST(given_up[0].first == "poison");
         BOOST_TEST(given_up[0].second == 3);
         BOOST_TEST(c.stats().gave_up == 1u);
+        co_await c.stop();
+    });
+}
+
+// A give-up handler keeps a message by its disposition (the billing layer does so for every valid event):
+// the consumer REQs it with the handler's delay, counts no give-up, and does not enter handler backoff.
+BOOST_AUTO_TEST_CASE(a_give_up_handler_keeps_a_message_by_requeueing_it_without_backoff) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd nsqd(ex);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        nsqd.publish("gk", "valid");
+        auto cfg = base_config("gk");
+        cfg.max_attempts = 1;
+        cfg.nsqd_tcp_addresses = {nsqd.tcp_address()};
+        std::vector<int> seen;
+        cg::metrics::registry reg;
+        consumer c(ex, cfg, [&](message& m) -> asio::awaitable<disposition> {
+            seen.push_back(m.attempts());
+            co_return disposition::requeue_without_backoff(milliseconds(0));
+        }, {}, reg);
+        c.set_give_up_handler([&](message& m) -> asio::awaitable<disposition> {
+            seen.push_back(m.attempts());
+            if (m.attempts() < 4) co_return disposition::requeue_without_backoff(milliseconds(0));
+            co_return disposition::finish();
+        });
+        BOOST_REQUIRE(c.start().has_value());
+        BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("gk", "billing").finish_count == 1; }));
+        BOOST_TEST((seen == std::vector<int>{1, 2, 3, 4}));
+        BOOST_TEST(nsqd.channel("gk", "billing").requeue_count == 3u);
+        BOOST_TEST(c.stats().gave_up == 1u);  // only the delivery that was finished
+        BOOST_TEST(c.stats().handler_errors == 0u);
+        BOOST_TEST(c.stats().total_rdy > 0u);  // never backed off to RDY 0
+        co_await c.stop();
+    });
+}
+
+// A handler that throws has a bug: the message is not lost (REQ), the error is counted and exported.
+BOOST_AUTO_TEST_CASE(a_throwing_handler_is_counted_and_its_message_requeued) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd nsqd(ex);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        nsqd.publish("gt", "boom");
+        auto cfg = base_config("gt");
+        cfg.nsqd_tcp_addresses = {nsqd.tcp_address()};
+        cfg.default_requeue_delay = milliseconds(0);
+        int calls = 0;
+        cg::metrics::registry reg;
+        consumer c(ex, cfg, [&](message&) -> asio::awaitable<disposition> {
+            if (++calls == 1) throw std::runtime_error("handler bug");
+            co_return disposition::finish();
+        }, {}, reg);
+        BOOST_REQUIRE(c.start().has_value());
+        BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("gt", "billing").finish_count == 1; }, seconds(10)));
+        BOOST_TEST(calls == 2);
+        BOOST_TEST(c.stats().handler_errors == 1u);
+        BOOST_TEST(nsqd.channel("gt", "billing").requeue_count == 1u);
+        BOOST_TEST(reg.render().find("chargeguard_nsq_handler_errors_total{channel=\"billing\",topic=\"gt\"} 1") !=
+                   std::string::npos);
         co_await c.stop();
     });
 }

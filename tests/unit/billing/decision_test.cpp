@@ -90,3 +90,67 @@ BOOST_AUTO_TEST_CASE(same_key_window_is_configurable) {
     BOOST_TEST((decide_existing(r, event(), now, 1h) == existing_action::recover_search));
     BOOST_TEST((decide_existing(r, event(), now, 3h) == existing_action::recover_same_key));
 }
+
+// The database's view of the lease wins over the local clock (they can disagree by clock skew).
+BOOST_AUTO_TEST_CASE(lease_remaining_from_the_database_decides_held) {
+    auto r = record(record_status::pending);
+    r.lease_until = now - 5s;  // the local clock says expired…
+    r.lease_remaining = 2000ms;  // …the database says 2 s left
+    BOOST_TEST((decide_existing(r, event(), now) == existing_action::lease_held_requeue));
+    r.lease_until = now + 5s;
+    r.lease_remaining = 0ms;
+    BOOST_TEST((decide_existing(r, event(), now) == existing_action::recover_same_key));
+}
+
+// recovery_mode decides for a row this worker just leased: the lease itself does not matter any more.
+BOOST_AUTO_TEST_CASE(recovery_mode_table) {
+    struct row {
+        const char* name;
+        std::optional<sys_time> first_attempt;
+        std::optional<sys_time> indeterminate;
+        std::optional<sys_time> lease_until;
+        existing_action want;
+    };
+    std::vector<row> rows{
+        {"never tried", std::nullopt, std::nullopt, std::nullopt, existing_action::recover_same_key},
+        {"tried 1 h ago", now - 1h, std::nullopt, std::nullopt, existing_action::recover_same_key},
+        {"our fresh lease is ignored", now - 1h, std::nullopt, now + 60s, existing_action::recover_same_key},
+        {"tried 22h59m ago", now - 22h - 59min, std::nullopt, std::nullopt, existing_action::recover_same_key},
+        {"tried 23 h ago", now - 23h, std::nullopt, std::nullopt, existing_action::recover_search},
+        {"indeterminate", now - 1min, now - 30s, std::nullopt, existing_action::recover_search},
+        {"indeterminate, no attempt time", std::nullopt, now - 30s, std::nullopt, existing_action::recover_search},
+    };
+    for (const auto& t : rows) {
+        auto r = record(record_status::pending);
+        r.first_stripe_attempt_at = t.first_attempt;
+        r.indeterminate_since = t.indeterminate;
+        r.lease_until = t.lease_until;
+        BOOST_TEST((recovery_mode(r, now) == t.want), t.name);
+    }
+}
+
+// A requeue for a held lease waits until that lease can have expired, plus bounded jitter; never below the
+// floor, never above nsqd's REQ cap.
+BOOST_AUTO_TEST_CASE(lease_held_requeue_delay_table) {
+    struct row {
+        const char* name;
+        std::optional<std::chrono::milliseconds> remaining;
+        double unit;
+        std::chrono::milliseconds want;
+    };
+    const auto lease = 60s, floor = 1s, cap = 3600s;
+    std::vector<row> rows{
+        {"55 s left, no jitter", 55'000ms, 0.0, 55'000ms},
+        {"55 s left, full jitter (10 %)", 55'000ms, 1.0, 60'500ms},
+        {"55 s left, half jitter", 55'000ms, 0.5, 57'750ms},
+        {"300 ms left: the floor", 300ms, 0.0, 1000ms},
+        {"300 ms left: floor + floor-sized jitter", 300ms, 1.0, 2000ms},
+        {"expired (0): the floor", 0ms, 0.0, 1000ms},
+        {"unknown: a whole lease", std::nullopt, 0.0, 60'000ms},
+        {"huge: capped", 7200'000ms, 0.0, 3600'000ms},
+        {"out-of-range random clamps", 10'000ms, 7.0, 11'000ms},
+    };
+    for (const auto& t : rows)
+        BOOST_TEST(lease_held_requeue_delay(t.remaining, lease, floor, cap, t.unit).count() == t.want.count(),
+                   t.name);
+}

@@ -1,0 +1,665 @@
+#!/usr/bin/env python3
+"""Chaos test: exactly once — never twice AND never zero times — under crashes, restarts and Stripe faults.
+
+Real processes only: several `chargeguard consume` sharing one PostgreSQL ledger (a throwaway cluster of
+its own), nsqd (the real 1.3.0 daemon from NSQD_BIN when set, else fake-nsqd), fake-stripe over HTTPS.
+For each seed:
+  * a billing run: valid events (some for customers whose cards are declined) and invalid lines, each
+    valid event published 1–3 times at random moments (producer re-publishes);
+  * chaos for --duration seconds: a consumer SIGKILLed and restarted every 0.5–3 s, PostgreSQL restarted
+    once, nsqd restarted once with messages in flight (SIGTERM, same data path — real nsqd only: fake-nsqd
+    keeps messages in memory, so its restart would lose them, which a real broker does not), and Stripe
+    answering 500 after creating, dropping the connection after creating, 429, and one stall longer than
+    msg_timeout;
+  * then the chaos stops and the surviving consumers must reach quiescence (channel empty, nothing in
+    flight or deferred, no `pending` ledger row) within a bound derived from the configured timings;
+  * assertions: every valid event has exactly one succeeded charge at Stripe and its ledger row is
+    `charged` with that charge id; declined customers have no succeeded charge and are `declined`; every
+    invalid line is in `dead_letters` and no valid event is.
+Each SIGKILL is classified by the step the killed worker's deliveries had reached (its own debug log,
+cross-checked with the ledger and Stripe state right after the kill): before the ledger write, between it
+and the Stripe call, during the call, between Stripe's answer and the ledger update, between the update and
+FIN. The totals are printed; a failing seed is printed with the command that replays it.
+
+Usage: chaos.py --build DIR [--seeds N | --seed S] [--events N] [--profile short|scaled|both] ...
+Exit status 0 when every seed held, 1 otherwise, 77 when the run cannot be set up here (skipped).
+"""
+import argparse
+import collections
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOPIC, CHANNEL, NAMESPACE, PERIOD = "billing", "chargeguard", "chaos", "2026-11"
+
+# Two timing profiles: the short timings of the original chaos report, and the defaults (60 s msg-timeout
+# and lease, 15 s renewal, 10 s lease-held, 5 s retry, 30 s indeterminate and search-failed) scaled by 1/10.
+PROFILES = {
+    "short": dict(msg_timeout=5.0, lease=6.0, renew=1.0, held=1.0, retry=1.0, indeterminate=1.0, search=1.0),
+    "scaled": dict(msg_timeout=6.0, lease=6.0, renew=1.5, held=1.0, retry=0.5, indeterminate=3.0, search=3.0),
+}
+WINDOWS = ["before_ledger_write", "between_write_and_call", "during_call", "between_answer_and_update",
+           "between_update_and_fin"]
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def billing_key(customer):
+    return hashlib.sha256(f"{NAMESPACE}:{customer}:{PERIOD}".encode()).hexdigest()[:32]
+
+
+def wait_until(pred, timeout, step=0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if pred():
+                return True
+        except Exception:
+            pass
+        time.sleep(step)
+    return False
+
+
+class Postgres:
+    """A throwaway cluster of this run's own (ci/pg-cluster), so restarting it disturbs no other test."""
+
+    def __init__(self, work):
+        self.dir = os.path.join(work, "pg")
+        os.makedirs(self.dir)
+        os.chmod(work, 0o755)
+        os.chmod(self.dir, 0o755)
+        self.port = free_port()
+        self.ctl = os.path.join(ROOT, "ci", "pg-cluster")
+        subprocess.run([self.ctl, "start", self.dir, str(self.port)], check=True)
+        self.env = dict(os.environ, PGHOST="127.0.0.1", PGPORT=str(self.port), PGUSER="postgres",
+                        PGDATABASE="chargeguard_test", PGCONNECT_TIMEOUT="5")
+
+    def restart(self):
+        subprocess.run([self.ctl, "restart", self.dir], check=True, stdout=subprocess.DEVNULL)
+
+    def stop(self):
+        subprocess.run([self.ctl, "stop", self.dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def query(self, sql, retries=50):
+        for i in range(retries):
+            r = subprocess.run(["psql", "-X", "-A", "-t", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-c", sql],
+                               env=self.env, capture_output=True, text=True, cwd="/")
+            if r.returncode == 0:
+                return [line.split("\t") for line in r.stdout.splitlines() if line]
+            time.sleep(0.1)
+        raise RuntimeError(f"psql failed: {r.stderr.strip()}")
+
+
+class Nsqd:
+    def __init__(self, work, build, nsqd_bin):
+        self.real = bool(nsqd_bin)
+        self.bin = nsqd_bin or os.path.join(build, "tests", "doubles", "nsq", "fake-nsqd")
+        self.tcp, self.http = free_port(), free_port()
+        self.data = os.path.join(work, "nsqd-data")
+        os.makedirs(self.data)
+        self.logf = open(os.path.join(work, "nsqd.log"), "ab")
+        self.proc = None
+        self.start()
+
+    def start(self):
+        if self.real:
+            args = [self.bin, f"--tcp-address=127.0.0.1:{self.tcp}", f"--http-address=127.0.0.1:{self.http}",
+                    f"--data-path={self.data}", "--broadcast-address=127.0.0.1", "--log-level=warn"]
+        else:
+            args = [self.bin, "--tcp-address", f"127.0.0.1:{self.tcp}", "--http-address",
+                    f"127.0.0.1:{self.http}", "--msg-timeout-ms", "60000"]
+        self.proc = subprocess.Popen(args, stdout=self.logf, stderr=self.logf)
+        if not wait_until(lambda: urllib.request.urlopen(self.url("/ping"), timeout=1).status == 200, 20):
+            raise RuntimeError("nsqd did not start")
+        # The topic and channel exist before anything is published, so nothing published early is lost to a
+        # channel that did not exist yet.
+        for path in (f"/topic/create?topic={TOPIC}", f"/channel/create?topic={TOPIC}&channel={CHANNEL}"):
+            req = urllib.request.Request(self.url(path), data=b"", method="POST")
+            try:
+                urllib.request.urlopen(req, timeout=5).read()
+            except urllib.error.HTTPError:
+                pass
+
+    def url(self, path):
+        return f"http://127.0.0.1:{self.http}{path}"
+
+    def restart(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+        self.start()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def publish(self, bodies):
+        """MPUB, retried until nsqd has the batch (a restart is a blip for a producer, not a loss; a retried
+        batch may be published twice, which is one more producer re-publish)."""
+        data = "\n".join(bodies).encode()
+        while True:
+            try:
+                req = urllib.request.Request(self.url(f"/mpub?topic={TOPIC}"), data=data, method="POST")
+                if urllib.request.urlopen(req, timeout=5).status == 200:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.1)
+
+    def channel_stats(self):
+        with urllib.request.urlopen(self.url(f"/stats?format=json&topic={TOPIC}"), timeout=5) as r:
+            st = json.load(r)
+        st = st.get("data", st)
+        for t in st.get("topics") or []:
+            if t.get("topic_name") != TOPIC:
+                continue
+            for c in t.get("channels") or []:
+                if c.get("channel_name") == CHANNEL:
+                    return dict(topic_depth=t.get("depth", 0), depth=c.get("depth", 0),
+                                in_flight=c.get("in_flight_count", 0), deferred=c.get("deferred_count", 0),
+                                timeouts=c.get("timeout_count", 0), requeues=c.get("requeue_count", 0))
+        return None
+
+
+class Stripe:
+    def __init__(self, work, build, declined):
+        self.pki = os.path.join(work, "pki")
+        subprocess.run(["sh", os.path.join(ROOT, "tests", "doubles", "stripe", "gen-test-certs.sh"), self.pki],
+                       check=True)
+        self.port = free_port()
+        args = [os.path.join(build, "tests", "doubles", "stripe", "fake-stripe"), "--listen",
+                f"127.0.0.1:{self.port}", "--cert", os.path.join(self.pki, "server.pem"), "--key",
+                os.path.join(self.pki, "server.key")]
+        for c in declined:
+            args += ["--decline", c]
+        self.logf = open(os.path.join(work, "fake-stripe.log"), "ab")
+        self.proc = subprocess.Popen(args, stdout=self.logf, stderr=self.logf)
+        self.ctx = ssl.create_default_context(cafile=os.path.join(self.pki, "ca.pem"))
+        if not wait_until(lambda: self.admin("GET", "/_admin/charges") is not None, 20):
+            raise RuntimeError("fake-stripe did not start")
+
+    def admin(self, method, path, form=None):
+        data = urllib.parse.urlencode(form).encode() if form is not None else None
+        req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", data=data, method=method)
+        with urllib.request.urlopen(req, timeout=10, context=self.ctx) as r:
+            return json.load(r)
+
+    def faults(self, **kw):
+        self.admin("POST", "/_admin/faults", {k: str(v) for k, v in kw.items()})
+
+    def charges(self):
+        return self.admin("GET", "/_admin/charges")["data"]
+
+    def posts_for(self, key):
+        return self.admin("GET", f"/_admin/posts?key={key}")["count"]
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+class Consumers:
+    def __init__(self, work, build, nsqd, pg, stripe, prof, count, max_in_flight):
+        self.cg = os.path.join(build, "src", "app", "chargeguard")
+        self.work, self.nsqd, self.pg, self.stripe, self.prof = work, nsqd, pg, stripe, prof
+        self.procs = [None] * count
+        self.logs = [None] * count
+        self.incarnation = collections.Counter()
+        self.max_in_flight = max_in_flight
+
+    def args(self):
+        p = self.prof
+        d = lambda s: f"{int(s * 1000)}ms"
+        return [self.cg, "--log-level", "debug", "consume", "--topic", TOPIC, "--channel", CHANNEL,
+                "--nsqd-tcp-address", f"127.0.0.1:{self.nsqd.tcp}", "--migrate", "--key-namespace", NAMESPACE,
+                "--stripe-api-base", f"https://127.0.0.1:{self.stripe.port}", "--stripe-ca-file",
+                os.path.join(self.stripe.pki, "ca.pem"), "--max-in-flight", str(self.max_in_flight),
+                "--msg-timeout", d(p["msg_timeout"]), "--heartbeat-interval", "1s", "--lease", d(p["lease"]),
+                "--lease-renew-interval", d(p["renew"]), "--lease-held-delay", d(p["held"]),
+                "--retry-same-key-delay", d(p["retry"]), "--indeterminate-delay", d(p["indeterminate"]),
+                "--search-failed-delay", d(p["search"]), "--stripe-request-timeout", "20",
+                "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10"]
+
+    def start(self, i):
+        self.incarnation[i] += 1
+        path = os.path.join(self.work, f"consume-{i}-{self.incarnation[i]}.log")
+        self.logs[i] = path
+        # The failpoint widens the windows between a delivery's steps to tens of milliseconds, so kills land in
+        # each of them (the Stripe call is already that wide); see pipeline_config::test_step_pause.
+        env = dict(self.pg.env, STRIPE_API_KEY="sk_test_chaos", CHARGEGUARD_TEST_STEP_PAUSE_MS="60")
+        with open(path, "wb") as f:
+            self.procs[i] = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL, stderr=f, env=env)
+
+    def kill(self, i):
+        self.procs[i].send_signal(signal.SIGKILL)
+        self.procs[i].wait()
+        return self.logs[i]
+
+    def stop_all(self):
+        for p in self.procs:
+            if p and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        rcs = []
+        for p in self.procs:
+            if p:
+                try:
+                    rcs.append(p.wait(timeout=20))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    rcs.append("timeout")
+        return rcs
+
+    def crashed(self):
+        """Consumers that exited on their own (a crash of the product, not one of ours)."""
+        return [(i, p.returncode) for i, p in enumerate(self.procs) if p and p.poll() is not None]
+
+
+def read_log(path):
+    out = []
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                try:
+                    out.append(json.loads(raw))
+                except ValueError:
+                    pass  # a line cut by SIGKILL
+    except FileNotFoundError:
+        pass
+    return out
+
+
+STEP_OF = {"billing delivery received": 0, "ledger row written": 1, "recovering a pending billing record": 1,
+           "calling Stripe": 2, "Stripe answered": 3}
+DONE = ("billing message finished", "billing message requeued")
+
+
+def in_flight_steps(lines):
+    """message id → (furthest step reached, billing key) for deliveries the log shows started, not ended."""
+    state = {}
+    for ln in lines:
+        mid, msg = ln.get("message_id"), ln.get("msg")
+        if not mid:
+            continue
+        if msg in DONE:
+            state.pop(mid, None)
+        elif msg in STEP_OF:
+            step, key = state.get(mid, (-1, None))
+            state[mid] = (max(step, STEP_OF[msg]), ln.get("billing_key") or key)
+    return state
+
+
+def finished_ids(lines):
+    return {ln["message_id"]: ln.get("reason") for ln in lines if ln.get("msg") == "billing message finished"}
+
+
+def classify_kill(lines, pg, stripe):
+    """Windows the kill landed in, one per delivery the killed worker had in progress, judged from its log
+    and confirmed against the ledger and Stripe right after the kill."""
+    hits = collections.Counter()
+    for mid, (step, key) in in_flight_steps(lines).items():
+        if step <= 0 or not key:
+            hits["before_ledger_write"] += 1
+            continue
+        rows = pg.query(f"SELECT status FROM billing_records WHERE key = '{key}'")
+        status = rows[0][0] if rows else None
+        if step == 1:
+            # Row written (or lease taken), Stripe not asked: nothing at Stripe from this worker yet.
+            hits["between_write_and_call"] += 1
+        elif step == 2:
+            hits["during_call"] += 1
+        elif status == "pending":
+            hits["between_answer_and_update"] += 1
+        else:
+            hits["between_update_and_fin"] += 1
+    return hits
+
+
+def make_run(rng, n_events):
+    """Valid events (5 % for declined customers, 20 % with a second or third copy) and 3 % invalid lines."""
+    valid, declined_customers, bodies = [], [], []
+    for i in range(n_events):
+        cust = f"cust-{i:05d}"
+        decl = rng.random() < 0.05
+        scus = f"cus_decl{i:05d}" if decl else f"cus_ok{i:05d}"
+        if decl:
+            declined_customers.append(scus)
+        ev = {"customer_id": cust, "billing_period": PERIOD, "amount_cents": 100 + rng.randrange(100000),
+              "currency": "usd", "stripe_customer_id": scus, "description": "chaos"}
+        body = json.dumps(ev)
+        valid.append((cust, scus, ev["amount_cents"], decl, body))
+        copies = 1 + (rng.random() < 0.2) + (rng.random() < 0.1)
+        bodies += [body] * copies
+    invalid = []
+    for i in range(max(1, n_events * 3 // 100)):
+        invalid.append(rng.choice([
+            '{"customer_id":"bad-%d","billing_period":"%s","amount_cents":19.99,"currency":"usd",'
+            '"stripe_customer_id":"cus_x"}' % (i, PERIOD),
+            '{"customer_id":"bad-%d","billing_period":"%s","amount_cents":"1999","currency":"usd",'
+            '"stripe_customer_id":"cus_x"}' % (i, PERIOD),
+            'not json at all %d' % i,
+            '{"customer_id":"bad-%d"}' % i]))
+    bodies += invalid
+    rng.shuffle(bodies)
+    return valid, declined_customers, invalid, bodies
+
+
+def quiescence_bound(prof, pg_backoff_cap=60.0):
+    """The longest a settled system may take once the chaos stops: a message held by a killed worker comes
+    back after msg_timeout; it may find a lease (≤ lease, plus 10 % jitter and the floor) twice (the killed
+    worker's, then a recovering worker's); an indeterminate answer waits its delay, then a search, and a
+    failed search its own; a PostgreSQL error backs off up to 60 s by attempt; plus the stall and slack."""
+    p = prof
+    return (p["msg_timeout"] + 2 * (p["lease"] * 1.1 + p["held"] * 2) + p["indeterminate"] + p["search"] +
+            p["retry"] + pg_backoff_cap + (p["msg_timeout"] + 3) + 30)
+
+
+def run_seed(args, seed, profile_name):
+    prof = PROFILES[profile_name]
+    rng = random.Random(seed)
+    work = tempfile.mkdtemp(prefix=f"cg-chaos-{seed}-")
+    os.chmod(work, 0o755)
+    procs = []
+    report = dict(seed=seed, profile=profile_name, events=args.events, ok=False, failures=[],
+                  kills=collections.Counter(), kill_count=0, broker="real nsqd" if args.nsqd_bin else "fake-nsqd")
+    t_start = time.monotonic()
+    pg = nsqd = stripe = cons = None
+    try:
+        valid, declined, invalid, bodies = make_run(rng, args.events)
+        pg = Postgres(work)
+        nsqd = Nsqd(work, args.build, args.nsqd_bin)
+        stripe = Stripe(work, args.build, declined)
+        # Realistic latency so kills land during calls too.
+        stripe.faults(latency_ms=40, latency_jitter_ms=160)
+        cons = Consumers(work, args.build, nsqd, pg, stripe, prof, args.consumers, args.max_in_flight)
+        for i in range(args.consumers):
+            cons.start(i)
+
+        # The schedule, all from the seed: publish times over the first 70 % of the chaos, kill times, the
+        # PostgreSQL and nsqd restarts, and the Stripe fault bursts.
+        dur = args.duration
+        # Bursts, so many deliveries are in flight at once (and queue for pooled connections): kills then land
+        # in every step of a delivery, not only in the Stripe call.
+        bursts = sorted(rng.uniform(0, dur * 0.7) for _ in range(args.bursts))
+        batches = collections.defaultdict(list)
+        for body in bodies:
+            batches[rng.randrange(args.bursts)].append(body)
+        publishes = [(bursts[i], batches[i]) for i in range(args.bursts) if batches[i]]
+        kills, t = [], rng.uniform(0.5, 3)
+        while t < dur:
+            kills.append((t, rng.randrange(args.consumers), rng.uniform(0, 0.5)))
+            t += rng.uniform(0.5, 3)
+        # And kills right behind the bursts, when deliveries are at every step (received and waiting for a
+        # connection, row written, at Stripe, answered, settled).
+        for b in bursts:
+            for _ in range(2):
+                kills.append((b + rng.uniform(0.02, 1.2), rng.randrange(args.consumers), rng.uniform(0, 0.5)))
+        kills.sort()
+        pg_restart_at = rng.uniform(dur * 0.2, dur * 0.5)
+        nsqd_restart_at = rng.uniform(dur * 0.5, dur * 0.8) if nsqd.real else None
+        stall_at = rng.uniform(dur * 0.1, dur * 0.6)
+        report["nsqd_restart"] = "yes" if nsqd.real else "skipped (fake-nsqd keeps messages in memory)"
+
+        t0 = time.monotonic()
+        next_fault = 0.0
+        restarts = []  # (time, consumer)
+        killed_logs = []
+        events = ["pg", "nsqd", "stall"]
+        while True:
+            now = time.monotonic() - t0
+            if now >= dur and not publishes:
+                break
+            while publishes and publishes[0][0] <= now:
+                nsqd.publish(publishes.pop(0)[1])
+            while kills and kills[0][0] <= now:
+                _, i, delay = kills.pop(0)
+                if cons.procs[i].poll() is None:
+                    path = cons.kill(i)
+                    killed_logs.append(path)
+                    report["kill_count"] += 1
+                    report["kills"].update(classify_kill(read_log(path), pg, stripe))
+                    restarts.append((now + delay, i))
+            for r in [r for r in restarts if r[0] <= now]:
+                restarts.remove(r)
+                cons.start(r[1])
+            if "pg" in events and now >= pg_restart_at:
+                events.remove("pg")
+                log(f"   [{now:5.1f}s] PostgreSQL restart")
+                pg.restart()
+            if "nsqd" in events and nsqd_restart_at is not None and now >= nsqd_restart_at:
+                events.remove("nsqd")
+                log(f"   [{now:5.1f}s] nsqd restart (SIGTERM, same data path)")
+                nsqd.restart()
+            if "stall" in events and now >= stall_at:
+                events.remove("stall")
+                stripe.faults(stall_ms=int((prof["msg_timeout"] + 3) * 1000), stall_count=2)
+            if now >= next_fault and now < dur:
+                # About 5 % 500-after-create, 5 % dropped-after-create, 5 % 429 of the ~10–20 POSTs a second.
+                stripe.faults(fail_after_create=int(rng.random() < 0.6), drop_after_create=int(rng.random() < 0.6),
+                              rate_limit=int(rng.random() < 0.6))
+                next_fault = now + 1.0
+            for i, rc in cons.crashed():
+                if i not in [r[1] for r in restarts]:
+                    report["failures"].append(f"consumer {i} exited by itself with status {rc} "
+                                              f"(log {cons.logs[i]})")
+                    cons.start(i)
+            time.sleep(0.02)
+        for _, i in restarts:
+            cons.start(i)
+        stripe.faults(fail_after_create=0, drop_after_create=0, rate_limit=0, stall_count=0)
+
+        # Quiescence: the channel drained and nothing pending in the ledger.
+        bound = quiescence_bound(prof)
+        t_chaos_end = time.monotonic()
+
+        def quiet():
+            st = nsqd.channel_stats()
+            if not st or st["topic_depth"] or st["depth"] or st["in_flight"] or st["deferred"]:
+                return False
+            return pg.query("SELECT count(*) FROM billing_records WHERE status = 'pending'")[0][0] == "0"
+
+        reached = wait_until(quiet, bound, step=0.25)
+        report["quiescence_s"] = round(time.monotonic() - t_chaos_end, 1)
+        report["quiescence_bound_s"] = round(bound, 1)
+        if not reached:
+            st = nsqd.channel_stats()
+            pend = pg.query("SELECT key, stripe_attempts, lease_until, indeterminate_since, last_error "
+                            "FROM billing_records WHERE status = 'pending' LIMIT 5")
+            report["failures"].append(f"no quiescence within {bound:.0f} s: nsqd {st}, pending rows {pend}")
+
+        rcs = cons.stop_all()
+        if any(rc != 0 for rc in rcs):
+            report["failures"].append(f"consumers did not drain cleanly on SIGTERM: exit statuses {rcs}")
+        check(report, valid, invalid, pg, stripe)
+        # Deliveries a worker settled but whose FIN never reached nsqd come back as prevented duplicates of
+        # the same message: the "between the update and FIN" window, seen from the redelivery.
+        report["kills"]["between_update_and_fin"] += settled_then_redelivered(work, killed_logs)
+        report["ok"] = not report["failures"]
+    except Exception as e:  # setup or harness failure: reported as a failure of this seed
+        report["failures"].append(f"harness: {type(e).__name__}: {e}")
+    finally:
+        for x in (cons,):
+            if x:
+                for p in x.procs:
+                    if p and p.poll() is None:
+                        p.kill()
+        for x in (stripe, nsqd, pg):
+            if x:
+                try:
+                    x.stop()
+                except Exception:
+                    pass
+        report["seconds"] = round(time.monotonic() - t_start, 1)
+        report["work"] = work
+        if report["ok"] and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def settled_then_redelivered(work, killed_logs):
+    """Deliveries a killed worker settled (and logged as finished) whose FIN never reached nsqd: the same
+    message came back and was finished as a prevented duplicate by another incarnation."""
+    settled = set()
+    for path in killed_logs:
+        for ln in read_log(path):
+            if ln.get("msg") == "billing message finished" and ln.get("reason") in ("charged", "declined"):
+                settled.add(ln.get("message_id"))
+    n = 0
+    for name in sorted(os.listdir(work)):
+        path = os.path.join(work, name)
+        if not name.startswith("consume-") or path in killed_logs:
+            continue
+        for ln in read_log(path):
+            mid = ln.get("message_id")
+            if ln.get("msg") == "billing message finished" and ln.get("reason") == "duplicate_prevented" and \
+                    mid in settled:
+                settled.discard(mid)
+                n += 1
+    return n
+
+
+def check(report, valid, invalid, pg, stripe):
+    f = report["failures"]
+    charges = stripe.charges()
+    by_key = collections.defaultdict(list)
+    for c in charges:
+        md = c.get("metadata") or {}
+        if c.get("status") == "succeeded":
+            by_key[md.get("billing_key")].append(c["id"])
+    rows = {r[0]: (r[1], r[2]) for r in pg.query("SELECT key, status, coalesce(charge_id, '') FROM billing_records")}
+    letters = pg.query("SELECT coalesce(billing_key, ''), convert_from(raw_body, 'UTF8'), reason FROM dead_letters")
+    letter_bodies = collections.Counter(b for _, b, _ in letters)
+    valid_keys = set()
+    duplicates = uncharged = 0
+    for cust, scus, amount, decl, body in valid:
+        key = billing_key(cust)
+        valid_keys.add(key)
+        got = by_key.get(key, [])
+        status, charge_id = rows.get(key, (None, None))
+        if decl:
+            if got:
+                f.append(f"declined customer {cust} has succeeded charges {got}")
+            if status != "declined":
+                f.append(f"declined customer {cust}: ledger status {status}, want declined")
+        else:
+            if len(got) > 1:
+                duplicates += 1
+                f.append(f"{cust}: charged {len(got)} times: {got}")
+            if not got:
+                uncharged += 1
+                f.append(f"{cust}: never charged (ledger {status})")
+            if status != "charged" or (got and charge_id != got[0]):
+                f.append(f"{cust}: ledger {status} {charge_id}, Stripe {got}")
+        if letter_bodies.get(body):
+            f.append(f"valid event for {cust} was dead-lettered")
+    for body in invalid:
+        if not letter_bodies.get(body):
+            f.append(f"invalid line not dead-lettered: {body[:60]}")
+    stray = [k for k in by_key if k not in valid_keys]
+    if stray:
+        f.append(f"charges for unknown keys: {stray[:5]}")
+    report["charges"] = sum(len(v) for v in by_key.values())
+    report["duplicates"] = duplicates
+    report["uncharged"] = uncharged
+    report["dead_letters"] = len(letters)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", required=True, help="meson build directory with chargeguard and the doubles")
+    ap.add_argument("--seed", type=int, action="append", help="run this seed (repeatable; replays a failure)")
+    ap.add_argument("--seeds", type=int, default=3, help="run this many seeds from --first-seed")
+    ap.add_argument("--first-seed", type=int, default=None, help="default: random, printed")
+    ap.add_argument("--events", type=int, default=200)
+    ap.add_argument("--consumers", type=int, default=3)
+    ap.add_argument("--max-in-flight", type=int, default=50)
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds of chaos per seed")
+    ap.add_argument("--bursts", type=int, default=8, help="the run is published in this many MPUB bursts")
+    ap.add_argument("--profile", choices=["short", "scaled", "both"], default="both",
+                    help="timings; 'both' alternates by seed")
+    ap.add_argument("--nsqd-bin", default=os.environ.get("NSQD_BIN", ""))
+    ap.add_argument("--keep", action="store_true", help="keep the work directories of passing seeds")
+    ap.add_argument("--json", action="store_true", help="print the per-seed reports as JSON lines on stdout")
+    args = ap.parse_args()
+
+    if not shutil.which("psql") or not os.path.exists("/usr/lib/postgresql/15/bin/initdb"):
+        print("skipped: chaos test needs PostgreSQL 15 (initdb, psql)")
+        return 77
+    for exe in ("src/app/chargeguard", "tests/doubles/stripe/fake-stripe", "tests/doubles/nsq/fake-nsqd"):
+        if not os.path.exists(os.path.join(args.build, exe)):
+            print(f"skipped: {exe} is not built in {args.build}")
+            return 77
+    if args.nsqd_bin and not os.access(args.nsqd_bin, os.X_OK):
+        args.nsqd_bin = ""
+    if not args.nsqd_bin:
+        log("note: NSQD_BIN not set: running on fake-nsqd, without the broker restart")
+
+    if args.seed:
+        seeds = args.seed
+    else:
+        first = args.first_seed if args.first_seed is not None else random.SystemRandom().randrange(1, 10**6)
+        seeds = list(range(first, first + args.seeds))
+    totals = dict(runs=0, events=0, kills=collections.Counter(), kill_count=0, charges=0, duplicates=0,
+                  uncharged=0, worst_quiescence_s=0.0, failed=[])
+    for n, seed in enumerate(seeds):
+        profile = args.profile if args.profile != "both" else ("short" if seed % 2 else "scaled")
+        log(f"== chaos seed {seed} ({profile} timings, {args.events} events, {args.consumers} consumers, "
+            f"{args.duration:.0f} s)")
+        r = run_seed(args, seed, profile)
+        kills = ", ".join(f"{w} {r['kills'].get(w, 0)}" for w in WINDOWS)
+        log(f"   {'ok' if r['ok'] else 'FAILED'} in {r['seconds']} s: {r.get('charges', '?')} charges, "
+            f"{r.get('duplicates', '?')} duplicates, {r.get('uncharged', '?')} uncharged, "
+            f"{r.get('dead_letters', '?')} dead letters; quiescence {r.get('quiescence_s', '?')} s "
+            f"(bound {r.get('quiescence_bound_s', '?')} s); nsqd restart {r.get('nsqd_restart', '?')}; "
+            f"{r['kill_count']} kills caught deliveries at: {kills}")
+        for msg in r["failures"][:20]:
+            log(f"   FAIL {msg}")
+        if not r["ok"]:
+            log(f"   replay: {sys.argv[0]} --build {args.build} --seed {seed} --events {args.events} "
+                f"--profile {profile} --duration {args.duration:g}   (work dir kept: {r['work']})")
+            totals["failed"].append(seed)
+        if args.json:
+            print(json.dumps({**r, "kills": dict(r["kills"])}), flush=True)
+        totals["runs"] += 1
+        totals["events"] += args.events
+        totals["kills"].update(r["kills"])
+        totals["kill_count"] += r["kill_count"]
+        totals["charges"] += r.get("charges", 0)
+        totals["duplicates"] += r.get("duplicates", 0)
+        totals["uncharged"] += r.get("uncharged", 0)
+        totals["worst_quiescence_s"] = max(totals["worst_quiescence_s"], r.get("quiescence_s", 0.0))
+    kills = ", ".join(f"{w} {totals['kills'].get(w, 0)}" for w in WINDOWS)
+    log(f"== totals: {totals['runs']} runs, {totals['events']} events, {totals['kill_count']} kills (deliveries caught "
+        f"at: {kills}), "
+        f"{totals['charges']} charges, {totals['duplicates']} duplicates, {totals['uncharged']} uncharged, "
+        f"worst time to quiescence {totals['worst_quiescence_s']} s, failed seeds {totals['failed'] or 'none'}")
+    return 1 if totals["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
