@@ -53,9 +53,10 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
                                     "E_FIN_FAILED from nsqd: the message had already timed out")
                             .Add(lb);
         m_touches = &reg.counter("chargeguard_nsq_touches_total", "TOUCH commands sent").Add(lb);
-        m_handler_errors = &reg.counter("chargeguard_nsq_handler_errors_total",
-                                        "message or give-up handlers that threw (a bug: the message is requeued)")
-                                .Add(lb);
+        m_handler_errors =
+            &reg.counter("chargeguard_nsq_handler_errors_total",
+                         "message or give-up handlers that threw (a bug: the message is requeued)")
+                 .Add(lb);
         m_connections = &reg.gauge("chargeguard_nsq_connections", "nsqd connections subscribed").Add(lb);
         m_rdy = &reg.gauge("chargeguard_nsq_rdy", "sum of RDY over all nsqd connections").Add(lb);
         m_handlers = &reg.gauge("chargeguard_nsq_handlers_running", "message handlers running").Add(lb);
@@ -68,7 +69,8 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     std::shared_ptr<asio::ssl::context> tls_ctx;  // built at start() when TLS is on
     logger log;
     consumer_stats stats;
-    metrics::Counter *m_received, *m_finished, *m_requeued, *m_gave_up, *m_fin_failed, *m_touches, *m_handler_errors;
+    metrics::Counter *m_received, *m_finished, *m_requeued, *m_gave_up, *m_fin_failed, *m_touches,
+        *m_handler_errors;
     metrics::Gauge *m_connections, *m_rdy, *m_handlers;
     std::shared_ptr<std::atomic<int>> subscribed = std::make_shared<std::atomic<int>>(0);
 
@@ -79,8 +81,8 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     std::set<std::string> listed;  // from the last lookupd poll that got an answer
     bool poll_requested = false;
 
-    unsigned active = 0;          // handlers running
-    std::deque<message> queued;   // waiting for a handler slot
+    unsigned active = 0;         // handlers running
+    std::deque<message> queued;  // waiting for a handler slot
 
     backoff_policy backoff;
     std::size_t rr_cursor = 0;
@@ -105,6 +107,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
             return;
         }
         rebalance();
+        keep_backoff_going();
     }
 
     void on_message(const std::shared_ptr<connection>& c, const proto::message_view& v) override {
@@ -147,7 +150,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
         ++active;
         stats.max_handlers = std::max<std::uint64_t>(stats.max_handlers, active);
         m_handlers->Set(active);
-        asio::co_spawn(ex, run_handler(shared_from_this(), std::move(m)), [](std::exception_ptr) {});
+        asio::co_spawn(ex, run_handler(shared_from_this(), std::move(m)), handler_task_ended{log});
     }
 
     // Runs the handler (or give-up) for one message and applies its disposition. Never throws: an exception
@@ -158,8 +161,9 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
         try {
             if (self->cfg.max_attempts > 0 && m.attempts() > self->cfg.max_attempts) {
                 gave_up = true;
-                self->log.warn("message past max_attempts: passing it to the give-up handler",
-                               {{"id", m.id()}, {"attempts", m.attempts()}, {"max_attempts", self->cfg.max_attempts}});
+                self->log.warn(
+                    "message past max_attempts: passing it to the give-up handler",
+                    {{"id", m.id()}, {"attempts", m.attempts()}, {"max_attempts", self->cfg.max_attempts}});
                 if (self->give_up) d = co_await self->give_up(m);
             } else {
                 d = co_await self->handler(m);
@@ -180,7 +184,8 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     void handler_failed(const message& m, bool gave_up, std::string_view what) {
         ++stats.handler_errors;
         m_handler_errors->Increment();
-        log.error(gave_up ? "give-up handler threw (a bug): requeueing" : "message handler threw (a bug): requeueing",
+        log.error(gave_up ? "give-up handler threw (a bug): requeueing"
+                          : "message handler threw (a bug): requeueing",
                   {{"id", m.id()}, {"attempts", m.attempts()}, {"error", what}});
     }
 
@@ -294,7 +299,8 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
         for (auto* c : live) {
             if (c->rdy.target <= c->rdy.sent) continue;
             auto others = committed_total() - c->rdy.committed;
-            unsigned room = others >= cfg.max_in_flight ? 0 : cfg.max_in_flight - static_cast<unsigned>(others);
+            unsigned room =
+                others >= cfg.max_in_flight ? 0 : cfg.max_in_flight - static_cast<unsigned>(others);
             unsigned allowed = std::min(c->rdy.target, room);
             if (allowed > c->rdy.sent) set_rdy(*c, allowed);
             if (allowed < c->rdy.target) schedule_settle();
@@ -334,6 +340,21 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
         });
     }
 
+    // While backing off, something must always be under way: the backoff timer, the trial RDY 1 on a
+    // live connection, or a handler whose result decides the next step. When the connection holding the
+    // trial RDY 1 drops (or the trial never found a connection), none is: arm the timer again so a new
+    // trial goes out — otherwise RDY stays 0 everywhere with no handler running, for ever.
+    void keep_backoff_going() {
+        if (stopping || !backoff.backing_off() || backoff.in_timeout() || active > 0 || !queued.empty())
+            return;
+        for (auto& [k, c] : conns)
+            if (c->subscribed() && c->rdy.sent > 0) return;  // a trial is out
+        log.warn("backoff: the trial connection is gone; testing again after the backoff delay",
+                 {{"level", backoff.level()}});
+        backoff.on_continue();  // back in the timeout
+        start_backoff_timer(backoff.duration_for(backoff.level()));
+    }
+
     // After a backoff timeout: RDY 1 on one connection to test the waters (go-nsq).
     void resume_one() {
         if (!backoff.backing_off()) {
@@ -355,7 +376,85 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     void ensure_supervisor(const std::string& key, bool discovered) {
         if (stopping || supervised.contains(key)) return;
         supervised.insert(key);
-        asio::co_spawn(ex, supervise(shared_from_this(), key, discovered), [](std::exception_ptr) {});
+        asio::co_spawn(ex, supervise(shared_from_this(), key, discovered),
+                       task_ended{weak_from_this(), task::supervisor, key, discovered});
+    }
+
+    // Which background task a completion belongs to (restarted after an exception).
+    enum class task { supervisor, poller, rotation };
+
+    // Completion of a background task: an exception is a bug, never a reason to silently lose an nsqd
+    // connection, the lookupd polling or the RDY rotation. Log it and start the task again.
+    struct task_ended {
+        std::weak_ptr<core> w;
+        task which;
+        std::string key;
+        bool discovered = false;
+        void operator()(std::exception_ptr ep) const {
+            if (!ep) return;
+            auto self = w.lock();
+            if (!self) return;
+            self->log.error("consumer task failed: restarting it",
+                            {{"task", which == task::supervisor ? "nsqd supervisor"
+                                      : which == task::poller   ? "lookupd poller"
+                                                                : "RDY rotation"},
+                             {"nsqd", key},
+                             {"error", describe(ep)}});
+            ++self->stats.task_restarts;
+            self->restart(which, key, discovered);
+        }
+    };
+
+    // A handler task must not fail (run_handler catches the handler's exceptions): if one does, the
+    // handler slot and the message's FIN/REQ are lost, so the process stops loudly instead of stalling.
+    struct handler_task_ended {
+        logger log;
+        void operator()(std::exception_ptr ep) const {
+            if (!ep) return;
+            log.error("message handler task failed outside the handler: aborting", {{"error", describe(ep)}});
+            std::terminate();
+        }
+    };
+
+    static std::string describe(std::exception_ptr ep) {
+        try {
+            std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+            return e.what();
+        } catch (...) {
+            return "unknown exception";
+        }
+    }
+
+    void restart(task which, const std::string& key, bool discovered) {
+        if (stopping) {
+            supervised.erase(key);
+            changed();
+            return;
+        }
+        switch (which) {
+            case task::supervisor:
+                supervised.erase(key);
+                conns.erase(key);
+                ensure_supervisor(key, discovered);
+                break;
+            case task::poller:
+                asio::co_spawn(ex, poll_loop(shared_from_this()),
+                               task_ended{weak_from_this(), task::poller, {}, false});
+                break;
+            case task::rotation:
+                asio::co_spawn(ex, rotation(shared_from_this()),
+                               task_ended{weak_from_this(), task::rotation, {}, false});
+                break;
+        }
+    }
+
+    static asio::awaitable<void> rotation(std::shared_ptr<core> c) {
+        while (!c->stopping) {
+            co_await net::with_timeout(c->stop_wake.async_wait(), c->cfg.rdy_redistribute_interval);
+            if (c->stopping) break;
+            c->rebalance();
+        }
     }
 
     // Connects to `key` again and again with exponential backoff until stopping, or — for an address
@@ -368,9 +467,10 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
             if (self->stopping) break;
             failures = was_subscribed ? 1 : failures + 1;
             if (discovered) self->request_poll();
-            auto delay = reconnect_delay(failures, self->cfg.reconnect_backoff_min, self->cfg.reconnect_backoff_max,
-                                         self->unit());
-            self->log.info("reconnecting", {{"nsqd", key}, {"in_ms", static_cast<std::int64_t>(delay.count())}});
+            auto delay = reconnect_delay(failures, self->cfg.reconnect_backoff_min,
+                                         self->cfg.reconnect_backoff_max, self->unit());
+            self->log.info("reconnecting",
+                           {{"nsqd", key}, {"in_ms", static_cast<std::int64_t>(delay.count())}});
             co_await net::with_timeout(self->stop_wake.async_wait(), delay);
         }
         self->supervised.erase(key);
@@ -398,6 +498,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
             m_connections->Decrement();
             publish_rdy_total();
             rebalance();
+            keep_backoff_going();
         }
         changed();
         if (err) {
@@ -456,7 +557,8 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
             }
             auto producers = proto::parse_lookup_response(r->body);
             if (!producers) {
-                log.warn("nsqlookupd reply unusable", {{"lookupd", addr}, {"error", producers.err().describe()}});
+                log.warn("nsqlookupd reply unusable",
+                         {{"lookupd", addr}, {"error", producers.err().describe()}});
                 continue;
             }
             any_answer = true;
@@ -501,7 +603,9 @@ consumer::~consumer() {
     core_->abort_all();
 }
 
-void consumer::set_give_up_handler(give_up_handler h) { core_->give_up = std::move(h); }
+void consumer::set_give_up_handler(give_up_handler h) {
+    core_->give_up = std::move(h);
+}
 
 void consumer::add_readiness(metrics::health& h) {
     std::shared_ptr<std::atomic<int>> n = core_->subscribed;
@@ -527,20 +631,13 @@ result<void> consumer::start() {
         c.ensure_supervisor(key, false);
     }
     if (!c.cfg.lookupd_http_addresses.empty())
-        asio::co_spawn(c.ex, core::poll_loop(core_), [](std::exception_ptr) {});
-    asio::co_spawn(c.ex, rotation_loop(core_), [](std::exception_ptr) {});
-    c.log.info("consumer started", {{"max_in_flight", c.cfg.max_in_flight},
-                                    {"nsqd", static_cast<std::uint64_t>(c.cfg.nsqd_tcp_addresses.size())},
-                                    {"lookupd", static_cast<std::uint64_t>(c.cfg.lookupd_http_addresses.size())}});
+        asio::co_spawn(c.ex, core::poll_loop(core_), core::task_ended{core_, core::task::poller, {}, false});
+    asio::co_spawn(c.ex, core::rotation(core_), core::task_ended{core_, core::task::rotation, {}, false});
+    c.log.info("consumer started",
+               {{"max_in_flight", c.cfg.max_in_flight},
+                {"nsqd", static_cast<std::uint64_t>(c.cfg.nsqd_tcp_addresses.size())},
+                {"lookupd", static_cast<std::uint64_t>(c.cfg.lookupd_http_addresses.size())}});
     return {};
-}
-
-asio::awaitable<void> consumer::rotation_loop(std::shared_ptr<core> c) {
-    while (!c->stopping) {
-        co_await net::with_timeout(c->stop_wake.async_wait(), c->cfg.rdy_redistribute_interval);
-        if (c->stopping) break;
-        c->rebalance();
-    }
 }
 
 asio::awaitable<void> consumer::stop() {
@@ -552,7 +649,8 @@ asio::awaitable<void> consumer::stop() {
     }
     c->begin_stop();
     auto deadline = sclock::now() + c->cfg.drain_timeout;
-    c->log.info("draining", {{"handlers", c->active}, {"queued", static_cast<std::uint64_t>(c->queued.size())}});
+    c->log.info("draining",
+                {{"handlers", c->active}, {"queued", static_cast<std::uint64_t>(c->queued.size())}});
     for (auto& [k, conn] : c->conns)
         if (conn->subscribed()) {
             conn->send_rdy(0);
@@ -576,13 +674,19 @@ asio::awaitable<void> consumer::stop() {
         co_await c->wait_until(sclock::now() + seconds(5), &core::all_closed);
     }
     c->stopped = true;
-    c->log.info("consumer stopped", {{"received", c->stats.received},
-                                     {"finished", c->stats.finished},
-                                     {"requeued", c->stats.requeued}});
+    c->log.info(
+        "consumer stopped",
+        {{"received", c->stats.received}, {"finished", c->stats.finished}, {"requeued", c->stats.requeued}});
 }
 
-const consumer_stats& consumer::stats() const { return core_->stats; }
-std::size_t consumer::subscribed_connections() const { return static_cast<std::size_t>(core_->subscribed->load()); }
-const consumer_config& consumer::config() const { return core_->cfg; }
+const consumer_stats& consumer::stats() const {
+    return core_->stats;
+}
+std::size_t consumer::subscribed_connections() const {
+    return static_cast<std::size_t>(core_->subscribed->load());
+}
+const consumer_config& consumer::config() const {
+    return core_->cfg;
+}
 
 }  // namespace cg::nsq
