@@ -345,10 +345,11 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     // trial RDY 1 drops (or the trial never found a connection), none is: arm the timer again so a new
     // trial goes out — otherwise RDY stays 0 everywhere with no handler running, for ever.
     void keep_backoff_going() {
-        if (stopping || !backoff.backing_off() || backoff.in_timeout() || active > 0 || !queued.empty())
-            return;
+        if (stopping) return;
+        backoff_progress p{backoff.backing_off(), backoff.in_timeout(), false, active > 0 || !queued.empty()};
         for (auto& [k, c] : conns)
-            if (c->subscribed() && c->rdy.sent > 0) return;  // a trial is out
+            if (c->subscribed() && c->rdy.sent > 0) p.trial_out = true;
+        if (!backoff_needs_rearm(p)) return;
         log.warn("backoff: the trial connection is gone; testing again after the backoff delay",
                  {{"level", backoff.level()}});
         backoff.on_continue();  // back in the timeout
