@@ -71,7 +71,12 @@ BOOST_AUTO_TEST_CASE(snappy_refuses_corruption_and_skips_padding) {
         BOOST_TEST(!dec.decode(wire.substr(10), out).has_value());  // no stream identifier
     }
     {
-        std::string padded = wire.substr(0, 10) + std::string("\xfe\x03\x00\x00" "abc", 7) + wire.substr(10);
+        std::string padded = wire.substr(0, 10) +
+                             std::string(
+                                 "\xfe\x03\x00\x00"
+                                 "abc",
+                                 7) +
+                             wire.substr(10);
         snappy_decoder dec;
         std::string out;
         BOOST_TEST(dec.decode(padded, out).has_value());
