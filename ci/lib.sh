@@ -4,7 +4,7 @@
 # certificates and clang for the fuzz target).
 CG_PACKAGES="meson ninja-build g++ pkg-config libasio-dev libssl-dev libpq-dev libsimdjson-dev
   libboost-test-dev libhttp-parser-dev libcli11-dev prometheus-cpp-dev postgresql
-  postgresql-contrib openssl ca-certificates python3 procps clang libclang-rt-14-dev libsnappy-dev zlib1g-dev"
+  postgresql-contrib openssl ca-certificates python3 procps clang libclang-rt-14-dev prometheus libsnappy-dev zlib1g-dev"
 
 install_packages() {
   local missing=()
@@ -50,6 +50,8 @@ install_node_packages() {
     echo "== npm ci (tests/stripe-sdk)" >&2
     (cd "$root/tests/stripe-sdk" && npm ci --no-audit --no-fund --loglevel=error >&2) \
       || echo "== npm ci failed: the Stripe SDK conformance test will skip" >&2
+    (cd "$root/tests/deploy" && npm ci --no-audit --no-fund --loglevel=error >&2) \
+      || echo "== npm ci failed: the Kubernetes manifest test will skip" >&2
   else
     echo "== npm not found: the Stripe SDK conformance test will skip" >&2
   fi

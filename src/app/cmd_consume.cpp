@@ -19,6 +19,7 @@
 #include "app/stripe_flags.hpp"
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
+#include "billing/pending_age.hpp"
 #include "billing/pipeline.hpp"
 #include "nsq/consumer.hpp"
 #include "stripe/client.hpp"
@@ -234,6 +235,9 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     consumer.set_give_up_handler([&pipeline, &ncfg](nsq::message& m) { return give_up_message(&pipeline, &ncfg, m); });
     consumer.add_readiness(rt.health());
     rt.on_shutdown([&consumer, pool]() { return drain(&consumer, pool); });
+    // chargeguard_billing_oldest_pending_age_seconds: a cheap periodic query, stopped on shutdown.
+    auto pending_age = billing::start_pending_age_monitor(rt.io().get_executor(), pool, rt.metrics(), log);
+    rt.on_shutdown([pending_age]() { return pending_age->stop(); });
     if (auto ep = rt.start(); !ep) {
         log.error("cannot start", {{"error", ep.err().describe()}});
         return 1;

@@ -23,5 +23,8 @@ void register_migrate(CLI::App& app, command_main& selected);
 void register_publish(CLI::App& app, command_main& selected);
 void register_tail(CLI::App& app, command_main& selected);
 void register_consume(CLI::App& app, command_main& selected);
+void register_dead_letters(CLI::App& app, command_main& selected);
+void register_reconcile(CLI::App& app, command_main& selected);
+void register_probe(CLI::App& app, command_main& selected);
 
 }  // namespace cg::app

@@ -25,6 +25,9 @@ int main(int argc, char** argv) {
     register_publish(app, selected);
     register_tail(app, selected);
     register_consume(app, selected);
+    register_dead_letters(app, selected);
+    register_reconcile(app, selected);
+    register_probe(app, selected);
 
     mirror_env(app);
     try {

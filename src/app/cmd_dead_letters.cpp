@@ -1,0 +1,337 @@
+// `chargeguard dead-letters list|show ID|replay ID…|replay --reason R`: inspect the messages the pipeline
+// could not process and re-drive them once their cause is fixed (the customer's card, the ledger row in
+// conflict, the producer's data).
+//
+// A replay publishes the stored raw body to the letter's topic with the ordinary NSQ producer, then marks the
+// letter replayed (who, when). Publish first, mark second: a crash in between leaves the letter unmarked and
+// a second replay publishes it again, which the content-keyed charge makes harmless; the other order could
+// lose the event. A letter already replayed is skipped unless --force (idempotent by default).
+#include <unistd.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <cstdio>
+#include <memory>
+
+#include "app/cli.hpp"
+#include "app/commands.hpp"
+#include "app/pg_flags.hpp"
+#include "billing/dead_letter_store.hpp"
+#include "billing/event.hpp"
+#include "net/address.hpp"
+#include "net/offload.hpp"
+#include "nsq/producer.hpp"
+#include "nsq/proto/commands.hpp"
+
+// g++ 12 at -O2 reports a false positive on Asio's coroutine frame allocator (GCC bug 109224), as the
+// billing library does with -Wno-mismatched-new-delete.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace cg::app {
+namespace {
+
+struct list_flags {
+    pg_flags pg;
+    std::string reason;
+    bool all = false;
+    std::int64_t limit = 100;
+    bool json = false;
+};
+
+struct show_flags {
+    pg_flags pg;
+    std::int64_t id = 0;
+    bool json = false;
+};
+
+struct replay_flags {
+    pg_flags pg;
+    std::vector<std::int64_t> ids;
+    std::string reason;
+    std::string nsqd_tcp_address;
+    std::string topic;  // empty: each letter's own topic
+    std::string by;
+    bool force = false;
+    bool no_validate = false;
+};
+
+std::string default_operator() {
+    const char* u = std::getenv("USER");
+    if (!u || !*u) u = std::getenv("LOGNAME");
+    std::string who = u && *u ? u : "unknown";
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0 && host[0]) who += std::string("@") + host;
+    return who;
+}
+
+// A short, printable preview of a body for the table.
+std::string preview(const std::string& body, std::size_t max = 60) {
+    std::string out;
+    for (char c : body) {
+        if (out.size() >= max) {
+            out += "…";
+            break;
+        }
+        out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '.' : c;
+    }
+    return out;
+}
+
+std::string when(const std::optional<pg::timestamp>& t) {
+    return t ? pg::format_timestamptz(*t) : "-";
+}
+
+// A pool of one connection on `io` for a one-shot command (no readiness, no metrics).
+std::shared_ptr<pg::pool> one_shot_pool(asio::io_context& io, net::offload_pool& off, const pg_flags& f,
+                                        const logger& log) {
+    auto o = to_pool_options(f);
+    o.size = 1;
+    return pg::pool::create(io.get_executor(), off.get_executor(), std::move(o), log);
+}
+
+// Runs `task` (returning the exit code) on a fresh loop, then closes the pool.
+// With `nsqd`, also a producer for it, created and destroyed outside the coroutine (as `publish` does).
+template <typename Make>
+int run_one_shot(const pg_flags& f, const global_flags& g, Make make, const std::string& nsqd = {}) {
+    auto log = make_stderr_logger(g.level());
+    (void)to_pg_config(f);  // validates before anything connects
+    asio::io_context io{1};
+    net::offload_pool off{1};
+    auto pool = one_shot_pool(io, off, f, log);
+    std::unique_ptr<nsq::producer> producer;
+    if (!nsqd.empty())
+        producer = std::make_unique<nsq::producer>(io.get_executor(), nsqd, nsq::producer_config{}, log);
+    int rc = 1;
+    asio::co_spawn(io, make(pool, producer.get()), [&](std::exception_ptr e, int r) {
+        if (e) {
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::exception& ex) {
+                std::fprintf(stderr, "chargeguard dead-letters: %s\n", ex.what());
+            }
+            r = 2;
+        }
+        rc = r;
+    });
+    io.run();
+    io.restart();
+    asio::co_spawn(io, pool->close(), [](std::exception_ptr) {});
+    io.run();
+    off.drain();
+    return rc;
+}
+
+net::awaitable<int> run_list(list_flags f, std::shared_ptr<pg::pool> pool) {
+    billing::dead_letter_store store(pool);
+    billing::letter_filter flt;
+    if (!f.reason.empty()) flt.reason_prefix = f.reason;
+    flt.include_replayed = f.all;
+    flt.limit = f.limit;
+    auto r = co_await store.list(flt);
+    if (!r) {
+        std::fprintf(stderr, "chargeguard dead-letters list: %s\n", r.err().describe().c_str());
+        co_return 2;
+    }
+    if (f.json) {
+        for (const auto& l : *r) std::printf("%s\n", billing::to_json(l, false).c_str());
+        co_return 0;
+    }
+    std::printf("%-8s %-29s %-12s %-8s %-29s %-40s %s\n", "ID", "RECEIVED", "TOPIC", "ATTEMPTS", "REPLAYED",
+                "REASON", "BODY");
+    for (const auto& l : *r)
+        std::printf("%-8lld %-29s %-12s %-8d %-29s %-40s %s\n", static_cast<long long>(l.id),
+                    pg::format_timestamptz(l.received_at).c_str(), l.topic.c_str(), l.attempts,
+                    when(l.replayed_at).c_str(), preview(l.reason, 40).c_str(), preview(l.raw_body).c_str());
+    std::printf("%zu letter(s)%s\n", r->size(), f.all ? "" : " not replayed yet (--all for every letter)");
+    co_return 0;
+}
+
+net::awaitable<int> run_show(show_flags f, std::shared_ptr<pg::pool> pool) {
+    billing::dead_letter_store store(pool);
+    auto r = co_await store.find(f.id);
+    if (!r) {
+        std::fprintf(stderr, "chargeguard dead-letters show: %s\n", r.err().describe().c_str());
+        co_return 2;
+    }
+    if (!*r) {
+        std::fprintf(stderr, "chargeguard dead-letters show: no dead letter %lld\n",
+                     static_cast<long long>(f.id));
+        co_return 1;
+    }
+    const auto& l = **r;
+    if (f.json) {
+        std::printf("%s\n", billing::to_json(l, true).c_str());
+        co_return 0;
+    }
+    std::printf(
+        "id:             %lld\nreceived_at:    %s\ntopic:          %s\nchannel:        %s\n"
+        "nsq_message_id: %s\nattempts:       %d\nreason:         %s\nbilling_key:    %s\n"
+        "replayed_at:    %s\nreplayed_by:    %s\nreplay_count:   %d\nbody (%zu bytes):\n%s\n",
+        static_cast<long long>(l.id), pg::format_timestamptz(l.received_at).c_str(), l.topic.c_str(),
+        l.channel.c_str(), l.nsq_message_id.c_str(), l.attempts, l.reason.c_str(),
+        l.billing_key.value_or("-").c_str(), when(l.replayed_at).c_str(), l.replayed_by.value_or("-").c_str(),
+        l.replay_count, l.raw_body.size(), l.raw_body.c_str());
+    co_return 0;
+}
+
+struct replay_counts {
+    int replayed = 0, skipped = 0, failed = 0;
+};
+
+// One letter: skip if replayed (unless --force), refuse a body `consume` would dead-letter again (unless
+// --no-validate), publish, mark. Returns false when publishing failed (the caller stops: nsqd is unwell).
+net::awaitable<bool> replay_one(const replay_flags& f, billing::dead_letter_store& store, nsq::producer& prod,
+                                const billing::stored_letter& l, replay_counts& n) {
+    if (l.replayed_at && !f.force) {
+        std::printf("letter %lld: already replayed by %s at %s; skipped (--force publishes it again)\n",
+                    static_cast<long long>(l.id), l.replayed_by.value_or("?").c_str(),
+                    when(l.replayed_at).c_str());
+        ++n.skipped;
+        co_return true;
+    }
+    if (!f.no_validate) {
+        if (auto ev = billing::parse_event(l.raw_body); !ev) {
+            std::printf(
+                "letter %lld: body is still not a valid billing event (%s); fix the data first, or "
+                "--no-validate\n",
+                static_cast<long long>(l.id), ev.err().describe().c_str());
+            ++n.failed;
+            co_return true;
+        }
+    }
+    const std::string& topic = f.topic.empty() ? l.topic : f.topic;
+    auto pub = co_await prod.publish(topic, l.raw_body);
+    if (!pub) {
+        std::fprintf(stderr, "letter %lld: publish to %s failed: %s (the letter stays unmarked)\n",
+                     static_cast<long long>(l.id), topic.c_str(), pub.err().describe().c_str());
+        ++n.failed;
+        co_return false;
+    }
+    auto marked = co_await store.mark_replayed(l.id, f.by, f.force);
+    if (!marked) {
+        // Published but not marked: a second replay publishes again, which the content key makes harmless.
+        std::fprintf(stderr, "letter %lld: published to %s, but marking it replayed failed: %s\n",
+                     static_cast<long long>(l.id), topic.c_str(), marked.err().describe().c_str());
+        ++n.failed;
+        co_return true;
+    }
+    std::printf("letter %lld: replayed to topic %s by %s%s\n", static_cast<long long>(l.id), topic.c_str(),
+                f.by.c_str(), *marked ? "" : " (another replay marked it first)");
+    ++n.replayed;
+    co_return true;
+}
+
+net::awaitable<int> run_replay(replay_flags f, std::shared_ptr<pg::pool> pool, nsq::producer* producer) {
+    billing::dead_letter_store store(pool);
+    nsq::producer& prod = *producer;
+    replay_counts n;
+    bool go_on = true;
+    for (auto id : f.ids) {
+        if (!go_on) break;
+        auto r = co_await store.find(id);
+        if (!r) {
+            std::fprintf(stderr, "letter %lld: %s\n", static_cast<long long>(id), r.err().describe().c_str());
+            ++n.failed;
+            break;
+        }
+        if (!*r) {
+            std::fprintf(stderr, "letter %lld: no such dead letter\n", static_cast<long long>(id));
+            ++n.failed;
+            continue;
+        }
+        go_on = co_await replay_one(f, store, prod, **r, n);
+    }
+    if (!f.reason.empty()) {
+        billing::letter_filter flt;
+        flt.reason_prefix = f.reason;
+        flt.include_replayed = false;
+        flt.limit = 500;
+        while (go_on) {
+            auto page = co_await store.list(flt);
+            if (!page) {
+                std::fprintf(stderr, "listing letters: %s\n", page.err().describe().c_str());
+                ++n.failed;
+                break;
+            }
+            for (const auto& l : *page) {
+                go_on = co_await replay_one(f, store, prod, l, n);
+                if (!go_on) break;
+            }
+            if (page->size() < static_cast<std::size_t>(flt.limit)) break;
+            flt.after_id = page->back().id;
+        }
+    }
+    co_await prod.close();
+    std::printf("%d replayed, %d skipped (already replayed), %d failed\n", n.replayed, n.skipped, n.failed);
+    co_return n.failed > 0 ? 1 : 0;
+}
+
+}  // namespace
+
+void register_dead_letters(CLI::App& app, command_main& selected) {
+    auto* dl =
+        app.add_subcommand("dead-letters", "inspect dead letters and replay them once their cause is fixed");
+    dl->require_subcommand(1);
+
+    auto lf = std::make_shared<list_flags>();
+    auto* list = dl->add_subcommand("list", "list dead letters not replayed yet (oldest first)");
+    add_pg_flags(*list, lf->pg, false);
+    list->add_option("--reason", lf->reason, "only letters whose reason starts with this");
+    list->add_flag("--all", lf->all, "include letters already replayed");
+    list->add_option("--limit", lf->limit, "at most this many")
+        ->check(CLI::Range(1, 1000000))
+        ->capture_default_str();
+    list->add_flag("--json", lf->json, "one JSON object per line");
+    list->callback([&selected, lf] {
+        selected = [lf](const global_flags& g) {
+            return run_one_shot(lf->pg, g, [lf](std::shared_ptr<pg::pool> p, nsq::producer*) {
+                return run_list(*lf, std::move(p));
+            });
+        };
+    });
+
+    auto sf = std::make_shared<show_flags>();
+    auto* show = dl->add_subcommand("show", "print one dead letter with its body");
+    add_pg_flags(*show, sf->pg, false);
+    show->add_option("ID", sf->id, "dead letter id")->required();
+    show->add_flag("--json", sf->json, "as one JSON object");
+    show->callback([&selected, sf] {
+        selected = [sf](const global_flags& g) {
+            return run_one_shot(sf->pg, g, [sf](std::shared_ptr<pg::pool> p, nsq::producer*) {
+                return run_show(*sf, std::move(p));
+            });
+        };
+    });
+
+    auto rf = std::make_shared<replay_flags>();
+    auto* replay =
+        dl->add_subcommand("replay", "re-publish dead letters' raw bodies to their topic, once each");
+    add_pg_flags(*replay, rf->pg, false);
+    replay->add_option("ID", rf->ids, "dead letter ids");
+    replay->add_option("--reason", rf->reason, "every letter not replayed yet whose reason starts with this");
+    replay->add_option("--nsqd-tcp-address", rf->nsqd_tcp_address, "nsqd TCP address host:port")->required();
+    replay->add_option("--topic", rf->topic, "publish here instead of each letter's own topic");
+    replay->add_option("--by", rf->by, "who replays (recorded with the letter; default user@host)");
+    replay->add_flag("--force", rf->force, "publish letters already replayed again");
+    replay->add_flag("--no-validate", rf->no_validate, "publish bodies that are not valid billing events");
+    replay->callback([&selected, rf] {
+        if (rf->ids.empty() && rf->reason.empty())
+            throw CLI::ValidationError("replay", "give letter IDs or --reason R");
+        if (!net::parse_host_port(rf->nsqd_tcp_address))
+            throw CLI::ValidationError("--nsqd-tcp-address",
+                                       "'" + rf->nsqd_tcp_address + "' is not host:port");
+        if (!rf->topic.empty() && !nsq::proto::valid_topic_name(rf->topic))
+            throw CLI::ValidationError("--topic", "'" + rf->topic + "' is not a valid topic name");
+        if (rf->by.empty()) rf->by = default_operator();
+        selected = [rf](const global_flags& g) {
+            return run_one_shot(
+                rf->pg, g,
+                [rf](std::shared_ptr<pg::pool> p, nsq::producer* prod) {
+                    return run_replay(*rf, std::move(p), prod);
+                },
+                rf->nsqd_tcp_address);
+        };
+    });
+}
+
+}  // namespace cg::app

@@ -1,0 +1,562 @@
+// `chargeguard reconcile --expected FILE --period P`: compares a billing run with the ledger and with Stripe.
+//
+//  1. reads the expected events (JSONL or CSV) of period P;
+//  2. reads the ledger rows and the open dead letters of P;
+//  3. lists the account's charges created since the period's first ledger row (less a day), page by page,
+//     keeping those whose metadata carries billing_period P;
+//  4. resolves every `pending` row with the pipeline's own recovery search (the customer's charges, matched
+//  on
+//     metadata[billing_key]): a charge found settles the row (charged / declined), none leaves it to the
+//     pipeline;
+//  5. checks each charged row's charge id against Stripe (a retrieve when the scan did not see it);
+//  6. classifies every (customer, period) (billing/reconcile.hpp) and, with --publish, re-publishes the
+//     events whose message was lost (missing, or pending with no charge and an expired lease): the content
+//     key makes that safe even if the original was only delayed.
+// Every Stripe request waits for the pacer (--stripe-rate), so a reconcile never starves `consume` of the
+// account's rate limit. Exit status: 0 when nothing is unexplained, 1 when something is, 2 on failure.
+#include <simdjson.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "app/cli.hpp"
+#include "app/commands.hpp"
+#include "app/pg_flags.hpp"
+#include "app/stripe_flags.hpp"
+#include "billing/key.hpp"
+#include "billing/ledger.hpp"
+#include "billing/reconcile.hpp"
+#include "http/proto/message.hpp"
+#include "net/address.hpp"
+#include "net/offload.hpp"
+#include "net/timeout.hpp"
+#include "nsq/producer.hpp"
+#include "nsq/proto/commands.hpp"
+#include "pg/rows.hpp"
+#include "stripe/client.hpp"
+#include "stripe/json.hpp"
+
+// g++ 12 at -O2 reports a false positive on Asio's coroutine frame allocator (GCC bug 109224), as the
+// billing library does with -Wno-mismatched-new-delete.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace cg::app {
+namespace {
+
+using namespace std::chrono;
+
+struct reconcile_flags {
+    pg_flags pg;
+    stripe_flags stripe;
+    std::string expected_file;
+    std::string period;
+    std::string key_namespace = "chargeguard";
+    bool json = false;
+    bool show_ok = false;
+    bool publish = false;
+    std::string nsqd_tcp_address;
+    std::string topic;
+    double stripe_rate = 20;
+    std::int64_t created_since = -1;  // unix seconds; -1: derived from the ledger
+};
+
+const std::string rows_sql =
+    "SELECT key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, "
+    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts, "
+    "(lease_until IS NULL OR lease_until < now()) AS lease_expired, "
+    "extract(epoch FROM created_at)::bigint FROM billing_records WHERE billing_period = $1::text";
+const std::string one_row_sql =
+    "SELECT key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, "
+    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts, "
+    "(lease_until IS NULL OR lease_until < now()) AS lease_expired, "
+    "extract(epoch FROM created_at)::bigint FROM billing_records WHERE key = $1::text";
+const std::string letters_sql =
+    "SELECT id, reason, billing_key, raw_body FROM dead_letters WHERE replayed_at IS NULL ORDER BY id";
+
+struct ledger_row {
+    billing::ledger_record rec;
+    bool lease_expired = true;
+    std::int64_t created = 0;
+};
+
+std::optional<billing::sys_time> opt_time(const pg::rows& r, std::size_t i, int c) {
+    auto t = r.get<std::optional<pg::timestamp>>(i, c);
+    if (!t) return std::nullopt;
+    return billing::sys_time(*t);
+}
+
+ledger_row decode_row(const pg::rows& r, std::size_t i) {
+    ledger_row out;
+    auto& rec = out.rec;
+    rec.key = r.get<std::string>(i, 0);
+    rec.customer_id = r.get<std::string>(i, 1);
+    rec.billing_period = r.get<std::string>(i, 2);
+    rec.amount_cents = r.get<std::int64_t>(i, 3);
+    rec.currency = r.get<std::string>(i, 4);
+    rec.stripe_customer_id = r.get<std::string>(i, 5);
+    auto st = billing::parse_record_status(r.get<std::string_view>(i, 6));
+    if (!st) throw pg::column_error("billing_records.status: unknown value " + r.get<std::string>(i, 6));
+    rec.status = *st;
+    rec.charge_id = r.get<std::optional<std::string>>(i, 7);
+    rec.key_generation = r.get<std::int32_t>(i, 8);
+    rec.indeterminate_since = opt_time(r, i, 9);
+    rec.lease_until = opt_time(r, i, 10);
+    rec.first_stripe_attempt_at = opt_time(r, i, 11);
+    rec.stripe_attempts = r.get<std::int32_t>(i, 12);
+    out.lease_expired = r.get<bool>(i, 13);
+    out.created = r.get<std::int64_t>(i, 14);
+    return out;
+}
+
+billing::charge_fact fact_of(const stripe::charge& c) {
+    return {c.id,       c.amount,
+            c.currency, c.customer,
+            c.status,   std::string(stripe::metadata_value(c.metadata, "billing_key").value_or(""))};
+}
+
+using ident = std::pair<std::string, std::string>;  // customer_id, billing_period
+
+struct item {
+    billing::recon_facts facts;
+    ident who;
+    bool lease_expired = true;
+    billing::recon_verdict verdict;
+    std::string action;  // "settled charged from ch_…", "re-published", …
+};
+
+struct reconcile_run {
+    const reconcile_flags& f;
+    pg::pool& pool;
+    stripe::client& stripe;
+    logger log;
+    billing::request_pacer pacer;
+    std::map<ident, item> items;
+    std::map<std::string, ident> by_key;
+    std::int64_t stripe_requests = 0;
+    std::string failure;
+
+    item& at(const ident& who, const std::string& key) {
+        auto& it = items[who];
+        it.who = who;
+        if (it.facts.key.empty()) it.facts.key = key;
+        by_key.emplace(key, who);
+        return it;
+    }
+
+    net::awaitable<void> pace() {
+        auto d = pacer.delay(steady_clock::now());
+        ++stripe_requests;
+        if (d > steady_clock::duration::zero()) co_await net::sleep_for(d);
+    }
+
+    net::awaitable<result<pg::rows>> query(const std::string& sql, pg::params p) {
+        auto c = co_await pool.acquire();
+        if (!c) co_return c.err();
+        co_return co_await (*c)->query_with(sql, std::move(p), seconds(60));
+    }
+};
+
+result<std::vector<billing::expected_event>> read_expected(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return error(core_errc::io_error, "cannot read --expected '" + path + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto r = billing::parse_expected(ss.str());
+    if (!r) return error(r.err().code, path + ": " + r.err().message);
+    return r;
+}
+
+// Loose read of a dead letter's body: the customer and period, even when another field is invalid.
+std::optional<ident> letter_ident(const std::string& body, simdjson::dom::parser& p) {
+    simdjson::dom::element doc;
+    if (p.parse(body).get(doc) != simdjson::SUCCESS) return std::nullopt;
+    std::string_view c, per;
+    if (doc["customer_id"].get(c) != simdjson::SUCCESS || doc["billing_period"].get(per) != simdjson::SUCCESS)
+        return std::nullopt;
+    return ident(std::string(c), std::string(per));
+}
+
+net::awaitable<bool> load_ledger(reconcile_run& run, std::int64_t& earliest) {
+    auto rows = co_await run.query(rows_sql, pg::params(run.f.period));
+    if (!rows) {
+        run.failure = "reading the ledger: " + rows.err().describe();
+        co_return false;
+    }
+    for (std::size_t i = 0; i < rows->size(); ++i) {
+        auto row = decode_row(*rows, i);
+        earliest = earliest < 0 ? row.created : std::min(earliest, row.created);
+        auto& it = run.at({row.rec.customer_id, row.rec.billing_period}, row.rec.key);
+        it.facts.key = row.rec.key;  // the ledger's key wins (another namespace may have written it)
+        run.by_key[row.rec.key] = it.who;
+        it.lease_expired = row.lease_expired;
+        it.facts.record = std::move(row.rec);
+    }
+    auto letters = co_await run.query(letters_sql, pg::params());
+    if (!letters) {
+        run.failure = "reading dead letters: " + letters.err().describe();
+        co_return false;
+    }
+    simdjson::dom::parser p;
+    for (std::size_t i = 0; i < letters->size(); ++i) {
+        auto body = letters->get<bytes>(i, 3);
+        auto who = letter_ident(std::string(body.begin(), body.end()), p);
+        if (!who || who->second != run.f.period) continue;
+        auto key = billing::base_key(run.f.key_namespace, who->first, who->second);
+        auto& it = run.at(*who, key);
+        if (!it.facts.dead_letter_reason)
+            it.facts.dead_letter_reason =
+                "dead letter " + std::string(letters->text(i, 0)) + ": " + std::string(letters->text(i, 1));
+    }
+    co_return true;
+}
+
+// Every charge created since `since`, newest first, 100 per page; keeps those of this period (or carrying a
+// key we know).
+net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since) {
+    std::string after;
+    for (;;) {
+        std::string target = "/v1/charges?limit=100&created[gte]=" + std::to_string(since);
+        if (!after.empty()) target += "&starting_after=" + http::url_encode(after);
+        co_await run.pace();
+        auto r = co_await run.stripe.call("GET", target, "", "");
+        if (r.cls != stripe::outcome_class::succeeded) {
+            run.failure = "listing Stripe charges: " + r.message;
+            co_return false;
+        }
+        auto page = stripe::parse_charge_page(r.http.resp.body);
+        if (!page) {
+            run.failure = "listing Stripe charges: " + page.err().describe();
+            co_return false;
+        }
+        for (const auto& c : page->data) {
+            auto key = stripe::metadata_value(c.metadata, "billing_key");
+            if (!key) continue;
+            auto known = run.by_key.find(std::string(*key));
+            if (known != run.by_key.end()) {
+                run.items[known->second].facts.charges.push_back(fact_of(c));
+                continue;
+            }
+            auto period = stripe::metadata_value(c.metadata, "billing_period");
+            if (period != run.f.period) continue;
+            ident who(std::string(stripe::metadata_value(c.metadata, "customer_id").value_or("?")),
+                      run.f.period);
+            run.at(who, std::string(*key)).facts.charges.push_back(fact_of(c));
+        }
+        if (!page->has_more || page->data.empty()) co_return true;
+        after = page->data.back().id;
+    }
+}
+
+// The pipeline's recovery for a pending row: search the customer's charges for the base key; a charge found
+// settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile wins).
+net::awaitable<void> resolve_pending(reconcile_run& run, billing::ledger& ledger, item& it) {
+    auto& rec = *it.facts.record;
+    std::optional<std::int64_t> since;
+    if (rec.first_stripe_attempt_at)
+        since = duration_cast<seconds>((*rec.first_stripe_attempt_at - hours(24)).time_since_epoch()).count();
+    co_await run.pace();
+    auto found = co_await run.stripe.find_charge_by_billing_key(rec.stripe_customer_id, rec.key, since);
+    if (!found) {
+        it.action = "recovery search failed: " + found.err().describe();
+        co_return;
+    }
+    if (!*found) {
+        it.action =
+            it.lease_expired ? "no charge carries the key" : "no charge yet; a worker holds the lease";
+        co_return;
+    }
+    const auto& ch = **found;
+    result<bool> marked = false;
+    if (ch.status == "failed")
+        marked = co_await ledger.mark_declined(rec.key, ch.id,
+                                               "declined (found by reconcile): " + ch.failure_code);
+    else
+        marked = co_await ledger.mark_charged(rec.key, ch.id);
+    if (!marked) {
+        it.action = "found " + ch.id + " but recording it failed: " + marked.err().describe();
+        co_return;
+    }
+    it.action = std::string(*marked ? "settled " : "already settled; found ") +
+                (ch.status == "failed" ? "declined " : "charged ") + ch.id;
+    auto again = co_await run.query(one_row_sql, pg::params(rec.key));
+    if (again && !again->empty()) {
+        auto row = decode_row(*again, 0);
+        it.lease_expired = row.lease_expired;
+        it.facts.record = std::move(row.rec);
+    }
+    bool listed = false;
+    for (const auto& c : it.facts.charges) listed = listed || c.id == ch.id;
+    if (!listed) it.facts.charges.push_back(fact_of(ch));
+}
+
+// The charge a charged row names: from the scan, else retrieved (404: it does not exist).
+net::awaitable<void> check_recorded(reconcile_run& run, item& it) {
+    const auto& id = *it.facts.record->charge_id;
+    for (const auto& c : it.facts.charges)
+        if (c.id == id) {
+            it.facts.recorded_charge_known = true;
+            it.facts.recorded_charge = c;
+            co_return;
+        }
+    co_await run.pace();
+    auto r = co_await run.stripe.call("GET", "/v1/charges/" + http::url_encode(id), "", "");
+    if (r.cls == stripe::outcome_class::succeeded) {
+        if (auto c = stripe::parse_charge(r.http.resp.body)) {
+            it.facts.recorded_charge_known = true;
+            it.facts.recorded_charge = fact_of(*c);
+        }
+    } else if (r.http.ok() && r.http.resp.status == 404) {
+        it.facts.recorded_charge_known = true;
+    } else {
+        it.action = "could not retrieve " + id + ": " + r.message;
+    }
+}
+
+std::string json_item(const item& it) {
+    std::string o = "{\"customer_id\":";
+    append_json_string(o, it.who.first);
+    o += ",\"billing_period\":";
+    append_json_string(o, it.who.second);
+    o += ",\"key\":";
+    append_json_string(o, it.facts.key);
+    o += ",\"class\":";
+    append_json_string(o, billing::to_string(it.verdict.cls));
+    o += ",\"explained\":";
+    o += billing::is_explained(it.verdict.cls) ? "true" : "false";
+    o += ",\"detail\":";
+    append_json_string(o, it.verdict.detail);
+    o += ",\"status\":";
+    if (it.facts.record)
+        append_json_string(o, billing::to_string(it.facts.record->status));
+    else
+        o += "null";
+    o += ",\"charge_id\":";
+    if (it.facts.record && it.facts.record->charge_id)
+        append_json_string(o, *it.facts.record->charge_id);
+    else
+        o += "null";
+    o += ",\"action\":";
+    append_json_string(o, it.action);
+    return o + "}";
+}
+
+void print_report(const reconcile_run& run, std::size_t expected, std::size_t republished) {
+    std::array<std::size_t, billing::recon_class_count> counts{};
+    std::size_t unexplained = 0;
+    for (const auto& [who, it] : run.items) {
+        ++counts[static_cast<std::size_t>(it.verdict.cls)];
+        unexplained += !billing::is_explained(it.verdict.cls);
+    }
+    if (run.f.json) {
+        std::string o = "{\"period\":";
+        append_json_string(o, run.f.period);
+        o += ",\"expected\":" + std::to_string(expected) + ",\"unexplained\":" + std::to_string(unexplained) +
+             ",\"republished\":" + std::to_string(republished) +
+             ",\"stripe_requests\":" + std::to_string(run.stripe_requests) + ",\"classes\":{";
+        for (std::size_t i = 0; i < counts.size(); ++i) {
+            if (i) o += ",";
+            append_json_string(o, billing::to_string(static_cast<billing::recon_class>(i)));
+            o += ":" + std::to_string(counts[i]);
+        }
+        o += "},\"items\":[";
+        bool first = true;
+        for (const auto& [who, it] : run.items) {
+            if (it.verdict.cls == billing::recon_class::ok && !run.f.show_ok) continue;
+            o += (first ? "" : ",") + json_item(it);
+            first = false;
+        }
+        std::printf("%s]}\n", o.c_str());
+        return;
+    }
+    std::printf("reconcile period %s: %zu expected, %lld Stripe request(s)\n\n%-26s %8s\n",
+                run.f.period.c_str(), expected, static_cast<long long>(run.stripe_requests), "CLASS",
+                "COUNT");
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+        auto c = static_cast<billing::recon_class>(i);
+        std::printf("%-26s %8zu%s\n", std::string(billing::to_string(c)).c_str(), counts[i],
+                    billing::is_explained(c) || counts[i] == 0 ? "" : "  (unexplained)");
+    }
+    std::printf("\n%-24s %-12s %-26s %-40s %s\n", "CUSTOMER", "PERIOD", "CLASS", "DETAIL", "ACTION");
+    for (const auto& [who, it] : run.items) {
+        if (it.verdict.cls == billing::recon_class::ok && !run.f.show_ok) continue;
+        std::printf("%-24s %-12s %-26s %-40s %s\n", who.first.c_str(), who.second.c_str(),
+                    std::string(billing::to_string(it.verdict.cls)).c_str(), it.verdict.detail.c_str(),
+                    it.action.c_str());
+    }
+    std::printf("\n%zu unexplained, %zu re-published\n", unexplained, republished);
+}
+
+net::awaitable<std::size_t> republish(reconcile_run& run, nsq::producer& prod, std::vector<item*> lost) {
+    if (lost.empty()) co_return 0;
+    std::size_t done = 0;
+    for (std::size_t i = 0; i < lost.size(); i += 200) {
+        std::vector<std::string> bodies;
+        for (std::size_t j = i; j < std::min(lost.size(), i + 200); ++j)
+            bodies.push_back(lost[j]->facts.expected->body);
+        auto n = bodies.size();
+        auto r = co_await prod.multi_publish(run.f.topic, std::move(bodies));
+        if (!r) {
+            run.failure = "publishing to " + run.f.topic + ": " + r.err().describe();
+            break;
+        }
+        for (std::size_t j = i; j < i + n; ++j) lost[j]->action = "re-published to " + run.f.topic;
+        done += n;
+    }
+    co_return done;
+}
+
+net::awaitable<int> run_reconcile(const reconcile_flags* fp, std::shared_ptr<pg::pool> pool,
+                                  stripe::client* stripe, nsq::producer* producer,
+                                  std::vector<billing::expected_event> expected, logger log) {
+    const auto& f = *fp;
+    reconcile_run run{f, *pool, *stripe, log, billing::request_pacer(f.stripe_rate, 5), {}, {}, 0, {}};
+    for (auto& e : expected) {
+        auto who = ident(e.event.customer_id, e.event.billing_period);
+        auto key = billing::base_key(f.key_namespace, who.first, who.second);
+        run.at(who, key).facts.expected = std::move(e);
+    }
+    std::int64_t earliest = -1;
+    if (!co_await load_ledger(run, earliest)) {
+        std::fprintf(stderr, "chargeguard reconcile: %s\n", run.failure.c_str());
+        co_return 2;
+    }
+    std::int64_t since =
+        f.created_since >= 0 ? f.created_since
+        : earliest >= 0
+            ? earliest - 24 * 3600
+            : duration_cast<seconds>(system_clock::now().time_since_epoch()).count() - 45 * 24 * 3600;
+    if (!co_await scan_stripe(run, since)) {
+        std::fprintf(stderr, "chargeguard reconcile: %s\n", run.failure.c_str());
+        co_return 2;
+    }
+    billing::ledger ledger(pool);
+    for (auto& [who, it] : run.items) {
+        if (!it.facts.record) continue;
+        if (it.facts.record->status == billing::record_status::pending)
+            co_await resolve_pending(run, ledger, it);
+        if (it.facts.record->status == billing::record_status::charged && it.facts.record->charge_id)
+            co_await check_recorded(run, it);
+    }
+    std::vector<item*> lost;
+    for (auto& [who, it] : run.items) {
+        it.verdict = billing::classify(it.facts);
+        bool stranded = it.verdict.cls == billing::recon_class::pending && it.lease_expired &&
+                        it.action == "no charge carries the key";
+        if (it.facts.expected && (it.verdict.cls == billing::recon_class::missing || stranded))
+            lost.push_back(&it);
+    }
+    std::size_t republished = 0;
+    if (producer) {
+        republished = co_await republish(run, *producer, lost);
+        co_await producer->close();
+    }
+    print_report(run, expected.size(), republished);
+    if (!run.failure.empty()) {
+        std::fprintf(stderr, "chargeguard reconcile: %s\n", run.failure.c_str());
+        co_return 2;
+    }
+    for (const auto& [who, it] : run.items)
+        if (!billing::is_explained(it.verdict.cls)) co_return 1;
+    co_return 0;
+}
+
+int reconcile_main(const reconcile_flags& f, const global_flags& g) {
+    if (!billing::valid_key_namespace(f.key_namespace))
+        throw CLI::ValidationError("--key-namespace",
+                                   "'" + f.key_namespace + "' is not 1-64 characters of [A-Za-z0-9_.-]");
+    if (f.publish) {
+        if (!net::parse_host_port(f.nsqd_tcp_address))
+            throw CLI::ValidationError("--nsqd-tcp-address",
+                                       "--publish needs the nsqd TCP address host:port");
+        if (!nsq::proto::valid_topic_name(f.topic))
+            throw CLI::ValidationError("--topic", "--publish needs a valid topic name");
+    }
+    auto scfg = to_stripe_config(f.stripe);
+    auto opts = to_pool_options(f.pg);
+    opts.size = 1;
+    auto expected = read_expected(f.expected_file);
+    if (!expected) {
+        std::fprintf(stderr, "chargeguard reconcile: %s\n", expected.err().message.c_str());
+        return 2;
+    }
+    std::vector<billing::expected_event> mine;
+    std::size_t other = 0;
+    for (auto& e : *expected) {
+        if (e.event.billing_period == f.period)
+            mine.push_back(std::move(e));
+        else
+            ++other;
+    }
+    auto log = make_stderr_logger(g.level());
+    if (other) log.warn("expected events of other periods ignored", {{"count", other}, {"period", f.period}});
+
+    asio::io_context io{1};
+    net::offload_pool off{2};
+    auto stripe = stripe::client::create(off.get_executor(), std::move(scfg), log);
+    if (!stripe) {
+        std::fprintf(stderr, "chargeguard reconcile: %s\n", stripe.err().describe().c_str());
+        return 2;
+    }
+    auto pool = pg::pool::create(io.get_executor(), off.get_executor(), std::move(opts), log);
+    std::unique_ptr<nsq::producer> producer;
+    if (f.publish)
+        producer = std::make_unique<nsq::producer>(io.get_executor(), f.nsqd_tcp_address,
+                                                   nsq::producer_config{}, log);
+    int rc = 2;
+    asio::co_spawn(io, run_reconcile(&f, pool, stripe->get(), producer.get(), std::move(mine), log),
+                   [&rc](std::exception_ptr e, int r) {
+                       if (e) {
+                           try {
+                               std::rethrow_exception(e);
+                           } catch (const std::exception& ex) {
+                               std::fprintf(stderr, "chargeguard reconcile: %s\n", ex.what());
+                           }
+                           r = 2;
+                       }
+                       rc = r;
+                   });
+    io.run();
+    io.restart();
+    asio::co_spawn(io, pool->close(), [](std::exception_ptr) {});
+    io.run();
+    stripe->reset();
+    off.drain();
+    return rc;
+}
+
+}  // namespace
+
+void register_reconcile(CLI::App& app, command_main& selected) {
+    auto* cmd = app.add_subcommand("reconcile",
+                                   "compare a billing run with the ledger and Stripe; resolve pending rows; "
+                                   "re-publish lost events");
+    auto f = std::make_shared<reconcile_flags>();
+    cmd->add_option("--expected", f->expected_file, "the billing run: JSONL events, or CSV with a header")
+        ->required();
+    cmd->add_option("--period", f->period, "billing period to reconcile (e.g. 2026-11)")->required();
+    cmd->add_option("--key-namespace", f->key_namespace, "the key namespace consume uses")
+        ->capture_default_str();
+    add_pg_flags(*cmd, f->pg, false);
+    add_stripe_flags(*cmd, f->stripe);
+    cmd->add_option("--stripe-rate", f->stripe_rate, "Stripe requests per second at most (bursts of 5)")
+        ->check(CLI::Range(0.1, 1000.0))
+        ->capture_default_str();
+    cmd->add_option(
+        "--stripe-created-since", f->created_since,
+        "unix seconds: scan charges created since (default: a day before the period's first ledger row)");
+    cmd->add_flag("--json", f->json, "one JSON object instead of the table");
+    cmd->add_flag("--show-ok", f->show_ok, "list the reconciled items too");
+    cmd->add_flag("--publish", f->publish,
+                  "re-publish the events whose message was lost (needs --nsqd-tcp-address, --topic)");
+    cmd->add_option("--nsqd-tcp-address", f->nsqd_tcp_address, "nsqd TCP address host:port for --publish");
+    cmd->add_option("--topic", f->topic, "NSQ topic for --publish");
+    cmd->callback(
+        [&selected, f] { selected = [f](const global_flags& g) { return reconcile_main(*f, g); }; });
+}
+
+}  // namespace cg::app

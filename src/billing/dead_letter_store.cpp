@@ -1,0 +1,121 @@
+#include "billing/dead_letter_store.hpp"
+
+#include "core/log.hpp"
+#include "pg/rows.hpp"
+
+namespace cg::billing {
+namespace {
+
+#define CG_LETTER_COLUMNS                                                                        \
+    "id, received_at, topic, channel, nsq_message_id, attempts, raw_body, reason, billing_key, " \
+    "replayed_at, "                                                                              \
+    "replayed_by, replay_count"
+
+const std::string list_sql =
+    "SELECT " CG_LETTER_COLUMNS
+    " FROM dead_letters WHERE id > $1::bigint AND ($2::text IS NULL OR starts_with(reason, $2::text)) "
+    "AND ($3::bool OR replayed_at IS NULL) ORDER BY id LIMIT $4::bigint";
+
+const std::string find_sql = "SELECT " CG_LETTER_COLUMNS " FROM dead_letters WHERE id = $1::bigint";
+
+const std::string mark_sql =
+    "UPDATE dead_letters SET replayed_at = now(), replayed_by = $2::text, replay_count = replay_count + 1 "
+    "WHERE id = $1::bigint AND ($3::bool OR replayed_at IS NULL)";
+
+const std::string count_open_sql = "SELECT count(*) FROM dead_letters WHERE replayed_at IS NULL";
+
+#undef CG_LETTER_COLUMNS
+
+stored_letter decode(const pg::rows& r, std::size_t i) {
+    stored_letter l;
+    l.id = r.get<std::int64_t>(i, 0);
+    l.received_at = r.get<pg::timestamp>(i, 1);
+    l.topic = r.get<std::string>(i, 2);
+    l.channel = r.get<std::string>(i, 3);
+    l.nsq_message_id = r.get<std::string>(i, 4);
+    l.attempts = r.get<std::int32_t>(i, 5);
+    auto body = r.get<bytes>(i, 6);
+    l.raw_body.assign(body.begin(), body.end());
+    l.reason = r.get<std::string>(i, 7);
+    l.billing_key = r.get<std::optional<std::string>>(i, 8);
+    l.replayed_at = r.get<std::optional<pg::timestamp>>(i, 9);
+    l.replayed_by = r.get<std::optional<std::string>>(i, 10);
+    l.replay_count = r.get<std::int32_t>(i, 11);
+    return l;
+}
+
+net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std::string& sql, pg::params p) {
+    auto c = co_await pool->acquire();
+    if (!c) co_return c.err();
+    auto& conn = **c;
+    co_return co_await conn.query_with(sql, std::move(p), conn.options().query_timeout);
+}
+
+}  // namespace
+
+net::awaitable<result<std::vector<stored_letter>>> dead_letter_store::list(letter_filter f) {
+    auto r =
+        co_await exec(pool_, list_sql, pg::params(f.after_id, f.reason_prefix, f.include_replayed, f.limit));
+    if (!r) co_return r.err();
+    std::vector<stored_letter> out;
+    out.reserve(r->size());
+    for (std::size_t i = 0; i < r->size(); ++i) out.push_back(decode(*r, i));
+    co_return out;
+}
+
+net::awaitable<result<std::optional<stored_letter>>> dead_letter_store::find(std::int64_t id) {
+    auto r = co_await exec(pool_, find_sql, pg::params(id));
+    if (!r) co_return r.err();
+    if (r->empty()) co_return std::optional<stored_letter>();
+    co_return std::optional<stored_letter>(decode(*r, 0));
+}
+
+net::awaitable<result<bool>> dead_letter_store::mark_replayed(std::int64_t id, std::string who, bool again) {
+    auto r = co_await exec(pool_, mark_sql, pg::params(id, std::move(who), again));
+    if (!r) co_return r.err();
+    co_return r->affected() == 1;
+}
+
+net::awaitable<result<std::int64_t>> dead_letter_store::count_open() {
+    auto r = co_await exec(pool_, count_open_sql, pg::params());
+    if (!r) co_return r.err();
+    co_return (*r)[0].get<std::int64_t>(0);
+}
+
+std::string to_json(const stored_letter& l, bool with_body) {
+    std::string o = "{\"id\":" + std::to_string(l.id) + ",\"received_at\":";
+    append_json_string(o, pg::format_timestamptz(l.received_at));
+    o += ",\"topic\":";
+    append_json_string(o, l.topic);
+    o += ",\"channel\":";
+    append_json_string(o, l.channel);
+    o += ",\"nsq_message_id\":";
+    append_json_string(o, l.nsq_message_id);
+    o += ",\"attempts\":" + std::to_string(l.attempts) + ",\"reason\":";
+    append_json_string(o, l.reason);
+    o += ",\"billing_key\":";
+    if (l.billing_key)
+        append_json_string(o, *l.billing_key);
+    else
+        o += "null";
+    o += ",\"replayed_at\":";
+    if (l.replayed_at)
+        append_json_string(o, pg::format_timestamptz(*l.replayed_at));
+    else
+        o += "null";
+    o += ",\"replayed_by\":";
+    if (l.replayed_by)
+        append_json_string(o, *l.replayed_by);
+    else
+        o += "null";
+    o += ",\"replay_count\":" + std::to_string(l.replay_count) +
+         ",\"body_bytes\":" + std::to_string(l.raw_body.size());
+    if (with_body) {
+        o += ",\"body\":";
+        append_json_string(o, l.raw_body);
+    }
+    o += "}";
+    return o;
+}
+
+}  // namespace cg::billing

@@ -1,0 +1,120 @@
+#include "billing/pending_age.hpp"
+
+#include <asio/co_spawn.hpp>
+
+#include "metrics/registry.hpp"
+#include "net/timeout.hpp"
+
+namespace cg::billing {
+
+namespace {
+// Milliseconds, so the value decodes as int8; min(created_at) is NULL without pending rows.
+const std::string age_sql =
+    "SELECT count(*), coalesce((extract(epoch FROM now() - min(created_at)) * 1000)::bigint, 0) "
+    "FROM billing_records WHERE status = 'pending'";
+}  // namespace
+
+struct pending_age_monitor::state {
+    std::shared_ptr<pg::pool> pool;
+    logger log;
+    std::chrono::milliseconds interval;
+    metrics::Gauge* age = nullptr;
+    metrics::Gauge* count = nullptr;
+    metrics::Counter* errors = nullptr;
+    std::unique_ptr<net::steady_timer> timer;
+    bool stopping = false;
+    bool running = false;
+    std::unique_ptr<net::steady_timer> done;  // cancelled when the loop has ended
+};
+
+namespace {
+
+using state_ptr = std::shared_ptr<pending_age_monitor::state>;
+
+net::awaitable<void> query_once(state_ptr st) {
+    auto c = co_await st->pool->acquire();
+    if (!c) {
+        st->errors->Increment();
+        st->log.warn("pending age query: no connection", {{"error", c.err().describe()}});
+        co_return;
+    }
+    auto r = co_await (*c)->query(age_sql);
+    if (!r) {
+        st->errors->Increment();
+        st->log.warn("pending age query failed", {{"error", r.err().describe()}});
+        co_return;
+    }
+    auto [n, ms] = (*r)[0].as<std::int64_t, std::int64_t>();
+    st->count->Set(static_cast<double>(n));
+    st->age->Set(static_cast<double>(ms) / 1000.0);
+}
+
+net::awaitable<void> loop(state_ptr st) {
+    // The first query waits a moment: `consume --migrate` creates the table right after startup.
+    st->timer->expires_after(std::min(st->interval, std::chrono::milliseconds(1000)));
+    co_await st->timer->async_wait();
+    while (!st->stopping) {
+        co_await query_once(st);
+        if (st->stopping) break;
+        st->timer->expires_after(st->interval);
+        co_await st->timer->async_wait();
+    }
+    st->running = false;
+    st->done->cancel();
+}
+
+}  // namespace
+
+pending_age_monitor::pending_age_monitor(std::shared_ptr<pg::pool> pool, metrics::registry& reg, logger log,
+                                         std::chrono::milliseconds interval)
+    : st_(std::make_shared<state>()) {
+    st_->pool = std::move(pool);
+    st_->log = std::move(log);
+    st_->interval = interval;
+    st_->age = &reg.gauge("chargeguard_billing_oldest_pending_age_seconds",
+                          "Age of the oldest pending billing record (0 when none is pending)")
+                    .Add({});
+    st_->count =
+        &reg.gauge("chargeguard_billing_pending_records", "Billing records in state pending").Add({});
+    st_->errors = &reg.counter("chargeguard_billing_pending_age_errors_total",
+                               "Failed queries of the oldest pending billing record")
+                       .Add({});
+}
+
+pending_age_monitor::~pending_age_monitor() {
+    st_->stopping = true;
+    if (st_->timer) st_->timer->cancel();
+}
+
+void pending_age_monitor::start(asio::any_io_executor ex) {
+    st_->timer = std::make_unique<net::steady_timer>(ex);
+    st_->done = std::make_unique<net::steady_timer>(ex, std::chrono::steady_clock::time_point::max());
+    st_->running = true;
+    asio::co_spawn(ex, loop(st_), [st = st_](std::exception_ptr e) {
+        if (!e) return;
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+            st->log.error("pending age monitor stopped", {{"error", ex.what()}});
+        }
+        st->running = false;
+        st->done->cancel();
+    });
+}
+
+net::awaitable<void> pending_age_monitor::stop() {
+    auto st = st_;
+    st->stopping = true;
+    if (st->timer) st->timer->cancel();
+    if (st->running && st->done) co_await st->done->async_wait();
+}
+
+std::shared_ptr<pending_age_monitor> start_pending_age_monitor(asio::any_io_executor ex,
+                                                               std::shared_ptr<pg::pool> pool,
+                                                               metrics::registry& reg, logger log) {
+    auto m = std::make_shared<pending_age_monitor>(std::move(pool), reg, std::move(log));
+    m->start(std::move(ex));
+    return m;
+}
+
+}  // namespace cg::billing

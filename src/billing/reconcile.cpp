@@ -1,0 +1,312 @@
+#include "billing/reconcile.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "core/log.hpp"
+
+namespace cg::billing {
+namespace {
+
+std::string_view trim_cr(std::string_view s) {
+    if (!s.empty() && s.back() == '\r') s.remove_suffix(1);
+    return s;
+}
+
+bool blank(std::string_view s) {
+    return s.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+error line_error(std::size_t line, const std::string& what) {
+    return error(core_errc::invalid_argument, "line " + std::to_string(line) + ": " + what);
+}
+
+std::string describe_event_error(const error& e) {
+    return e.message.empty() ? e.describe() : e.message;
+}
+
+// One CSV record (RFC 4180 quoting within a line; fields may not span lines).
+result<std::vector<std::string>> split_csv(std::string_view line, std::size_t line_no) {
+    std::vector<std::string> out;
+    std::string cur;
+    bool quoted = false, was_quoted = false;
+    for (std::size_t i = 0; i < line.size(); ++i) {
+        char c = line[i];
+        if (quoted) {
+            if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+                cur += '"';
+                ++i;
+            } else if (c == '"') {
+                quoted = false;
+            } else {
+                cur += c;
+            }
+        } else if (c == '"' && cur.empty() && !was_quoted) {
+            quoted = was_quoted = true;
+        } else if (c == ',') {
+            out.push_back(std::move(cur));
+            cur.clear();
+            was_quoted = false;
+        } else {
+            cur += c;
+        }
+    }
+    if (quoted) return line_error(line_no, "unterminated quoted field");
+    out.push_back(std::move(cur));
+    for (auto& f : out) {
+        auto b = f.find_first_not_of(" \t");
+        auto e = f.find_last_not_of(" \t");
+        f = b == std::string::npos ? std::string() : f.substr(b, e - b + 1);
+    }
+    return out;
+}
+
+bool is_integer(std::string_view s) {
+    if (!s.empty() && s[0] == '-') s.remove_prefix(1);
+    return !s.empty() && s.size() < 19 &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+result<std::vector<expected_event>> parse_jsonl(std::string_view text) {
+    std::vector<expected_event> out;
+    std::size_t line_no = 0, pos = 0;
+    while (pos <= text.size()) {
+        auto nl = text.find('\n', pos);
+        auto line =
+            trim_cr(text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos));
+        ++line_no;
+        pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
+        if (blank(line)) continue;
+        auto ev = parse_event(line);
+        if (!ev) return line_error(line_no, describe_event_error(ev.err()));
+        out.push_back({std::move(*ev), std::string(line), line_no});
+    }
+    return out;
+}
+
+result<std::vector<expected_event>> parse_csv(std::string_view text) {
+    static const char* const required[] = {"customer_id", "billing_period", "amount_cents", "currency",
+                                           "stripe_customer_id"};
+    std::vector<expected_event> out;
+    std::map<std::string, std::size_t> col;
+    std::size_t line_no = 0, pos = 0;
+    bool header = true;
+    while (pos <= text.size()) {
+        auto nl = text.find('\n', pos);
+        auto line =
+            trim_cr(text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos));
+        ++line_no;
+        pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
+        if (blank(line)) continue;
+        auto fields = split_csv(line, line_no);
+        if (!fields) return fields.err();
+        if (header) {
+            for (std::size_t i = 0; i < fields->size(); ++i) col[(*fields)[i]] = i;
+            for (const char* r : required)
+                if (!col.count(r)) return line_error(line_no, std::string("CSV header has no column ") + r);
+            header = false;
+            continue;
+        }
+        auto field = [&](const char* name) -> std::string {
+            auto it = col.find(name);
+            return it == col.end() || it->second >= fields->size() ? std::string() : (*fields)[it->second];
+        };
+        // Rendered as JSON and validated by the same parser `consume` uses.
+        std::string json = "{\"customer_id\":";
+        append_json_string(json, field("customer_id"));
+        json += ",\"billing_period\":";
+        append_json_string(json, field("billing_period"));
+        json += ",\"amount_cents\":";
+        auto amount = field("amount_cents");
+        if (is_integer(amount))
+            json += amount;
+        else
+            append_json_string(json, amount);
+        json += ",\"currency\":";
+        append_json_string(json, field("currency"));
+        json += ",\"stripe_customer_id\":";
+        append_json_string(json, field("stripe_customer_id"));
+        if (auto d = field("description"); !d.empty()) {
+            json += ",\"description\":";
+            append_json_string(json, d);
+        }
+        json += "}";
+        auto ev = parse_event(json);
+        if (!ev) return line_error(line_no, describe_event_error(ev.err()));
+        out.push_back({std::move(*ev), std::move(json), line_no});
+    }
+    if (header) return error(core_errc::invalid_argument, "CSV without a header line");
+    return out;
+}
+
+bool same_payload(const billing_event& a, const billing_event& b) {
+    return a.amount_cents == b.amount_cents && a.currency == b.currency &&
+           a.stripe_customer_id == b.stripe_customer_id;
+}
+
+std::string money(std::int64_t cents, const std::string& currency) {
+    return std::to_string(cents) + " " + currency;
+}
+
+}  // namespace
+
+result<std::vector<expected_event>> parse_expected(std::string_view text) {
+    auto first = text.find_first_not_of(" \t\r\n");
+    if (first == std::string_view::npos) return std::vector<expected_event>{};
+    auto parsed = text[first] == '{' ? parse_jsonl(text) : parse_csv(text);
+    if (!parsed) return parsed;
+    // One entry per (customer, period): an exact repeat is dropped, a different payload is an error.
+    std::map<std::pair<std::string, std::string>, std::size_t> seen;
+    std::vector<expected_event> out;
+    out.reserve(parsed->size());
+    for (auto& e : *parsed) {
+        auto k = std::make_pair(e.event.customer_id, e.event.billing_period);
+        auto it = seen.find(k);
+        if (it == seen.end()) {
+            seen.emplace(k, out.size());
+            out.push_back(std::move(e));
+        } else if (!same_payload(out[it->second].event, e.event)) {
+            return line_error(e.line, "customer " + e.event.customer_id + " period " +
+                                          e.event.billing_period + " is listed on line " +
+                                          std::to_string(out[it->second].line) +
+                                          " with another amount, currency or Stripe customer");
+        }
+    }
+    return out;
+}
+
+std::string event_json(const billing_event& ev) {
+    std::string json = "{\"customer_id\":";
+    append_json_string(json, ev.customer_id);
+    json += ",\"billing_period\":";
+    append_json_string(json, ev.billing_period);
+    json += ",\"amount_cents\":" + std::to_string(ev.amount_cents) + ",\"currency\":";
+    append_json_string(json, ev.currency);
+    json += ",\"stripe_customer_id\":";
+    append_json_string(json, ev.stripe_customer_id);
+    if (!ev.description.empty()) {
+        json += ",\"description\":";
+        append_json_string(json, ev.description);
+    }
+    return json + "}";
+}
+
+std::string_view to_string(recon_class c) noexcept {
+    switch (c) {
+        case recon_class::ok:
+            return "ok";
+        case recon_class::missing:
+            return "missing";
+        case recon_class::pending:
+            return "pending";
+        case recon_class::absent_at_stripe:
+            return "charged_absent_at_stripe";
+        case recon_class::not_in_ledger:
+            return "at_stripe_not_in_ledger";
+        case recon_class::mismatch:
+            return "amount_currency_mismatch";
+        case recon_class::declined:
+            return "declined";
+        case recon_class::dead_lettered:
+            return "dead_lettered";
+        case recon_class::cap_blocked:
+            return "cap_blocked";
+    }
+    return "unknown";
+}
+
+bool is_explained(recon_class c) noexcept {
+    return c == recon_class::ok || c == recon_class::declined || c == recon_class::dead_lettered ||
+           c == recon_class::cap_blocked;
+}
+
+recon_verdict classify(const recon_facts& f) {
+    const charge_fact* succeeded = nullptr;
+    for (const auto& ch : f.charges)
+        if (ch.status == "succeeded" && (!f.record || f.record->charge_id != ch.id)) {
+            succeeded = &ch;
+            break;
+        }
+    if (!f.record) {
+        if (succeeded)
+            return {recon_class::not_in_ledger, "charge " + succeeded->id + " (" +
+                                                    money(succeeded->amount, succeeded->currency) +
+                                                    ") carries the key; the ledger has no row"};
+        if (f.dead_letter_reason) return {recon_class::dead_lettered, *f.dead_letter_reason};
+        if (!f.charges.empty())
+            return {recon_class::not_in_ledger, f.charges.front().status + " charge " + f.charges.front().id +
+                                                    " carries the key; the ledger has no row"};
+        return {recon_class::missing, "no ledger row and no dead letter: the message never reached consume"};
+    }
+    const ledger_record& rec = *f.record;
+    if (rec.status == record_status::charged && f.recorded_charge_known) {
+        const std::string id = rec.charge_id.value_or("");
+        // The charge that does carry the key, if any: what the row should probably say.
+        const std::string also = succeeded ? "; " + succeeded->id + " carries the key" : "";
+        if (!f.recorded_charge)
+            return {recon_class::absent_at_stripe, "charge " + id + " does not exist at Stripe" + also};
+        const charge_fact& ch = *f.recorded_charge;
+        if (ch.customer != rec.stripe_customer_id || ch.amount != rec.amount_cents ||
+            ch.currency != rec.currency)
+            return {recon_class::absent_at_stripe,
+                    "charge " + id + " is " + ch.customer + " " + money(ch.amount, ch.currency) +
+                        " at Stripe; the ledger says " + rec.stripe_customer_id + " " +
+                        money(rec.amount_cents, rec.currency) + also};
+        if (ch.status != "succeeded")
+            return {recon_class::absent_at_stripe, "charge " + id + " is " + ch.status + " at Stripe" + also};
+    }
+    // A second successful charge for one key: money taken that the ledger does not account for.
+    if (succeeded && rec.status != record_status::pending)
+        return {recon_class::not_in_ledger,
+                "charge " + succeeded->id + " (" + money(succeeded->amount, succeeded->currency) +
+                    ") carries the key; the ledger records " + rec.charge_id.value_or("none")};
+    if (!f.expected)
+        return {recon_class::mismatch, "the ledger has this customer and period; the expected list does not"};
+    const billing_event& ev = f.expected->event;
+    if (!same_payload(ev, billing_event{rec.customer_id,
+                                        rec.billing_period,
+                                        rec.amount_cents,
+                                        rec.currency,
+                                        rec.stripe_customer_id,
+                                        {}}))
+        return {recon_class::mismatch,
+                "expected " + ev.stripe_customer_id + " " + money(ev.amount_cents, ev.currency) +
+                    ", ledger " + rec.stripe_customer_id + " " + money(rec.amount_cents, rec.currency)};
+    switch (rec.status) {
+        case record_status::charged:
+            return {recon_class::ok, rec.charge_id.value_or("")};
+        case record_status::pending: {
+            std::string d =
+                "still pending after " + std::to_string(rec.stripe_attempts) + " Stripe attempt(s)";
+            for (const auto& ch : f.charges)
+                if (ch.status == "succeeded")
+                    d += "; charge " + ch.id + " carries the key (recovery will settle it)";
+            return {recon_class::pending, d};
+        }
+        case record_status::declined:
+            return {recon_class::declined, rec.charge_id.value_or("no charge")};
+        case record_status::failed:
+        case record_status::conflict:
+            return {recon_class::dead_lettered,
+                    f.dead_letter_reason.value_or(std::string(billing::to_string(rec.status)) +
+                                                  " (no open dead letter)")};
+        case record_status::cap_blocked:
+            return {recon_class::cap_blocked, "the spend cap refused the charge"};
+    }
+    return {recon_class::pending, "unknown status"};
+}
+
+request_pacer::request_pacer(double per_second, unsigned burst)
+    : per_second_(per_second), burst_(std::max(1u, burst)), tokens_(burst_) {}
+
+request_pacer::clock::duration request_pacer::delay(clock::time_point now) {
+    if (last_)
+        tokens_ =
+            std::min(burst_, tokens_ + std::chrono::duration<double>(now - *last_).count() * per_second_);
+    last_ = now;
+    tokens_ -= 1;  // booked now; a negative balance is the wait the next requests inherit
+    if (tokens_ >= 0) return clock::duration::zero();
+    return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(-tokens_ / per_second_));
+}
+
+}  // namespace cg::billing

@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""deploy/grafana/chargeguard.json: valid JSON, the panels the issue lists, and every chargeguard_* metric its
+queries use is one the source exports (so a renamed metric cannot leave a dashboard silently empty).
+usage: check-dashboard.py SOURCE_ROOT"""
+import json, os, re, sys
+
+root = sys.argv[1]
+dash = json.load(open(os.path.join(root, "deploy/grafana/chargeguard.json")))
+exported = set()
+for d, _, files in os.walk(os.path.join(root, "src")):
+    for f in files:
+        if f.endswith((".cpp", ".hpp")):
+            exported |= set(re.findall(r'"(chargeguard_[a-z0-9_]+)"', open(os.path.join(d, f)).read()))
+fail = []
+titles = [p["title"] for p in dash["panels"]]
+for want in ["Event-loop lag", "Messages by outcome", "Charges per second", "Duplicates prevented", "Stripe latency",
+             "Stripe outcome classes", "Requeues by reason", "Pending ledger rows", "In-flight cap utilisation"]:
+    if want not in titles:
+        fail.append("missing panel " + want)
+for p in dash["panels"]:
+    for t in p["targets"]:
+        for m in re.findall(r"chargeguard_[a-z0-9_]+", t["expr"]):
+            base = re.sub(r"_(bucket|sum|count)$", "", m)
+            if m not in exported and base not in exported:
+                fail.append(f"{p['title']}: {m} is not exported by src/")
+for f in fail:
+    print("FAIL:", f)
+if fail:
+    sys.exit(1)
+print(f"ok: {len(dash['panels'])} panels, {len(exported)} metrics exported by src/")
