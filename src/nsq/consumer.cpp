@@ -8,17 +8,15 @@
 #include <random>
 #include <set>
 
-#include "http/proto/message.hpp"
 #include "net/address.hpp"
 #include "net/resolve.hpp"
 #include "net/timeout.hpp"
 #include "net/tokens.hpp"
 #include "nsq/connection.hpp"
 #include "nsq/handshake.hpp"
-#include "nsq/http_get.hpp"
+#include "nsq/lookupd_poller.hpp"
 #include "nsq/policy.hpp"
 #include "nsq/proto/error.hpp"
-#include "nsq/proto/lookup.hpp"
 
 namespace cg::nsq {
 
@@ -37,7 +35,6 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
           log(l.with({{"topic", cfg.topic}, {"channel", cfg.channel}})),
           backoff(cfg.backoff_multiplier, cfg.max_backoff_duration),
           stop_wake(e, forever),
-          poll_wake(e, forever),
           change_wake(e, forever),
           backoff_timer(e),
           settle_timer(e),
@@ -78,8 +75,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     std::map<std::string, std::shared_ptr<connection>> conns;  // live (connecting or subscribed)
     std::set<std::string> supervised;                          // keys with a supervisor running
     std::set<std::string> static_keys;
-    std::set<std::string> listed;  // from the last lookupd poll that got an answer
-    bool poll_requested = false;
+    std::shared_ptr<lookupd_poller> poller;  // with lookupd addresses
 
     unsigned active = 0;         // handlers running
     std::deque<message> queued;  // waiting for a handler slot
@@ -88,7 +84,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     std::size_t rr_cursor = 0;
     bool settle_pending = false;
 
-    net::steady_timer stop_wake, poll_wake, change_wake, backoff_timer, settle_timer;
+    net::steady_timer stop_wake, change_wake, backoff_timer, settle_timer;
     std::mt19937_64 rng;
 
     double unit() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
@@ -382,7 +378,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     }
 
     // Which background task a completion belongs to (restarted after an exception).
-    enum class task { supervisor, poller, rotation };
+    enum class task { supervisor, rotation };
 
     // Completion of a background task: an exception is a bug, never a reason to silently lose an nsqd
     // connection, the lookupd polling or the RDY rotation. Log it and start the task again.
@@ -396,9 +392,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
             auto self = w.lock();
             if (!self) return;
             self->log.error("consumer task failed: restarting it",
-                            {{"task", which == task::supervisor ? "nsqd supervisor"
-                                      : which == task::poller   ? "lookupd poller"
-                                                                : "RDY rotation"},
+                            {{"task", which == task::supervisor ? "nsqd supervisor" : "RDY rotation"},
                              {"nsqd", key},
                              {"error", describe(ep)}});
             ++self->stats.task_restarts;
@@ -439,10 +433,6 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
                 conns.erase(key);
                 ensure_supervisor(key, discovered);
                 break;
-            case task::poller:
-                asio::co_spawn(ex, poll_loop(shared_from_this()),
-                               task_ended{weak_from_this(), task::poller, {}, false});
-                break;
             case task::rotation:
                 asio::co_spawn(ex, rotation(shared_from_this()),
                                task_ended{weak_from_this(), task::rotation, {}, false});
@@ -463,11 +453,12 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     static asio::awaitable<void> supervise(std::shared_ptr<core> self, std::string key, bool discovered) {
         unsigned failures = 0;
         while (!self->stopping) {
-            if (discovered && !self->listed.contains(key) && !self->static_keys.contains(key)) break;
+            if (discovered && !(self->poller && self->poller->lists(key)) && !self->static_keys.contains(key))
+                break;
             bool was_subscribed = co_await self->connect_once(key);
             if (self->stopping) break;
             failures = was_subscribed ? 1 : failures + 1;
-            if (discovered) self->request_poll();
+            if (discovered && self->poller) self->poller->request_poll();
             auto delay = reconnect_delay(failures, self->cfg.reconnect_backoff_min,
                                          self->cfg.reconnect_backoff_max, self->unit());
             self->log.info("reconnecting",
@@ -511,65 +502,6 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
         co_return was_subscribed;
     }
 
-    // --- lookupd ------------------------------------------------------------------------------------
-    void request_poll() {
-        poll_requested = true;
-        poll_wake.cancel();
-    }
-
-    static asio::awaitable<void> poll_loop(std::shared_ptr<core> self) {
-        while (!self->stopping) {
-            self->poll_requested = false;
-            co_await self->query_lookupds();
-            if (self->stopping) break;
-            if (self->poll_requested) {
-                // A disconnect asked for a fresh look; don't hammer lookupd while an nsqd is down.
-                co_await net::with_timeout(self->stop_wake.async_wait(), self->cfg.reconnect_backoff_min);
-                continue;
-            }
-            auto base = duration<double, std::milli>(self->cfg.lookupd_poll_interval);
-            auto wait = base * (1.0 + self->cfg.lookupd_poll_jitter * (self->unit() - 0.5));
-            co_await net::with_timeout(self->poll_wake.async_wait(), duration_cast<sclock::duration>(wait));
-        }
-    }
-
-    asio::awaitable<void> query_lookupds() {
-        std::set<std::string> found;
-        bool any_answer = false;
-        for (const auto& addr : cfg.lookupd_http_addresses) {
-            std::string a = addr.rfind("http://", 0) == 0 ? addr.substr(7) : addr;
-            if (auto slash = a.find('/'); slash != std::string::npos) a.resize(slash);
-            auto hp = net::parse_host_port(a);
-            if (!hp) continue;
-            auto r = co_await http_get(*hp, "/lookup?topic=" + http::url_encode(cfg.topic),
-                                       "application/vnd.nsq; version=1.0", cfg.lookupd_timeout);
-            if (stopping) co_return;
-            if (!r) {
-                log.warn("nsqlookupd query failed", {{"lookupd", addr}, {"error", r.err().describe()}});
-                continue;
-            }
-            if (r->status == 404) {  // topic not (yet) known to this lookupd
-                any_answer = true;
-                continue;
-            }
-            if (r->status != 200) {
-                log.warn("nsqlookupd answered an error", {{"lookupd", addr}, {"status", r->status}});
-                continue;
-            }
-            auto producers = proto::parse_lookup_response(r->body);
-            if (!producers) {
-                log.warn("nsqlookupd reply unusable",
-                         {{"lookupd", addr}, {"error", producers.err().describe()}});
-                continue;
-            }
-            any_answer = true;
-            for (const auto& p : *producers) found.insert(p.key());
-        }
-        if (!any_answer) co_return;  // keep what we had: lookupd being down is not nsqd being down
-        listed = std::move(found);
-        for (const auto& key : listed) ensure_supervisor(key, true);
-    }
-
     // --- stop ---------------------------------------------------------------------------------------
     asio::awaitable<bool> wait_until(sclock::time_point deadline, bool (core::*cond)() const) {
         while (!(this->*cond)()) {
@@ -585,7 +517,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     void begin_stop() {
         stopping = true;
         stop_wake.cancel();
-        poll_wake.cancel();
+        if (poller) poller->stop();
         backoff_timer.cancel();
         settle_timer.cancel();
     }
@@ -631,8 +563,16 @@ result<void> consumer::start() {
         c.static_keys.insert(key);
         c.ensure_supervisor(key, false);
     }
-    if (!c.cfg.lookupd_http_addresses.empty())
-        asio::co_spawn(c.ex, core::poll_loop(core_), core::task_ended{core_, core::task::poller, {}, false});
+    if (!c.cfg.lookupd_http_addresses.empty()) {
+        std::weak_ptr<core> w = core_;
+        c.poller =
+            std::make_shared<lookupd_poller>(c.ex, c.cfg, c.log, [w](const std::set<std::string>& keys) {
+                auto self = w.lock();
+                if (!self) return;
+                for (const auto& key : keys) self->ensure_supervisor(key, true);
+            });
+        c.poller->start();
+    }
     asio::co_spawn(c.ex, core::rotation(core_), core::task_ended{core_, core::task::rotation, {}, false});
     c.log.info("consumer started",
                {{"max_in_flight", c.cfg.max_in_flight},
