@@ -1,17 +1,20 @@
 // `chargeguard publish --nsqd-tcp-address ADDR --topic T FILE|-`: publishes JSONL billing events (one
 // per line) with MPUB in batches. A progress bar (count and rate) on a terminal; plain log lines
 // otherwise. Input is read on the offload pool so a slow stdin never stalls heartbeats.
-#include <asio/co_spawn.hpp>
-#include <asio/io_context.hpp>
-#include <asio/signal_set.hpp>
-#include <cerrno>
-#include <cstring>
 #include <fcntl.h>
 #include <simdjson.h>
 #include <unistd.h>
 
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/signal_set.hpp>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
 #include "app/cli.hpp"
 #include "app/commands.hpp"
+#include "app/nsq_flags.hpp"
 #include "billing/event.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
@@ -25,6 +28,7 @@ namespace {
 using namespace std::chrono;
 
 struct publish_flags {
+    nsq_security_flags security;
     std::string nsqd_tcp_address;
     std::string topic;
     std::string file;
@@ -60,8 +64,9 @@ asio::awaitable<std::string> read_chunk(int fd) {
 }
 
 class progress {
-public:
-    explicit progress(logger log) : log_(std::move(log)), tty_(::isatty(STDERR_FILENO) == 1), t0_(steady_clock::now()) {}
+  public:
+    explicit progress(logger log)
+        : log_(std::move(log)), tty_(::isatty(STDERR_FILENO) == 1), t0_(steady_clock::now()) {}
 
     void update(std::uint64_t published, bool final = false) {
         auto now = steady_clock::now();
@@ -74,14 +79,15 @@ public:
             int fill = static_cast<int>((published % 10000) * 30 / 10000);
             std::string bar(static_cast<std::size_t>(fill), '#');
             bar.resize(30, '.');
-            std::fprintf(stderr, "\r[%s] %llu events  %.0f/s%s", bar.c_str(), static_cast<unsigned long long>(published),
-                         rate, final ? "\n" : "");
+            std::fprintf(stderr, "\r[%s] %llu events  %.0f/s%s", bar.c_str(),
+                         static_cast<unsigned long long>(published), rate, final ? "\n" : "");
         } else {
-            log_.info(final ? "publish finished" : "publishing", {{"published", published}, {"per_second", rate}});
+            log_.info(final ? "publish finished" : "publishing",
+                      {{"published", published}, {"per_second", rate}});
         }
     }
 
-private:
+  private:
     logger log_;
     bool tty_;
     steady_clock::time_point t0_, last_{};
@@ -178,13 +184,16 @@ asio::awaitable<void> publish_all(publish_state& st) {
 }
 
 int run_publish(const publish_flags& f, const global_flags& g) {
-    if (!nsq::proto::valid_topic_name(f.topic)) throw CLI::ValidationError("--topic", "'" + f.topic + "' is not a valid topic name");
+    if (!nsq::proto::valid_topic_name(f.topic))
+        throw CLI::ValidationError("--topic", "'" + f.topic + "' is not a valid topic name");
     if (!net::parse_host_port(f.nsqd_tcp_address))
         throw CLI::ValidationError("--nsqd-tcp-address", "'" + f.nsqd_tcp_address + "' is not host:port");
+    nsq::producer_config pcfg;
+    pcfg.security = to_nsq_security(f.security, std::getenv("CHARGEGUARD_NSQ_AUTH_SECRET"));
     auto log = make_stderr_logger(g.level());
     asio::io_context io(1);
     net::offload_pool pool(1);
-    nsq::producer producer(io.get_executor(), f.nsqd_tcp_address, nsq::producer_config{}, log);
+    nsq::producer producer(io.get_executor(), f.nsqd_tcp_address, pcfg, log);
     publish_state st{f, log, &pool, &producer};
     asio::signal_set sigs(io, SIGINT, SIGTERM);
     sigs.async_wait([&](std::error_code ec, int) {
@@ -216,14 +225,16 @@ void register_publish(CLI::App& app, command_main& selected) {
     auto f = std::make_shared<publish_flags>();
     cmd->add_option("--nsqd-tcp-address", f->nsqd_tcp_address, "nsqd TCP address host:port")->required();
     cmd->add_option("--topic", f->topic, "NSQ topic")->required();
-    cmd->add_option("--batch-size", f->batch_size, "events per MPUB")->capture_default_str()->check(CLI::Range(1, 100000));
-    cmd->add_option("--retries", f->retries, "retries of a failed MPUB (connection errors)")->capture_default_str();
+    cmd->add_option("--batch-size", f->batch_size, "events per MPUB")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 100000));
+    cmd->add_option("--retries", f->retries, "retries of a failed MPUB (connection errors)")
+        ->capture_default_str();
     cmd->add_flag("--no-validate", f->no_validate,
                   "publish any JSON object, not only valid billing events (to exercise dead-lettering)");
     cmd->add_option("FILE", f->file, "JSONL file, one event per line ('-' for stdin)")->required();
-    cmd->callback([&selected, f] {
-        selected = [f](const global_flags& g) { return run_publish(*f, g); };
-    });
+    add_nsq_security_flags(*cmd, f->security);
+    cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_publish(*f, g); }; });
 }
 
 }  // namespace cg::app

@@ -10,24 +10,45 @@
 namespace cg::app {
 
 namespace {
-double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(std::chrono::steady_clock::duration d) {
+    return std::chrono::duration<double>(d).count();
+}
 
 // Runs every drain as its own coroutine and completes when all have. The shared state outlives this
 // coroutine when it is cancelled by the shutdown timeout while drains are still running.
 struct join_state {
     std::size_t left;
     net::steady_timer done;
+    std::size_t failed = 0;
 };
 
-asio::awaitable<void> run_all(std::vector<runtime::drain_fn> fns) {
+std::string describe(std::exception_ptr e) {
+    try {
+        std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+        return ex.what();
+    } catch (...) {
+        return "unknown exception";
+    }
+}
+
+// A drain that throws did not drain: it is logged with its reason and counted (the exit code says so),
+// never dropped silently. Returns how many failed.
+asio::awaitable<std::size_t> run_all(std::vector<runtime::drain_fn> fns, logger log) {
     auto ex = co_await asio::this_coro::executor;
-    auto st = std::make_shared<join_state>(join_state{fns.size(), net::steady_timer(ex, std::chrono::steady_clock::time_point::max())});
+    auto st = std::make_shared<join_state>(
+        join_state{fns.size(), net::steady_timer(ex, std::chrono::steady_clock::time_point::max())});
     for (auto& fn : fns) {
-        asio::co_spawn(ex, fn(), [st](std::exception_ptr) {
+        asio::co_spawn(ex, fn(), [st, log](std::exception_ptr e) {
+            if (e) {
+                ++st->failed;
+                log.error("shutdown step failed", {{"error", describe(e)}});
+            }
             if (--st->left == 0) st->done.cancel();
         });
     }
     if (st->left > 0) co_await st->done.async_wait();
+    co_return st->failed;
 }
 }  // namespace
 
@@ -41,8 +62,9 @@ runtime::~runtime() {
 }
 
 result<net::tcp::endpoint> runtime::start() {
-    auto& lag_hist = metrics_.histogram("chargeguard_event_loop_lag_seconds",
-                                        "Lateness of a periodic timer on the main event loop")
+    auto& lag_hist = metrics_
+                         .histogram("chargeguard_event_loop_lag_seconds",
+                                    "Lateness of a periodic timer on the main event loop")
                          .Add({}, metrics::latency_buckets());
     probe_ = std::make_shared<net::lag_probe>(io_.get_executor(), opts_.lag_interval,
                                               [&lag_hist](double s) { lag_hist.Observe(s); });
@@ -50,8 +72,8 @@ result<net::tcp::endpoint> runtime::start() {
     health_.add_liveness("event_loop", [this]() {
         double lag = probe_->recent_max_lag(opts_.lag_window);
         char buf[96];
-        std::snprintf(buf, sizeof buf, "max lag %.4fs in the last %.0fs (limit %.3fs)", lag, seconds(opts_.lag_window),
-                      seconds(opts_.max_loop_lag));
+        std::snprintf(buf, sizeof buf, "max lag %.4fs in the last %.0fs (limit %.3fs)", lag,
+                      seconds(opts_.lag_window), seconds(opts_.max_loop_lag));
         return metrics::check_status{lag <= seconds(opts_.max_loop_lag), buf};
     });
     http::add_health_routes(routes_, metrics_, health_);
@@ -90,7 +112,7 @@ void runtime::request_stop(std::string_view reason, int exit_code) {
     asio::co_spawn(io_, shutdown(this), [this](std::exception_ptr e) {
         if (e) {
             exit_code_ = 1;
-            log_.error("shutdown failed");
+            log_.error("shutdown failed", {{"error", describe(e)}});
         }
         io_.stop();
     });
@@ -98,7 +120,10 @@ void runtime::request_stop(std::string_view reason, int exit_code) {
 
 asio::awaitable<void> runtime::shutdown(runtime* self) {
     auto started = std::chrono::steady_clock::now();
-    bool in_time = co_await net::with_timeout(run_all(self->drains_), self->opts_.shutdown_timeout);
+    auto failed =
+        co_await net::with_timeout(run_all(self->drains_, self->log_), self->opts_.shutdown_timeout);
+    bool in_time = failed.has_value();
+    if (failed && *failed > 0) self->exit_code_ = 1;
     if (!in_time) {
         self->exit_code_ = 1;
         self->log_.warn("shutdown timed out; abandoning remaining work");
@@ -107,8 +132,8 @@ asio::awaitable<void> runtime::shutdown(runtime* self) {
     if (self->probe_) self->probe_->stop();
     std::error_code ignored;
     self->signals_.cancel(ignored);
-    self->log_.info("shutdown complete",
-                    {{"seconds", seconds(std::chrono::steady_clock::now() - started)}, {"clean", in_time}});
+    self->log_.info("shutdown complete", {{"seconds", seconds(std::chrono::steady_clock::now() - started)},
+                                          {"clean", in_time && *failed == 0}});
 }
 
 int runtime::run() {

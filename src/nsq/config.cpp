@@ -10,7 +10,9 @@
 namespace cg::nsq {
 namespace {
 
-error bad(std::string m) { return error(errc::bad_config, std::move(m)); }
+error bad(std::string m) {
+    return error(errc::bad_config, std::move(m));
+}
 
 std::string strip_scheme(const std::string& a) {
     if (a.rfind("http://", 0) == 0) return a.substr(7);
@@ -18,6 +20,17 @@ std::string strip_scheme(const std::string& a) {
 }
 
 }  // namespace
+
+result<void> validate(const nsq_security& s) {
+    if (s.snappy && s.deflate) return bad("choose at most one of snappy and deflate compression");
+    if (s.deflate && (s.deflate_level < 1 || s.deflate_level > 9))
+        return bad("deflate level " + std::to_string(s.deflate_level) + " is out of range 1 .. 9");
+    if (s.tls_cert_file.empty() != s.tls_key_file.empty())
+        return bad("a TLS client certificate needs both the certificate and the key file");
+    if (!s.tls && (!s.tls_ca_file.empty() || !s.tls_cert_file.empty()))
+        return bad("TLS files given but TLS is not enabled");
+    return {};
+}
 
 result<void> validate(const consumer_config& c) {
     if (!proto::valid_topic_name(c.topic)) return bad("topic name '" + c.topic + "' is not valid");
@@ -34,21 +47,24 @@ result<void> validate(const consumer_config& c) {
     if (c.max_in_flight < 1) return bad("max_in_flight must be at least 1");
     auto mt = c.msg_timeout.count();
     if (!proto::check_msg_timeout(mt))
-        return bad("msg_timeout " + std::to_string(mt) + " ms is out of range: 0 (nsqd's default) or 1000 ms .. " +
+        return bad("msg_timeout " + std::to_string(mt) +
+                   " ms is out of range: 0 (nsqd's default) or 1000 ms .. " +
                    std::to_string(proto::default_max_msg_timeout_ms) + " ms (nsqd's max-msg-timeout)");
     auto hb = c.heartbeat_interval.count();
     if (hb < proto::min_heartbeat_interval_ms || hb > proto::max_heartbeat_interval_ms)
         return bad("heartbeat_interval " + std::to_string(hb) + " ms is out of range: 1000 .. 60000 ms " +
                    "(heartbeats cannot be disabled: nsqd refuses SUB without them)");
-    if (c.lookupd_poll_interval < milliseconds(10)) return bad("lookupd_poll_interval must be at least 10 ms");
-    if (c.lookupd_poll_jitter < 0 || c.lookupd_poll_jitter > 1) return bad("lookupd_poll_jitter must be in [0, 1]");
+    if (c.lookupd_poll_interval < milliseconds(10))
+        return bad("lookupd_poll_interval must be at least 10 ms");
+    if (c.lookupd_poll_jitter < 0 || c.lookupd_poll_jitter > 1)
+        return bad("lookupd_poll_jitter must be in [0, 1]");
     if (c.reconnect_backoff_min <= milliseconds(0) || c.reconnect_backoff_max < c.reconnect_backoff_min)
         return bad("reconnect backoff: need 0 < min <= max");
     if (c.backoff_multiplier < milliseconds(0) || c.max_backoff_duration < milliseconds(0))
         return bad("backoff durations must not be negative");
     if (c.connect_timeout <= milliseconds(0)) return bad("connect_timeout must be positive");
     if (c.max_frame_size < 64) return bad("max_frame_size must be at least 64 bytes");
-    return {};
+    return validate(c.security);
 }
 
 result<void> validate(const producer_config& c) {
@@ -59,7 +75,7 @@ result<void> validate(const producer_config& c) {
         return bad("timeouts must be positive");
     if (c.reconnect_backoff_min <= milliseconds(0) || c.reconnect_backoff_max < c.reconnect_backoff_min)
         return bad("reconnect backoff: need 0 < min <= max");
-    return {};
+    return validate(c.security);
 }
 
 std::string local_hostname() {

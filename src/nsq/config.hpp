@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,16 +16,35 @@ namespace cg::nsq {
 
 using std::chrono::milliseconds;
 
+// Stands in for DNS (tests): the addresses a host name resolves to, numeric, in order.
+using resolve_hook = std::function<std::vector<std::string>(const std::string& host)>;
+
+// TLS, compression and AUTH towards nsqd (consumer, producer, publish, tail).
+struct nsq_security {
+    bool tls = false;           // ask for tls_v1; the connection fails if nsqd cannot do it
+    std::string tls_ca_file;    // PEM bundle to verify nsqd against; empty: the system store
+    std::string tls_cert_file;  // optional client certificate (--tls-client-auth-policy)
+    std::string tls_key_file;
+    std::string tls_server_name;  // name to verify instead of the address's host (empty: the host)
+    bool snappy = false;
+    bool deflate = false;
+    int deflate_level = 6;    // 1..9, capped by nsqd's max_deflate_level
+    std::string auth_secret;  // sent with AUTH when nsqd asks for it; never logged
+};
+
+// Checks TLS/compression settings (at most one compression, level bounds, key without cert…).
+result<void> validate(const nsq_security& s);
+
 struct consumer_config {
     std::string topic;
     std::string channel;
     std::vector<std::string> nsqd_tcp_addresses;      // "host:port", connected to directly
     std::vector<std::string> lookupd_http_addresses;  // "host:port" or "http://host:port"
 
-    unsigned max_in_flight = 1;      // handlers at once and the sum of RDY over all connections
-    milliseconds msg_timeout{0};     // 0: nsqd's --msg-timeout; else 1 s .. 15 min
+    unsigned max_in_flight = 1;              // handlers at once and the sum of RDY over all connections
+    milliseconds msg_timeout{0};             // 0: nsqd's --msg-timeout; else 1 s .. 15 min
     milliseconds heartbeat_interval{30000};  // 1 s .. 60 s
-    unsigned max_attempts = 5;       // 0: unlimited; past it the give-up callback runs instead
+    unsigned max_attempts = 5;               // 0: unlimited; past it the give-up callback runs instead
     milliseconds lookupd_poll_interval{60000};
     double lookupd_poll_jitter = 0.3;
 
@@ -48,10 +68,12 @@ struct consumer_config {
     // Graceful stop: wait this long for in-flight handlers, then for CLOSE_WAIT.
     milliseconds drain_timeout{30000};
 
-    std::string client_id;   // default: the short host name
-    std::string hostname;    // default: the host name
+    std::string client_id;  // default: the short host name
+    std::string hostname;   // default: the host name
     std::string user_agent = "chargeguard-nsq/0.1";
     std::size_t max_frame_size = proto::default_max_frame_size;
+    nsq_security security;
+    resolve_hook resolver;  // empty: DNS
 };
 
 // Checks names, addresses and bounds; the message names the offending setting.
@@ -66,6 +88,8 @@ struct producer_config {
     std::string client_id, hostname;
     std::string user_agent = "chargeguard-nsq/0.1";
     std::size_t max_frame_size = proto::default_max_frame_size;
+    nsq_security security;
+    resolve_hook resolver;  // empty: DNS
 };
 
 result<void> validate(const producer_config& c);

@@ -4,7 +4,9 @@
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/write.hpp>
 
+#include "net/address.hpp"
 #include "net/timeout.hpp"
+#include "nsq/handshake.hpp"
 #include "nsq/proto/commands.hpp"
 #include "nsq/proto/error.hpp"
 
@@ -13,22 +15,23 @@ namespace cg::nsq {
 using namespace std::chrono;
 using sclock = steady_clock;
 
-connection::connection(asio::any_io_executor ex, std::string key, const consumer_config& cfg, connection_owner* owner,
-                       logger log)
+connection::connection(asio::any_io_executor ex, std::string key, const consumer_config& cfg,
+                       connection_owner* owner, logger log, std::shared_ptr<asio::ssl::context> tls)
     : ex_(ex),
       key_(std::move(key)),
       cfg_(cfg),
       owner_(owner),
       log_(log.with({{"nsqd", key_}})),
-      sock_(ex),
+      tls_(std::move(tls)),
+      io_(ex),
       decoder_(cfg.max_frame_size),
       writer_wake_(ex, sclock::time_point::max()),
       drained_wake_(ex, sclock::time_point::max()) {}
 
-asio::awaitable<error> connection::run(net::tcp::endpoint ep) {
+asio::awaitable<error> connection::run(std::vector<net::tcp::endpoint> eps) {
     using namespace asio::experimental::awaitable_operators;
     auto self = shared_from_this();
-    if (auto e = co_await handshake(ep)) {
+    if (auto e = co_await handshake(std::move(eps))) {
         fail(e);
     } else {
         phase_ = phase::subscribed;
@@ -40,58 +43,48 @@ asio::awaitable<error> connection::run(net::tcp::endpoint ep) {
     phase_ = phase::closed;
     in_flight_.clear();
     in_flight_total_ = 0;
-    std::error_code ignored;
-    sock_.shutdown(net::tcp::socket::shutdown_both, ignored);
-    sock_.close(ignored);
+    io_.close();
     writer_wake_.cancel();
     drained_wake_.cancel();
     co_return end_;
 }
 
-// magic + IDENTIFY → negotiated reply → SUB → OK, all within connect_timeout.
-asio::awaitable<error> connection::handshake(net::tcp::endpoint ep) {
+// Connect → magic + IDENTIFY → negotiated reply (+ TLS, compression, AUTH) → SUB → OK, all within
+// connect_timeout.
+asio::awaitable<error> connection::handshake(std::vector<net::tcp::endpoint> eps) {
     auto deadline = sclock::now() + cfg_.connect_timeout;
-    auto connected = co_await net::with_timeout(sock_.async_connect(ep), cfg_.connect_timeout);
-    if (!connected) co_return error(errc::timeout, "connect to " + key_ + " timed out");
-    if (auto [ec] = *connected; ec) co_return error(ec, "connect to " + key_);
-    std::error_code ignored;
-    sock_.set_option(net::tcp::no_delay(true), ignored);
+    if (auto e = co_await io_.connect(std::move(eps), cfg_.connect_timeout, key_)) co_return e;
+    io_.set_no_delay();
 
-    proto::identify_request id;
-    id.client_id = cfg_.client_id.empty() ? short_hostname() : cfg_.client_id;
-    id.hostname = cfg_.hostname.empty() ? local_hostname() : cfg_.hostname;
-    id.user_agent = cfg_.user_agent;
-    id.heartbeat_interval_ms = cfg_.heartbeat_interval.count();
-    id.msg_timeout_ms = cfg_.msg_timeout.count();
-    std::string out;
-    proto::append_magic(out);
-    proto::append_identify(out, proto::to_json(id));
-    auto [wec, wn] = co_await asio::async_write(sock_, asio::buffer(out), net::nothrow);
-    if (wec) co_return error(wec, "writing IDENTIFY");
-
-    auto f = co_await read_frame(deadline);
-    if (!f) co_return f.err();
-    if (f->type == proto::frame_type::error) co_return error(errc::server_error, "IDENTIFY: " + std::string(f->data));
-    auto neg = proto::parse_identify_response(f->data);
+    handshake_options o;
+    o.identify.client_id = cfg_.client_id.empty() ? short_hostname() : cfg_.client_id;
+    o.identify.hostname = cfg_.hostname.empty() ? local_hostname() : cfg_.hostname;
+    o.identify.user_agent = cfg_.user_agent;
+    o.identify.heartbeat_interval_ms = cfg_.heartbeat_interval.count();
+    o.identify.msg_timeout_ms = cfg_.msg_timeout.count();
+    o.security = &cfg_.security;
+    o.tls = tls_.get();
+    o.tls_host = cfg_.security.tls_server_name.empty() ? net::parse_host_port(key_)->host
+                                                       : cfg_.security.tls_server_name;
+    o.what = key_;
+    auto neg = co_await nsq::handshake(io_, decoder_, o, deadline, log_);
     if (!neg) co_return neg.err();
-    if (neg->tls_v1 || neg->snappy || neg->deflate)
-        co_return error(errc::unsupported, "nsqd enabled TLS/compression we did not ask for");
-    if (neg->auth_required) co_return error(errc::unsupported, "nsqd requires AUTH, which chargeguard does not implement");
     negotiated_ = *neg;
 
-    out.clear();
+    std::string out;
     proto::append_sub(out, cfg_.topic, cfg_.channel);
-    std::tie(wec, wn) = co_await asio::async_write(sock_, asio::buffer(out), net::nothrow);
+    auto [wec, wn] = co_await io_.write(out);
     if (wec) co_return error(wec, "writing SUB");
     for (;;) {
-        f = co_await read_frame(deadline);
+        auto f = co_await read_frame(io_, decoder_, deadline, key_);
         if (!f) co_return f.err();
-        if (f->type == proto::frame_type::error) co_return error(errc::server_error, "SUB: " + std::string(f->data));
+        if (f->type == proto::frame_type::error)
+            co_return error(errc::server_error, "SUB: " + std::string(f->data));
         if (f->type == proto::frame_type::response && f->data == "OK") break;
         if (f->type == proto::frame_type::response && f->data == "_heartbeat_") {
             out.clear();
             proto::append_nop(out);
-            std::tie(wec, wn) = co_await asio::async_write(sock_, asio::buffer(out), net::nothrow);
+            std::tie(wec, wn) = co_await io_.write(out);
             if (wec) co_return error(wec, "writing NOP");
             continue;
         }
@@ -101,31 +94,16 @@ asio::awaitable<error> connection::handshake(net::tcp::endpoint ep) {
                              {"channel", cfg_.channel},
                              {"msg_timeout_ms", negotiated_.msg_timeout},
                              {"max_rdy_count", negotiated_.max_rdy_count},
+                             {"tls", io_.tls()},
+                             {"compression", io_.compression()},
                              {"nsqd_version", negotiated_.version}});
     co_return error{};
-}
-
-asio::awaitable<result<proto::frame>> connection::read_frame(sclock::time_point deadline) {
-    for (;;) {
-        proto::frame f;
-        auto st = decoder_.next(f);
-        if (st == proto::decode_status::frame) co_return f;
-        if (st == proto::decode_status::error) co_return decoder_.last_error();
-        auto left = deadline - sclock::now();
-        if (left <= sclock::duration::zero()) co_return error(errc::timeout, "handshake with " + key_ + " timed out");
-        auto area = decoder_.prepare();
-        auto r = co_await net::with_timeout(sock_.async_read_some(asio::buffer(area.data(), area.size())), left);
-        if (!r) co_return error(errc::timeout, "handshake with " + key_ + " timed out");
-        auto [ec, n] = *r;
-        if (ec) co_return error(ec == asio::error::eof ? make_error_code(errc::connection_closed) : ec, "handshake");
-        decoder_.commit(n);
-    }
 }
 
 asio::awaitable<void> connection::read_loop() {
     for (;;) {
         auto area = decoder_.prepare(64 * 1024);
-        auto [ec, n] = co_await sock_.async_read_some(asio::buffer(area.data(), area.size()));
+        auto [ec, n] = co_await io_.read_some(asio::buffer(area.data(), area.size()));
         if (done_) co_return;
         if (ec) {
             fail(error(ec == asio::error::eof ? make_error_code(errc::connection_closed) : ec, "read"));
@@ -158,8 +136,9 @@ bool connection::handle_frame(const proto::frame& f) {
                 return false;
             }
             if (++in_flight_[m->id] > 1)
-                log_.warn("message redelivered while its earlier delivery is still being handled (it timed out)",
-                          {{"id", m->id.view()}, {"attempts", m->attempts}});
+                log_.warn(
+                    "message redelivered while its earlier delivery is still being handled (it timed out)",
+                    {{"id", m->id.view()}, {"attempts", m->attempts}});
             ++in_flight_total_;
             if (rdy.remaining > 0) --rdy.remaining;
             rdy.last_active = last_read_;
@@ -198,7 +177,7 @@ asio::awaitable<void> connection::write_loop() {
         if (done_) co_return;
         std::swap(out_, sending_);
         writing_ = true;
-        auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(sending_), net::nothrow);
+        auto [ec, n] = co_await io_.write(sending_);
         writing_ = false;
         sending_.clear();
         if (done_) co_return;
@@ -216,7 +195,8 @@ asio::awaitable<void> connection::watchdog() {
     for (;;) {
         if (!co_await net::sleep_for(cfg_.heartbeat_interval / 4) || done_) co_return;
         if (sclock::now() - last_read_ > limit) {
-            fail(error(errc::heartbeat_timeout, "nothing from nsqd for " + std::to_string(limit.count()) + " ms"));
+            fail(error(errc::heartbeat_timeout,
+                       "nothing from nsqd for " + std::to_string(limit.count()) + " ms"));
             co_return;
         }
     }
@@ -251,8 +231,7 @@ void connection::fail(error e) {
 void connection::stop_loops() {
     if (done_) return;
     done_ = true;
-    std::error_code ignored;
-    sock_.cancel(ignored);
+    io_.cancel();
     writer_wake_.cancel();
     drained_wake_.cancel();
 }
@@ -306,8 +285,7 @@ void connection::start_close() {
 void connection::abort() {
     if (phase_ == phase::closed) return;
     fail(error(errc::shutting_down, "connection aborted"));
-    std::error_code ignored;
-    sock_.close(ignored);
+    io_.close();
 }
 
 }  // namespace cg::nsq

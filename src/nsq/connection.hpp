@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -18,6 +19,7 @@
 #include "nsq/proto/frame.hpp"
 #include "nsq/proto/identify.hpp"
 #include "nsq/proto/message.hpp"
+#include "nsq/transport.hpp"
 
 namespace cg::nsq {
 
@@ -25,7 +27,7 @@ class connection;
 
 // What a connection reports to its consumer. Called on the connection's executor.
 class connection_owner {
-public:
+  public:
     virtual ~connection_owner() = default;
     virtual void on_subscribed(connection& c) = 0;
     // A message frame arrived and its id was added to the in-flight set.
@@ -46,17 +48,19 @@ struct rdy_state {
 };
 
 class connection : public std::enable_shared_from_this<connection> {
-public:
+  public:
     enum class phase { connecting, subscribed, closing, closed };
 
+    // `tls` is the consumer's TLS context (nullptr when TLS is off); it must outlive the connection.
     connection(asio::any_io_executor ex, std::string key, const consumer_config& cfg, connection_owner* owner,
-               logger log);
+               logger log, std::shared_ptr<asio::ssl::context> tls = nullptr);
 
-    // Connects to `ep`, identifies, subscribes, then serves until the connection ends (peer close, fatal
-    // error frame, heartbeat timeout, abort(), or a graceful close after CLS). Returns why it ended (an
-    // empty error for a graceful close). Completes on the connection's executor; `owner` and this object
-    // must outlive it (the caller holds a shared_ptr). Cancel with abort().
-    asio::awaitable<error> run(net::tcp::endpoint ep);
+    // Connects to the first of `eps` that answers, identifies (TLS, compression, AUTH), subscribes, then
+    // serves until the connection ends (peer close, fatal error frame, heartbeat timeout, abort(), or a
+    // graceful close after CLS). Returns why it ended (an empty error for a graceful close). Completes on the
+    // connection's executor; `owner` and this object must outlive it (the caller holds a shared_ptr). Cancel
+    // with abort().
+    asio::awaitable<error> run(std::vector<net::tcp::endpoint> eps);
 
     // Commands (no-ops once closed). FIN/REQ/TOUCH apply only to ids in flight here; false otherwise.
     void send_rdy(unsigned count);
@@ -74,15 +78,16 @@ public:
     const std::string& key() const noexcept { return key_; }
     std::size_t in_flight() const noexcept { return in_flight_total_; }
     const proto::identify_response& negotiated() const noexcept { return negotiated_; }
-    std::chrono::milliseconds msg_timeout() const noexcept { return std::chrono::milliseconds(negotiated_.msg_timeout); }
+    std::chrono::milliseconds msg_timeout() const noexcept {
+        return std::chrono::milliseconds(negotiated_.msg_timeout);
+    }
     unsigned max_rdy() const noexcept { return static_cast<unsigned>(negotiated_.max_rdy_count); }
     asio::any_io_executor executor() const { return ex_; }
 
     rdy_state rdy;  // owned by the consumer
 
-private:
-    asio::awaitable<error> handshake(net::tcp::endpoint ep);
-    asio::awaitable<result<proto::frame>> read_frame(std::chrono::steady_clock::time_point deadline);
+  private:
+    asio::awaitable<error> handshake(std::vector<net::tcp::endpoint> eps);
     asio::awaitable<void> read_loop();
     asio::awaitable<void> write_loop();
     asio::awaitable<void> watchdog();
@@ -99,7 +104,8 @@ private:
     const consumer_config& cfg_;
     connection_owner* owner_;
     logger log_;
-    net::tcp_socket sock_;
+    std::shared_ptr<asio::ssl::context> tls_;
+    transport io_;
     proto::frame_decoder decoder_;
     std::string out_, sending_;
     net::steady_timer writer_wake_, drained_wake_;

@@ -8,16 +8,15 @@
 #include <random>
 #include <set>
 
-#include "http/proto/message.hpp"
 #include "net/address.hpp"
 #include "net/resolve.hpp"
 #include "net/timeout.hpp"
 #include "net/tokens.hpp"
 #include "nsq/connection.hpp"
-#include "nsq/http_get.hpp"
+#include "nsq/handshake.hpp"
+#include "nsq/lookupd_poller.hpp"
 #include "nsq/policy.hpp"
 #include "nsq/proto/error.hpp"
-#include "nsq/proto/lookup.hpp"
 
 namespace cg::nsq {
 
@@ -36,7 +35,6 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
           log(l.with({{"topic", cfg.topic}, {"channel", cfg.channel}})),
           backoff(cfg.backoff_multiplier, cfg.max_backoff_duration),
           stop_wake(e, forever),
-          poll_wake(e, forever),
           change_wake(e, forever),
           backoff_timer(e),
           settle_timer(e),
@@ -52,9 +50,10 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
                                     "E_FIN_FAILED from nsqd: the message had already timed out")
                             .Add(lb);
         m_touches = &reg.counter("chargeguard_nsq_touches_total", "TOUCH commands sent").Add(lb);
-        m_handler_errors = &reg.counter("chargeguard_nsq_handler_errors_total",
-                                        "message or give-up handlers that threw (a bug: the message is requeued)")
-                                .Add(lb);
+        m_handler_errors =
+            &reg.counter("chargeguard_nsq_handler_errors_total",
+                         "message or give-up handlers that threw (a bug: the message is requeued)")
+                 .Add(lb);
         m_connections = &reg.gauge("chargeguard_nsq_connections", "nsqd connections subscribed").Add(lb);
         m_rdy = &reg.gauge("chargeguard_nsq_rdy", "sum of RDY over all nsqd connections").Add(lb);
         m_handlers = &reg.gauge("chargeguard_nsq_handlers_running", "message handlers running").Add(lb);
@@ -64,9 +63,11 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     consumer_config cfg;
     message_handler handler;
     give_up_handler give_up;
+    std::shared_ptr<asio::ssl::context> tls_ctx;  // built at start() when TLS is on
     logger log;
     consumer_stats stats;
-    metrics::Counter *m_received, *m_finished, *m_requeued, *m_gave_up, *m_fin_failed, *m_touches, *m_handler_errors;
+    metrics::Counter *m_received, *m_finished, *m_requeued, *m_gave_up, *m_fin_failed, *m_touches,
+        *m_handler_errors;
     metrics::Gauge *m_connections, *m_rdy, *m_handlers;
     std::shared_ptr<std::atomic<int>> subscribed = std::make_shared<std::atomic<int>>(0);
 
@@ -74,17 +75,16 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     std::map<std::string, std::shared_ptr<connection>> conns;  // live (connecting or subscribed)
     std::set<std::string> supervised;                          // keys with a supervisor running
     std::set<std::string> static_keys;
-    std::set<std::string> listed;  // from the last lookupd poll that got an answer
-    bool poll_requested = false;
+    std::shared_ptr<lookupd_poller> poller;  // with lookupd addresses
 
-    unsigned active = 0;          // handlers running
-    std::deque<message> queued;   // waiting for a handler slot
+    unsigned active = 0;         // handlers running
+    std::deque<message> queued;  // waiting for a handler slot
 
     backoff_policy backoff;
     std::size_t rr_cursor = 0;
     bool settle_pending = false;
 
-    net::steady_timer stop_wake, poll_wake, change_wake, backoff_timer, settle_timer;
+    net::steady_timer stop_wake, change_wake, backoff_timer, settle_timer;
     std::mt19937_64 rng;
 
     double unit() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
@@ -103,6 +103,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
             return;
         }
         rebalance();
+        keep_backoff_going();
     }
 
     void on_message(const std::shared_ptr<connection>& c, const proto::message_view& v) override {
@@ -145,7 +146,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
         ++active;
         stats.max_handlers = std::max<std::uint64_t>(stats.max_handlers, active);
         m_handlers->Set(active);
-        asio::co_spawn(ex, run_handler(shared_from_this(), std::move(m)), [](std::exception_ptr) {});
+        asio::co_spawn(ex, run_handler(shared_from_this(), std::move(m)), handler_task_ended{log});
     }
 
     // Runs the handler (or give-up) for one message and applies its disposition. Never throws: an exception
@@ -156,8 +157,9 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
         try {
             if (self->cfg.max_attempts > 0 && m.attempts() > self->cfg.max_attempts) {
                 gave_up = true;
-                self->log.warn("message past max_attempts: passing it to the give-up handler",
-                               {{"id", m.id()}, {"attempts", m.attempts()}, {"max_attempts", self->cfg.max_attempts}});
+                self->log.warn(
+                    "message past max_attempts: passing it to the give-up handler",
+                    {{"id", m.id()}, {"attempts", m.attempts()}, {"max_attempts", self->cfg.max_attempts}});
                 if (self->give_up) d = co_await self->give_up(m);
             } else {
                 d = co_await self->handler(m);
@@ -178,7 +180,8 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     void handler_failed(const message& m, bool gave_up, std::string_view what) {
         ++stats.handler_errors;
         m_handler_errors->Increment();
-        log.error(gave_up ? "give-up handler threw (a bug): requeueing" : "message handler threw (a bug): requeueing",
+        log.error(gave_up ? "give-up handler threw (a bug): requeueing"
+                          : "message handler threw (a bug): requeueing",
                   {{"id", m.id()}, {"attempts", m.attempts()}, {"error", what}});
     }
 
@@ -292,7 +295,8 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
         for (auto* c : live) {
             if (c->rdy.target <= c->rdy.sent) continue;
             auto others = committed_total() - c->rdy.committed;
-            unsigned room = others >= cfg.max_in_flight ? 0 : cfg.max_in_flight - static_cast<unsigned>(others);
+            unsigned room =
+                others >= cfg.max_in_flight ? 0 : cfg.max_in_flight - static_cast<unsigned>(others);
             unsigned allowed = std::min(c->rdy.target, room);
             if (allowed > c->rdy.sent) set_rdy(*c, allowed);
             if (allowed < c->rdy.target) schedule_settle();
@@ -332,6 +336,22 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
         });
     }
 
+    // While backing off, something must always be under way: the backoff timer, the trial RDY 1 on a
+    // live connection, or a handler whose result decides the next step. When the connection holding the
+    // trial RDY 1 drops (or the trial never found a connection), none is: arm the timer again so a new
+    // trial goes out — otherwise RDY stays 0 everywhere with no handler running, for ever.
+    void keep_backoff_going() {
+        if (stopping) return;
+        backoff_progress p{backoff.backing_off(), backoff.in_timeout(), false, active > 0 || !queued.empty()};
+        for (auto& [k, c] : conns)
+            if (c->subscribed() && c->rdy.sent > 0) p.trial_out = true;
+        if (!backoff_needs_rearm(p)) return;
+        log.warn("backoff: the trial connection is gone; testing again after the backoff delay",
+                 {{"level", backoff.level()}});
+        backoff.on_continue();  // back in the timeout
+        start_backoff_timer(backoff.duration_for(backoff.level()));
+    }
+
     // After a backoff timeout: RDY 1 on one connection to test the waters (go-nsq).
     void resume_one() {
         if (!backoff.backing_off()) {
@@ -353,7 +373,79 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     void ensure_supervisor(const std::string& key, bool discovered) {
         if (stopping || supervised.contains(key)) return;
         supervised.insert(key);
-        asio::co_spawn(ex, supervise(shared_from_this(), key, discovered), [](std::exception_ptr) {});
+        asio::co_spawn(ex, supervise(shared_from_this(), key, discovered),
+                       task_ended{weak_from_this(), task::supervisor, key, discovered});
+    }
+
+    // Which background task a completion belongs to (restarted after an exception).
+    enum class task { supervisor, rotation };
+
+    // Completion of a background task: an exception is a bug, never a reason to silently lose an nsqd
+    // connection, the lookupd polling or the RDY rotation. Log it and start the task again.
+    struct task_ended {
+        std::weak_ptr<core> w;
+        task which;
+        std::string key;
+        bool discovered = false;
+        void operator()(std::exception_ptr ep) const {
+            if (!ep) return;
+            auto self = w.lock();
+            if (!self) return;
+            self->log.error("consumer task failed: restarting it",
+                            {{"task", which == task::supervisor ? "nsqd supervisor" : "RDY rotation"},
+                             {"nsqd", key},
+                             {"error", describe(ep)}});
+            ++self->stats.task_restarts;
+            self->restart(which, key, discovered);
+        }
+    };
+
+    // A handler task must not fail (run_handler catches the handler's exceptions): if one does, the
+    // handler slot and the message's FIN/REQ are lost, so the process stops loudly instead of stalling.
+    struct handler_task_ended {
+        logger log;
+        void operator()(std::exception_ptr ep) const {
+            if (!ep) return;
+            log.error("message handler task failed outside the handler: aborting", {{"error", describe(ep)}});
+            std::terminate();
+        }
+    };
+
+    static std::string describe(std::exception_ptr ep) {
+        try {
+            std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+            return e.what();
+        } catch (...) {
+            return "unknown exception";
+        }
+    }
+
+    void restart(task which, const std::string& key, bool discovered) {
+        if (stopping) {
+            supervised.erase(key);
+            changed();
+            return;
+        }
+        switch (which) {
+            case task::supervisor:
+                supervised.erase(key);
+                conns.erase(key);
+                ensure_supervisor(key, discovered);
+                break;
+            case task::rotation:
+                asio::co_spawn(ex, rotation(shared_from_this()),
+                               task_ended{weak_from_this(), task::rotation, {}, false});
+                break;
+        }
+    }
+
+    static asio::awaitable<void> rotation(std::shared_ptr<core> c) {
+        while (!c->stopping) {
+            co_await net::with_timeout(c->stop_wake.async_wait(), c->cfg.rdy_redistribute_interval);
+            if (c->stopping) break;
+            c->rebalance();
+        }
     }
 
     // Connects to `key` again and again with exponential backoff until stopping, or — for an address
@@ -361,14 +453,16 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     static asio::awaitable<void> supervise(std::shared_ptr<core> self, std::string key, bool discovered) {
         unsigned failures = 0;
         while (!self->stopping) {
-            if (discovered && !self->listed.contains(key) && !self->static_keys.contains(key)) break;
+            if (discovered && !(self->poller && self->poller->lists(key)) && !self->static_keys.contains(key))
+                break;
             bool was_subscribed = co_await self->connect_once(key);
             if (self->stopping) break;
             failures = was_subscribed ? 1 : failures + 1;
-            if (discovered) self->request_poll();
-            auto delay = reconnect_delay(failures, self->cfg.reconnect_backoff_min, self->cfg.reconnect_backoff_max,
-                                         self->unit());
-            self->log.info("reconnecting", {{"nsqd", key}, {"in_ms", static_cast<std::int64_t>(delay.count())}});
+            if (discovered && self->poller) self->poller->request_poll();
+            auto delay = reconnect_delay(failures, self->cfg.reconnect_backoff_min,
+                                         self->cfg.reconnect_backoff_max, self->unit());
+            self->log.info("reconnecting",
+                           {{"nsqd", key}, {"in_ms", static_cast<std::int64_t>(delay.count())}});
             co_await net::with_timeout(self->stop_wake.async_wait(), delay);
         }
         self->supervised.erase(key);
@@ -379,14 +473,14 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     asio::awaitable<bool> connect_once(const std::string& key) {
         auto hp = net::parse_host_port(key);
         if (!hp) co_return false;
-        auto eps = co_await net::resolve(hp->host, std::to_string(hp->port), cfg.connect_timeout);
+        auto eps = co_await resolve_all(*hp, cfg.connect_timeout, cfg.resolver);
         if (!eps) {
             log.warn("cannot resolve nsqd", {{"nsqd", key}, {"error", eps.err().message}});
             co_return false;
         }
-        auto c = std::make_shared<connection>(ex, key, cfg, this, log);
+        auto c = std::make_shared<connection>(ex, key, cfg, this, log, tls_ctx);
         conns[key] = c;
-        auto err = co_await c->run(eps->begin()->endpoint());
+        auto err = co_await c->run(std::move(*eps));
         bool was_subscribed = c->ever_subscribed();
         conns.erase(key);
         if (was_subscribed) {
@@ -396,6 +490,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
             m_connections->Decrement();
             publish_rdy_total();
             rebalance();
+            keep_backoff_going();
         }
         changed();
         if (err) {
@@ -405,64 +500,6 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
             log.info("nsqd connection closed", {{"nsqd", key}});
         }
         co_return was_subscribed;
-    }
-
-    // --- lookupd ------------------------------------------------------------------------------------
-    void request_poll() {
-        poll_requested = true;
-        poll_wake.cancel();
-    }
-
-    static asio::awaitable<void> poll_loop(std::shared_ptr<core> self) {
-        while (!self->stopping) {
-            self->poll_requested = false;
-            co_await self->query_lookupds();
-            if (self->stopping) break;
-            if (self->poll_requested) {
-                // A disconnect asked for a fresh look; don't hammer lookupd while an nsqd is down.
-                co_await net::with_timeout(self->stop_wake.async_wait(), self->cfg.reconnect_backoff_min);
-                continue;
-            }
-            auto base = duration<double, std::milli>(self->cfg.lookupd_poll_interval);
-            auto wait = base * (1.0 + self->cfg.lookupd_poll_jitter * (self->unit() - 0.5));
-            co_await net::with_timeout(self->poll_wake.async_wait(), duration_cast<sclock::duration>(wait));
-        }
-    }
-
-    asio::awaitable<void> query_lookupds() {
-        std::set<std::string> found;
-        bool any_answer = false;
-        for (const auto& addr : cfg.lookupd_http_addresses) {
-            std::string a = addr.rfind("http://", 0) == 0 ? addr.substr(7) : addr;
-            if (auto slash = a.find('/'); slash != std::string::npos) a.resize(slash);
-            auto hp = net::parse_host_port(a);
-            if (!hp) continue;
-            auto r = co_await http_get(*hp, "/lookup?topic=" + http::url_encode(cfg.topic),
-                                       "application/vnd.nsq; version=1.0", cfg.lookupd_timeout);
-            if (stopping) co_return;
-            if (!r) {
-                log.warn("nsqlookupd query failed", {{"lookupd", addr}, {"error", r.err().describe()}});
-                continue;
-            }
-            if (r->status == 404) {  // topic not (yet) known to this lookupd
-                any_answer = true;
-                continue;
-            }
-            if (r->status != 200) {
-                log.warn("nsqlookupd answered an error", {{"lookupd", addr}, {"status", r->status}});
-                continue;
-            }
-            auto producers = proto::parse_lookup_response(r->body);
-            if (!producers) {
-                log.warn("nsqlookupd reply unusable", {{"lookupd", addr}, {"error", producers.err().describe()}});
-                continue;
-            }
-            any_answer = true;
-            for (const auto& p : *producers) found.insert(p.key());
-        }
-        if (!any_answer) co_return;  // keep what we had: lookupd being down is not nsqd being down
-        listed = std::move(found);
-        for (const auto& key : listed) ensure_supervisor(key, true);
     }
 
     // --- stop ---------------------------------------------------------------------------------------
@@ -480,7 +517,7 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     void begin_stop() {
         stopping = true;
         stop_wake.cancel();
-        poll_wake.cancel();
+        if (poller) poller->stop();
         backoff_timer.cancel();
         settle_timer.cancel();
     }
@@ -499,7 +536,9 @@ consumer::~consumer() {
     core_->abort_all();
 }
 
-void consumer::set_give_up_handler(give_up_handler h) { core_->give_up = std::move(h); }
+void consumer::set_give_up_handler(give_up_handler h) {
+    core_->give_up = std::move(h);
+}
 
 void consumer::add_readiness(metrics::health& h) {
     std::shared_ptr<std::atomic<int>> n = core_->subscribed;
@@ -512,6 +551,9 @@ void consumer::add_readiness(metrics::health& h) {
 result<void> consumer::start() {
     if (auto v = validate(core_->cfg); !v) return v;
     if (core_->started) return error(errc::bad_config, "consumer already started");
+    auto tls = make_nsq_tls_context(core_->cfg.security);
+    if (!tls) return tls.err();
+    core_->tls_ctx = *tls;
     core_->started = true;
     auto& c = *core_;
     if (c.cfg.client_id.empty()) c.cfg.client_id = short_hostname();
@@ -521,21 +563,22 @@ result<void> consumer::start() {
         c.static_keys.insert(key);
         c.ensure_supervisor(key, false);
     }
-    if (!c.cfg.lookupd_http_addresses.empty())
-        asio::co_spawn(c.ex, core::poll_loop(core_), [](std::exception_ptr) {});
-    asio::co_spawn(c.ex, rotation_loop(core_), [](std::exception_ptr) {});
-    c.log.info("consumer started", {{"max_in_flight", c.cfg.max_in_flight},
-                                    {"nsqd", static_cast<std::uint64_t>(c.cfg.nsqd_tcp_addresses.size())},
-                                    {"lookupd", static_cast<std::uint64_t>(c.cfg.lookupd_http_addresses.size())}});
-    return {};
-}
-
-asio::awaitable<void> consumer::rotation_loop(std::shared_ptr<core> c) {
-    while (!c->stopping) {
-        co_await net::with_timeout(c->stop_wake.async_wait(), c->cfg.rdy_redistribute_interval);
-        if (c->stopping) break;
-        c->rebalance();
+    if (!c.cfg.lookupd_http_addresses.empty()) {
+        std::weak_ptr<core> w = core_;
+        c.poller =
+            std::make_shared<lookupd_poller>(c.ex, c.cfg, c.log, [w](const std::set<std::string>& keys) {
+                auto self = w.lock();
+                if (!self) return;
+                for (const auto& key : keys) self->ensure_supervisor(key, true);
+            });
+        c.poller->start();
     }
+    asio::co_spawn(c.ex, core::rotation(core_), core::task_ended{core_, core::task::rotation, {}, false});
+    c.log.info("consumer started",
+               {{"max_in_flight", c.cfg.max_in_flight},
+                {"nsqd", static_cast<std::uint64_t>(c.cfg.nsqd_tcp_addresses.size())},
+                {"lookupd", static_cast<std::uint64_t>(c.cfg.lookupd_http_addresses.size())}});
+    return {};
 }
 
 asio::awaitable<void> consumer::stop() {
@@ -547,7 +590,8 @@ asio::awaitable<void> consumer::stop() {
     }
     c->begin_stop();
     auto deadline = sclock::now() + c->cfg.drain_timeout;
-    c->log.info("draining", {{"handlers", c->active}, {"queued", static_cast<std::uint64_t>(c->queued.size())}});
+    c->log.info("draining",
+                {{"handlers", c->active}, {"queued", static_cast<std::uint64_t>(c->queued.size())}});
     for (auto& [k, conn] : c->conns)
         if (conn->subscribed()) {
             conn->send_rdy(0);
@@ -571,13 +615,19 @@ asio::awaitable<void> consumer::stop() {
         co_await c->wait_until(sclock::now() + seconds(5), &core::all_closed);
     }
     c->stopped = true;
-    c->log.info("consumer stopped", {{"received", c->stats.received},
-                                     {"finished", c->stats.finished},
-                                     {"requeued", c->stats.requeued}});
+    c->log.info(
+        "consumer stopped",
+        {{"received", c->stats.received}, {"finished", c->stats.finished}, {"requeued", c->stats.requeued}});
 }
 
-const consumer_stats& consumer::stats() const { return core_->stats; }
-std::size_t consumer::subscribed_connections() const { return static_cast<std::size_t>(core_->subscribed->load()); }
-const consumer_config& consumer::config() const { return core_->cfg; }
+const consumer_stats& consumer::stats() const {
+    return core_->stats;
+}
+std::size_t consumer::subscribed_connections() const {
+    return static_cast<std::size_t>(core_->subscribed->load());
+}
+const consumer_config& consumer::config() const {
+    return core_->cfg;
+}
 
 }  // namespace cg::nsq

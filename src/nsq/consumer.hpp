@@ -21,23 +21,24 @@ struct consumer_stats {
     std::uint64_t received = 0;
     std::uint64_t finished = 0;
     std::uint64_t requeued = 0;
-    std::uint64_t gave_up = 0;          // passed to the give-up handler (then FINed)
-    std::uint64_t handler_errors = 0;   // handler threw
-    std::uint64_t fin_failed = 0;       // E_FIN_FAILED: the message had timed out at nsqd
+    std::uint64_t gave_up = 0;         // passed to the give-up handler (then FINed)
+    std::uint64_t handler_errors = 0;  // handler threw
+    std::uint64_t fin_failed = 0;      // E_FIN_FAILED: the message had timed out at nsqd
     std::uint64_t req_failed = 0;
     std::uint64_t touch_failed = 0;
     std::uint64_t touches = 0;
     std::uint64_t responses_dropped = 0;  // FIN/REQ for a message whose connection had closed
     std::uint64_t connects = 0;           // successful subscriptions, over the lifetime
     std::uint64_t disconnects = 0;
-    std::uint64_t connections = 0;        // subscribed now
-    std::uint64_t total_rdy = 0;          // sum of RDY sent now
-    std::uint64_t max_total_rdy = 0;      // the largest sum ever committed
-    std::uint64_t max_handlers = 0;       // most handlers running at once
+    std::uint64_t connections = 0;    // subscribed now
+    std::uint64_t total_rdy = 0;      // sum of RDY sent now
+    std::uint64_t max_total_rdy = 0;  // the largest sum ever committed
+    std::uint64_t max_handlers = 0;   // most handlers running at once
+    std::uint64_t task_restarts = 0;  // background tasks (supervisor, poller, rotation) restarted after a bug
 };
 
 class consumer {
-public:
+  public:
     // `reg` must outlive the consumer (metrics are registered on it, labelled topic/channel).
     consumer(asio::any_io_executor ex, consumer_config cfg, message_handler handler, logger log,
              metrics::registry& reg);
@@ -67,8 +68,7 @@ public:
 
     struct core;
 
-private:
-    static asio::awaitable<void> rotation_loop(std::shared_ptr<core> c);
+  private:
     std::shared_ptr<core> core_;
 };
 

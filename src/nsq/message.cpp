@@ -22,7 +22,9 @@ message::message(const proto::message_view& v, std::shared_ptr<connection> conn,
 
 message::~message() = default;
 
-bool message::touch() { return conn_ && conn_->touch(id_); }
+bool message::touch() {
+    return conn_ && conn_->touch(id_);
+}
 
 struct keepalive::state {
     net::steady_timer timer;
@@ -37,15 +39,20 @@ namespace {
 // deadline (nsqd's max-msg-timeout cap). Holds the state, not the message: after stop it never
 // dereferences `msg`.
 asio::awaitable<void> keepalive_loop(std::shared_ptr<keepalive::state> st) {
+    // nsqd's deadline runs from delivery, not from when the handler got round to holding a keepalive
+    // (it may have waited for a slot or done other work first): the first TOUCH is due msg_timeout / 2
+    // after receipt — at once if that is already past — and each later one msg_timeout / 2 after the last.
+    auto last = st->msg->delivered_at();
     for (;;) {
-        auto next = next_touch(clock::now(), st->msg->delivered_at(), st->msg->msg_timeout(),
-                               st->msg->max_msg_timeout());
+        auto next =
+            next_touch(last, st->msg->delivered_at(), st->msg->msg_timeout(), st->msg->max_msg_timeout());
         if (!next) co_return;
         st->timer.expires_at(*next);
         co_await st->timer.async_wait();
         if (st->stopped) co_return;
         if (!st->msg->touch()) co_return;
         ++st->touches;
+        last = clock::now();
     }
 }
 
@@ -64,6 +71,8 @@ keepalive::~keepalive() {
     st_->timer.cancel();
 }
 
-std::size_t keepalive::touches() const noexcept { return st_ ? st_->touches : 0; }
+std::size_t keepalive::touches() const noexcept {
+    return st_ ? st_->touches : 0;
+}
 
 }  // namespace cg::nsq

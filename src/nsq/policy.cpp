@@ -5,8 +5,8 @@
 
 namespace cg::nsq {
 
-std::vector<unsigned> plan_rdy(std::span<const rdy_conn> conns, unsigned max_in_flight, clock::duration idle_timeout,
-                               std::size_t& cursor) {
+std::vector<unsigned> plan_rdy(std::span<const rdy_conn> conns, unsigned max_in_flight,
+                               clock::duration idle_timeout, std::size_t& cursor) {
     const std::size_t n = conns.size();
     std::vector<unsigned> out(n, 0);
     if (n == 0 || max_in_flight == 0) return out;
@@ -80,6 +80,10 @@ backoff_policy::decision backoff_policy::signal(int up, int down) {
         return {action::backoff, duration_for(level_)};
     }
     return {};
+}
+
+bool backoff_needs_rearm(const backoff_progress& p) noexcept {
+    return p.backing_off && !p.in_timeout && !p.trial_out && !p.handlers_pending;
 }
 
 std::optional<clock::time_point> next_touch(clock::time_point now, clock::time_point delivered,

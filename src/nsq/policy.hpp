@@ -15,21 +15,21 @@ using std::chrono::milliseconds;
 
 // --- RDY distribution -------------------------------------------------------------------------------
 struct rdy_conn {
-    unsigned current = 0;       // the RDY last sent on this connection
-    unsigned max_rdy = 2500;    // nsqd's max_rdy_count for it
-    clock::duration idle{};     // time since its last message (or since it got RDY)
+    unsigned current = 0;     // the RDY last sent on this connection
+    unsigned max_rdy = 2500;  // nsqd's max_rdy_count for it
+    clock::duration idle{};   // time since its last message (or since it got RDY)
 };
 
 // The RDY each connection should have, never more than max_in_flight in total nor max_rdy each.
 // n ≤ max_in_flight: max_in_flight / n each (the remainder to the first ones), at least 1.
 // n > max_in_flight: RDY 1 for max_in_flight connections; a holder idle longer than `idle_timeout`
 // gives its RDY 1 to the next connection without one, round-robin from `cursor` (updated).
-std::vector<unsigned> plan_rdy(std::span<const rdy_conn> conns, unsigned max_in_flight, clock::duration idle_timeout,
-                               std::size_t& cursor);
+std::vector<unsigned> plan_rdy(std::span<const rdy_conn> conns, unsigned max_in_flight,
+                               clock::duration idle_timeout, std::size_t& cursor);
 
 // --- handler-failure backoff (go-nsq's startStopContinueBackoff) ------------------------------------
 class backoff_policy {
-public:
+  public:
     enum class action { none, resume_all, backoff };
     struct decision {
         action act = action::none;
@@ -52,12 +52,24 @@ public:
     bool backing_off() const noexcept { return level_ > 0; }
     milliseconds duration_for(int level) const;
 
-private:
+  private:
     decision signal(int up, int down);
     milliseconds mult_, max_;
     int level_ = 0;
     bool in_timeout_ = false;
 };
+
+// What keeps a backoff moving: while backing off, one of these must be under way — the backoff timer
+// (in_timeout), a trial RDY 1 on a live connection, or a handler (running or queued) whose result decides
+// the next step. With none (the trial's connection dropped, or the trial found no connection), the
+// consumer must arm the backoff timer again, or RDY stays 0 everywhere for ever.
+struct backoff_progress {
+    bool backing_off = false;
+    bool in_timeout = false;
+    bool trial_out = false;  // a subscribed connection has RDY > 0
+    bool handlers_pending = false;
+};
+bool backoff_needs_rearm(const backoff_progress& p) noexcept;
 
 // --- keepalive --------------------------------------------------------------------------------------
 // When to TOUCH next: msg_timeout / 2 from `now`, or nullopt once a TOUCH could no longer extend the

@@ -10,12 +10,14 @@
 #include "net/resolve.hpp"
 #include "net/timeout.hpp"
 #include "net/tokens.hpp"
+#include "nsq/handshake.hpp"
 #include "nsq/policy.hpp"
 #include "nsq/proto/commands.hpp"
 #include "nsq/proto/error.hpp"
 #include "nsq/proto/error_frame.hpp"
 #include "nsq/proto/frame.hpp"
 #include "nsq/proto/identify.hpp"
+#include "nsq/transport.hpp"
 
 namespace cg::nsq {
 
@@ -36,14 +38,25 @@ struct waiter {
 
 struct producer::state {
     state(asio::any_io_executor e, std::string a, producer_config c, logger l)
-        : ex(e), address(std::move(a)), cfg(std::move(c)), log(l.with({{"nsqd", address}})), sock(e),
-          decoder(cfg.max_frame_size), writer_wake(e, forever), connect_wake(e, forever), idle_wake(e, forever) {}
+        : ex(e),
+          address(std::move(a)),
+          cfg(std::move(c)),
+          log(l.with({{"nsqd", address}})),
+          decoder(cfg.max_frame_size),
+          writer_wake(e, forever),
+          connect_wake(e, forever),
+          idle_wake(e, forever) {}
 
     asio::any_io_executor ex;
     std::string address;
     producer_config cfg;
     logger log;
-    net::tcp_socket sock;
+    // One transport per connection; the loops of a connection hold theirs and its generation, so a
+    // reconnect never hands a new connection to loops still unwinding from the old one.
+    std::shared_ptr<transport> io;
+    std::uint64_t generation = 0;
+    std::shared_ptr<asio::ssl::context> tls;
+    bool tls_ready = false;
     proto::frame_decoder decoder;
     std::string out, sending;
     std::deque<std::shared_ptr<waiter>> pending;
@@ -73,8 +86,7 @@ struct producer::state {
         if (!connected) return;
         connected = false;
         done = true;
-        std::error_code ignored;
-        sock.close(ignored);
+        if (io) io->close();
         writer_wake.cancel();
         while (!pending.empty()) complete_front(e);
         ++failures;
@@ -89,29 +101,15 @@ struct producer::state {
 
 namespace {
 
-asio::awaitable<result<proto::frame>> read_frame(producer::state& st, sclock::time_point deadline) {
-    for (;;) {
-        proto::frame f;
-        auto s = st.decoder.next(f);
-        if (s == proto::decode_status::frame) co_return f;
-        if (s == proto::decode_status::error) co_return st.decoder.last_error();
-        auto left = deadline - sclock::now();
-        auto area = st.decoder.prepare();
-        auto r = co_await net::with_timeout(st.sock.async_read_some(asio::buffer(area.data(), area.size())), left);
-        if (!r) co_return error(errc::timeout, "IDENTIFY answer timed out");
-        auto [ec, n] = *r;
-        if (ec) co_return error(ec, "reading IDENTIFY answer");
-        st.decoder.commit(n);
-    }
-}
-
-asio::awaitable<void> read_loop(std::shared_ptr<producer::state> st) {
+asio::awaitable<void> read_loop(std::shared_ptr<producer::state> st, std::shared_ptr<transport> io,
+                                std::uint64_t gen) {
     for (;;) {
         auto area = st->decoder.prepare(16 * 1024);
-        auto [ec, n] = co_await st->sock.async_read_some(asio::buffer(area.data(), area.size()));
-        if (st->done) co_return;
+        auto [ec, n] = co_await io->read_some(asio::buffer(area.data(), area.size()));
+        if (st->done || st->generation != gen) co_return;
         if (ec) {
-            st->fail_all(error(ec == asio::error::eof ? make_error_code(errc::connection_closed) : ec, "read"));
+            st->fail_all(
+                error(ec == asio::error::eof ? make_error_code(errc::connection_closed) : ec, "read"));
             co_return;
         }
         st->decoder.commit(n);
@@ -145,19 +143,20 @@ asio::awaitable<void> read_loop(std::shared_ptr<producer::state> st) {
     }
 }
 
-asio::awaitable<void> write_loop(std::shared_ptr<producer::state> st) {
+asio::awaitable<void> write_loop(std::shared_ptr<producer::state> st, std::shared_ptr<transport> io,
+                                 std::uint64_t gen) {
     for (;;) {
         while (st->out.empty()) {
-            if (st->done) co_return;
+            if (st->done || st->generation != gen) co_return;
             st->writer_waiting = true;
             co_await st->writer_wake.async_wait();
             st->writer_waiting = false;
         }
-        if (st->done) co_return;
+        if (st->done || st->generation != gen) co_return;
         std::swap(st->out, st->sending);
-        auto [ec, n] = co_await asio::async_write(st->sock, asio::buffer(st->sending), net::nothrow);
+        auto [ec, n] = co_await io->write(st->sending);
         st->sending.clear();
-        if (st->done) co_return;
+        if (st->done || st->generation != gen) co_return;
         if (ec) {
             st->fail_all(error(ec, "write"));
             co_return;
@@ -168,39 +167,43 @@ asio::awaitable<void> write_loop(std::shared_ptr<producer::state> st) {
 asio::awaitable<error> connect(std::shared_ptr<producer::state> st) {
     auto hp = net::parse_host_port(st->address);
     if (!hp) co_return hp.err();
-    auto eps = co_await net::resolve(hp->host, std::to_string(hp->port), st->cfg.connect_timeout);
+    if (!st->tls_ready) {  // reads the CA/cert files once, on the first connect
+        auto ctx = make_nsq_tls_context(st->cfg.security);
+        if (!ctx) co_return ctx.err();
+        st->tls = *ctx;
+        st->tls_ready = true;
+    }
+    auto eps = co_await resolve_all(*hp, st->cfg.connect_timeout, st->cfg.resolver);
     if (!eps) co_return eps.err();
-    st->sock = net::tcp_socket(st->ex);
+    ++st->generation;
+    st->io = std::make_shared<transport>(st->ex);
     st->decoder = proto::frame_decoder(st->cfg.max_frame_size);
     st->out.clear();
     auto deadline = sclock::now() + st->cfg.connect_timeout;
-    auto c = co_await net::with_timeout(st->sock.async_connect(eps->begin()->endpoint()), st->cfg.connect_timeout);
-    if (!c) co_return error(errc::timeout, "connect to " + st->address + " timed out");
-    if (auto [ec] = *c; ec) co_return error(ec, "connect to " + st->address);
-    std::error_code ignored;
-    st->sock.set_option(net::tcp::no_delay(true), ignored);
-    proto::identify_request id;
-    id.client_id = st->cfg.client_id.empty() ? short_hostname() : st->cfg.client_id;
-    id.hostname = st->cfg.hostname.empty() ? local_hostname() : st->cfg.hostname;
-    id.user_agent = st->cfg.user_agent;
-    id.heartbeat_interval_ms = st->cfg.heartbeat_interval.count();
-    std::string out;
-    proto::append_magic(out);
-    proto::append_identify(out, proto::to_json(id));
-    auto [wec, wn] = co_await asio::async_write(st->sock, asio::buffer(out), net::nothrow);
-    if (wec) co_return error(wec, "writing IDENTIFY");
-    auto f = co_await read_frame(*st, deadline);
-    if (!f) co_return f.err();
-    if (f->type == proto::frame_type::error) co_return error(errc::server_error, std::string(f->data));
-    auto neg = proto::parse_identify_response(f->data);
-    if (!neg) co_return neg.err();
-    if (neg->auth_required) co_return error(errc::unsupported, "nsqd requires AUTH");
+    if (auto e = co_await st->io->connect(std::move(*eps), st->cfg.connect_timeout, st->address)) co_return e;
+    st->io->set_no_delay();
+    handshake_options o;
+    o.identify.client_id = st->cfg.client_id.empty() ? short_hostname() : st->cfg.client_id;
+    o.identify.hostname = st->cfg.hostname.empty() ? local_hostname() : st->cfg.hostname;
+    o.identify.user_agent = st->cfg.user_agent;
+    o.identify.heartbeat_interval_ms = st->cfg.heartbeat_interval.count();
+    o.security = &st->cfg.security;
+    o.tls = st->tls.get();
+    o.tls_host = st->cfg.security.tls_server_name.empty() ? hp->host : st->cfg.security.tls_server_name;
+    o.what = st->address;
+    auto neg = co_await handshake(*st->io, st->decoder, o, deadline, st->log);
+    if (!neg) {
+        st->io->close();
+        co_return neg.err();
+    }
     co_return error{};
 }
 
 asio::awaitable<void> serve(std::shared_ptr<producer::state> st) {
     using namespace asio::experimental::awaitable_operators;
-    co_await (read_loop(st) || write_loop(st));
+    auto io = st->io;
+    auto gen = st->generation;
+    co_await (read_loop(st, io, gen) || write_loop(st, io, gen));
 }
 
 }  // namespace
@@ -226,14 +229,25 @@ asio::awaitable<result<void>> producer::send(std::string command, std::uint64_t 
             continue;
         }
         st->connecting = true;
-        if (auto wait = st->next_attempt - sclock::now(); wait > sclock::duration::zero()) co_await net::sleep_for(wait);
+        if (auto wait = st->next_attempt - sclock::now(); wait > sclock::duration::zero())
+            co_await net::sleep_for(wait);
         auto e = co_await connect(st);
         st->connecting = false;
         if (!e) {
             st->connected = true;
             st->done = false;
             st->failures = 0;
-            asio::co_spawn(st->ex, serve(st), [](std::exception_ptr) {});
+            asio::co_spawn(st->ex, serve(st), [st](std::exception_ptr ep) {
+                // The loops report I/O errors through fail_all; an exception here is a bug. Fail the
+                // pending calls (they see an error, never a silent hang) and say what happened.
+                if (!ep) return;
+                try {
+                    std::rethrow_exception(ep);
+                } catch (const std::exception& ex) {
+                    st->log.error("producer connection task failed", {{"error", ex.what()}});
+                }
+                st->fail_all(error(errc::connection_closed, "producer connection task failed"));
+            });
         } else {
             ++st->failures;
             st->next_attempt = sclock::now() + reconnect_delay(st->failures, st->cfg.reconnect_backoff_min,
@@ -271,7 +285,8 @@ asio::awaitable<result<void>> producer::multi_publish(std::string topic, std::ve
     co_return co_await send(std::move(cmd), bodies.size());
 }
 
-asio::awaitable<result<void>> producer::deferred_publish(std::string topic, milliseconds delay, std::string body) {
+asio::awaitable<result<void>> producer::deferred_publish(std::string topic, milliseconds delay,
+                                                         std::string body) {
     if (!proto::valid_topic_name(topic)) co_return error(errc::bad_name, "topic '" + topic + "'");
     std::string cmd;
     proto::append_dpub(cmd, topic, static_cast<std::uint64_t>(std::max<long long>(0, delay.count())), body);
@@ -285,6 +300,8 @@ asio::awaitable<void> producer::close() {
     st->fail_all(error(errc::shutting_down, "producer closed"));
 }
 
-std::uint64_t producer::published_messages() const { return st_->published; }
+std::uint64_t producer::published_messages() const {
+    return st_->published;
+}
 
 }  // namespace cg::nsq

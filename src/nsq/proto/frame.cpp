@@ -25,7 +25,9 @@ std::span<char> frame_decoder::prepare(std::size_t min_bytes) {
     return {buf_.data() + end_, buf_.size() - end_};
 }
 
-void frame_decoder::commit(std::size_t n) { end_ += n; }
+void frame_decoder::commit(std::size_t n) {
+    end_ += n;
+}
 
 void frame_decoder::feed(std::string_view bytes) {
     if (bytes.empty()) return;  // memcpy from a null view is UB even for 0 bytes
@@ -61,6 +63,12 @@ decode_status frame_decoder::next(frame& out) {
     begin_ += 4 + std::size_t{size};
     if (begin_ == end_) begin_ = end_ = 0;  // cheap reset; the view stays valid until prepare()
     return decode_status::frame;
+}
+
+std::string frame_decoder::take_buffered() {
+    std::string out(buf_.data() + begin_, end_ - begin_);
+    begin_ = end_ = 0;
+    return out;
 }
 
 void append_frame(std::string& out, frame_type type, std::string_view data) {

@@ -28,7 +28,7 @@ inline constexpr std::size_t default_max_frame_size = 1024 * 1024 + 1024;
 inline constexpr std::size_t frame_header_size = 8;
 
 class frame_decoder {
-public:
+  public:
     // `max_frame_size` bounds the size field (type + data); larger frames fail before any allocation.
     explicit frame_decoder(std::size_t max_frame_size = default_max_frame_size);
 
@@ -45,8 +45,11 @@ public:
     const error& last_error() const noexcept { return err_; }
     // Bytes received but not yet returned as frames.
     std::size_t buffered() const noexcept { return end_ - begin_; }
+    // Removes and returns the bytes not yet returned as frames: what was read past a point where the
+    // stream changes encoding (compression starting right after the IDENTIFY reply).
+    std::string take_buffered();
 
-private:
+  private:
     std::size_t max_frame_;
     std::vector<char> buf_;
     std::size_t begin_ = 0, end_ = 0;

@@ -26,7 +26,9 @@ void field(std::string& out, std::string_view key, std::string_view v) {
     append_json_string(out, v);
 }
 
-error bad(std::string m) { return error(errc::bad_response, std::move(m)); }
+error bad(std::string m) {
+    return error(errc::bad_response, std::move(m));
+}
 
 // Reads one JSON value into an int64 / bool / string with Go's strictness about types.
 bool read(simdjson::dom::element v, std::int64_t& out) {
@@ -34,7 +36,9 @@ bool read(simdjson::dom::element v, std::int64_t& out) {
     if (v.is_uint64()) return false;  // overflows Go's int
     return false;
 }
-bool read(simdjson::dom::element v, bool& out) { return v.get_bool().get(out) == simdjson::SUCCESS; }
+bool read(simdjson::dom::element v, bool& out) {
+    return v.get_bool().get(out) == simdjson::SUCCESS;
+}
 bool read(simdjson::dom::element v, std::string& out) {
     std::string_view s;
     if (v.get_string().get(s) != simdjson::SUCCESS) return false;
@@ -71,6 +75,12 @@ std::string to_json(const identify_request& r) {
     if (r.output_buffer_size) field(out, "output_buffer_size", r.output_buffer_size);
     if (r.output_buffer_timeout) field(out, "output_buffer_timeout", r.output_buffer_timeout);
     if (r.sample_rate) field(out, "sample_rate", r.sample_rate);
+    if (r.tls_v1) field(out, "tls_v1", true);
+    if (r.snappy) field(out, "snappy", true);
+    if (r.deflate) {
+        field(out, "deflate", true);
+        field(out, "deflate_level", r.deflate_level);
+    }
     out.push_back('}');
     return out;
 }
@@ -113,7 +123,8 @@ result<identify_response> parse_identify_response(std::string_view data) {
               read_field(*obj, "output_buffer_size", r.output_buffer_size) &&
               read_field(*obj, "output_buffer_timeout", r.output_buffer_timeout);
     if (!ok) return bad("IDENTIFY response field of the wrong type");
-    if (r.max_rdy_count < 1) return bad("IDENTIFY response: max_rdy_count " + std::to_string(r.max_rdy_count));
+    if (r.max_rdy_count < 1)
+        return bad("IDENTIFY response: max_rdy_count " + std::to_string(r.max_rdy_count));
     if (r.msg_timeout < 1) return bad("IDENTIFY response: msg_timeout " + std::to_string(r.msg_timeout));
     if (r.max_msg_timeout < r.msg_timeout) r.max_msg_timeout = r.msg_timeout;
     return r;
@@ -134,6 +145,26 @@ std::string to_json(const identify_response& r) {
     field(out, "auth_required", r.auth_required);
     field(out, "output_buffer_size", r.output_buffer_size);
     field(out, "output_buffer_timeout", r.output_buffer_timeout);
+    out.push_back('}');
+    return out;
+}
+
+result<auth_response> parse_auth_response(std::string_view data) {
+    simdjson::dom::parser p;
+    auto obj = parse_object(p, data);
+    if (!obj) return obj.err();
+    auth_response r;
+    if (!read_field(*obj, "identity", r.identity) || !read_field(*obj, "identity_url", r.identity_url) ||
+        !read_field(*obj, "permission_count", r.permission_count))
+        return bad("AUTH response field of the wrong type");
+    return r;
+}
+
+std::string to_json(const auth_response& r) {
+    std::string out = "{";
+    field(out, "identity", r.identity);
+    field(out, "identity_url", r.identity_url);
+    field(out, "permission_count", r.permission_count);
     out.push_back('}');
     return out;
 }

@@ -31,7 +31,7 @@ struct identify_request {
     std::int64_t deflate_level = 0;
 };
 
-// Compact JSON with the fields nsqd reads; compression/TLS are never requested.
+// Compact JSON with the fields nsqd reads; tls_v1/snappy/deflate only when requested.
 std::string to_json(const identify_request& r);
 // Go's json.Unmarshal semantics as nsqd applies them: unknown keys ignored, a wrong type fails.
 result<identify_request> parse_identify_request(std::string_view json);
@@ -56,6 +56,15 @@ struct identify_response {
 result<identify_response> parse_identify_response(std::string_view data);
 // The reply as nsqd 1.3.0 writes it: compact, keys in nsqd's order (golden transcript).
 std::string to_json(const identify_response& r);
+
+// nsqd's answer to AUTH.
+struct auth_response {
+    std::string identity;
+    std::string identity_url;
+    std::int64_t permission_count = 0;
+};
+result<auth_response> parse_auth_response(std::string_view data);
+std::string to_json(const auth_response& r);  // as nsqd writes it (fake-nsqd)
 
 // The bounds IDENTIFY enforces, with nsqd's wording on failure ("msg timeout (N) is invalid").
 result<void> check_heartbeat_interval(std::int64_t ms, std::int64_t max_ms = max_heartbeat_interval_ms);

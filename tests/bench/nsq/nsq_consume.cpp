@@ -1,30 +1,252 @@
-// nsq_consume: consume N 200-byte messages with a no-op handler, max_in_flight 2500, and print msgs/s,
-// consumer CPU-seconds per 10^6 messages and peak RSS.
-//   nsq_consume [N]                        → against fake-nsqd, forked into its own process first
-//   NSQD_TCP_ADDRESS=host:4150 nsq_consume → against a real nsqd (N messages are MPUBed first)
+// nsq_consume: consume N 200-byte messages with a no-op handler (max_in_flight 2500) and print msgs/s,
+// consumer CPU-seconds per 10^6 messages and peak RSS, for every target in one run:
+//   - fake-nsqd (forked into its own process), always;
+//   - with NSQD_BIN set: real nsqd 1.3.0 plain, snappy, deflate, and TLS (TLS needs CG_NSQ_TEST_CERTS, the
+//     PKI the nsq_real tests generate: build/tests/integration/nsq_real);
+//   - nsqd's deliverable ceiling (plain): the same N messages read by a raw reader — one blocking socket
+//     in its own process that parses frames in place and FINs each message, no consumer machinery —
+//     so "% of ceiling" is chargeguard's consumer against the fastest a client can be fed by this nsqd.
+// Each measurement runs in a fresh child process (peak RSS is per process); nsqd is preloaded before the
+// clock starts, with a memory queue large enough to keep every message in memory.
+//   nsq_consume [N]      (default 200000)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/signal_set.hpp>
 #include <cstdio>
 #include <cstdlib>
-#include <signal.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
 
+#include "core/bytes.hpp"
 #include "fake_nsqd.hpp"
 #include "metrics/registry.hpp"
 #include "net/timeout.hpp"
 #include "nsq/consumer.hpp"
-#include "nsq/producer.hpp"
+#include "nsq/proto/commands.hpp"
 #include "support/process_usage.hpp"
 
+extern char** environ;
 using namespace std::chrono;
 
 namespace {
 
-// The child: a fake nsqd preloaded with n messages; writes its port to `fd`, runs until SIGTERM.
+struct figures {
+    double msgs_per_s = 0, cpu_per_million = 0, rss_mb = 0, drain_s = 0;
+    long finished = 0;
+};
+
+// --- blocking helpers for the harness (never on the consumer's loop) -----------------------------------
+int connect_to(std::uint16_t port) {
+    for (int i = 0; i < 500; ++i) {
+        int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+            int one = 1;
+            ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            return fd;
+        }
+        ::close(fd);
+        ::usleep(20000);
+    }
+    return -1;
+}
+
+bool write_all(int fd, const std::string& s) {
+    std::size_t off = 0;
+    while (off < s.size()) {
+        auto n = ::write(fd, s.data() + off, s.size() - off);
+        if (n <= 0) return false;
+        off += static_cast<std::size_t>(n);
+    }
+    return true;
+}
+
+bool read_exact(int fd, char* p, std::size_t n) {
+    while (n > 0) {
+        auto r = ::read(fd, p, n);
+        if (r <= 0) return false;
+        p += r;
+        n -= static_cast<std::size_t>(r);
+    }
+    return true;
+}
+
+// Reads one frame (type, data); answers heartbeats.
+bool read_frame(int fd, std::int32_t& type, std::string& data) {
+    for (;;) {
+        char hdr[8];
+        if (!read_exact(fd, hdr, 8)) return false;
+        auto size = cg::load_be32(reinterpret_cast<const std::uint8_t*>(hdr));
+        type = static_cast<std::int32_t>(cg::load_be32(reinterpret_cast<const std::uint8_t*>(hdr + 4)));
+        data.resize(size - 4);
+        if (!read_exact(fd, data.data(), data.size())) return false;
+        if (type == 0 && data == "_heartbeat_") {
+            if (!write_all(fd, "NOP\n")) return false;
+            continue;
+        }
+        return true;
+    }
+}
+
+std::string identify() {
+    std::string out;
+    cg::nsq::proto::append_magic(out);
+    cg::nsq::proto::append_identify(out, R"({"feature_negotiation":true,"heartbeat_interval":30000})");
+    return out;
+}
+
+bool preload(std::uint16_t port, long n) {
+    int fd = connect_to(port);
+    if (fd < 0) return false;
+    std::int32_t t;
+    std::string d;
+    if (!write_all(fd, identify()) || !read_frame(fd, t, d)) return false;
+    std::vector<std::string> batch(1000, std::string(200, 'x'));
+    for (long sent = 0; sent < n; sent += 1000) {
+        batch.resize(static_cast<std::size_t>(std::min<long>(1000, n - sent)), std::string(200, 'x'));
+        std::string cmd;
+        cg::nsq::proto::append_mpub(cmd, "bench", std::span<const std::string>(batch));
+        if (!write_all(fd, cmd) || !read_frame(fd, t, d) || t != 0) return false;
+    }
+    ::close(fd);
+    return true;
+}
+
+// The raw reader: IDENTIFY, SUB, RDY 2500, then parse every message frame in place from a large read
+// buffer and FIN it (FINs batched per read). The fastest this nsqd can deliver to one client.
+figures raw_reader(std::uint16_t port, long n) {
+    figures f;
+    int fd = connect_to(port);
+    if (fd < 0) return f;
+    std::int32_t t;
+    std::string d;
+    write_all(fd, identify());
+    read_frame(fd, t, d);
+    write_all(fd, "SUB bench bench\n");
+    read_frame(fd, t, d);
+    auto t0 = steady_clock::now();
+    double cpu0 = cg::test::cpu_seconds();
+    write_all(fd, "RDY 2500\n");
+    std::vector<char> buf(1 << 20);
+    std::size_t have = 0;
+    long got = 0;
+    std::string fins;
+    while (got < n) {
+        auto r = ::read(fd, buf.data() + have, buf.size() - have);
+        if (r <= 0) break;
+        have += static_cast<std::size_t>(r);
+        std::size_t pos = 0;
+        fins.clear();
+        while (have - pos >= 8) {
+            auto size = cg::load_be32(reinterpret_cast<const std::uint8_t*>(buf.data() + pos));
+            if (have - pos < 4 + size) break;
+            auto type = cg::load_be32(reinterpret_cast<const std::uint8_t*>(buf.data() + pos + 4));
+            if (type == 2) {
+                fins += "FIN ";
+                fins.append(buf.data() + pos + 8 + 10, 16);
+                fins += '\n';
+                ++got;
+            } else if (type == 0 && size == 15) {
+                fins += "NOP\n";
+            }
+            pos += 4 + size;
+        }
+        std::memmove(buf.data(), buf.data() + pos, have - pos);
+        have -= pos;
+        if (!fins.empty()) write_all(fd, fins);
+    }
+    auto secs = duration<double>(steady_clock::now() - t0).count();
+    f.msgs_per_s = static_cast<double>(got) / secs;
+    f.cpu_per_million = (cg::test::cpu_seconds() - cpu0) / (static_cast<double>(got) / 1e6);
+    f.rss_mb = static_cast<double>(cg::test::peak_rss_kib()) / 1024.0;
+    f.finished = got;
+    ::close(fd);
+    return f;
+}
+
+asio::awaitable<void> stop_consumer(cg::nsq::consumer* c) {
+    co_await c->stop();
+}
+
+asio::awaitable<cg::nsq::disposition> count_and_finish(long* handled, long n, asio::io_context* io,
+                                                       cg::nsq::consumer** c,
+                                                       steady_clock::time_point* last) {
+    if (++*handled == n) {
+        *last = steady_clock::now();
+        asio::co_spawn(*io, stop_consumer(*c), [](std::exception_ptr) {});
+    }
+    co_return cg::nsq::disposition::finish();
+}
+
+figures consume(std::uint16_t port, long n, cg::nsq::nsq_security sec) {
+    figures f;
+    asio::io_context io(1);
+    cg::metrics::registry reg;
+    cg::nsq::consumer_config cfg;
+    cfg.topic = "bench";
+    cfg.channel = "bench";
+    cfg.nsqd_tcp_addresses = {"127.0.0.1:" + std::to_string(port)};
+    cfg.max_in_flight = 2500;
+    cfg.security = std::move(sec);
+    long handled = 0;
+    cg::nsq::consumer* cp = nullptr;
+    steady_clock::time_point last{};
+    auto t0 = steady_clock::now();
+    double cpu0 = cg::test::cpu_seconds();
+    cg::nsq::consumer c(
+        io.get_executor(), cfg,
+        [&handled, n, &io, &cp, &last](cg::nsq::message&) {
+            return count_and_finish(&handled, n, &io, &cp, &last);
+        },
+        cg::logger{}, reg);
+    cp = &c;
+    if (!c.start()) return f;
+    io.run();
+    // Throughput up to the last message handled (the drain after it is not delivery); CPU includes it.
+    auto secs = duration<double>(last - t0).count();
+    f.msgs_per_s = static_cast<double>(handled) / secs;
+    f.cpu_per_million = (cg::test::cpu_seconds() - cpu0) / (static_cast<double>(handled) / 1e6);
+    f.drain_s = duration<double>(steady_clock::now() - last).count();
+    f.rss_mb = static_cast<double>(cg::test::peak_rss_kib()) / 1024.0;
+    f.finished = static_cast<long>(c.stats().finished);
+    return f;
+}
+
+// Runs `fn` in a forked child and returns its figures (so RSS and CPU are the child's alone).
+template <typename Fn>
+figures in_child(Fn fn) {
+    int fds[2];
+    if (::pipe(fds) != 0) return {};
+    pid_t pid = ::fork();
+    if (pid == 0) {
+        ::close(fds[0]);
+        figures f = fn();
+        if (::write(fds[1], &f, sizeof f) != sizeof f) std::_Exit(1);
+        std::_Exit(0);
+    }
+    ::close(fds[1]);
+    figures f;
+    if (::read(fds[0], &f, sizeof f) != sizeof f) f = {};
+    ::close(fds[0]);
+    ::waitpid(pid, nullptr, 0);
+    return f;
+}
+
+// The fake nsqd child: preloaded with n messages; writes its port to `fd`, runs until SIGTERM.
 [[noreturn]] void run_fake(int fd, long n) {
     asio::io_context io(1);
     cg::test::nsq::fake_nsqd nsqd(io.get_executor());
@@ -41,39 +263,75 @@ namespace {
     std::_Exit(0);
 }
 
-asio::awaitable<bool> preload_real(std::string addr, long n) {
-    auto ex = co_await asio::this_coro::executor;
-    cg::nsq::producer prod(ex, addr, {}, {});
-    std::vector<std::string> batch(500, std::string(200, 'x'));
-    for (long sent = 0; sent < n; sent += 500) {
-        batch.resize(static_cast<std::size_t>(std::min<long>(500, n - sent)), std::string(200, 'x'));
-        if (!co_await prod.multi_publish("bench", batch)) co_return false;
+std::uint16_t free_port() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+struct nsqd_proc {
+    pid_t pid = -1;
+    std::uint16_t tcp = 0;
+    std::string dir;
+    ~nsqd_proc() {
+        if (pid > 0) {
+            ::kill(pid, SIGTERM);
+            ::waitpid(pid, nullptr, 0);
+        }
+        std::error_code ec;
+        if (!dir.empty()) std::filesystem::remove_all(dir, ec);
     }
-    co_await prod.close();
-    co_return true;
+};
+
+bool start_nsqd(nsqd_proc& p, const std::string& bin, long n, const std::string& certs) {
+    char tmpl[] = "/tmp/cg-bench-nsqd-XXXXXX";
+    if (!::mkdtemp(tmpl)) return false;
+    p.dir = tmpl;
+    p.tcp = free_port();
+    std::vector<std::string> args = {bin,
+                                     "--tcp-address=127.0.0.1:" + std::to_string(p.tcp),
+                                     "--http-address=127.0.0.1:" + std::to_string(free_port()),
+                                     "--https-address=127.0.0.1:" + std::to_string(free_port()),
+                                     "--data-path=" + p.dir,
+                                     "--log-level=error",
+                                     "--mem-queue-size=" + std::to_string(n + 1)};
+    if (!certs.empty()) {
+        args.push_back("--tls-cert=" + certs + "/server.pem");
+        args.push_back("--tls-key=" + certs + "/server.key");
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&p.pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return false;
+    return preload(p.tcp, n);
+}
+
+void print(const char* name, const figures& f, long n, double ceiling) {
+    std::printf("  %-22s %9.0f msgs/s  %5.2f CPU-s/10^6  peak RSS %5.1f MB  finished %ld/%ld", name,
+                f.msgs_per_s, f.cpu_per_million, f.rss_mb, f.finished, n);
+    if (f.drain_s > 0) std::printf("  drain %.2f s", f.drain_s);
+    if (ceiling > 0) std::printf("  (%.0f %% of ceiling)", 100.0 * f.msgs_per_s / ceiling);
+    std::printf("\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    long n = argc > 1 ? std::atol(argv[1]) : 1000000;
-    const char* real = std::getenv("NSQD_TCP_ADDRESS");
-    std::string address;
-    pid_t child = -1;
-    if (real) {
-        address = real;
-        asio::io_context io(1);
-        bool ok = false;
-        asio::co_spawn(io, preload_real(address, n), [&](std::exception_ptr e, bool r) { ok = !e && r; });
-        io.run();
-        if (!ok) {
-            std::fprintf(stderr, "cannot publish to %s\n", real);
-            return 1;
-        }
-    } else {
+    long n = argc > 1 ? std::atol(argv[1]) : 200000;
+    std::printf("nsq_consume: %ld messages of 200 bytes, no-op handler, max_in_flight 2500\n", n);
+    bool ok = true;
+
+    // fake-nsqd
+    {
         int fds[2];
         if (::pipe(fds) != 0) return 1;
-        child = ::fork();
+        pid_t child = ::fork();
         if (child == 0) {
             ::close(fds[0]);
             run_fake(fds[1], n);
@@ -81,42 +339,47 @@ int main(int argc, char** argv) {
         ::close(fds[1]);
         std::uint16_t port = 0;
         if (::read(fds[0], &port, sizeof port) != sizeof port) return 1;
-        address = "127.0.0.1:" + std::to_string(port);
-    }
-
-    asio::io_context io(1);
-    cg::metrics::registry reg;
-    cg::nsq::consumer_config cfg;
-    cfg.topic = "bench";
-    cfg.channel = "bench";
-    cfg.nsqd_tcp_addresses = {address};
-    cfg.max_in_flight = 2500;
-    long handled = 0;
-    auto t0 = steady_clock::now();
-    double cpu0 = cg::test::cpu_seconds();
-    std::unique_ptr<cg::nsq::consumer> c;
-    c = std::make_unique<cg::nsq::consumer>(io.get_executor(), cfg,
-        [&](cg::nsq::message&) -> asio::awaitable<cg::nsq::disposition> {
-            if (++handled == n) {
-                asio::co_spawn(io, [&]() -> asio::awaitable<void> { co_await c->stop(); }, asio::detached);
-            }
-            co_return cg::nsq::disposition::finish();
-        },
-        cg::logger{}, reg);
-    if (!c->start()) return 1;
-    io.run();
-    auto secs = duration<double>(steady_clock::now() - t0).count();
-    double cpu = cg::test::cpu_seconds() - cpu0;
-    if (child > 0) {
+        auto f = in_child([&] { return consume(port, n, {}); });
         ::kill(child, SIGTERM);
         ::waitpid(child, nullptr, 0);
+        print("fake-nsqd", f, n, 0);
+        ok = ok && f.finished == n;
     }
-    std::printf("nsq_consume: %ld messages of 200 bytes from %s (%s), max_in_flight 2500\n", n, address.c_str(),
-                real ? "real nsqd" : "fake-nsqd");
-    std::printf("  throughput   %.0f msgs/s (%.2f s)\n", static_cast<double>(n) / secs, secs);
-    std::printf("  consumer CPU %.2f CPU-s per 10^6 messages\n", cpu / (static_cast<double>(n) / 1e6));
-    std::printf("  peak RSS     %.1f MB\n", static_cast<double>(cg::test::peak_rss_kib()) / 1024.0);
-    std::printf("  finished     %llu, fin_failed %llu\n", static_cast<unsigned long long>(c->stats().finished),
-                static_cast<unsigned long long>(c->stats().fin_failed));
-    return c->stats().finished == static_cast<std::uint64_t>(n) ? 0 : 1;
+
+    const char* bin = std::getenv("NSQD_BIN");
+    if (!bin) {
+        std::printf("  real nsqd: skipped (NSQD_BIN not set)\n");
+        return ok ? 0 : 1;
+    }
+    std::string certs = std::getenv("CG_NSQ_TEST_CERTS") ? std::getenv("CG_NSQ_TEST_CERTS") : "";
+    double ceiling = 0;
+    {
+        nsqd_proc p;
+        if (!start_nsqd(p, bin, n, certs)) return 1;
+        auto f = in_child([&] { return raw_reader(p.tcp, n); });
+        ceiling = f.msgs_per_s;
+        print("nsqd ceiling (raw)", f, n, 0);
+    }
+    struct mode {
+        const char* name;
+        bool tls, snappy, deflate;
+    };
+    for (mode m : {mode{"nsqd plain", false, false, false}, mode{"nsqd snappy", false, true, false},
+                   mode{"nsqd deflate", false, false, true}, mode{"nsqd TLS", true, false, false}}) {
+        if (m.tls && certs.empty()) {
+            std::printf("  %-22s skipped (CG_NSQ_TEST_CERTS not set)\n", m.name);
+            continue;
+        }
+        nsqd_proc p;
+        if (!start_nsqd(p, bin, n, m.tls ? certs : "")) return 1;
+        cg::nsq::nsq_security sec;
+        sec.tls = m.tls;
+        if (m.tls) sec.tls_ca_file = certs + "/ca.pem";
+        sec.snappy = m.snappy;
+        sec.deflate = m.deflate;
+        auto f = in_child([&] { return consume(p.tcp, n, sec); });
+        print(m.name, f, n, m.tls || m.snappy || m.deflate ? 0 : ceiling);
+        ok = ok && f.finished == n;
+    }
+    return ok ? 0 : 1;
 }

@@ -52,7 +52,8 @@ app::runtime_options lenient() {
 int healthz_once_green(unsigned short port) {
     int status = 0;
     auto until = std::chrono::steady_clock::now() + 5s;
-    while (status != 200 && std::chrono::steady_clock::now() < until) status = test::http_get(port, "/healthz").status;
+    while (status != 200 && std::chrono::steady_clock::now() < until)
+        status = test::http_get(port, "/healthz").status;
     return status;
 }
 
@@ -156,4 +157,28 @@ BOOST_AUTO_TEST_CASE(malformed_requests_get_4xx_and_server_keeps_serving) {
     }
     BOOST_TEST(test::http_get(r.port, "/healthz").status == 200);
     BOOST_TEST(r.sink->contains("health server listening"));
+}
+
+BOOST_AUTO_TEST_CASE(a_shutdown_step_that_throws_is_logged_and_fails_the_exit_code) {
+    auto sink = std::make_shared<memory_sink>();
+    app::runtime_options o;
+    o.health_listen = {"127.0.0.1", 0};
+    o.handle_signals = false;
+    app::runtime rt(o, logger(sink, log_level::debug));
+    bool other_ran = false;
+    rt.on_shutdown([]() -> asio::awaitable<void> {
+        throw std::runtime_error("drain bug");
+        co_return;
+    });
+    rt.on_shutdown([&other_ran]() -> asio::awaitable<void> {
+        other_ran = true;
+        co_return;
+    });
+    BOOST_REQUIRE(rt.start().has_value());
+    asio::post(rt.io(), [&rt] { rt.request_stop("test over"); });
+    BOOST_TEST(rt.run() == 1);
+    BOOST_TEST(other_ran);
+    BOOST_TEST(sink->contains("shutdown step failed"));
+    BOOST_TEST(sink->contains("drain bug"));
+    BOOST_TEST(sink->contains("\"clean\":false"));
 }

@@ -1,15 +1,18 @@
 // Pure consumer policies, table-driven: RDY distribution, go-nsq backoff, keepalive timing, reconnect.
+#include "nsq/policy.hpp"
+
 #include <boost/test/unit_test.hpp>
 #include <numeric>
 
 #include "nsq/config.hpp"
-#include "nsq/policy.hpp"
 
 using namespace cg::nsq;
 using namespace std::chrono;
 
 namespace {
-unsigned sum(const std::vector<unsigned>& v) { return std::accumulate(v.begin(), v.end(), 0u); }
+unsigned sum(const std::vector<unsigned>& v) {
+    return std::accumulate(v.begin(), v.end(), 0u);
+}
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(rdy)
@@ -20,11 +23,9 @@ BOOST_AUTO_TEST_CASE(spreads_within_max_in_flight_and_max_rdy) {
         std::vector<unsigned> want;
     };
     const row rows[] = {
-        {1, 2500, 2500, {2500}},
-        {1, 5000, 2500, {2500}},     // capped per connection by max_rdy_count
-        {3, 10, 2500, {4, 3, 3}},    // remainder to the first
-        {3, 3, 2500, {1, 1, 1}},
-        {2, 2500, 1000, {1000, 1000}},
+        {1, 2500, 2500, {2500}},  {1, 5000, 2500, {2500}},  // capped per connection by max_rdy_count
+        {3, 10, 2500, {4, 3, 3}},                           // remainder to the first
+        {3, 3, 2500, {1, 1, 1}},  {2, 2500, 1000, {1000, 1000}},
     };
     for (const auto& r : rows) {
         std::vector<rdy_conn> in(r.conns, rdy_conn{0, r.max_rdy, {}});
@@ -149,4 +150,24 @@ BOOST_AUTO_TEST_CASE(config_validation_refuses_what_nsqd_would) {
     bad = c;
     bad.max_in_flight = 0;
     BOOST_TEST(!validate(bad).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(backoff_is_rearmed_only_when_nothing_else_moves_it) {
+    struct row {
+        bool backing_off, in_timeout, trial_out, handlers;
+        bool rearm;
+    };
+    const row rows[] = {
+        {false, false, false, false, false},  // not backing off
+        {true, true, false, false, false},    // the timer is armed
+        {true, false, true, false, false},    // a trial RDY 1 is out
+        {true, false, false, true, false},    // a handler's result will decide
+        {true, false, false, false, true},    // the trial's connection dropped: nothing would ever move
+        {true, true, true, true, false},
+    };
+    for (const auto& r : rows) {
+        backoff_progress p{r.backing_off, r.in_timeout, r.trial_out, r.handlers};
+        BOOST_TEST(backoff_needs_rearm(p) == r.rearm,
+                   r.backing_off << r.in_timeout << r.trial_out << r.handlers);
+    }
 }
