@@ -12,6 +12,7 @@
 #include "stripe/error.hpp"
 #include "stripe/form.hpp"
 #include "stripe/json.hpp"
+#include "stripe/pacer.hpp"
 
 namespace cg::stripe {
 
@@ -20,6 +21,7 @@ struct client::state {
     logger log;
     std::unique_ptr<http::client> http;
     std::unique_ptr<client_metrics> metrics;      // null: no registry given
+    std::shared_ptr<pacer> pace;                  // null: no rate control
     std::mt19937_64 rng{std::random_device{}()};  // jitter; used only on the http client's strand
 };
 
@@ -114,6 +116,15 @@ http::request build(const client_config& cfg, const std::string& method, const s
     return req;
 }
 
+// Waits for the rate control's admission (on the strand; a timer, never a blocked thread).
+net::awaitable<void> pace(client::state& st) {
+    auto waited = co_await st.pace->acquire();
+    if (st.metrics) {
+        st.metrics->paced(waited);
+        st.metrics->rate_limit(st.pace->limit());
+    }
+}
+
 // The retry loop. Runs on the http client's strand. Counts attempts, retries and replays under `op`.
 net::awaitable<call_result> run_call(state_ptr st, operation op, std::string method, std::string target,
                                      std::string body, std::string key) {
@@ -127,7 +138,10 @@ net::awaitable<call_result> run_call(state_ptr st, operation op, std::string met
     const auto& policy = st->cfg.retry;
     for (unsigned attempt = 1;; ++attempt) {
         out = call_result{};
+        if (st->pace) co_await pace(*st);
         out.http = co_await st->http->request(build(st->cfg, method, target, body, key));
+        if (st->pace && out.http.ok()) st->pace->on_response(out.http.resp.status == 429);
+        if (st->metrics && out.http.ok() && out.http.resp.status == 429) st->metrics->throttled();
         out.attempts = attempt;
         if (st->metrics) st->metrics->attempt(op);
         classify(out);
@@ -137,7 +151,10 @@ net::awaitable<call_result> run_call(state_ptr st, operation op, std::string met
             out.http.ok() && parse_should_retry(out.http.resp.headers.get("Stripe-Should-Retry")) == false;
         // A certificate we refuse will be refused again: retrying only delays the alert.
         bool hopeless = out.http.err.code == net::errc::tls_verify_failed;
-        if (!retryable || told_not_to || hopeless || attempt > policy.max_retries) break;
+        bool rate_limited = out.http.ok() && out.http.resp.status == 429;
+        unsigned allowed =
+            rate_limited ? std::max(policy.max_retries, policy.max_rate_limited_retries) : policy.max_retries;
+        if (!retryable || told_not_to || hopeless || attempt > allowed) break;
         if (st->metrics) st->metrics->retry(op, retry_reason(out.http));
         double unit = std::uniform_real_distribution<double>(0.0, 1.0)(st->rng);
         auto delay =
@@ -357,6 +374,8 @@ result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, cl
     st->log = std::move(log);
     st->http = std::move(*h);
     if (metrics) st->metrics = std::make_unique<client_metrics>(*metrics);
+    if (st->cfg.rate.max_rps > 0 || st->cfg.rate.adaptive)
+        st->pace = pacer::create(st->http->get_executor(), st->cfg.rate);
     return std::unique_ptr<client>(new client(std::move(st)));
 }
 

@@ -1,5 +1,7 @@
 #include "stripe/client_metrics.hpp"
 
+#include <limits>
+
 namespace cg::stripe {
 namespace {
 
@@ -90,6 +92,31 @@ client_metrics::client_metrics(metrics::registry& reg)
                        "Connections to Stripe open (idle, busy or connecting)")
                  .Add({});
     idle_ = &reg.gauge("chargeguard_stripe_connections_idle", "Idle pooled connections to Stripe").Add({});
+    pace_wait_ = &reg.histogram("chargeguard_stripe_rate_limit_wait_seconds",
+                                "Time an attempt waited for the client's rate limit before it was sent")
+                      .Add({}, metrics::latency_buckets());
+    paced_waits_ = &reg.counter("chargeguard_stripe_rate_limit_waits_total",
+                                "Attempts that had to wait for the client's rate limit")
+                        .Add({});
+    rate_limit_ = &reg.gauge("chargeguard_stripe_rate_limit_rps",
+                             "Requests/s the client allows itself now (--stripe-max-rps and the adaptive "
+                             "limit; +Inf when nothing limits)")
+                       .Add({});
+    rate_limit_->Set(std::numeric_limits<double>::infinity());
+    throttled_ = &reg.counter("chargeguard_stripe_throttled_total", "Stripe answers with HTTP 429").Add({});
+}
+
+void client_metrics::paced(std::chrono::steady_clock::duration waited) {
+    pace_wait_->Observe(std::chrono::duration<double>(waited).count());
+    if (waited > std::chrono::steady_clock::duration::zero()) paced_waits_->Increment();
+}
+
+void client_metrics::rate_limit(double rps) {
+    rate_limit_->Set(rps);
+}
+
+void client_metrics::throttled() {
+    throttled_->Increment();
 }
 
 client_metrics::~client_metrics() {

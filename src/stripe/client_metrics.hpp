@@ -49,6 +49,11 @@ class client_metrics {
     void replay(operation op);
     // One logical call ended (after its retries) with `cls`, having taken `took`.
     void finished(operation op, outcome_class cls, std::chrono::steady_clock::duration took);
+    // Rate control (stripe/pacer.hpp): one admission and how long it waited; the limit now in force
+    // (requests/s, +Inf when nothing limits); one answer that was a 429.
+    void paced(std::chrono::steady_clock::duration waited);
+    void rate_limit(double rps);
+    void throttled();
     // Brings tls_handshakes_total and the connection gauges up to the client's counters.
     void sync(const http::client_stats& s);
 
@@ -59,6 +64,10 @@ class client_metrics {
     std::array<metrics::Counter*, operation_count> attempts_{};
     std::array<metrics::Counter*, operation_count> replays_{};
     metrics::Counter* handshakes_ = nullptr;
+    metrics::Histogram* pace_wait_ = nullptr;
+    metrics::Counter* paced_waits_ = nullptr;
+    metrics::Gauge* rate_limit_ = nullptr;
+    metrics::Counter* throttled_ = nullptr;
     metrics::Gauge* open_ = nullptr;
     metrics::Gauge* idle_ = nullptr;
     // What this client has reported so far (the shares it adds to the shared series).

@@ -187,6 +187,25 @@ try {
     assert.deepEqual(keys, ['bk-sdk-sca-2', 'bk-sdk-sca']);
   });
 
+  await check('rate limiter answers 429 the way Stripe does (StripeRateLimitError, should-retry)', async () => {
+    await adminPost(port, '/_admin/limits', { endpoint_rps: '1', burst_s: '1' });
+    try {
+      await stripe.charges.list({ customer: 'cus_sdk', limit: 1 });
+      await assert.rejects(stripe.charges.list({ customer: 'cus_sdk', limit: 1 }), (e) => {
+        assert.ok(e instanceof Stripe.errors.StripeRateLimitError, `got ${e.constructor.name}`);
+        assert.equal(e.statusCode, 429);
+        assert.equal(e.code, 'rate_limit');
+        assert.equal(e.type, 'StripeRateLimitError');
+        assert.equal(e.headers['stripe-should-retry'], 'true');
+        return true;
+      });
+      // Another endpoint has its own bucket.
+      await stripe.paymentIntents.list({ customer: 'cus_sdk', limit: 1 });
+    } finally {
+      await adminPost(port, '/_admin/limits', { endpoint_rps: '0' });
+    }
+  });
+
   await check('bad API key maps to StripeAuthenticationError', async () => {
     const wrong = new Stripe('pk_test_not_a_secret', { host: '127.0.0.1', port, protocol: 'https', telemetry: false });
     await assert.rejects(wrong.charges.list({ limit: 1 }), (e) => e instanceof Stripe.errors.StripeAuthenticationError);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 
 #include "http/proto/message.hpp"
 #include "net/timeout.hpp"
@@ -281,6 +282,10 @@ void fake_stripe::stop() {
     server_->stop();
 }
 
+void fake_stripe::set_limits(const limits& l) {
+    limiter_.set(l, std::chrono::steady_clock::now());
+}
+
 void fake_stripe::decline(std::string customer, decline_rule rule) {
     declines_[std::move(customer)] = std::move(rule);
 }
@@ -338,8 +343,22 @@ asio::awaitable<http::response> fake_stripe::api(http::request& req) {
 
     http::response resp;
     auto auth = req.headers.get("Authorization").value_or("");
+    limiter::verdict admitted = limiter::verdict::ok;
+    if (auth.starts_with("Bearer sk_") || auth.starts_with("Bearer rk_"))
+        admitted = limiter_.admit(limiter::endpoint_of(req.method, req.path()),
+                                  std::chrono::steady_clock::now(), active_ - 1);
     if (!auth.starts_with("Bearer sk_") && !auth.starts_with("Bearer rk_")) {
         resp = error_response(401, "invalid_request_error", "", "Invalid API Key provided.");
+    } else if (admitted != limiter::verdict::ok) {
+        // Rate limiting runs before idempotency: nothing is saved, the same key may be sent again.
+        resp = error_response(
+            429, "invalid_request_error", "rate_limit",
+            admitted == limiter::verdict::rate_limited
+                ? "Request rate limit exceeded. You can learn more about rate limits here "
+                  "https://stripe.com/docs/rate-limits."
+                : "Request concurrency limit exceeded. You can learn more about rate limits here "
+                  "https://stripe.com/docs/rate-limits.");
+        resp.headers.add("Stripe-Should-Retry", "true");
     } else if (req.method == "POST") {
         resp = co_await post(req, rid);
     } else {
@@ -572,6 +591,29 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         num("rate_limit", faults_.rate_limit);
         num("in_use", faults_.in_use);
         co_return json_response(200, "{}");
+    }
+    if (path == "/_admin/limits" && req.method == "POST") {
+        limits l = limiter_.get();
+        auto real = [&](const char* k, double& field) {
+            if (auto v = p.find(k); v != p.end()) field = std::strtod(v->second.c_str(), nullptr);
+        };
+        real("global_rps", l.global_rps);
+        real("endpoint_rps", l.endpoint_rps);
+        real("burst_s", l.burst_s);
+        num("max_concurrent", l.max_concurrent);
+        set_limits(l);
+        co_return json_response(200, "{}");
+    }
+    if (path == "/_admin/stats") {
+        co_return json_response(
+            200, json_obj()
+                     .num("requests", static_cast<std::int64_t>(requests_))
+                     .num("rate_limited", static_cast<std::int64_t>(limiter_.rate_limited()))
+                     .num("concurrency_limited", static_cast<std::int64_t>(limiter_.too_concurrent()))
+                     .num("max_concurrent", max_active_)
+                     .num("charges", static_cast<std::int64_t>(charges_.size()))
+                     .num("intents", static_cast<std::int64_t>(intents_.size()))
+                     .done());
     }
     if (path == "/_admin/clock" && req.method == "POST") {
         if (auto v = to_int(param(p, "advance_s"))) advance_clock(std::chrono::seconds(*v));

@@ -24,6 +24,7 @@
 #include "core/result.hpp"
 #include "http/server.hpp"
 #include "net/address.hpp"
+#include "tests/doubles/stripe/limiter.hpp"
 
 namespace cg::fake {
 
@@ -77,6 +78,10 @@ class fake_stripe {
         return faults_;
     }
     void decline(std::string customer, decline_rule rule = {});
+    // Stripe's rate and concurrency limits (off by default): refused requests get 429 rate_limit with
+    // Stripe-Should-Retry: true, before idempotency (nothing saved). Same as POST /_admin/limits.
+    void set_limits(const limits& l);
+    const fake::limiter& limiter() const noexcept { return limiter_; }
     void advance_clock(std::chrono::seconds by) noexcept { clock_offset_ += by; }
     std::int64_t now() const;  // unix seconds on the fake clock
     const std::vector<charge_rec>& charges() const noexcept { return charges_; }
@@ -116,6 +121,7 @@ class fake_stripe {
     std::unique_ptr<http::server> server_;
     logger log_;
     struct faults faults_;
+    fake::limiter limiter_;
     std::map<std::string, decline_rule> declines_;
     std::vector<charge_rec> charges_;
     std::vector<intent_rec> intents_;
