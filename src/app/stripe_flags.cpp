@@ -59,6 +59,11 @@ void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
                    "AIMD back-off: the rate is multiplied by this on a 429")
         ->check(CLI::Range(0.05, 0.99))
         ->capture_default_str();
+    cmd.add_option("--stripe-rate-initial", f.rate_initial,
+                   "AIMD slow start: requests/s at start, doubling every 250 ms under load until a 429 (0: "
+                   "unlimited)")
+        ->check(CLI::Range(0.0, 100000.0))
+        ->capture_default_str();
     cmd.add_option("--stripe-rate-min", f.rate_min, "AIMD floor in requests/s")
         ->check(CLI::Range(0.01, 100000.0))
         ->capture_default_str();
@@ -107,6 +112,7 @@ stripe::client_config to_stripe_config(const stripe_flags& f) {
     c.rate.increase_rps_per_s = f.rate_increase;
     c.rate.decrease_factor = f.rate_decrease;
     c.rate.min_rps = f.rate_min;
+    c.rate.initial_rps = f.rate_initial;
     if (f.max_rps > 0 && f.rate_min > f.max_rps)
         throw CLI::ValidationError("--stripe-rate-min", "must not exceed --stripe-max-rps");
     if (c.retry.max_delay < c.retry.initial_delay)

@@ -28,6 +28,7 @@ struct stripe_flags {
     double rate_increase = 0.2;
     double rate_decrease = 0.7;
     double rate_min = 1;
+    double rate_initial = 10;
 };
 
 void add_stripe_flags(CLI::App& cmd, stripe_flags& f);

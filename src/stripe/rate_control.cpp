@@ -17,6 +17,12 @@ rate_control::rate_control(rate_config cfg, time_point now)
     cfg_.min_rps = std::max(cfg_.min_rps, 0.001);
     cfg_.decrease_factor = std::clamp(cfg_.decrease_factor, 0.01, 0.99);
     cfg_.burst_s = std::max(cfg_.burst_s, 0.0);
+    if (cfg_.adaptive && cfg_.initial_rps > 0) {
+        adaptive_ = std::max(cfg_.initial_rps, cfg_.min_rps);
+        if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
+        slow_start_ = true;
+    }
+    refill(now);
 }
 
 double rate_control::limit() const noexcept {
@@ -36,7 +42,10 @@ void rate_control::refill(time_point now) {
 
 bool rate_control::try_take(time_point now) {
     refill(now);
-    if (!std::isinf(limit()) && tokens_ < 1) return false;
+    if (!std::isinf(limit()) && tokens_ < 1) {
+        pressed_ = true;
+        return false;
+    }
     if (!std::isinf(limit())) tokens_ -= 1;
     sent_.add(now);
     return true;
@@ -77,15 +86,27 @@ void rate_control::on_response(time_point now, bool throttled) {
         last_decrease_ = now;
         decreased_once_ = true;
         last_increase_ = now;
+        slow_start_ = false;
+        pressed_ = false;
         ++decreases_;
         return;
     }
-    if (std::isinf(adaptive_)) return;
-    if (now <= last_increase_) return;
-    refill(now);
-    adaptive_ += cfg_.increase_rps_per_s * seconds(now - last_increase_);
+    if (std::isinf(adaptive_) || now <= last_increase_) return;
+    if (!pressed_) {  // demand did not reach the limit: nothing learned, nothing to grow
+        last_increase_ = now;
+        return;
+    }
+    if (slow_start_) {
+        if (now - last_increase_ < cfg_.slow_start_step) return;
+        refill(now);
+        adaptive_ *= 2;
+    } else {
+        refill(now);
+        adaptive_ += cfg_.increase_rps_per_s * seconds(now - last_increase_);
+    }
     if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
     last_increase_ = now;
+    pressed_ = false;
 }
 
 }  // namespace cg::stripe

@@ -3,12 +3,15 @@
 //
 // Two limits, the lower wins:
 // - a hard ceiling (`max_rps`, --stripe-max-rps) this process never exceeds;
-// - an adaptive limit (AIMD): unlimited (or the ceiling) until Stripe answers 429; then the rate Stripe was
+// - an adaptive limit (AIMD): it starts at `initial_rps` and doubles every `slow_start_step` while demand
+//   presses on it (slow start, so a cold start of several sidecars is not one burst of 429s; initial_rps 0
+//   starts unlimited), until Stripe answers 429; then the rate Stripe was
 //   actually accepting from this process (answers without a 429, never more than it sent) times
 //   `decrease_factor`, at most once per `decrease_hold` (one overload episode is
 //   one decrease, however many 429s it produced); between 429s it probes upward by `increase_rps_per_s`
-//   for every second of answers without one. Sidecars sharing one Stripe account each see the account's
-//   429s and converge on a share of its limit without talking to each other.
+//   for every second of answers without one. The limit only grows while demand presses on it (a request
+//   had to wait): an idle process does not wake up with a limit it never tried. Sidecars sharing one Stripe
+//   account each see the account's 429s and converge on a share of its limit without talking to each other.
 // The defaults were chosen by simulation (tests/unit/stripe/rate_control_test.cpp): three sidecars against a
 // 25/s account reach the limit with < 1 % of requests answered 429, at 0 and 300 ms of Stripe latency.
 // Admission is a token bucket refilled at the current limit holding `burst_s` seconds of it (at least one
@@ -28,7 +31,9 @@ struct rate_config {
     double decrease_factor = 0.7;                   // multiplicative back-off on a 429
     std::chrono::milliseconds decrease_hold{1000};  // at most one decrease per hold
     double min_rps = 1;                             // the adaptive limit never goes below
-    double burst_s = 0.05;                          // bucket size, in seconds of the current limit
+    double initial_rps = 10;                        // slow start from here (0: unlimited until the first 429)
+    std::chrono::milliseconds slow_start_step{250};  // doubling period of the slow start
+    double burst_s = 0.05;                           // bucket size, in seconds of the current limit
 };
 
 class rate_control {
@@ -48,7 +53,8 @@ class rate_control {
 
     // The limit in force (requests/s), `unlimited` when nothing limits.
     double limit() const noexcept;
-    // The adaptive part alone (unlimited before the first 429).
+    bool in_slow_start() const noexcept { return slow_start_; }
+    // The adaptive part alone.
     double adaptive_limit() const noexcept { return adaptive_; }
     // Requests/s this process sent lately, and answers/s without a 429 (the last full second, else the
     // current partial one, at least 100 ms long).
@@ -70,6 +76,8 @@ class rate_control {
 
     rate_config cfg_;
     double adaptive_ = unlimited;
+    bool slow_start_ = false;
+    bool pressed_ = false;  // a request had to wait since the limit last grew
     double tokens_ = 1;
     time_point refilled_;
     time_point last_decrease_{};

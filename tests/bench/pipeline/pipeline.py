@@ -84,7 +84,7 @@ class stack:
                 "--stripe-api-base", f"https://127.0.0.1:{self.stripe_port}", "--stripe-ca-file",
                 os.path.join(self.certs, "ca.pem"), "--health-listen", f"127.0.0.1:{health}",
                 "--key-namespace", "bench", "--pg-pool-size", "16",
-                "--stripe-max-connections", "512", *args]
+                *args]
         p = self.spawn(argv, env=env, log=f"consume-{idx}")
         p.health = health
         wait_for(lambda: http_ok(f"http://127.0.0.1:{health}/readyz"), 30, f"consume {idx} ready")
@@ -211,7 +211,9 @@ def throughput(build, latency_ms, mif, n):
     try:
         st.fake_stripe(latency_ms)
         st.nsqd()
-        c = st.consume(0, ["--max-in-flight", str(mif), "--stripe-request-timeout", "30"])
+        # As many Stripe connections as messages in flight: the pool must not be the limit Little's law meets.
+        c = st.consume(0, ["--max-in-flight", str(mif), "--stripe-request-timeout", "30",
+                           "--stripe-max-connections", str(max(mif, 16))])
         cpu0, _ = proc_usage(c.pid)
         evs = events(n, f"t{latency_ms}-{mif}")
         start = time.time()
@@ -235,7 +237,8 @@ def stall(build, n):
         st.fake_stripe(0)
         st.nsqd(msg_timeout_s=60)
         st.stripe_admin("/_admin/faults", {"stall_ms": 120000, "stall_count": n})
-        c = st.consume(0, ["--max-in-flight", "100", "--msg-timeout", "60s", "--stripe-request-timeout", "180"])
+        c = st.consume(0, ["--max-in-flight", "100", "--msg-timeout", "60s", "--stripe-request-timeout", "180",
+                           "--stripe-max-connections", "128"])
         start = time.time()
         st.publish(events(n, "stall"))
         wait_for(lambda: st.charged() >= n, 300, f"{n} charges after the stall")
@@ -255,7 +258,7 @@ def sidecars(build, n):
     try:
         st.fake_stripe(0, ["--endpoint-rps", "25", "--rate-burst", "1"])
         st.nsqd()
-        cs = [st.consume(i, ["--max-in-flight", "200"]) for i in range(3)]
+        cs = [st.consume(i, ["--max-in-flight", "200", "--stripe-max-connections", "64"]) for i in range(3)]
         start = time.time()
         st.publish(events(n, "sc"))
         wait_for(lambda: st.charged() >= n, n / 20 + 120, f"{n} charges")

@@ -41,8 +41,10 @@ struct server_bucket {
 
 BOOST_AUTO_TEST_SUITE(rate_control_suite)
 
-BOOST_AUTO_TEST_CASE(nothing_limits_before_a_429_without_a_ceiling) {
-    rate_control rc({}, t0);
+BOOST_AUTO_TEST_CASE(nothing_limits_before_a_429_without_a_ceiling_or_slow_start) {
+    rate_config c;
+    c.initial_rps = 0;
+    rate_control rc(c, t0);
     BOOST_TEST(std::isinf(rc.limit()));
     for (int i = 0; i < 10000; ++i) BOOST_TEST_REQUIRE(rc.try_take(t0));
     BOOST_TEST((rc.until_next(t0) == rate_control::clock::duration::zero()));
@@ -63,6 +65,7 @@ BOOST_AUTO_TEST_CASE(ceiling_table) {
         rate_config c;
         c.max_rps = r.max_rps;
         c.adaptive = r.adaptive;
+        c.initial_rps = 0;  // no slow start: the ceiling alone
         rate_control rc(c, t0);
         int n = admitted(rc, t0, 2000ms);
         BOOST_TEST_CONTEXT(r.max_rps << " adaptive=" << r.adaptive) {
@@ -91,6 +94,7 @@ BOOST_AUTO_TEST_CASE(until_next_says_when_the_next_token_is_there) {
 // second; the ceiling and the floor hold.
 BOOST_AUTO_TEST_CASE(aimd_table) {
     rate_config c;
+    c.initial_rps = 0;
     c.increase_rps_per_s = 0.5;
     c.decrease_factor = 0.8;
     c.decrease_hold = 1000ms;
@@ -110,7 +114,10 @@ BOOST_AUTO_TEST_CASE(aimd_table) {
     rc.on_response(t + 1001ms, true);  // a new one: from min(limit, sent)
     BOOST_TEST(rc.limit() == 32.0, boost::test_tools::tolerance(1.0));
     double before = rc.limit();
-    rc.on_response(t + 5001ms, false);  // 4 s without a 429
+    rc.on_response(t + 3001ms, false);  // demand below the limit: no growth
+    BOOST_TEST(rc.limit() == before);
+    (void)admitted(rc, t + 3001ms, 10ms);  // now demand presses on the limit
+    rc.on_response(t + 7001ms, false);     // 4 s without a 429
     BOOST_TEST(rc.limit() == before + 2.0, boost::test_tools::tolerance(0.01));
     // The floor.
     for (int i = 2; i < 40; ++i) rc.on_response(t + std::chrono::seconds(10 * i), true);
@@ -126,22 +133,48 @@ BOOST_AUTO_TEST_CASE(aimd_table) {
     }
     rc2.on_response(t0 + 2s, true);
     BOOST_TEST(rc2.limit() <= 16.01);
-    rc2.on_response(t0 + 600s, false);  // probing never passes the ceiling
+    (void)admitted(rc2, t0 + 2s, 100ms);  // press
+    rc2.on_response(t0 + 600s, false);    // probing never passes the ceiling
     BOOST_TEST(rc2.limit() == 20.0);
 }
 
 // The decrease starts from what Stripe accepted, not from what was sent: 1000 sent in 100 ms of which 5 were
 // accepted → the limit is 0.7 × 50/s, not 0.7 × 10 000/s.
 BOOST_AUTO_TEST_CASE(decrease_starts_from_the_accepted_rate) {
-    rate_control rc({}, t0);
+    rate_config c;
+    c.initial_rps = 0;
+    rate_control rc(c, t0);
     for (int i = 0; i < 1000; ++i) BOOST_TEST_REQUIRE(rc.try_take(t0 + std::chrono::microseconds(100 * i)));
     for (int i = 0; i < 5; ++i) rc.on_response(t0 + 50ms, false);
     rc.on_response(t0 + 60ms, true);
     BOOST_TEST(rc.limit() == 35.0, boost::test_tools::tolerance(0.01));
 }
 
+// Slow start: from initial_rps, doubling every slow_start_step while demand presses on the limit, never while
+// it does not; the first 429 ends it (AIMD from the accepted rate).
+BOOST_AUTO_TEST_CASE(slow_start_doubles_under_pressure_until_the_first_429) {
+    rate_config c;  // initial 10/s, doubling every 250 ms
+    rate_control rc(c, t0);
+    BOOST_TEST(rc.limit() == 10.0);
+    BOOST_TEST(rc.in_slow_start());
+    rc.on_response(t0 + 300ms, false);  // nobody waited yet: no growth
+    BOOST_TEST(rc.limit() == 10.0);
+    auto t = t0 + 300ms;
+    for (int step = 0; step < 4; ++step) {
+        while (rc.try_take(t)) rc.on_response(t, false);  // drain, then one refused: pressed
+        t += 251ms;
+        rc.on_response(t, false);
+    }
+    BOOST_TEST(rc.limit() == 160.0);
+    rc.on_response(t, true);
+    BOOST_TEST(!rc.in_slow_start());
+    BOOST_TEST(rc.limit() < 160.0 * 0.7 + 0.01);
+}
+
 BOOST_AUTO_TEST_CASE(a_lowered_limit_takes_effect_at_once) {
-    rate_control rc({}, t0);
+    rate_config c;
+    c.initial_rps = 0;
+    rate_control rc(c, t0);
     auto t = t0;
     for (int i = 0; i < 1000; ++i, t += 1ms) {  // 1000/s, all accepted
         BOOST_TEST_REQUIRE(rc.try_take(t));
