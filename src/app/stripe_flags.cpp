@@ -8,13 +8,18 @@
 
 namespace cg::app {
 namespace {
-std::chrono::milliseconds ms(double s) { return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0)); }
+std::chrono::milliseconds ms(double s) {
+    return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0));
+}
 }  // namespace
 
 void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
-    cmd.add_option("--stripe-api-base", f.api_base, "Stripe API origin (or the vault proxy's)")->capture_default_str();
-    cmd.add_option("--stripe-key-file", f.key_file, "file holding the Stripe secret key (else STRIPE_API_KEY)");
-    cmd.add_option("--stripe-ca-file", f.ca_file, "PEM CA bundle to verify the API with (default: system store)");
+    cmd.add_option("--stripe-api-base", f.api_base, "Stripe API origin (or the vault proxy's)")
+        ->capture_default_str();
+    cmd.add_option("--stripe-key-file", f.key_file,
+                   "file holding the Stripe secret key (else STRIPE_API_KEY)");
+    cmd.add_option("--stripe-ca-file", f.ca_file,
+                   "PEM CA bundle to verify the API with (default: system store)");
     cmd.add_option("--stripe-version", f.version, "Stripe-Version header")->capture_default_str();
     cmd.add_option("--stripe-connect-timeout", f.connect_timeout_s, "seconds for DNS + TCP + TLS")
         ->check(CLI::Range(0.001, 600.0))
@@ -28,11 +33,39 @@ void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
     cmd.add_option("--stripe-max-retries", f.max_retries, "retries with the same key for 409/429/not-sent")
         ->check(CLI::Range(0u, 20u))
         ->capture_default_str();
-    cmd.add_option("--stripe-retry-initial", f.retry_initial_s, "seconds before the first retry (doubles, jittered)")
+    cmd.add_option("--stripe-retry-initial", f.retry_initial_s,
+                   "seconds before the first retry (doubles, jittered)")
         ->check(CLI::Range(0.0, 60.0))
         ->capture_default_str();
     cmd.add_option("--stripe-retry-max", f.retry_max_s, "cap on the retry delay in seconds")
         ->check(CLI::Range(0.0, 300.0))
+        ->capture_default_str();
+    cmd.add_option("--stripe-max-rate-limited-retries", f.max_rate_limited_retries,
+                   "retries for 429 answers (never fewer than --stripe-max-retries)")
+        ->check(CLI::Range(0u, 50u))
+        ->capture_default_str();
+    cmd.add_option("--stripe-max-rps", f.max_rps,
+                   "hard ceiling on Stripe requests per second of this process (0: none)")
+        ->check(CLI::Range(0.0, 100000.0))
+        ->capture_default_str();
+    cmd.add_option("--stripe-adaptive-rate", f.adaptive_rate,
+                   "after a 429, back off multiplicatively and probe upward additively (AIMD)")
+        ->capture_default_str();
+    cmd.add_option("--stripe-rate-increase", f.rate_increase,
+                   "AIMD probe: requests/s added per second without a 429")
+        ->check(CLI::Range(0.001, 1000.0))
+        ->capture_default_str();
+    cmd.add_option("--stripe-rate-decrease", f.rate_decrease,
+                   "AIMD back-off: the rate is multiplied by this on a 429")
+        ->check(CLI::Range(0.05, 0.99))
+        ->capture_default_str();
+    cmd.add_option("--stripe-rate-initial", f.rate_initial,
+                   "AIMD slow start: requests/s at start, doubling every 250 ms under load until a 429 (0: "
+                   "unlimited)")
+        ->check(CLI::Range(0.0, 100000.0))
+        ->capture_default_str();
+    cmd.add_option("--stripe-rate-min", f.rate_min, "AIMD floor in requests/s")
+        ->check(CLI::Range(0.01, 100000.0))
         ->capture_default_str();
 }
 
@@ -45,7 +78,8 @@ result<std::string> read_stripe_key(const std::string& key_file, const char* env
         ss << in.rdbuf();
         key = ss.str();
         while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
-        if (key.empty()) return error(core_errc::invalid_argument, "--stripe-key-file '" + key_file + "' is empty");
+        if (key.empty())
+            return error(core_errc::invalid_argument, "--stripe-key-file '" + key_file + "' is empty");
     } else if (env_value && *env_value) {
         key = env_value;
     } else {
@@ -58,7 +92,8 @@ result<std::string> read_stripe_key(const std::string& key_file, const char* env
 
 stripe::client_config to_stripe_config(const stripe_flags& f) {
     stripe::client_config c;
-    if (auto o = http::parse_origin(f.api_base); !o) throw CLI::ValidationError("--stripe-api-base", o.err().message);
+    if (auto o = http::parse_origin(f.api_base); !o)
+        throw CLI::ValidationError("--stripe-api-base", o.err().message);
     c.api_base = f.api_base;
     auto key = read_stripe_key(f.key_file, std::getenv("STRIPE_API_KEY"));
     if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
@@ -71,6 +106,15 @@ stripe::client_config to_stripe_config(const stripe_flags& f) {
     c.retry.max_retries = f.max_retries;
     c.retry.initial_delay = ms(f.retry_initial_s);
     c.retry.max_delay = ms(f.retry_max_s);
+    c.retry.max_rate_limited_retries = f.max_rate_limited_retries;
+    c.rate.max_rps = f.max_rps;
+    c.rate.adaptive = f.adaptive_rate;
+    c.rate.increase_rps_per_s = f.rate_increase;
+    c.rate.decrease_factor = f.rate_decrease;
+    c.rate.min_rps = f.rate_min;
+    c.rate.initial_rps = f.rate_initial;
+    if (f.max_rps > 0 && f.rate_min > f.max_rps)
+        throw CLI::ValidationError("--stripe-rate-min", "must not exceed --stripe-max-rps");
     if (c.retry.max_delay < c.retry.initial_delay)
         throw CLI::ValidationError("--stripe-retry-max", "must be at least --stripe-retry-initial");
     return c;

@@ -21,6 +21,14 @@ struct stripe_flags {
     unsigned max_retries = 2;
     double retry_initial_s = 0.5;
     double retry_max_s = 5;
+    unsigned max_rate_limited_retries = 8;
+    // Rate control (stripe/rate_control.hpp).
+    double max_rps = 0;
+    bool adaptive_rate = true;
+    double rate_increase = 0.2;
+    double rate_decrease = 0.7;
+    double rate_min = 1;
+    double rate_initial = 10;
 };
 
 void add_stripe_flags(CLI::App& cmd, stripe_flags& f);

@@ -9,11 +9,16 @@ namespace {
 
 const char* describe(int v) noexcept {
     switch (static_cast<event_errc>(v)) {
-        case event_errc::ok: return "ok";
-        case event_errc::too_large: return "event too large";
-        case event_errc::not_json: return "event is not a JSON object";
-        case event_errc::missing_field: return "event lacks a required field";
-        case event_errc::bad_field: return "event field is invalid";
+        case event_errc::ok:
+            return "ok";
+        case event_errc::too_large:
+            return "event too large";
+        case event_errc::not_json:
+            return "event is not a JSON object";
+        case event_errc::missing_field:
+            return "event lacks a required field";
+        case event_errc::bad_field:
+            return "event field is invalid";
     }
     return "unknown event error";
 }
@@ -27,6 +32,15 @@ bool id_chars(std::string_view s, std::string_view extra) {
 
 constexpr std::int64_t max_amount = 99'999'999;
 
+result<void> validate_payment_method(const billing_event& e) {
+    const auto& pm = e.payment_method;
+    if (pm.empty()) return {};
+    bool known_prefix = pm.starts_with("pm_") || pm.starts_with("card_") || pm.starts_with("src_");
+    if (!known_prefix || pm.size() > 255 || !id_chars(pm, "_"))
+        return error(event_errc::bad_field, "payment_method: must look like pm_… (or card_…, src_…)");
+    return {};
+}
+
 result<void> validate(const billing_event& e) {
     auto bad = [](std::string m) { return error(event_errc::bad_field, std::move(m)); };
     if (e.customer_id.empty() || e.customer_id.size() > 255 || !id_chars(e.customer_id, "_.@-"))
@@ -35,13 +49,14 @@ result<void> validate(const billing_event& e) {
         return bad("billing_period: must be 1..64 characters of [A-Za-z0-9_.-]");
     if (e.amount_cents < 1 || e.amount_cents > max_amount)
         return bad("amount_cents: must be an integer in 1.." + std::to_string(max_amount));
-    if (e.currency.size() != 3 || !std::all_of(e.currency.begin(), e.currency.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
+    if (e.currency.size() != 3 ||
+        !std::all_of(e.currency.begin(), e.currency.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
         return bad("currency: must be a three-letter ISO 4217 code");
     if (!e.stripe_customer_id.starts_with("cus_") || e.stripe_customer_id.size() > 255 ||
         !id_chars(e.stripe_customer_id, "_"))
         return bad("stripe_customer_id: must look like cus_…");
     if (e.description.size() > 500) return bad("description: at most 500 characters");
-    return {};
+    return validate_payment_method(e);
 }
 
 }  // namespace
@@ -53,19 +68,23 @@ const std::error_category& event_category() noexcept {
 
 result<billing_event> parse_event(std::string_view body) {
     if (body.size() > max_event_bytes)
-        return error(event_errc::too_large, std::to_string(body.size()) + " bytes, limit " + std::to_string(max_event_bytes));
+        return error(event_errc::too_large,
+                     std::to_string(body.size()) + " bytes, limit " + std::to_string(max_event_bytes));
     // The DOM parser validates the whole document (trailing garbage included) before we read it.
     simdjson::dom::parser parser;
     simdjson::dom::object obj;
     if (auto err = parser.parse(body.data(), body.size()).get(obj))
-        return error(event_errc::not_json, std::string("expected one JSON object: ") + simdjson::error_message(err));
+        return error(event_errc::not_json,
+                     std::string("expected one JSON object: ") + simdjson::error_message(err));
 
     billing_event e;
     bool have[5] = {};
+    bool off_session_given = false;
     for (auto [key, value] : obj) {
         auto str = [&](std::string& out, int slot) -> result<void> {
             std::string_view v;
-            if (value.get_string().get(v)) return error(event_errc::bad_field, std::string(key) + ": must be a string");
+            if (value.get_string().get(v))
+                return error(event_errc::bad_field, std::string(key) + ": must be a string");
             out.assign(v);
             if (slot >= 0) have[slot] = true;
             return {};
@@ -77,17 +96,25 @@ result<billing_event> parse_event(std::string_view body) {
             r = str(e.billing_period, 1);
         } else if (key == "currency") {
             r = str(e.currency, 3);
-            std::transform(e.currency.begin(), e.currency.end(), e.currency.begin(),
-                           [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; });
+            std::transform(e.currency.begin(), e.currency.end(), e.currency.begin(), [](char c) {
+                return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+            });
         } else if (key == "stripe_customer_id") {
             r = str(e.stripe_customer_id, 4);
         } else if (key == "description") {
             r = str(e.description, -1);
+        } else if (key == "payment_method") {
+            r = str(e.payment_method, -1);
+        } else if (key == "off_session") {
+            if (value.get_bool().get(e.off_session))
+                return error(event_errc::bad_field, "off_session: must be true or false");
+            off_session_given = true;
         } else if (key == "amount_cents") {
             // Integers only: 19.99 or "1999" are rejected rather than guessed at (money is never a float).
             std::int64_t v = 0;
             if (!value.is_int64() || value.get_int64().get(v))
-                return error(event_errc::bad_field, "amount_cents: must be an integer in 1.." + std::to_string(max_amount));
+                return error(event_errc::bad_field,
+                             "amount_cents: must be an integer in 1.." + std::to_string(max_amount));
             e.amount_cents = v;
             have[2] = true;
         }
@@ -98,6 +125,8 @@ result<billing_event> parse_event(std::string_view body) {
     for (int i = 0; i < 5; ++i)
         if (!have[i]) return error(event_errc::missing_field, names[i]);
     if (auto v = validate(e); !v) return v.err();
+    if (off_session_given && !e.uses_payment_intent())
+        return error(event_errc::bad_field, "off_session: only with payment_method");
     return e;
 }
 

@@ -10,7 +10,10 @@
 namespace cg::billing {
 
 // {"customer_id":"acme-42","billing_period":"2026-11","amount_cents":1999,"currency":"usd",
-//  "stripe_customer_id":"cus_…","description":"optional"}. Unknown fields are ignored.
+//  "stripe_customer_id":"cus_…","description":"optional","payment_method":"pm_… (optional)",
+//  "off_session":true}. Unknown fields are ignored. With payment_method the event is charged through a
+// confirmed PaymentIntent (off_session defaults to true: a billing run has no customer at hand); without it,
+// through /v1/charges (off_session is then refused: it would mean nothing).
 struct billing_event {
     std::string customer_id;         // the billing system's customer id: [A-Za-z0-9_.@-]{1,255}
     std::string billing_period;      // e.g. "2026-11": [A-Za-z0-9_.-]{1,64}
@@ -18,11 +21,17 @@ struct billing_event {
     std::string currency;            // ISO 4217, lower case
     std::string stripe_customer_id;  // cus_…
     std::string description;         // optional, ≤ 500 chars
+    std::string payment_method;      // optional: pm_… / card_… / src_… → PaymentIntent
+    bool off_session = true;         // only with payment_method
+
+    bool uses_payment_intent() const noexcept { return !payment_method.empty(); }
 };
 
 enum class event_errc { ok = 0, too_large, not_json, missing_field, bad_field };
 const std::error_category& event_category() noexcept;
-inline std::error_code make_error_code(event_errc e) noexcept { return {static_cast<int>(e), event_category()}; }
+inline std::error_code make_error_code(event_errc e) noexcept {
+    return {static_cast<int>(e), event_category()};
+}
 
 inline constexpr std::size_t max_event_bytes = 64 * 1024;
 

@@ -77,9 +77,11 @@ const std::string attempt_sql =
     "FROM (VALUES (1)) AS one(x) LEFT JOIN attempted ON true";
 
 // Final states drop the lease; last_error keeps the previous one when the new state has none (charged).
+// payment_intent_id ($5) is set for events charged through a PaymentIntent.
 const std::string settle_sql =
     "UPDATE billing_records SET status = $2::text, charge_id = coalesce($3::text, charge_id), "
-    "last_error = coalesce($4::text, last_error), lease_until = NULL "
+    "last_error = coalesce($4::text, last_error), lease_until = NULL, "
+    "payment_intent_id = coalesce($5::text, payment_intent_id) "
     "WHERE key = $1 AND status = 'pending'";
 
 // A released lease is set just in the past, so the next take (lease_until < now()) succeeds at once.
@@ -263,25 +265,28 @@ net::awaitable<result<std::optional<attempt_record>>> ledger::record_attempt(
 net::awaitable<result<bool>> ledger::settle(std::string key, record_status status,
                                             std::optional<std::string> charge_id,
                                             std::optional<std::string> last_error,
-                                            std::optional<dead_letter> letter) {
+                                            std::optional<dead_letter> letter,
+                                            std::optional<std::string> payment_intent_id) {
     pg::pipeline batch;
     batch.add(settle_sql, std::move(key), std::string(to_string(status)), std::move(charge_id),
-              std::move(last_error));
+              std::move(last_error), std::move(payment_intent_id));
     if (letter) add_letter(batch, std::move(*letter));
     auto r = co_await exec_batch(pool_, std::move(batch));
     if (!r) co_return r.err();
     co_return (*r)[0].affected() == 1;
 }
 
-net::awaitable<result<bool>> ledger::mark_charged(std::string key, std::string charge_id) {
+net::awaitable<result<bool>> ledger::mark_charged(std::string key, std::string charge_id,
+                                                  std::optional<std::string> payment_intent_id) {
     co_return co_await settle(std::move(key), record_status::charged, std::move(charge_id), std::nullopt,
-                              std::nullopt);
+                              std::nullopt, std::move(payment_intent_id));
 }
 
 net::awaitable<result<bool>> ledger::mark_declined(std::string key, std::optional<std::string> charge_id,
-                                                   std::string last_error) {
+                                                   std::string last_error,
+                                                   std::optional<std::string> payment_intent_id) {
     co_return co_await settle(std::move(key), record_status::declined, std::move(charge_id),
-                              std::move(last_error), std::nullopt);
+                              std::move(last_error), std::nullopt, std::move(payment_intent_id));
 }
 
 net::awaitable<result<bool>> ledger::mark_cap_blocked(std::string key, std::string last_error) {

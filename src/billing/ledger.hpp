@@ -96,10 +96,13 @@ class ledger {
 
     // Final states. Each applies only to a pending row (true) — false means another worker settled it first.
     // They do not require the lease: an answer from Stripe is a fact worth recording even if our lease
-    // lapsed.
-    net::awaitable<result<bool>> mark_charged(std::string key, std::string charge_id);
+    // lapsed. `payment_intent_id`: the PaymentIntent of an event charged through one (its latest_charge is
+    // the charge id).
+    net::awaitable<result<bool>> mark_charged(std::string key, std::string charge_id,
+                                              std::optional<std::string> payment_intent_id = std::nullopt);
     net::awaitable<result<bool>> mark_declined(std::string key, std::optional<std::string> charge_id,
-                                               std::string last_error);
+                                               std::string last_error,
+                                               std::optional<std::string> payment_intent_id = std::nullopt);
     net::awaitable<result<bool>> mark_cap_blocked(std::string key, std::string last_error);
     // Final with a dead letter, in one transaction (so a crash between the two cannot lose the letter).
     net::awaitable<result<bool>> mark_conflict(std::string key, std::string last_error, dead_letter letter);
@@ -131,7 +134,8 @@ class ledger {
     net::awaitable<result<bool>> settle(std::string key, record_status status,
                                         std::optional<std::string> charge_id,
                                         std::optional<std::string> last_error,
-                                        std::optional<dead_letter> letter);
+                                        std::optional<dead_letter> letter,
+                                        std::optional<std::string> payment_intent_id = std::nullopt);
 
     std::shared_ptr<pg::pool> pool_;
 };

@@ -83,9 +83,12 @@ std::string_view to_string(charge_step s) noexcept {
     return "?";
 }
 
-stripe::charge_request build_charge_request(const billing_event& ev, std::string_view base,
-                                            std::int32_t generation) {
-    stripe::charge_request r;
+namespace {
+
+// The fields both creating requests share.
+template <typename Request>
+Request common_request(const billing_event& ev, std::string_view base, std::int32_t generation) {
+    Request r;
     r.amount = ev.amount_cents;
     r.currency = ev.currency;
     r.customer = ev.stripe_customer_id;
@@ -95,6 +98,36 @@ stripe::charge_request build_charge_request(const billing_event& ev, std::string
                   {"billing_period", ev.billing_period}};
     r.idempotency_key = stripe_idempotency_key(base, generation);
     return r;
+}
+
+}  // namespace
+
+stripe::charge_request build_charge_request(const billing_event& ev, std::string_view base,
+                                            std::int32_t generation) {
+    return common_request<stripe::charge_request>(ev, base, generation);
+}
+
+stripe::payment_intent_request build_intent_request(const billing_event& ev, std::string_view base,
+                                                    std::int32_t generation) {
+    auto r = common_request<stripe::payment_intent_request>(ev, base, generation);
+    r.payment_method = ev.payment_method;
+    r.confirm = true;
+    r.off_session = ev.off_session;
+    return r;
+}
+
+create_request build_request(const billing_event& ev, std::string_view base, std::int32_t generation) {
+    if (ev.uses_payment_intent()) return build_intent_request(ev, base, generation);
+    return build_charge_request(ev, base, generation);
+}
+
+found_intent_step step_for_found_intent(const stripe::payment_intent& pi) noexcept {
+    if (stripe::intent_settled(pi.status))
+        return pi.latest_charge.empty() ? found_intent_step::still_open : found_intent_step::mark_charged;
+    // requires_payment_method (a failed off-session attempt), requires_action, canceled: the customer must
+    // act. requires_confirmation never comes from us (we always confirm): Stripe has not tried to charge,
+    // but the key is spent on it, so it is not charged either — a decline an operator can see.
+    return found_intent_step::mark_declined;
 }
 
 }  // namespace cg::billing

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "billing/event.hpp"
 #include "stripe/outcome.hpp"
@@ -71,5 +72,19 @@ std::string_view to_string(charge_step s) noexcept;
 // carries the base key (so a search finds a charge of any generation), customer_id and billing_period.
 stripe::charge_request build_charge_request(const billing_event& ev, std::string_view base,
                                             std::int32_t generation);
+
+// POST /v1/payment_intents (confirm=true, off_session as the event says) for an event with a
+// payment_method; key and metadata as for a charge.
+stripe::payment_intent_request build_intent_request(const billing_event& ev, std::string_view base,
+                                                    std::int32_t generation);
+
+// The creating call an event becomes: a PaymentIntent when it names a payment_method, else a charge.
+using create_request = std::variant<stripe::charge_request, stripe::payment_intent_request>;
+create_request build_request(const billing_event& ev, std::string_view base, std::int32_t generation);
+
+// What a recovery search found, as a ledger step: a PaymentIntent that holds the money is charged (with its
+// latest_charge; without one yet it is still open), one that needs the customer is declined.
+enum class found_intent_step { mark_charged, mark_declined, still_open };
+found_intent_step step_for_found_intent(const stripe::payment_intent& pi) noexcept;
 
 }  // namespace cg::billing

@@ -25,6 +25,11 @@ std::string invalid_reason(const error& e) {
     return out;
 }
 
+std::optional<std::string> intent_of(const stripe::charge_outcome& out) {
+    if (out.payment_intent_id.empty()) return std::nullopt;
+    return out.payment_intent_id;
+}
+
 std::int64_t unix_seconds(sys_time t) {
     return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
 }
@@ -217,31 +222,34 @@ net::awaitable<verdict> pipeline::recover(run& r) {
     co_return co_await search(r);
 }
 
-// List the customer's charges for one carrying our base key: found → settle from it; none → new generation.
+// List the customer's charges — and, for a PaymentIntent event, its PaymentIntents — for one carrying our
+// base key: found → settle from it; none → new generation. Charges first: every confirmed intent that reached
+// the card made one (carrying the intent's metadata); an intent that stopped at requires_action made none and
+// is only found in the second list.
 net::awaitable<verdict> pipeline::search(run& r) {
     std::optional<std::int64_t> since;
     if (r.first_attempt) since = unix_seconds(*r.first_attempt - cfg_.search_slack);
     auto found = co_await stripe_.find_charge_by_billing_key(r.ev.stripe_customer_id, r.key, since);
-    if (!found) {
-        // Without an answer nothing may be charged: give the row back for a later try.
-        auto rel =
-            co_await ledger_.release_lease(r.key, r.lease, "charge search failed: " + found.err().describe());
-        if (!rel) r.log.warn("could not release the lease", {{"error", rel.err().describe()}});
-        co_return verdict::requeue(verdict_reason::requeued_stripe_unavailable, cfg_.stripe_unavailable_delay,
-                                   found.err().describe());
-    }
+    if (!found) co_return co_await search_failed(r, found.err());
     if (*found) {
         const stripe::charge& ch = **found;
+        std::optional<std::string> intent;
+        if (!ch.payment_intent.empty()) intent = ch.payment_intent;
         if (ch.status == "failed") {
             auto m = co_await ledger_.mark_declined(r.key, ch.id,
-                                                    "declined (found by search): " + ch.failure_code);
+                                                    "declined (found by search): " + ch.failure_code, intent);
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
             co_return verdict::finish(verdict_reason::declined, "found declined charge " + ch.id);
         }
-        auto m = co_await ledger_.mark_charged(r.key, ch.id);
+        auto m = co_await ledger_.mark_charged(r.key, ch.id, intent);
         if (!m) co_return postgres_failed(r, m.err(), "mark charged");
         if (!*m) r.log.warn("row already settled by another worker", {{"charge_id", ch.id}});
         co_return verdict::finish(verdict_reason::charged, "found existing charge " + ch.id);
+    }
+    if (r.ev.uses_payment_intent()) {
+        auto pi = co_await stripe_.find_payment_intent_by_billing_key(r.ev.stripe_customer_id, r.key, since);
+        if (!pi) co_return co_await search_failed(r, pi.err());
+        if (*pi) co_return co_await settle_found_intent(r, **pi);
     }
     auto bumped = co_await ledger_.bump_generation(r.key, r.lease, r.generation);
     if (!bumped) co_return postgres_failed(r, bumped.err(), "bump generation");
@@ -271,8 +279,7 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
     lease_keeper keeper(co_await asio::this_coro::executor);
     auto began = std::chrono::steady_clock::now();
     r.log.debug("calling Stripe", {{"generation", r.generation}});
-    co_await (call_stripe(build_charge_request(r.ev, r.key, r.generation), out, keeper) &&
-              keep_lease(r, keeper));
+    co_await (call_stripe(build_request(r.ev, r.key, r.generation), out, keeper) && keep_lease(r, keeper));
     r.log.debug("Stripe answered", {{"outcome", stripe::to_string(out.cls)}, {"charge_id", out.charge_id}});
     co_await test_pause();  // between Stripe's answer and the ledger update
     if (metrics_)
@@ -281,9 +288,11 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
     co_return co_await settle(r, out);
 }
 
-net::awaitable<void> pipeline::call_stripe(stripe::charge_request req, stripe::charge_outcome& out,
-                                           lease_keeper& k) {
-    out = co_await stripe_.create_charge(std::move(req));
+net::awaitable<void> pipeline::call_stripe(create_request req, stripe::charge_outcome& out, lease_keeper& k) {
+    if (auto* intent = std::get_if<stripe::payment_intent_request>(&req))
+        out = co_await stripe_.create_payment_intent(std::move(*intent));
+    else
+        out = co_await stripe_.create_charge(std::move(std::get<stripe::charge_request>(req)));
     k.done = true;
     k.timer.cancel();  // wakes keep_lease; if it is mid-renewal it sees `done` afterwards
 }
@@ -318,7 +327,7 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
         step = charge_step::mark_indeterminate_requeue;
     switch (step) {
         case charge_step::mark_charged: {
-            auto m = co_await ledger_.mark_charged(r.key, out.charge_id);
+            auto m = co_await ledger_.mark_charged(r.key, out.charge_id, intent_of(out));
             if (!m) co_return postgres_failed(r, m.err(), "mark charged");
             if (!*m) r.log.warn("row already settled by another worker", {{"charge_id", out.charge_id}});
             co_return verdict::finish(verdict_reason::charged, out.charge_id);
@@ -326,7 +335,7 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
         case charge_step::mark_declined: {
             std::optional<std::string> id;
             if (!out.charge_id.empty()) id = out.charge_id;
-            auto m = co_await ledger_.mark_declined(r.key, id, out.message);
+            auto m = co_await ledger_.mark_declined(r.key, id, out.message, intent_of(out));
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
             co_return verdict::finish(verdict_reason::declined, out.message);
         }
@@ -363,6 +372,46 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
         }
     }
     throw std::logic_error("unknown charge_step");
+}
+
+// Without an answer from the search nothing may be charged: give the row back for a later try.
+net::awaitable<verdict> pipeline::search_failed(run& r, const error& e) {
+    auto rel = co_await ledger_.release_lease(r.key, r.lease, "charge search failed: " + e.describe());
+    if (!rel) r.log.warn("could not release the lease", {{"error", rel.err().describe()}});
+    co_return verdict::requeue(verdict_reason::requeued_stripe_unavailable, cfg_.stripe_unavailable_delay,
+                               e.describe());
+}
+
+// A PaymentIntent carrying our key, found by the recovery search.
+net::awaitable<verdict> pipeline::settle_found_intent(run& r, const stripe::payment_intent& pi) {
+    std::optional<std::string> charge_id;
+    if (!pi.latest_charge.empty()) charge_id = pi.latest_charge;
+    switch (step_for_found_intent(pi)) {
+        case found_intent_step::mark_charged: {
+            auto m = co_await ledger_.mark_charged(r.key, pi.latest_charge, pi.id);
+            if (!m) co_return postgres_failed(r, m.err(), "mark charged");
+            if (!*m) r.log.warn("row already settled by another worker", {{"payment_intent", pi.id}});
+            co_return verdict::finish(verdict_reason::charged, "found existing payment intent " + pi.id);
+        }
+        case found_intent_step::mark_declined: {
+            std::string why = "payment intent " + pi.id + " is " + pi.status;
+            if (!pi.last_error_code.empty()) why += ": " + pi.last_error_code;
+            auto m =
+                co_await ledger_.mark_declined(r.key, charge_id, "declined (found by search): " + why, pi.id);
+            if (!m) co_return postgres_failed(r, m.err(), "mark declined");
+            co_return verdict::finish(verdict_reason::declined, "found " + why);
+        }
+        case found_intent_step::still_open: {
+            // Succeeding but no charge yet: the intent is ours and moving; look again later, never recharge.
+            auto rel =
+                co_await ledger_.release_lease(r.key, r.lease, "payment intent " + pi.id + " still open");
+            if (!rel) co_return postgres_failed(r, rel.err(), "release lease");
+            co_return verdict::requeue(
+                verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
+                "payment intent " + pi.id + " is " + pi.status + " without a charge yet");
+        }
+    }
+    throw std::logic_error("unknown found_intent_step");
 }
 
 net::awaitable<verdict> pipeline::dead_letter_finish(run& r, std::string reason,

@@ -111,13 +111,14 @@ class pipeline {
     net::awaitable<verdict> on_existing(run& r, ledger_record rec);
     net::awaitable<verdict> recover(run& r);
     net::awaitable<verdict> search(run& r);
+    net::awaitable<verdict> search_failed(run& r, const error& e);
+    net::awaitable<verdict> settle_found_intent(run& r, const stripe::payment_intent& pi);
     net::awaitable<verdict> charge(run& r, bool attempt_recorded);
     verdict lease_held(std::optional<std::chrono::milliseconds> remaining, std::string detail = {});
     net::awaitable<void> test_pause();
     net::awaitable<verdict> settle(run& r, const stripe::charge_outcome& out);
     net::awaitable<verdict> dead_letter_finish(run& r, std::string reason, std::optional<std::string> key);
-    net::awaitable<void> call_stripe(stripe::charge_request req, stripe::charge_outcome& out,
-                                     lease_keeper& k);
+    net::awaitable<void> call_stripe(create_request req, stripe::charge_outcome& out, lease_keeper& k);
     net::awaitable<void> keep_lease(run& r, lease_keeper& k);
     verdict postgres_failed(run& r, const error& e, std::string_view step);
     verdict count(verdict v);

@@ -12,6 +12,7 @@
 #include "stripe/error.hpp"
 #include "stripe/form.hpp"
 #include "stripe/json.hpp"
+#include "stripe/pacer.hpp"
 
 namespace cg::stripe {
 
@@ -20,6 +21,7 @@ struct client::state {
     logger log;
     std::unique_ptr<http::client> http;
     std::unique_ptr<client_metrics> metrics;      // null: no registry given
+    std::shared_ptr<pacer> pace;                  // null: no rate control
     std::mt19937_64 rng{std::random_device{}()};  // jitter; used only on the http client's strand
 };
 
@@ -43,13 +45,20 @@ void end_call(const client::state& st, operation op, outcome_class cls, steady::
 
 errc errc_for(outcome_class c) {
     switch (c) {
-        case outcome_class::succeeded: return errc::ok;
-        case outcome_class::declined: return errc::declined;
-        case outcome_class::cap_exceeded: return errc::cap_exceeded;
-        case outcome_class::idempotency_conflict: return errc::idempotency_conflict;
-        case outcome_class::retry_same_key: return errc::retry_same_key;
-        case outcome_class::indeterminate: return errc::indeterminate;
-        case outcome_class::rejected: return errc::rejected;
+        case outcome_class::succeeded:
+            return errc::ok;
+        case outcome_class::declined:
+            return errc::declined;
+        case outcome_class::cap_exceeded:
+            return errc::cap_exceeded;
+        case outcome_class::idempotency_conflict:
+            return errc::idempotency_conflict;
+        case outcome_class::retry_same_key:
+            return errc::retry_same_key;
+        case outcome_class::indeterminate:
+            return errc::indeterminate;
+        case outcome_class::rejected:
+            return errc::rejected;
     }
     return errc::indeterminate;
 }
@@ -107,6 +116,15 @@ http::request build(const client_config& cfg, const std::string& method, const s
     return req;
 }
 
+// Waits for the rate control's admission (on the strand; a timer, never a blocked thread).
+net::awaitable<void> pace(client::state& st) {
+    auto waited = co_await st.pace->acquire();
+    if (st.metrics) {
+        st.metrics->paced(waited);
+        st.metrics->rate_limit(st.pace->limit());
+    }
+}
+
 // The retry loop. Runs on the http client's strand. Counts attempts, retries and replays under `op`.
 net::awaitable<call_result> run_call(state_ptr st, operation op, std::string method, std::string target,
                                      std::string body, std::string key) {
@@ -120,23 +138,33 @@ net::awaitable<call_result> run_call(state_ptr st, operation op, std::string met
     const auto& policy = st->cfg.retry;
     for (unsigned attempt = 1;; ++attempt) {
         out = call_result{};
+        if (st->pace) co_await pace(*st);
         out.http = co_await st->http->request(build(st->cfg, method, target, body, key));
+        if (st->pace && out.http.ok()) st->pace->on_response(out.http.resp.status == 429);
+        if (st->metrics && out.http.ok() && out.http.resp.status == 429) st->metrics->throttled();
         out.attempts = attempt;
         if (st->metrics) st->metrics->attempt(op);
         classify(out);
         bool retryable = out.cls == outcome_class::retry_same_key ||
                          (safe_to_repeat && out.cls == outcome_class::indeterminate);
-        bool told_not_to = out.http.ok() &&
-                           parse_should_retry(out.http.resp.headers.get("Stripe-Should-Retry")) == false;
+        bool told_not_to =
+            out.http.ok() && parse_should_retry(out.http.resp.headers.get("Stripe-Should-Retry")) == false;
         // A certificate we refuse will be refused again: retrying only delays the alert.
         bool hopeless = out.http.err.code == net::errc::tls_verify_failed;
-        if (!retryable || told_not_to || hopeless || attempt > policy.max_retries) break;
+        bool rate_limited = out.http.ok() && out.http.resp.status == 429;
+        unsigned allowed =
+            rate_limited ? std::max(policy.max_retries, policy.max_rate_limited_retries) : policy.max_retries;
+        if (!retryable || told_not_to || hopeless || attempt > allowed) break;
         if (st->metrics) st->metrics->retry(op, retry_reason(out.http));
         double unit = std::uniform_real_distribution<double>(0.0, 1.0)(st->rng);
-        auto delay = backoff_delay(policy, attempt, unit, out.http.ok() ? retry_after(out.http.resp) : std::nullopt);
-        st->log.info("stripe retry", {{"method", method}, {"path", std::string_view(target).substr(0, target.find('?'))},
-                                      {"attempt", attempt}, {"delay_ms", static_cast<std::int64_t>(delay.count())},
-                                      {"reason", out.message}, {"request_id", out.request_id}});
+        auto delay =
+            backoff_delay(policy, attempt, unit, out.http.ok() ? retry_after(out.http.resp) : std::nullopt);
+        st->log.info("stripe retry", {{"method", method},
+                                      {"path", std::string_view(target).substr(0, target.find('?'))},
+                                      {"attempt", attempt},
+                                      {"delay_ms", static_cast<std::int64_t>(delay.count())},
+                                      {"reason", out.message},
+                                      {"request_id", out.request_id}});
         co_await net::sleep_for(delay);
     }
     if (out.replayed && st->metrics) st->metrics->replay(op);
@@ -144,10 +172,11 @@ net::awaitable<call_result> run_call(state_ptr st, operation op, std::string met
 }
 
 // client::call: one logical call of its own.
-net::awaitable<call_result> run_raw_call(state_ptr st, std::string method, std::string target, std::string body,
-                                         std::string key) {
+net::awaitable<call_result> run_raw_call(state_ptr st, std::string method, std::string target,
+                                         std::string body, std::string key) {
     auto start = begin_call(*st);
-    auto r = co_await run_call(st, operation::call, std::move(method), std::move(target), std::move(body), std::move(key));
+    auto r = co_await run_call(st, operation::call, std::move(method), std::move(target), std::move(body),
+                               std::move(key));
     end_call(*st, operation::call, r.cls, start);
     co_return r;
 }
@@ -182,15 +211,9 @@ form_map meta_form(const metadata& m) {
 }
 
 // The outcome of POST /v1/charges: a 200 whose charge failed is a decline.
-charge_outcome charge_outcome_of(call_result&& r) {
-    std::string body = r.http.ok() ? std::move(r.http.resp.body) : std::string();
-    charge_outcome o = base_outcome(std::move(r));
-    if (o.cls != outcome_class::succeeded) return o;
+void read_charge(charge_outcome& o, const std::string& body) {
     auto c = parse_charge(body);
-    if (!c) {
-        unreadable(o, c.err());
-        return o;
-    }
+    if (!c) return unreadable(o, c.err());
     o.charge_id = c->id;
     o.payment_intent_id = c->payment_intent;
     if (c->status == "failed") {
@@ -198,60 +221,68 @@ charge_outcome charge_outcome_of(call_result&& r) {
         o.message = "charge " + c->id + " failed: " + c->failure_code;
     }
     o.charge = std::move(*c);
-    return o;
 }
 
-net::awaitable<charge_outcome> run_create_charge(state_ptr st, charge_request req) {
-    auto start = begin_call(*st);
-    form_map f;
-    f.emplace_back("amount", std::to_string(req.amount));
-    f.emplace_back("currency", req.currency);
-    f.emplace_back("customer", req.customer);
-    if (!req.description.empty()) f.emplace_back("description", req.description);
-    if (!req.metadata.empty()) f.emplace_back("metadata", meta_form(req.metadata));
-    auto r = co_await run_call(st, operation::create_charge, "POST", "/v1/charges", encode_form(f), req.idempotency_key);
-    charge_outcome o = charge_outcome_of(std::move(r));
-    end_call(*st, operation::create_charge, o.cls, start);
-    co_return o;
-}
-
-// The outcome of a confirmed off-session POST /v1/payment_intents.
-charge_outcome intent_outcome_of(call_result&& r) {
-    std::string body = r.http.ok() ? std::move(r.http.resp.body) : std::string();
-    charge_outcome o = base_outcome(std::move(r));
-    if (o.cls != outcome_class::succeeded) return o;
+// The outcome of a confirmed POST /v1/payment_intents: the charge recorded is the intent's latest_charge.
+// Anything but these statuses means the customer would have to act (requires_action after an on-session
+// confirm; requires_payment_method): a final decline for a billing run.
+void read_intent(charge_outcome& o, const std::string& body) {
     auto p = parse_payment_intent(body);
-    if (!p) {
-        unreadable(o, p.err());
-        return o;
-    }
+    if (!p) return unreadable(o, p.err());
     o.payment_intent_id = p->id;
     o.charge_id = p->latest_charge;
-    // Off-session and confirmed: anything but these means the customer would have to act.
-    if (p->status != "succeeded" && p->status != "processing" && p->status != "requires_capture") {
+    if (!intent_settled(p->status)) {
         o.cls = outcome_class::declined;
         o.message = "payment intent " + p->id + " is " + p->status;
+        if (!p->last_error_code.empty()) o.message += ": " + p->last_error_code;
     }
     o.intent = std::move(*p);
-    return o;
 }
 
-net::awaitable<charge_outcome> run_create_intent(state_ptr st, payment_intent_request req) {
+// A creating POST: the operation names the endpoint and how its 2xx body is read; everything else (key,
+// retries, classification, metrics) is shared.
+struct create_op {
+    operation op;
+    const char* path;
+    void (*read_success)(charge_outcome&, const std::string&);
+};
+constexpr create_op charge_op{operation::create_charge, "/v1/charges", read_charge};
+constexpr create_op intent_op{operation::create_payment_intent, "/v1/payment_intents", read_intent};
+
+net::awaitable<charge_outcome> run_create(state_ptr st, create_op op, std::string form, std::string key) {
     auto start = begin_call(*st);
-    form_map f;
-    f.emplace_back("amount", std::to_string(req.amount));
-    f.emplace_back("currency", req.currency);
-    f.emplace_back("customer", req.customer);
-    if (!req.payment_method.empty()) f.emplace_back("payment_method", req.payment_method);
-    if (req.confirm) f.emplace_back("confirm", "true");
-    if (req.off_session) f.emplace_back("off_session", "true");
-    if (!req.description.empty()) f.emplace_back("description", req.description);
-    if (!req.metadata.empty()) f.emplace_back("metadata", meta_form(req.metadata));
-    auto r = co_await run_call(st, operation::create_payment_intent, "POST", "/v1/payment_intents", encode_form(f),
-                               req.idempotency_key);
-    charge_outcome o = intent_outcome_of(std::move(r));
-    end_call(*st, operation::create_payment_intent, o.cls, start);
+    auto r = co_await run_call(st, op.op, "POST", op.path, std::move(form), std::move(key));
+    std::string body = r.http.ok() ? std::move(r.http.resp.body) : std::string();
+    charge_outcome o = base_outcome(std::move(r));
+    if (o.cls == outcome_class::succeeded) op.read_success(o, body);
+    end_call(*st, op.op, o.cls, start);
     co_return o;
+}
+
+// amount, currency, customer, then `extra`, then description and metadata (the order Stripe's SDKs use).
+std::string create_form(std::int64_t amount, const std::string& currency, const std::string& customer,
+                        form_map extra, const std::string& description, const metadata& md) {
+    form_map f;
+    f.emplace_back("amount", std::to_string(amount));
+    f.emplace_back("currency", currency);
+    f.emplace_back("customer", customer);
+    for (auto& e : extra) f.push_back(std::move(e));
+    if (!description.empty()) f.emplace_back("description", description);
+    if (!md.empty()) f.emplace_back("metadata", meta_form(md));
+    return encode_form(f);
+}
+
+std::string charge_form(const charge_request& req) {
+    return create_form(req.amount, req.currency, req.customer, {}, req.description, req.metadata);
+}
+
+std::string intent_form(const payment_intent_request& req) {
+    form_map extra;
+    if (!req.payment_method.empty()) extra.emplace_back("payment_method", req.payment_method);
+    if (req.confirm) extra.emplace_back("confirm", "true");
+    if (req.off_session) extra.emplace_back("off_session", "true");
+    return create_form(req.amount, req.currency, req.customer, std::move(extra), req.description,
+                       req.metadata);
 }
 
 // A read. A 2xx whose body is not the object counts as `indeterminate` in the metrics, as for creates.
@@ -259,31 +290,49 @@ template <typename T, typename Parse>
 net::awaitable<result<T>> run_get(state_ptr st, operation op, std::string target, Parse parse) {
     auto start = begin_call(*st);
     auto r = co_await run_call(st, op, "GET", std::move(target), {}, {});
-    result<T> out = r.cls == outcome_class::succeeded ? parse(r.http.resp.body)
-                                                      : result<T>(error(errc_for(r.cls), std::move(r.message)));
+    result<T> out = r.cls == outcome_class::succeeded
+                        ? parse(r.http.resp.body)
+                        : result<T>(error(errc_for(r.cls), std::move(r.message)));
     end_call(*st, op, out ? r.cls : outcome_class::indeterminate, start);
     co_return out;
 }
 
-std::string list_target(const list_charges_request& req) {
-    std::string t = "/v1/charges?customer=" + http::url_encode(req.customer) + "&limit=" + std::to_string(req.limit);
+std::string list_target(std::string_view path, const list_request& req) {
+    std::string t = std::string(path) + "?customer=" + http::url_encode(req.customer) +
+                    "&limit=" + std::to_string(req.limit);
     if (req.created_gte) t += "&created[gte]=" + std::to_string(*req.created_gte);
     if (!req.starting_after.empty()) t += "&starting_after=" + http::url_encode(req.starting_after);
     return t;
 }
 
-net::awaitable<result<std::optional<charge>>> run_find(state_ptr st, std::string customer, std::string key,
-                                                      std::optional<std::int64_t> created_gte, unsigned page_size) {
-    list_charges_request req;
+// A list endpoint and how its page is read: charges or PaymentIntents.
+template <typename Page>
+struct list_op {
+    operation op;
+    const char* path;
+    result<Page> (*parse)(std::string_view);
+};
+constexpr list_op<charge_page> charges_list{operation::list_charges, "/v1/charges", parse_charge_page};
+constexpr list_op<payment_intent_page> intents_list{operation::list_payment_intents, "/v1/payment_intents",
+                                                    parse_payment_intent_page};
+
+// Pages through the customer's objects (newest first) for the first whose metadata[billing_key] is `key`.
+template <typename Page>
+net::awaitable<result<std::optional<typename decltype(Page::data)::value_type>>> run_find(
+    state_ptr st, list_op<Page> what, std::string customer, std::string key,
+    std::optional<std::int64_t> created_gte, unsigned page_size) {
+    using item = typename decltype(Page::data)::value_type;
+    list_request req;
     req.limit = page_size;
     req.customer = std::move(customer);
     req.created_gte = created_gte;
     for (;;) {
-        auto page = co_await run_get<charge_page>(st, operation::list_charges, list_target(req), parse_charge_page);
+        auto page = co_await run_get<Page>(st, what.op, list_target(what.path, req), what.parse);
         if (!page) co_return page.err();
-        for (auto& c : page->data)
-            if (metadata_value(c.metadata, "billing_key") == key) co_return std::optional<charge>(std::move(c));
-        if (!page->has_more || page->data.empty()) co_return std::optional<charge>();
+        for (auto& one : page->data)
+            if (metadata_value(one.metadata, "billing_key") == key)
+                co_return std::optional<item>(std::move(one));
+        if (!page->has_more || page->data.empty()) co_return std::optional<item>();
         req.starting_after = page->data.back().id;
     }
 }
@@ -305,8 +354,10 @@ net::awaitable<T> on_strand(state_ptr st, net::awaitable<T> a) {
 
 result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, client_config cfg, logger log,
                                                metrics::registry* metrics) {
-    if (cfg.api_key.empty()) return error(errc::bad_config, "no Stripe API key (STRIPE_API_KEY or --stripe-key-file)");
-    if (cfg.api_key.find_first_of("\r\n") != std::string::npos) return error(errc::bad_config, "API key contains a line break");
+    if (cfg.api_key.empty())
+        return error(errc::bad_config, "no Stripe API key (STRIPE_API_KEY or --stripe-key-file)");
+    if (cfg.api_key.find_first_of("\r\n") != std::string::npos)
+        return error(errc::bad_config, "API key contains a line break");
     http::client_options o;
     o.max_connections = cfg.max_connections;
     o.connect_timeout = cfg.connect_timeout;
@@ -323,6 +374,8 @@ result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, cl
     st->log = std::move(log);
     st->http = std::move(*h);
     if (metrics) st->metrics = std::make_unique<client_metrics>(*metrics);
+    if (st->cfg.rate.max_rps > 0 || st->cfg.rate.adaptive)
+        st->pace = pacer::create(st->http->get_executor(), st->cfg.rate);
     return std::unique_ptr<client>(new client(std::move(st)));
 }
 
@@ -330,38 +383,63 @@ client::client(std::shared_ptr<state> st) : st_(std::move(st)) {}
 client::~client() = default;
 
 net::awaitable<charge_outcome> client::create_charge(charge_request req) {
-    co_return co_await on_strand(st_, run_create_charge(st_, std::move(req)));
+    std::string key = std::move(req.idempotency_key);
+    co_return co_await on_strand(st_, run_create(st_, charge_op, charge_form(req), std::move(key)));
 }
 
 net::awaitable<charge_outcome> client::create_payment_intent(payment_intent_request req) {
-    co_return co_await on_strand(st_, run_create_intent(st_, std::move(req)));
+    std::string key = std::move(req.idempotency_key);
+    co_return co_await on_strand(st_, run_create(st_, intent_op, intent_form(req), std::move(key)));
 }
 
 net::awaitable<result<charge>> client::retrieve_charge(std::string id) {
-    co_return co_await on_strand(st_, run_get<charge>(st_, operation::retrieve_charge, "/v1/charges/" + http::url_encode(id), parse_charge));
+    co_return co_await on_strand(st_, run_get<charge>(st_, operation::retrieve_charge,
+                                                      "/v1/charges/" + http::url_encode(id), parse_charge));
 }
 
 net::awaitable<result<payment_intent>> client::retrieve_payment_intent(std::string id) {
-    co_return co_await on_strand(st_, run_get<payment_intent>(st_, operation::retrieve_payment_intent, "/v1/payment_intents/" + http::url_encode(id), parse_payment_intent));
+    co_return co_await on_strand(
+        st_, run_get<payment_intent>(st_, operation::retrieve_payment_intent,
+                                     "/v1/payment_intents/" + http::url_encode(id), parse_payment_intent));
 }
 
 net::awaitable<result<charge_page>> client::list_charges(list_charges_request req) {
-    co_return co_await on_strand(st_, run_get<charge_page>(st_, operation::list_charges, list_target(req), parse_charge_page));
+    co_return co_await on_strand(
+        st_, run_get<charge_page>(st_, operation::list_charges, list_target(charges_list.path, req),
+                                  parse_charge_page));
 }
 
-net::awaitable<result<std::optional<charge>>> client::find_charge_by_billing_key(std::string customer,
-                                                                                std::string billing_key,
-                                                                                std::optional<std::int64_t> created_gte,
-                                                                                unsigned page_size) {
-    co_return co_await on_strand(st_, run_find(st_, std::move(customer), std::move(billing_key), created_gte, page_size));
+net::awaitable<result<payment_intent_page>> client::list_payment_intents(list_request req) {
+    co_return co_await on_strand(
+        st_, run_get<payment_intent_page>(st_, operation::list_payment_intents,
+                                          list_target(intents_list.path, req), parse_payment_intent_page));
+}
+
+net::awaitable<result<std::optional<charge>>> client::find_charge_by_billing_key(
+    std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
+    unsigned page_size) {
+    co_return co_await on_strand(st_, run_find(st_, charges_list, std::move(customer), std::move(billing_key),
+                                               created_gte, page_size));
+}
+
+net::awaitable<result<std::optional<payment_intent>>> client::find_payment_intent_by_billing_key(
+    std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
+    unsigned page_size) {
+    co_return co_await on_strand(st_, run_find(st_, intents_list, std::move(customer), std::move(billing_key),
+                                               created_gte, page_size));
 }
 
 net::awaitable<call_result> client::call(std::string method, std::string target, std::string body,
                                          std::string idempotency_key) {
-    co_return co_await on_strand(st_, run_raw_call(st_, std::move(method), std::move(target), std::move(body), std::move(idempotency_key)));
+    co_return co_await on_strand(st_, run_raw_call(st_, std::move(method), std::move(target), std::move(body),
+                                                   std::move(idempotency_key)));
 }
 
-const client_config& client::config() const noexcept { return st_->cfg; }
-http::client_stats client::http_stats() const { return st_->http->stats(); }
+const client_config& client::config() const noexcept {
+    return st_->cfg;
+}
+http::client_stats client::http_stats() const {
+    return st_->http->stats();
+}
 
 }  // namespace cg::stripe

@@ -34,23 +34,25 @@ struct call_result {
     unsigned attempts = 0;
     std::string request_id;
     bool replayed = false;
-    std::string message;             // one line describing the outcome; never a secret
+    std::string message;  // one line describing the outcome; never a secret
 };
 
 class client {
-public:
+  public:
     // Builds the TLS context (cfg.ca_file or the system store) and the HTTP pool. Fails on a missing
     // key, a bad URL or an unreadable CA file. With `metrics`, the client exports chargeguard_stripe_*
     // series there (see stripe/client_metrics.hpp); the registry must outlive the client.
-    static result<std::unique_ptr<client>> create(asio::any_io_executor offload, client_config cfg, logger log,
-                                                  metrics::registry* metrics = nullptr);
+    static result<std::unique_ptr<client>> create(asio::any_io_executor offload, client_config cfg,
+                                                  logger log, metrics::registry* metrics = nullptr);
     ~client();
     client(const client&) = delete;
     client& operator=(const client&) = delete;
 
     // POST /v1/charges. Returns the classified outcome (never throws for API or network failures).
     net::awaitable<charge_outcome> create_charge(charge_request req);
-    // POST /v1/payment_intents with confirm / off_session / payment_method.
+    // POST /v1/payment_intents with confirm / off_session / payment_method. The outcome's charge_id is the
+    // intent's latest_charge; an intent left in any status but succeeded / processing / requires_capture
+    // (requires_action, requires_payment_method) is `declined` with the status and error code in `message`.
     net::awaitable<charge_outcome> create_payment_intent(payment_intent_request req);
 
     // GET /v1/charges/{id}, GET /v1/payment_intents/{id}. Errors carry stripe::errc.
@@ -58,11 +60,18 @@ public:
     net::awaitable<result<payment_intent>> retrieve_payment_intent(std::string id);
     // GET /v1/charges?customer=…&created[gte]=…&limit=…&starting_after=… (one page, newest first).
     net::awaitable<result<charge_page>> list_charges(list_charges_request req);
+    // GET /v1/payment_intents?customer=…&created[gte]=…&limit=…&starting_after=… (one page, newest first).
+    net::awaitable<result<payment_intent_page>> list_payment_intents(list_request req);
     // Pages through the customer's charges (created ≥ created_gte) and returns the first whose
     // metadata[billing_key] equals `billing_key`, or nullopt when there is none. Reads its own writes.
-    net::awaitable<result<std::optional<charge>>> find_charge_by_billing_key(std::string customer, std::string billing_key,
-                                                                          std::optional<std::int64_t> created_gte,
-                                                                          unsigned page_size = 100);
+    net::awaitable<result<std::optional<charge>>> find_charge_by_billing_key(
+        std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
+        unsigned page_size = 100);
+    // The same search over the customer's PaymentIntents: an intent that never made a charge (requires_action
+    // after an on-session confirm) is only found this way.
+    net::awaitable<result<std::optional<payment_intent>>> find_payment_intent_by_billing_key(
+        std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
+        unsigned page_size = 100);
 
     // Any call: `target` is origin-form ("/v1/charges?x=1"); `body` form-encoded; an idempotency key
     // is required for POST. Auth and Stripe-Version are added. Retries as described above.
@@ -74,7 +83,7 @@ public:
 
     struct state;
 
-private:
+  private:
     explicit client(std::shared_ptr<state> st);
     std::shared_ptr<state> st_;
 };

@@ -5,19 +5,22 @@
 #include <cstddef>
 #include <string>
 
+#include "stripe/rate_control.hpp"
 #include "stripe/retry.hpp"
 
 namespace cg::stripe {
 
 struct client_config {
     std::string api_base = "https://api.stripe.com";
-    std::string api_key;                     // sk_… / rk_… (or a vault key); never logged, never argv
+    std::string api_key;  // sk_… / rk_… (or a vault key); never logged, never argv
     std::string stripe_version = "2024-06-20";
-    std::string ca_file;                     // PEM bundle; empty: the system store
+    std::string ca_file;  // PEM bundle; empty: the system store
     std::size_t max_connections = 16;
     std::chrono::milliseconds connect_timeout{5000};
     std::chrono::milliseconds request_timeout{30000};  // one attempt, including the pool wait
     retry_policy retry;
+    // Client-side rate control (stripe/rate_control.hpp); off when max_rps is 0 and adaptive is false.
+    rate_config rate{0, false};
 };
 
 }  // namespace cg::stripe

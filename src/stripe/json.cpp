@@ -77,6 +77,44 @@ result<charge> to_charge(object o) {
     return c;
 }
 
+result<payment_intent> to_intent(object o) {
+    payment_intent p;
+    p.id = str(o, "id");
+    if (p.id.empty() || str(o, "object") != "payment_intent")
+        return error(errc::bad_response, "not a payment_intent object");
+    p.amount = num(o, "amount");
+    p.currency = str(o, "currency");
+    p.customer = id_or_object(o, "customer");
+    p.status = str(o, "status");
+    p.latest_charge = id_or_object(o, "latest_charge");
+    p.created = num(o, "created");
+    object last;
+    if (!o["last_payment_error"].get_object().get(last)) p.last_error_code = str(last, "code");
+    p.metadata = meta(o);
+    return p;
+}
+
+// A list object ({"object":"list","data":[…],"has_more":…}) of items read by `item`.
+template <typename Page, typename Item>
+result<Page> parse_page(std::string_view body, Item item) {
+    auto o = parse_object(body);
+    if (!o) return o.err();
+    if (str(*o, "object") != "list") return error(errc::bad_response, "not a list object");
+    Page page;
+    bool more = false;
+    if (!(*o)["has_more"].get_bool().get(more)) page.has_more = more;
+    simdjson::dom::array data;
+    if ((*o)["data"].get_array().get(data)) return error(errc::bad_response, "list without data");
+    for (element e : data) {
+        object io;
+        if (e.get_object().get(io)) return error(errc::bad_response, "list item is not an object");
+        auto one = item(io);
+        if (!one) return one.err();
+        page.data.push_back(std::move(*one));
+    }
+    return page;
+}
+
 }  // namespace
 
 std::optional<std::string_view> metadata_value(const metadata& m, std::string_view key) {
@@ -94,36 +132,15 @@ result<charge> parse_charge(std::string_view body) {
 result<payment_intent> parse_payment_intent(std::string_view body) {
     auto o = parse_object(body);
     if (!o) return o.err();
-    payment_intent p;
-    p.id = str(*o, "id");
-    if (p.id.empty() || str(*o, "object") != "payment_intent") return error(errc::bad_response, "not a payment_intent object");
-    p.amount = num(*o, "amount");
-    p.currency = str(*o, "currency");
-    p.customer = id_or_object(*o, "customer");
-    p.status = str(*o, "status");
-    p.latest_charge = id_or_object(*o, "latest_charge");
-    p.created = num(*o, "created");
-    p.metadata = meta(*o);
-    return p;
+    return to_intent(*o);
 }
 
 result<charge_page> parse_charge_page(std::string_view body) {
-    auto o = parse_object(body);
-    if (!o) return o.err();
-    if (str(*o, "object") != "list") return error(errc::bad_response, "not a list object");
-    charge_page page;
-    bool more = false;
-    if (!(*o)["has_more"].get_bool().get(more)) page.has_more = more;
-    simdjson::dom::array data;
-    if ((*o)["data"].get_array().get(data)) return error(errc::bad_response, "list without data");
-    for (element e : data) {
-        object co;
-        if (e.get_object().get(co)) return error(errc::bad_response, "list item is not an object");
-        auto c = to_charge(co);
-        if (!c) return c.err();
-        page.data.push_back(std::move(*c));
-    }
-    return page;
+    return parse_page<charge_page>(body, to_charge);
+}
+
+result<payment_intent_page> parse_payment_intent_page(std::string_view body) {
+    return parse_page<payment_intent_page>(body, to_intent);
 }
 
 std::optional<api_error> parse_error(std::string_view body) {

@@ -11,6 +11,9 @@ struct retry_policy {
     unsigned max_retries = 2;  // attempts = 1 + max_retries
     std::chrono::milliseconds initial_delay{500};
     std::chrono::milliseconds max_delay{5000};
+    // 429s never executed, and the rate control slows down meanwhile: they may be retried longer, up to this
+    // many times (never fewer than max_retries).
+    unsigned max_rate_limited_retries = 0;
 };
 
 // Delay before retry number `retry` (1 for the first retry). `unit` in [0, 1) draws the jitter:

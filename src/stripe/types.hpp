@@ -39,11 +39,23 @@ struct payment_intent {
     std::string status;  // succeeded | processing | requires_action | requires_payment_method | …
     std::string latest_charge;
     std::int64_t created = 0;
+    std::string last_error_code;  // last_payment_error.code (authentication_required, card_declined, …)
     stripe::metadata metadata;
 };
 
+// A PaymentIntent in one of these statuses holds the customer's money (or will, for processing): the billing
+// event is settled. Any other status after an off-session confirm needs the customer: a decline.
+inline bool intent_settled(std::string_view status) noexcept {
+    return status == "succeeded" || status == "processing" || status == "requires_capture";
+}
+
 struct charge_page {
     std::vector<charge> data;
+    bool has_more = false;
+};
+
+struct payment_intent_page {
+    std::vector<payment_intent> data;
     bool has_more = false;
 };
 
@@ -79,12 +91,14 @@ struct payment_intent_request {
     bool off_session = true;
 };
 
+// A list call's filters: GET /v1/charges or GET /v1/payment_intents.
 struct list_charges_request {
     std::string customer;
     std::optional<std::int64_t> created_gte;
     unsigned limit = 100;
     std::string starting_after;
 };
+using list_request = list_charges_request;
 
 // What one create call came to, after the client's own bounded retries.
 struct charge_outcome {
@@ -95,8 +109,8 @@ struct charge_outcome {
     std::string request_id;         // Request-Id of the last response
     bool replayed = false;          // Idempotent-Replayed: true
     unsigned attempts = 0;
-    api_error error;                // non-2xx answers
-    std::string message;            // one line for logs and last_error; never a secret
+    api_error error;      // non-2xx answers
+    std::string message;  // one line for logs and last_error; never a secret
     std::optional<stripe::charge> charge;
     std::optional<stripe::payment_intent> intent;
 };

@@ -32,6 +32,21 @@ function admin(port, path) {
   });
 }
 
+function adminPost(port, path, form) {
+  return new Promise((resolve, reject) => {
+    const body = new URLSearchParams(form).toString();
+    const req = https.request({ host: '127.0.0.1', port, path, method: 'POST',
+      headers: { 'Content-Type': 'application/x-www-form-urlencoded', 'Content-Length': Buffer.byteLength(body) } },
+    (res) => {
+      let out = '';
+      res.on('data', (d) => (out += d));
+      res.on('end', () => resolve(JSON.parse(out)));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
 let failures = 0;
 async function check(name, fn) {
   try {
@@ -131,6 +146,64 @@ try {
     assert.match(pi.latest_charge, /^ch_/);
     const again = await stripe.paymentIntents.retrieve(pi.id);
     assert.equal(again.latest_charge, pi.latest_charge);
+  });
+
+  await check('off-session PaymentIntent needing authentication maps to StripeCardError', async () => {
+    await adminPost(port, '/_admin/declines', { customer: 'cus_sca', code: 'authentication_required' });
+    await assert.rejects(
+      stripe.paymentIntents.create({
+        amount: 1600, currency: 'usd', customer: 'cus_sca', payment_method: 'pm_card_authenticationRequired',
+        confirm: true, off_session: true, metadata: { billing_key: 'bk-sdk-sca' },
+      }, { idempotencyKey: 'sdk-key-6' }),
+      (e) => {
+        assert.ok(e instanceof Stripe.errors.StripeCardError, `got ${e.constructor.name}`);
+        assert.equal(e.code, 'authentication_required');
+        assert.equal(e.statusCode, 402);
+        assert.equal(e.payment_intent.object, 'payment_intent');
+        assert.equal(e.payment_intent.status, 'requires_payment_method');
+        assert.equal(e.payment_intent.last_payment_error.code, 'authentication_required');
+        assert.match(e.payment_intent.latest_charge, /^ch_/);
+        return true;
+      });
+  });
+
+  await check('on-session PaymentIntent needing authentication stops at requires_action', async () => {
+    const pi = await stripe.paymentIntents.create({
+      amount: 1700, currency: 'usd', customer: 'cus_sca', payment_method: 'pm_card_authenticationRequired',
+      confirm: true, metadata: { billing_key: 'bk-sdk-sca-2' },
+    }, { idempotencyKey: 'sdk-key-7' });
+    assert.equal(pi.status, 'requires_action');
+    assert.equal(pi.next_action.type, 'use_stripe_sdk');
+    assert.equal(pi.latest_charge, null);
+  });
+
+  await check('list and paginate PaymentIntents by customer', async () => {
+    const page = await stripe.paymentIntents.list({ customer: 'cus_sca', limit: 1 });
+    assert.equal(page.object, 'list');
+    assert.equal(page.has_more, true);
+    assert.equal(page.data[0].metadata.billing_key, 'bk-sdk-sca-2');  // newest first
+    const keys = [];
+    for await (const pi of stripe.paymentIntents.list({ customer: 'cus_sca', limit: 1 })) keys.push(pi.metadata.billing_key);
+    assert.deepEqual(keys, ['bk-sdk-sca-2', 'bk-sdk-sca']);
+  });
+
+  await check('rate limiter answers 429 the way Stripe does (StripeRateLimitError, should-retry)', async () => {
+    await adminPost(port, '/_admin/limits', { endpoint_rps: '1', burst_s: '1' });
+    try {
+      await stripe.charges.list({ customer: 'cus_sdk', limit: 1 });
+      await assert.rejects(stripe.charges.list({ customer: 'cus_sdk', limit: 1 }), (e) => {
+        assert.ok(e instanceof Stripe.errors.StripeRateLimitError, `got ${e.constructor.name}`);
+        assert.equal(e.statusCode, 429);
+        assert.equal(e.code, 'rate_limit');
+        assert.equal(e.type, 'StripeRateLimitError');
+        assert.equal(e.headers['stripe-should-retry'], 'true');
+        return true;
+      });
+      // Another endpoint has its own bucket.
+      await stripe.paymentIntents.list({ customer: 'cus_sdk', limit: 1 });
+    } finally {
+      await adminPost(port, '/_admin/limits', { endpoint_rps: '0' });
+    }
   });
 
   await check('bad API key maps to StripeAuthenticationError', async () => {

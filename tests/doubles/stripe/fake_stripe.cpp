@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 
 #include "http/proto/message.hpp"
 #include "net/timeout.hpp"
@@ -18,13 +19,15 @@ using params = std::map<std::string, std::string>;
 
 // Minimal JSON object writer.
 class json_obj {
-public:
+  public:
     json_obj& str(std::string_view k, std::string_view v) {
         key(k);
         append_json_string(s_, v);
         return *this;
     }
-    json_obj& str_or_null(std::string_view k, std::string_view v) { return v.empty() ? raw(k, "null") : str(k, v); }
+    json_obj& str_or_null(std::string_view k, std::string_view v) {
+        return v.empty() ? raw(k, "null") : str(k, v);
+    }
     json_obj& num(std::string_view k, std::int64_t v) { return raw(k, std::to_string(v)); }
     json_obj& boolean(std::string_view k, bool v) { return raw(k, v ? "true" : "false"); }
     json_obj& raw(std::string_view k, std::string_view json) {
@@ -34,7 +37,7 @@ public:
     }
     std::string done() { return s_ + "}"; }
 
-private:
+  private:
     void key(std::string_view k) {
         if (s_.size() > 1) s_ += ',';
         append_json_string(s_, k);
@@ -74,6 +77,16 @@ std::string charge_json(const charge_rec& c) {
 }
 
 std::string intent_json(const intent_rec& p) {
+    std::string last_error = "null";
+    if (!p.last_error_code.empty())
+        last_error = json_obj()
+                         .str("type", "card_error")
+                         .str("code", p.last_error_code)
+                         .str("message", "Your card was declined.")
+                         .done();
+    std::string next_action = "null";
+    if (p.status == "requires_action")
+        next_action = json_obj().str("type", "use_stripe_sdk").raw("use_stripe_sdk", "{}").done();
     return json_obj()
         .str("id", p.id)
         .str("object", "payment_intent")
@@ -85,9 +98,11 @@ std::string intent_json(const intent_rec& p) {
         .str("currency", p.currency)
         .str_or_null("customer", p.customer)
         .str_or_null("description", p.description)
+        .raw("last_payment_error", last_error)
         .str_or_null("latest_charge", p.latest_charge)
         .boolean("livemode", false)
         .raw("metadata", meta_json(p.metadata))
+        .raw("next_action", next_action)
         .str_or_null("payment_method", p.payment_method)
         .str("status", p.status)
         .done();
@@ -105,12 +120,13 @@ std::string error_body(std::string_view type, std::string_view code, std::string
     e.str("message", message);
     if (!param.empty()) e.str("param", param);
     std::string inner = e.done();
-    if (!extra_fields.empty()) inner = inner.substr(0, inner.size() - 1) + "," + std::string(extra_fields) + "}";
+    if (!extra_fields.empty())
+        inner = inner.substr(0, inner.size() - 1) + "," + std::string(extra_fields) + "}";
     return json_obj().raw("error", inner).done();
 }
 
-http::response error_response(int status, std::string_view type, std::string_view code, std::string_view message,
-                              std::string_view param = {}) {
+http::response error_response(int status, std::string_view type, std::string_view code,
+                              std::string_view message, std::string_view param = {}) {
     return json_response(status, error_body(type, code, message, param));
 }
 
@@ -138,32 +154,42 @@ std::optional<http::response> validate_common(const params& p, const std::vector
     for (const auto& [k, v] : p) {
         auto top = k.substr(0, k.find('['));
         if (std::find(allowed.begin(), allowed.end(), top) == allowed.end())
-            return error_response(400, "invalid_request_error", "parameter_unknown", "Received unknown parameter: " + k, k);
+            return error_response(400, "invalid_request_error", "parameter_unknown",
+                                  "Received unknown parameter: " + k, k);
     }
     auto amount = to_int(param(p, "amount"));
-    if (!p.count("amount")) return error_response(400, "invalid_request_error", "parameter_missing", "Missing required param: amount.", "amount");
+    if (!p.count("amount"))
+        return error_response(400, "invalid_request_error", "parameter_missing",
+                              "Missing required param: amount.", "amount");
     if (!amount || *amount <= 0 || *amount > 99999999)
-        return error_response(400, "invalid_request_error", "amount_too_small", "Invalid positive integer", "amount");
+        return error_response(400, "invalid_request_error", "amount_too_small", "Invalid positive integer",
+                              "amount");
     auto cur = param(p, "currency");
     if (cur.size() != 3 || !std::all_of(cur.begin(), cur.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
-        return error_response(400, "invalid_request_error", "parameter_invalid", "Invalid currency: " + cur, "currency");
+        return error_response(400, "invalid_request_error", "parameter_invalid", "Invalid currency: " + cur,
+                              "currency");
     if (!param(p, "customer").starts_with("cus_"))
-        return error_response(400, "invalid_request_error", "resource_missing", "No such customer: '" + param(p, "customer") + "'", "customer");
+        return error_response(400, "invalid_request_error", "resource_missing",
+                              "No such customer: '" + param(p, "customer") + "'", "customer");
     auto meta = metadata_of(p);
-    if (meta.size() > 50) return error_response(400, "invalid_request_error", "parameter_invalid", "Metadata can have at most 50 keys", "metadata");
+    if (meta.size() > 50)
+        return error_response(400, "invalid_request_error", "parameter_invalid",
+                              "Metadata can have at most 50 keys", "metadata");
     for (const auto& [k, v] : meta) {
         if (k.empty() || k.size() > 40 || k.find_first_of("[]") != std::string::npos)
-            return error_response(400, "invalid_request_error", "parameter_invalid", "Invalid metadata key: " + k, "metadata");
+            return error_response(400, "invalid_request_error", "parameter_invalid",
+                                  "Invalid metadata key: " + k, "metadata");
         if (v.size() > 500)
-            return error_response(400, "invalid_request_error", "parameter_invalid", "Metadata values can have up to 500 characters", "metadata[" + k + "]");
+            return error_response(400, "invalid_request_error", "parameter_invalid",
+                                  "Metadata values can have up to 500 characters", "metadata[" + k + "]");
     }
     return std::nullopt;
 }
 
 std::optional<http::response> validate(const std::string& path, const params& p) {
     if (path == "/v1/charges")
-        return validate_common(p, {"amount", "currency", "customer", "description", "metadata", "expand", "capture",
-                                   "statement_descriptor", "receipt_email", "source"});
+        return validate_common(p, {"amount", "currency", "customer", "description", "metadata", "expand",
+                                   "capture", "statement_descriptor", "receipt_email", "source"});
     if (path == "/v1/payment_intents") {
         auto bad = validate_common(p, {"amount", "currency", "customer", "description", "metadata", "expand",
                                        "payment_method", "confirm", "off_session", "payment_method_types"});
@@ -173,10 +199,12 @@ std::optional<http::response> validate(const std::string& path, const params& p)
                                   "off_session can only be used when confirm=true", "off_session");
         if (param(p, "confirm") == "true" && param(p, "payment_method").empty())
             return error_response(400, "invalid_request_error", "parameter_missing",
-                                  "A payment method is required to confirm this PaymentIntent", "payment_method");
+                                  "A payment method is required to confirm this PaymentIntent",
+                                  "payment_method");
         return std::nullopt;
     }
-    return error_response(404, "invalid_request_error", "resource_missing", "Unrecognized request URL (POST: " + path + ")");
+    return error_response(404, "invalid_request_error", "resource_missing",
+                          "Unrecognized request URL (POST: " + path + ")");
 }
 
 std::string fingerprint(const std::string& path, const params& p) {
@@ -190,6 +218,41 @@ int qint(const http::request& req, std::string_view key, int dflt) {
     if (!v) return dflt;
     auto n = to_int(*v);
     return n ? static_cast<int>(*n) : dflt;
+}
+
+// GET /v1/charges or /v1/payment_intents: customer and created[gte] filters, newest first, limit 1..100,
+// starting_after an id of the list (400 resource_missing otherwise), has_more.
+template <typename Rec, typename Json>
+http::response list(const http::request& req, const std::vector<Rec>& recs, Json to_json) {
+    auto customer = http::query_param(req.query(), "customer");
+    auto gte = http::query_param(req.query(), "created[gte]");
+    std::int64_t since = gte ? to_int(*gte).value_or(0) : 0;
+    int limit = std::clamp(qint(req, "limit", 10), 1, 100);
+    auto after = http::query_param(req.query(), "starting_after").value_or("");
+    std::vector<const Rec*> all;
+    for (auto it = recs.rbegin(); it != recs.rend(); ++it)  // newest first
+        if ((!customer || it->customer == *customer) && it->created >= since) all.push_back(&*it);
+    std::size_t start = 0;
+    if (!after.empty()) {
+        auto pos = std::find_if(all.begin(), all.end(), [&](const Rec* c) { return c->id == after; });
+        if (pos == all.end())
+            return error_response(400, "invalid_request_error", "resource_missing",
+                                  "No such object: '" + std::string(after) + "'", "starting_after");
+        start = static_cast<std::size_t>(pos - all.begin()) + 1;
+    }
+    std::string data = "[";
+    std::size_t end = std::min(all.size(), start + static_cast<std::size_t>(limit));
+    for (std::size_t i = start; i < end; ++i) {
+        if (i > start) data += ',';
+        data += to_json(*all[i]);
+    }
+    data += "]";
+    return json_response(200, json_obj()
+                                  .str("object", "list")
+                                  .raw("data", data)
+                                  .boolean("has_more", end < all.size())
+                                  .str("url", req.path())
+                                  .done());
 }
 
 }  // namespace
@@ -209,11 +272,23 @@ fake_stripe::fake_stripe(asio::any_io_executor ex, std::shared_ptr<asio::ssl::co
 
 fake_stripe::~fake_stripe() = default;
 
-result<net::tcp::endpoint> fake_stripe::listen(const net::host_port& where) { return server_->listen(where); }
-void fake_stripe::start() { server_->start(); }
-void fake_stripe::stop() { server_->stop(); }
+result<net::tcp::endpoint> fake_stripe::listen(const net::host_port& where) {
+    return server_->listen(where);
+}
+void fake_stripe::start() {
+    server_->start();
+}
+void fake_stripe::stop() {
+    server_->stop();
+}
 
-void fake_stripe::decline(std::string customer, decline_rule rule) { declines_[std::move(customer)] = std::move(rule); }
+void fake_stripe::set_limits(const limits& l) {
+    limiter_.set(l, std::chrono::steady_clock::now());
+}
+
+void fake_stripe::decline(std::string customer, decline_rule rule) {
+    declines_[std::move(customer)] = std::move(rule);
+}
 
 std::int64_t fake_stripe::now() const {
     auto t = std::chrono::system_clock::now() + clock_offset_;
@@ -246,7 +321,8 @@ std::string fake_stripe::new_id(const char* prefix) {
 
 asio::awaitable<void> fake_stripe::delay(bool stall_ok) {
     int ms = faults_.latency_ms;
-    if (faults_.latency_jitter_ms > 0) ms += std::uniform_int_distribution<int>(0, faults_.latency_jitter_ms)(rng_);
+    if (faults_.latency_jitter_ms > 0)
+        ms += std::uniform_int_distribution<int>(0, faults_.latency_jitter_ms)(rng_);
     if (stall_ok && faults_.stall_count > 0) {
         --faults_.stall_count;
         ms += faults_.stall_ms;
@@ -259,14 +335,30 @@ asio::awaitable<http::response> fake_stripe::api(http::request& req) {
     std::string rid = "req_" + std::to_string(++next_req_);
     struct active_guard {
         fake_stripe* f;
-        explicit active_guard(fake_stripe* x) : f(x) { f->max_active_ = std::max(f->max_active_, ++f->active_); }
+        explicit active_guard(fake_stripe* x) : f(x) {
+            f->max_active_ = std::max(f->max_active_, ++f->active_);
+        }
         ~active_guard() { --f->active_; }
     } guard(this);
 
     http::response resp;
     auto auth = req.headers.get("Authorization").value_or("");
+    limiter::verdict admitted = limiter::verdict::ok;
+    if (auth.starts_with("Bearer sk_") || auth.starts_with("Bearer rk_"))
+        admitted = limiter_.admit(limiter::endpoint_of(req.method, req.path()),
+                                  std::chrono::steady_clock::now(), active_ - 1);
     if (!auth.starts_with("Bearer sk_") && !auth.starts_with("Bearer rk_")) {
         resp = error_response(401, "invalid_request_error", "", "Invalid API Key provided.");
+    } else if (admitted != limiter::verdict::ok) {
+        // Rate limiting runs before idempotency: nothing is saved, the same key may be sent again.
+        resp = error_response(
+            429, "invalid_request_error", "rate_limit",
+            admitted == limiter::verdict::rate_limited
+                ? "Request rate limit exceeded. You can learn more about rate limits here "
+                  "https://stripe.com/docs/rate-limits."
+                : "Request concurrency limit exceeded. You can learn more about rate limits here "
+                  "https://stripe.com/docs/rate-limits.");
+        resp.headers.add("Stripe-Should-Retry", "true");
     } else if (req.method == "POST") {
         resp = co_await post(req, rid);
     } else {
@@ -281,11 +373,13 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     std::string key(req.headers.get("Idempotency-Key").value_or(""));
     if (!key.empty()) ++posts_[key];
     if (key.size() > 255)
-        co_return error_response(400, "invalid_request_error", "", "Idempotency-Key must be at most 255 characters");
+        co_return error_response(400, "invalid_request_error", "",
+                                 "Idempotency-Key must be at most 255 characters");
     // Rate limiting runs before idempotency: nothing is saved.
     if (faults_.rate_limit > 0) {
         --faults_.rate_limit;
-        auto r = error_response(429, "invalid_request_error", "rate_limit", "Too many requests hit the API too quickly.");
+        auto r = error_response(429, "invalid_request_error", "rate_limit",
+                                "Too many requests hit the API too quickly.");
         r.headers.add("Stripe-Should-Retry", "true");
         co_return r;
     }
@@ -303,15 +397,18 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
         }
         if (it != idem_.end()) {
             if (it->second.fingerprint != fp)
-                co_return error_response(400, "idempotency_error", "",
-                                         "Keys for idempotent requests can only be used with the same parameters they "
-                                         "were first used with. Try using a key other than '" + key +
-                                             "' if you meant to execute a different request.");
+                co_return error_response(
+                    400, "idempotency_error", "",
+                    "Keys for idempotent requests can only be used with the same parameters they "
+                    "were first used with. Try using a key other than '" +
+                        key + "' if you meant to execute a different request.");
             if (it->second.executing) {
-                auto r = error_response(409, "idempotency_error", "idempotency_key_in_use",
-                                        "There is currently another in-progress request using this Idempotent Key "
-                                        "(that probably means you submitted twice, and the other request is still "
-                                        "going through): " + key + ". Please try again later.");
+                auto r =
+                    error_response(409, "idempotency_error", "idempotency_key_in_use",
+                                   "There is currently another in-progress request using this Idempotent Key "
+                                   "(that probably means you submitted twice, and the other request is still "
+                                   "going through): " +
+                                       key + ". Please try again later.");
                 r.headers.add("Stripe-Should-Retry", "true");
                 co_return r;
             }
@@ -323,8 +420,9 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
         }
         if (faults_.in_use > 0) {
             --faults_.in_use;
-            auto r = error_response(409, "idempotency_error", "idempotency_key_in_use",
-                                    "There is currently another in-progress request using this Idempotent Key.");
+            auto r =
+                error_response(409, "idempotency_error", "idempotency_key_in_use",
+                               "There is currently another in-progress request using this Idempotent Key.");
             r.headers.add("Stripe-Should-Retry", "true");
             co_return r;
         }
@@ -350,7 +448,8 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     if (drop) --faults_.drop_after_create;
     if (!key.empty()) {
         // Saved once the endpoint executed, success or failure, 500s included. (reset() may have run.)
-        if (auto it = idem_.find(key); it != idem_.end() && it->second.executing && it->second.request_id == rid) {
+        if (auto it = idem_.find(key);
+            it != idem_.end() && it->second.executing && it->second.request_id == rid) {
             it->second.executing = false;
             it->second.status = status;
             it->second.body = body;
@@ -414,10 +513,19 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
     }
     auto d = declines_.find(pi.customer);
     const decline_rule* rule = d == declines_.end() ? nullptr : &d->second;
+    if (rule && rule->code == "authentication_required" && param(p, "off_session") != "true") {
+        // On-session: the customer is there to authenticate. No charge until they do.
+        pi.status = "requires_action";
+        status = 200;
+        body = intent_json(pi);
+        intents_.push_back(std::move(pi));
+        return;
+    }
     auto& c = new_charge(p, rule);
     c.payment_intent = pi.id;
     pi.latest_charge = c.id;
     pi.status = rule ? "requires_payment_method" : "succeeded";
+    if (rule) pi.last_error_code = rule->code;
     if (!rule) {
         status = 200;
         body = intent_json(pi);
@@ -435,43 +543,21 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
 
 http::response fake_stripe::get(const http::request& req) {
     std::string path(req.path());
-    if (path == "/v1/charges") {
-        auto customer = http::query_param(req.query(), "customer");
-        auto gte = http::query_param(req.query(), "created[gte]");
-        std::int64_t since = gte ? to_int(*gte).value_or(0) : 0;
-        int limit = std::clamp(qint(req, "limit", 10), 1, 100);
-        auto after = http::query_param(req.query(), "starting_after").value_or("");
-        std::vector<const charge_rec*> all;
-        for (auto it = charges_.rbegin(); it != charges_.rend(); ++it)  // newest first
-            if ((!customer || it->customer == *customer) && it->created >= since) all.push_back(&*it);
-        std::size_t start = 0;
-        if (!after.empty()) {
-            auto pos = std::find_if(all.begin(), all.end(), [&](const charge_rec* c) { return c->id == after; });
-            if (pos == all.end())
-                return error_response(400, "invalid_request_error", "resource_missing", "No such charge: '" + after + "'", "starting_after");
-            start = static_cast<std::size_t>(pos - all.begin()) + 1;
-        }
-        std::string data = "[";
-        std::size_t end = std::min(all.size(), start + static_cast<std::size_t>(limit));
-        for (std::size_t i = start; i < end; ++i) {
-            if (i > start) data += ',';
-            data += charge_json(*all[i]);
-        }
-        data += "]";
-        return json_response(200, json_obj().str("object", "list").raw("data", data).boolean("has_more", end < all.size())
-                                      .str("url", "/v1/charges").done());
-    }
+    if (path == "/v1/charges") return list(req, charges_, charge_json);
+    if (path == "/v1/payment_intents") return list(req, intents_, intent_json);
     if (path.starts_with("/v1/charges/")) {
         auto id = path.substr(12);
         for (const auto& c : charges_)
             if (c.id == id) return json_response(200, charge_json(c));
-        return error_response(404, "invalid_request_error", "resource_missing", "No such charge: '" + id + "'", "id");
+        return error_response(404, "invalid_request_error", "resource_missing",
+                              "No such charge: '" + id + "'", "id");
     }
     if (path.starts_with("/v1/payment_intents/")) {
         auto id = path.substr(20);
         for (const auto& p : intents_)
             if (p.id == id) return json_response(200, intent_json(p));
-        return error_response(404, "invalid_request_error", "resource_missing", "No such payment_intent: '" + id + "'", "intent");
+        return error_response(404, "invalid_request_error", "resource_missing",
+                              "No such payment_intent: '" + id + "'", "intent");
     }
     return error_response(404, "invalid_request_error", "", "Unrecognized request URL (GET: " + path + ")");
 }
@@ -486,7 +572,10 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
     if (path == "/_admin/charges") {
         std::string data = "[";
         for (std::size_t i = 0; i < charges_.size(); ++i) data += (i ? "," : "") + charge_json(charges_[i]);
-        co_return json_response(200, json_obj().raw("data", data + "]").num("count", static_cast<std::int64_t>(charges_.size())).done());
+        co_return json_response(200, json_obj()
+                                         .raw("data", data + "]")
+                                         .num("count", static_cast<std::int64_t>(charges_.size()))
+                                         .done());
     }
     if (path == "/_admin/posts") {
         auto key = http::query_param(req.query(), "key").value_or("");
@@ -502,6 +591,29 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         num("rate_limit", faults_.rate_limit);
         num("in_use", faults_.in_use);
         co_return json_response(200, "{}");
+    }
+    if (path == "/_admin/limits" && req.method == "POST") {
+        limits l = limiter_.get();
+        auto real = [&](const char* k, double& field) {
+            if (auto v = p.find(k); v != p.end()) field = std::strtod(v->second.c_str(), nullptr);
+        };
+        real("global_rps", l.global_rps);
+        real("endpoint_rps", l.endpoint_rps);
+        real("burst_s", l.burst_s);
+        num("max_concurrent", l.max_concurrent);
+        set_limits(l);
+        co_return json_response(200, "{}");
+    }
+    if (path == "/_admin/stats") {
+        co_return json_response(
+            200, json_obj()
+                     .num("requests", static_cast<std::int64_t>(requests_))
+                     .num("rate_limited", static_cast<std::int64_t>(limiter_.rate_limited()))
+                     .num("concurrency_limited", static_cast<std::int64_t>(limiter_.too_concurrent()))
+                     .num("max_concurrent", max_active_)
+                     .num("charges", static_cast<std::int64_t>(charges_.size()))
+                     .num("intents", static_cast<std::int64_t>(intents_.size()))
+                     .done());
     }
     if (path == "/_admin/clock" && req.method == "POST") {
         if (auto v = to_int(param(p, "advance_s"))) advance_clock(std::chrono::seconds(*v));

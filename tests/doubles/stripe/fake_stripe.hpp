@@ -2,6 +2,9 @@
 // charges and PaymentIntents with metadata, list/retrieve, idempotency (24 h window on a movable clock,
 // replay with Idempotent-Replayed, 400 idempotency_error on a parameter mismatch, 409 while the same key
 // executes; 429 and validation 400s not saved; 500s saved), declines per customer, and fault injection.
+// PaymentIntents confirmed off-session fail with 402 (the intent back to requires_payment_method, its failed
+// charge, last_payment_error); confirmed on-session against an authentication_required rule they stop at
+// 200 requires_action without a charge, as Stripe's 3-D Secure cards do.
 //
 // Everything runs on the executor given to the constructor; the accessors below must be called there
 // too (tests run the fake on their own io_context thread and read state between co_awaits).
@@ -21,6 +24,7 @@
 #include "core/result.hpp"
 #include "http/server.hpp"
 #include "net/address.hpp"
+#include "tests/doubles/stripe/limiter.hpp"
 
 namespace cg::fake {
 
@@ -54,12 +58,13 @@ struct intent_rec {
     std::string id;
     std::int64_t amount = 0;
     std::string currency, customer, description, status, payment_method, latest_charge;
+    std::string last_error_code;  // last_payment_error.code after a failed confirm
     std::int64_t created = 0;
     std::vector<std::pair<std::string, std::string>> metadata;
 };
 
 class fake_stripe {
-public:
+  public:
     fake_stripe(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls, logger log,
                 std::size_t max_connections = 2048);
     ~fake_stripe();
@@ -69,8 +74,14 @@ public:
     void stop();
 
     // Test hooks (same as the /_admin endpoints). Call on the fake's executor.
-    struct faults& faults() noexcept { return faults_; }
+    struct faults& faults() noexcept {
+        return faults_;
+    }
     void decline(std::string customer, decline_rule rule = {});
+    // Stripe's rate and concurrency limits (off by default): refused requests get 429 rate_limit with
+    // Stripe-Should-Retry: true, before idempotency (nothing saved). Same as POST /_admin/limits.
+    void set_limits(const limits& l);
+    const fake::limiter& limiter() const noexcept { return limiter_; }
     void advance_clock(std::chrono::seconds by) noexcept { clock_offset_ += by; }
     std::int64_t now() const;  // unix seconds on the fake clock
     const std::vector<charge_rec>& charges() const noexcept { return charges_; }
@@ -91,7 +102,7 @@ public:
     };
     struct call;
 
-private:
+  private:
     friend struct call;
     asio::awaitable<http::response> api(http::request& req);
     asio::awaitable<http::response> admin(http::request& req);
@@ -99,8 +110,10 @@ private:
     asio::awaitable<http::response> post(http::request& req, std::string request_id);
     http::response get(const http::request& req);
     // Creating endpoints: fill status + body; `created` tells whether an object came to exist.
-    void create_charge(const std::map<std::string, std::string>& p, int& status, std::string& body, bool& created);
-    void create_intent(const std::map<std::string, std::string>& p, int& status, std::string& body, bool& created);
+    void create_charge(const std::map<std::string, std::string>& p, int& status, std::string& body,
+                       bool& created);
+    void create_intent(const std::map<std::string, std::string>& p, int& status, std::string& body,
+                       bool& created);
     charge_rec& new_charge(const std::map<std::string, std::string>& p, const decline_rule* declined);
     std::string new_id(const char* prefix);
 
@@ -108,6 +121,7 @@ private:
     std::unique_ptr<http::server> server_;
     logger log_;
     struct faults faults_;
+    fake::limiter limiter_;
     std::map<std::string, decline_rule> declines_;
     std::vector<charge_rec> charges_;
     std::vector<intent_rec> intents_;

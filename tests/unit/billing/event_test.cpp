@@ -1,12 +1,13 @@
-#include <boost/test/unit_test.hpp>
-
 #include "billing/event.hpp"
+
+#include <boost/test/unit_test.hpp>
 
 using namespace cg::billing;
 
 namespace {
-const char* good = R"({"customer_id":"acme-42","billing_period":"2026-11","amount_cents":1999,"currency":"USD",)"
-                   R"("stripe_customer_id":"cus_ABC123","description":"November","extra":{"ignored":[1,2]}})";
+const char* good =
+    R"({"customer_id":"acme-42","billing_period":"2026-11","amount_cents":1999,"currency":"USD",)"
+    R"("stripe_customer_id":"cus_ABC123","description":"November","extra":{"ignored":[1,2]}})";
 }
 
 BOOST_AUTO_TEST_CASE(parses_a_valid_event) {
@@ -26,7 +27,8 @@ BOOST_AUTO_TEST_CASE(rejects_bad_events_with_a_reason) {
         event_errc code;
         std::string reason;
     };
-    const std::string base = R"("customer_id":"c1","billing_period":"2026-11","currency":"usd","stripe_customer_id":"cus_1")";
+    const std::string base =
+        R"("customer_id":"c1","billing_period":"2026-11","currency":"usd","stripe_customer_id":"cus_1")";
     std::vector<row> rows{
         {"", event_errc::not_json, ""},
         {"not json", event_errc::not_json, ""},
@@ -54,6 +56,50 @@ BOOST_AUTO_TEST_CASE(rejects_bad_events_with_a_reason) {
             BOOST_REQUIRE(!e.has_value());
             BOOST_TEST((e.code() == r.code));
             BOOST_TEST(e.err().describe().find(r.reason) != std::string::npos);
+        }
+    }
+}
+
+// PaymentIntents per event: payment_method selects the PaymentIntent path; off_session defaults to true.
+BOOST_AUTO_TEST_CASE(payment_method_and_off_session) {
+    const std::string base =
+        R"("customer_id":"c1","billing_period":"2026-11","amount_cents":100,"currency":"usd",)"
+        R"("stripe_customer_id":"cus_1")";
+    auto plain = parse_event("{" + base + "}");
+    BOOST_REQUIRE(plain.has_value());
+    BOOST_TEST(!plain->uses_payment_intent());
+
+    auto pi = parse_event("{" + base + R"(,"payment_method":"pm_card_visa"})");
+    BOOST_REQUIRE_MESSAGE(pi.has_value(), (pi ? "" : pi.err().describe()));
+    BOOST_TEST(pi->uses_payment_intent());
+    BOOST_TEST(pi->payment_method == "pm_card_visa");
+    BOOST_TEST(pi->off_session);  // default: a billing run has no customer at hand
+
+    auto on = parse_event("{" + base + R"(,"payment_method":"card_1ABC","off_session":false})");
+    BOOST_REQUIRE(on.has_value());
+    BOOST_TEST(!on->off_session);
+    auto explicit_true = parse_event("{" + base + R"(,"off_session":true,"payment_method":"src_9"})");
+    BOOST_REQUIRE(explicit_true.has_value());
+    BOOST_TEST(explicit_true->off_session);
+
+    struct row {
+        std::string extra;
+        std::string reason;
+    };
+    std::vector<row> bad{
+        {R"("payment_method":"tok_visa")", "payment_method"},
+        {R"("payment_method":"pm_a b")", "payment_method"},
+        {R"("payment_method":"pm_)" + std::string(300, 'x') + "\"", "payment_method"},
+        {R"("payment_method":42)", "payment_method"},
+        {R"("payment_method":"pm_1","off_session":"yes")", "off_session"},
+        {R"("off_session":true)", "off_session: only with payment_method"},
+    };
+    for (const auto& r : bad) {
+        auto e = parse_event("{" + base + "," + r.extra + "}");
+        BOOST_TEST_CONTEXT(r.extra) {
+            BOOST_REQUIRE(!e.has_value());
+            BOOST_TEST((e.code() == event_errc::bad_field));
+            BOOST_TEST(e.err().message.find(r.reason) != std::string::npos, e.err().message);
         }
     }
 }

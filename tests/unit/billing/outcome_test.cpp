@@ -67,6 +67,65 @@ BOOST_AUTO_TEST_CASE(charge_request_carries_base_key_metadata_and_generation_key
                base);  // still the base
 }
 
+// An event with a payment_method becomes a confirmed PaymentIntent (off_session as the event says) with the
+// same key and metadata a charge would carry; without one, a charge.
+BOOST_AUTO_TEST_CASE(event_becomes_intent_or_charge_request) {
+    billing_event e;
+    e.customer_id = "acme";
+    e.billing_period = "2026-12";
+    e.amount_cents = 2500;
+    e.currency = "eur";
+    e.stripe_customer_id = "cus_2";
+    auto base = base_key("ns", "acme", "2026-12");
+    BOOST_TEST(std::holds_alternative<cg::stripe::charge_request>(build_request(e, base, 1)));
+
+    e.payment_method = "pm_card_visa";
+    auto req = build_request(e, base, 2);
+    BOOST_REQUIRE(std::holds_alternative<cg::stripe::payment_intent_request>(req));
+    const auto& pi = std::get<cg::stripe::payment_intent_request>(req);
+    BOOST_TEST(pi.payment_method == "pm_card_visa");
+    BOOST_TEST(pi.confirm);
+    BOOST_TEST(pi.off_session);
+    BOOST_TEST(pi.amount == 2500);
+    BOOST_TEST(pi.currency == "eur");
+    BOOST_TEST(pi.customer == "cus_2");
+    BOOST_TEST(pi.idempotency_key == base + "-g2");
+    BOOST_TEST(cg::stripe::metadata_value(pi.metadata, "billing_key").value_or("") == base);
+    BOOST_TEST(cg::stripe::metadata_value(pi.metadata, "customer_id").value_or("") == "acme");
+    BOOST_TEST(cg::stripe::metadata_value(pi.metadata, "billing_period").value_or("") == "2026-12");
+    e.off_session = false;
+    BOOST_TEST(!build_intent_request(e, base, 1).off_session);
+}
+
+// A PaymentIntent found by the recovery search, by status.
+BOOST_AUTO_TEST_CASE(found_intent_step_table) {
+    struct row {
+        std::string status;
+        std::string latest_charge;
+        found_intent_step want;
+    };
+    const row rows[] = {
+        {"succeeded", "ch_1", found_intent_step::mark_charged},
+        {"processing", "ch_1", found_intent_step::mark_charged},
+        {"requires_capture", "ch_1", found_intent_step::mark_charged},
+        {"succeeded", "", found_intent_step::still_open},
+        {"processing", "", found_intent_step::still_open},
+        {"requires_payment_method", "ch_1", found_intent_step::mark_declined},
+        {"requires_action", "", found_intent_step::mark_declined},
+        {"requires_confirmation", "", found_intent_step::mark_declined},
+        {"canceled", "", found_intent_step::mark_declined},
+    };
+    for (const auto& r : rows) {
+        cg::stripe::payment_intent pi;
+        pi.id = "pi_1";
+        pi.status = r.status;
+        pi.latest_charge = r.latest_charge;
+        BOOST_TEST_CONTEXT(r.status << " charge=" << r.latest_charge) {
+            BOOST_TEST((step_for_found_intent(pi) == r.want));
+        }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(verdict_reasons_are_distinct_metric_labels) {
     std::set<std::string> seen;
     for (std::size_t i = 0; i < verdict_reason_count; ++i) {

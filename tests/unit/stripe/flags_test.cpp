@@ -33,9 +33,12 @@ BOOST_AUTO_TEST_CASE(flags_parse_into_config) {
     add_stripe_flags(app, f);
     std::string path = "/tmp/cg-stripe-key2-" + std::to_string(::getpid());
     std::ofstream(path) << "rk_test_restricted";
-    std::vector<std::string> args = {"--stripe-retry-max", "0.2", "--stripe-retry-initial", "0.05",
-                                     "--stripe-max-retries", "4", "--stripe-key-file", path,
-                                     "--stripe-api-base", "https://127.0.0.1:8443", "--stripe-request-timeout", "0.1"};
+    std::vector<std::string> args = {"--stripe-retry-max",       "0.2",
+                                     "--stripe-retry-initial",   "0.05",
+                                     "--stripe-max-retries",     "4",
+                                     "--stripe-key-file",        path,
+                                     "--stripe-api-base",        "https://127.0.0.1:8443",
+                                     "--stripe-request-timeout", "0.1"};
     std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
     app.parse(args);
     auto c = to_stripe_config(f);
@@ -46,6 +49,44 @@ BOOST_AUTO_TEST_CASE(flags_parse_into_config) {
     BOOST_TEST(c.retry.initial_delay.count() == 50);
     BOOST_TEST(c.retry.max_delay.count() == 200);
     BOOST_TEST(c.request_timeout.count() == 100);
+}
+
+BOOST_AUTO_TEST_CASE(rate_control_flags) {
+    CLI::App app;
+    stripe_flags f;
+    add_stripe_flags(app, f);
+    app.parse(std::vector<std::string>{});
+    ::setenv("STRIPE_API_KEY", "sk_test_env", 1);
+    auto d = to_stripe_config(f);
+    BOOST_TEST(d.rate.max_rps == 0.0);  // no ceiling by default
+    BOOST_TEST(d.rate.adaptive);        // AIMD on by default
+    BOOST_TEST(d.rate.decrease_factor == 0.7);
+    BOOST_TEST(d.retry.max_rate_limited_retries == 8u);
+
+    CLI::App app2;
+    stripe_flags g;
+    add_stripe_flags(app2, g);
+    std::vector<std::string> args = {"--stripe-max-rps",       "30",  "--stripe-adaptive-rate", "false",
+                                     "--stripe-rate-increase", "1.5", "--stripe-rate-decrease", "0.5",
+                                     "--stripe-rate-min",      "2"};
+    std::reverse(args.begin(), args.end());
+    app2.parse(args);
+    auto c = to_stripe_config(g);
+    BOOST_TEST(c.rate.max_rps == 30.0);
+    BOOST_TEST(!c.rate.adaptive);
+    BOOST_TEST(c.rate.increase_rps_per_s == 1.5);
+    BOOST_TEST(c.rate.decrease_factor == 0.5);
+    BOOST_TEST(c.rate.min_rps == 2.0);
+
+    CLI::App app3;
+    stripe_flags h;
+    add_stripe_flags(app3, h);
+    std::vector<std::string> bad = {"1.5", "--stripe-rate-decrease"};  // reversed
+    BOOST_CHECK_THROW(app3.parse(bad), CLI::ValidationError);
+    h.max_rps = 5;
+    h.rate_min = 10;
+    BOOST_CHECK_THROW(to_stripe_config(h), CLI::ValidationError);
+    ::unsetenv("STRIPE_API_KEY");
 }
 
 BOOST_AUTO_TEST_CASE(bad_base_is_a_validation_error) {

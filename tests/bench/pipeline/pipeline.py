@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""Pipeline benchmark (issue 12): real processes end to end — the built `chargeguard consume`, fake-nsqd (or
+the real nsqd when NSQD_BIN is set), fake-stripe over TLS, PostgreSQL from PG* — and the figures they give:
+charges/s, publish → charged latency, event-loop lag p99 (from /metrics), CPU-s per 1000 charges, peak RSS,
+nsqd-side timeouts under a 120 s Stripe stall, and 3 sidecars sharing a 25/s Stripe endpoint limit.
+
+Usage: pipeline [--quick] [--only throughput|stall|sidecars] [--build DIR]
+Built into build/tests/bench/pipeline/pipeline; not run by meson test. Prints one table row per run.
+"""
+import argparse, json, os, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def psql(sql, db=None):
+    env = dict(os.environ)
+    if db:
+        env["PGDATABASE"] = db
+    out = subprocess.run(["psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql], env=env,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"psql: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+class stack:
+    """One run's processes; everything is killed and removed on exit."""
+
+    def __init__(self, build, name):
+        self.build, self.name, self.procs = build, name, []
+        self.tmp = tempfile.mkdtemp(prefix="cg-bench-")
+        self.db = f"cg_bench_{name}_{os.getpid()}"
+        psql(f"DROP DATABASE IF EXISTS {self.db}")
+        psql(f"CREATE DATABASE {self.db}")
+        self.certs = os.path.join(build, "tests/unit/http/client")
+        self.ctx = ssl.create_default_context(cafile=os.path.join(self.certs, "ca.pem"))
+
+    def spawn(self, argv, env=None, log=None):
+        out = open(os.path.join(self.tmp, (log or os.path.basename(argv[0])) + ".log"), "wb")
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE if log is None else out, stderr=out, env=env)
+        self.procs.append(p)
+        return p
+
+    def fake_stripe(self, latency_ms, extra=()):
+        p = self.spawn([os.path.join(self.build, "tests/doubles/stripe/fake-stripe"), "--listen", "127.0.0.1:0",
+                        "--cert", os.path.join(self.certs, "server.pem"), "--key", os.path.join(self.certs, "server.key"),
+                        "--latency-ms", str(latency_ms), *extra])
+        line = p.stdout.readline().decode()
+        self.stripe_port = int(line.rsplit(":", 1)[1])
+        return p
+
+    def stripe_admin(self, path, form=None):
+        data = None if form is None else "&".join(f"{k}={v}" for k, v in form.items()).encode()
+        with urllib.request.urlopen(f"https://127.0.0.1:{self.stripe_port}{path}", data=data, context=self.ctx) as r:
+            return json.loads(r.read())
+
+    def nsqd(self, msg_timeout_s=60):
+        self.nsq_tcp, self.nsq_http = free_port(), free_port()
+        if os.environ.get("NSQD_BIN"):
+            data = os.path.join(self.tmp, "nsqd-data")
+            os.makedirs(data)
+            self.spawn([os.environ["NSQD_BIN"], "--tcp-address", f"127.0.0.1:{self.nsq_tcp}", "--http-address",
+                        f"127.0.0.1:{self.nsq_http}", "--data-path", data, "--msg-timeout", f"{msg_timeout_s}s",
+                        "--max-rdy-count", "2500", "--mem-queue-size", "100000"], log="nsqd")
+            self.nsq_kind = "nsqd 1.3.0"
+        else:
+            self.spawn([os.path.join(self.build, "tests/doubles/nsq/fake-nsqd"), "--tcp-address",
+                        f"127.0.0.1:{self.nsq_tcp}", "--http-address", f"127.0.0.1:{self.nsq_http}",
+                        "--msg-timeout-ms", str(msg_timeout_s * 1000)], log="fake-nsqd")
+            self.nsq_kind = "fake-nsqd"
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{self.nsq_http}/ping"), 10, "nsqd")
+
+    def consume(self, idx, args):
+        health = free_port()
+        env = dict(os.environ, STRIPE_API_KEY="sk_test_bench", PGDATABASE=self.db, CHARGEGUARD_LOG_LEVEL="warn")
+        argv = [os.path.join(self.build, "src/app/chargeguard"), "consume", "--topic", "billing", "--channel",
+                "chargeguard", "--nsqd-tcp-address", f"127.0.0.1:{self.nsq_tcp}", "--migrate",
+                "--stripe-api-base", f"https://127.0.0.1:{self.stripe_port}", "--stripe-ca-file",
+                os.path.join(self.certs, "ca.pem"), "--health-listen", f"127.0.0.1:{health}",
+                "--key-namespace", "bench", "--pg-pool-size", "16",
+                *args]
+        p = self.spawn(argv, env=env, log=f"consume-{idx}")
+        p.health = health
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{health}/readyz"), 30, f"consume {idx} ready")
+        return p
+
+    def publish(self, events):
+        """MPUB in batches; returns {customer_id: publish time}."""
+        sent = {}
+        for i in range(0, len(events), 1000):
+            batch = events[i:i + 1000]
+            t = time.time()
+            body = "\n".join(json.dumps(e) for e in batch).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{self.nsq_http}/mpub?topic=billing", data=body)
+            urllib.request.urlopen(req).read()
+            for e in batch:
+                sent[e["customer_id"]] = t
+        return sent
+
+    def channel_stats(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.nsq_http}/stats?format=json&topic=billing") as r:
+            st = json.loads(r.read())
+        for t in st.get("topics", []):
+            for c in t.get("channels", []):
+                if c["channel_name"] == "chargeguard":
+                    return c
+        return {}
+
+    def charged(self):
+        return int(psql("SELECT count(*) FROM billing_records WHERE status = 'charged'", self.db) or 0)
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        try:
+            psql(f"DROP DATABASE IF EXISTS {self.db}")
+        except RuntimeError:
+            pass
+        if os.environ.get("CG_BENCH_KEEP"):
+            print(f"  (logs kept in {self.tmp})")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def http_ok(url):
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def wait_for(cond, seconds, what):
+    end = time.time() + seconds
+    while time.time() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def wait_charged(st, n, stall_s=20, limit_s=600):
+    """Waits until n rows are charged; gives up when nothing moved for stall_s. Returns the count reached."""
+    last, moved, end = -1, time.time(), time.time() + limit_s
+    while time.time() < end:
+        got = st.charged()
+        if got >= n:
+            return got
+        if got != last:
+            last, moved = got, time.time()
+        elif time.time() - moved > stall_s:
+            return got
+        time.sleep(0.1)
+    return last
+
+
+def failure_note(st, c, n, got):
+    m = metrics(c.health)
+    letters = psql("SELECT count(*) FROM dead_letters", st.db)
+    reasons = {r: counter(m, "chargeguard_billing_messages_total", f'outcome="{r}"')
+               for r in ("requeued_postgres", "requeued_unresolved", "dead_lettered", "requeued_retry_same_key")}
+    return (f"MISSED: {got} of {n} charged, then no progress for 20 s; "
+            + ", ".join(f"{k} {v:.0f}" for k, v in reasons.items() if v) + f", dead letters {letters}")
+
+
+def metrics(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
+        return r.read().decode()
+
+
+def hist_quantile(text, name, q):
+    """The upper bound of the bucket holding quantile q of a Prometheus histogram (no labels)."""
+    buckets = []
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    if not buckets or buckets[-1][1] == 0:
+        return float("nan")
+    total = buckets[-1][1]
+    for le, n in buckets:
+        if n >= q * total:
+            return le
+    return float("inf")
+
+
+def counter(text, name, match=""):
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and match in line and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def proc_usage(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                rss = int(line.split()[1]) / 1024
+    return cpu, rss
+
+
+def events(n, prefix):
+    return [{"customer_id": f"{prefix}-{i}", "billing_period": "2026-11", "amount_cents": 1000 + i % 500,
+             "currency": "usd", "stripe_customer_id": f"cus_{i % 997}"} for i in range(n)]
+
+
+def latencies(st, sent):
+    rows = psql("SELECT customer_id, extract(epoch FROM updated_at) FROM billing_records WHERE status = 'charged'",
+                st.db).splitlines()
+    lat = sorted(float(r.split("|")[1]) - sent[r.split("|")[0]] for r in rows if r.split("|")[0] in sent)
+    end = max(float(r.split("|")[1]) for r in rows)
+    pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")
+    return pick(0.5), pick(0.99), end
+
+
+def throughput(build, latency_ms, mif, n):
+    st = stack(build, f"t{latency_ms}_{mif}")
+    try:
+        st.fake_stripe(latency_ms)
+        st.nsqd()
+        # As many Stripe connections as messages in flight: the pool must not be the limit Little's law meets.
+        # No slow start: this measures the pipeline, not the ramp-up (fake-stripe has no limit here; AIMD stays
+        # armed for a 429).
+        c = st.consume(0, ["--max-in-flight", str(mif), "--stripe-request-timeout", "30",
+                           "--stripe-max-connections", str(max(mif, 16)), "--stripe-rate-initial", "0"])
+        cpu0, _ = proc_usage(c.pid)
+        evs = events(n, f"t{latency_ms}-{mif}")
+        start = time.time()
+        sent = st.publish(evs)
+        got = wait_charged(st, n)
+        if got < n:
+            print(f"| {latency_ms} ms | {mif} | {n} | {failure_note(st, c, n, got)} | | | | | {st.nsq_kind} |", flush=True)
+            return
+        p50, p99, end = latencies(st, sent)
+        cpu1, rss = proc_usage(c.pid)
+        m = metrics(c.health)
+        rate = n / (end - start)
+        lag = hist_quantile(m, "chargeguard_event_loop_lag_seconds", 0.99)
+        target = f"{0.9 * mif / 0.3:.0f}" if latency_ms == 300 else "5000"
+        print(f"| {latency_ms} ms | {mif} | {n} | {rate:.0f} (target ≥ {target}) | {p50 * 1000:.0f} / {p99 * 1000:.0f} ms "
+              f"| ≤ {lag * 1000:g} ms | {(cpu1 - cpu0) / n * 1000:.2f} | {rss:.0f} MiB | {st.nsq_kind} |", flush=True)
+    finally:
+        st.close()
+
+
+def stall(build, n):
+    st = stack(build, "stall")
+    try:
+        st.fake_stripe(0)
+        st.nsqd(msg_timeout_s=60)
+        st.stripe_admin("/_admin/faults", {"stall_ms": 120000, "stall_count": n})
+        c = st.consume(0, ["--max-in-flight", "100", "--msg-timeout", "60s", "--stripe-request-timeout", "180",
+                           "--stripe-max-connections", "128"])
+        start = time.time()
+        st.publish(events(n, "stall"))
+        wait_for(lambda: st.charged() >= n, 300, f"{n} charges after the stall")
+        ch = st.channel_stats()
+        m = metrics(c.health)
+        lag = hist_quantile(m, "chargeguard_event_loop_lag_seconds", 0.99)
+        touches = counter(m, "chargeguard_nsq_touches_total")
+        print(f"| 120 s Stripe stall, --msg-timeout 60s | {n} | charged after {time.time() - start:.0f} s | "
+              f"nsqd timeouts {ch.get('timeout_count')} (must be 0), requeues {ch.get('requeue_count')} | "
+              f"TOUCHes {touches:.0f} | lag p99 ≤ {lag * 1000:g} ms | {st.nsq_kind} |", flush=True)
+    finally:
+        st.close()
+
+
+def sidecars(build, n):
+    st = stack(build, "sidecars")
+    try:
+        st.fake_stripe(0, ["--endpoint-rps", "25", "--rate-burst", "1"])
+        st.nsqd()
+        cs = [st.consume(i, ["--max-in-flight", "200", "--stripe-max-connections", "64"]) for i in range(3)]
+        start = time.time()
+        st.publish(events(n, "sc"))
+        wait_for(lambda: st.charged() >= n, n / 20 + 120, f"{n} charges")
+        _, _, end = latencies(st, {})
+        stats = st.stripe_admin("/_admin/stats")
+        ch = st.channel_stats()
+        limits = [hist for hist in (counter(metrics(c.health), "chargeguard_stripe_rate_limit_rps") for c in cs)]
+        rate = n / (end - start)
+        share = stats["rate_limited"] / max(1, stats["requests"])
+        dupes = stats["charges"] - n
+        print(f"| 3 sidecars vs 25/s endpoint limit | {n} | {rate:.1f}/s = {rate / 25 * 100:.0f} % of the limit "
+              f"(target ≥ 90 %) | 429s {stats['rate_limited']} of {stats['requests']} = {share * 100:.2f} % (target < 2 %) "
+              f"| nsqd requeues {ch.get('requeue_count')}, timeouts {ch.get('timeout_count')} | duplicate charges {dupes} "
+              f"| limits at the end {', '.join(f'{l:.1f}' for l in limits)}/s | {st.nsq_kind} |", flush=True)
+    finally:
+        st.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller counts")
+    ap.add_argument("--only", choices=["throughput", "stall", "sidecars"])
+    ap.add_argument("--latency", type=int, action="append", help="only these fake-stripe latencies (ms)")
+    ap.add_argument("--max-in-flight", type=int, action="append", dest="mifs")
+    ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
+    a = ap.parse_args()
+    if not os.environ.get("PGHOST"):
+        print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
+        return 0
+    if a.only in (None, "throughput"):
+        print("| Stripe latency | --max-in-flight | events | charges/s | publish→charged p50 / p99 | loop lag p99 "
+              "| CPU-s / 1000 charges | peak RSS | broker |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for lat in a.latency or [0, 300]:
+            for mif in a.mifs or [100, 1000, 2000]:
+                n = (2000 if a.quick else 20000) if lat == 0 else max(2000 if a.quick else 10000, mif * 8)
+                throughput(a.build, lat, mif, n)
+    if a.only in (None, "stall"):
+        stall(a.build, 50 if a.quick else 200)
+    if a.only in (None, "sidecars"):
+        sidecars(a.build, 750 if a.quick else 3000)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

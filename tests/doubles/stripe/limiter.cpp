@@ -1,0 +1,60 @@
+#include "tests/doubles/stripe/limiter.hpp"
+
+#include <algorithm>
+
+namespace cg::fake {
+
+std::string limiter::endpoint_of(std::string_view method, std::string_view path) {
+    // /v1/charges/ch_123 → /v1/charges/:id; /v1/charges/search stays (Stripe limits search on its own).
+    std::string out(method);
+    out += ' ';
+    std::size_t seg = 0, i = 0;
+    while (i < path.size()) {
+        std::size_t next = path.find('/', i + 1);
+        std::string_view part =
+            path.substr(i, next == std::string_view::npos ? std::string_view::npos : next - i);
+        out += (seg >= 2 && part.size() > 1 && part != "/search") ? std::string_view("/:id") : part;
+        ++seg;
+        if (next == std::string_view::npos) break;
+        i = next;
+    }
+    return out;
+}
+
+bool limiter::bucket::ready(double rate, double depth, clock::time_point now) {
+    double cap = std::max(1.0, rate * depth);
+    if (at == clock::time_point{}) tokens = cap;
+    if (now > at) tokens = std::min(cap, tokens + std::chrono::duration<double>(now - at).count() * rate);
+    at = std::max(at, now);
+    return tokens >= 1;
+}
+
+void limiter::set(const limits& l, clock::time_point) {
+    limits_ = l;
+    global_ = {};  // full buckets at the new rates
+    endpoints_.clear();
+}
+
+limiter::verdict limiter::admit(std::string_view endpoint, clock::time_point now, int in_flight) {
+    if (limits_.max_concurrent > 0 && in_flight >= limits_.max_concurrent) {
+        ++too_concurrent_;
+        return verdict::too_concurrent;
+    }
+    bucket* ep = nullptr;
+    if (limits_.endpoint_rps > 0) {
+        auto it = endpoints_.find(endpoint);
+        if (it == endpoints_.end()) it = endpoints_.emplace(std::string(endpoint), bucket{}).first;
+        ep = &it->second;
+    }
+    bool ok = (limits_.global_rps <= 0 || global_.ready(limits_.global_rps, limits_.burst_s, now)) &&
+              (!ep || ep->ready(limits_.endpoint_rps, limits_.burst_s, now));
+    if (!ok) {
+        ++rate_limited_;
+        return verdict::rate_limited;
+    }
+    if (limits_.global_rps > 0) global_.tokens -= 1;
+    if (ep) ep->tokens -= 1;
+    return verdict::ok;
+}
+
+}  // namespace cg::fake
