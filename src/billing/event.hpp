@@ -21,7 +21,7 @@ struct billing_event {
     std::string currency;            // ISO 4217, lower case
     std::string stripe_customer_id;  // cus_…
     std::string description;         // optional, ≤ 500 chars
-    std::string payment_method;      // optional: pm_… / card_… / src_… → PaymentIntent
+    std::string payment_method{};    // optional: pm_… / card_… / src_… → PaymentIntent
     bool off_session = true;         // only with payment_method
 
     bool uses_payment_intent() const noexcept { return !payment_method.empty(); }

@@ -263,12 +263,13 @@ recon_verdict classify(const recon_facts& f) {
     if (!f.expected)
         return {recon_class::mismatch, "the ledger has this customer and period; the expected list does not"};
     const billing_event& ev = f.expected->event;
-    if (!same_payload(ev, billing_event{rec.customer_id,
-                                        rec.billing_period,
-                                        rec.amount_cents,
-                                        rec.currency,
-                                        rec.stripe_customer_id,
-                                        {}}))
+    billing_event recorded;
+    recorded.customer_id = rec.customer_id;
+    recorded.billing_period = rec.billing_period;
+    recorded.amount_cents = rec.amount_cents;
+    recorded.currency = rec.currency;
+    recorded.stripe_customer_id = rec.stripe_customer_id;
+    if (!same_payload(ev, recorded))
         return {recon_class::mismatch,
                 "expected " + ev.stripe_customer_id + " " + money(ev.amount_cents, ev.currency) +
                     ", ledger " + rec.stripe_customer_id + " " + money(rec.amount_cents, rec.currency)};
