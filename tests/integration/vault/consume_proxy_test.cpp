@@ -84,6 +84,11 @@ BOOST_AUTO_TEST_CASE(consume_through_the_proxy_is_capped_and_blocked_rows_are_ca
                                   "http://127.0.0.1:" + std::to_string(f.proxy_port),
                                   "--key-namespace",
                                   "vault-e2e",
+                                  // A duplicate waits for its original's lease: keep the lease short.
+                                  "--lease",
+                                  "2s",
+                                  "--lease-renew-interval",
+                                  "500ms",
                                   "--lease-held-delay",
                                   "200ms",
                                   "--retry-same-key-delay",
