@@ -226,7 +226,10 @@ int run_consume(const consume_flags& f, const global_flags& g) {
         log.error("cannot create the Stripe client", {{"error", stripe.err().describe()}});
         return 1;
     }
-    auto pool = start_pool(rt, f.pg, false);
+    // Every in-flight delivery waits for at most one connection at a time (plus the pending-age probe): with
+    // --max-in-flight above the pool's default waiter bound, a busy pool would otherwise fail deliveries
+    // (requeued_postgres) instead of queueing them.
+    auto pool = start_pool(rt, f.pg, false, static_cast<std::size_t>(ncfg.max_in_flight) + 16);
     billing::ledger ledger(pool);
     billing::pipeline pipeline(std::move(bcfg), ledger, **stripe, log, &rt.metrics());
     nsq::consumer consumer(

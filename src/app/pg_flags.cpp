@@ -1,5 +1,6 @@
 #include "app/pg_flags.hpp"
 
+#include <algorithm>
 #include <asio/this_coro.hpp>
 #include <cstdlib>
 #include <mutex>
@@ -71,9 +72,12 @@ result<std::vector<pg::migration>> load_migrations(const pg_flags& f) {
     return pg::embedded_migrations();
 }
 
-std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f, bool close_on_shutdown) {
-    auto p = pg::pool::create(rt.io().get_executor(), rt.offload().get_executor(), to_pool_options(f),
-                              rt.log(), &rt.metrics());
+std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f, bool close_on_shutdown,
+                                     std::size_t max_waiters) {
+    auto opts = to_pool_options(f);
+    if (max_waiters > 0) opts.max_waiters = std::max(opts.max_waiters, max_waiters);
+    auto p = pg::pool::create(rt.io().get_executor(), rt.offload().get_executor(), std::move(opts), rt.log(),
+                              &rt.metrics());
     p->add_readiness_check(rt.health());
     if (close_on_shutdown) rt.on_shutdown([p]() { return p->close(); });
     p->start();

@@ -44,7 +44,11 @@ result<std::vector<pg::migration>> load_migrations(const pg_flags& f);
 // it (first connection and health checks in the background). Shutdown steps run concurrently: a command
 // whose other drains still need the pool (consume: in-flight messages) passes false and closes it itself
 // after them. Throws CLI::ValidationError for a bad DSN.
-std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f, bool close_on_shutdown = true);
+// `max_waiters` (0: the pool's default) bounds the callers that may queue for a connection: a command whose
+// concurrency is bounded elsewhere (consume: --max-in-flight deliveries, each waiting for at most one
+// connection at a time) passes that bound, so a busy pool queues them rather than failing them.
+std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f, bool close_on_shutdown = true,
+                                     std::size_t max_waiters = 0);
 
 // For long-running subcommands: when --migrate was given, applies `ms` on a connection from `p` before the
 // command starts serving. Returns the first error. Completes on the pool's executor; `p`, `f` and `ms` must
