@@ -6,7 +6,8 @@ namespace cg::app {
 
 std::string env_name_for(const std::string& prefix, const std::string& long_flag) {
     std::string out = prefix;
-    for (char c : long_flag) out += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    for (char c : long_flag)
+        out += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     return out;
 }
 
@@ -47,6 +48,8 @@ runtime_options to_runtime_options(const runtime_flags& f) {
     return o;
 }
 
-logger make_stderr_logger(log_level level) { return logger(std::make_shared<fd_sink>(2), level); }
+logger make_stderr_logger(log_level level) {
+    return logger(std::make_shared<fd_sink>(2), level);
+}
 
 }  // namespace cg::app

@@ -179,27 +179,28 @@ std::string joined(const std::vector<std::string>& v) {
 void log_effective_config(const logger& log, const consume_flags& f, const nsq::consumer_config& n,
                           const pg::config& pgc, const stripe::client_config& s,
                           const billing::pipeline_config& b, const runtime_options& o) {
-    log.info("consume starting",
-             {{"topic", n.topic},
-              {"channel", n.channel},
-              {"nsqd_tcp_addresses", joined(n.nsqd_tcp_addresses)},
-              {"lookupd_http_addresses", joined(n.lookupd_http_addresses)},
-              {"max_in_flight", n.max_in_flight},
-              {"msg_timeout_ms", n.msg_timeout.count()},
-              {"max_attempts", n.max_attempts},
-              {"pg", pgc.describe()},
-              {"migrate", f.pg.migrate},
-              {"stripe_api_base", s.api_base},
-              {"stripe_ca_file", s.ca_file.empty() ? std::string("(system store)") : s.ca_file},
-              {"stripe_key_from", f.stripe.key_file.empty() ? std::string("STRIPE_API_KEY") : f.stripe.key_file},
-              {"key_namespace", b.key_namespace},
-              {"lease_ms", b.lease.count()},
-              {"lease_renew_interval_ms", b.lease_renew_interval.count()},
-              {"lease_held_delay_ms", b.lease_held_delay.count()},
-              {"test_step_pause_ms", b.test_step_pause.count()},
-              {"health_listen", f.rt.health_listen},
-              {"offload_threads", o.offload_threads},
-              {"shutdown_timeout_s", f.rt.shutdown_timeout_s}});
+    log.info(
+        "consume starting",
+        {{"topic", n.topic},
+         {"channel", n.channel},
+         {"nsqd_tcp_addresses", joined(n.nsqd_tcp_addresses)},
+         {"lookupd_http_addresses", joined(n.lookupd_http_addresses)},
+         {"max_in_flight", n.max_in_flight},
+         {"msg_timeout_ms", n.msg_timeout.count()},
+         {"max_attempts", n.max_attempts},
+         {"pg", pgc.describe()},
+         {"migrate", f.pg.migrate},
+         {"stripe_api_base", s.api_base},
+         {"stripe_ca_file", s.ca_file.empty() ? std::string("(system store)") : s.ca_file},
+         {"stripe_key_from", f.stripe.key_file.empty() ? std::string("STRIPE_API_KEY") : f.stripe.key_file},
+         {"key_namespace", b.key_namespace},
+         {"lease_ms", b.lease.count()},
+         {"lease_renew_interval_ms", b.lease_renew_interval.count()},
+         {"lease_held_delay_ms", b.lease_held_delay.count()},
+         {"test_step_pause_ms", b.test_step_pause.count()},
+         {"health_listen", f.rt.health_listen},
+         {"offload_threads", o.offload_threads},
+         {"shutdown_timeout_s", f.rt.shutdown_timeout_s}});
 }
 
 int run_consume(const consume_flags& f, const global_flags& g) {
@@ -216,9 +217,10 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto log = make_stderr_logger(g.level());
     log_effective_config(log, f, ncfg, pgc, scfg, bcfg, opts);
     if (bcfg.test_step_pause.count() > 0)
-        log.warn("test failpoint active: pausing between billing steps (CHARGEGUARD_TEST_STEP_PAUSE_MS); "
-                 "never set this in production",
-                 {{"max_pause_ms", bcfg.test_step_pause.count()}});
+        log.warn(
+            "test failpoint active: pausing between billing steps (CHARGEGUARD_TEST_STEP_PAUSE_MS); "
+            "never set this in production",
+            {{"max_pause_ms", bcfg.test_step_pause.count()}});
 
     runtime rt(opts, log);
     auto stripe = stripe::client::create(rt.offload().get_executor(), std::move(scfg), log, &rt.metrics());
@@ -234,8 +236,10 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     billing::pipeline pipeline(std::move(bcfg), ledger, **stripe, log, &rt.metrics());
     nsq::consumer consumer(
         rt.io().get_executor(), ncfg,
-        [&pipeline, &ncfg](nsq::message& m) { return handle_message(&pipeline, &ncfg, m); }, log, rt.metrics());
-    consumer.set_give_up_handler([&pipeline, &ncfg](nsq::message& m) { return give_up_message(&pipeline, &ncfg, m); });
+        [&pipeline, &ncfg](nsq::message& m) { return handle_message(&pipeline, &ncfg, m); }, log,
+        rt.metrics());
+    consumer.set_give_up_handler(
+        [&pipeline, &ncfg](nsq::message& m) { return give_up_message(&pipeline, &ncfg, m); });
     consumer.add_readiness(rt.health());
     rt.on_shutdown([&consumer, pool]() { return drain(&consumer, pool); });
     // chargeguard_billing_oldest_pending_age_seconds: a cheap periodic query, stopped on shutdown.
@@ -261,16 +265,15 @@ int run_consume(const consume_flags& f, const global_flags& g) {
 }  // namespace
 
 void register_consume(CLI::App& app, command_main& selected) {
-    auto* cmd = app.add_subcommand("consume", "consume billing events from NSQ and charge Stripe exactly once");
+    auto* cmd =
+        app.add_subcommand("consume", "consume billing events from NSQ and charge Stripe exactly once");
     auto f = std::make_shared<consume_flags>();
     add_nsq_consumer_flags(*cmd, f->nsq, true);
     add_pg_flags(*cmd, f->pg, true);
     add_stripe_flags(*cmd, f->stripe);
     add_pipeline_flags(*cmd, f->billing);
     add_runtime_flags(*cmd, f->rt);
-    cmd->callback([&selected, f] {
-        selected = [f](const global_flags& g) { return run_consume(*f, g); };
-    });
+    cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_consume(*f, g); }; });
 }
 
 }  // namespace cg::app

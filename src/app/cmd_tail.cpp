@@ -1,13 +1,14 @@
 // `chargeguard tail`: like nsq_tail — consumes a topic (an ephemeral channel unless --channel is given),
 // prints each message as one JSON line {"id","attempts","timestamp","body"} on stdout and FINs it.
 // SIGTERM drains (RDY 0, in-flight finished, CLS) and exits 0.
+#include <unistd.h>
+
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/write.hpp>
 #include <csignal>
 #include <random>
-#include <unistd.h>
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
@@ -22,8 +23,9 @@ namespace {
 // Serialises lines to stdout without blocking the loop when stdout is a pipe or a terminal; a regular
 // file (which epoll refuses) is written directly — it does not block for long.
 class line_writer {
-public:
-    explicit line_writer(asio::any_io_executor ex) : sd_(ex), idle_(ex, std::chrono::steady_clock::time_point::max()) {
+  public:
+    explicit line_writer(asio::any_io_executor ex)
+        : sd_(ex), idle_(ex, std::chrono::steady_clock::time_point::max()) {
         std::error_code ec;
         sd_.assign(::dup(STDOUT_FILENO), ec);
         async_ = !ec;
@@ -52,7 +54,7 @@ public:
 
     bool broken() const { return broken_; }
 
-private:
+  private:
     static asio::awaitable<void> drain(line_writer* self) {
         while (!self->buf_.empty() && !self->broken_) {
             std::swap(self->buf_, self->sending_);
@@ -112,7 +114,8 @@ struct tail_state {
 asio::awaitable<nsq::disposition> tail_message(tail_state* st, nsq::message& m) {
     st->out.write(json_line(m));
     if (st->out.broken()) st->rt.request_stop("stdout closed");
-    if (st->max_messages > 0 && ++st->printed == st->max_messages) st->rt.request_stop("--max-messages reached");
+    if (st->max_messages > 0 && ++st->printed == st->max_messages)
+        st->rt.request_stop("--max-messages reached");
     co_return nsq::disposition::finish();
 }
 
@@ -156,10 +159,9 @@ void register_tail(CLI::App& app, command_main& selected) {
     auto f = std::make_shared<tail_flags>();
     add_nsq_consumer_flags(*cmd, f->nsq, false);
     add_runtime_flags(*cmd, f->rt);
-    cmd->add_option("--max-messages", f->max_messages, "exit after this many messages (0 = run until SIGTERM)");
-    cmd->callback([&selected, f] {
-        selected = [f](const global_flags& g) { return run_tail(*f, g); };
-    });
+    cmd->add_option("--max-messages", f->max_messages,
+                    "exit after this many messages (0 = run until SIGTERM)");
+    cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_tail(*f, g); }; });
 }
 
 }  // namespace cg::app

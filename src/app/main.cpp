@@ -6,7 +6,9 @@
 
 namespace cg::app {
 
-log_level global_flags::level() const { return parse_log_level(log_level).value_or(cg::log_level::info); }
+log_level global_flags::level() const {
+    return parse_log_level(log_level).value_or(cg::log_level::info);
+}
 
 }  // namespace cg::app
 

@@ -147,18 +147,20 @@ net::awaitable<result<void>> wait_for_postgres(runtime& rt, pg::pool& p, const p
         auto wait = milliseconds(delay.count() / 2 + static_cast<milliseconds::rep>(
                                                          std::uniform_real_distribution<double>(0, 0.5)(rng) *
                                                          static_cast<double>(delay.count())));
-        if (!pg::is_transient(r.code()) || rt.stopping() || steady_clock::now() + wait > deadline) co_return r;
+        if (!pg::is_transient(r.code()) || rt.stopping() || steady_clock::now() + wait > deadline)
+            co_return r;
         std::string what = f.migrate ? "PostgreSQL to apply migrations" : "PostgreSQL (first connection)";
         {
             std::lock_guard lk(st->mu);
             st->waiting_for = what + " (attempt " + std::to_string(attempt) + ": " + r.err().describe() + ")";
         }
-        rt.log().warn("waiting for PostgreSQL before starting",
-                      {{"error", r.err().describe()},
-                       {"attempt", attempt},
-                       {"retry_in_ms", static_cast<std::int64_t>(wait.count())},
-                       {"gives_up_in_s",
-                        static_cast<std::int64_t>(duration_cast<seconds>(deadline - steady_clock::now()).count())}});
+        rt.log().warn(
+            "waiting for PostgreSQL before starting",
+            {{"error", r.err().describe()},
+             {"attempt", attempt},
+             {"retry_in_ms", static_cast<std::int64_t>(wait.count())},
+             {"gives_up_in_s",
+              static_cast<std::int64_t>(duration_cast<seconds>(deadline - steady_clock::now()).count())}});
         timer.expires_after(wait);
         co_await timer.async_wait();
         delay = std::min(delay * 2, milliseconds(5000));

@@ -34,7 +34,7 @@ struct runtime_options {
 };
 
 class runtime {
-public:
+  public:
     runtime(runtime_options opts, logger log);
     ~runtime();
 
@@ -61,7 +61,7 @@ public:
     void request_stop(std::string_view reason, int exit_code = 0);
     bool stopping() const { return stopping_; }
 
-private:
+  private:
     static asio::awaitable<void> shutdown(runtime* self);
     void wait_signal();
 

@@ -6,32 +6,45 @@ namespace cg::billing {
 
 std::string_view to_string(record_status s) noexcept {
     switch (s) {
-        case record_status::pending: return "pending";
-        case record_status::charged: return "charged";
-        case record_status::declined: return "declined";
-        case record_status::failed: return "failed";
-        case record_status::cap_blocked: return "cap_blocked";
-        case record_status::conflict: return "conflict";
+        case record_status::pending:
+            return "pending";
+        case record_status::charged:
+            return "charged";
+        case record_status::declined:
+            return "declined";
+        case record_status::failed:
+            return "failed";
+        case record_status::cap_blocked:
+            return "cap_blocked";
+        case record_status::conflict:
+            return "conflict";
     }
     return "?";
 }
 
 std::optional<record_status> parse_record_status(std::string_view s) noexcept {
-    for (auto v : {record_status::pending, record_status::charged, record_status::declined, record_status::failed,
-                   record_status::cap_blocked, record_status::conflict})
+    for (auto v : {record_status::pending, record_status::charged, record_status::declined,
+                   record_status::failed, record_status::cap_blocked, record_status::conflict})
         if (to_string(v) == s) return v;
     return std::nullopt;
 }
 
-bool is_final(record_status s) noexcept { return s != record_status::pending; }
+bool is_final(record_status s) noexcept {
+    return s != record_status::pending;
+}
 
 std::string_view to_string(existing_action a) noexcept {
     switch (a) {
-        case existing_action::duplicate_finish: return "duplicate_finish";
-        case existing_action::payload_conflict: return "payload_conflict";
-        case existing_action::lease_held_requeue: return "lease_held_requeue";
-        case existing_action::recover_same_key: return "recover_same_key";
-        case existing_action::recover_search: return "recover_search";
+        case existing_action::duplicate_finish:
+            return "duplicate_finish";
+        case existing_action::payload_conflict:
+            return "payload_conflict";
+        case existing_action::lease_held_requeue:
+            return "lease_held_requeue";
+        case existing_action::recover_same_key:
+            return "recover_same_key";
+        case existing_action::recover_search:
+            return "recover_search";
     }
     return "?";
 }
@@ -44,7 +57,8 @@ existing_action decide_existing(const ledger_record& rec, const billing_event& e
         return existing_action::payload_conflict;
     if (is_final(rec.status)) return existing_action::duplicate_finish;
     // The database's own view of the lease when the row carries it; the local clock otherwise.
-    bool held = rec.lease_remaining ? rec.lease_remaining->count() > 0 : rec.lease_until && *rec.lease_until > now;
+    bool held =
+        rec.lease_remaining ? rec.lease_remaining->count() > 0 : rec.lease_until && *rec.lease_until > now;
     if (held) return existing_action::lease_held_requeue;
     return recovery_mode(rec, now, window);
 }
@@ -57,7 +71,8 @@ existing_action recovery_mode(const ledger_record& rec, sys_time now, std::chron
 }
 
 std::chrono::milliseconds lease_held_requeue_delay(std::optional<std::chrono::milliseconds> remaining,
-                                                   std::chrono::milliseconds lease, std::chrono::milliseconds floor,
+                                                   std::chrono::milliseconds lease,
+                                                   std::chrono::milliseconds floor,
                                                    std::chrono::milliseconds cap, double unit) noexcept {
     using std::chrono::milliseconds;
     auto wait = std::max(remaining.value_or(lease), floor);

@@ -57,7 +57,8 @@ inline constexpr std::chrono::hours same_key_window{23};
 // `unit` is a uniform random number in [0, 1). Without a known remaining time (nullopt) the lease may be a
 // whole `lease` long. Pure: table-tested.
 std::chrono::milliseconds lease_held_requeue_delay(std::optional<std::chrono::milliseconds> remaining,
-                                                   std::chrono::milliseconds lease, std::chrono::milliseconds floor,
+                                                   std::chrono::milliseconds lease,
+                                                   std::chrono::milliseconds floor,
                                                    std::chrono::milliseconds cap, double unit) noexcept;
 
 // `window`: how long a key is trusted for replay (configurable for tests; same_key_window in production).

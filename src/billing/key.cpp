@@ -9,7 +9,8 @@
 
 namespace cg::billing {
 
-std::string base_key(std::string_view key_namespace, std::string_view customer_id, std::string_view billing_period) {
+std::string base_key(std::string_view key_namespace, std::string_view customer_id,
+                     std::string_view billing_period) {
     std::string input;
     input.reserve(key_namespace.size() + customer_id.size() + billing_period.size() + 2);
     input.append(key_namespace).append(":").append(customer_id).append(":").append(billing_period);
@@ -27,8 +28,8 @@ std::string stripe_idempotency_key(std::string_view base, std::int32_t generatio
 
 bool valid_key_namespace(std::string_view ns) {
     return !ns.empty() && ns.size() <= 64 && std::all_of(ns.begin(), ns.end(), [](char c) {
-        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' ||
-               c == '-';
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+               c == '.' || c == '-';
     });
 }
 

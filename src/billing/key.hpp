@@ -11,7 +11,8 @@ namespace cg::billing {
 
 // hex(sha256(namespace ":" customer_id ":" billing_period))[:32]. The inputs may not contain ':'
 // (event validation and the --key-namespace check guarantee it), so the encoding is unambiguous.
-std::string base_key(std::string_view key_namespace, std::string_view customer_id, std::string_view billing_period);
+std::string base_key(std::string_view key_namespace, std::string_view customer_id,
+                     std::string_view billing_period);
 
 // The Idempotency-Key sent to Stripe: the base key for generation 1, base + "-g<N>" after. A new
 // generation is only taken after listing the customer's charges shows none carrying the base key.

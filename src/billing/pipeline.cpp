@@ -87,7 +87,7 @@ struct pipeline::metrics_set {
                                  .Add({});
         lease_lost = &reg.counter("chargeguard_billing_lease_lost_total",
                                   "Leases found taken over by another worker while Stripe was being called")
-                         .Add({});
+                          .Add({});
     }
 };
 
@@ -129,10 +129,11 @@ net::awaitable<verdict> pipeline::finish_run(run& r, bool past_max_attempts) {
     auto v = co_await process(r);
     co_await test_pause();  // between the ledger update and FIN
     auto level = v.finished() ? log_level::info : past_max_attempts ? log_level::error : log_level::warn;
-    r.log.log(level, v.finished() ? "billing message finished" : "billing message requeued",
-              std::array<log_field, 4>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail),
-                                       log_field("delay_ms", static_cast<std::int64_t>(v.delay.count())),
-                                       log_field("past_max_attempts", past_max_attempts)});
+    r.log.log(
+        level, v.finished() ? "billing message finished" : "billing message requeued",
+        std::array<log_field, 4>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail),
+                                 log_field("delay_ms", static_cast<std::int64_t>(v.delay.count())),
+                                 log_field("past_max_attempts", past_max_attempts)});
     co_return count(std::move(v));
 }
 
@@ -168,7 +169,8 @@ net::awaitable<void> pipeline::test_pause() {
 
 verdict pipeline::lease_held(std::optional<std::chrono::milliseconds> remaining, std::string detail) {
     double unit = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
-    auto delay = lease_held_requeue_delay(remaining, cfg_.lease, cfg_.lease_held_delay, cfg_.max_requeue_delay, unit);
+    auto delay =
+        lease_held_requeue_delay(remaining, cfg_.lease, cfg_.lease_held_delay, cfg_.max_requeue_delay, unit);
     return verdict::requeue(verdict_reason::requeued_lease_held, delay, std::move(detail));
 }
 
@@ -204,7 +206,8 @@ net::awaitable<verdict> pipeline::recover(run& r) {
         auto now_row = co_await ledger_.find(r.key);
         if (!now_row) co_return postgres_failed(r, now_row.err(), "find");
         if (*now_row && is_final((*now_row)->status))
-            co_return verdict::finish(verdict_reason::duplicate_prevented, std::string(to_string((*now_row)->status)));
+            co_return verdict::finish(verdict_reason::duplicate_prevented,
+                                      std::string(to_string((*now_row)->status)));
         std::optional<std::chrono::milliseconds> remaining;
         if (*now_row) remaining = (*now_row)->lease_remaining;
         co_return lease_held(remaining, "lease taken by another worker");

@@ -5,12 +5,18 @@ namespace {
 
 const char* describe_core(int v) noexcept {
     switch (static_cast<core_errc>(v)) {
-        case core_errc::ok: return "ok";
-        case core_errc::invalid_argument: return "invalid argument";
-        case core_errc::parse_error: return "parse error";
-        case core_errc::out_of_range: return "out of range";
-        case core_errc::not_found: return "not found";
-        case core_errc::io_error: return "i/o error";
+        case core_errc::ok:
+            return "ok";
+        case core_errc::invalid_argument:
+            return "invalid argument";
+        case core_errc::parse_error:
+            return "parse error";
+        case core_errc::out_of_range:
+            return "out of range";
+        case core_errc::not_found:
+            return "not found";
+        case core_errc::io_error:
+            return "i/o error";
     }
     return "unknown core error";
 }

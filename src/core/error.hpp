@@ -19,7 +19,9 @@ enum class core_errc {
 
 const std::error_category& core_category() noexcept;
 
-inline std::error_code make_error_code(core_errc e) noexcept { return {static_cast<int>(e), core_category()}; }
+inline std::error_code make_error_code(core_errc e) noexcept {
+    return {static_cast<int>(e), core_category()};
+}
 
 // An error code plus a human-readable diagnostic. The message never carries secrets.
 struct error {
@@ -29,8 +31,8 @@ struct error {
     error() = default;
     error(std::error_code c, std::string m = {}) : code(c), message(std::move(m)) {}
     template <typename E>
-        requires std::is_error_code_enum_v<E>
-    error(E e, std::string m = {}) : code(make_error_code(e)), message(std::move(m)) {}
+    requires std::is_error_code_enum_v<E> error(E e, std::string m = {})
+        : code(make_error_code(e)), message(std::move(m)) {}
 
     explicit operator bool() const noexcept { return static_cast<bool>(code); }
     // "category: code message; detail" — suitable for logs and operator-facing errors.
@@ -40,13 +42,13 @@ struct error {
 // Defines a category from a name and a function mapping values to messages, so each module's
 // errc needs only an enum and a table.
 class simple_category : public std::error_category {
-public:
+  public:
     using describe_fn = const char* (*)(int) noexcept;
     constexpr simple_category(const char* name, describe_fn fn) noexcept : name_(name), fn_(fn) {}
     const char* name() const noexcept override { return name_; }
     std::string message(int v) const override { return fn_(v); }
 
-private:
+  private:
     const char* name_;
     describe_fn fn_;
 };

@@ -81,11 +81,16 @@ std::optional<log_level> parse_log_level(std::string_view s) noexcept {
 
 std::string_view to_string(log_level l) noexcept {
     switch (l) {
-        case log_level::debug: return "debug";
-        case log_level::info: return "info";
-        case log_level::warn: return "warn";
-        case log_level::error: return "error";
-        case log_level::off: return "off";
+        case log_level::debug:
+            return "debug";
+        case log_level::info:
+            return "info";
+        case log_level::warn:
+            return "warn";
+        case log_level::error:
+            return "error";
+        case log_level::off:
+            return "off";
     }
     return "?";
 }

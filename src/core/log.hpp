@@ -34,45 +34,47 @@ struct log_field {
     log_field(std::string_view k, bool v) : key(k), value(v) {}
     log_field(std::string_view k, double v) : key(k), value(v) {}
     template <typename I>
-        requires(std::is_integral_v<I> && !std::is_same_v<I, bool> && std::is_signed_v<I>)
-    log_field(std::string_view k, I v) : key(k), value(static_cast<std::int64_t>(v)) {}
+    requires(std::is_integral_v<I> && !std::is_same_v<I, bool> && std::is_signed_v<I>)
+        log_field(std::string_view k, I v)
+        : key(k), value(static_cast<std::int64_t>(v)) {}
     template <typename I>
-        requires(std::is_integral_v<I> && !std::is_same_v<I, bool> && std::is_unsigned_v<I>)
-    log_field(std::string_view k, I v) : key(k), value(static_cast<std::uint64_t>(v)) {}
+    requires(std::is_integral_v<I> && !std::is_same_v<I, bool> && std::is_unsigned_v<I>)
+        log_field(std::string_view k, I v)
+        : key(k), value(static_cast<std::uint64_t>(v)) {}
 };
 
 // Where finished lines go. Implementations must be safe to call from several threads.
 class log_sink {
-public:
+  public:
     virtual ~log_sink() = default;
     virtual void write(std::string_view line) = 0;  // line includes the trailing '\n'
 };
 
 // Writes each line with a single write(2) to a file descriptor (stderr by default).
 class fd_sink final : public log_sink {
-public:
+  public:
     explicit fd_sink(int fd = 2) : fd_(fd) {}
     void write(std::string_view line) override;
 
-private:
+  private:
     int fd_;
     std::mutex mu_;
 };
 
 // Keeps lines in memory; for tests.
 class memory_sink final : public log_sink {
-public:
+  public:
     void write(std::string_view line) override;
     std::vector<std::string> lines() const;
     bool contains(std::string_view needle) const;
 
-private:
+  private:
     mutable std::mutex mu_;
     std::vector<std::string> lines_;
 };
 
 class logger {
-public:
+  public:
     // A logger that drops everything.
     logger();
     logger(std::shared_ptr<log_sink> sink, log_level level);
@@ -87,12 +89,20 @@ public:
     log_level level() const noexcept { return level_; }
 
     void log(log_level l, std::string_view msg, std::span<const log_field> fields = {}) const;
-    void debug(std::string_view m, std::initializer_list<log_field> f = {}) const { emit(log_level::debug, m, f); }
-    void info(std::string_view m, std::initializer_list<log_field> f = {}) const { emit(log_level::info, m, f); }
-    void warn(std::string_view m, std::initializer_list<log_field> f = {}) const { emit(log_level::warn, m, f); }
-    void error(std::string_view m, std::initializer_list<log_field> f = {}) const { emit(log_level::error, m, f); }
+    void debug(std::string_view m, std::initializer_list<log_field> f = {}) const {
+        emit(log_level::debug, m, f);
+    }
+    void info(std::string_view m, std::initializer_list<log_field> f = {}) const {
+        emit(log_level::info, m, f);
+    }
+    void warn(std::string_view m, std::initializer_list<log_field> f = {}) const {
+        emit(log_level::warn, m, f);
+    }
+    void error(std::string_view m, std::initializer_list<log_field> f = {}) const {
+        emit(log_level::error, m, f);
+    }
 
-private:
+  private:
     void emit(log_level l, std::string_view m, std::initializer_list<log_field> f) const {
         if (enabled(l)) log(l, m, std::span(f.begin(), f.size()));
     }

@@ -12,19 +12,19 @@ namespace cg {
 
 // Thrown by result::value() when the result holds an error: a broken invariant in the caller.
 class bad_result_access : public std::runtime_error {
-public:
+  public:
     explicit bad_result_access(const error& e) : std::runtime_error(e.describe()), err(e) {}
     error err;
 };
 
 template <typename T>
 class [[nodiscard]] result {
-public:
+  public:
     result(T v) : v_(std::in_place_index<0>, std::move(v)) {}
     result(error e) : v_(std::in_place_index<1>, std::move(e)) {}
     template <typename E>
-        requires std::is_error_code_enum_v<E>
-    result(E e, std::string msg = {}) : v_(std::in_place_index<1>, error(e, std::move(msg))) {}
+    requires std::is_error_code_enum_v<E> result(E e, std::string msg = {})
+        : v_(std::in_place_index<1>, error(e, std::move(msg))) {}
 
     bool has_value() const noexcept { return v_.index() == 0; }
     explicit operator bool() const noexcept { return has_value(); }
@@ -52,7 +52,7 @@ public:
     }
     std::error_code code() const noexcept { return has_value() ? std::error_code{} : std::get<1>(v_).code; }
 
-private:
+  private:
     void check() const {
         if (!has_value()) throw bad_result_access(std::get<1>(v_));
     }
@@ -62,12 +62,11 @@ private:
 // result<void>: success or an error.
 template <>
 class [[nodiscard]] result<void> {
-public:
+  public:
     result() = default;
     result(error e) : e_(std::move(e)) {}
     template <typename E>
-        requires std::is_error_code_enum_v<E>
-    result(E e, std::string msg = {}) : e_(e, std::move(msg)) {}
+    requires std::is_error_code_enum_v<E> result(E e, std::string msg = {}) : e_(e, std::move(msg)) {}
 
     bool has_value() const noexcept { return !e_.code; }
     explicit operator bool() const noexcept { return has_value(); }
@@ -77,7 +76,7 @@ public:
     const error& err() const& { return e_; }
     std::error_code code() const noexcept { return e_.code; }
 
-private:
+  private:
     error e_;
 };
 

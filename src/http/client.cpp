@@ -72,7 +72,7 @@ namespace {
 // A slot in the pool, with or without a connection yet. Its destructor frees the slot, so a request
 // abandoned at any point (timeout, error, exception) never leaks pool capacity.
 class lease {
-public:
+  public:
     lease() = default;
     lease(std::shared_ptr<client::state> st, std::unique_ptr<client_connection> c, bool reused)
         : st_(std::move(st)), conn_(std::move(c)), reused_(reused) {}
@@ -89,7 +89,7 @@ public:
         st->release(std::move(conn_));
     }
 
-private:
+  private:
     std::shared_ptr<client::state> st_;
     std::unique_ptr<client_connection> conn_;
     bool reused_ = false;
@@ -102,7 +102,8 @@ net::awaitable<lease> acquire(std::shared_ptr<client::state> st) {
         auto c = std::move(st->idle.back());
         st->idle.pop_back();
         st->idle_count = st->idle.size();
-        if (c->idle_alive() && clock::now() - c->idle_since < st->opts.idle_timeout) co_return lease(st, std::move(c), true);
+        if (c->idle_alive() && clock::now() - c->idle_since < st->opts.idle_timeout)
+            co_return lease(st, std::move(c), true);
         c.reset();
         --st->open;
     }
@@ -114,7 +115,8 @@ net::awaitable<lease> acquire(std::shared_ptr<client::state> st) {
     st->waiters.push_back(&w);
     co_await w.timer.async_wait();
     // Still queued means we were cancelled rather than woken.
-    if (auto it = std::find(st->waiters.begin(), st->waiters.end(), &w); it != st->waiters.end()) st->waiters.erase(it);
+    if (auto it = std::find(st->waiters.begin(), st->waiters.end(), &w); it != st->waiters.end())
+        st->waiters.erase(it);
     if (w.handed) co_return lease(st, std::move(w.handed), true);
     if (w.slot) co_return lease(st, nullptr, false);
     co_return lease();
@@ -130,7 +132,8 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
     }
     if (!l.conn()) {
         l.conn() = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr);
-        auto c = co_await net::with_timeout(l.conn()->connect(st->origin, st->opts.connect_timeout), st->opts.connect_timeout);
+        auto c = co_await net::with_timeout(l.conn()->connect(st->origin, st->opts.connect_timeout),
+                                            st->opts.connect_timeout);
         if (!c) {
             out.err = error(errc::timeout, "connect to " + st->origin.to_string() + " timed out after " +
                                                net::describe_timeout(st->opts.connect_timeout));
@@ -168,7 +171,8 @@ net::awaitable<client_result> run_request(std::shared_ptr<client::state> st, req
     client_result out;
     out.request_sent = sent;
     out.err = error(errc::timeout, std::string(sent ? "no response" : "request not sent") + " from " +
-                                       st->origin.to_string() + " within " + net::describe_timeout(st->opts.request_timeout));
+                                       st->origin.to_string() + " within " +
+                                       net::describe_timeout(st->opts.request_timeout));
     co_return out;
 }
 
@@ -178,8 +182,10 @@ result<std::unique_ptr<client>> client::create(asio::any_io_executor ex, std::st
                                                client_options opts, logger log) {
     auto o = parse_origin(base_url);
     if (!o) return o.err();
-    if (o->tls && !opts.tls) return error(core_errc::invalid_argument, "https origin needs a TLS client context");
-    if (opts.max_connections == 0) return error(core_errc::invalid_argument, "max_connections must be at least 1");
+    if (o->tls && !opts.tls)
+        return error(core_errc::invalid_argument, "https origin needs a TLS client context");
+    if (opts.max_connections == 0)
+        return error(core_errc::invalid_argument, "max_connections must be at least 1");
     return std::make_unique<client>(std::move(ex), std::move(*o), std::move(opts), std::move(log));
 }
 
@@ -198,9 +204,15 @@ net::awaitable<client_result> client::request(http::request req) {
     co_return co_await asio::co_spawn(st_->strand, run_request(st_, std::move(req)), asio::use_awaitable);
 }
 
-const http::origin& client::target() const noexcept { return st_->origin; }
-const client_options& client::options() const noexcept { return st_->opts; }
-asio::strand<asio::any_io_executor> client::get_executor() const noexcept { return st_->strand; }
+const http::origin& client::target() const noexcept {
+    return st_->origin;
+}
+const client_options& client::options() const noexcept {
+    return st_->opts;
+}
+asio::strand<asio::any_io_executor> client::get_executor() const noexcept {
+    return st_->strand;
+}
 
 client_stats client::stats() const {
     client_stats s;

@@ -48,16 +48,16 @@ struct client_result {
 };
 
 struct client_stats {
-    std::uint64_t requests = 0;      // request() calls
-    std::uint64_t connects = 0;      // TCP connections established
-    std::uint64_t handshakes = 0;    // TLS handshakes completed
-    std::uint64_t reused = 0;        // requests served on a pooled connection
-    std::uint64_t open = 0;          // connections open now (idle + busy + connecting)
-    std::uint64_t idle = 0;          // idle connections in the pool now
+    std::uint64_t requests = 0;    // request() calls
+    std::uint64_t connects = 0;    // TCP connections established
+    std::uint64_t handshakes = 0;  // TLS handshakes completed
+    std::uint64_t reused = 0;      // requests served on a pooled connection
+    std::uint64_t open = 0;        // connections open now (idle + busy + connecting)
+    std::uint64_t idle = 0;        // idle connections in the pool now
 };
 
 class client {
-public:
+  public:
     // `base_url` is an origin ("https://api.stripe.com"). Fails on a bad URL or an https origin without
     // `opts.tls`.
     static result<std::unique_ptr<client>> create(asio::any_io_executor ex, std::string_view base_url,
@@ -83,7 +83,7 @@ public:
 
     struct state;
 
-private:
+  private:
     std::shared_ptr<state> st_;
 };
 

@@ -1,5 +1,7 @@
 #include "http/client_connection.hpp"
 
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <sys/socket.h>
 
 #include <asio/connect.hpp>
@@ -7,8 +9,6 @@
 #include <asio/ssl/error.hpp>
 #include <asio/write.hpp>
 #include <cerrno>
-#include <openssl/ssl.h>
-#include <openssl/x509.h>
 
 #include "http/proto/error.hpp"
 #include "net/error.hpp"
@@ -31,7 +31,9 @@ client_connection::~client_connection() {
     lowest().close(ignored);
 }
 
-net::tcp_socket& client_connection::lowest() noexcept { return tls_ ? tls_->next_layer() : *tcp_; }
+net::tcp_socket& client_connection::lowest() noexcept {
+    return tls_ ? tls_->next_layer() : *tcp_;
+}
 
 net::awaitable<result<void>> client_connection::connect(const origin& o,
                                                         std::chrono::steady_clock::duration timeout) {
@@ -48,7 +50,8 @@ net::awaitable<result<void>> client_connection::connect(const origin& o,
     auto [hec] = co_await tls_->async_handshake(asio::ssl::stream_base::client);
     if (hec) {
         bool verify = SSL_get_verify_result(tls_->native_handle()) != X509_V_OK;
-        std::string why = "TLS handshake with " + o.to_string() + " failed: " + net::describe_tls_error(*tls_, hec);
+        std::string why =
+            "TLS handshake with " + o.to_string() + " failed: " + net::describe_tls_error(*tls_, hec);
         if (verify) co_return error(net::errc::tls_verify_failed, std::move(why));
         co_return error(hec, std::move(why));
     }

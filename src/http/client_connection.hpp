@@ -19,7 +19,7 @@
 namespace cg::http {
 
 class client_connection {
-public:
+  public:
     // `tls` null → plain TCP. The context must outlive the connection.
     client_connection(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls);
     ~client_connection();
@@ -47,7 +47,7 @@ public:
 
     std::chrono::steady_clock::time_point idle_since{};
 
-private:
+  private:
     net::tcp_socket& lowest() noexcept;
 
     std::shared_ptr<asio::ssl::context> tls_ctx_;

@@ -3,12 +3,18 @@
 namespace cg::http {
 
 namespace {
-response report(const metrics::health_report& rep) { return make_response(rep.ok ? 200 : 503, rep.body); }
+response report(const metrics::health_report& rep) {
+    return make_response(rep.ok ? 200 : 503, rep.body);
+}
 
 // Free coroutines (STYLE.md: no capturing coroutine lambdas); the router's forwarding lambdas only pass the
 // state, which the caller keeps alive as long as the router.
-asio::awaitable<response> live(const metrics::health* h) { co_return report(h->live()); }
-asio::awaitable<response> ready(const metrics::health* h) { co_return report(h->ready()); }
+asio::awaitable<response> live(const metrics::health* h) {
+    co_return report(h->live());
+}
+asio::awaitable<response> ready(const metrics::health* h) {
+    co_return report(h->ready());
+}
 asio::awaitable<response> scrape(const metrics::registry* reg) {
     co_return make_response(200, reg->render(), metrics::registry::content_type);
 }

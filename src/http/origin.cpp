@@ -10,7 +10,9 @@ std::string origin::host_header() const {
     return h;
 }
 
-std::string origin::to_string() const { return (tls ? "https://" : "http://") + host_header(); }
+std::string origin::to_string() const {
+    return (tls ? "https://" : "http://") + host_header();
+}
 
 result<origin> parse_origin(std::string_view url) {
     origin o;
@@ -23,17 +25,20 @@ result<origin> parse_origin(std::string_view url) {
         o.port = 80;
         url.remove_prefix(7);
     } else {
-        return error(core_errc::invalid_argument, "URL must start with http:// or https://: '" + std::string(url) + "'");
+        return error(core_errc::invalid_argument,
+                     "URL must start with http:// or https://: '" + std::string(url) + "'");
     }
     if (auto slash = url.find('/'); slash != std::string_view::npos) {
         if (url.substr(slash) != "/")
-            return error(core_errc::invalid_argument, "base URL must not carry a path: '" + std::string(url) + "'");
+            return error(core_errc::invalid_argument,
+                         "base URL must not carry a path: '" + std::string(url) + "'");
         url = url.substr(0, slash);
     }
     std::string_view port_part;
     if (url.starts_with('[')) {
         auto close = url.find(']');
-        if (close == std::string_view::npos) return error(core_errc::invalid_argument, "unterminated IPv6 literal");
+        if (close == std::string_view::npos)
+            return error(core_errc::invalid_argument, "unterminated IPv6 literal");
         o.host = std::string(url.substr(1, close - 1));
         auto rest = url.substr(close + 1);
         if (!rest.empty()) {

@@ -18,7 +18,8 @@ asio::awaitable<response> router::dispatch(request& req) const {
     for (const auto& r : routes_) {
         bool path_ok = r.prefix ? path.starts_with(r.path) : path == r.path;
         if (!path_ok) continue;
-        bool method_ok = r.method.empty() || r.method == req.method || (req.method == "HEAD" && r.method == "GET");
+        bool method_ok =
+            r.method.empty() || r.method == req.method || (req.method == "HEAD" && r.method == "GET");
         if (method_ok) co_return co_await r.h(req);
         if (!allow.empty()) allow += ", ";
         allow += r.method;

@@ -14,7 +14,7 @@ namespace cg::http {
 using handler = std::function<asio::awaitable<response>(request&)>;
 
 class router {
-public:
+  public:
     // `method` empty matches any method. Later routes do not override earlier ones.
     router& add(std::string method, std::string path, handler h);
     router& add_prefix(std::string method, std::string prefix, handler h);
@@ -23,7 +23,7 @@ public:
     // differs. Exceptions from handlers propagate to the caller (the server turns them into 500).
     asio::awaitable<response> dispatch(request& req) const;
 
-private:
+  private:
     struct route {
         std::string method;
         std::string path;

@@ -1,9 +1,9 @@
 #include "http/server.hpp"
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/ssl/stream.hpp>
 #include <asio/write.hpp>
-#include <algorithm>
 #include <set>
 
 #include "net/error.hpp"
@@ -137,8 +137,8 @@ asio::awaitable<void> run_connection(std::shared_ptr<server::state> st, net::tcp
     st->conns.erase(&sock);
     st->conns.insert(&tls.next_layer());
     guard.s = &tls.next_layer();
-    auto hs = co_await net::with_timeout(
-        tls.async_handshake(asio::ssl::stream_base::server), st->opts.read_timeout);
+    auto hs = co_await net::with_timeout(tls.async_handshake(asio::ssl::stream_base::server),
+                                         st->opts.read_timeout);
     if (!hs || std::get<0>(*hs)) co_return;
     co_await serve(st, tls);
     // Best-effort close_notify, bounded so a silent peer cannot hold the coroutine.
@@ -223,6 +223,8 @@ net::tcp::endpoint server::local_endpoint() const {
     return st_->acceptor.local_endpoint(ec);
 }
 
-std::size_t server::open_connections() const { return st_->conns.size(); }
+std::size_t server::open_connections() const {
+    return st_->conns.size();
+}
 
 }  // namespace cg::http

@@ -26,7 +26,7 @@ struct server_options {
 };
 
 class server {
-public:
+  public:
     server(asio::any_io_executor ex, router routes, server_options opts, logger log);
     ~server();
     server(const server&) = delete;
@@ -45,7 +45,7 @@ public:
 
     struct state;  // shared with connection coroutines; opaque
 
-private:
+  private:
     std::shared_ptr<state> st_;
 };
 

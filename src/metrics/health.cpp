@@ -35,7 +35,9 @@ health_report health::live() const {
 
 health_report health::ready(bool ready_when_empty) const {
     std::lock_guard lock(mu_);
-    if (ready_.empty()) return {ready_when_empty, ready_when_empty ? "ok (no checks)\n" : "FAIL no readiness checks registered\n"};
+    if (ready_.empty())
+        return {ready_when_empty,
+                ready_when_empty ? "ok (no checks)\n" : "FAIL no readiness checks registered\n"};
     return run(ready_);
 }
 

@@ -20,7 +20,7 @@ struct health_report {
 };
 
 class health {
-public:
+  public:
     using check = std::function<check_status()>;
 
     void add_liveness(std::string name, check c);
@@ -31,7 +31,7 @@ public:
     // unless `ready_when_empty` is set for processes with no dependencies.
     health_report ready(bool ready_when_empty = false) const;
 
-private:
+  private:
     static health_report run(const std::vector<std::pair<std::string, check>>& checks);
     mutable std::mutex mu_;
     std::vector<std::pair<std::string, check>> live_, ready_;

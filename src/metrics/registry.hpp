@@ -21,7 +21,7 @@ using family = prometheus::Family<T>;
 using labels = prometheus::Labels;
 
 class registry {
-public:
+  public:
     registry();
 
     // Families are created once per name; asking again returns the same family.
@@ -35,7 +35,7 @@ public:
 
     prometheus::Registry& raw() { return *reg_; }
 
-private:
+  private:
     std::shared_ptr<prometheus::Registry> reg_;
 };
 

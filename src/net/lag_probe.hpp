@@ -11,7 +11,7 @@
 namespace cg::net {
 
 class lag_probe : public std::enable_shared_from_this<lag_probe> {
-public:
+  public:
     using clock = std::chrono::steady_clock;
     // `record` is called on the probed executor with each measured lateness in seconds.
     lag_probe(asio::any_io_executor ex, clock::duration interval, std::function<void(double)> record);
@@ -25,7 +25,7 @@ public:
     // Thread-safe: health handlers may ask from anywhere.
     double recent_max_lag(clock::duration window) const;
 
-private:
+  private:
     friend struct lag_probe_runner;
     void on_tick(clock::time_point due, clock::time_point fired);
 

@@ -2,7 +2,8 @@
 
 namespace cg::net {
 
-offload_pool::offload_pool(unsigned threads) : ctx_(static_cast<int>(threads ? threads : 1)), work_(ctx_.get_executor()) {
+offload_pool::offload_pool(unsigned threads)
+    : ctx_(static_cast<int>(threads ? threads : 1)), work_(ctx_.get_executor()) {
     if (threads == 0) threads = 1;
     threads_.reserve(threads);
     for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { ctx_.run(); });
@@ -13,7 +14,9 @@ offload_pool::~offload_pool() {
     join();
 }
 
-void offload_pool::drain() { work_.reset(); }
+void offload_pool::drain() {
+    work_.reset();
+}
 
 void offload_pool::stop() {
     work_.reset();

@@ -16,7 +16,7 @@
 namespace cg::net {
 
 class offload_pool {
-public:
+  public:
     // Starts `threads` threads (at least 1) running the pool's io_context.
     explicit offload_pool(unsigned threads = 2);
     ~offload_pool();  // stop() + join()
@@ -32,7 +32,7 @@ public:
     void stop();
     void join();
 
-private:
+  private:
     asio::io_context ctx_;
     asio::executor_work_guard<asio::io_context::executor_type> work_;
     std::vector<std::thread> threads_;

@@ -55,8 +55,12 @@ asio::awaitable<outcome> exchange(net::host_port where, std::string target, std:
         }
         if (parser.state() == http::parse_state::done) co_return outcome{{}, std::move(parser.message())};
         if (parser.state() == http::parse_state::failed)
-            co_return outcome{error(parser.error(), "response from " + where.to_string() + ": " + parser.error_detail()), {}};
-        if (ec) co_return outcome{error(errc::connection_closed, "response from " + where.to_string() + " cut short"), {}};
+            co_return outcome{
+                error(parser.error(), "response from " + where.to_string() + ": " + parser.error_detail()),
+                {}};
+        if (ec)
+            co_return outcome{
+                error(errc::connection_closed, "response from " + where.to_string() + " cut short"), {}};
     }
 }
 
@@ -65,7 +69,8 @@ asio::awaitable<outcome> exchange(net::host_port where, std::string target, std:
 asio::awaitable<result<http::response>> http_get(net::host_port where, std::string target, std::string accept,
                                                  std::chrono::milliseconds timeout) {
     auto name = where.to_string();
-    auto r = co_await net::with_timeout(exchange(std::move(where), std::move(target), std::move(accept)), timeout);
+    auto r =
+        co_await net::with_timeout(exchange(std::move(where), std::move(target), std::move(accept)), timeout);
     if (!r) co_return error(errc::timeout, "GET from " + name + " timed out");
     if (r->err) co_return std::move(r->err);
     co_return std::move(r->resp);

@@ -18,7 +18,7 @@ namespace cg::nsq {
 class connection;
 
 class message {
-public:
+  public:
     using clock = std::chrono::steady_clock;
     message(const proto::message_view& v, std::shared_ptr<connection> conn, clock::time_point delivered,
             std::chrono::milliseconds msg_timeout, std::chrono::milliseconds max_msg_timeout);
@@ -28,8 +28,8 @@ public:
 
     std::string_view id() const noexcept { return id_.view(); }  // 16 ASCII bytes
     const proto::message_id& raw_id() const noexcept { return id_; }
-    std::uint16_t attempts() const noexcept { return attempts_; }  // 1 on first delivery
-    std::int64_t timestamp() const noexcept { return timestamp_; } // ns since the epoch, set at publish
+    std::uint16_t attempts() const noexcept { return attempts_; }   // 1 on first delivery
+    std::int64_t timestamp() const noexcept { return timestamp_; }  // ns since the epoch, set at publish
     const std::string& body() const noexcept { return body_; }
 
     // Sends TOUCH: nsqd resets this message's timeout to now + msg_timeout (capped at delivery +
@@ -44,7 +44,7 @@ public:
     // The connection the message came on (internal: the consumer and keepalive use it).
     const std::shared_ptr<connection>& conn() const noexcept { return conn_; }
 
-private:
+  private:
     proto::message_id id_;
     std::uint16_t attempts_ = 0;
     std::int64_t timestamp_ = 0;
@@ -56,7 +56,7 @@ private:
 
 // What a handler decided.
 class disposition {
-public:
+  public:
     enum class kind { finish, requeue, requeue_without_backoff };
 
     static disposition finish() { return disposition(kind::finish, std::nullopt); }
@@ -65,14 +65,15 @@ public:
         return disposition(kind::requeue, delay);
     }
     // REQ without touching the backoff state ("not now", e.g. a lease held by another worker).
-    static disposition requeue_without_backoff(std::optional<std::chrono::milliseconds> delay = std::nullopt) {
+    static disposition requeue_without_backoff(
+        std::optional<std::chrono::milliseconds> delay = std::nullopt) {
         return disposition(kind::requeue_without_backoff, delay);
     }
 
     kind what() const noexcept { return kind_; }
     std::optional<std::chrono::milliseconds> delay() const noexcept { return delay_; }
 
-private:
+  private:
     disposition(kind k, std::optional<std::chrono::milliseconds> d) : kind_(k), delay_(d) {}
     kind kind_;
     std::optional<std::chrono::milliseconds> delay_;
@@ -92,7 +93,7 @@ using give_up_handler = std::function<asio::awaitable<disposition>(message&)>;
 // consumer's executor; destroy (normally: leave scope) before the handler returns. The message must
 // outlive the keepalive.
 class keepalive {
-public:
+  public:
     explicit keepalive(message& m);
     ~keepalive();
     keepalive(const keepalive&) = delete;
@@ -102,7 +103,7 @@ public:
 
     struct state;
 
-private:
+  private:
     std::shared_ptr<state> st_;
 };
 

@@ -16,7 +16,7 @@
 namespace cg::nsq {
 
 class producer {
-public:
+  public:
     producer(asio::any_io_executor ex, std::string nsqd_tcp_address, producer_config cfg, logger log);
     // Closes the connection; pending calls complete with shutting_down.
     ~producer();
@@ -30,7 +30,8 @@ public:
     // the producer must outlive the call.
     asio::awaitable<result<void>> publish(std::string topic, std::string body);
     asio::awaitable<result<void>> multi_publish(std::string topic, std::vector<std::string> bodies);
-    asio::awaitable<result<void>> deferred_publish(std::string topic, std::chrono::milliseconds delay, std::string body);
+    asio::awaitable<result<void>> deferred_publish(std::string topic, std::chrono::milliseconds delay,
+                                                   std::string body);
 
     // Closes the connection once every pending call was answered.
     asio::awaitable<void> close();
@@ -39,7 +40,7 @@ public:
 
     struct state;
 
-private:
+  private:
     asio::awaitable<result<void>> send(std::string command, std::uint64_t count);
     std::shared_ptr<state> st_;
 };

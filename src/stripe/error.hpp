@@ -11,15 +11,17 @@ enum class errc {
     declined,
     cap_exceeded,
     idempotency_conflict,
-    retry_same_key,   // still failing after the bounded retries; try again later with the same key
-    indeterminate,    // the request may or may not have taken effect
-    rejected,         // auth, permission, validation, not found
-    bad_response,     // a 2xx whose body is not the expected JSON object
-    bad_config,       // missing key, unreadable key file, bad URL
+    retry_same_key,  // still failing after the bounded retries; try again later with the same key
+    indeterminate,   // the request may or may not have taken effect
+    rejected,        // auth, permission, validation, not found
+    bad_response,    // a 2xx whose body is not the expected JSON object
+    bad_config,      // missing key, unreadable key file, bad URL
 };
 
 const std::error_category& category() noexcept;
-inline std::error_code make_error_code(errc e) noexcept { return {static_cast<int>(e), category()}; }
+inline std::error_code make_error_code(errc e) noexcept {
+    return {static_cast<int>(e), category()};
+}
 
 }  // namespace cg::stripe
 

@@ -42,7 +42,8 @@ result<form_pairs> decode_form(std::string_view body) {
         if (!part.empty()) {
             auto eq = part.find('=');
             auto k = http::url_decode(part.substr(0, eq));
-            auto v = eq == std::string_view::npos ? std::optional<std::string>("") : http::url_decode(part.substr(eq + 1));
+            auto v = eq == std::string_view::npos ? std::optional<std::string>("")
+                                                  : http::url_decode(part.substr(eq + 1));
             if (!k || !v) return error(core_errc::parse_error, "bad percent-escape in form body");
             out.emplace_back(std::move(*k), std::move(*v));
         }

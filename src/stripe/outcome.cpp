@@ -6,13 +6,20 @@ namespace cg::stripe {
 
 std::string_view to_string(outcome_class c) noexcept {
     switch (c) {
-        case outcome_class::succeeded: return "succeeded";
-        case outcome_class::declined: return "declined";
-        case outcome_class::cap_exceeded: return "cap_exceeded";
-        case outcome_class::idempotency_conflict: return "idempotency_conflict";
-        case outcome_class::retry_same_key: return "retry_same_key";
-        case outcome_class::indeterminate: return "indeterminate";
-        case outcome_class::rejected: return "rejected";
+        case outcome_class::succeeded:
+            return "succeeded";
+        case outcome_class::declined:
+            return "declined";
+        case outcome_class::cap_exceeded:
+            return "cap_exceeded";
+        case outcome_class::idempotency_conflict:
+            return "idempotency_conflict";
+        case outcome_class::retry_same_key:
+            return "retry_same_key";
+        case outcome_class::indeterminate:
+            return "indeterminate";
+        case outcome_class::rejected:
+            return "rejected";
     }
     return "unknown";
 }

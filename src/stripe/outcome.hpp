@@ -21,9 +21,9 @@ std::string_view to_string(outcome_class c) noexcept;
 // What a response says about itself.
 struct response_facts {
     int status = 0;
-    std::string_view error_type;        // error.type from the JSON body, if any
-    std::string_view error_code;        // error.code
-    std::optional<bool> should_retry;   // Stripe-Should-Retry header
+    std::string_view error_type;       // error.type from the JSON body, if any
+    std::string_view error_code;       // error.code
+    std::optional<bool> should_retry;  // Stripe-Should-Retry header
 };
 
 outcome_class classify_response(const response_facts& f) noexcept;

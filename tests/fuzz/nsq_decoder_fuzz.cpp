@@ -31,7 +31,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                     if (m) (void)m->body.size();
                     break;
                 }
-                case frame_type::error: (void)classify_error(f.data); break;
+                case frame_type::error:
+                    (void)classify_error(f.data);
+                    break;
                 case frame_type::response:
                     if (!f.data.empty() && f.data.front() == '{') {
                         (void)parse_identify_response(f.data);

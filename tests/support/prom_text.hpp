@@ -24,6 +24,7 @@ struct prom_family {
 std::map<std::string, prom_family> parse_prometheus(const std::string& text);
 
 // Sum of a histogram's observations at or below `le` (the bucket's cumulative count).
-double bucket_count(const prom_family& f, const std::string& le, const std::map<std::string, std::string>& labels = {});
+double bucket_count(const prom_family& f, const std::string& le,
+                    const std::map<std::string, std::string>& labels = {});
 
 }  // namespace cg::test

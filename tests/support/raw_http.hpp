@@ -15,7 +15,7 @@
 namespace cg::test {
 
 class raw_http {
-public:
+  public:
     explicit raw_http(unsigned short port) : sock_(io_) {
         sock_.connect({asio::ip::make_address("127.0.0.1"), port});
     }
@@ -40,7 +40,8 @@ public:
         for (;;) {
             if (!buf_.empty()) buf_.erase(0, p.feed(buf_));
             if (p.state() == http::parse_state::done) return p.message();
-            if (p.state() == http::parse_state::failed) throw std::runtime_error("bad response: " + p.error_detail());
+            if (p.state() == http::parse_state::failed)
+                throw std::runtime_error("bad response: " + p.error_detail());
             char chunk[4096];
             std::error_code ec;
             auto n = sock_.read_some(asio::buffer(chunk), ec);
@@ -61,12 +62,14 @@ public:
         return ec == asio::error::eof || ec == asio::error::connection_reset;
     }
 
-private:
+  private:
     asio::io_context io_;
     asio::ip::tcp::socket sock_;
     std::string buf_;
 };
 
-inline http::response http_get(unsigned short port, const std::string& path) { return raw_http(port).get(path); }
+inline http::response http_get(unsigned short port, const std::string& path) {
+    return raw_http(port).get(path);
+}
 
 }  // namespace cg::test

@@ -13,7 +13,8 @@ namespace cg::test {
 
 // Runs `io` until `done` is set (not until it runs out of work: a server on `io` never does), at most
 // `limit`.
-inline void run_until_done(asio::io_context& io, const bool& done, std::chrono::steady_clock::duration limit) {
+inline void run_until_done(asio::io_context& io, const bool& done,
+                           std::chrono::steady_clock::duration limit) {
     io.restart();
     auto deadline = std::chrono::steady_clock::now() + limit;
     while (!done && io.run_one_until(deadline) > 0) {
@@ -25,7 +26,8 @@ inline void run_until_done(asio::io_context& io, const bool& done, std::chrono::
 // outlives the pool's threads: they may still release their hold on `io` after the coroutine is done.
 // Throws std::runtime_error on timeout; rethrows the coroutine's exception.
 template <typename Make>
-auto run_async(asio::io_context& io, Make&& make, std::chrono::steady_clock::duration limit = std::chrono::seconds(30)) {
+auto run_async(asio::io_context& io, Make&& make,
+               std::chrono::steady_clock::duration limit = std::chrono::seconds(30)) {
     using awaitable_t = decltype(make());
     using T = typename awaitable_t::value_type;
     std::exception_ptr err;

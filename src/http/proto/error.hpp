@@ -17,7 +17,9 @@ enum class errc {
 };
 
 const std::error_category& category() noexcept;
-inline std::error_code make_error_code(errc e) noexcept { return {static_cast<int>(e), category()}; }
+inline std::error_code make_error_code(errc e) noexcept {
+    return {static_cast<int>(e), category()};
+}
 
 // The status a server answers for a parse error.
 int status_for(errc e) noexcept;

@@ -12,7 +12,7 @@ namespace cg::http {
 
 // Ordered header list; lookups are case-insensitive.
 class headers {
-public:
+  public:
     void add(std::string name, std::string value) { items_.emplace_back(std::move(name), std::move(value)); }
     // Replaces every header named `name` with one value.
     void set(std::string_view name, std::string value);
@@ -27,7 +27,7 @@ public:
     std::size_t size() const { return items_.size(); }
     void clear() { items_.clear(); }
 
-private:
+  private:
     std::vector<std::pair<std::string, std::string>> items_;
 };
 
@@ -64,7 +64,8 @@ void serialize(const request& r, std::string& out);
 void serialize(const response& r, std::string& out, bool head_request = false);
 
 // Convenience for handlers.
-response make_response(int status, std::string body = {}, std::string_view content_type = "text/plain; charset=utf-8");
+response make_response(int status, std::string body = {},
+                       std::string_view content_type = "text/plain; charset=utf-8");
 
 // Percent-decoding of a query component ('+' → space); nullopt on a bad escape.
 std::optional<std::string> url_decode(std::string_view s);

@@ -9,14 +9,22 @@ namespace cg::http {
 namespace {
 const char* describe(int v) noexcept {
     switch (static_cast<errc>(v)) {
-        case errc::ok: return "ok";
-        case errc::bad_message: return "malformed HTTP message";
-        case errc::header_too_large: return "header section too large";
-        case errc::body_too_large: return "body too large";
-        case errc::unsupported: return "unsupported HTTP feature";
-        case errc::connection_closed: return "connection closed";
-        case errc::timeout: return "HTTP timeout";
-        case errc::pool_exhausted: return "HTTP connection pool exhausted";
+        case errc::ok:
+            return "ok";
+        case errc::bad_message:
+            return "malformed HTTP message";
+        case errc::header_too_large:
+            return "header section too large";
+        case errc::body_too_large:
+            return "body too large";
+        case errc::unsupported:
+            return "unsupported HTTP feature";
+        case errc::connection_closed:
+            return "connection closed";
+        case errc::timeout:
+            return "HTTP timeout";
+        case errc::pool_exhausted:
+            return "HTTP connection pool exhausted";
     }
     return "unknown http error";
 }
@@ -29,10 +37,14 @@ const std::error_category& category() noexcept {
 
 int status_for(errc e) noexcept {
     switch (e) {
-        case errc::header_too_large: return 431;
-        case errc::body_too_large: return 413;
-        case errc::unsupported: return 501;
-        default: return 400;
+        case errc::header_too_large:
+            return 431;
+        case errc::body_too_large:
+            return 413;
+        case errc::unsupported:
+            return 501;
+        default:
+            return 400;
     }
 }
 
@@ -78,7 +90,9 @@ struct parser_impl {
 
 namespace {
 
-detail::parser_impl& self(http_parser* p) { return *static_cast<detail::parser_impl*>(p->data); }
+detail::parser_impl& self(http_parser* p) {
+    return *static_cast<detail::parser_impl*>(p->data);
+}
 
 int on_message_begin(http_parser* p) {
     self(p).started = true;
@@ -182,7 +196,8 @@ basic_parser<Message>::basic_parser(parse_limits limits) : impl_(std::make_uniqu
 template <typename Message>
 basic_parser<Message>::~basic_parser() = default;
 template <typename Message>
-basic_parser<Message>::basic_parser(basic_parser&& o) noexcept : impl_(std::move(o.impl_)), msg_(std::move(o.msg_)) {
+basic_parser<Message>::basic_parser(basic_parser&& o) noexcept
+    : impl_(std::move(o.impl_)), msg_(std::move(o.msg_)) {
     if (impl_) reset();
 }
 template <typename Message>
@@ -256,17 +271,29 @@ void basic_parser<Message>::feed_eof() {
 }
 
 template <typename Message>
-parse_state basic_parser<Message>::state() const noexcept { return impl_->state; }
+parse_state basic_parser<Message>::state() const noexcept {
+    return impl_->state;
+}
 template <typename Message>
-errc basic_parser<Message>::error() const noexcept { return impl_->err; }
+errc basic_parser<Message>::error() const noexcept {
+    return impl_->err;
+}
 template <typename Message>
-const std::string& basic_parser<Message>::error_detail() const noexcept { return impl_->detail; }
+const std::string& basic_parser<Message>::error_detail() const noexcept {
+    return impl_->detail;
+}
 template <typename Message>
-bool basic_parser<Message>::started() const noexcept { return impl_->started; }
+bool basic_parser<Message>::started() const noexcept {
+    return impl_->started;
+}
 template <typename Message>
-Message& basic_parser<Message>::message() noexcept { return msg_; }
+Message& basic_parser<Message>::message() noexcept {
+    return msg_;
+}
 template <typename Message>
-void basic_parser<Message>::expect_no_body(bool v) noexcept { impl_->no_body = v; }
+void basic_parser<Message>::expect_no_body(bool v) noexcept {
+    impl_->no_body = v;
+}
 
 template class basic_parser<request>;
 template class basic_parser<response>;

@@ -25,7 +25,7 @@ struct parser_impl;
 
 template <typename Message>
 class basic_parser {
-public:
+  public:
     explicit basic_parser(parse_limits limits = {});
     ~basic_parser();
     basic_parser(basic_parser&&) noexcept;
@@ -51,7 +51,7 @@ public:
     // Response parsers only: the request was HEAD, so no body follows.
     void expect_no_body(bool v) noexcept;
 
-private:
+  private:
     std::unique_ptr<detail::parser_impl> impl_;
     Message msg_;
 };

@@ -51,10 +51,16 @@ void append_mpub_impl(std::string& out, std::string_view topic, std::span<const 
 
 }  // namespace
 
-bool valid_topic_name(std::string_view name) noexcept { return valid_name(name); }
-bool valid_channel_name(std::string_view name) noexcept { return valid_name(name); }
+bool valid_topic_name(std::string_view name) noexcept {
+    return valid_name(name);
+}
+bool valid_channel_name(std::string_view name) noexcept {
+    return valid_name(name);
+}
 
-void append_magic(std::string& out) { out.append(magic_v2); }
+void append_magic(std::string& out) {
+    out.append(magic_v2);
+}
 
 void append_identify(std::string& out, std::string_view json) {
     out.append("IDENTIFY\n");
@@ -75,7 +81,9 @@ void append_rdy(std::string& out, std::uint64_t count) {
     out.push_back('\n');
 }
 
-void append_fin(std::string& out, std::string_view id) { append_line2(out, "FIN", id); }
+void append_fin(std::string& out, std::string_view id) {
+    append_line2(out, "FIN", id);
+}
 
 void append_req(std::string& out, std::string_view id, std::uint64_t delay_ms) {
     out.append("REQ ");
@@ -85,9 +93,15 @@ void append_req(std::string& out, std::string_view id, std::uint64_t delay_ms) {
     out.push_back('\n');
 }
 
-void append_touch(std::string& out, std::string_view id) { append_line2(out, "TOUCH", id); }
-void append_nop(std::string& out) { out.append("NOP\n"); }
-void append_cls(std::string& out) { out.append("CLS\n"); }
+void append_touch(std::string& out, std::string_view id) {
+    append_line2(out, "TOUCH", id);
+}
+void append_nop(std::string& out) {
+    out.append("NOP\n");
+}
+void append_cls(std::string& out) {
+    out.append("CLS\n");
+}
 
 void append_auth(std::string& out, std::string_view secret) {
     out.append("AUTH\n");

@@ -43,7 +43,8 @@ result<std::vector<producer_info>> parse_lookup_response(std::string_view body) 
     return out;
 }
 
-std::string to_lookup_json(const std::vector<std::string>& channels, const std::vector<producer_info>& producers) {
+std::string to_lookup_json(const std::vector<std::string>& channels,
+                           const std::vector<producer_info>& producers) {
     std::string out = "{\"channels\":[";
     for (std::size_t i = 0; i < channels.size(); ++i) {
         if (i) out.push_back(',');
@@ -59,8 +60,8 @@ std::string to_lookup_json(const std::vector<std::string>& channels, const std::
         append_json_string(out, p.hostname);
         out += ",\"broadcast_address\":";
         append_json_string(out, p.broadcast_address);
-        out += ",\"tcp_port\":" + std::to_string(p.tcp_port) + ",\"http_port\":" + std::to_string(p.http_port) +
-               ",\"version\":";
+        out += ",\"tcp_port\":" + std::to_string(p.tcp_port) +
+               ",\"http_port\":" + std::to_string(p.http_port) + ",\"version\":";
         append_json_string(out, p.version);
         out.push_back('}');
     }

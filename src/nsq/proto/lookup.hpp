@@ -24,6 +24,7 @@ struct producer_info {
 // Accepts the v1 body {"channels":[…],"producers":[…]} and the pre-1.0 {"status_code":…,"data":{…}} one.
 result<std::vector<producer_info>> parse_lookup_response(std::string_view body);
 // The body nsqlookupd 1.3.0 writes (fake-nsqlookupd).
-std::string to_lookup_json(const std::vector<std::string>& channels, const std::vector<producer_info>& producers);
+std::string to_lookup_json(const std::vector<std::string>& channels,
+                           const std::vector<producer_info>& producers);
 
 }  // namespace cg::nsq::proto

@@ -31,8 +31,8 @@ result<message_view> parse_message(std::string_view data) {
     return m;
 }
 
-void append_message_frame(std::string& out, std::int64_t timestamp, std::uint16_t attempts, std::string_view id,
-                          std::string_view body) {
+void append_message_frame(std::string& out, std::int64_t timestamp, std::uint16_t attempts,
+                          std::string_view id, std::string_view body) {
     append_be32(out, static_cast<std::uint32_t>(4 + message_header_size + body.size()));
     append_be32(out, static_cast<std::uint32_t>(frame_type::message));
     append_be64(out, static_cast<std::uint64_t>(timestamp));

@@ -37,7 +37,7 @@ struct message_view {
 result<message_view> parse_message(std::string_view data);
 
 // Builds a message frame (server side: fake-nsqd, tests).
-void append_message_frame(std::string& out, std::int64_t timestamp, std::uint16_t attempts, std::string_view id,
-                          std::string_view body);
+void append_message_frame(std::string& out, std::int64_t timestamp, std::uint16_t attempts,
+                          std::string_view id, std::string_view body);
 
 }  // namespace cg::nsq::proto

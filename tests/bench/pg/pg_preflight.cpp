@@ -119,8 +119,8 @@ figures run(const pg::config& cfg, net::offload_pool& offload, std::int64_t n, i
                        });
     }
     io.run();
-    return {std::chrono::duration<double>(clock_type::now() - t0).count(), cg::test::cpu_seconds() - c0, st.inserted,
-            st.errors};
+    return {std::chrono::duration<double>(clock_type::now() - t0).count(), cg::test::cpu_seconds() - c0,
+            st.inserted, st.errors};
 }
 
 // Runs pgbench with the same statement; returns its TPS (0 if it could not run).

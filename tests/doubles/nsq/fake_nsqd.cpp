@@ -111,8 +111,12 @@ std::string json_escape(std::string_view s) {
     return out;
 }
 
-std::int64_t unix_now() { return duration_cast<seconds>(system_clock::now().time_since_epoch()).count(); }
-std::int64_t unix_now_ns() { return duration_cast<nanoseconds>(system_clock::now().time_since_epoch()).count(); }
+std::int64_t unix_now() {
+    return duration_cast<seconds>(system_clock::now().time_since_epoch()).count();
+}
+std::int64_t unix_now_ns() {
+    return duration_cast<nanoseconds>(system_clock::now().time_since_epoch()).count();
+}
 
 }  // namespace
 
@@ -224,9 +228,7 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         cl.notify();
     }
 
-    void requeue_now(chan_t& c, msg m) {
-        c.queue.push_back(std::move(m));
-    }
+    void requeue_now(chan_t& c, msg m) { c.queue.push_back(std::move(m)); }
 
     // Timeouts and deferred messages (nsqd's queueScanLoop).
     void scan() {
@@ -457,7 +459,8 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
     static client_error fatal(std::string code, std::string text) { return {code + " " + text, true}; }
     static client_error nonfatal(std::string code, std::string text) { return {code + " " + text, false}; }
 
-    asio::awaitable<exec_result> exec(client& cl, const std::vector<std::string_view>& p, sclock::time_point dl) {
+    asio::awaitable<exec_result> exec(client& cl, const std::vector<std::string_view>& p,
+                                      sclock::time_point dl) {
         auto cmd = p[0];
         if (cmd == "IDENTIFY") co_return co_await identify(cl, p, dl);
         if (cmd == "FIN") co_return fin(cl, p);
@@ -474,7 +477,8 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         co_return fatal("E_INVALID", "invalid command " + std::string(cmd));
     }
 
-    asio::awaitable<exec_result> identify(client& cl, const std::vector<std::string_view>&, sclock::time_point dl) {
+    asio::awaitable<exec_result> identify(client& cl, const std::vector<std::string_view>&,
+                                          sclock::time_point dl) {
         if (cl.state != cstate::init) co_return fatal("E_INVALID", "cannot IDENTIFY in current state");
         auto len = co_await read_len(cl, dl);
         if (!len) co_return fatal("E_BAD_BODY", "IDENTIFY failed to read body size");
@@ -486,22 +490,29 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         if (!body) co_return fatal("E_BAD_BODY", "IDENTIFY failed to read body");
         auto req = proto::parse_identify_request(*body);
         if (!req) co_return fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body");
-        if (auto r = proto::check_heartbeat_interval(req->heartbeat_interval_ms, opts.max_heartbeat_interval.count()); !r)
+        if (auto r = proto::check_heartbeat_interval(req->heartbeat_interval_ms,
+                                                     opts.max_heartbeat_interval.count());
+            !r)
             co_return fatal("E_BAD_BODY", "IDENTIFY " + r.err().message);
         auto obs = req->output_buffer_size, obt = req->output_buffer_timeout;
         if (!(obs == -1 || obs == 0 || (obs >= 64 && obs <= 64 * 1024)))
-            co_return fatal("E_BAD_BODY", "IDENTIFY output buffer size (" + std::to_string(obs) + ") is invalid");
+            co_return fatal("E_BAD_BODY",
+                            "IDENTIFY output buffer size (" + std::to_string(obs) + ") is invalid");
         if (!(obt == -1 || obt == 0 || (obt >= 25 && obt <= 30000)))
-            co_return fatal("E_BAD_BODY", "IDENTIFY output buffer timeout (" + std::to_string(obt) + ") is invalid");
+            co_return fatal("E_BAD_BODY",
+                            "IDENTIFY output buffer timeout (" + std::to_string(obt) + ") is invalid");
         if (req->sample_rate < 0 || req->sample_rate > 99)
-            co_return fatal("E_BAD_BODY", "IDENTIFY sample rate (" + std::to_string(req->sample_rate) + ") is invalid");
+            co_return fatal("E_BAD_BODY",
+                            "IDENTIFY sample rate (" + std::to_string(req->sample_rate) + ") is invalid");
         if (auto r = proto::check_msg_timeout(req->msg_timeout_ms, opts.max_msg_timeout.count()); !r)
             co_return fatal("E_BAD_BODY", "IDENTIFY " + r.err().message);
         cl.client_id = req->client_id;
         cl.hostname = req->hostname;
         cl.user_agent = req->user_agent;
-        if (req->heartbeat_interval_ms == -1) cl.hb = milliseconds(0);
-        else if (req->heartbeat_interval_ms > 0) cl.hb = milliseconds(req->heartbeat_interval_ms);
+        if (req->heartbeat_interval_ms == -1)
+            cl.hb = milliseconds(0);
+        else if (req->heartbeat_interval_ms > 0)
+            cl.hb = milliseconds(req->heartbeat_interval_ms);
         // Restart the ticker now, before the next read deadline is set (as nsqd's IDENTIFY event does).
         if (cl.hb > milliseconds(0)) {
             cl.hb_timer.expires_after(cl.hb);
@@ -509,10 +520,14 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
             cl.hb_timer.expires_at(forever);
         }
         if (req->msg_timeout_ms > 0) cl.msg_timeout = milliseconds(req->msg_timeout_ms);
-        if (obs == -1) cl.output_buffer_size = 0;
-        else if (obs > 0) cl.output_buffer_size = obs;
-        if (obt == -1) cl.output_buffer_timeout = 0;
-        else if (obt > 0) cl.output_buffer_timeout = obt;
+        if (obs == -1)
+            cl.output_buffer_size = 0;
+        else if (obs > 0)
+            cl.output_buffer_size = obs;
+        if (obt == -1)
+            cl.output_buffer_timeout = 0;
+        else if (obt > 0)
+            cl.output_buffer_timeout = obt;
         cl.sample_rate = req->sample_rate;
         if (!req->feature_negotiation) {
             send_response(cl, "OK");
@@ -535,7 +550,8 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         if (cl.hb <= milliseconds(0)) return fatal("E_INVALID", "cannot SUB with heartbeats disabled");
         if (p.size() < 3) return fatal("E_INVALID", "SUB insufficient number of parameters");
         std::string tn(p[1]), cn(p[2]);
-        if (!proto::valid_topic_name(tn)) return fatal("E_BAD_TOPIC", "SUB topic name " + json_escape(tn) + " is not valid");
+        if (!proto::valid_topic_name(tn))
+            return fatal("E_BAD_TOPIC", "SUB topic name " + json_escape(tn) + " is not valid");
         if (!proto::valid_channel_name(cn))
             return fatal("E_BAD_CHANNEL", "SUB channel name " + json_escape(cn) + " is not valid");
         auto& t = get_topic(tn);
@@ -568,9 +584,10 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
     }
 
     // Validates state and id for FIN/REQ/TOUCH; returns the entry or an error.
-    std::variant<in_flight_entry*, client_error> in_flight_for(client& cl, const std::vector<std::string_view>& p,
-                                                              std::string_view cmd, std::size_t nparams,
-                                                              std::string_view failed_code) {
+    std::variant<in_flight_entry*, client_error> in_flight_for(client& cl,
+                                                               const std::vector<std::string_view>& p,
+                                                               std::string_view cmd, std::size_t nparams,
+                                                               std::string_view failed_code) {
         if (cl.state != cstate::subscribed && cl.state != cstate::closing)
             return fatal("E_INVALID", "cannot " + std::string(cmd) + " in current state");
         if (p.size() < nparams)
@@ -578,10 +595,13 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         if (p[1].size() != proto::message_id_size) return fatal("E_INVALID", "Invalid Message ID");
         auto it = cl.ch->in_flight.find(std::string(p[1]));
         std::string why;
-        if (it == cl.ch->in_flight.end()) why = "ID not in flight";
-        else if (it->second.owner != &cl) why = "client does not own message";
+        if (it == cl.ch->in_flight.end())
+            why = "ID not in flight";
+        else if (it->second.owner != &cl)
+            why = "client does not own message";
         if (!why.empty())
-            return nonfatal(std::string(failed_code), std::string(cmd) + " " + std::string(p[1]) + " failed " + why);
+            return nonfatal(std::string(failed_code),
+                            std::string(cmd) + " " + std::string(p[1]) + " failed " + why);
         return &it->second;
     }
 
@@ -626,7 +646,8 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         if (auto* e = std::get_if<client_error>(&r)) return *e;
         auto* entry = std::get<in_flight_entry*>(r);
         auto deadline = sclock::now() + cl.msg_timeout;
-        if (deadline - entry->delivered >= opts.max_msg_timeout) deadline = entry->delivered + opts.max_msg_timeout;
+        if (deadline - entry->delivered >= opts.max_msg_timeout)
+            deadline = entry->delivered + opts.max_msg_timeout;
         entry->deadline = deadline;
         return std::nullopt;
     }
@@ -645,19 +666,23 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
                                                                            sclock::time_point dl) {
         auto len = co_await read_len(cl, dl);
         if (!len) co_return fatal("E_BAD_MESSAGE", std::string(cmd) + " failed to read message body size");
-        if (*len <= 0) co_return fatal("E_BAD_MESSAGE", std::string(cmd) + " invalid message body size " + std::to_string(*len));
+        if (*len <= 0)
+            co_return fatal("E_BAD_MESSAGE",
+                            std::string(cmd) + " invalid message body size " + std::to_string(*len));
         if (*len > opts.max_msg_size)
-            co_return fatal("E_BAD_MESSAGE", std::string(cmd) + " message too big " + std::to_string(*len) + " > " +
-                                                 std::to_string(opts.max_msg_size));
+            co_return fatal("E_BAD_MESSAGE", std::string(cmd) + " message too big " + std::to_string(*len) +
+                                                 " > " + std::to_string(opts.max_msg_size));
         auto body = co_await read_exact(cl, static_cast<std::size_t>(*len), dl);
         if (!body) co_return fatal("E_BAD_MESSAGE", std::string(cmd) + " failed to read message body");
         co_return std::move(*body);
     }
 
-    asio::awaitable<exec_result> pub(client& cl, const std::vector<std::string_view>& p, sclock::time_point dl) {
+    asio::awaitable<exec_result> pub(client& cl, const std::vector<std::string_view>& p,
+                                     sclock::time_point dl) {
         if (p.size() < 2) co_return fatal("E_INVALID", "PUB insufficient number of parameters");
         std::string tn(p[1]);
-        if (!proto::valid_topic_name(tn)) co_return fatal("E_BAD_TOPIC", "PUB topic name " + json_escape(tn) + " is not valid");
+        if (!proto::valid_topic_name(tn))
+            co_return fatal("E_BAD_TOPIC", "PUB topic name " + json_escape(tn) + " is not valid");
         auto body = co_await read_msg_body(cl, "PUB", dl);
         if (auto* e = std::get_if<client_error>(&body)) co_return *e;
         put(get_topic(tn), std::move(std::get<std::string>(body)));
@@ -665,10 +690,12 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         co_return std::nullopt;
     }
 
-    asio::awaitable<exec_result> dpub(client& cl, const std::vector<std::string_view>& p, sclock::time_point dl) {
+    asio::awaitable<exec_result> dpub(client& cl, const std::vector<std::string_view>& p,
+                                      sclock::time_point dl) {
         if (p.size() < 3) co_return fatal("E_INVALID", "DPUB insufficient number of parameters");
         std::string tn(p[1]);
-        if (!proto::valid_topic_name(tn)) co_return fatal("E_BAD_TOPIC", "DPUB topic name " + json_escape(tn) + " is not valid");
+        if (!proto::valid_topic_name(tn))
+            co_return fatal("E_BAD_TOPIC", "DPUB topic name " + json_escape(tn) + " is not valid");
         auto ms = proto::parse_base10(p[2]);
         if (!ms) co_return fatal("E_INVALID", "DPUB could not parse timeout " + std::string(p[2]));
         auto v = static_cast<std::int64_t>(*ms);
@@ -682,16 +709,19 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         co_return std::nullopt;
     }
 
-    asio::awaitable<exec_result> mpub(client& cl, const std::vector<std::string_view>& p, sclock::time_point dl) {
+    asio::awaitable<exec_result> mpub(client& cl, const std::vector<std::string_view>& p,
+                                      sclock::time_point dl) {
         if (p.size() < 2) co_return fatal("E_INVALID", "MPUB insufficient number of parameters");
         std::string tn(p[1]);
         if (!proto::valid_topic_name(tn))
-            co_return fatal("E_BAD_TOPIC", "E_BAD_TOPIC MPUB topic name " + json_escape(tn) + " is not valid");
+            co_return fatal("E_BAD_TOPIC",
+                            "E_BAD_TOPIC MPUB topic name " + json_escape(tn) + " is not valid");
         auto len = co_await read_len(cl, dl);
         if (!len) co_return fatal("E_BAD_BODY", "MPUB failed to read body size");
         if (*len <= 0) co_return fatal("E_BAD_BODY", "MPUB invalid body size " + std::to_string(*len));
         if (*len > opts.max_body_size)
-            co_return fatal("E_BAD_BODY", "MPUB body too big " + std::to_string(*len) + " > " + std::to_string(opts.max_body_size));
+            co_return fatal("E_BAD_BODY", "MPUB body too big " + std::to_string(*len) + " > " +
+                                              std::to_string(opts.max_body_size));
         auto num = co_await read_len(cl, dl);
         if (!num) co_return fatal("E_BAD_BODY", "MPUB failed to read message count");
         if (*num <= 0) co_return fatal("E_BAD_BODY", "MPUB invalid message count " + std::to_string(*num));
@@ -699,7 +729,8 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         for (std::int32_t i = 0; i < *num; ++i) {
             auto sz = co_await read_len(cl, dl);
             if (!sz) co_return fatal("E_BAD_MESSAGE", "MPUB failed to read message body size");
-            if (*sz <= 0) co_return fatal("E_BAD_MESSAGE", "MPUB invalid message body size " + std::to_string(*sz));
+            if (*sz <= 0)
+                co_return fatal("E_BAD_MESSAGE", "MPUB invalid message body size " + std::to_string(*sz));
             if (*sz > opts.max_msg_size)
                 co_return fatal("E_BAD_MESSAGE", "MPUB message too big " + std::to_string(*sz) + " > " +
                                                      std::to_string(opts.max_msg_size));
@@ -713,15 +744,18 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         co_return std::nullopt;
     }
 
-    asio::awaitable<exec_result> auth(client& cl, const std::vector<std::string_view>& p, sclock::time_point dl) {
+    asio::awaitable<exec_result> auth(client& cl, const std::vector<std::string_view>& p,
+                                      sclock::time_point dl) {
         if (cl.state != cstate::init) co_return fatal("E_INVALID", "cannot AUTH in current state");
         if (p.size() != 1) co_return fatal("E_INVALID", "AUTH invalid number of parameters");
         auto len = co_await read_len(cl, dl);
         if (!len) co_return fatal("E_BAD_BODY", "AUTH failed to read body size");
         if (*len <= 0) co_return fatal("E_BAD_BODY", "AUTH invalid body size " + std::to_string(*len));
         if (*len > opts.max_body_size)
-            co_return fatal("E_BAD_BODY", "AUTH body too big " + std::to_string(*len) + " > " + std::to_string(opts.max_body_size));
-        if (!co_await read_exact(cl, static_cast<std::size_t>(*len), dl)) co_return fatal("E_BAD_BODY", "AUTH failed to read body");
+            co_return fatal("E_BAD_BODY", "AUTH body too big " + std::to_string(*len) + " > " +
+                                              std::to_string(opts.max_body_size));
+        if (!co_await read_exact(cl, static_cast<std::size_t>(*len), dl))
+            co_return fatal("E_BAD_BODY", "AUTH failed to read body");
         co_return fatal("E_AUTH_DISABLED", "AUTH disabled");
     }
 
@@ -747,8 +781,8 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
 
 // --- /stats?format=json with nsqd 1.3.0's field names and order ---------------------------------------
 std::string fake_nsqd::impl::stats(const std::string& tf, const std::string& cf) const {
-    std::string o = "{\"version\":" + json_escape(opts.version) + ",\"health\":\"OK\",\"start_time\":" +
-                    std::to_string(start_time) + ",\"topics\":[";
+    std::string o = "{\"version\":" + json_escape(opts.version) +
+                    ",\"health\":\"OK\",\"start_time\":" + std::to_string(start_time) + ",\"topics\":[";
     bool first_t = true;
     for (const auto& [tn, t] : topics) {
         if (!tf.empty() && tn != tf) continue;
@@ -770,7 +804,8 @@ std::string fake_nsqd::impl::stats(const std::string& tf, const std::string& cf)
             for (std::size_t i = 0; i < c->clients.size(); ++i) {
                 const auto* cl = c->clients[i];
                 if (i) o += ',';
-                o += "{\"client_id\":" + json_escape(cl->client_id) + ",\"hostname\":" + json_escape(cl->hostname) +
+                o += "{\"client_id\":" + json_escape(cl->client_id) +
+                     ",\"hostname\":" + json_escape(cl->hostname) +
                      ",\"version\":\"V2\",\"remote_address\":" + json_escape(cl->remote) +
                      ",\"state\":" + std::to_string(cl->state == cstate::subscribed ? 3 : 4) +
                      ",\"ready_count\":" + std::to_string(cl->rdy) +
@@ -781,18 +816,21 @@ std::string fake_nsqd::impl::stats(const std::string& tf, const std::string& cf)
                      ",\"connect_ts\":" + std::to_string(cl->connect_ts) +
                      ",\"sample_rate\":" + std::to_string(cl->sample_rate) +
                      ",\"deflate\":false,\"snappy\":false,\"user_agent\":" + json_escape(cl->user_agent) +
-                     ",\"tls\":false,\"tls_cipher_suite\":\"\",\"tls_version\":\"\",\"tls_negotiated_protocol\":\"\","
+                     ",\"tls\":false,\"tls_cipher_suite\":\"\",\"tls_version\":\"\",\"tls_negotiated_"
+                     "protocol\":\"\","
                      "\"tls_negotiated_protocol_is_mutual\":false}";
             }
             o += "],\"paused\":" + std::string(c->paused ? "true" : "false") +
                  ",\"e2e_processing_latency\":{\"count\":0,\"percentiles\":null}}";
         }
-        o += "],\"depth\":" + std::to_string(t->backlog.size()) + ",\"backend_depth\":0,\"message_count\":" +
-             std::to_string(t->message_count) + ",\"message_bytes\":" + std::to_string(t->message_bytes) +
+        o += "],\"depth\":" + std::to_string(t->backlog.size()) +
+             ",\"backend_depth\":0,\"message_count\":" + std::to_string(t->message_count) +
+             ",\"message_bytes\":" + std::to_string(t->message_bytes) +
              ",\"paused\":" + (t->paused ? "true" : "false") +
              ",\"e2e_processing_latency\":{\"count\":0,\"percentiles\":null}}";
     }
-    o += "],\"memory\":{\"heap_objects\":0,\"heap_idle_bytes\":0,\"heap_in_use_bytes\":0,\"heap_released_bytes\":0,"
+    o += "],\"memory\":{\"heap_objects\":0,\"heap_idle_bytes\":0,\"heap_in_use_bytes\":0,\"heap_released_"
+         "bytes\":0,"
          "\"gc_pause_usec_100\":0,\"gc_pause_usec_99\":0,\"gc_pause_usec_95\":0,\"next_gc_bytes\":0,"
          "\"gc_total_runs\":0},\"producers\":null}";
     return o;
@@ -808,7 +846,9 @@ http::response json_error(int status, std::string_view message) {
     return r;
 }
 
-http::response ok_text() { return http::make_response(200, "OK"); }
+http::response ok_text() {
+    return http::make_response(200, "OK");
+}
 
 // Splits an /mpub body: newline-separated, or [num][size][body]… with binary=true.
 std::optional<std::vector<std::string>> split_mpub(const std::string& body, bool binary) {
@@ -844,7 +884,9 @@ std::optional<std::vector<std::string>> split_mpub(const std::string& body, bool
 fake_nsqd::fake_nsqd(asio::any_io_executor ex, fake_nsqd_options opts, logger log)
     : impl_(std::make_shared<impl>(ex, std::move(opts), std::move(log))) {}
 
-fake_nsqd::~fake_nsqd() { stop(); }
+fake_nsqd::~fake_nsqd() {
+    stop();
+}
 
 result<void> fake_nsqd::start(const net::host_port& tcp, const net::host_port& http_addr) {
     auto& s = *impl_;
@@ -872,11 +914,13 @@ result<void> fake_nsqd::start(const net::host_port& tcp, const net::host_port& h
         std::string t;
         if (auto e = need_topic(req, t)) co_return *e;
         if (req.body.empty()) co_return json_error(400, "MSG_EMPTY");
-        if (static_cast<std::int64_t>(req.body.size()) > s->opts.max_msg_size) co_return json_error(413, "MSG_TOO_BIG");
+        if (static_cast<std::int64_t>(req.body.size()) > s->opts.max_msg_size)
+            co_return json_error(413, "MSG_TOO_BIG");
         milliseconds defer{0};
         if (auto d = http::query_param(req.query(), "defer")) {
             auto v = proto::parse_base10(*d);
-            if (!v || static_cast<std::int64_t>(*v) > s->opts.max_req_timeout.count()) co_return json_error(400, "INVALID_DEFER");
+            if (!v || static_cast<std::int64_t>(*v) > s->opts.max_req_timeout.count())
+                co_return json_error(400, "INVALID_DEFER");
             defer = milliseconds(*v);
         }
         s->put(s->get_topic(t), std::move(req.body), defer);
@@ -890,7 +934,8 @@ result<void> fake_nsqd::start(const net::host_port& tcp, const net::host_port& h
         auto parts = split_mpub(req.body, bin && (*bin == "true" || *bin == "1"));
         if (!parts) co_return json_error(400, "BAD_BODY");
         for (auto& p : *parts)
-            if (static_cast<std::int64_t>(p.size()) > s->opts.max_msg_size) co_return json_error(413, "MSG_TOO_BIG");
+            if (static_cast<std::int64_t>(p.size()) > s->opts.max_msg_size)
+                co_return json_error(413, "MSG_TOO_BIG");
         auto& tp = s->get_topic(t);
         for (auto& p : *parts) s->put(tp, std::move(p));
         co_return ok_text();
@@ -979,7 +1024,9 @@ std::uint16_t fake_nsqd::tcp_port() const {
     std::error_code ec;
     return impl_->acceptor.local_endpoint(ec).port();
 }
-std::uint16_t fake_nsqd::http_port() const { return impl_->http ? impl_->http->local_endpoint().port() : 0; }
+std::uint16_t fake_nsqd::http_port() const {
+    return impl_->http ? impl_->http->local_endpoint().port() : 0;
+}
 
 cg::nsq::proto::producer_info fake_nsqd::producer() const {
     cg::nsq::proto::producer_info p;
@@ -992,7 +1039,9 @@ cg::nsq::proto::producer_info fake_nsqd::producer() const {
     return p;
 }
 
-void fake_nsqd::publish(const std::string& topic, std::string body) { impl_->put(impl_->get_topic(topic), std::move(body)); }
+void fake_nsqd::publish(const std::string& topic, std::string body) {
+    impl_->put(impl_->get_topic(topic), std::move(body));
+}
 
 void fake_nsqd::create_channel(const std::string& topic, const std::string& channel) {
     impl_->get_channel(impl_->get_topic(topic), channel);
@@ -1027,8 +1076,12 @@ void fake_nsqd::restart() {
         }
 }
 
-void fake_nsqd::set_latency(milliseconds d) { impl_->latency = d; }
-void fake_nsqd::freeze(bool frozen) { impl_->frozen = frozen; }
+void fake_nsqd::set_latency(milliseconds d) {
+    impl_->latency = d;
+}
+void fake_nsqd::freeze(bool frozen) {
+    impl_->frozen = frozen;
+}
 
 channel_counts fake_nsqd::channel(const std::string& topic, const std::string& channel) const {
     channel_counts out;
@@ -1053,14 +1106,30 @@ std::uint64_t fake_nsqd::topic_message_count(const std::string& topic) const {
     auto t = impl_->topics.find(topic);
     return t == impl_->topics.end() ? 0 : t->second->message_count;
 }
-std::size_t fake_nsqd::client_count() const { return impl_->clients.size(); }
-std::uint64_t fake_nsqd::total_connections() const { return impl_->total_connections; }
-std::uint64_t fake_nsqd::heartbeat_disconnects() const { return impl_->heartbeat_disconnects; }
-std::vector<std::string> fake_nsqd::fatal_errors() const { return impl_->fatal_log; }
-std::uint64_t fake_nsqd::rdy_violations() const { return impl_->violations; }
-std::int64_t fake_nsqd::peak_channel_rdy() const { return impl_->peak_rdy; }
-std::vector<std::string> fake_nsqd::command_log() const { return impl_->commands; }
-void fake_nsqd::record_commands(bool on) { impl_->record = on; }
+std::size_t fake_nsqd::client_count() const {
+    return impl_->clients.size();
+}
+std::uint64_t fake_nsqd::total_connections() const {
+    return impl_->total_connections;
+}
+std::uint64_t fake_nsqd::heartbeat_disconnects() const {
+    return impl_->heartbeat_disconnects;
+}
+std::vector<std::string> fake_nsqd::fatal_errors() const {
+    return impl_->fatal_log;
+}
+std::uint64_t fake_nsqd::rdy_violations() const {
+    return impl_->violations;
+}
+std::int64_t fake_nsqd::peak_channel_rdy() const {
+    return impl_->peak_rdy;
+}
+std::vector<std::string> fake_nsqd::command_log() const {
+    return impl_->commands;
+}
+void fake_nsqd::record_commands(bool on) {
+    impl_->record = on;
+}
 std::string fake_nsqd::stats_json(const std::string& topic, const std::string& channel) const {
     return impl_->stats(topic, channel);
 }
@@ -1077,7 +1146,9 @@ struct fake_nsqlookupd::impl {
 fake_nsqlookupd::fake_nsqlookupd(asio::any_io_executor ex, logger log)
     : impl_(std::make_shared<impl>(impl{ex, std::move(log), nullptr, {}, 0})) {}
 
-fake_nsqlookupd::~fake_nsqlookupd() { stop(); }
+fake_nsqlookupd::~fake_nsqlookupd() {
+    stop();
+}
 
 result<void> fake_nsqlookupd::start(const net::host_port& addr) {
     std::weak_ptr<impl> w = impl_;
@@ -1108,7 +1179,9 @@ void fake_nsqlookupd::stop() {
     if (impl_->http) impl_->http->stop();
 }
 
-std::uint16_t fake_nsqlookupd::http_port() const { return impl_->http ? impl_->http->local_endpoint().port() : 0; }
+std::uint16_t fake_nsqlookupd::http_port() const {
+    return impl_->http ? impl_->http->local_endpoint().port() : 0;
+}
 
 void fake_nsqlookupd::add_producer(const std::string& topic, cg::nsq::proto::producer_info p) {
     auto& v = impl_->producers[topic];
@@ -1123,6 +1196,8 @@ void fake_nsqlookupd::remove_producer(const std::string& topic, const std::strin
     if (it->second.empty()) impl_->producers.erase(it);
 }
 
-std::uint64_t fake_nsqlookupd::lookups() const { return impl_->lookups; }
+std::uint64_t fake_nsqlookupd::lookups() const {
+    return impl_->lookups;
+}
 
 }  // namespace cg::test::nsq

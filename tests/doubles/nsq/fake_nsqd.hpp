@@ -62,14 +62,15 @@ struct channel_counts {
 };
 
 class fake_nsqd {
-public:
+  public:
     fake_nsqd(asio::any_io_executor ex, fake_nsqd_options opts = {}, logger log = {});
     ~fake_nsqd();
     fake_nsqd(const fake_nsqd&) = delete;
     fake_nsqd& operator=(const fake_nsqd&) = delete;
 
     // Listens for TCP (protocol V2) and HTTP (/ping, /pub, /mpub, /stats, pause/unpause …).
-    result<void> start(const net::host_port& tcp = {"127.0.0.1", 0}, const net::host_port& http = {"127.0.0.1", 0});
+    result<void> start(const net::host_port& tcp = {"127.0.0.1", 0},
+                       const net::host_port& http = {"127.0.0.1", 0});
     void stop();
     std::uint16_t tcp_port() const;
     std::uint16_t http_port() const;
@@ -95,7 +96,7 @@ public:
     std::uint64_t topic_message_count(const std::string& topic) const;
     std::size_t client_count() const;
     std::uint64_t total_connections() const;
-    std::uint64_t heartbeat_disconnects() const;  // clients closed for 2 missed heartbeats
+    std::uint64_t heartbeat_disconnects() const;    // clients closed for 2 missed heartbeats
     std::vector<std::string> fatal_errors() const;  // every fatal error frame sent, in order
     std::uint64_t rdy_violations() const;
     std::int64_t peak_channel_rdy() const;
@@ -106,13 +107,13 @@ public:
 
     struct impl;
 
-private:
+  private:
     std::shared_ptr<impl> impl_;
 };
 
 // fake-nsqlookupd: GET /lookup?topic= and /ping. Producers are registered by the test.
 class fake_nsqlookupd {
-public:
+  public:
     fake_nsqlookupd(asio::any_io_executor ex, logger log = {});
     ~fake_nsqlookupd();
     result<void> start(const net::host_port& http = {"127.0.0.1", 0});
@@ -125,7 +126,7 @@ public:
 
     struct impl;
 
-private:
+  private:
     std::shared_ptr<impl> impl_;
 };
 

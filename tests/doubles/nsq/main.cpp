@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "fake-nsqd: %s\n", r.err().describe().c_str());
         return 1;
     }
-    for (int i = 0; i < preload; ++i) nsqd.publish(preload_topic, std::string(static_cast<std::size_t>(body_size), 'x'));
+    for (int i = 0; i < preload; ++i)
+        nsqd.publish(preload_topic, std::string(static_cast<std::size_t>(body_size), 'x'));
     std::unique_ptr<fake_nsqlookupd> lk;
     std::printf("tcp=%u http=%u", nsqd.tcp_port(), nsqd.http_port());
     if (!lookupd.empty()) {

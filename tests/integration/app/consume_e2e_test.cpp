@@ -1,22 +1,23 @@
 // `chargeguard consume` end to end: the real binary, spawned as a child process, against fake-nsqd (real
 // socket) and fake-stripe over TLS, both running on this test's io_context, and a scratch PostgreSQL database
-// the child migrates itself (--migrate). Everything is awaited on fake-nsqd counters, fake-stripe state or the
-// child's own log and /metrics — never on sleeps. Skipped (exit 77) without PGHOST.
+// the child migrates itself (--migrate). Everything is awaited on fake-nsqd counters, fake-stripe state or
+// the child's own log and /metrics — never on sleeps. Skipped (exit 77) without PGHOST.
 #define BOOST_TEST_MODULE consume_e2e
 #define BOOST_TEST_NO_MAIN
-#include <asio/ip/tcp.hpp>
-#include <boost/test/unit_test.hpp>
-#include <cstdlib>
 #include <fcntl.h>
-#include <deque>
-#include <fstream>
-#include <set>
 #include <signal.h>
 #include <simdjson.h>
 #include <spawn.h>
-#include <sstream>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <asio/ip/tcp.hpp>
+#include <boost/test/unit_test.hpp>
+#include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <set>
+#include <sstream>
 
 #include "billing/key.hpp"
 #include "http/client.hpp"
@@ -131,8 +132,9 @@ struct e2e : test::fake_stripe_fixture {
                 "--heartbeat-interval", "1s", "--pg-dsn", "dbname=" + db.name, "--migrate",
                 "--stripe-api-base", "https://127.0.0.1:" + std::to_string(port), "--stripe-ca-file",
                 test::cert("ca.pem"), "--stripe-retry-initial", "0.05", "--stripe-retry-max", "0.2",
-                "--key-namespace", key_namespace, "--lease-held-delay", "200ms", "--retry-same-key-delay", "200ms",
-                "--indeterminate-delay", "300ms", "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10",
+                "--key-namespace", key_namespace, "--lease-held-delay", "200ms", "--retry-same-key-delay",
+                "200ms", "--indeterminate-delay", "300ms", "--health-listen", "127.0.0.1:0",
+                "--shutdown-timeout", "10",
                 // An ASan build's loop can be late; liveness is not what these tests are about.
                 "--max-loop-lag", "5"};
     }
@@ -222,7 +224,8 @@ struct e2e : test::fake_stripe_fixture {
         auto by_key = charges_by_key();
         BOOST_TEST(fake->charges().size() == keys.size());
         BOOST_TEST(by_key.size() == keys.size());
-        auto rows = co_await query("SELECT key, status, coalesce(charge_id, '') FROM billing_records ORDER BY key");
+        auto rows =
+            co_await query("SELECT key, status, coalesce(charge_id, '') FROM billing_records ORDER BY key");
         BOOST_TEST(rows.size() == keys.size());
         for (std::size_t i = 0; i < rows.size(); ++i) {
             std::string key(rows.text(i, 0));
@@ -264,9 +267,9 @@ void run(e2e& f, F body, seconds limit = seconds(60)) {
 
 }  // namespace
 
-// 150 (customer, period) pairs, 50 exact duplicates interleaved with their originals (so many arrive while the
-// original's charge is in flight: "lease held" requeues), 3 invalid lines: every message FINed, exactly one
-// charge per pair, the ledger matches fake-stripe, three dead letters, /metrics adds up, clean SIGTERM.
+// 150 (customer, period) pairs, 50 exact duplicates interleaved with their originals (so many arrive while
+// the original's charge is in flight: "lease held" requeues), 3 invalid lines: every message FINed, exactly
+// one charge per pair, the ledger matches fake-stripe, three dead letters, /metrics adds up, clean SIGTERM.
 BOOST_FIXTURE_TEST_CASE(charges_each_pair_once_dead_letters_invalid_and_drains, e2e) {
     run(*this, [this]() -> net::awaitable<void> {
         start_nsqd();
@@ -287,8 +290,8 @@ BOOST_FIXTURE_TEST_CASE(charges_each_pair_once_dead_letters_invalid_and_drains, 
         // Duplicates wait for their original's lease to be able to expire: keep it short here.
         auto& c = spawn({"--max-in-flight", "50", "--lease", "2s", "--lease-renew-interval", "500ms"});
         co_await await_port(c);
-        BOOST_TEST_REQUIRE(co_await eventually([&] { return counts().finish_count == published; }, seconds(40)),
-                           c.log());
+        BOOST_TEST_REQUIRE(
+            co_await eventually([&] { return counts().finish_count == published; }, seconds(40)), c.log());
         // Readiness reports both dependencies.
         auto ready = co_await get(c, "/readyz");
         BOOST_TEST_REQUIRE(ready.ok());
@@ -303,8 +306,9 @@ BOOST_FIXTURE_TEST_CASE(charges_each_pair_once_dead_letters_invalid_and_drains, 
         BOOST_TEST(ch.timeout_count == 0u);
         co_await expect_charged_once(keys);
 
-        auto letters = co_await query("SELECT convert_from(raw_body, 'UTF8'), reason, topic, channel, "
-                                      "length(nsq_message_id) FROM dead_letters ORDER BY id");
+        auto letters = co_await query(
+            "SELECT convert_from(raw_body, 'UTF8'), reason, topic, channel, "
+            "length(nsq_message_id) FROM dead_letters ORDER BY id");
         BOOST_TEST(letters.size() == 3u);
         std::set<std::string> bodies;
         for (std::size_t i = 0; i < letters.size(); ++i) {
@@ -356,24 +360,30 @@ BOOST_FIXTURE_TEST_CASE(startup_waits_for_postgres_then_migrates_and_charges, e2
         auto args = base_args();
         for (std::size_t i = 0; i + 1 < args.size(); ++i)
             if (args[i] == "--pg-dsn")
-                args[i + 1] = "host=127.0.0.1 port=" + std::to_string(pg_port) + " user=postgres dbname=chargeguard_test";
+                args[i + 1] = "host=127.0.0.1 port=" + std::to_string(pg_port) +
+                              " user=postgres dbname=chargeguard_test";
         args.erase(args.begin());  // "consume": spawn() puts the base args back; pass ours as the extras
         auto& c = spawn_raw(args);
         co_await await_port(c);
-        BOOST_TEST_REQUIRE(co_await eventually([&] { return c.log().find("waiting for PostgreSQL before starting") != std::string::npos; },
-                                               seconds(20)),
-                           c.log());
+        BOOST_TEST_REQUIRE(
+            co_await eventually(
+                [&] { return c.log().find("waiting for PostgreSQL before starting") != std::string::npos; },
+                seconds(20)),
+            c.log());
         auto ready = co_await get(c, "/readyz");
         BOOST_TEST_REQUIRE(ready.ok());
         BOOST_TEST(ready.resp.status == 503);
-        BOOST_TEST(ready.resp.body.find("FAIL startup: waiting for PostgreSQL to apply migrations") != std::string::npos,
+        BOOST_TEST(ready.resp.body.find("FAIL startup: waiting for PostgreSQL to apply migrations") !=
+                       std::string::npos,
                    ready.resp.body);
         BOOST_TEST(::waitpid(c.pid, nullptr, WNOHANG) == 0);  // still running, not exited 1
 
         // The database arrives.
-        std::string cmd = std::string(ctl) + " start " + dir + " " + std::to_string(pg_port) + " >" + dir + ".log 2>&1";
+        std::string cmd =
+            std::string(ctl) + " start " + dir + " " + std::to_string(pg_port) + " >" + dir + ".log 2>&1";
         BOOST_TEST_REQUIRE(std::system(cmd.c_str()) == 0);
-        BOOST_TEST_REQUIRE(co_await eventually([&] { return counts().finish_count == 1; }, seconds(40)), c.log());
+        BOOST_TEST_REQUIRE(co_await eventually([&] { return counts().finish_count == 1; }, seconds(40)),
+                           c.log());
         BOOST_TEST(fake->charges().size() == 1u);
         auto again = co_await get(c, "/readyz");
         BOOST_TEST(again.resp.body.find("ok startup") != std::string::npos, again.resp.body);
@@ -397,22 +407,23 @@ BOOST_FIXTURE_TEST_CASE(crash_mid_charge_recovers_without_charging_twice, e2e) {
             nsqd->publish(topic, event_json(i, "2024-07", 500 + i));
             keys.insert(key_of(i, "2024-07"));
         }
-        // Every REQ while the dead worker's lease runs out is a delivery attempt: allow plenty, so the test is
-        // about recovery and not about the give-up path.
-        const std::vector<std::string> lease = {"--lease", "2s", "--lease-renew-interval", "500ms",
+        // Every REQ while the dead worker's lease runs out is a delivery attempt: allow plenty, so the test
+        // is about recovery and not about the give-up path.
+        const std::vector<std::string> lease = {"--lease",         "2s", "--lease-renew-interval",   "500ms",
                                                 "--max-in-flight", "40", "--stripe-max-connections", "64",
-                                                "--max-attempts", "50"};
+                                                "--max-attempts",  "50"};
         auto& first = spawn(lease);
         co_await await_port(first);
-        BOOST_TEST_REQUIRE(co_await eventually([&] { return fake->requests() >= 40u; }, seconds(20)), first.log());
+        BOOST_TEST_REQUIRE(co_await eventually([&] { return fake->requests() >= 40u; }, seconds(20)),
+                           first.log());
         ::kill(first.pid, SIGKILL);
         BOOST_TEST(co_await wait_exit(first, seconds(10)) == 128 + SIGKILL);
         BOOST_TEST(fake->charges().size() < 40u);  // killed while charges were still in flight
         fake->faults().latency_ms = 0;             // (the calls already received keep their 2 s)
         // Rows in the crash window: pending, a Stripe attempt recorded, nobody to settle them. (All 40 on a
         // fast machine; a slow one may have settled the earliest before the last POST arrived.)
-        auto pending =
-            co_await query("SELECT key FROM billing_records WHERE status = 'pending' AND stripe_attempts = 1");
+        auto pending = co_await query(
+            "SELECT key FROM billing_records WHERE status = 'pending' AND stripe_attempts = 1");
         std::set<std::string> crashed;
         for (std::size_t i = 0; i < pending.size(); ++i) crashed.insert(std::string(pending.text(i, 0)));
         BOOST_TEST_REQUIRE(!crashed.empty());
@@ -434,7 +445,8 @@ BOOST_FIXTURE_TEST_CASE(crash_mid_charge_recovers_without_charging_twice, e2e) {
         auto fams = co_await scrape(second);
         BOOST_TEST(outcomes(fams)["charged"] == static_cast<double>(crashed.size()));
         double replays = 0;
-        for (const auto& s : fams.at("chargeguard_stripe_idempotent_replays_total").samples) replays += s.value;
+        for (const auto& s : fams.at("chargeguard_stripe_idempotent_replays_total").samples)
+            replays += s.value;
         BOOST_TEST(replays >= static_cast<double>(crashed.size()));
         co_await terminate_cleanly(second);
     });
@@ -450,7 +462,8 @@ BOOST_FIXTURE_TEST_CASE(slow_stripe_is_kept_alive_by_touch, e2e) {
         nsqd->publish(topic, event_json(1, "2024-08", 4200));
         auto& c = spawn({"--msg-timeout", "1s"});
         co_await await_port(c);
-        BOOST_TEST_REQUIRE(co_await eventually([&] { return counts().finish_count == 1u; }, seconds(20)), c.log());
+        BOOST_TEST_REQUIRE(co_await eventually([&] { return counts().finish_count == 1u; }, seconds(20)),
+                           c.log());
         auto ch = counts();
         BOOST_TEST(ch.timeout_count == 0u);
         BOOST_TEST(ch.requeue_count == 0u);
@@ -470,8 +483,9 @@ BOOST_FIXTURE_TEST_CASE(refuses_bad_lease_and_namespace_before_connecting, e2e) 
         start_nsqd();
         auto& a = spawn({"--lease", "2s", "--lease-renew-interval", "2s"});
         BOOST_TEST(co_await wait_exit(a, seconds(10)) > 0);
-        BOOST_TEST(a.log().find("--lease-renew-interval: 2s must be shorter than --lease 2s") != std::string::npos,
-                   a.log());
+        BOOST_TEST(
+            a.log().find("--lease-renew-interval: 2s must be shorter than --lease 2s") != std::string::npos,
+            a.log());
         auto& b = spawn({"--key-namespace", "a:b"});
         BOOST_TEST(co_await wait_exit(b, seconds(10)) > 0);
         BOOST_TEST(b.log().find("--key-namespace") != std::string::npos, b.log());

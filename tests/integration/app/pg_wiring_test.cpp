@@ -24,7 +24,8 @@ struct outcome {
     std::string error;
 };
 
-asio::awaitable<void> migrate_then_mark(std::shared_ptr<pg::pool> p, app::pg_flags f, logger log, outcome* out) {
+asio::awaitable<void> migrate_then_mark(std::shared_ptr<pg::pool> p, app::pg_flags f, logger log,
+                                        outcome* out) {
     auto ms = app::load_migrations(f);
     if (!ms) {
         out->error = ms.err().describe();

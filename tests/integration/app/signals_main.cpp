@@ -31,7 +31,9 @@ asio::awaitable<void> drain_quickly(bool* done) {
     *done = true;
 }
 
-asio::awaitable<void> drain_forever() { co_await net::sleep_for(1h); }
+asio::awaitable<void> drain_forever() {
+    co_await net::sleep_for(1h);
+}
 
 asio::awaitable<void> signal_again_once_stopping(app::runtime* rt) {
     while (!rt->stopping()) co_await net::sleep_for(5ms);

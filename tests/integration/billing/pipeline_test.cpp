@@ -394,11 +394,12 @@ BOOST_AUTO_TEST_CASE(past_max_attempts_with_a_dead_workers_lease_waits_for_it_th
     auto held = run_async(f.io, [&]() { return p->give_up(delivery_of(body, "1601", 6)); });
     BOOST_TEST(!held.finished());
     BOOST_TEST(reason(held) == "requeued_lease_held", held.detail);
-    BOOST_TEST(held.delay >= 1000ms, held.delay.count());  // until the dead worker's lease can expire
+    BOOST_TEST(held.delay >= 1000ms, held.delay.count());          // until the dead worker's lease can expire
     BOOST_TEST(held.delay <= 1500ms + 150ms, held.delay.count());  // + at most 10 % jitter
     BOOST_TEST(f.dead_letters("1601") == 0);
     BOOST_TEST(f.fake->requests() == 0u);
-    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND status = 'pending'", key) == 1);
+    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND status = 'pending'", key) ==
+               1);
 
     // nsqd redelivers after that delay (a timer stands in for the REQ timeout).
     run_async(f.io, [&]() -> net::awaitable<void> {

@@ -1,11 +1,12 @@
 // http::server over real sockets: slow clients are cut off, handler failures become 500s, a handler can
 // drop the connection, and the connection limit holds.
 #define BOOST_TEST_MODULE http_server
+#include "http/server.hpp"
+
 #include <asio/io_context.hpp>
 #include <boost/test/unit_test.hpp>
 #include <thread>
 
-#include "http/server.hpp"
 #include "net/timeout.hpp"
 #include "support/raw_http.hpp"
 
@@ -40,7 +41,8 @@ struct running_server {
         r.add("GET", "/fail", fail_handler);
         r.add("GET", "/drop", drop_handler);
         r.add("GET", "/slow", slow_handler);
-        srv = std::make_unique<http::server>(io.get_executor(), std::move(r), std::move(o), logger(sink, log_level::debug));
+        srv = std::make_unique<http::server>(io.get_executor(), std::move(r), std::move(o),
+                                             logger(sink, log_level::debug));
         auto ep = srv->listen({"127.0.0.1", 0});
         BOOST_REQUIRE(ep.has_value());
         port = ep->port();

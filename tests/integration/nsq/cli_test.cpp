@@ -1,14 +1,15 @@
 // The built `chargeguard` executable: `tail` refuses a bad --msg-timeout at startup, drains on SIGTERM
 // with nothing timed out; `publish` MPUBs a JSONL file.
-#include <boost/test/unit_test.hpp>
 #include <fcntl.h>
-#include <fstream>
 #include <signal.h>
 #include <simdjson.h>
 #include <spawn.h>
-#include <sstream>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <boost/test/unit_test.hpp>
+#include <fstream>
+#include <sstream>
 
 #include "fake_nsqd.hpp"
 #include "helpers.hpp"
@@ -75,8 +76,8 @@ BOOST_AUTO_TEST_CASE(tail_refuses_a_bad_msg_timeout_before_connecting) {
         fake_nsqd nsqd(ex);
         BOOST_REQUIRE(nsqd.start().has_value());
         auto out = temp_path("bad.out"), err = temp_path("bad.err");
-        auto pid = spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout", "500ms",
-                          "--health-listen", "127.0.0.1:0"},
+        auto pid = spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout",
+                          "500ms", "--health-listen", "127.0.0.1:0"},
                          out, err);
         int code = co_await wait_exit(pid, seconds(10));
         auto text = slurp(err);
@@ -86,10 +87,14 @@ BOOST_AUTO_TEST_CASE(tail_refuses_a_bad_msg_timeout_before_connecting) {
         BOOST_TEST(text.find("500ms is out of range") != std::string::npos, text);
         BOOST_TEST(nsqd.total_connections() == 0u);
         // Same for a value over nsqd's max-msg-timeout, and a non-duration.
-        pid = spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout", "16m"}, out, err);
+        pid =
+            spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout", "16m"},
+                  out, err);
         BOOST_TEST(co_await wait_exit(pid, seconds(10)) > 0);
         BOOST_TEST(slurp(err).find("16m is out of range") != std::string::npos);
-        pid = spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout", "soon"}, out, err);
+        pid =
+            spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout", "soon"},
+                  out, err);
         BOOST_TEST(co_await wait_exit(pid, seconds(10)) > 0);
         BOOST_TEST(slurp(err).find("not a duration") != std::string::npos);
         ::unlink(out.c_str());
@@ -105,10 +110,11 @@ BOOST_AUTO_TEST_CASE(tail_prints_json_lines_and_drains_on_sigterm) {
         nsqd.set_latency(milliseconds(5));  // keep messages in flight when SIGTERM lands
         for (int i = 0; i < 20000; ++i) nsqd.publish("tl", "{\"n\":" + std::to_string(i) + "}");
         auto out = temp_path("tail.out"), err = temp_path("tail.err");
-        auto pid = spawn({"tail", "--topic", "tl", "--channel", "tailtest", "--nsqd-tcp-address", nsqd.tcp_address(),
-                          "--max-in-flight", "100", "--msg-timeout", "2s", "--heartbeat-interval", "1s",
-                          "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10"},
-                         out, err);
+        auto pid =
+            spawn({"tail", "--topic", "tl", "--channel", "tailtest", "--nsqd-tcp-address", nsqd.tcp_address(),
+                   "--max-in-flight", "100", "--msg-timeout", "2s", "--heartbeat-interval", "1s",
+                   "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10"},
+                  out, err);
         BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("tl", "tailtest").finish_count >= 300; },
                                           seconds(10)));
         BOOST_TEST(nsqd.channel("tl", "tailtest").in_flight > 0);
@@ -157,8 +163,8 @@ BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
                   << "\"currency\":\"usd\",\"stripe_customer_id\":\"cus_" << i << "\"}\n";
             f << "\n";  // blank lines are skipped
         }
-        auto pid = spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", "--batch-size",
-                          "500", in},
+        auto pid = spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing",
+                          "--batch-size", "500", in},
                          out, err);
         BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 0, slurp(err));
         BOOST_TEST(nsqd.topic_message_count("billing") == 1234u);
@@ -169,9 +175,11 @@ BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
             // Line 2 is JSON but not a billing event (money as a float): refused with the reason.
             std::ofstream f(in);
             f << "{\"customer_id\":\"a\",\"billing_period\":\"p\",\"amount_cents\":5,\"currency\":\"usd\","
-                 "\"stripe_customer_id\":\"cus_a\"}\n{\"customer_id\":\"b\",\"amount_cents\":19.99}\nnot json\n";
+                 "\"stripe_customer_id\":\"cus_a\"}\n{\"customer_id\":\"b\",\"amount_cents\":19.99}\nnot "
+                 "json\n";
         }
-        pid = spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", in}, out, err);
+        pid =
+            spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", in}, out, err);
         BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 1);
         BOOST_TEST(slurp(err).find("\"line\":2") != std::string::npos, slurp(err));
         BOOST_TEST(slurp(err).find("amount_cents") != std::string::npos, slurp(err));
@@ -184,8 +192,8 @@ BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
                   << "\"currency\":\"usd\",\"stripe_customer_id\":\"cus_d\"}\n";
             f << "not json\n";
         }
-        pid = spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", "--batch-size", "2",
-                     in},
+        pid = spawn({"publish", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing",
+                     "--batch-size", "2", in},
                     out, err);
         BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 1, slurp(err));
         BOOST_TEST(slurp(err).find("\"line\":4") != std::string::npos, slurp(err));
@@ -195,8 +203,9 @@ BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
             std::ofstream f(in);
             f << "{\"customer_id\":\"b\",\"amount_cents\":19.99}\n{\"anything\":true}\n";
         }
-        pid = spawn({"publish", "--no-validate", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", in},
-                    out, err);
+        pid = spawn(
+            {"publish", "--no-validate", "--nsqd-tcp-address", nsqd.tcp_address(), "--topic", "billing", in},
+            out, err);
         BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 0, slurp(err));
         BOOST_TEST(nsqd.topic_message_count("billing") == 1238u);
         ::unlink(in.c_str());

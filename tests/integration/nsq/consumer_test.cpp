@@ -1,6 +1,8 @@
 // The consumer against fake-nsqd: exactly-once delivery across 3 nsqd found through lookupd, requeue
 // and backoff, keepalive vs. redelivery, heartbeats under 2 500 in flight, restart/reconnect, RDY
 // bounds asserted inside the double, graceful drain, max_attempts, readiness.
+#include "nsq/consumer.hpp"
+
 #include <boost/test/unit_test.hpp>
 #include <map>
 #include <set>
@@ -9,7 +11,6 @@
 #include "helpers.hpp"
 #include "metrics/health.hpp"
 #include "metrics/registry.hpp"
-#include "nsq/consumer.hpp"
 #include "nsq/proto/error.hpp"
 #include "tests/support/run_async.hpp"
 
@@ -41,7 +42,9 @@ consumer_config base_config(const std::string& topic) {
     return c;
 }
 
-asio::awaitable<disposition> finish_now(message&) { co_return disposition::finish(); }
+asio::awaitable<disposition> finish_now(message&) {
+    co_return disposition::finish();
+}
 
 }  // namespace
 
@@ -60,18 +63,22 @@ BOOST_AUTO_TEST_CASE(messages_across_three_nsqd_via_lookupd_arrive_exactly_once)
             o.max_channel_rdy = 50;
             nsqds.push_back(std::make_unique<fake_nsqd>(ex, o));
             BOOST_REQUIRE(nsqds.back()->start().has_value());
-            for (int i = 0; i < per; ++i) nsqds.back()->publish("events", "n" + std::to_string(n) + "-" + std::to_string(i));
+            for (int i = 0; i < per; ++i)
+                nsqds.back()->publish("events", "n" + std::to_string(n) + "-" + std::to_string(i));
             lookupd.add_producer("events", nsqds.back()->producer());
         }
         auto cfg = base_config("events");
         cfg.lookupd_http_addresses = {"http://" + lookupd.http_address(), lookupd.http_address()};
         std::map<std::string, int> seen;
         cg::metrics::registry reg;
-        consumer c(ex, cfg, [&](message& m) -> asio::awaitable<disposition> {
-            ++seen[m.body()];
-            BOOST_CHECK_EQUAL(m.id().size(), 16u);
-            co_return disposition::finish();
-        }, {}, reg);
+        consumer c(
+            ex, cfg,
+            [&](message& m) -> asio::awaitable<disposition> {
+                ++seen[m.body()];
+                BOOST_CHECK_EQUAL(m.id().size(), 16u);
+                co_return disposition::finish();
+            },
+            {}, reg);
         BOOST_REQUIRE(c.start().has_value());
         auto done = [&] {
             std::uint64_t fin = 0;
@@ -95,10 +102,12 @@ BOOST_AUTO_TEST_CASE(messages_across_three_nsqd_via_lookupd_arrive_exactly_once)
         BOOST_TEST(lookupd.lookups() >= 2u);
         co_await c.stop();
         for (auto& n : nsqds)
-            BOOST_TEST(co_await eventually([&] { return n->channel("events", "billing").client_count == 0; }));
+            BOOST_TEST(
+                co_await eventually([&] { return n->channel("events", "billing").client_count == 0; }));
         auto text = reg.render();
-        BOOST_TEST(text.find("chargeguard_nsq_messages_finished_total{channel=\"billing\",topic=\"events\"} 1200") !=
-                   std::string::npos);
+        BOOST_TEST(
+            text.find("chargeguard_nsq_messages_finished_total{channel=\"billing\",topic=\"events\"} 1200") !=
+            std::string::npos);
     });
 }
 
@@ -119,11 +128,14 @@ BOOST_AUTO_TEST_CASE(requeue_redelivers_with_growing_attempts_and_backs_off) {
         cfg.nsqd_tcp_addresses = {nsqd.tcp_address()};
         std::vector<int> attempts;
         cg::metrics::registry reg;
-        consumer c(ex, cfg, [&](message& m) -> asio::awaitable<disposition> {
-            attempts.push_back(m.attempts());
-            if (m.attempts() < 3) co_return disposition::requeue(milliseconds(0));
-            co_return disposition::finish();
-        }, {}, reg);
+        consumer c(
+            ex, cfg,
+            [&](message& m) -> asio::awaitable<disposition> {
+                attempts.push_back(m.attempts());
+                if (m.attempts() < 3) co_return disposition::requeue(milliseconds(0));
+                co_return disposition::finish();
+            },
+            {}, reg);
         BOOST_REQUIRE(c.start().has_value());
         BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("rq", "billing").finish_count == 1; }));
         BOOST_TEST((attempts == std::vector<int>{1, 2, 3}));
@@ -175,13 +187,16 @@ asio::awaitable<void> run_slow(bool with_keepalive) {
     cfg.nsqd_tcp_addresses = {nsqd.tcp_address()};
     std::vector<int> attempts;
     cg::metrics::registry reg;
-    consumer c(ex, cfg, [&](message& m) { return slow_handler(m, with_keepalive, attempts); }, {}, reg);
+    consumer c(
+        ex, cfg, [&](message& m) { return slow_handler(m, with_keepalive, attempts); }, {}, reg);
     BOOST_REQUIRE(c.start().has_value());
     // With keepalive: three FINs accepted. Without: the late FINs of attempt 1 come back E_FIN_FAILED.
-    BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("slow", "billing").finish_count == 3 &&
-                                                   (with_keepalive ? c.stats().finished == 3
-                                                                   : c.stats().fin_failed == 3); },
-                                      seconds(8)));
+    BOOST_REQUIRE(co_await eventually(
+        [&] {
+            return nsqd.channel("slow", "billing").finish_count == 3 &&
+                   (with_keepalive ? c.stats().finished == 3 : c.stats().fin_failed == 3);
+        },
+        seconds(8)));
     auto ch = nsqd.channel("slow", "billing");
     if (with_keepalive) {
         BOOST_TEST(ch.timeout_count == 0u);
@@ -219,10 +234,13 @@ BOOST_AUTO_TEST_CASE(heartbeats_answered_while_2500_messages_are_in_flight) {
         cfg.nsqd_tcp_addresses = {nsqd.tcp_address()};
         cg::net::steady_timer gate(ex, steady_clock::time_point::max());
         cg::metrics::registry reg;
-        consumer c(ex, cfg, [&](message&) -> asio::awaitable<disposition> {
-            co_await gate.async_wait();  // held until the test opens the gate
-            co_return disposition::finish();
-        }, {}, reg);
+        consumer c(
+            ex, cfg,
+            [&](message&) -> asio::awaitable<disposition> {
+                co_await gate.async_wait();  // held until the test opens the gate
+                co_return disposition::finish();
+            },
+            {}, reg);
         BOOST_REQUIRE(c.start().has_value());
         BOOST_REQUIRE(co_await eventually([&] { return c.stats().received == 2500; }));
         BOOST_TEST(nsqd.channel("hb", "billing").in_flight == 2500);
@@ -232,7 +250,8 @@ BOOST_AUTO_TEST_CASE(heartbeats_answered_while_2500_messages_are_in_flight) {
         auto log = nsqd.command_log();
         BOOST_TEST(std::count(log.begin(), log.end(), "NOP") >= 2);
         gate.cancel();
-        BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("hb", "billing").finish_count == 2500; }));
+        BOOST_REQUIRE(
+            co_await eventually([&] { return nsqd.channel("hb", "billing").finish_count == 2500; }));
         BOOST_TEST(c.stats().max_handlers == 2500u);
         BOOST_TEST(nsqd.total_connections() == 1u);
         BOOST_TEST(nsqd.channel("hb", "billing").timeout_count == 0u);
@@ -252,18 +271,24 @@ BOOST_AUTO_TEST_CASE(restart_of_nsqd_reconnects_and_resumes) {
         cfg.nsqd_tcp_addresses = {nsqd.tcp_address()};
         std::set<std::string> done;
         cg::metrics::registry reg;
-        consumer c(ex, cfg, [&](message& m) -> asio::awaitable<disposition> {
-            co_await cg::net::sleep_for(milliseconds(1));
-            done.insert(m.body());
-            co_return disposition::finish();
-        }, {}, reg);
+        consumer c(
+            ex, cfg,
+            [&](message& m) -> asio::awaitable<disposition> {
+                co_await cg::net::sleep_for(milliseconds(1));
+                done.insert(m.body());
+                co_return disposition::finish();
+            },
+            {}, reg);
         BOOST_REQUIRE(c.start().has_value());
         BOOST_REQUIRE(co_await eventually([&] { return c.stats().received >= 500; }));
         nsqd.restart();
-        BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("rs", "billing").finish_count >= n &&
-                                                       nsqd.channel("rs", "billing").depth == 0 &&
-                                                       nsqd.channel("rs", "billing").in_flight == 0; },
-                                          seconds(20)));
+        BOOST_REQUIRE(co_await eventually(
+            [&] {
+                return nsqd.channel("rs", "billing").finish_count >= n &&
+                       nsqd.channel("rs", "billing").depth == 0 &&
+                       nsqd.channel("rs", "billing").in_flight == 0;
+            },
+            seconds(20)));
         BOOST_TEST(done.size() == static_cast<std::size_t>(n));
         BOOST_TEST(nsqd.total_connections() >= 2u);
         BOOST_TEST(c.stats().connects >= 2u);
@@ -291,18 +316,23 @@ BOOST_AUTO_TEST_CASE(rdy_rotates_when_connections_outnumber_max_in_flight) {
         }
         std::set<std::string> got;
         cg::metrics::registry reg;
-        consumer c(ex, cfg, [&](message& m) -> asio::awaitable<disposition> {
-            got.insert(m.body());
-            co_return disposition::finish();
-        }, {}, reg);
+        consumer c(
+            ex, cfg,
+            [&](message& m) -> asio::awaitable<disposition> {
+                got.insert(m.body());
+                co_return disposition::finish();
+            },
+            {}, reg);
         BOOST_REQUIRE(c.start().has_value());
         // The handler sees the last message before its FIN reaches nsqd: wait for the FINs too.
-        BOOST_REQUIRE(co_await eventually([&] {
-            if (got.size() != 60u) return false;
-            for (auto& n : nsqds)
-                if (n->channel("rot", "billing").finish_count != 15u) return false;
-            return true;
-        }, seconds(20)));
+        BOOST_REQUIRE(co_await eventually(
+            [&] {
+                if (got.size() != 60u) return false;
+                for (auto& n : nsqds)
+                    if (n->channel("rot", "billing").finish_count != 15u) return false;
+                return true;
+            },
+            seconds(20)));
         BOOST_TEST(ledger->violations == 0u);
         BOOST_TEST(ledger->peak <= 2);
         BOOST_TEST(c.stats().max_handlers <= 2u);
@@ -322,10 +352,13 @@ BOOST_AUTO_TEST_CASE(stop_drains_in_flight_handlers_then_closes) {
         cfg.nsqd_tcp_addresses = {nsqd.tcp_address()};
         cg::metrics::registry reg;
         cg::metrics::health health;
-        consumer c(ex, cfg, [&](message&) -> asio::awaitable<disposition> {
-            co_await cg::net::sleep_for(milliseconds(300));
-            co_return disposition::finish();
-        }, {}, reg);
+        consumer c(
+            ex, cfg,
+            [&](message&) -> asio::awaitable<disposition> {
+                co_await cg::net::sleep_for(milliseconds(300));
+                co_return disposition::finish();
+            },
+            {}, reg);
         c.add_readiness(health);
         BOOST_TEST(!health.ready().ok);
         BOOST_REQUIRE(c.start().has_value());
@@ -363,10 +396,13 @@ BOOST_AUTO_TEST_CASE(past_max_attempts_goes_to_the_give_up_handler_then_fin) {
         int handled = 0;
         std::vector<std::pair<std::string, int>> given_up;
         cg::metrics::registry reg;
-        consumer c(ex, cfg, [&](message&) -> asio::awaitable<disposition> {
-            ++handled;
-            co_return disposition::requeue_without_backoff(milliseconds(0));
-        }, {}, reg);
+        consumer c(
+            ex, cfg,
+            [&](message&) -> asio::awaitable<disposition> {
+                ++handled;
+                co_return disposition::requeue_without_backoff(milliseconds(0));
+            },
+            {}, reg);
         c.set_give_up_handler([&](message& m) -> asio::awaitable<disposition> {
             given_up.emplace_back(m.body(), m.attempts());
             co_return disposition::finish();
@@ -395,10 +431,13 @@ BOOST_AUTO_TEST_CASE(a_give_up_handler_keeps_a_message_by_requeueing_it_without_
         cfg.nsqd_tcp_addresses = {nsqd.tcp_address()};
         std::vector<int> seen;
         cg::metrics::registry reg;
-        consumer c(ex, cfg, [&](message& m) -> asio::awaitable<disposition> {
-            seen.push_back(m.attempts());
-            co_return disposition::requeue_without_backoff(milliseconds(0));
-        }, {}, reg);
+        consumer c(
+            ex, cfg,
+            [&](message& m) -> asio::awaitable<disposition> {
+                seen.push_back(m.attempts());
+                co_return disposition::requeue_without_backoff(milliseconds(0));
+            },
+            {}, reg);
         c.set_give_up_handler([&](message& m) -> asio::awaitable<disposition> {
             seen.push_back(m.attempts());
             if (m.attempts() < 4) co_return disposition::requeue_without_backoff(milliseconds(0));
@@ -427,17 +466,22 @@ BOOST_AUTO_TEST_CASE(a_throwing_handler_is_counted_and_its_message_requeued) {
         cfg.default_requeue_delay = milliseconds(0);
         int calls = 0;
         cg::metrics::registry reg;
-        consumer c(ex, cfg, [&](message&) -> asio::awaitable<disposition> {
-            if (++calls == 1) throw std::runtime_error("handler bug");
-            co_return disposition::finish();
-        }, {}, reg);
+        consumer c(
+            ex, cfg,
+            [&](message&) -> asio::awaitable<disposition> {
+                if (++calls == 1) throw std::runtime_error("handler bug");
+                co_return disposition::finish();
+            },
+            {}, reg);
         BOOST_REQUIRE(c.start().has_value());
-        BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("gt", "billing").finish_count == 1; }, seconds(10)));
+        BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("gt", "billing").finish_count == 1; },
+                                          seconds(10)));
         BOOST_TEST(calls == 2);
         BOOST_TEST(c.stats().handler_errors == 1u);
         BOOST_TEST(nsqd.channel("gt", "billing").requeue_count == 1u);
-        BOOST_TEST(reg.render().find("chargeguard_nsq_handler_errors_total{channel=\"billing\",topic=\"gt\"} 1") !=
-                   std::string::npos);
+        BOOST_TEST(
+            reg.render().find("chargeguard_nsq_handler_errors_total{channel=\"billing\",topic=\"gt\"} 1") !=
+            std::string::npos);
         co_await c.stop();
     });
 }
@@ -460,7 +504,8 @@ BOOST_AUTO_TEST_CASE(a_silent_nsqd_is_dropped_after_two_heartbeats_and_reconnect
         BOOST_TEST(took >= 1000);  // not before a heartbeat was due
         BOOST_TEST(took <= 3500);  // 2 × heartbeat_interval plus the watchdog's granularity and slack
         nsqd.freeze(false);
-        BOOST_REQUIRE(co_await eventually([&] { return c.stats().connects >= 2 && c.subscribed_connections() == 1; }));
+        BOOST_REQUIRE(
+            co_await eventually([&] { return c.stats().connects >= 2 && c.subscribed_connections() == 1; }));
         nsqd.publish("fz", "after");
         BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("fz", "billing").finish_count == 1; }));
         co_await c.stop();

@@ -1,7 +1,8 @@
 // fake-nsqd answers byte for byte like nsqd 1.3.0 (the golden transcripts), and is as strict.
-#include <boost/test/unit_test.hpp>
-#include <array>
 #include <simdjson.h>
+
+#include <array>
+#include <boost/test/unit_test.hpp>
 
 #include "../../unit/nsq/golden.hpp"
 #include "fake_nsqd.hpp"
@@ -19,7 +20,9 @@ namespace {
 
 std::string golden_identify() {
     std::string out;
-    proto::append_identify(out, R"({"client_id": "golden", "hostname": "h", "user_agent": "golden/1", "feature_negotiation": true, "heartbeat_interval": 1000, "msg_timeout": 5000})");
+    proto::append_identify(
+        out,
+        R"({"client_id": "golden", "hostname": "h", "user_agent": "golden/1", "feature_negotiation": true, "heartbeat_interval": 1000, "msg_timeout": 5000})");
     return out;
 }
 
@@ -55,7 +58,8 @@ BOOST_AUTO_TEST_CASE(full_session_matches_golden_bytes) {
         proto::append_fin(cmd, id);
         proto::append_fin(cmd, id);
         co_await c.send(cmd);
-        BOOST_TEST(co_await c.read_frame() == error_frame("E_FIN_FAILED FIN " + id + " failed ID not in flight"));
+        BOOST_TEST(co_await c.read_frame() ==
+                   error_frame("E_FIN_FAILED FIN " + id + " failed ID not in flight"));
         co_await c.send(golden::req_unknown);
         BOOST_TEST(co_await c.read_frame() == golden::req_failed);
         BOOST_TEST(co_await c.read_frame(milliseconds(1500)) == golden::heartbeat);
@@ -151,7 +155,8 @@ BOOST_AUTO_TEST_CASE(timeouts_touch_and_requeue_behave_like_nsqd) {
         raw_client c(ex);
         co_await c.connect(nsqd.tcp_port());
         std::string idn;
-        proto::append_identify(idn, R"({"feature_negotiation":true,"heartbeat_interval":5000,"msg_timeout":1000})");
+        proto::append_identify(
+            idn, R"({"feature_negotiation":true,"heartbeat_interval":5000,"msg_timeout":1000})");
         co_await c.send(golden::magic + idn + golden::sub + golden::rdy1);
         co_await c.read_frame();
         co_await c.read_frame();
@@ -217,22 +222,21 @@ BOOST_AUTO_TEST_CASE(http_stats_and_lookup_use_the_real_field_names) {
         auto ch = doc["topics"].at(0)["channels"].at(0);
         BOOST_TEST(std::string_view(ch["channel_name"]) == "c");
         // A named array: g++ 12 mishandles a braced list inside a coroutine (STYLE.md).
-        static const std::array<const char*, 11> keys = {"depth", "backend_depth", "in_flight_count",
-                                                         "deferred_count", "message_count", "requeue_count",
-                                                         "timeout_count", "client_count", "clients", "paused",
-                                                         "e2e_processing_latency"};
-        for (auto key : keys)
-            BOOST_TEST(ch[key].error() == simdjson::SUCCESS, key);
+        static const std::array<const char*, 11> keys = {
+            "depth",         "backend_depth", "in_flight_count",       "deferred_count",
+            "message_count", "requeue_count", "timeout_count",         "client_count",
+            "clients",       "paused",        "e2e_processing_latency"};
+        for (auto key : keys) BOOST_TEST(ch[key].error() == simdjson::SUCCESS, key);
         // Named, not braced inside co_await (g++ 12 miscompiles that; STYLE.md).
         cg::net::host_port lh{"127.0.0.1", lookupd.http_port()};
-        auto lk = co_await cg::nsq::http_get(lh, "/lookup?topic=nope",
-                                             "application/vnd.nsq; version=1.0", seconds(2));
+        auto lk = co_await cg::nsq::http_get(lh, "/lookup?topic=nope", "application/vnd.nsq; version=1.0",
+                                             seconds(2));
         BOOST_REQUIRE(lk.has_value());
         BOOST_TEST(lk->status == 404);
         BOOST_TEST(lk->body == R"({"message":"TOPIC_NOT_FOUND"})");
         lookupd.add_producer("golden", nsqd.producer());
-        lk = co_await cg::nsq::http_get(lh, "/lookup?topic=golden",
-                                        "application/vnd.nsq; version=1.0", seconds(2));
+        lk = co_await cg::nsq::http_get(lh, "/lookup?topic=golden", "application/vnd.nsq; version=1.0",
+                                        seconds(2));
         BOOST_REQUIRE(lk.has_value());
         BOOST_TEST(lk->status == 200);
         BOOST_TEST(*lk->headers.get("X-Nsq-Content-Type") == "nsq; version=1.0");

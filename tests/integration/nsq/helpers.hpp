@@ -44,7 +44,10 @@ struct raw_client {
     // Exactly n bytes, or throws (timeout / closed).
     asio::awaitable<std::string> read_n(std::size_t n, milliseconds limit = seconds(5)) {
         std::string out(n, '\0');
-        auto r = co_await cg::net::with_timeout(asio::async_read(sock, asio::mutable_buffer(out.data(), out.size()), asio::transfer_all(), nothrow), limit);
+        auto r = co_await cg::net::with_timeout(
+            asio::async_read(sock, asio::mutable_buffer(out.data(), out.size()), asio::transfer_all(),
+                             nothrow),
+            limit);
         if (!r) throw std::runtime_error("read timed out");
         auto [ec, got] = *r;
         if (ec) throw std::runtime_error("read: " + ec.message());

@@ -1,11 +1,12 @@
 // The producer against fake-nsqd: PUB/MPUB/DPUB answered in order, nsqd's errors surfaced, reconnect.
-#include <boost/test/unit_test.hpp>
+#include "nsq/producer.hpp"
+
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <boost/test/unit_test.hpp>
 
 #include "fake_nsqd.hpp"
 #include "helpers.hpp"
-#include "nsq/producer.hpp"
 #include "nsq/proto/error.hpp"
 #include "tests/support/run_async.hpp"
 
@@ -57,9 +58,12 @@ BOOST_AUTO_TEST_CASE(concurrent_publishes_are_pipelined_and_all_answered) {
         cg::nsq::producer prod(ex, nsqd.tcp_address(), {}, {});
         int ok = 0;
         for (int i = 0; i < 50; ++i)
-            asio::co_spawn(ex, [&prod, &ok, i]() -> asio::awaitable<void> {
-                if (co_await prod.publish("pp", std::to_string(i))) ++ok;
-            }, asio::detached);
+            asio::co_spawn(
+                ex,
+                [&prod, &ok, i]() -> asio::awaitable<void> {
+                    if (co_await prod.publish("pp", std::to_string(i))) ++ok;
+                },
+                asio::detached);
         BOOST_REQUIRE(co_await eventually([&] { return ok == 50; }));
         BOOST_TEST(nsqd.topic_message_count("pp") == 50u);
         BOOST_TEST(nsqd.total_connections() == 1u);

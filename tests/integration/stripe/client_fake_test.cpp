@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "fake_fixture.hpp"
 #include "http/server.hpp"
 #include "net/offload.hpp"
 #include "net/tls.hpp"
@@ -16,21 +17,23 @@
 #include "stripe/error.hpp"
 #include "support/run_async.hpp"
 #include "tests/doubles/stripe/fake_stripe.hpp"
-#include "fake_fixture.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;
-using stripe::outcome_class;
-using cg::test::run_async;
 using cg::test::cert;
+using cg::test::run_async;
+using stripe::outcome_class;
 
 namespace {
 
-std::string cls(outcome_class c) { return std::string(stripe::to_string(c)); }
+std::string cls(outcome_class c) {
+    return std::string(stripe::to_string(c));
+}
 
 using fixture = test::fake_stripe_fixture;
 
-stripe::charge_request charge_req(std::string key, std::string customer = "cus_ok", std::int64_t amount = 4200) {
+stripe::charge_request charge_req(std::string key, std::string customer = "cus_ok",
+                                  std::int64_t amount = 4200) {
     stripe::charge_request r;
     r.amount = amount;
     r.currency = "usd";
@@ -55,12 +58,13 @@ BOOST_AUTO_TEST_CASE(succeeded_then_replayed_with_the_same_id) {
     fixture f;
     auto c = f.client();
     auto main_thread = std::this_thread::get_id();
-    auto [a, b] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
-        auto first = co_await c->create_charge(charge_req("key-1"));
-        BOOST_TEST((std::this_thread::get_id() == main_thread));  // resumed on the caller's executor
-        auto second = co_await c->create_charge(charge_req("key-1"));
-        co_return std::pair(first, second);
-    });
+    auto [a, b] =
+        run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+            auto first = co_await c->create_charge(charge_req("key-1"));
+            BOOST_TEST((std::this_thread::get_id() == main_thread));  // resumed on the caller's executor
+            auto second = co_await c->create_charge(charge_req("key-1"));
+            co_return std::pair(first, second);
+        });
     BOOST_TEST(cls(a.cls) == "succeeded", a.message);
     BOOST_TEST(a.charge_id.starts_with("ch_"));
     BOOST_TEST(a.http_status == 200);
@@ -99,17 +103,18 @@ BOOST_AUTO_TEST_CASE(declined_card_and_authentication_required) {
     f.fake->decline("cus_broke", {"card_declined", "insufficient_funds"});
     f.fake->decline("cus_3ds", {"authentication_required", ""});
     auto c = f.client();
-    auto [d, pi] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
-        auto a = co_await c->create_charge(charge_req("dec-1", "cus_broke"));
-        stripe::payment_intent_request p;
-        p.amount = 900;
-        p.currency = "eur";
-        p.customer = "cus_3ds";
-        p.payment_method = "pm_card_visa";
-        p.idempotency_key = "dec-2";
-        auto b = co_await c->create_payment_intent(p);
-        co_return std::pair(a, b);
-    });
+    auto [d, pi] =
+        run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+            auto a = co_await c->create_charge(charge_req("dec-1", "cus_broke"));
+            stripe::payment_intent_request p;
+            p.amount = 900;
+            p.currency = "eur";
+            p.customer = "cus_3ds";
+            p.payment_method = "pm_card_visa";
+            p.idempotency_key = "dec-2";
+            auto b = co_await c->create_payment_intent(p);
+            co_return std::pair(a, b);
+        });
     BOOST_TEST(cls(d.cls) == "declined");
     BOOST_TEST(d.http_status == 402);
     BOOST_TEST(d.error.type == "card_error");
@@ -141,13 +146,14 @@ BOOST_AUTO_TEST_CASE(rejected_bad_key_and_validation) {
     cfg.api_key = "pk_test_wrong_kind";
     auto bad_key = f.client(cfg);
     auto c = f.client();
-    auto [auth, invalid] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
-        auto a = co_await bad_key->create_charge(charge_req("rej-1"));
-        auto r = charge_req("rej-2");
-        r.currency = "US";
-        auto b = co_await c->create_charge(r);
-        co_return std::pair(a, b);
-    });
+    auto [auth, invalid] =
+        run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+            auto a = co_await bad_key->create_charge(charge_req("rej-1"));
+            auto r = charge_req("rej-2");
+            r.currency = "US";
+            auto b = co_await c->create_charge(r);
+            co_return std::pair(a, b);
+        });
     BOOST_TEST(cls(auth.cls) == "rejected");
     BOOST_TEST(auth.http_status == 401);
     BOOST_TEST(auth.message.find("Invalid API Key") != std::string::npos, auth.message);
@@ -164,7 +170,8 @@ BOOST_AUTO_TEST_CASE(cap_exceeded_from_a_vault_like_upstream) {
     BOOST_TEST_REQUIRE(tls.has_value());
     http::router r;
     r.add("POST", "/v1/charges", [](http::request&) -> asio::awaitable<http::response> {
-        auto resp = http::make_response(402,
+        auto resp = http::make_response(
+            402,
             R"({"error":{"type":"invalid_request_error","code":"spend_cap_exceeded","message":"cap of 5000 usd for 2024-05 reached"}})",
             "application/json");
         co_return resp;
@@ -235,7 +242,7 @@ BOOST_AUTO_TEST_CASE(concurrent_same_key_gets_409_then_the_replayed_charge) {
     BOOST_TEST(cls(a.cls) == "succeeded", a.message);
     BOOST_TEST(cls(b.cls) == "succeeded", b.message);
     BOOST_TEST(a.charge_id == b.charge_id);
-    BOOST_TEST(a.replayed != b.replayed);  // exactly one of them saw the original
+    BOOST_TEST(a.replayed != b.replayed);       // exactly one of them saw the original
     BOOST_TEST(a.attempts + b.attempts >= 3u);  // the loser met a 409 first
     BOOST_TEST(f.fake->charges().size() == 1u);
 }
@@ -244,11 +251,12 @@ BOOST_AUTO_TEST_CASE(server_error_after_create_is_indeterminate_and_replayed) {
     fixture f;
     f.fake->faults().fail_after_create = 1;
     auto c = f.client();
-    auto [first, again] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
-        auto a = co_await c->create_charge(charge_req("500-1"));
-        auto b = co_await c->create_charge(charge_req("500-1"));
-        co_return std::pair(a, b);
-    });
+    auto [first, again] =
+        run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+            auto a = co_await c->create_charge(charge_req("500-1"));
+            auto b = co_await c->create_charge(charge_req("500-1"));
+            co_return std::pair(a, b);
+        });
     BOOST_TEST(cls(first.cls) == "indeterminate");
     BOOST_TEST(first.http_status == 500);
     BOOST_TEST(first.attempts == 1u);  // never hammered
@@ -271,17 +279,18 @@ BOOST_AUTO_TEST_CASE(stall_times_out_as_indeterminate_and_the_key_later_replays)
     cfg.request_timeout = 500ms;
     cfg.retry = {12, 100ms, 400ms};
     auto c = f.client(cfg);
-    auto [first, later] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
-        // Warm the pool so the stalled request is sent at once (the timeout then surely falls after it).
-        auto warm = co_await c->create_charge(charge_req("warm-up"));
-        BOOST_TEST(cls(warm.cls) == "succeeded");
-        f.fake->faults().stall_ms = 1500;
-        f.fake->faults().stall_count = 1;
-        auto a = co_await c->create_charge(charge_req("stall-1"));
-        // Same key again: 409 while the stalled request still executes, then the replay.
-        auto b = co_await c->create_charge(charge_req("stall-1"));
-        co_return std::pair(a, b);
-    });
+    auto [first, later] =
+        run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+            // Warm the pool so the stalled request is sent at once (the timeout then surely falls after it).
+            auto warm = co_await c->create_charge(charge_req("warm-up"));
+            BOOST_TEST(cls(warm.cls) == "succeeded");
+            f.fake->faults().stall_ms = 1500;
+            f.fake->faults().stall_count = 1;
+            auto a = co_await c->create_charge(charge_req("stall-1"));
+            // Same key again: 409 while the stalled request still executes, then the replay.
+            auto b = co_await c->create_charge(charge_req("stall-1"));
+            co_return std::pair(a, b);
+        });
     BOOST_TEST(cls(first.cls) == "indeterminate");
     BOOST_TEST(first.http_status == 0);
     BOOST_TEST(first.attempts == 1u);
@@ -296,11 +305,12 @@ BOOST_AUTO_TEST_CASE(dropped_connection_after_create_then_replay_returns_the_ori
     fixture f;
     f.fake->faults().drop_after_create = 1;
     auto c = f.client();
-    auto [first, again] = run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
-        auto a = co_await c->create_charge(charge_req("drop-1"));
-        auto b = co_await c->create_charge(charge_req("drop-1"));
-        co_return std::pair(a, b);
-    });
+    auto [first, again] =
+        run_async(f.io, [&]() -> asio::awaitable<std::pair<stripe::charge_outcome, stripe::charge_outcome>> {
+            auto a = co_await c->create_charge(charge_req("drop-1"));
+            auto b = co_await c->create_charge(charge_req("drop-1"));
+            co_return std::pair(a, b);
+        });
     BOOST_TEST(cls(first.cls) == "indeterminate");
     BOOST_TEST(first.attempts == 1u);
     BOOST_TEST(cls(again.cls) == "succeeded");
@@ -367,7 +377,8 @@ BOOST_AUTO_TEST_CASE(list_pages_and_find_by_billing_key) {
     fixture f;
     auto c = f.client();
     run_async(f.io, [&]() -> asio::awaitable<void> {
-        for (int i = 0; i < 7; ++i) (void)co_await c->create_charge(charge_req("bk-" + std::to_string(i), "cus_a"));
+        for (int i = 0; i < 7; ++i)
+            (void)co_await c->create_charge(charge_req("bk-" + std::to_string(i), "cus_a"));
         (void)co_await c->create_charge(charge_req("bk-other", "cus_b"));
         stripe::list_charges_request q;
         q.customer = "cus_a";
@@ -376,7 +387,8 @@ BOOST_AUTO_TEST_CASE(list_pages_and_find_by_billing_key) {
         BOOST_TEST_REQUIRE(p1.has_value());
         BOOST_TEST(p1->data.size() == 3u);
         BOOST_TEST(p1->has_more);
-        BOOST_TEST(stripe::metadata_value(p1->data[0].metadata, "billing_key").value_or("") == "bk-6");  // newest first
+        BOOST_TEST(stripe::metadata_value(p1->data[0].metadata, "billing_key").value_or("") ==
+                   "bk-6");  // newest first
         q.starting_after = p1->data.back().id;
         auto p2 = co_await c->list_charges(q);
         BOOST_TEST_REQUIRE(p2.has_value());

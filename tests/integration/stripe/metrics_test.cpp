@@ -5,6 +5,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "fake_fixture.hpp"
 #include "metrics/registry.hpp"
 #include "net/offload.hpp"
 #include "net/tls.hpp"
@@ -12,7 +13,6 @@
 #include "support/prom_text.hpp"
 #include "support/run_async.hpp"
 #include "tests/doubles/stripe/fake_stripe.hpp"
-#include "fake_fixture.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;
@@ -41,8 +41,8 @@ stripe::charge_request charge_req(std::string key, std::string customer = "cus_o
 
 // The value of the sample `name` (the family's own name unless given) with exactly `labels`; throws
 // when the series is missing, so an unrecorded metric fails loudly.
-double value(const std::map<std::string, test::prom_family>& fams, const std::string& family, const label_map& labels,
-             std::string name = {}) {
+double value(const std::map<std::string, test::prom_family>& fams, const std::string& family,
+             const label_map& labels, std::string name = {}) {
     if (name.empty()) name = family;
     auto f = fams.find(family);
     if (f == fams.end()) throw std::runtime_error("no metric family " + family);
@@ -52,7 +52,8 @@ double value(const std::map<std::string, test::prom_family>& fams, const std::st
 }
 
 // Sum over every series of a family (the sample named like the family, or `name`).
-double total(const std::map<std::string, test::prom_family>& fams, const std::string& family, std::string name = {}) {
+double total(const std::map<std::string, test::prom_family>& fams, const std::string& family,
+             std::string name = {}) {
     if (name.empty()) name = family;
     auto f = fams.find(family);
     if (f == fams.end()) throw std::runtime_error("no metric family " + family);
@@ -71,9 +72,15 @@ const std::string handshakes = "chargeguard_stripe_tls_handshakes_total";
 const std::string conn_open = "chargeguard_stripe_connections_open";
 const std::string conn_idle = "chargeguard_stripe_connections_idle";
 
-label_map op_outcome(const std::string& op, const std::string& outcome) { return {{"operation", op}, {"outcome", outcome}}; }
-label_map op(const std::string& o) { return {{"operation", o}}; }
-std::string cls(outcome_class c) { return std::string(stripe::to_string(c)); }
+label_map op_outcome(const std::string& op, const std::string& outcome) {
+    return {{"operation", op}, {"outcome", outcome}};
+}
+label_map op(const std::string& o) {
+    return {{"operation", o}};
+}
+std::string cls(outcome_class c) {
+    return std::string(stripe::to_string(c));
+}
 
 }  // namespace
 
@@ -115,8 +122,9 @@ BOOST_AUTO_TEST_CASE(outcomes_attempts_retries_replays_and_connections_are_expor
 
     // Four charges took five HTTP attempts: the retried call is visible.
     BOOST_TEST(value(m, attempts, op("create_charge")) == 5);
-    BOOST_TEST(value(m, attempts, op("create_charge")) > value(m, requests, op_outcome("create_charge", "succeeded")) +
-                                                            value(m, requests, op_outcome("create_charge", "declined")));
+    BOOST_TEST(value(m, attempts, op("create_charge")) >
+               value(m, requests, op_outcome("create_charge", "succeeded")) +
+                   value(m, requests, op_outcome("create_charge", "declined")));
     BOOST_TEST(value(m, attempts, op("retrieve_charge")) == 1);
     BOOST_TEST(value(m, retries, {{"operation", "create_charge"}, {"reason", "rate_limited"}}) == 1);
     BOOST_TEST(total(m, retries) == 1);

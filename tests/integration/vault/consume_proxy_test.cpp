@@ -67,40 +67,15 @@ BOOST_AUTO_TEST_CASE(consume_through_the_proxy_is_capped_and_blocked_rows_are_ca
     const std::uint64_t published = 40;
 
     std::string err_path = "/tmp/cg-vault-consume-" + std::to_string(::getpid()) + ".err";
-    std::vector<std::string> args{exe,
-                                  "consume",
-                                  "--topic",
-                                  "billing",
-                                  "--channel",
-                                  "chargeguard",
-                                  "--nsqd-tcp-address",
-                                  nsqd.tcp_address(),
-                                  "--heartbeat-interval",
-                                  "1s",
-                                  "--pg-dsn",
-                                  "dbname=" + f.db.name,
-                                  "--migrate",
-                                  "--stripe-api-base",
-                                  "http://127.0.0.1:" + std::to_string(f.proxy_port),
-                                  "--key-namespace",
-                                  "vault-e2e",
-                                  // A duplicate waits for its original's lease: keep the lease short.
-                                  "--lease",
-                                  "2s",
-                                  "--lease-renew-interval",
-                                  "500ms",
-                                  "--lease-held-delay",
-                                  "200ms",
-                                  "--retry-same-key-delay",
-                                  "200ms",
-                                  "--indeterminate-delay",
-                                  "300ms",
-                                  "--health-listen",
-                                  "127.0.0.1:0",
-                                  "--shutdown-timeout",
-                                  "10",
-                                  "--max-loop-lag",
-                                  "5"};
+    std::vector<std::string> args{
+        exe, "consume", "--topic", "billing", "--channel", "chargeguard", "--nsqd-tcp-address",
+        nsqd.tcp_address(), "--heartbeat-interval", "1s", "--pg-dsn", "dbname=" + f.db.name, "--migrate",
+        "--stripe-api-base", "http://127.0.0.1:" + std::to_string(f.proxy_port), "--key-namespace",
+        "vault-e2e",
+        // A duplicate waits for its original's lease: keep the lease short.
+        "--lease", "2s", "--lease-renew-interval", "500ms", "--lease-held-delay", "200ms",
+        "--retry-same-key-delay", "200ms", "--indeterminate-delay", "300ms", "--health-listen", "127.0.0.1:0",
+        "--shutdown-timeout", "10", "--max-loop-lag", "5"};
     ::setenv("STRIPE_API_KEY", k.secret.c_str(),
              1);  // the vault secret is consume's "Stripe key"; never argv
     posix_spawn_file_actions_t fa;

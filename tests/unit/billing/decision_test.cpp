@@ -1,6 +1,6 @@
-#include <boost/test/unit_test.hpp>
-
 #include "billing/decision.hpp"
+
+#include <boost/test/unit_test.hpp>
 
 using namespace cg::billing;
 using namespace std::chrono_literals;
@@ -42,7 +42,8 @@ BOOST_AUTO_TEST_CASE(decision_table) {
         return r;
     };
     std::vector<row> rows{
-        {"charged is a prevented duplicate", record(record_status::charged), existing_action::duplicate_finish},
+        {"charged is a prevented duplicate", record(record_status::charged),
+         existing_action::duplicate_finish},
         {"declined is final", record(record_status::declined), existing_action::duplicate_finish},
         {"cap_blocked is final", record(record_status::cap_blocked), existing_action::duplicate_finish},
         {"conflict is final", record(record_status::conflict), existing_action::duplicate_finish},
@@ -50,34 +51,40 @@ BOOST_AUTO_TEST_CASE(decision_table) {
          existing_action::payload_conflict},
         {"other currency", with(record(record_status::pending), [](auto& r) { r.currency = "eur"; }),
          existing_action::payload_conflict},
-        {"other stripe customer", with(record(record_status::pending), [](auto& r) { r.stripe_customer_id = "cus_2"; }),
+        {"other stripe customer",
+         with(record(record_status::pending), [](auto& r) { r.stripe_customer_id = "cus_2"; }),
          existing_action::payload_conflict},
         {"lease held", with(record(record_status::pending), [](auto& r) { r.lease_until = now + 1s; }),
          existing_action::lease_held_requeue},
-        {"lease expired, never tried", with(record(record_status::pending), [](auto& r) { r.lease_until = now - 1s; }),
+        {"lease expired, never tried",
+         with(record(record_status::pending), [](auto& r) { r.lease_until = now - 1s; }),
          existing_action::recover_same_key},
-        {"lease expired, tried 22h ago", with(record(record_status::pending),
-                                              [](auto& r) {
-                                                  r.lease_until = now - 1s;
-                                                  r.first_stripe_attempt_at = now - 22h;
-                                              }),
+        {"lease expired, tried 22h ago",
+         with(record(record_status::pending),
+              [](auto& r) {
+                  r.lease_until = now - 1s;
+                  r.first_stripe_attempt_at = now - 22h;
+              }),
          existing_action::recover_same_key},
-        {"tried 23h ago: past the window", with(record(record_status::pending),
-                                                [](auto& r) { r.first_stripe_attempt_at = now - 23h; }),
+        {"tried 23h ago: past the window",
+         with(record(record_status::pending), [](auto& r) { r.first_stripe_attempt_at = now - 23h; }),
          existing_action::recover_search},
-        {"indeterminate answer", with(record(record_status::pending),
-                                      [](auto& r) {
-                                          r.first_stripe_attempt_at = now - 1min;
-                                          r.indeterminate_since = now - 1min;
-                                      }),
+        {"indeterminate answer",
+         with(record(record_status::pending),
+              [](auto& r) {
+                  r.first_stripe_attempt_at = now - 1min;
+                  r.indeterminate_since = now - 1min;
+              }),
          existing_action::recover_search},
     };
-    for (const auto& r : rows) BOOST_TEST((decide_existing(r.rec, event(), now) == r.want), r.name << ": got " << to_string(decide_existing(r.rec, event(), now)));
+    for (const auto& r : rows)
+        BOOST_TEST((decide_existing(r.rec, event(), now) == r.want),
+                   r.name << ": got " << to_string(decide_existing(r.rec, event(), now)));
 }
 
 BOOST_AUTO_TEST_CASE(status_names_round_trip) {
-    for (auto s : {record_status::pending, record_status::charged, record_status::declined, record_status::failed,
-                   record_status::cap_blocked, record_status::conflict})
+    for (auto s : {record_status::pending, record_status::charged, record_status::declined,
+                   record_status::failed, record_status::cap_blocked, record_status::conflict})
         BOOST_TEST((parse_record_status(to_string(s)) == s));
     BOOST_TEST(!parse_record_status("settled").has_value());
 }
@@ -94,7 +101,7 @@ BOOST_AUTO_TEST_CASE(same_key_window_is_configurable) {
 // The database's view of the lease wins over the local clock (they can disagree by clock skew).
 BOOST_AUTO_TEST_CASE(lease_remaining_from_the_database_decides_held) {
     auto r = record(record_status::pending);
-    r.lease_until = now - 5s;  // the local clock says expired…
+    r.lease_until = now - 5s;    // the local clock says expired…
     r.lease_remaining = 2000ms;  // …the database says 2 s left
     BOOST_TEST((decide_existing(r, event(), now) == existing_action::lease_held_requeue));
     r.lease_until = now + 5s;
@@ -115,10 +122,12 @@ BOOST_AUTO_TEST_CASE(recovery_mode_table) {
         {"never tried", std::nullopt, std::nullopt, std::nullopt, existing_action::recover_same_key},
         {"tried 1 h ago", now - 1h, std::nullopt, std::nullopt, existing_action::recover_same_key},
         {"our fresh lease is ignored", now - 1h, std::nullopt, now + 60s, existing_action::recover_same_key},
-        {"tried 22h59m ago", now - 22h - 59min, std::nullopt, std::nullopt, existing_action::recover_same_key},
+        {"tried 22h59m ago", now - 22h - 59min, std::nullopt, std::nullopt,
+         existing_action::recover_same_key},
         {"tried 23 h ago", now - 23h, std::nullopt, std::nullopt, existing_action::recover_search},
         {"indeterminate", now - 1min, now - 30s, std::nullopt, existing_action::recover_search},
-        {"indeterminate, no attempt time", std::nullopt, now - 30s, std::nullopt, existing_action::recover_search},
+        {"indeterminate, no attempt time", std::nullopt, now - 30s, std::nullopt,
+         existing_action::recover_search},
     };
     for (const auto& t : rows) {
         auto r = record(record_status::pending);

@@ -1,6 +1,6 @@
-#include <boost/test/unit_test.hpp>
-
 #include "core/bytes.hpp"
+
+#include <boost/test/unit_test.hpp>
 
 using namespace cg;
 

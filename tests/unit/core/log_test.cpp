@@ -1,6 +1,6 @@
-#include <boost/test/unit_test.hpp>
-
 #include "core/log.hpp"
+
+#include <boost/test/unit_test.hpp>
 
 using namespace cg;
 
@@ -14,8 +14,9 @@ BOOST_AUTO_TEST_CASE(json_line_with_fields_and_context) {
     BOOST_REQUIRE_EQUAL(lines.size(), 1u);
     const auto& l = lines[0];
     BOOST_TEST(l.starts_with("{\"time\":\""));
-    BOOST_TEST(l.find("\"level\":\"info\",\"msg\":\"connected\",\"component\":\"nsq\",\"addr\":\"127.0.0.1:4150\","
-                      "\"rdy\":25,\"ok\":true,\"lag\":0.5}\n") != std::string::npos);
+    BOOST_TEST(
+        l.find("\"level\":\"info\",\"msg\":\"connected\",\"component\":\"nsq\",\"addr\":\"127.0.0.1:4150\","
+               "\"rdy\":25,\"ok\":true,\"lag\":0.5}\n") != std::string::npos);
     BOOST_TEST(l.back() == '\n');
 }
 

@@ -1,6 +1,7 @@
+#include "http/proto/message.hpp"
+
 #include <boost/test/unit_test.hpp>
 
-#include "http/proto/message.hpp"
 #include "http/proto/parser.hpp"
 
 using namespace cg::http;
@@ -35,7 +36,8 @@ BOOST_AUTO_TEST_CASE(request_serialization) {
     r.body = "amount=100";
     std::string wire;
     serialize(r, wire);
-    BOOST_TEST(wire == "POST /v1/charges HTTP/1.1\r\nHost: api.stripe.com\r\nContent-Length: 10\r\n\r\namount=100");
+    BOOST_TEST(wire ==
+               "POST /v1/charges HTTP/1.1\r\nHost: api.stripe.com\r\nContent-Length: 10\r\n\r\namount=100");
 }
 
 BOOST_AUTO_TEST_CASE(keep_alive_rules) {

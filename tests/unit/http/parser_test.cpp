@@ -1,6 +1,6 @@
-#include <boost/test/unit_test.hpp>
-
 #include "http/proto/parser.hpp"
+
+#include <boost/test/unit_test.hpp>
 
 using namespace cg::http;
 
@@ -61,7 +61,8 @@ BOOST_AUTO_TEST_CASE(oversize_content_length_fails_at_headers) {
 
 BOOST_AUTO_TEST_CASE(oversize_chunked_body_fails) {
     request_parser p(parse_limits{.max_header_bytes = 1024, .max_body_bytes = 10});
-    p.feed("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n12345678\r\n8\r\n12345678\r\n0\r\n\r\n");
+    p.feed(
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n12345678\r\n8\r\n12345678\r\n0\r\n\r\n");
     BOOST_REQUIRE(p.state() == parse_state::failed);
     BOOST_TEST((p.error() == errc::body_too_large));
 }

@@ -1,17 +1,23 @@
+#include "http/router.hpp"
+
 #include <boost/test/unit_test.hpp>
 
-#include "http/router.hpp"
 #include "support/run_async.hpp"
 
 using namespace cg::http;
 
 namespace {
-asio::awaitable<response> ok_handler(request& r) { co_return make_response(200, "ok " + std::string(r.path())); }
+asio::awaitable<response> ok_handler(request& r) {
+    co_return make_response(200, "ok " + std::string(r.path()));
+}
 
 asio::awaitable<std::vector<int>> exercise(const router* rt) {
     std::vector<int> statuses;
-    for (auto [method, target] : {std::pair{"GET", "/healthz"}, {"POST", "/healthz"}, {"GET", "/nope"},
-                                  {"HEAD", "/healthz"}, {"DELETE", "/admin/x/y"}}) {
+    for (auto [method, target] : {std::pair{"GET", "/healthz"},
+                                  {"POST", "/healthz"},
+                                  {"GET", "/nope"},
+                                  {"HEAD", "/healthz"},
+                                  {"DELETE", "/admin/x/y"}}) {
         request r;
         r.method = method;
         r.target = target;

@@ -32,16 +32,19 @@ BOOST_AUTO_TEST_CASE(render_parses_with_labels_and_histograms) {
 BOOST_AUTO_TEST_CASE(prom_reader_rejects_broken_text) {
     BOOST_CHECK_THROW(test::parse_prometheus("orphan_sample 1\n"), std::runtime_error);
     BOOST_CHECK_THROW(test::parse_prometheus("# TYPE x counter\nx one\n"), std::runtime_error);
-    BOOST_CHECK_THROW(test::parse_prometheus("# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\n"
-                                             "h_count 1\nh_sum 0\n"),
-                      std::runtime_error);
+    BOOST_CHECK_THROW(
+        test::parse_prometheus("# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\n"
+                               "h_count 1\nh_sum 0\n"),
+        std::runtime_error);
 }
 
 BOOST_AUTO_TEST_CASE(health_checks) {
     metrics::health h;
     BOOST_TEST(!h.ready().ok);  // nothing registered yet: not ready
     bool nsq_up = false;
-    h.add_readiness("nsq", [&] { return metrics::check_status{nsq_up, nsq_up ? "1 connection" : "no connection"}; });
+    h.add_readiness("nsq", [&] {
+        return metrics::check_status{nsq_up, nsq_up ? "1 connection" : "no connection"};
+    });
     h.add_readiness("postgres", [] { return metrics::check_status{true, "3 idle"}; });
     auto r = h.ready();
     BOOST_TEST(!r.ok);

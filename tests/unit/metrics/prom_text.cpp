@@ -42,7 +42,8 @@ double parse_value(const std::string& v, int line) {
 
 std::map<std::string, prom_family> parse_prometheus(const std::string& text) {
     static const std::regex help_re(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*))");
-    static const std::regex type_re(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped))");
+    static const std::regex type_re(
+        R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped))");
     static const std::regex sample_re(R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)( -?[0-9]+)?)");
     static const std::regex label_re(R"re(([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?)re");
     std::map<std::string, prom_family> fams;
@@ -100,13 +101,15 @@ std::map<std::string, prom_family> parse_prometheus(const std::string& text) {
                 prev = c;
             }
             if (!std::isinf(prev_le)) throw std::runtime_error(name + ": no +Inf bucket");
-            if (!counts.count(key) || counts[key] != prev) throw std::runtime_error(name + ": _count != +Inf bucket");
+            if (!counts.count(key) || counts[key] != prev)
+                throw std::runtime_error(name + ": _count != +Inf bucket");
         }
     }
     return fams;
 }
 
-double bucket_count(const prom_family& f, const std::string& le, const std::map<std::string, std::string>& labels) {
+double bucket_count(const prom_family& f, const std::string& le,
+                    const std::map<std::string, std::string>& labels) {
     for (const auto& s : f.samples) {
         if (s.name != f.name + "_bucket") continue;
         auto key = s.labels;

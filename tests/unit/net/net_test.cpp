@@ -46,7 +46,9 @@ asio::awaitable<std::pair<std::optional<int>, std::optional<int>>> race() {
     co_return std::pair{fast, slow};
 }
 
-asio::awaitable<std::thread::id> thread_id() { co_return std::this_thread::get_id(); }
+asio::awaitable<std::thread::id> thread_id() {
+    co_return std::this_thread::get_id();
+}
 
 struct offload_seen {
     std::thread::id worker, resumed;
@@ -96,21 +98,23 @@ BOOST_AUTO_TEST_CASE(tls_context_errors_are_clear) {
     auto sys = net::make_tls_client_context({});
     BOOST_REQUIRE(sys.has_value());
     BOOST_TEST((SSL_CTX_get_verify_mode((*sys)->native_handle()) & SSL_VERIFY_PEER) != 0);
-    auto srv = net::make_tls_server_context({.cert_file = "/nonexistent/cert.pem", .key_file = "/nonexistent/key.pem"});
+    auto srv = net::make_tls_server_context(
+        {.cert_file = "/nonexistent/cert.pem", .key_file = "/nonexistent/key.pem"});
     BOOST_TEST(!srv.has_value());
 }
 
 BOOST_AUTO_TEST_CASE(lag_probe_sees_a_blocked_loop) {
     asio::io_context io;
     std::vector<double> samples;
-    auto probe = std::make_shared<net::lag_probe>(io.get_executor(), 10ms, [&](double s) { samples.push_back(s); });
+    auto probe =
+        std::make_shared<net::lag_probe>(io.get_executor(), 10ms, [&](double s) { samples.push_back(s); });
     probe->start();
     io.run_for(50ms);
     BOOST_TEST(probe->recent_max_lag(5s) < 0.2);
     // Block the loop on purpose: the next tick fires ~150 ms late.
     auto before = samples.size();
     asio::post(io, [] { std::this_thread::sleep_for(150ms); });
-    io.run_one_for(1s);  // runs the blocking handler
+    io.run_one_for(1s);                             // runs the blocking handler
     BOOST_TEST(probe->recent_max_lag(5s) >= 0.14);  // overdue tick is visible before it runs
     while (samples.size() == before) io.run_one_for(1s);
     BOOST_TEST(samples.back() >= 0.14);
@@ -177,7 +181,9 @@ asio::awaitable<std::string> late_answer_after_timeout(lookup_probe* p) {
 
 asio::awaitable<std::string> outer_timeout_cuts_the_lookup(lookup_probe* p) {
     // An enclosing `op || timer` (a request deadline) ends the wait too, long before resolve's own.
-    net::resolve_initiator start = [p](asio::ip::tcp::resolver&, net::resolve_handler h) { p->held = std::move(h); };
+    net::resolve_initiator start = [p](asio::ip::tcp::resolver&, net::resolve_handler h) {
+        p->held = std::move(h);
+    };
     auto r = co_await net::with_timeout(net::resolve_with(std::move(start), "stuck.example", 60s), 100ms);
     p->held = nullptr;
     co_return r ? std::string("finished") : std::string("timed out");
@@ -186,7 +192,8 @@ asio::awaitable<std::string> outer_timeout_cuts_the_lookup(lookup_probe* p) {
 asio::awaitable<std::string> resolve_localhost() {
     auto r = co_await net::resolve("127.0.0.1", "4150", 5s);
     if (!r) co_return r.err().message;
-    co_return r->begin()->endpoint().address().to_string() + ":" + std::to_string(r->begin()->endpoint().port());
+    co_return r->begin()->endpoint().address().to_string() + ":" +
+        std::to_string(r->begin()->endpoint().port());
 }
 
 }  // namespace

@@ -184,7 +184,8 @@ BOOST_AUTO_TEST_CASE(short_message_and_bad_id_rejected) {
 
 BOOST_AUTO_TEST_CASE(message_frame_encoder_round_trips_golden) {
     std::string out;
-    append_message_frame(out, static_cast<std::int64_t>(0x18ec972f54ebd0e9ULL), 1, "18ad397cbfa69000", "hello golden");
+    append_message_frame(out, static_cast<std::int64_t>(0x18ec972f54ebd0e9ULL), 1, "18ad397cbfa69000",
+                         "hello golden");
     BOOST_TEST(out == golden::message_frame);
     out.clear();
     append_frame(out, frame_type::error, "E_INVALID RDY count 3000 out of range 0-2500");
@@ -272,9 +273,9 @@ BOOST_AUTO_TEST_CASE(error_classification) {
     BOOST_TEST(!e.fatal);
     BOOST_TEST(!classify_error("E_REQ_FAILED x").fatal);
     BOOST_TEST(!classify_error("E_TOUCH_FAILED x").fatal);
-    for (auto code : {"E_INVALID", "E_BAD_BODY", "E_BAD_TOPIC", "E_BAD_CHANNEL", "E_BAD_MESSAGE", "E_PUB_FAILED",
-                      "E_MPUB_FAILED", "E_DPUB_FAILED", "E_SUB_FAILED", "E_IDENTIFY_FAILED", "E_AUTH_FAILED",
-                      "E_UNAUTHORIZED", "E_SOMETHING_NEW"})
+    for (auto code : {"E_INVALID", "E_BAD_BODY", "E_BAD_TOPIC", "E_BAD_CHANNEL", "E_BAD_MESSAGE",
+                      "E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED", "E_SUB_FAILED", "E_IDENTIFY_FAILED",
+                      "E_AUTH_FAILED", "E_UNAUTHORIZED", "E_SOMETHING_NEW"})
         BOOST_TEST(classify_error(std::string(code) + " text").fatal, code);
     BOOST_TEST(classify_error("E_BAD_PROTOCOL").code == "E_BAD_PROTOCOL");
 }
@@ -289,11 +290,13 @@ BOOST_AUTO_TEST_CASE(lookup_golden_reply) {
     auto round = parse_lookup_response(to_lookup_json({}, *r));
     BOOST_REQUIRE(round.has_value());
     BOOST_TEST((*round)[0].hostname == "vm");
-    auto old = parse_lookup_response(R"({"status_code":200,"status_txt":"OK","data":{"producers":[{"broadcast_address":"::1","tcp_port":4150}]}})");
+    auto old = parse_lookup_response(
+        R"({"status_code":200,"status_txt":"OK","data":{"producers":[{"broadcast_address":"::1","tcp_port":4150}]}})");
     BOOST_REQUIRE(old.has_value());
     BOOST_TEST((*old)[0].key() == "[::1]:4150");
     BOOST_TEST(!parse_lookup_response(R"({"message":"TOPIC_NOT_FOUND"})").has_value());
-    BOOST_TEST(!parse_lookup_response(R"({"producers":[{"broadcast_address":"h","tcp_port":0}]})").has_value());
+    BOOST_TEST(
+        !parse_lookup_response(R"({"producers":[{"broadcast_address":"h","tcp_port":0}]})").has_value());
 }
 
 BOOST_AUTO_TEST_CASE(server_side_command_parsing) {

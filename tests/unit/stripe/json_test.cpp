@@ -1,7 +1,8 @@
+#include "stripe/json.hpp"
+
 #include <boost/test/unit_test.hpp>
 
 #include "stripe/error.hpp"
-#include "stripe/json.hpp"
 
 using namespace cg::stripe;
 
@@ -45,7 +46,8 @@ BOOST_AUTO_TEST_CASE(parses_payment_intent_and_list) {
 }
 
 BOOST_AUTO_TEST_CASE(parses_errors) {
-    auto e = parse_error(R"({"error":{"type":"card_error","code":"card_declined","decline_code":"insufficient_funds",
+    auto e = parse_error(
+        R"({"error":{"type":"card_error","code":"card_declined","decline_code":"insufficient_funds",
         "message":"Your card has insufficient funds.","charge":"ch_f"}})");
     BOOST_TEST_REQUIRE(e.has_value());
     BOOST_TEST(e->type == "card_error");
@@ -58,7 +60,8 @@ BOOST_AUTO_TEST_CASE(parses_errors) {
 
 BOOST_AUTO_TEST_CASE(rejects_wrong_shapes) {
     BOOST_TEST(parse_charge("not json").code() == make_error_code(errc::bad_response));
-    BOOST_TEST(parse_charge(R"({"id":"pi_1","object":"payment_intent"})").code() == make_error_code(errc::bad_response));
+    BOOST_TEST(parse_charge(R"({"id":"pi_1","object":"payment_intent"})").code() ==
+               make_error_code(errc::bad_response));
     BOOST_TEST(parse_charge("[1,2]").code() == make_error_code(errc::bad_response));
     BOOST_TEST(!parse_charge_page(R"({"object":"list"})").has_value());
 }

@@ -1,6 +1,6 @@
-#include <boost/test/unit_test.hpp>
-
 #include "stripe/outcome.hpp"
+
+#include <boost/test/unit_test.hpp>
 
 using namespace cg::stripe;
 using oc = outcome_class;
@@ -45,8 +45,10 @@ BOOST_AUTO_TEST_CASE(classifies_responses_table) {
         {301, "", "", {}, oc::rejected},
     };
     for (const auto& r : rows) {
-        BOOST_TEST_CONTEXT(r.status << " " << r.type << "/" << r.code << " retry=" << (r.retry ? (*r.retry ? "true" : "false") : "-")) {
-            BOOST_TEST(to_string(classify_response({r.status, r.type, r.code, r.retry})) == to_string(r.want));
+        BOOST_TEST_CONTEXT(r.status << " " << r.type << "/" << r.code
+                                    << " retry=" << (r.retry ? (*r.retry ? "true" : "false") : "-")) {
+            BOOST_TEST(to_string(classify_response({r.status, r.type, r.code, r.retry})) ==
+                       to_string(r.want));
         }
     }
 }

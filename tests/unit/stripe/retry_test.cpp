@@ -1,6 +1,6 @@
-#include <boost/test/unit_test.hpp>
-
 #include "stripe/retry.hpp"
+
+#include <boost/test/unit_test.hpp>
 
 using namespace cg::stripe;
 using ms = std::chrono::milliseconds;
@@ -16,14 +16,12 @@ BOOST_AUTO_TEST_CASE(sdk_default_backoff_table) {
         long want_ms;
     };
     const row rows[] = {
-        {1, 0.0, 500},   // min(500,5000)=500 · 0.5 = 250 → floored at the initial 500
-        {1, 0.999, 500},  // 500 · 0.9995 = 499.75 → floored at 500
-        {2, 0.0, 500},   // 1000 · 0.5
-        {2, 1.0, 1000},
-        {3, 0.5, 1500},  // 2000 · 0.75
-        {4, 1.0, 4000},
-        {5, 1.0, 5000},  // capped
-        {9, 0.0, 2500},  // 5000 · 0.5
+        {1, 0.0, 500},                    // min(500,5000)=500 · 0.5 = 250 → floored at the initial 500
+        {1, 0.999, 500},                  // 500 · 0.9995 = 499.75 → floored at 500
+        {2, 0.0, 500},                    // 1000 · 0.5
+        {2, 1.0, 1000},  {3, 0.5, 1500},  // 2000 · 0.75
+        {4, 1.0, 4000},  {5, 1.0, 5000},  // capped
+        {9, 0.0, 2500},                   // 5000 · 0.5
     };
     for (const auto& r : rows) {
         BOOST_TEST_CONTEXT("retry " << r.retry << " unit " << r.unit) {

@@ -37,7 +37,9 @@ BOOST_AUTO_TEST_CASE(parses_scheme_host_port) {
 BOOST_AUTO_TEST_CASE(rejects_bad_urls) {
     for (const char* bad : {"ftp://x", "api.stripe.com", "https://", "https://h:0", "https://h:99999",
                             "https://h:12x", "https://h/v1", "https://[::1", "https://h:"}) {
-        BOOST_TEST_CONTEXT(bad) { BOOST_TEST(!parse_origin(bad).has_value()); }
+        BOOST_TEST_CONTEXT(bad) {
+            BOOST_TEST(!parse_origin(bad).has_value());
+        }
     }
 }
 

@@ -1,6 +1,8 @@
 // http::client against the foundation's http::server (plain and TLS) and a few raw sockets that
 // misbehave on purpose. The server runs on the test's io_context; the client on an offload pool, as in
 // production.
+#include "http/client.hpp"
+
 #include <asio/detached.hpp>
 #include <asio/read_until.hpp>
 #include <asio/streambuf.hpp>
@@ -10,7 +12,6 @@
 #include <memory>
 #include <vector>
 
-#include "http/client.hpp"
 #include "http/proto/error.hpp"
 #include "http/server.hpp"
 #include "net/error.hpp"
@@ -23,8 +24,8 @@
 using namespace std::chrono_literals;
 namespace http = cg::http;
 namespace net = cg::net;
-using cg::test::run_async;
 using cg::test::cert;
+using cg::test::run_async;
 
 namespace {
 
@@ -106,7 +107,8 @@ struct fixture {
         server->start();
     }
 
-    std::unique_ptr<http::client> client(bool tls, http::client_options o = {}, const char* host = "127.0.0.1") {
+    std::unique_ptr<http::client> client(bool tls, http::client_options o = {},
+                                         const char* host = "127.0.0.1") {
         if (tls && !o.tls) o.tls = client_tls();
         auto url = std::string(tls ? "https://" : "http://") + host + ":" + std::to_string(port);
         auto c = http::client::create(pool.get_executor(), url, o, cg::logger());
@@ -308,7 +310,8 @@ BOOST_AUTO_TEST_CASE(pool_limit_bounds_connections) {
     std::vector<http::client_result> results(8);
     run_async(f.io, [&]() -> asio::awaitable<void> {
         latch l(f.io, static_cast<int>(results.size()));
-        for (auto& r : results) asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=30", &r, &l), asio::detached);
+        for (auto& r : results)
+            asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=30", &r, &l), asio::detached);
         co_await l.wait();
     });
     for (auto& r : results) {
