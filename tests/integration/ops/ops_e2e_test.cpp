@@ -185,34 +185,13 @@ struct ops : test::fake_stripe_fixture {
     }
 
     child& spawn_consume(const std::string& nsqd_address) {
-        std::vector<std::string> a = {"consume",
-                                      "--topic",
-                                      topic,
-                                      "--channel",
-                                      channel,
-                                      "--nsqd-tcp-address",
-                                      nsqd_address,
-                                      "--heartbeat-interval",
-                                      "1s",
-                                      "--pg-dsn",
-                                      dsn(),
-                                      "--migrate",
-                                      "--key-namespace",
-                                      key_namespace,
-                                      "--lease-held-delay",
-                                      "200ms",
-                                      "--retry-same-key-delay",
-                                      "200ms",
-                                      "--indeterminate-delay",
-                                      "300ms",
-                                      "--health-listen",
-                                      "127.0.0.1:0",
-                                      "--shutdown-timeout",
-                                      "10",
-                                      "--max-loop-lag",
-                                      "5",
-                                      "--max-in-flight",
-                                      "50"};
+        std::vector<std::string> a = {
+            "consume", "--topic", topic, "--channel", channel, "--nsqd-tcp-address", nsqd_address,
+            "--heartbeat-interval", "1s", "--pg-dsn", dsn(), "--migrate", "--key-namespace", key_namespace,
+            // A duplicate waits for its original's lease: keep the lease short.
+            "--lease", "2s", "--lease-renew-interval", "500ms", "--lease-held-delay", "200ms",
+            "--retry-same-key-delay", "200ms", "--indeterminate-delay", "300ms", "--health-listen",
+            "127.0.0.1:0", "--shutdown-timeout", "10", "--max-loop-lag", "5", "--max-in-flight", "50"};
         auto s = stripe_args();
         a.insert(a.end(), s.begin(), s.end());
         return spawn(a);
