@@ -101,22 +101,7 @@ int run_one_shot(const pg_flags& f, const global_flags& g, Make make, const std:
     std::unique_ptr<nsq::producer> producer;
     if (!nsqd.empty())
         producer = std::make_unique<nsq::producer>(io.get_executor(), nsqd, nsq::producer_config{}, log);
-    int rc = 1;
-    asio::co_spawn(io, make(pool, producer.get()), [&](std::exception_ptr e, int r) {
-        if (e) {
-            try {
-                std::rethrow_exception(e);
-            } catch (const std::exception& ex) {
-                std::fprintf(stderr, "chargeguard dead-letters: %s\n", ex.what());
-            }
-            r = 2;
-        }
-        rc = r;
-    });
-    io.run();
-    io.restart();
-    asio::co_spawn(io, pool->close(), [](std::exception_ptr) {});
-    io.run();
+    int rc = run_then_close_pool(io, pool, make(pool, producer.get()), "dead-letters");
     off.drain();
     return rc;
 }

@@ -507,23 +507,8 @@ int reconcile_main(const reconcile_flags& f, const global_flags& g) {
     if (f.publish)
         producer = std::make_unique<nsq::producer>(io.get_executor(), f.nsqd_tcp_address,
                                                    nsq::producer_config{}, log);
-    int rc = 2;
-    asio::co_spawn(io, run_reconcile(&f, pool, stripe->get(), producer.get(), std::move(mine), log),
-                   [&rc](std::exception_ptr e, int r) {
-                       if (e) {
-                           try {
-                               std::rethrow_exception(e);
-                           } catch (const std::exception& ex) {
-                               std::fprintf(stderr, "chargeguard reconcile: %s\n", ex.what());
-                           }
-                           r = 2;
-                       }
-                       rc = r;
-                   });
-    io.run();
-    io.restart();
-    asio::co_spawn(io, pool->close(), [](std::exception_ptr) {});
-    io.run();
+    int rc = run_then_close_pool(
+        io, pool, run_reconcile(&f, pool, stripe->get(), producer.get(), std::move(mine), log), "reconcile");
     stripe->reset();
     off.drain();
     return rc;

@@ -1,7 +1,10 @@
 #include "app/pg_flags.hpp"
 
 #include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
 #include <asio/this_coro.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <random>
@@ -97,6 +100,28 @@ net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f
     log.info("migrations up to date",
              {{"applied", rep->applied.size()}, {"already_applied", rep->already_applied}});
     co_return result<void>{};
+}
+
+int run_then_close_pool(asio::io_context& io, std::shared_ptr<pg::pool> pool, net::awaitable<int> task,
+                        std::string_view command) {
+    int rc = 2;
+    asio::co_spawn(io, std::move(task), [&rc, command](std::exception_ptr e, int r) {
+        if (e) {
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::exception& ex) {
+                std::fprintf(stderr, "chargeguard %.*s: %s\n", static_cast<int>(command.size()),
+                             command.data(), ex.what());
+            }
+            r = 2;
+        }
+        rc = r;
+    });
+    io.run();
+    io.restart();
+    asio::co_spawn(io, pool->close(), [](std::exception_ptr) {});
+    io.run();
+    return rc;
 }
 
 namespace {

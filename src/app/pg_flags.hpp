@@ -3,7 +3,9 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <asio/io_context.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "app/runtime.hpp"
@@ -63,6 +65,13 @@ net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f
 // runtime's health says what it waits for. Returns the last error when the wait runs out, the first
 // permanent error (a migration that fails), or an error when the runtime is stopping. Completes on the
 // pool's executor (the runtime's main loop); `rt`, `p`, `f` and `ms` must outlive the call.
+// For one-shot subcommands (reconcile, dead-letters): runs `task` to completion on `io`, then closes `pool`
+// on the same loop. Returns the task's exit code; an exception out of the task is printed on stderr as
+// "chargeguard <command>: <what>" and becomes exit code 2. Call from the thread that owns `io`, with nothing
+// else running on it.
+int run_then_close_pool(asio::io_context& io, std::shared_ptr<pg::pool> pool, net::awaitable<int> task,
+                        std::string_view command);
+
 net::awaitable<result<void>> wait_for_postgres(runtime& rt, pg::pool& p, const pg_flags& f,
                                                const std::vector<pg::migration>& ms);
 
