@@ -119,7 +119,15 @@ int run_then_close_pool(asio::io_context& io, std::shared_ptr<pg::pool> pool, ne
     });
     io.run();
     io.restart();
-    asio::co_spawn(io, pool->close(), [](std::exception_ptr) {});
+    asio::co_spawn(io, pool->close(), [command](std::exception_ptr e) {
+        if (!e) return;
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+            std::fprintf(stderr, "chargeguard %.*s: closing the PostgreSQL pool: %s\n",
+                         static_cast<int>(command.size()), command.data(), ex.what());
+        }
+    });
     io.run();
     return rc;
 }
