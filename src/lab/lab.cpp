@@ -43,6 +43,16 @@ const std::string channel_name = "lab";
 const std::string billing_period = "2026-11";
 constexpr auto stripe_day = std::chrono::hours(25);  // past Stripe's 24 h idempotency window
 
+// A step the run cannot go on without: its value, or an exception that ends the lab saying what and why.
+template <typename T>
+T need(result<T> r, const std::string& what) {
+    if (!r) throw std::runtime_error(what + ": " + r.err().describe());
+    return std::move(*r);
+}
+void need(result<void> r, const std::string& what) {
+    if (!r) throw std::runtime_error(what + ": " + r.err().describe());
+}
+
 net::awaitable<void> sleep_for(milliseconds d) {
     net::steady_timer t(co_await asio::this_coro::executor, d);
     co_await t.async_wait();
@@ -129,18 +139,22 @@ struct channel_stats {
 
 namespace {
 
+// The body of a 200 answer from nsqd's or fake-stripe's HTTP API; anything else is an error.
+result<std::string> body_of(http::client_result res) {
+    if (!res.ok()) return res.err;
+    if (res.resp.status != 200)
+        return error(std::make_error_code(std::errc::protocol_error),
+                     "HTTP " + std::to_string(res.resp.status) + ": " + res.resp.body);
+    return std::move(res.resp.body);
+}
+
 net::awaitable<result<std::string>> http_call(http::client& c, std::string method, std::string target,
                                               std::string body) {
     http::request r;
     r.method = std::move(method);
     r.target = std::move(target);
     r.body = std::move(body);
-    auto res = co_await c.request(std::move(r));
-    if (!res.ok()) co_return res.err;
-    if (res.resp.status != 200)
-        co_return error(std::make_error_code(std::errc::protocol_error),
-                        "HTTP " + std::to_string(res.resp.status) + ": " + res.resp.body);
-    co_return std::move(res.resp.body);
+    co_return body_of(co_await c.request(std::move(r)));
 }
 
 net::awaitable<channel_stats> stats_of(lab::broker& b, const std::string& topic) {
@@ -435,7 +449,7 @@ void start_consumer(run_t* v, const logger& log) {
         [v](nsq::message& m) { return v->safe ? safe_handle(v, m) : unsafe_handle(v, m); }, log, *v->reg);
     v->consumer->set_give_up_handler(
         [v](nsq::message& m) { return v->safe ? safe_give_up(v, m) : unsafe_give_up(m); });
-    if (auto r = v->consumer->start(); !r) throw std::runtime_error("consumer: " + r.err().describe());
+    need(v->consumer->start(), "consumer");
 }
 
 // nsqd's timeout counts for the run's topic, added up before a broker goes away.
@@ -490,10 +504,7 @@ net::awaitable<result<void>> lab::start() {
     if (!ad) co_return ad.err();
     admin_ = std::move(*ad);
 
-    pg::pool_options po;
-    po.server = opts_.pg;
-    po.size = 4;
-    pool_ = pg::pool::create(io_.get_executor(), offload_.get_executor(), std::move(po), log_);
+    pool_ = make_pool();
     auto c = co_await pool_->acquire();
     if (!c) co_return c.err();
     auto ms = pg::embedded_migrations();
@@ -502,6 +513,13 @@ net::awaitable<result<void>> lab::start() {
     if (!mig) co_return mig.err();
     ledger_ = std::make_unique<billing::ledger>(pool_);
     co_return result<void>{};
+}
+
+std::shared_ptr<pg::pool> lab::make_pool() {
+    pg::pool_options po;
+    po.server = opts_.pg;
+    po.size = 4;
+    return pg::pool::create(io_.get_executor(), offload_.get_executor(), std::move(po), log_);
 }
 
 net::awaitable<void> lab::stop() {
@@ -513,24 +531,17 @@ net::awaitable<void> lab::stop() {
 net::awaitable<result<std::string>> lab::admin(std::string method, std::string target, std::string body) {
     auto r = co_await admin_->call(std::move(method), std::move(target), std::move(body),
                                    "lab-admin-" + std::to_string(++seq_));
-    if (!r.http.ok()) co_return r.http.err;
-    if (r.http.resp.status != 200)
-        co_return error(std::make_error_code(std::errc::protocol_error),
-                        "fake-stripe admin: HTTP " + std::to_string(r.http.resp.status));
-    co_return std::move(r.http.resp.body);
+    co_return body_of(std::move(r.http));
 }
 
 net::awaitable<void> lab::advance_stripe_clock(std::chrono::seconds by) {
-    auto r = co_await admin("POST", "/_admin/clock", "advance_s=" + std::to_string(by.count()));
-    if (!r) throw std::runtime_error("cannot move fake-stripe's clock: " + r.err().describe());
+    need(co_await admin("POST", "/_admin/clock", "advance_s=" + std::to_string(by.count())),
+         "cannot move fake-stripe's clock");
 }
 
 net::awaitable<pg::rows> lab::sql(std::string statement) {
-    auto c = co_await pool_->acquire();
-    if (!c) throw std::runtime_error("postgres: " + c.err().describe());
-    auto r = co_await (*c)->query_with(statement, pg::params(), 10s);
-    if (!r) throw std::runtime_error("postgres: " + r.err().describe());
-    co_return std::move(*r);
+    auto c = need(co_await pool_->acquire(), "postgres");
+    co_return need(co_await c->query_with(statement, pg::params(), 10s), "postgres");
 }
 
 net::awaitable<result<std::unique_ptr<lab::broker>>> lab::start_broker(bool real, std::string data_dir) {
@@ -538,6 +549,7 @@ net::awaitable<result<std::unique_ptr<lab::broker>>> lab::start_broker(bool real
     b->real = real;
     b->data_dir = data_dir;
     std::string line;
+    std::vector<std::string> argv;
     std::string err_log = opts_.work_dir + (real ? "/nsqd.log" : "/fake-nsqd.log");
     if (real) {
         auto tp = free_port();
@@ -546,27 +558,22 @@ net::awaitable<result<std::unique_ptr<lab::broker>>> lab::start_broker(bool real
         b->tcp_address = "127.0.0.1:" + std::to_string(*tp);
         b->http_address = "127.0.0.1:" + std::to_string(*hp);
         std::filesystem::create_directories(data_dir);
-        auto secs = std::to_string(opts_.msg_timeout.count()) + "ms";
-        std::vector<std::string> argv{opts_.nsqd_bin,
-                                      "--tcp-address=" + b->tcp_address,
-                                      "--http-address=" + b->http_address,
-                                      "--data-path=" + data_dir,
-                                      "--msg-timeout=" + secs,
-                                      "--broadcast-address=127.0.0.1",
-                                      "--log-level=warn"};
-        auto p = co_await net::offload(offload_.get_executor(), spawn_and_wait_line(argv, err_log, nullptr));
-        if (!p)
-            co_return error(std::make_error_code(std::errc::no_such_process),
-                            "nsqd did not start: " + opts_.nsqd_bin);
-        b->proc = std::move(*p);
+        argv = {opts_.nsqd_bin,
+                "--tcp-address=" + b->tcp_address,
+                "--http-address=" + b->http_address,
+                "--data-path=" + data_dir,
+                "--msg-timeout=" + std::to_string(opts_.msg_timeout.count()) + "ms",
+                "--broadcast-address=127.0.0.1",
+                "--log-level=warn"};
     } else {
-        std::vector<std::string> argv{opts_.fake_nsqd_bin, "--msg-timeout-ms",
-                                      std::to_string(opts_.msg_timeout.count())};
-        auto p = co_await net::offload(offload_.get_executor(), spawn_and_wait_line(argv, err_log, &line));
-        if (!p)
-            co_return error(std::make_error_code(std::errc::no_such_process),
-                            "fake-nsqd did not start: " + opts_.fake_nsqd_bin);
-        b->proc = std::move(*p);
+        // fake-nsqd picks its ports and says which on its first line.
+        argv = {opts_.fake_nsqd_bin, "--msg-timeout-ms", std::to_string(opts_.msg_timeout.count())};
+    }
+    auto p = co_await net::offload(offload_.get_executor(),
+                                   spawn_and_wait_line(argv, err_log, real ? nullptr : &line));
+    if (!p) co_return error(std::make_error_code(std::errc::no_such_process), "did not start: " + argv[0]);
+    b->proc = std::move(*p);
+    if (!real) {
         unsigned tcp = 0, http = 0;
         if (std::sscanf(line.c_str(), "tcp=%u http=%u", &tcp, &http) != 2)
             co_return error(std::make_error_code(std::errc::protocol_error), "fake-nsqd said: " + line);
@@ -636,24 +643,18 @@ net::awaitable<row> lab::run_variant(const scenario& s, variant which) {
 // started with the topic and channel created.
 net::awaitable<void> lab::prepare(variant_run& v) {
     const auto& s = *v.sc;
-    if (auto r = co_await admin("POST", "/_admin/reset", ""); !r)
-        throw std::runtime_error(r.err().describe());
+    need(co_await admin("POST", "/_admin/reset", ""), "fake-stripe reset");
     std::string faults = "latency_ms=" + std::to_string(s.stripe_latency_ms) +
                          "&fail_after_create=" + std::to_string(s.fail_after_create);
-    if (auto r = co_await admin("POST", "/_admin/faults", faults); !r)
-        throw std::runtime_error(r.err().describe());
+    need(co_await admin("POST", "/_admin/faults", faults), "fake-stripe faults");
     co_await sql("TRUNCATE billing_records, dead_letters, vault_audit, vault_spend, vault_keys");
-    for (int i = 0; i < (v.two_brokers ? 2 : 1); ++i) {
-        auto b = co_await start_broker(v.real, v.data_dir);
-        if (!b) throw std::runtime_error("broker: " + b.err().describe());
-        v.brokers.push_back(std::move(*b));
-    }
+    for (int i = 0; i < (v.two_brokers ? 2 : 1); ++i)
+        v.brokers.push_back(need(co_await start_broker(v.real, v.data_dir), "broker"));
     for (auto& b : v.brokers) {
-        auto t = co_await http_call(*b->http, "POST", "/topic/create?topic=" + v.topic, "");
-        if (!t) throw std::runtime_error("topic/create: " + t.err().describe());
-        auto r = co_await http_call(*b->http, "POST",
-                                    "/channel/create?topic=" + v.topic + "&channel=" + channel_name, "");
-        if (!r) throw std::runtime_error("channel/create: " + r.err().describe());
+        need(co_await http_call(*b->http, "POST", "/topic/create?topic=" + v.topic, ""), "topic/create");
+        need(co_await http_call(*b->http, "POST",
+                                "/channel/create?topic=" + v.topic + "&channel=" + channel_name, ""),
+             "channel/create");
     }
     // A real nsqd scans a new channel for timeouts only from its next 5 s refresh: start after it.
     if (v.real && s.stripe_latency_ms > opts_.msg_timeout.count()) {
@@ -672,30 +673,22 @@ net::awaitable<void> lab::start_vault(variant_run& v) {
     for (const auto& body : v.bodies)
         if (auto ev = billing::parse_event(body); ev && ev->billing_period == billing_period)
             vr->fig.expected_cents += ev->amount_cents;
-    auto headroom = vault::parse_headroom("1.10");
-    if (!headroom) throw std::runtime_error("vault headroom: " + headroom.err().describe());
-    auto cap = vault::cap_for(vr->fig.expected_cents, *headroom);
-    if (!cap) throw std::runtime_error("vault cap: " + cap.err().describe());
-    vr->fig.cap_cents = *cap;
+    vr->fig.cap_cents = need(
+        vault::cap_for(vr->fig.expected_cents, need(vault::parse_headroom("1.10"), "headroom")), "vault cap");
 
-    pg::pool_options po;
-    po.server = opts_.pg;
-    po.size = 4;
-    vr->pool = pg::pool::create(io_.get_executor(), offload_.get_executor(), std::move(po), log_);
-    auto secret = vault::issue_secret();
-    if (!secret) throw std::runtime_error("vault secret: " + secret.err().describe());
+    vr->pool = make_pool();
+    auto secret = need(vault::issue_secret(), "vault secret");
     vault::new_key k;
-    k.id = secret->id;
+    k.id = secret.id;
     k.name = "lab " + v.topic;
-    k.secret_hash = secret->hash;
+    k.secret_hash = secret.hash;
     k.billing_period = billing_period;
     k.cap_cents = vr->fig.cap_cents;
     k.currency = "usd";
     k.allowed = *vault::parse_allow_list(vault::default_allow);
     vault::store store(vr->pool);
-    if (auto r = co_await store.insert_key(std::move(k)); !r)
-        throw std::runtime_error("vault issue: " + r.err().describe());
-    vr->key_id = secret->id;
+    need(co_await store.insert_key(std::move(k)), "vault issue");
+    vr->key_id = secret.id;
 
     vault::proxy_config pc;
     pc.upstream = stripe_base_;
@@ -703,23 +696,20 @@ net::awaitable<void> lab::start_vault(variant_run& v) {
     pc.ca_file = opts_.certs_dir + "/ca.pem";
     pc.request_timeout = 10s;
     pc.connect_timeout = 2s;
-    auto px = vault::proxy::create(io_.get_executor(), offload_.get_executor(), std::move(pc), vr->pool, log_,
-                                   vr->reg);
-    if (!px) throw std::runtime_error("vault proxy: " + px.err().describe());
-    vr->proxy = std::move(*px);
+    vr->proxy = need(vault::proxy::create(io_.get_executor(), offload_.get_executor(), std::move(pc),
+                                          vr->pool, log_, vr->reg),
+                     "vault proxy");
     http::server_options so;
     so.limits.max_body_bytes = 1024 * 1024;
     vr->server = std::make_unique<http::server>(io_.get_executor(), vr->proxy->routes(), std::move(so), log_);
-    auto ep = vr->server->listen(net::host_port{"127.0.0.1", 0});
-    if (!ep) throw std::runtime_error("vault proxy listen: " + ep.err().describe());
+    auto ep = need(vr->server->listen(net::host_port{"127.0.0.1", 0}), "vault proxy listen");
     vr->server->start();
     vr->proxy->start();
-    auto cl = stripe::client::create(offload_.get_executor(),
-                                     stripe_config("http://127.0.0.1:" + std::to_string(ep->port()),
-                                                   secret->secret, opts_.certs_dir + "/ca.pem"),
-                                     log_);
-    if (!cl) throw std::runtime_error("stripe client for the vault proxy: " + cl.err().describe());
-    vr->client = std::move(*cl);
+    vr->client = need(stripe::client::create(offload_.get_executor(),
+                                             stripe_config("http://127.0.0.1:" + std::to_string(ep.port()),
+                                                           secret.secret, opts_.certs_dir + "/ca.pem"),
+                                             log_),
+                      "stripe client for the vault proxy");
     v.stripe = vr->client.get();
     v.vault = std::move(vr);
 }

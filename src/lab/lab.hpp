@@ -97,6 +97,7 @@ class lab {
     net::awaitable<void> stop_broker(std::unique_ptr<broker> b);
     net::awaitable<result<std::string>> admin(std::string method, std::string target, std::string body);
     net::awaitable<pg::rows> sql(std::string statement);
+    std::shared_ptr<pg::pool> make_pool();  // on the lab's database
 
     asio::io_context& io_;
     net::offload_pool& offload_;
