@@ -628,14 +628,23 @@ net::awaitable<row> lab::run_variant(const scenario& s, variant which) {
 
     co_await prepare(*v);
     if (s.spend_cap && which != variant::unsafe) co_await start_vault(*v);
-    co_await publish(*v);
-    configure_consumer(*v);
-    if (safe)
-        v->pipeline =
-            std::make_unique<billing::pipeline>(pipeline_config_for(v.get()), *ledger_, *v->stripe, log_);
-    start_consumer(v.get(), log_);
-    co_await drive(*v);
-    co_await wind_down(*v);
+    std::exception_ptr failed;
+    try {
+        co_await publish(*v);
+        configure_consumer(*v);
+        if (safe)
+            v->pipeline =
+                std::make_unique<billing::pipeline>(pipeline_config_for(v.get()), *ledger_, *v->stripe, log_);
+        start_consumer(v.get(), log_);
+        co_await drive(*v);
+        co_await wind_down(*v);
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    // Whatever happened, the proxy's background tasks end (they would keep the loop running) and its audit
+    // rows are written before the count reads them.
+    if (v->vault) co_await stop_vault(*v);
+    if (failed) std::rethrow_exception(failed);
     co_return co_await count(*v);
 }
 
@@ -851,7 +860,6 @@ net::awaitable<void> lab::wind_down(variant_run& v) {
     v.brokers.clear();
     for (auto until = sclock::now() + 30s; v.running > 0 && sclock::now() < until;) co_await sleep_for(20ms);
     if (v.running > 0) throw std::runtime_error("handlers still running after the run ended");
-    if (v.vault) co_await stop_vault(v);
 }
 
 // The row: the consumers' and nsqd's counts, and what fake-stripe holds — succeeded charges per customer, and
