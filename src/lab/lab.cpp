@@ -712,13 +712,14 @@ net::awaitable<void> lab::start_vault(variant_run& v) {
     so.limits.max_body_bytes = 1024 * 1024;
     vr->server = std::make_unique<http::server>(io_.get_executor(), vr->proxy->routes(), std::move(so), log_);
     auto ep = need(vr->server->listen(net::host_port{"127.0.0.1", 0}), "vault proxy listen");
-    vr->server->start();
-    vr->proxy->start();
     vr->client = need(stripe::client::create(offload_.get_executor(),
                                              stripe_config("http://127.0.0.1:" + std::to_string(ep.port()),
                                                            secret.secret, opts_.certs_dir + "/ca.pem"),
                                              log_),
                       "stripe client for the vault proxy");
+    // Nothing can fail from here on: once started, the proxy is stopped by stop_vault().
+    vr->server->start();
+    vr->proxy->start();
     v.stripe = vr->client.get();
     v.vault = std::move(vr);
 }
