@@ -16,6 +16,7 @@
 #include "billing/ledger.hpp"
 #include "billing/pipeline.hpp"
 #include "http/client.hpp"
+#include "http/server.hpp"
 #include "lab/keys.hpp"
 #include "metrics/registry.hpp"
 #include "nsq/connection.hpp"
@@ -23,6 +24,11 @@
 #include "pg/migrations.hpp"
 #include "pg/pool.hpp"
 #include "stripe/client.hpp"
+#include "vault/cap.hpp"
+#include "vault/policy.hpp"
+#include "vault/proxy.hpp"
+#include "vault/secret.hpp"
+#include "vault/store.hpp"
 
 namespace cg::lab {
 
@@ -36,6 +42,16 @@ const std::string key_namespace = "lab";
 const std::string channel_name = "lab";
 const std::string billing_period = "2026-11";
 constexpr auto stripe_day = std::chrono::hours(25);  // past Stripe's 24 h idempotency window
+
+// A step the run cannot go on without: its value, or an exception that ends the lab saying what and why.
+template <typename T>
+T need(result<T> r, const std::string& what) {
+    if (!r) throw std::runtime_error(what + ": " + r.err().describe());
+    return std::move(*r);
+}
+void need(result<void> r, const std::string& what) {
+    if (!r) throw std::runtime_error(what + ": " + r.err().describe());
+}
 
 net::awaitable<void> sleep_for(milliseconds d) {
     net::steady_timer t(co_await asio::this_coro::executor, d);
@@ -53,11 +69,38 @@ std::string stripe_customer(int i) {
     return "cus_lab" + std::to_string(i);
 }
 
-std::string topic_for(const scenario& s, bool safe) {
+std::string_view name_of(variant w) {
+    switch (w) {
+        case variant::unsafe:
+            return "unsafe";
+        case variant::unsafe_capped:
+            return "capped";
+        case variant::safe:
+            break;
+    }
+    return "safe";
+}
+
+std::string topic_for(const scenario& s, variant w) {
     std::string t = "lab.";
     for (char c : s.name) t += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '_';
-    return t + (safe ? ".safe" : ".unsafe");
+    return t + "." + std::string(name_of(w));
 }
+
+// The lab's Stripe clients: to fake-stripe with the "real" key, or to the vault proxy with a vault key.
+stripe::client_config stripe_config(std::string base, std::string key, std::string ca_file) {
+    stripe::client_config sc;
+    sc.api_base = std::move(base);
+    sc.api_key = std::move(key);
+    sc.ca_file = std::move(ca_file);
+    sc.request_timeout = 10s;
+    sc.connect_timeout = 2s;
+    sc.retry = {2, 50ms, 200ms};
+    sc.max_connections = 32;
+    return sc;
+}
+
+const std::string stripe_key = "sk_test_chargeguard_lab";
 
 // Blocking work for the offload pool.
 net::awaitable<std::optional<child>> spawn_and_wait_line(std::vector<std::string> argv, std::string err_path,
@@ -96,18 +139,22 @@ struct channel_stats {
 
 namespace {
 
+// The body of a 200 answer from nsqd's or fake-stripe's HTTP API; anything else is an error.
+result<std::string> body_of(http::client_result res) {
+    if (!res.ok()) return res.err;
+    if (res.resp.status != 200)
+        return error(std::make_error_code(std::errc::protocol_error),
+                     "HTTP " + std::to_string(res.resp.status) + ": " + res.resp.body);
+    return std::move(res.resp.body);
+}
+
 net::awaitable<result<std::string>> http_call(http::client& c, std::string method, std::string target,
                                               std::string body) {
     http::request r;
     r.method = std::move(method);
     r.target = std::move(target);
     r.body = std::move(body);
-    auto res = co_await c.request(std::move(r));
-    if (!res.ok()) co_return res.err;
-    if (res.resp.status != 200)
-        co_return error(std::make_error_code(std::errc::protocol_error),
-                        "HTTP " + std::to_string(res.resp.status) + ": " + res.resp.body);
-    co_return std::move(res.resp.body);
+    co_return body_of(co_await c.request(std::move(r)));
 }
 
 net::awaitable<channel_stats> stats_of(lab::broker& b, const std::string& topic) {
@@ -145,13 +192,28 @@ net::awaitable<channel_stats> stats_of(lab::broker& b, const std::string& topic)
 
 // --- one variant's state (main loop) ----------------------------------------------------------------------
 
+// The vault proxy of one run, as `chargeguard proxy` runs it, and the key it was issued. Members are
+// destroyed in reverse: the caller's client, the listener, the proxy, then what the proxy refers to.
+struct lab::vault_run {
+    std::shared_ptr<pg::pool> pool;
+    metrics::registry reg;
+    std::unique_ptr<vault::proxy> proxy;
+    std::unique_ptr<http::server> server;
+    std::unique_ptr<stripe::client> client;  // the consumer's: the vault secret as its Stripe key
+    std::string key_id;
+    row::vault_figures fig;
+};
+
 struct lab::variant_run {
     variant_run(lab* l, const scenario* s, bool sf, asio::any_io_executor ex)
         : L(l), sc(s), safe(sf), park(ex, sclock::time_point::max()) {}
+    ~variant_run() = default;
 
     lab* L;
     const scenario* sc;
     bool safe;
+    stripe::client* stripe = nullptr;  // fake-stripe, or the vault proxy (vault set)
+    std::unique_ptr<vault_run> vault;
     std::string topic;
     bool real = false;         // the real nsqd
     bool two_brokers = false;  // FM2b on fake-nsqd: the event reaches a second nsqd
@@ -212,7 +274,10 @@ net::awaitable<void> after_delivery(run_t* v) {
     v->clock_offset += stripe_day;
 }
 
-stripe::charge_request charge_for(const billing::billing_event& ev, std::string key) {
+// The unsafe consumers' charge under `key`; the key is remembered so the count can ask fake-stripe how many
+// POSTs it saw under it.
+stripe::charge_request charge_for(run_t* v, const billing::billing_event& ev, std::string key) {
+    v->keys.insert(key);
     stripe::charge_request r;
     r.amount = ev.amount_cents;
     r.currency = ev.currency;
@@ -229,6 +294,22 @@ nsq::disposition after_stripe(const stripe::charge_outcome& out) {
     if (out.cls == oc::retry_same_key || out.cls == oc::indeterminate)
         return nsq::disposition::requeue(300ms);
     return nsq::disposition::finish();
+}
+
+// What the unsafe consumers know about one delivery when they build a key.
+key_inputs inputs_for(run_t* v, const nsq::message& m, const billing::billing_event& ev) {
+    key_inputs in;
+    in.key_namespace = key_namespace;
+    in.customer_id = ev.customer_id;
+    in.billing_period = ev.billing_period;
+    in.attempts = m.attempts();
+    in.connection_uuid = v->conn_uuid;
+    in.nsqd_address = m.conn() ? m.conn()->key() : std::string();
+    in.call_time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+    in.message_id = std::string(m.id());
+    return in;
 }
 
 billing::lease_token token_of(const billing::ledger_record& r) {
@@ -256,17 +337,11 @@ net::awaitable<nsq::disposition> ledger_naive(run_t* v, nsq::message& m, billing
     }
     auto att = co_await led.record_attempt(base, tok, lease);
     if (!att || !*att) co_return nsq::disposition::requeue_without_backoff(500ms);
-    key_inputs in;
-    in.key_namespace = key_namespace;
-    in.customer_id = ev.customer_id;
-    in.billing_period = ev.billing_period;
-    in.attempts = m.attempts();
-    auto key = make_key(v->sc->unsafe_key, in);
-    v->keys.insert(key);
     stripe::charge_outcome out;
     {
         nsq::keepalive alive(m);
-        out = co_await v->L->stripe().create_charge(charge_for(ev, key));
+        out = co_await v->stripe->create_charge(
+            charge_for(v, ev, make_key(v->sc->unsafe_key, inputs_for(v, m, ev))));
     }
     if (co_await maybe_crash(v)) co_return nsq::disposition::finish();
     if (out.cls == stripe::outcome_class::succeeded) {
@@ -288,28 +363,17 @@ net::awaitable<nsq::disposition> unsafe_handle(run_t* v, nsq::message& m) {
     if (v->sc->call == unsafe_call::ledger_naive_key) co_return co_await ledger_naive(v, m, std::move(*ev));
     std::optional<nsq::keepalive> alive;
     if (v->sc->call == unsafe_call::offloaded_touch) alive.emplace(m);
-    key_inputs in;
-    in.key_namespace = key_namespace;
-    in.customer_id = ev->customer_id;
-    in.billing_period = ev->billing_period;
-    in.attempts = m.attempts();
-    in.connection_uuid = v->conn_uuid;
-    in.nsqd_address = m.conn() ? m.conn()->key() : std::string();
-    in.call_time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
-    in.message_id = std::string(m.id());
-    auto key = make_key(v->sc->unsafe_key, in);
-    v->keys.insert(key);
+    auto key = make_key(v->sc->unsafe_key, inputs_for(v, m, *ev));
     stripe::charge_outcome out;
     if (v->sc->call == unsafe_call::blocking) {
         // pynsq's IOLoop failure: the handler waits for Stripe on the loop's own thread, so nothing else on
         // the main loop runs — no heartbeat answer, no FIN of the messages already done, no reads.
-        auto f = asio::co_spawn(v->L->offload().get_executor(),
-                                v->L->stripe().create_charge(charge_for(*ev, key)), asio::use_future);
+        auto f =
+            asio::co_spawn(v->L->offload().get_executor(),
+                           v->stripe->create_charge(charge_for(v, *ev, std::move(key))), asio::use_future);
         out = f.get();
     } else {
-        out = co_await v->L->stripe().create_charge(charge_for(*ev, key));
+        out = co_await v->stripe->create_charge(charge_for(v, *ev, std::move(key)));
     }
     alive.reset();
     if (co_await maybe_crash(v)) co_return nsq::disposition::finish();
@@ -333,14 +397,18 @@ nsq::disposition to_disposition(const billing::verdict& v) {
     return nsq::disposition::requeue_without_backoff(v.delay);
 }
 
+// The pipeline's verdict on one delivery (or, past max attempts, its give-up), the message TOUCHed
+// throughout, as `consume` runs it.
+net::awaitable<billing::verdict> pipeline_verdict(run_t* v, nsq::message& m, bool give_up) {
+    nsq::keepalive alive(m);
+    if (give_up) co_return co_await v->pipeline->give_up(delivery_of(v, m), [&m] { m.touch(); });
+    co_return co_await v->pipeline->handle(delivery_of(v, m), [&m] { m.touch(); });
+}
+
 // The safe consumer: what `chargeguard consume` runs — the pipeline, with the message TOUCHed throughout.
 net::awaitable<nsq::disposition> safe_handle(run_t* v, nsq::message& m) {
     running_guard g(v);
-    billing::verdict verdict;
-    {
-        nsq::keepalive alive(m);
-        verdict = co_await v->pipeline->handle(delivery_of(v, m), [&m] { m.touch(); });
-    }
+    auto verdict = co_await pipeline_verdict(v, m, false);
     if (co_await maybe_crash(v)) co_return nsq::disposition::finish();
     co_await after_delivery(v);
     co_return to_disposition(verdict);
@@ -354,12 +422,7 @@ net::awaitable<nsq::disposition> unsafe_give_up(nsq::message&) {
 // As `consume`: past max attempts the pipeline runs the same machine; its verdict is applied like any other.
 net::awaitable<nsq::disposition> safe_give_up(run_t* v, nsq::message& m) {
     running_guard g(v);
-    billing::verdict verdict;
-    {
-        nsq::keepalive alive(m);
-        verdict = co_await v->pipeline->give_up(delivery_of(v, m), [&m] { m.touch(); });
-    }
-    co_return to_disposition(verdict);
+    co_return to_disposition(co_await pipeline_verdict(v, m, true));
 }
 
 billing::pipeline_config pipeline_config_for(run_t* v) {
@@ -381,16 +444,18 @@ void start_consumer(run_t* v, const logger& log) {
     v->ncfg.nsqd_tcp_addresses.clear();
     for (const auto& b : v->brokers) v->ncfg.nsqd_tcp_addresses.push_back(b->tcp_address);
     v->conn_uuid = random_uuid();
-    if (v->safe) {
-        v->consumer = std::make_unique<nsq::consumer>(
-            v->L->io_executor(), v->ncfg, [v](nsq::message& m) { return safe_handle(v, m); }, log, *v->reg);
-        v->consumer->set_give_up_handler([v](nsq::message& m) { return safe_give_up(v, m); });
-    } else {
-        v->consumer = std::make_unique<nsq::consumer>(
-            v->L->io_executor(), v->ncfg, [v](nsq::message& m) { return unsafe_handle(v, m); }, log, *v->reg);
-        v->consumer->set_give_up_handler([](nsq::message& m) { return unsafe_give_up(m); });
-    }
-    if (auto r = v->consumer->start(); !r) throw std::runtime_error("consumer: " + r.err().describe());
+    v->consumer = std::make_unique<nsq::consumer>(
+        v->L->io_executor(), v->ncfg,
+        [v](nsq::message& m) { return v->safe ? safe_handle(v, m) : unsafe_handle(v, m); }, log, *v->reg);
+    v->consumer->set_give_up_handler(
+        [v](nsq::message& m) { return v->safe ? safe_give_up(v, m) : unsafe_give_up(m); });
+    need(v->consumer->start(), "consumer");
+}
+
+// nsqd's timeout counts for the run's topic, added up before a broker goes away.
+net::awaitable<void> add_timeouts(run_t& v) {
+    for (auto& b : v.brokers)
+        v.timeouts += static_cast<std::uint64_t>((co_await stats_of(*b, v.topic)).timeouts);
 }
 
 bool consumer_idle(const run_t& v) {
@@ -428,16 +493,9 @@ net::awaitable<result<void>> lab::start() {
                         "fake-stripe did not start: " + opts_.fake_stripe_bin);
     stripe_proc_ = std::move(*proc);
     auto at = line.rfind(' ');
-    std::string base = "https://" + line.substr(at + 1);
+    stripe_base_ = "https://" + line.substr(at + 1);
 
-    stripe::client_config sc;
-    sc.api_base = base;
-    sc.api_key = "sk_test_chargeguard_lab";
-    sc.ca_file = opts_.certs_dir + "/ca.pem";
-    sc.request_timeout = 10s;
-    sc.connect_timeout = 2s;
-    sc.retry = {2, 50ms, 200ms};
-    sc.max_connections = 32;
+    auto sc = stripe_config(stripe_base_, stripe_key, opts_.certs_dir + "/ca.pem");
     auto cl = stripe::client::create(offload_.get_executor(), sc, log_);
     if (!cl) co_return cl.err();
     stripe_ = std::move(*cl);
@@ -446,10 +504,7 @@ net::awaitable<result<void>> lab::start() {
     if (!ad) co_return ad.err();
     admin_ = std::move(*ad);
 
-    pg::pool_options po;
-    po.server = opts_.pg;
-    po.size = 4;
-    pool_ = pg::pool::create(io_.get_executor(), offload_.get_executor(), std::move(po), log_);
+    pool_ = make_pool();
     auto c = co_await pool_->acquire();
     if (!c) co_return c.err();
     auto ms = pg::embedded_migrations();
@@ -458,6 +513,13 @@ net::awaitable<result<void>> lab::start() {
     if (!mig) co_return mig.err();
     ledger_ = std::make_unique<billing::ledger>(pool_);
     co_return result<void>{};
+}
+
+std::shared_ptr<pg::pool> lab::make_pool() {
+    pg::pool_options po;
+    po.server = opts_.pg;
+    po.size = 4;
+    return pg::pool::create(io_.get_executor(), offload_.get_executor(), std::move(po), log_);
 }
 
 net::awaitable<void> lab::stop() {
@@ -469,23 +531,17 @@ net::awaitable<void> lab::stop() {
 net::awaitable<result<std::string>> lab::admin(std::string method, std::string target, std::string body) {
     auto r = co_await admin_->call(std::move(method), std::move(target), std::move(body),
                                    "lab-admin-" + std::to_string(++seq_));
-    if (!r.http.ok()) co_return r.http.err;
-    if (r.http.resp.status != 200)
-        co_return error(std::make_error_code(std::errc::protocol_error),
-                        "fake-stripe admin: HTTP " + std::to_string(r.http.resp.status));
-    co_return std::move(r.http.resp.body);
+    co_return body_of(std::move(r.http));
 }
 
 net::awaitable<void> lab::advance_stripe_clock(std::chrono::seconds by) {
-    auto r = co_await admin("POST", "/_admin/clock", "advance_s=" + std::to_string(by.count()));
-    if (!r) throw std::runtime_error("cannot move fake-stripe's clock: " + r.err().describe());
+    need(co_await admin("POST", "/_admin/clock", "advance_s=" + std::to_string(by.count())),
+         "cannot move fake-stripe's clock");
 }
 
-net::awaitable<void> lab::sql(std::string statement) {
-    auto c = co_await pool_->acquire();
-    if (!c) throw std::runtime_error("postgres: " + c.err().describe());
-    auto r = co_await (*c)->query_with(statement, pg::params(), 10s);
-    if (!r) throw std::runtime_error("postgres: " + r.err().describe());
+net::awaitable<pg::rows> lab::sql(std::string statement) {
+    auto c = need(co_await pool_->acquire(), "postgres");
+    co_return need(co_await c->query_with(statement, pg::params(), 10s), "postgres");
 }
 
 net::awaitable<result<std::unique_ptr<lab::broker>>> lab::start_broker(bool real, std::string data_dir) {
@@ -493,6 +549,7 @@ net::awaitable<result<std::unique_ptr<lab::broker>>> lab::start_broker(bool real
     b->real = real;
     b->data_dir = data_dir;
     std::string line;
+    std::vector<std::string> argv;
     std::string err_log = opts_.work_dir + (real ? "/nsqd.log" : "/fake-nsqd.log");
     if (real) {
         auto tp = free_port();
@@ -501,27 +558,22 @@ net::awaitable<result<std::unique_ptr<lab::broker>>> lab::start_broker(bool real
         b->tcp_address = "127.0.0.1:" + std::to_string(*tp);
         b->http_address = "127.0.0.1:" + std::to_string(*hp);
         std::filesystem::create_directories(data_dir);
-        auto secs = std::to_string(opts_.msg_timeout.count()) + "ms";
-        std::vector<std::string> argv{opts_.nsqd_bin,
-                                      "--tcp-address=" + b->tcp_address,
-                                      "--http-address=" + b->http_address,
-                                      "--data-path=" + data_dir,
-                                      "--msg-timeout=" + secs,
-                                      "--broadcast-address=127.0.0.1",
-                                      "--log-level=warn"};
-        auto p = co_await net::offload(offload_.get_executor(), spawn_and_wait_line(argv, err_log, nullptr));
-        if (!p)
-            co_return error(std::make_error_code(std::errc::no_such_process),
-                            "nsqd did not start: " + opts_.nsqd_bin);
-        b->proc = std::move(*p);
+        argv = {opts_.nsqd_bin,
+                "--tcp-address=" + b->tcp_address,
+                "--http-address=" + b->http_address,
+                "--data-path=" + data_dir,
+                "--msg-timeout=" + std::to_string(opts_.msg_timeout.count()) + "ms",
+                "--broadcast-address=127.0.0.1",
+                "--log-level=warn"};
     } else {
-        std::vector<std::string> argv{opts_.fake_nsqd_bin, "--msg-timeout-ms",
-                                      std::to_string(opts_.msg_timeout.count())};
-        auto p = co_await net::offload(offload_.get_executor(), spawn_and_wait_line(argv, err_log, &line));
-        if (!p)
-            co_return error(std::make_error_code(std::errc::no_such_process),
-                            "fake-nsqd did not start: " + opts_.fake_nsqd_bin);
-        b->proc = std::move(*p);
+        // fake-nsqd picks its ports and says which on its first line.
+        argv = {opts_.fake_nsqd_bin, "--msg-timeout-ms", std::to_string(opts_.msg_timeout.count())};
+    }
+    auto p = co_await net::offload(offload_.get_executor(),
+                                   spawn_and_wait_line(argv, err_log, real ? nullptr : &line));
+    if (!p) co_return error(std::make_error_code(std::errc::no_such_process), "did not start: " + argv[0]);
+    b->proc = std::move(*p);
+    if (!real) {
         unsigned tcp = 0, http = 0;
         if (std::sscanf(line.c_str(), "tcp=%u http=%u", &tcp, &http) != 2)
             co_return error(std::make_error_code(std::errc::protocol_error), "fake-nsqd said: " + line);
@@ -555,14 +607,15 @@ net::awaitable<void> lab::stop_broker(std::unique_ptr<broker> b) {
 
 net::awaitable<std::vector<row>> lab::run(const scenario& s) {
     std::vector<row> rows;
-    rows.push_back(co_await run_variant(s, false));
-    rows.push_back(co_await run_variant(s, true));
+    for (auto w : variants_of(s)) rows.push_back(co_await run_variant(s, w));
     co_return rows;
 }
 
-net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
+net::awaitable<row> lab::run_variant(const scenario& s, variant which) {
+    const bool safe = which == variant::safe;
     auto v = std::make_unique<variant_run>(this, &s, safe, io_.get_executor());
-    v->topic = topic_for(s, safe);
+    v->stripe = stripe_.get();
+    v->topic = topic_for(s, which);
     v->real = real_broker_for(s);
     // Without a real nsqd there is no broker restart that keeps its messages: the fake broker's FM2b history
     // is the other way a message reaches a second nsqd — the producer's failover re-publish.
@@ -571,17 +624,27 @@ net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
     v->data_dir = opts_.work_dir + "/nsqd-" + v->topic;
     for (int i = 1; i <= s.events; ++i) v->bodies.push_back(event_body(s, i));
     log_.info("lab: running",
-              {{"scenario", s.name}, {"variant", safe ? "safe" : "unsafe"}, {"real_nsqd", v->real}});
+              {{"scenario", s.name}, {"variant", std::string(name_of(which))}, {"real_nsqd", v->real}});
 
     co_await prepare(*v);
-    co_await publish(*v);
-    configure_consumer(*v);
-    if (safe)
-        v->pipeline =
-            std::make_unique<billing::pipeline>(pipeline_config_for(v.get()), *ledger_, *stripe_, log_);
-    start_consumer(v.get(), log_);
-    co_await drive(*v);
-    co_await wind_down(*v);
+    if (s.spend_cap && which != variant::unsafe) co_await start_vault(*v);
+    std::exception_ptr failed;
+    try {
+        co_await publish(*v);
+        configure_consumer(*v);
+        if (safe)
+            v->pipeline =
+                std::make_unique<billing::pipeline>(pipeline_config_for(v.get()), *ledger_, *v->stripe, log_);
+        start_consumer(v.get(), log_);
+        co_await drive(*v);
+        co_await wind_down(*v);
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    // Whatever happened, the proxy's background tasks end (they would keep the loop running) and its audit
+    // rows are written before the count reads them.
+    if (v->vault) co_await stop_vault(*v);
+    if (failed) std::rethrow_exception(failed);
     co_return co_await count(*v);
 }
 
@@ -589,24 +652,18 @@ net::awaitable<row> lab::run_variant(const scenario& s, bool safe) {
 // started with the topic and channel created.
 net::awaitable<void> lab::prepare(variant_run& v) {
     const auto& s = *v.sc;
-    if (auto r = co_await admin("POST", "/_admin/reset", ""); !r)
-        throw std::runtime_error(r.err().describe());
+    need(co_await admin("POST", "/_admin/reset", ""), "fake-stripe reset");
     std::string faults = "latency_ms=" + std::to_string(s.stripe_latency_ms) +
                          "&fail_after_create=" + std::to_string(s.fail_after_create);
-    if (auto r = co_await admin("POST", "/_admin/faults", faults); !r)
-        throw std::runtime_error(r.err().describe());
-    co_await sql("TRUNCATE billing_records, dead_letters");
-    for (int i = 0; i < (v.two_brokers ? 2 : 1); ++i) {
-        auto b = co_await start_broker(v.real, v.data_dir);
-        if (!b) throw std::runtime_error("broker: " + b.err().describe());
-        v.brokers.push_back(std::move(*b));
-    }
+    need(co_await admin("POST", "/_admin/faults", faults), "fake-stripe faults");
+    co_await sql("TRUNCATE billing_records, dead_letters, vault_audit, vault_spend, vault_keys");
+    for (int i = 0; i < (v.two_brokers ? 2 : 1); ++i)
+        v.brokers.push_back(need(co_await start_broker(v.real, v.data_dir), "broker"));
     for (auto& b : v.brokers) {
-        auto t = co_await http_call(*b->http, "POST", "/topic/create?topic=" + v.topic, "");
-        if (!t) throw std::runtime_error("topic/create: " + t.err().describe());
-        auto r = co_await http_call(*b->http, "POST",
-                                    "/channel/create?topic=" + v.topic + "&channel=" + channel_name, "");
-        if (!r) throw std::runtime_error("channel/create: " + r.err().describe());
+        need(co_await http_call(*b->http, "POST", "/topic/create?topic=" + v.topic, ""), "topic/create");
+        need(co_await http_call(*b->http, "POST",
+                                "/channel/create?topic=" + v.topic + "&channel=" + channel_name, ""),
+             "channel/create");
     }
     // A real nsqd scans a new channel for timeouts only from its next 5 s refresh: start after it.
     if (v.real && s.stripe_latency_ms > opts_.msg_timeout.count()) {
@@ -614,6 +671,81 @@ net::awaitable<void> lab::prepare(variant_run& v) {
         if (sclock::now() < ready_at)
             co_await sleep_for(std::chrono::duration_cast<milliseconds>(ready_at - sclock::now()));
     }
+}
+
+// The vault for one run: a key for the period capped at floor(expected × 1.10), expected summed over the
+// run's events as `vault issue --expected-file` sums the billing run; the proxy (its own pool, as a separate
+// `chargeguard proxy` process would have) listening on loopback with fake-stripe as its upstream; and the
+// consumer's Stripe client pointed at it with the vault secret as its key.
+net::awaitable<void> lab::start_vault(variant_run& v) {
+    auto vr = std::make_unique<vault_run>();
+    for (const auto& body : v.bodies)
+        if (auto ev = billing::parse_event(body); ev && ev->billing_period == billing_period)
+            vr->fig.expected_cents += ev->amount_cents;
+    vr->fig.cap_cents = need(
+        vault::cap_for(vr->fig.expected_cents, need(vault::parse_headroom("1.10"), "headroom")), "vault cap");
+
+    vr->pool = make_pool();
+    auto secret = need(vault::issue_secret(), "vault secret");
+    vault::new_key k;
+    k.id = secret.id;
+    k.name = "lab " + v.topic;
+    k.secret_hash = secret.hash;
+    k.billing_period = billing_period;
+    k.cap_cents = vr->fig.cap_cents;
+    k.currency = "usd";
+    k.allowed = *vault::parse_allow_list(vault::default_allow);
+    vault::store store(vr->pool);
+    need(co_await store.insert_key(std::move(k)), "vault issue");
+    vr->key_id = secret.id;
+
+    vault::proxy_config pc;
+    pc.upstream = stripe_base_;
+    pc.upstream_key = stripe_key;
+    pc.ca_file = opts_.certs_dir + "/ca.pem";
+    pc.request_timeout = 10s;
+    pc.connect_timeout = 2s;
+    vr->proxy = need(vault::proxy::create(io_.get_executor(), offload_.get_executor(), std::move(pc),
+                                          vr->pool, log_, vr->reg),
+                     "vault proxy");
+    http::server_options so;
+    so.limits.max_body_bytes = 1024 * 1024;
+    vr->server = std::make_unique<http::server>(io_.get_executor(), vr->proxy->routes(), std::move(so), log_);
+    auto ep = need(vr->server->listen(net::host_port{"127.0.0.1", 0}), "vault proxy listen");
+    vr->client = need(stripe::client::create(offload_.get_executor(),
+                                             stripe_config("http://127.0.0.1:" + std::to_string(ep.port()),
+                                                           secret.secret, opts_.certs_dir + "/ca.pem"),
+                                             log_),
+                      "stripe client for the vault proxy");
+    // Nothing can fail from here on: once started, the proxy is stopped by stop_vault().
+    vr->server->start();
+    vr->proxy->start();
+    v.stripe = vr->client.get();
+    v.vault = std::move(vr);
+}
+
+// After the run: the listener closed, the proxy's audit rows written, its pool closed.
+net::awaitable<void> lab::stop_vault(variant_run& v) {
+    v.stripe = stripe_.get();
+    v.vault->server->stop();
+    co_await v.vault->proxy->stop();
+    co_await v.vault->pool->close();
+}
+
+// The proxy's own account of the run (one audit row per request): creating POSTs, refused at the cap (never
+// forwarded), sent on to Stripe.
+net::awaitable<row::vault_figures> lab::vault_count(variant_run& v, std::int64_t charged_cents) {
+    auto fig = v.vault->fig;
+    fig.charged_cents = charged_cents;
+    auto r = co_await sql(
+        "SELECT count(*), count(*) FILTER (WHERE outcome = 'cap_exceeded'), "
+        "count(*) FILTER (WHERE upstream_status IS NOT NULL) FROM vault_audit WHERE method = 'POST' AND "
+        "vault_key_id = '" +
+        v.vault->key_id + "'");
+    fig.posts = std::stoull(std::string(r.text(0, 0)));
+    fig.refused = std::stoull(std::string(r.text(0, 1)));
+    fig.forwarded = std::stoull(std::string(r.text(0, 2)));
+    co_return fig;
 }
 
 // Every event once (twice when the producer re-publishes; also to the second nsqd in the fake FM2b).
@@ -660,8 +792,7 @@ net::awaitable<void> lab::crash_and_restart(variant_run& v) {
     v.crash_pending = false;
     if (v.sc->broker_restart && v.real) {
         // …and the broker restarts on another address (its messages persisted in --data-path).
-        for (auto& b : v.brokers)
-            v.timeouts += static_cast<std::uint64_t>((co_await stats_of(*b, v.topic)).timeouts);
+        co_await add_timeouts(v);
         auto old = std::move(v.brokers[0]);
         v.brokers.clear();
         co_await stop_broker(std::move(old));
@@ -725,8 +856,7 @@ net::awaitable<void> lab::wind_down(variant_run& v) {
     co_await v.consumer->stop();
     v.snapshot_consumer();
     v.consumer.reset();
-    for (auto& b : v.brokers)
-        v.timeouts += static_cast<std::uint64_t>((co_await stats_of(*b, v.topic)).timeouts);
+    co_await add_timeouts(v);
     for (auto& b : v.brokers) co_await stop_broker(std::move(b));
     v.brokers.clear();
     for (auto until = sclock::now() + 30s; v.running > 0 && sclock::now() < until;) co_await sleep_for(20ms);
@@ -739,7 +869,6 @@ net::awaitable<row> lab::count(variant_run& v) {
     const auto& s = *v.sc;
     row out;
     out.scenario = s.name;
-    out.variant = v.safe ? "safe" : "unsafe";
     out.deliveries = v.received;
     out.fin_failed = v.fin_failed;
     out.disconnects = v.disconnects;
@@ -752,12 +881,19 @@ net::awaitable<row> lab::count(variant_run& v) {
     simdjson::dom::array data;
     if (p.parse(*charges).get(doc) || doc["data"].get(data))
         throw std::runtime_error("fake-stripe /_admin/charges: unexpected JSON");
+    std::int64_t charged_cents = 0;
     for (auto c : data) {
         std::string_view status, customer;
-        if (c["status"].get(status) || status != "succeeded" || c["customer"].get(customer)) continue;
+        std::int64_t amount = 0;
+        if (c["status"].get(status) || status != "succeeded" || c["customer"].get(customer) ||
+            c["amount"].get(amount))
+            continue;
         ++per_customer[std::string(customer)];
         ++out.charges_created;
+        charged_cents += amount;
     }
+    if (v.vault) out.vault = co_await vault_count(v, charged_cents);
+    out.variant = variant_label(v.safe ? "safe" : "unsafe", out.vault);
     for (int i = 1; i <= s.events; ++i) {
         auto n = per_customer[stripe_customer(i)];
         if (n == 0) ++out.customers_uncharged;

@@ -4,6 +4,10 @@
 // deliveries and E_FIN_FAILED from the consumers, timeouts from nsqd's /stats, POSTs and charges from
 // fake-stripe's admin endpoints.
 //
+// The spend-cap scenario adds a run through the vault proxy: `chargeguard proxy`'s engine (vault::proxy
+// behind an http::server on loopback, its own PostgreSQL pool, fake-stripe as its upstream) with a vault key
+// issued for the period at expected × 1.10, as `chargeguard vault issue --expected-file` would.
+//
 // Everything runs on the main io_context given to the constructor, except what blocks (spawning and
 // reaping processes), which goes to the offload pool, and the Stripe clients, which live there.
 #pragma once
@@ -22,6 +26,7 @@
 #include "net/offload.hpp"
 #include "net/tokens.hpp"
 #include "pg/config.hpp"
+#include "pg/rows.hpp"
 
 namespace cg::stripe {
 class client;
@@ -55,7 +60,8 @@ class lab {
     // Starts fake-stripe, the Stripe clients and the PostgreSQL pool, and applies the migrations. Call on
     // the main loop once.
     net::awaitable<result<void>> start();
-    // Runs `s` unsafe then safe; one row each. Call on the main loop after start().
+    // Runs `s`'s variants (variants_of: unsafe, [unsafe through the vault proxy,] safe); one row each. Call
+    // on the main loop after start().
     net::awaitable<std::vector<row>> run(const scenario& s);
     // Stops fake-stripe and closes the pool.
     net::awaitable<void> stop();
@@ -65,9 +71,9 @@ class lab {
 
     struct broker;
     struct variant_run;
+    struct vault_run;
 
     // For the consumers' handlers (main loop).
-    stripe::client& stripe() { return *stripe_; }
     billing::ledger& ledger() { return *ledger_; }
     net::offload_pool& offload() { return offload_; }
     const logger& log() const { return log_; }
@@ -75,8 +81,11 @@ class lab {
     net::awaitable<void> advance_stripe_clock(std::chrono::seconds by);
 
   private:
-    net::awaitable<row> run_variant(const scenario& s, bool safe);
+    net::awaitable<row> run_variant(const scenario& s, variant which);
     net::awaitable<void> prepare(variant_run& v);
+    net::awaitable<void> start_vault(variant_run& v);
+    net::awaitable<void> stop_vault(variant_run& v);
+    net::awaitable<row::vault_figures> vault_count(variant_run& v, std::int64_t charged_cents);
     net::awaitable<void> publish(variant_run& v);
     void configure_consumer(variant_run& v);
     net::awaitable<void> drive(variant_run& v);
@@ -87,13 +96,15 @@ class lab {
     net::awaitable<result<std::unique_ptr<broker>>> start_broker(bool real, std::string data_dir);
     net::awaitable<void> stop_broker(std::unique_ptr<broker> b);
     net::awaitable<result<std::string>> admin(std::string method, std::string target, std::string body);
-    net::awaitable<void> sql(std::string statement);
+    net::awaitable<pg::rows> sql(std::string statement);
+    std::shared_ptr<pg::pool> make_pool();  // on the lab's database
 
     asio::io_context& io_;
     net::offload_pool& offload_;
     lab_options opts_;
     logger log_;
     child stripe_proc_;
+    std::string stripe_base_;  // fake-stripe's https:// origin
     std::unique_ptr<stripe::client> stripe_, admin_;
     std::shared_ptr<pg::pool> pool_;
     std::unique_ptr<billing::ledger> ledger_;

@@ -208,6 +208,12 @@ int main(int argc, char** argv) {
         "unsafe = the real NSQ consumer and Stripe client with the mistake below; safe = the billing "
         "pipeline as `chargeguard consume` runs it.\n\n");
     for (const auto* s : scenarios) std::printf("%-20s %s\n", s->name.c_str(), s->what.c_str());
+    if (auto notes = lab::render_vault_notes(st.rows); !notes.empty()) {
+        std::printf(
+            "\n+cap C/P: through the vault proxy, C cents charged at Stripe against the vault key's cap of P "
+            "cents.\n");
+        std::fputs(notes.c_str(), stdout);
+    }
     bool noted = false;
     for (const auto& r : st.rows) {
         if (r.disconnects == 0) continue;

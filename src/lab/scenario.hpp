@@ -38,7 +38,20 @@ struct scenario {
     bool pause_in_flight = false;  // pause the channel once every event is in flight, resume 2 s later
     bool clock_jump_after_first = false;  // the first delivery's REQ lands 25 h later (Stripe's clock moved)
     bool republish_after_24h = false;  // after all is settled: 25 h pass, the same events are published again
+    // The spend cap's row: a third run, the unsafe consumer through the vault proxy (`chargeguard proxy`'s
+    // engine) with a vault key for the period capped at expected × 1.10; the safe run goes through it too.
+    bool spend_cap = false;
 };
+
+// One run of a scenario: which consumer, and whether it reaches Stripe through the vault proxy.
+enum class variant {
+    unsafe,         // the unsafe consumer, straight to Stripe
+    unsafe_capped,  // the unsafe consumer through the vault proxy (spend_cap scenarios)
+    safe,           // the pipeline (through the vault proxy in spend_cap scenarios)
+};
+
+// The variants `s` runs, in table order.
+std::vector<variant> variants_of(const scenario& s);
 
 const std::vector<scenario>& all_scenarios();
 const scenario* find_scenario(std::string_view name);
