@@ -140,8 +140,6 @@ bool connection::handle_frame(const proto::frame& f) {
                     "message redelivered while its earlier delivery is still being handled (it timed out)",
                     {{"id", m->id.view()}, {"attempts", m->attempts}});
             ++in_flight_total_;
-            if (rdy.remaining > 0) --rdy.remaining;
-            rdy.last_active = last_read_;
             owner_->on_message(shared_from_this(), *m);
             return true;
         }

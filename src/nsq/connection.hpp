@@ -1,6 +1,7 @@
 // One consumer connection to one nsqd: magic → IDENTIFY → SUB, then a read loop (frames → owner), a
 // write queue, a heartbeat watchdog (2 × heartbeat_interval without a byte closes it) and the set of
-// message ids in flight on it. The consumer drives RDY; the connection only sends what it is told.
+// message ids in flight on it. The consumer's rdy_controller decides RDY; the connection only sends what it
+// is told.
 #pragma once
 
 #include <asio/any_io_executor.hpp>
@@ -36,15 +37,6 @@ class connection_owner {
     virtual void on_read_batch(connection& c) = 0;
     virtual void on_error_frame(connection& c, const proto::error_frame& e) = 0;
     virtual void on_touch_sent() = 0;
-};
-
-// The consumer's RDY bookkeeping for a connection.
-struct rdy_state {
-    unsigned sent = 0;       // last RDY written
-    unsigned committed = 0;  // what nsqd may still be applying: max(sent, a recent higher value)
-    unsigned remaining = 0;  // messages still allowed by the last RDY (go-nsq's "remain")
-    unsigned target = 0;     // what the last plan wants (applied as the budget allows)
-    std::chrono::steady_clock::time_point last_active{};
 };
 
 class connection : public std::enable_shared_from_this<connection> {
@@ -83,8 +75,6 @@ class connection : public std::enable_shared_from_this<connection> {
     }
     unsigned max_rdy() const noexcept { return static_cast<unsigned>(negotiated_.max_rdy_count); }
     asio::any_io_executor executor() const { return ex_; }
-
-    rdy_state rdy;  // owned by the consumer
 
   private:
     asio::awaitable<error> handshake(std::vector<net::tcp::endpoint> eps);
