@@ -83,7 +83,12 @@ rdy_output rdy_controller::timer_fired(rdy_timer t, clock::time_point now) {
     if (stopping_) return out;
     switch (t) {
         case rdy_timer::settle:
-            for (auto& [k, c] : conns_) c.committed = c.sent;
+            for (auto& [k, c] : conns_)
+                if (c.settles_at && *c.settles_at <= now) {
+                    c.committed = c.sent;
+                    c.settles_at.reset();
+                }
+            schedule_settle(out, now);  // for decreases made since this timer was armed
             rebalance(out, now, false);
             break;
         case rdy_timer::backoff:
@@ -153,17 +158,26 @@ void rdy_controller::set_rdy(rdy_output& out, const std::string& key, conn_state
     out.rdy.push_back({key, n});
     if (n >= c.committed) {
         c.committed = n;
+        c.settles_at.reset();
     } else {
-        schedule_settle(out);
+        // Each decrease gets its own full settle delay (a later one extends it).
+        c.settles_at = now + s_.settle_delay;
+        schedule_settle(out, now);
     }
     c.sent = n;
     c.remaining = n;
     note_committed();
 }
 
-void rdy_controller::schedule_settle(rdy_output& out) {
+// Arms the settle timer for the earliest pending decrease, unless armed (an armed one is never later:
+// every decrease settles settle_delay after it was sent, and the timer re-arms itself for the rest).
+void rdy_controller::schedule_settle(rdy_output& out, clock::time_point now) {
     if (armed_[static_cast<std::size_t>(rdy_timer::settle)]) return;
-    arm(out, rdy_timer::settle, s_.settle_delay);
+    std::optional<clock::time_point> first;
+    for (const auto& [k, c] : conns_)
+        if (c.settles_at && (!first || *c.settles_at < *first)) first = c.settles_at;
+    if (!first) return;
+    arm(out, rdy_timer::settle, std::max(milliseconds(1), ceil<milliseconds>(*first - now)));
 }
 
 // Applies each connection's planned RDY: decreases now, increases within what max_in_flight leaves once
@@ -187,7 +201,7 @@ void rdy_controller::rebalance(rdy_output& out, clock::time_point now, bool reco
         unsigned room = others >= s_.max_in_flight ? 0 : s_.max_in_flight - static_cast<unsigned>(others);
         unsigned allowed = std::min(c.target, room);
         if (allowed > c.sent) set_rdy(out, k, c, allowed, now);
-        if (allowed < c.target) schedule_settle(out);
+        if (allowed < c.target) schedule_settle(out, now);
     }
 }
 

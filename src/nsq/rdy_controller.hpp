@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -114,11 +115,12 @@ class rdy_controller {
         unsigned target = 0;     // what the last plan wants (applied as the budget allows)
         unsigned max_rdy = 0;
         clock::time_point last_active{};
+        std::optional<clock::time_point> settles_at;  // when committed may drop to sent (after a decrease)
     };
 
     void set_rdy(rdy_output& out, const std::string& key, conn_state& c, unsigned n, clock::time_point now);
     void arm(rdy_output& out, rdy_timer t, milliseconds after);
-    void schedule_settle(rdy_output& out);
+    void schedule_settle(rdy_output& out, clock::time_point now);
     void rebalance(rdy_output& out, clock::time_point now, bool recompute = true);
     void act(rdy_output& out, backoff_policy::decision d, clock::time_point now);
     void keep_backoff_going(rdy_output& out);
