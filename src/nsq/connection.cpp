@@ -37,6 +37,7 @@ asio::awaitable<error> connection::run(std::vector<net::tcp::endpoint> eps) {
         phase_ = phase::subscribed;
         ever_subscribed_ = true;
         last_read_ = sclock::now();
+        in_flight_.reserve(cfg_.max_in_flight);  // no rehashing on the per-message path
         owner_->on_subscribed(*this);
         co_await (read_loop() || write_loop() || watchdog() || close_waiter());
     }

@@ -75,6 +75,8 @@ class connection : public std::enable_shared_from_this<connection> {
     }
     unsigned max_rdy() const noexcept { return static_cast<unsigned>(negotiated_.max_rdy_count); }
     asio::any_io_executor executor() const { return ex_; }
+    // When the read that carried the frame being handled completed (a message's receipt time).
+    std::chrono::steady_clock::time_point last_read() const noexcept { return last_read_; }
 
   private:
     asio::awaitable<error> handshake(std::vector<net::tcp::endpoint> eps);

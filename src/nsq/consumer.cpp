@@ -175,14 +175,10 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     void on_message(const std::shared_ptr<connection>& c, const proto::message_view& v) override {
         ++stats.received;
         m_received->Increment();
-        auto now = sclock::now();
+        auto now = c->last_read();  // the receipt time (keepalive times the first TOUCH from it)
         rdy.message_received(c->key(), now);
-        message m(v, c, now, c->msg_timeout(), milliseconds(c->negotiated().max_msg_timeout));
-        if (active < cfg.max_in_flight) {
-            spawn_handler(std::move(m));
-        } else {
-            queued.push_back(std::move(m));
-        }
+        queued.emplace_back(v, c, now, c->msg_timeout(), milliseconds(c->negotiated().max_msg_timeout));
+        maybe_wake_worker();
     }
 
     void on_read_batch(connection& c) override { carry_out(rdy.read_batch_done(c.key())); }
@@ -210,39 +206,90 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     }
 
     // --- handlers -----------------------------------------------------------------------------------
-    void spawn_handler(message m) {
-        ++active;
-        stats.max_handlers = std::max<std::uint64_t>(stats.max_handlers, active);
-        m_handlers->Set(active);
-        asio::co_spawn(ex, run_handler(shared_from_this(), std::move(m)), handler_task_ended{log});
+    // Handlers run on worker coroutines, at most max_in_flight of them, created as needed and parked when
+    // the queue is empty. A worker that takes a message first makes sure another one will look at the
+    // queue if it is not empty (wakes a parked one or starts one), then awaits the handler: a handler that
+    // suspends leaves the rest of the queue to the others, one that completes at once lets the same worker
+    // take the next message without a post or a coroutine spawn per message.
+    struct worker {
+        explicit worker(asio::any_io_executor e) : wake(e, forever) {}
+        net::steady_timer wake;
+        bool signalled = false;
+    };
+    std::vector<worker*> parked;
+    unsigned workers = 0;
+    bool wake_pending = false;   // a worker was woken or started and has not looked at the queue yet
+    unsigned drain_waiters = 0;  // wait_until() calls under way
+
+    void maybe_wake_worker() {
+        if (queued.empty() || wake_pending) return;
+        if (!parked.empty()) {
+            auto* w = parked.back();
+            parked.pop_back();
+            w->signalled = true;
+            wake_pending = true;
+            w->wake.cancel();
+        } else if (workers < cfg.max_in_flight) {
+            ++workers;
+            wake_pending = true;
+            asio::co_spawn(ex, worker_loop(shared_from_this()), handler_task_ended{log});
+        }
+    }
+
+    static asio::awaitable<void> worker_loop(std::shared_ptr<core> self) {
+        worker w(self->ex);
+        self->wake_pending = false;  // a new worker looks at the queue now
+        for (;;) {
+            if (self->queued.empty()) {
+                if (self->stopping) break;
+                self->parked.push_back(&w);
+                co_await w.wake.async_wait(net::nothrow);
+                if (w.signalled) {
+                    w.signalled = false;
+                    self->wake_pending = false;
+                } else {
+                    std::erase(self->parked, &w);  // woken by begin_stop()
+                }
+                continue;
+            }
+            auto m = std::move(self->queued.front());
+            self->queued.pop_front();
+            self->maybe_wake_worker();
+            ++self->active;
+            if (self->active > self->stats.max_handlers) self->stats.max_handlers = self->active;
+            self->m_handlers->Set(self->active);
+            co_await self->run_handler(m);
+            --self->active;
+            self->m_handlers->Set(self->active);
+            if (self->drain_waiters > 0) self->changed();
+        }
+        --self->workers;
     }
 
     // Runs the handler (or give-up) for one message and applies its disposition. Never throws: an exception
     // out of a handler is a bug in it (dispositions say "keep it"), logged, counted and requeued.
-    static asio::awaitable<void> run_handler(std::shared_ptr<core> self, message m) {
+    asio::awaitable<void> run_handler(message& m) {
         auto d = disposition::finish();
         bool gave_up = false;
         try {
-            if (self->cfg.max_attempts > 0 && m.attempts() > self->cfg.max_attempts) {
+            if (cfg.max_attempts > 0 && m.attempts() > cfg.max_attempts) {
                 gave_up = true;
-                self->log.warn(
-                    "message past max_attempts: passing it to the give-up handler",
-                    {{"id", m.id()}, {"attempts", m.attempts()}, {"max_attempts", self->cfg.max_attempts}});
-                if (self->give_up) d = co_await self->give_up(m);
+                log.warn("message past max_attempts: passing it to the give-up handler",
+                         {{"id", m.id()}, {"attempts", m.attempts()}, {"max_attempts", cfg.max_attempts}});
+                if (give_up) d = co_await give_up(m);
             } else {
-                d = co_await self->handler(m);
+                d = co_await handler(m);
             }
         } catch (const std::exception& e) {
-            self->handler_failed(m, gave_up, e.what());
+            handler_failed(m, gave_up, e.what());
             d = disposition::requeue();
             gave_up = false;
         } catch (...) {
-            self->handler_failed(m, gave_up, "unknown exception");
+            handler_failed(m, gave_up, "unknown exception");
             d = disposition::requeue();
             gave_up = false;
         }
-        self->apply(m, d, gave_up);
-        self->handler_done();
+        apply(m, d, gave_up);
     }
 
     void handler_failed(const message& m, bool gave_up, std::string_view what) {
@@ -282,19 +329,8 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
             sclock::now()));
     }
 
-    void handler_done() {
-        --active;
-        while (!queued.empty() && active < cfg.max_in_flight) {
-            auto m = std::move(queued.front());
-            queued.pop_front();
-            spawn_handler(std::move(m));
-        }
-        m_handlers->Set(active);
-        changed();
-    }
-
-    // A handler task must not fail (run_handler catches the handler's exceptions): if one does, the
-    // handler slot and the message's FIN/REQ are lost, so the process stops loudly instead of stalling.
+    // A worker must not fail (run_handler catches the handler's exceptions): if one does, the handler slot
+    // and the message's FIN/REQ are lost, so the process stops loudly instead of stalling.
     struct handler_task_ended {
         logger log;
         void operator()(std::exception_ptr ep) const {
@@ -316,7 +352,9 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
         while (!(this->*cond)()) {
             auto left = deadline - sclock::now();
             if (left <= sclock::duration::zero()) co_return false;
+            ++drain_waiters;
             co_await net::with_timeout(change_wake.async_wait(), left);
+            --drain_waiters;
         }
         co_return true;
     }
@@ -328,6 +366,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
         supervisor->stop();
         if (poller) poller->stop();
         for (auto& t : timers) t.cancel();
+        for (auto* w : parked) w->wake.cancel();  // each exits once the queue is empty
     }
 };
 
