@@ -172,16 +172,33 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
         changed();
     }
 
-    void on_message(const std::shared_ptr<connection>& c, const proto::message_view& v) override {
+    void on_message(const std::shared_ptr<connection>& c, const proto::message_view& v,
+                    delivery_ticket t) override {
         ++stats.received;
-        m_received->Increment();
+        ++unpublished.received;
         auto now = c->last_read();  // the receipt time (keepalive times the first TOUCH from it)
         rdy.message_received(c->key(), now);
-        queued.emplace_back(v, c, now, c->msg_timeout(), milliseconds(c->negotiated().max_msg_timeout));
+        queued.emplace_back(v, c, t, now, c->msg_timeout(), milliseconds(c->negotiated().max_msg_timeout));
         maybe_wake_worker();
     }
 
-    void on_read_batch(connection& c) override { carry_out(rdy.read_batch_done(c.key())); }
+    void on_read_batch(connection& c) override {
+        publish_metrics();
+        carry_out(rdy.read_batch_done(c.key()));
+    }
+
+    // The per-message metrics go to the registry once per read batch and whenever a worker runs out of
+    // work (so they are exact whenever the consumer is idle), not once per message.
+    struct {
+        std::uint64_t received = 0, finished = 0, requeued = 0;
+    } unpublished;
+    void publish_metrics() {
+        if (unpublished.received) m_received->Increment(static_cast<double>(unpublished.received));
+        if (unpublished.finished) m_finished->Increment(static_cast<double>(unpublished.finished));
+        if (unpublished.requeued) m_requeued->Increment(static_cast<double>(unpublished.requeued));
+        unpublished = {};
+        m_handlers->Set(active);
+    }
 
     void on_error_frame(connection& c, const proto::error_frame& e) override {
         if (e.code == "E_FIN_FAILED") {
@@ -241,6 +258,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
         self->wake_pending = false;  // a new worker looks at the queue now
         for (;;) {
             if (self->queued.empty()) {
+                self->publish_metrics();
                 if (self->stopping) break;
                 self->parked.push_back(&w);
                 co_await w.wake.async_wait(net::nothrow);
@@ -257,10 +275,8 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
             self->maybe_wake_worker();
             ++self->active;
             if (self->active > self->stats.max_handlers) self->stats.max_handlers = self->active;
-            self->m_handlers->Set(self->active);
             co_await self->run_handler(m);
             --self->active;
-            self->m_handlers->Set(self->active);
             if (self->drain_waiters > 0) self->changed();
         }
         --self->workers;
@@ -303,9 +319,9 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     void apply(message& m, const disposition& d, bool gave_up) {
         auto& c = m.conn();
         if (d.what() == disposition::kind::finish) {
-            if (c->finish(m.raw_id())) {
+            if (c->finish(m.ticket())) {
                 ++stats.finished;
-                m_finished->Increment();
+                ++unpublished.finished;
             } else {
                 ++stats.responses_dropped;
             }
@@ -318,9 +334,9 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
         }
         auto delay = d.delay().value_or(
             default_requeue_delay(m.attempts(), cfg.default_requeue_delay, cfg.max_requeue_delay));
-        if (c->requeue(m.raw_id(), delay)) {
+        if (c->requeue(m.ticket(), delay)) {
             ++stats.requeued;
-            m_requeued->Increment();
+            ++unpublished.requeued;
         } else {
             ++stats.responses_dropped;
         }
@@ -456,6 +472,7 @@ asio::awaitable<void> consumer::stop() {
         co_await c->wait_until(sclock::now() + seconds(5), &core::all_closed);
     }
     c->stopped = true;
+    c->publish_metrics();
     c->log.info(
         "consumer stopped",
         {{"received", c->stats.received}, {"finished", c->stats.finished}, {"requeued", c->stats.requeued}});

@@ -4,11 +4,18 @@
 //   - with NSQD_BIN set: real nsqd 1.3.0 plain, snappy, deflate, and TLS (TLS needs CG_NSQ_TEST_CERTS, the
 //     PKI the nsq_real tests generate: build/tests/integration/nsq_real);
 //   - nsqd's deliverable ceiling (plain): the same N messages read by a raw reader — one blocking socket
-//     in its own process that parses frames in place and FINs each message, no consumer machinery —
-//     so "% of ceiling" is chargeguard's consumer against the fastest a client can be fed by this nsqd.
-// Each measurement runs in a fresh child process (peak RSS is per process); nsqd is preloaded before the
-// clock starts, with a memory queue large enough to keep every message in memory.
-//   nsq_consume [N [ONLY]]   (N default 200000; ONLY: run one of fake, ceiling, plain, snappy, deflate, tls —
+//     in its own process that parses frames in place and FINs each message, no consumer machinery. It is
+//     held to the consumer's protocol: the same IDENTIFY defaults (heartbeat 30 s, nsqd's output buffer
+//     16 KiB / 250 ms), the same RDY 2500 (= max_in_flight, nsqd's max_rdy_count), one FIN per message,
+//     FINs written once per read (the consumer coalesces its FINs per write the same way). So "% of
+//     ceiling" is chargeguard's consumer against the fastest a client can be fed by this nsqd.
+// Ceiling and plain run as paired rounds in alternating order (CG_NSQ_BENCH_ROUNDS, default 3) so load
+// from elsewhere on the machine hits both alike; per-round lines, then the medians and the median of the
+// paired ratios. Rates run from the first message to the 99 % mark (nsqd's 250 ms flush tick quantises
+// the time to the last one; "total" shows it). Each measurement runs in a fresh child process (peak RSS is
+// per process) against a fresh nsqd preloaded before the clock starts, with a memory queue large enough
+// to keep every message in memory.
+//   nsq_consume [N [ONLY]]   (N default 200000; ONLY: one of fake, ceiling, plain, snappy, deflate, tls —
 //                              for profiling one mode)
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -19,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/signal_set.hpp>
@@ -335,8 +343,33 @@ bool start_nsqd(nsqd_proc& p, const std::string& bin, long n, const std::string&
     return preload(p.tcp, n);
 }
 
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// Each figure's median over the rounds (peak RSS: the largest; finished: the fewest).
+figures median_of(const std::vector<figures>& fs) {
+    auto field = [&fs](double figures::*m) {
+        std::vector<double> v;
+        for (const auto& f : fs) v.push_back(f.*m);
+        return median(v);
+    };
+    figures out;
+    out.msgs_per_s = field(&figures::msgs_per_s);
+    out.total_s = field(&figures::total_s);
+    out.cpu_per_million = field(&figures::cpu_per_million);
+    out.drain_s = field(&figures::drain_s);
+    out.finished = fs.front().finished;
+    for (const auto& f : fs) {
+        out.rss_mb = std::max(out.rss_mb, f.rss_mb);
+        out.finished = std::min(out.finished, f.finished);
+    }
+    return out;
+}
+
 void print(const char* name, const figures& f, long n, double ceiling) {
-    std::printf("  %-22s %9.0f msgs/s  %5.2f CPU-s/10^6  peak RSS %5.1f MB  finished %ld/%ld  total %.2f s",
+    std::printf("  %-24s %9.0f msgs/s  %5.2f CPU-s/10^6  peak RSS %5.1f MB  finished %ld/%ld  total %.2f s",
                 name, f.msgs_per_s, f.cpu_per_million, f.rss_mb, f.finished, n, f.total_s);
     if (f.drain_s > 0) std::printf("  drain %.2f s", f.drain_s);
     if (ceiling > 0) std::printf("  (%.0f %% of ceiling)", 100.0 * f.msgs_per_s / ceiling);
@@ -377,37 +410,77 @@ int main(int argc, char** argv) {
         return ok ? 0 : 1;
     }
     std::string certs = std::getenv("CG_NSQ_TEST_CERTS") ? std::getenv("CG_NSQ_TEST_CERTS") : "";
-    double ceiling = 0;
-    if (want("ceiling")) {
-        nsqd_proc p;
-        if (!start_nsqd(p, bin, n, certs)) return 1;
-        auto f = in_child([&] { return raw_reader(p.tcp, n); });
-        ceiling = f.msgs_per_s;
-        print("nsqd ceiling (raw)", f, n, 0);
-    }
     struct mode {
         const char* name;
         bool tls, snappy, deflate;
         const char* only;
     };
+    auto run_consumer = [&](const mode& m, figures& f) {
+        nsqd_proc p;
+        if (!start_nsqd(p, bin, n, m.tls ? certs : "")) return false;
+        cg::nsq::nsq_security sec;
+        sec.tls = m.tls;
+        if (m.tls) sec.tls_ca_file = certs + "/ca.pem";
+        sec.snappy = m.snappy;
+        sec.deflate = m.deflate;
+        f = in_child([&] { return consume(p.tcp, n, sec); });
+        ok = ok && f.finished == n;
+        return true;
+    };
+    auto run_ceiling = [&](figures& f) {
+        nsqd_proc p;
+        if (!start_nsqd(p, bin, n, certs)) return false;
+        f = in_child([&] { return raw_reader(p.tcp, n); });
+        return true;
+    };
+
+    // The ceiling and the plain consumer: paired rounds in alternating order (ceiling first, then plain
+    // first, …) so load from elsewhere on the machine hits both alike; each pair gives a ratio, and the
+    // medians are printed last. CG_NSQ_BENCH_ROUNDS (default 3) sets the number of pairs.
+    const mode plain{"nsqd plain", false, false, false, "plain"};
+    int rounds =
+        std::getenv("CG_NSQ_BENCH_ROUNDS") ? std::max(1, std::atoi(std::getenv("CG_NSQ_BENCH_ROUNDS"))) : 3;
+    if (want("ceiling") || want("plain")) {
+        std::vector<figures> cf, pf;
+        std::vector<double> ratios;
+        for (int r = 0; r < rounds; ++r) {
+            figures c, p;
+            for (int step = 0; step < 2; ++step) {
+                bool ceiling_now = (step == 0) == (r % 2 == 0);
+                if (ceiling_now && want("ceiling")) {
+                    if (!run_ceiling(c)) return 1;
+                    cf.push_back(c);
+                } else if (!ceiling_now && want("plain")) {
+                    if (!run_consumer(plain, p)) return 1;
+                    pf.push_back(p);
+                }
+            }
+            char name[64];
+            std::snprintf(name, sizeof name, "nsqd ceiling (raw) #%d", r + 1);
+            if (c.finished > 0) print(name, c, n, 0);
+            std::snprintf(name, sizeof name, "nsqd plain #%d", r + 1);
+            if (p.finished > 0) print(name, p, n, c.msgs_per_s);
+            if (c.msgs_per_s > 0 && p.msgs_per_s > 0) ratios.push_back(p.msgs_per_s / c.msgs_per_s);
+            std::fflush(stdout);
+        }
+        std::printf("  medians of %d rounds:\n", rounds);
+        double ceiling = cf.empty() ? 0 : median_of(cf).msgs_per_s;
+        if (!cf.empty()) print("nsqd ceiling (raw)", median_of(cf), n, 0);
+        if (!pf.empty()) print("nsqd plain", median_of(pf), n, ceiling);
+        if (!ratios.empty())
+            std::printf("  plain / ceiling, median of the paired rounds: %.0f %%\n", 100.0 * median(ratios));
+    }
     for (mode m :
-         {mode{"nsqd plain", false, false, false, "plain"}, mode{"nsqd snappy", false, true, false, "snappy"},
+         {mode{"nsqd snappy", false, true, false, "snappy"},
           mode{"nsqd deflate", false, false, true, "deflate"}, mode{"nsqd TLS", true, false, false, "tls"}}) {
         if (!want(m.only)) continue;
         if (m.tls && certs.empty()) {
             std::printf("  %-22s skipped (CG_NSQ_TEST_CERTS not set)\n", m.name);
             continue;
         }
-        nsqd_proc p;
-        if (!start_nsqd(p, bin, n, m.tls ? certs : "")) return 1;
-        cg::nsq::nsq_security sec;
-        sec.tls = m.tls;
-        if (m.tls) sec.tls_ca_file = certs + "/ca.pem";
-        sec.snappy = m.snappy;
-        sec.deflate = m.deflate;
-        auto f = in_child([&] { return consume(p.tcp, n, sec); });
-        print(m.name, f, n, m.tls || m.snappy || m.deflate ? 0 : ceiling);
-        ok = ok && f.finished == n;
+        figures f;
+        if (!run_consumer(m, f)) return 1;
+        print(m.name, f, n, 0);
     }
     return ok ? 0 : 1;
 }
