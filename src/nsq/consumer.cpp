@@ -329,7 +329,8 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
                 ++stats.gave_up;
                 m_gave_up->Increment();
             }
-            carry_out(rdy.handler_finished(handler_signal::success, sclock::now()));
+            auto ok = handler_signal::success;
+            carry_out(rdy.handler_finished(ok, rdy.quiet(ok) ? sclock::time_point{} : sclock::now()));
             return;
         }
         auto delay = d.delay().value_or(

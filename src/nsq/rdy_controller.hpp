@@ -88,8 +88,12 @@ class rdy_controller {
     void message_received(const std::string& conn, clock::time_point now);
     // Every frame of one read on `conn` was handled: go-nsq's "re-send RDY when low".
     rdy_output read_batch_done(const std::string& conn);
-    // A handler finished one message (every message_received() gets exactly one).
+    // A handler finished one message (every message_received() gets exactly one). `now` is not read when
+    // quiet(s) (the common case, a success outside backoff): a caller may skip the clock read then.
     rdy_output handler_finished(handler_signal s, clock::time_point now);
+    bool quiet(handler_signal s) const noexcept {
+        return stopping_ || (s == handler_signal::success && !backoff_.backing_off());
+    }
     // A timer armed through an output fired (a stale expiry must be filtered by the caller).
     rdy_output timer_fired(rdy_timer t, clock::time_point now);
     rdy_output set_max_in_flight(unsigned n, clock::time_point now);

@@ -394,3 +394,21 @@ BOOST_AUTO_TEST_CASE(a_timer_not_armed_is_ignored) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// The consumer skips the clock read for quiet results: such a result must not act (nor read the time).
+BOOST_AUTO_TEST_CASE(quiet_results_change_nothing) {
+    sim s(6);
+    s.add(key(0));
+    s.add(key(1));
+    s.advance(seconds(1));
+    BOOST_TEST(s.c.quiet(handler_signal::success));
+    BOOST_TEST(!s.c.quiet(handler_signal::failure));
+    BOOST_TEST(!s.c.quiet(handler_signal::neutral));
+    s.receive(key(0));
+    auto out = s.c.handler_finished(handler_signal::success, clock::time_point{});
+    BOOST_TEST(out.empty());
+    BOOST_TEST(s.total() == 6u);
+    s.receive(key(0));
+    s.finish(handler_signal::failure);
+    BOOST_TEST(!s.c.quiet(handler_signal::success));  // backing off: a success steps the level down
+}
