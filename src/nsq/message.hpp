@@ -29,7 +29,7 @@ class message {
     using clock = std::chrono::steady_clock;
     message(const proto::message_view& v, std::shared_ptr<connection> conn, const delivery_ticket& ticket,
             clock::time_point delivered, std::chrono::milliseconds msg_timeout,
-            std::chrono::milliseconds max_msg_timeout);
+            std::chrono::milliseconds max_msg_timeout, std::string spare = {});
     message(message&&) noexcept = default;
     message& operator=(message&&) noexcept = default;
     ~message();
@@ -52,6 +52,8 @@ class message {
     // The connection the message came on and its place there (internal: the consumer and keepalive).
     const std::shared_ptr<connection>& conn() const noexcept { return conn_; }
     delivery_ticket ticket() const noexcept { return ticket_; }
+    // The body's storage, for reuse by the next message (internal: the consumer's body pool).
+    std::string take_body() && noexcept { return std::move(body_); }
 
   private:
     proto::message_id id_;

@@ -54,6 +54,7 @@ struct figures {
     double msgs_per_s = 0;  // steady state: first message → the 99 % mark (see steady_rate)
     double total_s = 0;     // start → last message handled (includes connect and nsqd's last flush tick)
     double cpu_per_million = 0, rss_mb = 0, drain_s = 0;
+    double nsqd_cpu_per_million = 0;  // nsqd's own CPU over the run: what this client made it work
     long finished = 0;
 };
 
@@ -306,6 +307,24 @@ std::uint16_t free_port() {
     return ntohs(a.sin_port);
 }
 
+// User + system CPU seconds of process `pid` so far (/proc/<pid>/stat fields 14 and 15).
+double process_cpu_seconds(pid_t pid) {
+    std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+    if (!f) return 0;
+    char buf[2048];
+    std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    buf[n] = 0;
+    const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
+    if (!p) return 0;
+    unsigned long utime = 0, stime = 0;
+    // After ")": state(3) ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime(14)
+    // stime(15)
+    if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2)
+        return 0;
+    return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 struct nsqd_proc {
     pid_t pid = -1;
     std::uint16_t tcp = 0;
@@ -360,6 +379,7 @@ figures median_of(const std::vector<figures>& fs) {
     out.total_s = field(&figures::total_s);
     out.cpu_per_million = field(&figures::cpu_per_million);
     out.drain_s = field(&figures::drain_s);
+    out.nsqd_cpu_per_million = field(&figures::nsqd_cpu_per_million);
     out.finished = fs.front().finished;
     for (const auto& f : fs) {
         out.rss_mb = std::max(out.rss_mb, f.rss_mb);
@@ -371,6 +391,7 @@ figures median_of(const std::vector<figures>& fs) {
 void print(const char* name, const figures& f, long n, double ceiling) {
     std::printf("  %-24s %9.0f msgs/s  %5.2f CPU-s/10^6  peak RSS %5.1f MB  finished %ld/%ld  total %.2f s",
                 name, f.msgs_per_s, f.cpu_per_million, f.rss_mb, f.finished, n, f.total_s);
+    if (f.nsqd_cpu_per_million > 0) std::printf("  nsqd %.2f CPU-s/10^6", f.nsqd_cpu_per_million);
     if (f.drain_s > 0) std::printf("  drain %.2f s", f.drain_s);
     if (ceiling > 0) std::printf("  (%.0f %% of ceiling)", 100.0 * f.msgs_per_s / ceiling);
     std::printf("\n");
@@ -423,14 +444,18 @@ int main(int argc, char** argv) {
         if (m.tls) sec.tls_ca_file = certs + "/ca.pem";
         sec.snappy = m.snappy;
         sec.deflate = m.deflate;
+        double cpu0 = process_cpu_seconds(p.pid);
         f = in_child([&] { return consume(p.tcp, n, sec); });
+        f.nsqd_cpu_per_million = (process_cpu_seconds(p.pid) - cpu0) / (static_cast<double>(n) / 1e6);
         ok = ok && f.finished == n;
         return true;
     };
     auto run_ceiling = [&](figures& f) {
         nsqd_proc p;
         if (!start_nsqd(p, bin, n, certs)) return false;
+        double cpu0 = process_cpu_seconds(p.pid);
         f = in_child([&] { return raw_reader(p.tcp, n); });
+        f.nsqd_cpu_per_million = (process_cpu_seconds(p.pid) - cpu0) / (static_cast<double>(n) / 1e6);
         return true;
     };
 
