@@ -16,6 +16,7 @@
 #include "nsq/proto/error.hpp"
 #include "nsq/rdy_controller.hpp"
 #include "nsq/supervisor.hpp"
+#include "nsq/task.hpp"
 
 namespace cg::nsq {
 
@@ -366,14 +367,8 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
         logger log;
         void operator()(std::exception_ptr ep) const {
             if (!ep) return;
-            std::string what = "unknown exception";
-            try {
-                std::rethrow_exception(ep);
-            } catch (const std::exception& e) {
-                what = e.what();
-            } catch (...) {
-            }
-            log.error("message handler task failed outside the handler: aborting", {{"error", what}});
+            log.error("message handler task failed outside the handler: aborting",
+                      {{"error", describe_exception(ep)}});
             std::terminate();
         }
     };

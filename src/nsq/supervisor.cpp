@@ -6,6 +6,7 @@
 #include "net/timeout.hpp"
 #include "nsq/lookupd_poller.hpp"
 #include "nsq/policy.hpp"
+#include "nsq/task.hpp"
 #include "nsq/transport.hpp"
 
 namespace cg::nsq {
@@ -37,16 +38,8 @@ struct connection_supervisor::task_ended {
         if (!ep) return;
         auto self = w.lock();
         if (!self) return;
-        std::string what;
-        try {
-            std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-            what = e.what();
-        } catch (...) {
-            what = "unknown exception";
-        }
         self->log_.error("consumer task failed: restarting it",
-                         {{"task", "nsqd supervisor"}, {"nsqd", key}, {"error", what}});
+                         {{"task", "nsqd supervisor"}, {"nsqd", key}, {"error", describe_exception(ep)}});
         ++self->restarts_;
         self->supervised_.erase(key);
         self->conns_.erase(key);
