@@ -37,11 +37,12 @@ asio::awaitable<error> connection::run(std::vector<net::tcp::endpoint> eps) {
         phase_ = phase::subscribed;
         ever_subscribed_ = true;
         last_read_ = sclock::now();
+        slots_.reserve(cfg_.max_in_flight);
         owner_->on_subscribed(*this);
         co_await (read_loop() || write_loop() || watchdog() || close_waiter());
     }
     phase_ = phase::closed;
-    in_flight_.clear();
+    for (auto& sl : slots_) sl.used = false;  // tickets fail on the closed phase anyway
     in_flight_total_ = 0;
     io_.close();
     writer_wake_.cancel();
@@ -135,14 +136,30 @@ bool connection::handle_frame(const proto::frame& f) {
                 fail(m.err());
                 return false;
             }
-            if (++in_flight_[m->id] > 1)
-                log_.warn(
-                    "message redelivered while its earlier delivery is still being handled (it timed out)",
-                    {{"id", m->id.view()}, {"attempts", m->attempts}});
+            if (m->attempts > 1) {  // only a redelivery can meet an earlier delivery of its id still here
+                for (const auto& sl : slots_)
+                    if (sl.used && sl.id == m->id) {
+                        log_.warn(
+                            "message redelivered while its earlier delivery is still being handled (it "
+                            "timed out)",
+                            {{"id", m->id.view()}, {"attempts", m->attempts}});
+                        break;
+                    }
+            }
+            delivery_ticket t;
+            if (free_slots_.empty()) {
+                t.slot = static_cast<std::uint32_t>(slots_.size());
+                slots_.emplace_back();
+            } else {
+                t.slot = free_slots_.back();
+                free_slots_.pop_back();
+            }
+            auto& sl = slots_[t.slot];
+            sl.id = m->id;
+            sl.used = true;
+            t.gen = sl.gen;
             ++in_flight_total_;
-            if (rdy.remaining > 0) --rdy.remaining;
-            rdy.last_active = last_read_;
-            owner_->on_message(shared_from_this(), *m);
+            owner_->on_message(shared_from_this(), *m, t);
             return true;
         }
         case proto::frame_type::response:
@@ -207,7 +224,7 @@ asio::awaitable<void> connection::close_waiter() {
     for (;;) {
         co_await drained_wake_.async_wait();
         if (done_) co_return;
-        if (close_wait_ && in_flight_.empty() && out_.empty() && !writing_) {
+        if (close_wait_ && in_flight_total_ == 0 && out_.empty() && !writing_) {
             stop_loops();
             co_return;
         }
@@ -215,7 +232,7 @@ asio::awaitable<void> connection::close_waiter() {
 }
 
 void connection::check_drained() {
-    if (close_wait_ && in_flight_.empty() && out_.empty() && !writing_) drained_wake_.cancel();
+    if (close_wait_ && in_flight_total_ == 0 && out_.empty() && !writing_) drained_wake_.cancel();
 }
 
 void connection::notify_writer() {
@@ -242,34 +259,41 @@ void connection::send_rdy(unsigned count) {
     notify_writer();
 }
 
-bool connection::release(const proto::message_id& id) {
-    if (phase_ == phase::closed) return false;
-    auto it = in_flight_.find(id);
-    if (it == in_flight_.end()) return false;
-    if (--it->second == 0) in_flight_.erase(it);
+bool connection::in_flight(delivery_ticket t) const noexcept {
+    return phase_ != phase::closed && t.slot < slots_.size() && slots_[t.slot].used &&
+           slots_[t.slot].gen == t.gen;
+}
+
+bool connection::release(delivery_ticket t) {
+    if (!in_flight(t)) return false;
+    auto& sl = slots_[t.slot];
+    sl.used = false;
+    ++sl.gen;
+    free_slots_.push_back(t.slot);
     --in_flight_total_;
     return true;
 }
 
-bool connection::finish(const proto::message_id& id) {
-    if (!release(id)) return false;
-    proto::append_fin(out_, id.view());
+bool connection::finish(delivery_ticket t) {
+    if (!release(t)) return false;
+    proto::append_fin(out_, slots_[t.slot].id.view());
     notify_writer();
     check_drained();
     return true;
 }
 
-bool connection::requeue(const proto::message_id& id, milliseconds delay) {
-    if (!release(id)) return false;
-    proto::append_req(out_, id.view(), static_cast<std::uint64_t>(std::max<long long>(0, delay.count())));
+bool connection::requeue(delivery_ticket t, milliseconds delay) {
+    if (!release(t)) return false;
+    proto::append_req(out_, slots_[t.slot].id.view(),
+                      static_cast<std::uint64_t>(std::max<long long>(0, delay.count())));
     notify_writer();
     check_drained();
     return true;
 }
 
-bool connection::touch(const proto::message_id& id) {
-    if (phase_ == phase::closed || !in_flight_.contains(id)) return false;
-    proto::append_touch(out_, id.view());
+bool connection::touch(delivery_ticket t) {
+    if (!in_flight(t)) return false;
+    proto::append_touch(out_, slots_[t.slot].id.view());
     notify_writer();
     owner_->on_touch_sent();
     return true;

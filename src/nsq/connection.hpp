@@ -1,6 +1,7 @@
 // One consumer connection to one nsqd: magic → IDENTIFY → SUB, then a read loop (frames → owner), a
 // write queue, a heartbeat watchdog (2 × heartbeat_interval without a byte closes it) and the set of
-// message ids in flight on it. The consumer drives RDY; the connection only sends what it is told.
+// message ids in flight on it. The consumer's rdy_controller decides RDY; the connection only sends what it
+// is told.
 #pragma once
 
 #include <asio/any_io_executor.hpp>
@@ -8,13 +9,13 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "net/tokens.hpp"
 #include "nsq/config.hpp"
+#include "nsq/message.hpp"
 #include "nsq/proto/error_frame.hpp"
 #include "nsq/proto/frame.hpp"
 #include "nsq/proto/identify.hpp"
@@ -30,21 +31,13 @@ class connection_owner {
   public:
     virtual ~connection_owner() = default;
     virtual void on_subscribed(connection& c) = 0;
-    // A message frame arrived and its id was added to the in-flight set.
-    virtual void on_message(const std::shared_ptr<connection>& c, const proto::message_view& m) = 0;
+    // A message frame arrived and was added to the in-flight table as `t`.
+    virtual void on_message(const std::shared_ptr<connection>& c, const proto::message_view& m,
+                            delivery_ticket t) = 0;
     // All frames of one read were handled (RDY re-send point).
     virtual void on_read_batch(connection& c) = 0;
     virtual void on_error_frame(connection& c, const proto::error_frame& e) = 0;
     virtual void on_touch_sent() = 0;
-};
-
-// The consumer's RDY bookkeeping for a connection.
-struct rdy_state {
-    unsigned sent = 0;       // last RDY written
-    unsigned committed = 0;  // what nsqd may still be applying: max(sent, a recent higher value)
-    unsigned remaining = 0;  // messages still allowed by the last RDY (go-nsq's "remain")
-    unsigned target = 0;     // what the last plan wants (applied as the budget allows)
-    std::chrono::steady_clock::time_point last_active{};
 };
 
 class connection : public std::enable_shared_from_this<connection> {
@@ -62,11 +55,12 @@ class connection : public std::enable_shared_from_this<connection> {
     // with abort().
     asio::awaitable<error> run(std::vector<net::tcp::endpoint> eps);
 
-    // Commands (no-ops once closed). FIN/REQ/TOUCH apply only to ids in flight here; false otherwise.
+    // Commands (no-ops once closed). FIN/REQ/TOUCH apply only to a delivery still in flight here; false
+    // otherwise. FIN and REQ end the delivery.
     void send_rdy(unsigned count);
-    bool finish(const proto::message_id& id);
-    bool requeue(const proto::message_id& id, std::chrono::milliseconds delay);
-    bool touch(const proto::message_id& id);
+    bool finish(delivery_ticket t);
+    bool requeue(delivery_ticket t, std::chrono::milliseconds delay);
+    bool touch(delivery_ticket t);
     // Sends CLS; the connection closes once nsqd answered CLOSE_WAIT and nothing is in flight.
     void start_close();
     // Closes the socket now; run() returns.
@@ -83,8 +77,8 @@ class connection : public std::enable_shared_from_this<connection> {
     }
     unsigned max_rdy() const noexcept { return static_cast<unsigned>(negotiated_.max_rdy_count); }
     asio::any_io_executor executor() const { return ex_; }
-
-    rdy_state rdy;  // owned by the consumer
+    // When the read that carried the frame being handled completed (a message's receipt time).
+    std::chrono::steady_clock::time_point last_read() const noexcept { return last_read_; }
 
   private:
     asio::awaitable<error> handshake(std::vector<net::tcp::endpoint> eps);
@@ -96,7 +90,8 @@ class connection : public std::enable_shared_from_this<connection> {
     void notify_writer();
     void check_drained();
     void fail(error e);
-    bool release(const proto::message_id& id);
+    bool in_flight(delivery_ticket t) const noexcept;
+    bool release(delivery_ticket t);
     void stop_loops();
 
     asio::any_io_executor ex_;
@@ -116,9 +111,16 @@ class connection : public std::enable_shared_from_this<connection> {
     phase phase_ = phase::connecting;
     error end_;
     proto::identify_response negotiated_;
-    // id → deliveries of it still unanswered here. nsqd may redeliver an id to this same connection after
-    // it timed out; both deliveries are handled and each answer is sent (nsqd judges the late one).
-    std::unordered_map<proto::message_id, std::uint32_t, proto::message_id_hash> in_flight_;
+    // Deliveries still unanswered here, one slot each (free slots are reused; a slot's generation changes
+    // whenever it is released). nsqd may redeliver an id to this same connection after it timed out: both
+    // deliveries are handled and each answer is sent (nsqd judges the late one).
+    struct slot {
+        proto::message_id id;
+        std::uint32_t gen = 0;
+        bool used = false;
+    };
+    std::vector<slot> slots_;
+    std::vector<std::uint32_t> free_slots_;
     std::size_t in_flight_total_ = 0;
     std::chrono::steady_clock::time_point last_read_{};
 };

@@ -1,15 +1,12 @@
 #include "nsq/consumer.hpp"
 
+#include <array>
 #include <asio/co_spawn.hpp>
 #include <asio/this_coro.hpp>
 #include <atomic>
 #include <deque>
-#include <map>
-#include <random>
-#include <set>
 
 #include "net/address.hpp"
-#include "net/resolve.hpp"
 #include "net/timeout.hpp"
 #include "net/tokens.hpp"
 #include "nsq/connection.hpp"
@@ -17,6 +14,9 @@
 #include "nsq/lookupd_poller.hpp"
 #include "nsq/policy.hpp"
 #include "nsq/proto/error.hpp"
+#include "nsq/rdy_controller.hpp"
+#include "nsq/supervisor.hpp"
+#include "nsq/task.hpp"
 
 namespace cg::nsq {
 
@@ -25,20 +25,32 @@ using sclock = steady_clock;
 
 namespace {
 constexpr auto forever = sclock::time_point::max();
-}
 
-struct consumer::core final : connection_owner, std::enable_shared_from_this<core> {
+rdy_settings rdy_settings_of(const consumer_config& c) {
+    rdy_settings s;
+    s.max_in_flight = c.max_in_flight;
+    s.low_rdy_idle_timeout = c.low_rdy_idle_timeout;
+    s.settle_delay = c.rdy_settle_delay;
+    s.redistribute_interval = c.rdy_redistribute_interval;
+    s.backoff_multiplier = c.backoff_multiplier;
+    s.max_backoff = c.max_backoff_duration;
+    return s;
+}
+}  // namespace
+
+// The consumer's glue: handler scheduling (max_in_flight handlers, the rest queued), dispositions applied
+// as FIN/REQ, metrics, and the drain. RDY and backoff decisions are the rdy_controller's (this only carries
+// its commands out and runs its timers); connections are the connection_supervisor's; discovery is the
+// lookupd_poller's.
+struct consumer::core final : supervisor_owner, std::enable_shared_from_this<core> {
     core(asio::any_io_executor e, consumer_config c, message_handler h, logger l, metrics::registry& reg)
         : ex(e),
           cfg(std::move(c)),
           handler(std::move(h)),
           log(l.with({{"topic", cfg.topic}, {"channel", cfg.channel}})),
-          backoff(cfg.backoff_multiplier, cfg.max_backoff_duration),
-          stop_wake(e, forever),
+          rdy(rdy_settings_of(cfg)),
           change_wake(e, forever),
-          backoff_timer(e),
-          settle_timer(e),
-          rng(std::random_device{}()) {
+          timers{net::steady_timer(e), net::steady_timer(e), net::steady_timer(e)} {
         metrics::labels lb{{"topic", cfg.topic}, {"channel", cfg.channel}};
         m_received = &reg.counter("chargeguard_nsq_messages_received_total", "NSQ messages received").Add(lb);
         m_finished = &reg.counter("chargeguard_nsq_messages_finished_total", "NSQ messages FINed").Add(lb);
@@ -72,52 +84,128 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     std::shared_ptr<std::atomic<int>> subscribed = std::make_shared<std::atomic<int>>(0);
 
     bool started = false, stopping = false, stopped = false;
-    std::map<std::string, std::shared_ptr<connection>> conns;  // live (connecting or subscribed)
-    std::set<std::string> supervised;                          // keys with a supervisor running
-    std::set<std::string> static_keys;
+    rdy_controller rdy;  // the one owner of RDY and backoff state
+    std::shared_ptr<connection_supervisor> supervisor;
     std::shared_ptr<lookupd_poller> poller;  // with lookupd addresses
 
     unsigned active = 0;         // handlers running
     std::deque<message> queued;  // waiting for a handler slot
 
-    backoff_policy backoff;
-    std::size_t rr_cursor = 0;
-    bool settle_pending = false;
+    net::steady_timer change_wake;
+    std::array<net::steady_timer, rdy_timer_count> timers;
+    std::array<std::uint64_t, rdy_timer_count> timer_gen{};  // filters an expiry that raced a re-arm
 
-    net::steady_timer stop_wake, change_wake, backoff_timer, settle_timer;
-    std::mt19937_64 rng;
-
-    double unit() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
     void changed() { change_wake.cancel(); }
 
-    // --- connection_owner ---------------------------------------------------------------------------
+    // --- the controller's commands ------------------------------------------------------------------
+    void carry_out(const rdy_output& out) {
+        if (out.empty()) return;
+        const auto& conns = supervisor->connections();
+        for (const auto& cmd : out.rdy)
+            if (auto it = conns.find(cmd.conn); it != conns.end()) it->second->send_rdy(cmd.count);
+        for (const auto& t : out.timers) arm(t.which, t.after);
+        for (const auto& n : out.notes) log_note(n);
+        if (!out.rdy.empty()) publish_rdy_total();
+    }
+
+    void publish_rdy_total() {
+        stats.total_rdy = rdy.total_sent();
+        m_rdy->Set(static_cast<double>(stats.total_rdy));
+        stats.max_total_rdy = rdy.max_committed_total();
+    }
+
+    void arm(rdy_timer which, milliseconds after) {
+        auto i = static_cast<std::size_t>(which);
+        auto gen = ++timer_gen[i];
+        timers[i].expires_after(after);
+        timers[i].async_wait([w = weak_from_this(), which, i, gen](std::error_code ec) {
+            auto self = w.lock();
+            if (!self || ec || self->timer_gen[i] != gen || self->stopping) return;
+            self->carry_out(self->rdy.timer_fired(which, sclock::now()));
+        });
+    }
+
+    void log_note(const rdy_output::note& n) {
+        using k = rdy_output::note_kind;
+        switch (n.kind) {
+            case k::backoff_started:
+                log.warn("handler failure: backing off, RDY 0 on every connection",
+                         {{"ms", static_cast<std::int64_t>(n.after.count())}, {"level", n.level}});
+                break;
+            case k::backoff_ended:
+                log.warn("exiting backoff: returning to full RDY");
+                break;
+            case k::trial:
+                log.warn("backoff timeout expired: RDY 1 on one connection", {{"nsqd", n.conn}});
+                break;
+            case k::trial_lost:
+                log.warn("backoff: the trial connection is gone; testing again after the backoff delay",
+                         {{"level", n.level}, {"ms", static_cast<std::int64_t>(n.after.count())}});
+                break;
+        }
+    }
+
+    // --- supervisor_owner ---------------------------------------------------------------------------
     void on_subscribed(connection& c) override {
         ++stats.connects;
         ++stats.connections;
         subscribed->fetch_add(1);
         m_connections->Increment();
-        c.rdy = rdy_state{};
-        c.rdy.last_active = sclock::now();
         if (stopping) {
             c.start_close();
             return;
         }
-        rebalance();
-        keep_backoff_going();
+        carry_out(rdy.connection_added(c.key(), c.max_rdy(), sclock::now()));
     }
 
-    void on_message(const std::shared_ptr<connection>& c, const proto::message_view& v) override {
+    void on_connection_ended(connection& c, bool was_subscribed) override {
+        if (!was_subscribed) return;
+        ++stats.disconnects;
+        --stats.connections;
+        subscribed->fetch_sub(1);
+        m_connections->Decrement();
+        carry_out(rdy.connection_removed(c.key(), sclock::now()));
+        publish_rdy_total();
+    }
+
+    void on_supervision_changed() override {
+        stats.task_restarts = supervisor->task_restarts();
+        changed();
+    }
+
+    void on_message(const std::shared_ptr<connection>& c, const proto::message_view& v,
+                    delivery_ticket t) override {
         ++stats.received;
-        m_received->Increment();
-        message m(v, c, sclock::now(), c->msg_timeout(), milliseconds(c->negotiated().max_msg_timeout));
-        if (active < cfg.max_in_flight) {
-            spawn_handler(std::move(m));
-        } else {
-            queued.push_back(std::move(m));
+        ++unpublished.received;
+        auto now = c->last_read();  // the receipt time (keepalive times the first TOUCH from it)
+        rdy.message_received(c->key(), now);
+        std::string spare;
+        if (!spare_bodies.empty()) {
+            spare = std::move(spare_bodies.back());
+            spare_bodies.pop_back();
         }
+        queued.emplace_back(v, c, t, now, c->msg_timeout(), milliseconds(c->negotiated().max_msg_timeout),
+                            std::move(spare));
+        maybe_wake_worker();
     }
 
-    void on_read_batch(connection& c) override { maybe_resend_rdy(c); }
+    void on_read_batch(connection& c) override {
+        publish_metrics();
+        carry_out(rdy.read_batch_done(c.key()));
+    }
+
+    // The per-message metrics go to the registry once per read batch and whenever a worker runs out of
+    // work (so they are exact whenever the consumer is idle), not once per message.
+    struct {
+        std::uint64_t received = 0, finished = 0, requeued = 0;
+    } unpublished;
+    void publish_metrics() {
+        if (unpublished.received) m_received->Increment(static_cast<double>(unpublished.received));
+        if (unpublished.finished) m_finished->Increment(static_cast<double>(unpublished.finished));
+        if (unpublished.requeued) m_requeued->Increment(static_cast<double>(unpublished.requeued));
+        unpublished = {};
+        m_handlers->Set(active);
+    }
 
     void on_error_frame(connection& c, const proto::error_frame& e) override {
         if (e.code == "E_FIN_FAILED") {
@@ -142,39 +230,97 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     }
 
     // --- handlers -----------------------------------------------------------------------------------
-    void spawn_handler(message m) {
-        ++active;
-        stats.max_handlers = std::max<std::uint64_t>(stats.max_handlers, active);
-        m_handlers->Set(active);
-        asio::co_spawn(ex, run_handler(shared_from_this(), std::move(m)), handler_task_ended{log});
+    // Handlers run on worker coroutines, at most max_in_flight of them, created as needed and parked when
+    // the queue is empty. A worker that takes a message first makes sure another one will look at the
+    // queue if it is not empty (wakes a parked one or starts one), then awaits the handler: a handler that
+    // suspends leaves the rest of the queue to the others, one that completes at once lets the same worker
+    // take the next message without a post or a coroutine spawn per message.
+    struct worker {
+        explicit worker(asio::any_io_executor e) : wake(e, forever) {}
+        net::steady_timer wake;
+        bool signalled = false;
+    };
+    std::vector<worker*> parked;
+    unsigned workers = 0;
+    bool wake_pending = false;   // a worker was woken or started and has not looked at the queue yet
+    unsigned drain_waiters = 0;  // wait_until() calls under way
+
+    void maybe_wake_worker() {
+        if (queued.empty() || wake_pending) return;
+        if (!parked.empty()) {
+            auto* w = parked.back();
+            parked.pop_back();
+            w->signalled = true;
+            wake_pending = true;
+            w->wake.cancel();
+        } else if (workers < cfg.max_in_flight) {
+            ++workers;
+            wake_pending = true;
+            asio::co_spawn(ex, worker_loop(shared_from_this()), handler_task_ended{log});
+        }
     }
 
-    // Runs the handler (or give-up) for one message and applies its disposition. Never throws: an exception
-    // out of a handler is a bug in it (dispositions say "keep it"), logged, counted and requeued.
-    static asio::awaitable<void> run_handler(std::shared_ptr<core> self, message m) {
-        auto d = disposition::finish();
-        bool gave_up = false;
-        try {
-            if (self->cfg.max_attempts > 0 && m.attempts() > self->cfg.max_attempts) {
-                gave_up = true;
-                self->log.warn(
-                    "message past max_attempts: passing it to the give-up handler",
-                    {{"id", m.id()}, {"attempts", m.attempts()}, {"max_attempts", self->cfg.max_attempts}});
-                if (self->give_up) d = co_await self->give_up(m);
-            } else {
-                d = co_await self->handler(m);
+    static asio::awaitable<void> worker_loop(std::shared_ptr<core> self) {
+        worker w(self->ex);
+        self->wake_pending = false;  // a new worker looks at the queue now
+        for (;;) {
+            if (self->queued.empty()) {
+                self->publish_metrics();
+                if (self->stopping) break;
+                self->parked.push_back(&w);
+                co_await w.wake.async_wait(net::nothrow);
+                if (w.signalled) {
+                    w.signalled = false;
+                    self->wake_pending = false;
+                } else {
+                    std::erase(self->parked, &w);  // woken by begin_stop()
+                }
+                continue;
             }
-        } catch (const std::exception& e) {
-            self->handler_failed(m, gave_up, e.what());
-            d = disposition::requeue();
-            gave_up = false;
-        } catch (...) {
-            self->handler_failed(m, gave_up, "unknown exception");
-            d = disposition::requeue();
-            gave_up = false;
+            auto m = std::move(self->queued.front());
+            self->queued.pop_front();
+            self->maybe_wake_worker();
+            ++self->active;
+            if (self->active > self->stats.max_handlers) self->stats.max_handlers = self->active;
+            // The handler (or give-up), awaited here rather than in a coroutine of its own (one frame less
+            // per message). Never throws: an exception out of a handler is a bug in it (dispositions say
+            // "keep it"), logged, counted and requeued.
+            auto d = disposition::finish();
+            bool gave_up = false;
+            try {
+                if (self->cfg.max_attempts > 0 && m.attempts() > self->cfg.max_attempts) {
+                    gave_up = true;
+                    self->log.warn("message past max_attempts: passing it to the give-up handler",
+                                   {{"id", m.id()},
+                                    {"attempts", m.attempts()},
+                                    {"max_attempts", self->cfg.max_attempts}});
+                    if (self->give_up) d = co_await self->give_up(m);
+                } else {
+                    d = co_await self->handler(m);
+                }
+            } catch (const std::exception& e) {
+                self->handler_failed(m, gave_up, e.what());
+                d = disposition::requeue();
+                gave_up = false;
+            } catch (...) {
+                self->handler_failed(m, gave_up, "unknown exception");
+                d = disposition::requeue();
+                gave_up = false;
+            }
+            self->apply(m, d, gave_up);
+            self->recycle(std::move(m));
+            --self->active;
+            if (self->drain_waiters > 0) self->changed();
         }
-        self->apply(m, d, gave_up);
-        self->handler_done();
+        --self->workers;
+    }
+
+    // Message bodies are copied out of the read buffer into strings kept for reuse: no allocation per
+    // message once the pool holds a read batch's worth (small bodies only, a bounded number).
+    std::vector<std::string> spare_bodies;
+    void recycle(message&& m) {
+        auto body = std::move(m).take_body();
+        if (body.capacity() <= 4096 && spare_bodies.size() < 1024) spare_bodies.push_back(std::move(body));
     }
 
     void handler_failed(const message& m, bool gave_up, std::string_view what) {
@@ -188,9 +334,9 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
     void apply(message& m, const disposition& d, bool gave_up) {
         auto& c = m.conn();
         if (d.what() == disposition::kind::finish) {
-            if (c->finish(m.raw_id())) {
+            if (c->finish(m.ticket())) {
                 ++stats.finished;
-                m_finished->Increment();
+                ++unpublished.finished;
             } else {
                 ++stats.responses_dropped;
             }
@@ -198,342 +344,68 @@ struct consumer::core final : connection_owner, std::enable_shared_from_this<cor
                 ++stats.gave_up;
                 m_gave_up->Increment();
             }
-            act(backoff.on_success());
+            auto ok = handler_signal::success;
+            carry_out(rdy.handler_finished(ok, rdy.quiet(ok) ? sclock::time_point{} : sclock::now()));
             return;
         }
         auto delay = d.delay().value_or(
             default_requeue_delay(m.attempts(), cfg.default_requeue_delay, cfg.max_requeue_delay));
-        if (c->requeue(m.raw_id(), delay)) {
+        if (c->requeue(m.ticket(), delay)) {
             ++stats.requeued;
-            m_requeued->Increment();
+            ++unpublished.requeued;
         } else {
             ++stats.responses_dropped;
         }
-        act(d.what() == disposition::kind::requeue ? backoff.on_failure() : backoff.on_continue());
+        carry_out(rdy.handler_finished(
+            d.what() == disposition::kind::requeue ? handler_signal::failure : handler_signal::neutral,
+            sclock::now()));
     }
 
-    void handler_done() {
-        --active;
-        while (!queued.empty() && active < cfg.max_in_flight) {
-            auto m = std::move(queued.front());
-            queued.pop_front();
-            spawn_handler(std::move(m));
-        }
-        m_handlers->Set(active);
-        changed();
-    }
-
-    // --- RDY ----------------------------------------------------------------------------------------
-    std::vector<connection*> live_subscribed() {
-        std::vector<connection*> out;
-        for (auto& [k, c] : conns)
-            if (c->subscribed()) out.push_back(c.get());
-        return out;
-    }
-
-    std::uint64_t committed_total() {
-        std::uint64_t t = 0;
-        for (auto& [k, c] : conns)
-            if (c->state() != connection::phase::closed) t += c->rdy.committed;
-        return t;
-    }
-
-    void publish_rdy_total() {
-        std::uint64_t sent = 0;
-        for (auto& [k, c] : conns) sent += c->rdy.sent;
-        stats.total_rdy = sent;
-        m_rdy->Set(static_cast<double>(sent));
-        stats.max_total_rdy = std::max(stats.max_total_rdy, committed_total());
-    }
-
-    // Sends RDY n. A decrease keeps the old value "committed" until the settle timer: nsqd may not
-    // have applied it yet, so the freed budget is not handed to another connection before then.
-    void set_rdy(connection& c, unsigned n) {
-        if (n == c.rdy.sent && n == c.rdy.remaining) return;
-        if (c.rdy.sent == 0 && n > 0) c.rdy.last_active = sclock::now();
-        c.send_rdy(n);
-        if (n >= c.rdy.committed) {
-            c.rdy.committed = n;
-        } else {
-            schedule_settle();
-        }
-        c.rdy.sent = n;
-        c.rdy.remaining = n;
-        publish_rdy_total();
-    }
-
-    void schedule_settle() {
-        if (settle_pending) return;
-        settle_pending = true;
-        settle_timer.expires_after(cfg.rdy_settle_delay);
-        settle_timer.async_wait([w = weak_from_this()](std::error_code ec) {
-            auto self = w.lock();
-            if (!self) return;
-            self->settle_pending = false;
-            if (ec) return;
-            for (auto& [k, c] : self->conns) c->rdy.committed = c->rdy.sent;
-            self->rebalance(false);
-        });
-    }
-
-    // Applies each connection's planned RDY: decreases now, increases within what max_in_flight leaves
-    // once the committed RDY of the others is counted (the rest after the settle delay). `recompute`
-    // makes a new plan (plan_rdy) first; the settle timer applies the pending one as it was.
-    void rebalance(bool recompute = true) {
-        if (stopping || backoff.backing_off()) return;
-        auto live = live_subscribed();
-        if (live.empty()) return;
-        if (recompute) {
-            std::vector<rdy_conn> in;
-            auto now = sclock::now();
-            for (auto* c : live) in.push_back({c->rdy.sent, c->max_rdy(), now - c->rdy.last_active});
-            auto target = plan_rdy(in, cfg.max_in_flight, cfg.low_rdy_idle_timeout, rr_cursor);
-            for (std::size_t i = 0; i < live.size(); ++i) live[i]->rdy.target = target[i];
-        }
-        for (auto* c : live)
-            if (c->rdy.target < c->rdy.sent) set_rdy(*c, c->rdy.target);
-        for (auto* c : live) {
-            if (c->rdy.target <= c->rdy.sent) continue;
-            auto others = committed_total() - c->rdy.committed;
-            unsigned room =
-                others >= cfg.max_in_flight ? 0 : cfg.max_in_flight - static_cast<unsigned>(others);
-            unsigned allowed = std::min(c->rdy.target, room);
-            if (allowed > c->rdy.sent) set_rdy(*c, allowed);
-            if (allowed < c->rdy.target) schedule_settle();
-        }
-    }
-
-    // go-nsq's "re-send when low": the count nsqd allows is spent as messages arrive.
-    void maybe_resend_rdy(connection& c) {
-        if (stopping || backoff.backing_off() || !c.subscribed() || c.rdy.sent == 0) return;
-        if (c.rdy.remaining <= 1 || c.rdy.remaining < c.rdy.sent / 4) {
-            c.send_rdy(c.rdy.sent);
-            c.rdy.remaining = c.rdy.sent;
-        }
-    }
-
-    void act(backoff_policy::decision d) {
-        if (stopping) return;
-        if (d.act == backoff_policy::action::resume_all) {
-            log.warn("exiting backoff: returning to full RDY");
-            rebalance();
-        } else if (d.act == backoff_policy::action::backoff) {
-            log.warn("handler failure: backing off, RDY 0 on every connection",
-                     {{"ms", static_cast<std::int64_t>(d.duration.count())}, {"level", backoff.level()}});
-            for (auto& [k, c] : conns)
-                if (c->subscribed()) set_rdy(*c, 0);
-            start_backoff_timer(d.duration);
-        }
-    }
-
-    void start_backoff_timer(milliseconds d) {
-        backoff_timer.expires_after(d);
-        backoff_timer.async_wait([w = weak_from_this()](std::error_code ec) {
-            auto self = w.lock();
-            if (!self || ec || self->stopping) return;
-            self->backoff.timeout_expired();
-            self->resume_one();
-        });
-    }
-
-    // While backing off, something must always be under way: the backoff timer, the trial RDY 1 on a
-    // live connection, or a handler whose result decides the next step. When the connection holding the
-    // trial RDY 1 drops (or the trial never found a connection), none is: arm the timer again so a new
-    // trial goes out — otherwise RDY stays 0 everywhere with no handler running, for ever.
-    void keep_backoff_going() {
-        if (stopping) return;
-        backoff_progress p{backoff.backing_off(), backoff.in_timeout(), false, active > 0 || !queued.empty()};
-        for (auto& [k, c] : conns)
-            if (c->subscribed() && c->rdy.sent > 0) p.trial_out = true;
-        if (!backoff_needs_rearm(p)) return;
-        log.warn("backoff: the trial connection is gone; testing again after the backoff delay",
-                 {{"level", backoff.level()}});
-        backoff.on_continue();  // back in the timeout
-        start_backoff_timer(backoff.duration_for(backoff.level()));
-    }
-
-    // After a backoff timeout: RDY 1 on one connection to test the waters (go-nsq).
-    void resume_one() {
-        if (!backoff.backing_off()) {
-            rebalance();
-            return;
-        }
-        auto live = live_subscribed();
-        if (live.empty()) {
-            backoff.on_continue();  // re-arms the timeout flag
-            start_backoff_timer(seconds(1));
-            return;
-        }
-        auto* c = live[static_cast<std::size_t>(unit() * static_cast<double>(live.size())) % live.size()];
-        log.warn("backoff timeout expired: RDY 1 on one connection", {{"nsqd", c->key()}});
-        set_rdy(*c, 1);
-    }
-
-    // --- connections --------------------------------------------------------------------------------
-    void ensure_supervisor(const std::string& key, bool discovered) {
-        if (stopping || supervised.contains(key)) return;
-        supervised.insert(key);
-        asio::co_spawn(ex, supervise(shared_from_this(), key, discovered),
-                       task_ended{weak_from_this(), task::supervisor, key, discovered});
-    }
-
-    // Which background task a completion belongs to (restarted after an exception).
-    enum class task { supervisor, rotation };
-
-    // Completion of a background task: an exception is a bug, never a reason to silently lose an nsqd
-    // connection, the lookupd polling or the RDY rotation. Log it and start the task again.
-    struct task_ended {
-        std::weak_ptr<core> w;
-        task which;
-        std::string key;
-        bool discovered = false;
-        void operator()(std::exception_ptr ep) const {
-            if (!ep) return;
-            auto self = w.lock();
-            if (!self) return;
-            self->log.error("consumer task failed: restarting it",
-                            {{"task", which == task::supervisor ? "nsqd supervisor" : "RDY rotation"},
-                             {"nsqd", key},
-                             {"error", describe(ep)}});
-            ++self->stats.task_restarts;
-            self->restart(which, key, discovered);
-        }
-    };
-
-    // A handler task must not fail (run_handler catches the handler's exceptions): if one does, the
-    // handler slot and the message's FIN/REQ are lost, so the process stops loudly instead of stalling.
+    // A worker must not fail (run_handler catches the handler's exceptions): if one does, the handler slot
+    // and the message's FIN/REQ are lost, so the process stops loudly instead of stalling.
     struct handler_task_ended {
         logger log;
         void operator()(std::exception_ptr ep) const {
             if (!ep) return;
-            log.error("message handler task failed outside the handler: aborting", {{"error", describe(ep)}});
+            log.error("message handler task failed outside the handler: aborting",
+                      {{"error", describe_exception(ep)}});
             std::terminate();
         }
     };
-
-    static std::string describe(std::exception_ptr ep) {
-        try {
-            std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-            return e.what();
-        } catch (...) {
-            return "unknown exception";
-        }
-    }
-
-    void restart(task which, const std::string& key, bool discovered) {
-        if (stopping) {
-            supervised.erase(key);
-            changed();
-            return;
-        }
-        switch (which) {
-            case task::supervisor:
-                supervised.erase(key);
-                conns.erase(key);
-                ensure_supervisor(key, discovered);
-                break;
-            case task::rotation:
-                asio::co_spawn(ex, rotation(shared_from_this()),
-                               task_ended{weak_from_this(), task::rotation, {}, false});
-                break;
-        }
-    }
-
-    static asio::awaitable<void> rotation(std::shared_ptr<core> c) {
-        while (!c->stopping) {
-            co_await net::with_timeout(c->stop_wake.async_wait(), c->cfg.rdy_redistribute_interval);
-            if (c->stopping) break;
-            c->rebalance();
-        }
-    }
-
-    // Connects to `key` again and again with exponential backoff until stopping, or — for an address
-    // found through lookupd — until the last poll no longer lists it.
-    static asio::awaitable<void> supervise(std::shared_ptr<core> self, std::string key, bool discovered) {
-        unsigned failures = 0;
-        while (!self->stopping) {
-            if (discovered && !(self->poller && self->poller->lists(key)) && !self->static_keys.contains(key))
-                break;
-            bool was_subscribed = co_await self->connect_once(key);
-            if (self->stopping) break;
-            failures = was_subscribed ? 1 : failures + 1;
-            if (discovered && self->poller) self->poller->request_poll();
-            auto delay = reconnect_delay(failures, self->cfg.reconnect_backoff_min,
-                                         self->cfg.reconnect_backoff_max, self->unit());
-            self->log.info("reconnecting",
-                           {{"nsqd", key}, {"in_ms", static_cast<std::int64_t>(delay.count())}});
-            co_await net::with_timeout(self->stop_wake.async_wait(), delay);
-        }
-        self->supervised.erase(key);
-        self->changed();
-    }
-
-    // One connection's life. Returns whether it got as far as subscribing.
-    asio::awaitable<bool> connect_once(const std::string& key) {
-        auto hp = net::parse_host_port(key);
-        if (!hp) co_return false;
-        auto eps = co_await resolve_all(*hp, cfg.connect_timeout, cfg.resolver);
-        if (!eps) {
-            log.warn("cannot resolve nsqd", {{"nsqd", key}, {"error", eps.err().message}});
-            co_return false;
-        }
-        auto c = std::make_shared<connection>(ex, key, cfg, this, log, tls_ctx);
-        conns[key] = c;
-        auto err = co_await c->run(std::move(*eps));
-        bool was_subscribed = c->ever_subscribed();
-        conns.erase(key);
-        if (was_subscribed) {
-            ++stats.disconnects;
-            --stats.connections;
-            subscribed->fetch_sub(1);
-            m_connections->Decrement();
-            publish_rdy_total();
-            rebalance();
-            keep_backoff_going();
-        }
-        changed();
-        if (err) {
-            log.warn(was_subscribed ? "nsqd connection lost" : "nsqd connection failed",
-                     {{"nsqd", key}, {"error", err.describe()}});
-        } else {
-            log.info("nsqd connection closed", {{"nsqd", key}});
-        }
-        co_return was_subscribed;
-    }
 
     // --- stop ---------------------------------------------------------------------------------------
     asio::awaitable<bool> wait_until(sclock::time_point deadline, bool (core::*cond)() const) {
         while (!(this->*cond)()) {
             auto left = deadline - sclock::now();
             if (left <= sclock::duration::zero()) co_return false;
+            ++drain_waiters;
             co_await net::with_timeout(change_wake.async_wait(), left);
+            --drain_waiters;
         }
         co_return true;
     }
     bool idle() const { return active == 0 && queued.empty(); }
-    bool all_closed() const { return conns.empty() && supervised.empty(); }
+    bool all_closed() const { return supervisor->all_closed(); }
 
     void begin_stop() {
         stopping = true;
-        stop_wake.cancel();
+        supervisor->stop();
         if (poller) poller->stop();
-        backoff_timer.cancel();
-        settle_timer.cancel();
-    }
-
-    void abort_all() {
-        for (auto& [k, c] : conns) c->abort();
+        for (auto& t : timers) t.cancel();
+        for (auto* w : parked) w->wake.cancel();  // each exits once the queue is empty
     }
 };
 
 consumer::consumer(asio::any_io_executor ex, consumer_config cfg, message_handler handler, logger log,
                    metrics::registry& reg)
-    : core_(std::make_shared<core>(ex, std::move(cfg), std::move(handler), std::move(log), reg)) {}
+    : core_(std::make_shared<core>(ex, std::move(cfg), std::move(handler), std::move(log), reg)) {
+    core_->supervisor = std::make_shared<connection_supervisor>(ex, core_->cfg, core_->log, nullptr,
+                                                                std::weak_ptr<supervisor_owner>(core_));
+}
 
 consumer::~consumer() {
     core_->begin_stop();
-    core_->abort_all();
+    core_->supervisor->abort_all();
 }
 
 void consumer::set_give_up_handler(give_up_handler h) {
@@ -558,22 +430,21 @@ result<void> consumer::start() {
     auto& c = *core_;
     if (c.cfg.client_id.empty()) c.cfg.client_id = short_hostname();
     if (c.cfg.hostname.empty()) c.cfg.hostname = local_hostname();
-    for (const auto& a : c.cfg.nsqd_tcp_addresses) {
-        auto key = net::parse_host_port(a)->to_string();
-        c.static_keys.insert(key);
-        c.ensure_supervisor(key, false);
-    }
+    c.supervisor->set_tls(c.tls_ctx);
+    c.carry_out(c.rdy.start());
+    for (const auto& a : c.cfg.nsqd_tcp_addresses)
+        c.supervisor->add_static(net::parse_host_port(a)->to_string());
     if (!c.cfg.lookupd_http_addresses.empty()) {
         std::weak_ptr<core> w = core_;
         c.poller =
             std::make_shared<lookupd_poller>(c.ex, c.cfg, c.log, [w](const std::set<std::string>& keys) {
                 auto self = w.lock();
                 if (!self) return;
-                for (const auto& key : keys) self->ensure_supervisor(key, true);
+                for (const auto& key : keys) self->supervisor->ensure(key, true);
             });
+        c.supervisor->set_poller(c.poller);
         c.poller->start();
     }
-    asio::co_spawn(c.ex, core::rotation(core_), core::task_ended{core_, core::task::rotation, {}, false});
     c.log.info("consumer started",
                {{"max_in_flight", c.cfg.max_in_flight},
                 {"nsqd", static_cast<std::uint64_t>(c.cfg.nsqd_tcp_addresses.size())},
@@ -592,15 +463,11 @@ asio::awaitable<void> consumer::stop() {
     auto deadline = sclock::now() + c->cfg.drain_timeout;
     c->log.info("draining",
                 {{"handlers", c->active}, {"queued", static_cast<std::uint64_t>(c->queued.size())}});
-    for (auto& [k, conn] : c->conns)
-        if (conn->subscribed()) {
-            conn->send_rdy(0);
-            conn->rdy.sent = 0;
-        }
+    c->carry_out(c->rdy.stop());  // RDY 0 everywhere
     c->publish_rdy_total();
     bool idle = co_await c->wait_until(deadline, &core::idle);
     if (!idle) c->log.warn("drain timeout: handlers still running", {{"handlers", c->active}});
-    for (auto& [k, conn] : c->conns) {
+    for (auto& [k, conn] : c->supervisor->connections()) {
         if (conn->subscribed()) {
             conn->start_close();
         } else if (conn->state() == connection::phase::connecting) {
@@ -611,10 +478,11 @@ asio::awaitable<void> consumer::stop() {
     auto close_deadline = std::max(deadline, sclock::now() + seconds(1));
     if (!co_await c->wait_until(close_deadline, &core::all_closed)) {
         c->log.warn("drain timeout: closing connections");
-        c->abort_all();
+        c->supervisor->abort_all();
         co_await c->wait_until(sclock::now() + seconds(5), &core::all_closed);
     }
     c->stopped = true;
+    c->publish_metrics();
     c->log.info(
         "consumer stopped",
         {{"received", c->stats.received}, {"finished", c->stats.finished}, {"requeued", c->stats.requeued}});

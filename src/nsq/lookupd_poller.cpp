@@ -7,6 +7,7 @@
 #include "net/timeout.hpp"
 #include "nsq/http_get.hpp"
 #include "nsq/proto/lookup.hpp"
+#include "nsq/task.hpp"
 
 namespace cg::nsq {
 
@@ -31,14 +32,7 @@ void lookupd_poller::spawn() {
         if (!ep) return;
         auto self = w.lock();
         if (!self || self->stopped_) return;
-        std::string what = "unknown exception";
-        try {
-            std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-            what = e.what();
-        } catch (...) {
-        }
-        self->log_.error("lookupd poller failed: restarting it", {{"error", what}});
+        self->log_.error("lookupd poller failed: restarting it", {{"error", describe_exception(ep)}});
         ++self->restarts_;
         self->spawn();
     });

@@ -9,21 +9,26 @@
 
 namespace cg::nsq {
 
-message::message(const proto::message_view& v, std::shared_ptr<connection> conn, clock::time_point delivered,
-                 std::chrono::milliseconds msg_timeout, std::chrono::milliseconds max_msg_timeout)
+message::message(const proto::message_view& v, std::shared_ptr<connection> conn,
+                 const delivery_ticket& ticket, clock::time_point delivered,
+                 std::chrono::milliseconds msg_timeout, std::chrono::milliseconds max_msg_timeout,
+                 std::string spare)
     : id_(v.id),
       attempts_(v.attempts),
       timestamp_(v.timestamp),
-      body_(v.body),
+      body_(std::move(spare)),
       conn_(std::move(conn)),
+      ticket_(ticket),
       delivered_(delivered),
       msg_timeout_(msg_timeout),
-      max_msg_timeout_(max_msg_timeout) {}
+      max_msg_timeout_(max_msg_timeout) {
+    body_.assign(v.body);  // reuses the spare's capacity
+}
 
 message::~message() = default;
 
 bool message::touch() {
-    return conn_ && conn_->touch(id_);
+    return conn_ && conn_->touch(ticket_);
 }
 
 struct keepalive::state {

@@ -17,11 +17,19 @@ namespace cg::nsq {
 
 class connection;
 
+// One delivery's place in its connection's in-flight table: FIN/REQ/TOUCH find it without a lookup by id,
+// and a stale ticket (the delivery already answered, or the connection gone) is recognised.
+struct delivery_ticket {
+    std::uint32_t slot = 0;
+    std::uint32_t gen = 0;
+};
+
 class message {
   public:
     using clock = std::chrono::steady_clock;
-    message(const proto::message_view& v, std::shared_ptr<connection> conn, clock::time_point delivered,
-            std::chrono::milliseconds msg_timeout, std::chrono::milliseconds max_msg_timeout);
+    message(const proto::message_view& v, std::shared_ptr<connection> conn, const delivery_ticket& ticket,
+            clock::time_point delivered, std::chrono::milliseconds msg_timeout,
+            std::chrono::milliseconds max_msg_timeout, std::string spare = {});
     message(message&&) noexcept = default;
     message& operator=(message&&) noexcept = default;
     ~message();
@@ -41,8 +49,11 @@ class message {
     std::chrono::milliseconds max_msg_timeout() const noexcept { return max_msg_timeout_; }  // nsqd's cap
     clock::time_point delivered_at() const noexcept { return delivered_; }
 
-    // The connection the message came on (internal: the consumer and keepalive use it).
+    // The connection the message came on and its place there (internal: the consumer and keepalive).
     const std::shared_ptr<connection>& conn() const noexcept { return conn_; }
+    delivery_ticket ticket() const noexcept { return ticket_; }
+    // The body's storage, for reuse by the next message (internal: the consumer's body pool).
+    std::string take_body() && noexcept { return std::move(body_); }
 
   private:
     proto::message_id id_;
@@ -50,6 +61,7 @@ class message {
     std::int64_t timestamp_ = 0;
     std::string body_;
     std::shared_ptr<connection> conn_;
+    delivery_ticket ticket_;
     clock::time_point delivered_;
     std::chrono::milliseconds msg_timeout_, max_msg_timeout_;
 };

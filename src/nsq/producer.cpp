@@ -17,6 +17,7 @@
 #include "nsq/proto/error_frame.hpp"
 #include "nsq/proto/frame.hpp"
 #include "nsq/proto/identify.hpp"
+#include "nsq/task.hpp"
 #include "nsq/transport.hpp"
 
 namespace cg::nsq {
@@ -241,11 +242,7 @@ asio::awaitable<result<void>> producer::send(std::string command, std::uint64_t 
                 // The loops report I/O errors through fail_all; an exception here is a bug. Fail the
                 // pending calls (they see an error, never a silent hang) and say what happened.
                 if (!ep) return;
-                try {
-                    std::rethrow_exception(ep);
-                } catch (const std::exception& ex) {
-                    st->log.error("producer connection task failed", {{"error", ex.what()}});
-                }
+                st->log.error("producer connection task failed", {{"error", describe_exception(ep)}});
                 st->fail_all(error(errc::connection_closed, "producer connection task failed"));
             });
         } else {

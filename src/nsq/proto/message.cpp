@@ -9,9 +9,15 @@
 namespace cg::nsq::proto {
 
 std::size_t message_id_hash::operator()(const message_id& id) const noexcept {
-    // FNV-1a over 16 bytes: ids are sequential hex, so a plain mix is enough.
-    std::uint64_t h = 1469598103934665603ull;
-    for (char c : id.bytes) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    // Two 8-byte words mixed (splitmix64's finaliser): ids are sequential hex, so this spreads them well,
+    // at a fraction of a byte-wise hash's cost on the per-message path (insert, FIN, TOUCH).
+    std::uint64_t a, b;
+    std::memcpy(&a, id.bytes.data(), 8);
+    std::memcpy(&b, id.bytes.data() + 8, 8);
+    std::uint64_t h = (a * 0x9E3779B97F4A7C15ull) ^ b;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
     return static_cast<std::size_t>(h);
 }
 

@@ -4,11 +4,19 @@
 //   - with NSQD_BIN set: real nsqd 1.3.0 plain, snappy, deflate, and TLS (TLS needs CG_NSQ_TEST_CERTS, the
 //     PKI the nsq_real tests generate: build/tests/integration/nsq_real);
 //   - nsqd's deliverable ceiling (plain): the same N messages read by a raw reader — one blocking socket
-//     in its own process that parses frames in place and FINs each message, no consumer machinery —
-//     so "% of ceiling" is chargeguard's consumer against the fastest a client can be fed by this nsqd.
-// Each measurement runs in a fresh child process (peak RSS is per process); nsqd is preloaded before the
-// clock starts, with a memory queue large enough to keep every message in memory.
-//   nsq_consume [N]      (default 200000)
+//     in its own process that parses frames in place and FINs each message, no consumer machinery. It is
+//     held to the consumer's protocol: the same IDENTIFY defaults (heartbeat 30 s, nsqd's output buffer
+//     16 KiB / 250 ms), the same RDY 2500 (= max_in_flight, nsqd's max_rdy_count), one FIN per message,
+//     FINs written once per read (the consumer coalesces its FINs per write the same way). So "% of
+//     ceiling" is chargeguard's consumer against the fastest a client can be fed by this nsqd.
+// Ceiling and plain run as paired rounds in alternating order (CG_NSQ_BENCH_ROUNDS, default 3) so load
+// from elsewhere on the machine hits both alike; per-round lines, then the medians and the median of the
+// paired ratios. Rates run from the first message to the 99 % mark (nsqd's 250 ms flush tick quantises
+// the time to the last one; "total" shows it). Each measurement runs in a fresh child process (peak RSS is
+// per process) against a fresh nsqd preloaded before the clock starts, with a memory queue large enough
+// to keep every message in memory.
+//   nsq_consume [N [ONLY]]   (N default 200000; ONLY: one of fake, ceiling, plain, snappy, deflate, tls —
+//                              for profiling one mode)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -18,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/signal_set.hpp>
@@ -42,8 +51,28 @@ using namespace std::chrono;
 namespace {
 
 struct figures {
-    double msgs_per_s = 0, cpu_per_million = 0, rss_mb = 0, drain_s = 0;
+    double msgs_per_s = 0;  // steady state: first message → the 99 % mark (see steady_rate)
+    double total_s = 0;     // start → last message handled (includes connect and nsqd's last flush tick)
+    double cpu_per_million = 0, rss_mb = 0, drain_s = 0;
+    double nsqd_cpu_per_million = 0;  // nsqd's own CPU over the run: what this client made it work
     long finished = 0;
+};
+
+// nsqd flushes a client's output buffer when it is full (16 KiB) or on its output_buffer_timeout ticker
+// (250 ms): the last partial buffer of a run waits for the next tick, so "time to the last message" is
+// quantised to 250 ms steps (±8 % on a 1.5 s run) whoever reads. Rates are therefore taken from the first
+// message to the 99 % mark, for the raw reader and the consumer alike.
+struct steady_clock_marks {
+    long n = 0;
+    steady_clock::time_point first{}, mark{};
+    void on_message(long count) {
+        if (count == 1) first = steady_clock::now();
+        if (count == n - n / 100) mark = steady_clock::now();
+    }
+    double rate() const {
+        auto secs = duration<double>(mark - first).count();
+        return secs > 0 ? static_cast<double>(n - n / 100 - 1) / secs : 0;
+    }
 };
 
 // --- blocking helpers for the harness (never on the consumer's loop) -----------------------------------
@@ -145,6 +174,7 @@ figures raw_reader(std::uint16_t port, long n) {
     std::size_t have = 0;
     long got = 0;
     std::string fins;
+    steady_clock_marks marks{n};
     while (got < n) {
         auto r = ::read(fd, buf.data() + have, buf.size() - have);
         if (r <= 0) break;
@@ -159,7 +189,7 @@ figures raw_reader(std::uint16_t port, long n) {
                 fins += "FIN ";
                 fins.append(buf.data() + pos + 8 + 10, 16);
                 fins += '\n';
-                ++got;
+                marks.on_message(++got);
             } else if (type == 0 && size == 15) {
                 fins += "NOP\n";
             }
@@ -169,8 +199,8 @@ figures raw_reader(std::uint16_t port, long n) {
         have -= pos;
         if (!fins.empty()) write_all(fd, fins);
     }
-    auto secs = duration<double>(steady_clock::now() - t0).count();
-    f.msgs_per_s = static_cast<double>(got) / secs;
+    f.total_s = duration<double>(steady_clock::now() - t0).count();
+    f.msgs_per_s = marks.rate();
     f.cpu_per_million = (cg::test::cpu_seconds() - cpu0) / (static_cast<double>(got) / 1e6);
     f.rss_mb = static_cast<double>(cg::test::peak_rss_kib()) / 1024.0;
     f.finished = got;
@@ -183,9 +213,10 @@ asio::awaitable<void> stop_consumer(cg::nsq::consumer* c) {
 }
 
 asio::awaitable<cg::nsq::disposition> count_and_finish(long* handled, long n, asio::io_context* io,
-                                                       cg::nsq::consumer** c,
-                                                       steady_clock::time_point* last) {
-    if (++*handled == n) {
+                                                       cg::nsq::consumer** c, steady_clock::time_point* last,
+                                                       steady_clock_marks* marks) {
+    marks->on_message(++*handled);
+    if (*handled == n) {
         *last = steady_clock::now();
         asio::co_spawn(*io, stop_consumer(*c), [](std::exception_ptr) {});
     }
@@ -205,20 +236,21 @@ figures consume(std::uint16_t port, long n, cg::nsq::nsq_security sec) {
     long handled = 0;
     cg::nsq::consumer* cp = nullptr;
     steady_clock::time_point last{};
+    steady_clock_marks marks{n};
     auto t0 = steady_clock::now();
     double cpu0 = cg::test::cpu_seconds();
     cg::nsq::consumer c(
         io.get_executor(), cfg,
-        [&handled, n, &io, &cp, &last](cg::nsq::message&) {
-            return count_and_finish(&handled, n, &io, &cp, &last);
+        [&handled, n, &io, &cp, &last, &marks](cg::nsq::message&) {
+            return count_and_finish(&handled, n, &io, &cp, &last, &marks);
         },
         cg::logger{}, reg);
     cp = &c;
     if (!c.start()) return f;
     io.run();
     // Throughput up to the last message handled (the drain after it is not delivery); CPU includes it.
-    auto secs = duration<double>(last - t0).count();
-    f.msgs_per_s = static_cast<double>(handled) / secs;
+    f.total_s = duration<double>(last - t0).count();
+    f.msgs_per_s = marks.rate();
     f.cpu_per_million = (cg::test::cpu_seconds() - cpu0) / (static_cast<double>(handled) / 1e6);
     f.drain_s = duration<double>(steady_clock::now() - last).count();
     f.rss_mb = static_cast<double>(cg::test::peak_rss_kib()) / 1024.0;
@@ -275,6 +307,24 @@ std::uint16_t free_port() {
     return ntohs(a.sin_port);
 }
 
+// User + system CPU seconds of process `pid` so far (/proc/<pid>/stat fields 14 and 15).
+double process_cpu_seconds(pid_t pid) {
+    std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+    if (!f) return 0;
+    char buf[2048];
+    std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    buf[n] = 0;
+    const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
+    if (!p) return 0;
+    unsigned long utime = 0, stime = 0;
+    // After ")": state(3) ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime(14)
+    // stime(15)
+    if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2)
+        return 0;
+    return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 struct nsqd_proc {
     pid_t pid = -1;
     std::uint16_t tcp = 0;
@@ -312,9 +362,36 @@ bool start_nsqd(nsqd_proc& p, const std::string& bin, long n, const std::string&
     return preload(p.tcp, n);
 }
 
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// Each figure's median over the rounds (peak RSS: the largest; finished: the fewest).
+figures median_of(const std::vector<figures>& fs) {
+    auto field = [&fs](double figures::*m) {
+        std::vector<double> v;
+        for (const auto& f : fs) v.push_back(f.*m);
+        return median(v);
+    };
+    figures out;
+    out.msgs_per_s = field(&figures::msgs_per_s);
+    out.total_s = field(&figures::total_s);
+    out.cpu_per_million = field(&figures::cpu_per_million);
+    out.drain_s = field(&figures::drain_s);
+    out.nsqd_cpu_per_million = field(&figures::nsqd_cpu_per_million);
+    out.finished = fs.front().finished;
+    for (const auto& f : fs) {
+        out.rss_mb = std::max(out.rss_mb, f.rss_mb);
+        out.finished = std::min(out.finished, f.finished);
+    }
+    return out;
+}
+
 void print(const char* name, const figures& f, long n, double ceiling) {
-    std::printf("  %-22s %9.0f msgs/s  %5.2f CPU-s/10^6  peak RSS %5.1f MB  finished %ld/%ld", name,
-                f.msgs_per_s, f.cpu_per_million, f.rss_mb, f.finished, n);
+    std::printf("  %-24s %9.0f msgs/s  %5.2f CPU-s/10^6  peak RSS %5.1f MB  finished %ld/%ld  total %.2f s",
+                name, f.msgs_per_s, f.cpu_per_million, f.rss_mb, f.finished, n, f.total_s);
+    if (f.nsqd_cpu_per_million > 0) std::printf("  nsqd %.2f CPU-s/10^6", f.nsqd_cpu_per_million);
     if (f.drain_s > 0) std::printf("  drain %.2f s", f.drain_s);
     if (ceiling > 0) std::printf("  (%.0f %% of ceiling)", 100.0 * f.msgs_per_s / ceiling);
     std::printf("\n");
@@ -324,11 +401,13 @@ void print(const char* name, const figures& f, long n, double ceiling) {
 
 int main(int argc, char** argv) {
     long n = argc > 1 ? std::atol(argv[1]) : 200000;
+    std::string only = argc > 2 ? argv[2] : "";
+    auto want = [&only](const char* m) { return only.empty() || only == m; };
     std::printf("nsq_consume: %ld messages of 200 bytes, no-op handler, max_in_flight 2500\n", n);
     bool ok = true;
 
     // fake-nsqd
-    {
+    if (want("fake")) {
         int fds[2];
         if (::pipe(fds) != 0) return 1;
         pid_t child = ::fork();
@@ -352,34 +431,81 @@ int main(int argc, char** argv) {
         return ok ? 0 : 1;
     }
     std::string certs = std::getenv("CG_NSQ_TEST_CERTS") ? std::getenv("CG_NSQ_TEST_CERTS") : "";
-    double ceiling = 0;
-    {
-        nsqd_proc p;
-        if (!start_nsqd(p, bin, n, certs)) return 1;
-        auto f = in_child([&] { return raw_reader(p.tcp, n); });
-        ceiling = f.msgs_per_s;
-        print("nsqd ceiling (raw)", f, n, 0);
-    }
     struct mode {
         const char* name;
         bool tls, snappy, deflate;
+        const char* only;
     };
-    for (mode m : {mode{"nsqd plain", false, false, false}, mode{"nsqd snappy", false, true, false},
-                   mode{"nsqd deflate", false, false, true}, mode{"nsqd TLS", true, false, false}}) {
-        if (m.tls && certs.empty()) {
-            std::printf("  %-22s skipped (CG_NSQ_TEST_CERTS not set)\n", m.name);
-            continue;
-        }
+    auto run_consumer = [&](const mode& m, figures& f) {
         nsqd_proc p;
-        if (!start_nsqd(p, bin, n, m.tls ? certs : "")) return 1;
+        if (!start_nsqd(p, bin, n, m.tls ? certs : "")) return false;
         cg::nsq::nsq_security sec;
         sec.tls = m.tls;
         if (m.tls) sec.tls_ca_file = certs + "/ca.pem";
         sec.snappy = m.snappy;
         sec.deflate = m.deflate;
-        auto f = in_child([&] { return consume(p.tcp, n, sec); });
-        print(m.name, f, n, m.tls || m.snappy || m.deflate ? 0 : ceiling);
+        double cpu0 = process_cpu_seconds(p.pid);
+        f = in_child([&] { return consume(p.tcp, n, sec); });
+        f.nsqd_cpu_per_million = (process_cpu_seconds(p.pid) - cpu0) / (static_cast<double>(n) / 1e6);
         ok = ok && f.finished == n;
+        return true;
+    };
+    auto run_ceiling = [&](figures& f) {
+        nsqd_proc p;
+        if (!start_nsqd(p, bin, n, certs)) return false;
+        double cpu0 = process_cpu_seconds(p.pid);
+        f = in_child([&] { return raw_reader(p.tcp, n); });
+        f.nsqd_cpu_per_million = (process_cpu_seconds(p.pid) - cpu0) / (static_cast<double>(n) / 1e6);
+        return true;
+    };
+
+    // The ceiling and the plain consumer: paired rounds in alternating order (ceiling first, then plain
+    // first, …) so load from elsewhere on the machine hits both alike; each pair gives a ratio, and the
+    // medians are printed last. CG_NSQ_BENCH_ROUNDS (default 3) sets the number of pairs.
+    const mode plain{"nsqd plain", false, false, false, "plain"};
+    int rounds =
+        std::getenv("CG_NSQ_BENCH_ROUNDS") ? std::max(1, std::atoi(std::getenv("CG_NSQ_BENCH_ROUNDS"))) : 3;
+    if (want("ceiling") || want("plain")) {
+        std::vector<figures> cf, pf;
+        std::vector<double> ratios;
+        for (int r = 0; r < rounds; ++r) {
+            figures c, p;
+            for (int step = 0; step < 2; ++step) {
+                bool ceiling_now = (step == 0) == (r % 2 == 0);
+                if (ceiling_now && want("ceiling")) {
+                    if (!run_ceiling(c)) return 1;
+                    cf.push_back(c);
+                } else if (!ceiling_now && want("plain")) {
+                    if (!run_consumer(plain, p)) return 1;
+                    pf.push_back(p);
+                }
+            }
+            char name[64];
+            std::snprintf(name, sizeof name, "nsqd ceiling (raw) #%d", r + 1);
+            if (c.finished > 0) print(name, c, n, 0);
+            std::snprintf(name, sizeof name, "nsqd plain #%d", r + 1);
+            if (p.finished > 0) print(name, p, n, c.msgs_per_s);
+            if (c.msgs_per_s > 0 && p.msgs_per_s > 0) ratios.push_back(p.msgs_per_s / c.msgs_per_s);
+            std::fflush(stdout);
+        }
+        std::printf("  medians of %d rounds:\n", rounds);
+        double ceiling = cf.empty() ? 0 : median_of(cf).msgs_per_s;
+        if (!cf.empty()) print("nsqd ceiling (raw)", median_of(cf), n, 0);
+        if (!pf.empty()) print("nsqd plain", median_of(pf), n, ceiling);
+        if (!ratios.empty())
+            std::printf("  plain / ceiling, median of the paired rounds: %.0f %%\n", 100.0 * median(ratios));
+    }
+    for (mode m :
+         {mode{"nsqd snappy", false, true, false, "snappy"},
+          mode{"nsqd deflate", false, false, true, "deflate"}, mode{"nsqd TLS", true, false, false, "tls"}}) {
+        if (!want(m.only)) continue;
+        if (m.tls && certs.empty()) {
+            std::printf("  %-22s skipped (CG_NSQ_TEST_CERTS not set)\n", m.name);
+            continue;
+        }
+        figures f;
+        if (!run_consumer(m, f)) return 1;
+        print(m.name, f, n, 0);
     }
     return ok ? 0 : 1;
 }
