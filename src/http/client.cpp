@@ -4,6 +4,7 @@
 #include <asio/co_spawn.hpp>
 #include <atomic>
 #include <deque>
+#include <optional>
 #include <vector>
 
 #include "http/client_connection.hpp"
@@ -41,6 +42,27 @@ struct deadline {
         if (conn) conn->abort();
     }
 };
+
+// A new connection's connect, bounded by the connect timeout. On options().connect_executor the coroutine
+// owns the connection until it hands it back (the request deadline cannot reach it meanwhile), so no two
+// threads ever touch its socket at once.
+struct connect_outcome {
+    std::unique_ptr<client_connection> conn;
+    bool timed_out = false;
+    std::optional<cg::error> err;
+};
+
+net::awaitable<connect_outcome> connect_elsewhere(std::unique_ptr<client_connection> c, http::origin o,
+                                                  std::chrono::steady_clock::duration timeout) {
+    connect_outcome out;
+    auto r = co_await net::with_timeout(c->connect(o, timeout), timeout);
+    out.conn = std::move(c);
+    if (!r)
+        out.timed_out = true;
+    else if (!*r)
+        out.err = r->err();
+    co_return out;
+}
 
 }  // namespace
 
@@ -152,19 +174,28 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
         co_return out;
     }
     if (!l.conn()) {
-        l.conn() = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr);
-        dl->conn = l.conn().get();
-        auto c = co_await net::with_timeout(l.conn()->connect(st->origin, st->opts.connect_timeout),
-                                            st->opts.connect_timeout);
-        if (!c) {
+        auto fresh = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr);
+        connect_outcome c;
+        if (st->opts.connect_executor) {
+            c = co_await asio::co_spawn(
+                st->opts.connect_executor,
+                connect_elsewhere(std::move(fresh), st->origin, st->opts.connect_timeout),
+                asio::use_awaitable);
+        } else {
+            dl->conn = fresh.get();
+            c = co_await connect_elsewhere(std::move(fresh), st->origin, st->opts.connect_timeout);
+        }
+        l.conn() = std::move(c.conn);
+        if (c.timed_out) {
             out.err = error(errc::timeout, "connect to " + st->origin.to_string() + " timed out after " +
                                                net::describe_timeout(st->opts.connect_timeout));
             co_return out;
         }
-        if (!*c) {
-            out.err = c->err();
+        if (c.err) {
+            out.err = std::move(*c.err);
             co_return out;
         }
+        dl->conn = l.conn().get();
         ++st->connects;
         if (st->origin.tls) ++st->handshakes;
         // The deadline may have passed during the lookup (which no socket close interrupts).

@@ -250,7 +250,7 @@ class Consumers:
         self.incarnation = collections.Counter()
         self.max_in_flight = max_in_flight
 
-    def args(self):
+    def args(self, i=0):
         p = self.prof
         d = lambda s: f"{int(s * 1000)}ms"
         return [self.cg, "--log-level", "debug", "consume", "--topic", TOPIC, "--channel", CHANNEL,
@@ -261,7 +261,10 @@ class Consumers:
                 "--lease-renew-interval", d(p["renew"]), "--lease-held-delay", d(p["held"]),
                 "--retry-same-key-delay", d(p["retry"]), "--indeterminate-delay", d(p["indeterminate"]),
                 "--search-failed-delay", d(p["search"]), "--stripe-request-timeout", "20",
-                "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10"]
+                "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10",
+                # Consumer 1 runs its Stripe requests on the event loop (handshakes on the offload pool), the
+                # others all on the offload pool: both placements under the same chaos.
+                "--stripe-io", "loop" if i == 1 else "offload"]
 
     def start(self, i):
         self.incarnation[i] += 1
@@ -271,7 +274,7 @@ class Consumers:
         # each of them (the Stripe call is already that wide); see pipeline_config::test_step_pause.
         env = dict(self.pg.env, STRIPE_API_KEY="sk_test_chaos", CHARGEGUARD_TEST_STEP_PAUSE_MS="60")
         with open(path, "wb") as f:
-            self.procs[i] = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL, stderr=f, env=env)
+            self.procs[i] = subprocess.Popen(self.args(i), stdout=subprocess.DEVNULL, stderr=f, env=env)
 
     def kill(self, i):
         self.procs[i].send_signal(signal.SIGKILL)
