@@ -4,8 +4,11 @@ the real nsqd when NSQD_BIN is set), fake-stripe over TLS, PostgreSQL from PG* �
 charges/s, publish → charged latency, event-loop lag p99 (from /metrics), CPU-s per 1000 charges, peak RSS,
 nsqd-side timeouts under a 120 s Stripe stall, and 3 sidecars sharing a 25/s Stripe endpoint limit.
 
-Usage: pipeline [--quick] [--only throughput|stall|sidecars] [--build DIR]
-Built into build/tests/bench/pipeline/pipeline; not run by meson test. Prints one table row per run.
+Usage: pipeline [--quick] [--only throughput|stall|sidecars] [--latency MS]… [--max-in-flight N]… [--repeat N]
+                [--consume-arg=--flag=value]… [--build DIR]
+Built into build/tests/bench/pipeline/pipeline; not run by meson test. Prints one table row per run; each
+throughput row is followed by the CPU seconds per 1 000 charges of every process (consume, PostgreSQL, nsqd,
+fake-stripe) and the event loop thread's running / waiting-for-a-CPU shares.
 """
 import argparse, json, os, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
 
