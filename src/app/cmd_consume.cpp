@@ -46,6 +46,7 @@ struct consume_flags {
     stripe_flags stripe;
     pipeline_flags billing;
     runtime_flags rt;
+    std::string stripe_io = "offload";
 };
 
 void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
@@ -216,6 +217,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     if (!ms) throw CLI::ValidationError("--migrations-dir", ms.err().describe());
     auto log = make_stderr_logger(g.level());
     log_effective_config(log, f, ncfg, pgc, scfg, bcfg, opts);
+    log.info("stripe I/O", {{"stripe_io", f.stripe_io}});
     if (bcfg.test_step_pause.count() > 0)
         log.warn(
             "test failpoint active: pausing between billing steps (CHARGEGUARD_TEST_STEP_PAUSE_MS); "
@@ -223,7 +225,13 @@ int run_consume(const consume_flags& f, const global_flags& g) {
             {{"max_pause_ms", bcfg.test_step_pause.count()}});
 
     runtime rt(opts, log);
-    auto stripe = stripe::client::create(rt.offload().get_executor(), std::move(scfg), log, &rt.metrics());
+    // --stripe-io loop: requests on kept-alive connections run on the event loop (async TLS I/O, no thread
+    // hand-off per call) and only a new connection's connect + TLS handshake runs on the offload pool, so no
+    // handshake ever computes on the loop. offload: all of it on the offload pool (two hand-offs per call).
+    auto stripe = f.stripe_io == "loop" ? stripe::client::create(rt.io().get_executor(), std::move(scfg), log,
+                                                                 &rt.metrics(), rt.offload().get_executor())
+                                        : stripe::client::create(rt.offload().get_executor(), std::move(scfg),
+                                                                 log, &rt.metrics());
     if (!stripe) {
         log.error("cannot create the Stripe client", {{"error", stripe.err().describe()}});
         return 1;
@@ -273,6 +281,11 @@ void register_consume(CLI::App& app, command_main& selected) {
     add_stripe_flags(*cmd, f->stripe);
     add_pipeline_flags(*cmd, f->billing);
     add_runtime_flags(*cmd, f->rt);
+    cmd->add_option("--stripe-io", f->stripe_io,
+                    "where Stripe HTTPS requests run: loop (the event loop; each new connection's connect "
+                    "and TLS handshake on the offload pool) or offload (all on the offload pool)")
+        ->check(CLI::IsMember({"loop", "offload"}))
+        ->capture_default_str();
     cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_consume(*f, g); }; });
 }
 

@@ -4,6 +4,7 @@
 #include <asio/co_spawn.hpp>
 #include <atomic>
 #include <deque>
+#include <optional>
 #include <vector>
 
 #include "http/client_connection.hpp"
@@ -23,6 +24,45 @@ struct waiter {
     std::unique_ptr<client_connection> handed;
     bool slot = false;
 };
+
+// The request deadline without an `op || timer` parallel group (two spawned coroutines and their
+// cancellation plumbing per request): a timer on the strand whose handler aborts whatever the attempt is
+// waiting on — its place in the pool queue, or its connection's socket — so the attempt ends at once with an
+// error that run_request renames to a timeout.
+struct deadline {
+    bool done = false;   // the attempt has ended: the handler touches nothing
+    bool fired = false;  // the request timeout passed
+    waiter* queued = nullptr;
+    client_connection* conn = nullptr;
+
+    void expire() {
+        if (done) return;
+        fired = true;
+        if (queued) queued->timer.cancel();
+        if (conn) conn->abort();
+    }
+};
+
+// A new connection's connect, bounded by the connect timeout. On options().connect_executor the coroutine
+// owns the connection until it hands it back (the request deadline cannot reach it meanwhile), so no two
+// threads ever touch its socket at once.
+struct connect_outcome {
+    std::unique_ptr<client_connection> conn;
+    bool timed_out = false;
+    std::optional<cg::error> err;
+};
+
+net::awaitable<connect_outcome> connect_elsewhere(std::unique_ptr<client_connection> c, http::origin o,
+                                                  std::chrono::steady_clock::duration timeout) {
+    connect_outcome out;
+    auto r = co_await net::with_timeout(c->connect(o, timeout), timeout);
+    out.conn = std::move(c);
+    if (!r)
+        out.timed_out = true;
+    else if (!*r)
+        out.err = r->err();
+    co_return out;
+}
 
 }  // namespace
 
@@ -97,7 +137,7 @@ class lease {
 
 // Returns a lease: a live idle connection, or an empty slot to connect on. Waits while the pool is
 // full; an invalid lease means the wait was cancelled.
-net::awaitable<lease> acquire(std::shared_ptr<client::state> st) {
+net::awaitable<lease> acquire(std::shared_ptr<client::state> st, deadline* dl) {
     while (!st->idle.empty()) {
         auto c = std::move(st->idle.back());
         st->idle.pop_back();
@@ -113,7 +153,9 @@ net::awaitable<lease> acquire(std::shared_ptr<client::state> st) {
     }
     waiter w(st->strand);
     st->waiters.push_back(&w);
+    dl->queued = &w;
     co_await w.timer.async_wait();
+    dl->queued = nullptr;
     // Still queued means we were cancelled rather than woken.
     if (auto it = std::find(st->waiters.begin(), st->waiters.end(), &w); it != st->waiters.end())
         st->waiters.erase(it);
@@ -122,31 +164,48 @@ net::awaitable<lease> acquire(std::shared_ptr<client::state> st) {
     co_return lease();
 }
 
-// One attempt without the overall deadline (the caller adds it). Sets *sent as the request leaves.
-net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const request* req, bool* sent) {
+// One attempt; `dl` aborts it when the request timeout passes. Sets *sent as the request leaves.
+net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const request* req, bool* sent,
+                                      deadline* dl) {
     client_result out;
-    lease l = co_await acquire(st);
-    if (!l.valid()) {
+    lease l = co_await acquire(st, dl);
+    if (!l.valid() || dl->fired) {
         out.err = error(errc::pool_exhausted, "cancelled while waiting for a pooled connection");
         co_return out;
     }
     if (!l.conn()) {
-        l.conn() = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr);
-        auto c = co_await net::with_timeout(l.conn()->connect(st->origin, st->opts.connect_timeout),
-                                            st->opts.connect_timeout);
-        if (!c) {
+        auto fresh = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr);
+        connect_outcome c;
+        if (st->opts.connect_executor) {
+            c = co_await asio::co_spawn(
+                st->opts.connect_executor,
+                connect_elsewhere(std::move(fresh), st->origin, st->opts.connect_timeout),
+                asio::use_awaitable);
+        } else {
+            dl->conn = fresh.get();
+            c = co_await connect_elsewhere(std::move(fresh), st->origin, st->opts.connect_timeout);
+        }
+        l.conn() = std::move(c.conn);
+        if (c.timed_out) {
             out.err = error(errc::timeout, "connect to " + st->origin.to_string() + " timed out after " +
                                                net::describe_timeout(st->opts.connect_timeout));
             co_return out;
         }
-        if (!*c) {
-            out.err = c->err();
+        if (c.err) {
+            out.err = std::move(*c.err);
             co_return out;
         }
+        dl->conn = l.conn().get();
         ++st->connects;
         if (st->origin.tls) ++st->handshakes;
+        // The deadline may have passed during the lookup (which no socket close interrupts).
+        if (dl->fired) {
+            out.err = error(errc::timeout, "deadline passed while connecting");
+            co_return out;
+        }
     } else {
         ++st->reused;
+        dl->conn = l.conn().get();
     }
     out.reused_connection = l.reused();
     auto r = co_await l.conn()->exchange(*req, sent, st->opts.limits);
@@ -163,10 +222,18 @@ net::awaitable<client_result> run_request(std::shared_ptr<client::state> st, req
     ++st->requests;
     if (!req.headers.has("Host")) req.headers.add("Host", st->origin.host_header());
     bool sent = false;
-    auto r = co_await net::with_timeout(attempt(st, &req, &sent), st->opts.request_timeout);
-    if (r) {
-        r->request_sent = r->err ? sent : true;
-        co_return std::move(*r);
+    auto dl = std::make_shared<deadline>();
+    net::steady_timer timer(st->strand, st->opts.request_timeout);
+    timer.async_wait([dl](std::error_code ec) {
+        if (!ec) dl->expire();
+    });
+    auto r = co_await attempt(st, &req, &sent, dl.get());
+    dl->done = true;  // on the strand, before anything else can run: a late handler is a no-op
+    timer.cancel();
+    // A response that completed as the deadline passed is still that response.
+    if (!dl->fired || r.ok()) {
+        r.request_sent = r.err ? sent : true;
+        co_return r;
     }
     client_result out;
     out.request_sent = sent;
@@ -201,6 +268,8 @@ client::~client() {
 }
 
 net::awaitable<client_result> client::request(http::request req) {
+    // Already on the strand (the Stripe layer's retry loop runs there): no hop through co_spawn's post.
+    if (st_->strand.running_in_this_thread()) co_return co_await run_request(st_, std::move(req));
     co_return co_await asio::co_spawn(st_->strand, run_request(st_, std::move(req)), asio::use_awaitable);
 }
 

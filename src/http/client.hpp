@@ -35,6 +35,12 @@ struct client_options {
     std::chrono::steady_clock::duration request_timeout = std::chrono::seconds(30);
     // Idle pooled connections older than this are closed instead of reused.
     std::chrono::steady_clock::duration idle_timeout = std::chrono::seconds(50);
+    // Where new connections resolve, connect and (for https) compute their TLS handshake; null: on the
+    // client's strand. With the client on the event loop and this on the offload pool, requests on a
+    // kept-alive connection never leave the loop while no handshake ever computes on it: the socket stays
+    // registered with the client's reactor, only the connect coroutine (and so the handshake's OpenSSL work)
+    // runs here, and the connection is handed back once it is established.
+    asio::any_io_executor connect_executor;
     parse_limits limits{16 * 1024, 8 * 1024 * 1024};
 };
 

@@ -9,6 +9,7 @@
 #include <asio/ssl/error.hpp>
 #include <asio/write.hpp>
 #include <cerrno>
+#include <vector>
 
 #include "http/proto/error.hpp"
 #include "net/error.hpp"
@@ -60,11 +61,14 @@ net::awaitable<result<void>> client_connection::connect(const origin& o,
 
 namespace {
 
+// `out` and `chunk` are the connection's scratch buffers, kept between exchanges: a keep-alive connection
+// serializes and reads without allocating, and no 16 KiB array lands in this coroutine's heap frame.
 template <typename Stream>
-net::awaitable<result<response>> exchange_on(Stream& stream, std::string& buf, const request& req, bool* sent,
+net::awaitable<result<response>> exchange_on(Stream& stream, std::string& buf, std::string& out,
+                                             std::vector<char>& chunk, const request& req, bool* sent,
                                              const parse_limits& limits, bool& reusable) {
     reusable = false;
-    std::string out;
+    out.clear();
     serialize(req, out);
     *sent = true;
     auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(out), net::nothrow);
@@ -80,7 +84,7 @@ net::awaitable<result<response>> exchange_on(Stream& stream, std::string& buf, c
             if (parser.state() == parse_state::failed)
                 co_return error(parser.error(), "response: " + parser.error_detail());
         }
-        char chunk[16 * 1024];
+        if (chunk.empty()) chunk.resize(16 * 1024);
         auto [rec, n] = co_await stream.async_read_some(asio::buffer(chunk), net::nothrow);
         if (rec) {
             // EOF (or a TLS stream truncated by the peer) may end a read-until-close body.
@@ -91,7 +95,7 @@ net::awaitable<result<response>> exchange_on(Stream& stream, std::string& buf, c
                                                                           : "peer closed before responding");
             co_return error(rec, "read response: " + rec.message());
         }
-        buf.append(chunk, n);
+        buf.append(chunk.data(), n);
     }
     response resp = std::move(parser.message());
     // Bytes after a complete response were never asked for: the connection is out of sync.
@@ -103,8 +107,14 @@ net::awaitable<result<response>> exchange_on(Stream& stream, std::string& buf, c
 
 net::awaitable<result<response>> client_connection::exchange(const request& req, bool* sent,
                                                              const parse_limits& limits) {
-    if (tls_) co_return co_await exchange_on(*tls_, buf_, req, sent, limits, reusable_);
-    co_return co_await exchange_on(*tcp_, buf_, req, sent, limits, reusable_);
+    if (tls_) co_return co_await exchange_on(*tls_, buf_, out_, chunk_, req, sent, limits, reusable_);
+    co_return co_await exchange_on(*tcp_, buf_, out_, chunk_, req, sent, limits, reusable_);
+}
+
+void client_connection::abort() noexcept {
+    reusable_ = false;
+    std::error_code ignored;
+    lowest().close(ignored);
 }
 
 bool client_connection::idle_alive() {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/result.hpp"
 #include "http/origin.hpp"
@@ -42,6 +43,9 @@ class client_connection {
 
     // True when the last response allows another request on this connection.
     bool reusable() const noexcept { return reusable_; }
+    // Closes the socket: a pending connect, handshake, write or read completes with an error at once, and
+    // the connection is never reusable again. Safe at any time on the connection's executor.
+    void abort() noexcept;
     // Non-blocking check before reuse: the peer has neither closed nor sent anything unsolicited.
     bool idle_alive();
 
@@ -53,7 +57,9 @@ class client_connection {
     std::shared_ptr<asio::ssl::context> tls_ctx_;
     std::unique_ptr<net::tls_stream> tls_;
     std::unique_ptr<net::tcp_socket> tcp_;
-    std::string buf_;
+    std::string buf_;          // bytes read past the parser
+    std::string out_;          // the serialized request (reused)
+    std::vector<char> chunk_;  // read scratch (reused)
     bool reusable_ = false;
 };
 

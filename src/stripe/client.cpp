@@ -353,7 +353,7 @@ net::awaitable<T> on_strand(state_ptr st, net::awaitable<T> a) {
 }  // namespace
 
 result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, client_config cfg, logger log,
-                                               metrics::registry* metrics) {
+                                               metrics::registry* metrics, asio::any_io_executor connect_on) {
     if (cfg.api_key.empty())
         return error(errc::bad_config, "no Stripe API key (STRIPE_API_KEY or --stripe-key-file)");
     if (cfg.api_key.find_first_of("\r\n") != std::string::npos)
@@ -362,6 +362,7 @@ result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, cl
     o.max_connections = cfg.max_connections;
     o.connect_timeout = cfg.connect_timeout;
     o.request_timeout = cfg.request_timeout;
+    o.connect_executor = std::move(connect_on);
     if (cfg.api_base.starts_with("https://")) {
         auto tls = net::make_tls_client_context({cfg.ca_file});
         if (!tls) return tls.err();

@@ -3,9 +3,11 @@
 // `retry_same_key` answers only (reads also retry `indeterminate`, being safe to repeat).
 //
 // Executors: everything runs on the strand of its http::client, which sits on the executor given to
-// create() (the offload pool). Every public coroutine may be awaited from any executor (the main loop)
-// and completes on the caller's executor. Cancelling the caller does not stop a call: each attempt is
-// bounded by request_timeout and the retries by the policy. The client must outlive every call.
+// create() (the offload pool, or the event loop with `connect_on` set to the offload pool: then only new
+// connections' connect and TLS handshake leave the loop). Every public coroutine may be awaited from any
+// executor (the main loop) and completes on the caller's executor. Cancelling the caller does not stop a
+// call: each attempt is bounded by request_timeout and the retries by the policy. The client must outlive
+// every call.
 #pragma once
 
 #include <asio/any_io_executor.hpp>
@@ -43,7 +45,8 @@ class client {
     // key, a bad URL or an unreadable CA file. With `metrics`, the client exports chargeguard_stripe_*
     // series there (see stripe/client_metrics.hpp); the registry must outlive the client.
     static result<std::unique_ptr<client>> create(asio::any_io_executor offload, client_config cfg,
-                                                  logger log, metrics::registry* metrics = nullptr);
+                                                  logger log, metrics::registry* metrics = nullptr,
+                                                  asio::any_io_executor connect_on = {});
     ~client();
     client(const client&) = delete;
     client& operator=(const client&) = delete;

@@ -5,7 +5,10 @@ Real processes only: several `chargeguard consume` sharing one PostgreSQL ledger
 its own), nsqd (the real 1.3.0 daemon from NSQD_BIN when set, else fake-nsqd), fake-stripe over HTTPS.
 For each seed:
   * a billing run: valid events (some for customers whose cards are declined) and invalid lines, each
-    valid event published 1–3 times at random moments (producer re-publishes);
+    valid event published 1–3 times at random moments (producer re-publishes); about 30 % of the valid
+    events carry a `payment_method` and are charged through confirmed PaymentIntents (off_session given as
+    true, false or left to its default), some for customers whose card needs authentication (on-session:
+    the intent stops at requires_action with no charge; off-session: 402 authentication_required);
   * chaos for --duration seconds: a consumer SIGKILLed and restarted every 0.5–3 s, PostgreSQL restarted
     once, nsqd restarted once with messages in flight (SIGTERM, same data path — real nsqd only: fake-nsqd
     keeps messages in memory, so its restart would lose them, which a real broker does not), and Stripe
@@ -15,7 +18,13 @@ For each seed:
     flight or deferred, no `pending` ledger row) within a bound derived from the configured timings;
   * assertions: every valid event has exactly one succeeded charge at Stripe and its ledger row is
     `charged` with that charge id; declined customers have no succeeded charge and are `declined`; every
-    invalid line is in `dead_letters` and no valid event is.
+    invalid line is in `dead_letters` and no valid event is. A PaymentIntent event has exactly one intent
+    at Stripe (never two for one key, none missing, none for a /v1/charges event): charged → the intent
+    succeeded, its latest_charge is the key's one succeeded charge and points back at it, and the ledger
+    row records both ids; declined (card or authentication) → no succeeded charge, at most the intent's
+    one failed charge, the row `declined` with the intent's id.
+The Stripe faults (500 after create, drop after create, 429, the stall) hit /v1/payment_intents as well as
+/v1/charges; fake-stripe counts the hits per endpoint and each seed prints them.
 Each SIGKILL is classified by the step the killed worker's deliveries had reached (its own debug log,
 cross-checked with the ledger and Stripe state right after the kill): before the ledger write, between it
 and the Stripe call, during the call, between Stripe's answer and the ledger update, between the update and
@@ -188,7 +197,7 @@ class Nsqd:
 
 
 class Stripe:
-    def __init__(self, work, build, declined):
+    def __init__(self, work, build, declined, auth_required=()):
         self.pki = os.path.join(work, "pki")
         subprocess.run(["sh", os.path.join(ROOT, "tests", "doubles", "stripe", "gen-test-certs.sh"), self.pki],
                        check=True)
@@ -203,6 +212,8 @@ class Stripe:
         self.ctx = ssl.create_default_context(cafile=os.path.join(self.pki, "ca.pem"))
         if not wait_until(lambda: self.admin("GET", "/_admin/charges") is not None, 20):
             raise RuntimeError("fake-stripe did not start")
+        for c in auth_required:
+            self.admin("POST", "/_admin/declines", {"customer": c, "code": "authentication_required"})
 
     def admin(self, method, path, form=None):
         data = urllib.parse.urlencode(form).encode() if form is not None else None
@@ -215,6 +226,12 @@ class Stripe:
 
     def charges(self):
         return self.admin("GET", "/_admin/charges")["data"]
+
+    def intents(self):
+        return self.admin("GET", "/_admin/intents")["data"]
+
+    def fault_hits(self):
+        return self.admin("GET", "/_admin/stats").get("fault_hits", {})
 
     def posts_for(self, key):
         return self.admin("GET", f"/_admin/posts?key={key}")["count"]
@@ -233,7 +250,7 @@ class Consumers:
         self.incarnation = collections.Counter()
         self.max_in_flight = max_in_flight
 
-    def args(self):
+    def args(self, i=0):
         p = self.prof
         d = lambda s: f"{int(s * 1000)}ms"
         return [self.cg, "--log-level", "debug", "consume", "--topic", TOPIC, "--channel", CHANNEL,
@@ -244,7 +261,10 @@ class Consumers:
                 "--lease-renew-interval", d(p["renew"]), "--lease-held-delay", d(p["held"]),
                 "--retry-same-key-delay", d(p["retry"]), "--indeterminate-delay", d(p["indeterminate"]),
                 "--search-failed-delay", d(p["search"]), "--stripe-request-timeout", "20",
-                "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10"]
+                "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10",
+                # Consumer 1 runs its Stripe requests on the event loop (handshakes on the offload pool), the
+                # others all on the offload pool: both placements under the same chaos.
+                "--stripe-io", "loop" if i == 1 else "offload"]
 
     def start(self, i):
         self.incarnation[i] += 1
@@ -254,7 +274,7 @@ class Consumers:
         # each of them (the Stripe call is already that wide); see pipeline_config::test_step_pause.
         env = dict(self.pg.env, STRIPE_API_KEY="sk_test_chaos", CHARGEGUARD_TEST_STEP_PAUSE_MS="60")
         with open(path, "wb") as f:
-            self.procs[i] = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL, stderr=f, env=env)
+            self.procs[i] = subprocess.Popen(self.args(i), stdout=subprocess.DEVNULL, stderr=f, env=env)
 
     def kill(self, i):
         self.procs[i].send_signal(signal.SIGKILL)
@@ -340,19 +360,36 @@ def classify_kill(lines, pg, stripe):
     return hits
 
 
-def make_run(rng, n_events):
-    """Valid events (5 % for declined customers, 20 % with a second or third copy) and 3 % invalid lines."""
-    valid, declined_customers, bodies = [], [], []
+Event = collections.namedtuple("Event", "cust scus amount expect pi off_session body")
+
+
+def make_run(rng, n_events, pi_share=0.3):
+    """Valid events (5 % for declined customers, 20 % with a second or third copy; `pi_share` of them with a
+    payment_method, a fifth of those for customers whose card needs authentication) and 3 % invalid lines.
+    Returns the events, the card-declined and authentication-required Stripe customers, the invalid lines and
+    every body to publish."""
+    valid, declined_customers, auth_customers, bodies = [], [], [], []
     for i in range(n_events):
         cust = f"cust-{i:05d}"
-        decl = rng.random() < 0.05
-        scus = f"cus_decl{i:05d}" if decl else f"cus_ok{i:05d}"
+        pi = rng.random() < pi_share
+        auth = pi and rng.random() < 0.2
+        decl = not auth and rng.random() < 0.05
+        scus = f"cus_auth{i:05d}" if auth else f"cus_decl{i:05d}" if decl else f"cus_ok{i:05d}"
         if decl:
             declined_customers.append(scus)
+        if auth:
+            auth_customers.append(scus)
         ev = {"customer_id": cust, "billing_period": PERIOD, "amount_cents": 100 + rng.randrange(100000),
               "currency": "usd", "stripe_customer_id": scus, "description": "chaos"}
+        off_session = None
+        if pi:
+            ev["payment_method"] = f"pm_chaos{i:05d}"
+            off_session = rng.choice([None, True, False])  # None: left to the default (true)
+            if off_session is not None:
+                ev["off_session"] = off_session
         body = json.dumps(ev)
-        valid.append((cust, scus, ev["amount_cents"], decl, body))
+        valid.append(Event(cust, scus, ev["amount_cents"], "declined" if decl or auth else "charged", pi,
+                           off_session is not False if pi else None, body))
         copies = 1 + (rng.random() < 0.2) + (rng.random() < 0.1)
         bodies += [body] * copies
     invalid = []
@@ -362,11 +399,13 @@ def make_run(rng, n_events):
             '"stripe_customer_id":"cus_x"}' % (i, PERIOD),
             '{"customer_id":"bad-%d","billing_period":"%s","amount_cents":"1999","currency":"usd",'
             '"stripe_customer_id":"cus_x"}' % (i, PERIOD),
+            '{"customer_id":"bad-%d","billing_period":"%s","amount_cents":1999,"currency":"usd",'
+            '"stripe_customer_id":"cus_x","off_session":false}' % (i, PERIOD),
             'not json at all %d' % i,
             '{"customer_id":"bad-%d"}' % i]))
     bodies += invalid
     rng.shuffle(bodies)
-    return valid, declined_customers, invalid, bodies
+    return valid, declined_customers, auth_customers, invalid, bodies
 
 
 def quiescence_bound(prof, pg_backoff_cap=60.0):
@@ -390,10 +429,10 @@ def run_seed(args, seed, profile_name):
     t_start = time.monotonic()
     pg = nsqd = stripe = cons = None
     try:
-        valid, declined, invalid, bodies = make_run(rng, args.events)
+        valid, declined, auth, invalid, bodies = make_run(rng, args.events, args.pi_share)
         pg = Postgres(work)
         nsqd = Nsqd(work, args.build, args.nsqd_bin)
-        stripe = Stripe(work, args.build, declined)
+        stripe = Stripe(work, args.build, declined, auth)
         # Realistic latency so kills land during calls too.
         stripe.faults(latency_ms=40, latency_jitter_ms=160)
         cons = Consumers(work, args.build, nsqd, pg, stripe, prof, args.consumers, args.max_in_flight)
@@ -495,6 +534,7 @@ def run_seed(args, seed, profile_name):
         rcs = cons.stop_all()
         if any(rc != 0 for rc in rcs):
             report["failures"].append(f"consumers did not drain cleanly on SIGTERM: exit statuses {rcs}")
+        report["fault_hits"] = stripe.fault_hits()
         check(report, valid, invalid, pg, stripe)
         # Deliveries a worker settled but whose FIN never reached nsqd come back as prevented duplicates of
         # the same message: the "between the update and FIN" window, seen from the redelivery.
@@ -546,26 +586,60 @@ def settled_then_redelivered(work, killed_logs):
 def check(report, valid, invalid, pg, stripe):
     f = report["failures"]
     charges = stripe.charges()
-    by_key = collections.defaultdict(list)
+    intents = stripe.intents()
+    by_key = collections.defaultdict(list)  # succeeded charges
+    any_by_key = collections.defaultdict(list)  # every charge, failed ones included
+    charge_by_id = {}
     for c in charges:
         md = c.get("metadata") or {}
+        charge_by_id[c["id"]] = c
+        any_by_key[md.get("billing_key")].append(c["id"])
         if c.get("status") == "succeeded":
             by_key[md.get("billing_key")].append(c["id"])
-    rows = {r[0]: (r[1], r[2]) for r in pg.query("SELECT key, status, coalesce(charge_id, '') FROM billing_records")}
+    intents_by_key = collections.defaultdict(list)
+    for p in intents:
+        intents_by_key[(p.get("metadata") or {}).get("billing_key")].append(p)
+    rows = {r[0]: (r[1], r[2], r[3]) for r in pg.query(
+        "SELECT key, status, coalesce(charge_id, ''), coalesce(payment_intent_id, '') FROM billing_records")}
     letters = pg.query("SELECT coalesce(billing_key, ''), convert_from(raw_body, 'UTF8'), reason FROM dead_letters")
     letter_bodies = collections.Counter(b for _, b, _ in letters)
     valid_keys = set()
-    duplicates = uncharged = 0
-    for cust, scus, amount, decl, body in valid:
+    duplicates = uncharged = pi_charged = pi_declined = 0
+    for ev in valid:
+        cust = ev.cust
         key = billing_key(cust)
         valid_keys.add(key)
         got = by_key.get(key, [])
-        status, charge_id = rows.get(key, (None, None))
-        if decl:
+        status, charge_id, intent_id = rows.get(key, (None, None, None))
+        its = intents_by_key.get(key, [])
+        if ev.pi:
+            # One intent per key: a second would be a second attempt at the customer's card (never twice);
+            # none would mean the event never reached Stripe (never zero times).
+            if len(its) != 1:
+                f.append(f"{cust}: {len(its)} payment intents for one key: {[p['id'] for p in its]}")
+                if len(its) > 1:
+                    duplicates += 1
+            it = its[0] if its else None
+            if it and intent_id != it["id"]:
+                f.append(f"{cust}: ledger payment_intent_id {intent_id!r}, Stripe intent {it['id']}")
+        elif its:
+            f.append(f"{cust}: /v1/charges event has payment intents {[p['id'] for p in its]}")
+        if ev.expect == "declined":
             if got:
                 f.append(f"declined customer {cust} has succeeded charges {got}")
             if status != "declined":
                 f.append(f"declined customer {cust}: ledger status {status}, want declined")
+            if len(any_by_key.get(key, [])) > 1:
+                f.append(f"declined customer {cust}: retried into {len(any_by_key[key])} charges {any_by_key[key]}")
+            if ev.pi and its:
+                it = its[0]
+                want = "requires_action" if ev.scus.startswith("cus_auth") and not ev.off_session \
+                    else "requires_payment_method"
+                if it["status"] != want:
+                    f.append(f"{cust}: declined intent {it['id']} is {it['status']}, want {want}")
+                if want == "requires_action" and any_by_key.get(key):
+                    f.append(f"{cust}: intent needing authentication has charges {any_by_key[key]}")
+                pi_declined += 1
         else:
             if len(got) > 1:
                 duplicates += 1
@@ -575,15 +649,31 @@ def check(report, valid, invalid, pg, stripe):
                 f.append(f"{cust}: never charged (ledger {status})")
             if status != "charged" or (got and charge_id != got[0]):
                 f.append(f"{cust}: ledger {status} {charge_id}, Stripe {got}")
-        if letter_bodies.get(body):
+            if ev.pi and its:
+                it = its[0]
+                if it["status"] != "succeeded" or (got and it.get("latest_charge") != got[0]):
+                    f.append(f"{cust}: intent {it['id']} {it['status']} latest_charge {it.get('latest_charge')}, "
+                             f"succeeded charges {got}")
+                elif charge_by_id[got[0]].get("payment_intent") != it["id"]:
+                    f.append(f"{cust}: charge {got[0]} points at intent "
+                             f"{charge_by_id[got[0]].get('payment_intent')}, not {it['id']}")
+                else:
+                    pi_charged += 1
+            elif not ev.pi and got and charge_by_id[got[0]].get("payment_intent"):
+                f.append(f"{cust}: /v1/charges event charged through an intent")
+        if letter_bodies.get(ev.body):
             f.append(f"valid event for {cust} was dead-lettered")
     for body in invalid:
         if not letter_bodies.get(body):
             f.append(f"invalid line not dead-lettered: {body[:60]}")
-    stray = [k for k in by_key if k not in valid_keys]
+    stray = [k for k in by_key if k not in valid_keys] + [k for k in intents_by_key if k not in valid_keys]
     if stray:
-        f.append(f"charges for unknown keys: {stray[:5]}")
+        f.append(f"charges or intents for unknown keys: {stray[:5]}")
     report["charges"] = sum(len(v) for v in by_key.values())
+    report["pi_events"] = sum(1 for ev in valid if ev.pi)
+    report["pi_charged"] = pi_charged
+    report["pi_declined"] = pi_declined
+    report["intents"] = len(intents)
     report["duplicates"] = duplicates
     report["uncharged"] = uncharged
     report["dead_letters"] = len(letters)
@@ -596,6 +686,8 @@ def main():
     ap.add_argument("--seeds", type=int, default=3, help="run this many seeds from --first-seed")
     ap.add_argument("--first-seed", type=int, default=None, help="default: random, printed")
     ap.add_argument("--events", type=int, default=200)
+    ap.add_argument("--pi-share", type=float, default=0.3,
+                    help="share of valid events charged through PaymentIntents (payment_method set)")
     ap.add_argument("--consumers", type=int, default=3)
     ap.add_argument("--max-in-flight", type=int, default=50)
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of chaos per seed")
@@ -625,7 +717,8 @@ def main():
         first = args.first_seed if args.first_seed is not None else random.SystemRandom().randrange(1, 10**6)
         seeds = list(range(first, first + args.seeds))
     totals = dict(runs=0, events=0, kills=collections.Counter(), kill_count=0, charges=0, duplicates=0,
-                  uncharged=0, worst_quiescence_s=0.0, failed=[])
+                  uncharged=0, worst_quiescence_s=0.0, failed=[], pi_events=0, pi_charged=0, pi_declined=0,
+                  fault_hits=collections.Counter())
     for n, seed in enumerate(seeds):
         profile = args.profile if args.profile != "both" else ("short" if seed % 2 else "scaled")
         log(f"== chaos seed {seed} ({profile} timings, {args.events} events, {args.consumers} consumers, "
@@ -637,6 +730,9 @@ def main():
             f"{r.get('dead_letters', '?')} dead letters; quiescence {r.get('quiescence_s', '?')} s "
             f"(bound {r.get('quiescence_bound_s', '?')} s); nsqd restart {r.get('nsqd_restart', '?')}; "
             f"{r['kill_count']} kills caught deliveries at: {kills}")
+        log(f"   PaymentIntents: {r.get('pi_events', '?')} events, {r.get('intents', '?')} intents, "
+            f"{r.get('pi_charged', '?')} charged, {r.get('pi_declined', '?')} declined; fault hits: "
+            + ", ".join(f"{k} {v}" for k, v in sorted((r.get("fault_hits") or {}).items())))
         for msg in r["failures"][:20]:
             log(f"   FAIL {msg}")
         if not r["ok"]:
@@ -652,12 +748,24 @@ def main():
         totals["charges"] += r.get("charges", 0)
         totals["duplicates"] += r.get("duplicates", 0)
         totals["uncharged"] += r.get("uncharged", 0)
+        for k in ("pi_events", "pi_charged", "pi_declined"):
+            totals[k] += r.get(k, 0)
+        totals["fault_hits"].update(r.get("fault_hits") or {})
         totals["worst_quiescence_s"] = max(totals["worst_quiescence_s"], r.get("quiescence_s", 0.0))
     kills = ", ".join(f"{w} {totals['kills'].get(w, 0)}" for w in WINDOWS)
     log(f"== totals: {totals['runs']} runs, {totals['events']} events, {totals['kill_count']} kills (deliveries caught "
         f"at: {kills}), "
         f"{totals['charges']} charges, {totals['duplicates']} duplicates, {totals['uncharged']} uncharged, "
         f"worst time to quiescence {totals['worst_quiescence_s']} s, failed seeds {totals['failed'] or 'none'}")
+    log(f"== PaymentIntents: {totals['pi_events']} events, {totals['pi_charged']} charged, "
+        f"{totals['pi_declined']} declined; fault hits: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(totals["fault_hits"].items())))
+    # The faults must reach the PaymentIntents endpoint too, or its exactly-once is not under test.
+    missing = [k for k in ("fail_after_create", "drop_after_create", "rate_limit")
+               if args.pi_share > 0 and totals["runs"] >= 3 and not totals["fault_hits"].get(f"{k} /v1/payment_intents")]
+    if missing:
+        log(f"== FAIL: no {', '.join(missing)} fault hit /v1/payment_intents in {totals['runs']} runs")
+        return 1
     return 1 if totals["failed"] else 0
 
 

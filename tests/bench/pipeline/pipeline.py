@@ -4,8 +4,11 @@ the real nsqd when NSQD_BIN is set), fake-stripe over TLS, PostgreSQL from PG* �
 charges/s, publish → charged latency, event-loop lag p99 (from /metrics), CPU-s per 1000 charges, peak RSS,
 nsqd-side timeouts under a 120 s Stripe stall, and 3 sidecars sharing a 25/s Stripe endpoint limit.
 
-Usage: pipeline [--quick] [--only throughput|stall|sidecars] [--build DIR]
-Built into build/tests/bench/pipeline/pipeline; not run by meson test. Prints one table row per run.
+Usage: pipeline [--quick] [--only throughput|stall|sidecars] [--latency MS]… [--max-in-flight N]… [--repeat N]
+                [--consume-arg=--flag=value]… [--build DIR]
+Built into build/tests/bench/pipeline/pipeline; not run by meson test. Prints one table row per run; each
+throughput row is followed by the CPU seconds per 1 000 charges of every process (consume, PostgreSQL, nsqd,
+fake-stripe) and the event loop thread's running / waiting-for-a-CPU shares.
 """
 import argparse, json, os, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
 
@@ -216,6 +219,58 @@ def proc_usage(pid):
     return cpu, rss
 
 
+def proc_cpu(pid, children=False):
+    """CPU seconds of a process (plus its reaped children's when asked); 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12]) + ((int(fields[13]) + int(fields[14])) if children else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu():
+    """CPU seconds of the PostgreSQL cluster: the postmaster's reaped children plus its live ones (backends,
+    walwriter, checkpointer…). None when the server's data directory is not readable here."""
+    try:
+        data = psql("SHOW data_directory")
+        with open(os.path.join(data, "postmaster.pid")) as f:
+            pm = int(f.readline())
+    except (OSError, RuntimeError, ValueError):
+        return None
+    total = proc_cpu(pm, children=True)
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pm:
+                        total += proc_cpu(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return total
+
+
+def main_thread_sched(pid):
+    """(running s, waiting-to-run s) of the process's main thread — the event loop — from schedstat."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            run, wait, _ = f.read().split()
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
+
+def cpu_split(st, c):
+    """CPU seconds so far of each process the run involves: consume, PostgreSQL, nsqd, fake-stripe."""
+    out = {"consume": proc_cpu(c.pid), "postgres": postgres_cpu()}
+    for p in st.procs:
+        name = os.path.basename(p.args[0])
+        if name in ("nsqd", "fake-nsqd", "fake-stripe"):
+            out["nsqd" if "nsqd" in name else "fake-stripe"] = proc_cpu(p.pid)
+    return out
+
+
 def events(n, prefix):
     return [{"customer_id": f"{prefix}-{i}", "billing_period": "2026-11", "amount_cents": 1000 + i % 500,
              "currency": "usd", "stripe_customer_id": f"cus_{i % 997}"} for i in range(n)]
@@ -230,7 +285,7 @@ def latencies(st, sent):
     return pick(0.5), pick(0.99), end
 
 
-def throughput(build, latency_ms, mif, n):
+def throughput(build, latency_ms, mif, n, extra=()):
     st = stack(build, f"t{latency_ms}_{mif}")
     try:
         st.fake_stripe(latency_ms)
@@ -239,8 +294,9 @@ def throughput(build, latency_ms, mif, n):
         # No slow start: this measures the pipeline, not the ramp-up (fake-stripe has no limit here; AIMD stays
         # armed for a 429).
         c = st.consume(0, ["--max-in-flight", str(mif), "--stripe-request-timeout", "30",
-                           "--stripe-max-connections", str(max(mif, 16)), "--stripe-rate-initial", "0"])
+                           "--stripe-max-connections", str(max(mif, 16)), "--stripe-rate-initial", "0", *extra])
         cpu0, _ = proc_usage(c.pid)
+        split0, sched0 = cpu_split(st, c), main_thread_sched(c.pid)
         evs = events(n, f"t{latency_ms}-{mif}")
         start = time.time()
         sent = st.publish(evs)
@@ -250,12 +306,21 @@ def throughput(build, latency_ms, mif, n):
             return
         p50, p99, end = latencies(st, sent)
         cpu1, rss = proc_usage(c.pid)
+        split1, sched1 = cpu_split(st, c), main_thread_sched(c.pid)
         m = metrics(c.health)
         rate = n / (end - start)
         lag = hist_quantile(m, "chargeguard_event_loop_lag_seconds", 0.99)
         target = f"{0.9 * mif / 0.3:.0f}" if latency_ms == 300 else "5000"
         print(f"| {latency_ms} ms | {mif} | {n} | {rate:.0f} (target ≥ {target}) | {p50 * 1000:.0f} / {p99 * 1000:.0f} ms "
               f"| ≤ {lag * 1000:g} ms | {(cpu1 - cpu0) / n * 1000:.2f} | {rss:.0f} MiB | {st.nsq_kind} |", flush=True)
+        # Where the time goes: every process's CPU per 1000 charges, and the event loop thread's time running
+        # versus waiting for a CPU (runnable, not scheduled: the machine's other load, not a blocked loop).
+        wall = end - start
+        parts = ", ".join(f"{k} {(split1[k] - split0[k]) / n * 1000:.2f}" for k in split1
+                          if split1[k] is not None and split0.get(k) is not None)
+        print(f"|   | | | CPU-s / 1000 charges: {parts}; event loop thread over {wall:.1f} s: running "
+              f"{(sched1[0] - sched0[0]) / wall * 100:.0f} %, runnable but waiting for a CPU "
+              f"{(sched1[1] - sched0[1]) / wall * 100:.0f} %; load {os.getloadavg()[0]:.1f} | | | | | |", flush=True)
     finally:
         st.close()
 
@@ -312,6 +377,9 @@ def main():
     ap.add_argument("--only", choices=["throughput", "stall", "sidecars"])
     ap.add_argument("--latency", type=int, action="append", help="only these fake-stripe latencies (ms)")
     ap.add_argument("--max-in-flight", type=int, action="append", dest="mifs")
+    ap.add_argument("--consume-arg", action="append", default=[],
+                    help="extra argument for the throughput runs' consume (repeatable), e.g. --consume-arg=--offload-threads=1")
+    ap.add_argument("--repeat", type=int, default=1, help="run each throughput row this many times")
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
     if not os.environ.get("PGHOST"):
@@ -324,7 +392,8 @@ def main():
         for lat in a.latency or [0, 300]:
             for mif in a.mifs or [100, 1000, 2000]:
                 n = (2000 if a.quick else 20000) if lat == 0 else max(2000 if a.quick else 10000, mif * 8)
-                throughput(a.build, lat, mif, n)
+                for _ in range(a.repeat):
+                    throughput(a.build, lat, mif, n, a.consume_arg)
     if a.only in (None, "stall"):
         stall(a.build, 50 if a.quick else 200)
     if a.only in (None, "sidecars"):

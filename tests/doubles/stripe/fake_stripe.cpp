@@ -307,6 +307,7 @@ void fake_stripe::reset() {
     intents_.clear();
     idem_.clear();
     posts_.clear();
+    fault_hits_.clear();
     clock_offset_ = std::chrono::seconds(0);
     max_active_ = active_;
 }
@@ -319,12 +320,13 @@ std::string fake_stripe::new_id(const char* prefix) {
     return id;
 }
 
-asio::awaitable<void> fake_stripe::delay(bool stall_ok) {
+asio::awaitable<void> fake_stripe::delay(bool stall_ok, const std::string& path) {
     int ms = faults_.latency_ms;
     if (faults_.latency_jitter_ms > 0)
         ms += std::uniform_int_distribution<int>(0, faults_.latency_jitter_ms)(rng_);
     if (stall_ok && faults_.stall_count > 0) {
         --faults_.stall_count;
+        ++fault_hits_["stall " + path];
         ms += faults_.stall_ms;
     }
     if (ms > 0) co_await net::sleep_for(std::chrono::milliseconds(ms));
@@ -362,7 +364,7 @@ asio::awaitable<http::response> fake_stripe::api(http::request& req) {
     } else if (req.method == "POST") {
         resp = co_await post(req, rid);
     } else {
-        co_await delay(true);
+        co_await delay(true, std::string(req.path()));
         resp = get(req);
     }
     resp.headers.add("Request-Id", rid);
@@ -378,6 +380,7 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     // Rate limiting runs before idempotency: nothing is saved.
     if (faults_.rate_limit > 0) {
         --faults_.rate_limit;
+        ++fault_hits_["rate_limit " + std::string(req.path())];
         auto r = error_response(429, "invalid_request_error", "rate_limit",
                                 "Too many requests hit the API too quickly.");
         r.headers.add("Stripe-Should-Retry", "true");
@@ -431,7 +434,7 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     if (auto bad = validate(path, p)) co_return std::move(*bad);
     if (!key.empty()) idem_[key] = idem_rec{fp, true, 0, {}, rid, now()};
 
-    co_await delay(true);
+    co_await delay(true, path);
     int status = 0;
     std::string body;
     bool created = false;
@@ -441,11 +444,15 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
         create_intent(p, status, body, created);
     if (created && faults_.fail_after_create > 0) {
         --faults_.fail_after_create;
+        ++fault_hits_["fail_after_create " + path];
         status = 500;
         body = error_body("api_error", "", "An unknown error occurred");
     }
     bool drop = created && status == 200 && faults_.drop_after_create > 0;
-    if (drop) --faults_.drop_after_create;
+    if (drop) {
+        --faults_.drop_after_create;
+        ++fault_hits_["drop_after_create " + path];
+    }
     if (!key.empty()) {
         // Saved once the endpoint executed, success or failure, 500s included. (reset() may have run.)
         if (auto it = idem_.find(key);
@@ -577,6 +584,14 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
                                          .num("count", static_cast<std::int64_t>(charges_.size()))
                                          .done());
     }
+    if (path == "/_admin/intents") {
+        std::string data = "[";
+        for (std::size_t i = 0; i < intents_.size(); ++i) data += (i ? "," : "") + intent_json(intents_[i]);
+        co_return json_response(200, json_obj()
+                                         .raw("data", data + "]")
+                                         .num("count", static_cast<std::int64_t>(intents_.size()))
+                                         .done());
+    }
     if (path == "/_admin/posts") {
         auto key = http::query_param(req.query(), "key").value_or("");
         co_return json_response(200, json_obj().str("key", key).num("count", posts_for(key)).done());
@@ -605,6 +620,8 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         co_return json_response(200, "{}");
     }
     if (path == "/_admin/stats") {
+        json_obj hits;
+        for (const auto& [k, n] : fault_hits_) hits.num(k, n);
         co_return json_response(
             200, json_obj()
                      .num("requests", static_cast<std::int64_t>(requests_))
@@ -613,6 +630,7 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
                      .num("max_concurrent", max_active_)
                      .num("charges", static_cast<std::int64_t>(charges_.size()))
                      .num("intents", static_cast<std::int64_t>(intents_.size()))
+                     .raw("fault_hits", hits.done())
                      .done());
     }
     if (path == "/_admin/clock" && req.method == "POST") {

@@ -89,6 +89,8 @@ class fake_stripe {
     int posts_for(const std::string& key) const;
     int max_concurrent() const noexcept { return max_active_; }
     std::uint64_t requests() const noexcept { return requests_; }
+    // Injected faults that hit a request, by "fault path" (e.g. "fail_after_create /v1/payment_intents").
+    const std::map<std::string, int>& fault_hits() const noexcept { return fault_hits_; }
     void reset();
 
     // Internals used by the request handlers.
@@ -106,7 +108,7 @@ class fake_stripe {
     friend struct call;
     asio::awaitable<http::response> api(http::request& req);
     asio::awaitable<http::response> admin(http::request& req);
-    asio::awaitable<void> delay(bool stall_ok);
+    asio::awaitable<void> delay(bool stall_ok, const std::string& path);
     asio::awaitable<http::response> post(http::request& req, std::string request_id);
     http::response get(const http::request& req);
     // Creating endpoints: fill status + body; `created` tells whether an object came to exist.
@@ -127,6 +129,7 @@ class fake_stripe {
     std::vector<intent_rec> intents_;
     std::map<std::string, idem_rec> idem_;
     std::map<std::string, int> posts_;
+    std::map<std::string, int> fault_hits_;
     std::chrono::seconds clock_offset_{0};
     std::mt19937_64 rng_{20240601};
     std::uint64_t seq_ = 0, requests_ = 0, next_req_ = 0;

@@ -3,13 +3,17 @@
 // production.
 #include "http/client.hpp"
 
+#include <openssl/ssl.h>
+
 #include <asio/detached.hpp>
 #include <asio/read_until.hpp>
 #include <asio/streambuf.hpp>
 #include <asio/write.hpp>
+#include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "http/proto/error.hpp"
@@ -266,6 +270,64 @@ BOOST_AUTO_TEST_CASE(silent_tls_peer_times_out_before_send) {
     o.connect_timeout = 100ms;
     auto c = f.client(true, o);
     auto r = run_async(f.io, [&]() { return c->request(get("/echo")); });
+    BOOST_TEST_REQUIRE(!r.ok());
+    BOOST_TEST(r.err.code == make_error_code(http::errc::timeout));
+    BOOST_TEST(r.err.message.find("connect") != std::string::npos);
+    BOOST_TEST(!r.request_sent);
+}
+
+// Set by the client context's info callback on the thread where OpenSSL finished a handshake.
+std::atomic<int> handshakes_on_loop{0}, handshakes_elsewhere{0};
+std::thread::id loop_thread;
+
+// The client on the event loop (the test's io_context), connects on the offload pool: the TLS handshake
+// computes on a pool thread, kept-alive requests run on the loop, and the connection handed back is reused.
+BOOST_AUTO_TEST_CASE(connect_executor_keeps_handshakes_off_the_loop) {
+    fixture f;
+    f.start(true);
+    loop_thread = std::this_thread::get_id();
+    http::client_options o;
+    o.tls = client_tls();
+    o.connect_executor = f.pool.get_executor();
+    SSL_CTX_set_info_callback(o.tls->native_handle(), [](const SSL*, int where, int) {
+        if (!(where & SSL_CB_HANDSHAKE_DONE)) return;
+        ++(std::this_thread::get_id() == loop_thread ? handshakes_on_loop : handshakes_elsewhere);
+    });
+    auto c = http::client::create(f.io.get_executor(), "https://127.0.0.1:" + std::to_string(f.port), o,
+                                  cg::logger());
+    BOOST_TEST_REQUIRE(c.has_value());
+    int ok = run_async(f.io, [&]() -> asio::awaitable<int> {
+        int n = 0;
+        for (int i = 0; i < 5; ++i) {
+            auto r = co_await (*c)->request(get("/echo"));
+            if (r.ok() && r.resp.status == 200) ++n;
+            BOOST_TEST(r.reused_connection == (i > 0));
+            BOOST_TEST((std::this_thread::get_id() == loop_thread));
+        }
+        co_return n;
+    });
+    BOOST_TEST(ok == 5);
+    BOOST_TEST(handshakes_elsewhere.load() == 1);
+    BOOST_TEST(handshakes_on_loop.load() == 0);
+    BOOST_TEST((*c)->stats().handshakes == 1u);
+}
+
+// A connect that never completes its handshake times out on the connect executor and comes back as a
+// timeout before anything was sent.
+BOOST_AUTO_TEST_CASE(connect_executor_connect_timeout) {
+    fixture f;
+    net::tcp_acceptor acc(f.io, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    net::tcp_socket held(f.io);
+    asio::co_spawn(f.io, accept_and_hold(&acc, &held), asio::detached);
+    http::client_options o;
+    o.tls = client_tls();
+    o.connect_timeout = 100ms;
+    o.connect_executor = f.pool.get_executor();
+    auto c = http::client::create(f.io.get_executor(),
+                                  "https://127.0.0.1:" + std::to_string(acc.local_endpoint().port()), o,
+                                  cg::logger());
+    BOOST_TEST_REQUIRE(c.has_value());
+    auto r = run_async(f.io, [&]() { return (*c)->request(get("/echo")); });
     BOOST_TEST_REQUIRE(!r.ok());
     BOOST_TEST(r.err.code == make_error_code(http::errc::timeout));
     BOOST_TEST(r.err.message.find("connect") != std::string::npos);
