@@ -2,9 +2,10 @@
 // authenticates the vault key, checks the key's allow list, and for a create (POST /v1/charges,
 // POST /v1/payment_intents) reserves the amount in one atomic step (vault::store::reserve) before forwarding
 // it with the real key; the answer goes back as Stripe gave it and settles, releases or leaves the
-// reservation uncertain. A background resolver settles uncertain rows by replaying them under the same
-// Idempotency-Key (inside Stripe's window) or by searching the customer's charges for the proxy's metadata
-// tag. Every request writes one audit row (batched, written in the background).
+// reservation uncertain — after the answer has gone back, with the key's next reservation batch (one round
+// trip per batch on the critical path). A background resolver settles uncertain rows by replaying them under
+// the same Idempotency-Key (inside Stripe's window) or by searching the customer's charges for the proxy's
+// metadata tag. Every request writes one audit row (batched, written in the background).
 //
 // Executors: the handler, the store calls, the resolver and the audit writer run on the main executor (the
 // pool's); the upstream HTTPS pool and the resolver's Stripe client run on the offload executor and their
@@ -39,6 +40,10 @@ struct proxy_config {
     std::string ca_file;               // PEM bundle for the upstream; empty: system store
     std::size_t max_connections = 64;  // to the upstream, over all clients
     std::size_t upstream_clients = 2;  // HTTPS clients (one strand each) sharing the forwarded requests
+    // Forwarded requests run their HTTPS on the main loop instead of the offload pool: no thread hop (two
+    // cross-thread wake-ups per request) at the cost of the record encryption (and a handshake per new pooled
+    // connection, asynchronous) on the main loop. The proxy's main loop has no heartbeats to keep.
+    bool upstream_on_main = false;
     std::chrono::milliseconds connect_timeout{5000};
     std::chrono::milliseconds request_timeout{30000};
     std::size_t max_body_bytes = 64 * 1024;  // larger create bodies → 413
@@ -51,6 +56,14 @@ struct proxy_config {
     std::chrono::milliseconds stale_reserved{120'000};
     std::chrono::milliseconds first_resolve_delay{5000};
     std::chrono::milliseconds max_resolve_backoff{600'000};
+    // Settlements (settled / released / uncertain) are written after the client has its answer: with the
+    // key's next reservation batch, or alone once no create of that key has come for `settle_linger`. At
+    // most `settlement_queue_limit` wait in memory (beyond: the oldest is dropped and its row stays
+    // `reserved`, counted, until the resolver takes it up after `stale_reserved`); a batch that fails is
+    // retried `settle_attempts` times, then dropped the same way.
+    std::chrono::milliseconds settle_linger{2};
+    std::size_t settlement_queue_limit = 100'000;
+    int settle_attempts = 5;
     // Audit rows are written in batches this often (and at shutdown); at most this many wait in memory.
     std::chrono::milliseconds audit_flush_interval{50};
     std::size_t audit_queue_limit = 100'000;
@@ -92,6 +105,9 @@ class proxy {
 
     // One pass of the resolver (tests drive it directly). Returns rows looked at.
     net::awaitable<std::size_t> resolve_once();
+    // Writes the queued settlements now (every key). Returns false if PostgreSQL refused some of them
+    // (they stay queued, within settle_attempts).
+    net::awaitable<bool> flush_settlements();
     // Writes the queued audit rows now. Returns false if PostgreSQL refused (they stay queued).
     net::awaitable<bool> flush_audit();
     std::size_t audit_queued() const;
