@@ -198,7 +198,7 @@ net::awaitable<bool> run_flush_settlements(state_ptr st) {
         st->settle_waiters.erase(&t);
     }
     --st->flushing;
-    co_return st->settlements_pending == 0;
+    co_return st->settle_failures == failures && st->settlements_pending == 0;
 }
 
 net::awaitable<void> audit_loop(state_ptr st) {

@@ -293,6 +293,13 @@ struct vault_fixture : fake_stripe_fixture {
         }(fake.get()));
     }
     void flush_audit() { BOOST_TEST_REQUIRE(run(proxy->flush_audit())); }
+    // The proxy answers first and writes what the answer means for the reservation (settled, released,
+    // uncertain) afterwards, with the key's next batch: wait for those writes (both replicas) before
+    // looking at vault_spend.
+    void settle_now() {
+        BOOST_TEST_REQUIRE(run(proxy->flush_settlements()));
+        if (second) BOOST_TEST_REQUIRE(run(second->proxy->flush_settlements()));
+    }
 };
 
 }  // namespace cg::test
