@@ -376,7 +376,9 @@ BOOST_AUTO_TEST_CASE(tls_listener_serves_the_same_api) {
     vault_fixture f(false);
     auto tls = net::make_tls_server_context({cert("server.pem"), cert("server.key")});
     BOOST_TEST_REQUIRE(tls.has_value());
-    f.start(f.proxy_config(), nullptr, *tls);
+    auto c = f.proxy_config();
+    c.upstream_on_main = false;  // and the forwarding on the offload pool (--upstream-offload)
+    f.start(c, nullptr, *tls);
     auto k = f.issue(10'000);
     auto r = f.send(f.post(k.secret, "/v1/charges", f.charge_body(1500), "over-tls"));
     BOOST_TEST(r.status == 200);
@@ -511,6 +513,65 @@ BOOST_AUTO_TEST_CASE(rows_left_reserved_after_the_answer_are_counted_then_resolv
         co_return n;
     }(f.fake.get()));
     BOOST_TEST(charged == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(step_applies_settlements_in_any_order_with_settled_final_and_counts_exactly) {
+    // cg_vault_step straight from the store: a batch may carry an owner's release and a retry's settle of one
+    // row in either order; settled wins (Stripe charged it), and committed_cents follows every move.
+    vault_fixture f(false);
+    auto k = f.issue(10'000);
+    auto reserve = [&](std::vector<std::string> idems) {
+        std::vector<vault::reserve_request> rs;
+        for (auto& i : idems) {
+            vault::reserve_request r;
+            r.key_id = k.id;
+            r.idempotency_key = i;
+            r.amount_cents = 1000;
+            r.path = "/v1/charges";
+            r.body = "amount=1000&currency=usd";
+            rs.push_back(r);
+        }
+        return f.run(f.store->step(k.id, {}, std::move(rs)));
+    };
+    auto settle = [](std::string idem, std::string state) {
+        vault::settlement_request s;
+        s.idempotency_key = std::move(idem);
+        s.state = std::move(state);
+        if (s.state == "settled") s.object_id = "ch_" + s.idempotency_key;
+        return s;
+    };
+    auto committed = [&] {
+        return f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'");
+    };
+    auto state_of = [&](const std::string& i) {
+        return f.scalar("SELECT state FROM vault_spend WHERE idempotency_key = '" + i + "'");
+    };
+    auto r = reserve({"a", "b", "c", "d"});
+    BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+    BOOST_TEST(committed() == 4000);
+    // a: release then settle; b: settle then release; c: released alone; d: uncertain.
+    auto s1 =
+        f.run(f.store->step(k.id,
+                            {settle("a", "released"), settle("a", "settled"), settle("b", "settled"),
+                             settle("b", "released"), settle("c", "released"), settle("d", "uncertain")},
+                            {}));
+    BOOST_TEST_REQUIRE(s1.has_value(), (s1 ? "" : s1.err().describe()));
+    BOOST_TEST(state_of("a") == "settled");
+    BOOST_TEST(state_of("b") == "settled");
+    BOOST_TEST(state_of("c") == "released");
+    BOOST_TEST(state_of("d") == "uncertain");
+    BOOST_TEST(committed() == 3000);  // a, b settled, d uncertain; c no longer counts
+    BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE stripe_object_id = 'ch_a'") == 1);
+    // A retry's 2xx for the released c (Stripe charged it after all): settled, and it counts again. Then an
+    // uncertain for a settled row does nothing.
+    auto s2 = f.run(f.store->step(k.id, {settle("c", "settled"), settle("a", "uncertain")}, {}));
+    BOOST_TEST_REQUIRE(s2.has_value());
+    BOOST_TEST(state_of("c") == "settled");
+    BOOST_TEST(state_of("a") == "settled");
+    BOOST_TEST(committed() == 4000);
+    // The counter always equals what the rows say.
+    BOOST_TEST(committed() == f.count("SELECT coalesce(sum(amount_cents), 0) FROM vault_spend WHERE state IN "
+                                      "('reserved', 'settled', 'uncertain')"));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
