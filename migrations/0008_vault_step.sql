@@ -49,36 +49,21 @@ BEGIN
     -- This function keeps vault_keys.committed_cents itself, once per call (the trigger stands aside).
     PERFORM set_config('cg.vault_reserving', 'on', true);
 
-    -- Settlements. Whatever their order, a settle of a row wins over a release or an uncertain of the same row
-    -- (settled is final; release and uncertain do nothing to a settled row), so every settle of the batch goes
-    -- first, in one statement (the common case: a batch of 2xx answers), then the rest row by row.
-    -- Rows are found by primary key only, with no state in a condition the planner could match to the partial
-    -- index on unresolved rows (it would walk that index instead).
-    WITH u AS (
-        SELECT DISTINCT ON (x.idem) x.idem, x.obj
-          FROM unnest(p_s_idems, p_s_states, p_s_objects) AS x(idem, st, obj)
-         WHERE x.st = 'settled'
-    ), old AS (
-        SELECT s.idempotency_key, s.state AS was, s.amount_cents
-          FROM u JOIN vault_spend s ON s.vault_key_id = p_key AND s.idempotency_key = u.idem
-         WHERE s.state <> 'settled'
-           FOR UPDATE OF s
-    ), upd AS (
-        UPDATE vault_spend s SET state = 'settled', stripe_object_id = u.obj, next_resolve_at = NULL
-          FROM u JOIN old ON old.idempotency_key = u.idem
-         WHERE s.vault_key_id = p_key AND s.idempotency_key = u.idem
-        RETURNING old.was, s.amount_cents
-    )
-    -- settled from released (a retry's 2xx after the owner's 4xx): Stripe did charge it, it counts again
-    SELECT coalesce(sum(upd.amount_cents) FILTER (WHERE upd.was = 'released'), 0) INTO amt FROM upd;
-    committed := committed + amt;
-
+    -- Settlements, row by row in order. Each statement is a lookup by primary key only: with a state in the
+    -- WHERE the planner could match a partial index on state and walk it, and a set-based statement's cached
+    -- plan (planned while the table was small) could hash-join over the whole table.
     FOR i IN 1 .. m LOOP
-        CONTINUE WHEN p_s_states[i] = 'settled';
         SELECT s.state, s.amount_cents INTO old_state, amt FROM vault_spend s
          WHERE s.vault_key_id = p_key AND s.idempotency_key = p_s_idems[i] FOR UPDATE;
         CONTINUE WHEN NOT FOUND;
-        IF p_s_states[i] = 'released' THEN
+        IF p_s_states[i] = 'settled' THEN
+            CONTINUE WHEN old_state = 'settled';
+            UPDATE vault_spend s SET state = 'settled', stripe_object_id = p_s_objects[i], next_resolve_at = NULL
+             WHERE s.vault_key_id = p_key AND s.idempotency_key = p_s_idems[i];
+            IF old_state = 'released' THEN
+                committed := committed + amt;
+            END IF;
+        ELSIF p_s_states[i] = 'released' THEN
             CONTINUE WHEN old_state NOT IN ('reserved', 'uncertain');
             UPDATE vault_spend s SET state = 'released', last_error = p_s_errors[i], next_resolve_at = NULL
              WHERE s.vault_key_id = p_key AND s.idempotency_key = p_s_idems[i];
@@ -162,3 +147,10 @@ $$;
 -- Worse, a statement on one row with `state IN (…)` in its WHERE could be planned on it (its predicate is
 -- implied) and walk every counted row of the key: a settle got slower as the period filled.
 DROP INDEX vault_spend_counted_idx;
+
+-- The committed-total trigger stands aside inside cg_vault_step / cg_vault_reserve_many (they keep the total
+-- themselves); with the condition in WHEN, PostgreSQL does not even queue the trigger event for their rows.
+DROP TRIGGER vault_spend_committed ON vault_spend;
+CREATE TRIGGER vault_spend_committed AFTER INSERT OR UPDATE OF state, amount_cents OR DELETE ON vault_spend
+    FOR EACH ROW WHEN (current_setting('cg.vault_reserving', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION cg_vault_spend_committed();
