@@ -377,7 +377,7 @@ BOOST_AUTO_TEST_CASE(tls_listener_serves_the_same_api) {
     auto tls = net::make_tls_server_context({cert("server.pem"), cert("server.key")});
     BOOST_TEST_REQUIRE(tls.has_value());
     auto c = f.proxy_config();
-    c.upstream_on_main = false;  // and the forwarding on the offload pool (--upstream-offload)
+    c.upstream_on_main = true;  // and the forwarding on the main loop (--upstream-on-main)
     f.start(c, nullptr, *tls);
     auto k = f.issue(10'000);
     auto r = f.send(f.post(k.secret, "/v1/charges", f.charge_body(1500), "over-tls"));
