@@ -154,3 +154,13 @@ DROP TRIGGER vault_spend_committed ON vault_spend;
 CREATE TRIGGER vault_spend_committed AFTER INSERT OR UPDATE OF state, amount_cents OR DELETE ON vault_spend
     FOR EACH ROW WHEN (current_setting('cg.vault_reserving', true) IS DISTINCT FROM 'on')
     EXECUTE FUNCTION cg_vault_spend_committed();
+
+-- One implementation of the reservation step: cg_vault_reserve_many (0004; cg_vault_reserve calls it) is now a
+-- step without settlements.
+CREATE OR REPLACE FUNCTION cg_vault_reserve_many(p_key text, p_idems text[], p_amounts bigint[], p_paths text[],
+                                                 p_bodies text[], p_customers text[], p_same_key_window_s bigint)
+RETURNS TABLE (ord integer, outcome text, state text, committed_cents bigint, cap_cents bigint)
+LANGUAGE sql AS $$
+    SELECT * FROM cg_vault_step(p_key, '{}', '{}', '{}', '{}', '{}', p_idems, p_amounts, p_paths, p_bodies,
+                                p_customers, p_same_key_window_s)
+$$;

@@ -32,16 +32,6 @@ const std::string usage_sql =
 const std::string revoke_sql =
     "UPDATE vault_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL";
 
-const std::string reserve_sql =
-    "SELECT outcome, state, coalesce(committed_cents, 0), coalesce(cap_cents, 0) "
-    "FROM cg_vault_reserve($1::text, $2::text, $3::bigint, $4::text, $5::text, $6::text, $7::bigint)";
-
-const std::string reserve_many_sql =
-    "SELECT ord, outcome, state, coalesce(committed_cents, 0), coalesce(cap_cents, 0) "
-    "FROM cg_vault_reserve_many($1::text, $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], "
-    "$7::bigint) "
-    "ORDER BY ord";
-
 const std::string step_sql =
     "SELECT ord, outcome, state, coalesce(committed_cents, 0), coalesce(cap_cents, 0) "
     "FROM cg_vault_step($1::text, $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], "
@@ -242,26 +232,6 @@ net::awaitable<result<bool>> store::revoke(std::string id) {
     co_return r->affected() == 1;
 }
 
-net::awaitable<result<reserve_result>> store::reserve(reserve_request q) {
-    // Built outside the co_await: g++ 12 mis-destroys a conditional expression's temporary inside one.
-    std::optional<std::string> customer;
-    if (!q.customer.empty()) customer = q.customer;
-    pg::params p(q.key_id, q.idempotency_key, q.amount_cents, q.path, q.body, customer,
-                 static_cast<std::int64_t>(q.same_key_window.count()));
-    auto r = co_await exec(pool_, reserve_sql, std::move(p));
-    if (!r) co_return r.err();
-    if (r->size() != 1)
-        throw pg::column_error("cg_vault_reserve returned " + std::to_string(r->size()) + " rows");
-    auto o = parse_reserve_outcome(r->get<std::string_view>(0, 0));
-    if (!o) throw pg::column_error("cg_vault_reserve: unknown outcome " + r->get<std::string>(0, 0));
-    reserve_result out;
-    out.outcome = *o;
-    out.state = r->get<std::optional<std::string>>(0, 1).value_or("");
-    out.committed_cents = r->get<std::int64_t>(0, 2);
-    out.cap_cents = r->get<std::int64_t>(0, 3);
-    co_return out;
-}
-
 namespace {
 
 std::string bigint_array(const std::vector<std::int64_t>& v) {
@@ -270,7 +240,7 @@ std::string bigint_array(const std::vector<std::int64_t>& v) {
     return out + "}";
 }
 
-// The reservation arrays of cg_vault_reserve_many / cg_vault_step: idems, amounts, paths, bodies, customers.
+// The reservation arrays of cg_vault_step: idems, amounts, paths, bodies, customers.
 void add_reservations(pg::params& p, const std::vector<reserve_request>& rs) {
     std::vector<std::optional<std::string>> idems, paths, bodies, customers;
     std::vector<std::int64_t> amounts;
@@ -311,17 +281,6 @@ std::vector<reserve_result> decode_reservations(const pg::rows& r, std::size_t e
 }
 
 }  // namespace
-
-net::awaitable<result<std::vector<reserve_result>>> store::reserve_many(std::vector<reserve_request> rs) {
-    if (rs.empty()) co_return std::vector<reserve_result>{};
-    pg::params p;
-    p.add(rs[0].key_id);
-    add_reservations(p, rs);
-    p.add(static_cast<std::int64_t>(rs[0].same_key_window.count()));
-    auto r = co_await exec(pool_, reserve_many_sql, std::move(p));
-    if (!r) co_return r.err();
-    co_return decode_reservations(*r, rs.size(), "cg_vault_reserve_many");
-}
 
 net::awaitable<result<std::vector<reserve_result>>> store::step(std::string key_id,
                                                                 std::vector<settlement_request> settled,
