@@ -109,7 +109,10 @@ struct vault_fixture : fake_stripe_fixture {
         c.upstream_key = real_key;
         c.ca_file = cert("ca.pem");
         c.request_timeout = 2s;
-        c.connect_timeout = 1s;
+        // Up to 128 TLS handshakes at once on the test thread (the fake and both replicas share it): ASan
+        // on a loaded machine needs more than a second.
+        c.connect_timeout =
+            5s;  // up to 128 TLS handshakes at once on the test thread (ASan, a loaded machine)
         c.max_connections = 64;
         c.resolve_interval = 1h;
         c.first_resolve_delay = 0ms;
