@@ -111,8 +111,7 @@ struct vault_fixture : fake_stripe_fixture {
         c.request_timeout = 2s;
         // Up to 128 TLS handshakes at once on the test thread (the fake and both replicas share it): ASan
         // on a loaded machine needs more than a second.
-        c.connect_timeout =
-            5s;  // up to 128 TLS handshakes at once on the test thread (ASan, a loaded machine)
+        c.connect_timeout = 5s;
         c.max_connections = 64;
         c.resolve_interval = 1h;
         c.first_resolve_delay = 0ms;
