@@ -50,8 +50,9 @@ BEGIN
     PERFORM set_config('cg.vault_reserving', 'on', true);
 
     -- Settlements, row by row in order. Each statement is a lookup by primary key only: with a state in the
-    -- WHERE the planner could match a partial index on state and walk it, and a set-based statement's cached
-    -- plan (planned while the table was small) could hash-join over the whole table.
+    -- WHERE the planner may pick vault_spend_counted_idx (0003, on vault_key_id only, its predicate implied)
+    -- and walk every counted row of the key (a settle got slower as the period filled); and a set-based
+    -- statement's cached plan (made while the table was small) could hash-join over the whole table.
     FOR i IN 1 .. m LOOP
         SELECT s.state, s.amount_cents INTO old_state, amt FROM vault_spend s
          WHERE s.vault_key_id = p_key AND s.idempotency_key = p_s_idems[i] FOR UPDATE;
@@ -141,12 +142,6 @@ BEGIN
     PERFORM set_config('cg.vault_reserving', 'off', true);
 END
 $$;
-
--- Why dropped: 0003 made it for a cap check that summed a key's counted rows; 0004 keeps that total on the key
--- row (committed_cents) and nothing sums per key on a hot path any more (`vault list` reads the whole table).
--- Worse, a statement on one row with `state IN (…)` in its WHERE could be planned on it (its predicate is
--- implied) and walk every counted row of the key: a settle got slower as the period filled.
-DROP INDEX vault_spend_counted_idx;
 
 -- The committed-total trigger stands aside inside cg_vault_step / cg_vault_reserve_many (they keep the total
 -- themselves); with the condition in WHEN, PostgreSQL does not even queue the trigger event for their rows.

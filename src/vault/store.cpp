@@ -38,23 +38,27 @@ const std::string step_sql =
     "$8::bigint[], $9::text[], $10::text[], $11::text[], $12::bigint) "
     "ORDER BY ord";
 
+// The state conditions below are written as exclusions (`<>`), not `IN (…)`: an `IN` list implies the
+// predicate of vault_spend_counted_idx (on vault_key_id only), and a plan on it walks every counted row of the
+// key instead of the one primary-key lookup.
 const std::string settle_sql =
     "UPDATE vault_spend SET state = 'settled', stripe_object_id = $3, next_resolve_at = NULL "
-    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state IN ('reserved', 'uncertain')";
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released'";
 
 const std::string release_sql =
     "UPDATE vault_spend SET state = 'released', last_error = $3, next_resolve_at = NULL "
-    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state IN ('reserved', 'uncertain')";
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released'";
 
 const std::string uncertain_sql =
     "UPDATE vault_spend SET state = 'uncertain', last_error = $3, "
     "next_resolve_at = now() + $4::bigint * interval '1 millisecond' "
-    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state = 'reserved'";
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released' "
+    "AND state <> 'uncertain'";
 
 const std::string defer_sql =
     "UPDATE vault_spend SET last_error = $3, resolve_attempts = resolve_attempts + 1, "
     "next_resolve_at = now() + $4::bigint * interval '1 millisecond' "
-    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state IN ('reserved', 'uncertain')";
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released'";
 
 const std::string due_sql =
     "SELECT vault_key_id, idempotency_key, amount_cents, state, coalesce(request_path, ''), "
