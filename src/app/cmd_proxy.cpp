@@ -4,8 +4,9 @@
 // stays inside. /healthz, /readyz (postgres, upstream) and /metrics on --health-listen.
 //
 // Executors (DESIGN.md §2): the listener, the handlers, the PostgreSQL pool and the proxy's background tasks
-// run on the runtime's main io_context; upstream HTTPS runs on the offload pool. SIGTERM: the listener stops,
-// the audit queue is written, the pool closes, exit 0.
+// run on the runtime's main io_context; upstream HTTPS runs on the offload pool (--upstream-on-main moves the
+// forwarding onto the main loop).
+// SIGTERM: the listener stops, the audit queue is written, the pool closes, exit 0.
 #include <asio/co_spawn.hpp>
 #include <memory>
 
@@ -41,6 +42,7 @@ struct proxy_flags {
     std::string resolve_interval = "5s";
     std::string stale_reserved = "2m";
     std::string key_cache_ttl = "1s";
+    bool upstream_on_main = false;
     pg_flags pg;
     runtime_flags rt;
 };
@@ -62,6 +64,8 @@ vault::proxy_config to_proxy_config(const proxy_flags& f) {
     c.request_timeout = seconds_flag(f.upstream_timeout_s);
     c.max_connections = f.upstream_max_connections;
     c.upstream_clients = f.rt.offload_threads;  // one HTTPS client (strand) per offload thread
+    c.upstream_on_main = f.upstream_on_main;
+    if (c.upstream_on_main) c.upstream_clients = 1;
     c.max_body_bytes = f.max_body_bytes;
     auto window = duration_flag("--same-key-window", f.same_key_window);
     if (window < std::chrono::minutes(1) || window > std::chrono::hours(24))
@@ -222,6 +226,10 @@ void register_proxy(CLI::App& app, command_main& selected) {
            "reuse a key's row this long (creates re-check revocation under the key's lock; reads may pass "
            "this long after a revoke); 0 reads it on every request")
         ->capture_default_str();
+    cmd->add_flag(
+        "--upstream-on-main", f->upstream_on_main,
+        "forward on the main loop instead of the offload threads (saves two thread hops per request; "
+        "the TLS records are encrypted on the main loop)");
     add_pg_flags(*cmd, f->pg, true);
     add_runtime_flags(*cmd, f->rt);
     cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_proxy(*f, g); }; });

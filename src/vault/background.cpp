@@ -184,6 +184,23 @@ net::awaitable<bool> run_flush(state_ptr st) {
     co_return true;
 }
 
+// Waits until every queued settlement has been written (the drains skip their linger while a flush waits).
+// False when a batch carrying settlements failed meanwhile.
+net::awaitable<bool> run_flush_settlements(state_ptr st) {
+    ++st->flushing;
+    auto failures = st->settle_failures;
+    for (auto& [key, q] : st->key_queues)
+        if (q.linger) q.linger->cancel();
+    while (st->settlements_pending > 0 && st->settle_failures == failures) {
+        net::steady_timer t(st->main, std::chrono::steady_clock::time_point::max());
+        st->settle_waiters.insert(&t);
+        co_await t.async_wait();  // cancelled after every batch
+        st->settle_waiters.erase(&t);
+    }
+    --st->flushing;
+    co_return st->settle_failures == failures && st->settlements_pending == 0;
+}
+
 net::awaitable<void> audit_loop(state_ptr st) {
     while (!st->stopping) {
         bool ok = co_await run_flush(st);
@@ -279,6 +296,7 @@ net::awaitable<void> proxy::stop() {
         co_await done.async_wait();
         st_->all_stopped = nullptr;
     }
+    co_await run_flush_settlements(st_);
     co_await run_flush(st_);
 }
 
@@ -291,6 +309,9 @@ void proxy::add_readiness(metrics::health& h) {
 
 net::awaitable<std::size_t> proxy::resolve_once() {
     co_return co_await run_resolve_once(st_);
+}
+net::awaitable<bool> proxy::flush_settlements() {
+    co_return co_await run_flush_settlements(st_);
 }
 net::awaitable<bool> proxy::flush_audit() {
     co_return co_await run_flush(st_);

@@ -143,62 +143,80 @@ net::awaitable<http::response> forward_read(state_ptr st, http::request& req, le
     co_return finish(*st, l, "read", relay(r.resp));
 }
 
-// After a create came back: move the reservation. Only the request that made (or re-made) the reservation
-// owns it; a retry of a row still in flight or unresolved only settles it on a 2xx (the same answer the
-// owner gets from Stripe's replay). Returns the audit outcome.
-net::awaitable<std::string> account(state_ptr st, reserve_result res, std::string key_id, std::string idem,
-                                    const http::client_result& r) {
+// After a create came back: what happens to the reservation, queued to be written with the key's next batch
+// (the client does not wait for it). Only the request that made (or re-made) the reservation owns it; a retry
+// of a row still in flight or unresolved only settles it on a 2xx (the same answer the owner gets from
+// Stripe's replay). Returns the audit outcome.
+void start_drain(state_ptr st, const std::string& key_id);
+
+std::string account(const state_ptr& stp, const reserve_result& res, const std::string& key_id,
+                    const std::string& idem, const http::client_result& r) {
+    auto& st = *stp;
+    auto queue = [&](settlement_request s) {
+        st.queue_settlement(key_id, std::move(s));
+        start_drain(stp, key_id);
+    };
     int status = r.ok() ? r.resp.status : 0;
     auto how = settlement_for(status, r.request_sent);
-    std::string why = r.ok() ? "HTTP " + std::to_string(status) : r.err.describe();
-    result<bool> moved = false;
-    std::string outcome;
+    settlement_request s;
+    s.idempotency_key = idem;
     if (how == settlement::settle) {
-        auto id = object_id(r.resp.body).value_or("unknown");
-        if (res.owner() || res.state == "uncertain" || res.state == "reserved")
-            moved = co_await st->store.settle(key_id, idem, id);
-        outcome = res.owner() ? "settled" : "retry_forwarded";
-    } else if (!res.owner()) {
-        outcome = "retry_forwarded";
-    } else if (how == settlement::release) {
-        moved = co_await st->store.release(key_id, idem, why);
-        outcome = r.ok() ? "released" : "upstream_unreachable";
-    } else {
-        moved = co_await st->store.mark_uncertain(key_id, idem, why, st->cfg.first_resolve_delay);
-        outcome = "uncertain";
+        s.state = "settled";
+        s.object_id = object_id(r.resp.body).value_or("unknown");
+        if (res.owner() || res.state == "uncertain" || res.state == "reserved") queue(std::move(s));
+        return res.owner() ? "settled" : "retry_forwarded";
     }
-    if (!moved)
-        // The row keeps counting as it was (reserved); the resolver picks it up once it is stale.
-        st->log.error("vault proxy: cannot record the answer; the resolver will settle it",
-                      {{"key_id", key_id},
-                       {"idempotency_key", idem},
-                       {"answer", why},
-                       {"error", moved.err().describe()}});
-    co_return outcome;
+    if (!res.owner()) return "retry_forwarded";
+    s.why = r.ok() ? "HTTP " + std::to_string(status) : r.err.describe();
+    if (how == settlement::release) {
+        s.state = "released";
+        queue(std::move(s));
+        return r.ok() ? "released" : "upstream_unreachable";
+    }
+    s.state = "uncertain";
+    s.retry_in = st.cfg.first_resolve_delay;
+    queue(std::move(s));
+    return "uncertain";
 }
 
-// Drains one key's queue: everything waiting goes to PostgreSQL as one cg_vault_reserve_many call (one lock
-// acquisition, one transaction, in arrival order); what arrives meanwhile forms the next batch. A request
-// alone pays nothing for this: it is the whole batch.
-net::awaitable<void> drain_reservations(state_ptr st, std::string key_id) {
+void wake_settle_waiters(proxy::state& st) {
+    for (auto* t : st.settle_waiters) t->cancel();
+}
+
+// One key's pipeline to PostgreSQL: everything waiting — the settlements of answers already sent, then the
+// creates to reserve, in arrival order — goes as one cg_vault_step call (one statement, one transaction, one
+// acquisition of the key's lock); what arrives meanwhile forms the next batch. A create alone pays one round
+// trip. Settlements with no create to ride along wait `settle_linger` for one, then go alone.
+net::awaitable<void> drain_key(state_ptr st, std::string key_id) {
     constexpr std::size_t max_batch = 256;
     for (;;) {
-        auto& q = st->reserve_queues[key_id];
-        if (q.waiting.empty()) {
-            st->reserve_queues.erase(key_id);
+        auto* q = &st->key_queues[key_id];
+        if (q->waiting.empty() && q->settlements.empty()) {
+            st->key_queues.erase(key_id);
+            wake_settle_waiters(*st);
             co_return;
         }
-        std::vector<proxy::state::pending_reserve*> batch;
-        while (!q.waiting.empty() && batch.size() < max_batch) {
-            batch.push_back(q.waiting.front());
-            q.waiting.pop_front();
+        if (q->waiting.empty() && !st->stopping && st->flushing == 0 && st->cfg.settle_linger.count() > 0) {
+            net::steady_timer linger(st->main, st->cfg.settle_linger);
+            q->linger = &linger;
+            co_await linger.async_wait();  // cancelled when a create arrives or a flush is asked for
+            q = &st->key_queues[key_id];
+            q->linger = nullptr;
         }
+        std::vector<proxy::state::pending_reserve*> batch;
+        while (!q->waiting.empty() && batch.size() < max_batch) {
+            batch.push_back(q->waiting.front());
+            q->waiting.pop_front();
+        }
+        std::vector<settlement_request> settles(std::make_move_iterator(q->settlements.begin()),
+                                                std::make_move_iterator(q->settlements.end()));
+        q->settlements.clear();
         std::vector<reserve_request> reqs;
         reqs.reserve(batch.size());
         for (auto* p : batch) reqs.push_back(p->req);
         result<std::vector<reserve_result>> r = error(core_errc::io_error, "not run");
         try {
-            r = co_await st->store.reserve_many(std::move(reqs));
+            r = co_await st->store.step(key_id, settles, std::move(reqs));
         } catch (const std::exception& e) {
             // A broken invariant (schema and code disagree): every waiter fails rather than hangs.
             st->log.error("vault proxy: reservation batch failed", {{"key_id", key_id}, {"error", e.what()}});
@@ -211,7 +229,49 @@ net::awaitable<void> drain_reservations(state_ptr st, std::string key_id) {
                 batch[i]->out.emplace(r.err());
             batch[i]->wake->cancel();
         }
+        q = &st->key_queues[key_id];
+        if (r) {
+            q->failures = 0;
+            st->settlements_pending -= settles.size();
+        } else if (!settles.empty()) {
+            ++st->settle_failures;
+            if (++q->failures >= st->cfg.settle_attempts) {
+                // Given up: the rows stay `reserved` (counted); the resolver settles them once stale.
+                st->log.error(
+                    "vault proxy: cannot record Stripe's answers; the resolver will settle them",
+                    {{"key_id", key_id}, {"settlements", settles.size()}, {"error", r.err().describe()}});
+                st->settlements_dropped->Increment(static_cast<double>(settles.size()));
+                st->settlements_pending -= settles.size();
+                q->failures = 0;
+            } else {
+                // Back to the front, in order, for the next batch.
+                for (auto it = settles.rbegin(); it != settles.rend(); ++it)
+                    q->settlements.push_front(std::move(*it));
+                if (q->waiting.empty() && !st->stopping && st->flushing == 0) {
+                    bool more = co_await nap(st, std::chrono::milliseconds(100) * q->failures);
+                    (void)more;
+                }
+            }
+        }
+        wake_settle_waiters(*st);
     }
+}
+
+void start_drain(state_ptr st, const std::string& key_id) {
+    auto& q = st->key_queues[key_id];
+    if (q.draining) {
+        if (q.linger) q.linger->cancel();
+        return;
+    }
+    q.draining = true;
+    asio::co_spawn(st->main, drain_key(st, key_id), [log = st->log](std::exception_ptr e) {
+        if (!e) return;
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+            log.error("vault proxy: reservation drain failed", {{"error", x.what()}});
+        }
+    });
 }
 
 // The atomic find-or-reserve step for one create, batched with the other creates of its key.
@@ -221,19 +281,8 @@ net::awaitable<result<reserve_result>> reserve_batched(state_ptr st, reserve_req
     p.req = std::move(rq);
     p.wake = &wake;
     std::string key_id = p.req.key_id;
-    auto& q = st->reserve_queues[key_id];
-    q.waiting.push_back(&p);
-    if (!q.draining) {
-        q.draining = true;
-        asio::co_spawn(st->main, drain_reservations(st, key_id), [log = st->log](std::exception_ptr e) {
-            if (!e) return;
-            try {
-                std::rethrow_exception(e);
-            } catch (const std::exception& x) {
-                log.error("vault proxy: reservation drain failed", {{"error", x.what()}});
-            }
-        });
-    }
+    st->key_queues[key_id].waiting.push_back(&p);
+    start_drain(st, key_id);
     while (!p.out) co_await wake.async_wait();
     co_return std::move(*p.out);
 }
@@ -335,7 +384,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
             break;
     }
     auto r = co_await forward(st, upstream_request(*st, req, body), l);
-    std::string outcome = co_await account(st, *res, key.id, std::string(idem), r);
+    std::string outcome = account(st, *res, key.id, std::string(idem), r);
     if (!r.ok()) co_return finish(*st, l, outcome, transport_failure(*st, r));
     co_return finish(*st, l, outcome, relay(r.resp));
 }
@@ -419,6 +468,19 @@ void proxy::state::queue_audit(audit_row row) {
     audit.push_back(std::move(row));
 }
 
+void proxy::state::queue_settlement(const std::string& key_id, settlement_request s) {
+    if (settlements_pending >= cfg.settlement_queue_limit) {
+        // PostgreSQL has been away long enough to fill the queue: this row stays `reserved` (counted) and the
+        // resolver settles it once it is stale.
+        log.error("vault proxy: settlement queue full; the resolver will settle the reservation",
+                  {{"key_id", key_id}, {"idempotency_key", s.idempotency_key}, {"state", s.state}});
+        settlements_dropped->Increment();
+        return;
+    }
+    ++settlements_pending;
+    key_queues[key_id].settlements.push_back(std::move(s));
+}
+
 result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::any_io_executor offload,
                                              proxy_config cfg, std::shared_ptr<pg::pool> pool, logger log,
                                              metrics::registry& reg) {
@@ -438,7 +500,7 @@ result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::a
         st->tls = *tls;
     }
     for (std::size_t i = 0; i < n; ++i) {
-        auto up = http::client::create(offload, cfg.upstream, o, log);
+        auto up = http::client::create(cfg.upstream_on_main ? main : offload, cfg.upstream, o, log);
         if (!up) return error(core_errc::invalid_argument, "--upstream: " + up.err().message);
         st->upstreams.push_back(std::move(*up));
     }
@@ -472,6 +534,10 @@ result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::a
         &reg.counter("chargeguard_vault_audit_dropped_total",
                      "Audit rows dropped because PostgreSQL stayed unreachable and the queue was full")
              .Add({});
+    st->settlements_dropped = &reg.counter("chargeguard_vault_settlements_dropped_total",
+                                           "Answers not recorded (PostgreSQL away): the rows stay reserved "
+                                           "until the resolver settles them")
+                                   .Add({});
     st->audit_written = &reg.counter("chargeguard_vault_audit_written_total", "Audit rows written").Add({});
     return std::unique_ptr<proxy>(new proxy(std::move(st)));
 }

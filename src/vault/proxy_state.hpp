@@ -37,6 +37,7 @@ struct proxy::state {
     metrics::Histogram* added_latency = nullptr;
     metrics::Counter* audit_dropped = nullptr;
     metrics::Counter* audit_written = nullptr;
+    metrics::Counter* settlements_dropped = nullptr;
 
     // Main executor only.
     std::deque<audit_row> audit;
@@ -51,17 +52,25 @@ struct proxy::state {
         std::chrono::steady_clock::time_point fetched;
     };
     std::unordered_map<std::string, cached_key> keys;  // by id; only keys that exist
-    // Creates of one key waiting for the next cg_vault_reserve_many batch (see reserve_batched in proxy.cpp).
+    // Per key: creates waiting for the next cg_vault_step batch, and the settlements (answers already sent
+    // to clients) that go with it (see drain_key in proxy.cpp). One drain per key at a time.
     struct pending_reserve {
         reserve_request req;
         std::optional<result<reserve_result>> out;
         net::steady_timer* wake = nullptr;
     };
-    struct reserve_queue {
+    struct key_queue {
         std::deque<pending_reserve*> waiting;
+        std::deque<settlement_request> settlements;
         bool draining = false;
+        net::steady_timer* linger = nullptr;  // the drain waiting for creates to join its settlements
+        int failures = 0;                     // consecutive failed batches that carried settlements
     };
-    std::unordered_map<std::string, reserve_queue> reserve_queues;  // by key id
+    std::unordered_map<std::string, key_queue> key_queues;  // by key id
+    std::size_t settlements_pending = 0;                    // queued or in a batch in flight, every key
+    int flushing = 0;                                       // flush_settlements() callers waiting
+    std::set<net::steady_timer*> settle_waiters;            // woken after every batch
+    std::uint64_t settle_failures = 0;                      // batches with settlements that failed
 
     // Read by the readiness check from the health server's thread (the same main loop, but keep it simple).
     std::mutex probe_mu;
@@ -79,6 +88,8 @@ struct proxy::state {
 
     void count(std::string_view outcome) { requests->Add({{"outcome", std::string(outcome)}}).Increment(); }
     void queue_audit(audit_row row);
+    // Queues what Stripe answered for a reservation of `key_id`; written with the key's next batch.
+    void queue_settlement(const std::string& key_id, settlement_request s);
 };
 
 // Sleeps on the main executor; stop() wakes every sleeper. Returns false when woken by stop().

@@ -32,33 +32,33 @@ const std::string usage_sql =
 const std::string revoke_sql =
     "UPDATE vault_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL";
 
-const std::string reserve_sql =
-    "SELECT outcome, state, coalesce(committed_cents, 0), coalesce(cap_cents, 0) "
-    "FROM cg_vault_reserve($1::text, $2::text, $3::bigint, $4::text, $5::text, $6::text, $7::bigint)";
-
-const std::string reserve_many_sql =
+const std::string step_sql =
     "SELECT ord, outcome, state, coalesce(committed_cents, 0), coalesce(cap_cents, 0) "
-    "FROM cg_vault_reserve_many($1::text, $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], "
-    "$7::bigint) "
+    "FROM cg_vault_step($1::text, $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], "
+    "$8::bigint[], $9::text[], $10::text[], $11::text[], $12::bigint) "
     "ORDER BY ord";
 
+// The state conditions below are written as exclusions (`<>`), not `IN (…)`: an `IN` list implies the
+// predicate of vault_spend_counted_idx (on vault_key_id only), and a plan on it walks every counted row of the
+// key instead of the one primary-key lookup.
 const std::string settle_sql =
     "UPDATE vault_spend SET state = 'settled', stripe_object_id = $3, next_resolve_at = NULL "
-    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state IN ('reserved', 'uncertain')";
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released'";
 
 const std::string release_sql =
     "UPDATE vault_spend SET state = 'released', last_error = $3, next_resolve_at = NULL "
-    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state IN ('reserved', 'uncertain')";
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released'";
 
 const std::string uncertain_sql =
     "UPDATE vault_spend SET state = 'uncertain', last_error = $3, "
     "next_resolve_at = now() + $4::bigint * interval '1 millisecond' "
-    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state = 'reserved'";
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released' "
+    "AND state <> 'uncertain'";
 
 const std::string defer_sql =
     "UPDATE vault_spend SET last_error = $3, resolve_attempts = resolve_attempts + 1, "
     "next_resolve_at = now() + $4::bigint * interval '1 millisecond' "
-    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state IN ('reserved', 'uncertain')";
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released'";
 
 const std::string due_sql =
     "SELECT vault_key_id, idempotency_key, amount_cents, state, coalesce(request_path, ''), "
@@ -236,66 +236,88 @@ net::awaitable<result<bool>> store::revoke(std::string id) {
     co_return r->affected() == 1;
 }
 
-net::awaitable<result<reserve_result>> store::reserve(reserve_request q) {
-    // Built outside the co_await: g++ 12 mis-destroys a conditional expression's temporary inside one.
-    std::optional<std::string> customer;
-    if (!q.customer.empty()) customer = q.customer;
-    pg::params p(q.key_id, q.idempotency_key, q.amount_cents, q.path, q.body, customer,
-                 static_cast<std::int64_t>(q.same_key_window.count()));
-    auto r = co_await exec(pool_, reserve_sql, std::move(p));
-    if (!r) co_return r.err();
-    if (r->size() != 1)
-        throw pg::column_error("cg_vault_reserve returned " + std::to_string(r->size()) + " rows");
-    auto o = parse_reserve_outcome(r->get<std::string_view>(0, 0));
-    if (!o) throw pg::column_error("cg_vault_reserve: unknown outcome " + r->get<std::string>(0, 0));
-    reserve_result out;
-    out.outcome = *o;
-    out.state = r->get<std::optional<std::string>>(0, 1).value_or("");
-    out.committed_cents = r->get<std::int64_t>(0, 2);
-    out.cap_cents = r->get<std::int64_t>(0, 3);
-    co_return out;
+namespace {
+
+std::string bigint_array(const std::vector<std::int64_t>& v) {
+    std::string out = "{";
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+    return out + "}";
 }
 
-net::awaitable<result<std::vector<reserve_result>>> store::reserve_many(std::vector<reserve_request> rs) {
-    if (rs.empty()) co_return std::vector<reserve_result>{};
+// The reservation arrays of cg_vault_step: idems, amounts, paths, bodies, customers.
+void add_reservations(pg::params& p, const std::vector<reserve_request>& rs) {
     std::vector<std::optional<std::string>> idems, paths, bodies, customers;
-    std::string amounts = "{";
-    for (std::size_t i = 0; i < rs.size(); ++i) {
-        idems.emplace_back(rs[i].idempotency_key);
-        paths.emplace_back(rs[i].path);
-        bodies.emplace_back(rs[i].body);
-        if (rs[i].customer.empty())
+    std::vector<std::int64_t> amounts;
+    for (const auto& r : rs) {
+        idems.emplace_back(r.idempotency_key);
+        paths.emplace_back(r.path);
+        bodies.emplace_back(r.body);
+        if (r.customer.empty())
             customers.emplace_back(std::nullopt);
         else
-            customers.emplace_back(rs[i].customer);
-        amounts += (i ? "," : "") + std::to_string(rs[i].amount_cents);
+            customers.emplace_back(r.customer);
+        amounts.push_back(r.amount_cents);
     }
-    amounts += "}";
-    pg::params p;
-    p.add(rs[0].key_id)
-        .add(pg_text_array(idems))
-        .add(amounts)
+    p.add(pg_text_array(idems))
+        .add(bigint_array(amounts))
         .add(pg_text_array(paths))
         .add(pg_text_array(bodies));
-    p.add(pg_text_array(customers)).add(static_cast<std::int64_t>(rs[0].same_key_window.count()));
-    auto r = co_await exec(pool_, reserve_many_sql, std::move(p));
-    if (!r) co_return r.err();
-    if (r->size() != rs.size())
-        throw pg::column_error("cg_vault_reserve_many returned " + std::to_string(r->size()) + " rows for " +
-                               std::to_string(rs.size()));
+    p.add(pg_text_array(customers));
+}
+
+std::vector<reserve_result> decode_reservations(const pg::rows& r, std::size_t expected, const char* fn) {
+    if (r.size() != expected)
+        throw pg::column_error(std::string(fn) + " returned " + std::to_string(r.size()) + " rows for " +
+                               std::to_string(expected));
     std::vector<reserve_result> out;
-    out.reserve(rs.size());
-    for (std::size_t i = 0; i < r->size(); ++i) {
-        auto o = parse_reserve_outcome(r->get<std::string_view>(i, 1));
-        if (!o) throw pg::column_error("cg_vault_reserve_many: unknown outcome " + r->get<std::string>(i, 1));
+    out.reserve(r.size());
+    for (std::size_t i = 0; i < r.size(); ++i) {
+        auto o = parse_reserve_outcome(r.get<std::string_view>(i, 1));
+        if (!o) throw pg::column_error(std::string(fn) + ": unknown outcome " + r.get<std::string>(i, 1));
         reserve_result one;
         one.outcome = *o;
-        one.state = r->get<std::optional<std::string>>(i, 2).value_or("");
-        one.committed_cents = r->get<std::int64_t>(i, 3);
-        one.cap_cents = r->get<std::int64_t>(i, 4);
+        one.state = r.get<std::optional<std::string>>(i, 2).value_or("");
+        one.committed_cents = r.get<std::int64_t>(i, 3);
+        one.cap_cents = r.get<std::int64_t>(i, 4);
         out.push_back(std::move(one));
     }
-    co_return out;
+    return out;
+}
+
+}  // namespace
+
+net::awaitable<result<std::vector<reserve_result>>> store::step(std::string key_id,
+                                                                std::vector<settlement_request> settled,
+                                                                std::vector<reserve_request> rs) {
+    if (settled.empty() && rs.empty()) co_return std::vector<reserve_result>{};
+    std::vector<std::optional<std::string>> idems, states, objects, whys;
+    std::vector<std::int64_t> delays;
+    for (const auto& s : settled) {
+        idems.emplace_back(s.idempotency_key);
+        states.emplace_back(s.state);
+        if (s.object_id.empty())
+            objects.emplace_back(std::nullopt);
+        else
+            objects.emplace_back(s.object_id);
+        if (s.why.empty())
+            whys.emplace_back(std::nullopt);
+        else
+            whys.emplace_back(s.why);
+        delays.push_back(static_cast<std::int64_t>(s.retry_in.count()));
+    }
+    std::int64_t window = rs.empty() ? 0 : static_cast<std::int64_t>(rs[0].same_key_window.count());
+    pg::params p;
+    p.add(std::move(key_id))
+        .add(pg_text_array(idems))
+        .add(pg_text_array(states))
+        .add(pg_text_array(objects))
+        .add(pg_text_array(whys))
+        .add(bigint_array(delays));
+    add_reservations(p, rs);
+    p.add(window);
+    auto r = co_await exec(pool_, step_sql, std::move(p));
+    if (!r) co_return r.err();
+    co_return decode_reservations(*r, rs.size(), "cg_vault_step");
 }
 
 net::awaitable<result<bool>> store::settle(std::string key_id, std::string idem, std::string object_id) {

@@ -1,5 +1,5 @@
-// The vault's SQL (DESIGN.md §5, migrations 0003 and 0004): keys, the atomic find-or-reserve step and the
-// state changes of a reservation, the resolver's work list, the audit trail. Every call takes one pooled
+// The vault's SQL (DESIGN.md §5, migrations 0003, 0004 and 0008): keys, the atomic find-or-reserve step and
+// the state changes of a reservation, the resolver's work list, the audit trail. Every call takes one pooled
 // connection for one statement (or one batch) and gives it back.
 //
 // Executors: call and complete on the pool's executor (the main loop). Errors: pg::errc codes (errc::
@@ -84,6 +84,16 @@ struct reserve_request {
     std::chrono::seconds same_key_window{23 * 3600};
 };
 
+// What a proxy learned from Stripe about one of its reservations, written after the client has its answer
+// (cg_vault_step, migration 0008): settled, released, or uncertain (due for the resolver after `retry_in`).
+struct settlement_request {
+    std::string idempotency_key;
+    std::string state;                      // "settled", "released", "uncertain"
+    std::string object_id;                  // settled: Stripe's object id
+    std::string why;                        // released / uncertain: what happened (last_error)
+    std::chrono::milliseconds retry_in{0};  // uncertain
+};
+
 // A reservation the resolver should look at.
 struct spend_row {
     std::string key_id;
@@ -123,11 +133,12 @@ class store {
     // Sets revoked_at; false when there is no such key or it was revoked already.
     net::awaitable<result<bool>> revoke(std::string id);
 
-    // The atomic find-or-reserve step (cg_vault_reserve).
-    net::awaitable<result<reserve_result>> reserve(reserve_request r);
-    // The same step for several requests of one key (all `rs` share rs[0].key_id and the window), in one
-    // transaction, in order. One result per request, in the same order.
-    net::awaitable<result<std::vector<reserve_result>>> reserve_many(std::vector<reserve_request> rs);
+    // One key's step (cg_vault_step, migration 0008), the atomic find-or-reserve: applies `settled` (in
+    // order), then reserves `rs` (in order), in one statement and one transaction under the key's lock. `rs`
+    // may be empty (settlements alone) and so may `settled`. One result per reservation.
+    net::awaitable<result<std::vector<reserve_result>>> step(std::string key_id,
+                                                             std::vector<settlement_request> settled,
+                                                             std::vector<reserve_request> rs);
     // reserved/uncertain → settled. False when the row was in neither state.
     net::awaitable<result<bool>> settle(std::string key_id, std::string idem, std::string object_id);
     // reserved/uncertain → released.

@@ -6,22 +6,32 @@
 //   proxy:   load generator --HTTP (loopback sidecar)--> chargeguard proxy --HTTPS--> fake-stripe
 //
 // Every request is a POST /v1/charges with its own Idempotency-Key, so every proxied one is authenticated,
-// reserved in PostgreSQL (cg_vault_reserve), forwarded, settled and audited. Added latency = proxy − direct
-// at each percentile. Needs PGHOST (a scratch database is created and dropped).
-// Usage: vault_proxy CHARGEGUARD_EXE [CERT_DIR] [SECONDS]   (CERT_DIR defaults to $CG_TEST_CERTS)
+// reserved in PostgreSQL (cg_vault_step), forwarded, settled (after the answer) and audited. Added latency =
+// proxy − direct at each percentile. For every run it also prints the CPU time per request of each party
+// (load generator, fake-stripe's thread, the proxy process, the PostgreSQL backends of the scratch
+// database), read from /proc: on a small machine they share the cores, and that decides the ratio.
+// With --latency-ms N it repeats the 32 and 256 client runs with fake-stripe answering after N ms (what a
+// real Stripe does), where the proxy's added latency is what a caller would notice.
+// Needs PGHOST (a scratch database is created and dropped).
+// Usage: vault_proxy CHARGEGUARD_EXE [CERT_DIR] [SECONDS] [--latency-ms N] [PROXY_FLAG…]
+//        (CERT_DIR defaults to $CG_TEST_CERTS; PROXY_FLAGs, e.g. --upstream-on-main, go to `chargeguard
+//        proxy`)
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <regex>
@@ -50,12 +60,49 @@ std::string slurp(const std::string& path) {
     return ss.str();
 }
 
+// CPU seconds (user + system) of a process or of one thread, from /proc (0 when it is gone).
+double cpu_seconds(const std::string& stat_path) {
+    std::ifstream in(stat_path);
+    std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto rp = s.rfind(')');
+    if (rp == std::string::npos) return 0;
+    std::istringstream rest(s.substr(rp + 2));
+    std::string field;
+    long ut = 0, st = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+        if (i == 14) ut = std::atol(field.c_str());
+        if (i == 15) st = std::atol(field.c_str());
+    }
+    return static_cast<double>(ut + st) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+double pid_cpu(long pid) {
+    return cpu_seconds("/proc/" + std::to_string(pid) + "/stat");
+}
+
+// The PostgreSQL backends serving database `db` (their pids, via pg_stat_activity; measurement only, off
+// any loop).
+std::vector<long> backends_of(const std::string& db) {
+    std::vector<long> out;
+    PGconn* c = PQconnectdb("");
+    if (PQstatus(c) == CONNECTION_OK) {
+        std::string sql =
+            "SELECT pid FROM pg_stat_activity WHERE datname = '" + db + "' AND pid <> pg_backend_pid()";
+        PGresult* r = PQexec(c, sql.c_str());
+        if (PQresultStatus(r) == PGRES_TUPLES_OK)
+            for (int i = 0; i < PQntuples(r); ++i) out.push_back(std::atol(PQgetvalue(r, i, 0)));
+        PQclear(r);
+    }
+    PQfinish(c);
+    return out;
+}
+
 // The fake on its own thread and io_context, like a remote server.
 struct fake_thread {
     asio::io_context io{1};
     std::unique_ptr<fake::fake_stripe> fake;
     std::thread t;
     std::uint16_t port = 0;
+    std::atomic<long> tid{0};
 
     explicit fake_thread(const std::string& certs) {
         auto tls = net::make_tls_server_context({certs + "/server.pem", certs + "/server.key"});
@@ -65,7 +112,20 @@ struct fake_thread {
         if (!ep) throw std::runtime_error(ep.err().describe());
         port = ep->port();
         fake->start();
-        t = std::thread([this] { io.run(); });
+        t = std::thread([this] {
+            tid = static_cast<long>(::syscall(SYS_gettid));
+            io.run();
+        });
+        while (tid == 0) std::this_thread::yield();
+    }
+    double cpu() const { return cpu_seconds("/proc/self/task/" + std::to_string(tid.load()) + "/stat"); }
+    void set_latency(int ms) {
+        std::atomic<bool> done{false};
+        asio::post(io, [&] {
+            fake->faults().latency_ms = ms;
+            done = true;
+        });
+        while (!done) std::this_thread::yield();
     }
     ~fake_thread() {
         asio::post(io, [this] { fake->stop(); });
@@ -225,6 +285,18 @@ int main(int argc, char** argv) {
     const char* env_certs = std::getenv("CG_TEST_CERTS");
     std::string certs = argc > 2 ? argv[2] : env_certs ? env_certs : "";
     double seconds = argc > 3 ? std::atof(argv[3]) : 3.0;
+    int latency_ms = 0;
+    std::vector<std::string> extra;
+    std::string proxy_flags;
+    for (int i = 4; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--latency-ms" && i + 1 < argc) {
+            latency_ms = std::atoi(argv[++i]);
+        } else {
+            extra.push_back(a);
+            proxy_flags += ", " + a;
+        }
+    }
     if (certs.empty()) {
         std::fprintf(stderr, "vault_proxy: no cert dir (argument or CG_TEST_CERTS)\n");
         return 2;
@@ -249,10 +321,27 @@ int main(int argc, char** argv) {
 
     fake_thread fake(certs);
     std::string upstream = "https://127.0.0.1:" + std::to_string(fake.port);
-    child proxy({exe, "proxy", "--listen", "127.0.0.1:0", "--upstream", upstream, "--stripe-ca-file",
-                 certs + "/ca.pem", "--health-listen", "127.0.0.1:0", "--pg-pool-size", "8",
-                 "--upstream-max-connections", "256", "--max-connections", "4096", "--offload-threads", "2"},
-                "proxy");
+    std::vector<std::string> proxy_args{exe,
+                                        "proxy",
+                                        "--listen",
+                                        "127.0.0.1:0",
+                                        "--upstream",
+                                        upstream,
+                                        "--stripe-ca-file",
+                                        certs + "/ca.pem",
+                                        "--health-listen",
+                                        "127.0.0.1:0",
+                                        "--pg-pool-size",
+                                        "8",
+                                        "--upstream-max-connections",
+                                        "256",
+                                        "--max-connections",
+                                        "4096",
+                                        "--offload-threads",
+                                        "2"};
+    proxy_args.insert(proxy_args.end(), extra.begin(), extra.end());
+    child proxy(proxy_args, "proxy");
+    std::map<long, double> pg_seen;
     // The proxy logs its port once it listens (it logs nothing per request at info).
     std::uint16_t proxy_port = 0;
     std::regex listening(R"re("msg":"vault proxy listening".*"port":(\d+))re");
@@ -274,28 +363,79 @@ int main(int argc, char** argv) {
 
     std::printf(
         "vault_proxy: POST /v1/charges, %.1f s per run; proxy = chargeguard proxy (child, 2 offload threads, "
-        "8 PostgreSQL connections), upstream fake-stripe over TLS\n",
-        seconds);
-    std::printf("%-6s %12s %12s %8s %10s %10s %10s %10s %12s %12s\n", "conc", "direct r/s", "proxy r/s",
-                "ratio", "direct p50", "proxy p50", "direct p99", "proxy p99", "added p50", "added p99");
-    for (int conc : {1, 32, 256}) {
+        "8 PostgreSQL connections%s), upstream fake-stripe over TLS\n",
+        seconds, proxy_flags.c_str());
+    struct cpu_snapshot {
+        double self = 0, fake = 0, proxy = 0, pg = 0;
+    };
+    auto snapshot = [&] {
+        cpu_snapshot c;
+        c.self = cpu_seconds("/proc/self/stat");
+        c.fake = fake.cpu();
+        c.proxy = pid_cpu(proxy.pid);
+        for (long b : backends_of(db.name)) {
+            double v = pid_cpu(b);
+            c.pg += v;
+            pg_seen[b] = std::max(pg_seen[b], v);
+        }
+        return c;
+    };
+    struct row {
+        int conc = 0, latency = 0;
+        run_result d, p;
+        cpu_snapshot dcpu, pcpu;  // per request, µs
+    };
+    std::vector<row> rows;
+    auto measure = [&](int conc, int latency_ms) {
+        fake.set_latency(latency_ms);
         auto direct_clients = clients_for(pool, upstream, *tls, conc);
         auto proxy_clients =
             clients_for(pool, "http://127.0.0.1:" + std::to_string(proxy_port), nullptr, conc);
+        std::string tag = std::to_string(conc) + "-" + std::to_string(latency_ms) + "-";
         // Warm both paths (connections, TLS, prepared statements), then measure.
-        run_load(io, raw(direct_clients), "Bearer sk_test_bench_real_key",
-                 "w-d-" + std::to_string(conc) + "-", conc, 0.3);
-        run_load(io, raw(proxy_clients), "Bearer " + secret, "w-p-" + std::to_string(conc) + "-", conc, 0.3);
-        auto d = run_load(io, raw(direct_clients), "Bearer sk_test_bench_real_key",
-                          "d-" + std::to_string(conc) + "-", conc, seconds);
-        auto p = run_load(io, raw(proxy_clients), "Bearer " + secret, "p-" + std::to_string(conc) + "-", conc,
-                          seconds);
-        std::printf("%-6d %12.0f %12.0f %7.0f%% %8.2fms %8.2fms %8.2fms %8.2fms %10.2fms %10.2fms%s\n", conc,
-                    d.rps, p.rps, 100.0 * p.rps / std::max(1.0, d.rps), d.p50_ms, p.p50_ms, d.p99_ms,
-                    p.p99_ms, p.p50_ms - d.p50_ms, p.p99_ms - d.p99_ms,
-                    (d.failed + p.failed) ? "  (failures!)" : "");
+        run_load(io, raw(direct_clients), "Bearer sk_test_bench_real_key", "w-d-" + tag, conc, 0.3);
+        run_load(io, raw(proxy_clients), "Bearer " + secret, "w-p-" + tag, conc, 0.3);
+        row r;
+        r.conc = conc;
+        r.latency = latency_ms;
+        auto per_request = [](cpu_snapshot a, cpu_snapshot b, std::size_t n) {
+            double k = 1e6 / static_cast<double>(std::max<std::size_t>(1, n));
+            cpu_snapshot out;
+            out.fake = (b.fake - a.fake) * k;
+            out.self = ((b.self - a.self) - (b.fake - a.fake)) * k;  // the load generator
+            out.proxy = (b.proxy - a.proxy) * k;
+            out.pg = (b.pg - a.pg) * k;
+            return out;
+        };
+        auto c0 = snapshot();
+        r.d = run_load(io, raw(direct_clients), "Bearer sk_test_bench_real_key", "d-" + tag, conc, seconds);
+        auto c1 = snapshot();
+        r.p = run_load(io, raw(proxy_clients), "Bearer " + secret, "p-" + tag, conc, seconds);
+        auto c2 = snapshot();
+        r.dcpu = per_request(c0, c1, r.d.ok + r.d.failed);
+        r.pcpu = per_request(c1, c2, r.p.ok + r.p.failed);
+        std::printf("%-6d %5dms %10.0f %10.0f %6.0f%% %8.2fms %8.2fms %8.2fms %8.2fms %8.2fms %8.2fms%s\n",
+                    conc, latency_ms, r.d.rps, r.p.rps, 100.0 * r.p.rps / std::max(1.0, r.d.rps), r.d.p50_ms,
+                    r.p.p50_ms, r.d.p99_ms, r.p.p99_ms, r.p.p50_ms - r.d.p50_ms, r.p.p99_ms - r.d.p99_ms,
+                    (r.d.failed + r.p.failed) ? "  (failures!)" : "");
         std::fflush(stdout);
-    }
+        rows.push_back(r);
+    };
+    std::printf("%-6s %7s %10s %10s %7s %10s %10s %10s %10s %10s %10s\n", "conc", "stripe", "direct r/s",
+                "proxy r/s", "ratio", "direct p50", "proxy p50", "direct p99", "proxy p99", "added p50",
+                "added p99");
+    for (int conc : {1, 32, 256}) measure(conc, 0);
+    if (latency_ms > 0)
+        for (int conc : {32, 256}) measure(conc, latency_ms);
+    std::printf(
+        "CPU per request (µs, user+system, from /proc): direct = load generator + fake-stripe; proxied = "
+        "load generator + proxy + PostgreSQL backends + fake-stripe\n");
+    std::printf("%-6s %7s %8s %8s %8s | %8s %8s %8s %8s %8s\n", "conc", "stripe", "d:load", "d:fake",
+                "d:total", "p:load", "p:proxy", "p:pg", "p:fake", "p:total");
+    for (const auto& r : rows)
+        std::printf("%-6d %5dms %8.0f %8.0f %8.0f | %8.0f %8.0f %8.0f %8.0f %8.0f\n", r.conc, r.latency,
+                    r.dcpu.self, r.dcpu.fake, r.dcpu.self + r.dcpu.fake, r.pcpu.self, r.pcpu.proxy, r.pcpu.pg,
+                    r.pcpu.fake, r.pcpu.self + r.pcpu.proxy + r.pcpu.pg + r.pcpu.fake);
     // The proxy's own view: time spent waiting for Stripe vs time it added, and PostgreSQL statement time.
     std::smatch hm;
     std::string log = slurp(proxy.err);

@@ -101,6 +101,9 @@ struct vault_fixture : fake_stripe_fixture {
         return pg::pool::create(io.get_executor(), pool.get_executor(), std::move(o), log);
     }
 
+    // The proxy's connect timeout to fake-stripe (also bounds the upstream probe, which stop() waits for).
+    std::chrono::milliseconds upstream_connect_timeout{1000};
+
     // Short timers; the resolver is driven by the tests (resolve_once), so its loop interval is long.
     vault::proxy_config proxy_config() const {
         using namespace std::chrono_literals;
@@ -109,7 +112,7 @@ struct vault_fixture : fake_stripe_fixture {
         c.upstream_key = real_key;
         c.ca_file = cert("ca.pem");
         c.request_timeout = 2s;
-        c.connect_timeout = 1s;
+        c.connect_timeout = upstream_connect_timeout;
         c.max_connections = 64;
         c.resolve_interval = 1h;
         c.first_resolve_delay = 0ms;
@@ -293,6 +296,13 @@ struct vault_fixture : fake_stripe_fixture {
         }(fake.get()));
     }
     void flush_audit() { BOOST_TEST_REQUIRE(run(proxy->flush_audit())); }
+    // The proxy answers first and writes what the answer means for the reservation (settled, released,
+    // uncertain) afterwards, with the key's next batch: wait for those writes (both replicas) before
+    // looking at vault_spend.
+    void settle_now() {
+        BOOST_TEST_REQUIRE(run(proxy->flush_settlements()));
+        if (second) BOOST_TEST_REQUIRE(run(second->proxy->flush_settlements()));
+    }
 };
 
 }  // namespace cg::test
