@@ -39,8 +39,8 @@ const std::string step_sql =
     "ORDER BY ord";
 
 // The state conditions below are written as exclusions (`<>`), not `IN (…)`: an `IN` list implies the
-// predicate of vault_spend_counted_idx (on vault_key_id only), and a plan on it walks every counted row of the
-// key instead of the one primary-key lookup.
+// predicate of vault_spend_counted_idx (on vault_key_id only), and a plan on it walks every counted row of
+// the key instead of the one primary-key lookup.
 const std::string settle_sql =
     "UPDATE vault_spend SET state = 'settled', stripe_object_id = $3, next_resolve_at = NULL "
     "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released'";
