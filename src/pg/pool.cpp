@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "net/backoff.hpp"
+#include "net/boxed.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
 #include "pg/stats.hpp"
@@ -213,7 +214,7 @@ net::awaitable<result<std::unique_ptr<connection>>> pool::open_one(clock::time_p
         // verdict on the server, so it does not mark the pool down).
         auto left = std::max<clock::duration>(deadline - clock::now(), clock::duration::zero());
         auto done = co_await net::with_timeout(
-            net::detail::boxed(connection::connect(opts_.server, offload_, opts_.conn, log_, stats_)), left);
+            net::boxed(connection::connect(opts_.server, offload_, opts_.conn, log_, stats_)), left);
         if (done) r = std::move(**done);
     }
     probing_ = false;

@@ -13,6 +13,7 @@
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
 #include "billing/pipeline.hpp"
+#include "net/boxed.hpp"
 #include "pg/migrations.hpp"
 #include "pg/pool.hpp"
 #include "support/run_async.hpp"
@@ -44,12 +45,6 @@ inline std::string key_of(const std::string& customer, const std::string& period
     return billing::base_key(key_namespace, customer, period);
 }
 
-// Asio 1.22's co_spawn needs a default-constructible result (result<T> is not): box it.
-template <typename T>
-net::awaitable<std::optional<T>> boxed(net::awaitable<T> a) {
-    co_return std::optional<T>(co_await std::move(a));
-}
-
 struct billing_fixture : fake_stripe_fixture {
     scratch_db db{"billing"};
     std::shared_ptr<pg::pool> pg;
@@ -76,7 +71,7 @@ struct billing_fixture : fake_stripe_fixture {
     // Runs an awaitable returning result<T> (or anything) on the test's io_context and returns its value.
     template <typename T>
     T run(net::awaitable<T> a) {
-        return std::move(*run_async(io, [&]() { return boxed(std::move(a)); }));
+        return std::move(*run_async(io, [&]() { return net::boxed(std::move(a)); }));
     }
 
     net::awaitable<result<pg::migrate_report>> boxed_migrate() {

@@ -19,6 +19,7 @@
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
 #include "helpers.hpp"
+#include "net/boxed.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
 #include "pg/cancel.hpp"
@@ -303,7 +304,7 @@ net::awaitable<void> cancels_off_the_offload_pool(pg_fixture& f, const server_ct
     std::vector<std::optional<result<pg::rows>>> out(conns.size());
     int finished = 0;
     for (std::size_t i = 0; i < conns.size(); ++i)
-        asio::co_spawn(f.io, net::detail::boxed(sleep_query(conns[i])),
+        asio::co_spawn(f.io, net::boxed(sleep_query(conns[i])),
                        [&out, &finished, i](std::exception_ptr e, std::optional<result<pg::rows>> r) {
                            if (e) std::rethrow_exception(e);
                            out[i] = std::move(r);
