@@ -117,6 +117,20 @@ struct billing_fixture : fake_stripe_fixture {
         return run_async(io, [&]() { return p.handle(std::move(d)); });
     }
 
+    // The "dead worker": a worker ran the pre-flight for `body` (row inserted pending, first Stripe attempt
+    // recorded, leased for `lease`) and did nothing more. Returns the row it wrote.
+    billing::ledger_record dead_workers_row(const std::string& body, const std::string& message_id,
+                                            std::chrono::milliseconds lease) {
+        auto ev = billing::parse_event(body);
+        BOOST_TEST_REQUIRE(ev.has_value());
+        billing::new_record nr{billing::base_key(key_namespace, ev->customer_id, ev->billing_period), *ev,
+                               message_id, 1};
+        auto pf = run(ledger->preflight(std::move(nr), lease));
+        BOOST_TEST_REQUIRE(pf.has_value(), (pf ? "" : pf.err().describe()));
+        BOOST_TEST_REQUIRE(pf->inserted);
+        return std::move(pf->record);
+    }
+
     std::optional<billing::ledger_record> row(const std::string& key) {
         auto r = run(ledger->find(key));
         BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));

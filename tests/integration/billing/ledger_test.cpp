@@ -11,17 +11,10 @@
 using namespace std::chrono_literals;
 using namespace cg;
 using cg::test::event_json;
-using cg::test::key_of;
 
 namespace {
 
 using fixture = test::billing_fixture;
-
-billing::new_record record_for(const std::string& customer, const std::string& message_id) {
-    auto ev = billing::parse_event(event_json(customer, "2026-11", 2100));
-    BOOST_TEST_REQUIRE(ev.has_value());
-    return billing::new_record{key_of(customer, "2026-11"), *ev, message_id, 1};
-}
 
 // The row's lease columns as the database holds them: lease_until as text (exact, microseconds) and the
 // epoch.
@@ -49,10 +42,8 @@ BOOST_AUTO_TEST_SUITE(billing_ledger_lease_epoch)
 // one; the token each returns is the row's epoch.
 BOOST_AUTO_TEST_CASE(every_lease_write_moves_the_epoch) {
     fixture f;
-    auto rec = record_for("epoch-1", "3a01");
-    auto pf = f.run(f.ledger->preflight(rec, 60s));
-    BOOST_TEST_REQUIRE((pf.has_value() && pf->inserted));
-    BOOST_TEST(pf->record.lease_epoch == 1);
+    auto rec = f.dead_workers_row(event_json("epoch-1", "2026-11", 2100), "3a01", 60s);
+    BOOST_TEST(rec.lease_epoch == 1);
     BOOST_TEST(lease_columns(f, rec.key).second == 1);
 
     auto renewed = f.run(f.ledger->renew_lease(rec.key, 1, 60s));
@@ -87,10 +78,8 @@ BOOST_AUTO_TEST_CASE(every_lease_write_moves_the_epoch) {
 // lease_until as the token both would have matched.
 BOOST_AUTO_TEST_CASE(equal_lease_timestamps_still_differ_and_a_stale_epoch_is_refused) {
     fixture f;
-    auto rec = record_for("epoch-2", "3b01");
-    auto pf = f.run(f.ledger->preflight(rec, 60s));
-    BOOST_TEST_REQUIRE((pf.has_value() && pf->inserted));
-    billing::lease_token old_token = pf->record.lease_epoch;
+    auto rec = f.dead_workers_row(event_json("epoch-2", "2026-11", 2100), "3b01", 60s);
+    billing::lease_token old_token = rec.lease_epoch;
     auto [old_until, old_epoch] = lease_columns(f, rec.key);
     BOOST_TEST(old_epoch == old_token);
 

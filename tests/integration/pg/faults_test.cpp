@@ -211,6 +211,13 @@ net::awaitable<void> abandoned_renewal(pg_fixture& f, const cg::test::scratch_db
     co_await admin->close();
 }
 
+BOOST_AUTO_TEST_CASE(abandoned_lease_renewal_never_takes_effect) {
+    pg_fixture f;
+    cg::test::scratch_db db("abandon");
+    cg::test::run_async(
+        f.io, [&] { return abandoned_renewal(f, db); }, 60s);
+}
+
 // ---- 2. on-demand connects while the pool backs off ---------------------------------------------------
 
 net::awaitable<void> settle_after_outage(pg_fixture& f, const cg::test::scratch_db& db,
@@ -276,6 +283,20 @@ net::awaitable<void> settle_after_outage(pg_fixture& f, const cg::test::scratch_
     co_await pool->close();
 }
 
+BOOST_AUTO_TEST_CASE(settling_connects_on_demand_while_the_pool_backs_off) {
+    server_ctl srv;
+    pg_fixture f;
+    cg::test::scratch_db db("ondemand");
+    try {
+        cg::test::run_async(
+            f.io, [&] { return settle_after_outage(f, db, srv); }, 90s);
+    } catch (...) {
+        srv.run("start");  // leave the server running for whatever runs next
+        throw;
+    }
+    srv.run("start");
+}
+
 // ---- 3. hung cancels do not starve the offload pool -----------------------------------------------------
 
 // Like the Stripe client's work on the offload pool: a chain of timers (request and retry deadlines).
@@ -338,32 +359,11 @@ net::awaitable<void> cancels_off_the_offload_pool(pg_fixture& f, const server_ct
     BOOST_TEST(drained, "the stuck cancels should finish once the postmaster runs again");
 }
 
-}  // namespace
-
-BOOST_AUTO_TEST_CASE(abandoned_lease_renewal_never_takes_effect) {
-    pg_fixture f;
-    cg::test::scratch_db db("abandon");
-    cg::test::run_async(
-        f.io, [&] { return abandoned_renewal(f, db); }, 60s);
-}
-
-BOOST_AUTO_TEST_CASE(settling_connects_on_demand_while_the_pool_backs_off) {
-    server_ctl srv;
-    pg_fixture f;
-    cg::test::scratch_db db("ondemand");
-    try {
-        cg::test::run_async(
-            f.io, [&] { return settle_after_outage(f, db, srv); }, 90s);
-    } catch (...) {
-        srv.run("start");  // leave the server running for whatever runs next
-        throw;
-    }
-    srv.run("start");
-}
-
 BOOST_AUTO_TEST_CASE(stuck_cancel_requests_do_not_starve_the_offload_pool) {
     server_ctl srv;
     pg_fixture f;
     cg::test::run_async(
         f.io, [&] { return cancels_off_the_offload_pool(f, srv); }, 60s);
 }
+
+}  // namespace

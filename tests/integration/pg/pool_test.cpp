@@ -17,6 +17,8 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
+BOOST_AUTO_TEST_SUITE(pool)
+
 std::shared_ptr<pg::pool> make_pool(pg_fixture& f, pg::pool_options o, metrics::registry* reg = nullptr,
                                     logger log = {}) {
     return pg::pool::create(f.io.get_executor(), f.offload.get_executor(), std::move(o), std::move(log), reg);
@@ -61,6 +63,12 @@ net::awaitable<void> rollback_on_return(pg_fixture& f, std::string db) {
     co_await p->close();
 }
 
+BOOST_AUTO_TEST_CASE(connection_returned_mid_transaction_is_rolled_back) {
+    pg_fixture f;
+    cg::test::scratch_db db("pool");
+    cg::test::run_async(f.io, [&] { return rollback_on_return(f, db.name); });
+}
+
 net::awaitable<void> release_later(pg::pooled_connection c, clock_type::duration after) {
     co_await net::sleep_for(after);
     c.release();
@@ -90,6 +98,11 @@ net::awaitable<void> bounded_wait(pg_fixture& f) {
     BOOST_TEST(text.find("chargeguard_pg_pool_acquire_failures_total{pool=\"main\"} 1") != std::string::npos);
     got.release();
     co_await p->close();
+}
+
+BOOST_AUTO_TEST_CASE(bounded_wait_then_unavailable) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return bounded_wait(f); });
 }
 
 net::awaitable<void> down_fails_fast(pg_fixture& f) {
@@ -131,6 +144,11 @@ net::awaitable<void> down_fails_fast(pg_fixture& f) {
     co_await p->close();
 }
 
+BOOST_AUTO_TEST_CASE(fails_fast_with_the_cause_while_down) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return down_fails_fast(f); });
+}
+
 net::awaitable<void> readiness_and_metrics(pg_fixture& f) {
     metrics::registry reg;
     metrics::health health;
@@ -159,6 +177,11 @@ net::awaitable<void> readiness_and_metrics(pg_fixture& f) {
     BOOST_TEST(!health.ready().ok);
 }
 
+BOOST_AUTO_TEST_CASE(readiness_and_metrics_follow_the_pool) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return readiness_and_metrics(f); });
+}
+
 net::awaitable<void> dead_idle_dropped(pg_fixture& f) {
     auto sink = std::make_shared<memory_sink>();
     auto p = make_pool(f, options(cg::test::server_config(), 2), nullptr, logger(sink, log_level::info));
@@ -183,34 +206,11 @@ net::awaitable<void> dead_idle_dropped(pg_fixture& f) {
     co_await p->close();
 }
 
-}  // namespace
-
-BOOST_AUTO_TEST_SUITE(pool)
-
-BOOST_AUTO_TEST_CASE(connection_returned_mid_transaction_is_rolled_back) {
-    pg_fixture f;
-    cg::test::scratch_db db("pool");
-    cg::test::run_async(f.io, [&] { return rollback_on_return(f, db.name); });
-}
-
-BOOST_AUTO_TEST_CASE(bounded_wait_then_unavailable) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return bounded_wait(f); });
-}
-
-BOOST_AUTO_TEST_CASE(fails_fast_with_the_cause_while_down) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return down_fails_fast(f); });
-}
-
-BOOST_AUTO_TEST_CASE(readiness_and_metrics_follow_the_pool) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return readiness_and_metrics(f); });
-}
-
 BOOST_AUTO_TEST_CASE(dead_idle_connection_is_replaced) {
     pg_fixture f;
     cg::test::run_async(f.io, [&] { return dead_idle_dropped(f); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace
