@@ -287,10 +287,7 @@ BOOST_AUTO_TEST_CASE(decline_is_final) {
 // and Stripe is never called.
 BOOST_AUTO_TEST_CASE(postgres_unreachable_requeues_without_calling_stripe) {
     fixture f;
-    net::tcp::acceptor probe(f.io, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    auto closed_port = probe.local_endpoint().port();
-    probe.close();
-    auto dead_pool = f.pool_for(test::server_config("host=127.0.0.1 port=" + std::to_string(closed_port)));
+    auto dead_pool = f.pool_for(test::loopback_config(test::closed_port()));
     billing::ledger dead_ledger(dead_pool);
     billing::pipeline p(f.config_for_pipeline(), dead_ledger, *f.stripe, logger());
     auto body = event_json("acme-10", "2026-11", 1300);

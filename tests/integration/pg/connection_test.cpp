@@ -262,11 +262,8 @@ BOOST_AUTO_TEST_CASE(query_timeout_cancels_server_side) {
 }
 
 net::awaitable<void> refused(pg_fixture& f) {
-    // A port nobody listens on: bind one, then close it.
-    net::tcp_acceptor a(f.io, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    auto port = a.local_endpoint().port();
-    a.close();
-    auto cfg = cg::test::server_config("host=127.0.0.1 port=" + std::to_string(port));
+    auto port = cg::test::closed_port();
+    auto cfg = cg::test::loopback_config(port);
     auto r = co_await pg::connection::connect(cfg, f.offload.get_executor());
     BOOST_TEST(r.code() == pg::errc::connection_failed);
     BOOST_TEST(r.err().message.find("Connection refused") != std::string::npos, r.err().message);

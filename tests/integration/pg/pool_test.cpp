@@ -106,10 +106,8 @@ BOOST_AUTO_TEST_CASE(bounded_wait_then_unavailable) {
 }
 
 net::awaitable<void> down_fails_fast(pg_fixture& f) {
-    net::tcp_acceptor a(f.io, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    auto port = a.local_endpoint().port();
-    a.close();
-    auto o = options(cg::test::server_config("host=127.0.0.1 port=" + std::to_string(port)), 4);
+    auto port = cg::test::closed_port();
+    auto o = options(cg::test::loopback_config(port), 4);
     o.backoff_initial = 2s;
     metrics::registry reg;
     metrics::health health;
