@@ -37,6 +37,8 @@ struct ledger_record {
     std::int32_t stripe_attempts = 0;
     // lease_until − now() by the database clock when the row was read (0 once expired); nullopt: no lease.
     std::optional<std::chrono::milliseconds> lease_remaining;
+    // Moves forward whenever lease_until is written: the lease token of whoever wrote it (ledger.hpp).
+    std::int64_t lease_epoch = 0;
 };
 
 enum class existing_action {

@@ -11,12 +11,13 @@ namespace {
 using ms = std::chrono::milliseconds;
 
 // Every statement that reads a whole row selects these columns in this order (decode_record reads them).
-// The last column is the lease's remaining time by the database clock (NULL without a lease, 0 once
-// expired), so a "lease held" requeue can wait exactly as long as the holder may still be working.
+// Column 13 is the lease's remaining time by the database clock (NULL without a lease, 0 once expired), so a
+// "lease held" requeue can wait exactly as long as the holder may still be working; column 14 the lease epoch
+// (the lease token, see ledger.hpp).
 #define CG_RECORD_COLUMNS                                                                               \
     "key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, " \
     "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts, "      \
-    "greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint"
+    "greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch"
 
 // Lease arithmetic on the database clock; the length travels as milliseconds (int8).
 #define CG_LEASE_END(p) "now() + " p "::bigint * interval '1 millisecond'"
@@ -26,8 +27,8 @@ using ms = std::chrono::milliseconds;
 // between "row written" and "attempt recorded" in which a crash could leave a row that looks untried.
 const std::string preflight_insert_sql =
     "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
-    "status, lease_until, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at) "
-    "VALUES ($1, $2, $3, $4, $5, $6, 'pending', " CG_LEASE_END("$7") ", $8, $9, 1, now()) "
+    "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at) "
+    "VALUES ($1, $2, $3, $4, $5, $6, 'pending', " CG_LEASE_END("$7") ", 1, $8, $9, 1, now()) "
     "ON CONFLICT DO NOTHING RETURNING " CG_RECORD_COLUMNS;
 
 // The row that made the insert conflict: by key first; else the (customer_id, billing_period) row under
@@ -54,51 +55,59 @@ const std::string find_sql = "SELECT " CG_RECORD_COLUMNS " FROM billing_records 
 // lost leases. The connection side (pg::connection) additionally drops an abandoned connection with an
 // abortive close, so the kernel stops retransmitting it at once.
 const std::string take_sql =
-    "WITH taken AS (UPDATE billing_records SET lease_until = " CG_LEASE_END("$2") ", nsq_message_id = $3, "
-    "nsq_attempts = $4 "
+    "WITH taken AS (UPDATE billing_records SET lease_until = " CG_LEASE_END("$2") ", "
+    "lease_epoch = lease_epoch + 1, nsq_message_id = $3, nsq_attempts = $4 "
     "WHERE key = $1 AND status = 'pending' AND (lease_until IS NULL OR lease_until < now()) "
     "AND clock_timestamp() < $5::timestamptz RETURNING " CG_RECORD_COLUMNS ") "
     "SELECT " CG_RECORD_COLUMNS ", clock_timestamp() >= $5::timestamptz FROM (VALUES (1)) AS one(x) "
     "LEFT JOIN taken ON true";
-constexpr int take_late_column = 14;  // right after CG_RECORD_COLUMNS (14 columns)
+constexpr int take_late_column = 15;  // right after CG_RECORD_COLUMNS (15 columns)
 
 const std::string renew_sql =
-    "WITH renewed AS (UPDATE billing_records SET lease_until = " CG_LEASE_END("$3") " "
-    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 AND clock_timestamp() < $4::timestamptz "
-    "RETURNING lease_until) "
-    "SELECT (SELECT lease_until FROM renewed), clock_timestamp() >= $4::timestamptz";
+    "WITH renewed AS (UPDATE billing_records SET lease_until = " CG_LEASE_END("$3") ", "
+    "lease_epoch = lease_epoch + 1 "
+    "WHERE key = $1 AND status = 'pending' AND lease_epoch = $2 AND clock_timestamp() < $4::timestamptz "
+    "RETURNING lease_epoch) "
+    "SELECT (SELECT lease_epoch FROM renewed), clock_timestamp() >= $4::timestamptz";
 
 const std::string attempt_sql =
     "WITH attempted AS (UPDATE billing_records SET stripe_attempts = stripe_attempts + 1, "
-    "first_stripe_attempt_at = coalesce(first_stripe_attempt_at, now()), lease_until = " CG_LEASE_END("$3") " "
-    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 AND clock_timestamp() < $4::timestamptz "
-    "RETURNING key_generation, stripe_attempts, lease_until) "
-    "SELECT key_generation, stripe_attempts, lease_until, clock_timestamp() >= $4::timestamptz "
+    "first_stripe_attempt_at = coalesce(first_stripe_attempt_at, now()), lease_until = " CG_LEASE_END("$3") ", "
+    "lease_epoch = lease_epoch + 1 "
+    "WHERE key = $1 AND status = 'pending' AND lease_epoch = $2 AND clock_timestamp() < $4::timestamptz "
+    "RETURNING key_generation, stripe_attempts, lease_epoch) "
+    "SELECT key_generation, stripe_attempts, lease_epoch, clock_timestamp() >= $4::timestamptz "
     "FROM (VALUES (1)) AS one(x) LEFT JOIN attempted ON true";
 
 // Final states drop the lease; last_error keeps the previous one when the new state has none (charged).
 // payment_intent_id ($5) is set for events charged through a PaymentIntent.
 const std::string settle_sql =
     "UPDATE billing_records SET status = $2::text, charge_id = coalesce($3::text, charge_id), "
-    "last_error = coalesce($4::text, last_error), lease_until = NULL, "
+    "last_error = coalesce($4::text, last_error), lease_until = NULL, lease_epoch = lease_epoch + 1, "
     "payment_intent_id = coalesce($5::text, payment_intent_id) "
     "WHERE key = $1 AND status = 'pending'";
 
-// A released lease is set just in the past, so the next take (lease_until < now()) succeeds at once.
+// A released lease is set just in the past, so the next take (lease_until < now()) succeeds at once; the
+// epoch moves on, so the releasing worker's token no longer renews it.
 // The open answer is recorded even when our lease lapsed meanwhile (it steers whoever holds the row to search
-// first); only our own lease is released.
+// first); only our own lease is released. The row is locked and read first (`held`) because RETURNING sees
+// only the new values, and "was the lease ours" is a question about the old epoch.
 const std::string indeterminate_sql =
+    "WITH held AS (SELECT lease_epoch = $2::bigint AS ours FROM billing_records "
+    "WHERE key = $1 AND status = 'pending' FOR UPDATE) "
     "UPDATE billing_records SET indeterminate_since = coalesce(indeterminate_since, now()), last_error = $3, "
-    "lease_until = CASE WHEN lease_until = $2 THEN now() - interval '1 millisecond' ELSE lease_until END "
-    "WHERE key = $1 AND status = 'pending' RETURNING lease_until = now() - interval '1 millisecond'";
+    "lease_until = CASE WHEN held.ours THEN now() - interval '1 millisecond' ELSE lease_until END, "
+    "lease_epoch = CASE WHEN held.ours THEN lease_epoch + 1 ELSE lease_epoch END "
+    "FROM held WHERE key = $1 AND status = 'pending' RETURNING held.ours";
 
 const std::string release_sql =
-    "UPDATE billing_records SET last_error = $3, lease_until = now() - interval '1 millisecond' "
-    "WHERE key = $1 AND status = 'pending' AND lease_until = $2";
+    "UPDATE billing_records SET last_error = $3, lease_until = now() - interval '1 millisecond', "
+    "lease_epoch = lease_epoch + 1 "
+    "WHERE key = $1 AND status = 'pending' AND lease_epoch = $2";
 
 const std::string bump_sql =
     "UPDATE billing_records SET key_generation = key_generation + 1, indeterminate_since = NULL "
-    "WHERE key = $1 AND status = 'pending' AND lease_until = $2 AND key_generation = $3 RETURNING "
+    "WHERE key = $1 AND status = 'pending' AND lease_epoch = $2 AND key_generation = $3 RETURNING "
     "key_generation";
 
 // Held until the batch's transaction ends: concurrent deliveries of one message insert one letter.
@@ -136,6 +145,7 @@ ledger_record decode_record(const pg::rows& r, std::size_t i) {
     rec.first_stripe_attempt_at = to_sys(r.get<std::optional<pg::timestamp>>(i, 11));
     rec.stripe_attempts = r.get<std::int32_t>(i, 12);
     if (auto left = r.get<std::optional<std::int64_t>>(i, 13)) rec.lease_remaining = ms(*left);
+    rec.lease_epoch = r.get<std::int64_t>(i, 14);
     return rec;
 }
 
@@ -249,7 +259,7 @@ net::awaitable<result<std::optional<lease_token>>> ledger::renew_lease(std::stri
         co_await exec_with_deadline(pool_, renew_sql, pg::params(std::move(key), held, millis(lease)), 1);
     if (!r) co_return r.err();
     if (r->is_null(0, 0)) co_return std::optional<lease_token>();
-    co_return std::optional<lease_token>((*r)[0].get<pg::timestamp>(0));
+    co_return std::optional<lease_token>((*r)[0].get<std::int64_t>(0));
 }
 
 net::awaitable<result<std::optional<attempt_record>>> ledger::record_attempt(
@@ -258,8 +268,8 @@ net::awaitable<result<std::optional<attempt_record>>> ledger::record_attempt(
         co_await exec_with_deadline(pool_, attempt_sql, pg::params(std::move(key), held, millis(lease)), 3);
     if (!r) co_return r.err();
     if (r->is_null(0, 0)) co_return std::optional<attempt_record>();
-    auto [gen, attempts, until] = (*r)[0].as<std::int32_t, std::int32_t, pg::timestamp>();
-    co_return std::optional<attempt_record>(attempt_record{gen, attempts, until});
+    auto [gen, attempts, epoch] = (*r)[0].as<std::int32_t, std::int32_t, std::int64_t>();
+    co_return std::optional<attempt_record>(attempt_record{gen, attempts, epoch});
 }
 
 net::awaitable<result<bool>> ledger::settle(std::string key, record_status status,

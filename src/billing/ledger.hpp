@@ -1,12 +1,13 @@
 // The billing ledger's SQL (DESIGN.md §4, §5): every statement the state machine runs against
 // billing_records and dead_letters, in one place, on a pg::pool.
 //
-// Leases use the database clock (now()) only. Holding a lease means knowing the exact lease_until value this
-// worker last wrote (a `lease_token`): every statement that needs the lease compares it (`lease_until =
-// $token`) and moves it forward atomically, so a worker whose lease expired and was taken over cannot renew,
-// record an attempt, bump the generation or release someone else's lease. A token is unique in practice: a
-// lease is only ever set by an atomic transition from "absent" (insert) or "expired" (take), and a new token
-// is always later than the expired one it replaces.
+// Leases use the database clock (now()) only: lease_until is the lease's expiry. Holding a lease means
+// knowing the row's lease_epoch as this worker last wrote it (a `lease_token`): every statement that writes
+// lease_until also moves lease_epoch forward by one (migration 0007), and every statement that needs the
+// lease compares the epoch (`lease_epoch = $token`), so a worker whose lease expired and was taken over
+// cannot renew, record an attempt, bump the generation or release someone else's lease. A token is unique per
+// row: the epoch only ever grows, whatever the clock did (two leases written within one microsecond still
+// differ).
 //
 // Every function acquires a connection from the pool, runs one statement (or one atomic batch) and gives it
 // back. Errors are pg errors passed through unchanged (errc::unavailable when PostgreSQL is unreachable,
@@ -30,8 +31,8 @@
 
 namespace cg::billing {
 
-// The lease_until value this worker wrote last; see above.
-using lease_token = pg::timestamp;
+// The row's lease_epoch as this worker wrote it last; see above.
+using lease_token = std::int64_t;
 
 // What the pre-flight insert writes.
 struct new_record {
@@ -42,7 +43,7 @@ struct new_record {
 };
 
 struct preflight_result {
-    bool inserted = false;  // true: the row is ours, pending, leased (record.lease_until is the token)
+    bool inserted = false;  // true: the row is ours, pending, leased (record.lease_epoch is the token)
     // The inserted row, or the existing row. On a conflict with UNIQUE (customer_id, billing_period) under a
     // different key (another key namespace computed it) this is that row: record.key differs from the key.
     ledger_record record;

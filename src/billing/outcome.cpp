@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "billing/key.hpp"
+#include "net/backoff.hpp"
 
 namespace cg::billing {
 
@@ -35,10 +36,10 @@ std::string_view to_string(verdict_reason r) noexcept {
 }
 
 std::chrono::milliseconds backoff_delay(const backoff& b, std::int32_t attempts) noexcept {
-    auto d = std::max(b.initial, std::chrono::milliseconds(1));
-    // Doubling stops at the cap; the loop is bounded by it (no shift overflow for huge attempt counts).
-    for (std::int32_t i = 1; i < attempts && d < b.max; ++i) d *= 2;
-    return std::min(d, b.max);
+    // At least 1 ms to double from; NSQ's attempt counts start at 1.
+    auto first = std::max(b.initial, std::chrono::milliseconds(1));
+    return net::backoff_delay({first, b.max, net::jitter::none},
+                              static_cast<std::uint64_t>(std::max(attempts, 1)));
 }
 
 charge_step step_for(stripe::outcome_class c) noexcept {

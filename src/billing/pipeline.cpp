@@ -12,12 +12,6 @@
 namespace cg::billing {
 namespace {
 
-// The lease token of a row we just leased (inserted or taken): the exact lease_until the database wrote.
-lease_token token_of(const ledger_record& rec) {
-    if (!rec.lease_until) throw std::logic_error("leased row " + rec.key + " has no lease_until");
-    return std::chrono::time_point_cast<std::chrono::microseconds>(*rec.lease_until);
-}
-
 std::string invalid_reason(const error& e) {
     // "event field is invalid: amount_cents: must be an integer in 1..99999999"
     std::string out = e.code.message();
@@ -152,7 +146,7 @@ net::awaitable<verdict> pipeline::process(run& r) {
         r.log.debug("ledger row written");
         co_await test_pause();  // between the row and the Stripe call
         // The insert recorded the first attempt too (ledger.cpp): straight to Stripe.
-        r.lease = token_of(pf->record);
+        r.lease = pf->record.lease_epoch;
         r.generation = pf->record.key_generation;
         r.first_attempt = pf->record.first_stripe_attempt_at;
         co_return co_await charge(r, true);
@@ -213,7 +207,7 @@ net::awaitable<verdict> pipeline::recover(run& r) {
         co_return lease_held(remaining, "lease taken by another worker");
     }
     ledger_record rec = std::move(**taken);
-    r.lease = token_of(rec);
+    r.lease = rec.lease_epoch;
     r.generation = rec.key_generation;
     r.first_attempt = rec.first_stripe_attempt_at;
     auto action = recovery_mode(rec, cfg_.now(), cfg_.same_key_window);

@@ -313,8 +313,7 @@ key_inputs inputs_for(run_t* v, const nsq::message& m, const billing::billing_ev
 }
 
 billing::lease_token token_of(const billing::ledger_record& r) {
-    return std::chrono::time_point_cast<std::chrono::microseconds>(
-        r.lease_until.value_or(billing::sys_time{}));
+    return r.lease_epoch;
 }
 
 // The ledger without the rest: a pending row and a lease before Stripe, recovery of an expired lease by

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "net/boxed.hpp"
 #include "net/tokens.hpp"
 
 namespace cg::net {
@@ -42,11 +43,7 @@ class offload_pool {
 // executor with the result; an exception thrown by `task` is rethrown in the caller. Cancellation of the
 // caller is not forwarded: `task` must bound itself (timeouts). `task` must own everything it uses.
 namespace detail {
-// Asio 1.22's co_spawn(…, use_awaitable) needs a default-constructible result; box anything else.
-template <typename T>
-asio::awaitable<std::optional<T>> boxed(asio::awaitable<T> task) {
-    co_return std::optional<T>(co_await std::move(task));
-}
+using net::boxed;  // net/boxed.hpp; the old name, kept for callers
 }  // namespace detail
 
 template <typename Executor, typename T>
@@ -54,7 +51,7 @@ asio::awaitable<T> offload(Executor ex, asio::awaitable<T> task) {
     if constexpr (std::is_void_v<T> || std::is_default_constructible_v<T>) {
         co_return co_await asio::co_spawn(ex, std::move(task), asio::use_awaitable);
     } else {
-        auto r = co_await asio::co_spawn(ex, detail::boxed(std::move(task)), asio::use_awaitable);
+        auto r = co_await asio::co_spawn(ex, boxed(std::move(task)), asio::use_awaitable);
         co_return std::move(*r);
     }
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "net/backoff.hpp"
+
 namespace cg::nsq {
 
 std::vector<unsigned> plan_rdy(std::span<const rdy_conn> conns, unsigned max_in_flight,
@@ -52,10 +54,8 @@ std::vector<unsigned> plan_rdy(std::span<const rdy_conn> conns, unsigned max_in_
 
 milliseconds backoff_policy::duration_for(int level) const {
     if (level <= 0) return milliseconds(0);
-    // multiplier · 2^level, saturating well before overflow.
-    auto d = mult_.count();
-    for (int i = 0; i < level && d <= max_.count(); ++i) d *= 2;
-    return milliseconds(std::min<std::int64_t>(d, max_.count()));
+    // multiplier · 2^level, capped.
+    return net::exponential_delay(mult_, static_cast<std::uint64_t>(level), max_);
 }
 
 backoff_policy::decision backoff_policy::signal(int up, int down) {
@@ -67,9 +67,11 @@ backoff_policy::decision backoff_policy::signal(int up, int down) {
         --level_;
         updated = true;
     } else if (up > 0) {
-        auto next = mult_.count();
-        for (int i = 0; i < level_ + 1 && next <= max_.count(); ++i) next *= 2;
-        if (next <= max_.count()) {
+        // Up one level only while multiplier · 2^(level+1) is still within max: capped one past max, so
+        // "beyond" stays visible.
+        auto next =
+            net::exponential_delay(mult_, static_cast<std::uint64_t>(level_ + 1), max_ + milliseconds(1));
+        if (next <= max_) {
             ++level_;
             updated = true;
         }
@@ -94,10 +96,7 @@ std::optional<clock::time_point> next_touch(clock::time_point now, clock::time_p
 }
 
 milliseconds reconnect_delay(unsigned attempt, milliseconds min, milliseconds max, double unit) {
-    std::int64_t d = min.count();
-    for (unsigned i = 1; i < attempt && d < max.count(); ++i) d *= 2;
-    d = std::min(d, max.count());
-    return milliseconds(static_cast<std::int64_t>(static_cast<double>(d) * (0.8 + 0.4 * unit)));
+    return net::backoff_delay({min, max, net::jitter::spread_20}, attempt, unit);
 }
 
 milliseconds default_requeue_delay(unsigned attempts, milliseconds dflt, milliseconds max) {

@@ -4,6 +4,8 @@
 #include <asio/co_spawn.hpp>
 #include <mutex>
 
+#include "net/backoff.hpp"
+#include "net/boxed.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
 #include "pg/stats.hpp"
@@ -15,7 +17,7 @@ using std::chrono::milliseconds;
 std::chrono::milliseconds next_backoff(milliseconds current, milliseconds initial,
                                        milliseconds max) noexcept {
     if (current <= milliseconds::zero()) return std::min(initial, max);
-    return current >= max / 2 ? max : current * 2;
+    return net::exponential_delay(current, 1, max);
 }
 
 // ---- readiness: written on the pool's executor, read by health checks from anywhere
@@ -212,7 +214,7 @@ net::awaitable<result<std::unique_ptr<connection>>> pool::open_one(clock::time_p
         // verdict on the server, so it does not mark the pool down).
         auto left = std::max<clock::duration>(deadline - clock::now(), clock::duration::zero());
         auto done = co_await net::with_timeout(
-            net::detail::boxed(connection::connect(opts_.server, offload_, opts_.conn, log_, stats_)), left);
+            net::boxed(connection::connect(opts_.server, offload_, opts_.conn, log_, stats_)), left);
         if (done) r = std::move(**done);
     }
     probing_ = false;
@@ -307,8 +309,8 @@ void pool::mark_up() {
 void pool::mark_down(const error& e) {
     backoff_ = next_backoff(backoff_, opts_.backoff_initial, opts_.backoff_max);
     // ±20 % jitter so a fleet of sidecars does not reconnect in lockstep.
-    std::uniform_real_distribution<double> jitter(0.8, 1.2);
-    next_attempt_ = clock::now() + std::chrono::duration_cast<clock::duration>(backoff_ * jitter(rng_));
+    double unit = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+    next_attempt_ = clock::now() + net::apply_jitter(backoff_, net::jitter::spread_20, unit);
     if (!down_)
         log_.warn("PostgreSQL unreachable", {{"error", e.describe()}, {"retry_ms", backoff_.count()}});
     down_ = true;

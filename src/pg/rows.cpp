@@ -65,12 +65,19 @@ void rows::expect_type(int c, std::initializer_list<unsigned> oids, const char* 
                            std::to_string(t) + ", not " + what);
 }
 
-std::int64_t rows::decode(std::size_t r, int c, tag<std::int64_t>) const {
+template <typename Parse>
+auto rows::parsed(std::size_t r, int c, std::initializer_list<unsigned> oids, const char* type_name,
+                  Parse parse, const char* bad) const {
     auto s = text_checked(r, c);
-    expect_type(c, {oid::int8, oid::int4, oid::int2, oid::oid}, "an integer");
-    auto v = parse_int64(s);
-    if (!v) fail(r, c, "is not an integer");
-    return *v;
+    expect_type(c, oids, type_name);
+    auto v = parse(s);
+    if (!v) fail(r, c, bad);
+    return std::move(*v);
+}
+
+std::int64_t rows::decode(std::size_t r, int c, tag<std::int64_t>) const {
+    return parsed(r, c, {oid::int8, oid::int4, oid::int2, oid::oid}, "an integer", parse_int64,
+                  "is not an integer");
 }
 
 std::int32_t rows::decode(std::size_t r, int c, tag<std::int32_t>) const {
@@ -81,27 +88,16 @@ std::int32_t rows::decode(std::size_t r, int c, tag<std::int32_t>) const {
 }
 
 bool rows::decode(std::size_t r, int c, tag<bool>) const {
-    auto s = text_checked(r, c);
-    expect_type(c, {oid::bool_}, "boolean");
-    auto v = parse_bool(s);
-    if (!v) fail(r, c, "is not a boolean");
-    return *v;
+    return parsed(r, c, {oid::bool_}, "boolean", parse_bool, "is not a boolean");
 }
 
 timestamp rows::decode(std::size_t r, int c, tag<timestamp>) const {
-    auto s = text_checked(r, c);
-    expect_type(c, {oid::timestamptz}, "timestamptz");
-    auto v = parse_timestamptz(s);
-    if (!v) fail(r, c, "is not an ISO timestamptz (infinity?)");
-    return *v;
+    return parsed(r, c, {oid::timestamptz}, "timestamptz", parse_timestamptz,
+                  "is not an ISO timestamptz (infinity?)");
 }
 
 bytes rows::decode(std::size_t r, int c, tag<bytes>) const {
-    auto s = text_checked(r, c);
-    expect_type(c, {oid::bytea}, "bytea");
-    auto v = parse_bytea_hex(s);
-    if (!v) fail(r, c, "is not hex bytea");
-    return std::move(*v);
+    return parsed(r, c, {oid::bytea}, "bytea", parse_bytea_hex, "is not hex bytea");
 }
 
 }  // namespace cg::pg

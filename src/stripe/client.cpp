@@ -5,6 +5,7 @@
 #include <random>
 
 #include "http/proto/message.hpp"
+#include "net/boxed.hpp"
 #include "net/error.hpp"
 #include "net/timeout.hpp"
 #include "net/tls.hpp"
@@ -337,16 +338,11 @@ net::awaitable<result<std::optional<typename decltype(Page::data)::value_type>>>
     }
 }
 
-// co_spawn(…, use_awaitable) in Asio 1.22 needs a default-constructible value; result<T> is not.
-template <typename T>
-net::awaitable<std::optional<T>> boxed(net::awaitable<T> a) {
-    co_return co_await std::move(a);
-}
-
 // Runs `a` on the client's strand and resumes the caller on its own executor.
 template <typename T>
 net::awaitable<T> on_strand(state_ptr st, net::awaitable<T> a) {
-    auto r = co_await asio::co_spawn(st->http->get_executor(), boxed(std::move(a)), asio::use_awaitable);
+    // net::boxed: co_spawn in Asio 1.22 needs a default-constructible value; result<T> is not.
+    auto r = co_await asio::co_spawn(st->http->get_executor(), net::boxed(std::move(a)), asio::use_awaitable);
     co_return std::move(*r);
 }
 

@@ -4,37 +4,26 @@
 // the child's own log and /metrics — never on sleeps. Skipped (exit 77) without PGHOST.
 #define BOOST_TEST_MODULE consume_e2e
 #define BOOST_TEST_NO_MAIN
-#include <fcntl.h>
 #include <signal.h>
 #include <simdjson.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <asio/ip/tcp.hpp>
 #include <boost/test/unit_test.hpp>
 #include <cstdlib>
-#include <deque>
-#include <fstream>
 #include <set>
 #include <sstream>
 
 #include "billing/key.hpp"
 #include "http/client.hpp"
+#include "support/chargeguard_e2e.hpp"
 #include "support/pg_main.hpp"
 #include "support/prom_text.hpp"
 #include "support/run_async.hpp"
-#include "tests/doubles/nsq/fake_nsqd.hpp"
 #include "tests/integration/nsq/helpers.hpp"
-#include "tests/integration/pg/support.hpp"
-#include "tests/integration/stripe/fake_fixture.hpp"
-
-extern char** environ;
 
 using namespace cg;
 using namespace std::chrono;
 using nsqtest::eventually;
-using test::nsq::fake_nsqd;
 
 namespace {
 
@@ -51,90 +40,29 @@ std::string key_of(int customer, const std::string& period) {
     return billing::base_key(key_namespace, "cust-" + std::to_string(customer), period);
 }
 
-std::string slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-std::string exe() {
-    const char* p = std::getenv("CHARGEGUARD_EXE");
-    BOOST_TEST_REQUIRE(p != nullptr, "CHARGEGUARD_EXE not set (meson sets it)");
-    return p;
-}
-
-// One `chargeguard consume` process: stdout and stderr (JSON log lines) go to files.
-struct child {
-    pid_t pid = -1;
-    std::string err_path;
+// One `chargeguard consume` process: stderr (JSON log lines) goes to a file, stdout to /dev/null.
+struct child : test::child_process {
     unsigned short health_port = 0;
 
-    std::string log() const { return slurp(err_path); }
-    // The port the child's health server bound (it listens on port 0), from its startup log line.
-    std::optional<unsigned short> logged_port() const {
-        std::istringstream in(log());
-        std::string line;
-        simdjson::dom::parser p;
-        while (std::getline(in, line)) {
-            simdjson::dom::element doc;
-            if (p.parse(line).get(doc) != simdjson::SUCCESS) continue;
-            std::string_view msg;
-            std::int64_t port = 0;
-            if (doc["msg"].get(msg) == simdjson::SUCCESS && msg == "health server listening" &&
-                doc["port"].get(port) == simdjson::SUCCESS)
-                return static_cast<unsigned short>(port);
-        }
-        return std::nullopt;
-    }
+    std::string log() const { return err(); }
 };
 
 // Test state on one io_context (inherited from the Stripe fixture, with fake-stripe already listening): the
 // fake nsqd, the scratch database, a pool to read the ledger with, and the children started.
-struct e2e : test::fake_stripe_fixture {
-    test::scratch_db db{"consume"};
-    std::unique_ptr<fake_nsqd> nsqd;
-    std::shared_ptr<pg::pool> pg;
-    std::deque<child> children;  // references stay valid as children are added
-    std::string tmp = "/tmp/cg-consume-e2e-" + std::to_string(::getpid());
-
-    e2e() {
-        ::setenv("STRIPE_API_KEY", stripe_key.c_str(), 1);  // the children inherit it; never on argv
-        pg::pool_options o;
-        o.server = db.config();
-        o.size = 2;
-        pg = pg::pool::create(io.get_executor(), pool.get_executor(), std::move(o), logger());
-    }
-    ~e2e() {
-        for (auto& c : children) {
-            if (c.pid > 0 && ::waitpid(c.pid, nullptr, WNOHANG) == 0) {
-                ::kill(c.pid, SIGKILL);
-                ::waitpid(c.pid, nullptr, 0);
-            }
-            if (!std::getenv("CG_KEEP_LOGS")) ::unlink(c.err_path.c_str());
-        }
-        try {
-            test::run_async(io, [&]() -> net::awaitable<void> { co_await pg->close(); });
-        } catch (...) {
-        }
-    }
-
-    void start_nsqd(test::nsq::fake_nsqd_options o = {}) {
-        nsqd = std::make_unique<fake_nsqd>(io.get_executor(), o);
-        BOOST_TEST_REQUIRE(nsqd->start().has_value());
-        nsqd->create_channel(topic, channel);
-    }
+struct e2e : test::chargeguard_e2e<child> {
+    // The file's constants (the base class has members of the same names).
+    e2e() : chargeguard_e2e("consume", ::topic, ::channel, ::stripe_key) {}
 
     test::nsq::channel_counts counts() const { return nsqd->channel(topic, channel); }
 
     std::vector<std::string> base_args() const {
         return {"consume", "--topic", topic, "--channel", channel, "--nsqd-tcp-address", nsqd->tcp_address(),
-                "--heartbeat-interval", "1s", "--pg-dsn", "dbname=" + db.name, "--migrate",
-                "--stripe-api-base", "https://127.0.0.1:" + std::to_string(port), "--stripe-ca-file",
-                test::cert("ca.pem"), "--stripe-retry-initial", "0.05", "--stripe-retry-max", "0.2",
-                "--key-namespace", key_namespace, "--lease-held-delay", "200ms", "--retry-same-key-delay",
-                "200ms", "--indeterminate-delay", "300ms", "--health-listen", "127.0.0.1:0",
-                "--shutdown-timeout", "10",
+                "--heartbeat-interval", "1s", "--pg-dsn", dsn(), "--migrate", "--stripe-api-base",
+                "https://127.0.0.1:" + std::to_string(port), "--stripe-ca-file", test::cert("ca.pem"),
+                "--stripe-retry-initial", "0.05", "--stripe-retry-max", "0.2", "--key-namespace",
+                key_namespace, "--lease-held-delay", "200ms", "--retry-same-key-delay", "200ms",
+                "--indeterminate-delay", "300ms", "--health-listen", "127.0.0.1:0", "--shutdown-timeout",
+                "10",
                 // An ASan build's loop can be late; liveness is not what these tests are about.
                 "--max-loop-lag", "5"};
     }
@@ -148,21 +76,7 @@ struct e2e : test::fake_stripe_fixture {
     // `args` after the executable; `with_command` false: `args` lacks the leading "consume".
     child& spawn_raw(std::vector<std::string> args, bool with_command = false) {
         if (!with_command) args.insert(args.begin(), "consume");
-        child c;
-        c.err_path = tmp + "-" + std::to_string(children.size()) + ".err";
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-        posix_spawn_file_actions_addopen(&fa, 2, c.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        args.insert(args.begin(), exe());
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        int rc = posix_spawn(&c.pid, argv[0], &fa, nullptr, argv.data(), environ);
-        posix_spawn_file_actions_destroy(&fa);
-        BOOST_TEST_REQUIRE(rc == 0);
-        children.push_back(c);
-        return children.back();
+        return children.spawn(std::move(args), false);
     }
 
     // Waits (on timers, the loop keeps serving the fakes) for the child to log its health port.
@@ -170,20 +84,6 @@ struct e2e : test::fake_stripe_fixture {
         bool up = co_await eventually([&] { return c.logged_port().has_value(); }, seconds(20));
         BOOST_TEST_REQUIRE(up, c.log());
         c.health_port = *c.logged_port();
-    }
-
-    // The child's exit code, or -1 when it did not exit within `limit` (then it is killed).
-    net::awaitable<int> wait_exit(child& c, milliseconds limit) {
-        int status = 0;
-        bool exited = co_await eventually([&] { return ::waitpid(c.pid, &status, WNOHANG) == c.pid; }, limit);
-        if (!exited) {
-            ::kill(c.pid, SIGKILL);
-            ::waitpid(c.pid, &status, 0);
-            c.pid = -1;
-            co_return -1;
-        }
-        c.pid = -1;
-        co_return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
 
     net::awaitable<http::client_result> get(const child& c, std::string path) {
@@ -200,42 +100,6 @@ struct e2e : test::fake_stripe_fixture {
         BOOST_TEST_REQUIRE(r.ok());
         BOOST_TEST_REQUIRE(r.resp.status == 200);
         co_return test::parse_prometheus(r.resp.body);
-    }
-
-    net::awaitable<pg::rows> query(std::string sql) {
-        auto conn = co_await pg->acquire();
-        BOOST_TEST_REQUIRE(conn.has_value(), (conn ? "" : conn.err().describe()));
-        auto r = co_await (*conn)->query_with(sql, pg::params(), seconds(5));
-        BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
-        co_return std::move(*r);
-    }
-
-    // billing_key (metadata) → charge ids fake-stripe holds for it.
-    std::map<std::string, std::vector<std::string>> charges_by_key() const {
-        std::map<std::string, std::vector<std::string>> out;
-        for (const auto& ch : fake->charges())
-            for (const auto& [k, v] : ch.metadata)
-                if (k == "billing_key") out[v].push_back(ch.id);
-        return out;
-    }
-
-    // Every key charged exactly once at fake-stripe and recorded `charged` with that charge id.
-    net::awaitable<void> expect_charged_once(std::set<std::string> keys) {
-        auto by_key = charges_by_key();
-        BOOST_TEST(fake->charges().size() == keys.size());
-        BOOST_TEST(by_key.size() == keys.size());
-        auto rows =
-            co_await query("SELECT key, status, coalesce(charge_id, '') FROM billing_records ORDER BY key");
-        BOOST_TEST(rows.size() == keys.size());
-        for (std::size_t i = 0; i < rows.size(); ++i) {
-            std::string key(rows.text(i, 0));
-            BOOST_TEST(keys.count(key) == 1u, key);
-            BOOST_TEST(rows.text(i, 1) == "charged", key);
-            auto it = by_key.find(key);
-            BOOST_TEST_REQUIRE((it != by_key.end()), key);
-            BOOST_TEST(it->second.size() == 1u, key);
-            BOOST_TEST(rows.text(i, 2) == it->second.front(), key);
-        }
     }
 
     std::map<std::string, double> outcomes(const std::map<std::string, test::prom_family>& fams) const {

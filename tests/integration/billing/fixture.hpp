@@ -13,6 +13,7 @@
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
 #include "billing/pipeline.hpp"
+#include "net/boxed.hpp"
 #include "pg/migrations.hpp"
 #include "pg/pool.hpp"
 #include "support/run_async.hpp"
@@ -44,12 +45,6 @@ inline std::string key_of(const std::string& customer, const std::string& period
     return billing::base_key(key_namespace, customer, period);
 }
 
-// Asio 1.22's co_spawn needs a default-constructible result (result<T> is not): box it.
-template <typename T>
-net::awaitable<std::optional<T>> boxed(net::awaitable<T> a) {
-    co_return std::optional<T>(co_await std::move(a));
-}
-
 struct billing_fixture : fake_stripe_fixture {
     scratch_db db{"billing"};
     std::shared_ptr<pg::pool> pg;
@@ -76,7 +71,7 @@ struct billing_fixture : fake_stripe_fixture {
     // Runs an awaitable returning result<T> (or anything) on the test's io_context and returns its value.
     template <typename T>
     T run(net::awaitable<T> a) {
-        return std::move(*run_async(io, [&]() { return boxed(std::move(a)); }));
+        return std::move(*run_async(io, [&]() { return net::boxed(std::move(a)); }));
     }
 
     net::awaitable<result<pg::migrate_report>> boxed_migrate() {
@@ -120,6 +115,20 @@ struct billing_fixture : fake_stripe_fixture {
     // One delivery through `p`, run on the test's io_context.
     billing::verdict handle(billing::pipeline& p, billing::delivery d) {
         return run_async(io, [&]() { return p.handle(std::move(d)); });
+    }
+
+    // The "dead worker": a worker ran the pre-flight for `body` (row inserted pending, first Stripe attempt
+    // recorded, leased for `lease`) and did nothing more. Returns the row it wrote.
+    billing::ledger_record dead_workers_row(const std::string& body, const std::string& message_id,
+                                            std::chrono::milliseconds lease) {
+        auto ev = billing::parse_event(body);
+        BOOST_TEST_REQUIRE(ev.has_value());
+        billing::new_record nr{billing::base_key(key_namespace, ev->customer_id, ev->billing_period), *ev,
+                               message_id, 1};
+        auto pf = run(ledger->preflight(std::move(nr), lease));
+        BOOST_TEST_REQUIRE(pf.has_value(), (pf ? "" : pf.err().describe()));
+        BOOST_TEST_REQUIRE(pf->inserted);
+        return std::move(pf->record);
     }
 
     std::optional<billing::ledger_record> row(const std::string& key) {

@@ -171,16 +171,11 @@ BOOST_AUTO_TEST_CASE(crash_after_stripe_charged_recovers_with_the_same_key) {
     BOOST_TEST_REQUIRE(ev.has_value());
     // The dead worker's steps: pre-flight (which records the first attempt), Stripe charged; its lease lapses
     // (0 ms here).
-    auto first_charge = run_async(f.io, [&]() -> net::awaitable<std::string> {
-        billing::new_record nr{key, *ev, "0e01", 1};
-        auto pf = co_await f.ledger->preflight(nr, 0ms);
-        BOOST_TEST_REQUIRE(pf.has_value());
-        BOOST_TEST_REQUIRE(pf->inserted);
-        BOOST_TEST(pf->record.stripe_attempts == 1);
-        auto out = co_await f.stripe->create_charge(billing::build_charge_request(*ev, key, 1));
-        BOOST_TEST_REQUIRE((out.cls == stripe::outcome_class::succeeded));
-        co_return out.charge_id;
-    });
+    auto dead = f.dead_workers_row(body, "0e01", 0ms);
+    BOOST_TEST(dead.stripe_attempts == 1);
+    auto out = f.run(f.stripe->create_charge(billing::build_charge_request(*ev, key, 1)));
+    BOOST_TEST_REQUIRE((out.cls == stripe::outcome_class::succeeded));
+    auto first_charge = out.charge_id;
     auto v = f.handle(*p, delivery_of(body, "0e01", 2));
     BOOST_TEST(reason(v) == "charged", v.detail);
     BOOST_TEST(v.detail == first_charge);
@@ -257,10 +252,7 @@ BOOST_AUTO_TEST_CASE(lease_held_elsewhere_requeues_without_calling_stripe) {
     auto p = f.make_pipeline();
     auto body = event_json("acme-8", "2026-11", 900);
     auto key = key_of("acme-8", "2026-11");
-    auto ev = billing::parse_event(body);
-    billing::new_record nr{key, *ev, "other", 1};
-    auto pf = f.run(f.ledger->preflight(nr, 60s));
-    BOOST_TEST_REQUIRE((pf.has_value() && pf->inserted));
+    auto other = f.dead_workers_row(body, "other", 60s);  // alive here: it holds a 60 s lease
     auto v = f.handle(*p, delivery_of(body, "1101", 2));
     BOOST_TEST(!v.finished());
     BOOST_TEST(reason(v) == "requeued_lease_held");
@@ -270,7 +262,7 @@ BOOST_AUTO_TEST_CASE(lease_held_elsewhere_requeues_without_calling_stripe) {
     BOOST_TEST(f.fake->requests() == 0u);
     auto rec = f.row(key);
     BOOST_TEST(rec->stripe_attempts == 1);  // the other worker's pre-flight; nothing added by this delivery
-    BOOST_TEST((rec->lease_until == pf->record.lease_until));
+    BOOST_TEST((rec->lease_until == other.lease_until));
 }
 
 // A decline is final: declined, FIN; a redelivery does not try again.
@@ -295,10 +287,7 @@ BOOST_AUTO_TEST_CASE(decline_is_final) {
 // and Stripe is never called.
 BOOST_AUTO_TEST_CASE(postgres_unreachable_requeues_without_calling_stripe) {
     fixture f;
-    net::tcp::acceptor probe(f.io, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    auto closed_port = probe.local_endpoint().port();
-    probe.close();
-    auto dead_pool = f.pool_for(test::server_config("host=127.0.0.1 port=" + std::to_string(closed_port)));
+    auto dead_pool = f.pool_for(test::loopback_config(test::closed_port()));
     billing::ledger dead_ledger(dead_pool);
     billing::pipeline p(f.config_for_pipeline(), dead_ledger, *f.stripe, logger());
     auto body = event_json("acme-10", "2026-11", 1300);
@@ -386,11 +375,7 @@ BOOST_AUTO_TEST_CASE(past_max_attempts_with_a_dead_workers_lease_waits_for_it_th
     auto p = f.make_pipeline();
     auto body = event_json("acme-13", "2026-11", 1600);
     auto key = key_of("acme-13", "2026-11");
-    auto ev = billing::parse_event(body);
-    BOOST_TEST_REQUIRE(ev.has_value());
-    billing::new_record nr{key, *ev, "1601", 1};
-    auto pf = f.run(f.ledger->preflight(nr, 1500ms));  // the dead worker's pre-flight, 1.5 s lease
-    BOOST_TEST_REQUIRE((pf.has_value() && pf->inserted));
+    f.dead_workers_row(body, "1601", 1500ms);  // the dead worker's pre-flight, 1.5 s lease
     auto held = run_async(f.io, [&]() { return p->give_up(delivery_of(body, "1601", 6)); });
     BOOST_TEST(!held.finished());
     BOOST_TEST(reason(held) == "requeued_lease_held", held.detail);

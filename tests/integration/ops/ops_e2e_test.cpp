@@ -4,7 +4,6 @@
 // fake-stripe state, the child's exit) with a deadline. Skipped (exit 77) without PGHOST.
 #define BOOST_TEST_MODULE ops_e2e
 #define BOOST_TEST_NO_MAIN
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <simdjson.h>
@@ -14,7 +13,6 @@
 #include <unistd.h>
 
 #include <boost/test/unit_test.hpp>
-#include <deque>
 #include <fstream>
 #include <map>
 #include <set>
@@ -22,19 +20,15 @@
 
 #include "billing/key.hpp"
 #include "http/client.hpp"
+#include "support/chargeguard_e2e.hpp"
 #include "support/pg_main.hpp"
 #include "support/run_async.hpp"
-#include "tests/doubles/nsq/fake_nsqd.hpp"
 #include "tests/integration/nsq/helpers.hpp"
-#include "tests/integration/pg/support.hpp"
-#include "tests/integration/stripe/fake_fixture.hpp"
-
-extern char** environ;
 
 using namespace cg;
 using namespace std::chrono;
 using nsqtest::eventually;
-using test::nsq::fake_nsqd;
+using test::child_process;
 
 namespace {
 
@@ -50,19 +44,6 @@ std::string event_json(const std::string& customer, const std::string& period, s
 
 std::string key_of(const std::string& customer, const std::string& period) {
     return billing::base_key(key_namespace, customer, period);
-}
-
-std::string slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-std::string exe() {
-    const char* p = std::getenv("CHARGEGUARD_EXE");
-    BOOST_TEST_REQUIRE(p != nullptr, "CHARGEGUARD_EXE not set (meson sets it)");
-    return p;
 }
 
 // argv for a subcommand, built outside co_await expressions (g++ 12: no braced list inside co_await).
@@ -83,50 +64,15 @@ unsigned short free_port() {
     return ntohs(a.sin_port);
 }
 
-struct child {
-    pid_t pid = -1;
-    std::string out_path, err_path;
-    std::string out() const { return slurp(out_path); }
-    std::string err() const { return slurp(err_path); }
-};
+using child = child_process;
 
-struct ops : test::fake_stripe_fixture {
-    test::scratch_db db{"ops"};
-    std::unique_ptr<fake_nsqd> nsqd;
-    std::shared_ptr<pg::pool> pg;
-    std::deque<child> children;
-    std::string tmp = "/tmp/cg-ops-e2e-" + std::to_string(::getpid());
+struct ops : test::chargeguard_e2e<> {
     std::vector<std::string> files;
 
-    ops() {
-        ::setenv("STRIPE_API_KEY", stripe_key.c_str(), 1);  // inherited by the children; never on argv
-        pg::pool_options o;
-        o.server = db.config();
-        o.size = 2;
-        pg = pg::pool::create(io.get_executor(), pool.get_executor(), std::move(o), logger());
-    }
+    // The file's constants (the base class has members of the same names).
+    ops() : chargeguard_e2e("ops", ::topic, ::channel, ::stripe_key) {}
     ~ops() {
-        for (auto& c : children) {
-            if (c.pid > 0 && ::waitpid(c.pid, nullptr, WNOHANG) == 0) {
-                ::kill(c.pid, SIGKILL);
-                ::waitpid(c.pid, nullptr, 0);
-            }
-            if (!std::getenv("CG_KEEP_LOGS")) {
-                ::unlink(c.out_path.c_str());
-                ::unlink(c.err_path.c_str());
-            }
-        }
         for (const auto& f : files) ::unlink(f.c_str());
-        try {
-            test::run_async(io, [&]() -> net::awaitable<void> { co_await pg->close(); });
-        } catch (...) {
-        }
-    }
-
-    void start_nsqd() {
-        nsqd = std::make_unique<fake_nsqd>(io.get_executor());
-        BOOST_TEST_REQUIRE(nsqd->start().has_value());
-        nsqd->create_channel(topic, channel);
     }
 
     std::string write_file(const std::string& name, const std::string& text) {
@@ -136,47 +82,13 @@ struct ops : test::fake_stripe_fixture {
         return path;
     }
 
-    std::string dsn() const { return "dbname=" + db.name; }
     std::string stripe_base() const { return "https://127.0.0.1:" + std::to_string(port); }
     std::vector<std::string> stripe_args() const {
         return {"--stripe-api-base",      stripe_base(), "--stripe-ca-file",   test::cert("ca.pem"),
                 "--stripe-retry-initial", "0.05",        "--stripe-retry-max", "0.2"};
     }
 
-    child& spawn(std::vector<std::string> args) {
-        child c;
-        auto n = std::to_string(children.size());
-        c.out_path = tmp + "-" + n + ".out";
-        c.err_path = tmp + "-" + n + ".err";
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_addopen(&fa, 1, c.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        posix_spawn_file_actions_addopen(&fa, 2, c.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        args.insert(args.begin(), exe());
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        int rc = posix_spawn(&c.pid, argv[0], &fa, nullptr, argv.data(), environ);
-        posix_spawn_file_actions_destroy(&fa);
-        BOOST_TEST_REQUIRE(rc == 0);
-        children.push_back(c);
-        return children.back();
-    }
-
-    // The child's exit code, or -1 when it did not exit within `limit` (then it is killed). The loop keeps
-    // serving the fakes meanwhile.
-    net::awaitable<int> wait_exit(child& c, milliseconds limit) {
-        int status = 0;
-        bool exited = co_await eventually([&] { return ::waitpid(c.pid, &status, WNOHANG) == c.pid; }, limit);
-        if (!exited) {
-            ::kill(c.pid, SIGKILL);
-            ::waitpid(c.pid, &status, 0);
-            c.pid = -1;
-            co_return -1;
-        }
-        c.pid = -1;
-        co_return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
+    child& spawn(std::vector<std::string> args) { return children.spawn(std::move(args)); }
 
     // Runs a one-shot subcommand to completion: its exit code; its output stays in the child.
     net::awaitable<int> run_cmd(child*& c, std::vector<std::string> args, milliseconds limit = seconds(60)) {
@@ -210,14 +122,6 @@ struct ops : test::fake_stripe_fixture {
         BOOST_TEST_REQUIRE(rc == 0, c->err());
     }
 
-    net::awaitable<pg::rows> query(std::string sql) {
-        auto conn = co_await pg->acquire();
-        BOOST_TEST_REQUIRE(conn.has_value(), (conn ? "" : conn.err().describe()));
-        auto r = co_await (*conn)->query_with(sql, pg::params(), seconds(5));
-        BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()) + " in " + sql);
-        co_return std::move(*r);
-    }
-
     net::awaitable<std::int64_t> add_letter(const std::string& body, const std::string& reason) {
         std::string b;
         for (char ch : body) b += ch == '\'' ? std::string("''") : std::string(1, ch);
@@ -227,33 +131,6 @@ struct ops : test::fake_stripe_fixture {
             topic + "', '" + channel + "', '0a1b2c3d4e5f6071', 1, convert_to('" + b + "', 'UTF8'), '" +
             reason + "') RETURNING id");
         co_return r.get<std::int64_t>(0, 0);
-    }
-
-    // billing_key (metadata) → charge ids fake-stripe holds for it.
-    std::map<std::string, std::vector<std::string>> charges_by_key() const {
-        std::map<std::string, std::vector<std::string>> out;
-        for (const auto& ch : fake->charges())
-            for (const auto& [k, v] : ch.metadata)
-                if (k == "billing_key") out[v].push_back(ch.id);
-        return out;
-    }
-
-    // Every key charged exactly once at fake-stripe and recorded `charged` with that charge id.
-    net::awaitable<void> expect_charged_once(const std::set<std::string>& keys) {
-        auto by_key = charges_by_key();
-        BOOST_TEST(fake->charges().size() == keys.size());
-        auto rows =
-            co_await query("SELECT key, status, coalesce(charge_id, '') FROM billing_records ORDER BY key");
-        BOOST_TEST(rows.size() == keys.size());
-        for (std::size_t i = 0; i < rows.size(); ++i) {
-            std::string key(rows.text(i, 0));
-            BOOST_TEST(keys.count(key) == 1u, key);
-            BOOST_TEST(rows.text(i, 1) == "charged", key);
-            auto it = by_key.find(key);
-            BOOST_TEST_REQUIRE((it != by_key.end()), key);
-            BOOST_TEST(it->second.size() == 1u, key);
-            BOOST_TEST(rows.text(i, 2) == it->second.front(), key);
-        }
     }
 
     std::vector<std::string> reconcile_args(const std::string& expected, const std::string& period) {
@@ -605,23 +482,8 @@ BOOST_FIXTURE_TEST_CASE(consume_exports_oldest_pending_age_and_probe_answers, op
             "now() - interval '120 seconds')");
         auto& consumer = spawn_consume(nsqd->tcp_address());
         std::optional<unsigned short> port;
-        auto logged_port = [&]() -> std::optional<unsigned short> {
-            std::istringstream in(consumer.err());
-            std::string line;
-            simdjson::dom::parser p;
-            while (std::getline(in, line)) {
-                simdjson::dom::element doc;
-                if (p.parse(line).get(doc) != simdjson::SUCCESS) continue;
-                std::string_view msg;
-                std::int64_t n = 0;
-                if (doc["msg"].get(msg) == simdjson::SUCCESS && msg == "health server listening" &&
-                    doc["port"].get(n) == simdjson::SUCCESS)
-                    return static_cast<unsigned short>(n);
-            }
-            return std::nullopt;
-        };
         BOOST_TEST_REQUIRE(
-            co_await eventually([&] { return (port = logged_port()).has_value(); }, seconds(20)),
+            co_await eventually([&] { return (port = consumer.logged_port()).has_value(); }, seconds(20)),
             consumer.err());
         auto base = "http://127.0.0.1:" + std::to_string(*port);
         auto cl = http::client::create(io.get_executor(), base, {}, logger());

@@ -12,6 +12,8 @@ using cg::test::pg_fixture;
 
 namespace {
 
+BOOST_AUTO_TEST_SUITE(connection)
+
 net::awaitable<std::unique_ptr<pg::connection>> connect_ok(pg_fixture& f,
                                                            pg::config cfg = cg::test::server_config(),
                                                            pg::connection_options opts = {}) {
@@ -96,6 +98,11 @@ net::awaitable<void> round_trip(pg_fixture& f) {
     BOOST_TEST(tsq[0].get<bool>(0) == true);
 }
 
+BOOST_AUTO_TEST_CASE(typed_round_trips) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return round_trip(f); });
+}
+
 net::awaitable<void> on_conflict(pg_fixture& f) {
     auto c = co_await connect_ok(f);
     must(co_await c->execute(
@@ -123,6 +130,11 @@ net::awaitable<void> on_conflict(pg_fixture& f) {
     BOOST_TEST(!c->broken());
     auto ok = must(co_await c->query("SELECT count(*) FROM k"), "count");
     BOOST_TEST(ok[0].get<std::int64_t>(0) == 2);
+}
+
+BOOST_AUTO_TEST_CASE(insert_on_conflict_do_nothing_returning) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return on_conflict(f); });
 }
 
 net::awaitable<void> pipeline_one_failure(pg_fixture& f) {
@@ -173,6 +185,11 @@ net::awaitable<void> pipeline_one_failure(pg_fixture& f) {
     for (int i = 0; i < 100; ++i) BOOST_TEST(s[i]->get<std::int64_t>(0, 0) == 2 * i);
 }
 
+BOOST_AUTO_TEST_CASE(pipeline_of_1000_with_one_failure) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return pipeline_one_failure(f); });
+}
+
 net::awaitable<void> prepared_statements(pg_fixture& f) {
     auto c = co_await connect_ok(f);
     // The same text with different parameter types is two statements (an int4 plan must not get an int8).
@@ -211,6 +228,11 @@ net::awaitable<void> prepared_statements(pg_fixture& f) {
     BOOST_TEST(ok[0].get<std::int32_t>(0) == 3);
 }
 
+BOOST_AUTO_TEST_CASE(statements_prepared_once_per_connection) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return prepared_statements(f); });
+}
+
 net::awaitable<void> timeout_cancels(pg_fixture& f) {
     pg::connection_options opts;
     opts.query_timeout = 200ms;
@@ -234,16 +256,23 @@ net::awaitable<void> timeout_cancels(pg_fixture& f) {
     BOOST_TEST(after.code() == pg::errc::connection_lost);
 }
 
+BOOST_AUTO_TEST_CASE(query_timeout_cancels_server_side) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return timeout_cancels(f); });
+}
+
 net::awaitable<void> refused(pg_fixture& f) {
-    // A port nobody listens on: bind one, then close it.
-    net::tcp_acceptor a(f.io, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    auto port = a.local_endpoint().port();
-    a.close();
-    auto cfg = cg::test::server_config("host=127.0.0.1 port=" + std::to_string(port));
+    auto port = cg::test::closed_port();
+    auto cfg = cg::test::loopback_config(port);
     auto r = co_await pg::connection::connect(cfg, f.offload.get_executor());
     BOOST_TEST(r.code() == pg::errc::connection_failed);
     BOOST_TEST(r.err().message.find("Connection refused") != std::string::npos, r.err().message);
     BOOST_TEST(r.err().message.find(std::to_string(port)) != std::string::npos, r.err().message);
+}
+
+BOOST_AUTO_TEST_CASE(connection_refused_is_clear) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return refused(f); });
 }
 
 net::awaitable<void> bad_password(pg_fixture& f) {
@@ -263,6 +292,11 @@ net::awaitable<void> bad_password(pg_fixture& f) {
     BOOST_TEST(who[0].get<std::string>(0) == "cg_password");
 }
 
+BOOST_AUTO_TEST_CASE(bad_credentials_are_clear) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return bad_password(f); });
+}
+
 net::awaitable<void> resolves_names(pg_fixture& f) {
     // "localhost" goes through Asio's resolver; libpq only ever sees hostaddr.
     auto cfg = cg::test::server_config("host=localhost");
@@ -276,48 +310,11 @@ net::awaitable<void> resolves_names(pg_fixture& f) {
     BOOST_TEST(bad.err().message.find("no-such-host.invalid") != std::string::npos, bad.err().message);
 }
 
-}  // namespace
-
-BOOST_AUTO_TEST_SUITE(connection)
-
-BOOST_AUTO_TEST_CASE(typed_round_trips) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return round_trip(f); });
-}
-
-BOOST_AUTO_TEST_CASE(insert_on_conflict_do_nothing_returning) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return on_conflict(f); });
-}
-
-BOOST_AUTO_TEST_CASE(pipeline_of_1000_with_one_failure) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return pipeline_one_failure(f); });
-}
-
-BOOST_AUTO_TEST_CASE(statements_prepared_once_per_connection) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return prepared_statements(f); });
-}
-
-BOOST_AUTO_TEST_CASE(query_timeout_cancels_server_side) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return timeout_cancels(f); });
-}
-
-BOOST_AUTO_TEST_CASE(connection_refused_is_clear) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return refused(f); });
-}
-
-BOOST_AUTO_TEST_CASE(bad_credentials_are_clear) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return bad_password(f); });
-}
-
 BOOST_AUTO_TEST_CASE(host_names_resolved_by_asio) {
     pg_fixture f;
     cg::test::run_async(f.io, [&] { return resolves_names(f); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace

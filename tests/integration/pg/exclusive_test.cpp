@@ -193,6 +193,19 @@ net::awaitable<void> restart_under_load(pg_fixture& f, std::string db, std::stri
     lag.probe->stop();
 }
 
+BOOST_AUTO_TEST_CASE(pool_recovers_from_a_server_restart) {
+    const char* ctl = std::getenv("CHARGEGUARD_TEST_PG_CTL");
+    const char* dir = std::getenv("CHARGEGUARD_TEST_PG_DIR");
+    BOOST_TEST_REQUIRE((ctl && dir),
+                       "CHARGEGUARD_TEST_PG_CTL and CHARGEGUARD_TEST_PG_DIR (ci/lib.sh) say how to restart "
+                       "the server");
+    pg_fixture f;
+    cg::test::scratch_db db("restart");
+    std::string cmd = std::string("\"") + ctl + "\" restart \"" + dir + "\" >/dev/null 2>&1";
+    cg::test::run_async(
+        f.io, [&] { return restart_under_load(f, db.name, cmd); }, 90s);
+}
+
 struct lag_run {
     std::shared_ptr<pg::pool> pool;
     int left = 10000;
@@ -245,23 +258,10 @@ net::awaitable<void> queries_keep_the_loop_responsive(pg_fixture& f) {
     co_await s.pool->close();
 }
 
-}  // namespace
-
-BOOST_AUTO_TEST_CASE(pool_recovers_from_a_server_restart) {
-    const char* ctl = std::getenv("CHARGEGUARD_TEST_PG_CTL");
-    const char* dir = std::getenv("CHARGEGUARD_TEST_PG_DIR");
-    BOOST_TEST_REQUIRE((ctl && dir),
-                       "CHARGEGUARD_TEST_PG_CTL and CHARGEGUARD_TEST_PG_DIR (ci/lib.sh) say how to restart "
-                       "the server");
-    pg_fixture f;
-    cg::test::scratch_db db("restart");
-    std::string cmd = std::string("\"") + ctl + "\" restart \"" + dir + "\" >/dev/null 2>&1";
-    cg::test::run_async(
-        f.io, [&] { return restart_under_load(f, db.name, cmd); }, 90s);
-}
-
 BOOST_AUTO_TEST_CASE(ten_thousand_queries_with_loop_lag_p99_under_5ms) {
     pg_fixture f;
     cg::test::run_async(
         f.io, [&] { return queries_keep_the_loop_responsive(f); }, 90s);
 }
+
+}  // namespace

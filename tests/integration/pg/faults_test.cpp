@@ -19,6 +19,7 @@
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
 #include "helpers.hpp"
+#include "net/boxed.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
 #include "pg/cancel.hpp"
@@ -133,10 +134,14 @@ billing::new_record record_for(const std::string& customer) {
     return rec;
 }
 
-net::awaitable<std::optional<pg::timestamp>> lease_of(std::shared_ptr<pg::pool> p, std::string key) {
+// The row's lease: its epoch (the token) and its expiry.
+net::awaitable<std::pair<billing::lease_token, std::optional<pg::timestamp>>> lease_of(
+    std::shared_ptr<pg::pool> p, std::string key) {
     auto c = must(co_await p->acquire(), "acquire");
-    auto r = must(co_await c->query("SELECT lease_until FROM billing_records WHERE key = $1", key), "lease");
-    co_return r[0].get<std::optional<pg::timestamp>>(0);
+    auto r =
+        must(co_await c->query("SELECT lease_epoch, lease_until FROM billing_records WHERE key = $1", key),
+             "lease");
+    co_return std::pair(r[0].get<std::int64_t>(0), r[0].get<std::optional<pg::timestamp>>(1));
 }
 
 // ---- 1. an abandoned lease renewal never lands ---------------------------------------------------------
@@ -154,12 +159,13 @@ net::awaitable<void> abandoned_renewal(pg_fixture& f, const cg::test::scratch_db
 
     auto pf = must(co_await ledger.preflight(record_for("abandon"), 60s), "preflight");
     BOOST_TEST_REQUIRE(pf.inserted);
-    auto token = std::chrono::time_point_cast<std::chrono::microseconds>(*pf.record.lease_until);
+    auto token = pf.record.lease_epoch;
     // A normal renewal works and moves the lease (the statement is right; only its timing is under test).
     auto renewed = must(co_await ledger.renew_lease(key_for("abandon"), token, 60s), "renew");
     BOOST_TEST_REQUIRE(renewed.has_value());
     BOOST_TEST_REQUIRE((*renewed > token));
     token = *renewed;
+    auto until = (co_await lease_of(pool, key_for("abandon"))).second;
 
     int pid = 0;
     {
@@ -189,17 +195,27 @@ net::awaitable<void> abandoned_renewal(pg_fixture& f, const cg::test::scratch_db
         },
         15s);
     BOOST_TEST(gone, "the stalled backend should have ended after its client left");
-    auto lease = co_await lease_of(admin, key_for("abandon"));
+    auto [epoch, lease] = co_await lease_of(admin, key_for("abandon"));
     BOOST_TEST_REQUIRE(lease.has_value());
-    BOOST_TEST((*lease == token),
+    BOOST_TEST_REQUIRE(until.has_value());
+    BOOST_TEST((epoch == token), "the abandoned renewal must not have moved the lease (its epoch moved by "
+                                     << epoch - token << ")");
+    BOOST_TEST((*lease == *until),
                "the abandoned renewal must not have moved the lease (it moved by "
-                   << std::chrono::duration_cast<std::chrono::milliseconds>(*lease - token).count()
+                   << std::chrono::duration_cast<std::chrono::milliseconds>(*lease - *until).count()
                    << " ms)");
     // The lease is still ours to renew: nothing else happened to the row.
     auto again = must(co_await ledger.renew_lease(key_for("abandon"), token, 60s), "renew after");
     BOOST_TEST(again.has_value());
     co_await pool->close();
     co_await admin->close();
+}
+
+BOOST_AUTO_TEST_CASE(abandoned_lease_renewal_never_takes_effect) {
+    pg_fixture f;
+    cg::test::scratch_db db("abandon");
+    cg::test::run_async(
+        f.io, [&] { return abandoned_renewal(f, db); }, 60s);
 }
 
 // ---- 2. on-demand connects while the pool backs off ---------------------------------------------------
@@ -267,6 +283,20 @@ net::awaitable<void> settle_after_outage(pg_fixture& f, const cg::test::scratch_
     co_await pool->close();
 }
 
+BOOST_AUTO_TEST_CASE(settling_connects_on_demand_while_the_pool_backs_off) {
+    server_ctl srv;
+    pg_fixture f;
+    cg::test::scratch_db db("ondemand");
+    try {
+        cg::test::run_async(
+            f.io, [&] { return settle_after_outage(f, db, srv); }, 90s);
+    } catch (...) {
+        srv.run("start");  // leave the server running for whatever runs next
+        throw;
+    }
+    srv.run("start");
+}
+
 // ---- 3. hung cancels do not starve the offload pool -----------------------------------------------------
 
 // Like the Stripe client's work on the offload pool: a chain of timers (request and retry deadlines).
@@ -295,7 +325,7 @@ net::awaitable<void> cancels_off_the_offload_pool(pg_fixture& f, const server_ct
     std::vector<std::optional<result<pg::rows>>> out(conns.size());
     int finished = 0;
     for (std::size_t i = 0; i < conns.size(); ++i)
-        asio::co_spawn(f.io, net::detail::boxed(sleep_query(conns[i])),
+        asio::co_spawn(f.io, net::boxed(sleep_query(conns[i])),
                        [&out, &finished, i](std::exception_ptr e, std::optional<result<pg::rows>> r) {
                            if (e) std::rethrow_exception(e);
                            out[i] = std::move(r);
@@ -329,32 +359,11 @@ net::awaitable<void> cancels_off_the_offload_pool(pg_fixture& f, const server_ct
     BOOST_TEST(drained, "the stuck cancels should finish once the postmaster runs again");
 }
 
-}  // namespace
-
-BOOST_AUTO_TEST_CASE(abandoned_lease_renewal_never_takes_effect) {
-    pg_fixture f;
-    cg::test::scratch_db db("abandon");
-    cg::test::run_async(
-        f.io, [&] { return abandoned_renewal(f, db); }, 60s);
-}
-
-BOOST_AUTO_TEST_CASE(settling_connects_on_demand_while_the_pool_backs_off) {
-    server_ctl srv;
-    pg_fixture f;
-    cg::test::scratch_db db("ondemand");
-    try {
-        cg::test::run_async(
-            f.io, [&] { return settle_after_outage(f, db, srv); }, 90s);
-    } catch (...) {
-        srv.run("start");  // leave the server running for whatever runs next
-        throw;
-    }
-    srv.run("start");
-}
-
 BOOST_AUTO_TEST_CASE(stuck_cancel_requests_do_not_starve_the_offload_pool) {
     server_ctl srv;
     pg_fixture f;
     cg::test::run_async(
         f.io, [&] { return cancels_off_the_offload_pool(f, srv); }, 60s);
 }
+
+}  // namespace

@@ -18,9 +18,18 @@ using cg::test::pg_fixture;
 
 namespace {
 
+BOOST_AUTO_TEST_SUITE(migrations)
+
 const std::vector<pg::migration>& all() {
     static const auto ms = must(pg::embedded_migrations(), "embedded");
     return ms;
+}
+
+BOOST_AUTO_TEST_CASE(embedded_files_are_ordered) {
+    BOOST_TEST_REQUIRE(all().size() >= 3u);
+    // Strictly increasing from 1 (numbers are reserved per change, so a branch may carry a gap until merged).
+    BOOST_TEST(all()[0].version == 1);
+    for (std::size_t i = 1; i < all().size(); ++i) BOOST_TEST(all()[i].version > all()[i - 1].version);
 }
 
 net::awaitable<std::unique_ptr<pg::connection>> connect_db(pg_fixture& f, const std::string& db) {
@@ -110,6 +119,12 @@ net::awaitable<void> twice_is_noop(pg_fixture& f, std::string db) {
     BOOST_TEST(idx[0].get<std::int64_t>(0) == 5);
 }
 
+BOOST_AUTO_TEST_CASE(applied_twice_is_a_noop_and_the_schema_holds) {
+    pg_fixture f;
+    cg::test::scratch_db db("mig");
+    cg::test::run_async(f.io, [&] { return twice_is_noop(f, db.name); });
+}
+
 net::awaitable<void> dry_run(pg_fixture& f, std::string db) {
     auto c = co_await connect_db(f, db);
     pg::migrate_options o;
@@ -122,6 +137,12 @@ net::awaitable<void> dry_run(pg_fixture& f, std::string db) {
              "check");
     BOOST_TEST(t[0].get<bool>(0));
     BOOST_TEST(t[0].get<bool>(1));
+}
+
+BOOST_AUTO_TEST_CASE(dry_run_changes_nothing) {
+    pg_fixture f;
+    cg::test::scratch_db db("mig");
+    cg::test::run_async(f.io, [&] { return dry_run(f, db.name); });
 }
 
 net::awaitable<void> changed_and_failing(pg_fixture& f, std::string db) {
@@ -152,6 +173,12 @@ net::awaitable<void> changed_and_failing(pg_fixture& f, std::string db) {
     BOOST_TEST(lock[0].get<bool>(0));
 }
 
+BOOST_AUTO_TEST_CASE(changed_or_failing_migrations_are_refused_atomically) {
+    pg_fixture f;
+    cg::test::scratch_db db("mig");
+    cg::test::run_async(f.io, [&] { return changed_and_failing(f, db.name); });
+}
+
 net::awaitable<pg::migrate_report> migrate_on(pg::connection& c) {
     co_return must(co_await pg::migrate(c, all(), {}, logger()), "concurrent migrate");
 }
@@ -168,6 +195,12 @@ net::awaitable<void> concurrent(pg_fixture& f, std::string db) {
     BOOST_TEST(n[0].get<std::int64_t>(0) == static_cast<std::int64_t>(all().size()));
 }
 
+BOOST_AUTO_TEST_CASE(two_concurrent_runs_apply_each_migration_once) {
+    pg_fixture f;
+    cg::test::scratch_db db("mig");
+    cg::test::run_async(f.io, [&] { return concurrent(f, db.name); });
+}
+
 // Runs `cmd` through the shell, returning its exit status and stdout.
 std::pair<int, std::string> shell(const std::string& cmd) {
     std::string out;
@@ -177,41 +210,6 @@ std::pair<int, std::string> shell(const std::string& cmd) {
     while (std::fgets(buf, sizeof buf, p)) out += buf;
     int st = ::pclose(p);
     return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-
-}  // namespace
-
-BOOST_AUTO_TEST_SUITE(migrations)
-
-BOOST_AUTO_TEST_CASE(embedded_files_are_ordered) {
-    BOOST_TEST_REQUIRE(all().size() >= 3u);
-    // Strictly increasing from 1 (numbers are reserved per change, so a branch may carry a gap until merged).
-    BOOST_TEST(all()[0].version == 1);
-    for (std::size_t i = 1; i < all().size(); ++i) BOOST_TEST(all()[i].version > all()[i - 1].version);
-}
-
-BOOST_AUTO_TEST_CASE(applied_twice_is_a_noop_and_the_schema_holds) {
-    pg_fixture f;
-    cg::test::scratch_db db("mig");
-    cg::test::run_async(f.io, [&] { return twice_is_noop(f, db.name); });
-}
-
-BOOST_AUTO_TEST_CASE(dry_run_changes_nothing) {
-    pg_fixture f;
-    cg::test::scratch_db db("mig");
-    cg::test::run_async(f.io, [&] { return dry_run(f, db.name); });
-}
-
-BOOST_AUTO_TEST_CASE(changed_or_failing_migrations_are_refused_atomically) {
-    pg_fixture f;
-    cg::test::scratch_db db("mig");
-    cg::test::run_async(f.io, [&] { return changed_and_failing(f, db.name); });
-}
-
-BOOST_AUTO_TEST_CASE(two_concurrent_runs_apply_each_migration_once) {
-    pg_fixture f;
-    cg::test::scratch_db db("mig");
-    cg::test::run_async(f.io, [&] { return concurrent(f, db.name); });
 }
 
 BOOST_AUTO_TEST_CASE(two_concurrent_migrate_processes) {
@@ -244,3 +242,5 @@ BOOST_AUTO_TEST_CASE(two_concurrent_migrate_processes) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace

@@ -17,6 +17,8 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
+BOOST_AUTO_TEST_SUITE(pool)
+
 std::shared_ptr<pg::pool> make_pool(pg_fixture& f, pg::pool_options o, metrics::registry* reg = nullptr,
                                     logger log = {}) {
     return pg::pool::create(f.io.get_executor(), f.offload.get_executor(), std::move(o), std::move(log), reg);
@@ -61,6 +63,12 @@ net::awaitable<void> rollback_on_return(pg_fixture& f, std::string db) {
     co_await p->close();
 }
 
+BOOST_AUTO_TEST_CASE(connection_returned_mid_transaction_is_rolled_back) {
+    pg_fixture f;
+    cg::test::scratch_db db("pool");
+    cg::test::run_async(f.io, [&] { return rollback_on_return(f, db.name); });
+}
+
 net::awaitable<void> release_later(pg::pooled_connection c, clock_type::duration after) {
     co_await net::sleep_for(after);
     c.release();
@@ -92,11 +100,14 @@ net::awaitable<void> bounded_wait(pg_fixture& f) {
     co_await p->close();
 }
 
+BOOST_AUTO_TEST_CASE(bounded_wait_then_unavailable) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return bounded_wait(f); });
+}
+
 net::awaitable<void> down_fails_fast(pg_fixture& f) {
-    net::tcp_acceptor a(f.io, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    auto port = a.local_endpoint().port();
-    a.close();
-    auto o = options(cg::test::server_config("host=127.0.0.1 port=" + std::to_string(port)), 4);
+    auto port = cg::test::closed_port();
+    auto o = options(cg::test::loopback_config(port), 4);
     o.backoff_initial = 2s;
     metrics::registry reg;
     metrics::health health;
@@ -131,6 +142,11 @@ net::awaitable<void> down_fails_fast(pg_fixture& f) {
     co_await p->close();
 }
 
+BOOST_AUTO_TEST_CASE(fails_fast_with_the_cause_while_down) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return down_fails_fast(f); });
+}
+
 net::awaitable<void> readiness_and_metrics(pg_fixture& f) {
     metrics::registry reg;
     metrics::health health;
@@ -159,6 +175,11 @@ net::awaitable<void> readiness_and_metrics(pg_fixture& f) {
     BOOST_TEST(!health.ready().ok);
 }
 
+BOOST_AUTO_TEST_CASE(readiness_and_metrics_follow_the_pool) {
+    pg_fixture f;
+    cg::test::run_async(f.io, [&] { return readiness_and_metrics(f); });
+}
+
 net::awaitable<void> dead_idle_dropped(pg_fixture& f) {
     auto sink = std::make_shared<memory_sink>();
     auto p = make_pool(f, options(cg::test::server_config(), 2), nullptr, logger(sink, log_level::info));
@@ -183,34 +204,11 @@ net::awaitable<void> dead_idle_dropped(pg_fixture& f) {
     co_await p->close();
 }
 
-}  // namespace
-
-BOOST_AUTO_TEST_SUITE(pool)
-
-BOOST_AUTO_TEST_CASE(connection_returned_mid_transaction_is_rolled_back) {
-    pg_fixture f;
-    cg::test::scratch_db db("pool");
-    cg::test::run_async(f.io, [&] { return rollback_on_return(f, db.name); });
-}
-
-BOOST_AUTO_TEST_CASE(bounded_wait_then_unavailable) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return bounded_wait(f); });
-}
-
-BOOST_AUTO_TEST_CASE(fails_fast_with_the_cause_while_down) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return down_fails_fast(f); });
-}
-
-BOOST_AUTO_TEST_CASE(readiness_and_metrics_follow_the_pool) {
-    pg_fixture f;
-    cg::test::run_async(f.io, [&] { return readiness_and_metrics(f); });
-}
-
 BOOST_AUTO_TEST_CASE(dead_idle_connection_is_replaced) {
     pg_fixture f;
     cg::test::run_async(f.io, [&] { return dead_idle_dropped(f); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace

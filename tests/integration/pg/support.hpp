@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
 #include <atomic>
 #include <cstdlib>
 #include <memory>
@@ -24,6 +25,20 @@ inline pg::config server_config(const std::string& dsn = "") {
     auto c = pg::config::from_dsn(dsn);
     if (!c) throw std::runtime_error(c.err().describe());
     return *c;
+}
+
+// A loopback port nobody listens on (bound, then closed): connecting to it is refused at once.
+inline unsigned short closed_port() {
+    asio::io_context io;
+    asio::ip::tcp::acceptor a(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    auto port = a.local_endpoint().port();
+    a.close();
+    return port;
+}
+
+// The environment's server settings pointed at `port` on loopback (a closed_port(): PostgreSQL unreachable).
+inline pg::config loopback_config(unsigned short port) {
+    return server_config("host=127.0.0.1 port=" + std::to_string(port));
 }
 
 // Runs one statement with libpq's synchronous API: for setting up and tearing down, never on a loop.
