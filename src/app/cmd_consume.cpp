@@ -260,11 +260,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     asio::co_spawn(rt.io(), start_consuming(&rt, pool.get(), &f.pg, std::move(*ms), &consumer),
                    [&rt](std::exception_ptr e) {
                        if (!e) return;
-                       try {
-                           std::rethrow_exception(e);
-                       } catch (const std::exception& ex) {
-                           rt.log().error("startup failed", {{"error", ex.what()}});
-                       }
+                       rt.log().error("startup failed", {{"error", describe_exception(e)}});
                        rt.request_stop("startup failed", 1);
                    });
     return rt.run();

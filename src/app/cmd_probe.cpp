@@ -70,11 +70,7 @@ int run_probe(const probe_flags& f) {
     auto timeout = std::chrono::milliseconds(static_cast<long long>(f.timeout_s * 1000));
     asio::co_spawn(io, probe_once(origin, target, timeout), [&rc](std::exception_ptr e, int r) {
         if (e) {
-            try {
-                std::rethrow_exception(e);
-            } catch (const std::exception& ex) {
-                std::printf("probe: %s\n", ex.what());
-            }
+            std::printf("probe: %s\n", describe_exception(e).c_str());
             r = 1;
         }
         rc = r;

@@ -204,11 +204,7 @@ int run_publish(const publish_flags& f, const global_flags& g) {
     });
     asio::co_spawn(io, publish_all(st), [&](std::exception_ptr e) {
         if (e) {
-            try {
-                std::rethrow_exception(e);
-            } catch (const std::exception& ex) {
-                log.error("publish failed", {{"error", ex.what()}});
-            }
+            log.error("publish failed", {{"error", describe_exception(e)}});
             st.exit_code = 1;
         }
         sigs.cancel();

@@ -107,12 +107,8 @@ int run_then_close_pool(asio::io_context& io, std::shared_ptr<pg::pool> pool, ne
     int rc = 2;
     asio::co_spawn(io, std::move(task), [&rc, command](std::exception_ptr e, int r) {
         if (e) {
-            try {
-                std::rethrow_exception(e);
-            } catch (const std::exception& ex) {
-                std::fprintf(stderr, "chargeguard %.*s: %s\n", static_cast<int>(command.size()),
-                             command.data(), ex.what());
-            }
+            std::fprintf(stderr, "chargeguard %.*s: %s\n", static_cast<int>(command.size()), command.data(),
+                         describe_exception(e).c_str());
             r = 2;
         }
         rc = r;
@@ -121,12 +117,8 @@ int run_then_close_pool(asio::io_context& io, std::shared_ptr<pg::pool> pool, ne
     io.restart();
     asio::co_spawn(io, pool->close(), [command](std::exception_ptr e) {
         if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            std::fprintf(stderr, "chargeguard %.*s: closing the PostgreSQL pool: %s\n",
-                         static_cast<int>(command.size()), command.data(), ex.what());
-        }
+        std::fprintf(stderr, "chargeguard %.*s: closing the PostgreSQL pool: %s\n",
+                     static_cast<int>(command.size()), command.data(), describe_exception(e).c_str());
     });
     io.run();
     return rc;

@@ -22,16 +22,6 @@ struct join_state {
     std::size_t failed = 0;
 };
 
-std::string describe(std::exception_ptr e) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-        return ex.what();
-    } catch (...) {
-        return "unknown exception";
-    }
-}
-
 // A drain that throws did not drain: it is logged with its reason and counted (the exit code says so),
 // never dropped silently. Returns how many failed.
 asio::awaitable<std::size_t> run_all(std::vector<runtime::drain_fn> fns, logger log) {
@@ -42,7 +32,7 @@ asio::awaitable<std::size_t> run_all(std::vector<runtime::drain_fn> fns, logger 
         asio::co_spawn(ex, fn(), [st, log](std::exception_ptr e) {
             if (e) {
                 ++st->failed;
-                log.error("shutdown step failed", {{"error", describe(e)}});
+                log.error("shutdown step failed", {{"error", describe_exception(e)}});
             }
             if (--st->left == 0) st->done.cancel();
         });
@@ -112,7 +102,7 @@ void runtime::request_stop(std::string_view reason, int exit_code) {
     asio::co_spawn(io_, shutdown(this), [this](std::exception_ptr e) {
         if (e) {
             exit_code_ = 1;
-            log_.error("shutdown failed", {{"error", describe(e)}});
+            log_.error("shutdown failed", {{"error", describe_exception(e)}});
         }
         io_.stop();
     });

@@ -92,11 +92,7 @@ void pending_age_monitor::start(asio::any_io_executor ex) {
     st_->running = true;
     asio::co_spawn(ex, loop(st_), [st = st_](std::exception_ptr e) {
         if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            st->log.error("pending age monitor stopped", {{"error", ex.what()}});
-        }
+        st->log.error("pending age monitor stopped", {{"error", describe_exception(e)}});
         st->running = false;
         st->done->cancel();
     });

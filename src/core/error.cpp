@@ -39,4 +39,15 @@ std::string error::describe() const {
     return out;
 }
 
+std::string describe_exception(std::exception_ptr ep) {
+    if (!ep) return "no exception";
+    try {
+        std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+        return e.what();
+    } catch (...) {
+        return "unknown exception";
+    }
+}
+
 }  // namespace cg

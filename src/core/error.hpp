@@ -1,6 +1,7 @@
 // Error vocabulary shared by every module: std::error_code categories plus a message.
 #pragma once
 
+#include <exception>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -52,6 +53,10 @@ class simple_category : public std::error_category {
     const char* name_;
     describe_fn fn_;
 };
+
+// What a failed background task threw, for the log line of the completion handler that restarts it or
+// stops loudly (STYLE.md: never an empty completion).
+std::string describe_exception(std::exception_ptr ep);
 
 }  // namespace cg
 

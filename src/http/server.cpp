@@ -164,11 +164,7 @@ asio::awaitable<void> accept_loop(std::shared_ptr<server::state> st) {
         sock.set_option(net::tcp::no_delay(true), ignored);
         asio::co_spawn(st->ex, run_connection(st, std::move(sock)), [log = st->log](std::exception_ptr e) {
             if (!e) return;
-            try {
-                std::rethrow_exception(e);
-            } catch (const std::exception& x) {
-                log.error("http connection failed", {{"error", x.what()}});
-            }
+            log.error("http connection failed", {{"error", describe_exception(e)}});
         });
     }
 }
@@ -203,11 +199,7 @@ result<net::tcp::endpoint> server::listen(const net::host_port& where) {
 void server::start() {
     asio::co_spawn(st_->ex, accept_loop(st_), [log = st_->log](std::exception_ptr e) {
         if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& x) {
-            log.error("http accept loop failed", {{"error", x.what()}});
-        }
+        log.error("http accept loop failed", {{"error", describe_exception(e)}});
     });
 }
 

@@ -1,20 +1,11 @@
-// What a failed background task threw, for the log line of the completion handler that restarts it or
-// stops loudly (STYLE.md: never an empty completion).
+// What a failed background task threw: the one description in core, under the name the NSQ module's
+// completion handlers use.
 #pragma once
 
-#include <exception>
-#include <string>
+#include "core/error.hpp"
 
 namespace cg::nsq {
 
-inline std::string describe_exception(std::exception_ptr ep) {
-    try {
-        std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-        return e.what();
-    } catch (...) {
-        return "unknown exception";
-    }
-}
+using cg::describe_exception;
 
 }  // namespace cg::nsq

@@ -241,7 +241,11 @@ void pool::give_back(std::unique_ptr<connection> c) noexcept {
         case tx_status::in_error:
             // Never hand a half-done transaction to the next caller.
             asio::co_spawn(ex_, rollback_and_return(shared_from_this(), std::move(c)),
-                           [](std::exception_ptr) {});
+                           [log = log_](std::exception_ptr e) {
+                               if (e)
+                                   log.error("rolling back a returned connection failed",
+                                             {{"error", describe_exception(e)}});
+                           });
             return;
         default:
             return drop(std::move(c));
@@ -390,11 +394,7 @@ void pool::start() {
     maint_timer_ = std::make_unique<net::steady_timer>(ex_);
     asio::co_spawn(ex_, maintainer::run(shared_from_this()), [log = log_](std::exception_ptr e) {
         if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            log.error("pool maintenance task failed", {{"error", ex.what()}});
-        }
+        log.error("pool maintenance task failed", {{"error", describe_exception(e)}});
     });
 }
 

@@ -6,6 +6,7 @@
 #include <asio/strand.hpp>
 
 #include "http/client_connection.hpp"
+#include "net/backoff.hpp"
 #include "net/timeout.hpp"
 #include "vault/proxy_state.hpp"
 
@@ -20,23 +21,21 @@ using ms = std::chrono::milliseconds;
 // the proxy's owner by hiding in a finished frame.
 void spawn_logged(state_ptr st, net::awaitable<void> task, const char* name) {
     ++st->running;
-    asio::co_spawn(st->main, std::move(task),
-                   [w = std::weak_ptr<proxy::state>(st), log = st->log, name](std::exception_ptr e) {
-                       if (auto s = w.lock()) {
-                           if (--s->running == 0 && s->all_stopped) s->all_stopped->cancel();
-                       }
-                       if (!e) return;
-                       try {
-                           std::rethrow_exception(e);
-                       } catch (const std::exception& x) {
-                           log.error("vault proxy task failed", {{"task", name}, {"error", x.what()}});
-                       }
-                   });
+    asio::co_spawn(
+        st->main, std::move(task),
+        [w = std::weak_ptr<proxy::state>(st), log = st->log, name](std::exception_ptr e) {
+            if (auto s = w.lock()) {
+                if (--s->running == 0 && s->all_stopped) s->all_stopped->cancel();
+            }
+            if (!e) return;
+            log.error("vault proxy task failed", {{"task", name}, {"error", describe_exception(e)}});
+        });
 }
 
 ms backoff_for(const proxy::state& st, std::int32_t attempts) {
-    auto d = st.cfg.first_resolve_delay * (std::int64_t{1} << std::min<std::int32_t>(attempts, 16));
-    return std::min<ms>(d, st.cfg.max_resolve_backoff);
+    return net::exponential_delay(st.cfg.first_resolve_delay,
+                                  static_cast<std::uint64_t>(std::max(attempts, 0)),
+                                  st.cfg.max_resolve_backoff);
 }
 
 void resolved(proxy::state& st, const spend_row& row, std::string_view how, std::string_view detail) {

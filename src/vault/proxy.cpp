@@ -266,11 +266,7 @@ void start_drain(state_ptr st, const std::string& key_id) {
     q.draining = true;
     asio::co_spawn(st->main, drain_key(st, key_id), [log = st->log](std::exception_ptr e) {
         if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& x) {
-            log.error("vault proxy: reservation drain failed", {{"error", x.what()}});
-        }
+        log.error("vault proxy: reservation drain failed", {{"error", describe_exception(e)}});
     });
 }
 
