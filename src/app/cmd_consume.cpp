@@ -257,12 +257,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
         log.error("cannot start", {{"error", ep.err().describe()}});
         return 1;
     }
-    asio::co_spawn(rt.io(), start_consuming(&rt, pool.get(), &f.pg, std::move(*ms), &consumer),
-                   [&rt](std::exception_ptr e) {
-                       if (!e) return;
-                       rt.log().error("startup failed", {{"error", describe_exception(e)}});
-                       rt.request_stop("startup failed", 1);
-                   });
+    rt.spawn_startup(start_consuming(&rt, pool.get(), &f.pg, std::move(*ms), &consumer));
     return rt.run();
 }
 

@@ -164,12 +164,7 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
     }
     server.start();
     log.info("vault proxy listening", {{"address", ep->address().to_string()}, {"port", ep->port()}});
-    asio::co_spawn(rt.io(), start_serving(&rt, pool.get(), &f.pg, std::move(*ms), p->get()),
-                   [&rt](std::exception_ptr e) {
-                       if (!e) return;
-                       rt.log().error("startup failed", {{"error", describe_exception(e)}});
-                       rt.request_stop("startup failed", 1);
-                   });
+    rt.spawn_startup(start_serving(&rt, pool.get(), &f.pg, std::move(*ms), p->get()));
     return rt.run();
 }
 

@@ -65,16 +65,16 @@ struct reconcile_flags {
     std::int64_t created_since = -1;  // unix seconds; -1: derived from the ledger
 };
 
-const std::string rows_sql =
-    "SELECT key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, "
-    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts, "
-    "(lease_until IS NULL OR lease_until < now()) AS lease_expired, "
-    "extract(epoch FROM created_at)::bigint FROM billing_records WHERE billing_period = $1::text";
-const std::string one_row_sql =
-    "SELECT key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, "
-    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts, "
-    "(lease_until IS NULL OR lease_until < now()) AS lease_expired, "
-    "extract(epoch FROM created_at)::bigint FROM billing_records WHERE key = $1::text";
+// The ledger's stored columns (billing::stored_record_columns()), then whether the lease has run out and
+// when the row was created.
+std::string row_select(std::string_view where) {
+    return "SELECT " + billing::stored_record_columns() +
+           ", (lease_until IS NULL OR lease_until < now()) AS lease_expired, "
+           "extract(epoch FROM created_at)::bigint FROM billing_records WHERE " +
+           std::string(where);
+}
+const std::string rows_sql = row_select("billing_period = $1::text");
+const std::string one_row_sql = row_select("key = $1::text");
 const std::string letters_sql =
     "SELECT id, reason, billing_key, raw_body FROM dead_letters WHERE replayed_at IS NULL ORDER BY id";
 
@@ -84,30 +84,9 @@ struct ledger_row {
     std::int64_t created = 0;
 };
 
-std::optional<billing::sys_time> opt_time(const pg::rows& r, std::size_t i, int c) {
-    auto t = r.get<std::optional<pg::timestamp>>(i, c);
-    if (!t) return std::nullopt;
-    return billing::sys_time(*t);
-}
-
 ledger_row decode_row(const pg::rows& r, std::size_t i) {
     ledger_row out;
-    auto& rec = out.rec;
-    rec.key = r.get<std::string>(i, 0);
-    rec.customer_id = r.get<std::string>(i, 1);
-    rec.billing_period = r.get<std::string>(i, 2);
-    rec.amount_cents = r.get<std::int64_t>(i, 3);
-    rec.currency = r.get<std::string>(i, 4);
-    rec.stripe_customer_id = r.get<std::string>(i, 5);
-    auto st = billing::parse_record_status(r.get<std::string_view>(i, 6));
-    if (!st) throw pg::column_error("billing_records.status: unknown value " + r.get<std::string>(i, 6));
-    rec.status = *st;
-    rec.charge_id = r.get<std::optional<std::string>>(i, 7);
-    rec.key_generation = r.get<std::int32_t>(i, 8);
-    rec.indeterminate_since = opt_time(r, i, 9);
-    rec.lease_until = opt_time(r, i, 10);
-    rec.first_stripe_attempt_at = opt_time(r, i, 11);
-    rec.stripe_attempts = r.get<std::int32_t>(i, 12);
+    out.rec = billing::decode_stored_record_columns(r, i);
     out.lease_expired = r.get<bool>(i, 13);
     out.created = r.get<std::int64_t>(i, 14);
     return out;

@@ -94,6 +94,14 @@ void runtime::wait_signal() {
     });
 }
 
+void runtime::spawn_startup(asio::awaitable<void> step) {
+    asio::co_spawn(io_, std::move(step), [this](std::exception_ptr e) {
+        if (!e) return;
+        log_.error("startup failed", {{"error", describe_exception(e)}});
+        request_stop("startup failed", 1);
+    });
+}
+
 void runtime::request_stop(std::string_view reason, int exit_code) {
     if (stopping_) return;
     stopping_ = true;

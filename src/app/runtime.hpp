@@ -60,6 +60,9 @@ class runtime {
     // shutdown is already under way.
     void request_stop(std::string_view reason, int exit_code = 0);
     bool stopping() const { return stopping_; }
+    // Runs a startup step (migrations, first connections, then the work itself) on the main loop after
+    // start(). A step that throws is logged as "startup failed" and stops the process with exit code 1.
+    void spawn_startup(asio::awaitable<void> step);
 
   private:
     static asio::awaitable<void> shutdown(runtime* self);

@@ -14,10 +14,12 @@ using ms = std::chrono::milliseconds;
 // Column 13 is the lease's remaining time by the database clock (NULL without a lease, 0 once expired), so a
 // "lease held" requeue can wait exactly as long as the holder may still be working; column 14 the lease epoch
 // (the lease token, see ledger.hpp).
-#define CG_RECORD_COLUMNS                                                                               \
+#define CG_STORED_COLUMNS                                                                               \
     "key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, " \
-    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts, "      \
-    "greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch"
+    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts"
+#define CG_RECORD_COLUMNS \
+    CG_STORED_COLUMNS     \
+    ", greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch"
 
 // Lease arithmetic on the database clock; the length travels as milliseconds (int8).
 #define CG_LEASE_END(p) "now() + " p "::bigint * interval '1 millisecond'"
@@ -126,7 +128,15 @@ std::optional<sys_time> to_sys(std::optional<pg::timestamp> t) {
     return sys_time(*t);
 }
 
-ledger_record decode_record(const pg::rows& r, std::size_t i) {
+}  // namespace
+
+const std::string& stored_record_columns() {
+    static const std::string columns = CG_STORED_COLUMNS;
+    return columns;
+}
+#undef CG_STORED_COLUMNS
+
+ledger_record decode_stored_record_columns(const pg::rows& r, std::size_t i) {
     ledger_record rec;
     rec.key = r.get<std::string>(i, 0);
     rec.customer_id = r.get<std::string>(i, 1);
@@ -144,6 +154,13 @@ ledger_record decode_record(const pg::rows& r, std::size_t i) {
     rec.lease_until = to_sys(r.get<std::optional<pg::timestamp>>(i, 10));
     rec.first_stripe_attempt_at = to_sys(r.get<std::optional<pg::timestamp>>(i, 11));
     rec.stripe_attempts = r.get<std::int32_t>(i, 12);
+    return rec;
+}
+
+namespace {
+
+ledger_record decode_record(const pg::rows& r, std::size_t i) {
+    auto rec = decode_stored_record_columns(r, i);
     if (auto left = r.get<std::optional<std::int64_t>>(i, 13)) rec.lease_remaining = ms(*left);
     rec.lease_epoch = r.get<std::int64_t>(i, 14);
     return rec;

@@ -27,9 +27,17 @@
 #include "core/result.hpp"
 #include "net/tokens.hpp"
 #include "pg/pool.hpp"
+#include "pg/rows.hpp"
 #include "pg/types.hpp"
 
 namespace cg::billing {
+
+// A row's stored columns, in the order every whole-row statement selects them first ("key, customer_id, …,
+// stripe_attempts": 13 columns), and their decoding into a record (lease_remaining and lease_epoch, which
+// the ledger's statements add after them, left unset). For readers with their own extra columns, such as
+// reconcile.
+const std::string& stored_record_columns();
+ledger_record decode_stored_record_columns(const pg::rows& r, std::size_t i);
 
 // The row's lease_epoch as this worker wrote it last; see above.
 using lease_token = std::int64_t;
