@@ -195,6 +195,9 @@ class _Stripe:
     def charges(self):
         return self.seed.stripe_admin("/_admin/charges")["data"]
 
+    def intents(self):
+        return self.seed.stripe_admin("/_admin/intents")["data"]
+
 
 class Seed:
     """One seeded run: fresh database, nsqd and fake-stripe; the namespaces and PostgreSQL are shared."""
@@ -345,7 +348,7 @@ class Seed:
             body = json.dumps({"customer_id": customer, "billing_period": chaos.PERIOD, "amount_cents": 100 + k,
                                "currency": "usd", "stripe_customer_id": scus,
                                "description": "partition seed %d event %d" % (self.seed, k)})
-            valid.append((customer, scus, 100 + k, False, body))
+            valid.append(chaos.Event(customer, scus, 100 + k, "charged", False, None, body))
         invalid = ['{"customer_id":"part-%d-bad","billing_period":"%s","amount_cents":"12","currency":"usd",'
                    '"stripe_customer_id":"cus_x"}' % (self.seed, chaos.PERIOD),
                    '{"customer_id":"part-%d-missing"}' % self.seed]
@@ -449,7 +452,7 @@ class Seed:
             self.start_worker(i)
         valid, invalid = self.make_events(self.args.events)
         began = time.monotonic()
-        self.chaos([v[4] for v in valid] + invalid)
+        self.chaos([v.body for v in valid] + invalid)
         healed = time.monotonic()
         bound = quiescence_bound()
         problems = ["not checked"]
