@@ -54,6 +54,15 @@ http::response refuse(proxy::state& st, const refusal& r, std::optional<bool> re
     return resp;
 }
 
+// A revoked or expired key: refused when its row is read and again when the reservation step finds it so.
+refusal key_unusable() {
+    return {401,
+            "authentication_error",
+            "api_key_expired",
+            "This vault key has been revoked or has expired.",
+            {}};
+}
+
 // Ends the request: counts the outcome, queues the audit row, observes the latencies.
 http::response finish(proxy::state& st, ledger_line& l, std::string outcome, http::response resp) {
     l.row.outcome = std::move(outcome);
@@ -330,14 +339,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
                      : 0.0);
     switch (res->outcome) {
         case reserve_outcome::key_unusable:
-            co_return finish(*st, l, "unauthenticated",
-                             refuse(*st,
-                                    {401,
-                                     "authentication_error",
-                                     "api_key_expired",
-                                     "This vault key has been revoked or has expired.",
-                                     {}},
-                                    false));
+            co_return finish(*st, l, "unauthenticated", refuse(*st, key_unusable(), false));
         case reserve_outcome::cap_exceeded: {
             // 402 with type invalid_request_error and code spend_cap_exceeded. stripe-node (pinned 23.1.0)
             // picks the error class from the status alone (402 → StripeCardError), so `type` only decides
@@ -433,15 +435,7 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     l.row.key_id = (*key)->id;
     if (!verify_secret(secret, (*key)->secret_hash))
         co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
-    if (!(*key)->usable)
-        co_return finish(*st, l, "unauthenticated",
-                         refuse(*st,
-                                {401,
-                                 "authentication_error",
-                                 "api_key_expired",
-                                 "This vault key has been revoked or has expired.",
-                                 {}},
-                                false));
+    if (!(*key)->usable) co_return finish(*st, l, "unauthenticated", refuse(*st, key_unusable(), false));
     auto op = operation_for(req.method, req.path());
     if (op.name.empty() || !(*key)->allows(op.name)) {
         std::string what = op.name.empty() ? req.method + " " + l.row.path : op.name;
