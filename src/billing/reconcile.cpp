@@ -67,15 +67,21 @@ bool is_integer(std::string_view s) {
            std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// The line of `text` that starts at `pos` (without its CR LF or LF); moves `pos` past it, beyond
+// text.size() after the last one.
+std::string_view next_line(std::string_view text, std::size_t& pos) {
+    auto nl = text.find('\n', pos);
+    auto line = trim_cr(text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos));
+    pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
+    return line;
+}
+
 result<std::vector<expected_event>> parse_jsonl(std::string_view text) {
     std::vector<expected_event> out;
     std::size_t line_no = 0, pos = 0;
     while (pos <= text.size()) {
-        auto nl = text.find('\n', pos);
-        auto line =
-            trim_cr(text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos));
+        auto line = next_line(text, pos);
         ++line_no;
-        pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
         if (blank(line)) continue;
         auto ev = parse_event(line);
         if (!ev) return line_error(line_no, describe_event_error(ev.err()));
@@ -92,11 +98,8 @@ result<std::vector<expected_event>> parse_csv(std::string_view text) {
     std::size_t line_no = 0, pos = 0;
     bool header = true;
     while (pos <= text.size()) {
-        auto nl = text.find('\n', pos);
-        auto line =
-            trim_cr(text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos));
+        auto line = next_line(text, pos);
         ++line_no;
-        pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
         if (blank(line)) continue;
         auto fields = split_csv(line, line_no);
         if (!fields) return fields.err();
