@@ -102,6 +102,7 @@ asio::awaitable<error> connection::handshake(std::vector<net::tcp::endpoint> eps
 }
 
 asio::awaitable<void> connection::read_loop() {
+    auto self = shared_from_this();  // handed to on_message (one reference count per read, not per message)
     for (;;) {
         auto area = decoder_.prepare(64 * 1024);
         auto [ec, n] = co_await io_.read_some(asio::buffer(area.data(), area.size()));
@@ -113,22 +114,30 @@ asio::awaitable<void> connection::read_loop() {
         last_read_ = sclock::now();
         decoder_.commit(n);
         proto::frame f;
+        bool ok = true;
         for (;;) {
             auto st = decoder_.next(f);
             if (st == proto::decode_status::need_more) break;
             if (st == proto::decode_status::error) {
                 fail(decoder_.last_error());
-                co_return;
+                ok = false;
+                break;
             }
-            if (!handle_frame(f)) co_return;
+            if (!handle_frame(f, self)) {
+                ok = false;
+                break;
+            }
         }
+        // Also after a failure: the owner counts a read's messages here, and those before the bad frame
+        // were delivered.
         owner_->on_read_batch(*this);
+        if (!ok) co_return;
         if (!out_.empty()) notify_writer();
     }
 }
 
 // One frame; false ends the connection.
-bool connection::handle_frame(const proto::frame& f) {
+bool connection::handle_frame(const proto::frame& f, const std::shared_ptr<connection>& self) {
     switch (f.type) {
         case proto::frame_type::message: {
             auto m = proto::parse_message(f.data);
@@ -159,7 +168,7 @@ bool connection::handle_frame(const proto::frame& f) {
             sl.used = true;
             t.gen = sl.gen;
             ++in_flight_total_;
-            owner_->on_message(shared_from_this(), *m, t);
+            owner_->on_message(self, *m, t);
             return true;
         }
         case proto::frame_type::response:
@@ -235,8 +244,12 @@ void connection::check_drained() {
     if (close_wait_ && in_flight_total_ == 0 && out_.empty() && !writing_) drained_wake_.cancel();
 }
 
+// Once per burst of commands (every FIN of a read batch lands here): the first wakes the writer, the
+// rest find it already woken.
 void connection::notify_writer() {
-    if (writer_waiting_) writer_wake_.cancel();
+    if (!writer_waiting_) return;
+    writer_waiting_ = false;
+    writer_wake_.cancel();
 }
 
 void connection::fail(error e) {

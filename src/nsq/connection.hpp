@@ -34,7 +34,8 @@ class connection_owner {
     // A message frame arrived and was added to the in-flight table as `t`.
     virtual void on_message(const std::shared_ptr<connection>& c, const proto::message_view& m,
                             delivery_ticket t) = 0;
-    // All frames of one read were handled (RDY re-send point).
+    // All frames of one read were handled (RDY re-send point); also called when a frame of the read ended
+    // the connection, for the messages before it.
     virtual void on_read_batch(connection& c) = 0;
     virtual void on_error_frame(connection& c, const proto::error_frame& e) = 0;
     virtual void on_touch_sent() = 0;
@@ -86,7 +87,7 @@ class connection : public std::enable_shared_from_this<connection> {
     asio::awaitable<void> write_loop();
     asio::awaitable<void> watchdog();
     asio::awaitable<void> close_waiter();
-    bool handle_frame(const proto::frame& f);
+    bool handle_frame(const proto::frame& f, const std::shared_ptr<connection>& self);
     void notify_writer();
     void check_drained();
     void fail(error e);

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
 #include <asio/this_coro.hpp>
 #include <atomic>
 #include <deque>
@@ -88,8 +89,8 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     std::shared_ptr<connection_supervisor> supervisor;
     std::shared_ptr<lookupd_poller> poller;  // with lookupd addresses
 
-    unsigned active = 0;         // handlers running
-    std::deque<message> queued;  // waiting for a handler slot
+    unsigned active = 0;                          // handlers running
+    std::deque<std::unique_ptr<message>> queued;  // waiting for a handler slot
 
     net::steady_timer change_wake;
     std::array<net::steady_timer, rdy_timer_count> timers;
@@ -177,19 +178,29 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
                     delivery_ticket t) override {
         ++stats.received;
         ++unpublished.received;
+        ++batch_received;
         auto now = c->last_read();  // the receipt time (keepalive times the first TOUCH from it)
-        rdy.message_received(c->key(), now);
-        std::string spare;
-        if (!spare_bodies.empty()) {
-            spare = std::move(spare_bodies.back());
-            spare_bodies.pop_back();
+        auto timeout = c->msg_timeout();
+        auto max_timeout = milliseconds(c->negotiated().max_msg_timeout);
+        if (spare_messages.empty()) {
+            queued.push_back(std::make_unique<message>(v, c, t, now, timeout, max_timeout));
+        } else {
+            queued.push_back(std::move(spare_messages.back()));
+            spare_messages.pop_back();
+            queued.back()->reset(v, c, t, now, timeout, max_timeout);
         }
-        queued.emplace_back(v, c, t, now, c->msg_timeout(), milliseconds(c->negotiated().max_msg_timeout),
-                            std::move(spare));
         maybe_wake_worker();
     }
 
+    // The controller hears of a read's messages once, at the end of the read (a handler never runs in
+    // between: workers resume and start through the executor's queue, never inside the read), instead of
+    // a lookup by connection per message.
+    unsigned batch_received = 0;
     void on_read_batch(connection& c) override {
+        if (batch_received > 0) {
+            rdy.messages_received(c.key(), batch_received, c.last_read());
+            batch_received = 0;
+        }
         publish_metrics();
         carry_out(rdy.read_batch_done(c.key()));
     }
@@ -256,7 +267,11 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
         } else if (workers < cfg.max_in_flight) {
             ++workers;
             wake_pending = true;
-            asio::co_spawn(ex, worker_loop(shared_from_this()), handler_task_ended{log});
+            // Started through the executor's queue: co_spawn alone would run the worker (and a handler)
+            // right here, inside the read that delivered the message.
+            asio::post(ex, [self = shared_from_this()] {
+                asio::co_spawn(self->ex, worker_loop(self), handler_task_ended{self->log});
+            });
         }
     }
 
@@ -277,8 +292,9 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
                 }
                 continue;
             }
-            auto m = std::move(self->queued.front());
+            auto held = std::move(self->queued.front());
             self->queued.pop_front();
+            auto& m = *held;
             self->maybe_wake_worker();
             ++self->active;
             if (self->active > self->stats.max_handlers) self->stats.max_handlers = self->active;
@@ -308,19 +324,21 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
                 gave_up = false;
             }
             self->apply(m, d, gave_up);
-            self->recycle(std::move(m));
+            self->recycle(std::move(held));
             --self->active;
             if (self->drain_waiters > 0) self->changed();
         }
         --self->workers;
     }
 
-    // Message bodies are copied out of the read buffer into strings kept for reuse: no allocation per
-    // message once the pool holds a read batch's worth (small bodies only, a bounded number).
-    std::vector<std::string> spare_bodies;
-    void recycle(message&& m) {
-        auto body = std::move(m).take_body();
-        if (body.capacity() <= 4096 && spare_bodies.size() < 1024) spare_bodies.push_back(std::move(body));
+    // Finished messages are kept for reuse (their body storage with them): no allocation per message once
+    // the pool holds a read batch's worth (small bodies only, a bounded number). A pooled message holds no
+    // connection.
+    std::vector<std::unique_ptr<message>> spare_messages;
+    void recycle(std::unique_ptr<message> m) {
+        if (m->body_capacity() > 4096 || spare_messages.size() >= 1024) return;
+        m->release_connection();
+        spare_messages.push_back(std::move(m));
     }
 
     void handler_failed(const message& m, bool gave_up, std::string_view what) {
@@ -345,7 +363,11 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
                 m_gave_up->Increment();
             }
             auto ok = handler_signal::success;
-            carry_out(rdy.handler_finished(ok, rdy.quiet(ok) ? sclock::time_point{} : sclock::now()));
+            if (rdy.quiet(ok)) {
+                rdy.handler_finished_quietly();  // the common case: no output, no clock read
+            } else {
+                carry_out(rdy.handler_finished(ok, sclock::now()));
+            }
             return;
         }
         auto delay = d.delay().value_or(

@@ -29,7 +29,7 @@ class message {
     using clock = std::chrono::steady_clock;
     message(const proto::message_view& v, std::shared_ptr<connection> conn, const delivery_ticket& ticket,
             clock::time_point delivered, std::chrono::milliseconds msg_timeout,
-            std::chrono::milliseconds max_msg_timeout, std::string spare = {});
+            std::chrono::milliseconds max_msg_timeout);
     message(message&&) noexcept = default;
     message& operator=(message&&) noexcept = default;
     ~message();
@@ -52,8 +52,14 @@ class message {
     // The connection the message came on and its place there (internal: the consumer and keepalive).
     const std::shared_ptr<connection>& conn() const noexcept { return conn_; }
     delivery_ticket ticket() const noexcept { return ticket_; }
-    // The body's storage, for reuse by the next message (internal: the consumer's body pool).
-    std::string take_body() && noexcept { return std::move(body_); }
+    // Internal (the consumer's message pool): this object takes a new delivery, keeping the body's storage
+    // (no allocation when it is large enough), and release_connection() lets a pooled message drop its
+    // connection so a closed connection is not kept alive by the pool.
+    void reset(const proto::message_view& v, std::shared_ptr<connection> conn, const delivery_ticket& ticket,
+               clock::time_point delivered, std::chrono::milliseconds msg_timeout,
+               std::chrono::milliseconds max_msg_timeout);
+    void release_connection() noexcept { conn_.reset(); }
+    std::size_t body_capacity() const noexcept { return body_.capacity(); }
 
   private:
     proto::message_id id_;

@@ -35,11 +35,12 @@ rdy_output rdy_controller::connection_removed(const std::string& conn, clock::ti
     return out;
 }
 
-void rdy_controller::message_received(const std::string& conn, clock::time_point now) {
-    ++pending_;
+void rdy_controller::messages_received(const std::string& conn, unsigned n, clock::time_point now) {
+    if (n == 0) return;
+    pending_ += n;
     auto it = conns_.find(conn);
     if (it == conns_.end()) return;
-    if (it->second.remaining > 0) --it->second.remaining;
+    it->second.remaining -= std::min(it->second.remaining, n);
     it->second.last_active = now;
 }
 

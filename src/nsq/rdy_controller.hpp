@@ -85,7 +85,9 @@ class rdy_controller {
     // A connection ended; its RDY is gone with it.
     rdy_output connection_removed(const std::string& conn, clock::time_point now);
     // A message arrived on `conn`; a handler will report it with handler_finished().
-    void message_received(const std::string& conn, clock::time_point now);
+    void message_received(const std::string& conn, clock::time_point now) { messages_received(conn, 1, now); }
+    // `n` messages arrived on `conn` in one read at `now` (the same as n message_received() calls).
+    void messages_received(const std::string& conn, unsigned n, clock::time_point now);
     // Every frame of one read on `conn` was handled: go-nsq's "re-send RDY when low".
     rdy_output read_batch_done(const std::string& conn);
     // A handler finished one message (every message_received() gets exactly one). `now` is not read when
@@ -93,6 +95,11 @@ class rdy_controller {
     rdy_output handler_finished(handler_signal s, clock::time_point now);
     bool quiet(handler_signal s) const noexcept {
         return stopping_ || (s == handler_signal::success && !backoff_.backing_off());
+    }
+    // handler_finished() for a quiet(s) signal, which changes nothing but the pending count and never
+    // has output: the per-message path builds no rdy_output.
+    void handler_finished_quietly() noexcept {
+        if (pending_ > 0) --pending_;
     }
     // A timer armed through an output fired (a stale expiry must be filtered by the caller).
     rdy_output timer_fired(rdy_timer t, clock::time_point now);

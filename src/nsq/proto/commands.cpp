@@ -1,8 +1,10 @@
 #include "nsq/proto/commands.hpp"
 
 #include <charconv>
+#include <cstring>
 
 #include "core/bytes.hpp"
+#include "nsq/proto/message.hpp"
 
 namespace cg::nsq::proto {
 namespace {
@@ -82,6 +84,16 @@ void append_rdy(std::string& out, std::uint64_t count) {
 }
 
 void append_fin(std::string& out, std::string_view id) {
+    // FIN is written once per message: a message id's line is put together here and appended in one
+    // copy (a resize would zero-fill first; three appends check the capacity three times).
+    if (id.size() == message_id_size) {
+        char line[4 + message_id_size + 1];
+        std::memcpy(line, "FIN ", 4);
+        std::memcpy(line + 4, id.data(), message_id_size);
+        line[4 + message_id_size] = '\n';
+        out.append(line, sizeof line);
+        return;
+    }
     append_line2(out, "FIN", id);
 }
 

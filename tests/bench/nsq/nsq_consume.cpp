@@ -157,7 +157,7 @@ bool preload(std::uint16_t port, long n) {
 
 // The raw reader: IDENTIFY, SUB, RDY 2500, then parse every message frame in place from a large read
 // buffer and FIN it (FINs batched per read). The fastest this nsqd can deliver to one client.
-figures raw_reader(std::uint16_t port, long n) {
+[[gnu::noinline]] figures raw_reader(std::uint16_t port, long n) {
     figures f;
     int fd = connect_to(port);
     if (fd < 0) return f;
@@ -223,7 +223,7 @@ asio::awaitable<cg::nsq::disposition> count_and_finish(long* handled, long n, as
     co_return cg::nsq::disposition::finish();
 }
 
-figures consume(std::uint16_t port, long n, cg::nsq::nsq_security sec) {
+[[gnu::noinline]] figures consume(std::uint16_t port, long n, cg::nsq::nsq_security sec) {
     figures f;
     asio::io_context io(1);
     cg::metrics::registry reg;

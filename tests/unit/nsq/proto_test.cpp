@@ -38,6 +38,10 @@ BOOST_AUTO_TEST_CASE(encoders_match_nsqd_golden_bytes) {
     append_fin(out, "18ad397cbfa69000");
     BOOST_TEST(out == golden::fin);
     out.clear();
+    out = "NOP\n";  // FIN appends to what is already queued
+    append_fin(out, "18ad397cbfa69000");
+    BOOST_TEST(out == std::string("NOP\n").append(golden::fin));
+    out.clear();
     append_req(out, "0000000000000000", 0);
     BOOST_TEST(out == golden::req_unknown);
     out.clear();
@@ -180,6 +184,27 @@ BOOST_AUTO_TEST_CASE(short_message_and_bad_id_rejected) {
     auto r = parse_message(data);
     BOOST_TEST(!r.has_value());
     BOOST_TEST((r.code() == errc_ns::errc::bad_message));
+}
+
+// The id check reads 8 bytes at a time: every byte value at every id position against the plain rule
+// (accepted exactly when it is '!'..'~'), with printable neighbours on both sides of the word boundary.
+BOOST_AUTO_TEST_CASE(id_check_matches_the_bytewise_rule_for_every_byte_and_position) {
+    std::string data(26 + 3, '\0');
+    data.replace(10, 16, "0123456789abcdef");
+    data.replace(26, 3, "xyz");
+    int mismatches = 0;
+    for (int pos = 10; pos < 26; ++pos) {
+        for (int b = 0; b < 256; ++b) {
+            auto d = data;
+            d[static_cast<std::size_t>(pos)] = static_cast<char>(b);
+            bool want = b >= 0x21 && b <= 0x7e;
+            if (parse_message(d).has_value() != want) ++mismatches;
+        }
+    }
+    BOOST_TEST(mismatches == 0);
+    auto all = data;
+    for (int pos = 10; pos < 26; ++pos) all[static_cast<std::size_t>(pos)] = pos % 2 ? '!' : '~';
+    BOOST_TEST(parse_message(all).has_value());
 }
 
 BOOST_AUTO_TEST_CASE(message_frame_encoder_round_trips_golden) {

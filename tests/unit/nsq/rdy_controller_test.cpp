@@ -258,6 +258,28 @@ BOOST_AUTO_TEST_CASE(rdy_is_resent_when_the_remaining_count_runs_low) {
     BOOST_TEST(s.last_rdy.empty());  // reset to the full count
 }
 
+// The consumer reports a read's messages in one call: the same RDY re-send points and pending count as
+// one call per message, and a count past the remaining RDY stops at 0.
+BOOST_AUTO_TEST_CASE(a_read_batch_counts_like_its_messages_one_by_one) {
+    sim one(100), batch(100);
+    one.add(key(0));
+    batch.add(key(0));
+    for (unsigned n : {10u, 65u, 1u, 30u, 200u, 0u, 99u}) {
+        for (unsigned i = 0; i < n; ++i) one.receive(key(0));
+        batch.c.messages_received(key(0), n, batch.now);
+        one.take(one.c.read_batch_done(key(0)));
+        batch.take(batch.c.read_batch_done(key(0)));
+        BOOST_TEST((one.last_rdy == batch.last_rdy));
+        BOOST_TEST(one.c.pending() == batch.c.pending());
+    }
+    BOOST_TEST(batch.c.pending() == 405u);
+    // handler_finished_quietly() is handler_finished() for a quiet result: one pending message less.
+    batch.c.handler_finished_quietly();
+    one.take(one.c.handler_finished(handler_signal::success, one.now));
+    BOOST_TEST(one.c.pending() == batch.c.pending());
+    BOOST_TEST(batch.c.pending() == 404u);
+}
+
 // The stall: the connection holding the trial RDY 1 drops while the consumer backs off, with no
 // handler running. The controller must arm the backoff timer again and send a new trial elsewhere.
 BOOST_AUTO_TEST_CASE(backoff_re_arms_when_the_trial_connection_drops) {
