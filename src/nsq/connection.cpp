@@ -140,18 +140,18 @@ asio::awaitable<void> connection::read_loop() {
 bool connection::handle_frame(const proto::frame& f, const std::shared_ptr<connection>& self) {
     switch (f.type) {
         case proto::frame_type::message: {
-            auto m = proto::parse_message(f.data);
-            if (!m) {
-                fail(m.err());
+            proto::message_view m;
+            if (!proto::parse_message(f.data, m)) {
+                fail(proto::parse_message(f.data).err());  // the same check again, for its error
                 return false;
             }
-            if (m->attempts > 1) {  // only a redelivery can meet an earlier delivery of its id still here
+            if (m.attempts > 1) {  // only a redelivery can meet an earlier delivery of its id still here
                 for (const auto& sl : slots_)
-                    if (sl.used && sl.id == m->id) {
+                    if (sl.used && sl.id == m.id) {
                         log_.warn(
                             "message redelivered while its earlier delivery is still being handled (it "
                             "timed out)",
-                            {{"id", m->id.view()}, {"attempts", m->attempts}});
+                            {{"id", m.id.view()}, {"attempts", m.attempts}});
                         break;
                     }
             }
@@ -164,11 +164,11 @@ bool connection::handle_frame(const proto::frame& f, const std::shared_ptr<conne
                 free_slots_.pop_back();
             }
             auto& sl = slots_[t.slot];
-            sl.id = m->id;
+            sl.id = m.id;
             sl.used = true;
             t.gen = sl.gen;
             ++in_flight_total_;
-            owner_->on_message(self, *m, t);
+            owner_->on_message(self, m, t);
             return true;
         }
         case proto::frame_type::response:
@@ -270,21 +270,6 @@ void connection::send_rdy(unsigned count) {
     if (phase_ == phase::closed) return;
     proto::append_rdy(out_, count);
     notify_writer();
-}
-
-bool connection::in_flight(delivery_ticket t) const noexcept {
-    return phase_ != phase::closed && t.slot < slots_.size() && slots_[t.slot].used &&
-           slots_[t.slot].gen == t.gen;
-}
-
-bool connection::release(delivery_ticket t) {
-    if (!in_flight(t)) return false;
-    auto& sl = slots_[t.slot];
-    sl.used = false;
-    ++sl.gen;
-    free_slots_.push_back(t.slot);
-    --in_flight_total_;
-    return true;
 }
 
 bool connection::finish(delivery_ticket t) {

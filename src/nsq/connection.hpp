@@ -91,8 +91,20 @@ class connection : public std::enable_shared_from_this<connection> {
     void notify_writer();
     void check_drained();
     void fail(error e);
-    bool in_flight(delivery_ticket t) const noexcept;
-    bool release(delivery_ticket t);
+    // Inline: FIN goes through both once per message.
+    bool in_flight(delivery_ticket t) const noexcept {
+        return phase_ != phase::closed && t.slot < slots_.size() && slots_[t.slot].used &&
+               slots_[t.slot].gen == t.gen;
+    }
+    bool release(delivery_ticket t) {
+        if (!in_flight(t)) return false;
+        auto& sl = slots_[t.slot];
+        sl.used = false;
+        ++sl.gen;
+        free_slots_.push_back(t.slot);
+        --in_flight_total_;
+        return true;
+    }
     void stop_loops();
 
     asio::any_io_executor ex_;

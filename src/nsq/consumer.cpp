@@ -5,7 +5,6 @@
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>
 #include <atomic>
-#include <deque>
 
 #include "net/address.hpp"
 #include "net/timeout.hpp"
@@ -26,6 +25,36 @@ using sclock = steady_clock;
 
 namespace {
 constexpr auto forever = sclock::time_point::max();
+
+// Messages waiting for a handler, first in first out: a ring over a power-of-two vector that doubles when
+// full (no per-node bookkeeping per message, as a deque has).
+class message_queue {
+  public:
+    bool empty() const noexcept { return count_ == 0; }
+    std::size_t size() const noexcept { return count_; }
+    void push(std::unique_ptr<message> m) {
+        if (count_ == ring_.size()) grow();
+        ring_[(head_ + count_) & (ring_.size() - 1)] = std::move(m);
+        ++count_;
+    }
+    std::unique_ptr<message> pop() noexcept {
+        auto m = std::move(ring_[head_]);
+        head_ = (head_ + 1) & (ring_.size() - 1);
+        --count_;
+        return m;
+    }
+
+  private:
+    void grow() {
+        std::vector<std::unique_ptr<message>> bigger(std::max<std::size_t>(16, ring_.size() * 2));
+        for (std::size_t i = 0; i < count_; ++i)
+            bigger[i] = std::move(ring_[(head_ + i) & (ring_.size() - 1)]);
+        ring_ = std::move(bigger);
+        head_ = 0;
+    }
+    std::vector<std::unique_ptr<message>> ring_;
+    std::size_t head_ = 0, count_ = 0;
+};
 
 rdy_settings rdy_settings_of(const consumer_config& c) {
     rdy_settings s;
@@ -89,8 +118,8 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     std::shared_ptr<connection_supervisor> supervisor;
     std::shared_ptr<lookupd_poller> poller;  // with lookupd addresses
 
-    unsigned active = 0;                          // handlers running
-    std::deque<std::unique_ptr<message>> queued;  // waiting for a handler slot
+    unsigned active = 0;   // handlers running
+    message_queue queued;  // waiting for a handler slot
 
     net::steady_timer change_wake;
     std::array<net::steady_timer, rdy_timer_count> timers;
@@ -160,6 +189,8 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     }
 
     void on_connection_ended(connection& c, bool was_subscribed) override {
+        for (auto& m : spare_messages)
+            if (m->conn().get() == &c) m->release_connection();
         if (!was_subscribed) return;
         ++stats.disconnects;
         --stats.connections;
@@ -183,11 +214,12 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
         auto timeout = c->msg_timeout();
         auto max_timeout = milliseconds(c->negotiated().max_msg_timeout);
         if (spare_messages.empty()) {
-            queued.push_back(std::make_unique<message>(v, c, t, now, timeout, max_timeout));
+            queued.push(std::make_unique<message>(v, c, t, now, timeout, max_timeout));
         } else {
-            queued.push_back(std::move(spare_messages.back()));
+            auto m = std::move(spare_messages.back());
             spare_messages.pop_back();
-            queued.back()->reset(v, c, t, now, timeout, max_timeout);
+            m->reset(v, c, t, now, timeout, max_timeout);
+            queued.push(std::move(m));
         }
         maybe_wake_worker();
     }
@@ -292,8 +324,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
                 }
                 continue;
             }
-            auto held = std::move(self->queued.front());
-            self->queued.pop_front();
+            auto held = self->queued.pop();
             auto& m = *held;
             self->maybe_wake_worker();
             ++self->active;
@@ -332,12 +363,13 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     }
 
     // Finished messages are kept for reuse (their body storage with them): no allocation per message once
-    // the pool holds a read batch's worth (small bodies only, a bounded number). A pooled message holds no
-    // connection.
+    // the pool holds a read batch's worth (small bodies only, a bounded number). A pooled message keeps its
+    // connection until the connection ends (so reusing it for the same connection changes no reference
+    // count); on_connection_ended() drops it then.
     std::vector<std::unique_ptr<message>> spare_messages;
     void recycle(std::unique_ptr<message> m) {
         if (m->body_capacity() > 4096 || spare_messages.size() >= 1024) return;
-        m->release_connection();
+        if (m->conn() && m->conn()->state() == connection::phase::closed) m->release_connection();
         spare_messages.push_back(std::move(m));
     }
 

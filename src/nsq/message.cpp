@@ -22,14 +22,14 @@ message::message(const proto::message_view& v, std::shared_ptr<connection> conn,
       msg_timeout_(msg_timeout),
       max_msg_timeout_(max_msg_timeout) {}
 
-void message::reset(const proto::message_view& v, std::shared_ptr<connection> conn,
+void message::reset(const proto::message_view& v, const std::shared_ptr<connection>& conn,
                     const delivery_ticket& ticket, clock::time_point delivered,
                     std::chrono::milliseconds msg_timeout, std::chrono::milliseconds max_msg_timeout) {
     id_ = v.id;
     attempts_ = v.attempts;
     timestamp_ = v.timestamp;
     body_.assign(v.body);  // reuses the capacity
-    conn_ = std::move(conn);
+    if (conn_ != conn) conn_ = conn;
     ticket_ = ticket;
     delivered_ = delivered;
     msg_timeout_ = msg_timeout;

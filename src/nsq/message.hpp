@@ -53,11 +53,12 @@ class message {
     const std::shared_ptr<connection>& conn() const noexcept { return conn_; }
     delivery_ticket ticket() const noexcept { return ticket_; }
     // Internal (the consumer's message pool): this object takes a new delivery, keeping the body's storage
-    // (no allocation when it is large enough), and release_connection() lets a pooled message drop its
+    // (no allocation when it is large enough) and its connection reference when it is the same connection
+    // (no reference count change per message); release_connection() lets a pooled message drop its
     // connection so a closed connection is not kept alive by the pool.
-    void reset(const proto::message_view& v, std::shared_ptr<connection> conn, const delivery_ticket& ticket,
-               clock::time_point delivered, std::chrono::milliseconds msg_timeout,
-               std::chrono::milliseconds max_msg_timeout);
+    void reset(const proto::message_view& v, const std::shared_ptr<connection>& conn,
+               const delivery_ticket& ticket, clock::time_point delivered,
+               std::chrono::milliseconds msg_timeout, std::chrono::milliseconds max_msg_timeout);
     void release_connection() noexcept { conn_.reset(); }
     std::size_t body_capacity() const noexcept { return body_.capacity(); }
 

@@ -41,18 +41,22 @@ bool printable_id(const char* p) noexcept {
 
 }  // namespace
 
+bool parse_message(std::string_view data, message_view& out) noexcept {
+    if (data.size() < message_header_size || !printable_id(data.data() + 10)) return false;
+    const auto* p = reinterpret_cast<const std::uint8_t*>(data.data());
+    out.timestamp = static_cast<std::int64_t>(load_be64(p));
+    out.attempts = load_be16(p + 8);
+    std::memcpy(out.id.bytes.data(), data.data() + 10, message_id_size);
+    out.body = data.substr(message_header_size);
+    return true;
+}
+
 result<message_view> parse_message(std::string_view data) {
     if (data.size() < message_header_size)
         return error(errc::bad_message, "message frame of " + std::to_string(data.size()) + " bytes < " +
                                             std::to_string(message_header_size));
-    const auto* p = reinterpret_cast<const std::uint8_t*>(data.data());
     message_view m;
-    m.timestamp = static_cast<std::int64_t>(load_be64(p));
-    m.attempts = load_be16(p + 8);
-    std::memcpy(m.id.bytes.data(), data.data() + 10, message_id_size);
-    if (!printable_id(data.data() + 10))
-        return error(errc::bad_message, "message id holds a non-printable byte");
-    m.body = data.substr(message_header_size);
+    if (!parse_message(data, m)) return error(errc::bad_message, "message id holds a non-printable byte");
     return m;
 }
 

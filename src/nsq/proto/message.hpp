@@ -35,6 +35,8 @@ struct message_view {
 // Fails with bad_message when the data is shorter than the header or the id holds bytes that would break
 // a command line (space, control characters, non-ASCII): echoing such an id in FIN would inject commands.
 result<message_view> parse_message(std::string_view data);
+// The same check without building an error (the per-message path): false where the above fails.
+bool parse_message(std::string_view data, message_view& out) noexcept;
 
 // Builds a message frame (server side: fake-nsqd, tests).
 void append_message_frame(std::string& out, std::int64_t timestamp, std::uint16_t attempts,

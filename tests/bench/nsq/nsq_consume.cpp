@@ -16,7 +16,7 @@
 // per process) against a fresh nsqd preloaded before the clock starts, with a memory queue large enough
 // to keep every message in memory.
 //   nsq_consume [N [ONLY]]   (N default 200000; ONLY: one of fake, ceiling, plain, snappy, deflate, tls —
-//                              for profiling one mode)
+//                              for profiling one mode — or pair: the ceiling/plain rounds alone)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -54,6 +54,7 @@ struct figures {
     double msgs_per_s = 0;  // steady state: first message → the 99 % mark (see steady_rate)
     double total_s = 0;     // start → last message handled (includes connect and nsqd's last flush tick)
     double cpu_per_million = 0, rss_mb = 0, drain_s = 0;
+    double sys_per_million = 0;       // the kernel's part of cpu_per_million (syscalls: reads, writes, epoll)
     double nsqd_cpu_per_million = 0;  // nsqd's own CPU over the run: what this client made it work
     long finished = 0;
 };
@@ -74,6 +75,13 @@ struct steady_clock_marks {
         return secs > 0 ? static_cast<double>(n - n / 100 - 1) / secs : 0;
     }
 };
+
+// System CPU seconds used so far by this process (the kernel's share of cg::test::cpu_seconds()).
+double sys_seconds() {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_stime.tv_sec) + static_cast<double>(ru.ru_stime.tv_usec) / 1e6;
+}
 
 // --- blocking helpers for the harness (never on the consumer's loop) -----------------------------------
 int connect_to(std::uint16_t port) {
@@ -168,7 +176,7 @@ bool preload(std::uint16_t port, long n) {
     write_all(fd, "SUB bench bench\n");
     read_frame(fd, t, d);
     auto t0 = steady_clock::now();
-    double cpu0 = cg::test::cpu_seconds();
+    double cpu0 = cg::test::cpu_seconds(), sys0 = sys_seconds();
     write_all(fd, "RDY 2500\n");
     std::vector<char> buf(1 << 20);
     std::size_t have = 0;
@@ -202,6 +210,7 @@ bool preload(std::uint16_t port, long n) {
     f.total_s = duration<double>(steady_clock::now() - t0).count();
     f.msgs_per_s = marks.rate();
     f.cpu_per_million = (cg::test::cpu_seconds() - cpu0) / (static_cast<double>(got) / 1e6);
+    f.sys_per_million = (sys_seconds() - sys0) / (static_cast<double>(got) / 1e6);
     f.rss_mb = static_cast<double>(cg::test::peak_rss_kib()) / 1024.0;
     f.finished = got;
     ::close(fd);
@@ -238,7 +247,7 @@ asio::awaitable<cg::nsq::disposition> count_and_finish(long* handled, long n, as
     steady_clock::time_point last{};
     steady_clock_marks marks{n};
     auto t0 = steady_clock::now();
-    double cpu0 = cg::test::cpu_seconds();
+    double cpu0 = cg::test::cpu_seconds(), sys0 = sys_seconds();
     cg::nsq::consumer c(
         io.get_executor(), cfg,
         [&handled, n, &io, &cp, &last, &marks](cg::nsq::message&) {
@@ -252,6 +261,7 @@ asio::awaitable<cg::nsq::disposition> count_and_finish(long* handled, long n, as
     f.total_s = duration<double>(last - t0).count();
     f.msgs_per_s = marks.rate();
     f.cpu_per_million = (cg::test::cpu_seconds() - cpu0) / (static_cast<double>(handled) / 1e6);
+    f.sys_per_million = (sys_seconds() - sys0) / (static_cast<double>(handled) / 1e6);
     f.drain_s = duration<double>(steady_clock::now() - last).count();
     f.rss_mb = static_cast<double>(cg::test::peak_rss_kib()) / 1024.0;
     f.finished = static_cast<long>(c.stats().finished);
@@ -378,6 +388,7 @@ figures median_of(const std::vector<figures>& fs) {
     out.msgs_per_s = field(&figures::msgs_per_s);
     out.total_s = field(&figures::total_s);
     out.cpu_per_million = field(&figures::cpu_per_million);
+    out.sys_per_million = field(&figures::sys_per_million);
     out.drain_s = field(&figures::drain_s);
     out.nsqd_cpu_per_million = field(&figures::nsqd_cpu_per_million);
     out.finished = fs.front().finished;
@@ -389,8 +400,10 @@ figures median_of(const std::vector<figures>& fs) {
 }
 
 void print(const char* name, const figures& f, long n, double ceiling) {
-    std::printf("  %-24s %9.0f msgs/s  %5.2f CPU-s/10^6  peak RSS %5.1f MB  finished %ld/%ld  total %.2f s",
-                name, f.msgs_per_s, f.cpu_per_million, f.rss_mb, f.finished, n, f.total_s);
+    std::printf(
+        "  %-24s %9.0f msgs/s  %5.2f CPU-s/10^6 (sys %4.2f)  peak RSS %5.1f MB  finished %ld/%ld  total %.2f "
+        "s",
+        name, f.msgs_per_s, f.cpu_per_million, f.sys_per_million, f.rss_mb, f.finished, n, f.total_s);
     if (f.nsqd_cpu_per_million > 0) std::printf("  nsqd %.2f CPU-s/10^6", f.nsqd_cpu_per_million);
     if (f.drain_s > 0) std::printf("  drain %.2f s", f.drain_s);
     if (ceiling > 0) std::printf("  (%.0f %% of ceiling)", 100.0 * f.msgs_per_s / ceiling);
@@ -402,7 +415,10 @@ void print(const char* name, const figures& f, long n, double ceiling) {
 int main(int argc, char** argv) {
     long n = argc > 1 ? std::atol(argv[1]) : 200000;
     std::string only = argc > 2 ? argv[2] : "";
-    auto want = [&only](const char* m) { return only.empty() || only == m; };
+    auto want = [&only](const char* m) {
+        return only.empty() || only == m ||
+               (only == "pair" && (!std::strcmp(m, "ceiling") || !std::strcmp(m, "plain")));
+    };
     std::printf("nsq_consume: %ld messages of 200 bytes, no-op handler, max_in_flight 2500\n", n);
     bool ok = true;
 
