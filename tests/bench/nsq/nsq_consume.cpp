@@ -55,6 +55,7 @@ struct figures {
     double total_s = 0;     // start → last message handled (includes connect and nsqd's last flush tick)
     double cpu_per_million = 0, rss_mb = 0, drain_s = 0;
     double sys_per_million = 0;       // the kernel's part of cpu_per_million (syscalls: reads, writes, epoll)
+    double waits_per_million = 0;     // voluntary context switches: how often the reader blocked for data
     double nsqd_cpu_per_million = 0;  // nsqd's own CPU over the run: what this client made it work
     long finished = 0;
 };
@@ -81,6 +82,12 @@ double sys_seconds() {
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
     return static_cast<double>(ru.ru_stime.tv_sec) + static_cast<double>(ru.ru_stime.tv_usec) / 1e6;
+}
+// Voluntary context switches so far (each a block in read() or epoll_wait() with nothing to do).
+double waits() {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_nvcsw);
 }
 
 // --- blocking helpers for the harness (never on the consumer's loop) -----------------------------------
@@ -176,7 +183,7 @@ bool preload(std::uint16_t port, long n) {
     write_all(fd, "SUB bench bench\n");
     read_frame(fd, t, d);
     auto t0 = steady_clock::now();
-    double cpu0 = cg::test::cpu_seconds(), sys0 = sys_seconds();
+    double cpu0 = cg::test::cpu_seconds(), sys0 = sys_seconds(), waits0 = waits();
     write_all(fd, "RDY 2500\n");
     std::vector<char> buf(1 << 20);
     std::size_t have = 0;
@@ -211,6 +218,7 @@ bool preload(std::uint16_t port, long n) {
     f.msgs_per_s = marks.rate();
     f.cpu_per_million = (cg::test::cpu_seconds() - cpu0) / (static_cast<double>(got) / 1e6);
     f.sys_per_million = (sys_seconds() - sys0) / (static_cast<double>(got) / 1e6);
+    f.waits_per_million = (waits() - waits0) / (static_cast<double>(got) / 1e6);
     f.rss_mb = static_cast<double>(cg::test::peak_rss_kib()) / 1024.0;
     f.finished = got;
     ::close(fd);
@@ -247,7 +255,7 @@ asio::awaitable<cg::nsq::disposition> count_and_finish(long* handled, long n, as
     steady_clock::time_point last{};
     steady_clock_marks marks{n};
     auto t0 = steady_clock::now();
-    double cpu0 = cg::test::cpu_seconds(), sys0 = sys_seconds();
+    double cpu0 = cg::test::cpu_seconds(), sys0 = sys_seconds(), waits0 = waits();
     cg::nsq::consumer c(
         io.get_executor(), cfg,
         [&handled, n, &io, &cp, &last, &marks](cg::nsq::message&) {
@@ -262,6 +270,7 @@ asio::awaitable<cg::nsq::disposition> count_and_finish(long* handled, long n, as
     f.msgs_per_s = marks.rate();
     f.cpu_per_million = (cg::test::cpu_seconds() - cpu0) / (static_cast<double>(handled) / 1e6);
     f.sys_per_million = (sys_seconds() - sys0) / (static_cast<double>(handled) / 1e6);
+    f.waits_per_million = (waits() - waits0) / (static_cast<double>(handled) / 1e6);
     f.drain_s = duration<double>(steady_clock::now() - last).count();
     f.rss_mb = static_cast<double>(cg::test::peak_rss_kib()) / 1024.0;
     f.finished = static_cast<long>(c.stats().finished);
@@ -389,6 +398,7 @@ figures median_of(const std::vector<figures>& fs) {
     out.total_s = field(&figures::total_s);
     out.cpu_per_million = field(&figures::cpu_per_million);
     out.sys_per_million = field(&figures::sys_per_million);
+    out.waits_per_million = field(&figures::waits_per_million);
     out.drain_s = field(&figures::drain_s);
     out.nsqd_cpu_per_million = field(&figures::nsqd_cpu_per_million);
     out.finished = fs.front().finished;
@@ -405,6 +415,7 @@ void print(const char* name, const figures& f, long n, double ceiling) {
         "s",
         name, f.msgs_per_s, f.cpu_per_million, f.sys_per_million, f.rss_mb, f.finished, n, f.total_s);
     if (f.nsqd_cpu_per_million > 0) std::printf("  nsqd %.2f CPU-s/10^6", f.nsqd_cpu_per_million);
+    if (f.waits_per_million > 0) std::printf("  waits %.0f/10^6", f.waits_per_million);
     if (f.drain_s > 0) std::printf("  drain %.2f s", f.drain_s);
     if (ceiling > 0) std::printf("  (%.0f %% of ceiling)", 100.0 * f.msgs_per_s / ceiling);
     std::printf("\n");
