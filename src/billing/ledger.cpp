@@ -465,8 +465,12 @@ net::awaitable<result<preflight_result>> ledger::preflight(new_record rec, std::
     // Kept for the conflict path: the request moves into the batch.
     std::string key = rec.key, customer = rec.event.customer_id, period = rec.event.billing_period;
     preflight_req q{std::move(rec), millis(lease)};
-    auto ins =
-        batch_ ? co_await batch_->preflight->submit(std::move(q)) : co_await preflight_insert_one(pool_, q);
+    // (No co_await inside a conditional expression: g++ 12 miscompiles it.)
+    result<preflight_out> ins = error(pg::errc::protocol_error, "not run");
+    if (batch_)
+        ins = co_await batch_->preflight->submit(std::move(q));
+    else
+        ins = co_await preflight_insert_one(pool_, q);
     if (!ins) co_return ins.err();
     if (*ins) co_return preflight_result{true, std::move(**ins)};
     auto existing =
