@@ -47,6 +47,7 @@ struct batch_options {
 struct batch_counters {
     std::uint64_t statements = 0;  // batches run (each one statement, or single statements after a fallback)
     std::uint64_t rows = 0;        // callers served by them
+    std::size_t queued = 0;        // callers waiting for a slot right now
 };
 
 // PostgreSQL array literals for `$n::text[]` / `$n::int8[]` parameters: {"a","b\"c",NULL}. Pure.
@@ -89,7 +90,11 @@ class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, 
         co_return std::move(*w->out);
     }
 
-    const batch_counters& counters() const noexcept { return counters_; }
+    batch_counters counters() const noexcept {
+        auto c = counters_;
+        c.queued = queue_.size();
+        return c;
+    }
 
   private:
     struct waiter {
