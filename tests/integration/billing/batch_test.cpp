@@ -154,7 +154,7 @@ BOOST_AUTO_TEST_CASE(concurrent_preflights_share_a_statement_and_resume_after_co
     std::vector<std::string> keys;
     for (int i = 0; i < n; ++i) {
         recs.push_back(
-            record_for("batch-" + std::to_string(i), "2026-11", 1000 + i, "b0" + std::to_string(i)));
+            record_for("NULL.b@t_ch-" + std::to_string(i), "2026-11", 1000 + i, "b0" + std::to_string(i)));
         keys.push_back(recs.back().key);
     }
     std::vector<std::function<net::awaitable<seen>()>> ops;
@@ -174,6 +174,8 @@ BOOST_AUTO_TEST_CASE(concurrent_preflights_share_a_statement_and_resume_after_co
         BOOST_TEST(pf.inserted);
         BOOST_TEST(pf.record.key == keys[i]);
         BOOST_TEST(pf.record.amount_cents == 1000 + i);
+        BOOST_TEST(pf.record.customer_id ==
+                   "NULL.b@t_ch-" + std::to_string(i));  // "NULL…" stays text in the array
         BOOST_TEST(pf.record.lease_epoch == 1);
         BOOST_TEST(pf.record.stripe_attempts == 1);
         BOOST_TEST(pf.record.first_stripe_attempt_at.has_value());
