@@ -1,5 +1,6 @@
 #include "billing/ledger.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "pg/pipeline.hpp"
@@ -88,6 +89,32 @@ const std::string settle_sql =
     "last_error = coalesce($4::text, last_error), lease_until = NULL, lease_epoch = lease_epoch + 1, "
     "payment_intent_id = coalesce($5::text, payment_intent_id) "
     "WHERE key = $1 AND status = 'pending'";
+
+// Group commit (ledger_batch.hpp): the same two statements for many rows at once, the rows as arrays. The
+// insert writes exactly what preflight_insert_sql writes per row, one transaction for the batch; RETURNING
+// gives the inserted rows (a conflicting row, by key or by (customer_id, billing_period), is not returned:
+// its caller reads the existing row afterwards, as after a single insert). The remaining-lease column is
+// left out: for a row just inserted it is exactly the lease it was given (lease_until - now() in the
+// inserting transaction).
+const std::string preflight_batch_sql =
+    "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
+    "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at) "
+    "SELECT v.key, v.customer_id, v.billing_period, v.amount_cents, v.currency, v.stripe_customer_id, "
+    "'pending', " CG_LEASE_END("v.lease_ms") ", 1, v.nsq_message_id, v.nsq_attempts, 1, now() "
+    "FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[], "
+    "$8::text[], $9::int4[]) AS v(key, customer_id, billing_period, amount_cents, currency, "
+    "stripe_customer_id, lease_ms, nsq_message_id, nsq_attempts) "
+    "ON CONFLICT DO NOTHING RETURNING " CG_STORED_COLUMNS ", lease_epoch";
+constexpr int preflight_batch_epoch_column = 13;
+
+// settle_sql per row; RETURNING names the rows that were pending (each caller's `true`).
+const std::string settle_batch_sql =
+    "UPDATE billing_records AS b SET status = v.status, charge_id = coalesce(v.charge_id, b.charge_id), "
+    "last_error = coalesce(v.last_error, b.last_error), lease_until = NULL, lease_epoch = b.lease_epoch + 1, "
+    "payment_intent_id = coalesce(v.payment_intent_id, b.payment_intent_id) "
+    "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) "
+    "AS v(key, status, charge_id, last_error, payment_intent_id) "
+    "WHERE b.key = v.key AND b.status = 'pending' RETURNING b.key";
 
 // A released lease is set just in the past, so the next take (lease_until < now()) succeeds at once; the
 // epoch moves on, so the releasing worker's token no longer renews it.
@@ -234,22 +261,224 @@ void add_letter(pg::pipeline& batch, dead_letter l) {
     batch.add_params(letter_insert_sql, std::move(p));
 }
 
+// A failed batch statement whose error belongs to one row (a bad value, a constraint, a deadlock with
+// another batch) is retried row by row, so each caller gets exactly what its single statement gives and one
+// bad row cannot fail the others forever. Reaching the server (lost, timeout, unavailable …) fails them all.
+bool retry_row_by_row(const std::error_code& ec) {
+    using pg::errc;
+    if (ec.category() != pg::category()) return false;
+    switch (static_cast<errc>(ec.value())) {
+        case errc::unique_violation:
+        case errc::foreign_key_violation:
+        case errc::check_violation:
+        case errc::not_null_violation:
+        case errc::integrity_violation:
+        case errc::serialization_failure:
+        case errc::deadlock:
+        case errc::data_exception:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// Requests in key order (the order their rows are locked in, so two concurrent batches cannot deadlock on
+// each other), as indexes into `keys`.
+template <typename Req, typename KeyOf>
+std::vector<std::size_t> key_order(const std::vector<Req>& reqs, KeyOf key_of) {
+    std::vector<std::size_t> order(reqs.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return key_of(reqs[a]) < key_of(reqs[b]); });
+    return order;
+}
+
+struct preflight_req {
+    new_record rec;
+    std::int64_t lease_ms = 0;
+};
+using preflight_out = std::optional<ledger_record>;  // the inserted row; nullopt: conflict
+
+net::awaitable<result<preflight_out>> preflight_insert_one(std::shared_ptr<pg::pool> pool,
+                                                           const preflight_req& q) {
+    const auto& e = q.rec.event;
+    auto ins =
+        co_await exec(pool, preflight_insert_sql,
+                      pg::params(q.rec.key, e.customer_id, e.billing_period, e.amount_cents, e.currency,
+                                 e.stripe_customer_id, q.lease_ms, q.rec.nsq_message_id, q.rec.nsq_attempts));
+    if (!ins) co_return ins.err();
+    if (ins->empty()) co_return preflight_out();
+    co_return preflight_out(decode_record(*ins, 0));
+}
+
+struct preflight_runner {
+    static std::string_view key(const preflight_req& q) noexcept { return q.rec.key; }
+
+    static net::awaitable<std::vector<result<preflight_out>>> run(std::shared_ptr<pg::pool> pool,
+                                                                  std::vector<preflight_req>& reqs) {
+        std::vector<result<preflight_out>> outs;
+        outs.reserve(reqs.size());
+        if (reqs.size() == 1) {
+            outs.push_back(co_await preflight_insert_one(pool, reqs[0]));
+            co_return outs;
+        }
+        auto order = key_order(reqs, key);
+        std::vector<std::string> keys, customers, periods, currencies, stripe_customers, message_ids;
+        std::vector<std::int64_t> amounts, leases, attempts;
+        for (auto* v : {&keys, &customers, &periods, &currencies, &stripe_customers, &message_ids})
+            v->reserve(reqs.size());
+        for (auto* v : {&amounts, &leases, &attempts}) v->reserve(reqs.size());
+        for (auto i : order) {
+            const auto& q = reqs[i];
+            keys.push_back(q.rec.key);
+            customers.push_back(q.rec.event.customer_id);
+            periods.push_back(q.rec.event.billing_period);
+            amounts.push_back(q.rec.event.amount_cents);
+            currencies.push_back(q.rec.event.currency);
+            stripe_customers.push_back(q.rec.event.stripe_customer_id);
+            leases.push_back(q.lease_ms);
+            message_ids.push_back(q.rec.nsq_message_id);
+            attempts.push_back(q.rec.nsq_attempts);
+        }
+        pg::params p;
+        p.reserve(9);
+        p.add(text_array_literal(keys)).add(text_array_literal(customers)).add(text_array_literal(periods));
+        p.add(int_array_literal(amounts)).add(text_array_literal(currencies));
+        p.add(text_array_literal(stripe_customers)).add(int_array_literal(leases));
+        p.add(text_array_literal(message_ids)).add(int_array_literal(attempts));
+        auto r = co_await exec(pool, preflight_batch_sql, std::move(p));
+        if (!r) {
+            if (retry_row_by_row(r.code())) {
+                for (const auto& q : reqs) outs.push_back(co_await preflight_insert_one(pool, q));
+            } else {
+                for (std::size_t i = 0; i < reqs.size(); ++i) outs.push_back(r.err());
+            }
+            co_return outs;
+        }
+        std::vector<preflight_out> rows(reqs.size());
+        // Keys are unique in a batch and `keys` is sorted: find each returned row's caller by its key.
+        for (std::size_t row = 0; row < r->size(); ++row) {
+            auto k = r->get<std::string_view>(row, 0);
+            auto at = std::lower_bound(keys.begin(), keys.end(), k);
+            if (at == keys.end() || *at != k)
+                co_return std::vector<result<preflight_out>>(
+                    reqs.size(), error(pg::errc::protocol_error, "pre-flight batch returned an unknown key"));
+            auto i = order[static_cast<std::size_t>(at - keys.begin())];
+            auto rec = decode_stored_record_columns(*r, row);
+            rec.lease_epoch = r->get<std::int64_t>(row, preflight_batch_epoch_column);
+            rec.lease_remaining = ms(reqs[i].lease_ms);
+            rows[i] = std::move(rec);
+        }
+        for (auto& one : rows) outs.push_back(std::move(one));
+        co_return outs;
+    }
+};
+
+struct settle_req {
+    std::string key;
+    record_status status;
+    std::optional<std::string> charge_id;
+    std::optional<std::string> last_error;
+    std::optional<std::string> payment_intent_id;
+};
+
+net::awaitable<result<bool>> settle_one(std::shared_ptr<pg::pool> pool, const settle_req& q) {
+    auto r = co_await exec(
+        pool, settle_sql,
+        pg::params(q.key, std::string(to_string(q.status)), q.charge_id, q.last_error, q.payment_intent_id));
+    if (!r) co_return r.err();
+    co_return r->affected() == 1;
+}
+
+struct settle_runner {
+    static std::string_view key(const settle_req& q) noexcept { return q.key; }
+
+    static net::awaitable<std::vector<result<bool>>> run(std::shared_ptr<pg::pool> pool,
+                                                         std::vector<settle_req>& reqs) {
+        std::vector<result<bool>> outs;
+        outs.reserve(reqs.size());
+        if (reqs.size() == 1) {
+            outs.push_back(co_await settle_one(pool, reqs[0]));
+            co_return outs;
+        }
+        auto order = key_order(reqs, key);
+        std::vector<std::string> keys, statuses;
+        std::vector<std::optional<std::string>> charges, errors, intents;
+        for (auto i : order) {
+            auto& q = reqs[i];
+            keys.push_back(q.key);
+            statuses.emplace_back(to_string(q.status));
+            charges.push_back(q.charge_id);
+            errors.push_back(q.last_error);
+            intents.push_back(q.payment_intent_id);
+        }
+        pg::params p;
+        p.reserve(5);
+        p.add(text_array_literal(keys)).add(text_array_literal(statuses)).add(text_array_literal(charges));
+        p.add(text_array_literal(errors)).add(text_array_literal(intents));
+        auto r = co_await exec(pool, settle_batch_sql, std::move(p));
+        if (!r) {
+            if (retry_row_by_row(r.code())) {
+                for (const auto& q : reqs) outs.push_back(co_await settle_one(pool, q));
+            } else {
+                for (std::size_t i = 0; i < reqs.size(); ++i) outs.push_back(r.err());
+            }
+            co_return outs;
+        }
+        std::vector<char> settled(reqs.size(), 0);
+        for (std::size_t row = 0; row < r->size(); ++row) {
+            auto k = r->get<std::string_view>(row, 0);
+            auto at = std::lower_bound(keys.begin(), keys.end(), k);
+            if (at == keys.end() || *at != k)
+                co_return std::vector<result<bool>>(
+                    reqs.size(), error(pg::errc::protocol_error, "settle batch returned an unknown key"));
+            settled[order[static_cast<std::size_t>(at - keys.begin())]] = 1;
+        }
+        for (auto one : settled) outs.push_back(one != 0);
+        co_return outs;
+    }
+};
+
 }  // namespace
 
+struct ledger::batchers {
+    std::shared_ptr<group_commit<preflight_req, preflight_out, preflight_runner>> preflight;
+    std::shared_ptr<group_commit<settle_req, bool, settle_runner>> settle;
+};
+
+ledger::ledger(std::shared_ptr<pg::pool> pool, ledger_options opts) : pool_(std::move(pool)), opts_(opts) {
+    if (!opts_.batch.enabled) return;
+    batch_ = std::make_shared<batchers>();
+    batch_->preflight =
+        std::make_shared<group_commit<preflight_req, preflight_out, preflight_runner>>(pool_, opts_.batch);
+    batch_->settle = std::make_shared<group_commit<settle_req, bool, settle_runner>>(pool_, opts_.batch);
+}
+
+ledger::~ledger() = default;
+
+ledger_batch_counters ledger::batch_counters() const {
+    if (!batch_) return {};
+    return {batch_->preflight->counters(), batch_->settle->counters()};
+}
+
 net::awaitable<result<preflight_result>> ledger::preflight(new_record rec, std::chrono::milliseconds lease) {
-    const auto& e = rec.event;
-    auto ins =
-        co_await exec(pool_, preflight_insert_sql,
-                      pg::params(rec.key, e.customer_id, e.billing_period, e.amount_cents, e.currency,
-                                 e.stripe_customer_id, millis(lease), rec.nsq_message_id, rec.nsq_attempts));
+    // Kept for the conflict path: the request moves into the batch.
+    std::string key = rec.key, customer = rec.event.customer_id, period = rec.event.billing_period;
+    preflight_req q{std::move(rec), millis(lease)};
+    // (No co_await inside a conditional expression: g++ 12 miscompiles it.)
+    result<preflight_out> ins = error(pg::errc::protocol_error, "not run");
+    if (batch_)
+        ins = co_await batch_->preflight->submit(std::move(q));
+    else
+        ins = co_await preflight_insert_one(pool_, q);
     if (!ins) co_return ins.err();
-    if (!ins->empty()) co_return preflight_result{true, decode_record(*ins, 0)};
+    if (*ins) co_return preflight_result{true, std::move(**ins)};
     auto existing =
-        co_await exec(pool_, preflight_existing_sql, pg::params(rec.key, e.customer_id, e.billing_period));
+        co_await exec(pool_, preflight_existing_sql, pg::params(key, std::move(customer), std::move(period)));
     if (!existing) co_return existing.err();
     // Rows are never deleted, so the conflicting row is there; if not, something outside the design did it.
     if (existing->empty())
-        co_return error(pg::errc::protocol_error, "pre-flight conflicted but no row matches key " + rec.key);
+        co_return error(pg::errc::protocol_error, "pre-flight conflicted but no row matches key " + key);
     co_return preflight_result{false, decode_record(*existing, 0)};
 }
 
@@ -294,10 +523,16 @@ net::awaitable<result<bool>> ledger::settle(std::string key, record_status statu
                                             std::optional<std::string> last_error,
                                             std::optional<dead_letter> letter,
                                             std::optional<std::string> payment_intent_id) {
+    if (!letter) {
+        settle_req q{std::move(key), status, std::move(charge_id), std::move(last_error),
+                     std::move(payment_intent_id)};
+        if (batch_) co_return co_await batch_->settle->submit(std::move(q));
+        co_return co_await settle_one(pool_, q);
+    }
     pg::pipeline batch;
     batch.add(settle_sql, std::move(key), std::string(to_string(status)), std::move(charge_id),
               std::move(last_error), std::move(payment_intent_id));
-    if (letter) add_letter(batch, std::move(*letter));
+    add_letter(batch, std::move(*letter));
     auto r = co_await exec_batch(pool_, std::move(batch));
     if (!r) co_return r.err();
     co_return (*r)[0].affected() == 1;

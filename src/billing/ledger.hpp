@@ -10,10 +10,13 @@
 // differ).
 //
 // Every function acquires a connection from the pool, runs one statement (or one atomic batch) and gives it
-// back. Errors are pg errors passed through unchanged (errc::unavailable when PostgreSQL is unreachable,
-// connection_lost, timeout, …): the pipeline requeues with backoff on any of them. Each coroutine completes
-// on the pool's executor (call it there: the main loop); cancelling it cancels the statement (the connection
-// is then discarded). The pool must outlive every call; arguments are copied into the coroutine frame.
+// back. The two hot writes of a fresh event — the pre-flight insert and the settle of a charged or declined
+// (or cap-blocked) row — go through group commit (ledger_batch.hpp): concurrent callers share one statement
+// and one transaction, and each resumes only once that transaction committed. Errors are pg errors passed
+// through unchanged (errc::unavailable when PostgreSQL is unreachable, connection_lost, timeout, …): the
+// pipeline requeues with backoff on any of them. Each coroutine completes on the pool's executor (call it
+// there: the main loop); cancelling it cancels the statement (the connection is then discarded). The pool
+// must outlive every call; arguments are copied into the coroutine frame.
 #pragma once
 
 #include <chrono>
@@ -24,6 +27,7 @@
 
 #include "billing/decision.hpp"
 #include "billing/event.hpp"
+#include "billing/ledger_batch.hpp"
 #include "core/result.hpp"
 #include "net/tokens.hpp"
 #include "pg/pool.hpp"
@@ -74,9 +78,20 @@ struct dead_letter {
     std::optional<std::string> billing_key;
 };
 
+struct ledger_options {
+    batch_options batch;
+};
+
+// What the ledger's batchers did so far.
+struct ledger_batch_counters {
+    batch_counters preflight;
+    batch_counters settle;
+};
+
 class ledger {
   public:
-    explicit ledger(std::shared_ptr<pg::pool> pool) : pool_(std::move(pool)) {}
+    explicit ledger(std::shared_ptr<pg::pool> pool, ledger_options opts = {});
+    ~ledger();
 
     // INSERT … status='pending', lease_until=now()+lease ON CONFLICT DO NOTHING RETURNING; on a conflict,
     // the existing row by key, else by (customer_id, billing_period).
@@ -138,6 +153,10 @@ class ledger {
     net::awaitable<result<bool>> add_dead_letter(dead_letter letter);
 
     const std::shared_ptr<pg::pool>& pool() const noexcept { return pool_; }
+    ledger_batch_counters batch_counters() const;
+
+    // The batchers (ledger.cpp).
+    struct batchers;
 
   private:
     net::awaitable<result<bool>> settle(std::string key, record_status status,
@@ -147,6 +166,8 @@ class ledger {
                                         std::optional<std::string> payment_intent_id = std::nullopt);
 
     std::shared_ptr<pg::pool> pool_;
+    ledger_options opts_;
+    std::shared_ptr<batchers> batch_;
 };
 
 }  // namespace cg::billing

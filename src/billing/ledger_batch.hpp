@@ -1,0 +1,168 @@
+// Group commit for the ledger's hot writes (issue 12): deliveries that want the same kind of statement while
+// the batch slots are busy queue up, and the queued rows go as ONE statement (one transaction, one round
+// trip) when a slot frees. Each caller gets its own result once the batch's statement completed, i.e. after
+// the transaction holding its row committed (write-before-call holds exactly as for a single statement).
+//
+//  * no linger: a caller that finds a free slot goes at once (a lone event never waits for company);
+//  * at most `max_in_flight` batches of one kind run at once, each on its own pooled connection, so batching
+//    only happens when that many statements are already in flight;
+//  * a batch holds at most `max_rows` callers and never two with the same key (the later one waits for the
+//    next batch, so it sees the earlier one's row exactly as it would after a single statement);
+//  * the runner decides each caller's result: a failed statement fails every caller in the batch with its
+//    error (they requeue, as after a failed single statement).
+//
+// Main executor only (the pool's). A caller whose coroutine is cancelled while waiting gets errc::canceled;
+// if its row was already in a batch in flight the statement still completes (its outcome is then unknown to
+// the caller, as for a cancelled single statement).
+#pragma once
+
+#include <asio/co_spawn.hpp>
+#include <asio/this_coro.hpp>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "core/log.hpp"
+#include "core/result.hpp"
+#include "net/tokens.hpp"
+#include "pg/error.hpp"
+#include "pg/pool.hpp"
+
+namespace cg::billing {
+
+struct batch_options {
+    bool enabled = true;            // false: every call runs its single-row statement
+    std::size_t max_rows = 256;     // callers per statement
+    std::size_t max_in_flight = 2;  // batches of one kind running at once (pooled connections)
+};
+
+// What a batcher did so far (tests and benchmarks read it).
+struct batch_counters {
+    std::uint64_t statements = 0;  // batches run (each one statement, or single statements after a fallback)
+    std::uint64_t rows = 0;        // callers served by them
+    std::size_t queued = 0;        // callers waiting for a slot right now
+};
+
+// PostgreSQL array literals for `$n::text[]` / `$n::int8[]` parameters: {"a","b\"c",NULL}. Pure.
+std::string text_array_literal(std::span<const std::optional<std::string>> values);
+std::string text_array_literal(std::span<const std::string> values);
+std::string int_array_literal(std::span<const std::int64_t> values);
+
+// Runner: a type with
+//   static std::string_view key(const Req&);   // no two requests with one key go in the same batch
+//   static net::awaitable<std::vector<result<Res>>> run(std::shared_ptr<pg::pool>, std::vector<Req>&);
+// `run` returns exactly one result per request, in order.
+template <typename Req, typename Res, typename Runner>
+class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, Runner>> {
+  public:
+    group_commit(std::shared_ptr<pg::pool> pool, batch_options opts) : pool_(std::move(pool)), opts_(opts) {
+        if (opts_.max_rows == 0) opts_.max_rows = 1;
+        if (opts_.max_in_flight == 0) opts_.max_in_flight = 1;
+    }
+
+    net::awaitable<result<Res>> submit(Req req) {
+        auto ex = co_await asio::this_coro::executor;
+        auto w = std::make_shared<waiter>(ex, std::move(req));
+        queue_.push_back(w);
+        if (in_flight_ < opts_.max_in_flight) {
+            ++in_flight_;
+            asio::co_spawn(ex, drain(this->shared_from_this()), [](std::exception_ptr e) {
+                // drain() catches what the runner throws; anything else is a bug worth dying for.
+                if (e) std::rethrow_exception(e);
+            });
+        }
+        while (!w->out) {
+            co_await w->wake.async_wait();
+            if (w->out) break;
+            auto cs = co_await asio::this_coro::cancellation_state;
+            if (cs.cancelled() != asio::cancellation_type::none) {
+                w->abandoned = true;
+                co_return error(pg::errc::canceled, "cancelled while waiting for a ledger batch");
+            }
+        }
+        co_return std::move(*w->out);
+    }
+
+    batch_counters counters() const noexcept {
+        auto c = counters_;
+        c.queued = queue_.size();
+        return c;
+    }
+
+  private:
+    struct waiter {
+        waiter(asio::any_io_executor ex, Req r)
+            : req(std::move(r)), wake(ex, net::steady_timer::time_point::max()) {}
+        Req req;
+        std::optional<result<Res>> out;
+        net::steady_timer wake;
+        bool abandoned = false;
+    };
+    using waiter_ptr = std::shared_ptr<waiter>;
+
+    // The next batch: queued callers in arrival order, skipping abandoned ones and leaving a key already in
+    // the batch for the next one.
+    std::vector<waiter_ptr> take_batch() {
+        std::vector<waiter_ptr> batch;
+        std::unordered_set<std::string_view> keys;
+        std::deque<waiter_ptr> later;
+        while (!queue_.empty() && batch.size() < opts_.max_rows) {
+            auto w = std::move(queue_.front());
+            queue_.pop_front();
+            if (w->abandoned) continue;
+            if (!keys.insert(Runner::key(w->req)).second) {
+                later.push_back(std::move(w));
+                continue;
+            }
+            batch.push_back(std::move(w));
+        }
+        for (auto it = later.rbegin(); it != later.rend(); ++it) queue_.push_front(std::move(*it));
+        return batch;
+    }
+
+    static net::awaitable<void> drain(std::shared_ptr<group_commit> self) {
+        for (;;) {
+            auto batch = self->take_batch();
+            if (batch.empty()) {
+                --self->in_flight_;
+                co_return;
+            }
+            ++self->counters_.statements;
+            self->counters_.rows += batch.size();
+            std::vector<Req> reqs;
+            reqs.reserve(batch.size());
+            for (auto& w : batch) reqs.push_back(std::move(w->req));  // the waiter needs only its result now
+            std::vector<result<Res>> outs;
+            try {
+                outs = co_await Runner::run(self->pool_, reqs);
+            } catch (const std::exception& e) {
+                // A broken invariant (schema and code disagree): every caller fails rather than hangs.
+                outs.clear();
+                for (std::size_t i = 0; i < batch.size(); ++i)
+                    outs.push_back(error(pg::errc::protocol_error, std::string("ledger batch: ") + e.what()));
+            }
+            for (std::size_t i = 0; i < batch.size(); ++i) {
+                if (i < outs.size())
+                    batch[i]->out.emplace(std::move(outs[i]));
+                else
+                    batch[i]->out.emplace(error(pg::errc::protocol_error, "ledger batch: no result"));
+                batch[i]->wake.cancel();
+            }
+        }
+    }
+
+    std::shared_ptr<pg::pool> pool_;
+    batch_options opts_;
+    std::deque<waiter_ptr> queue_;
+    std::size_t in_flight_ = 0;
+    batch_counters counters_;
+};
+
+}  // namespace cg::billing
