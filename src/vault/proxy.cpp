@@ -38,7 +38,42 @@ struct ledger_line {
     audit_row row;
     clock::time_point started = clock::now();
     double upstream_seconds = 0;
+    // Stage boundaries of a forwarded create (zero where the request did not get that far): key checked,
+    // queued for its reservation batch, that batch's statement sent and answered, forwarded, Stripe answered.
+    clock::time_point authed, queued, stmt_sent, stmt_done, up_sent, up_done;
+    std::size_t batch_creates = 0, batch_settlements = 0;
 };
+
+double micros(clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+// Per-stage timings of a create that was forwarded: the stage histograms, and one debug line per request
+// (the benchmark's --trace-burst reads them to show where a burst's time goes).
+void observe_stages(proxy::state& st, const ledger_line& l, clock::time_point end) {
+    if (l.up_done == clock::time_point{} || l.stmt_done == clock::time_point{}) return;
+    double auth = micros(l.started, l.authed), wait = micros(l.queued, l.stmt_sent),
+           stmt = micros(l.stmt_sent, l.stmt_done), up = micros(l.up_sent, l.up_done),
+           answer = micros(l.up_done, end);
+    st.stage_auth->Observe(auth / 1e6);
+    st.stage_wait->Observe(wait / 1e6);
+    st.stage_statement->Observe(stmt / 1e6);
+    st.stage_upstream->Observe(up / 1e6);
+    st.stage_answer->Observe(answer / 1e6);
+    if (!st.log.enabled(log_level::debug)) return;
+    auto us = [](double v) { return static_cast<std::int64_t>(v); };
+    st.log.debug("vault request stages", {{"t_us", us(micros(clock::time_point{}, l.started))},
+                                          {"auth_us", us(auth)},
+                                          {"parse_us", us(micros(l.authed, l.queued))},
+                                          {"wait_us", us(wait)},
+                                          {"stmt_us", us(stmt)},
+                                          {"batch", l.batch_creates},
+                                          {"settlements", l.batch_settlements},
+                                          {"to_upstream_us", us(micros(l.stmt_done, l.up_sent))},
+                                          {"upstream_us", us(up)},
+                                          {"answer_us", us(answer)},
+                                          {"total_us", us(micros(l.started, end))}});
+}
 
 std::string next_request_id(proxy::state& st) {
     char buf[32];
@@ -73,6 +108,7 @@ http::response finish(proxy::state& st, ledger_line& l, std::string outcome, htt
         st.upstream_latency->Observe(l.upstream_seconds);
         st.added_latency->Observe(std::max(0.0, total - l.upstream_seconds));
     }
+    observe_stages(st, l, clock::now());
     st.queue_audit(std::move(l.row));
     return resp;
 }
@@ -135,9 +171,11 @@ http::response transport_failure(proxy::state& st, const http::client_result& r)
 
 net::awaitable<http::client_result> forward(state_ptr st, http::request up, ledger_line& l) {
     auto t0 = clock::now();
+    l.up_sent = t0;
     auto* client = st->upstreams[st->next_upstream++ % st->upstreams.size()].get();
     auto r = co_await client->request(std::move(up));
-    l.upstream_seconds = seconds_since(t0);
+    l.up_done = clock::now();
+    l.upstream_seconds = std::chrono::duration<double>(l.up_done - t0).count();
     if (r.ok()) {
         l.row.upstream_status = r.resp.status;
         if (auto id = r.resp.headers.get("Request-Id")) l.row.request_id = std::string(*id);
@@ -224,6 +262,8 @@ net::awaitable<void> drain_key(state_ptr st, std::string key_id) {
         reqs.reserve(batch.size());
         for (auto* p : batch) reqs.push_back(p->req);
         result<std::vector<reserve_result>> r = error(core_errc::io_error, "not run");
+        auto sent = clock::now();
+        std::size_t n_settles = settles.size();
         try {
             r = co_await st->store.step(key_id, settles, std::move(reqs));
         } catch (const std::exception& e) {
@@ -231,7 +271,12 @@ net::awaitable<void> drain_key(state_ptr st, std::string key_id) {
             st->log.error("vault proxy: reservation batch failed", {{"key_id", key_id}, {"error", e.what()}});
             r = error(core_errc::io_error, e.what());
         }
+        auto done = clock::now();
         for (std::size_t i = 0; i < batch.size(); ++i) {
+            batch[i]->sent = sent;
+            batch[i]->done = done;
+            batch[i]->batch_creates = batch.size();
+            batch[i]->batch_settlements = n_settles;
             if (r)
                 batch[i]->out.emplace((*r)[i]);
             else
@@ -280,7 +325,8 @@ void start_drain(state_ptr st, const std::string& key_id) {
 }
 
 // The atomic find-or-reserve step for one create, batched with the other creates of its key.
-net::awaitable<result<reserve_result>> reserve_batched(state_ptr st, reserve_request rq) {
+net::awaitable<result<reserve_result>> reserve_batched(state_ptr st, reserve_request rq, ledger_line& l) {
+    l.queued = clock::now();
     net::steady_timer wake(st->main, clock::time_point::max());
     proxy::state::pending_reserve p;
     p.req = std::move(rq);
@@ -289,6 +335,10 @@ net::awaitable<result<reserve_result>> reserve_batched(state_ptr st, reserve_req
     st->key_queues[key_id].waiting.push_back(&p);
     start_drain(st, key_id);
     while (!p.out) co_await wake.async_wait();
+    l.stmt_sent = p.sent;
+    l.stmt_done = p.done;
+    l.batch_creates = p.batch_creates;
+    l.batch_settlements = p.batch_settlements;
     co_return std::move(*p.out);
 }
 
@@ -330,7 +380,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
     rq.body = body;
     rq.customer = p.customer;
     rq.same_key_window = st->cfg.same_key_window;
-    auto res = co_await reserve_batched(st, std::move(rq));
+    auto res = co_await reserve_batched(st, std::move(rq), l);
     if (!res) co_return unavailable(*st, l, res.err());
     if (res->cap_cents > 0 || res->outcome != reserve_outcome::key_unusable)
         st->utilisation->Add({{"key", key.id}})
@@ -436,6 +486,7 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     if (!verify_secret(secret, (*key)->secret_hash))
         co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
     if (!(*key)->usable) co_return finish(*st, l, "unauthenticated", refuse(*st, key_unusable(), false));
+    l.authed = clock::now();
     auto op = operation_for(req.method, req.path());
     if (op.name.empty() || !(*key)->allows(op.name)) {
         std::string what = op.name.empty() ? req.method + " " + l.row.path : op.name;
@@ -528,6 +579,16 @@ result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::a
                                            "Answers not recorded (PostgreSQL away): the rows stay reserved "
                                            "until the resolver settles them")
                                    .Add({});
+    auto& stages =
+        reg.histogram("chargeguard_vault_stage_seconds",
+                      "Forwarded creates, time per stage: auth (key checked), reserve_wait (queued for "
+                      "the key's next batch), reserve_statement (cg_vault_step round trip), upstream, "
+                      "answer (Stripe's answer to the response handed back)");
+    st->stage_auth = &stages.Add({{"stage", "auth"}}, metrics::latency_buckets());
+    st->stage_wait = &stages.Add({{"stage", "reserve_wait"}}, metrics::latency_buckets());
+    st->stage_statement = &stages.Add({{"stage", "reserve_statement"}}, metrics::latency_buckets());
+    st->stage_upstream = &stages.Add({{"stage", "upstream"}}, metrics::latency_buckets());
+    st->stage_answer = &stages.Add({{"stage", "answer"}}, metrics::latency_buckets());
     st->audit_written = &reg.counter("chargeguard_vault_audit_written_total", "Audit rows written").Add({});
     return std::unique_ptr<proxy>(new proxy(std::move(st)));
 }

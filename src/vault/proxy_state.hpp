@@ -35,6 +35,8 @@ struct proxy::state {
     metrics::family<metrics::Gauge>* reservations = nullptr;
     metrics::Histogram* upstream_latency = nullptr;
     metrics::Histogram* added_latency = nullptr;
+    metrics::Histogram *stage_auth = nullptr, *stage_wait = nullptr, *stage_statement = nullptr,
+                       *stage_upstream = nullptr, *stage_answer = nullptr;
     metrics::Counter* audit_dropped = nullptr;
     metrics::Counter* audit_written = nullptr;
     metrics::Counter* settlements_dropped = nullptr;
@@ -58,6 +60,8 @@ struct proxy::state {
         reserve_request req;
         std::optional<result<reserve_result>> out;
         net::steady_timer* wake = nullptr;
+        std::chrono::steady_clock::time_point sent, done;  // the batch's statement
+        std::size_t batch_creates = 0, batch_settlements = 0;
     };
     struct key_queue {
         std::deque<pending_reserve*> waiting;
