@@ -444,19 +444,46 @@ std::string presented_secret(const http::request& req) {
     return {};
 }
 
-// The key's row, from the cache when it is younger than key_cache_ttl.
-net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id) {
+void cache_key(proxy::state& st, const std::string& id, const key_record& k, clock::time_point fetched) {
+    if (st.keys.size() >= 10'000) st.keys.clear();  // bounded: only real keys get here, but be safe
+    st.keys[id] = proxy::state::cached_key{k, fetched};
+}
+
+// Re-reads a cached key's row in the background (one read per key at a time).
+net::awaitable<void> refresh_key(state_ptr st, std::string id) {
+    auto now = clock::now();
+    auto r = co_await st->store.find_key(id);
+    st->keys_refreshing.erase(id);
+    if (!r) co_return;  // PostgreSQL away: the next create's reservation step says so
+    if (*r)
+        cache_key(*st, id, **r, now);
+    else
+        st->keys.erase(id);
+}
+
+// The key's row, from the cache when it is younger than key_cache_ttl. A create may also take an older
+// cached row (then one background read refreshes it): nothing it decides on can loosen — the secret's hash,
+// currency and allow list never change, and revocation and expiry are checked again by the reservation
+// step under the key's lock — so a create never waits for a key read once its key has been seen. A read
+// (GET) has no reservation step: it waits for a fresh row once the cached one is older than the TTL.
+net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id, bool creates) {
     auto now = clock::now();
     if (st->cfg.key_cache_ttl.count() > 0) {
-        if (auto it = st->keys.find(id);
-            it != st->keys.end() && now - it->second.fetched < st->cfg.key_cache_ttl)
-            co_return std::optional<key_record>(it->second.key);
+        if (auto it = st->keys.find(id); it != st->keys.end()) {
+            if (now - it->second.fetched < st->cfg.key_cache_ttl)
+                co_return std::optional<key_record>(it->second.key);
+            if (creates) {
+                if (st->keys_refreshing.insert(id).second)
+                    asio::co_spawn(st->main, refresh_key(st, id), [log = st->log](std::exception_ptr e) {
+                        if (!e) return;
+                        log.error("vault proxy: key refresh failed", {{"error", describe_exception(e)}});
+                    });
+                co_return std::optional<key_record>(it->second.key);
+            }
+        }
     }
     auto r = co_await st->store.find_key(id);
-    if (r && *r && st->cfg.key_cache_ttl.count() > 0) {
-        if (st->keys.size() >= 10'000) st->keys.clear();  // bounded: only real keys get here, but be safe
-        st->keys[id] = proxy::state::cached_key{**r, now};
-    }
+    if (r && *r && st->cfg.key_cache_ttl.count() > 0) cache_key(*st, id, **r, now);
     co_return r;
 }
 
@@ -478,7 +505,8 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     refusal unauth{
         401, "authentication_error", "", "Invalid vault key provided: " + redact_secret(secret), {}};
     if (!id) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
-    auto key = co_await find_key(st, *id);
+    auto op = operation_for(req.method, req.path());
+    auto key = co_await find_key(st, *id, op.creates);
     if (!key) co_return unavailable(*st, l, key.err());
     if (!*key) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
     // A wrong secret for a real id is audited under that id: someone is guessing that key.
@@ -487,7 +515,6 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
         co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
     if (!(*key)->usable) co_return finish(*st, l, "unauthenticated", refuse(*st, key_unusable(), false));
     l.authed = clock::now();
-    auto op = operation_for(req.method, req.path());
     if (op.name.empty() || !(*key)->allows(op.name)) {
         std::string what = op.name.empty() ? req.method + " " + l.row.path : op.name;
         co_return finish(

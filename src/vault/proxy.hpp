@@ -75,9 +75,10 @@ struct proxy_config {
     std::chrono::milliseconds upstream_probe_interval{10'000};
     std::string stripe_version = "2024-06-20";  // the resolver's requests (clients send their own)
     // A key's row (hash, currency, allow list, revocation) is reused for this long before it is read again.
-    // Creates are unaffected: cg_vault_reserve re-checks revocation and expiry under the key's lock, so a
-    // revoked key cannot spend even inside the TTL; a read (GET) may pass for up to the TTL after a revoke.
-    // Zero: every request reads the row.
+    // Creates are unaffected: cg_vault_step re-checks revocation and expiry under the key's lock, so a
+    // revoked key cannot spend even inside the TTL; a create also takes an older cached row and has it
+    // re-read in the background (it never waits for a key read once the key was seen). A read (GET) may pass
+    // for up to the TTL after a revoke, and waits for the re-read past it. Zero: every request reads the row.
     std::chrono::milliseconds key_cache_ttl{1000};
 };
 

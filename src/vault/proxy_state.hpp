@@ -54,6 +54,7 @@ struct proxy::state {
         std::chrono::steady_clock::time_point fetched;
     };
     std::unordered_map<std::string, cached_key> keys;  // by id; only keys that exist
+    std::set<std::string> keys_refreshing;             // ids whose row is being re-read in the background
     // Per key: creates waiting for the next cg_vault_step batch, and the settlements (answers already sent
     // to clients) that go with it (see drain_key in proxy.cpp). One drain per key at a time.
     struct pending_reserve {

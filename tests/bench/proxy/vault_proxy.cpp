@@ -7,16 +7,17 @@
 //
 // Every request is a POST /v1/charges with its own Idempotency-Key, so every proxied one is authenticated,
 // reserved in PostgreSQL (cg_vault_step), forwarded, settled (after the answer) and audited. Added latency =
-// proxy − direct at each percentile. For every run it also prints the CPU time per request of each party
-// (load generator, fake-stripe's thread, the proxy process, the PostgreSQL backends of the scratch
-// database), read from /proc: on a small machine they share the cores, and that decides the ratio.
-// With --latency-ms N it repeats the 32 and 256 client runs with fake-stripe answering after N ms (what a
-// real Stripe does), where the proxy's added latency is what a caller would notice.
-// Needs PGHOST (a scratch database is created and dropped).
-// With --trace-burst it runs only 32 clients at --latency-ms (default 50) with the proxy logging at debug,
-// and prints where the time of a burst goes, per stage, from the proxy's "vault request stages" lines: when
-// fake-stripe answers a constant latency, the 32 clients are synchronised and reach the proxy together.
-// Usage: vault_proxy CHARGEGUARD_EXE [CERT_DIR] [SECONDS] [--latency-ms N] [--trace-burst] [PROXY_FLAG…]
+// proxy − direct at each percentile, same load generator, same fake-stripe, same concurrency; the two paths
+// alternate in three slices of SECONDS/3 each so both see the same background load of a shared machine. For
+// every run it also prints the CPU time per request of each party (load generator, fake-stripe's thread, the
+// proxy process, the PostgreSQL backends of the scratch database), read from /proc: on a small machine they
+// share the cores, and that decides the ratio. With --latency-ms N it repeats the 32 and 256 client runs with
+// fake-stripe answering after N ms (what a real Stripe does), where the proxy's added latency is what a
+// caller would notice. Needs PGHOST (a scratch database is created and dropped). With --trace-burst it runs
+// only 32 clients at --latency-ms (default 50) with the proxy logging at debug, and prints where the time of
+// a burst goes, per stage, from the proxy's "vault request stages" lines: when fake-stripe answers a constant
+// latency, the 32 clients are synchronised and reach the proxy together. Usage: vault_proxy CHARGEGUARD_EXE
+// [CERT_DIR] [SECONDS] [--latency-ms N] [--trace-burst] [PROXY_FLAG…]
 //        (CERT_DIR defaults to $CG_TEST_CERTS; PROXY_FLAGs, e.g. --upstream-on-main, go to `chargeguard
 //        proxy`)
 #include <fcntl.h>
@@ -181,6 +182,8 @@ struct child {
 struct run_result {
     double rps = 0;
     double p50_ms = 0, p99_ms = 0;
+    double elapsed = 0;
+    std::vector<double> lat_ms;
     std::size_t ok = 0, failed = 0;
 };
 
@@ -247,7 +250,22 @@ run_result run_load(asio::io_context& io, std::vector<http::client*> clients, st
     out.rps = static_cast<double>(l.ok) / elapsed;
     out.p50_ms = pct(l.lat_ms, 0.50);
     out.p99_ms = pct(l.lat_ms, 0.99);
+    out.elapsed = elapsed;
+    out.lat_ms = std::move(l.lat_ms);
     return out;
+}
+
+// Adds one slice's requests to a run's totals; finish() computes the rate and percentiles over all slices.
+void add_slice(run_result& total, run_result slice) {
+    total.ok += slice.ok;
+    total.failed += slice.failed;
+    total.elapsed += slice.elapsed;
+    total.lat_ms.insert(total.lat_ms.end(), slice.lat_ms.begin(), slice.lat_ms.end());
+}
+void finish(run_result& r) {
+    r.rps = static_cast<double>(r.ok) / std::max(1e-9, r.elapsed);
+    r.p50_ms = pct(r.lat_ms, 0.50);
+    r.p99_ms = pct(r.lat_ms, 0.99);
 }
 
 std::vector<std::unique_ptr<http::client>> clients_for(net::offload_pool& pool, const std::string& base,
@@ -480,13 +498,33 @@ int main(int argc, char** argv) {
             out.pg = (b.pg - a.pg) * k;
             return out;
         };
-        auto c0 = snapshot();
-        r.d = run_load(io, raw(direct_clients), "Bearer sk_test_bench_real_key", "d-" + tag, conc, seconds);
-        auto c1 = snapshot();
-        r.p = run_load(io, raw(proxy_clients), "Bearer " + secret, "p-" + tag, conc, seconds);
-        auto c2 = snapshot();
-        r.dcpu = per_request(c0, c1, r.d.ok + r.d.failed);
-        r.pcpu = per_request(c1, c2, r.p.ok + r.p.failed);
+        // Direct and proxied alternate in `slices` slices, so both see the same share of a machine whose
+        // other load comes and goes (one direct run followed by one proxied run compared two different
+        // moments).
+        constexpr int slices = 3;
+        cpu_snapshot dsum, psum;
+        for (int i = 0; i < slices; ++i) {
+            auto c0 = snapshot();
+            add_slice(r.d, run_load(io, raw(direct_clients), "Bearer sk_test_bench_real_key",
+                                    "d-" + tag + std::to_string(i) + "-", conc, seconds / slices));
+            auto c1 = snapshot();
+            add_slice(r.p, run_load(io, raw(proxy_clients), "Bearer " + secret,
+                                    "p-" + tag + std::to_string(i) + "-", conc, seconds / slices));
+            auto c2 = snapshot();
+            auto acc = [](cpu_snapshot& sum, cpu_snapshot a, cpu_snapshot b) {
+                sum.self += b.self - a.self;
+                sum.fake += b.fake - a.fake;
+                sum.proxy += b.proxy - a.proxy;
+                sum.pg += b.pg - a.pg;
+            };
+            acc(dsum, c0, c1);
+            acc(psum, c1, c2);
+        }
+        finish(r.d);
+        finish(r.p);
+        cpu_snapshot zero;
+        r.dcpu = per_request(zero, dsum, r.d.ok + r.d.failed);
+        r.pcpu = per_request(zero, psum, r.p.ok + r.p.failed);
         std::printf("%-6d %5dms %10.0f %10.0f %6.0f%% %8.2fms %8.2fms %8.2fms %8.2fms %8.2fms %8.2fms%s\n",
                     conc, latency_ms, r.d.rps, r.p.rps, 100.0 * r.p.rps / std::max(1.0, r.d.rps), r.d.p50_ms,
                     r.p.p50_ms, r.d.p99_ms, r.p.p99_ms, r.p.p50_ms - r.d.p50_ms, r.p.p99_ms - r.d.p99_ms,

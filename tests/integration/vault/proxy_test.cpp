@@ -588,4 +588,72 @@ BOOST_AUTO_TEST_CASE(step_applies_settlements_in_any_order_with_settled_final_an
                                       "('reserved', 'settled', 'uncertain')"));
 }
 
+BOOST_AUTO_TEST_CASE(step_reserves_a_batch_in_order_whether_it_fits_whole_or_element_by_element) {
+    // cg_vault_step (0009) inserts a batch that fits under the cap even if every element counted with one
+    // statement, and takes the rest (retries, repeats inside the batch) element by element; near the cap the
+    // whole batch goes element by element. Either way each outcome and running total is the in-order one.
+    vault_fixture f(false);
+    using o = vault::reserve_outcome;
+    auto req = [](const std::string& key, std::string idem, std::int64_t amount) {
+        vault::reserve_request r;
+        r.key_id = key;
+        r.idempotency_key = std::move(idem);
+        r.amount_cents = amount;
+        r.path = "/v1/charges";
+        r.body = "amount=" + std::to_string(amount) + "&currency=usd";
+        return r;
+    };
+    auto committed = [&](const std::string& key) {
+        return f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + key + "'");
+    };
+    auto counted = [&](const std::string& key) {
+        return f.count("SELECT coalesce(sum(amount_cents), 0) FROM vault_spend WHERE vault_key_id = '" + key +
+                       "' AND state IN ('reserved', 'settled', 'uncertain')");
+    };
+    {
+        // Far from the cap: one earlier row still reserved ("old") and one released ("gone").
+        auto k = f.issue(100'000);
+        auto pre = f.run(f.store->step(k.id, {}, {req(k.id, "old", 1000), req(k.id, "gone", 1000)}));
+        BOOST_TEST_REQUIRE(pre.has_value());
+        vault::settlement_request rel;
+        rel.idempotency_key = "gone";
+        rel.state = "released";
+        rel.why = "HTTP 402";
+        auto r =
+            f.run(f.store->step(k.id, {rel},
+                                {req(k.id, "n1", 1000), req(k.id, "n2", 1000), req(k.id, "n1", 1000),
+                                 req(k.id, "old", 1000), req(k.id, "n1", 2000), req(k.id, "gone", 1500)}));
+        BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+        BOOST_TEST_REQUIRE(r->size() == 6u);
+        std::vector<o> want{o::reserved, o::reserved,        o::existing,
+                            o::existing, o::amount_mismatch, o::rereserved};
+        std::vector<std::int64_t> totals{2000, 3000, 3000, 3000, 3000, 4500};
+        for (std::size_t i = 0; i < 6; ++i) {
+            BOOST_TEST((int)(*r)[i].outcome == (int)want[i], "element " << i);
+            BOOST_TEST((*r)[i].committed_cents == totals[i], "element " << i);
+        }
+        BOOST_TEST(committed(k.id) == 4500);
+        BOOST_TEST(counted(k.id) == 4500);
+        BOOST_TEST(
+            f.count("SELECT amount_cents FROM vault_spend WHERE idempotency_key = 'n1' AND vault_key_id = '" +
+                    k.id + "'") == 1000);
+    }
+    {
+        // Near the cap: 1000 committed, cap 3500, a batch of four 1000s (one a retry of the existing row).
+        auto k = f.issue(3500);
+        auto pre = f.run(f.store->step(k.id, {}, {req(k.id, "old", 1000)}));
+        BOOST_TEST_REQUIRE(pre.has_value());
+        auto r = f.run(f.store->step(
+            k.id, {},
+            {req(k.id, "x", 1000), req(k.id, "y", 1000), req(k.id, "old", 1000), req(k.id, "z", 1000)}));
+        BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+        BOOST_TEST_REQUIRE(r->size() == 4u);
+        std::vector<o> want{o::reserved, o::reserved, o::existing, o::cap_exceeded};
+        for (std::size_t i = 0; i < 4; ++i) BOOST_TEST((int)(*r)[i].outcome == (int)want[i], "element " << i);
+        BOOST_TEST(committed(k.id) == 3000);
+        BOOST_TEST(counted(k.id) == 3000);
+        BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE vault_key_id = '" + k.id + "'") == 3);
+    }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
