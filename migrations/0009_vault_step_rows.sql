@@ -12,7 +12,10 @@
 --     if every element counted (the common case: far from the cap). Elements it did not insert (a retry of
 --     an existing Idempotency-Key, a repeat inside the batch) then take the per-element path of 0008, in
 --     order; because the whole batch fits, each outcome is the one the in-order loop gives. Near the cap the
---     batch goes element by element exactly as before.
+--     batch goes element by element exactly as before;
+--   * adds cg_vault_settle_many: the settlements that leave the committed total as it is (reserved or
+--     uncertain → settled, what almost every answer is) of any keys, in one statement that takes no key's
+--     lock, so they no longer ride with (and lengthen) the next reservation batch of their key.
 DROP INDEX vault_spend_counted_idx;
 
 DROP TRIGGER vault_spend_touch ON vault_spend;
@@ -178,6 +181,35 @@ BEGIN
     IF committed <> k.committed_cents THEN
         UPDATE vault_keys SET committed_cents = committed WHERE id = p_key;
     END IF;
+    PERFORM set_config('cg.vault_reserving', 'off', true);
+END
+$$;
+
+-- Settles (reserved / uncertain → settled) rows of any keys: element i is (p_keys[i], p_idems[i]) with Stripe's
+-- object p_objects[i]. The committed total does not change (both states count), so no key's lock is taken and
+-- no reservation batch waits for it. Returns the elements it did not apply because the row was in another
+-- state: settled already (a no-op through cg_vault_step too) or released (a retry's 2xx after the owner's 4xx,
+-- which counts again and so goes through cg_vault_step under the key's lock). Callers send the elements sorted
+-- by (key, Idempotency-Key), so two concurrent calls lock rows in one order.
+CREATE FUNCTION cg_vault_settle_many(p_keys text[], p_idems text[], p_objects text[])
+RETURNS TABLE (ord integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    i integer;
+    n integer := coalesce(array_length(p_idems, 1), 0);
+BEGIN
+    -- The committed-total trigger (its delta is zero here) and the touch trigger stand aside.
+    PERFORM set_config('cg.vault_reserving', 'on', true);
+    FOR i IN 1 .. n LOOP
+        UPDATE vault_spend s SET state = 'settled', stripe_object_id = p_objects[i], next_resolve_at = NULL,
+               updated_at = now()
+         WHERE s.vault_key_id = p_keys[i] AND s.idempotency_key = p_idems[i]
+           AND s.state IN ('reserved', 'uncertain');
+        IF NOT FOUND THEN
+            ord := i;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
     PERFORM set_config('cg.vault_reserving', 'off', true);
 END
 $$;

@@ -372,6 +372,7 @@ int main(int argc, char** argv) {
     double seconds = argc > 3 ? std::atof(argv[3]) : 3.0;
     int latency_ms = 0;
     bool trace_burst = false;
+    int only_conc = 0;
     std::vector<std::string> extra;
     std::string proxy_flags;
     for (int i = 4; i < argc; ++i) {
@@ -380,6 +381,8 @@ int main(int argc, char** argv) {
             latency_ms = std::atoi(argv[++i]);
         } else if (a == "--trace-burst") {
             trace_burst = true;
+        } else if (a == "--only-conc" && i + 1 < argc) {
+            only_conc = std::atoi(argv[++i]);
         } else {
             extra.push_back(a);
             proxy_flags += ", " + a;
@@ -539,6 +542,10 @@ int main(int argc, char** argv) {
         auto from = clock_type::now();
         measure(32, latency_ms);
         print_burst_trace(slurp(proxy.err), from);
+        return 0;
+    }
+    if (only_conc > 0) {
+        measure(only_conc, latency_ms);
         return 0;
     }
     for (int conc : {1, 32, 256}) measure(conc, 0);
