@@ -289,6 +289,13 @@ net::awaitable<void> drain_key(state_ptr st, std::string key_id) {
         }
         q = &st->key_queues[key_id];
         if (r) {
+            // The key's utilisation gauge, once per batch: its last reservation saw the batch's final total.
+            for (auto it = r->rbegin(); it != r->rend(); ++it)
+                if (it->cap_cents > 0) {
+                    st->utilisation->Add({{"key", key_id}})
+                        .Set(static_cast<double>(it->committed_cents) / static_cast<double>(it->cap_cents));
+                    break;
+                }
             q->failures = 0;
             st->settlements_pending -= settles.size();
         } else if (!settles.empty()) {
@@ -459,11 +466,6 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
     rq.same_key_window = st->cfg.same_key_window;
     auto res = co_await reserve_batched(st, std::move(rq), l);
     if (!res) co_return unavailable(*st, l, res.err());
-    if (res->cap_cents > 0 || res->outcome != reserve_outcome::key_unusable)
-        st->utilisation->Add({{"key", key.id}})
-            .Set(res->cap_cents > 0
-                     ? static_cast<double>(res->committed_cents) / static_cast<double>(res->cap_cents)
-                     : 0.0);
     switch (res->outcome) {
         case reserve_outcome::key_unusable:
             co_return finish(*st, l, "unauthenticated", refuse(*st, key_unusable(), false));
