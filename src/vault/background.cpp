@@ -190,6 +190,7 @@ net::awaitable<bool> run_flush_settlements(state_ptr st) {
     auto failures = st->settle_failures;
     for (auto& [key, q] : st->key_queues)
         if (q.linger) q.linger->cancel();
+    if (st->quick_linger) st->quick_linger->cancel();
     while (st->settlements_pending > 0 && st->settle_failures == failures) {
         net::steady_timer t(st->main, std::chrono::steady_clock::time_point::max());
         st->settle_waiters.insert(&t);

@@ -38,7 +38,42 @@ struct ledger_line {
     audit_row row;
     clock::time_point started = clock::now();
     double upstream_seconds = 0;
+    // Stage boundaries of a forwarded create (zero where the request did not get that far): key checked,
+    // queued for its reservation batch, that batch's statement sent and answered, forwarded, Stripe answered.
+    clock::time_point authed, queued, stmt_sent, stmt_done, up_sent, up_done;
+    std::size_t batch_creates = 0, batch_settlements = 0;
 };
+
+double micros(clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+// Per-stage timings of a create that was forwarded: the stage histograms, and one debug line per request
+// (the benchmark's --trace-burst reads them to show where a burst's time goes).
+void observe_stages(proxy::state& st, const ledger_line& l, clock::time_point end) {
+    if (l.up_done == clock::time_point{} || l.stmt_done == clock::time_point{}) return;
+    double auth = micros(l.started, l.authed), wait = micros(l.queued, l.stmt_sent),
+           stmt = micros(l.stmt_sent, l.stmt_done), up = micros(l.up_sent, l.up_done),
+           answer = micros(l.up_done, end);
+    st.stage_auth->Observe(auth / 1e6);
+    st.stage_wait->Observe(wait / 1e6);
+    st.stage_statement->Observe(stmt / 1e6);
+    st.stage_upstream->Observe(up / 1e6);
+    st.stage_answer->Observe(answer / 1e6);
+    if (!st.log.enabled(log_level::debug)) return;
+    auto us = [](double v) { return static_cast<std::int64_t>(v); };
+    st.log.debug("vault request stages", {{"t_us", us(micros(clock::time_point{}, l.started))},
+                                          {"auth_us", us(auth)},
+                                          {"parse_us", us(micros(l.authed, l.queued))},
+                                          {"wait_us", us(wait)},
+                                          {"stmt_us", us(stmt)},
+                                          {"batch", l.batch_creates},
+                                          {"settlements", l.batch_settlements},
+                                          {"to_upstream_us", us(micros(l.stmt_done, l.up_sent))},
+                                          {"upstream_us", us(up)},
+                                          {"answer_us", us(answer)},
+                                          {"total_us", us(micros(l.started, end))}});
+}
 
 std::string next_request_id(proxy::state& st) {
     char buf[32];
@@ -73,6 +108,7 @@ http::response finish(proxy::state& st, ledger_line& l, std::string outcome, htt
         st.upstream_latency->Observe(l.upstream_seconds);
         st.added_latency->Observe(std::max(0.0, total - l.upstream_seconds));
     }
+    observe_stages(st, l, clock::now());
     st.queue_audit(std::move(l.row));
     return resp;
 }
@@ -135,9 +171,11 @@ http::response transport_failure(proxy::state& st, const http::client_result& r)
 
 net::awaitable<http::client_result> forward(state_ptr st, http::request up, ledger_line& l) {
     auto t0 = clock::now();
+    l.up_sent = t0;
     auto* client = st->upstreams[st->next_upstream++ % st->upstreams.size()].get();
     auto r = co_await client->request(std::move(up));
-    l.upstream_seconds = seconds_since(t0);
+    l.up_done = clock::now();
+    l.upstream_seconds = std::chrono::duration<double>(l.up_done - t0).count();
     if (r.ok()) {
         l.row.upstream_status = r.resp.status;
         if (auto id = r.resp.headers.get("Request-Id")) l.row.request_id = std::string(*id);
@@ -157,6 +195,7 @@ net::awaitable<http::response> forward_read(state_ptr st, http::request& req, le
 // of a row still in flight or unresolved only settles it on a 2xx (the same answer the owner gets from
 // Stripe's replay). Returns the audit outcome.
 void start_drain(state_ptr st, const std::string& key_id);
+void start_quick_drain(state_ptr st);
 
 std::string account(const state_ptr& stp, const reserve_result& res, const std::string& key_id,
                     const std::string& idem, const http::client_result& r) {
@@ -172,7 +211,10 @@ std::string account(const state_ptr& stp, const reserve_result& res, const std::
     if (how == settlement::settle) {
         s.state = "settled";
         s.object_id = object_id(r.resp.body).value_or("unknown");
-        if (res.owner() || res.state == "uncertain" || res.state == "reserved") queue(std::move(s));
+        if (res.owner() || res.state == "uncertain" || res.state == "reserved") {
+            st.queue_quick_settlement(key_id, std::move(s));
+            start_quick_drain(stp);
+        }
         return res.owner() ? "settled" : "retry_forwarded";
     }
     if (!res.owner()) return "retry_forwarded";
@@ -224,6 +266,8 @@ net::awaitable<void> drain_key(state_ptr st, std::string key_id) {
         reqs.reserve(batch.size());
         for (auto* p : batch) reqs.push_back(p->req);
         result<std::vector<reserve_result>> r = error(core_errc::io_error, "not run");
+        auto sent = clock::now();
+        std::size_t n_settles = settles.size();
         try {
             r = co_await st->store.step(key_id, settles, std::move(reqs));
         } catch (const std::exception& e) {
@@ -231,7 +275,12 @@ net::awaitable<void> drain_key(state_ptr st, std::string key_id) {
             st->log.error("vault proxy: reservation batch failed", {{"key_id", key_id}, {"error", e.what()}});
             r = error(core_errc::io_error, e.what());
         }
+        auto done = clock::now();
         for (std::size_t i = 0; i < batch.size(); ++i) {
+            batch[i]->sent = sent;
+            batch[i]->done = done;
+            batch[i]->batch_creates = batch.size();
+            batch[i]->batch_settlements = n_settles;
             if (r)
                 batch[i]->out.emplace((*r)[i]);
             else
@@ -240,6 +289,13 @@ net::awaitable<void> drain_key(state_ptr st, std::string key_id) {
         }
         q = &st->key_queues[key_id];
         if (r) {
+            // The key's utilisation gauge, once per batch: its last reservation saw the batch's final total.
+            for (auto it = r->rbegin(); it != r->rend(); ++it)
+                if (it->cap_cents > 0) {
+                    st->utilisation->Add({{"key", key_id}})
+                        .Set(static_cast<double>(it->committed_cents) / static_cast<double>(it->cap_cents));
+                    break;
+                }
             q->failures = 0;
             st->settlements_pending -= settles.size();
         } else if (!settles.empty()) {
@@ -266,6 +322,79 @@ net::awaitable<void> drain_key(state_ptr st, std::string key_id) {
     }
 }
 
+// The settled answers of every key: one cg_vault_settle_many statement per batch (no key's lock, so it
+// neither waits for nor lengthens a reservation batch), after `settle_linger` to gather the answers of a
+// burst. A row found in another state (released: a retry's 2xx that must count again) goes on through its
+// key's step. A failed batch is retried like a key's (settle_attempts, then dropped: rows stay `reserved`,
+// counted, until the resolver settles them).
+net::awaitable<void> drain_quick_settlements(state_ptr st) {
+    constexpr std::size_t max_batch = 1024;
+    for (;;) {
+        if (st->quick_settlements.empty()) {
+            st->quick_draining = false;
+            wake_settle_waiters(*st);
+            co_return;
+        }
+        if (!st->stopping && st->flushing == 0 && st->cfg.settle_linger.count() > 0) {
+            net::steady_timer linger(st->main, st->cfg.settle_linger);
+            st->quick_linger = &linger;
+            co_await linger.async_wait();  // cancelled when a flush is asked for
+            st->quick_linger = nullptr;
+        }
+        std::vector<store::keyed_settlement> batch;
+        while (!st->quick_settlements.empty() && batch.size() < max_batch) {
+            batch.push_back(std::move(st->quick_settlements.front()));
+            st->quick_settlements.pop_front();
+        }
+        result<std::vector<std::size_t>> r = error(core_errc::io_error, "not run");
+        try {
+            r = co_await st->store.settle_many(batch);
+        } catch (const std::exception& e) {
+            st->log.error("vault proxy: settlement batch failed", {{"error", e.what()}});
+            r = error(core_errc::io_error, e.what());
+        }
+        if (r) {
+            st->quick_failures = 0;
+            st->settlements_pending -= batch.size();
+            for (auto i : *r) {
+                settlement_request s;
+                s.idempotency_key = std::move(batch[i].idempotency_key);
+                s.state = "settled";
+                s.object_id = std::move(batch[i].object_id);
+                ++st->settlements_pending;
+                st->key_queues[batch[i].key_id].settlements.push_back(std::move(s));
+                start_drain(st, batch[i].key_id);
+            }
+        } else {
+            ++st->settle_failures;
+            if (++st->quick_failures >= st->cfg.settle_attempts) {
+                st->log.error("vault proxy: cannot record Stripe's answers; the resolver will settle them",
+                              {{"settlements", batch.size()}, {"error", r.err().describe()}});
+                st->settlements_dropped->Increment(static_cast<double>(batch.size()));
+                st->settlements_pending -= batch.size();
+                st->quick_failures = 0;
+            } else {
+                for (auto it = batch.rbegin(); it != batch.rend(); ++it)
+                    st->quick_settlements.push_front(std::move(*it));
+                if (!st->stopping && st->flushing == 0) {
+                    bool more = co_await nap(st, std::chrono::milliseconds(100) * st->quick_failures);
+                    (void)more;
+                }
+            }
+        }
+        wake_settle_waiters(*st);
+    }
+}
+
+void start_quick_drain(state_ptr st) {
+    if (st->quick_draining) return;
+    st->quick_draining = true;
+    asio::co_spawn(st->main, drain_quick_settlements(st), [log = st->log](std::exception_ptr e) {
+        if (!e) return;
+        log.error("vault proxy: settlement drain failed", {{"error", describe_exception(e)}});
+    });
+}
+
 void start_drain(state_ptr st, const std::string& key_id) {
     auto& q = st->key_queues[key_id];
     if (q.draining) {
@@ -280,7 +409,8 @@ void start_drain(state_ptr st, const std::string& key_id) {
 }
 
 // The atomic find-or-reserve step for one create, batched with the other creates of its key.
-net::awaitable<result<reserve_result>> reserve_batched(state_ptr st, reserve_request rq) {
+net::awaitable<result<reserve_result>> reserve_batched(state_ptr st, reserve_request rq, ledger_line& l) {
+    l.queued = clock::now();
     net::steady_timer wake(st->main, clock::time_point::max());
     proxy::state::pending_reserve p;
     p.req = std::move(rq);
@@ -289,6 +419,10 @@ net::awaitable<result<reserve_result>> reserve_batched(state_ptr st, reserve_req
     st->key_queues[key_id].waiting.push_back(&p);
     start_drain(st, key_id);
     while (!p.out) co_await wake.async_wait();
+    l.stmt_sent = p.sent;
+    l.stmt_done = p.done;
+    l.batch_creates = p.batch_creates;
+    l.batch_settlements = p.batch_settlements;
     co_return std::move(*p.out);
 }
 
@@ -330,13 +464,8 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
     rq.body = body;
     rq.customer = p.customer;
     rq.same_key_window = st->cfg.same_key_window;
-    auto res = co_await reserve_batched(st, std::move(rq));
+    auto res = co_await reserve_batched(st, std::move(rq), l);
     if (!res) co_return unavailable(*st, l, res.err());
-    if (res->cap_cents > 0 || res->outcome != reserve_outcome::key_unusable)
-        st->utilisation->Add({{"key", key.id}})
-            .Set(res->cap_cents > 0
-                     ? static_cast<double>(res->committed_cents) / static_cast<double>(res->cap_cents)
-                     : 0.0);
     switch (res->outcome) {
         case reserve_outcome::key_unusable:
             co_return finish(*st, l, "unauthenticated", refuse(*st, key_unusable(), false));
@@ -394,19 +523,46 @@ std::string presented_secret(const http::request& req) {
     return {};
 }
 
-// The key's row, from the cache when it is younger than key_cache_ttl.
-net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id) {
+void cache_key(proxy::state& st, const std::string& id, const key_record& k, clock::time_point fetched) {
+    if (st.keys.size() >= 10'000) st.keys.clear();  // bounded: only real keys get here, but be safe
+    st.keys[id] = proxy::state::cached_key{k, fetched};
+}
+
+// Re-reads a cached key's row in the background (one read per key at a time).
+net::awaitable<void> refresh_key(state_ptr st, std::string id) {
+    auto now = clock::now();
+    auto r = co_await st->store.find_key(id);
+    st->keys_refreshing.erase(id);
+    if (!r) co_return;  // PostgreSQL away: the next create's reservation step says so
+    if (*r)
+        cache_key(*st, id, **r, now);
+    else
+        st->keys.erase(id);
+}
+
+// The key's row, from the cache when it is younger than key_cache_ttl. A create may also take an older
+// cached row (then one background read refreshes it): nothing it decides on can loosen — the secret's hash,
+// currency and allow list never change, and revocation and expiry are checked again by the reservation
+// step under the key's lock — so a create never waits for a key read once its key has been seen. A read
+// (GET) has no reservation step: it waits for a fresh row once the cached one is older than the TTL.
+net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id, bool creates) {
     auto now = clock::now();
     if (st->cfg.key_cache_ttl.count() > 0) {
-        if (auto it = st->keys.find(id);
-            it != st->keys.end() && now - it->second.fetched < st->cfg.key_cache_ttl)
-            co_return std::optional<key_record>(it->second.key);
+        if (auto it = st->keys.find(id); it != st->keys.end()) {
+            if (now - it->second.fetched < st->cfg.key_cache_ttl)
+                co_return std::optional<key_record>(it->second.key);
+            if (creates) {
+                if (st->keys_refreshing.insert(id).second)
+                    asio::co_spawn(st->main, refresh_key(st, id), [log = st->log](std::exception_ptr e) {
+                        if (!e) return;
+                        log.error("vault proxy: key refresh failed", {{"error", describe_exception(e)}});
+                    });
+                co_return std::optional<key_record>(it->second.key);
+            }
+        }
     }
     auto r = co_await st->store.find_key(id);
-    if (r && *r && st->cfg.key_cache_ttl.count() > 0) {
-        if (st->keys.size() >= 10'000) st->keys.clear();  // bounded: only real keys get here, but be safe
-        st->keys[id] = proxy::state::cached_key{**r, now};
-    }
+    if (r && *r && st->cfg.key_cache_ttl.count() > 0) cache_key(*st, id, **r, now);
     co_return r;
 }
 
@@ -428,7 +584,8 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     refusal unauth{
         401, "authentication_error", "", "Invalid vault key provided: " + redact_secret(secret), {}};
     if (!id) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
-    auto key = co_await find_key(st, *id);
+    auto op = operation_for(req.method, req.path());
+    auto key = co_await find_key(st, *id, op.creates);
     if (!key) co_return unavailable(*st, l, key.err());
     if (!*key) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
     // A wrong secret for a real id is audited under that id: someone is guessing that key.
@@ -436,7 +593,7 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     if (!verify_secret(secret, (*key)->secret_hash))
         co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
     if (!(*key)->usable) co_return finish(*st, l, "unauthenticated", refuse(*st, key_unusable(), false));
-    auto op = operation_for(req.method, req.path());
+    l.authed = clock::now();
     if (op.name.empty() || !(*key)->allows(op.name)) {
         std::string what = op.name.empty() ? req.method + " " + l.row.path : op.name;
         co_return finish(
@@ -458,17 +615,26 @@ void proxy::state::queue_audit(audit_row row) {
     audit.push_back(std::move(row));
 }
 
+bool proxy::state::room_for_settlement(const std::string& key_id, const settlement_request& s) {
+    if (settlements_pending < cfg.settlement_queue_limit) return true;
+    // PostgreSQL has been away long enough to fill the queue: this row stays `reserved` (counted) and the
+    // resolver settles it once it is stale.
+    log.error("vault proxy: settlement queue full; the resolver will settle the reservation",
+              {{"key_id", key_id}, {"idempotency_key", s.idempotency_key}, {"state", s.state}});
+    settlements_dropped->Increment();
+    return false;
+}
+
 void proxy::state::queue_settlement(const std::string& key_id, settlement_request s) {
-    if (settlements_pending >= cfg.settlement_queue_limit) {
-        // PostgreSQL has been away long enough to fill the queue: this row stays `reserved` (counted) and the
-        // resolver settles it once it is stale.
-        log.error("vault proxy: settlement queue full; the resolver will settle the reservation",
-                  {{"key_id", key_id}, {"idempotency_key", s.idempotency_key}, {"state", s.state}});
-        settlements_dropped->Increment();
-        return;
-    }
+    if (!room_for_settlement(key_id, s)) return;
     ++settlements_pending;
     key_queues[key_id].settlements.push_back(std::move(s));
+}
+
+void proxy::state::queue_quick_settlement(const std::string& key_id, settlement_request s) {
+    if (!room_for_settlement(key_id, s)) return;
+    ++settlements_pending;
+    quick_settlements.push_back({key_id, std::move(s.idempotency_key), std::move(s.object_id)});
 }
 
 result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::any_io_executor offload,
@@ -528,6 +694,16 @@ result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::a
                                            "Answers not recorded (PostgreSQL away): the rows stay reserved "
                                            "until the resolver settles them")
                                    .Add({});
+    auto& stages =
+        reg.histogram("chargeguard_vault_stage_seconds",
+                      "Forwarded creates, time per stage: auth (key checked), reserve_wait (queued for "
+                      "the key's next batch), reserve_statement (cg_vault_step round trip), upstream, "
+                      "answer (Stripe's answer to the response handed back)");
+    st->stage_auth = &stages.Add({{"stage", "auth"}}, metrics::latency_buckets());
+    st->stage_wait = &stages.Add({{"stage", "reserve_wait"}}, metrics::latency_buckets());
+    st->stage_statement = &stages.Add({{"stage", "reserve_statement"}}, metrics::latency_buckets());
+    st->stage_upstream = &stages.Add({{"stage", "upstream"}}, metrics::latency_buckets());
+    st->stage_answer = &stages.Add({{"stage", "answer"}}, metrics::latency_buckets());
     st->audit_written = &reg.counter("chargeguard_vault_audit_written_total", "Audit rows written").Add({});
     return std::unique_ptr<proxy>(new proxy(std::move(st)));
 }

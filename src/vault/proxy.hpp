@@ -2,10 +2,11 @@
 // authenticates the vault key, checks the key's allow list, and for a create (POST /v1/charges,
 // POST /v1/payment_intents) reserves the amount in one atomic step (vault::store::step) before forwarding
 // it with the real key; the answer goes back as Stripe gave it and settles, releases or leaves the
-// reservation uncertain — after the answer has gone back, with the key's next reservation batch (one round
-// trip per batch on the critical path). A background resolver settles uncertain rows by replaying them under
-// the same Idempotency-Key (inside Stripe's window) or by searching the customer's charges for the proxy's
-// metadata tag. Every request writes one audit row (batched, written in the background).
+// reservation uncertain — after the answer has gone back (settled: one statement for every key; released or
+// uncertain: with the key's next reservation batch), so one round trip per batch is on the critical path. A
+// background resolver settles uncertain rows by replaying them under the same Idempotency-Key (inside
+// Stripe's window) or by searching the customer's charges for the proxy's metadata tag. Every request writes
+// one audit row (batched, written in the background).
 //
 // Executors: the handler, the store calls, the resolver and the audit writer run on the main executor (the
 // pool's); the upstream HTTPS pool (unless proxy_config::upstream_on_main) and the resolver's Stripe client
@@ -58,11 +59,13 @@ struct proxy_config {
     std::chrono::milliseconds stale_reserved{120'000};
     std::chrono::milliseconds first_resolve_delay{5000};
     std::chrono::milliseconds max_resolve_backoff{600'000};
-    // Settlements (settled / released / uncertain) are written after the client has its answer: with the
-    // key's next reservation batch, or alone once no create of that key has come for `settle_linger`. At
-    // most `settlement_queue_limit` wait in memory (beyond: the oldest is dropped and its row stays
-    // `reserved`, counted, until the resolver takes it up after `stale_reserved`); a batch that fails is
-    // retried `settle_attempts` times, then dropped the same way.
+    // Settlements are written after the client has its answer. `settled` (almost every answer; it leaves the
+    // committed total as it is) goes `settle_linger` later in one cg_vault_settle_many statement for every
+    // key, beside the reservation batches; `released` / `uncertain` go with the key's next reservation batch,
+    // or alone once no create of that key has come for `settle_linger`. At most `settlement_queue_limit` wait
+    // in memory (beyond: the oldest is dropped and its row stays `reserved`, counted, until the resolver
+    // takes it up after `stale_reserved`); a batch that fails is retried `settle_attempts` times, then
+    // dropped the same way.
     std::chrono::milliseconds settle_linger{2};
     std::size_t settlement_queue_limit = 100'000;
     int settle_attempts = 5;
@@ -75,9 +78,10 @@ struct proxy_config {
     std::chrono::milliseconds upstream_probe_interval{10'000};
     std::string stripe_version = "2024-06-20";  // the resolver's requests (clients send their own)
     // A key's row (hash, currency, allow list, revocation) is reused for this long before it is read again.
-    // Creates are unaffected: cg_vault_reserve re-checks revocation and expiry under the key's lock, so a
-    // revoked key cannot spend even inside the TTL; a read (GET) may pass for up to the TTL after a revoke.
-    // Zero: every request reads the row.
+    // Creates are unaffected: cg_vault_step re-checks revocation and expiry under the key's lock, so a
+    // revoked key cannot spend even inside the TTL; a create also takes an older cached row and has it
+    // re-read in the background (it never waits for a key read once the key was seen). A read (GET) may pass
+    // for up to the TTL after a revoke, and waits for the re-read past it. Zero: every request reads the row.
     std::chrono::milliseconds key_cache_ttl{1000};
 };
 

@@ -35,6 +35,8 @@ struct proxy::state {
     metrics::family<metrics::Gauge>* reservations = nullptr;
     metrics::Histogram* upstream_latency = nullptr;
     metrics::Histogram* added_latency = nullptr;
+    metrics::Histogram *stage_auth = nullptr, *stage_wait = nullptr, *stage_statement = nullptr,
+                       *stage_upstream = nullptr, *stage_answer = nullptr;
     metrics::Counter* audit_dropped = nullptr;
     metrics::Counter* audit_written = nullptr;
     metrics::Counter* settlements_dropped = nullptr;
@@ -52,12 +54,15 @@ struct proxy::state {
         std::chrono::steady_clock::time_point fetched;
     };
     std::unordered_map<std::string, cached_key> keys;  // by id; only keys that exist
+    std::set<std::string> keys_refreshing;             // ids whose row is being re-read in the background
     // Per key: creates waiting for the next cg_vault_step batch, and the settlements (answers already sent
     // to clients) that go with it (see drain_key in proxy.cpp). One drain per key at a time.
     struct pending_reserve {
         reserve_request req;
         std::optional<result<reserve_result>> out;
         net::steady_timer* wake = nullptr;
+        std::chrono::steady_clock::time_point sent, done;  // the batch's statement
+        std::size_t batch_creates = 0, batch_settlements = 0;
     };
     struct key_queue {
         std::deque<pending_reserve*> waiting;
@@ -67,10 +72,17 @@ struct proxy::state {
         int failures = 0;                     // consecutive failed batches that carried settlements
     };
     std::unordered_map<std::string, key_queue> key_queues;  // by key id
-    std::size_t settlements_pending = 0;                    // queued or in a batch in flight, every key
-    int flushing = 0;                                       // flush_settlements() callers waiting
-    std::set<net::steady_timer*> settle_waiters;            // woken after every batch
-    std::uint64_t settle_failures = 0;                      // batches with settlements that failed
+    // Settlements that leave the committed total as it is (reserved / uncertain → settled: almost every
+    // answer), every key: written by one drain, a cg_vault_settle_many statement per batch, beside the keys'
+    // reservation batches instead of inside them (see drain_quick_settlements in proxy.cpp).
+    std::deque<store::keyed_settlement> quick_settlements;
+    bool quick_draining = false;
+    net::steady_timer* quick_linger = nullptr;
+    int quick_failures = 0;
+    std::size_t settlements_pending = 0;          // queued or in a batch in flight, every key
+    int flushing = 0;                             // flush_settlements() callers waiting
+    std::set<net::steady_timer*> settle_waiters;  // woken after every batch
+    std::uint64_t settle_failures = 0;            // batches with settlements that failed
 
     // Read by the readiness check from the health server's thread (the same main loop, but keep it simple).
     std::mutex probe_mu;
@@ -90,6 +102,10 @@ struct proxy::state {
     void queue_audit(audit_row row);
     // Queues what Stripe answered for a reservation of `key_id`; written with the key's next batch.
     void queue_settlement(const std::string& key_id, settlement_request s);
+    // Queues a reservation's `settled` for the next cg_vault_settle_many batch (every key).
+    void queue_quick_settlement(const std::string& key_id, settlement_request s);
+    // False (and the settlement counted as dropped) when the queue is full.
+    bool room_for_settlement(const std::string& key_id, const settlement_request& s);
 };
 
 // Sleeps on the main executor; stop() wakes every sleeper. Returns false when woken by stop().

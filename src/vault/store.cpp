@@ -1,6 +1,7 @@
 #include "vault/store.hpp"
 
 #include <algorithm>
+#include <tuple>
 
 #include "pg/rows.hpp"
 
@@ -38,12 +39,15 @@ const std::string step_sql =
     "$8::bigint[], $9::text[], $10::text[], $11::text[], $12::bigint) "
     "ORDER BY ord";
 
-// The state conditions below are written as exclusions (`<>`), not `IN (…)`: an `IN` list implies the
-// predicate of vault_spend_counted_idx (on vault_key_id only), and a plan on it walks every counted row of
-// the key instead of the one primary-key lookup.
+// The state conditions below are written as exclusions (`<>`), not `IN (…)`: an `IN` list implied the
+// predicate of vault_spend_counted_idx (on vault_key_id only, dropped by 0009), and a plan on it walked every
+// counted row of the key instead of the one primary-key lookup.
 const std::string settle_sql =
     "UPDATE vault_spend SET state = 'settled', stripe_object_id = $3, next_resolve_at = NULL "
     "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released'";
+
+const std::string settle_many_sql =
+    "SELECT ord::bigint FROM cg_vault_settle_many($1::text[], $2::text[], $3::text[]) ORDER BY ord";
 
 const std::string release_sql =
     "UPDATE vault_spend SET state = 'released', last_error = $3, next_resolve_at = NULL "
@@ -318,6 +322,31 @@ net::awaitable<result<std::vector<reserve_result>>> store::step(std::string key_
     auto r = co_await exec(pool_, step_sql, std::move(p));
     if (!r) co_return r.err();
     co_return decode_reservations(*r, rs.size(), "cg_vault_step");
+}
+
+net::awaitable<result<std::vector<std::size_t>>> store::settle_many(std::vector<keyed_settlement>& s) {
+    std::vector<std::size_t> out;
+    if (s.empty()) co_return out;
+    std::sort(s.begin(), s.end(), [](const keyed_settlement& a, const keyed_settlement& b) {
+        return std::tie(a.key_id, a.idempotency_key) < std::tie(b.key_id, b.idempotency_key);
+    });
+    std::vector<std::optional<std::string>> keys, idems, objects;
+    for (const auto& e : s) {
+        keys.emplace_back(e.key_id);
+        idems.emplace_back(e.idempotency_key);
+        objects.emplace_back(e.object_id);
+    }
+    pg::params p;
+    p.add(pg_text_array(keys)).add(pg_text_array(idems)).add(pg_text_array(objects));
+    auto r = co_await exec(pool_, settle_many_sql, std::move(p));
+    if (!r) co_return r.err();
+    for (std::size_t i = 0; i < r->size(); ++i) {
+        auto ord = r->get<std::int64_t>(i, 0);
+        if (ord < 1 || static_cast<std::size_t>(ord) > s.size())
+            co_return error(core_errc::out_of_range, "cg_vault_settle_many: ord out of range");
+        out.push_back(static_cast<std::size_t>(ord - 1));
+    }
+    co_return out;
 }
 
 net::awaitable<result<bool>> store::settle(std::string key_id, std::string idem, std::string object_id) {

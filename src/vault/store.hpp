@@ -139,6 +139,16 @@ class store {
     net::awaitable<result<std::vector<reserve_result>>> step(std::string key_id,
                                                              std::vector<settlement_request> settled,
                                                              std::vector<reserve_request> rs);
+    // reserved/uncertain → settled for rows of any keys (cg_vault_settle_many, 0009): one statement, no key's
+    // lock. `s` is sorted here by (key, Idempotency-Key). Returns the elements (indexes into the sorted `s`)
+    // not applied because their row was in another state: those go through step() (a released row's 2xx
+    // counts again under the key's lock).
+    struct keyed_settlement {
+        std::string key_id;
+        std::string idempotency_key;
+        std::string object_id;
+    };
+    net::awaitable<result<std::vector<std::size_t>>> settle_many(std::vector<keyed_settlement>& s);
     // reserved/uncertain → settled. False when the row was in neither state.
     net::awaitable<result<bool>> settle(std::string key_id, std::string idem, std::string object_id);
     // reserved/uncertain → released.

@@ -7,13 +7,17 @@
 //
 // Every request is a POST /v1/charges with its own Idempotency-Key, so every proxied one is authenticated,
 // reserved in PostgreSQL (cg_vault_step), forwarded, settled (after the answer) and audited. Added latency =
-// proxy − direct at each percentile. For every run it also prints the CPU time per request of each party
-// (load generator, fake-stripe's thread, the proxy process, the PostgreSQL backends of the scratch
-// database), read from /proc: on a small machine they share the cores, and that decides the ratio.
-// With --latency-ms N it repeats the 32 and 256 client runs with fake-stripe answering after N ms (what a
-// real Stripe does), where the proxy's added latency is what a caller would notice.
-// Needs PGHOST (a scratch database is created and dropped).
-// Usage: vault_proxy CHARGEGUARD_EXE [CERT_DIR] [SECONDS] [--latency-ms N] [PROXY_FLAG…]
+// proxy − direct at each percentile, same load generator, same fake-stripe, same concurrency; the two paths
+// alternate in three slices of SECONDS/3 each so both see the same background load of a shared machine. For
+// every run it also prints the CPU time per request of each party (load generator, fake-stripe's thread, the
+// proxy process, the PostgreSQL backends of the scratch database), read from /proc: on a small machine they
+// share the cores, and that decides the ratio. With --latency-ms N it repeats the 32 and 256 client runs with
+// fake-stripe answering after N ms (what a real Stripe does), where the proxy's added latency is what a
+// caller would notice. Needs PGHOST (a scratch database is created and dropped). With --trace-burst it runs
+// only 32 clients at --latency-ms (default 50) with the proxy logging at debug, and prints where the time of
+// a burst goes, per stage, from the proxy's "vault request stages" lines: when fake-stripe answers a constant
+// latency, the 32 clients are synchronised and reach the proxy together. Usage: vault_proxy CHARGEGUARD_EXE
+// [CERT_DIR] [SECONDS] [--latency-ms N] [--trace-burst] [PROXY_FLAG…]
 //        (CERT_DIR defaults to $CG_TEST_CERTS; PROXY_FLAGs, e.g. --upstream-on-main, go to `chargeguard
 //        proxy`)
 #include <fcntl.h>
@@ -178,6 +182,8 @@ struct child {
 struct run_result {
     double rps = 0;
     double p50_ms = 0, p99_ms = 0;
+    double elapsed = 0;
+    std::vector<double> lat_ms;
     std::size_t ok = 0, failed = 0;
 };
 
@@ -244,7 +250,22 @@ run_result run_load(asio::io_context& io, std::vector<http::client*> clients, st
     out.rps = static_cast<double>(l.ok) / elapsed;
     out.p50_ms = pct(l.lat_ms, 0.50);
     out.p99_ms = pct(l.lat_ms, 0.99);
+    out.elapsed = elapsed;
+    out.lat_ms = std::move(l.lat_ms);
     return out;
+}
+
+// Adds one slice's requests to a run's totals; finish() computes the rate and percentiles over all slices.
+void add_slice(run_result& total, run_result slice) {
+    total.ok += slice.ok;
+    total.failed += slice.failed;
+    total.elapsed += slice.elapsed;
+    total.lat_ms.insert(total.lat_ms.end(), slice.lat_ms.begin(), slice.lat_ms.end());
+}
+void finish(run_result& r) {
+    r.rps = static_cast<double>(r.ok) / std::max(1e-9, r.elapsed);
+    r.p50_ms = pct(r.lat_ms, 0.50);
+    r.p99_ms = pct(r.lat_ms, 0.99);
 }
 
 std::vector<std::unique_ptr<http::client>> clients_for(net::offload_pool& pool, const std::string& base,
@@ -270,6 +291,77 @@ std::vector<http::client*> raw(const std::vector<std::unique_ptr<http::client>>&
     return out;
 }
 
+// --trace-burst: the proxy's per-request stage lines (debug) of the measured run, grouped into bursts (a gap
+// of more than 5 ms between two arrivals starts a new one); prints each stage's p50 / p99 over every request
+// and the timeline of the largest burst of the run's second half.
+void print_burst_trace(const std::string& log, clock_type::time_point from) {
+    struct rec {
+        std::map<std::string, double> v;
+    };
+    std::vector<rec> recs;
+    auto since = static_cast<double>(
+        std::chrono::duration_cast<std::chrono::microseconds>(from.time_since_epoch()).count());
+    std::istringstream in(log);
+    std::string line;
+    std::regex field(R"re("([a-z_]+)":(-?[0-9.]+))re");
+    while (std::getline(in, line)) {
+        if (line.find("vault request stages") == std::string::npos) continue;
+        rec r;
+        for (std::sregex_iterator it(line.begin(), line.end(), field), end; it != end; ++it)
+            r.v[(*it)[1].str()] = std::atof((*it)[2].str().c_str());
+        if (r.v["t_us"] >= since) recs.push_back(std::move(r));
+    }
+    if (recs.empty()) {
+        std::printf("trace: no stage lines in the proxy's log\n");
+        return;
+    }
+    std::sort(recs.begin(), recs.end(),
+              [](const rec& a, const rec& b) { return a.v.at("t_us") < b.v.at("t_us"); });
+    const char* stages[] = {"auth_us",     "parse_us",  "wait_us",  "stmt_us", "to_upstream_us",
+                            "upstream_us", "answer_us", "total_us", "batch",   "settlements"};
+    std::printf("trace: %zu forwarded creates; per stage p50 / p99 (µs), from the proxy's own clock:\n",
+                recs.size());
+    for (const char* s : stages) {
+        std::vector<double> v;
+        for (auto& r : recs) v.push_back(r.v[s]);
+        std::printf("  %-15s %8.0f %8.0f\n", s, pct(v, 0.5), pct(v, 0.99));
+    }
+    std::vector<std::pair<std::size_t, std::size_t>> bursts;  // [begin, end)
+    std::size_t b = 0;
+    for (std::size_t i = 1; i <= recs.size(); ++i)
+        if (i == recs.size() || recs[i].v["t_us"] - recs[i - 1].v["t_us"] > 5000) {
+            bursts.emplace_back(b, i);
+            b = i;
+        }
+    std::vector<double> spans, sizes;
+    for (auto [lo, hi] : bursts) {
+        sizes.push_back(static_cast<double>(hi - lo));
+        spans.push_back(recs[hi - 1].v["t_us"] - recs[lo].v["t_us"]);
+    }
+    std::printf(
+        "trace: %zu bursts; requests per burst p50 %.0f; arrival spread within a burst p50 %.0f µs, p99 %.0f "
+        "µs\n",
+        bursts.size(), pct(sizes, 0.5), pct(spans, 0.5), pct(spans, 0.99));
+    // The largest burst of the second half of the run (the first half has the warm-up and the direct runs'
+    // neighbours): where a synchronised burst's time goes.
+    std::size_t pick = bursts.size() / 2;
+    for (std::size_t i = bursts.size() / 2; i < bursts.size(); ++i)
+        if (bursts[i].second - bursts[i].first > bursts[pick].second - bursts[pick].first) pick = i;
+    auto [lo, hi] = bursts[pick];
+    double t0 = recs[lo].v["t_us"];
+    std::printf(
+        "trace: one burst (the largest of the run's second half), µs; arrival = offset from its first "
+        "request\n");
+    std::printf("  %8s %6s %6s %6s %6s %5s %5s %7s %8s %6s %7s\n", "arrival", "auth", "parse", "wait", "stmt",
+                "batch", "settl", "to_up", "upstream", "answer", "total");
+    for (std::size_t i = lo; i < hi; ++i) {
+        auto& v = recs[i].v;
+        std::printf("  %8.0f %6.0f %6.0f %6.0f %6.0f %5.0f %5.0f %7.0f %8.0f %6.0f %7.0f\n", v["t_us"] - t0,
+                    v["auth_us"], v["parse_us"], v["wait_us"], v["stmt_us"], v["batch"], v["settlements"],
+                    v["to_upstream_us"], v["upstream_us"], v["answer_us"], v["total_us"]);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -286,12 +378,18 @@ int main(int argc, char** argv) {
     std::string certs = argc > 2 ? argv[2] : env_certs ? env_certs : "";
     double seconds = argc > 3 ? std::atof(argv[3]) : 3.0;
     int latency_ms = 0;
+    bool trace_burst = false;
+    int only_conc = 0;
     std::vector<std::string> extra;
     std::string proxy_flags;
     for (int i = 4; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "--latency-ms" && i + 1 < argc) {
             latency_ms = std::atoi(argv[++i]);
+        } else if (a == "--trace-burst") {
+            trace_burst = true;
+        } else if (a == "--only-conc" && i + 1 < argc) {
+            only_conc = std::atoi(argv[++i]);
         } else {
             extra.push_back(a);
             proxy_flags += ", " + a;
@@ -321,7 +419,10 @@ int main(int argc, char** argv) {
 
     fake_thread fake(certs);
     std::string upstream = "https://127.0.0.1:" + std::to_string(fake.port);
+    if (trace_burst && latency_ms == 0) latency_ms = 50;
     std::vector<std::string> proxy_args{exe,
+                                        "--log-level",
+                                        trace_burst ? "debug" : "info",
                                         "proxy",
                                         "--listen",
                                         "127.0.0.1:0",
@@ -407,13 +508,33 @@ int main(int argc, char** argv) {
             out.pg = (b.pg - a.pg) * k;
             return out;
         };
-        auto c0 = snapshot();
-        r.d = run_load(io, raw(direct_clients), "Bearer sk_test_bench_real_key", "d-" + tag, conc, seconds);
-        auto c1 = snapshot();
-        r.p = run_load(io, raw(proxy_clients), "Bearer " + secret, "p-" + tag, conc, seconds);
-        auto c2 = snapshot();
-        r.dcpu = per_request(c0, c1, r.d.ok + r.d.failed);
-        r.pcpu = per_request(c1, c2, r.p.ok + r.p.failed);
+        // Direct and proxied alternate in `slices` slices, so both see the same share of a machine whose
+        // other load comes and goes (one direct run followed by one proxied run compared two different
+        // moments).
+        constexpr int slices = 3;
+        cpu_snapshot dsum, psum;
+        for (int i = 0; i < slices; ++i) {
+            auto c0 = snapshot();
+            add_slice(r.d, run_load(io, raw(direct_clients), "Bearer sk_test_bench_real_key",
+                                    "d-" + tag + std::to_string(i) + "-", conc, seconds / slices));
+            auto c1 = snapshot();
+            add_slice(r.p, run_load(io, raw(proxy_clients), "Bearer " + secret,
+                                    "p-" + tag + std::to_string(i) + "-", conc, seconds / slices));
+            auto c2 = snapshot();
+            auto acc = [](cpu_snapshot& sum, cpu_snapshot a, cpu_snapshot b) {
+                sum.self += b.self - a.self;
+                sum.fake += b.fake - a.fake;
+                sum.proxy += b.proxy - a.proxy;
+                sum.pg += b.pg - a.pg;
+            };
+            acc(dsum, c0, c1);
+            acc(psum, c1, c2);
+        }
+        finish(r.d);
+        finish(r.p);
+        cpu_snapshot zero;
+        r.dcpu = per_request(zero, dsum, r.d.ok + r.d.failed);
+        r.pcpu = per_request(zero, psum, r.p.ok + r.p.failed);
         std::printf("%-6d %5dms %10.0f %10.0f %6.0f%% %8.2fms %8.2fms %8.2fms %8.2fms %8.2fms %8.2fms%s\n",
                     conc, latency_ms, r.d.rps, r.p.rps, 100.0 * r.p.rps / std::max(1.0, r.d.rps), r.d.p50_ms,
                     r.p.p50_ms, r.d.p99_ms, r.p.p99_ms, r.p.p50_ms - r.d.p50_ms, r.p.p99_ms - r.d.p99_ms,
@@ -424,6 +545,16 @@ int main(int argc, char** argv) {
     std::printf("%-6s %7s %10s %10s %7s %10s %10s %10s %10s %10s %10s\n", "conc", "stripe", "direct r/s",
                 "proxy r/s", "ratio", "direct p50", "proxy p50", "direct p99", "proxy p99", "added p50",
                 "added p99");
+    if (trace_burst) {
+        auto from = clock_type::now();
+        measure(32, latency_ms);
+        print_burst_trace(slurp(proxy.err), from);
+        return 0;
+    }
+    if (only_conc > 0) {
+        measure(only_conc, latency_ms);
+        return 0;
+    }
     for (int conc : {1, 32, 256}) measure(conc, 0);
     if (latency_ms > 0)
         for (int conc : {32, 256}) measure(conc, latency_ms);
