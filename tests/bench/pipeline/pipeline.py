@@ -5,6 +5,7 @@ charges/s, publish → charged latency, event-loop lag p99 (from /metrics), CPU-
 nsqd-side timeouts under a 120 s Stripe stall, and 3 sidecars sharing a 25/s Stripe endpoint limit.
 
 Usage: pipeline [--quick] [--only throughput|stall|sidecars] [--latency MS]… [--max-in-flight N]… [--repeat N]
+                [--stripe-max-connections N]
                 [--consume-arg=--flag=value]… [--build DIR]
 Built into build/tests/bench/pipeline/pipeline; not run by meson test. Prints one table row per run; each
 throughput row is followed by the CPU seconds per 1 000 charges of every process (consume, PostgreSQL, nsqd,
@@ -285,7 +286,7 @@ def latencies(st, sent):
     return pick(0.5), pick(0.99), end
 
 
-def throughput(build, latency_ms, mif, n, extra=()):
+def throughput(build, latency_ms, mif, n, extra=(), max_connections=None):
     st = stack(build, f"t{latency_ms}_{mif}")
     try:
         st.fake_stripe(latency_ms)
@@ -294,7 +295,8 @@ def throughput(build, latency_ms, mif, n, extra=()):
         # No slow start: this measures the pipeline, not the ramp-up (fake-stripe has no limit here; AIMD stays
         # armed for a 429).
         c = st.consume(0, ["--max-in-flight", str(mif), "--stripe-request-timeout", "30",
-                           "--stripe-max-connections", str(max(mif, 16)), "--stripe-rate-initial", "0", *extra])
+                           "--stripe-max-connections", str(max_connections or max(mif, 16)), "--stripe-rate-initial", "0",
+                           *extra])
         cpu0, _ = proc_usage(c.pid)
         split0, sched0 = cpu_split(st, c), main_thread_sched(c.pid)
         evs = events(n, f"t{latency_ms}-{mif}")
@@ -379,6 +381,9 @@ def main():
     ap.add_argument("--max-in-flight", type=int, action="append", dest="mifs")
     ap.add_argument("--consume-arg", action="append", default=[],
                     help="extra argument for the throughput runs' consume (repeatable), e.g. --consume-arg=--offload-threads=1")
+    ap.add_argument("--stripe-max-connections", type=int, dest="max_connections",
+                    help="throughput runs' Stripe pool size (default: max(--max-in-flight, 16)); a smaller pool trades "
+                         "Stripe concurrency for fewer TLS connections (handshakes, buffers, epoll set)")
     ap.add_argument("--repeat", type=int, default=1, help="run each throughput row this many times")
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
@@ -393,7 +398,7 @@ def main():
             for mif in a.mifs or [100, 1000, 2000]:
                 n = (2000 if a.quick else 20000) if lat == 0 else max(2000 if a.quick else 10000, mif * 8)
                 for _ in range(a.repeat):
-                    throughput(a.build, lat, mif, n, a.consume_arg)
+                    throughput(a.build, lat, mif, n, a.consume_arg, a.max_connections)
     if a.only in (None, "stall"):
         stall(a.build, 50 if a.quick else 200)
     if a.only in (None, "sidecars"):
