@@ -69,15 +69,22 @@ net::awaitable<connect_outcome> connect_elsewhere(std::unique_ptr<client_connect
 // Everything below is touched only on `strand`, except the atomics.
 struct client::state : std::enable_shared_from_this<client::state> {
     state(asio::any_io_executor ex, http::origin o, client_options op, logger l)
-        : strand(asio::make_strand(ex)), origin(std::move(o)), opts(std::move(op)), log(std::move(l)) {}
+        : strand(asio::make_strand(ex)), origin(std::move(o)), opts(std::move(op)), log(std::move(l)) {
+        if (origin.tls) sessions = std::make_shared<net::tls_session_cache>();
+    }
 
     asio::strand<asio::any_io_executor> strand;
     http::origin origin;
     client_options opts;
     logger log;
+    // This origin's TLS sessions: every new connection after the first resumes instead of redoing the
+    // certificate work (a pool grows to --max-in-flight connections; each full handshake costs more CPU
+    // than a charge).
+    std::shared_ptr<net::tls_session_cache> sessions;
     std::deque<std::unique_ptr<client_connection>> idle;  // most recently used at the back
     std::deque<waiter*> waiters;
-    std::atomic<std::uint64_t> open{0}, idle_count{0}, requests{0}, connects{0}, handshakes{0}, reused{0};
+    std::atomic<std::uint64_t> open{0}, idle_count{0}, requests{0}, connects{0}, handshakes{0}, resumed{0},
+        reused{0};
 
     // A connection's slot ends (closed or never opened): give it to the oldest waiter or free it.
     void discard(std::unique_ptr<client_connection> c) {
@@ -174,7 +181,8 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
         co_return out;
     }
     if (!l.conn()) {
-        auto fresh = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr);
+        auto fresh = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr,
+                                                         st->sessions);
         connect_outcome c;
         if (st->opts.connect_executor) {
             c = co_await asio::co_spawn(
@@ -198,6 +206,7 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
         dl->conn = l.conn().get();
         ++st->connects;
         if (st->origin.tls) ++st->handshakes;
+        if (l.conn()->resumed()) ++st->resumed;
         // The deadline may have passed during the lookup (which no socket close interrupts).
         if (dl->fired) {
             out.err = error(errc::timeout, "deadline passed while connecting");
@@ -288,6 +297,7 @@ client_stats client::stats() const {
     s.requests = st_->requests;
     s.connects = st_->connects;
     s.handshakes = st_->handshakes;
+    s.resumed = st_->resumed;
     s.reused = st_->reused;
     s.open = st_->open;
     s.idle = st_->idle_count;

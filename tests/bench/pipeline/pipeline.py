@@ -11,9 +11,12 @@ Built into build/tests/bench/pipeline/pipeline; not run by meson test. Prints on
 throughput row is followed by the CPU seconds per 1 000 charges of every process (consume, PostgreSQL, nsqd,
 fake-stripe) and the event loop thread's running / waiting-for-a-CPU shares.
 """
-import argparse, json, os, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, shlex, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# --consume-prefix: a command consume runs under (valgrind --tool=callgrind …), for instruction counts that
+# the shared machine's load does not blur.
+CONSUME_PREFIX = []
 
 
 def free_port():
@@ -83,7 +86,7 @@ class stack:
     def consume(self, idx, args):
         health = free_port()
         env = dict(os.environ, STRIPE_API_KEY="sk_test_bench", PGDATABASE=self.db, CHARGEGUARD_LOG_LEVEL="warn")
-        argv = [os.path.join(self.build, "src/app/chargeguard"), "consume", "--topic", "billing", "--channel",
+        argv = [*CONSUME_PREFIX, os.path.join(self.build, "src/app/chargeguard"), "consume", "--topic", "billing", "--channel",
                 "chargeguard", "--nsqd-tcp-address", f"127.0.0.1:{self.nsq_tcp}", "--migrate",
                 "--stripe-api-base", f"https://127.0.0.1:{self.stripe_port}", "--stripe-ca-file",
                 os.path.join(self.certs, "ca.pem"), "--health-listen", f"127.0.0.1:{health}",
@@ -299,6 +302,9 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None):
                            *extra])
         cpu0, _ = proc_usage(c.pid)
         split0, sched0 = cpu_split(st, c), main_thread_sched(c.pid)
+        callgrind = any("callgrind" in w for w in CONSUME_PREFIX)
+        if callgrind:  # count the charges only: start-up (migrations, TLS contexts) is left out
+            subprocess.run(["callgrind_control", "--zero", str(c.pid)], capture_output=True, check=True)
         evs = events(n, f"t{latency_ms}-{mif}")
         start = time.time()
         sent = st.publish(evs)
@@ -307,6 +313,8 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None):
             print(f"| {latency_ms} ms | {mif} | {n} | {failure_note(st, c, n, got)} | | | | | {st.nsq_kind} |", flush=True)
             return
         p50, p99, end = latencies(st, sent)
+        if callgrind:  # a dump of exactly these n charges (callgrind_annotate it; Ir / n = instructions per charge)
+            subprocess.run(["callgrind_control", "--dump=charges", str(c.pid)], capture_output=True, check=True)
         cpu1, rss = proc_usage(c.pid)
         split1, sched1 = cpu_split(st, c), main_thread_sched(c.pid)
         m = metrics(c.health)
@@ -384,9 +392,12 @@ def main():
     ap.add_argument("--stripe-max-connections", type=int, dest="max_connections",
                     help="throughput runs' Stripe pool size (default: max(--max-in-flight, 16)); a smaller pool trades "
                          "Stripe concurrency for fewer TLS connections (handshakes, buffers, epoll set)")
+    ap.add_argument("--consume-prefix", default="",
+                    help="run consume under this command, e.g. 'valgrind --tool=callgrind --callgrind-out-file=F'")
     ap.add_argument("--repeat", type=int, default=1, help="run each throughput row this many times")
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
+    CONSUME_PREFIX[:] = shlex.split(a.consume_prefix)
     if not os.environ.get("PGHOST"):
         print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
         return 0

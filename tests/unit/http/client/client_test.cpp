@@ -421,6 +421,35 @@ BOOST_AUTO_TEST_CASE(connection_close_is_honoured) {
     BOOST_TEST(c->stats().handshakes == 2u);
 }
 
+// A pool's second connection resumes the TLS session the first one was given: no certificate exchanged, so
+// neither side redoes the chain parsing, verification and signature (most of a handshake's CPU). The first
+// connection of a client never resumes (a new client starts with an empty cache), and a resumed connection
+// carries requests like any other.
+BOOST_AUTO_TEST_CASE(a_new_tls_connection_resumes_the_origin_session) {
+    fixture f;
+    f.start(true);
+    auto c = f.client(true);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto a = co_await c->request(get("/close"));
+        BOOST_TEST(a.ok());
+        BOOST_TEST(c->stats().resumed == 0u);
+        auto b = co_await c->request(get("/echo"));
+        BOOST_TEST_REQUIRE(b.ok());
+        BOOST_TEST(b.resp.status == 200);
+        BOOST_TEST(!b.reused_connection);
+    });
+    BOOST_TEST(c->stats().handshakes == 2u);
+    BOOST_TEST(c->stats().resumed == 1u);
+
+    auto other = f.client(true);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto a = co_await other->request(get("/echo"));
+        BOOST_TEST(a.ok());
+    });
+    BOOST_TEST(other->stats().handshakes == 1u);
+    BOOST_TEST(other->stats().resumed == 0u);
+}
+
 // Answers one request per connection with a keep-alive response, then closes: a server whose idle
 // timeout is shorter than ours. `closed` counts down as sockets close.
 asio::awaitable<void> answer_then_close(net::tcp_acceptor* acc, latch* closed, int conns) {
