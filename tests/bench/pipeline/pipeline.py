@@ -187,6 +187,14 @@ def metrics(port):
         return r.read().decode()
 
 
+def counter(text, name):
+    """A label-less Prometheus counter's value (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{}"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def hist_quantile(text, name, q):
     """The upper bound of the bucket holding quantile q of a Prometheus histogram (no labels)."""
     buckets = []
@@ -330,7 +338,9 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None):
                           if split1[k] is not None and split0.get(k) is not None)
         print(f"|   | | | CPU-s / 1000 charges: {parts}; event loop thread over {wall:.1f} s: running "
               f"{(sched1[0] - sched0[0]) / wall * 100:.0f} %, runnable but waiting for a CPU "
-              f"{(sched1[1] - sched0[1]) / wall * 100:.0f} %; load {os.getloadavg()[0]:.1f} | | | | | |", flush=True)
+              f"{(sched1[1] - sched0[1]) / wall * 100:.0f} %; load {os.getloadavg()[0]:.1f}; Stripe TLS handshakes "
+              f"{counter(m, 'chargeguard_stripe_tls_handshakes_total'):.0f} (resumed "
+              f"{counter(m, 'chargeguard_stripe_tls_resumed_total'):.0f}) | | | | | |", flush=True)
     finally:
         st.close()
 
