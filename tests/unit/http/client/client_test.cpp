@@ -386,6 +386,27 @@ BOOST_AUTO_TEST_CASE(pool_limit_bounds_connections) {
     BOOST_TEST(c->stats().open == 2u);
 }
 
+// New connections are set up at most 8 at a time (a burst against a fast origin is served by the connections
+// coming back instead of opening one per request), yet a slow origin still gets the whole pool: 40 requests
+// that each hold their connection for 400 ms all run at once, on 40 connections.
+BOOST_AUTO_TEST_CASE(pool_grows_to_its_limit_a_few_connects_at_a_time) {
+    fixture f;
+    f.start(true);
+    http::client_options o;
+    o.max_connections = 40;
+    auto c = f.client(true, o);
+    std::vector<http::client_result> results(40);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        latch l(f.io, static_cast<int>(results.size()));
+        for (auto& r : results)
+            asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=400", &r, &l), asio::detached);
+        co_await l.wait();
+    });
+    for (auto& r : results) BOOST_TEST(r.ok(), r.err.describe());
+    BOOST_TEST(f.log.max_active == 40);
+    BOOST_TEST(c->stats().connects == 40u);
+}
+
 BOOST_AUTO_TEST_CASE(pool_wait_counts_against_the_request_timeout) {
     fixture f;
     f.start(false);
