@@ -23,7 +23,14 @@ struct waiter {
     net::steady_timer timer;
     std::unique_ptr<client_connection> handed;
     bool slot = false;
+    bool woken = false;  // taken off the queue by whoever woke it (else: cancelled, still queued)
 };
+
+// New connections being set up at once. A pool grows only as fast as its connects finish: a burst of N
+// requests does not open N connections when the ones already open come back sooner (at a fast origin they
+// do — a TLS handshake costs more CPU than a request, on both sides, and every connection holds TLS
+// buffers and an epoll registration), while a slow origin still gets its connections, a few at a time.
+constexpr std::size_t max_connecting = 8;
 
 // The request deadline without an `op || timer` parallel group (two spawned coroutines and their
 // cancellation plumbing per request): a timer on the strand whose handler aborts whatever the attempt is
@@ -69,27 +76,42 @@ net::awaitable<connect_outcome> connect_elsewhere(std::unique_ptr<client_connect
 // Everything below is touched only on `strand`, except the atomics.
 struct client::state : std::enable_shared_from_this<client::state> {
     state(asio::any_io_executor ex, http::origin o, client_options op, logger l)
-        : strand(asio::make_strand(ex)), origin(std::move(o)), opts(std::move(op)), log(std::move(l)) {}
+        : strand(asio::make_strand(ex)), origin(std::move(o)), opts(std::move(op)), log(std::move(l)) {
+        if (origin.tls) sessions = std::make_shared<net::tls_session_cache>();
+    }
 
     asio::strand<asio::any_io_executor> strand;
     http::origin origin;
     client_options opts;
     logger log;
+    // This origin's TLS sessions: every new connection after the first resumes instead of redoing the
+    // certificate work (a pool grows to --max-in-flight connections; each full handshake costs more CPU
+    // than a charge).
+    std::shared_ptr<net::tls_session_cache> sessions;
     std::deque<std::unique_ptr<client_connection>> idle;  // most recently used at the back
     std::deque<waiter*> waiters;
-    std::atomic<std::uint64_t> open{0}, idle_count{0}, requests{0}, connects{0}, handshakes{0}, reused{0};
+    std::size_t connecting = 0;  // slots handed out for a connect that has not finished
+    std::atomic<std::uint64_t> open{0}, idle_count{0}, requests{0}, connects{0}, handshakes{0}, resumed{0},
+        reused{0};
 
-    // A connection's slot ends (closed or never opened): give it to the oldest waiter or free it.
+    // A connection's slot ends (closed or never opened): free it, and let a waiter connect if it may.
     void discard(std::unique_ptr<client_connection> c) {
         c.reset();
-        if (!waiters.empty()) {
+        --open;
+        grow();
+    }
+
+    // Hands free slots to the oldest waiters while fewer than max_connecting connects are under way.
+    void grow() {
+        while (!waiters.empty() && open < opts.max_connections && connecting < max_connecting) {
             waiter* w = waiters.front();
             waiters.pop_front();
+            ++open;
+            ++connecting;
+            w->woken = true;
             w->slot = true;
             w->timer.cancel();
-            return;
         }
-        --open;
     }
 
     // A healthy connection comes back: straight to the oldest waiter, else to the idle list.
@@ -97,6 +119,7 @@ struct client::state : std::enable_shared_from_this<client::state> {
         if (!waiters.empty()) {
             waiter* w = waiters.front();
             waiters.pop_front();
+            w->woken = true;
             w->handed = std::move(c);
             w->timer.cancel();
             return;
@@ -115,17 +138,31 @@ class lease {
   public:
     lease() = default;
     lease(std::shared_ptr<client::state> st, std::unique_ptr<client_connection> c, bool reused)
-        : st_(std::move(st)), conn_(std::move(c)), reused_(reused) {}
-    lease(lease&&) = default;
+        : st_(std::move(st)), conn_(std::move(c)), reused_(reused), connecting_(!conn_) {}
+    lease(lease&& o) noexcept
+        : st_(std::move(o.st_)), conn_(std::move(o.conn_)), reused_(o.reused_), connecting_(o.connecting_) {
+        o.connecting_ = false;
+    }
     lease& operator=(lease&&) = delete;
     ~lease() {
-        if (st_) st_->discard(std::move(conn_));
+        if (!st_) return;
+        if (connecting_) --st_->connecting;
+        st_->discard(std::move(conn_));
+    }
+    // The connect this slot was handed out for has ended (either way): another waiter may start one.
+    void connect_finished() {
+        if (!connecting_) return;
+        connecting_ = false;
+        --st_->connecting;
+        st_->grow();
     }
     bool valid() const { return st_ != nullptr; }
     bool reused() const { return reused_; }
     std::unique_ptr<client_connection>& conn() { return conn_; }
     void give_back() {
         auto st = std::move(st_);
+        if (connecting_) --st->connecting;  // (connect_finished ran first; kept for safety)
+        connecting_ = false;
         st->release(std::move(conn_));
     }
 
@@ -133,6 +170,7 @@ class lease {
     std::shared_ptr<client::state> st_;
     std::unique_ptr<client_connection> conn_;
     bool reused_ = false;
+    bool connecting_ = false;  // counted in state::connecting
 };
 
 // Returns a lease: a live idle connection, or an empty slot to connect on. Waits while the pool is
@@ -147,8 +185,9 @@ net::awaitable<lease> acquire(std::shared_ptr<client::state> st, deadline* dl) {
         c.reset();
         --st->open;
     }
-    if (st->open < st->opts.max_connections) {
+    if (st->open < st->opts.max_connections && st->connecting < max_connecting) {
         ++st->open;
+        ++st->connecting;
         co_return lease(st, nullptr, false);
     }
     waiter w(st->strand);
@@ -157,8 +196,10 @@ net::awaitable<lease> acquire(std::shared_ptr<client::state> st, deadline* dl) {
     co_await w.timer.async_wait();
     dl->queued = nullptr;
     // Still queued means we were cancelled rather than woken.
-    if (auto it = std::find(st->waiters.begin(), st->waiters.end(), &w); it != st->waiters.end())
-        st->waiters.erase(it);
+    if (!w.woken) {
+        if (auto it = std::find(st->waiters.begin(), st->waiters.end(), &w); it != st->waiters.end())
+            st->waiters.erase(it);
+    }
     if (w.handed) co_return lease(st, std::move(w.handed), true);
     if (w.slot) co_return lease(st, nullptr, false);
     co_return lease();
@@ -174,7 +215,8 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
         co_return out;
     }
     if (!l.conn()) {
-        auto fresh = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr);
+        auto fresh = std::make_unique<client_connection>(st->strand, st->origin.tls ? st->opts.tls : nullptr,
+                                                         st->sessions);
         connect_outcome c;
         if (st->opts.connect_executor) {
             c = co_await asio::co_spawn(
@@ -186,6 +228,7 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
             c = co_await connect_elsewhere(std::move(fresh), st->origin, st->opts.connect_timeout);
         }
         l.conn() = std::move(c.conn);
+        l.connect_finished();
         if (c.timed_out) {
             out.err = error(errc::timeout, "connect to " + st->origin.to_string() + " timed out after " +
                                                net::describe_timeout(st->opts.connect_timeout));
@@ -198,6 +241,7 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
         dl->conn = l.conn().get();
         ++st->connects;
         if (st->origin.tls) ++st->handshakes;
+        if (l.conn()->resumed()) ++st->resumed;
         // The deadline may have passed during the lookup (which no socket close interrupts).
         if (dl->fired) {
             out.err = error(errc::timeout, "deadline passed while connecting");
@@ -288,6 +332,7 @@ client_stats client::stats() const {
     s.requests = st_->requests;
     s.connects = st_->connects;
     s.handshakes = st_->handshakes;
+    s.resumed = st_->resumed;
     s.reused = st_->reused;
     s.open = st_->open;
     s.idle = st_->idle_count;

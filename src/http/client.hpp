@@ -57,6 +57,7 @@ struct client_stats {
     std::uint64_t requests = 0;    // request() calls
     std::uint64_t connects = 0;    // TCP connections established
     std::uint64_t handshakes = 0;  // TLS handshakes completed
+    std::uint64_t resumed = 0;     // of which resumed a cached TLS session (no certificate exchanged)
     std::uint64_t reused = 0;      // requests served on a pooled connection
     std::uint64_t open = 0;        // connections open now (idle + busy + connecting)
     std::uint64_t idle = 0;        // idle connections in the pool now

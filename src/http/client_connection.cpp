@@ -17,8 +17,9 @@
 
 namespace cg::http {
 
-client_connection::client_connection(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls)
-    : tls_ctx_(std::move(tls)) {
+client_connection::client_connection(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls,
+                                     std::shared_ptr<net::tls_session_cache> sessions)
+    : tls_ctx_(std::move(tls)), sessions_(std::move(sessions)) {
     if (tls_ctx_)
         tls_ = std::make_unique<net::tls_stream>(ex, *tls_ctx_);
     else
@@ -48,6 +49,7 @@ net::awaitable<result<void>> client_connection::connect(const origin& o,
     if (!tls_) co_return result<void>{};
 
     if (auto p = net::prepare_tls_client(*tls_, o.host); !p) co_return p.err();
+    if (sessions_) sessions_->attach(*tls_);
     auto [hec] = co_await tls_->async_handshake(asio::ssl::stream_base::client);
     if (hec) {
         bool verify = SSL_get_verify_result(tls_->native_handle()) != X509_V_OK;
@@ -56,6 +58,7 @@ net::awaitable<result<void>> client_connection::connect(const origin& o,
         if (verify) co_return error(net::errc::tls_verify_failed, std::move(why));
         co_return error(hec, std::move(why));
     }
+    resumed_ = net::tls_session_resumed(*tls_);
     co_return result<void>{};
 }
 

@@ -21,8 +21,10 @@ namespace cg::http {
 
 class client_connection {
   public:
-    // `tls` null → plain TCP. The context must outlive the connection.
-    client_connection(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls);
+    // `tls` null → plain TCP. The context must outlive the connection. `sessions` (TLS only, may be null):
+    // the origin's session cache — the handshake offers its session and new ones are kept there.
+    client_connection(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls,
+                      std::shared_ptr<net::tls_session_cache> sessions = nullptr);
     ~client_connection();
     client_connection(const client_connection&) = delete;
     client_connection& operator=(const client_connection&) = delete;
@@ -48,6 +50,8 @@ class client_connection {
     void abort() noexcept;
     // Non-blocking check before reuse: the peer has neither closed nor sent anything unsolicited.
     bool idle_alive();
+    // After connect(): the TLS handshake resumed a cached session (abbreviated handshake).
+    bool resumed() const noexcept { return resumed_; }
 
     std::chrono::steady_clock::time_point idle_since{};
 
@@ -55,12 +59,14 @@ class client_connection {
     net::tcp_socket& lowest() noexcept;
 
     std::shared_ptr<asio::ssl::context> tls_ctx_;
+    std::shared_ptr<net::tls_session_cache> sessions_;
     std::unique_ptr<net::tls_stream> tls_;
     std::unique_ptr<net::tcp_socket> tcp_;
     std::string buf_;          // bytes read past the parser
     std::string out_;          // the serialized request (reused)
     std::vector<char> chunk_;  // read scratch (reused)
     bool reusable_ = false;
+    bool resumed_ = false;
 };
 
 }  // namespace cg::http

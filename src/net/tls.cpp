@@ -28,7 +28,54 @@ bool is_ip_literal(const std::string& host) {
     return !ec;
 }
 
+// SSL ex_data slot holding the stream's tls_session_cache (absent: the stream keeps no sessions).
+int cache_index() {
+    static const int idx = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
+    return idx;
+}
+
+// OpenSSL hands over a new session (after a verified full handshake, or a TLS 1.3 ticket read later). The
+// cache keeps a copy: the object given is still the connection's own, and closing that connection without
+// close_notify (how an idle keep-alive connection is dropped) marks it not resumable. Returns 0: OpenSSL
+// keeps its reference.
+int on_new_session(SSL* ssl, SSL_SESSION* s) {
+    auto* cache = static_cast<tls_session_cache*>(SSL_get_ex_data(ssl, cache_index()));
+    if (!cache) return 0;
+    if (SSL_SESSION* copy = SSL_SESSION_dup(s)) cache->store(copy);
+    return 0;
+}
+
 }  // namespace
+
+tls_session_cache::~tls_session_cache() {
+    if (session_) SSL_SESSION_free(session_);
+}
+
+void tls_session_cache::attach(tls_stream& stream) {
+    SSL* ssl = stream.native_handle();
+    SSL_set_ex_data(ssl, cache_index(), this);
+    std::lock_guard lock(m_);
+    if (session_ && SSL_SESSION_is_resumable(session_)) SSL_set_session(ssl, session_);  // takes its own ref
+}
+
+void tls_session_cache::store(SSL_SESSION* s) noexcept {
+    SSL_SESSION* old = nullptr;
+    {
+        std::lock_guard lock(m_);
+        old = session_;
+        session_ = s;
+    }
+    if (old) SSL_SESSION_free(old);
+}
+
+bool tls_session_cache::has_session() const {
+    std::lock_guard lock(m_);
+    return session_ != nullptr;
+}
+
+bool tls_session_resumed(tls_stream& stream) {
+    return SSL_session_reused(stream.native_handle()) == 1;
+}
 
 result<std::shared_ptr<asio::ssl::context>> make_tls_client_context(const tls_client_options& opts) {
     auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
@@ -44,6 +91,11 @@ result<std::shared_ptr<asio::ssl::context>> make_tls_client_context(const tls_cl
     }
     ctx->set_verify_mode(asio::ssl::verify_peer, ec);
     if (ec) return error(errc::tls_setup_failed, ec.message());
+    // Sessions go to the stream's tls_session_cache (if it has one) through the callback, never to
+    // OpenSSL's own context-wide store (which would not know which origin a session belongs to).
+    SSL_CTX_set_session_cache_mode(ctx->native_handle(),
+                                   SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+    SSL_CTX_sess_set_new_cb(ctx->native_handle(), on_new_session);
     return ctx;
 }
 

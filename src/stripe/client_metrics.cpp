@@ -88,6 +88,10 @@ client_metrics::client_metrics(metrics::registry& reg)
     handshakes_ =
         &reg.counter("chargeguard_stripe_tls_handshakes_total", "TLS handshakes completed with Stripe")
              .Add({});
+    resumed_ =
+        &reg.counter("chargeguard_stripe_tls_resumed_total",
+                     "TLS handshakes with Stripe that resumed a cached session (no certificate exchanged)")
+             .Add({});
     open_ = &reg.gauge("chargeguard_stripe_connections_open",
                        "Connections to Stripe open (idle, busy or connecting)")
                  .Add({});
@@ -145,6 +149,10 @@ void client_metrics::finished(operation op, outcome_class cls, std::chrono::stea
 }
 
 void client_metrics::sync(const http::client_stats& s) {
+    if (s.resumed > resumed_seen_) {
+        resumed_->Increment(static_cast<double>(s.resumed - resumed_seen_));
+        resumed_seen_ = s.resumed;
+    }
     if (s.handshakes > handshakes_seen_) {
         handshakes_->Increment(static_cast<double>(s.handshakes - handshakes_seen_));
         handshakes_seen_ = s.handshakes;

@@ -54,7 +54,7 @@ class client_metrics {
     void paced(std::chrono::steady_clock::duration waited);
     void rate_limit(double rps);
     void throttled();
-    // Brings tls_handshakes_total and the connection gauges up to the client's counters.
+    // Brings tls_handshakes_total, tls_resumed_total and the connection gauges up to the client's counters.
     void sync(const http::client_stats& s);
 
   private:
@@ -64,6 +64,7 @@ class client_metrics {
     std::array<metrics::Counter*, operation_count> attempts_{};
     std::array<metrics::Counter*, operation_count> replays_{};
     metrics::Counter* handshakes_ = nullptr;
+    metrics::Counter* resumed_ = nullptr;
     metrics::Histogram* pace_wait_ = nullptr;
     metrics::Counter* paced_waits_ = nullptr;
     metrics::Gauge* rate_limit_ = nullptr;
@@ -71,7 +72,7 @@ class client_metrics {
     metrics::Gauge* open_ = nullptr;
     metrics::Gauge* idle_ = nullptr;
     // What this client has reported so far (the shares it adds to the shared series).
-    std::uint64_t handshakes_seen_ = 0, open_seen_ = 0, idle_seen_ = 0;
+    std::uint64_t handshakes_seen_ = 0, resumed_seen_ = 0, open_seen_ = 0, idle_seen_ = 0;
 };
 
 }  // namespace cg::stripe

@@ -5,14 +5,18 @@ charges/s, publish → charged latency, event-loop lag p99 (from /metrics), CPU-
 nsqd-side timeouts under a 120 s Stripe stall, and 3 sidecars sharing a 25/s Stripe endpoint limit.
 
 Usage: pipeline [--quick] [--only throughput|stall|sidecars] [--latency MS]… [--max-in-flight N]… [--repeat N]
+                [--stripe-max-connections N]
                 [--consume-arg=--flag=value]… [--build DIR]
 Built into build/tests/bench/pipeline/pipeline; not run by meson test. Prints one table row per run; each
 throughput row is followed by the CPU seconds per 1 000 charges of every process (consume, PostgreSQL, nsqd,
 fake-stripe) and the event loop thread's running / waiting-for-a-CPU shares.
 """
-import argparse, json, os, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, shlex, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# --consume-prefix: a command consume runs under (valgrind --tool=callgrind …), for instruction counts that
+# the shared machine's load does not blur.
+CONSUME_PREFIX = []
 
 
 def free_port():
@@ -82,7 +86,7 @@ class stack:
     def consume(self, idx, args):
         health = free_port()
         env = dict(os.environ, STRIPE_API_KEY="sk_test_bench", PGDATABASE=self.db, CHARGEGUARD_LOG_LEVEL="warn")
-        argv = [os.path.join(self.build, "src/app/chargeguard"), "consume", "--topic", "billing", "--channel",
+        argv = [*CONSUME_PREFIX, os.path.join(self.build, "src/app/chargeguard"), "consume", "--topic", "billing", "--channel",
                 "chargeguard", "--nsqd-tcp-address", f"127.0.0.1:{self.nsq_tcp}", "--migrate",
                 "--stripe-api-base", f"https://127.0.0.1:{self.stripe_port}", "--stripe-ca-file",
                 os.path.join(self.certs, "ca.pem"), "--health-listen", f"127.0.0.1:{health}",
@@ -181,6 +185,14 @@ def failure_note(st, c, n, got):
 def metrics(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
         return r.read().decode()
+
+
+def counter(text, name):
+    """A label-less Prometheus counter's value (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{}"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def hist_quantile(text, name, q):
@@ -285,7 +297,7 @@ def latencies(st, sent):
     return pick(0.5), pick(0.99), end
 
 
-def throughput(build, latency_ms, mif, n, extra=()):
+def throughput(build, latency_ms, mif, n, extra=(), max_connections=None):
     st = stack(build, f"t{latency_ms}_{mif}")
     try:
         st.fake_stripe(latency_ms)
@@ -294,9 +306,13 @@ def throughput(build, latency_ms, mif, n, extra=()):
         # No slow start: this measures the pipeline, not the ramp-up (fake-stripe has no limit here; AIMD stays
         # armed for a 429).
         c = st.consume(0, ["--max-in-flight", str(mif), "--stripe-request-timeout", "30",
-                           "--stripe-max-connections", str(max(mif, 16)), "--stripe-rate-initial", "0", *extra])
+                           "--stripe-max-connections", str(max_connections or max(mif, 16)), "--stripe-rate-initial", "0",
+                           *extra])
         cpu0, _ = proc_usage(c.pid)
         split0, sched0 = cpu_split(st, c), main_thread_sched(c.pid)
+        callgrind = any("callgrind" in w for w in CONSUME_PREFIX)
+        if callgrind:  # count the charges only: start-up (migrations, TLS contexts) is left out
+            subprocess.run(["callgrind_control", "--zero", str(c.pid)], capture_output=True, check=True)
         evs = events(n, f"t{latency_ms}-{mif}")
         start = time.time()
         sent = st.publish(evs)
@@ -305,6 +321,8 @@ def throughput(build, latency_ms, mif, n, extra=()):
             print(f"| {latency_ms} ms | {mif} | {n} | {failure_note(st, c, n, got)} | | | | | {st.nsq_kind} |", flush=True)
             return
         p50, p99, end = latencies(st, sent)
+        if callgrind:  # a dump of exactly these n charges (callgrind_annotate it; Ir / n = instructions per charge)
+            subprocess.run(["callgrind_control", "--dump=charges", str(c.pid)], capture_output=True, check=True)
         cpu1, rss = proc_usage(c.pid)
         split1, sched1 = cpu_split(st, c), main_thread_sched(c.pid)
         m = metrics(c.health)
@@ -320,7 +338,9 @@ def throughput(build, latency_ms, mif, n, extra=()):
                           if split1[k] is not None and split0.get(k) is not None)
         print(f"|   | | | CPU-s / 1000 charges: {parts}; event loop thread over {wall:.1f} s: running "
               f"{(sched1[0] - sched0[0]) / wall * 100:.0f} %, runnable but waiting for a CPU "
-              f"{(sched1[1] - sched0[1]) / wall * 100:.0f} %; load {os.getloadavg()[0]:.1f} | | | | | |", flush=True)
+              f"{(sched1[1] - sched0[1]) / wall * 100:.0f} %; load {os.getloadavg()[0]:.1f}; Stripe TLS handshakes "
+              f"{counter(m, 'chargeguard_stripe_tls_handshakes_total'):.0f} (resumed "
+              f"{counter(m, 'chargeguard_stripe_tls_resumed_total'):.0f}) | | | | | |", flush=True)
     finally:
         st.close()
 
@@ -379,9 +399,15 @@ def main():
     ap.add_argument("--max-in-flight", type=int, action="append", dest="mifs")
     ap.add_argument("--consume-arg", action="append", default=[],
                     help="extra argument for the throughput runs' consume (repeatable), e.g. --consume-arg=--offload-threads=1")
+    ap.add_argument("--stripe-max-connections", type=int, dest="max_connections",
+                    help="throughput runs' Stripe pool size (default: max(--max-in-flight, 16)); a smaller pool trades "
+                         "Stripe concurrency for fewer TLS connections (handshakes, buffers, epoll set)")
+    ap.add_argument("--consume-prefix", default="",
+                    help="run consume under this command, e.g. 'valgrind --tool=callgrind --callgrind-out-file=F'")
     ap.add_argument("--repeat", type=int, default=1, help="run each throughput row this many times")
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
+    CONSUME_PREFIX[:] = shlex.split(a.consume_prefix)
     if not os.environ.get("PGHOST"):
         print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
         return 0
@@ -393,7 +419,7 @@ def main():
             for mif in a.mifs or [100, 1000, 2000]:
                 n = (2000 if a.quick else 20000) if lat == 0 else max(2000 if a.quick else 10000, mif * 8)
                 for _ in range(a.repeat):
-                    throughput(a.build, lat, mif, n, a.consume_arg)
+                    throughput(a.build, lat, mif, n, a.consume_arg, a.max_connections)
     if a.only in (None, "stall"):
         stall(a.build, 50 if a.quick else 200)
     if a.only in (None, "sidecars"):

@@ -386,6 +386,27 @@ BOOST_AUTO_TEST_CASE(pool_limit_bounds_connections) {
     BOOST_TEST(c->stats().open == 2u);
 }
 
+// New connections are set up at most 8 at a time (a burst against a fast origin is served by the connections
+// coming back instead of opening one per request), yet a slow origin still gets the whole pool: 40 requests
+// that each hold their connection for 400 ms all run at once, on 40 connections.
+BOOST_AUTO_TEST_CASE(pool_grows_to_its_limit_a_few_connects_at_a_time) {
+    fixture f;
+    f.start(true);
+    http::client_options o;
+    o.max_connections = 40;
+    auto c = f.client(true, o);
+    std::vector<http::client_result> results(40);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        latch l(f.io, static_cast<int>(results.size()));
+        for (auto& r : results)
+            asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=400", &r, &l), asio::detached);
+        co_await l.wait();
+    });
+    for (auto& r : results) BOOST_TEST(r.ok(), r.err.describe());
+    BOOST_TEST(f.log.max_active == 40);
+    BOOST_TEST(c->stats().connects == 40u);
+}
+
 BOOST_AUTO_TEST_CASE(pool_wait_counts_against_the_request_timeout) {
     fixture f;
     f.start(false);
@@ -419,6 +440,35 @@ BOOST_AUTO_TEST_CASE(connection_close_is_honoured) {
         BOOST_TEST(!b.reused_connection);
     });
     BOOST_TEST(c->stats().handshakes == 2u);
+}
+
+// A pool's second connection resumes the TLS session the first one was given: no certificate exchanged, so
+// neither side redoes the chain parsing, verification and signature (most of a handshake's CPU). The first
+// connection of a client never resumes (a new client starts with an empty cache), and a resumed connection
+// carries requests like any other.
+BOOST_AUTO_TEST_CASE(a_new_tls_connection_resumes_the_origin_session) {
+    fixture f;
+    f.start(true);
+    auto c = f.client(true);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto a = co_await c->request(get("/close"));
+        BOOST_TEST(a.ok());
+        BOOST_TEST(c->stats().resumed == 0u);
+        auto b = co_await c->request(get("/echo"));
+        BOOST_TEST_REQUIRE(b.ok());
+        BOOST_TEST(b.resp.status == 200);
+        BOOST_TEST(!b.reused_connection);
+    });
+    BOOST_TEST(c->stats().handshakes == 2u);
+    BOOST_TEST(c->stats().resumed == 1u);
+
+    auto other = f.client(true);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto a = co_await other->request(get("/echo"));
+        BOOST_TEST(a.ok());
+    });
+    BOOST_TEST(other->stats().handshakes == 1u);
+    BOOST_TEST(other->stats().resumed == 0u);
 }
 
 // Answers one request per connection with a keep-alive response, then closes: a server whose idle
