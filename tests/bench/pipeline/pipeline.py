@@ -405,6 +405,9 @@ def main():
     ap.add_argument("--consume-prefix", default="",
                     help="run consume under this command, e.g. 'valgrind --tool=callgrind --callgrind-out-file=F'")
     ap.add_argument("--repeat", type=int, default=1, help="run each throughput row this many times")
+    ap.add_argument("--waves", type=int, default=8,
+                    help="at 300 ms: events = max(10 000, WAVES × --max-in-flight); more waves weigh the start-up "
+                         "(RDY ramp, the Stripe pool's TLS connects) and the last wave's tail less against the steady state")
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
     CONSUME_PREFIX[:] = shlex.split(a.consume_prefix)
@@ -417,7 +420,7 @@ def main():
         print("|---|---|---|---|---|---|---|---|---|")
         for lat in a.latency or [0, 300]:
             for mif in a.mifs or [100, 1000, 2000]:
-                n = (2000 if a.quick else 20000) if lat == 0 else max(2000 if a.quick else 10000, mif * 8)
+                n = (2000 if a.quick else 20000) if lat == 0 else max(2000 if a.quick else 10000, mif * a.waves)
                 for _ in range(a.repeat):
                     throughput(a.build, lat, mif, n, a.consume_arg, a.max_connections)
     if a.only in (None, "stall"):
