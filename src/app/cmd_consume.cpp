@@ -240,7 +240,18 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     // --max-in-flight above the pool's default waiter bound, a busy pool would otherwise fail deliveries
     // (requeued_postgres) instead of queueing them.
     auto pool = start_pool(rt, f.pg, false, static_cast<std::size_t>(ncfg.max_in_flight) + 16);
-    billing::ledger ledger(pool);
+    // Group-commit statements by size: how many deliveries shared each pre-flight insert and settle (1 when
+    // the database keeps up; large when deliveries queue for a slot).
+    auto& batch_rows = rt.metrics().histogram("chargeguard_ledger_batch_rows",
+                                              "Rows per group-commit ledger statement, by statement");
+    prometheus::Histogram::BucketBoundaries rows_buckets{1, 2, 4, 8, 16, 32, 64, 128, 256};
+    auto& preflight_rows = batch_rows.Add({{"statement", "preflight"}}, rows_buckets);
+    auto& settle_rows = batch_rows.Add({{"statement", "settle"}}, rows_buckets);
+    billing::ledger_options lopts;
+    lopts.on_batch = [&preflight_rows, &settle_rows](std::string_view statement, std::size_t rows) {
+        (statement == "preflight" ? preflight_rows : settle_rows).Observe(static_cast<double>(rows));
+    };
+    billing::ledger ledger(pool, std::move(lopts));
     billing::pipeline pipeline(std::move(bcfg), ledger, **stripe, log, &rt.metrics());
     nsq::consumer consumer(
         rt.io().get_executor(), ncfg,

@@ -448,10 +448,17 @@ struct ledger::batchers {
 
 ledger::ledger(std::shared_ptr<pg::pool> pool, ledger_options opts) : pool_(std::move(pool)), opts_(opts) {
     if (!opts_.batch.enabled) return;
+    auto options_for = [this](std::string_view statement) {
+        auto o = opts_.batch;
+        if (opts_.on_batch)
+            o.on_statement = [f = opts_.on_batch, statement](std::size_t rows) { f(statement, rows); };
+        return o;
+    };
     batch_ = std::make_shared<batchers>();
-    batch_->preflight =
-        std::make_shared<group_commit<preflight_req, preflight_out, preflight_runner>>(pool_, opts_.batch);
-    batch_->settle = std::make_shared<group_commit<settle_req, bool, settle_runner>>(pool_, opts_.batch);
+    batch_->preflight = std::make_shared<group_commit<preflight_req, preflight_out, preflight_runner>>(
+        pool_, options_for("preflight"));
+    batch_->settle =
+        std::make_shared<group_commit<settle_req, bool, settle_runner>>(pool_, options_for("settle"));
 }
 
 ledger::~ledger() = default;

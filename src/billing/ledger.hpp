@@ -21,9 +21,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "billing/decision.hpp"
 #include "billing/event.hpp"
@@ -80,6 +82,8 @@ struct dead_letter {
 
 struct ledger_options {
     batch_options batch;
+    // Called with "preflight" or "settle" and the row count of each group-commit statement (metrics).
+    std::function<void(std::string_view statement, std::size_t rows)> on_batch;
 };
 
 // What the ledger's batchers did so far.

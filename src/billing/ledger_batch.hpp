@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -41,6 +42,8 @@ struct batch_options {
     bool enabled = true;            // false: every call runs its single-row statement
     std::size_t max_rows = 256;     // callers per statement
     std::size_t max_in_flight = 2;  // batches of one kind running at once (pooled connections)
+    // Called on the main executor with each batch's row count as it is sent (metrics); may be empty.
+    std::function<void(std::size_t rows)> on_statement;
 };
 
 // What a batcher did so far (tests and benchmarks read it).
@@ -136,6 +139,7 @@ class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, 
             }
             ++self->counters_.statements;
             self->counters_.rows += batch.size();
+            if (self->opts_.on_statement) self->opts_.on_statement(batch.size());
             std::vector<Req> reqs;
             reqs.reserve(batch.size());
             for (auto& w : batch) reqs.push_back(std::move(w->req));  // the waiter needs only its result now

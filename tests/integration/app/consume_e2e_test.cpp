@@ -186,7 +186,8 @@ BOOST_FIXTURE_TEST_CASE(charges_each_pair_once_dead_letters_invalid_and_drains, 
 
         // Every delivery got exactly one verdict: FINs are charged + duplicates + dead letters, REQs are the
         // duplicates that found their original's lease held.
-        auto out = outcomes(co_await scrape(c));
+        auto fams = co_await scrape(c);
+        auto out = outcomes(fams);
         BOOST_TEST(out["charged"] == 150);
         BOOST_TEST(out["duplicate_prevented"] == 50);
         BOOST_TEST(out["dead_lettered"] == 3);
@@ -194,6 +195,16 @@ BOOST_FIXTURE_TEST_CASE(charges_each_pair_once_dead_letters_invalid_and_drains, 
         double total = 0;
         for (const auto& [k, v] : out) total += v;
         BOOST_TEST(total == static_cast<double>(ch.finish_count + ch.requeue_count));
+        // Group commit: every valid delivery's pre-flight insert and every charge's settle went through a
+        // ledger batch, whatever their sizes (the invalid lines never reach the ledger).
+        std::map<std::string, double> batch_rows;
+        auto rows_it = fams.find("chargeguard_ledger_batch_rows");
+        BOOST_TEST_REQUIRE((rows_it != fams.end()));
+        for (const auto& s : rows_it->second.samples)
+            if (s.name == "chargeguard_ledger_batch_rows_sum")
+                batch_rows[s.labels.at("statement")] += s.value;
+        BOOST_TEST(batch_rows["preflight"] == total - out["dead_lettered"]);
+        BOOST_TEST(batch_rows["settle"] == out["charged"]);
 
         co_await terminate_cleanly(c);
         auto after = counts();

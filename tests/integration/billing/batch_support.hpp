@@ -26,6 +26,13 @@ inline billing::ledger_options one_slot() {
     return o;
 }
 
+// Every call its own single-row statement (the reference the batches are compared with).
+inline billing::ledger_options unbatched() {
+    billing::ledger_options o;
+    o.batch.enabled = false;
+    return o;
+}
+
 inline billing::new_record record_for(const std::string& customer, const std::string& period,
                                       std::int64_t amount, const std::string& message_id,
                                       const std::string& ns = test::key_namespace) {

@@ -61,7 +61,12 @@ BOOST_AUTO_TEST_SUITE(billing_ledger_batch)
 // (another connection reads all 20 the moment the first caller continues: write-before-call).
 BOOST_AUTO_TEST_CASE(concurrent_preflights_share_a_statement_and_resume_after_commit) {
     fixture f;
-    billing::ledger l(f.pg, one_slot());
+    std::vector<std::pair<std::string, std::size_t>> hook;  // what the metrics hook heard
+    auto opts = one_slot();
+    opts.on_batch = [&hook](std::string_view statement, std::size_t rows) {
+        hook.emplace_back(std::string(statement), rows);
+    };
+    billing::ledger l(f.pg, std::move(opts));
     constexpr int n = 20;
     std::vector<billing::new_record> recs;
     std::vector<std::string> keys;
@@ -81,6 +86,8 @@ BOOST_AUTO_TEST_CASE(concurrent_preflights_share_a_statement_and_resume_after_co
     auto c = l.batch_counters().preflight;
     BOOST_TEST(c.rows == static_cast<std::uint64_t>(n + 1));
     BOOST_TEST(c.statements == 2u);  // the plug, then the 20 together
+    using heard = std::vector<std::pair<std::string, std::size_t>>;
+    BOOST_TEST((hook == heard{{"preflight", 1}, {"preflight", static_cast<std::size_t>(n)}}));
     for (int i = 0; i < n; ++i) {
         BOOST_TEST_REQUIRE(out[i].pf.has_value(), (out[i].pf ? "" : out[i].pf.err().describe()));
         const auto& pf = *out[i].pf;
@@ -103,7 +110,7 @@ BOOST_AUTO_TEST_CASE(concurrent_preflights_share_a_statement_and_resume_after_co
 // compared field by field with a ledger that runs single statements only.
 BOOST_AUTO_TEST_CASE(a_mixed_batch_gives_every_caller_its_single_statement_answer) {
     fixture f;
-    billing::ledger single(f.pg, billing::ledger_options{billing::batch_options{false, 1, 1}});
+    billing::ledger single(f.pg, unbatched());
     billing::ledger l(f.pg, one_slot());
 
     // Already in the ledger: charged under our key, and pending under another namespace's key.
@@ -254,7 +261,7 @@ BOOST_AUTO_TEST_CASE(a_failed_batch_fails_every_caller_and_writes_nothing) {
 // the single statement answers it.
 BOOST_AUTO_TEST_CASE(concurrent_settles_share_a_statement_and_answer_per_row) {
     fixture f;
-    billing::ledger single(f.pg, billing::ledger_options{billing::batch_options{false, 1, 1}});
+    billing::ledger single(f.pg, unbatched());
     billing::ledger l(f.pg, one_slot());
     std::vector<std::string> keys;
     for (int i = 0; i < 9; ++i) {  // the ninth: the plug
