@@ -11,6 +11,7 @@
 #include "batch_support.hpp"
 #include "net/timeout.hpp"
 #include "support/pg_main.hpp"
+#include "support/pg_server_ctl.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;
@@ -18,23 +19,11 @@ using namespace cg::test::batch;
 
 namespace {
 
-struct server_ctl {
-    std::string ctl, dir;
-    server_ctl() {
-        const char* c = std::getenv("CHARGEGUARD_TEST_PG_CTL");
-        const char* d = std::getenv("CHARGEGUARD_TEST_PG_DIR");
-        BOOST_TEST_REQUIRE((c && d),
-                           "CHARGEGUARD_TEST_PG_CTL and CHARGEGUARD_TEST_PG_DIR (ci/lib.sh) say how "
-                           "to restart the server");
-        ctl = c;
-        dir = d;
-    }
+struct server_ctl : test::pg_server_ctl {
+    server_ctl() : pg_server_ctl("restart the server") {}
 };
 
-// On the offload pool: pg_ctl waits, the loop must not.
-net::awaitable<int> run_ctl(const server_ctl* srv, std::string what) {
-    co_return std::system(("\"" + srv->ctl + "\" " + what + " \"" + srv->dir + "\" >/dev/null 2>&1").c_str());
-}
+using test::run_ctl;
 
 // Lets the plug go once the six callers queued behind it, then, once their batch's insert waits on the
 // blocker's row lock (seen in pg_stat_activity from another connection), restarts the server.

@@ -14,8 +14,6 @@ using namespace std::chrono_literals;
 using fixture = test::billing_fixture;
 using cg::test::event_json;
 
-using fixture = test::billing_fixture;
-
 // One slot: every caller arriving while a batch runs joins the next one. The first caller finds the slot
 // free and goes alone at once (no linger), so the tests start a "plug" first: a statement for an unrelated
 // row that another transaction holds locked until the callers under test have all queued behind it. Then

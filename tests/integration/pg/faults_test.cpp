@@ -25,6 +25,7 @@
 #include "pg/cancel.hpp"
 #include "pg/migrations.hpp"
 #include "support.hpp"
+#include "support/pg_server_ctl.hpp"
 #include "support/run_async.hpp"
 
 using namespace cg;
@@ -73,20 +74,8 @@ struct stopped_process {
     }
 };
 
-struct server_ctl {
-    std::string ctl, dir;
-    server_ctl() {
-        const char* c = std::getenv("CHARGEGUARD_TEST_PG_CTL");
-        const char* d = std::getenv("CHARGEGUARD_TEST_PG_DIR");
-        BOOST_TEST_REQUIRE((c && d),
-                           "CHARGEGUARD_TEST_PG_CTL and CHARGEGUARD_TEST_PG_DIR (ci/lib.sh) say how "
-                           "to stop and start the server");
-        ctl = c;
-        dir = d;
-    }
-    int run(const std::string& what) const {
-        return std::system(("\"" + ctl + "\" " + what + " \"" + dir + "\" >/dev/null 2>&1").c_str());
-    }
+struct server_ctl : test::pg_server_ctl {
+    server_ctl() : pg_server_ctl("stop and start the server") {}
     pid_t postmaster() const {
         std::ifstream f(dir + "/data/postmaster.pid");
         long pid = 0;
@@ -95,10 +84,7 @@ struct server_ctl {
     }
 };
 
-// Runs the server control script on an offload thread (pg_ctl waits; the loop must not).
-net::awaitable<int> run_ctl(const server_ctl* srv, std::string what) {
-    co_return srv->run(what);
-}
+using test::run_ctl;
 
 // Polls `cond` on timers (never blocking the loop) until it holds or `limit` passes.
 template <typename Cond>
