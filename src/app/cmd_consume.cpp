@@ -38,6 +38,7 @@ struct pipeline_flags {
     std::string retry_same_key_delay = "5s";
     std::string indeterminate_delay = "30s";
     std::string search_failed_delay = "30s";
+    std::string group_commit_linger_max = "2ms";
 };
 
 struct consume_flags {
@@ -71,6 +72,10 @@ void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
     cmd.add_option("--search-failed-delay", f.search_failed_delay,
                    "REQ delay when the recovery search of the customer's charges failed")
         ->capture_default_str();
+    cmd.add_option("--group-commit-linger-max", f.group_commit_linger_max,
+                   "longest a ledger group-commit statement waits for more rows (it waits 1% of the recent "
+                   "Stripe call time, up to this; 0 = never waits)")
+        ->capture_default_str();
 }
 
 milliseconds duration_in_range(const char* flag, const std::string& v, milliseconds min, milliseconds max) {
@@ -101,6 +106,8 @@ billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
     c.retry_same_key_delay = duration_in_range("--retry-same-key-delay", f.retry_same_key_delay, 0ms, 1h);
     c.indeterminate_delay = duration_in_range("--indeterminate-delay", f.indeterminate_delay, 0ms, 1h);
     c.stripe_unavailable_delay = duration_in_range("--search-failed-delay", f.search_failed_delay, 0ms, 1h);
+    c.group_commit_linger_max =
+        duration_in_range("--group-commit-linger-max", f.group_commit_linger_max, 0ms, 100ms);
     if (const char* pause = std::getenv("CHARGEGUARD_TEST_STEP_PAUSE_MS"))
         c.test_step_pause = milliseconds(std::clamp(std::atoll(pause), 0LL, 1000LL));
     return c;
@@ -198,6 +205,7 @@ void log_effective_config(const logger& log, const consume_flags& f, const nsq::
          {"lease_ms", b.lease.count()},
          {"lease_renew_interval_ms", b.lease_renew_interval.count()},
          {"lease_held_delay_ms", b.lease_held_delay.count()},
+         {"group_commit_linger_max_us", b.group_commit_linger_max.count()},
          {"test_step_pause_ms", b.test_step_pause.count()},
          {"health_listen", f.rt.health_listen},
          {"offload_threads", o.offload_threads},

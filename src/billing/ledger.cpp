@@ -450,6 +450,7 @@ ledger::ledger(std::shared_ptr<pg::pool> pool, ledger_options opts) : pool_(std:
     if (!opts_.batch.enabled) return;
     auto options_for = [this](std::string_view statement) {
         auto o = opts_.batch;
+        if (!o.linger) o.linger = [linger = linger_] { return *linger; };
         if (opts_.on_batch)
             o.on_statement = [f = opts_.on_batch, statement](std::size_t rows) { f(statement, rows); };
         return o;

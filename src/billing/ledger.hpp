@@ -158,6 +158,10 @@ class ledger {
 
     const std::shared_ptr<pg::pool>& pool() const noexcept { return pool_; }
     ledger_batch_counters batch_counters() const;
+    // How long a group-commit statement that found a free slot waits for more rows (batch_options.linger);
+    // the pipeline keeps it at 1 % of the recent Stripe call time. Main executor only.
+    void set_linger(std::chrono::microseconds wait) noexcept { *linger_ = wait; }
+    std::chrono::microseconds linger() const noexcept { return *linger_; }
 
     // The batchers (ledger.cpp).
     struct batchers;
@@ -171,6 +175,7 @@ class ledger {
 
     std::shared_ptr<pg::pool> pool_;
     ledger_options opts_;
+    std::shared_ptr<std::chrono::microseconds> linger_ = std::make_shared<std::chrono::microseconds>(0);
     std::shared_ptr<batchers> batch_;
 };
 

@@ -279,10 +279,19 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
     co_await (call_stripe(build_request(r.ev, r.key, r.generation), out, keeper) && keep_lease(r, keeper));
     r.log.debug("Stripe answered", {{"outcome", stripe::to_string(out.cls)}, {"charge_id", out.charge_id}});
     co_await test_pause();  // between Stripe's answer and the ledger update
-    if (metrics_)
-        metrics_->stripe_duration->Observe(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
+    auto took = std::chrono::steady_clock::now() - began;
+    note_stripe_time(took);
+    if (metrics_) metrics_->stripe_duration->Observe(std::chrono::duration<double>(took).count());
     co_return co_await settle(r, out);
+}
+
+// The group-commit wait follows Stripe's pace: 1 % of the average call time, capped (pipeline_config).
+void pipeline::note_stripe_time(std::chrono::steady_clock::duration took) {
+    double us = std::chrono::duration<double, std::micro>(took).count();
+    stripe_time_avg_us_ += (us - stripe_time_avg_us_) / 16.0;
+    auto cap = static_cast<double>(cfg_.group_commit_linger_max.count());
+    ledger_.set_linger(
+        std::chrono::microseconds(static_cast<std::int64_t>(std::min(cap, stripe_time_avg_us_ / 100.0))));
 }
 
 net::awaitable<void> pipeline::call_stripe(create_request req, stripe::charge_outcome& out, lease_keeper& k) {

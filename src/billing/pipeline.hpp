@@ -71,6 +71,10 @@ struct pipeline_config {
     // is written, after Stripe answers and after the ledger is updated, so the kills of a chaos run land in
     // every window between those steps rather than only in the Stripe call. 0: off.
     std::chrono::milliseconds test_step_pause{0};
+    // Group commit: the ledger's statements wait for company up to 1 % of the recent Stripe call time (an
+    // exponential average), never longer than this; 0 turns the wait off. A delivery takes two statements,
+    // so the wait adds at most ~2 % to its time while Stripe is slow — when batching saves the most.
+    std::chrono::microseconds group_commit_linger_max{2'000};
     // "Now" for the decision table (tests move it); leases always use the database clock.
     std::function<sys_time()> now = [] { return std::chrono::system_clock::now(); };
 };
@@ -122,6 +126,7 @@ class pipeline {
     net::awaitable<void> keep_lease(run& r, lease_keeper& k);
     verdict postgres_failed(run& r, const error& e, std::string_view step);
     verdict count(verdict v);
+    void note_stripe_time(std::chrono::steady_clock::duration took);
 
     pipeline_config cfg_;
     billing::ledger& ledger_;
@@ -129,6 +134,7 @@ class pipeline {
     logger log_;
     std::unique_ptr<metrics_set> metrics_;
     std::mt19937_64 rng_{std::random_device{}()};  // requeue jitter; used on the pipeline's executor only
+    double stripe_time_avg_us_ = 0;                // exponential average of Stripe call times (µs)
 };
 
 }  // namespace cg::billing

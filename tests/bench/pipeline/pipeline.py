@@ -195,13 +195,22 @@ def counter(text, name):
     return 0.0
 
 
-def hist_quantile(text, name, q):
-    """The upper bound of the bucket holding quantile q of a Prometheus histogram (no labels)."""
+def hist_buckets(text, name):
     buckets = []
     for line in text.splitlines():
         if line.startswith(name + "_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    return buckets
+
+
+def hist_quantile(text, name, q, before=None):
+    """The upper bound of the bucket holding quantile q of a Prometheus histogram (no labels); with `before`
+    (an earlier scrape of the same process), of what was observed between the two scrapes only."""
+    buckets = hist_buckets(text, name)
+    if before is not None:
+        earlier = dict(hist_buckets(before, name))
+        buckets = [(le, n - earlier.get(le, 0.0)) for le, n in buckets]
     if not buckets or buckets[-1][1] == 0:
         return float("nan")
     total = buckets[-1][1]
@@ -217,6 +226,14 @@ def counter(text, name, match=""):
         if line.startswith(name) and match in line and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def batch_rows(text, statement):
+    """Mean rows per ledger group-commit statement of one kind (chargeguard_ledger_batch_rows)."""
+    tag = f'statement="{statement}"'
+    rows = counter(text, "chargeguard_ledger_batch_rows_sum", tag)
+    stmts = counter(text, "chargeguard_ledger_batch_rows_count", tag)
+    return rows / stmts if stmts else float("nan")
 
 
 def proc_usage(pid):
@@ -273,6 +290,60 @@ def main_thread_sched(pid):
         return 0.0, 0.0
 
 
+def postgres_pids():
+    """The PostgreSQL cluster's processes: the postmaster and its children (empty when not readable here)."""
+    try:
+        with open(os.path.join(psql("SHOW data_directory"), "postmaster.pid")) as f:
+            pm = int(f.readline())
+    except (OSError, RuntimeError, ValueError):
+        return []
+    pids = [pm]
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pm:
+                        pids.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return pids
+
+
+class pinned_loop:
+    """--pin-loop: consume's event-loop thread alone on the last CPU, every other thread of the run (consume's
+    offload threads, nsqd, fake-stripe, PostgreSQL, this script — new backends inherit the postmaster's mask) on the others.
+    Shows what the loop's own work costs it in lag once other processes cannot take its CPU. Undone on exit."""
+
+    def __init__(self, st, c):
+        cpus = sorted(os.sched_getaffinity(0))
+        self.loop_cpu, self.rest = {cpus[-1]}, set(cpus[:-1]) or {cpus[-1]}
+        self.saved = {}
+        tids = [int(t) for t in os.listdir(f"/proc/{c.pid}/task")]
+        for t in tids:
+            self.pin(t, self.loop_cpu if t == c.pid else self.rest)
+        for p in st.procs:
+            if p.pid != c.pid:
+                for t in os.listdir(f"/proc/{p.pid}/task"):
+                    self.pin(int(t), self.rest)
+        for pid in postgres_pids():
+            self.pin(pid, self.rest)
+        self.pin(os.getpid(), self.rest)  # this script and the psql it runs
+
+    def pin(self, tid, cpus):
+        try:
+            self.saved.setdefault(tid, os.sched_getaffinity(tid))
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
+
+    def undo(self):
+        for tid, cpus in self.saved.items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass
+
+
 def cpu_split(st, c):
     """CPU seconds so far of each process the run involves: consume, PostgreSQL, nsqd, fake-stripe."""
     out = {"consume": proc_cpu(c.pid), "postgres": postgres_cpu()}
@@ -297,8 +368,9 @@ def latencies(st, sent):
     return pick(0.5), pick(0.99), end
 
 
-def throughput(build, latency_ms, mif, n, extra=(), max_connections=None):
+def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_loop=False):
     st = stack(build, f"t{latency_ms}_{mif}")
+    pin = None
     try:
         st.fake_stripe(latency_ms)
         st.nsqd()
@@ -308,8 +380,11 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None):
         c = st.consume(0, ["--max-in-flight", str(mif), "--stripe-request-timeout", "30",
                            "--stripe-max-connections", str(max_connections or max(mif, 16)), "--stripe-rate-initial", "0",
                            *extra])
+        if pin_loop:
+            pin = pinned_loop(st, c)
         cpu0, _ = proc_usage(c.pid)
         split0, sched0 = cpu_split(st, c), main_thread_sched(c.pid)
+        m0 = metrics(c.health)  # lag is reported for the charging run only, not start-up
         callgrind = any("callgrind" in w for w in CONSUME_PREFIX)
         if callgrind:  # count the charges only: start-up (migrations, TLS contexts) is left out
             subprocess.run(["callgrind_control", "--zero", str(c.pid)], capture_output=True, check=True)
@@ -327,7 +402,7 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None):
         split1, sched1 = cpu_split(st, c), main_thread_sched(c.pid)
         m = metrics(c.health)
         rate = n / (end - start)
-        lag = hist_quantile(m, "chargeguard_event_loop_lag_seconds", 0.99)
+        lag = hist_quantile(m, "chargeguard_event_loop_lag_seconds", 0.99, before=m0)
         target = f"{0.9 * mif / 0.3:.0f}" if latency_ms == 300 else "5000"
         print(f"| {latency_ms} ms | {mif} | {n} | {rate:.0f} (target ≥ {target}) | {p50 * 1000:.0f} / {p99 * 1000:.0f} ms "
               f"| ≤ {lag * 1000:g} ms | {(cpu1 - cpu0) / n * 1000:.2f} | {rss:.0f} MiB | {st.nsq_kind} |", flush=True)
@@ -340,8 +415,12 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None):
               f"{(sched1[0] - sched0[0]) / wall * 100:.0f} %, runnable but waiting for a CPU "
               f"{(sched1[1] - sched0[1]) / wall * 100:.0f} %; load {os.getloadavg()[0]:.1f}; Stripe TLS handshakes "
               f"{counter(m, 'chargeguard_stripe_tls_handshakes_total'):.0f} (resumed "
-              f"{counter(m, 'chargeguard_stripe_tls_resumed_total'):.0f}) | | | | | |", flush=True)
+              f"{counter(m, 'chargeguard_stripe_tls_resumed_total'):.0f}); ledger rows per statement: "
+              + ", ".join(f"{k} {batch_rows(m, k):.1f}" for k in ("preflight", "settle"))
+              + ("; event loop pinned alone on a CPU" if pin else "") + " | | | | | |", flush=True)
     finally:
+        if pin:
+            pin.undo()
         st.close()
 
 
@@ -408,6 +487,9 @@ def main():
     ap.add_argument("--waves", type=int, default=8,
                     help="at 300 ms: events = max(10 000, WAVES × --max-in-flight); more waves weigh the start-up "
                          "(RDY ramp, the Stripe pool's TLS connects) and the last wave's tail less against the steady state")
+    ap.add_argument("--pin-loop", action="store_true",
+                    help="throughput runs with consume's event-loop thread alone on one CPU and everything else on the "
+                         "others: the lag it then shows is the loop's own work, not other processes taking its CPU")
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
     CONSUME_PREFIX[:] = shlex.split(a.consume_prefix)
@@ -422,7 +504,7 @@ def main():
             for mif in a.mifs or [100, 1000, 2000]:
                 n = (2000 if a.quick else 20000) if lat == 0 else max(2000 if a.quick else 10000, mif * a.waves)
                 for _ in range(a.repeat):
-                    throughput(a.build, lat, mif, n, a.consume_arg, a.max_connections)
+                    throughput(a.build, lat, mif, n, a.consume_arg, a.max_connections, a.pin_loop)
     if a.only in (None, "stall"):
         stall(a.build, 50 if a.quick else 200)
     if a.only in (None, "sidecars"):

@@ -303,6 +303,38 @@ BOOST_AUTO_TEST_CASE(postgres_unreachable_requeues_without_calling_stripe) {
     run_async(f.io, [&]() -> net::awaitable<void> { co_await dead_pool->close(); });
 }
 
+// The ledger's group-commit wait follows Stripe's pace: 1 % of the exponential average (weight 1/16) of the
+// Stripe call time, capped by group_commit_linger_max, and never a wait when the cap is 0.
+BOOST_AUTO_TEST_CASE(group_commit_linger_follows_stripe_call_time) {
+    fixture f;
+    BOOST_TEST(f.ledger->linger().count() == 0);  // no Stripe call yet: no wait
+    f.fake->faults().latency_ms = 200;
+    auto p = f.make_pipeline();
+    BOOST_TEST(reason(f.handle(*p, delivery_of(event_json("acme-lg1", "2026-11", 1000), "1a01"))) ==
+               "charged");
+    // One 200 ms call: average 200 ms / 16 = 12.5 ms, so 125 µs (a little more: the call took ≥ 200 ms).
+    auto one = f.ledger->linger();
+    BOOST_TEST(one >= std::chrono::microseconds(125));
+    BOOST_TEST(one < std::chrono::microseconds(250));
+    BOOST_TEST(reason(f.handle(*p, delivery_of(event_json("acme-lg2", "2026-11", 1000), "1a02"))) ==
+               "charged");
+    BOOST_TEST(f.ledger->linger() > one);  // the average climbs towards the call time
+
+    auto capped = f.config_for_pipeline();
+    capped.group_commit_linger_max = std::chrono::microseconds(40);
+    auto q = f.make_pipeline(capped);
+    BOOST_TEST(reason(f.handle(*q, delivery_of(event_json("acme-lg3", "2026-11", 1000), "1a03"))) ==
+               "charged");
+    BOOST_TEST(f.ledger->linger() == std::chrono::microseconds(40));
+
+    auto off = f.config_for_pipeline();
+    off.group_commit_linger_max = std::chrono::microseconds(0);
+    auto z = f.make_pipeline(off);
+    BOOST_TEST(reason(f.handle(*z, delivery_of(event_json("acme-lg4", "2026-11", 1000), "1a04"))) ==
+               "charged");
+    BOOST_TEST(f.ledger->linger().count() == 0);
+}
+
 // Stripe slower than the lease: the lease is renewed while the call is awaited, so a second pipeline handling
 // a redelivery meanwhile sees "lease held" and never POSTs. Without renewal it would take the expired lease
 // and POST under the same key (409 in use here; a second charge after a new generation in general).
