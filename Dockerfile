@@ -22,7 +22,7 @@ FROM ${BASE} AS build-source
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       meson ninja-build g++ pkg-config python3 libasio-dev libssl-dev libpq-dev libsimdjson-dev \
-      libboost-test-dev libhttp-parser-dev libcli11-dev prometheus-cpp-dev libjemalloc-dev ccache \
+      libboost-test-dev libhttp-parser-dev libcli11-dev prometheus-cpp-dev ccache \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY meson.build meson_options.txt ./

@@ -36,11 +36,38 @@ def psql(sql, db=None):
     return out.stdout.strip()
 
 
+class psql_session:
+    """One long-lived psql for the polls: a new psql per poll costs PostgreSQL ~30 ms of CPU for the backend's
+    start-up (measured here), which at ten polls a second took a fifth of a core from the run it measured."""
+
+    def __init__(self, db):
+        env = dict(os.environ, PGDATABASE=db)
+        self.p = subprocess.Popen(["psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"], env=env, text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=1)
+
+    def scalar(self, sql):
+        self.p.stdin.write(sql.rstrip().rstrip(";") + ";\n\\echo __done__\n")
+        self.p.stdin.flush()
+        out = []
+        for line in self.p.stdout:
+            if line.strip() == "__done__":
+                return "".join(out).strip()
+            out.append(line)
+        raise RuntimeError("psql session ended")
+
+    def close(self):
+        try:
+            self.p.stdin.close()
+            self.p.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.p.kill()
+
+
 class stack:
     """One run's processes; everything is killed and removed on exit."""
 
     def __init__(self, build, name):
-        self.build, self.name, self.procs = build, name, []
+        self.build, self.name, self.procs, self.session = build, name, [], None
         self.tmp = tempfile.mkdtemp(prefix="cg-bench-")
         self.db = f"cg_bench_{name}_{os.getpid()}"
         psql(f"DROP DATABASE IF EXISTS {self.db}")
@@ -120,9 +147,13 @@ class stack:
         return {}
 
     def charged(self):
-        return int(psql("SELECT count(*) FROM billing_records WHERE status = 'charged'", self.db) or 0)
+        if self.session is None:
+            self.session = psql_session(self.db)
+        return int(self.session.scalar("SELECT count(*) FROM billing_records WHERE status = 'charged'") or 0)
 
     def close(self):
+        if self.session is not None:
+            self.session.close()
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -158,11 +189,15 @@ def wait_for(cond, seconds, what):
     raise RuntimeError(f"timed out waiting for {what}")
 
 
-def wait_charged(st, n, stall_s=20, limit_s=600):
-    """Waits until n rows are charged; gives up when nothing moved for stall_s. Returns the count reached."""
+def wait_charged(st, n, stall_s=20, limit_s=600, marks=None):
+    """Waits until n rows are charged; gives up when nothing moved for stall_s. Returns the count reached.
+    `marks`: {fraction: callback(count, time)} called once when the charged count first reaches fraction × n."""
     last, moved, end = -1, time.time(), time.time() + limit_s
+    pending = sorted((marks or {}).items())
     while time.time() < end:
         got = st.charged()
+        while pending and got >= pending[0][0] * n:
+            pending.pop(0)[1](got, time.time())
         if got >= n:
             return got
         if got != last:
@@ -226,6 +261,31 @@ def counter(text, name, match=""):
         if line.startswith(name) and match in line and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def hist_mean(text, name, before=None):
+    """Mean of a label-less Prometheus histogram (between two scrapes when `before` is given)."""
+    total, n = counter(text, name + "_sum"), counter(text, name + "_count")
+    if before is not None:
+        total, n = total - counter(before, name + "_sum"), n - counter(before, name + "_count")
+    return total / n if n else float("nan")
+
+
+def hist_mean_any(text, name, before=None):
+    """Mean over every label set of a Prometheus histogram (between two scrapes when `before` is given)."""
+    def sums(t):
+        total = n = 0.0
+        for line in t.splitlines():
+            if line.startswith(name + "_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+            elif line.startswith(name + "_count"):
+                n += float(line.rsplit(" ", 1)[1])
+        return total, n
+    total, n = sums(text)
+    if before is not None:
+        t0, n0 = sums(before)
+        total, n = total - t0, n - n0
+    return total / n if n else float("nan")
 
 
 def batch_rows(text, statement):
@@ -391,7 +451,11 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
         evs = events(n, f"t{latency_ms}-{mif}")
         start = time.time()
         sent = st.publish(evs)
-        got = wait_charged(st, n)
+        # The steady state: charges/s and the Stripe call time between the 25 % and 75 % marks, which leave out
+        # the start (RDY ramp, the pool's TLS connects) and the last wave's tail.
+        steady = {}
+        mark = lambda key: (lambda count, t: steady.__setitem__(key, (count, t, metrics(c.health))))
+        got = wait_charged(st, n, marks={0.25: mark("from"), 0.75: mark("to")})
         if got < n:
             print(f"| {latency_ms} ms | {mif} | {n} | {failure_note(st, c, n, got)} | | | | | {st.nsq_kind} |", flush=True)
             return
@@ -403,6 +467,9 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
         m = metrics(c.health)
         rate = n / (end - start)
         lag = hist_quantile(m, "chargeguard_event_loop_lag_seconds", 0.99, before=m0)
+        (c_from, t_from, m_from), (c_to, t_to, m_to) = steady["from"], steady["to"]
+        steady_rate = (c_to - c_from) / (t_to - t_from) if t_to > t_from else float("nan")
+        steady_call = hist_mean(m_to, "chargeguard_billing_stripe_call_duration_seconds", m_from)
         target = f"{0.9 * mif / 0.3:.0f}" if latency_ms == 300 else "5000"
         print(f"| {latency_ms} ms | {mif} | {n} | {rate:.0f} (target ≥ {target}) | {p50 * 1000:.0f} / {p99 * 1000:.0f} ms "
               f"| ≤ {lag * 1000:g} ms | {(cpu1 - cpu0) / n * 1000:.2f} | {rss:.0f} MiB | {st.nsq_kind} |", flush=True)
@@ -417,6 +484,11 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
               f"{counter(m, 'chargeguard_stripe_tls_handshakes_total'):.0f} (resumed "
               f"{counter(m, 'chargeguard_stripe_tls_resumed_total'):.0f}); ledger rows per statement: "
               + ", ".join(f"{k} {batch_rows(m, k):.1f}" for k in ("preflight", "settle"))
+              + f"; Stripe call (fake-stripe answers after {latency_ms} ms) mean "
+              f"{hist_mean(m, 'chargeguard_billing_stripe_call_duration_seconds', m0) * 1000:.0f} ms (HTTP request "
+              f"{hist_mean_any(m, 'chargeguard_stripe_request_duration_seconds', m0) * 1000:.0f} ms); steady state "
+              f"(charged 25 % → 75 %, {t_to - t_from:.1f} s): {steady_rate:.0f} charges/s, Stripe call mean "
+              f"{steady_call * 1000:.0f} ms"
               + ("; event loop pinned alone on a CPU" if pin else "") + " | | | | | |", flush=True)
     finally:
         if pin:
