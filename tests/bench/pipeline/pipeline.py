@@ -5,11 +5,14 @@ charges/s, publish → charged latency, event-loop lag p99 (from /metrics), CPU-
 nsqd-side timeouts under a 120 s Stripe stall, and 3 sidecars sharing a 25/s Stripe endpoint limit.
 
 Usage: pipeline [--quick] [--only throughput|stall|sidecars] [--latency MS]… [--max-in-flight N]… [--repeat N]
-                [--stripe-max-connections N]
+                [--waves N] [--pin-loop] [--stripe-max-connections N] [--consume-prefix CMD]
                 [--consume-arg=--flag=value]… [--build DIR]
 Built into build/tests/bench/pipeline/pipeline; not run by meson test. Prints one table row per run; each
 throughput row is followed by the CPU seconds per 1 000 charges of every process (consume, PostgreSQL, nsqd,
-fake-stripe) and the event loop thread's running / waiting-for-a-CPU shares.
+fake-stripe), the event loop thread's running / waiting-for-a-CPU shares, rows per ledger group-commit
+statement, the mean Stripe call time, and the steady state (rate and Stripe call time between the moments
+25 % and 75 % of the events were charged). Loop lag is the histogram of the charging run only.
+Compare two settings with alternating runs (A B A B …): this machine's speed drifts within the hour.
 """
 import argparse, json, os, shlex, shutil, signal, socket, ssl, subprocess, sys, tempfile, time, urllib.request
 
