@@ -5,8 +5,8 @@
 //
 //  * a caller that finds a free slot goes at once, unless `linger` says to wait for company: then the slot's
 //    statement leaves after that long (or as soon as `max_rows` callers queued). The pipeline sets it to 1 %
-//    of the recent Stripe call time (0 while Stripe answers in under 100 µs … 2 ms at 300 ms and above), so a
-//    group commit never adds more than about 1 % to a delivery's time while it turns a trickle of single-row
+//    of the recent Stripe call time, capped (2 ms by default, reached once Stripe takes 200 ms), so a group
+//    commit adds about 1 % to a delivery's time per statement while it turns a trickle of single-row
 //    statements into batches;
 //  * at most `max_in_flight` batches of one kind run at once, each on its own pooled connection, so batching
 //    only happens when that many statements are already in flight;
