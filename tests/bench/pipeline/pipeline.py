@@ -266,37 +266,18 @@ def counter(text, name, match=""):
     return total
 
 
-def hist_mean(text, name, before=None):
-    """Mean of a label-less Prometheus histogram (between two scrapes when `before` is given)."""
-    total, n = counter(text, name + "_sum"), counter(text, name + "_count")
+def hist_mean(text, name, before=None, match=""):
+    """Mean of a Prometheus histogram over its label sets that contain `match` (every set by default), of
+    what was observed between the two scrapes when `before` (an earlier scrape of the same process) is given."""
+    total, n = counter(text, name + "_sum", match), counter(text, name + "_count", match)
     if before is not None:
-        total, n = total - counter(before, name + "_sum"), n - counter(before, name + "_count")
+        total, n = total - counter(before, name + "_sum", match), n - counter(before, name + "_count", match)
     return total / n if n else float("nan")
 
 
-def hist_mean_any(text, name, before=None):
-    """Mean over every label set of a Prometheus histogram (between two scrapes when `before` is given)."""
-    def sums(t):
-        total = n = 0.0
-        for line in t.splitlines():
-            if line.startswith(name + "_sum"):
-                total += float(line.rsplit(" ", 1)[1])
-            elif line.startswith(name + "_count"):
-                n += float(line.rsplit(" ", 1)[1])
-        return total, n
-    total, n = sums(text)
-    if before is not None:
-        t0, n0 = sums(before)
-        total, n = total - t0, n - n0
-    return total / n if n else float("nan")
-
-
-def batch_rows(text, statement):
-    """Mean rows per ledger group-commit statement of one kind (chargeguard_ledger_batch_rows)."""
-    tag = f'statement="{statement}"'
-    rows = counter(text, "chargeguard_ledger_batch_rows_sum", tag)
-    stmts = counter(text, "chargeguard_ledger_batch_rows_count", tag)
-    return rows / stmts if stmts else float("nan")
+def statement_label(statement):
+    """The label of one kind of ledger group-commit statement in chargeguard_ledger_batch_rows."""
+    return f'statement="{statement}"'
 
 
 def proc_usage(pid):
@@ -325,22 +306,10 @@ def proc_cpu(pid, children=False):
 def postgres_cpu():
     """CPU seconds of the PostgreSQL cluster: the postmaster's reaped children plus its live ones (backends,
     walwriter, checkpointer…). None when the server's data directory is not readable here."""
-    try:
-        data = psql("SHOW data_directory")
-        with open(os.path.join(data, "postmaster.pid")) as f:
-            pm = int(f.readline())
-    except (OSError, RuntimeError, ValueError):
+    pids = postgres_pids()
+    if not pids:
         return None
-    total = proc_cpu(pm, children=True)
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pm:
-                        total += proc_cpu(int(d))
-            except (OSError, ValueError, IndexError):
-                pass
-    return total
+    return proc_cpu(pids[0], children=True) + sum(proc_cpu(p) for p in pids[1:])
 
 
 def main_thread_sched(pid):
@@ -486,10 +455,11 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
               f"{(sched1[1] - sched0[1]) / wall * 100:.0f} %; load {os.getloadavg()[0]:.1f}; Stripe TLS handshakes "
               f"{counter(m, 'chargeguard_stripe_tls_handshakes_total'):.0f} (resumed "
               f"{counter(m, 'chargeguard_stripe_tls_resumed_total'):.0f}); ledger rows per statement: "
-              + ", ".join(f"{k} {batch_rows(m, k):.1f}" for k in ("preflight", "settle"))
+              + ", ".join(f"{k} {hist_mean(m, 'chargeguard_ledger_batch_rows', match=statement_label(k)):.1f}"
+                          for k in ("preflight", "settle"))
               + f"; Stripe call (fake-stripe answers after {latency_ms} ms) mean "
               f"{hist_mean(m, 'chargeguard_billing_stripe_call_duration_seconds', m0) * 1000:.0f} ms (HTTP request "
-              f"{hist_mean_any(m, 'chargeguard_stripe_request_duration_seconds', m0) * 1000:.0f} ms); steady state "
+              f"{hist_mean(m, 'chargeguard_stripe_request_duration_seconds', m0) * 1000:.0f} ms); steady state "
               f"(charged 25 % → 75 %, {t_to - t_from:.1f} s): {steady_rate:.0f} charges/s, Stripe call mean "
               f"{steady_call * 1000:.0f} ms"
               + ("; event loop pinned alone on a CPU" if pin else "") + " | | | | | |", flush=True)

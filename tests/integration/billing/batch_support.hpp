@@ -39,6 +39,23 @@ inline billing::new_record record_for(const std::string& customer, const std::st
     return {billing::base_key(ns, ev->customer_id, ev->billing_period), *ev, message_id, 1};
 }
 
+// `n` records of period 2026-11 for customers "<customer_prefix><i>" with amount `first_amount + i` and
+// message id "<message_prefix><i>", and their keys in the same order.
+struct record_set {
+    std::vector<billing::new_record> recs;
+    std::vector<std::string> keys;
+};
+inline record_set records_for(const std::string& customer_prefix, int n, std::int64_t first_amount,
+                              const std::string& message_prefix) {
+    record_set out;
+    for (int i = 0; i < n; ++i) {
+        out.recs.push_back(record_for(customer_prefix + std::to_string(i), "2026-11", first_amount + i,
+                                      message_prefix + std::to_string(i)));
+        out.keys.push_back(out.recs.back().key);
+    }
+    return out;
+}
+
 // Runs every coroutine of `ops` concurrently on the fixture's io_context, and `alongside` with them, and
 // returns the values of `ops` in order.
 template <typename T>

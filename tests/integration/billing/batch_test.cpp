@@ -68,13 +68,7 @@ BOOST_AUTO_TEST_CASE(concurrent_preflights_share_a_statement_and_resume_after_co
     };
     billing::ledger l(f.pg, std::move(opts));
     constexpr int n = 20;
-    std::vector<billing::new_record> recs;
-    std::vector<std::string> keys;
-    for (int i = 0; i < n; ++i) {
-        recs.push_back(
-            record_for("NULL.b@t_ch-" + std::to_string(i), "2026-11", 1000 + i, "b0" + std::to_string(i)));
-        keys.push_back(recs.back().key);
-    }
+    auto [recs, keys] = records_for("NULL.b@t_ch-", n, 1000, "b0");
     std::vector<std::function<net::awaitable<seen>()>> ops;
     auto plug = record_for("batch-plug", "2026-11", 999, "b0p");
     auto holder = hold_row(f, hold_insert, plug.key);
@@ -373,13 +367,7 @@ BOOST_AUTO_TEST_CASE(a_lingering_slot_gathers_callers_that_arrive_apart) {
     l.set_linger(400ms);
     BOOST_TEST(l.linger() == std::chrono::microseconds(400ms));
     constexpr int n = 8;
-    std::vector<billing::new_record> recs;
-    std::vector<std::string> keys;
-    for (int i = 0; i < n; ++i) {
-        recs.push_back(
-            record_for("linger-" + std::to_string(i), "2026-11", 500 + i, "bl" + std::to_string(i)));
-        keys.push_back(recs.back().key);
-    }
+    auto [recs, keys] = records_for("linger-", n, 500, "bl");
     std::vector<std::function<net::awaitable<seen>()>> ops;
     for (int i = 0; i < n; ++i)
         ops.push_back([&, i]() -> net::awaitable<seen> {
