@@ -199,6 +199,8 @@ void log_effective_config(const logger& log, const consume_flags& f, const nsq::
          {"pg", pgc.describe()},
          {"migrate", f.pg.migrate},
          {"stripe_api_base", s.api_base},
+         {"stripe_max_connections", s.max_connections},
+         {"stripe_eager_connections", s.eager_connections},
          {"stripe_ca_file", s.ca_file.empty() ? std::string("(system store)") : s.ca_file},
          {"stripe_key_from", f.stripe.key_file.empty() ? std::string("STRIPE_API_KEY") : f.stripe.key_file},
          {"key_namespace", b.key_namespace},
@@ -217,6 +219,10 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto ncfg = to_consumer_config(f.nsq);
     auto pgc = to_pg_config(f.pg);
     auto scfg = to_stripe_config(f.stripe);
+    // Every message in flight may be at Stripe at once: by default the pool may hold that many connections
+    // (past --stripe-eager-connections only while Stripe keeps its pace).
+    if (f.stripe.max_connections == 0)
+        scfg.max_connections = std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight));
     auto bcfg = to_pipeline_config(f.billing);
     auto opts = to_runtime_options(f.rt);
     // Leave a fifth of the shutdown budget for CLS, the last FINs and closing the pool.

@@ -27,8 +27,16 @@ void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
     cmd.add_option("--stripe-request-timeout", f.request_timeout_s, "seconds for one Stripe request")
         ->check(CLI::Range(0.001, 600.0))
         ->capture_default_str();
-    cmd.add_option("--stripe-max-connections", f.max_connections, "pooled connections to Stripe")
-        ->check(CLI::Range(1u, 4096u))
+    cmd.add_option("--stripe-max-connections", f.max_connections,
+                   "pooled connections to Stripe (0: as many as --max-in-flight for consume, at least 16; 16 "
+                   "elsewhere)")
+        ->check(CLI::Range(0u, 65536u))
+        ->capture_default_str();
+    cmd.add_option(
+           "--stripe-eager-connections", f.eager_connections,
+           "connections opened on demand; past this many, one more only while Stripe answers within 2x "
+           "its fastest recent answer (+1 ms): more connections to a slowing Stripe only queue")
+        ->check(CLI::Range(1u, 65536u))
         ->capture_default_str();
     cmd.add_option("--stripe-max-retries", f.max_retries, "retries with the same key for 409/429/not-sent")
         ->check(CLI::Range(0u, 20u))
@@ -102,7 +110,8 @@ stripe::client_config to_stripe_config(const stripe_flags& f) {
     c.stripe_version = f.version;
     c.connect_timeout = ms(f.connect_timeout_s);
     c.request_timeout = ms(f.request_timeout_s);
-    c.max_connections = f.max_connections;
+    c.max_connections = f.max_connections ? f.max_connections : 16;
+    c.eager_connections = f.eager_connections;
     c.retry.max_retries = f.max_retries;
     c.retry.initial_delay = ms(f.retry_initial_s);
     c.retry.max_delay = ms(f.retry_max_s);

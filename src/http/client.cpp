@@ -76,7 +76,11 @@ net::awaitable<connect_outcome> connect_elsewhere(std::unique_ptr<client_connect
 // Everything below is touched only on `strand`, except the atomics.
 struct client::state : std::enable_shared_from_this<client::state> {
     state(asio::any_io_executor ex, http::origin o, client_options op, logger l)
-        : strand(asio::make_strand(ex)), origin(std::move(o)), opts(std::move(op)), log(std::move(l)) {
+        : strand(asio::make_strand(ex)),
+          origin(std::move(o)),
+          opts(std::move(op)),
+          log(std::move(l)),
+          growth(opts.growth) {
         if (origin.tls) sessions = std::make_shared<net::tls_session_cache>();
     }
 
@@ -91,8 +95,12 @@ struct client::state : std::enable_shared_from_this<client::state> {
     std::deque<std::unique_ptr<client_connection>> idle;  // most recently used at the back
     std::deque<waiter*> waiters;
     std::size_t connecting = 0;  // slots handed out for a connect that has not finished
+    pool_growth growth;
     std::atomic<std::uint64_t> open{0}, idle_count{0}, requests{0}, connects{0}, handshakes{0}, resumed{0},
-        reused{0};
+        reused{0}, held{0};
+
+    // Room for one more connect under the pool's limits (the growth rule aside).
+    bool room() const { return open < opts.max_connections && connecting < max_connecting; }
 
     // A connection's slot ends (closed or never opened): free it, and let a waiter connect if it may.
     void discard(std::unique_ptr<client_connection> c) {
@@ -103,7 +111,7 @@ struct client::state : std::enable_shared_from_this<client::state> {
 
     // Hands free slots to the oldest waiters while fewer than max_connecting connects are under way.
     void grow() {
-        while (!waiters.empty() && open < opts.max_connections && connecting < max_connecting) {
+        while (!waiters.empty() && room() && growth.try_open(open, clock::now())) {
             waiter* w = waiters.front();
             waiters.pop_front();
             ++open;
@@ -114,7 +122,8 @@ struct client::state : std::enable_shared_from_this<client::state> {
         }
     }
 
-    // A healthy connection comes back: straight to the oldest waiter, else to the idle list.
+    // A healthy connection comes back: straight to the oldest waiter, else to the idle list. Waiters left
+    // behind may get a connect now that another answer came in at the origin's pace.
     void release(std::unique_ptr<client_connection> c) {
         if (!waiters.empty()) {
             waiter* w = waiters.front();
@@ -122,6 +131,7 @@ struct client::state : std::enable_shared_from_this<client::state> {
             w->woken = true;
             w->handed = std::move(c);
             w->timer.cancel();
+            grow();
             return;
         }
         c->idle_since = clock::now();
@@ -185,10 +195,13 @@ net::awaitable<lease> acquire(std::shared_ptr<client::state> st, deadline* dl) {
         c.reset();
         --st->open;
     }
-    if (st->open < st->opts.max_connections && st->connecting < max_connecting) {
-        ++st->open;
-        ++st->connecting;
-        co_return lease(st, nullptr, false);
+    if (st->room()) {
+        if (st->growth.try_open(st->open, clock::now())) {
+            ++st->open;
+            ++st->connecting;
+            co_return lease(st, nullptr, false);
+        }
+        ++st->held;  // held by the growth rule, not by the limits: the pool could have grown and chose not to
     }
     waiter w(st->strand);
     st->waiters.push_back(&w);
@@ -252,11 +265,14 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
         dl->conn = l.conn().get();
     }
     out.reused_connection = l.reused();
+    auto t0 = clock::now();
     auto r = co_await l.conn()->exchange(*req, sent, st->opts.limits);
     if (!r) {
         out.err = r.err();
         co_return out;
     }
+    auto t1 = clock::now();
+    st->growth.exchanged(t1 - t0, t1);
     out.resp = std::move(*r);
     if (l.conn()->reusable()) l.give_back();
     co_return out;
@@ -336,6 +352,7 @@ client_stats client::stats() const {
     s.reused = st_->reused;
     s.open = st_->open;
     s.idle = st_->idle_count;
+    s.held = st_->held;
     return s;
 }
 

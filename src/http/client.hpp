@@ -17,6 +17,7 @@
 #include "core/log.hpp"
 #include "core/result.hpp"
 #include "http/origin.hpp"
+#include "http/pool_growth.hpp"
 #include "http/proto/message.hpp"
 #include "http/proto/parser.hpp"
 #include "net/tokens.hpp"
@@ -29,6 +30,9 @@ struct client_options {
     std::shared_ptr<asio::ssl::context> tls;
     // Connections open at once (idle + busy + connecting). Requests beyond it wait for one to free up.
     std::size_t max_connections = 8;
+    // Past growth.eager connections the pool opens another only while the origin keeps its pace (see
+    // http/pool_growth.hpp); by default it always may, up to max_connections.
+    pool_growth_config growth;
     // DNS + TCP connect + TLS handshake of one new connection.
     std::chrono::steady_clock::duration connect_timeout = std::chrono::seconds(5);
     // Whole request: waiting for a pooled connection, connecting, writing, reading the response.
@@ -61,6 +65,8 @@ struct client_stats {
     std::uint64_t reused = 0;      // requests served on a pooled connection
     std::uint64_t open = 0;        // connections open now (idle + busy + connecting)
     std::uint64_t idle = 0;        // idle connections in the pool now
+    std::uint64_t held = 0;        // requests that waited for a connection to come back because the pool,
+                                   // past growth.eager, held its size (the origin's answers had slowed)
 };
 
 class client {

@@ -96,6 +96,10 @@ client_metrics::client_metrics(metrics::registry& reg)
                        "Connections to Stripe open (idle, busy or connecting)")
                  .Add({});
     idle_ = &reg.gauge("chargeguard_stripe_connections_idle", "Idle pooled connections to Stripe").Add({});
+    held_ = &reg.counter("chargeguard_stripe_pool_held_total",
+                         "Requests that waited for a pooled connection to come back because the pool, past "
+                         "--stripe-eager-connections, held its size while Stripe's answers were slowing")
+                 .Add({});
     pace_wait_ = &reg.histogram("chargeguard_stripe_rate_limit_wait_seconds",
                                 "Time an attempt waited for the client's rate limit before it was sent")
                       .Add({}, metrics::latency_buckets());
@@ -156,6 +160,10 @@ void client_metrics::sync(const http::client_stats& s) {
     if (s.handshakes > handshakes_seen_) {
         handshakes_->Increment(static_cast<double>(s.handshakes - handshakes_seen_));
         handshakes_seen_ = s.handshakes;
+    }
+    if (s.held > held_seen_) {
+        held_->Increment(static_cast<double>(s.held - held_seen_));
+        held_seen_ = s.held;
     }
     move_gauge(*open_, open_seen_, s.open);
     move_gauge(*idle_, idle_seen_, s.idle);

@@ -54,7 +54,8 @@ class client_metrics {
     void paced(std::chrono::steady_clock::duration waited);
     void rate_limit(double rps);
     void throttled();
-    // Brings tls_handshakes_total, tls_resumed_total and the connection gauges up to the client's counters.
+    // Brings tls_handshakes_total, tls_resumed_total, pool_held_total and the connection gauges up to the
+    // client's counters.
     void sync(const http::client_stats& s);
 
   private:
@@ -71,8 +72,9 @@ class client_metrics {
     metrics::Counter* throttled_ = nullptr;
     metrics::Gauge* open_ = nullptr;
     metrics::Gauge* idle_ = nullptr;
+    metrics::Counter* held_ = nullptr;
     // What this client has reported so far (the shares it adds to the shared series).
-    std::uint64_t handshakes_seen_ = 0, resumed_seen_ = 0, open_seen_ = 0, idle_seen_ = 0;
+    std::uint64_t handshakes_seen_ = 0, resumed_seen_ = 0, open_seen_ = 0, idle_seen_ = 0, held_seen_ = 0;
 };
 
 }  // namespace cg::stripe

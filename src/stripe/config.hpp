@@ -16,6 +16,9 @@ struct client_config {
     std::string stripe_version = "2024-06-20";
     std::string ca_file;  // PEM bundle; empty: the system store
     std::size_t max_connections = 16;
+    // Past this many connections the pool grows only while Stripe keeps its pace (http/pool_growth.hpp):
+    // 64 connections at Stripe's typical 300–600 ms carry 100–200 requests/s, above its live-mode limit.
+    std::size_t eager_connections = 64;
     std::chrono::milliseconds connect_timeout{5000};
     std::chrono::milliseconds request_timeout{30000};  // one attempt, including the pool wait
     retry_policy retry;

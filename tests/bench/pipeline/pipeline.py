@@ -406,12 +406,12 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
     try:
         st.fake_stripe(latency_ms)
         st.nsqd()
-        # As many Stripe connections as messages in flight: the pool must not be the limit Little's law meets.
-        # No slow start: this measures the pipeline, not the ramp-up (fake-stripe has no limit here; AIMD stays
-        # armed for a 429).
-        c = st.consume(0, ["--max-in-flight", str(mif), "--stripe-request-timeout", "30",
-                           "--stripe-max-connections", str(max_connections or max(mif, 16)), "--stripe-rate-initial", "0",
-                           *extra])
+        # consume's own Stripe pool (as many connections as messages in flight, past 64 only while Stripe keeps
+        # its pace) unless --stripe-max-connections says otherwise. No slow start: this measures the pipeline,
+        # not the ramp-up (fake-stripe has no limit here; AIMD stays armed for a 429).
+        pool = ["--stripe-max-connections", str(max_connections)] if max_connections else []
+        c = st.consume(0, ["--max-in-flight", str(mif), "--stripe-request-timeout", "30", *pool,
+                           "--stripe-rate-initial", "0", *extra])
         if pin_loop:
             pin = pinned_loop(st, c)
         cpu0, _ = proc_usage(c.pid)
@@ -454,7 +454,8 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
               f"{(sched1[0] - sched0[0]) / wall * 100:.0f} %, runnable but waiting for a CPU "
               f"{(sched1[1] - sched0[1]) / wall * 100:.0f} %; load {os.getloadavg()[0]:.1f}; Stripe TLS handshakes "
               f"{counter(m, 'chargeguard_stripe_tls_handshakes_total'):.0f} (resumed "
-              f"{counter(m, 'chargeguard_stripe_tls_resumed_total'):.0f}); ledger rows per statement: "
+              f"{counter(m, 'chargeguard_stripe_tls_resumed_total'):.0f}), requests held by the pool "
+              f"{counter(m, 'chargeguard_stripe_pool_held_total'):.0f}; ledger rows per statement: "
               + ", ".join(f"{k} {hist_mean(m, 'chargeguard_ledger_batch_rows', match=statement_label(k)):.1f}"
                           for k in ("preflight", "settle"))
               + f"; Stripe call (fake-stripe answers after {latency_ms} ms) mean "
@@ -524,8 +525,8 @@ def main():
     ap.add_argument("--consume-arg", action="append", default=[],
                     help="extra argument for the throughput runs' consume (repeatable), e.g. --consume-arg=--offload-threads=1")
     ap.add_argument("--stripe-max-connections", type=int, dest="max_connections",
-                    help="throughput runs' Stripe pool size (default: max(--max-in-flight, 16)); a smaller pool trades "
-                         "Stripe concurrency for fewer TLS connections (handshakes, buffers, epoll set)")
+                    help="throughput runs' Stripe pool size (default: consume's, max(--max-in-flight, 16), grown past "
+                         "--stripe-eager-connections only while Stripe keeps its pace)")
     ap.add_argument("--consume-prefix", default="",
                     help="run consume under this command, e.g. 'valgrind --tool=callgrind --callgrind-out-file=F'")
     ap.add_argument("--repeat", type=int, default=1, help="run each throughput row this many times")

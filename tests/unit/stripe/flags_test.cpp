@@ -89,6 +89,42 @@ BOOST_AUTO_TEST_CASE(rate_control_flags) {
     ::unsetenv("STRIPE_API_KEY");
 }
 
+// The pool: 0 (the default) is 16 here (consume makes it --max-in-flight); past 64 it grows only while
+// Stripe keeps its pace (http/pool_growth.hpp).
+BOOST_AUTO_TEST_CASE(pool_flags) {
+    ::setenv("STRIPE_API_KEY", "sk_test_env", 1);
+    {
+        CLI::App app;
+        stripe_flags f;
+        add_stripe_flags(app, f);
+        app.parse(std::vector<std::string>{});
+        auto c = to_stripe_config(f);
+        BOOST_TEST(f.max_connections == 0u);
+        BOOST_TEST(c.max_connections == 16u);
+        BOOST_TEST(c.eager_connections == 64u);
+    }
+    {
+        CLI::App app;
+        stripe_flags f;
+        add_stripe_flags(app, f);
+        std::vector<std::string> args = {"--stripe-max-connections", "500", "--stripe-eager-connections", "8"};
+        std::reverse(args.begin(), args.end());
+        app.parse(args);
+        auto c = to_stripe_config(f);
+        BOOST_TEST(c.max_connections == 500u);
+        BOOST_TEST(c.eager_connections == 8u);
+    }
+    {
+        CLI::App app;
+        stripe_flags f;
+        add_stripe_flags(app, f);
+        std::vector<std::string> args = {"--stripe-eager-connections", "0"};
+        std::reverse(args.begin(), args.end());
+        BOOST_CHECK_THROW(app.parse(args), CLI::ValidationError);
+    }
+    ::unsetenv("STRIPE_API_KEY");
+}
+
 BOOST_AUTO_TEST_CASE(bad_base_is_a_validation_error) {
     stripe_flags f;
     f.api_base = "api.stripe.com";

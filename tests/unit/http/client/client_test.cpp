@@ -44,6 +44,7 @@ struct server_log {
     int hits = 0;
     int active = 0;
     int max_active = 0;
+    std::chrono::steady_clock::time_point queue_free{};  // /queue: when its one "worker" is free again
 };
 
 asio::awaitable<http::response> echo(http::request req) {
@@ -62,6 +63,18 @@ asio::awaitable<http::response> slow(server_log* log, std::chrono::milliseconds 
     co_return http::make_response(200, "slow\n");
 }
 
+// A saturated origin: one request served at a time, each for `d`, so answers slow down as requests pile up.
+asio::awaitable<http::response> queued(server_log* log, std::chrono::milliseconds d) {
+    ++log->hits;
+    log->max_active = std::max(log->max_active, ++log->active);
+    auto start = std::max(std::chrono::steady_clock::now(), log->queue_free);
+    log->queue_free = start + d;
+    net::steady_timer t(co_await asio::this_coro::executor, start + d);
+    co_await t.async_wait();
+    --log->active;
+    co_return http::make_response(200, "queued\n");
+}
+
 asio::awaitable<http::response> chunked() {
     auto r = http::make_response(200, "5\r\nhello\r\n7\r\n, world\r\n0\r\n\r\n");
     r.headers.add("Transfer-Encoding", "chunked");
@@ -74,6 +87,10 @@ http::router make_routes(server_log& log) {
     r.add("GET", "/slow", [&log](http::request& q) {
         auto ms = std::stoi(http::query_param(q.query(), "ms").value_or("50"));
         return slow(&log, std::chrono::milliseconds(ms));
+    });
+    r.add("GET", "/queue", [&log](http::request& q) {
+        auto ms = std::stoi(http::query_param(q.query(), "ms").value_or("20"));
+        return queued(&log, std::chrono::milliseconds(ms));
     });
     r.add("GET", "/chunked", [](http::request&) { return chunked(); });
     r.add("GET", "/close", [](http::request&) -> asio::awaitable<http::response> {
@@ -405,6 +422,65 @@ BOOST_AUTO_TEST_CASE(pool_grows_to_its_limit_a_few_connects_at_a_time) {
     for (auto& r : results) BOOST_TEST(r.ok(), r.err.describe());
     BOOST_TEST(f.log.max_active == 40);
     BOOST_TEST(c->stats().connects == 40u);
+}
+
+// Past its eager size the pool grows only while the origin keeps its pace and the rate needs it. A slow but
+// steady origin (every answer 300 ms) gets its connections once the first answers show that pace: 40
+// requests, eager 8 — the first 8 connect at once, the other 32 wait (nothing is known of the origin yet),
+// and from the first answers on the pool grows with the rate they come at (Little's law: 4 × rate ×
+// 300 ms: room for the rate to grow fourfold), two more per answer, instead of queueing 5 deep behind 8.
+BOOST_AUTO_TEST_CASE(pool_past_eager_grows_against_a_slow_steady_origin) {
+    fixture f;
+    f.start(true);
+    http::client_options o;
+    o.max_connections = 40;
+    o.growth.eager = 8;
+    auto c = f.client(true, o);
+    std::vector<http::client_result> results(40);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        latch l(f.io, static_cast<int>(results.size()));
+        for (auto& r : results)
+            asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=300", &r, &l), asio::detached);
+        co_await l.wait();
+    });
+    for (auto& r : results) BOOST_TEST(r.ok(), r.err.describe());
+    // (not counted as held: the 8 connects under way were the limit when they queued)
+    BOOST_TEST(c->stats().connects >= 14u);
+    BOOST_TEST(f.log.max_active >= 14);
+}
+
+// A saturated origin (one request at a time, 20 ms each: answers take 20, 40, 60 ms … as requests pile up)
+// does not get a connection per request: past the eager size the pool holds once answers slow to over
+// twice the fastest, and the requests wait for connections to come back (all still succeed). Without the
+// rule the pool opens (nearly) all 40.
+BOOST_AUTO_TEST_CASE(pool_past_eager_holds_against_a_saturated_origin) {
+    for (bool rule : {true, false}) {
+        fixture f;
+        f.start(true);
+        http::client_options o;
+        o.max_connections = 40;
+        if (rule) o.growth.eager = 4;
+        auto c = f.client(true, o);
+        std::vector<http::client_result> results(40);
+        run_async(f.io, [&]() -> asio::awaitable<void> {
+            latch l(f.io, static_cast<int>(results.size()));
+            for (auto& r : results)
+                asio::co_spawn(f.io, get_into(c.get(), "/queue?ms=20", &r, &l), asio::detached);
+            co_await l.wait();
+        });
+        for (auto& r : results) BOOST_TEST(r.ok(), r.err.describe());
+        BOOST_TEST(f.log.hits == 40);
+        if (rule) {
+            // 4 eager ones, and 2 for each of the burst's first answers that still looked paced (20 and
+            // 40 ms: within 2 × 20 ms + 1 ms) before the answers showed the queue.
+            BOOST_TEST(c->stats().connects <= 8u);
+            BOOST_TEST(c->stats().held >= 30u);
+        } else {
+            // (one or two requests may find the first answers' connections back before their turn)
+            BOOST_TEST(c->stats().connects >= 30u);
+            BOOST_TEST(c->stats().held == 0u);
+        }
+    }
 }
 
 BOOST_AUTO_TEST_CASE(pool_wait_counts_against_the_request_timeout) {
