@@ -107,7 +107,8 @@ BOOST_AUTO_TEST_CASE(pool_flags) {
         CLI::App app;
         stripe_flags f;
         add_stripe_flags(app, f);
-        std::vector<std::string> args = {"--stripe-max-connections", "500", "--stripe-eager-connections", "8"};
+        std::vector<std::string> args = {"--stripe-max-connections", "500", "--stripe-eager-connections",
+                                         "8"};
         std::reverse(args.begin(), args.end());
         app.parse(args);
         auto c = to_stripe_config(f);
