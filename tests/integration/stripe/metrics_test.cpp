@@ -3,6 +3,8 @@
 // g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "fake_fixture.hpp"
@@ -71,6 +73,7 @@ const std::string replays = "chargeguard_stripe_idempotent_replays_total";
 const std::string handshakes = "chargeguard_stripe_tls_handshakes_total";
 const std::string conn_open = "chargeguard_stripe_connections_open";
 const std::string conn_idle = "chargeguard_stripe_connections_idle";
+const std::string held = "chargeguard_stripe_pool_held_total";
 
 label_map op_outcome(const std::string& op, const std::string& outcome) {
     return {{"operation", op}, {"outcome", outcome}};
@@ -172,6 +175,37 @@ BOOST_AUTO_TEST_CASE(clients_sharing_a_registry_add_up_and_give_back_their_conne
     BOOST_TEST(value(m, conn_idle, {}) == 1);
     BOOST_TEST(value(m, handshakes, {}) == 2);  // a counter never goes back
     BOOST_TEST(value(m, requests, op_outcome("create_charge", "succeeded")) == 2);
+}
+
+asio::awaitable<void> charge_into(stripe::client* c, std::string key, stripe::charge_outcome* out, int* left,
+                                  net::steady_timer* done) {
+    *out = co_await c->create_charge(charge_req(std::move(key)));
+    if (--*left == 0) done->cancel();
+}
+
+// Past --stripe-eager-connections (here 1) the pool waits for an answer before it grows: of 4 charges sent
+// at once, the first connects and the other 3 are held (counted), then served as answers come in.
+BOOST_AUTO_TEST_CASE(requests_held_by_the_pool_are_counted) {
+    fixture f;
+    auto cfg = f.config();
+    cfg.max_connections = 8;
+    cfg.eager_connections = 1;
+    auto c = f.client(cfg, &f.reg);
+    BOOST_TEST(value(f.scrape(), held, {}) == 0);
+    std::vector<stripe::charge_outcome> out(4);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        int left = static_cast<int>(out.size());
+        net::steady_timer done(f.io, net::steady_timer::time_point::max());
+        for (std::size_t i = 0; i < out.size(); ++i)
+            asio::co_spawn(f.io, charge_into(c.get(), "held-" + std::to_string(i), &out[i], &left, &done),
+                           asio::detached);
+        co_await done.async_wait();
+    });
+    for (const auto& o : out) BOOST_TEST(cls(o.cls) == "succeeded", o.message);
+    auto m = f.scrape();
+    BOOST_TEST(c->http_stats().held == 3u);
+    BOOST_TEST(value(m, held, {}) == 3);
+    BOOST_TEST(m.at(held).type == "counter");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

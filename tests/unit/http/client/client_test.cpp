@@ -163,6 +163,18 @@ asio::awaitable<void> get_into(http::client* c, std::string target, http::client
     l->done();
 }
 
+// `n` GETs of `target` started at once on `c`; returns when all have ended, with their results.
+std::vector<http::client_result> burst(asio::io_context& io, http::client* c, const std::string& target,
+                                       std::size_t n) {
+    std::vector<http::client_result> results(n);
+    run_async(io, [&]() -> asio::awaitable<void> {
+        latch l(io, static_cast<int>(results.size()));
+        for (auto& r : results) asio::co_spawn(io, get_into(c, target, &r, &l), asio::detached);
+        co_await l.wait();
+    });
+    return results;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(client)
@@ -386,13 +398,7 @@ BOOST_AUTO_TEST_CASE(pool_limit_bounds_connections) {
     http::client_options o;
     o.max_connections = 2;
     auto c = f.client(true, o);
-    std::vector<http::client_result> results(8);
-    run_async(f.io, [&]() -> asio::awaitable<void> {
-        latch l(f.io, static_cast<int>(results.size()));
-        for (auto& r : results)
-            asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=30", &r, &l), asio::detached);
-        co_await l.wait();
-    });
+    auto results = burst(f.io, c.get(), "/slow?ms=30", 8);
     for (auto& r : results) {
         BOOST_TEST(r.ok(), r.err.describe());
         BOOST_TEST(r.resp.status == 200);
@@ -412,13 +418,7 @@ BOOST_AUTO_TEST_CASE(pool_grows_to_its_limit_a_few_connects_at_a_time) {
     http::client_options o;
     o.max_connections = 40;
     auto c = f.client(true, o);
-    std::vector<http::client_result> results(40);
-    run_async(f.io, [&]() -> asio::awaitable<void> {
-        latch l(f.io, static_cast<int>(results.size()));
-        for (auto& r : results)
-            asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=400", &r, &l), asio::detached);
-        co_await l.wait();
-    });
+    auto results = burst(f.io, c.get(), "/slow?ms=400", 40);
     for (auto& r : results) BOOST_TEST(r.ok(), r.err.describe());
     BOOST_TEST(f.log.max_active == 40);
     BOOST_TEST(c->stats().connects == 40u);
@@ -436,13 +436,7 @@ BOOST_AUTO_TEST_CASE(pool_past_eager_grows_against_a_slow_steady_origin) {
     o.max_connections = 40;
     o.growth.eager = 8;
     auto c = f.client(true, o);
-    std::vector<http::client_result> results(40);
-    run_async(f.io, [&]() -> asio::awaitable<void> {
-        latch l(f.io, static_cast<int>(results.size()));
-        for (auto& r : results)
-            asio::co_spawn(f.io, get_into(c.get(), "/slow?ms=300", &r, &l), asio::detached);
-        co_await l.wait();
-    });
+    auto results = burst(f.io, c.get(), "/slow?ms=300", 40);
     for (auto& r : results) BOOST_TEST(r.ok(), r.err.describe());
     // (not counted as held: the 8 connects under way were the limit when they queued)
     BOOST_TEST(c->stats().connects >= 14u);
@@ -461,13 +455,7 @@ BOOST_AUTO_TEST_CASE(pool_past_eager_holds_against_a_saturated_origin) {
         o.max_connections = 40;
         if (rule) o.growth.eager = 4;
         auto c = f.client(true, o);
-        std::vector<http::client_result> results(40);
-        run_async(f.io, [&]() -> asio::awaitable<void> {
-            latch l(f.io, static_cast<int>(results.size()));
-            for (auto& r : results)
-                asio::co_spawn(f.io, get_into(c.get(), "/queue?ms=20", &r, &l), asio::detached);
-            co_await l.wait();
-        });
+        auto results = burst(f.io, c.get(), "/queue?ms=20", 40);
         for (auto& r : results) BOOST_TEST(r.ok(), r.err.describe());
         BOOST_TEST(f.log.hits == 40);
         if (rule) {
