@@ -8,7 +8,7 @@
 // rate to grow fourfold per round trip while the pool is what limits it — and while the recent exchange time
 // (an exponential average, and the last exchange too) is within `ratio` × that fastest one plus `slack`. And
 // only as fast as paced answers come in: each grants `per_answer` connections (at most `max_credit` banked),
-// so the pool at most triples per round trip (like TCP's slow start), instead of opening a connection per
+// so the pool at most quadruples per round trip (like TCP's slow start), instead of opening a connection per
 // waiting request before the answers on the new connections show whether the origin kept its pace.
 //
 // An origin that answers slowly but steadily (Stripe at 300 ms: every answer about as slow as the fastest,
@@ -38,7 +38,7 @@ struct pool_growth_config {
     // The fastest exchange is the minimum over the current and the previous window.
     std::chrono::steady_clock::duration window = std::chrono::seconds(10);
     // Connections past `eager` each paced answer allows, and how many may be banked.
-    unsigned per_answer = 2;
+    unsigned per_answer = 3;
     unsigned max_credit = 16;
 };
 
