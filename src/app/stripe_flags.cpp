@@ -34,8 +34,8 @@ void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
         ->capture_default_str();
     cmd.add_option(
            "--stripe-eager-connections", f.eager_connections,
-           "connections opened on demand; past this many, one more only while Stripe answers within 2x "
-           "its fastest recent answer (+1 ms): more connections to a slowing Stripe only queue")
+           "connections opened on demand; past this many, one more only while Little's law (4 x answers/s x "
+           "the fastest recent answer) and Stripe's pace (answers within 2x the fastest + 1 ms) call for it")
         ->check(CLI::Range(1u, 65536u))
         ->capture_default_str();
     cmd.add_option("--stripe-max-retries", f.max_retries, "retries with the same key for 409/429/not-sent")

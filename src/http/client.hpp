@@ -66,7 +66,7 @@ struct client_stats {
     std::uint64_t open = 0;        // connections open now (idle + busy + connecting)
     std::uint64_t idle = 0;        // idle connections in the pool now
     std::uint64_t held = 0;        // requests that waited for a connection to come back because the pool,
-                                   // past growth.eager, held its size (the origin's answers had slowed)
+                                   // past growth.eager, held its size (http/pool_growth.hpp)
 };
 
 class client {

@@ -96,10 +96,12 @@ client_metrics::client_metrics(metrics::registry& reg)
                        "Connections to Stripe open (idle, busy or connecting)")
                  .Add({});
     idle_ = &reg.gauge("chargeguard_stripe_connections_idle", "Idle pooled connections to Stripe").Add({});
-    held_ = &reg.counter("chargeguard_stripe_pool_held_total",
-                         "Requests that waited for a pooled connection to come back because the pool, past "
-                         "--stripe-eager-connections, held its size while Stripe's answers were slowing")
-                 .Add({});
+    held_ =
+        &reg.counter("chargeguard_stripe_pool_held_total",
+                     "Requests that waited for a pooled connection to come back because the pool, past "
+                     "--stripe-eager-connections, held its size: Stripe's answer rate or pace did not call "
+                     "for another connection")
+             .Add({});
     pace_wait_ = &reg.histogram("chargeguard_stripe_rate_limit_wait_seconds",
                                 "Time an attempt waited for the client's rate limit before it was sent")
                       .Add({}, metrics::latency_buckets());
