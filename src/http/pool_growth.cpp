@@ -10,9 +10,13 @@ constexpr double alpha = 1.0 / 8.0;
 constexpr auto min_bucket = std::chrono::milliseconds(100);
 }  // namespace
 
+bool pool_growth::stale(clock::time_point now) const {
+    return !seen_ || now - window_start_ >= 2 * c_.window;
+}
+
 void pool_growth::exchanged(clock::duration took, clock::time_point now) {
     auto t = std::max<clock::rep>(took.count(), 0);
-    if (!seen_ || now - window_start_ >= 2 * c_.window) {
+    if (stale(now)) {
         // First exchange, or none for two windows: what was known is stale.
         seen_ = true;
         ewma_ = static_cast<double>(t);
@@ -63,7 +67,7 @@ double pool_growth::wanted(clock::time_point now) const {
 }
 
 bool pool_growth::paced(clock::time_point now) const {
-    if (!seen_ || now - window_start_ >= 2 * c_.window) return false;
+    if (stale(now)) return false;
     double limit = c_.ratio * static_cast<double>(fastest().count()) + static_cast<double>(c_.slack.count());
     return ewma_ <= limit && static_cast<double>(last_) <= limit;
 }
@@ -72,15 +76,18 @@ bool pool_growth::room(std::size_t open, clock::time_point now) const {
     return paced(now) && static_cast<double>(open) < wanted(now);
 }
 
+bool pool_growth::eager(std::size_t open) const {
+    // A pool without a connection may always open one, whatever `eager` says.
+    return open < std::max<std::size_t>(1, c_.eager);
+}
+
 bool pool_growth::may_open(std::size_t open, clock::time_point now) const {
-    if (open < c_.eager) return true;
-    return credit_ > 0 && room(open, now);
+    return eager(open) || (credit_ > 0 && room(open, now));
 }
 
 bool pool_growth::try_open(std::size_t open, clock::time_point now) {
-    if (open < c_.eager) return true;
-    if (credit_ == 0 || !room(open, now)) return false;
-    --credit_;
+    if (!may_open(open, now)) return false;
+    if (!eager(open)) --credit_;
     return true;
 }
 

@@ -28,7 +28,8 @@
 namespace cg::http {
 
 struct pool_growth_config {
-    // Connections opened on demand, whatever the origin's pace (SIZE_MAX: the rule never applies).
+    // Connections opened on demand, whatever the origin's pace (SIZE_MAX: the rule never applies; 0 counts
+    // as 1, so a pool can always open its first connection).
     std::size_t eager = std::numeric_limits<std::size_t>::max();
     // Past `eager`: the pool may be at most headroom × rate × fastest, and the recent exchange time at most
     // ratio × fastest + slack.
@@ -66,6 +67,8 @@ class pool_growth {
     const pool_growth_config& config() const { return c_; }
 
   private:
+    bool stale(clock::time_point now) const;  // no exchange seen, or none for two windows
+    bool eager(std::size_t open) const;       // still below the eager size (at least one connection)
     bool paced(clock::time_point now) const;
     bool room(std::size_t open, clock::time_point now) const;
 

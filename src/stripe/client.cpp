@@ -356,7 +356,7 @@ result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, cl
         return error(errc::bad_config, "API key contains a line break");
     http::client_options o;
     o.max_connections = cfg.max_connections;
-    o.growth.eager = std::max<std::size_t>(1, cfg.eager_connections);
+    o.growth.eager = cfg.eager_connections;
     o.connect_timeout = cfg.connect_timeout;
     o.request_timeout = cfg.request_timeout;
     o.connect_executor = std::move(connect_on);

@@ -24,6 +24,13 @@ std::string label(operation op) {
 }
 
 // Moves a shared gauge by this client's change since it last reported.
+// A counter catches up with the client's figure (which only grows).
+void advance_counter(metrics::Counter& c, std::uint64_t& seen, std::uint64_t now) {
+    if (now <= seen) return;
+    c.Increment(static_cast<double>(now - seen));
+    seen = now;
+}
+
 void move_gauge(metrics::Gauge& g, std::uint64_t& seen, std::uint64_t now) {
     if (now >= seen)
         g.Increment(static_cast<double>(now - seen));
@@ -155,18 +162,9 @@ void client_metrics::finished(operation op, outcome_class cls, std::chrono::stea
 }
 
 void client_metrics::sync(const http::client_stats& s) {
-    if (s.resumed > resumed_seen_) {
-        resumed_->Increment(static_cast<double>(s.resumed - resumed_seen_));
-        resumed_seen_ = s.resumed;
-    }
-    if (s.handshakes > handshakes_seen_) {
-        handshakes_->Increment(static_cast<double>(s.handshakes - handshakes_seen_));
-        handshakes_seen_ = s.handshakes;
-    }
-    if (s.held > held_seen_) {
-        held_->Increment(static_cast<double>(s.held - held_seen_));
-        held_seen_ = s.held;
-    }
+    advance_counter(*resumed_, resumed_seen_, s.resumed);
+    advance_counter(*handshakes_, handshakes_seen_, s.handshakes);
+    advance_counter(*held_, held_seen_, s.held);
     move_gauge(*open_, open_seen_, s.open);
     move_gauge(*idle_, idle_seen_, s.idle);
 }

@@ -21,6 +21,7 @@
 using namespace std::chrono_literals;
 using namespace cg;
 using cg::test::cert;
+using cg::test::charge_into;
 using cg::test::run_async;
 using stripe::outcome_class;
 
@@ -42,12 +43,6 @@ stripe::charge_request charge_req(std::string key, std::string customer = "cus_o
     r.metadata = {{"billing_key", key}, {"customer_id", "c-1"}, {"billing_period", "2024-05"}};
     r.idempotency_key = std::move(key);
     return r;
-}
-
-asio::awaitable<void> charge_into(stripe::client* c, stripe::charge_request req, stripe::charge_outcome* out,
-                                  int* left, net::steady_timer* done) {
-    *out = co_await c->create_charge(std::move(req));
-    if (--*left == 0) done->cancel();
 }
 
 }  // namespace

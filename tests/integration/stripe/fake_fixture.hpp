@@ -55,4 +55,11 @@ struct fake_stripe_fixture {
     std::unique_ptr<stripe::client> client() { return client(config()); }
 };
 
+// Charges `req` into *out; the last of the `*left` concurrent callers cancels `done` (which its test awaits).
+inline asio::awaitable<void> charge_into(stripe::client* c, stripe::charge_request req,
+                                         stripe::charge_outcome* out, int* left, net::steady_timer* done) {
+    *out = co_await c->create_charge(std::move(req));
+    if (--*left == 0) done->cancel();
+}
+
 }  // namespace cg::test

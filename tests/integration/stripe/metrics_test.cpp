@@ -19,6 +19,7 @@
 using namespace std::chrono_literals;
 using namespace cg;
 using cg::test::cert;
+using cg::test::charge_into;
 using cg::test::run_async;
 using stripe::outcome_class;
 
@@ -177,12 +178,6 @@ BOOST_AUTO_TEST_CASE(clients_sharing_a_registry_add_up_and_give_back_their_conne
     BOOST_TEST(value(m, requests, op_outcome("create_charge", "succeeded")) == 2);
 }
 
-asio::awaitable<void> charge_into(stripe::client* c, std::string key, stripe::charge_outcome* out, int* left,
-                                  net::steady_timer* done) {
-    *out = co_await c->create_charge(charge_req(std::move(key)));
-    if (--*left == 0) done->cancel();
-}
-
 // Past --stripe-eager-connections (here 1) the pool waits for an answer before it grows: of 4 charges sent
 // at once, the first connects and the other 3 are held (counted), then served as answers come in.
 BOOST_AUTO_TEST_CASE(requests_held_by_the_pool_are_counted) {
@@ -197,8 +192,9 @@ BOOST_AUTO_TEST_CASE(requests_held_by_the_pool_are_counted) {
         int left = static_cast<int>(out.size());
         net::steady_timer done(f.io, net::steady_timer::time_point::max());
         for (std::size_t i = 0; i < out.size(); ++i)
-            asio::co_spawn(f.io, charge_into(c.get(), "held-" + std::to_string(i), &out[i], &left, &done),
-                           asio::detached);
+            asio::co_spawn(
+                f.io, charge_into(c.get(), charge_req("held-" + std::to_string(i)), &out[i], &left, &done),
+                asio::detached);
         co_await done.async_wait();
     });
     for (const auto& o : out) BOOST_TEST(cls(o.cls) == "succeeded", o.message);

@@ -44,6 +44,10 @@ BOOST_AUTO_TEST_CASE(below_eager_always_opens_past_it_never_blind) {
     // Nothing known of the origin yet: no growth past the eager size.
     BOOST_TEST(!g.may_open(4, t0));
     BOOST_TEST(!g.try_open(100, t0));
+    // An eager size of 0 still lets a pool open its first connection (and no more, blind).
+    pool_growth zero(cfg(0));
+    BOOST_TEST(zero.try_open(0, t0));
+    BOOST_TEST(!zero.may_open(1, t0));
 }
 
 // Little's law: the pool grows past its eager size only while it is smaller than 4 × rate × fastest answer.
