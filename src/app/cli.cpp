@@ -2,7 +2,14 @@
 
 #include <cctype>
 
+#include "app/commands.hpp"
+
 namespace cg::app {
+
+// In the library, not main.cpp: every subcommand calls it, and the tests link the subcommands without main.
+log_level global_flags::level() const {
+    return parse_log_level(log_level).value_or(cg::log_level::info);
+}
 
 std::string env_name_for(const std::string& prefix, const std::string& long_flag) {
     std::string out = prefix;

@@ -30,7 +30,7 @@
 namespace cg::app {
 namespace {
 
-struct list_flags {
+struct letters_list_flags {
     pg_flags pg;
     std::string reason;
     bool all = false;
@@ -38,13 +38,13 @@ struct list_flags {
     bool json = false;
 };
 
-struct show_flags {
+struct letters_show_flags {
     pg_flags pg;
     std::int64_t id = 0;
     bool json = false;
 };
 
-struct replay_flags {
+struct letters_replay_flags {
     pg_flags pg;
     std::vector<std::int64_t> ids;
     std::string reason;
@@ -77,10 +77,6 @@ std::string preview(const std::string& body, std::size_t max = 60) {
     return out;
 }
 
-std::string when(const std::optional<pg::timestamp>& t) {
-    return t ? pg::format_timestamptz(*t) : "-";
-}
-
 // A pool of one connection on `io` for a one-shot command (no readiness, no metrics).
 std::shared_ptr<pg::pool> one_shot_pool(asio::io_context& io, net::offload_pool& off, const pg_flags& f,
                                         const logger& log) {
@@ -106,7 +102,7 @@ int run_one_shot(const pg_flags& f, const global_flags& g, Make make, const std:
     return rc;
 }
 
-net::awaitable<int> run_list(list_flags f, std::shared_ptr<pg::pool> pool) {
+net::awaitable<int> run_list(letters_list_flags f, std::shared_ptr<pg::pool> pool) {
     billing::dead_letter_store store(pool);
     billing::letter_filter flt;
     if (!f.reason.empty()) flt.reason_prefix = f.reason;
@@ -126,12 +122,13 @@ net::awaitable<int> run_list(list_flags f, std::shared_ptr<pg::pool> pool) {
     for (const auto& l : *r)
         std::printf("%-8lld %-29s %-12s %-8d %-29s %-40s %s\n", static_cast<long long>(l.id),
                     pg::format_timestamptz(l.received_at).c_str(), l.topic.c_str(), l.attempts,
-                    when(l.replayed_at).c_str(), preview(l.reason, 40).c_str(), preview(l.raw_body).c_str());
+                    timestamp_or_dash(l.replayed_at).c_str(), preview(l.reason, 40).c_str(),
+                    preview(l.raw_body).c_str());
     std::printf("%zu letter(s)%s\n", r->size(), f.all ? "" : " not replayed yet (--all for every letter)");
     co_return 0;
 }
 
-net::awaitable<int> run_show(show_flags f, std::shared_ptr<pg::pool> pool) {
+net::awaitable<int> run_show(letters_show_flags f, std::shared_ptr<pg::pool> pool) {
     billing::dead_letter_store store(pool);
     auto r = co_await store.find(f.id);
     if (!r) {
@@ -154,8 +151,8 @@ net::awaitable<int> run_show(show_flags f, std::shared_ptr<pg::pool> pool) {
         "replayed_at:    %s\nreplayed_by:    %s\nreplay_count:   %d\nbody (%zu bytes):\n%s\n",
         static_cast<long long>(l.id), pg::format_timestamptz(l.received_at).c_str(), l.topic.c_str(),
         l.channel.c_str(), l.nsq_message_id.c_str(), l.attempts, l.reason.c_str(),
-        l.billing_key.value_or("-").c_str(), when(l.replayed_at).c_str(), l.replayed_by.value_or("-").c_str(),
-        l.replay_count, l.raw_body.size(), l.raw_body.c_str());
+        l.billing_key.value_or("-").c_str(), timestamp_or_dash(l.replayed_at).c_str(),
+        l.replayed_by.value_or("-").c_str(), l.replay_count, l.raw_body.size(), l.raw_body.c_str());
     co_return 0;
 }
 
@@ -165,12 +162,12 @@ struct replay_counts {
 
 // One letter: skip if replayed (unless --force), refuse a body `consume` would dead-letter again (unless
 // --no-validate), publish, mark. Returns false when publishing failed (the caller stops: nsqd is unwell).
-net::awaitable<bool> replay_one(const replay_flags& f, billing::dead_letter_store& store, nsq::producer& prod,
-                                const billing::stored_letter& l, replay_counts& n) {
+net::awaitable<bool> replay_one(const letters_replay_flags& f, billing::dead_letter_store& store,
+                                nsq::producer& prod, const billing::stored_letter& l, replay_counts& n) {
     if (l.replayed_at && !f.force) {
         std::printf("letter %lld: already replayed by %s at %s; skipped (--force publishes it again)\n",
                     static_cast<long long>(l.id), l.replayed_by.value_or("?").c_str(),
-                    when(l.replayed_at).c_str());
+                    timestamp_or_dash(l.replayed_at).c_str());
         ++n.skipped;
         co_return true;
     }
@@ -206,7 +203,8 @@ net::awaitable<bool> replay_one(const replay_flags& f, billing::dead_letter_stor
     co_return true;
 }
 
-net::awaitable<int> run_replay(replay_flags f, std::shared_ptr<pg::pool> pool, nsq::producer* producer) {
+net::awaitable<int> run_replay(letters_replay_flags f, std::shared_ptr<pg::pool> pool,
+                               nsq::producer* producer) {
     billing::dead_letter_store store(pool);
     nsq::producer& prod = *producer;
     replay_counts n;
@@ -258,7 +256,7 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
         app.add_subcommand("dead-letters", "inspect dead letters and replay them once their cause is fixed");
     dl->require_subcommand(1);
 
-    auto lf = std::make_shared<list_flags>();
+    auto lf = std::make_shared<letters_list_flags>();
     auto* list = dl->add_subcommand("list", "list dead letters not replayed yet (oldest first)");
     add_pg_flags(*list, lf->pg, false);
     list->add_option("--reason", lf->reason, "only letters whose reason starts with this");
@@ -275,7 +273,7 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
         };
     });
 
-    auto sf = std::make_shared<show_flags>();
+    auto sf = std::make_shared<letters_show_flags>();
     auto* show = dl->add_subcommand("show", "print one dead letter with its body");
     add_pg_flags(*show, sf->pg, false);
     show->add_option("ID", sf->id, "dead letter id")->required();
@@ -288,7 +286,7 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
         };
     });
 
-    auto rf = std::make_shared<replay_flags>();
+    auto rf = std::make_shared<letters_replay_flags>();
     auto* replay =
         dl->add_subcommand("replay", "re-publish dead letters' raw bodies to their topic, once each");
     add_pg_flags(*replay, rf->pg, false);

@@ -27,17 +27,17 @@ struct issue_flags {
                                                        allow = std::string(vault::default_allow), expires_at;
     std::optional<std::int64_t> expected_cents;
 };
-struct list_flags {
+struct vault_list_flags {
     pg_flags pg;
     bool json = false;
 };
-struct show_flags {
+struct vault_show_flags {
     pg_flags pg;
     std::string id;
     int audit = 20;
     bool json = false;
 };
-struct revoke_flags {
+struct vault_revoke_flags {
     pg_flags pg;
     std::string id;
 };
@@ -81,10 +81,6 @@ std::string money(std::int64_t cents, const std::string& currency) {
     std::int64_t frac = cents % 100;
     s += (frac < 10 ? "0" : "") + std::to_string(frac);
     return s + " " + currency;
-}
-
-std::string when(const std::optional<pg::timestamp>& t) {
-    return t ? pg::format_timestamptz(*t) : "-";
 }
 
 // RFC 3339 with an explicit offset ("2026-12-31T23:59:59Z", "…+01:00"): the shape only; PostgreSQL parses it.
@@ -194,7 +190,7 @@ void print_table(const std::vector<vault::key_usage>& keys) {
                     static_cast<long long>(k.cap_cents), static_cast<long long>(u.settled_cents),
                     static_cast<long long>(u.reserved_cents), static_cast<long long>(u.uncertain_cents),
                     vault::format_percent_bp(vault::utilisation_bp(u.committed(), k.cap_cents)).c_str(),
-                    when(k.expires_at).c_str(), when(k.revoked_at).c_str());
+                    timestamp_or_dash(k.expires_at).c_str(), timestamp_or_dash(k.revoked_at).c_str());
     }
 }
 
@@ -212,7 +208,7 @@ net::awaitable<int> list(vault::store& s, bool json) {
     co_return 0;
 }
 
-net::awaitable<int> show(vault::store& s, const show_flags& f) {
+net::awaitable<int> show(vault::store& s, const vault_show_flags& f) {
     auto keys = co_await s.usage(f.id);
     if (!keys) co_return fail("show", keys.err());
     if (keys->empty()) {
@@ -300,7 +296,7 @@ void register_vault(CLI::App& app, command_main& selected) {
         selected = [fi](const global_flags& g) { return run_issue(*fi, g); };
     });
 
-    auto fl = std::make_shared<list_flags>();
+    auto fl = std::make_shared<vault_list_flags>();
     auto* list_cmd = vault_cmd->add_subcommand("list", "list vault keys with cap, spend and utilisation");
     add_pg_flags(*list_cmd, fl->pg, false);
     list_cmd->add_flag("--json", fl->json, "one JSON array");
@@ -310,7 +306,7 @@ void register_vault(CLI::App& app, command_main& selected) {
         };
     });
 
-    auto fs = std::make_shared<show_flags>();
+    auto fs = std::make_shared<vault_show_flags>();
     auto* show_cmd = vault_cmd->add_subcommand("show", "one vault key and its last audit rows");
     add_pg_flags(*show_cmd, fs->pg, false);
     show_cmd->add_option("id", fs->id, "vault key id")->required();
@@ -324,7 +320,7 @@ void register_vault(CLI::App& app, command_main& selected) {
         };
     });
 
-    auto fr = std::make_shared<revoke_flags>();
+    auto fr = std::make_shared<vault_revoke_flags>();
     auto* revoke_cmd =
         vault_cmd->add_subcommand("revoke", "revoke a vault key (the proxy answers 401 from then on)");
     add_pg_flags(*revoke_cmd, fr->pg, false);

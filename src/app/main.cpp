@@ -4,14 +4,6 @@
 #include "app/cli.hpp"
 #include "app/commands.hpp"
 
-namespace cg::app {
-
-log_level global_flags::level() const {
-    return parse_log_level(log_level).value_or(cg::log_level::info);
-}
-
-}  // namespace cg::app
-
 int main(int argc, char** argv) {
     using namespace cg::app;
     CLI::App app{"chargeguard — charges Stripe exactly once for billing events from NSQ"};

@@ -70,6 +70,10 @@ pg::pool_options to_pool_options(const pg_flags& f) {
     return o;
 }
 
+std::string timestamp_or_dash(const std::optional<pg::timestamp>& t) {
+    return t ? pg::format_timestamptz(*t) : "-";
+}
+
 result<std::vector<pg::migration>> load_migrations(const pg_flags& f) {
     if (!f.migrations_dir.empty()) return pg::load_migrations(f.migrations_dir);
     return pg::embedded_migrations();

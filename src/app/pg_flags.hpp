@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <asio/io_context.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "pg/config.hpp"
 #include "pg/migrations.hpp"
 #include "pg/pool.hpp"
+#include "pg/types.hpp"
 
 namespace cg::app {
 
@@ -37,6 +39,9 @@ void add_pg_flags(CLI::App& cmd, pg_flags& f, bool long_running);
 // PGPASSWORD, ~/.pgpass, or CHARGEGUARD_PG_DSN instead: argv is visible to every local user).
 pg::config to_pg_config(const pg_flags& f);
 pg::pool_options to_pool_options(const pg_flags& f);
+
+// A timestamp column of the commands' tables: "2024-01-02 03:04:05.123456+00", or "-" for none.
+std::string timestamp_or_dash(const std::optional<pg::timestamp>& t);
 
 // The migrations to apply: --migrations-dir when given (read once, now), else the embedded ones.
 result<std::vector<pg::migration>> load_migrations(const pg_flags& f);

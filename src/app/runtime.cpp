@@ -10,7 +10,7 @@
 namespace cg::app {
 
 namespace {
-double seconds(std::chrono::steady_clock::duration d) {
+double as_seconds(std::chrono::steady_clock::duration d) {
     return std::chrono::duration<double>(d).count();
 }
 
@@ -63,8 +63,8 @@ result<net::tcp::endpoint> runtime::start() {
         double lag = probe_->recent_max_lag(opts_.lag_window);
         char buf[96];
         std::snprintf(buf, sizeof buf, "max lag %.4fs in the last %.0fs (limit %.3fs)", lag,
-                      seconds(opts_.lag_window), seconds(opts_.max_loop_lag));
-        return metrics::check_status{lag <= seconds(opts_.max_loop_lag), buf};
+                      as_seconds(opts_.lag_window), as_seconds(opts_.max_loop_lag));
+        return metrics::check_status{lag <= as_seconds(opts_.max_loop_lag), buf};
     });
     http::add_health_routes(routes_, metrics_, health_);
     server_ = std::make_unique<http::server>(io_.get_executor(), routes_, http::server_options{}, log_);
@@ -106,7 +106,7 @@ void runtime::request_stop(std::string_view reason, int exit_code) {
     if (stopping_) return;
     stopping_ = true;
     exit_code_ = exit_code;
-    log_.info("shutdown requested", {{"reason", reason}, {"timeout_s", seconds(opts_.shutdown_timeout)}});
+    log_.info("shutdown requested", {{"reason", reason}, {"timeout_s", as_seconds(opts_.shutdown_timeout)}});
     asio::co_spawn(io_, shutdown(this), [this](std::exception_ptr e) {
         if (e) {
             exit_code_ = 1;
@@ -130,7 +130,7 @@ asio::awaitable<void> runtime::shutdown(runtime* self) {
     if (self->probe_) self->probe_->stop();
     std::error_code ignored;
     self->signals_.cancel(ignored);
-    self->log_.info("shutdown complete", {{"seconds", seconds(std::chrono::steady_clock::now() - started)},
+    self->log_.info("shutdown complete", {{"seconds", as_seconds(std::chrono::steady_clock::now() - started)},
                                           {"clean", in_time && *failed == 0}});
 }
 

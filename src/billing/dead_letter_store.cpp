@@ -16,7 +16,7 @@ const std::string list_sql =
     " FROM dead_letters WHERE id > $1::bigint AND ($2::text IS NULL OR starts_with(reason, $2::text)) "
     "AND ($3::bool OR replayed_at IS NULL) ORDER BY id LIMIT $4::bigint";
 
-const std::string find_sql = "SELECT " CG_LETTER_COLUMNS " FROM dead_letters WHERE id = $1::bigint";
+const std::string find_letter_sql = "SELECT " CG_LETTER_COLUMNS " FROM dead_letters WHERE id = $1::bigint";
 
 const std::string mark_sql =
     "UPDATE dead_letters SET replayed_at = now(), replayed_by = $2::text, replay_count = replay_count + 1 "
@@ -44,18 +44,11 @@ stored_letter decode(const pg::rows& r, std::size_t i) {
     return l;
 }
 
-net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std::string& sql, pg::params p) {
-    auto c = co_await pool->acquire();
-    if (!c) co_return c.err();
-    auto& conn = **c;
-    co_return co_await conn.query_with(sql, std::move(p), conn.options().query_timeout);
-}
-
 }  // namespace
 
 net::awaitable<result<std::vector<stored_letter>>> dead_letter_store::list(letter_filter f) {
-    auto r =
-        co_await exec(pool_, list_sql, pg::params(f.after_id, f.reason_prefix, f.include_replayed, f.limit));
+    auto r = co_await pg::exec_pooled(pool_, list_sql,
+                                      pg::params(f.after_id, f.reason_prefix, f.include_replayed, f.limit));
     if (!r) co_return r.err();
     std::vector<stored_letter> out;
     out.reserve(r->size());
@@ -64,20 +57,20 @@ net::awaitable<result<std::vector<stored_letter>>> dead_letter_store::list(lette
 }
 
 net::awaitable<result<std::optional<stored_letter>>> dead_letter_store::find(std::int64_t id) {
-    auto r = co_await exec(pool_, find_sql, pg::params(id));
+    auto r = co_await pg::exec_pooled(pool_, find_letter_sql, pg::params(id));
     if (!r) co_return r.err();
     if (r->empty()) co_return std::optional<stored_letter>();
     co_return std::optional<stored_letter>(decode(*r, 0));
 }
 
 net::awaitable<result<bool>> dead_letter_store::mark_replayed(std::int64_t id, std::string who, bool again) {
-    auto r = co_await exec(pool_, mark_sql, pg::params(id, std::move(who), again));
+    auto r = co_await pg::exec_pooled(pool_, mark_sql, pg::params(id, std::move(who), again));
     if (!r) co_return r.err();
     co_return r->affected() == 1;
 }
 
 net::awaitable<result<std::int64_t>> dead_letter_store::count_open() {
-    auto r = co_await exec(pool_, count_open_sql, pg::params());
+    auto r = co_await pg::exec_pooled(pool_, count_open_sql, pg::params());
     if (!r) co_return r.err();
     co_return (*r)[0].get<std::int64_t>(0);
 }

@@ -199,10 +199,7 @@ std::int64_t millis(ms d) {
 
 // One statement on a pooled connection. `sql` is one of the statics above (it outlives the call).
 net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std::string& sql, pg::params p) {
-    auto c = co_await pool->acquire(pg::acquire_mode::wait_for_server);
-    if (!c) co_return c.err();
-    auto& conn = **c;
-    co_return co_await conn.query_with(sql, std::move(p), conn.options().query_timeout);
+    return pg::exec_pooled(std::move(pool), sql, std::move(p), pg::acquire_mode::wait_for_server);
 }
 
 // One lease-extending statement: as exec(), with the statement's deadline appended as the last parameter

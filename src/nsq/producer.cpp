@@ -26,10 +26,10 @@ using namespace std::chrono;
 using sclock = steady_clock;
 
 namespace {
-constexpr auto forever = sclock::time_point::max();
+constexpr auto no_deadline = sclock::time_point::max();
 
 struct waiter {
-    explicit waiter(asio::any_io_executor ex) : wake(ex, forever) {}
+    explicit waiter(asio::any_io_executor ex) : wake(ex, no_deadline) {}
     net::steady_timer wake;
     bool done = false;
     error err;
@@ -44,9 +44,9 @@ struct producer::state {
           cfg(std::move(c)),
           log(l.with({{"nsqd", address}})),
           decoder(cfg.max_frame_size),
-          writer_wake(e, forever),
-          connect_wake(e, forever),
-          idle_wake(e, forever) {}
+          writer_wake(e, no_deadline),
+          connect_wake(e, no_deadline),
+          idle_wake(e, no_deadline) {}
 
     asio::any_io_executor ex;
     std::string address;

@@ -398,4 +398,12 @@ void pool::start() {
     });
 }
 
+net::awaitable<result<rows>> exec_pooled(std::shared_ptr<pool> pool, const std::string& sql, params p,
+                                         acquire_mode mode) {
+    auto c = co_await pool->acquire(mode);
+    if (!c) co_return c.err();
+    auto& conn = **c;
+    co_return co_await conn.query_with(sql, std::move(p), conn.options().query_timeout);
+}
+
 }  // namespace cg::pg

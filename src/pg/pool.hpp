@@ -174,4 +174,9 @@ class pool : public std::enable_shared_from_this<pool> {
     std::unique_ptr<net::steady_timer> maint_timer_;
 };
 
+// One statement on a connection from `pool` (acquired with `mode`), under the connection's query timeout;
+// the connection goes back when it completes. `sql` must outlive the call (the callers pass statics).
+net::awaitable<result<rows>> exec_pooled(std::shared_ptr<pool> pool, const std::string& sql, params p,
+                                         acquire_mode mode = acquire_mode::fail_fast);
+
 }  // namespace cg::pg

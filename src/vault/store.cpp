@@ -90,13 +90,6 @@ const std::string by_state_sql = "SELECT state, count(*)::bigint FROM vault_spen
 
 #undef CG_KEY_COLUMNS
 
-net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std::string& sql, pg::params p) {
-    auto c = co_await pool->acquire();
-    if (!c) co_return c.err();
-    auto& conn = **c;
-    co_return co_await conn.query_with(sql, std::move(p), conn.options().query_timeout);
-}
-
 // {a,b,"c d"} → [a, b, c d]. Our names never need quoting, but PostgreSQL may quote anything.
 std::vector<std::string> parse_text_array(std::string_view s) {
     std::vector<std::string> out;
@@ -206,20 +199,20 @@ net::awaitable<result<void>> store::insert_key(new_key k) {
     pg::params p;
     p.add(k.id).add(k.name).add(k.secret_hash).add(k.billing_period).add(k.cap_cents).add(k.currency);
     p.add(pg_text_array(allowed)).add(k.expires_at);
-    auto r = co_await exec(pool_, insert_key_sql, std::move(p));
+    auto r = co_await pg::exec_pooled(pool_, insert_key_sql, std::move(p));
     if (!r) co_return r.err();
     co_return result<void>{};
 }
 
 net::awaitable<result<std::optional<key_record>>> store::find_key(std::string id) {
-    auto r = co_await exec(pool_, find_key_sql, pg::params(std::move(id)));
+    auto r = co_await pg::exec_pooled(pool_, find_key_sql, pg::params(std::move(id)));
     if (!r) co_return r.err();
     if (r->empty()) co_return std::optional<key_record>();
     co_return std::optional<key_record>(decode_key(*r, 0));
 }
 
 net::awaitable<result<std::vector<key_usage>>> store::usage(std::optional<std::string> id) {
-    auto r = co_await exec(pool_, usage_sql, pg::params(id));
+    auto r = co_await pg::exec_pooled(pool_, usage_sql, pg::params(id));
     if (!r) co_return r.err();
     std::vector<key_usage> out;
     for (std::size_t i = 0; i < r->size(); ++i) {
@@ -235,7 +228,7 @@ net::awaitable<result<std::vector<key_usage>>> store::usage(std::optional<std::s
 }
 
 net::awaitable<result<bool>> store::revoke(std::string id) {
-    auto r = co_await exec(pool_, revoke_sql, pg::params(std::move(id)));
+    auto r = co_await pg::exec_pooled(pool_, revoke_sql, pg::params(std::move(id)));
     if (!r) co_return r.err();
     co_return r->affected() == 1;
 }
@@ -319,7 +312,7 @@ net::awaitable<result<std::vector<reserve_result>>> store::step(std::string key_
         .add(bigint_array(delays));
     add_reservations(p, rs);
     p.add(window);
-    auto r = co_await exec(pool_, step_sql, std::move(p));
+    auto r = co_await pg::exec_pooled(pool_, step_sql, std::move(p));
     if (!r) co_return r.err();
     co_return decode_reservations(*r, rs.size(), "cg_vault_step");
 }
@@ -338,7 +331,7 @@ net::awaitable<result<std::vector<std::size_t>>> store::settle_many(std::vector<
     }
     pg::params p;
     p.add(pg_text_array(keys)).add(pg_text_array(idems)).add(pg_text_array(objects));
-    auto r = co_await exec(pool_, settle_many_sql, std::move(p));
+    auto r = co_await pg::exec_pooled(pool_, settle_many_sql, std::move(p));
     if (!r) co_return r.err();
     for (std::size_t i = 0; i < r->size(); ++i) {
         auto ord = r->get<std::int64_t>(i, 0);
@@ -350,40 +343,40 @@ net::awaitable<result<std::vector<std::size_t>>> store::settle_many(std::vector<
 }
 
 net::awaitable<result<bool>> store::settle(std::string key_id, std::string idem, std::string object_id) {
-    auto r = co_await exec(pool_, settle_sql,
-                           pg::params(std::move(key_id), std::move(idem), std::move(object_id)));
+    auto r = co_await pg::exec_pooled(pool_, settle_sql,
+                                      pg::params(std::move(key_id), std::move(idem), std::move(object_id)));
     if (!r) co_return r.err();
     co_return r->affected() == 1;
 }
 
 net::awaitable<result<bool>> store::release(std::string key_id, std::string idem, std::string why) {
-    auto r =
-        co_await exec(pool_, release_sql, pg::params(std::move(key_id), std::move(idem), std::move(why)));
+    auto r = co_await pg::exec_pooled(pool_, release_sql,
+                                      pg::params(std::move(key_id), std::move(idem), std::move(why)));
     if (!r) co_return r.err();
     co_return r->affected() == 1;
 }
 
 net::awaitable<result<bool>> store::mark_uncertain(std::string key_id, std::string idem, std::string why,
                                                    ms retry_in) {
-    auto r = co_await exec(pool_, uncertain_sql,
-                           pg::params(std::move(key_id), std::move(idem), std::move(why),
-                                      static_cast<std::int64_t>(retry_in.count())));
+    auto r = co_await pg::exec_pooled(pool_, uncertain_sql,
+                                      pg::params(std::move(key_id), std::move(idem), std::move(why),
+                                                 static_cast<std::int64_t>(retry_in.count())));
     if (!r) co_return r.err();
     co_return r->affected() == 1;
 }
 
 net::awaitable<result<void>> store::defer(std::string key_id, std::string idem, std::string why,
                                           ms retry_in) {
-    auto r = co_await exec(pool_, defer_sql,
-                           pg::params(std::move(key_id), std::move(idem), std::move(why),
-                                      static_cast<std::int64_t>(retry_in.count())));
+    auto r = co_await pg::exec_pooled(pool_, defer_sql,
+                                      pg::params(std::move(key_id), std::move(idem), std::move(why),
+                                                 static_cast<std::int64_t>(retry_in.count())));
     if (!r) co_return r.err();
     co_return result<void>{};
 }
 
 net::awaitable<result<std::vector<spend_row>>> store::due(ms stale_reserved, int limit) {
-    auto r =
-        co_await exec(pool_, due_sql, pg::params(static_cast<std::int64_t>(stale_reserved.count()), limit));
+    auto r = co_await pg::exec_pooled(pool_, due_sql,
+                                      pg::params(static_cast<std::int64_t>(stale_reserved.count()), limit));
     if (!r) co_return r.err();
     std::vector<spend_row> out;
     for (std::size_t i = 0; i < r->size(); ++i) {
@@ -421,13 +414,13 @@ net::awaitable<result<void>> store::write_audit(std::vector<audit_row> rows) {
         return std::optional<std::string>(buf);
     }));
     p.add(array_of<std::string>(rows, [](const audit_row& a) { return a.request_id; }));
-    auto r = co_await exec(pool_, audit_sql, std::move(p));
+    auto r = co_await pg::exec_pooled(pool_, audit_sql, std::move(p));
     if (!r) co_return r.err();
     co_return result<void>{};
 }
 
 net::awaitable<result<std::vector<audit_row>>> store::recent_audit(std::string key_id, int limit) {
-    auto r = co_await exec(pool_, recent_audit_sql, pg::params(std::move(key_id), limit));
+    auto r = co_await pg::exec_pooled(pool_, recent_audit_sql, pg::params(std::move(key_id), limit));
     if (!r) co_return r.err();
     std::vector<audit_row> out;
     for (std::size_t i = 0; i < r->size(); ++i) {
@@ -448,7 +441,7 @@ net::awaitable<result<std::vector<audit_row>>> store::recent_audit(std::string k
 }
 
 net::awaitable<result<std::vector<std::pair<std::string, std::int64_t>>>> store::reservations_by_state() {
-    auto r = co_await exec(pool_, by_state_sql, pg::params());
+    auto r = co_await pg::exec_pooled(pool_, by_state_sql, pg::params());
     if (!r) co_return r.err();
     std::vector<std::pair<std::string, std::int64_t>> out;
     for (std::size_t i = 0; i < r->size(); ++i)

@@ -156,4 +156,9 @@ struct billing_fixture : fake_stripe_fixture {
     }
 };
 
+// A verdict's reason as its wire name ("ok", "declined", …), for readable assertions.
+inline std::string reason(const billing::verdict& v) {
+    return std::string(billing::to_string(v.reason));
+}
+
 }  // namespace cg::test

@@ -14,6 +14,7 @@ using namespace std::chrono_literals;
 using namespace cg;
 using cg::test::delivery_of;
 using cg::test::key_of;
+using cg::test::reason;
 using cg::test::run_async;
 
 namespace {
@@ -25,10 +26,6 @@ std::string intent_event(const std::string& customer, const std::string& period,
     return R"({"customer_id":")" + customer + R"(","billing_period":")" + period + R"(","amount_cents":)" +
            std::to_string(amount) + R"(,"currency":"usd","stripe_customer_id":")" + stripe_customer +
            R"(","payment_method":"pm_card_visa")" + extra + "}";
-}
-
-std::string reason(const billing::verdict& v) {
-    return std::string(billing::to_string(v.reason));
 }
 
 // The payment_intent_id column (migration 0006), or "" when NULL.

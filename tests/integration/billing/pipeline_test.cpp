@@ -17,15 +17,12 @@ using billing::verdict_reason;
 using cg::test::delivery_of;
 using cg::test::event_json;
 using cg::test::key_of;
+using cg::test::reason;
 using cg::test::run_async;
 
 namespace {
 
 using fixture = test::billing_fixture;
-
-std::string reason(const billing::verdict& v) {
-    return std::string(billing::to_string(v.reason));
-}
 
 // Runs one delivery to completion and wakes `done` (a timer used as an event).
 net::awaitable<void> handle_into(billing::pipeline* p, billing::delivery d,

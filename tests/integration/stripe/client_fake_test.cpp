@@ -22,28 +22,14 @@ using namespace std::chrono_literals;
 using namespace cg;
 using cg::test::cert;
 using cg::test::charge_into;
+using cg::test::charge_req;
+using cg::test::cls;
 using cg::test::run_async;
 using stripe::outcome_class;
 
 namespace {
 
-std::string cls(outcome_class c) {
-    return std::string(stripe::to_string(c));
-}
-
 using fixture = test::fake_stripe_fixture;
-
-stripe::charge_request charge_req(std::string key, std::string customer = "cus_ok",
-                                  std::int64_t amount = 4200) {
-    stripe::charge_request r;
-    r.amount = amount;
-    r.currency = "usd";
-    r.customer = std::move(customer);
-    r.description = "plan 2024-05";
-    r.metadata = {{"billing_key", key}, {"customer_id", "c-1"}, {"billing_period", "2024-05"}};
-    r.idempotency_key = std::move(key);
-    return r;
-}
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "metrics/registry.hpp"
 #include "net/offload.hpp"
@@ -60,6 +61,23 @@ inline asio::awaitable<void> charge_into(stripe::client* c, stripe::charge_reque
                                          stripe::charge_outcome* out, int* left, net::steady_timer* done) {
     *out = co_await c->create_charge(std::move(req));
     if (--*left == 0) done->cancel();
+}
+
+// A charge of `amount` cents to `customer` under the idempotency key `key` (also its billing_key).
+inline stripe::charge_request charge_req(std::string key, std::string customer = "cus_ok",
+                                         std::int64_t amount = 4200) {
+    stripe::charge_request r;
+    r.amount = amount;
+    r.currency = "usd";
+    r.customer = std::move(customer);
+    r.description = "plan 2024-05";
+    r.metadata = {{"billing_key", key}, {"customer_id", "c-1"}, {"billing_period", "2024-05"}};
+    r.idempotency_key = std::move(key);
+    return r;
+}
+
+inline std::string cls(stripe::outcome_class c) {
+    return std::string(stripe::to_string(c));
 }
 
 }  // namespace cg::test

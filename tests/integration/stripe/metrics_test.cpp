@@ -20,6 +20,8 @@ using namespace std::chrono_literals;
 using namespace cg;
 using cg::test::cert;
 using cg::test::charge_into;
+using cg::test::charge_req;
+using cg::test::cls;
 using cg::test::run_async;
 using stripe::outcome_class;
 
@@ -28,19 +30,9 @@ namespace {
 using label_map = std::map<std::string, std::string>;
 
 // The shared fake-stripe fixture, plus a scrape of the registry its clients record into.
-struct fixture : test::fake_stripe_fixture {
+struct metrics_fixture : test::fake_stripe_fixture {
     std::map<std::string, test::prom_family> scrape() const { return test::parse_prometheus(reg.render()); }
 };
-
-stripe::charge_request charge_req(std::string key, std::string customer = "cus_ok") {
-    stripe::charge_request r;
-    r.amount = 4200;
-    r.currency = "usd";
-    r.customer = std::move(customer);
-    r.metadata = {{"billing_key", key}};
-    r.idempotency_key = std::move(key);
-    return r;
-}
 
 // The value of the sample `name` (the family's own name unless given) with exactly `labels`; throws
 // when the series is missing, so an unrecorded metric fails loudly.
@@ -82,16 +74,13 @@ label_map op_outcome(const std::string& op, const std::string& outcome) {
 label_map op(const std::string& o) {
     return {{"operation", o}};
 }
-std::string cls(outcome_class c) {
-    return std::string(stripe::to_string(c));
-}
 
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(client_metrics)
 
 BOOST_AUTO_TEST_CASE(outcomes_attempts_retries_replays_and_connections_are_exported) {
-    fixture f;
+    metrics_fixture f;
     f.fake->decline("cus_broke", {"card_declined", "insufficient_funds"});
     auto c = f.client(&f.reg);
     auto before = f.scrape();  // every series exists at zero before the first call
@@ -152,7 +141,7 @@ BOOST_AUTO_TEST_CASE(outcomes_attempts_retries_replays_and_connections_are_expor
 }
 
 BOOST_AUTO_TEST_CASE(clients_sharing_a_registry_add_up_and_give_back_their_connections) {
-    fixture f;
+    metrics_fixture f;
     auto a = f.client(&f.reg);
     auto b = f.client(&f.reg);
     auto quiet = f.client(nullptr);  // no registry: its calls appear nowhere
@@ -181,7 +170,7 @@ BOOST_AUTO_TEST_CASE(clients_sharing_a_registry_add_up_and_give_back_their_conne
 // Past --stripe-eager-connections (here 1) the pool waits for an answer before it grows: of 4 charges sent
 // at once, the first connects and the other 3 are held (counted), then served as answers come in.
 BOOST_AUTO_TEST_CASE(requests_held_by_the_pool_are_counted) {
-    fixture f;
+    metrics_fixture f;
     auto cfg = f.config();
     cfg.max_connections = 8;
     cfg.eager_connections = 1;
