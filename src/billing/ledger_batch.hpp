@@ -13,7 +13,11 @@
 //  * a batch holds at most `max_rows` callers and never two with the same key (the later one waits for the
 //    next batch, so it sees the earlier one's row exactly as it would after a single statement);
 //  * the runner decides each caller's result: a failed statement fails every caller in the batch with its
-//    error (they requeue, as after a failed single statement).
+//    error (they requeue, as after a failed single statement);
+//  * the callers of a finished batch resume `wake_chunk` at a time, the batch yielding to the event loop in
+//    between: every caller's continuation (a Stripe call, a FIN) runs as its own handler, and a loop that
+//    queued all 256 at once would run them in one turn of ~5 ms before any timer, socket read or heartbeat
+//    reply behind them; in chunks of 16 they wait at most one chunk's work.
 //
 // Main executor only (the pool's). A caller whose coroutine is cancelled while waiting gets errc::canceled;
 // if its row was already in a batch in flight the statement still completes (its outcome is then unknown to
@@ -21,7 +25,9 @@
 #pragma once
 
 #include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
 #include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -47,6 +53,7 @@ struct batch_options {
     bool enabled = true;            // false: every call runs its single-row statement
     std::size_t max_rows = 256;     // callers per statement
     std::size_t max_in_flight = 2;  // batches of one kind running at once (pooled connections)
+    std::size_t wake_chunk = 16;  // callers resumed per turn of the event loop once a batch finished (0: all)
     // How long a statement that found a free slot waits for more callers (asked once per statement); empty
     // or zero: no wait.
     std::function<std::chrono::microseconds()> linger;
@@ -175,6 +182,12 @@ class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, 
                     batch[i]->out.emplace(std::move(outs[i]));
                 else
                     batch[i]->out.emplace(error(pg::errc::protocol_error, "ledger batch: no result"));
+            }
+            // Every result is in place before the first caller resumes; the chunks only pace the wake-ups.
+            auto chunk = self->opts_.wake_chunk;
+            for (std::size_t i = 0; i < batch.size(); ++i) {
+                if (chunk != 0 && i != 0 && i % chunk == 0)
+                    co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
                 batch[i]->wake.cancel();
             }
         }

@@ -465,7 +465,7 @@ def run_seed(args, seed, profile_name):
         report["nsqd_restart"] = "yes" if nsqd.real else "skipped (fake-nsqd keeps messages in memory)"
 
         t0 = time.monotonic()
-        next_fault = 0.0
+        next_fault, armings = 0.0, 0
         restarts = []  # (time, consumer)
         killed_logs = []
         events = ["pg", "nsqd", "stall"]
@@ -499,8 +499,13 @@ def run_seed(args, seed, profile_name):
                 stripe.faults(stall_ms=int((prof["msg_timeout"] + 3) * 1000), stall_count=2)
             if now >= next_fault and now < dur:
                 # About 5 % 500-after-create, 5 % dropped-after-create, 5 % 429 of the ~10–20 POSTs a second.
+                # Every other second they wait for a PaymentIntent: left to chance (a third of the POSTs), that
+                # endpoint went a whole 3-seed run without a 500-after-create once.
+                to_intents = args.pi_share > 0 and armings % 2 == 1
                 stripe.faults(fail_after_create=int(rng.random() < 0.6), drop_after_create=int(rng.random() < 0.6),
-                              rate_limit=int(rng.random() < 0.6))
+                              rate_limit=int(rng.random() < 0.6),
+                              fault_path="/v1/payment_intents" if to_intents else "")
+                armings += 1
                 next_fault = now + 1.0
             for i, rc in cons.crashed():
                 if i not in [r[1] for r in restarts]:
@@ -510,7 +515,7 @@ def run_seed(args, seed, profile_name):
             time.sleep(0.02)
         for _, i in restarts:
             cons.start(i)
-        stripe.faults(fail_after_create=0, drop_after_create=0, rate_limit=0, stall_count=0)
+        stripe.faults(fail_after_create=0, drop_after_create=0, rate_limit=0, stall_count=0, fault_path="")
 
         # Quiescence: the channel drained and nothing pending in the ledger.
         bound = quiescence_bound(prof)

@@ -378,7 +378,7 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
         co_return error_response(400, "invalid_request_error", "",
                                  "Idempotency-Key must be at most 255 characters");
     // Rate limiting runs before idempotency: nothing is saved.
-    if (faults_.rate_limit > 0) {
+    if (faults_.rate_limit > 0 && faults_.targets(req.path())) {
         --faults_.rate_limit;
         ++fault_hits_["rate_limit " + std::string(req.path())];
         auto r = error_response(429, "invalid_request_error", "rate_limit",
@@ -421,7 +421,7 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
             r.headers.add("Idempotency-Key", key);
             co_return r;
         }
-        if (faults_.in_use > 0) {
+        if (faults_.in_use > 0 && faults_.targets(path)) {
             --faults_.in_use;
             auto r =
                 error_response(409, "idempotency_error", "idempotency_key_in_use",
@@ -442,13 +442,13 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
         create_charge(p, status, body, created);
     else
         create_intent(p, status, body, created);
-    if (created && faults_.fail_after_create > 0) {
+    if (created && faults_.fail_after_create > 0 && faults_.targets(path)) {
         --faults_.fail_after_create;
         ++fault_hits_["fail_after_create " + path];
         status = 500;
         body = error_body("api_error", "", "An unknown error occurred");
     }
-    bool drop = created && status == 200 && faults_.drop_after_create > 0;
+    bool drop = created && status == 200 && faults_.drop_after_create > 0 && faults_.targets(path);
     if (drop) {
         --faults_.drop_after_create;
         ++fault_hits_["drop_after_create " + path];
@@ -605,6 +605,7 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         num("drop_after_create", faults_.drop_after_create);
         num("rate_limit", faults_.rate_limit);
         num("in_use", faults_.in_use);
+        if (auto v = p.find("fault_path"); v != p.end()) faults_.fault_path = v->second;
         co_return json_response(200, "{}");
     }
     if (path == "/_admin/limits" && req.method == "POST") {

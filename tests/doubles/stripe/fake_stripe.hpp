@@ -18,6 +18,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/log.hpp"
@@ -38,6 +39,10 @@ struct faults {
     int drop_after_create = 0;  // next N creating POSTs: object created and 200 saved, connection dropped
     int rate_limit = 0;         // next N POSTs: 429 rate_limit with Stripe-Should-Retry: true (not saved)
     int in_use = 0;             // next N POSTs: 409 idempotency_key_in_use (not saved)
+    // Non-empty ("/v1/payment_intents"): the four counted faults above hit only POSTs to that path and wait
+    // for one; empty: any creating POST.
+    std::string fault_path;
+    bool targets(std::string_view path) const { return fault_path.empty() || fault_path == path; }
 };
 
 struct decline_rule {
