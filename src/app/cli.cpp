@@ -40,6 +40,11 @@ void add_runtime_flags(CLI::App& cmd, runtime_flags& f) {
     cmd.add_option("--max-loop-lag", f.max_loop_lag_s, "seconds of event-loop lag above which /healthz fails")
         ->check(CLI::Range(0.001, 60.0))
         ->capture_default_str();
+    cmd.add_option("--loop-lag-interval", f.loop_lag_interval_s,
+                   "seconds between the event-loop lag probe's samples (chargeguard_event_loop_lag_seconds); "
+                   "shorter gives a lag p99 from more samples, at one timer turn per sample")
+        ->check(CLI::Range(0.001, 10.0))
+        ->capture_default_str();
 }
 
 runtime_options to_runtime_options(const runtime_flags& f) {
@@ -52,6 +57,8 @@ runtime_options to_runtime_options(const runtime_flags& f) {
         std::chrono::duration<double>(f.shutdown_timeout_s));
     o.max_loop_lag = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(f.max_loop_lag_s));
+    o.lag_interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(f.loop_lag_interval_s));
     return o;
 }
 

@@ -20,6 +20,7 @@ struct runtime_flags {
     unsigned offload_threads = 2;
     double shutdown_timeout_s = 30;
     double max_loop_lag_s = 0.2;
+    double loop_lag_interval_s = 0.05;
 };
 void add_runtime_flags(CLI::App& cmd, runtime_flags& f);
 // Validates and converts; throws CLI::ValidationError with a clear message.

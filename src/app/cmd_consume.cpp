@@ -39,6 +39,7 @@ struct pipeline_flags {
     std::string indeterminate_delay = "30s";
     std::string search_failed_delay = "30s";
     std::string group_commit_linger_max = "2ms";
+    std::size_t group_commit_wake_chunk = 0;
 };
 
 struct consume_flags {
@@ -75,6 +76,11 @@ void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
     cmd.add_option("--group-commit-linger-max", f.group_commit_linger_max,
                    "longest a ledger group-commit statement waits for more rows (it waits 1% of the recent "
                    "Stripe call time, up to this; 0 = never waits)")
+        ->capture_default_str();
+    cmd.add_option("--group-commit-wake-chunk", f.group_commit_wake_chunk,
+                   "deliveries a finished group-commit statement resumes per event-loop turn (0 = all at "
+                   "once: best throughput; 4-16 shortens the loop's longest turns, for a lower lag p99)")
+        ->check(CLI::Range(std::size_t{0}, std::size_t{256}))
         ->capture_default_str();
 }
 
@@ -208,6 +214,7 @@ void log_effective_config(const logger& log, const consume_flags& f, const nsq::
          {"lease_renew_interval_ms", b.lease_renew_interval.count()},
          {"lease_held_delay_ms", b.lease_held_delay.count()},
          {"group_commit_linger_max_us", b.group_commit_linger_max.count()},
+         {"group_commit_wake_chunk", static_cast<std::int64_t>(f.billing.group_commit_wake_chunk)},
          {"test_step_pause_ms", b.test_step_pause.count()},
          {"health_listen", f.rt.health_listen},
          {"offload_threads", o.offload_threads},
@@ -262,6 +269,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto& preflight_rows = batch_rows.Add({{"statement", "preflight"}}, rows_buckets);
     auto& settle_rows = batch_rows.Add({{"statement", "settle"}}, rows_buckets);
     billing::ledger_options lopts;
+    lopts.batch.wake_chunk = f.billing.group_commit_wake_chunk;
     lopts.on_batch = [&preflight_rows, &settle_rows](std::string_view statement, std::size_t rows) {
         (statement == "preflight" ? preflight_rows : settle_rows).Observe(static_cast<double>(rows));
     };

@@ -14,10 +14,12 @@
 //    next batch, so it sees the earlier one's row exactly as it would after a single statement);
 //  * the runner decides each caller's result: a failed statement fails every caller in the batch with its
 //    error (they requeue, as after a failed single statement);
-//  * the callers of a finished batch resume `wake_chunk` at a time, the batch yielding to the event loop in
-//    between: every caller's continuation (a Stripe call, a FIN) runs as its own handler, and a loop that
-//    queued all 256 at once would run them in one turn of ~5 ms before any timer, socket read or heartbeat
-//    reply behind them; in chunks of 16 they wait at most one chunk's work.
+//  * with `wake_chunk` (--group-commit-wake-chunk), the callers of a finished batch resume that many at a
+//    time, the batch yielding to the event loop in between: every caller's continuation (a Stripe call, a
+//    FIN) runs as its own handler, and all 256 at once are one turn of several ms with every timer, socket
+//    read and heartbeat reply behind it. Off by default: against a fast Stripe the smaller turns cost
+//    4-16 % of the throughput in A/B runs, for a pinned loop's lag p99 of 2.5-5 ms instead of
+//    5-10 (README, pipeline benchmark).
 //
 // Main executor only (the pool's). A caller whose coroutine is cancelled while waiting gets errc::canceled;
 // if its row was already in a batch in flight the statement still completes (its outcome is then unknown to
@@ -53,7 +55,7 @@ struct batch_options {
     bool enabled = true;            // false: every call runs its single-row statement
     std::size_t max_rows = 256;     // callers per statement
     std::size_t max_in_flight = 2;  // batches of one kind running at once (pooled connections)
-    std::size_t wake_chunk = 16;  // callers resumed per turn of the event loop once a batch finished (0: all)
+    std::size_t wake_chunk = 0;  // callers resumed per turn of the event loop once a batch finished (0: all)
     // How long a statement that found a free slot waits for more callers (asked once per statement); empty
     // or zero: no wait.
     std::function<std::chrono::microseconds()> linger;

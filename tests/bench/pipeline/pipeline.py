@@ -439,6 +439,10 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
         m = metrics(c.health)
         rate = n / (end - start)
         lag = hist_quantile(m, "chargeguard_event_loop_lag_seconds", 0.99, before=m0)
+        lag_q = " / ".join(f"{hist_quantile(m, 'chargeguard_event_loop_lag_seconds', q, before=m0) * 1000:g}"
+                           for q in (0.5, 0.9, 0.99, 0.999))
+        lag_n = dict(hist_buckets(m, "chargeguard_event_loop_lag_seconds")).get(float("inf"), 0) - \
+            dict(hist_buckets(m0, "chargeguard_event_loop_lag_seconds")).get(float("inf"), 0)
         (c_from, t_from, m_from), (c_to, t_to, m_to) = steady["from"], steady["to"]
         steady_rate = (c_to - c_from) / (t_to - t_from) if t_to > t_from else float("nan")
         steady_call = hist_mean(m_to, "chargeguard_billing_stripe_call_duration_seconds", m_from)
@@ -450,7 +454,8 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
         wall = end - start
         parts = ", ".join(f"{k} {(split1[k] - split0[k]) / n * 1000:.2f}" for k in split1
                           if split1[k] is not None and split0.get(k) is not None)
-        print(f"|   | | | CPU-s / 1000 charges: {parts}; event loop thread over {wall:.1f} s: running "
+        print(f"|   | | | loop lag p50 / p90 / p99 / p99.9 ≤ {lag_q} ms ({lag_n:.0f} samples; consume's "
+              f"--loop-lag-interval sets how often); CPU-s / 1000 charges: {parts}; event loop thread over {wall:.1f} s: running "
               f"{(sched1[0] - sched0[0]) / wall * 100:.0f} %, runnable but waiting for a CPU "
               f"{(sched1[1] - sched0[1]) / wall * 100:.0f} %; load {os.getloadavg()[0]:.1f}; Stripe TLS handshakes "
               f"{counter(m, 'chargeguard_stripe_tls_handshakes_total'):.0f} (resumed "

@@ -1,11 +1,13 @@
 // The health server of the runtime, over real sockets: /healthz, /readyz, /metrics, a deliberately
 // blocked loop turning /healthz red, and malformed requests that must not take the server down.
+#include <algorithm>
 #include <asio/post.hpp>
 #include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <future>
 #include <thread>
 
+#include "app/cli.hpp"
 #include "app/runtime.hpp"
 #include "support/prom_text.hpp"
 #include "support/raw_http.hpp"
@@ -128,6 +130,35 @@ BOOST_AUTO_TEST_CASE(blocked_loop_turns_healthz_red_and_is_recorded) {
 
     // Liveness recovers once the window has passed without lag.
     BOOST_TEST(healthz_once_green(r.port) == 200);
+}
+
+BOOST_AUTO_TEST_CASE(loop_lag_interval_flag_sets_the_probe_and_the_probe_samples_at_it) {
+    auto parse = [](std::vector<std::string> args) {
+        CLI::App cmd;
+        app::runtime_flags f;
+        app::add_runtime_flags(cmd, f);
+        std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+        cmd.parse(args);
+        return app::to_runtime_options(f);
+    };
+    BOOST_TEST(parse({}).lag_interval == std::chrono::steady_clock::duration(50ms));
+    auto o = parse({"--loop-lag-interval", "0.005"});
+    BOOST_TEST(o.lag_interval == std::chrono::steady_clock::duration(5ms));
+    BOOST_CHECK_THROW(parse({"--loop-lag-interval", "0"}), CLI::ValidationError);
+
+    // The runtime takes it: at 5 ms the probe samples ~60 times in 300 ms (at the default 50 ms: 6).
+    auto l = lenient();
+    l.lag_interval = o.lag_interval;
+    running_runtime r(l);
+    auto samples = [&] {
+        auto fams = test::parse_prometheus(test::http_get(r.port, "/metrics").body);
+        return test::bucket_count(fams["chargeguard_event_loop_lag_seconds"], "+Inf");
+    };
+    auto before = samples();
+    std::this_thread::sleep_for(300ms);  // what is counted is the passage of time itself
+    auto taken = samples() - before;
+    BOOST_TEST_MESSAGE("lag samples in ~300 ms at 5 ms: " << taken);
+    BOOST_TEST(taken >= 20.0);
 }
 
 BOOST_AUTO_TEST_CASE(malformed_requests_get_4xx_and_server_keeps_serving) {
