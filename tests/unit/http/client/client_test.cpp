@@ -460,8 +460,9 @@ BOOST_AUTO_TEST_CASE(pool_past_eager_holds_against_a_saturated_origin) {
         BOOST_TEST(f.log.hits == 40);
         if (rule) {
             // The 4 eager ones: Little's law wants at most 4 × 50 answers/s × 20 ms = 4 connections, and the
-            // answers slowed past 2 × 20 ms + 1 ms at the third.
-            BOOST_TEST(c->stats().connects <= 6u);
+            // answers slowed past 2 × 20 ms + 1 ms at the third. 6 on a quiet machine; under ASan on a loaded
+            // one the first answers' times are noisier and a CI run opened 10. Without the rule: ≥ 30.
+            BOOST_TEST(c->stats().connects <= 12u);
             BOOST_TEST(c->stats().held >= 30u);
         } else {
             // (one or two requests may find the first answers' connections back before their turn)
