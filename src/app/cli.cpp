@@ -47,18 +47,21 @@ void add_runtime_flags(CLI::App& cmd, runtime_flags& f) {
         ->capture_default_str();
 }
 
+namespace {
+std::chrono::steady_clock::duration from_seconds(double s) {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+}  // namespace
+
 runtime_options to_runtime_options(const runtime_flags& f) {
     runtime_options o;
     auto hp = net::parse_host_port(f.health_listen);
     if (!hp) throw CLI::ValidationError("--health-listen", hp.err().describe());
     o.health_listen = *hp;
     o.offload_threads = f.offload_threads;
-    o.shutdown_timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(f.shutdown_timeout_s));
-    o.max_loop_lag = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(f.max_loop_lag_s));
-    o.lag_interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(f.loop_lag_interval_s));
+    o.shutdown_timeout = from_seconds(f.shutdown_timeout_s);
+    o.max_loop_lag = from_seconds(f.max_loop_lag_s);
+    o.lag_interval = from_seconds(f.loop_lag_interval_s);
     return o;
 }
 

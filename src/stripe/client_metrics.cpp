@@ -23,7 +23,6 @@ std::string label(operation op) {
     return std::string(to_string(op));
 }
 
-// Moves a shared gauge by this client's change since it last reported.
 // A counter catches up with the client's figure (which only grows).
 void advance_counter(metrics::Counter& c, std::uint64_t& seen, std::uint64_t now) {
     if (now <= seen) return;
@@ -31,6 +30,7 @@ void advance_counter(metrics::Counter& c, std::uint64_t& seen, std::uint64_t now
     seen = now;
 }
 
+// Moves a shared gauge by this client's change since it last reported.
 void move_gauge(metrics::Gauge& g, std::uint64_t& seen, std::uint64_t now) {
     if (now >= seen)
         g.Increment(static_cast<double>(now - seen));
