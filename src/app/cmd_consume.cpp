@@ -38,6 +38,7 @@ struct pipeline_flags {
     std::string retry_same_key_delay = "5s";
     std::string indeterminate_delay = "30s";
     std::string search_failed_delay = "30s";
+    std::string new_key_quiet = "5m";
     std::string group_commit_linger_max = "2ms";
     std::size_t group_commit_wake_chunk = 0;
 };
@@ -72,6 +73,10 @@ void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
         ->capture_default_str();
     cmd.add_option("--search-failed-delay", f.search_failed_delay,
                    "REQ delay when the recovery search of the customer's charges failed")
+        ->capture_default_str();
+    cmd.add_option("--new-key-quiet", f.new_key_quiet,
+                   "a new key generation waits until no call under the old one has shown life (its "
+                   "attempt, a lease renewal) for this long; at least 2 x --lease-renew-interval")
         ->capture_default_str();
     cmd.add_option("--group-commit-linger-max", f.group_commit_linger_max,
                    "longest a ledger group-commit statement waits for more rows (it waits 1% of the recent "
@@ -112,6 +117,9 @@ billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
     c.retry_same_key_delay = duration_in_range("--retry-same-key-delay", f.retry_same_key_delay, 0ms, 1h);
     c.indeterminate_delay = duration_in_range("--indeterminate-delay", f.indeterminate_delay, 0ms, 1h);
     c.stripe_unavailable_delay = duration_in_range("--search-failed-delay", f.search_failed_delay, 0ms, 1h);
+    // A call in flight shows life every renewal interval: a quiet period shorter than two of them could
+    // mistake a live call for a dead one.
+    c.new_key_quiet = duration_in_range("--new-key-quiet", f.new_key_quiet, 2 * c.lease_renew_interval, 1h);
     c.group_commit_linger_max =
         duration_in_range("--group-commit-linger-max", f.group_commit_linger_max, 0ms, 100ms);
     if (const char* pause = std::getenv("CHARGEGUARD_TEST_STEP_PAUSE_MS"))
@@ -213,6 +221,7 @@ void log_effective_config(const logger& log, const consume_flags& f, const nsq::
          {"lease_ms", b.lease.count()},
          {"lease_renew_interval_ms", b.lease_renew_interval.count()},
          {"lease_held_delay_ms", b.lease_held_delay.count()},
+         {"new_key_quiet_ms", b.new_key_quiet.count()},
          {"group_commit_linger_max_us", b.group_commit_linger_max.count()},
          {"group_commit_wake_chunk", static_cast<std::int64_t>(f.billing.group_commit_wake_chunk)},
          {"test_step_pause_ms", b.test_step_pause.count()},

@@ -2,7 +2,10 @@
 // could not process and re-drive them once their cause is fixed (the customer's card, the ledger row in
 // conflict, the producer's data).
 //
-// A replay publishes the stored raw body to the letter's topic with the ordinary NSQ producer, then marks the
+// A replay first reopens the letter's ledger row when it is `failed` (Stripe refused the request as sent) or
+// `cap_blocked` (the vault refused it): back to pending, to be searched for and charged by the redelivery —
+// without that the replayed message would meet a final row and be finished as a duplicate, uncharged. It
+// then publishes the stored raw body to the letter's topic with the ordinary NSQ producer, and marks the
 // letter replayed (who, when). Publish first, mark second: a crash in between leaves the letter unmarked and
 // a second replay publishes it again, which the content-keyed charge makes harmless; the other order could
 // lose the event. A letter already replayed is skipped unless --force (idempotent by default).
@@ -18,6 +21,7 @@
 #include "app/pg_flags.hpp"
 #include "billing/dead_letter_store.hpp"
 #include "billing/event.hpp"
+#include "billing/ledger.hpp"
 #include "net/address.hpp"
 #include "net/offload.hpp"
 #include "nsq/producer.hpp"
@@ -162,8 +166,37 @@ struct replay_counts {
 
 // One letter: skip if replayed (unless --force), refuse a body `consume` would dead-letter again (unless
 // --no-validate), publish, mark. Returns false when publishing failed (the caller stops: nsqd is unwell).
+// The letter's ledger row, reopened when a replay can charge it only that way; says what it found. False
+// when PostgreSQL failed (the letter is not published).
+net::awaitable<bool> reopen_row(const letters_replay_flags& f, billing::ledger& led,
+                                const billing::stored_letter& l) {
+    if (!l.billing_key) co_return true;
+    auto id = static_cast<long long>(l.id);
+    auto why = "reopened by the replay of dead letter " + std::to_string(l.id) + " by " + f.by;
+    auto reopened = co_await led.reopen_for_replay(*l.billing_key, why);
+    if (!reopened) {
+        std::fprintf(stderr, "letter %lld: cannot reopen ledger row %s: %s (not published)\n", id,
+                     l.billing_key->c_str(), reopened.err().describe().c_str());
+        co_return false;
+    }
+    if (*reopened) {
+        std::printf(
+            "letter %lld: ledger row %s reopened (was %s): the replay searches Stripe, then charges\n", id,
+            l.billing_key->c_str(), std::string(billing::to_string(**reopened)).c_str());
+        co_return true;
+    }
+    auto row = co_await led.find(*l.billing_key);
+    if (row && *row && billing::is_final((*row)->status))
+        std::printf(
+            "letter %lld: ledger row %s is %s: the replayed message will be finished as a duplicate "
+            "(a conflict is resolved by hand, see README \"Dead letters\")\n",
+            id, l.billing_key->c_str(), std::string(billing::to_string((*row)->status)).c_str());
+    co_return true;
+}
+
 net::awaitable<bool> replay_one(const letters_replay_flags& f, billing::dead_letter_store& store,
-                                nsq::producer& prod, const billing::stored_letter& l, replay_counts& n) {
+                                billing::ledger& led, nsq::producer& prod, const billing::stored_letter& l,
+                                replay_counts& n) {
     if (l.replayed_at && !f.force) {
         std::printf("letter %lld: already replayed by %s at %s; skipped (--force publishes it again)\n",
                     static_cast<long long>(l.id), l.replayed_by.value_or("?").c_str(),
@@ -180,6 +213,10 @@ net::awaitable<bool> replay_one(const letters_replay_flags& f, billing::dead_let
             ++n.failed;
             co_return true;
         }
+    }
+    if (!co_await reopen_row(f, led, l)) {
+        ++n.failed;
+        co_return true;
     }
     const std::string& topic = f.topic.empty() ? l.topic : f.topic;
     auto pub = co_await prod.publish(topic, l.raw_body);
@@ -206,6 +243,7 @@ net::awaitable<bool> replay_one(const letters_replay_flags& f, billing::dead_let
 net::awaitable<int> run_replay(letters_replay_flags f, std::shared_ptr<pg::pool> pool,
                                nsq::producer* producer) {
     billing::dead_letter_store store(pool);
+    billing::ledger led(pool);
     nsq::producer& prod = *producer;
     replay_counts n;
     bool go_on = true;
@@ -222,7 +260,7 @@ net::awaitable<int> run_replay(letters_replay_flags f, std::shared_ptr<pg::pool>
             ++n.failed;
             continue;
         }
-        go_on = co_await replay_one(f, store, prod, **r, n);
+        go_on = co_await replay_one(f, store, led, prod, **r, n);
     }
     if (!f.reason.empty()) {
         billing::letter_filter flt;
@@ -237,7 +275,7 @@ net::awaitable<int> run_replay(letters_replay_flags f, std::shared_ptr<pg::pool>
                 break;
             }
             for (const auto& l : *page) {
-                go_on = co_await replay_one(f, store, prod, l, n);
+                go_on = co_await replay_one(f, store, led, prod, l, n);
                 if (!go_on) break;
             }
             if (page->size() < static_cast<std::size_t>(flt.limit)) break;

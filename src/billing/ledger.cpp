@@ -30,8 +30,9 @@ using ms = std::chrono::milliseconds;
 // between "row written" and "attempt recorded" in which a crash could leave a row that looks untried.
 const std::string preflight_insert_sql =
     "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
-    "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at) "
-    "VALUES ($1, $2, $3, $4, $5, $6, 'pending', " CG_LEASE_END("$7") ", 1, $8, $9, 1, now()) "
+    "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at, "
+    "last_stripe_attempt_at) "
+    "VALUES ($1, $2, $3, $4, $5, $6, 'pending', " CG_LEASE_END("$7") ", 1, $8, $9, 1, now(), now()) "
     "ON CONFLICT DO NOTHING RETURNING " CG_RECORD_COLUMNS;
 
 // The row that made the insert conflict: by key first; else the (customer_id, billing_period) row under
@@ -66,16 +67,19 @@ const std::string take_sql =
     "LEFT JOIN taken ON true";
 constexpr int take_late_column = 15;  // right after CG_RECORD_COLUMNS (15 columns)
 
+// Renewals run while a Stripe call is awaited, so they also say "a call under this generation is in flight"
+// (last_stripe_attempt_at, see bump_sql).
 const std::string renew_sql =
     "WITH renewed AS (UPDATE billing_records SET lease_until = " CG_LEASE_END("$3") ", "
-    "lease_epoch = lease_epoch + 1 "
+    "lease_epoch = lease_epoch + 1, last_stripe_attempt_at = now() "
     "WHERE key = $1 AND status = 'pending' AND lease_epoch = $2 AND clock_timestamp() < $4::timestamptz "
     "RETURNING lease_epoch) "
     "SELECT (SELECT lease_epoch FROM renewed), clock_timestamp() >= $4::timestamptz";
 
 const std::string attempt_sql =
     "WITH attempted AS (UPDATE billing_records SET stripe_attempts = stripe_attempts + 1, "
-    "first_stripe_attempt_at = coalesce(first_stripe_attempt_at, now()), lease_until = " CG_LEASE_END("$3") ", "
+    "first_stripe_attempt_at = coalesce(first_stripe_attempt_at, now()), last_stripe_attempt_at = now(), "
+    "lease_until = " CG_LEASE_END("$3") ", "
     "lease_epoch = lease_epoch + 1 "
     "WHERE key = $1 AND status = 'pending' AND lease_epoch = $2 AND clock_timestamp() < $4::timestamptz "
     "RETURNING key_generation, stripe_attempts, lease_epoch) "
@@ -98,9 +102,10 @@ const std::string settle_sql =
 // inserting transaction).
 const std::string preflight_batch_sql =
     "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
-    "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at) "
+    "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at, "
+    "last_stripe_attempt_at) "
     "SELECT v.key, v.customer_id, v.billing_period, v.amount_cents, v.currency, v.stripe_customer_id, "
-    "'pending', " CG_LEASE_END("v.lease_ms") ", 1, v.nsq_message_id, v.nsq_attempts, 1, now() "
+    "'pending', " CG_LEASE_END("v.lease_ms") ", 1, v.nsq_message_id, v.nsq_attempts, 1, now(), now() "
     "FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[], "
     "$8::text[], $9::int4[]) AS v(key, customer_id, billing_period, amount_cents, currency, "
     "stripe_customer_id, lease_ms, nsq_message_id, nsq_attempts) "
@@ -134,10 +139,34 @@ const std::string release_sql =
     "lease_epoch = lease_epoch + 1 "
     "WHERE key = $1 AND status = 'pending' AND lease_epoch = $2";
 
+// A new generation only while we hold the lease, from the generation we searched for, and only once no call
+// under it has shown life for $4 ms (last_stripe_attempt_at: an attempt recorded, a renewal, or an in-flight
+// note from a worker that lost its lease). Returns (new generation, NULL) when bumped, (NULL, ms still to
+// wait) when a call may still be in flight, (NULL, NULL) when the lease or the generation moved.
 const std::string bump_sql =
-    "UPDATE billing_records SET key_generation = key_generation + 1, indeterminate_since = NULL "
-    "WHERE key = $1 AND status = 'pending' AND lease_epoch = $2 AND key_generation = $3 RETURNING "
-    "key_generation";
+    "WITH cur AS (SELECT greatest(0, ceil(extract(epoch FROM coalesce(last_stripe_attempt_at, "
+    "first_stripe_attempt_at, now() - $4::bigint * interval '1 millisecond') + $4::bigint * interval "
+    "'1 millisecond' - now()) * 1000))::bigint "
+    "AS wait_ms FROM billing_records "
+    "WHERE key = $1 AND status = 'pending' AND lease_epoch = $2 AND key_generation = $3 FOR UPDATE), "
+    "bumped AS (UPDATE billing_records b SET key_generation = b.key_generation + 1, indeterminate_since = "
+    "NULL "
+    "FROM cur WHERE b.key = $1 AND cur.wait_ms = 0 RETURNING b.key_generation) "
+    "SELECT (SELECT key_generation FROM bumped), (SELECT wait_ms FROM cur WHERE wait_ms > 0)";
+
+// A worker whose lease was taken over while its Stripe call is still awaited keeps saying so, for its own
+// generation only (no lease needed: it moves no state, it only holds back a new generation).
+const std::string in_flight_sql =
+    "UPDATE billing_records SET last_stripe_attempt_at = now() "
+    "WHERE key = $1 AND status = 'pending' AND key_generation = $2";
+
+// The old status comes from the locked read (RETURNING shows only new values).
+const std::string reopen_sql =
+    "WITH prev AS (SELECT status FROM billing_records WHERE key = $1 AND status IN ('failed', 'cap_blocked') "
+    "FOR UPDATE) "
+    "UPDATE billing_records b SET status = 'pending', indeterminate_since = coalesce(b.indeterminate_since, "
+    "now()), lease_until = NULL, lease_epoch = b.lease_epoch + 1, last_error = $2 "
+    "FROM prev WHERE b.key = $1 RETURNING prev.status";
 
 // Held until the batch's transaction ends: concurrent deliveries of one message insert one letter.
 const std::string letter_lock_sql =
@@ -556,9 +585,10 @@ net::awaitable<result<bool>> ledger::mark_declined(std::string key, std::optiona
                               std::move(last_error), std::nullopt, std::move(payment_intent_id));
 }
 
-net::awaitable<result<bool>> ledger::mark_cap_blocked(std::string key, std::string last_error) {
+net::awaitable<result<bool>> ledger::mark_cap_blocked(std::string key, std::string last_error,
+                                                      dead_letter letter) {
     co_return co_await settle(std::move(key), record_status::cap_blocked, std::nullopt, std::move(last_error),
-                              std::nullopt);
+                              std::move(letter));
 }
 
 net::awaitable<result<bool>> ledger::mark_conflict(std::string key, std::string last_error,
@@ -587,12 +617,31 @@ net::awaitable<result<bool>> ledger::release_lease(std::string key, lease_token 
     co_return r->affected() == 1;
 }
 
-net::awaitable<result<std::optional<std::int32_t>>> ledger::bump_generation(std::string key, lease_token held,
-                                                                            std::int32_t from_generation) {
-    auto r = co_await exec(pool_, bump_sql, pg::params(std::move(key), held, from_generation));
+net::awaitable<result<bump_result>> ledger::bump_generation(std::string key, lease_token held,
+                                                            std::int32_t from_generation,
+                                                            std::chrono::milliseconds quiet) {
+    auto r = co_await exec(pool_, bump_sql, pg::params(std::move(key), held, from_generation, millis(quiet)));
     if (!r) co_return r.err();
-    if (r->empty()) co_return std::optional<std::int32_t>();
-    co_return std::optional<std::int32_t>((*r)[0].get<std::int32_t>(0));
+    bump_result out;
+    if (!r->empty()) {
+        out.generation = (*r)[0].get<std::optional<std::int32_t>>(0);
+        if (auto w = (*r)[0].get<std::optional<std::int64_t>>(1)) out.wait = ms(*w);
+    }
+    co_return out;
+}
+
+net::awaitable<result<bool>> ledger::note_in_flight(std::string key, std::int32_t generation) {
+    auto r = co_await exec(pool_, in_flight_sql, pg::params(std::move(key), generation));
+    if (!r) co_return r.err();
+    co_return r->affected() == 1;
+}
+
+net::awaitable<result<std::optional<record_status>>> ledger::reopen_for_replay(std::string key,
+                                                                               std::string why) {
+    auto r = co_await exec(pool_, reopen_sql, pg::params(std::move(key), std::move(why)));
+    if (!r) co_return r.err();
+    if (r->empty()) co_return std::optional<record_status>();
+    co_return parse_record_status(r->get<std::string_view>(0, 0));
 }
 
 net::awaitable<result<bool>> ledger::add_dead_letter(dead_letter letter) {

@@ -70,6 +70,12 @@ struct attempt_record {
     lease_token lease;
 };
 
+// What bump_generation did.
+struct bump_result {
+    std::optional<std::int32_t> generation;  // bumped to this one
+    std::chrono::milliseconds wait{0};       // not bumped: a call under the old generation may be in flight
+};
+
 struct dead_letter {
     std::string topic;
     std::string channel;
@@ -131,8 +137,9 @@ class ledger {
     net::awaitable<result<bool>> mark_declined(std::string key, std::optional<std::string> charge_id,
                                                std::string last_error,
                                                std::optional<std::string> payment_intent_id = std::nullopt);
-    net::awaitable<result<bool>> mark_cap_blocked(std::string key, std::string last_error);
     // Final with a dead letter, in one transaction (so a crash between the two cannot lose the letter).
+    net::awaitable<result<bool>> mark_cap_blocked(std::string key, std::string last_error,
+                                                  dead_letter letter);
     net::awaitable<result<bool>> mark_conflict(std::string key, std::string last_error, dead_letter letter);
     net::awaitable<result<bool>> mark_failed(std::string key, std::string last_error, dead_letter letter);
 
@@ -147,9 +154,21 @@ class ledger {
 
     // key_generation+1 (only from `from_generation`, only while we hold the lease), clearing
     // indeterminate_since: the open answer belonged to the old key, and a search just showed no charge for
-    // it. Returns the new generation, or nullopt when the lease or the generation moved.
-    net::awaitable<result<std::optional<std::int32_t>>> bump_generation(std::string key, lease_token held,
-                                                                        std::int32_t from_generation);
+    // it — but only once no call under the old generation has shown life for `quiet` (its attempt, its
+    // renewals, note_in_flight): a call still in flight could charge after the search looked. `generation`:
+    // the new one; else `wait` > 0 while a call may be in flight; neither when the lease or generation moved.
+    net::awaitable<result<bump_result>> bump_generation(std::string key, lease_token held,
+                                                        std::int32_t from_generation,
+                                                        std::chrono::milliseconds quiet);
+    // "My Stripe call under `generation` is still awaited", from a worker whose lease was taken over: holds
+    // back a new generation (see bump_generation) without touching the lease. false: the row moved on.
+    net::awaitable<result<bool>> note_in_flight(std::string key, std::int32_t generation);
+
+    // Puts a `failed` or `cap_blocked` row back to pending (no lease, indeterminate_since set, last_error =
+    // `why`), so the replay of its dead letter charges it once its cause is fixed: the redelivery searches
+    // Stripe first and charges under a new key generation only if no charge carries the key. Returns the
+    // status it had, or nullopt when the row is in any other state (or absent) and was left alone.
+    net::awaitable<result<std::optional<record_status>>> reopen_for_replay(std::string key, std::string why);
 
     // Inserts a dead letter unless one with the same nsq_message_id and reason exists (NSQ redelivered a
     // message whose FIN was lost). Serialised per message id by a transaction-scoped advisory lock, so two

@@ -59,6 +59,8 @@ charge_step step_for(stripe::outcome_class c) noexcept {
             return charge_step::mark_indeterminate_requeue;
         case oc::rejected:
             return charge_step::mark_failed_dead_letter;
+        case oc::setup_error:
+            return charge_step::setup_requeue;
     }
     // An outcome class added later must not be mistaken for a final answer: treat it as "may have happened".
     return charge_step::mark_indeterminate_requeue;
@@ -80,6 +82,8 @@ std::string_view to_string(charge_step s) noexcept {
             return "mark_indeterminate_requeue";
         case charge_step::mark_failed_dead_letter:
             return "mark_failed_dead_letter";
+        case charge_step::setup_requeue:
+            return "setup_requeue";
     }
     return "?";
 }
@@ -125,9 +129,13 @@ create_request build_request(const billing_event& ev, std::string_view base, std
 found_intent_step step_for_found_intent(const stripe::payment_intent& pi) noexcept {
     if (stripe::intent_settled(pi.status))
         return pi.latest_charge.empty() ? found_intent_step::still_open : found_intent_step::mark_charged;
+    // We always create with confirm=true, so an intent still requires_confirmation is one whose confirm never
+    // ran (a 5xx or a dropped connection inside the call): Stripe has not tried the card, and declining it
+    // would leave the customer uncharged for good. Nobody else can confirm it (its client secret never left
+    // Stripe's answer to us), so a new generation's intent is the only one that can move money.
+    if (pi.status == "requires_confirmation") return found_intent_step::not_charged;
     // requires_payment_method (a failed off-session attempt), requires_action, canceled: the customer must
-    // act. requires_confirmation never comes from us (we always confirm): Stripe has not tried to charge,
-    // but the key is spent on it, so it is not charged either — a decline an operator can see.
+    // act.
     return found_intent_step::mark_declined;
 }
 

@@ -59,11 +59,12 @@ std::chrono::milliseconds backoff_delay(const backoff& b, std::int32_t attempts)
 enum class charge_step {
     mark_charged,                // succeeded → charged + FIN
     mark_declined,               // declined → declined + FIN
-    mark_cap_blocked,            // cap_exceeded → cap_blocked + FIN + alert
+    mark_cap_blocked,            // cap_exceeded → cap_blocked + dead letter + FIN + alert
     mark_conflict_dead_letter,   // idempotency_conflict → conflict + dead letter + FIN
     release_requeue,             // retry_same_key → stays pending, lease released, REQ
     mark_indeterminate_requeue,  // indeterminate → indeterminate_since, lease released, REQ
     mark_failed_dead_letter,     // rejected → failed with last_error + dead letter + FIN
+    setup_requeue,               // setup_error → stays pending, lease released, REQ + alert
 };
 charge_step step_for(stripe::outcome_class c) noexcept;
 std::string_view to_string(charge_step s) noexcept;
@@ -83,8 +84,10 @@ using create_request = std::variant<stripe::charge_request, stripe::payment_inte
 create_request build_request(const billing_event& ev, std::string_view base, std::int32_t generation);
 
 // What a recovery search found, as a ledger step: a PaymentIntent that holds the money is charged (with its
-// latest_charge; without one yet it is still open), one that needs the customer is declined.
-enum class found_intent_step { mark_charged, mark_declined, still_open };
+// latest_charge; without one yet it is still open), one that needs the customer is declined, and one Stripe
+// never tried to charge (requires_confirmation: our create-and-confirm stopped before the confirm) is as
+// good as none — the search goes on to a new key generation.
+enum class found_intent_step { mark_charged, mark_declined, still_open, not_charged };
 found_intent_step step_for_found_intent(const stripe::payment_intent& pi) noexcept;
 
 }  // namespace cg::billing

@@ -246,15 +246,33 @@ net::awaitable<verdict> pipeline::search(run& r) {
     if (r.ev.uses_payment_intent()) {
         auto pi = co_await stripe_.find_payment_intent_by_billing_key(r.ev.stripe_customer_id, r.key, since);
         if (!pi) co_return co_await search_failed(r, pi.err());
-        if (*pi) co_return co_await settle_found_intent(r, **pi);
+        if (*pi && step_for_found_intent(**pi) != found_intent_step::not_charged)
+            co_return co_await settle_found_intent(r, **pi);
+        if (*pi)
+            r.log.warn("the payment intent found was never confirmed: Stripe did not try the card",
+                       {{"payment_intent", (*pi)->id}});
     }
-    auto bumped = co_await ledger_.bump_generation(r.key, r.lease, r.generation);
+    auto bumped = co_await ledger_.bump_generation(r.key, r.lease, r.generation, cfg_.new_key_quiet);
     if (!bumped) co_return postgres_failed(r, bumped.err(), "bump generation");
-    if (!*bumped)
+    if (!bumped->generation && bumped->wait.count() > 0) {
+        // A call under this key showed life too recently: it may still charge. Look again once it cannot.
+        std::string why = "no charge carries the key yet, but a call under it showed life less than " +
+                          std::to_string(cfg_.new_key_quiet.count() / 1000) + " s ago";
+        auto rel = co_await ledger_.release_lease(r.key, r.lease, why);
+        if (!rel) co_return postgres_failed(r, rel.err(), "release lease");
+        r.log.info("waiting out the previous call before a new key generation",
+                   {{"wait_ms", static_cast<std::int64_t>(bumped->wait.count())}});
+        auto delay =
+            std::min(std::max(bumped->wait + std::chrono::milliseconds(100), cfg_.indeterminate_delay),
+                     cfg_.max_requeue_delay);
+        co_return verdict::requeue(verdict_reason::requeued_indeterminate, delay, why);
+    }
+    if (!bumped->generation)
         co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay,
                                    "bump generation");
-    r.log.warn("no charge carries the key: charging under a new key generation", {{"generation", **bumped}});
-    r.generation = **bumped;
+    r.log.warn("no charge carries the key: charging under a new key generation",
+               {{"generation", *bumped->generation}});
+    r.generation = *bumped->generation;
     co_return co_await charge(r, false);
 }
 
@@ -311,7 +329,13 @@ net::awaitable<void> pipeline::keep_lease(run& r, lease_keeper& k) {
         co_await k.timer.async_wait();
         if (k.done) break;
         if (r.touch) r.touch();
-        if (k.lost) continue;
+        if (k.lost) {
+            // Not ours any more, but our call under this generation is still awaited: say so, so that
+            // whoever holds the row now does not take a new generation while it can still charge.
+            auto noted = co_await ledger_.note_in_flight(r.key, r.generation);
+            if (!noted) r.log.warn("cannot note the call in flight", {{"error", noted.err().describe()}});
+            continue;
+        }
         auto renewed = co_await ledger_.renew_lease(r.key, r.lease, cfg_.lease);
         if (!renewed) {
             r.log.warn("lease renewal failed; retrying at the next interval",
@@ -346,7 +370,10 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
             co_return verdict::finish(verdict_reason::declined, out.message);
         }
         case charge_step::mark_cap_blocked: {
-            auto m = co_await ledger_.mark_cap_blocked(r.key, out.message);
+            // With a dead letter: once the cap is raised (or the spend behind it explained), replaying the
+            // letter reopens the row and charges it (dead-letters replay).
+            auto m =
+                co_await ledger_.mark_cap_blocked(r.key, out.message, r.letter("spend cap exceeded", r.key));
             if (!m) co_return postgres_failed(r, m.err(), "mark cap_blocked");
             r.log.warn("alert: spend cap exceeded, charge blocked",
                        {{"alert", true}, {"stripe", out.message}});
@@ -369,6 +396,18 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
             if (!m) co_return postgres_failed(r, m.err(), "release lease");
             co_return verdict::requeue(verdict_reason::requeued_retry_same_key, cfg_.retry_same_key_delay,
                                        out.message);
+        }
+        case charge_step::setup_requeue: {
+            // Our key, its permissions or the address are wrong (or something in front of Stripe refused):
+            // nothing happened, and the event is as valid as before. Keep it until an operator fixes it.
+            auto m = co_await ledger_.release_lease(r.key, r.lease, out.message);
+            if (!m) co_return postgres_failed(r, m.err(), "release lease");
+            r.log.error(
+                "alert: Stripe refused the request for our setup (API key, permissions or address); "
+                "the event stays pending and is retried",
+                {{"alert", true}, {"stripe", out.message}});
+            co_return verdict::requeue(verdict_reason::requeued_stripe_unavailable,
+                                       cfg_.stripe_unavailable_delay, out.message);
         }
         case charge_step::mark_indeterminate_requeue: {
             auto m = co_await ledger_.mark_indeterminate(r.key, r.lease, out.message);
@@ -416,6 +455,8 @@ net::awaitable<verdict> pipeline::settle_found_intent(run& r, const stripe::paym
                 verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
                 "payment intent " + pi.id + " is " + pi.status + " without a charge yet");
         }
+        case found_intent_step::not_charged:
+            break;  // search() goes on to a new generation instead
     }
     throw std::logic_error("unknown found_intent_step");
 }

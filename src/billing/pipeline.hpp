@@ -61,7 +61,11 @@ struct pipeline_config {
     std::chrono::milliseconds retry_same_key_delay{5'000};       // Stripe said "nothing happened, try again"
     std::chrono::milliseconds indeterminate_delay{30'000};       // 5xx / timeout: resolve by search later
     std::chrono::milliseconds stripe_unavailable_delay{30'000};  // the charge search failed
-    backoff postgres_backoff{};                                  // PostgreSQL errors, by delivery attempt
+    // A new key generation waits until no call under the old one has shown life (its attempt recorded, a
+    // lease renewal, an in-flight note) for this long: a search can only see the charges of calls that have
+    // finished, and Stripe may still be executing a request our client gave up on.
+    std::chrono::milliseconds new_key_quiet{300'000};
+    backoff postgres_backoff{};  // PostgreSQL errors, by delivery attempt
     // Past this, a pending row's key is not trusted for replay any more (Stripe prunes keys at 24 h).
     std::chrono::seconds same_key_window{billing::same_key_window};
     // The search for an existing charge starts this long before the first attempt (clock skew with Stripe).

@@ -133,6 +133,19 @@ result<std::vector<expected_event>> parse_csv(std::string_view text) {
             json += ",\"description\":";
             append_json_string(json, d);
         }
+        // A PaymentIntent event stays one: re-published without its payment method it would be charged
+        // through /v1/charges under a key Stripe already saw on /v1/payment_intents.
+        if (auto pm = field("payment_method"); !pm.empty()) {
+            json += ",\"payment_method\":";
+            append_json_string(json, pm);
+        }
+        if (auto os = field("off_session"); !os.empty()) {
+            json += ",\"off_session\":";
+            if (os == "true" || os == "false")
+                json += os;
+            else
+                append_json_string(json, os);  // refused by the parser below, with its message
+        }
         json += "}";
         auto ev = parse_event(json);
         if (!ev) return line_error(line_no, describe_event_error(ev.err()));

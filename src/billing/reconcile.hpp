@@ -25,7 +25,8 @@ struct expected_event {
 };
 
 // JSONL (one event per line; blank lines skipped) or CSV with a header naming at least customer_id,
-// billing_period, amount_cents, currency, stripe_customer_id (description optional; columns in any order;
+// billing_period, amount_cents, currency, stripe_customer_id (description, payment_method and off_session
+// (true/false) optional; columns in any order;
 // double-quoted fields with "" escapes). The format is told by the first non-blank character: '{' → JSONL.
 // Fails on the first invalid line, naming it ("line 7: amount_cents: …"), or on a (customer, period) listed
 // twice with different payloads.

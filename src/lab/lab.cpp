@@ -433,6 +433,7 @@ billing::pipeline_config pipeline_config_for(run_t* v) {
     c.retry_same_key_delay = 300ms;
     c.indeterminate_delay = 300ms;
     c.stripe_unavailable_delay = 500ms;
+    c.new_key_quiet = 1s;  // two renewal intervals
     c.postgres_backoff = {100ms, 1s};
     // The world's clock: moved with fake-stripe's when a scenario lets a day pass.
     c.now = [v] { return std::chrono::system_clock::now() + v->clock_offset; };

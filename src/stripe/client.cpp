@@ -60,6 +60,8 @@ errc errc_for(outcome_class c) {
             return errc::indeterminate;
         case outcome_class::rejected:
             return errc::rejected;
+        case outcome_class::setup_error:
+            return errc::setup_error;
     }
     return errc::indeterminate;
 }
@@ -90,6 +92,7 @@ void classify(call_result& out) {
     if (out.error) {
         f.error_type = out.error->type;
         f.error_code = out.error->code;
+        f.error_param = out.error->param;
     }
     f.should_retry = parse_should_retry(r.headers.get("Stripe-Should-Retry"));
     out.cls = classify_response(f);

@@ -17,7 +17,7 @@ constexpr std::array<outcome_class, outcome_count> all_outcomes{
     outcome_class::succeeded,      outcome_class::declined,
     outcome_class::cap_exceeded,   outcome_class::idempotency_conflict,
     outcome_class::retry_same_key, outcome_class::indeterminate,
-    outcome_class::rejected};
+    outcome_class::rejected,       outcome_class::setup_error};
 
 std::string label(operation op) {
     return std::string(to_string(op));

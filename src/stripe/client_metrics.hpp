@@ -28,7 +28,7 @@ enum class operation {
     call
 };
 inline constexpr std::size_t operation_count = 7;
-inline constexpr std::size_t outcome_count = 7;  // outcome_class values
+inline constexpr std::size_t outcome_count = 8;  // outcome_class values
 
 std::string_view to_string(operation op) noexcept;
 

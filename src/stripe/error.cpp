@@ -20,6 +20,8 @@ const char* describe(int v) noexcept {
             return "outcome unknown (server error, timeout or disconnect after sending)";
         case errc::rejected:
             return "rejected by Stripe";
+        case errc::setup_error:
+            return "refused for the client's setup (API key, permissions, address)";
         case errc::bad_response:
             return "unexpected response body";
         case errc::bad_config:

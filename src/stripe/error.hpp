@@ -13,7 +13,8 @@ enum class errc {
     idempotency_conflict,
     retry_same_key,  // still failing after the bounded retries; try again later with the same key
     indeterminate,   // the request may or may not have taken effect
-    rejected,        // auth, permission, validation, not found
+    rejected,        // validation, a named object not found: the request cannot succeed as sent
+    setup_error,     // credentials, permissions, address: refused for our setup, not the request
     bad_response,    // a 2xx whose body is not the expected JSON object
     bad_config,      // missing key, unreadable key file, bad URL
 };

@@ -13,7 +13,10 @@ enum class outcome_class {
     idempotency_conflict,  // 400 idempotency_error: same key, different parameters
     retry_same_key,        // 409 in use, 429, not sent, Stripe-Should-Retry: true — nothing happened yet
     indeterminate,         // 5xx, or timeout/disconnect after sending: may have happened
-    rejected,              // other 4xx (auth, permission, validation, not found): final, with message
+    rejected,              // 400 (validation), 404 naming a parameter: the event itself cannot succeed
+    setup_error,           // 401, 403, a 404 naming no parameter, 405, 3xx, other 4xx: refused for our setup
+                           // (key, permissions, address, something in front of Stripe), not for the event:
+                           // nothing happened; the same request succeeds once an operator fixes the cause
 };
 
 std::string_view to_string(outcome_class c) noexcept;
@@ -24,6 +27,7 @@ struct response_facts {
     std::string_view error_type;       // error.type from the JSON body, if any
     std::string_view error_code;       // error.code
     std::optional<bool> should_retry;  // Stripe-Should-Retry header
+    std::string_view error_param;      // error.param
 };
 
 outcome_class classify_response(const response_facts& f) noexcept;

@@ -261,6 +261,7 @@ class Consumers:
                 "--lease-renew-interval", d(p["renew"]), "--lease-held-delay", d(p["held"]),
                 "--retry-same-key-delay", d(p["retry"]), "--indeterminate-delay", d(p["indeterminate"]),
                 "--search-failed-delay", d(p["search"]), "--stripe-request-timeout", "20",
+                "--new-key-quiet", d(NEW_KEY_QUIET_S),
                 "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10",
                 # Consumer 1 runs its Stripe requests on the event loop (handshakes on the offload pool), the
                 # others all on the offload pool: both placements under the same chaos.
@@ -408,6 +409,12 @@ def make_run(rng, n_events, pi_share=0.3):
     return valid, declined_customers, auth_customers, invalid, bodies
 
 
+# A new key generation waits until no call under the old one has shown life for this long: more than the
+# 20 s request timeout (timeouts are not retried), so no call a killed or cut-off worker left at fake-stripe
+# (the stall holds one for msg_timeout + 3 s) can still charge when a search has found nothing.
+NEW_KEY_QUIET_S = 25.0
+
+
 def quiescence_bound(prof, pg_backoff_cap=60.0):
     """The longest a settled system may take once the chaos stops: a message held by a killed worker comes
     back after msg_timeout; it may find a lease (≤ lease, plus 10 % jitter and the floor) twice (the killed
@@ -415,7 +422,7 @@ def quiescence_bound(prof, pg_backoff_cap=60.0):
     failed search its own; a PostgreSQL error backs off up to 60 s by attempt; plus the stall and slack."""
     p = prof
     return (p["msg_timeout"] + 2 * (p["lease"] * 1.1 + p["held"] * 2) + p["indeterminate"] + p["search"] +
-            p["retry"] + pg_backoff_cap + (p["msg_timeout"] + 3) + 30)
+            p["retry"] + pg_backoff_cap + (p["msg_timeout"] + 3) + NEW_KEY_QUIET_S + 30)
 
 
 def run_seed(args, seed, profile_name):

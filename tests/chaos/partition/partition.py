@@ -59,6 +59,10 @@ RENEW_S = 1
 REQUEUE_DELAY_S = 1
 PG_QUERY_TIMEOUT_S = 2
 STRIPE_REQUEST_TIMEOUT_S = 10
+# A new key generation waits until no call under the old one has shown life for this long: longer than any
+# call can last here (one attempt's request timeout; timeouts are not retried), so a worker cut off from
+# PostgreSQL mid-call cannot charge after another worker's search found nothing.
+NEW_KEY_QUIET_S = 2 * STRIPE_REQUEST_TIMEOUT_S
 PG_BACKOFF_MAX_S = 5  # pg::pool_options::backoff_max (not a flag)
 RESTART_DELAY_S = 1.0
 CUT_S = (2.0, 10.0)
@@ -73,9 +77,11 @@ def quiescence_bound():
     after --lease (an abandoned renewal cannot extend it: that is one of the fixes under test); the pool
     reconnects on demand, at worst after its backoff; a Stripe call in flight ends within the request
     timeout; recovery then needs a few requeues (lease held → take → search → charge), each
-    REQUEUE_DELAY_S. Add a restart (--migrate, connect) and slack for a loaded 2-core CI machine.
+    REQUEUE_DELAY_S, and a new key generation waits NEW_KEY_QUIET_S after the last call under the old one.
+    Add a restart (--migrate, connect) and slack for a loaded 2-core CI machine.
     """
-    chain = MSG_TIMEOUT_S + LEASE_S + PG_BACKOFF_MAX_S + STRIPE_REQUEST_TIMEOUT_S + 4 * REQUEUE_DELAY_S
+    chain = (MSG_TIMEOUT_S + LEASE_S + PG_BACKOFF_MAX_S + STRIPE_REQUEST_TIMEOUT_S + 4 * REQUEUE_DELAY_S +
+             NEW_KEY_QUIET_S)
     return chain + 20
 
 
@@ -305,7 +311,7 @@ class Seed:
             "--lease", "%ds" % LEASE_S, "--lease-renew-interval", "%ds" % RENEW_S,
             "--lease-held-delay", "%ds" % REQUEUE_DELAY_S, "--retry-same-key-delay", "%ds" % REQUEUE_DELAY_S,
             "--indeterminate-delay", "%ds" % REQUEUE_DELAY_S, "--search-failed-delay", "%ds" % REQUEUE_DELAY_S,
-            "--max-attempts", "1000", "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "3",
+            "--new-key-quiet", "%ds" % NEW_KEY_QUIET_S, "--max-attempts", "1000", "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "3",
             "--max-loop-lag", "5"]
         env = dict(os.environ, STRIPE_API_KEY=STRIPE_KEY)
         out = open(self.worker_logs[i], "a")

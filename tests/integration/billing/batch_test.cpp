@@ -280,7 +280,7 @@ BOOST_AUTO_TEST_CASE(concurrent_settles_share_a_statement_and_answer_per_row) {
                                   i == 2 ? std::optional<std::string>("pi_settle_2") : std::nullopt);
         });
     ops.push_back([&l, &keys]() { return l.mark_declined(keys[5], "ch_declined_5", "card_declined"); });
-    ops.push_back([&l, &keys]() { return l.mark_cap_blocked(keys[6], "over the cap"); });
+    ops.push_back([&l, &keys]() { return l.mark_declined(keys[6], std::nullopt, "no charge id"); });
     ops.push_back([&l, &keys]() { return l.mark_charged(keys[7], "ch_settle_late"); });
     auto out =
         run_all<result<bool>>(f, std::move(ops), [&]() { return release_when_queued(&l, true, 8, &holder); });
@@ -316,8 +316,9 @@ BOOST_AUTO_TEST_CASE(concurrent_settles_share_a_statement_and_answer_per_row) {
     BOOST_TEST(err5 == "card_declined");
     BOOST_TEST(nl5);
     auto [st6, ch6, pi6, err6, nl6, ep6] = status_of(keys[6]);
-    BOOST_TEST(st6 == "cap_blocked");
-    BOOST_TEST(err6 == "over the cap");
+    BOOST_TEST(st6 == "declined");
+    BOOST_TEST(ch6.empty());
+    BOOST_TEST(err6 == "no charge id");
     auto [st7, ch7, pi7, err7, nl7, ep7] = status_of(keys[7]);
     BOOST_TEST(st7 == "charged");
     BOOST_TEST(ch7 == "ch_settle_first");  // untouched by the late settle

@@ -101,6 +101,7 @@ struct billing_fixture : fake_stripe_fixture {
         c.retry_same_key_delay = 102ms;
         c.indeterminate_delay = 103ms;
         c.stripe_unavailable_delay = 104ms;
+        c.new_key_quiet = 0ms;  // the quiet rule has its own tests
         c.postgres_backoff = {50ms, 400ms};
         c.now = [this] { return std::chrono::system_clock::now() + clock_offset; };
         return c;

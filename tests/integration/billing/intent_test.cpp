@@ -153,6 +153,42 @@ BOOST_AUTO_TEST_CASE(server_error_after_a_succeeded_intent_is_resolved_by_search
     BOOST_TEST(intent_column(f, key) == f.fake->intents()[0].id);
 }
 
+// The search finds an intent carrying our key that Stripe never confirmed (requires_confirmation: the
+// confirm inside our create-and-confirm never ran): Stripe never tried the card, so declining would leave
+// the customer uncharged for good. Recovery goes on to generation 2, whose intent charges.
+BOOST_AUTO_TEST_CASE(recovery_charges_past_an_intent_that_was_never_confirmed) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto key = key_of("pi-6", "2026-11");
+    auto body = intent_event("pi-6", "2026-11", 900);
+    auto ev = billing::parse_event(body);
+    BOOST_TEST_REQUIRE(ev.has_value());
+    auto unconfirmed = billing::build_intent_request(*ev, key, 1);
+    unconfirmed.confirm = false;
+    unconfirmed.off_session = false;
+    unconfirmed.idempotency_key = "left-unconfirmed";
+    f.run(f.stripe->create_payment_intent(unconfirmed));  // 200, but an intent that moved no money
+    BOOST_TEST_REQUIRE(f.fake->intents().size() == 1u);
+    BOOST_TEST_REQUIRE(f.fake->intents()[0].status == "requires_confirmation");
+    // The worker that made it got a 500 and marked the row indeterminate.
+    auto rec = f.dead_workers_row(body, "2a06", 30s);
+    auto marked = f.run(f.ledger->mark_indeterminate(key, rec.lease_epoch, "HTTP 500 api_error"));
+    BOOST_TEST_REQUIRE((marked.has_value() && *marked));
+
+    auto v = f.handle(*p, delivery_of(body, "2a06", 2));
+    BOOST_TEST(reason(v) == "charged", v.detail);
+    BOOST_TEST_REQUIRE(f.fake->intents().size() == 2u);
+    const auto& second = f.fake->intents()[1];
+    BOOST_TEST(second.status == "succeeded");
+    BOOST_TEST(f.fake->posts_for(key + "-g2") == 1);
+    auto after = f.row(key);
+    BOOST_TEST(billing::to_string(after->status) == "charged");
+    BOOST_TEST(after->key_generation == 2);
+    BOOST_TEST(after->charge_id.value_or("") == second.latest_charge);
+    BOOST_TEST(intent_column(f, key) == second.id);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
 // The client's PaymentIntent search pages through the customer's intents (newest first) by metadata.
 BOOST_AUTO_TEST_CASE(payment_intent_search_pages_through_the_customer) {
     fixture f;

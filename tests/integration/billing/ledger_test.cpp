@@ -104,9 +104,10 @@ BOOST_AUTO_TEST_CASE(equal_lease_timestamps_still_differ_and_a_stale_epoch_is_re
     auto att = f.run(f.ledger->record_attempt(rec.key, old_token, 60s));
     BOOST_TEST_REQUIRE(att.has_value());
     BOOST_TEST(!att->has_value());
-    auto bump = f.run(f.ledger->bump_generation(rec.key, old_token, 1));
+    auto bump = f.run(f.ledger->bump_generation(rec.key, old_token, 1, 0ms));
     BOOST_TEST_REQUIRE(bump.has_value());
-    BOOST_TEST(!bump->has_value());
+    BOOST_TEST(!bump->generation.has_value());
+    BOOST_TEST(bump->wait.count() == 0);
     auto rel = f.run(f.ledger->release_lease(rec.key, old_token, "stale release"));
     BOOST_TEST_REQUIRE(rel.has_value());
     BOOST_TEST(!*rel);
@@ -124,13 +125,96 @@ BOOST_AUTO_TEST_CASE(equal_lease_timestamps_still_differ_and_a_stale_epoch_is_re
     BOOST_TEST(epoch_now == new_token);
 
     // The current holder's token works, and releasing with it hands the row on.
-    auto bumped = f.run(f.ledger->bump_generation(rec.key, new_token, 1));
-    BOOST_TEST_REQUIRE((bumped.has_value() && bumped->has_value()));
-    BOOST_TEST(**bumped == 2);
+    auto bumped = f.run(f.ledger->bump_generation(rec.key, new_token, 1, 0ms));
+    BOOST_TEST_REQUIRE((bumped.has_value() && bumped->generation.has_value()));
+    BOOST_TEST(*bumped->generation == 2);
     auto mine = f.run(f.ledger->mark_indeterminate(rec.key, new_token, "our 500"));
     BOOST_TEST_REQUIRE(mine.has_value());
     BOOST_TEST(*mine);
     BOOST_TEST(lease_columns(f, rec.key).second == new_token + 1);
+}
+
+// A new generation waits out the old one's calls: the bump is refused (with the time left) while the last
+// sign of life of a call under the current generation — its recorded attempt, a renewal, a note from a
+// worker that lost its lease — is younger than the quiet period, and goes through once it is older.
+BOOST_AUTO_TEST_CASE(a_new_generation_waits_until_no_call_under_the_old_one_shows_life) {
+    fixture f;
+    auto rec = f.dead_workers_row(event_json("quiet-1", "2026-11", 1000), "q1", 30s);
+    auto token = rec.lease_epoch;
+    // The attempt was recorded just now: a bump asking for 60 s of quiet must wait about that long.
+    auto early = f.run(f.ledger->bump_generation(rec.key, token, 1, 60s));
+    BOOST_TEST_REQUIRE(early.has_value(), (early ? "" : early.err().describe()));
+    BOOST_TEST(!early->generation.has_value());
+    BOOST_TEST(early->wait.count() > 55'000);
+    BOOST_TEST(early->wait.count() <= 60'000);
+    BOOST_TEST(f.row(rec.key)->key_generation == 1);
+    // The call's last sign of life 61 s ago (a worker that died or whose call ended): the bump goes through.
+    auto aged =
+        f.run(f.query("UPDATE billing_records SET last_stripe_attempt_at = now() - interval '61 s' "
+                      "WHERE key = $1",
+                      pg::params(rec.key)));
+    BOOST_TEST_REQUIRE(aged.has_value());
+    // A worker that lost its lease notes its call is still awaited: the quiet period starts again.
+    auto noted = f.run(f.ledger->note_in_flight(rec.key, 1));
+    BOOST_TEST_REQUIRE((noted.has_value() && *noted));
+    auto still = f.run(f.ledger->bump_generation(rec.key, token, 1, 60s));
+    BOOST_TEST_REQUIRE(still.has_value());
+    BOOST_TEST(!still->generation.has_value());
+    BOOST_TEST(still->wait.count() > 55'000);
+    // A note for another generation holds nothing back.
+    BOOST_TEST_REQUIRE(f.run(f.query("UPDATE billing_records SET last_stripe_attempt_at = now() - "
+                                     "interval '61 s' WHERE key = $1",
+                                     pg::params(rec.key)))
+                           .has_value());
+    auto other = f.run(f.ledger->note_in_flight(rec.key, 7));
+    BOOST_TEST_REQUIRE((other.has_value() && !*other));
+    auto bumped = f.run(f.ledger->bump_generation(rec.key, token, 1, 60s));
+    BOOST_TEST_REQUIRE((bumped.has_value() && bumped->generation.has_value()));
+    BOOST_TEST(*bumped->generation == 2);
+    BOOST_TEST(bumped->wait.count() == 0);
+    // A renewal is a sign of life too.
+    auto renewed = f.run(f.ledger->renew_lease(rec.key, token, 30s));
+    BOOST_TEST_REQUIRE((renewed.has_value() && renewed->has_value()));
+    auto after_renewal = f.run(f.ledger->bump_generation(rec.key, **renewed, 2, 60s));
+    BOOST_TEST_REQUIRE(after_renewal.has_value());
+    BOOST_TEST(!after_renewal->generation.has_value());
+    BOOST_TEST(after_renewal->wait.count() > 55'000);
+}
+
+// A failed or cap_blocked row reopens for the replay of its dead letter: pending, no lease, marked to search
+// first; any other state is left alone.
+BOOST_AUTO_TEST_CASE(reopen_for_replay_reopens_only_failed_and_cap_blocked_rows) {
+    fixture f;
+    auto failed = f.dead_workers_row(event_json("reopen-1", "2026-11", 1000), "r1", 30s);
+    auto capped = f.dead_workers_row(event_json("reopen-2", "2026-11", 1000), "r2", 30s);
+    auto charged = f.dead_workers_row(event_json("reopen-3", "2026-11", 1000), "r3", 30s);
+    auto letter = [](const std::string& id) {
+        return billing::dead_letter{"billing", "chargeguard", id, 1, "{}", "stripe rejected", std::nullopt};
+    };
+    BOOST_TEST_REQUIRE(f.run(f.ledger->mark_failed(failed.key, "HTTP 400", letter("r1"))).has_value());
+    BOOST_TEST_REQUIRE(f.run(f.ledger->mark_cap_blocked(capped.key, "cap", letter("r2"))).has_value());
+    BOOST_TEST_REQUIRE(f.run(f.ledger->mark_charged(charged.key, "ch_reopen_3")).has_value());
+    for (const auto* rec : {&failed, &capped}) {
+        auto was = f.run(f.ledger->reopen_for_replay(rec->key, "replay of letter 1 by test"));
+        BOOST_TEST_REQUIRE(was.has_value(), (was ? "" : was.err().describe()));
+        BOOST_TEST_REQUIRE(was->has_value());
+        BOOST_TEST(billing::to_string(**was) == (rec == &failed ? "failed" : "cap_blocked"));
+        auto now_row = f.row(rec->key);
+        BOOST_TEST(billing::to_string(now_row->status) == "pending");
+        BOOST_TEST(!now_row->lease_until.has_value());
+        BOOST_TEST(now_row->indeterminate_since.has_value());  // recovery searches before a new key
+        BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND last_error = "
+                            "'replay of letter 1 by test'",
+                            rec->key) == 1);
+        // Twice is a no-op.
+        auto again = f.run(f.ledger->reopen_for_replay(rec->key, "again"));
+        BOOST_TEST_REQUIRE(again.has_value());
+        BOOST_TEST(!again->has_value());
+    }
+    auto left = f.run(f.ledger->reopen_for_replay(charged.key, "no"));
+    BOOST_TEST_REQUIRE(left.has_value());
+    BOOST_TEST(!left->has_value());
+    BOOST_TEST(billing::to_string(f.row(charged.key)->status) == "charged");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

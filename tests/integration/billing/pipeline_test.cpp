@@ -491,8 +491,44 @@ BOOST_AUTO_TEST_CASE(stripe_idempotency_error_marks_conflict_and_dead_letters) {
     BOOST_TEST(f.fake->posts_for(key) == 2);
 }
 
-// A rejected request (401: bad API key) is final: failed with last_error, dead letter, FIN.
-BOOST_AUTO_TEST_CASE(stripe_rejection_marks_failed_and_dead_letters) {
+// Recovery searched and found no charge, but the call under the current key showed life moments ago (its
+// worker may have lost the lease while Stripe still works on it): no new generation yet — the row is
+// requeued for when that call cannot charge any more, and only then charged under generation 2.
+BOOST_AUTO_TEST_CASE(no_new_generation_while_a_call_under_the_old_one_may_be_in_flight) {
+    fixture f;
+    auto cfg = f.config_for_pipeline();
+    cfg.new_key_quiet = 60s;
+    auto p = f.make_pipeline(cfg);
+    auto body = event_json("acme-19", "2026-11", 2200);
+    auto rec = f.dead_workers_row(body, "1903", 30s);
+    auto marked = f.run(f.ledger->mark_indeterminate(rec.key, rec.lease_epoch, "after sending: timeout"));
+    BOOST_TEST_REQUIRE((marked.has_value() && *marked));
+    auto v = f.handle(*p, delivery_of(body, "1903", 2));
+    BOOST_TEST(!v.finished());
+    BOOST_TEST(reason(v) == "requeued_indeterminate", v.detail);
+    BOOST_TEST(v.delay.count() > 55'000);
+    BOOST_TEST(v.delay.count() <= 60'100);
+    auto after = f.row(rec.key);
+    BOOST_TEST(after->key_generation == 1);
+    BOOST_TEST(!after->lease_remaining.value_or(0ms).count());  // handed back at once
+    BOOST_TEST(f.fake->posts_for(rec.key + "-g2") == 0);
+    // A minute later nothing under the old key can still charge: generation 2, charged once.
+    BOOST_TEST_REQUIRE(f.run(f.query("UPDATE billing_records SET last_stripe_attempt_at = now() - "
+                                     "interval '61 s' WHERE key = $1",
+                                     pg::params(rec.key)))
+                           .has_value());
+    auto v2 = f.handle(*p, delivery_of(body, "1903", 3));
+    BOOST_TEST(reason(v2) == "charged", v2.detail);
+    BOOST_TEST(f.row(rec.key)->key_generation == 2);
+    BOOST_TEST(f.fake->posts_for(rec.key + "-g2") == 1);
+    BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
+// A request refused for our setup (401: a bad or rotated API key) says nothing about the event: it stays
+// pending, no dead letter, the message is requeued — and once the key is fixed the same event is charged,
+// once. (Dead-lettering it, as a "rejected" event, would leave the customer uncharged for good: the letter's
+// replay meets a final row.)
+BOOST_AUTO_TEST_CASE(stripe_refusing_our_key_requeues_and_charges_once_the_key_is_fixed) {
     fixture f;
     auto sc = f.config();
     sc.api_key = "bad_key";
@@ -501,15 +537,21 @@ BOOST_AUTO_TEST_CASE(stripe_rejection_marks_failed_and_dead_letters) {
     auto body = event_json("acme-17", "2026-11", 2000);
     auto key = key_of("acme-17", "2026-11");
     auto v = f.handle(p, delivery_of(body, "1901"));
-    BOOST_TEST(v.finished());
-    BOOST_TEST(reason(v) == "dead_lettered");
+    BOOST_TEST(!v.finished());
+    BOOST_TEST(reason(v) == "requeued_stripe_unavailable");
+    BOOST_TEST(v.delay.count() == 104);
     auto rec = f.row(key);
-    BOOST_TEST(billing::to_string(rec->status) == "failed");
-    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND last_error LIKE '%401%'",
+    BOOST_TEST(billing::to_string(rec->status) == "pending");
+    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND last_error LIKE '%401%' AND "
+                        "lease_until < now()",
                         key) == 1);
-    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = '1901' AND "
-                        "reason = 'stripe rejected'") == 1);
+    BOOST_TEST(f.scalar("SELECT count(*) FROM dead_letters") == 0);
     BOOST_TEST(f.fake->charges().empty());
+    // The operator fixes the key; the redelivery charges the same event under the same key.
+    auto again = f.handle(*f.make_pipeline(), delivery_of(body, "1901", 2));
+    BOOST_TEST(reason(again) == "charged");
+    BOOST_TEST(billing::to_string(f.row(key)->status) == "charged");
+    BOOST_TEST(f.fake->charges().size() == 1u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -102,8 +102,9 @@ struct ops : test::chargeguard_e2e<> {
             "--heartbeat-interval", "1s", "--pg-dsn", dsn(), "--migrate", "--key-namespace", key_namespace,
             // A duplicate waits for its original's lease: keep the lease short.
             "--lease", "2s", "--lease-renew-interval", "500ms", "--lease-held-delay", "200ms",
-            "--retry-same-key-delay", "200ms", "--indeterminate-delay", "300ms", "--health-listen",
-            "127.0.0.1:0", "--shutdown-timeout", "10", "--max-loop-lag", "5", "--max-in-flight", "50"};
+            "--retry-same-key-delay", "200ms", "--indeterminate-delay", "300ms", "--new-key-quiet", "1s",
+            "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10", "--max-loop-lag", "5",
+            "--max-in-flight", "50"};
         auto s = stripe_args();
         a.insert(a.end(), s.begin(), s.end());
         return spawn(a);
@@ -288,6 +289,63 @@ BOOST_FIXTURE_TEST_CASE(dead_letters_list_show_replay_then_charged_once, ops) {
                            consumer.err());
         std::set<std::string> keys{key_of("cust-a", "2026-10"), key_of("cust-b", "2026-10")};
         co_await expect_charged_once(keys);
+        co_await stop_cleanly(consumer);
+    });
+}
+
+// A letter whose ledger row is final-but-uncharged — `failed` (Stripe refused the request as sent, since
+// fixed) or `cap_blocked` (the cap, since raised) — is charged by its replay: the replay reopens the row,
+// and consume searches Stripe, finds nothing and charges it under a new key generation, once. Without the
+// reopen the replayed message would meet a final row and be finished as a duplicate: never charged.
+BOOST_FIXTURE_TEST_CASE(a_replay_reopens_failed_and_cap_blocked_rows_and_charges_them, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-09";
+        struct one {
+            std::string customer, status;
+        };
+        std::vector<std::int64_t> ids;
+        std::set<std::string> keys;
+        for (const one& o : {one{"cust-f", "failed"}, one{"cust-g", "cap_blocked"}}) {
+            auto key = key_of(o.customer, p);
+            keys.insert(key);
+            co_await query(
+                "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+                "stripe_customer_id, status, last_error, stripe_attempts, first_stripe_attempt_at, "
+                "last_stripe_attempt_at) VALUES ('" +
+                key + "', '" + o.customer + "', '" + p + "', 3100, 'usd', 'cus_f', '" + o.status +
+                "', 'refused', 1, now() - interval '10 minutes', now() - interval '10 minutes')");
+            auto body = event_json(o.customer, p, 3100, "cus_f");
+            auto r = co_await query(
+                "INSERT INTO dead_letters (topic, channel, nsq_message_id, attempts, raw_body, reason, "
+                "billing_key) VALUES ('" +
+                topic + "', '" + channel + "', '0a1b2c3d4e5f6072', 1, convert_to('" + body + "', 'UTF8'), '" +
+                (o.status == "failed" ? "stripe rejected" : "spend cap exceeded") + "', '" + key +
+                "') RETURNING id");
+            ids.push_back(r.get<std::int64_t>(0, 0));
+        }
+        child* c = nullptr;
+        BOOST_TEST_REQUIRE(
+            co_await run_cmd(c, argv("dead-letters", "replay", std::to_string(ids[0]), std::to_string(ids[1]),
+                                     "--pg-dsn", dsn(), "--nsqd-tcp-address", nsqd->tcp_address())) == 0,
+            c->err());
+        BOOST_TEST(c->out().find("reopened (was failed)") != std::string::npos, c->out());
+        BOOST_TEST(c->out().find("reopened (was cap_blocked)") != std::string::npos, c->out());
+        auto open = co_await query(
+            "SELECT count(*) FROM billing_records WHERE status = 'pending' AND "
+            "indeterminate_since IS NOT NULL AND lease_until IS NULL");
+        BOOST_TEST(open.text(0, 0) == "2");
+        BOOST_TEST(nsqd->topic_message_count(topic) == 2u);
+
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 2u; }, seconds(40)),
+                           consumer.err());
+        co_await expect_charged_once(keys);
+        auto gens = co_await query(
+            "SELECT count(*) FROM billing_records WHERE status = 'charged' AND key_generation = 2");
+        BOOST_TEST(gens.text(0, 0) == "2");
         co_await stop_cleanly(consumer);
     });
 }

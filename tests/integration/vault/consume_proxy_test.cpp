@@ -111,11 +111,14 @@ BOOST_AUTO_TEST_CASE(consume_through_the_proxy_is_capped_and_blocked_rows_are_ca
     pid = -1;
     BOOST_TEST((WIFEXITED(status) && WEXITSTATUS(status) == 0));
 
-    // 25 charged at Stripe, 5 refused by the proxy before Stripe: cap_blocked in the ledger, FINed.
+    // 25 charged at Stripe, 5 refused by the proxy before Stripe: cap_blocked in the ledger with a dead
+    // letter each (replayable once the cap is raised), FINed.
     BOOST_TEST(f.fake_charges() == 25u);
     BOOST_TEST(f.count("SELECT count(*) FROM billing_records WHERE status = 'charged'") == 25);
     BOOST_TEST(f.count("SELECT count(*) FROM billing_records WHERE status = 'cap_blocked'") == 5);
-    BOOST_TEST(f.count("SELECT count(*) FROM dead_letters") == 0);
+    BOOST_TEST(f.count("SELECT count(*) FROM dead_letters") == 5);
+    BOOST_TEST(f.count("SELECT count(*) FROM dead_letters d JOIN billing_records b ON b.key = d.billing_key "
+                       "WHERE d.reason = 'spend cap exceeded' AND b.status = 'cap_blocked'") == 5);
     BOOST_TEST(f.count("SELECT coalesce(sum(amount_cents), 0) FROM vault_spend WHERE state = 'settled'") ==
                25'000);
     BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE state IN ('reserved', 'uncertain')") == 0);

@@ -26,6 +26,7 @@ BOOST_AUTO_TEST_CASE(outcome_to_ledger_step_table) {
         {outcome_class::retry_same_key, charge_step::release_requeue},
         {outcome_class::indeterminate, charge_step::mark_indeterminate_requeue},
         {outcome_class::rejected, charge_step::mark_failed_dead_letter},
+        {outcome_class::setup_error, charge_step::setup_requeue},
     };
     for (const auto& r : rows)
         BOOST_TEST(to_string(step_for(r.in)) == to_string(r.want), cg::stripe::to_string(r.in));
@@ -112,7 +113,7 @@ BOOST_AUTO_TEST_CASE(found_intent_step_table) {
         {"processing", "", found_intent_step::still_open},
         {"requires_payment_method", "ch_1", found_intent_step::mark_declined},
         {"requires_action", "", found_intent_step::mark_declined},
-        {"requires_confirmation", "", found_intent_step::mark_declined},
+        {"requires_confirmation", "", found_intent_step::not_charged},
         {"canceled", "", found_intent_step::mark_declined},
     };
     for (const auto& r : rows) {

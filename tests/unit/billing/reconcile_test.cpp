@@ -232,6 +232,32 @@ BOOST_AUTO_TEST_CASE(reads_csv_with_header_in_any_order_and_quotes) {
     BOOST_TEST(again->amount_cents == 1999);
 }
 
+// A PaymentIntent event keeps its payment method and off_session through CSV, so a re-publish is the same
+// event (charged through /v1/payment_intents, not as a plain charge).
+BOOST_AUTO_TEST_CASE(csv_keeps_payment_method_and_off_session) {
+    auto r = parse_expected(
+        "customer_id,billing_period,amount_cents,currency,stripe_customer_id,payment_method,off_session\n"
+        "acme-1,2026-11,1999,usd,cus_1,pm_card_visa,false\n"
+        "acme-2,2026-11,500,usd,cus_2,pm_card_visa,\n"
+        "acme-3,2026-11,700,usd,cus_3,,\n");
+    BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().message));
+    BOOST_TEST_REQUIRE(r->size() == 3u);
+    BOOST_TEST((*r)[0].event.payment_method == "pm_card_visa");
+    BOOST_TEST(!(*r)[0].event.off_session);
+    BOOST_TEST((*r)[1].event.uses_payment_intent());
+    BOOST_TEST((*r)[1].event.off_session);  // the default
+    BOOST_TEST(!(*r)[2].event.uses_payment_intent());
+    auto again = parse_event((*r)[0].body);
+    BOOST_TEST_REQUIRE(again.has_value());
+    BOOST_TEST(again->payment_method == "pm_card_visa");
+    BOOST_TEST(!again->off_session);
+    auto bad = parse_expected(
+        "customer_id,billing_period,amount_cents,currency,stripe_customer_id,payment_method,off_session\n"
+        "acme-1,2026-11,1999,usd,cus_1,pm_card_visa,maybe\n");
+    BOOST_TEST_REQUIRE(!bad.has_value());
+    BOOST_TEST(bad.err().message.find("off_session") != std::string::npos, bad.err().message);
+}
+
 BOOST_AUTO_TEST_CASE(refuses_bad_input_naming_the_line) {
     auto bad_amount = parse_expected(
         "customer_id,billing_period,amount_cents,currency,stripe_customer_id\nacme,2026-11,12.5,usd,cus_1\n");
