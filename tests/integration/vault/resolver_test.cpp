@@ -96,19 +96,22 @@ BOOST_AUTO_TEST_CASE(a_replay_answered_429_or_409_is_deferred_and_never_released
 }
 
 BOOST_AUTO_TEST_CASE(a_replay_answered_idempotency_error_is_looked_up_on_stripe_not_released) {
-    // The key was used at Stripe with other parameters (here: another description): that request executed
-    // and charged. Stripe answers the replay 400 idempotency_error; the search finds the charge by its tag.
+    // The key was used at Stripe with other parameters (here: a statement descriptor too): that request
+    // executed and charged. Stripe answers the replay 400 idempotency_error; the search finds the charge by
+    // its tag.
     vault_fixture f;
     auto k = f.issue(10'000);
     auto body = tagged_charge_body(600, "cus_vault", "other-params");
     auto direct = f.direct_stripe();
-    auto first = f.run(direct->call("POST", "/v1/charges", body + "&description=changed", "other-params"));
+    auto first =
+        f.run(direct->call("POST", "/v1/charges", body + "&statement_descriptor=OTHER", "other-params"));
     BOOST_TEST_REQUIRE(first.http.ok());
     BOOST_TEST_REQUIRE(first.http.resp.status == 200);
     auto charge = vault::object_id(first.http.resp.body).value_or("");
     f.put_row(k.id, "other-params", 600, "/v1/charges", body, "cus_vault");
     BOOST_TEST(f.run(f.proxy->resolve_once()) == 1u);
     BOOST_TEST(row_of(f, "other-params") == "settled:" + charge);
+    BOOST_TEST(f.sink.contains("search found " + charge));  // not the replay's answer: Stripe refused it
     BOOST_TEST(f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'") == 600);
     BOOST_TEST(f.fake_charges() == 1u);
 }
