@@ -68,9 +68,9 @@ vault::proxy_config to_proxy_config(const proxy_flags& f) {
     if (c.upstream_on_main) c.upstream_clients = 1;
     c.max_body_bytes = f.max_body_bytes;
     auto window = duration_flag("--same-key-window", f.same_key_window);
-    if (window < std::chrono::minutes(1) || window > std::chrono::hours(24))
-        throw CLI::ValidationError("--same-key-window",
-                                   "must be between 1m and 24h (Stripe keeps keys at least 24 h)");
+    // Rounded up for the check: 23h plus half a second is over 23h.
+    if (auto why = vault::same_key_window_problem(std::chrono::ceil<std::chrono::seconds>(window)))
+        throw CLI::ValidationError("--same-key-window", *why + " (got " + f.same_key_window + ")");
     c.same_key_window = std::chrono::duration_cast<std::chrono::seconds>(window);
     c.resolve_interval = duration_flag("--resolve-interval", f.resolve_interval);
     c.first_resolve_delay = c.resolve_interval;
@@ -203,8 +203,10 @@ void register_proxy(CLI::App& app, command_main& selected) {
     cmd->add_option("--read-timeout", f->read_timeout_s, "seconds a client has to send a complete request")
         ->check(CLI::Range(0.1, 3600.0))
         ->capture_default_str();
-    cmd->add_option("--same-key-window", f->same_key_window,
-                    "refuse a retry whose Idempotency-Key was first used longer ago (Stripe keeps keys 24 h)")
+    cmd->add_option(
+           "--same-key-window", f->same_key_window,
+           "refuse a retry whose Idempotency-Key was first used longer ago; 1m to 23h (Stripe may forget "
+           "a key once it is 24 h old)")
         ->capture_default_str();
     cmd->add_option("--resolve-interval", f->resolve_interval,
                     "how often uncertain reservations are looked at")

@@ -56,16 +56,46 @@ net::awaitable<void> defer(state_ptr st, const spend_row& row, std::string why) 
     if (!r) st->log.warn("vault resolver: cannot defer", {{"error", r.err().describe()}});
 }
 
-// Searches the customer's charges for the proxy's metadata tag. Settles on a succeeded or pending charge,
-// releases on a failed one or none (the list reads Stripe's own writes at once).
-net::awaitable<void> search(state_ptr st, spend_row row) {
-    bool tagged = row.body.find("metadata[" + std::string(vault_tag_key) + "]") != std::string::npos;
-    if (row.customer.empty() || !tagged) {
-        std::string why = row.customer.empty() ? "cannot search Stripe: the request named no customer"
-                                               : "cannot search Stripe: the request carried no vault tag";
-        co_await defer(st, row, std::move(why));
-        co_return;
+// A list search on Stripe either resolved the row (settled, released, or deferred after a failed list) or
+// found nothing carrying the tag.
+enum class looked { resolved, none };
+
+// The customer's PaymentIntents (a /v1/payment_intents row): the intent carrying the tag. Found and not
+// canceled → settled with the intent's id (requires_action, requires_confirmation or
+// requires_payment_method can still move money, so it keeps counting); canceled → released.
+net::awaitable<looked> search_intents(state_ptr st, const spend_row& row) {
+    stripe::list_request q;
+    q.customer = row.customer;
+    q.created_gte = row.reserved_at_unix - 300;  // clock skew with Stripe
+    q.limit = 100;
+    for (;;) {
+        auto page = co_await st->stripe->list_payment_intents(q);
+        if (!page) {
+            co_await defer(st, row, "PaymentIntent search failed: " + page.err().describe());
+            co_return looked::resolved;
+        }
+        for (const auto& pi : page->data) {
+            if (stripe::metadata_value(pi.metadata, vault_tag_key) != row.idempotency_key) continue;
+            if (pi.status == "canceled") {
+                auto r = co_await st->store.release(row.key_id, row.idempotency_key,
+                                                    "search: PaymentIntent " + pi.id + " canceled");
+                if (r) resolved(*st, row, "released", "search found canceled PaymentIntent " + pi.id);
+                co_return looked::resolved;
+            }
+            auto r = co_await st->store.settle(row.key_id, row.idempotency_key, pi.id);
+            if (r)
+                resolved(*st, row, "settled", "search found PaymentIntent " + pi.id + " (" + pi.status + ")");
+            co_return looked::resolved;
+        }
+        if (!page->has_more || page->data.empty()) break;
+        q.starting_after = page->data.back().id;
     }
+    co_return looked::none;
+}
+
+// The customer's charges: the charge carrying the tag. Succeeded or pending → settled (with its
+// PaymentIntent's id for a /v1/payment_intents row); failed → released.
+net::awaitable<looked> search_charges(state_ptr st, const spend_row& row) {
     stripe::list_charges_request q;
     q.customer = row.customer;
     q.created_gte = row.reserved_at_unix - 300;  // clock skew with Stripe
@@ -74,7 +104,7 @@ net::awaitable<void> search(state_ptr st, spend_row row) {
         auto page = co_await st->stripe->list_charges(q);
         if (!page) {
             co_await defer(st, row, "charge search failed: " + page.err().describe());
-            co_return;
+            co_return looked::resolved;
         }
         for (const auto& c : page->data) {
             if (stripe::metadata_value(c.metadata, vault_tag_key) != row.idempotency_key) continue;
@@ -82,57 +112,90 @@ net::awaitable<void> search(state_ptr st, spend_row row) {
                 auto r = co_await st->store.release(row.key_id, row.idempotency_key,
                                                     "search: charge " + c.id + " failed");
                 if (r) resolved(*st, row, "released", "search found failed charge " + c.id);
-                co_return;
+                co_return looked::resolved;
             }
             std::string id =
                 row.path == "/v1/payment_intents" && !c.payment_intent.empty() ? c.payment_intent : c.id;
             auto r = co_await st->store.settle(row.key_id, row.idempotency_key, id);
             if (r) resolved(*st, row, "settled", "search found " + id);
-            co_return;
+            co_return looked::resolved;
         }
         if (!page->has_more || page->data.empty()) break;
         q.starting_after = page->data.back().id;
     }
+    co_return looked::none;
+}
+
+// Searches Stripe for the proxy's metadata tag: a /v1/payment_intents row in the customer's PaymentIntents
+// first (an intent that made no charge is only found there), then every row in the customer's charges.
+// Nothing found → released (both lists read Stripe's own writes at once).
+net::awaitable<void> search(state_ptr st, spend_row row) {
+    // Decoded, as Stripe reads the body: the tag's spelling inside another parameter's value is no tag.
+    bool tagged = carries_vault_tag(row.body, row.idempotency_key);
+    if (row.customer.empty() || !tagged) {
+        std::string why = row.customer.empty() ? "cannot search Stripe: the request named no customer"
+                                               : "cannot search Stripe: the request carried no vault tag";
+        co_await defer(st, row, std::move(why));
+        co_return;
+    }
+    if (row.path == "/v1/payment_intents") {
+        auto found = co_await search_intents(st, row);
+        if (found == looked::resolved) co_return;
+    }
+    auto found = co_await search_charges(st, row);
+    if (found == looked::resolved) co_return;
     auto r = co_await st->store.release(row.key_id, row.idempotency_key,
-                                        "search: no charge carries the vault tag");
-    if (r) resolved(*st, row, "released", "search found no charge");
+                                        "search: nothing on Stripe carries the vault tag");
+    if (r) resolved(*st, row, "released", "search found nothing tagged");
 }
 
 // Re-sends the stored request under its Idempotency-Key: Stripe replays what it saved, or executes it once.
+// What the answer means: replay_settlement (policy.hpp).
 net::awaitable<void> replay(state_ptr st, spend_row row) {
     auto r = co_await st->stripe->call("POST", row.path, row.body, row.idempotency_key);
-    if (!r.http.ok()) {
-        co_await defer(st, row, "replay: " + r.message);
-        co_return;
+    replay_answer a;
+    if (r.http.ok()) {
+        a.status = r.http.resp.status;
+        a.replayed = r.replayed;
+        a.should_retry = stripe::parse_should_retry(r.http.resp.headers.get("Stripe-Should-Retry"));
+        if (r.error) a.error_type = r.error->type;
     }
-    int status = r.http.resp.status;
-    auto how = settlement_for(status, true);
-    if (how == settlement::settle) {
-        auto id = object_id(r.http.resp.body).value_or("unknown");
-        auto s = co_await st->store.settle(row.key_id, row.idempotency_key, id);
-        if (s) resolved(*st, row, "settled", "replay: HTTP " + std::to_string(status) + " " + id);
-        co_return;
-    }
-    if (how == settlement::release) {
-        auto s = co_await st->store.release(row.key_id, row.idempotency_key, "replay: " + r.message);
-        if (s) resolved(*st, row, "released", "replay: " + r.message);
-        co_return;
-    }
-    // A replayed 5xx is Stripe's saved answer: replaying again will say the same. Only a search can tell.
-    if (r.replayed) {
-        co_await search(st, std::move(row));
-        co_return;
+    switch (replay_settlement(a)) {
+        case replay_action::settle: {
+            auto id = object_id(r.http.resp.body).value_or("unknown");
+            auto s = co_await st->store.settle(row.key_id, row.idempotency_key, id);
+            if (s) resolved(*st, row, "settled", "replay: HTTP " + std::to_string(a.status) + " " + id);
+            co_return;
+        }
+        case replay_action::release: {
+            auto s = co_await st->store.release(row.key_id, row.idempotency_key, "replay: " + r.message);
+            if (s) resolved(*st, row, "released", "replay: " + r.message);
+            co_return;
+        }
+        case replay_action::search:
+            co_await search(st, std::move(row));
+            co_return;
+        case replay_action::defer:
+            break;
     }
     co_await defer(st, row, "replay: " + r.message);
 }
 
 net::awaitable<void> resolve_row(state_ptr st, spend_row row) {
-    bool in_window =
-        row.age_seconds < st->cfg.same_key_window.count() && !row.path.empty() && !row.body.empty();
     // A `reserved` row left behind by a proxy that died may never have reached Stripe: look before replaying
     // it (a replay would execute a request its client may have given up on).
-    bool searchable = !row.customer.empty() && row.body.find(std::string(vault_tag_key)) != std::string::npos;
-    if (!in_window || (row.state == "reserved" && searchable)) {
+    bool searchable = !row.customer.empty() && carries_vault_tag(row.body, row.idempotency_key);
+    if (row.state == "reserved" && searchable) {
+        co_await search(st, std::move(row));
+        co_return;
+    }
+    // The row's age now, not when the pass read it: the rows before it in this pass (each with its retries)
+    // may have taken long, and a replay past Stripe's 24 h would execute the request again.
+    bool in_window =
+        !row.path.empty() && !row.body.empty() &&
+        replay_in_window(std::chrono::seconds(row.age_seconds),
+                         std::chrono::steady_clock::now() - row.read_at, st->cfg.same_key_window);
+    if (!in_window) {
         co_await search(st, std::move(row));
         co_return;
     }

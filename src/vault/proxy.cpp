@@ -124,11 +124,12 @@ http::response unavailable(proxy::state& st, ledger_line& l, const error& e) {
     return finish(st, l, "unavailable", refuse(st, r, true));
 }
 
-// The upstream request: the client's method, target and body with the real key.
+// The upstream request: the client's method, target and body with the real key. A create goes to its path
+// alone (the handler refused one with a query), exactly what its row stores for the resolver's replay.
 http::request upstream_request(const proxy::state& st, const http::request& req, std::string body) {
     http::request up;
     up.method = req.method;
-    up.target = req.target;
+    up.target = req.method == "POST" ? std::string(req.path()) : req.target;
     up.body = std::move(body);
     up.headers.add("Authorization", "Bearer " + st.cfg.upstream_key);
     for (auto name : forwarded_request_headers)
@@ -205,7 +206,7 @@ std::string account(const state_ptr& stp, const reserve_result& res, const std::
         start_drain(stp, key_id);
     };
     int status = r.ok() ? r.resp.status : 0;
-    auto how = settlement_for(status, r.request_sent);
+    auto how = owner_settlement(status, r.request_sent);
     settlement_request s;
     s.idempotency_key = idem;
     if (how == settlement::settle) {
@@ -449,12 +450,16 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
                     "Idempotency-Key"},
                    false));
     l.row.idempotency_key = std::string(idem);
+    // Only the body is counted, stored and replayed: a query string or another encoding would make what
+    // Stripe executes differ from what the vault reserved.
+    if (auto bad = check_create_envelope(req.query(), req.headers.get("Content-Type")))
+        co_return finish(*st, l, "bad_request", refuse(*st, *bad, false));
     auto parsed = parse_create(req.body, key.currency);
     if (auto* bad = std::get_if<refusal>(&parsed))
         co_return finish(*st, l, "bad_request", refuse(*st, *bad, false));
     auto& p = std::get<create_params>(parsed);
     l.row.amount_cents = p.amount;
-    std::string body = with_vault_tag(req.body, idem, p);
+    std::string body = with_vault_tag(req.body, idem);
 
     reserve_request rq;
     rq.key_id = key.id;
@@ -643,6 +648,8 @@ result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::a
     if (cfg.upstream_key.empty()) return error(core_errc::invalid_argument, "no upstream Stripe key");
     if (secret_id(cfg.upstream_key))
         return error(core_errc::invalid_argument, "the upstream key is a vault key, not a Stripe key");
+    if (auto why = same_key_window_problem(cfg.same_key_window))
+        return error(core_errc::invalid_argument, "same_key_window " + *why);
     auto st = std::make_shared<state>(main, offload, cfg, std::move(pool), log);
     http::client_options o;
     std::size_t n = std::max<std::size_t>(1, cfg.upstream_clients);

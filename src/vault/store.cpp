@@ -67,7 +67,7 @@ const std::string defer_sql =
 const std::string due_sql =
     "SELECT vault_key_id, idempotency_key, amount_cents, state, coalesce(request_path, ''), "
     "coalesce(request_body, ''), coalesce(customer, ''), "
-    "extract(epoch FROM now() - reserved_at)::bigint, extract(epoch FROM reserved_at)::bigint, "
+    "ceil(extract(epoch FROM now() - reserved_at))::bigint, extract(epoch FROM reserved_at)::bigint, "
     "resolve_attempts "
     "FROM vault_spend WHERE state IN ('reserved', 'uncertain') AND ("
     "(state = 'uncertain' AND (next_resolve_at IS NULL OR next_resolve_at <= now())) OR "
@@ -375,12 +375,16 @@ net::awaitable<result<void>> store::defer(std::string key_id, std::string idem, 
 }
 
 net::awaitable<result<std::vector<spend_row>>> store::due(ms stale_reserved, int limit) {
+    // Taken before the statement: PostgreSQL computes the ages (rounded up) at a later moment, so age_seconds
+    // plus the time since read_at never makes a row younger than it is.
+    auto read_at = std::chrono::steady_clock::now();
     auto r = co_await pg::exec_pooled(pool_, due_sql,
                                       pg::params(static_cast<std::int64_t>(stale_reserved.count()), limit));
     if (!r) co_return r.err();
     std::vector<spend_row> out;
     for (std::size_t i = 0; i < r->size(); ++i) {
         spend_row s;
+        s.read_at = read_at;
         s.key_id = r->get<std::string>(i, 0);
         s.idempotency_key = r->get<std::string>(i, 1);
         s.amount_cents = r->get<std::int64_t>(i, 2);

@@ -103,9 +103,12 @@ struct spend_row {
     std::string path;
     std::string body;
     std::string customer;
-    std::int64_t age_seconds = 0;       // since reserved_at (database clock)
+    std::int64_t age_seconds = 0;       // since reserved_at (database clock), when the row was read
     std::int64_t reserved_at_unix = 0;  // for the charge search's created[gte]
     std::int32_t resolve_attempts = 0;
+    // When the row was read (steady clock, taken before the statement): its age later is age_seconds plus
+    // the time since, so a long resolver pass still knows how old the row is.
+    std::chrono::steady_clock::time_point read_at{};
 };
 
 struct audit_row {

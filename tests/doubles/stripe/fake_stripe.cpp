@@ -92,6 +92,7 @@ std::string intent_json(const intent_rec& p) {
         .str("object", "payment_intent")
         .num("amount", p.amount)
         .num("amount_received", p.status == "succeeded" ? p.amount : 0)
+        .str_or_null("cancellation_reason", p.cancellation_reason)
         .str("client_secret", p.id + "_secret_fake")
         .str("confirmation_method", "automatic")
         .num("created", p.created)
@@ -186,7 +187,25 @@ std::optional<http::response> validate_common(const params& p, const std::vector
     return std::nullopt;
 }
 
+// "/v1/payment_intents/pi_…/cancel" → "pi_…"; empty for any other path.
+std::string cancelled_intent_id(const std::string& path) {
+    constexpr std::string_view prefix = "/v1/payment_intents/", suffix = "/cancel";
+    if (!path.starts_with(prefix) || !path.ends_with(suffix) || path.size() <= prefix.size() + suffix.size())
+        return {};
+    auto id = path.substr(prefix.size(), path.size() - prefix.size() - suffix.size());
+    return id.find('/') == std::string::npos ? id : std::string();
+}
+
 std::optional<http::response> validate(const std::string& path, const params& p) {
+    if (!cancelled_intent_id(path).empty()) {
+        for (const auto& [k, v] : p) {
+            auto top = k.substr(0, k.find('['));
+            if (top != "cancellation_reason" && top != "expand")
+                return error_response(400, "invalid_request_error", "parameter_unknown",
+                                      "Received unknown parameter: " + k, k);
+        }
+        return std::nullopt;
+    }
     if (path == "/v1/charges")
         return validate_common(p, {"amount", "currency", "customer", "description", "metadata", "expand",
                                    "capture", "statement_descriptor", "receipt_email", "source"});
@@ -440,8 +459,10 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     bool created = false;
     if (path == "/v1/charges")
         create_charge(p, status, body, created);
-    else
+    else if (path == "/v1/payment_intents")
         create_intent(p, status, body, created);
+    else
+        cancel_intent(cancelled_intent_id(path), p, status, body);
     if (created && faults_.fail_after_create > 0 && faults_.targets(path)) {
         --faults_.fail_after_create;
         ++fault_hits_["fail_after_create " + path];
@@ -546,6 +567,30 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
         body = error_body("card_error", rule->code, msg, {}, fields);
     }
     intents_.push_back(std::move(pi));
+}
+
+// POST /v1/payment_intents/{id}/cancel: any status but succeeded or canceled → canceled (Stripe's rule).
+void fake_stripe::cancel_intent(const std::string& id, const params& p, int& status, std::string& body) {
+    auto it = std::find_if(intents_.begin(), intents_.end(), [&](const intent_rec& r) { return r.id == id; });
+    if (it == intents_.end()) {
+        status = 404;
+        body = error_body("invalid_request_error", "resource_missing", "No such payment_intent: '" + id + "'",
+                          "intent");
+        return;
+    }
+    if (it->status == "succeeded" || it->status == "canceled") {
+        status = 400;
+        body = error_body("invalid_request_error", "payment_intent_unexpected_state",
+                          "You cannot cancel this PaymentIntent because it has a status of " + it->status +
+                              ". Only a PaymentIntent with one of the following statuses may be canceled: "
+                              "requires_payment_method, requires_capture, requires_confirmation, "
+                              "requires_action, processing.");
+        return;
+    }
+    it->status = "canceled";
+    it->cancellation_reason = param(p, "cancellation_reason");
+    status = 200;
+    body = intent_json(*it);
 }
 
 http::response fake_stripe::get(const http::request& req) {

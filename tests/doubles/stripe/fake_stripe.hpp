@@ -4,7 +4,8 @@
 // executes; 429 and validation 400s not saved; 500s saved), declines per customer, and fault injection.
 // PaymentIntents confirmed off-session fail with 402 (the intent back to requires_payment_method, its failed
 // charge, last_payment_error); confirmed on-session against an authentication_required rule they stop at
-// 200 requires_action without a charge, as Stripe's 3-D Secure cards do.
+// 200 requires_action without a charge, as Stripe's 3-D Secure cards do. POST /v1/payment_intents/{id}/cancel
+// cancels an intent in any status but succeeded or canceled (400 payment_intent_unexpected_state).
 //
 // Everything runs on the executor given to the constructor; the accessors below must be called there
 // too (tests run the fake on their own io_context thread and read state between co_awaits).
@@ -63,7 +64,8 @@ struct intent_rec {
     std::string id;
     std::int64_t amount = 0;
     std::string currency, customer, description, status, payment_method, latest_charge;
-    std::string last_error_code;  // last_payment_error.code after a failed confirm
+    std::string last_error_code;      // last_payment_error.code after a failed confirm
+    std::string cancellation_reason;  // after POST /v1/payment_intents/{id}/cancel
     std::int64_t created = 0;
     std::vector<std::pair<std::string, std::string>> metadata;
 };
@@ -121,6 +123,8 @@ class fake_stripe {
                        bool& created);
     void create_intent(const std::map<std::string, std::string>& p, int& status, std::string& body,
                        bool& created);
+    void cancel_intent(const std::string& id, const std::map<std::string, std::string>& p, int& status,
+                       std::string& body);
     charge_rec& new_charge(const std::map<std::string, std::string>& p, const decline_rule* declined);
     std::string new_id(const char* prefix);
 

@@ -226,6 +226,35 @@ struct vault_fixture : fake_stripe_fixture {
                "&description=vault+test&metadata[billing_key]=bk";
     }
 
+    // A row as a proxy reserves it for a create (`body` as forwarded), left `reserved` or marked `uncertain`
+    // (due for the resolver at once): what a forward that came to no definite answer leaves behind.
+    void put_row(const std::string& key_id, const std::string& idem, std::int64_t amount, std::string path,
+                 std::string body, std::string customer, bool uncertain = true) {
+        vault::reserve_request r;
+        r.key_id = key_id;
+        r.idempotency_key = idem;
+        r.amount_cents = amount;
+        r.path = std::move(path);
+        r.body = std::move(body);
+        r.customer = std::move(customer);
+        auto res = run(store->step(key_id, {}, {r}));
+        BOOST_TEST_REQUIRE(res.has_value(), (res ? "" : res.err().describe()));
+        BOOST_TEST_REQUIRE(res->at(0).owner());
+        if (!uncertain) return;
+        vault::settlement_request s;
+        s.idempotency_key = idem;
+        s.state = "uncertain";
+        s.why = "test: no answer";
+        auto u = run(store->step(key_id, {s}, {}));
+        BOOST_TEST_REQUIRE(u.has_value(), (u ? "" : u.err().describe()));
+    }
+    // A Stripe client straight to fake-stripe with the real key: another caller of the same Stripe account.
+    std::unique_ptr<stripe::client> direct_stripe() {
+        auto c = config();
+        c.api_key = real_key;
+        return client(c);
+    }
+
     // Sends one request through the proxy and returns the answer (transport failures fail the test).
     http::response send(http::request q) {
         auto r = run(caller->request(std::move(q)));

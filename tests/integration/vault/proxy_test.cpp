@@ -200,6 +200,80 @@ BOOST_AUTO_TEST_CASE(bad_requests_get_400_or_413_and_nothing_is_forwarded) {
     BOOST_TEST(f.count("SELECT count(*) FROM vault_spend") == 1);
 }
 
+BOOST_AUTO_TEST_CASE(creates_stripe_could_read_otherwise_than_the_vault_are_refused_before_stripe) {
+    // Stripe executes what its own (Rack-style) parser reads, from the body and the query string alike; the
+    // vault counts, tags and stores only what it parsed from the body. Anything that could differ is refused.
+    vault_fixture f;
+    auto k = f.issue(100'000);
+    auto with_content_type = [&](std::string type, std::string idem) {
+        http::request q;
+        q.method = "POST";
+        q.target = "/v1/charges";
+        q.body = f.charge_body(500);
+        q.headers.add("Authorization", "Bearer " + k.secret);
+        q.headers.add("Idempotency-Key", std::move(idem));
+        if (!type.empty()) q.headers.add("Content-Type", std::move(type));
+        return q;
+    };
+    std::string fifty;
+    for (int i = 0; i < 49; ++i) fifty += "&metadata[m" + std::to_string(i) + "]=v";  // + billing_key = 50
+    struct row {
+        http::request q;
+        const char* param;
+    };
+    std::vector<row> rows{
+        {f.post(k.secret, "/v1/charges", f.charge_body(500) + "&metadata[cg_vault_idempotency_key]=other",
+                "tag"),
+         "metadata[cg_vault_idempotency_key]"},
+        {f.post(k.secret, "/v1/charges", f.charge_body(500) + "&metadata%5Bcg_vault_idempotency_key%5D%5D=x",
+                "tag-alias"),
+         "metadata[cg_vault_idempotency_key]"},
+        {f.post(k.secret, "/v1/charges", f.charge_body(500) + fifty, "fifty"), "metadata"},
+        {f.post(k.secret, "/v1/charges?amount=99999", f.charge_body(500), "query"), ""},
+        {f.post(k.secret, "/v1/charges?expand[]=customer", f.charge_body(500), "query-expand"), ""},
+        {f.post(k.secret, "/v1/charges", f.charge_body(500) + "&amount]=99999", "amount-alias"), "amount"},
+        {f.post(k.secret, "/v1/charges", f.charge_body(500) + "&[amount=99999", "amount-alias-2"), "amount"},
+        {f.post(k.secret, "/v1/charges", f.charge_body(500) + "&amount[]=99999", "amount-list"), "amount"},
+        {f.post(k.secret, "/v1/payment_intents", f.charge_body(500) + "&customer[x]=cus_other",
+                "customer-alias"),
+         "customer"},
+        {with_content_type("application/json", "json"), "Content-Type"},
+        {with_content_type("text/plain; charset=utf-8", "text"), "Content-Type"},
+    };
+    for (auto& r : rows) {
+        auto what = r.q.target + " " + r.q.body.substr(r.q.body.size() > 60 ? r.q.body.size() - 60 : 0);
+        auto resp = f.send(r.q);
+        BOOST_TEST(resp.status == 400, what);
+        BOOST_TEST(error_type_of(resp) == "invalid_request_error", what);
+        BOOST_TEST(error_code_of(resp) == "parameter_invalid", what);
+        auto e = stripe::parse_error(resp.body);
+        BOOST_TEST((e ? e->param : "(none)") == r.param, what);
+    }
+    BOOST_TEST(f.fake_requests() == 0u);
+    BOOST_TEST(f.count("SELECT count(*) FROM vault_spend") == 0);
+
+    // What may pass: a charset parameter, no Content-Type (the proxy adds the form type), 49 metadata keys of
+    // the client's (with billing_key). Each charge carries exactly the vault's tag with its own key.
+    BOOST_TEST(
+        f.send(with_content_type("application/x-www-form-urlencoded; charset=utf-8", "charset")).status ==
+        200);
+    BOOST_TEST(f.send(with_content_type("", "none")).status == 200);
+    std::string forty_nine = fifty.substr(0, fifty.rfind('&'));
+    BOOST_TEST(
+        f.send(f.post(k.secret, "/v1/charges", f.charge_body(500) + forty_nine, "forty-nine")).status == 200);
+    auto tags = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<std::string>> {
+        std::vector<std::string> out;
+        for (const auto& c : fk->charges()) {
+            std::string t;
+            for (const auto& [mk, mv] : c.metadata)
+                if (mk == "cg_vault_idempotency_key") t += (t.empty() ? "" : ",") + mv;
+            out.push_back(t + "/" + std::to_string(c.metadata.size()));
+        }
+        co_return out;
+    }(f.fake.get()));
+    BOOST_TEST((tags == std::vector<std::string>{"charset/2", "none/2", "forty-nine/50"}));
+}
+
 BOOST_AUTO_TEST_CASE(upstream_500_leaves_the_row_uncertain_and_counted_until_the_resolver_settles_it) {
     vault_fixture f;
     auto k = f.issue(1000);
