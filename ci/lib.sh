@@ -4,7 +4,8 @@
 # certificates and clang for the fuzz target).
 CG_PACKAGES="meson ninja-build g++ pkg-config libasio-dev libssl-dev libpq-dev libsimdjson-dev
   libboost-test-dev libhttp-parser-dev libcli11-dev prometheus-cpp-dev postgresql
-  postgresql-contrib openssl ca-certificates python3 procps clang clang-format libclang-rt-14-dev prometheus libsnappy-dev zlib1g-dev"
+  postgresql-contrib openssl ca-certificates python3 procps clang clang-format libclang-rt-14-dev prometheus libsnappy-dev zlib1g-dev
+  nftables iproute2"
 
 install_packages() {
   local missing=()
