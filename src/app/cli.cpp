@@ -66,7 +66,8 @@ runtime_options to_runtime_options(const runtime_flags& f) {
 }
 
 logger make_stderr_logger(log_level level) {
-    return logger(std::make_shared<fd_sink>(2), level);
+    // Never a write(2) on the caller's thread: the event loop logs too (core/log.hpp async_fd_sink).
+    return logger(std::make_shared<async_fd_sink>(2), level);
 }
 
 }  // namespace cg::app

@@ -141,6 +141,93 @@ void fd_sink::write(std::string_view line) {
     }
 }
 
+namespace {
+
+// The whole of `s` to `fd`, blocking (the writer thread's job); false once the descriptor fails.
+bool write_all(int fd, std::string_view s) {
+    while (!s.empty()) {
+        ssize_t n = ::write(fd, s.data(), s.size());
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return false;
+        }
+        s.remove_prefix(static_cast<std::size_t>(n));
+    }
+    return true;
+}
+
+}  // namespace
+
+async_fd_sink::async_fd_sink(int fd, std::size_t capacity)
+    : fd_(fd), capacity_(capacity), writer_([this] { run(); }) {}
+
+async_fd_sink::~async_fd_sink() {
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+    }
+    wake_.notify_one();
+    writer_.join();
+}
+
+void async_fd_sink::write(std::string_view line) {
+    {
+        std::lock_guard lock(mu_);
+        if (pending_.size() + line.size() > capacity_) {
+            if (unreported_++ == 0) drop_at_ = pending_.size();
+            ++dropped_;
+            return;
+        }
+        pending_.append(line);
+    }
+    wake_.notify_one();
+}
+
+void async_fd_sink::flush() {
+    std::unique_lock lock(mu_);
+    idle_.wait(lock, [this] { return (pending_.empty() && !writing_) || stop_; });
+}
+
+std::uint64_t async_fd_sink::dropped() const {
+    std::lock_guard lock(mu_);
+    return dropped_;
+}
+
+void async_fd_sink::run() {
+    std::string batch;
+    bool broken = false;  // the descriptor failed: nowhere left to write, keep draining so nobody waits
+    std::unique_lock lock(mu_);
+    for (;;) {
+        wake_.wait(lock, [this] { return !pending_.empty() || unreported_ > 0 || stop_; });
+        if (pending_.empty() && unreported_ == 0) break;  // stop_, and everything is written
+        batch.clear();
+        if (unreported_ > 0) {
+            // The notice goes where the lost lines would have been: after the lines accepted before the
+            // first of them, before the lines accepted since.
+            std::string notice = "{\"time\":\"";
+            append_time(notice);
+            notice +=
+                "\",\"level\":\"warn\",\"msg\":\"log lines dropped: the log reader did not keep up\","
+                "\"dropped\":" +
+                std::to_string(unreported_) + "}\n";
+            unreported_ = 0;
+            batch.assign(pending_, 0, drop_at_);
+            batch += notice;
+            batch.append(pending_, drop_at_);
+        } else {
+            batch.swap(pending_);
+        }
+        pending_.clear();
+        writing_ = true;
+        lock.unlock();
+        if (!broken) broken = !write_all(fd_, batch);
+        lock.lock();
+        writing_ = false;
+        if (pending_.empty()) idle_.notify_all();
+    }
+    idle_.notify_all();
+}
+
 void memory_sink::write(std::string_view line) {
     std::lock_guard lock(mu_);
     lines_.emplace_back(line);

@@ -2,6 +2,7 @@
 // Each line: {"time":"…Z","level":"info","msg":"…",<context fields>,<call fields>}.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -59,6 +61,38 @@ class fd_sink final : public log_sink {
   private:
     int fd_;
     std::mutex mu_;
+};
+
+// The process's log sink: write() appends the line to a bounded buffer and returns; one writer thread of its
+// own writes the buffer to `fd`. A caller — the event loop above all — never waits for the descriptor: a
+// log reader that stalls (a full pipe to a container runtime's log driver) would otherwise stop heartbeats,
+// TOUCH and lease renewals with it. When `capacity` bytes are waiting, new lines are dropped and counted,
+// and the writer reports how many ("log lines dropped") once it can write again. flush() waits until every
+// line accepted so far is written; the destructor flushes and stops the writer. A SIGKILL loses what the
+// writer had not written yet (normally nothing: it wakes for each line).
+class async_fd_sink final : public log_sink {
+  public:
+    explicit async_fd_sink(int fd = 2, std::size_t capacity = 8u << 20);
+    ~async_fd_sink() override;
+    async_fd_sink(const async_fd_sink&) = delete;
+    async_fd_sink& operator=(const async_fd_sink&) = delete;
+
+    void write(std::string_view line) override;
+    void flush();
+    std::uint64_t dropped() const;
+
+  private:
+    void run();
+
+    int fd_;
+    std::size_t capacity_;
+    mutable std::mutex mu_;
+    std::condition_variable wake_, idle_;
+    std::string pending_;
+    std::uint64_t dropped_ = 0, unreported_ = 0;
+    std::size_t drop_at_ = 0;  // where in pending_ the first unreported drop happened
+    bool writing_ = false, stop_ = false;
+    std::thread writer_;
 };
 
 // Keeps lines in memory; for tests.
