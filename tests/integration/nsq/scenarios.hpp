@@ -1,0 +1,148 @@
+// Scenarios both NSQ suites run: tests/integration/nsq against fake-nsqd, tests/integration/nsq_real
+// against nsqd 1.3.0 (and fake-nsqd again, side by side). Each reaches its brokers through `broker`, so the
+// same steps and the same assertions meet both.
+#pragma once
+
+#include <asio/co_spawn.hpp>
+#include <asio/ip/address.hpp>
+#include <asio/this_coro.hpp>
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "metrics/registry.hpp"
+#include "net/address.hpp"
+#include "net/timeout.hpp"
+#include "net/tokens.hpp"
+#include "nsq/connection.hpp"
+#include "nsq/consumer.hpp"
+#include "nsq/producer.hpp"
+#include "nsq/proto/error.hpp"
+
+namespace nsqscenario {
+
+using namespace std::chrono;
+
+struct channel_view {
+    std::int64_t depth = 0, in_flight = 0, deferred = 0;
+    std::uint64_t timeout_count = 0;
+};
+
+struct broker {
+    std::string name;
+    std::string tcp_address;
+    std::function<asio::awaitable<void>(std::string topic, std::vector<std::string> bodies)> publish;
+    std::function<asio::awaitable<channel_view>(std::string topic, std::string channel)> channel;
+    std::function<asio::awaitable<void>(std::string topic, std::string channel)> create_channel;
+    std::function<asio::awaitable<void>()> start;  // a broker that comes up during the scenario
+    std::function<asio::awaitable<void>()> drop;   // ends every client connection (nsqd: its exit)
+};
+
+// Polls `cond` every 5 ms on a timer until true; false after `limit`.
+inline asio::awaitable<bool> wait_for(std::function<bool()> cond, milliseconds limit) {
+    auto end = steady_clock::now() + limit;
+    while (!cond()) {
+        if (steady_clock::now() > end) co_return false;
+        co_await cg::net::sleep_for(milliseconds(5));
+    }
+    co_return true;
+}
+
+inline std::vector<std::string> bodies(const std::string& prefix, int n) {
+    std::vector<std::string> out;
+    for (int i = 0; i < n; ++i) out.push_back(prefix + std::to_string(i));
+    return out;
+}
+
+// Handlers wait here until the test opens it.
+struct gate {
+    explicit gate(asio::any_io_executor ex) : timer(ex, steady_clock::time_point::max()) {}
+    cg::net::steady_timer timer;
+    bool open = false;
+    asio::awaitable<void> pass() {
+        while (!open) co_await timer.async_wait(cg::net::nothrow);
+    }
+    void release() {
+        open = true;
+        timer.cancel();
+    }
+};
+
+// --- FIN/REQ/TOUCH on a connection that is ending -------------------------------------------------------
+
+// Records a connection's deliveries and, in the read batch of the fatal error frame (the connection has
+// failed but not closed yet), tries to answer them.
+struct ending_owner final : cg::nsq::connection_owner {
+    std::vector<cg::nsq::delivery_ticket> tickets;
+    bool fatal = false, tried = false;
+    bool answerable = true, fin = true, req = true, touch = true;
+    cg::nsq::connection::phase phase_then = cg::nsq::connection::phase::closed;
+    void on_subscribed(cg::nsq::connection&) override {}
+    void on_message(const std::shared_ptr<cg::nsq::connection>&, const cg::nsq::proto::message_view&,
+                    cg::nsq::delivery_ticket t) override {
+        tickets.push_back(t);
+    }
+    void on_read_batch(cg::nsq::connection& c) override {
+        if (!fatal || tried || tickets.size() < 3) return;
+        tried = true;
+        phase_then = c.state();
+        answerable = c.can_answer(tickets[0]);
+        fin = c.finish(tickets[0]);
+        req = c.requeue(tickets[1], milliseconds(0));
+        touch = c.touch(tickets[2]);
+    }
+    void on_error_frame(cg::nsq::connection&, const cg::nsq::proto::error_frame& e) override {
+        if (e.fatal) fatal = true;
+    }
+    void on_touch_sent() override {}
+};
+
+// A fatal error frame ends the connection, but its loops unwind over a few executor turns before the
+// phase is `closed`. A FIN, REQ or TOUCH accepted then would be queued and never written, and counted as
+// sent: each must be refused from the moment the connection failed.
+inline asio::awaitable<void> answers_are_refused_once_the_connection_is_ending(broker b, std::string topic) {
+    auto ex = co_await asio::this_coro::executor;
+    co_await b.create_channel(topic, "c");
+    co_await b.publish(topic, bodies("end-", 3));
+    cg::nsq::consumer_config cfg;
+    cfg.topic = topic;
+    cfg.channel = "c";
+    cfg.heartbeat_interval = milliseconds(1000);
+    cfg.max_in_flight = 3;
+    ending_owner owner;
+    auto conn = std::make_shared<cg::nsq::connection>(ex, b.tcp_address, cfg, &owner, cg::logger{});
+    auto hp = cg::net::parse_host_port(b.tcp_address);
+    BOOST_REQUIRE(hp.has_value());
+    std::vector<cg::net::tcp::endpoint> eps{{asio::ip::make_address(hp->host), hp->port}};
+    bool ended = false;
+    cg::error end;
+    asio::co_spawn(ex, conn->run(eps), [&](std::exception_ptr ep, cg::error e) {
+        if (ep) e = cg::error(cg::nsq::errc::bad_response, "run() threw");
+        end = std::move(e);
+        ended = true;
+    });
+    BOOST_REQUIRE_MESSAGE(co_await wait_for([&] { return conn->subscribed() || ended; }, seconds(5)), b.name);
+    BOOST_REQUIRE_MESSAGE(conn->subscribed(), b.name << ": " << end.describe());
+    conn->send_rdy(3);
+    BOOST_REQUIRE_MESSAGE(co_await wait_for([&] { return owner.tickets.size() == 3; }, seconds(5)), b.name);
+    BOOST_TEST(conn->can_answer(owner.tickets[0]), b.name);
+    conn->send_rdy(3000);  // over max_rdy_count: nsqd answers E_INVALID (fatal) and closes
+    BOOST_REQUIRE_MESSAGE(co_await wait_for([&] { return ended; }, seconds(5)), b.name);
+    BOOST_TEST(end.message.find("E_INVALID RDY count 3000 out of range 0-2500") != std::string::npos,
+               b.name << ": " << end.describe());
+    BOOST_REQUIRE_MESSAGE(owner.tried, b.name);
+    BOOST_TEST((owner.phase_then != cg::nsq::connection::phase::closed), b.name << ": not the window");
+    BOOST_TEST(!owner.answerable, b.name);
+    BOOST_TEST(!owner.fin, b.name << ": FIN accepted by a failed connection (never written)");
+    BOOST_TEST(!owner.req, b.name << ": REQ accepted by a failed connection");
+    BOOST_TEST(!owner.touch, b.name << ": TOUCH accepted by a failed connection");
+    auto ch = co_await b.channel(topic, "c");
+    BOOST_TEST(ch.in_flight == 3, b.name << ": nothing was answered, all three stay in flight");
+}
+
+}  // namespace nsqscenario
