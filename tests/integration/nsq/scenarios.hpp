@@ -145,4 +145,113 @@ inline asio::awaitable<void> answers_are_refused_once_the_connection_is_ending(b
     BOOST_TEST(ch.in_flight == 3, b.name << ": nothing was answered, all three stay in flight");
 }
 
+// --- RDY counts the deliveries still in hand ------------------------------------------------------------
+
+inline cg::nsq::consumer_config budget_config(const std::string& topic, std::vector<std::string> addresses) {
+    cg::nsq::consumer_config c;
+    c.topic = topic;
+    c.channel = "c";
+    c.nsqd_tcp_addresses = std::move(addresses);
+    c.heartbeat_interval = milliseconds(1000);
+    c.msg_timeout = milliseconds(10000);
+    c.max_in_flight = 4;
+    c.reconnect_backoff_min = milliseconds(50);
+    c.reconnect_backoff_max = milliseconds(200);
+    c.rdy_settle_delay = milliseconds(20);
+    c.rdy_redistribute_interval = milliseconds(100);
+    c.low_rdy_idle_timeout = milliseconds(200);
+    c.drain_timeout = milliseconds(3000);
+    return c;
+}
+
+// nsqd B comes up while A's connection holds max_in_flight deliveries whose handlers wait. A's RDY goes
+// down to its share, but the deliveries already sent stay: B may only get RDY as they finish. Before,
+// B got its share at once and nsqd sent messages no handler could take (they waited untouched, their
+// msg_timeout running). The window in which nothing more may arrive spans the settle delay and the
+// redistribute timer several times over (an absence cannot be awaited).
+inline asio::awaitable<void> a_joining_nsqd_waits_for_deliveries_in_hand(broker a, broker b,
+                                                                         std::string topic) {
+    auto ex = co_await asio::this_coro::executor;
+    co_await a.create_channel(topic, "c");
+    co_await a.publish(topic, bodies("a-", 6));
+    gate g(ex);
+    std::multiset<std::string> handled;
+    cg::metrics::registry reg;
+    cg::nsq::consumer c(
+        ex, budget_config(topic, {a.tcp_address, b.tcp_address}),
+        [&](cg::nsq::message& m) -> asio::awaitable<cg::nsq::disposition> {
+            co_await g.pass();
+            handled.insert(m.body());
+            co_return cg::nsq::disposition::finish();
+        },
+        {}, reg);
+    BOOST_REQUIRE(c.start().has_value());
+    BOOST_REQUIRE(co_await wait_for([&] { return c.stats().received == 4; }, seconds(5)));
+    co_await b.start();
+    co_await b.create_channel(topic, "c");
+    co_await b.publish(topic, bodies("b-", 6));
+    BOOST_REQUIRE(co_await wait_for([&] { return c.subscribed_connections() == 2; }, seconds(5)));
+    bool more = co_await wait_for([&] { return c.stats().received > 4; }, milliseconds(700));
+    BOOST_TEST(!more, a.name << ": " << c.stats().received << " received while 4 handlers held theirs");
+    g.release();
+    BOOST_REQUIRE(co_await wait_for([&] { return handled.size() == 12; }, seconds(10)));
+    BOOST_TEST(c.stats().max_outstanding <= 4u, a.name);
+    BOOST_TEST(c.stats().max_handlers <= 4u, a.name);
+    BOOST_TEST(c.stats().fin_failed == 0u, a.name);
+    co_await c.stop();
+    for (auto* br : {&a, &b}) {
+        auto ch = co_await br->channel(topic, "c");
+        BOOST_TEST(ch.depth == 0, br->name);
+        BOOST_TEST(ch.in_flight == 0, br->name);
+        BOOST_TEST(ch.timeout_count == 0u, br->name);
+    }
+}
+
+// A's connection drops while its handlers run (their FINs are lost; nsqd redelivers those messages
+// after msg_timeout). B is left alone, but A's deliveries still occupy their handlers: B keeps its share
+// until they finish instead of taking max_in_flight at once.
+inline asio::awaitable<void> a_dropped_nsqds_running_deliveries_keep_their_budget(broker a, broker b,
+                                                                                  std::string topic) {
+    auto ex = co_await asio::this_coro::executor;
+    co_await a.create_channel(topic, "c");
+    co_await b.create_channel(topic, "c");
+    gate g(ex);
+    std::multiset<std::string> handled;
+    cg::metrics::registry reg;
+    cg::nsq::consumer c(
+        ex, budget_config(topic, {a.tcp_address, b.tcp_address}),
+        [&](cg::nsq::message& m) -> asio::awaitable<cg::nsq::disposition> {
+            co_await g.pass();
+            handled.insert(m.body());
+            co_return cg::nsq::disposition::finish();
+        },
+        {}, reg);
+    BOOST_REQUIRE(c.start().has_value());
+    // Both subscribed with RDY 2 each (the first one had all 4 until the second came).
+    BOOST_REQUIRE(co_await wait_for(
+        [&] { return c.subscribed_connections() == 2 && c.stats().total_rdy == 4; }, seconds(5)));
+    co_await a.publish(topic, bodies("a-", 6));
+    BOOST_REQUIRE(co_await wait_for([&] { return c.stats().received == 2; }, seconds(5)));  // A's share
+    co_await b.publish(topic, bodies("b-", 6));
+    BOOST_REQUIRE(co_await wait_for([&] { return c.stats().received == 4; }, seconds(5)));  // B's share
+    co_await a.drop();
+    BOOST_REQUIRE(co_await wait_for([&] { return c.stats().disconnects >= 1; }, seconds(5)));
+    bool more = co_await wait_for([&] { return c.stats().received > 4; }, milliseconds(700));
+    BOOST_TEST(!more, a.name << ": " << c.stats().received << " received while 4 handlers held theirs");
+    g.release();
+    BOOST_REQUIRE(co_await wait_for(
+        [&] {
+            int from_b = 0;
+            for (const auto& h : handled) from_b += h.rfind("b-", 0) == 0;
+            return from_b == 6;
+        },
+        seconds(10)));
+    BOOST_TEST(c.stats().max_outstanding <= 4u, a.name);
+    BOOST_TEST(c.stats().responses_dropped >= 2u, a.name << ": the FINs of A's two");
+    co_await c.stop();
+    auto ch = co_await b.channel(topic, "c");
+    BOOST_TEST(ch.depth == 0, b.name);
+    BOOST_TEST(ch.timeout_count == 0u, b.name);
+}
+
 }  // namespace nsqscenario

@@ -1,5 +1,6 @@
 // The failure-path scenarios of tests/integration/nsq/scenarios.hpp against nsqd 1.3.0 (the nsq suite runs
-// them against fake-nsqd): FIN/REQ/TOUCH refused once a connection is ending.
+// them against fake-nsqd): FIN/REQ/TOUCH refused once a connection is ending, and
+// RDY within max_in_flight counting the deliveries still in hand.
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/write.hpp>
@@ -44,4 +45,31 @@ BOOST_AUTO_TEST_CASE(real_nsqd_fin_req_and_touch_are_refused_once_the_connection
                                                                                     "ending");
         },
         seconds(30));
+}
+
+BOOST_AUTO_TEST_CASE(real_nsqd_joining_gets_rdy_only_as_the_deliveries_in_hand_elsewhere_finish) {
+    cg::test::run_async(
+        []() -> asio::awaitable<void> {
+            real_nsqd a;
+            co_await a.start();
+            nsqd_options bo;
+            bo.tcp_port = free_port();
+            bo.http_port = free_port();
+            real_nsqd b(bo);  // started by the scenario
+            co_await nsqscenario::a_joining_nsqd_waits_for_deliveries_in_hand(
+                real_broker(a, "nsqd A"), real_broker(b, "nsqd B"), "join");
+        },
+        seconds(60));
+}
+
+BOOST_AUTO_TEST_CASE(real_nsqd_dropped_running_deliveries_keep_their_budget_until_their_handlers_finish) {
+    cg::test::run_async(
+        []() -> asio::awaitable<void> {
+            real_nsqd a, b;
+            co_await a.start();
+            co_await b.start();
+            co_await nsqscenario::a_dropped_nsqds_running_deliveries_keep_their_budget(
+                real_broker(a, "nsqd A"), real_broker(b, "nsqd B"), "orphan");
+        },
+        seconds(60));
 }
