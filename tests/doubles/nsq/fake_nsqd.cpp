@@ -724,13 +724,18 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
                                               std::to_string(opts.max_body_size));
         auto num = co_await read_len(cl, dl);
         if (!num) co_return fatal("E_BAD_BODY", "MPUB failed to read message count");
-        if (*num <= 0) co_return fatal("E_BAD_BODY", "MPUB invalid message count " + std::to_string(*num));
+        // 4 == total num, 5 == length + min 1 (nsqd's readMPUB)
+        if (*num <= 0 || *num > (opts.max_body_size - 4) / 5)
+            co_return fatal("E_BAD_BODY", "MPUB invalid message count " + std::to_string(*num));
         std::vector<std::string> bodies;
         for (std::int32_t i = 0; i < *num; ++i) {
             auto sz = co_await read_len(cl, dl);
-            if (!sz) co_return fatal("E_BAD_MESSAGE", "MPUB failed to read message body size");
+            if (!sz)
+                co_return fatal("E_BAD_MESSAGE",
+                                "MPUB failed to read message(" + std::to_string(i) + ") body size");
             if (*sz <= 0)
-                co_return fatal("E_BAD_MESSAGE", "MPUB invalid message body size " + std::to_string(*sz));
+                co_return fatal("E_BAD_MESSAGE", "MPUB invalid message(" + std::to_string(i) +
+                                                     ") body size " + std::to_string(*sz));
             if (*sz > opts.max_msg_size)
                 co_return fatal("E_BAD_MESSAGE", "MPUB message too big " + std::to_string(*sz) + " > " +
                                                      std::to_string(opts.max_msg_size));

@@ -1,6 +1,7 @@
 // Failure paths against fake-nsqd (the shared scenarios also run against nsqd 1.3.0 in nsq_real):
 // FIN/REQ/TOUCH refused once a connection is ending, RDY within max_in_flight counting the deliveries
-// still in hand, deliveries of a failed connection dropped unhandled, queued deliveries kept alive.
+// still in hand, deliveries of a failed connection dropped unhandled, queued deliveries kept alive,
+// publishes nsqd would refuse fatally failing alone.
 #include <boost/test/unit_test.hpp>
 
 #include "fake_nsqd.hpp"
@@ -124,6 +125,17 @@ BOOST_AUTO_TEST_CASE(deliveries_of_a_connection_that_failed_in_their_read_are_dr
             std::string::npos);
         BOOST_TEST(nsqd.channel("big", "c").in_flight == 4);  // nsqd redelivers them after msg_timeout
         co_await c.stop();
+    });
+}
+
+BOOST_AUTO_TEST_CASE(a_publish_nsqd_would_refuse_fatally_fails_alone) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd nsqd(ex);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        co_await nsqscenario::a_bad_publish_fails_alone(fake_broker(nsqd, "fake-nsqd"), "badpub");
+        BOOST_TEST(nsqd.fatal_errors().empty());
+        BOOST_TEST(nsqd.total_connections() == 1u);
     });
 }
 

@@ -254,4 +254,72 @@ inline asio::awaitable<void> a_dropped_nsqds_running_deliveries_keep_their_budge
     BOOST_TEST(ch.timeout_count == 0u, b.name);
 }
 
+// --- the producer refuses what nsqd would refuse fatally -----------------------------------------------
+
+// Publishes pipelined on one connection, some of which nsqd would answer with a fatal error (and close
+// the connection under the others): each bad one fails alone, with invalid_publish, before anything is
+// sent; every good one is published.
+inline asio::awaitable<void> a_bad_publish_fails_alone(broker b, std::string topic) {
+    auto ex = co_await asio::this_coro::executor;
+    co_await b.create_channel(topic, "c");
+    cg::nsq::producer_config pc;
+    pc.heartbeat_interval = milliseconds(1000);
+    cg::nsq::producer prod(ex, b.tcp_address, pc, {});
+    struct call {
+        std::string what;
+        bool valid = true;
+        bool done = false;
+        cg::error err;
+    };
+    std::vector<std::unique_ptr<call>> calls;
+    auto spawn = [&](std::string what, bool valid, asio::awaitable<cg::result<void>> op) {
+        calls.push_back(std::make_unique<call>());
+        auto* c = calls.back().get();
+        c->what = std::move(what);
+        c->valid = valid;
+        asio::co_spawn(ex, std::move(op), [c](std::exception_ptr ep, cg::result<void> r) {
+            if (ep) r = cg::error(cg::nsq::errc::bad_response, "threw");
+            if (!r) c->err = r.err();
+            c->done = true;
+        });
+    };
+    const std::string too_big(static_cast<std::size_t>(pc.max_msg_size) + 1, 'x');
+    std::vector<std::string> mpub_empty = {"m-0", "", "m-2"};
+    std::vector<std::string> mpub_huge(6, std::string(1024 * 1024 - 16, 'y'));  // 6 MiB > max_body_size
+    spawn("PUB 0", true, prod.publish(topic, "ok-0"));
+    spawn("PUB empty", false, prod.publish(topic, ""));
+    spawn("PUB 1", true, prod.publish(topic, "ok-1"));
+    spawn("MPUB with an empty element", false, prod.multi_publish(topic, mpub_empty));
+    spawn("PUB 2", true, prod.publish(topic, "ok-2"));
+    spawn("DPUB over max-req-timeout", false,
+          prod.deferred_publish(topic, pc.max_req_timeout + milliseconds(1), "later"));
+    spawn("PUB 3", true, prod.publish(topic, "ok-3"));
+    spawn("PUB over max-msg-size", false, prod.publish(topic, too_big));
+    spawn("MPUB over max-body-size", false, prod.multi_publish(topic, mpub_huge));
+    spawn("DPUB at max-req-timeout", true, prod.deferred_publish(topic, pc.max_req_timeout, "latest"));
+    std::vector<std::string> ok_batch = {"ok-4", "ok-5"};
+    spawn("MPUB 4-5", true, prod.multi_publish(topic, ok_batch));
+    BOOST_REQUIRE(co_await wait_for(
+        [&] {
+            for (auto& c : calls)
+                if (!c->done) return false;
+            return true;
+        },
+        seconds(10)));
+    for (auto& c : calls) {
+        if (c->valid) {
+            BOOST_TEST(!c->err, b.name << ": " << c->what << ": " << c->err.describe());
+        } else {
+            BOOST_TEST((c->err.code == cg::nsq::errc::invalid_publish),
+                       b.name << ": " << c->what << ": " << c->err.describe());
+        }
+    }
+    BOOST_TEST(prod.published_messages() == 7u, b.name);
+    auto ch = co_await b.channel(topic, "c");
+    BOOST_TEST(ch.depth == 6, b.name);
+    BOOST_TEST(ch.deferred == 1, b.name);
+    BOOST_TEST((co_await prod.publish(topic, "after")).has_value(), b.name);
+    co_await prod.close();
+}
+
 }  // namespace nsqscenario

@@ -1,12 +1,16 @@
 // The failure-path scenarios of tests/integration/nsq/scenarios.hpp against nsqd 1.3.0 (the nsq suite runs
-// them against fake-nsqd): FIN/REQ/TOUCH refused once a connection is ending, and
-// RDY within max_in_flight counting the deliveries still in hand.
+// them against fake-nsqd): FIN/REQ/TOUCH refused once a connection is ending, RDY
+// within max_in_flight counting the deliveries still in hand, and publishes nsqd would refuse fatally
+// failing alone.
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/write.hpp>
 #include <boost/test/unit_test.hpp>
 
+#include "core/bytes.hpp"
+#include "fake_nsqd.hpp"
 #include "harness.hpp"
+#include "nsq/proto/commands.hpp"
 #include "tests/integration/nsq/scenarios.hpp"
 #include "tests/support/run_async.hpp"
 
@@ -72,4 +76,75 @@ BOOST_AUTO_TEST_CASE(real_nsqd_dropped_running_deliveries_keep_their_budget_unti
                 real_broker(a, "nsqd A"), real_broker(b, "nsqd B"), "orphan");
         },
         seconds(60));
+}
+
+BOOST_AUTO_TEST_CASE(real_nsqd_a_publish_it_would_refuse_fatally_fails_alone) {
+    cg::test::run_async(
+        []() -> asio::awaitable<void> {
+            real_nsqd nsqd;
+            co_await nsqd.start();
+            co_await nsqscenario::a_bad_publish_fails_alone(real_broker(nsqd, "nsqd"), "badpub");
+        },
+        seconds(30));
+}
+
+// What the producer now refuses itself is what nsqd refuses fatally; fake-nsqd answers those publishes
+// with nsqd's own bytes (the double's MPUB texts had drifted from nsqd's).
+BOOST_AUTO_TEST_CASE(fake_nsqd_refuses_bad_publishes_with_nsqds_own_bytes) {
+    auto exchange = [](std::uint16_t port, std::string command) -> asio::awaitable<std::string> {
+        cg::net::tcp_socket s(co_await asio::this_coro::executor);
+        auto [cec] = co_await s.async_connect({asio::ip::make_address("127.0.0.1"), port});
+        if (cec) throw std::runtime_error("connect");
+        std::string out;
+        cg::nsq::proto::append_magic(out);
+        out += command;
+        co_await asio::async_write(s, asio::buffer(out), cg::net::nothrow);
+        std::string got;
+        char buf[4096];
+        for (;;) {  // until nsqd closes (every case here is fatal)
+            auto r = co_await cg::net::with_timeout(s.async_read_some(asio::buffer(buf)), seconds(5));
+            if (!r) throw std::runtime_error("no close");
+            auto [ec, n] = *r;
+            if (ec) break;
+            got.append(buf, n);
+        }
+        co_return got;
+    };
+    std::vector<std::string> cases;
+    {
+        std::string c;
+        cg::nsq::proto::append_pub(c, "badpub", "");
+        cases.push_back(c);
+    }
+    {
+        std::string c;
+        std::vector<std::string> b = {"a", "", "c"};
+        cg::nsq::proto::append_mpub(c, "badpub", std::span<const std::string>(b));
+        cases.push_back(c);
+    }
+    {
+        std::string c;
+        cg::nsq::proto::append_dpub(c, "badpub", 3600001, "x");
+        cases.push_back(c);
+    }
+    {
+        std::string c = "PUB badpub\n";  // the size alone: nsqd answers before reading a body
+        cg::append_be32(c, 1024 * 1024 + 1);
+        cases.push_back(c);
+    }
+    cg::test::run_async([&]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        real_nsqd nsqd;
+        co_await nsqd.start();
+        cg::test::nsq::fake_nsqd fake(ex);
+        BOOST_REQUIRE(fake.start().has_value());
+        for (const auto& c : cases) {
+            auto real_bytes = co_await exchange(nsqd.tcp_port(), c);
+            auto fake_bytes = co_await exchange(fake.tcp_port(), c);
+            BOOST_TEST(real_bytes.find("E_") != std::string::npos, real_bytes);
+            BOOST_TEST(real_bytes == fake_bytes,
+                       "\n  nsqd:      " << real_bytes << "\n  fake-nsqd: " << fake_bytes);
+        }
+        fake.stop();
+    });
 }
