@@ -1,7 +1,7 @@
-// Failure paths against fake-nsqd (the shared scenarios also run against nsqd 1.3.0 in nsq_real):
-// FIN/REQ/TOUCH refused once a connection is ending, RDY within max_in_flight counting the deliveries
-// still in hand, deliveries of a failed connection dropped unhandled, queued deliveries kept alive,
-// publishes nsqd would refuse fatally failing alone.
+// Failure paths against fake-nsqd (the shared scenarios also run against nsqd 1.3.0 in nsq_real): RDY
+// within max_in_flight counting the deliveries still in hand, deliveries of a failed connection dropped
+// unhandled, FIN/REQ/TOUCH refused once a connection is ending, publishes nsqd would refuse fatally failing
+// alone, and AUTH answered after a heartbeat.
 #include <boost/test/unit_test.hpp>
 
 #include "fake_nsqd.hpp"
@@ -136,6 +136,58 @@ BOOST_AUTO_TEST_CASE(a_publish_nsqd_would_refuse_fatally_fails_alone) {
         co_await nsqscenario::a_bad_publish_fails_alone(fake_broker(nsqd, "fake-nsqd"), "badpub");
         BOOST_TEST(nsqd.fatal_errors().empty());
         BOOST_TEST(nsqd.total_connections() == 1u);
+    });
+}
+
+BOOST_AUTO_TEST_CASE(auth_answered_after_a_heartbeat_authenticates) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd_options o;
+        o.auth_secrets["t0ken"] = fake_auth_identity{"billing", "https://auth.example/billing", 1};
+        o.auth_delay = milliseconds(1500);  // > the 1 s heartbeat interval
+        fake_nsqd nsqd(ex, o);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        nsqd.record_commands(true);
+        nsqd.create_channel("authed", "c");
+        co_await nsqscenario::auth_outlasting_a_heartbeat_succeeds(fake_broker(nsqd, "fake-nsqd"), "authed",
+                                                                   "t0ken");
+        auto log = nsqd.command_log();
+        BOOST_TEST(std::count(log.begin(), log.end(), "AUTH") == 2);  // producer, consumer: once each
+        BOOST_TEST(nsqd.fatal_errors().empty());
+        BOOST_TEST(nsqd.heartbeat_disconnects() == 0u);
+    });
+}
+
+// The double is as strict as nsqd about AUTH: nothing is accepted before it, a wrong secret is fatal.
+BOOST_AUTO_TEST_CASE(fake_nsqd_with_auth_refuses_sub_and_pub_before_auth_and_a_wrong_secret) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd_options o;
+        o.auth_secrets["right"] = fake_auth_identity{"id", "", 1};
+        fake_nsqd nsqd(ex, o);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        auto exchange = [&](std::string after_identify) -> asio::awaitable<std::string> {
+            raw_client cl(ex);
+            co_await cl.connect(nsqd.tcp_port());
+            std::string out;
+            cg::nsq::proto::append_magic(out);
+            cg::nsq::proto::append_identify(out, R"({"feature_negotiation":true})");
+            co_await cl.send(out + after_identify);
+            auto identify = co_await cl.read_frame();
+            BOOST_TEST(identify.find("\"auth_required\":true") != std::string::npos);
+            auto reply = co_await cl.read_frame();
+            co_return reply.substr(8);
+        };
+        std::string sub, pub, bad;
+        cg::nsq::proto::append_sub(sub, "t", "c");
+        cg::nsq::proto::append_pub(pub, "t", "x");
+        cg::nsq::proto::append_auth(bad, "wrong");
+        BOOST_TEST(co_await exchange(sub) == "E_AUTH_FIRST AUTH required before SUB");
+        BOOST_TEST(co_await exchange(pub) == "E_AUTH_FIRST AUTH required before PUB");
+        BOOST_TEST(co_await exchange(bad) == "E_AUTH_FAILED AUTH failed");
+        std::string good;
+        cg::nsq::proto::append_auth(good, "right");
+        BOOST_TEST(co_await exchange(good) == R"({"identity":"id","identity_url":"","permission_count":1})");
     });
 }
 

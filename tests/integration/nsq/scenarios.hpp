@@ -322,4 +322,40 @@ inline asio::awaitable<void> a_bad_publish_fails_alone(broker b, std::string top
     co_await prod.close();
 }
 
+// --- heartbeats during the handshake --------------------------------------------------------------------
+
+// AUTH waits for nsqd's round trip to its auth server (here slower than the heartbeat interval): a
+// `_heartbeat_` arrives before the AUTH reply. Consumer and producer answer it and authenticate.
+inline asio::awaitable<void> auth_outlasting_a_heartbeat_succeeds(broker b, std::string topic,
+                                                                  std::string secret) {
+    auto ex = co_await asio::this_coro::executor;
+    cg::nsq::nsq_security sec;
+    sec.auth_secret = secret;
+    cg::nsq::producer_config pc;
+    pc.heartbeat_interval = milliseconds(1000);
+    pc.connect_timeout = milliseconds(5000);
+    pc.security = sec;
+    cg::nsq::producer prod(ex, b.tcp_address, pc, {});
+    auto r = co_await prod.multi_publish(topic, bodies("auth-", 3));
+    BOOST_REQUIRE_MESSAGE(r.has_value(), b.name << ": publish: " << (r ? "" : r.err().describe()));
+    co_await prod.close();
+    auto cfg = budget_config(topic, {b.tcp_address});
+    cfg.connect_timeout = milliseconds(5000);
+    cfg.security = sec;
+    std::set<std::string> got;
+    cg::metrics::registry reg;
+    cg::nsq::consumer c(
+        ex, cfg,
+        [&](cg::nsq::message& m) -> asio::awaitable<cg::nsq::disposition> {
+            got.insert(m.body());
+            co_return cg::nsq::disposition::finish();
+        },
+        {}, reg);
+    BOOST_REQUIRE(c.start().has_value());
+    BOOST_REQUIRE_MESSAGE(co_await wait_for([&] { return got.size() == 3; }, seconds(10)), b.name);
+    BOOST_TEST(c.stats().connects == 1u, b.name);
+    BOOST_TEST(c.stats().disconnects == 0u, b.name);
+    co_await c.stop();
+}
+
 }  // namespace nsqscenario

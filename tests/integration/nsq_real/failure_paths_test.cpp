@@ -1,9 +1,10 @@
 // The failure-path scenarios of tests/integration/nsq/scenarios.hpp against nsqd 1.3.0 (the nsq suite runs
-// them against fake-nsqd): FIN/REQ/TOUCH refused once a connection is ending, RDY
-// within max_in_flight counting the deliveries still in hand, and publishes nsqd would refuse fatally
-// failing alone.
+// them against fake-nsqd): FIN/REQ/TOUCH refused once a connection is ending, RDY within max_in_flight
+// counting the deliveries still in hand, publishes nsqd would refuse fatally failing alone, and AUTH
+// behind an auth server slower than the heartbeat interval.
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/read_until.hpp>
 #include <asio/write.hpp>
 #include <boost/test/unit_test.hpp>
 
@@ -11,6 +12,7 @@
 #include "fake_nsqd.hpp"
 #include "harness.hpp"
 #include "nsq/proto/commands.hpp"
+#include "nsq_auth.hpp"
 #include "tests/integration/nsq/scenarios.hpp"
 #include "tests/support/run_async.hpp"
 
@@ -37,6 +39,52 @@ nsqscenario::broker real_broker(real_nsqd& n, std::string name) {
     b.drop = [&n]() -> asio::awaitable<void> { co_await n.stop(); };  // nsqd closes its clients on exit
     return b;
 }
+
+// nsqd's auth server, slow: every GET /auth is answered with `json` after `delay`.
+class slow_auth_server {
+  public:
+    slow_auth_server(asio::any_io_executor ex, std::string json, milliseconds delay)
+        : st_(std::make_shared<state>(ex, std::move(json), delay)) {
+        asio::co_spawn(ex, serve(st_), asio::detached);
+    }
+    ~slow_auth_server() {
+        std::error_code ignored;
+        st_->acceptor.close(ignored);
+    }
+    std::string address() const {
+        return "127.0.0.1:" + std::to_string(st_->acceptor.local_endpoint().port());
+    }
+    int queries() const { return st_->queries; }
+
+  private:
+    struct state {
+        state(asio::any_io_executor ex, std::string j, milliseconds d)
+            : acceptor(ex, {asio::ip::make_address("127.0.0.1"), 0}), json(std::move(j)), delay(d) {}
+        cg::net::tcp_acceptor acceptor;
+        std::string json;
+        milliseconds delay;
+        int queries = 0;
+    };
+    static asio::awaitable<void> serve(std::shared_ptr<state> st) {
+        for (;;) {
+            auto [ec, sock] = co_await st->acceptor.async_accept();
+            if (ec) co_return;
+            asio::co_spawn(st->acceptor.get_executor(), answer(st, std::move(sock)), asio::detached);
+        }
+    }
+    static asio::awaitable<void> answer(std::shared_ptr<state> st, cg::net::tcp_socket sock) {
+        std::string req;
+        auto [ec, n] =
+            co_await asio::async_read_until(sock, asio::dynamic_buffer(req), "\r\n\r\n", cg::net::nothrow);
+        if (ec) co_return;
+        ++st->queries;
+        co_await cg::net::sleep_for(st->delay);
+        std::string out = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(st->json.size()) + "\r\nConnection: close\r\n\r\n" + st->json;
+        co_await asio::async_write(sock, asio::buffer(out), cg::net::nothrow);
+    }
+    std::shared_ptr<state> st_;
+};
 
 }  // namespace
 
@@ -86,6 +134,26 @@ BOOST_AUTO_TEST_CASE(real_nsqd_a_publish_it_would_refuse_fatally_fails_alone) {
             co_await nsqscenario::a_bad_publish_fails_alone(real_broker(nsqd, "nsqd"), "badpub");
         },
         seconds(30));
+}
+
+BOOST_AUTO_TEST_CASE(real_nsqd_auth_answered_after_a_heartbeat_authenticates) {
+    cg::test::run_async(
+        []() -> asio::awaitable<void> {
+            auto ex = co_await asio::this_coro::executor;
+            cg::test::nsq::auth_identity id;
+            id.identity = "billing";
+            id.authorizations = {{".*", {".*"}, {"subscribe", "publish"}}};
+            slow_auth_server auth(ex, cg::test::nsq::to_json(id), milliseconds(1500));  // > heartbeat 1 s
+            nsqd_options o;
+            o.extra = {"--auth-http-address=" + auth.address()};
+            real_nsqd nsqd(o);
+            co_await nsqd.start();
+            co_await nsqd.http().create_channel("authed", "c");
+            co_await nsqscenario::auth_outlasting_a_heartbeat_succeeds(real_broker(nsqd, "nsqd"), "authed",
+                                                                       "t0ken");
+            BOOST_TEST(auth.queries() >= 2);
+        },
+        seconds(60));
 }
 
 // What the producer now refuses itself is what nsqd refuses fatally; fake-nsqd answers those publishes
