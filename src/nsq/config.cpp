@@ -75,6 +75,8 @@ result<void> validate(const producer_config& c) {
         return bad("timeouts must be positive");
     if (c.reconnect_backoff_min <= milliseconds(0) || c.reconnect_backoff_max < c.reconnect_backoff_min)
         return bad("reconnect backoff: need 0 < min <= max");
+    if (c.max_msg_size < 1 || c.max_body_size < 9 || c.max_req_timeout < milliseconds(0))
+        return bad("publish limits: need max_msg_size >= 1, max_body_size >= 9, max_req_timeout >= 0");
     return validate(c.security);
 }
 

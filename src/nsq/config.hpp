@@ -85,6 +85,12 @@ struct producer_config {
     milliseconds publish_timeout{10000};  // from write to OK
     milliseconds reconnect_backoff_min{100};
     milliseconds reconnect_backoff_max{10000};
+    // nsqd's publish limits (1.3.0 defaults). nsqd answers a publish beyond them with a fatal error that
+    // closes the connection under every publish pipelined with it, and its IDENTIFY reply does not carry
+    // them: set them to nsqd's --max-msg-size, --max-body-size and --max-req-timeout when those differ.
+    std::int64_t max_msg_size = 1024 * 1024;       // one message body (PUB, DPUB, each MPUB element)
+    std::int64_t max_body_size = 5 * 1024 * 1024;  // an MPUB body: 4 + Σ (4 + size)
+    milliseconds max_req_timeout{60 * 60 * 1000};  // the longest DPUB delay
     std::string client_id, hostname;
     std::string user_agent = "chargeguard-nsq/0.1";
     std::size_t max_frame_size = proto::default_max_frame_size;

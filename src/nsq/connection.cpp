@@ -267,7 +267,7 @@ void connection::stop_loops() {
 }
 
 void connection::send_rdy(unsigned count) {
-    if (phase_ == phase::closed) return;
+    if (phase_ == phase::closed || done_) return;
     proto::append_rdy(out_, count);
     notify_writer();
 }
@@ -298,7 +298,7 @@ bool connection::touch(delivery_ticket t) {
 }
 
 void connection::start_close() {
-    if (phase_ != phase::subscribed) return;
+    if (phase_ != phase::subscribed || done_) return;
     phase_ = phase::closing;
     proto::append_cls(out_);
     notify_writer();

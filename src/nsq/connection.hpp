@@ -56,8 +56,10 @@ class connection : public std::enable_shared_from_this<connection> {
     // with abort().
     asio::awaitable<error> run(std::vector<net::tcp::endpoint> eps);
 
-    // Commands (no-ops once closed). FIN/REQ/TOUCH apply only to a delivery still in flight here; false
-    // otherwise. FIN and REQ end the delivery.
+    // Commands (no-ops once the connection is ending: from the moment it failed or began its final close,
+    // since no loop writes anything after that). FIN/REQ/TOUCH apply only to a delivery still in flight
+    // on a connection that will write them; false otherwise (the caller counts the answer as not sent).
+    // FIN and REQ end the delivery.
     void send_rdy(unsigned count);
     bool finish(delivery_ticket t);
     bool requeue(delivery_ticket t, std::chrono::milliseconds delay);
@@ -71,6 +73,9 @@ class connection : public std::enable_shared_from_this<connection> {
     bool subscribed() const noexcept { return phase_ == phase::subscribed; }
     bool ever_subscribed() const noexcept { return ever_subscribed_; }
     const std::string& key() const noexcept { return key_; }
+    // Whether an answer (FIN/REQ/TOUCH) for `t` would still be sent: false once the delivery was answered
+    // or the connection is ending. A delivery nobody can answer is redelivered by nsqd after msg_timeout.
+    bool can_answer(delivery_ticket t) const noexcept { return in_flight(t); }
     std::size_t in_flight() const noexcept { return in_flight_total_; }
     const proto::identify_response& negotiated() const noexcept { return negotiated_; }
     std::chrono::milliseconds msg_timeout() const noexcept {
@@ -91,9 +96,11 @@ class connection : public std::enable_shared_from_this<connection> {
     void notify_writer();
     void check_drained();
     void fail(error e);
-    // Inline: FIN goes through both once per message.
+    // Inline: FIN goes through both once per message. `done_` is set (by fail() or stop_loops()) before the
+    // phase becomes closed, while run()'s loops unwind over a few executor turns: a command queued then
+    // would never be written, so the delivery counts as no longer answerable from that moment.
     bool in_flight(delivery_ticket t) const noexcept {
-        return phase_ != phase::closed && t.slot < slots_.size() && slots_[t.slot].used &&
+        return !done_ && phase_ != phase::closed && t.slot < slots_.size() && slots_[t.slot].used &&
                slots_[t.slot].gen == t.gen;
     }
     bool release(delivery_ticket t) {

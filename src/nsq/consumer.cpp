@@ -5,6 +5,8 @@
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>
 #include <atomic>
+#include <optional>
+#include <string_view>
 
 #include "net/address.hpp"
 #include "net/timeout.hpp"
@@ -43,6 +45,24 @@ class message_queue {
         --count_;
         return m;
     }
+    template <typename F>
+    void for_each(F f) {
+        for (std::size_t i = 0; i < count_; ++i) f(*ring_[(head_ + i) & (ring_.size() - 1)]);
+    }
+    // Takes out every message `pred` selects (order kept), handing each to `taken`.
+    template <typename Pred, typename Taken>
+    void remove_if(Pred pred, Taken taken) {
+        std::size_t kept = 0;
+        for (std::size_t i = 0; i < count_; ++i) {
+            auto& slot = ring_[(head_ + i) & (ring_.size() - 1)];
+            if (pred(*slot)) {
+                taken(std::move(slot));
+            } else {
+                ring_[(head_ + kept++) & (ring_.size() - 1)] = std::move(slot);
+            }
+        }
+        count_ = kept;
+    }
 
   private:
     void grow() {
@@ -80,6 +100,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
           log(l.with({{"topic", cfg.topic}, {"channel", cfg.channel}})),
           rdy(rdy_settings_of(cfg)),
           change_wake(e, forever),
+          queue_touch(e),
           timers{net::steady_timer(e), net::steady_timer(e), net::steady_timer(e)} {
         metrics::labels lb{{"topic", cfg.topic}, {"channel", cfg.channel}};
         m_received = &reg.counter("chargeguard_nsq_messages_received_total", "NSQ messages received").Add(lb);
@@ -92,6 +113,10 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
                                     "E_FIN_FAILED from nsqd: the message had already timed out")
                             .Add(lb);
         m_touches = &reg.counter("chargeguard_nsq_touches_total", "TOUCH commands sent").Add(lb);
+        m_dropped = &reg.counter("chargeguard_nsq_messages_dropped_total",
+                                 "NSQ messages dropped unhandled: their connection had closed, so no answer "
+                                 "could be sent (nsqd redelivers them after msg_timeout)")
+                         .Add(lb);
         m_handler_errors =
             &reg.counter("chargeguard_nsq_handler_errors_total",
                          "message or give-up handlers that threw (a bug: the message is requeued)")
@@ -109,7 +134,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     logger log;
     consumer_stats stats;
     metrics::Counter *m_received, *m_finished, *m_requeued, *m_gave_up, *m_fin_failed, *m_touches,
-        *m_handler_errors;
+        *m_handler_errors, *m_dropped;
     metrics::Gauge *m_connections, *m_rdy, *m_handlers;
     std::shared_ptr<std::atomic<int>> subscribed = std::make_shared<std::atomic<int>>(0);
 
@@ -122,6 +147,8 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     message_queue queued;  // waiting for a handler slot
 
     net::steady_timer change_wake;
+    net::steady_timer queue_touch;  // keeps queued deliveries alive (touch_queued)
+    bool queue_touch_armed = false;
     std::array<net::steady_timer, rdy_timer_count> timers;
     std::array<std::uint64_t, rdy_timer_count> timer_gen{};  // filters an expiry that raced a re-arm
 
@@ -197,7 +224,44 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
         subscribed->fetch_sub(1);
         m_connections->Decrement();
         carry_out(rdy.connection_removed(c.key(), sclock::now()));
+        drop_deliveries_of(c, nullptr);
         publish_rdy_total();
+    }
+
+    // Deliveries of `c` waiting for a handler once `c` can no longer answer them (it failed, or ended): no
+    // FIN or REQ would reach nsqd, which redelivers them after msg_timeout (nsqd 1.3.0 does not requeue a
+    // dropped client's messages), so running their handlers would be work thrown away — or done twice,
+    // once the redelivery arrives. `taken`: one a worker has already taken off the queue. One log line for
+    // all of them (a failed read may have brought thousands).
+    void drop_deliveries_of(const connection& c, std::unique_ptr<message> taken) {
+        unsigned n = 0;
+        auto drop = [&](std::unique_ptr<message> m) {
+            ++n;
+            recycle(std::move(m));
+        };
+        if (taken) drop(std::move(taken));
+        queued.remove_if([&](const message& m) { return m.conn().get() == &c; }, drop);
+        if (n == 0) return;
+        count_dropped(n);
+        log.warn(
+            "dropping deliveries of a closed connection without running their handlers (nsqd "
+            "redelivers them after msg_timeout)",
+            {{"nsqd", c.key()}, {"dropped", n}});
+        // Once it ended the controller counts them as orphans (connection_removed), before that as its.
+        auto key = c.state() == connection::phase::closed ? std::string_view() : std::string_view(c.key());
+        carry_out(rdy.deliveries_dropped(key, n, sclock::now()));
+        if (drain_waiters > 0) changed();
+    }
+
+    void count_dropped(unsigned n) {
+        stats.dropped += n;
+        m_dropped->Increment(static_cast<double>(n));
+    }
+
+    // The controller's name for the connection a delivery came on: empty once it ended (removed there).
+    static std::string_view rdy_key(const message& m) noexcept {
+        const auto& c = m.conn();
+        return c && c->state() != connection::phase::closed ? std::string_view(c->key()) : std::string_view();
     }
 
     void on_supervision_changed() override {
@@ -221,7 +285,39 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
             m->reset(v, c, t, now, timeout, max_timeout);
             queued.push(std::move(m));
         }
+        if (!queue_touch_armed) arm_queue_touch();
         maybe_wake_worker();
+    }
+
+    // Queued deliveries are kept alive from receipt, as a keepalive would: nsqd's msg_timeout runs from
+    // delivery whether or not a handler has started. RDY keeps the deliveries outstanding within
+    // max_in_flight, so a queued one normally meets a free worker at once; this covers the rest (a
+    // lowered RDY nsqd applied later than the settle delay assumes). One timer for the whole queue, armed
+    // for its oldest entry: no per-message timer, and nothing armed while the queue stays short-lived.
+    void arm_queue_touch() {
+        std::optional<sclock::time_point> first;
+        queued.for_each([&](message& m) {
+            auto due = next_touch(m.last_touched(), m.delivered_at(), m.msg_timeout(), m.max_msg_timeout());
+            if (due && (!first || *due < *first)) first = due;
+        });
+        if (!first || stopped) return;
+        queue_touch_armed = true;
+        queue_touch.expires_at(*first);
+        queue_touch.async_wait([w = weak_from_this()](std::error_code ec) {
+            auto self = w.lock();
+            if (!self) return;
+            self->queue_touch_armed = false;
+            if (!ec) self->touch_queued();
+        });
+    }
+
+    void touch_queued() {
+        auto now = sclock::now();
+        queued.for_each([&](message& m) {
+            auto due = next_touch(m.last_touched(), m.delivered_at(), m.msg_timeout(), m.max_msg_timeout());
+            if (due && *due <= now) m.touch();
+        });
+        if (!queued.empty()) arm_queue_touch();
     }
 
     // The controller hears of a read's messages once, at the end of the read (a handler never runs in
@@ -232,6 +328,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
         if (batch_received > 0) {
             rdy.messages_received(c.key(), batch_received, c.last_read());
             batch_received = 0;
+            stats.max_outstanding = std::max(stats.max_outstanding, rdy.pending());
         }
         publish_metrics();
         carry_out(rdy.read_batch_done(c.key()));
@@ -327,6 +424,11 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
             auto held = self->queued.pop();
             auto& m = *held;
             self->maybe_wake_worker();
+            if (!m.conn()->can_answer(m.ticket())) {
+                auto conn = m.conn();  // outlives the message's own reference, dropped with it
+                self->drop_deliveries_of(*conn, std::move(held));
+                continue;
+            }
             ++self->active;
             if (self->active > self->stats.max_handlers) self->stats.max_handlers = self->active;
             // The handler (or give-up), awaited here rather than in a coroutine of its own (one frame less
@@ -395,11 +497,9 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
                 m_gave_up->Increment();
             }
             auto ok = handler_signal::success;
-            if (rdy.quiet(ok)) {
-                rdy.handler_finished_quietly();  // the common case: no output, no clock read
-            } else {
-                carry_out(rdy.handler_finished(ok, sclock::now()));
-            }
+            auto key = rdy_key(m);
+            if (!rdy.finish_quietly(key, ok))  // the common case: no output, no clock read
+                carry_out(rdy.handler_finished(key, ok, sclock::now()));
             return;
         }
         auto delay = d.delay().value_or(
@@ -411,6 +511,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
             ++stats.responses_dropped;
         }
         carry_out(rdy.handler_finished(
+            rdy_key(m),
             d.what() == disposition::kind::requeue ? handler_signal::failure : handler_signal::neutral,
             sclock::now()));
     }

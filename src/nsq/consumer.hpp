@@ -28,6 +28,8 @@ struct consumer_stats {
     std::uint64_t touch_failed = 0;
     std::uint64_t touches = 0;
     std::uint64_t responses_dropped = 0;  // FIN/REQ for a message whose connection had closed
+    std::uint64_t dropped = 0;            // deliveries dropped unhandled: their connection had closed
+    std::uint64_t max_outstanding = 0;    // most deliveries received and not yet handled (queued + running)
     std::uint64_t connects = 0;           // successful subscriptions, over the lifetime
     std::uint64_t disconnects = 0;
     std::uint64_t connections = 0;    // subscribed now

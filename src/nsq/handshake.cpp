@@ -54,16 +54,43 @@ asio::awaitable<error> send(transport& t, const std::string& bytes, const char* 
     co_return error{};
 }
 
-// Reads the OK nsqd sends after switching an upgrade on.
+bool is_heartbeat(const proto::frame& f) {
+    return f.type == proto::frame_type::response && f.data == "_heartbeat_";
+}
+
+// Reads the OK nsqd sends after switching an upgrade on. nsqd's heartbeat ticker (restarted by IDENTIFY)
+// writes from another goroutine, serialised with the upgrade only by the client's write lock, which the
+// TLS handshake holds (protocol_v2.go IDENTIFY, client_v2.go UpgradeTLS/UpgradeSnappy/UpgradeDeflate):
+// a handshake that outlasts the heartbeat interval lets a `_heartbeat_` in, after the switch and before
+// the OK, in the same framing as the OK — skipped here. It is not answered: nsqd reads no command until
+// IDENTIFY has returned, and a NOP written before a later compression switch would reach nsqd's
+// decompressor uncompressed; the next command (AUTH or SUB) answers it.
 asio::awaitable<error> expect_ok(transport& t, proto::frame_decoder& d, sclock::time_point deadline,
                                  const std::string& what, const char* step) {
-    auto f = co_await read_frame(t, d, deadline, what);
-    if (!f) co_return error(f.err().code, std::string(step) + ": " + f.err().message);
-    if (f->type == proto::frame_type::error)
-        co_return error(errc::server_error, std::string(step) + ": " + std::string(f->data));
-    if (f->type != proto::frame_type::response || f->data != "OK")
-        co_return error(errc::bad_response, std::string(step) + ": expected OK from " + what);
-    co_return error{};
+    for (;;) {
+        auto f = co_await read_frame(t, d, deadline, what);
+        if (!f) co_return error(f.err().code, std::string(step) + ": " + f.err().message);
+        if (is_heartbeat(*f)) continue;
+        if (f->type == proto::frame_type::error)
+            co_return error(errc::server_error, std::string(step) + ": " + std::string(f->data));
+        if (f->type != proto::frame_type::response || f->data != "OK")
+            co_return error(errc::bad_response, std::string(step) + ": expected OK from " + what);
+        co_return error{};
+    }
+}
+
+// nsqd answers AUTH only once its auth server has (an HTTP request of its own, as long as that takes),
+// while its heartbeat ticker keeps writing: skip heartbeats, answering each with NOP as on a subscribed
+// connection, until the AUTH reply.
+asio::awaitable<result<proto::frame>> read_auth_reply(transport& t, proto::frame_decoder& d,
+                                                      sclock::time_point deadline, const std::string& what) {
+    for (;;) {
+        auto f = co_await read_frame(t, d, deadline, what);
+        if (!f || !is_heartbeat(*f)) co_return f;
+        std::string nop;
+        proto::append_nop(nop);
+        if (auto e = co_await send(t, nop, "NOP")) co_return e;
+    }
 }
 
 }  // namespace
@@ -126,7 +153,7 @@ asio::awaitable<result<proto::identify_response>> handshake(transport& t, proto:
         out.clear();
         proto::append_auth(out, sec.auth_secret);
         if (auto e = co_await send(t, out, "AUTH")) co_return e;
-        auto a = co_await read_frame(t, d, deadline, o.what);
+        auto a = co_await read_auth_reply(t, d, deadline, o.what);
         if (!a) co_return a.err();
         if (a->type == proto::frame_type::error)
             co_return error(errc::server_error, "AUTH: " + std::string(a->data));

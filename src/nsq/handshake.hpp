@@ -1,6 +1,7 @@
 // The start every nsqd connection shares (consumer and producer): magic → IDENTIFY → the negotiated
 // reply → TLS (tls_v1) → snappy or deflate → AUTH when nsqd asks for it, each upgrade confirmed by an
-// OK frame as nsqd 1.3.0 sends it (protocol_v2.go IDENTIFY/AUTH).
+// OK frame as nsqd 1.3.0 sends it (protocol_v2.go IDENTIFY/AUTH). Heartbeats nsqd's ticker writes in
+// between (after an upgrade switched the stream, before its OK; before the AUTH reply) are skipped.
 #pragma once
 
 #include <asio/awaitable.hpp>

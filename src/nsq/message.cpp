@@ -19,6 +19,7 @@ message::message(const proto::message_view& v, std::shared_ptr<connection> conn,
       conn_(std::move(conn)),
       ticket_(ticket),
       delivered_(delivered),
+      touched_(delivered),
       msg_timeout_(msg_timeout),
       max_msg_timeout_(max_msg_timeout) {}
 
@@ -32,6 +33,7 @@ void message::reset(const proto::message_view& v, const std::shared_ptr<connecti
     if (conn_ != conn) conn_ = conn;
     ticket_ = ticket;
     delivered_ = delivered;
+    touched_ = delivered;
     msg_timeout_ = msg_timeout;
     max_msg_timeout_ = max_msg_timeout;
 }
@@ -39,7 +41,9 @@ void message::reset(const proto::message_view& v, const std::shared_ptr<connecti
 message::~message() = default;
 
 bool message::touch() {
-    return conn_ && conn_->touch(ticket_);
+    if (!conn_ || !conn_->touch(ticket_)) return false;
+    touched_ = clock::now();
+    return true;
 }
 
 struct keepalive::state {
@@ -55,10 +59,11 @@ namespace {
 // deadline (nsqd's max-msg-timeout cap). Holds the state, not the message: after stop it never
 // dereferences `msg`.
 asio::awaitable<void> keepalive_loop(std::shared_ptr<keepalive::state> st) {
-    // nsqd's deadline runs from delivery, not from when the handler got round to holding a keepalive
-    // (it may have waited for a slot or done other work first): the first TOUCH is due msg_timeout / 2
-    // after receipt — at once if that is already past — and each later one msg_timeout / 2 after the last.
-    auto last = st->msg->delivered_at();
+    // nsqd's deadline runs from delivery (or the last TOUCH), not from when the handler got round to
+    // holding a keepalive (it may have waited for a slot or done other work first): the first TOUCH is due
+    // msg_timeout / 2 after receipt or the last TOUCH — at once if that is already past — and each later
+    // one msg_timeout / 2 after the last.
+    auto last = st->msg->last_touched();
     for (;;) {
         auto next =
             next_touch(last, st->msg->delivered_at(), st->msg->msg_timeout(), st->msg->max_msg_timeout());

@@ -44,6 +44,9 @@ class message {
     // max_msg_timeout). Returns false, sending nothing, when the connection it came on is gone or the
     // message is no longer in flight there. Call on the consumer's executor.
     bool touch();
+    // When nsqd's timeout for it last started: its receipt, or the last TOUCH sent (by the consumer while
+    // it waited for a handler, or by a keepalive).
+    clock::time_point last_touched() const noexcept { return touched_; }
 
     std::chrono::milliseconds msg_timeout() const noexcept { return msg_timeout_; }          // effective
     std::chrono::milliseconds max_msg_timeout() const noexcept { return max_msg_timeout_; }  // nsqd's cap
@@ -69,7 +72,7 @@ class message {
     std::string body_;
     std::shared_ptr<connection> conn_;
     delivery_ticket ticket_;
-    clock::time_point delivered_;
+    clock::time_point delivered_, touched_;
     std::chrono::milliseconds msg_timeout_, max_msg_timeout_;
 };
 

@@ -5,6 +5,7 @@
 #include <asio/write.hpp>
 #include <deque>
 #include <random>
+#include <span>
 
 #include "net/address.hpp"
 #include "net/resolve.hpp"
@@ -27,6 +28,34 @@ using sclock = steady_clock;
 
 namespace {
 constexpr auto no_deadline = sclock::time_point::max();
+
+// nsqd's fatal checks on what a publish carries (protocol_v2.go PUB, DPUB, MPUB and readMPUB), made before
+// sending: nsqd closes the connection after such an error, failing every publish pipelined with the bad
+// one (with the wrong error), so the bad call fails alone here instead. Limits from the producer's
+// configuration: nsqd's IDENTIFY reply does not carry them.
+error refuse(std::string what) {
+    return error(errc::invalid_publish, std::move(what));
+}
+
+error check_body(std::string_view body, const producer_config& c, const std::string& what) {
+    if (body.empty()) return refuse(what + ": empty message body (nsqd refuses it: E_BAD_MESSAGE)");
+    if (static_cast<std::int64_t>(body.size()) > c.max_msg_size)
+        return refuse(what + ": message body of " + std::to_string(body.size()) + " bytes is over nsqd's " +
+                      "max-msg-size " + std::to_string(c.max_msg_size));
+    return {};
+}
+
+error check_mpub(std::span<const std::string> bodies, const producer_config& c) {
+    std::int64_t total = 4;  // [num] then [size][body] each
+    for (std::size_t i = 0; i < bodies.size(); ++i) {
+        if (auto e = check_body(bodies[i], c, "MPUB message " + std::to_string(i))) return e;
+        total += 4 + static_cast<std::int64_t>(bodies[i].size());
+    }
+    if (total > c.max_body_size)
+        return refuse("MPUB body of " + std::to_string(total) + " bytes is over nsqd's max-body-size " +
+                      std::to_string(c.max_body_size) + " (split the batch)");
+    return {};
+}
 
 struct waiter {
     explicit waiter(asio::any_io_executor ex) : wake(ex, no_deadline) {}
@@ -269,6 +298,7 @@ asio::awaitable<result<void>> producer::send(std::string command, std::uint64_t 
 
 asio::awaitable<result<void>> producer::publish(std::string topic, std::string body) {
     if (!proto::valid_topic_name(topic)) co_return error(errc::bad_name, "topic '" + topic + "'");
+    if (auto e = check_body(body, st_->cfg, "PUB")) co_return e;
     std::string cmd;
     proto::append_pub(cmd, topic, body);
     co_return co_await send(std::move(cmd), 1);
@@ -277,6 +307,7 @@ asio::awaitable<result<void>> producer::publish(std::string topic, std::string b
 asio::awaitable<result<void>> producer::multi_publish(std::string topic, std::vector<std::string> bodies) {
     if (!proto::valid_topic_name(topic)) co_return error(errc::bad_name, "topic '" + topic + "'");
     if (bodies.empty()) co_return result<void>{};
+    if (auto e = check_mpub(bodies, st_->cfg)) co_return e;
     std::string cmd;
     proto::append_mpub(cmd, topic, std::span<const std::string>(bodies));
     co_return co_await send(std::move(cmd), bodies.size());
@@ -285,6 +316,10 @@ asio::awaitable<result<void>> producer::multi_publish(std::string topic, std::ve
 asio::awaitable<result<void>> producer::deferred_publish(std::string topic, milliseconds delay,
                                                          std::string body) {
     if (!proto::valid_topic_name(topic)) co_return error(errc::bad_name, "topic '" + topic + "'");
+    if (delay > st_->cfg.max_req_timeout)
+        co_return refuse("DPUB delay of " + std::to_string(delay.count()) + " ms is over nsqd's " +
+                         "max-req-timeout " + std::to_string(st_->cfg.max_req_timeout.count()) + " ms");
+    if (auto e = check_body(body, st_->cfg, "DPUB")) co_return e;
     std::string cmd;
     proto::append_dpub(cmd, topic, static_cast<std::uint64_t>(std::max<long long>(0, delay.count())), body);
     co_return co_await send(std::move(cmd), 1);

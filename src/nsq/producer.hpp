@@ -25,7 +25,10 @@ class producer {
 
     // Each call returns once nsqd answered: OK → success; an error frame → server_error carrying nsqd's
     // text (E_BAD_TOPIC …); a lost connection or no answer within publish_timeout → an error (the
-    // message may or may not have been published). Connects on demand; after a failure the next
+    // message may or may not have been published). What nsqd would refuse fatally is refused before
+    // anything is sent, failing only that call: bad_name (topic), invalid_publish (an empty body, a body
+    // over max_msg_size, an MPUB over max_body_size, a DPUB delay over max_req_timeout; a negative delay
+    // is sent as 0). Connects on demand; after a failure the next
     // connect waits out an exponential backoff. Calls may overlap. Completes on the producer's executor;
     // the producer must outlive the call.
     asio::awaitable<result<void>> publish(std::string topic, std::string body);

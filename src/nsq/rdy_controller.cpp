@@ -19,6 +19,7 @@ rdy_output rdy_controller::connection_added(const std::string& conn, unsigned ma
     rdy_output out;
     if (stopping_) return out;
     auto& c = conns_[conn];
+    orphans_ += c.outstanding;  // a connection of that key never reported removed (a restarted task)
     c = conn_state{};
     c.max_rdy = max_rdy;
     c.last_active = now;
@@ -29,7 +30,12 @@ rdy_output rdy_controller::connection_added(const std::string& conn, unsigned ma
 
 rdy_output rdy_controller::connection_removed(const std::string& conn, clock::time_point now) {
     rdy_output out;
-    if (conns_.erase(conn) == 0 || stopping_) return out;
+    auto it = conns_.find(conn);
+    if (it == conns_.end()) return out;
+    // Its deliveries still being handled keep their place in the budget until their handlers finish.
+    orphans_ += it->second.outstanding;
+    conns_.erase(it);
+    if (stopping_) return out;
     rebalance(out, now);
     keep_backoff_going(out);
     return out;
@@ -39,7 +45,11 @@ void rdy_controller::messages_received(const std::string& conn, unsigned n, cloc
     if (n == 0) return;
     pending_ += n;
     auto it = conns_.find(conn);
-    if (it == conns_.end()) return;
+    if (it == conns_.end()) {
+        orphans_ += n;  // a connection not (or no longer) planned for: stopping
+        return;
+    }
+    it->second.outstanding += n;
     it->second.remaining -= std::min(it->second.remaining, n);
     it->second.last_active = now;
 }
@@ -58,9 +68,10 @@ rdy_output rdy_controller::read_batch_done(const std::string& conn) {
     return out;
 }
 
-rdy_output rdy_controller::handler_finished(handler_signal s, clock::time_point now) {
+rdy_output rdy_controller::handler_finished(std::string_view conn, handler_signal s, clock::time_point now) {
     rdy_output out;
-    if (pending_ > 0) --pending_;
+    bool frees = would_free(conn);
+    take_finished(conn, 1);
     if (stopping_) return out;
     switch (s) {
         case handler_signal::success:
@@ -73,7 +84,61 @@ rdy_output rdy_controller::handler_finished(handler_signal s, clock::time_point 
             act(out, backoff_.on_continue(), now);
             break;
     }
+    if (frees) rebalance(out, now, false);  // a connection held back for this delivery gets its RDY
     return out;
+}
+
+bool rdy_controller::finish_quietly(std::string_view conn, handler_signal s) noexcept {
+    if (!stopping_) {
+        if (s != handler_signal::success || backoff_.backing_off()) return false;
+        if (would_free(conn) && held_back()) return false;
+    }
+    take_finished(conn, 1);
+    return true;
+}
+
+rdy_output rdy_controller::deliveries_dropped(std::string_view conn, unsigned n, clock::time_point now) {
+    rdy_output out;
+    if (n == 0) return out;
+    auto before = total_load();
+    take_finished(conn, n);
+    if (stopping_) return out;
+    if (total_load() < before) rebalance(out, now, false);
+    keep_backoff_going(out);  // the dropped ones may have been what a backoff waited for
+    return out;
+}
+
+// Which count a finished delivery comes off: its connection's while that is known, else the orphans'.
+void rdy_controller::take_finished(std::string_view conn, unsigned n) noexcept {
+    pending_ -= std::min<std::uint64_t>(pending_, n);
+    auto it = conn.empty() ? conns_.end() : conns_.find(conn);
+    if (it != conns_.end()) {
+        auto k = std::min(it->second.outstanding, n);
+        it->second.outstanding -= k;
+        n -= k;
+    }
+    orphans_ -= std::min<std::uint64_t>(orphans_, n);
+}
+
+// Whether one delivery of `conn` finishing lowers the total load: an orphan always does; a connection's
+// only while it holds more deliveries than its RDY (it was lowered under them).
+bool rdy_controller::would_free(std::string_view conn) const noexcept {
+    auto it = conn.empty() ? conns_.end() : conns_.find(conn);
+    if (it != conns_.end() && it->second.outstanding > 0)
+        return it->second.outstanding > it->second.committed;
+    return orphans_ > 0;
+}
+
+bool rdy_controller::held_back() const noexcept {
+    for (const auto& [k, c] : conns_)
+        if (c.target > c.sent) return true;
+    return false;
+}
+
+std::uint64_t rdy_controller::total_load() const noexcept {
+    std::uint64_t t = orphans_;
+    for (const auto& [k, c] : conns_) t += load(c);
+    return t;
 }
 
 rdy_output rdy_controller::timer_fired(rdy_timer t, clock::time_point now) {
@@ -129,6 +194,11 @@ unsigned rdy_controller::rdy(const std::string& conn) const {
     return it == conns_.end() ? 0 : it->second.sent;
 }
 
+unsigned rdy_controller::outstanding(const std::string& conn) const {
+    auto it = conns_.find(conn);
+    return it == conns_.end() ? 0 : it->second.outstanding;
+}
+
 std::uint64_t rdy_controller::total_sent() const {
     std::uint64_t t = 0;
     for (const auto& [k, c] : conns_) t += c.sent;
@@ -182,8 +252,10 @@ void rdy_controller::schedule_settle(rdy_output& out, clock::time_point now) {
 }
 
 // Applies each connection's planned RDY: decreases now, increases within what max_in_flight leaves once
-// the committed RDY of the others is counted (the rest after the settle delay). `recompute` makes a new
-// plan (plan_rdy) first; the settle timer applies the pending one as it was.
+// the others' load is counted — each one's committed RDY or the deliveries it still has in hand, whichever
+// is larger, plus the orphans (the rest after the settle delay, or as those deliveries finish). `recompute`
+// makes a new plan (plan_rdy) first; the settle timer and finishing deliveries apply the pending one as
+// it was.
 void rdy_controller::rebalance(rdy_output& out, clock::time_point now, bool recompute) {
     if (stopping_ || backoff_.backing_off() || conns_.empty()) return;
     if (recompute) {
@@ -198,7 +270,7 @@ void rdy_controller::rebalance(rdy_output& out, clock::time_point now, bool reco
         if (c.target < c.sent) set_rdy(out, k, c, c.target, now);
     for (auto& [k, c] : conns_) {
         if (c.target <= c.sent) continue;
-        auto others = committed_total() - c.committed;
+        auto others = total_load() - load(c);
         unsigned room = others >= s_.max_in_flight ? 0 : s_.max_in_flight - static_cast<unsigned>(others);
         unsigned allowed = std::min(c.target, room);
         if (allowed > c.sent) set_rdy(out, k, c, allowed, now);

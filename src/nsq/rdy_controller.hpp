@@ -8,16 +8,25 @@
 //   - the sum of RDY nsqd may be applying (a lowered RDY counts at its old value until the settle timer)
 //     never exceeds max_in_flight, with any number of connections; with more connections than
 //     max_in_flight, RDY 1 rotates among them;
+//   - deliveries outstanding (received, handler not finished: queued or running) never exceed
+//     max_in_flight either. nsqd sends on a connection while its in-flight count is below its RDY, so a
+//     connection can hold max(RDY, outstanding there) and a connection that ended still holds its
+//     outstanding deliveries until their handlers finish ("orphans"): RDY is only raised within what
+//     max_in_flight leaves of Σ max(committed RDY, outstanding) + orphans. Without that, a connection that
+//     joins (or takes over from one that dropped) while the others still have their deliveries in hand
+//     gets messages no handler can take, which wait untouched and time out at nsqd;
 //   - while backing off, something is always under way: the backoff timer, a trial RDY 1 on a live
 //     connection, or a message whose handler has not finished — otherwise the backoff timer is re-armed.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "nsq/policy.hpp"
@@ -90,17 +99,17 @@ class rdy_controller {
     void messages_received(const std::string& conn, unsigned n, clock::time_point now);
     // Every frame of one read on `conn` was handled: go-nsq's "re-send RDY when low".
     rdy_output read_batch_done(const std::string& conn);
-    // A handler finished one message (every message_received() gets exactly one). `now` is not read when
-    // quiet(s) (the common case, a success outside backoff): a caller may skip the clock read then.
-    rdy_output handler_finished(handler_signal s, clock::time_point now);
-    bool quiet(handler_signal s) const noexcept {
-        return stopping_ || (s == handler_signal::success && !backoff_.backing_off());
-    }
-    // handler_finished() for a quiet(s) signal, which changes nothing but the pending count and never
-    // has output: the per-message path builds no rdy_output.
-    void handler_finished_quietly() noexcept {
-        if (pending_ > 0) --pending_;
-    }
+    // A handler finished one message (every message_received() gets exactly one handler_finished() or
+    // deliveries_dropped()). `conn` is the connection it came on while that connection is still known here
+    // (not yet connection_removed()), empty once it ended.
+    rdy_output handler_finished(std::string_view conn, handler_signal s, clock::time_point now);
+    // The per-message fast path: when the result changes nothing but the counts (a success outside backoff
+    // that frees no budget a connection waits for), applies it and returns true — no output, no clock
+    // read; otherwise changes nothing and returns false: call handler_finished().
+    bool finish_quietly(std::string_view conn, handler_signal s) noexcept;
+    // `n` deliveries of `conn` were dropped without running their handlers (the connection can no longer
+    // answer them): as n handler_finished() calls without a backoff signal.
+    rdy_output deliveries_dropped(std::string_view conn, unsigned n, clock::time_point now);
     // A timer armed through an output fired (a stale expiry must be filtered by the caller).
     rdy_output timer_fired(rdy_timer t, clock::time_point now);
     rdy_output set_max_in_flight(unsigned n, clock::time_point now);
@@ -113,6 +122,8 @@ class rdy_controller {
     std::uint64_t committed_total() const;        // what nsqd may still be applying
     std::uint64_t max_committed_total() const noexcept { return max_committed_; }
     std::uint64_t pending() const noexcept { return pending_; }  // messages whose handler has not finished
+    std::uint64_t orphans() const noexcept { return orphans_; }  // … of them from connections that ended
+    unsigned outstanding(const std::string& conn) const;         // … of them from `conn`
     std::size_t connections() const noexcept { return conns_.size(); }
     bool backing_off() const noexcept { return backoff_.backing_off(); }
     int backoff_level() const noexcept { return backoff_.level(); }
@@ -125,6 +136,7 @@ class rdy_controller {
         unsigned remaining = 0;  // messages still allowed by the last RDY (go-nsq's "remain")
         unsigned target = 0;     // what the last plan wants (applied as the budget allows)
         unsigned max_rdy = 0;
+        unsigned outstanding = 0;  // deliveries received here whose handler has not finished
         clock::time_point last_active{};
         std::optional<clock::time_point> settles_at;  // when committed may drop to sent (after a decrease)
     };
@@ -137,13 +149,21 @@ class rdy_controller {
     void keep_backoff_going(rdy_output& out);
     void resume_one(rdy_output& out, clock::time_point now);
     void note_committed();
+    // What `c` may still hold: nsqd sends while its in-flight count is below RDY.
+    static std::uint64_t load(const conn_state& c) noexcept { return std::max(c.committed, c.outstanding); }
+    std::uint64_t total_load() const noexcept;  // Σ load + orphans
+    // Takes `n` finished (or dropped) deliveries off the counts.
+    void take_finished(std::string_view conn, unsigned n) noexcept;
+    bool would_free(std::string_view conn) const noexcept;
+    bool held_back() const noexcept;  // a connection's planned RDY is above what it was sent
 
     rdy_settings s_;
     backoff_policy backoff_;
-    std::map<std::string, conn_state> conns_;  // ordered: plans are reproducible
+    std::map<std::string, conn_state, std::less<>> conns_;  // ordered: plans are reproducible
     std::array<bool, rdy_timer_count> armed_{};
     std::size_t rr_cursor_ = 0, trial_cursor_ = 0;
     std::uint64_t pending_ = 0, max_committed_ = 0;
+    std::uint64_t orphans_ = 0;  // outstanding deliveries of connections already removed
     bool stopping_ = false;
 };
 

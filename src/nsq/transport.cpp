@@ -19,7 +19,9 @@ class stream_codec {
   public:
     virtual ~stream_codec() = default;
     virtual const char* name() const noexcept = 0;
+    // Appends a bounded amount (proto::default_max_decoded); pending() says more is waiting inside.
     virtual result<void> decode(std::string_view in, std::string& out) = 0;
+    virtual bool pending() const noexcept = 0;
     virtual void encode(std::string_view in, std::string& out) = 0;
 };
 
@@ -29,6 +31,7 @@ class snappy_codec final : public stream_codec {
   public:
     const char* name() const noexcept override { return "snappy"; }
     result<void> decode(std::string_view in, std::string& out) override { return dec_.decode(in, out); }
+    bool pending() const noexcept override { return dec_.pending(); }
     void encode(std::string_view in, std::string& out) override { enc_.encode(in, out); }
 
   private:
@@ -41,6 +44,7 @@ class deflate_codec final : public stream_codec {
     explicit deflate_codec(int level) : enc_(level) {}
     const char* name() const noexcept override { return "deflate"; }
     result<void> decode(std::string_view in, std::string& out) override { return dec_.decode(in, out); }
+    bool pending() const noexcept override { return dec_.pending(); }
     void encode(std::string_view in, std::string& out) override { enc_.encode(in, out); }
 
   private:
@@ -132,6 +136,12 @@ asio::awaitable<std::tuple<std::error_code, std::size_t>> transport::read_some(a
     while (plain_pos_ >= plain_in_.size()) {
         plain_in_.clear();
         plain_pos_ = 0;
+        // The decoder hands out a bounded amount per call: drain what it still holds before reading more.
+        if (codec_->pending()) {
+            if (auto d = codec_->decode({}, plain_in_); !d)
+                co_return std::tuple(d.err().code, std::size_t{0});
+            continue;
+        }
         raw_in_.resize(64 * 1024);
         auto [ec, n] = co_await raw_read(asio::buffer(raw_in_));
         if (ec) co_return std::tuple(ec, std::size_t{0});

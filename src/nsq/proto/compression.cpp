@@ -3,6 +3,7 @@
 #include <snappy.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 
 #include "nsq/proto/error.hpp"
@@ -22,6 +23,8 @@ constexpr std::array<std::uint32_t, 256> make_crc32c_table() {
 constexpr auto crc32c_table = make_crc32c_table();
 
 constexpr std::size_t max_block = 65536;  // uncompressed bytes per chunk
+// A data chunk's longest body: its CRC and snappy::MaxCompressedLength(max_block) = 32 + n + n / 6.
+constexpr std::size_t max_chunk = 4 + 32 + max_block + max_block / 6;
 constexpr std::string_view stream_identifier("\xff\x06\x00\x00sNaPpY", 10);
 constexpr unsigned char chunk_compressed = 0x00, chunk_uncompressed = 0x01, chunk_padding = 0xfe,
                         chunk_identifier = 0xff;
@@ -76,19 +79,32 @@ void snappy_encoder::encode(std::string_view in, std::string& out) {
     }
 }
 
-result<void> snappy_decoder::decode(std::string_view in, std::string& out) {
+result<void> snappy_decoder::decode(std::string_view in, std::string& out, std::size_t max_out) {
     if (failed_) return corrupt("earlier error");
     pending_.append(in);
-    std::size_t pos = 0;
+    std::size_t pos = 0, appended = 0;
     auto fail = [&](std::string why) -> result<void> {
         failed_ = true;
+        more_ = false;
         return corrupt(std::move(why));
     };
+    more_ = false;
     while (pending_.size() - pos >= 4) {
+        if (appended >= max_out) {
+            more_ = true;  // the rest next call, so one read never expands without bound
+            break;
+        }
         const char* h = pending_.data() + pos;
         auto type = static_cast<unsigned char>(h[0]);
         std::size_t len = static_cast<unsigned char>(h[1]) | (static_cast<unsigned char>(h[2]) << 8) |
                           (static_cast<std::size_t>(static_cast<unsigned char>(h[3])) << 16);
+        // Refused before waiting for (and buffering) its body: the framing format allows no data chunk
+        // longer than a 64 KiB block's worst-case compressed form plus its CRC (Go's reader neither).
+        if (type == chunk_identifier && len != stream_identifier.size() - 4)
+            return fail("bad stream identifier");
+        if (len > max_chunk)
+            return fail("chunk of " + std::to_string(len) + " bytes (at most " + std::to_string(max_chunk) +
+                        ")");
         if (pending_.size() - pos < 4 + len) break;
         std::string_view body(h + 4, len);
         pos += 4 + len;
@@ -104,6 +120,14 @@ result<void> snappy_decoder::decode(std::string_view in, std::string& out) {
             auto data = body.substr(4);
             std::string_view plain;
             if (type == chunk_compressed) {
+                // The block's own header says how large it claims to be; Uncompress would allocate that
+                // much (up to 4 GiB) before finding out the data does not match. Check it first.
+                std::size_t declared = 0;
+                if (!snappy::GetUncompressedLength(data.data(), data.size(), &declared))
+                    return fail("corrupt block header");
+                if (declared > max_block)
+                    return fail("block declares " + std::to_string(declared) +
+                                " bytes uncompressed (at most " + std::to_string(max_block) + ")");
                 scratch_.clear();
                 if (!snappy::Uncompress(data.data(), data.size(), &scratch_)) return fail("corrupt block");
                 plain = scratch_;
@@ -113,6 +137,7 @@ result<void> snappy_decoder::decode(std::string_view in, std::string& out) {
             if (plain.size() > max_block) return fail("block too large");
             if (snappy_masked_crc(plain) != crc) return fail("checksum mismatch");
             out.append(plain);
+            appended += plain.size();
         } else if (type == chunk_padding || (type >= 0x80 && type <= 0xfd)) {
             continue;  // skippable
         } else {
@@ -154,6 +179,11 @@ void deflate_encoder::encode(std::string_view in, std::string& out) {
 struct deflate_decoder::impl {
     z_stream z{};
     bool failed = false;
+    // Input zlib has not consumed yet (a call stopped at max_out): kept here, since the caller's buffer
+    // is gone by the next call.
+    std::string in;
+    std::size_t in_pos = 0;
+    bool more = false;  // the last call stopped at max_out: zlib may hold output for no further input
 };
 
 deflate_decoder::deflate_decoder() : p_(std::make_unique<impl>()) {
@@ -163,28 +193,52 @@ deflate_decoder::~deflate_decoder() {
     inflateEnd(&p_->z);
 }
 
-result<void> deflate_decoder::decode(std::string_view in, std::string& out) {
-    auto& z = p_->z;
-    if (p_->failed) return error(errc::bad_response, "deflate stream: earlier error");
-    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
-    z.avail_in = static_cast<uInt>(in.size());
-    for (;;) {
+bool deflate_decoder::pending() const noexcept {
+    return p_->more || p_->in_pos < p_->in.size();
+}
+
+result<void> deflate_decoder::decode(std::string_view in, std::string& out, std::size_t max_out) {
+    auto& p = *p_;
+    auto& z = p.z;
+    if (p.failed) return error(errc::bad_response, "deflate stream: earlier error");
+    if (!in.empty()) {
+        if (p.in_pos == p.in.size()) {
+            p.in.assign(in);
+        } else {
+            p.in.erase(0, p.in_pos);
+            p.in.append(in);
+        }
+        p.in_pos = 0;
+    }
+    z.next_in = reinterpret_cast<Bytef*>(p.in.data() + p.in_pos);
+    z.avail_in = static_cast<uInt>(p.in.size() - p.in_pos);
+    std::size_t appended = 0;
+    p.more = false;
+    // DEFLATE expands up to ~1032:1: output is bounded by max_out, never by what the input could become.
+    while (appended < max_out) {
         auto start = out.size();
-        std::size_t room = std::max<std::size_t>(16 * 1024, 4 * in.size());
+        std::size_t room = std::min<std::size_t>(max_out - appended, 64 * 1024);
         out.resize(start + room);
         z.next_out = reinterpret_cast<Bytef*>(out.data() + start);
         z.avail_out = static_cast<uInt>(room);
         int rc = inflate(&z, Z_SYNC_FLUSH);
         out.resize(start + (room - z.avail_out));
+        appended += room - z.avail_out;
         if (rc == Z_STREAM_END) {
-            p_->failed = true;
+            p.failed = true;
             return error(errc::bad_response, "deflate stream: ended by the peer");
         }
         if (rc != Z_OK && rc != Z_BUF_ERROR) {
-            p_->failed = true;
+            p.failed = true;
             return error(errc::bad_response, std::string("deflate stream: ") + (z.msg ? z.msg : "corrupt"));
         }
         if (z.avail_out != 0) break;  // no more output possible from this input
+    }
+    p.more = appended >= max_out;
+    p.in_pos = p.in.size() - z.avail_in;
+    if (p.in_pos == p.in.size()) {
+        p.in.clear();
+        p.in_pos = 0;
     }
     return {};
 }

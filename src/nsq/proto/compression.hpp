@@ -3,8 +3,15 @@
 //    chunk, then compressed (0x00) or uncompressed (0x01) chunks of ≤ 64 KiB with a masked CRC-32C;
 //  - deflate: raw DEFLATE (no zlib header), each write ended by a sync flush so the peer can decode it.
 // Each object holds one direction of one connection's state.
+//
+// Decoders bound their output: one decode() call appends at most `max_out` bytes (plus at most one snappy
+// chunk, ≤ 64 KiB); what the input holds beyond that stays inside the decoder (pending()) and comes out of
+// the next call, which may pass no new input. So a small compressed read can never expand into an
+// allocation the size of its compression ratio (a "bomb"), and a declared size is checked before anything
+// is allocated for it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -13,6 +20,10 @@
 #include "core/result.hpp"
 
 namespace cg::nsq::proto {
+
+// What one decode() call appends at most by default (the transport reads 64 KiB of compressed bytes at a
+// time; a frame larger than this is assembled over several calls).
+inline constexpr std::size_t default_max_decoded = 256 * 1024;
 
 // CRC-32C (Castagnoli) and the snappy framing mask over it.
 std::uint32_t crc32c(std::string_view data) noexcept;
@@ -30,14 +41,20 @@ class snappy_encoder {
 
 class snappy_decoder {
   public:
-    // Appends what `in` completes to `out`; keeps a partial chunk for the next call. bad_response on a
-    // corrupt stream (bad CRC, unknown unskippable chunk, missing identifier); the error is sticky.
-    result<void> decode(std::string_view in, std::string& out);
+    // Appends what `in` (after the input kept from earlier calls) completes to `out`, stopping once
+    // `max_out` bytes were appended; keeps a partial chunk and the chunks not decoded yet for the next call.
+    // bad_response on a corrupt stream (bad CRC, unknown unskippable chunk, missing identifier, a chunk
+    // longer than the format allows or declaring more than 64 KiB uncompressed — refused before any
+    // allocation); the error is sticky.
+    result<void> decode(std::string_view in, std::string& out, std::size_t max_out = default_max_decoded);
+    // Whole chunks are waiting: call decode() again (input optional) before reading more.
+    bool pending() const noexcept { return more_; }
 
   private:
     std::string pending_;
     bool identified_ = false;
     bool failed_ = false;
+    bool more_ = false;
     std::string scratch_;
 };
 
@@ -62,8 +79,11 @@ class deflate_decoder {
     ~deflate_decoder();
     deflate_decoder(const deflate_decoder&) = delete;
     deflate_decoder& operator=(const deflate_decoder&) = delete;
-    // Appends everything `in` lets it decode; bad_response on a corrupt stream (sticky).
-    result<void> decode(std::string_view in, std::string& out);
+    // Appends what `in` (after the input kept from earlier calls) decodes to, at most `max_out` bytes;
+    // the rest stays inside (pending()). bad_response on a corrupt stream (sticky).
+    result<void> decode(std::string_view in, std::string& out, std::size_t max_out = default_max_decoded);
+    // Input or output is left over from the last call: call decode() again (input optional).
+    bool pending() const noexcept;
 
     struct impl;
 

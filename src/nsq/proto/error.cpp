@@ -33,6 +33,8 @@ const char* describe(int v) noexcept {
             return "shutting down";
         case errc::bad_name:
             return "invalid topic or channel name";
+        case errc::invalid_publish:
+            return "publish refused before sending: nsqd would reject it";
     }
     return "unknown nsq error";
 }

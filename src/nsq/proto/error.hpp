@@ -19,6 +19,7 @@ enum class errc {
     timeout,            // connect / handshake / publish deadline passed
     shutting_down,      // refused because the component is stopping
     bad_name,           // topic or channel name outside [.a-zA-Z0-9_-]{1,64}(#ephemeral)?
+    invalid_publish,    // a publish nsqd would refuse fatally: empty or oversized body, delay out of range
 };
 
 const std::error_category& category() noexcept;

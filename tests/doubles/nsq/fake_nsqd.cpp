@@ -90,6 +90,7 @@ struct client : std::enable_shared_from_this<client> {
     milliseconds hb{0}, msg_timeout{0};
     std::int64_t output_buffer_size = 16384, output_buffer_timeout = 250, sample_rate = 0;
     std::string client_id, hostname, user_agent, remote;
+    const fake_auth_identity* auth = nullptr;  // after a successful AUTH
     topic* tp = nullptr;
     chan_t* ch = nullptr;
     std::int64_t rdy = 0, in_flight = 0;
@@ -541,6 +542,7 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         resp.sample_rate = cl.sample_rate;
         resp.output_buffer_size = cl.output_buffer_size;
         resp.output_buffer_timeout = cl.output_buffer_timeout;
+        resp.auth_required = !opts.auth_secrets.empty();
         send_response(cl, proto::to_json(resp));
         co_return std::nullopt;
     }
@@ -554,6 +556,7 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
             return fatal("E_BAD_TOPIC", "SUB topic name " + json_escape(tn) + " is not valid");
         if (!proto::valid_channel_name(cn))
             return fatal("E_BAD_CHANNEL", "SUB channel name " + json_escape(cn) + " is not valid");
+        if (auto e = check_auth(cl, "SUB")) return e;
         auto& t = get_topic(tn);
         auto& c = get_channel(t, cn);
         cl.state = cstate::subscribed;
@@ -685,6 +688,7 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
             co_return fatal("E_BAD_TOPIC", "PUB topic name " + json_escape(tn) + " is not valid");
         auto body = co_await read_msg_body(cl, "PUB", dl);
         if (auto* e = std::get_if<client_error>(&body)) co_return *e;
+        if (auto e = check_auth(cl, "PUB")) co_return e;
         put(get_topic(tn), std::move(std::get<std::string>(body)));
         send_response(cl, "OK");
         co_return std::nullopt;
@@ -704,6 +708,7 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
                                              std::to_string(opts.max_req_timeout.count()));
         auto body = co_await read_msg_body(cl, "DPUB", dl);
         if (auto* e = std::get_if<client_error>(&body)) co_return *e;
+        if (auto e = check_auth(cl, "DPUB")) co_return e;
         put(get_topic(tn), std::move(std::get<std::string>(body)), milliseconds(v));
         send_response(cl, "OK");
         co_return std::nullopt;
@@ -716,6 +721,7 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         if (!proto::valid_topic_name(tn))
             co_return fatal("E_BAD_TOPIC",
                             "E_BAD_TOPIC MPUB topic name " + json_escape(tn) + " is not valid");
+        if (auto e = check_auth(cl, "MPUB")) co_return e;  // before the body, as nsqd
         auto len = co_await read_len(cl, dl);
         if (!len) co_return fatal("E_BAD_BODY", "MPUB failed to read body size");
         if (*len <= 0) co_return fatal("E_BAD_BODY", "MPUB invalid body size " + std::to_string(*len));
@@ -724,13 +730,18 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
                                               std::to_string(opts.max_body_size));
         auto num = co_await read_len(cl, dl);
         if (!num) co_return fatal("E_BAD_BODY", "MPUB failed to read message count");
-        if (*num <= 0) co_return fatal("E_BAD_BODY", "MPUB invalid message count " + std::to_string(*num));
+        // 4 == total num, 5 == length + min 1 (nsqd's readMPUB)
+        if (*num <= 0 || *num > (opts.max_body_size - 4) / 5)
+            co_return fatal("E_BAD_BODY", "MPUB invalid message count " + std::to_string(*num));
         std::vector<std::string> bodies;
         for (std::int32_t i = 0; i < *num; ++i) {
             auto sz = co_await read_len(cl, dl);
-            if (!sz) co_return fatal("E_BAD_MESSAGE", "MPUB failed to read message body size");
+            if (!sz)
+                co_return fatal("E_BAD_MESSAGE",
+                                "MPUB failed to read message(" + std::to_string(i) + ") body size");
             if (*sz <= 0)
-                co_return fatal("E_BAD_MESSAGE", "MPUB invalid message body size " + std::to_string(*sz));
+                co_return fatal("E_BAD_MESSAGE", "MPUB invalid message(" + std::to_string(i) +
+                                                     ") body size " + std::to_string(*sz));
             if (*sz > opts.max_msg_size)
                 co_return fatal("E_BAD_MESSAGE", "MPUB message too big " + std::to_string(*sz) + " > " +
                                                      std::to_string(opts.max_msg_size));
@@ -754,9 +765,30 @@ struct fake_nsqd::impl : std::enable_shared_from_this<fake_nsqd::impl> {
         if (*len > opts.max_body_size)
             co_return fatal("E_BAD_BODY", "AUTH body too big " + std::to_string(*len) + " > " +
                                               std::to_string(opts.max_body_size));
-        if (!co_await read_exact(cl, static_cast<std::size_t>(*len), dl))
-            co_return fatal("E_BAD_BODY", "AUTH failed to read body");
-        co_return fatal("E_AUTH_DISABLED", "AUTH disabled");
+        auto secret = co_await read_exact(cl, static_cast<std::size_t>(*len), dl);
+        if (!secret) co_return fatal("E_BAD_BODY", "AUTH failed to read body");
+        if (cl.auth) co_return fatal("E_INVALID", "AUTH already set");
+        if (opts.auth_secrets.empty()) co_return fatal("E_AUTH_DISABLED", "AUTH disabled");
+        // nsqd asks its auth server now, an HTTP request of its own; its heartbeat ticker goes on.
+        if (opts.auth_delay > milliseconds(0)) co_await net::sleep_for(opts.auth_delay);
+        if (cl.closed) co_return std::nullopt;
+        auto it = opts.auth_secrets.find(*secret);
+        if (it == opts.auth_secrets.end()) co_return fatal("E_AUTH_FAILED", "AUTH failed");
+        if (it->second.permission_count <= 0)
+            co_return fatal("E_UNAUTHORIZED", "AUTH no authorizations found");
+        cl.auth = &it->second;
+        proto::auth_response r;
+        r.identity = it->second.identity;
+        r.identity_url = it->second.identity_url;
+        r.permission_count = it->second.permission_count;
+        send_response(cl, proto::to_json(r));
+        co_return std::nullopt;
+    }
+
+    // nsqd's CheckAuth, without the authorizations themselves (see fake_nsqd_options::auth_secrets).
+    exec_result check_auth(const client& cl, std::string_view cmd) const {
+        if (opts.auth_secrets.empty() || cl.auth) return std::nullopt;
+        return fatal("E_AUTH_FIRST", "AUTH required before " + std::string(cmd));
     }
 
     static asio::awaitable<void> accept_loop(std::shared_ptr<impl> self) {
@@ -816,6 +848,11 @@ std::string fake_nsqd::impl::stats(const std::string& tf, const std::string& cf)
                      ",\"connect_ts\":" + std::to_string(cl->connect_ts) +
                      ",\"sample_rate\":" + std::to_string(cl->sample_rate) +
                      ",\"deflate\":false,\"snappy\":false,\"user_agent\":" + json_escape(cl->user_agent) +
+                     (cl->auth ? ",\"authed\":true,\"auth_identity\":" + json_escape(cl->auth->identity) +
+                                     (cl->auth->identity_url.empty()
+                                          ? std::string()
+                                          : ",\"auth_identity_url\":" + json_escape(cl->auth->identity_url))
+                               : std::string()) +
                      ",\"tls\":false,\"tls_cipher_suite\":\"\",\"tls_version\":\"\",\"tls_negotiated_"
                      "protocol\":\"\","
                      "\"tls_negotiated_protocol_is_mutual\":false}";

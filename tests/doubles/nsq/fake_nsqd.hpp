@@ -1,6 +1,7 @@
 // fake-nsqd: an in-process nsqd 1.3.0 double built on nsq/proto, at least as strict as the real one
 // (same error frames, byte for byte, same fatal/non-fatal split, RDY and IDENTIFY bounds, heartbeats,
-// msg_timeout, TOUCH cap) plus test controls (drop connections, restart, latency, RDY assertions).
+// msg_timeout, TOUCH cap, AUTH before SUB/PUB) plus test controls (drop connections, restart, latency,
+// a slow auth server, RDY assertions). No TLS or compression.
 // Runs on one executor; every method must be called on it.
 #pragma once
 
@@ -33,6 +34,13 @@ struct rdy_ledger {
     void remove(const void* client) { set(client, 0), per_client.erase(client); }
 };
 
+// What the auth server says about one secret (fake_nsqd_options::auth_secrets).
+struct fake_auth_identity {
+    std::string identity;
+    std::string identity_url;
+    std::int64_t permission_count = 1;  // 0: nsqd's E_UNAUTHORIZED "AUTH no authorizations found"
+};
+
 struct fake_nsqd_options {
     std::int64_t max_rdy_count = 2500;
     milliseconds msg_timeout{60000};
@@ -51,6 +59,13 @@ struct fake_nsqd_options {
     bool requeue_on_disconnect = false;
     // Sum of RDY over one channel's clients above this counts as a violation (0: off).
     std::int64_t max_channel_rdy = 0;
+    // AUTH, as nsqd started with --auth-http-address (empty: off, AUTH is E_AUTH_DISABLED): IDENTIFY says
+    // auth_required; AUTH answers with the identity of a known secret (E_AUTH_FAILED otherwise) after
+    // `auth_delay` — nsqd's own HTTP round trip to its auth server, during which its heartbeats go on and
+    // it reads no command; SUB, PUB, MPUB and DPUB before a successful AUTH are E_AUTH_FIRST. Unlike
+    // nsqd, a known secret may use every topic and channel (the double checks no authorizations).
+    std::map<std::string, fake_auth_identity> auth_secrets;
+    milliseconds auth_delay{0};
     std::shared_ptr<rdy_ledger> ledger;
 };
 

@@ -2,10 +2,14 @@
 // the controller's RDY commands are applied to per-connection histories, its timer requests fire when the
 // simulated clock reaches them. The RDY budget is checked independently of the controller's own
 // bookkeeping: a lowered RDY counts at its old value until settle_delay has passed (nsqd may not have
-// applied it yet), and that sum must never exceed max_in_flight.
+// applied it yet), and that sum must never exceed max_in_flight. Nor may what nsqd could have handed the
+// consumer at once: nsqd sends on a connection while its in-flight count is below RDY, so a connection
+// can hold max(RDY, deliveries not yet handled there), and a connection that dropped still holds its
+// deliveries until their handlers finish.
 #include "nsq/rdy_controller.hpp"
 
 #include <boost/test/unit_test.hpp>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -43,6 +47,10 @@ struct sim {
     std::vector<rdy_output::rdy_command> last_rdy;  // of the last event
     std::uint64_t budget_violations = 0;
     std::uint64_t peak_effective = 0;
+    // Deliveries received and not finished, oldest first, by connection ("" once it dropped).
+    std::deque<std::string> deliveries;
+    std::uint64_t outstanding_violations = 0;
+    std::uint64_t peak_load = 0;
 
     unsigned rdy(const std::string& k) const {
         auto it = history.find(k);
@@ -71,11 +79,19 @@ struct sim {
         for (const auto& [k, h] : history) n += !h.empty() && h.back().n > 0;
         return n;
     }
+    std::uint64_t held(const std::string& k) const {
+        return static_cast<std::uint64_t>(std::count(deliveries.begin(), deliveries.end(), k));
+    }
     void check() {
-        std::uint64_t eff = 0;
-        for (const auto& [k, h] : history) eff += effective(k);
+        std::uint64_t eff = 0, load = held("");
+        for (const auto& [k, h] : history) {
+            eff += effective(k);
+            load += std::max<std::uint64_t>(effective(k), held(k));
+        }
         peak_effective = std::max(peak_effective, eff);
         if (eff > c.max_in_flight()) ++budget_violations;
+        peak_load = std::max(peak_load, load);
+        if (load > c.max_in_flight()) ++outstanding_violations;
     }
     void take(const rdy_output& o) {
         last_rdy = o.rdy;
@@ -100,10 +116,31 @@ struct sim {
     }
     void remove(const std::string& k) {
         history.erase(k);
+        for (auto& d : deliveries)
+            if (d == k) d.clear();
         take(c.connection_removed(k, now));
     }
-    void receive(const std::string& k) { c.message_received(k, now); }
-    void finish(handler_signal sig) { take(c.handler_finished(sig, now)); }
+    // A delivery arrives as nsqd would send it: only while the connection's in-flight count is below RDY.
+    void receive(const std::string& k) {
+        deliveries.push_back(k);
+        c.message_received(k, now);
+        check();
+    }
+    bool can_receive(const std::string& k) const { return held(k) < rdy(k); }
+    // The oldest delivery's handler finishes.
+    void finish(handler_signal sig) {
+        BOOST_TEST_REQUIRE(!deliveries.empty());
+        auto k = deliveries.front();
+        deliveries.pop_front();
+        take(c.handler_finished(k, sig, now));
+    }
+    bool finish_quietly(handler_signal sig) {
+        BOOST_TEST_REQUIRE(!deliveries.empty());
+        if (!c.finish_quietly(deliveries.front(), sig)) return false;
+        deliveries.pop_front();
+        check();
+        return true;
+    }
     // Moves the clock on, firing every timer that falls due on the way (in order).
     void advance(clock::duration d) {
         auto until = now + d;
@@ -273,11 +310,13 @@ BOOST_AUTO_TEST_CASE(a_read_batch_counts_like_its_messages_one_by_one) {
         BOOST_TEST(one.c.pending() == batch.c.pending());
     }
     BOOST_TEST(batch.c.pending() == 405u);
-    // handler_finished_quietly() is handler_finished() for a quiet result: one pending message less.
-    batch.c.handler_finished_quietly();
-    one.take(one.c.handler_finished(handler_signal::success, one.now));
+    BOOST_TEST(batch.c.outstanding(key(0)) == 405u);
+    // finish_quietly() is handler_finished() for a quiet result: one pending message less.
+    BOOST_TEST(batch.c.finish_quietly(key(0), handler_signal::success));
+    one.finish(handler_signal::success);
     BOOST_TEST(one.c.pending() == batch.c.pending());
     BOOST_TEST(batch.c.pending() == 404u);
+    BOOST_TEST(batch.c.outstanding(key(0)) == 404u);
 }
 
 // The stall: the connection holding the trial RDY 1 drops while the consumer backs off, with no
@@ -415,6 +454,139 @@ BOOST_AUTO_TEST_CASE(a_timer_not_armed_is_ignored) {
     BOOST_TEST(!c.timer_fired(rdy_timer::redistribute, clock::now()).timers.empty());  // re-armed
 }
 
+// Lets every connection take what nsqd would send it now (in-flight below RDY), round-robin, at most
+// `limit` messages.
+void deliver_all(sim& s, unsigned limit = ~0u) {
+    for (bool any = true; any && limit > 0;) {
+        any = false;
+        std::vector<std::string> keys;
+        for (const auto& [k, h] : s.history) keys.push_back(k);
+        for (const auto& k : keys)
+            if (limit > 0 && s.can_receive(k)) {
+                s.receive(k);
+                --limit;
+                any = true;
+            }
+    }
+}
+
+// The review's first scenario: B joins while A has max_in_flight deliveries in hand (handlers running).
+// Lowering A's RDY does not take those back, so B may only get RDY as A's handlers finish; messages nsqd
+// keeps sending stay within max_in_flight throughout, and in the end both share the budget.
+BOOST_AUTO_TEST_CASE(a_joining_connection_waits_for_the_deliveries_still_in_hand_elsewhere) {
+    for (unsigned mif : {1u, 2u, 3u, 10u, 100u, 2500u}) {
+        BOOST_TEST_CONTEXT("mif=" << mif) {
+            sim s(mif);
+            s.add(key(0));
+            s.advance(milliseconds(200));
+            deliver_all(s);
+            BOOST_TEST(s.held(key(0)) == mif);
+            s.add(key(1));
+            s.advance(seconds(1));  // settle delay, redistribute timer
+            deliver_all(s);
+            BOOST_TEST(s.rdy(key(1)) == 0u, "RDY given while key(0) still holds max_in_flight");
+            BOOST_TEST(s.c.pending() == mif);
+            // Handlers finish one by one while nsqd keeps sending (2 × max_in_flight more messages).
+            unsigned more = 2 * mif;
+            while (!s.deliveries.empty()) {
+                s.finish(handler_signal::success);
+                s.advance(milliseconds(30));
+                auto before = s.deliveries.size();
+                deliver_all(s, more);
+                more -= static_cast<unsigned>(s.deliveries.size() - before);
+            }
+            s.advance(seconds(1));
+            BOOST_TEST(s.total() == mif);
+            if (mif >= 2) BOOST_TEST(s.rdy(key(1)) >= 1u);
+            BOOST_TEST(s.outstanding_violations == 0u);
+            BOOST_TEST(s.peak_load <= mif);
+            BOOST_TEST(s.budget_violations == 0u);
+        }
+    }
+}
+
+// The second: A drops with its handlers still running and B is the only connection left. A's deliveries
+// keep their share until their handlers finish (their FINs are lost, nsqd redelivers later): B's RDY
+// grows by one per finished orphan, not at once to max_in_flight.
+BOOST_AUTO_TEST_CASE(a_dropped_connections_running_deliveries_keep_their_budget_until_finished) {
+    for (unsigned mif : {2u, 4u, 10u, 101u}) {
+        BOOST_TEST_CONTEXT("mif=" << mif) {
+            sim s(mif);
+            s.add(key(0));
+            s.add(key(1));
+            s.advance(seconds(1));
+            deliver_all(s);  // each holds its share
+            BOOST_TEST(s.held(key(0)) + s.held(key(1)) == mif);
+            auto a = s.held(key(0));
+            s.remove(key(0));
+            BOOST_TEST(s.c.orphans() == a);
+            s.advance(seconds(1));
+            deliver_all(s);
+            BOOST_TEST(s.rdy(key(1)) == mif - a, "the orphans' share handed out while they still run");
+            // The orphans finish first (oldest first in the sim: key(0)'s came first? not necessarily).
+            while (s.c.orphans() > 0) {
+                auto it = std::find(s.deliveries.begin(), s.deliveries.end(), std::string());
+                BOOST_REQUIRE((it != s.deliveries.end()));
+                s.deliveries.erase(it);
+                s.take(s.c.handler_finished({}, handler_signal::success, s.now));
+                deliver_all(s);
+            }
+            BOOST_TEST(s.rdy(key(1)) == mif);
+            BOOST_TEST(s.outstanding_violations == 0u);
+            BOOST_TEST(s.peak_load <= mif);
+        }
+    }
+}
+
+// The per-message fast path declines exactly when a finished delivery frees budget a connection waits
+// for; the full path then raises that connection's RDY.
+BOOST_AUTO_TEST_CASE(finishing_quietly_is_declined_when_a_connection_waits_for_the_budget) {
+    sim s(4);
+    s.add(key(0));
+    deliver_all(s);  // 4 in hand on key(0)
+    s.add(key(1));
+    s.advance(seconds(1));
+    BOOST_TEST(s.rdy(key(0)) == 2u);
+    BOOST_TEST(s.rdy(key(1)) == 0u);
+    BOOST_TEST(!s.finish_quietly(handler_signal::success));  // key(0) holds 4 > its RDY 2: frees one
+    s.finish(handler_signal::success);
+    BOOST_TEST(s.rdy(key(1)) == 1u);
+    s.finish(handler_signal::success);
+    BOOST_TEST(s.rdy(key(1)) == 2u);                        // the plan is met
+    BOOST_TEST(s.finish_quietly(handler_signal::success));  // 2 in hand at RDY 2: frees nothing
+    BOOST_TEST(s.finish_quietly(handler_signal::success));
+    BOOST_TEST(s.outstanding_violations == 0u);
+}
+
+// Deliveries dropped without a handler (their connection ended) free their share like finished ones,
+// without a backoff signal; a backoff whose only pending messages were dropped is kept moving.
+BOOST_AUTO_TEST_CASE(dropped_deliveries_free_their_share_and_keep_a_backoff_moving) {
+    sim s(2);
+    s.add(key(0));
+    deliver_all(s);
+    s.add(key(1));
+    s.remove(key(0));
+    s.advance(seconds(1));
+    BOOST_TEST(s.rdy(key(1)) == 0u);
+    s.deliveries.clear();
+    s.take(s.c.deliveries_dropped({}, 2, s.now));
+    BOOST_TEST(s.rdy(key(1)) == 2u);
+    BOOST_TEST(s.c.pending() == 0u);
+    BOOST_TEST(!s.c.backing_off());
+    // In backoff with the trial's delivery outstanding when its connection drops: once it is dropped,
+    // nothing is under way, so the backoff timer is armed again.
+    s.receive(key(1));
+    s.finish(handler_signal::failure);
+    s.advance(seconds(3));
+    BOOST_TEST(s.rdy(key(1)) == 1u);  // the trial
+    s.receive(key(1));
+    s.remove(key(1));
+    BOOST_TEST(!s.armed(rdy_timer::backoff));  // the trial's handler decides the next step …
+    s.deliveries.clear();
+    s.take(s.c.deliveries_dropped({}, 1, s.now));
+    BOOST_TEST(s.armed(rdy_timer::backoff));  // … but it was dropped
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // The consumer skips the clock read for quiet results: such a result must not act (nor read the time).
@@ -423,14 +595,19 @@ BOOST_AUTO_TEST_CASE(quiet_results_change_nothing) {
     s.add(key(0));
     s.add(key(1));
     s.advance(seconds(1));
-    BOOST_TEST(s.c.quiet(handler_signal::success));
-    BOOST_TEST(!s.c.quiet(handler_signal::failure));
-    BOOST_TEST(!s.c.quiet(handler_signal::neutral));
     s.receive(key(0));
-    auto out = s.c.handler_finished(handler_signal::success, clock::time_point{});
+    s.receive(key(0));
+    BOOST_TEST(!s.finish_quietly(handler_signal::failure));
+    BOOST_TEST(!s.finish_quietly(handler_signal::neutral));
+    BOOST_TEST(s.c.pending() == 2u);  // refused: nothing changed
+    BOOST_TEST(s.finish_quietly(handler_signal::success));
+    BOOST_TEST(s.c.pending() == 1u);
+    auto out = s.c.handler_finished(key(0), handler_signal::success, clock::time_point{});
+    s.deliveries.pop_front();
     BOOST_TEST(out.empty());
     BOOST_TEST(s.total() == 6u);
     s.receive(key(0));
     s.finish(handler_signal::failure);
-    BOOST_TEST(!s.c.quiet(handler_signal::success));  // backing off: a success steps the level down
+    s.receive(key(0));
+    BOOST_TEST(!s.finish_quietly(handler_signal::success));  // backing off: a success steps the level down
 }
