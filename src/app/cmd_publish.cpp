@@ -108,7 +108,8 @@ asio::awaitable<bool> send_batch(publish_state& st, std::vector<std::string>& ba
     for (unsigned attempt = 1;; ++attempt) {
         auto r = co_await st.producer->multi_publish(st.f.topic, batch);
         if (r) break;
-        bool retryable = r.code() != nsq::errc::server_error && r.code() != nsq::errc::bad_name;
+        bool retryable = r.code() != nsq::errc::server_error && r.code() != nsq::errc::bad_name &&
+                         r.code() != nsq::errc::invalid_publish;  // refused before sending: it never will be
         if (!retryable || attempt > st.f.retries) {
             st.log.error("MPUB failed", {{"error", r.err().describe()}, {"published", st.published}});
             co_return false;
