@@ -8,6 +8,7 @@
 #include "helpers.hpp"
 #include "metrics/registry.hpp"
 #include "nsq/consumer.hpp"
+#include "nsq/proto/commands.hpp"
 #include "scenarios.hpp"
 #include "tests/support/run_async.hpp"
 
