@@ -320,10 +320,10 @@ constexpr list_op<charge_page> charges_list{operation::list_charges, "/v1/charge
 constexpr list_op<payment_intent_page> intents_list{operation::list_payment_intents, "/v1/payment_intents",
                                                     parse_payment_intent_page};
 
-// Pages through the customer's objects (newest first) for the first whose metadata[billing_key] is `key`.
+// Pages through the customer's objects (newest first) for the first whose metadata[name] is `value`.
 template <typename Page>
 net::awaitable<result<std::optional<typename decltype(Page::data)::value_type>>> run_find(
-    state_ptr st, list_op<Page> what, std::string customer, std::string key,
+    state_ptr st, list_op<Page> what, std::string customer, std::string name, std::string value,
     std::optional<std::int64_t> created_gte, unsigned page_size) {
     using item = typename decltype(Page::data)::value_type;
     list_request req;
@@ -334,8 +334,7 @@ net::awaitable<result<std::optional<typename decltype(Page::data)::value_type>>>
         auto page = co_await run_get<Page>(st, what.op, list_target(what.path, req), what.parse);
         if (!page) co_return page.err();
         for (auto& one : page->data)
-            if (metadata_value(one.metadata, "billing_key") == key)
-                co_return std::optional<item>(std::move(one));
+            if (metadata_value(one.metadata, name) == value) co_return std::optional<item>(std::move(one));
         if (!page->has_more || page->data.empty()) co_return std::optional<item>();
         req.starting_after = page->data.back().id;
     }
@@ -416,18 +415,18 @@ net::awaitable<result<payment_intent_page>> client::list_payment_intents(list_re
                                           list_target(intents_list.path, req), parse_payment_intent_page));
 }
 
-net::awaitable<result<std::optional<charge>>> client::find_charge_by_billing_key(
-    std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
+net::awaitable<result<std::optional<charge>>> client::find_charge_by_metadata(
+    std::string customer, std::string name, std::string value, std::optional<std::int64_t> created_gte,
     unsigned page_size) {
-    co_return co_await on_strand(st_, run_find(st_, charges_list, std::move(customer), std::move(billing_key),
-                                               created_gte, page_size));
+    co_return co_await on_strand(st_, run_find(st_, charges_list, std::move(customer), std::move(name),
+                                               std::move(value), created_gte, page_size));
 }
 
-net::awaitable<result<std::optional<payment_intent>>> client::find_payment_intent_by_billing_key(
-    std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
+net::awaitable<result<std::optional<payment_intent>>> client::find_payment_intent_by_metadata(
+    std::string customer, std::string name, std::string value, std::optional<std::int64_t> created_gte,
     unsigned page_size) {
-    co_return co_await on_strand(st_, run_find(st_, intents_list, std::move(customer), std::move(billing_key),
-                                               created_gte, page_size));
+    co_return co_await on_strand(st_, run_find(st_, intents_list, std::move(customer), std::move(name),
+                                               std::move(value), created_gte, page_size));
 }
 
 net::awaitable<call_result> client::call(std::string method, std::string target, std::string body,

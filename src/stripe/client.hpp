@@ -65,16 +65,29 @@ class client {
     net::awaitable<result<charge_page>> list_charges(list_charges_request req);
     // GET /v1/payment_intents?customer=…&created[gte]=…&limit=…&starting_after=… (one page, newest first).
     net::awaitable<result<payment_intent_page>> list_payment_intents(list_request req);
-    // Pages through the customer's charges (created ≥ created_gte) and returns the first whose
-    // metadata[billing_key] equals `billing_key`, or nullopt when there is none. Reads its own writes.
-    net::awaitable<result<std::optional<charge>>> find_charge_by_billing_key(
-        std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
+    // Pages through the customer's charges (created ≥ created_gte, newest first) and returns the first whose
+    // metadata[name] equals `value`, or nullopt when there is none. Reads its own writes.
+    net::awaitable<result<std::optional<charge>>> find_charge_by_metadata(
+        std::string customer, std::string name, std::string value, std::optional<std::int64_t> created_gte,
         unsigned page_size = 100);
     // The same search over the customer's PaymentIntents: an intent that never made a charge (requires_action
     // after an on-session confirm) is only found this way.
+    net::awaitable<result<std::optional<payment_intent>>> find_payment_intent_by_metadata(
+        std::string customer, std::string name, std::string value, std::optional<std::int64_t> created_gte,
+        unsigned page_size = 100);
+    // The two searches by the ledger's metadata[billing_key].
+    net::awaitable<result<std::optional<charge>>> find_charge_by_billing_key(
+        std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
+        unsigned page_size = 100) {
+        return find_charge_by_metadata(std::move(customer), "billing_key", std::move(billing_key),
+                                       created_gte, page_size);
+    }
     net::awaitable<result<std::optional<payment_intent>>> find_payment_intent_by_billing_key(
         std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
-        unsigned page_size = 100);
+        unsigned page_size = 100) {
+        return find_payment_intent_by_metadata(std::move(customer), "billing_key", std::move(billing_key),
+                                               created_gte, page_size);
+    }
 
     // Any call: `target` is origin-form ("/v1/charges?x=1"); `body` form-encoded; an idempotency key
     // is required for POST. Auth and Stripe-Version are added. Retries as described above.

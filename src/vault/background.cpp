@@ -64,66 +64,48 @@ enum class looked { resolved, none };
 // canceled → settled with the intent's id (requires_action, requires_confirmation or
 // requires_payment_method can still move money, so it keeps counting); canceled → released.
 net::awaitable<looked> search_intents(state_ptr st, const spend_row& row) {
-    stripe::list_request q;
-    q.customer = row.customer;
-    q.created_gte = row.reserved_at_unix - 300;  // clock skew with Stripe
-    q.limit = 100;
-    for (;;) {
-        auto page = co_await st->stripe->list_payment_intents(q);
-        if (!page) {
-            co_await defer(st, row, "PaymentIntent search failed: " + page.err().describe());
-            co_return looked::resolved;
-        }
-        for (const auto& pi : page->data) {
-            if (stripe::metadata_value(pi.metadata, vault_tag_key) != row.idempotency_key) continue;
-            if (pi.status == "canceled") {
-                auto r = co_await st->store.release(row.key_id, row.idempotency_key,
-                                                    "search: PaymentIntent " + pi.id + " canceled");
-                if (r) resolved(*st, row, "released", "search found canceled PaymentIntent " + pi.id);
-                co_return looked::resolved;
-            }
-            auto r = co_await st->store.settle(row.key_id, row.idempotency_key, pi.id);
-            if (r)
-                resolved(*st, row, "settled", "search found PaymentIntent " + pi.id + " (" + pi.status + ")");
-            co_return looked::resolved;
-        }
-        if (!page->has_more || page->data.empty()) break;
-        q.starting_after = page->data.back().id;
+    auto found = co_await st->stripe->find_payment_intent_by_metadata(
+        row.customer, std::string(vault_tag_key), row.idempotency_key,
+        row.reserved_at_unix - 300);  // clock skew with Stripe
+    if (!found) {
+        co_await defer(st, row, "PaymentIntent search failed: " + found.err().describe());
+        co_return looked::resolved;
     }
-    co_return looked::none;
+    if (!*found) co_return looked::none;
+    const auto& pi = **found;
+    if (pi.status == "canceled") {
+        auto r = co_await st->store.release(row.key_id, row.idempotency_key,
+                                            "search: PaymentIntent " + pi.id + " canceled");
+        if (r) resolved(*st, row, "released", "search found canceled PaymentIntent " + pi.id);
+        co_return looked::resolved;
+    }
+    auto r = co_await st->store.settle(row.key_id, row.idempotency_key, pi.id);
+    if (r) resolved(*st, row, "settled", "search found PaymentIntent " + pi.id + " (" + pi.status + ")");
+    co_return looked::resolved;
 }
 
 // The customer's charges: the charge carrying the tag. Succeeded or pending → settled (with its
 // PaymentIntent's id for a /v1/payment_intents row); failed → released.
 net::awaitable<looked> search_charges(state_ptr st, const spend_row& row) {
-    stripe::list_charges_request q;
-    q.customer = row.customer;
-    q.created_gte = row.reserved_at_unix - 300;  // clock skew with Stripe
-    q.limit = 100;
-    for (;;) {
-        auto page = co_await st->stripe->list_charges(q);
-        if (!page) {
-            co_await defer(st, row, "charge search failed: " + page.err().describe());
-            co_return looked::resolved;
-        }
-        for (const auto& c : page->data) {
-            if (stripe::metadata_value(c.metadata, vault_tag_key) != row.idempotency_key) continue;
-            if (c.status == "failed") {
-                auto r = co_await st->store.release(row.key_id, row.idempotency_key,
-                                                    "search: charge " + c.id + " failed");
-                if (r) resolved(*st, row, "released", "search found failed charge " + c.id);
-                co_return looked::resolved;
-            }
-            std::string id =
-                row.path == "/v1/payment_intents" && !c.payment_intent.empty() ? c.payment_intent : c.id;
-            auto r = co_await st->store.settle(row.key_id, row.idempotency_key, id);
-            if (r) resolved(*st, row, "settled", "search found " + id);
-            co_return looked::resolved;
-        }
-        if (!page->has_more || page->data.empty()) break;
-        q.starting_after = page->data.back().id;
+    auto found = co_await st->stripe->find_charge_by_metadata(row.customer, std::string(vault_tag_key),
+                                                              row.idempotency_key,
+                                                              row.reserved_at_unix - 300);  // clock skew
+    if (!found) {
+        co_await defer(st, row, "charge search failed: " + found.err().describe());
+        co_return looked::resolved;
     }
-    co_return looked::none;
+    if (!*found) co_return looked::none;
+    const auto& c = **found;
+    if (c.status == "failed") {
+        auto r =
+            co_await st->store.release(row.key_id, row.idempotency_key, "search: charge " + c.id + " failed");
+        if (r) resolved(*st, row, "released", "search found failed charge " + c.id);
+        co_return looked::resolved;
+    }
+    std::string id = row.path == "/v1/payment_intents" && !c.payment_intent.empty() ? c.payment_intent : c.id;
+    auto r = co_await st->store.settle(row.key_id, row.idempotency_key, id);
+    if (r) resolved(*st, row, "settled", "search found " + id);
+    co_return looked::resolved;
 }
 
 // Searches Stripe for the proxy's metadata tag: a /v1/payment_intents row in the customer's PaymentIntents
