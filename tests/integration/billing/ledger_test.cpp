@@ -149,11 +149,7 @@ BOOST_AUTO_TEST_CASE(a_new_generation_waits_until_no_call_under_the_old_one_show
     BOOST_TEST(early->wait.count() <= 60'000);
     BOOST_TEST(f.row(rec.key)->key_generation == 1);
     // The call's last sign of life 61 s ago (a worker that died or whose call ended): the bump goes through.
-    auto aged =
-        f.run(f.query("UPDATE billing_records SET last_stripe_attempt_at = now() - interval '61 s' "
-                      "WHERE key = $1",
-                      pg::params(rec.key)));
-    BOOST_TEST_REQUIRE(aged.has_value());
+    f.age_last_attempt(rec.key);
     // A worker that lost its lease notes its call is still awaited: the quiet period starts again.
     auto noted = f.run(f.ledger->note_in_flight(rec.key, 1));
     BOOST_TEST_REQUIRE((noted.has_value() && *noted));
@@ -162,10 +158,7 @@ BOOST_AUTO_TEST_CASE(a_new_generation_waits_until_no_call_under_the_old_one_show
     BOOST_TEST(!still->generation.has_value());
     BOOST_TEST(still->wait.count() > 55'000);
     // A note for another generation holds nothing back.
-    BOOST_TEST_REQUIRE(f.run(f.query("UPDATE billing_records SET last_stripe_attempt_at = now() - "
-                                     "interval '61 s' WHERE key = $1",
-                                     pg::params(rec.key)))
-                           .has_value());
+    f.age_last_attempt(rec.key);
     auto other = f.run(f.ledger->note_in_flight(rec.key, 7));
     BOOST_TEST_REQUIRE((other.has_value() && !*other));
     auto bumped = f.run(f.ledger->bump_generation(rec.key, token, 1, 60s));

@@ -164,6 +164,25 @@ inline cg::nsq::consumer_config budget_config(const std::string& topic, std::vec
     return c;
 }
 
+// A consumer of `topic` on nsqds a and b (budget_config) whose handlers all wait at one gate, then record
+// their message's body and FIN it.
+struct gated_consumer {
+    gated_consumer(asio::any_io_executor ex, const std::string& topic, const broker& a, const broker& b)
+        : g(ex),
+          c(
+              ex, budget_config(topic, {a.tcp_address, b.tcp_address}),
+              [this](cg::nsq::message& m) { return handle(m); }, {}, reg) {}
+    asio::awaitable<cg::nsq::disposition> handle(cg::nsq::message& m) {
+        co_await g.pass();
+        handled.insert(m.body());
+        co_return cg::nsq::disposition::finish();
+    }
+    gate g;
+    std::multiset<std::string> handled;
+    cg::metrics::registry reg;
+    cg::nsq::consumer c;
+};
+
 // nsqd B comes up while A's connection holds max_in_flight deliveries whose handlers wait. A's RDY goes
 // down to its share, but the deliveries already sent stay: B may only get RDY as they finish. Before,
 // B got its share at once and nsqd sent messages no handler could take (they waited untouched, their
@@ -174,17 +193,8 @@ inline asio::awaitable<void> a_joining_nsqd_waits_for_deliveries_in_hand(broker 
     auto ex = co_await asio::this_coro::executor;
     co_await a.create_channel(topic, "c");
     co_await a.publish(topic, bodies("a-", 6));
-    gate g(ex);
-    std::multiset<std::string> handled;
-    cg::metrics::registry reg;
-    cg::nsq::consumer c(
-        ex, budget_config(topic, {a.tcp_address, b.tcp_address}),
-        [&](cg::nsq::message& m) -> asio::awaitable<cg::nsq::disposition> {
-            co_await g.pass();
-            handled.insert(m.body());
-            co_return cg::nsq::disposition::finish();
-        },
-        {}, reg);
+    gated_consumer run(ex, topic, a, b);
+    auto& [g, handled, reg, c] = run;
     BOOST_REQUIRE(c.start().has_value());
     BOOST_REQUIRE(co_await wait_for([&] { return c.stats().received == 4; }, seconds(5)));
     co_await b.start();
@@ -215,17 +225,8 @@ inline asio::awaitable<void> a_dropped_nsqds_running_deliveries_keep_their_budge
     auto ex = co_await asio::this_coro::executor;
     co_await a.create_channel(topic, "c");
     co_await b.create_channel(topic, "c");
-    gate g(ex);
-    std::multiset<std::string> handled;
-    cg::metrics::registry reg;
-    cg::nsq::consumer c(
-        ex, budget_config(topic, {a.tcp_address, b.tcp_address}),
-        [&](cg::nsq::message& m) -> asio::awaitable<cg::nsq::disposition> {
-            co_await g.pass();
-            handled.insert(m.body());
-            co_return cg::nsq::disposition::finish();
-        },
-        {}, reg);
+    gated_consumer run(ex, topic, a, b);
+    auto& [g, handled, reg, c] = run;
     BOOST_REQUIRE(c.start().has_value());
     // Both subscribed with RDY 2 each (the first one had all 4 until the second came).
     BOOST_REQUIRE(co_await wait_for(

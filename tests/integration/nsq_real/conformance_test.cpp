@@ -281,15 +281,7 @@ BOOST_AUTO_TEST_CASE(identify_bounds_are_refused_with_nsqds_own_errors_byte_for_
             cg::nsq::proto::append_rdy(out, 3000);
         }
         co_await asio::async_write(s, asio::buffer(out), cg::net::nothrow);
-        std::string got;
-        char buf[4096];
-        for (;;) {  // until nsqd closes (every case here is fatal)
-            auto r = co_await cg::net::with_timeout(s.async_read_some(asio::buffer(buf)), seconds(5));
-            if (!r) throw std::runtime_error("no close");
-            auto [ec, n] = *r;
-            if (ec) break;
-            got.append(buf, n);
-        }
+        std::string got = co_await nsqreal::read_until_close(s);  // every case here is fatal
         // The IDENTIFY reply in the RDY case differs in nothing but is long: keep only error frames.
         auto pos = got.find("E_");
         co_return pos == std::string::npos ? got : got.substr(pos - 8);

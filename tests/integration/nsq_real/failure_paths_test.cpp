@@ -167,16 +167,7 @@ BOOST_AUTO_TEST_CASE(fake_nsqd_refuses_bad_publishes_with_nsqds_own_bytes) {
         cg::nsq::proto::append_magic(out);
         out += command;
         co_await asio::async_write(s, asio::buffer(out), cg::net::nothrow);
-        std::string got;
-        char buf[4096];
-        for (;;) {  // until nsqd closes (every case here is fatal)
-            auto r = co_await cg::net::with_timeout(s.async_read_some(asio::buffer(buf)), seconds(5));
-            if (!r) throw std::runtime_error("no close");
-            auto [ec, n] = *r;
-            if (ec) break;
-            got.append(buf, n);
-        }
-        co_return got;
+        co_return co_await nsqreal::read_until_close(s);  // every case here is fatal
     };
     std::vector<std::string> cases;
     {

@@ -51,6 +51,20 @@ inline asio::awaitable<bool> eventually(std::function<bool()> cond, milliseconds
     co_return true;
 }
 
+// Everything the peer sends on `s` until it closes the connection (every exchange this reads ends in a
+// fatal error, so nsqd closes); throws when nothing closes it within 5 s of silence.
+inline asio::awaitable<std::string> read_until_close(cg::net::tcp_socket& s) {
+    std::string got;
+    char buf[4096];
+    for (;;) {
+        auto r = co_await cg::net::with_timeout(s.async_read_some(asio::buffer(buf)), seconds(5));
+        if (!r) throw std::runtime_error("no close");
+        auto [ec, n] = *r;
+        if (ec) co_return got;
+        got.append(buf, n);
+    }
+}
+
 // A port nothing listens on right now (bind to 0, read, close).
 inline std::uint16_t free_port() {
     asio::io_context io;
