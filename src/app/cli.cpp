@@ -1,6 +1,7 @@
 #include "app/cli.hpp"
 
 #include <cctype>
+#include <cmath>
 
 #include "app/commands.hpp"
 
@@ -45,6 +46,12 @@ void add_runtime_flags(CLI::App& cmd, runtime_flags& f) {
                    "shorter gives a lag p99 from more samples, at one timer turn per sample")
         ->check(CLI::Range(0.001, 10.0))
         ->capture_default_str();
+    cmd.add_option(
+           "--loop-turn-budget", f.loop_turn_budget_s,
+           "seconds a turn of the event loop runs deliveries' steps before the rest wait for the next "
+           "turn, behind sockets and timers (bounds the loop's lag under load; 0 = unbounded)")
+        ->check(CLI::Range(0.0, 0.1))
+        ->capture_default_str();
 }
 
 namespace {
@@ -62,6 +69,7 @@ runtime_options to_runtime_options(const runtime_flags& f) {
     o.shutdown_timeout = from_seconds(f.shutdown_timeout_s);
     o.max_loop_lag = from_seconds(f.max_loop_lag_s);
     o.lag_interval = from_seconds(f.loop_lag_interval_s);
+    o.turn_budget = std::chrono::microseconds(std::llround(f.loop_turn_budget_s * 1e6));
     return o;
 }
 

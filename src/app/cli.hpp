@@ -21,6 +21,7 @@ struct runtime_flags {
     double shutdown_timeout_s = 30;
     double max_loop_lag_s = 0.2;
     double loop_lag_interval_s = 0.05;
+    double loop_turn_budget_s = 0.0005;
 };
 void add_runtime_flags(CLI::App& cmd, runtime_flags& f);
 // Validates and converts; throws CLI::ValidationError with a clear message.

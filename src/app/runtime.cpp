@@ -6,6 +6,7 @@
 
 #include "http/health_routes.hpp"
 #include "net/timeout.hpp"
+#include "net/turn_budget.hpp"
 
 namespace cg::app {
 
@@ -59,6 +60,14 @@ result<net::tcp::endpoint> runtime::start() {
     probe_ = std::make_shared<net::lag_probe>(io_.get_executor(), opts_.lag_interval,
                                               [&lag_hist](double s) { lag_hist.Observe(s); });
     probe_->start();
+    auto& deferred = metrics_
+                         .counter("chargeguard_event_loop_steps_deferred_total",
+                                  "deliveries' steps that waited for a later turn of the main event loop "
+                                  "(--loop-turn-budget)")
+                         .Add({});
+    auto& budget = net::turn_budget::of(io_.get_executor());
+    budget.set(opts_.turn_budget);
+    budget.on_defer([&deferred] { deferred.Increment(); });
     health_.add_liveness("event_loop", [this]() {
         double lag = probe_->recent_max_lag(opts_.lag_window);
         char buf[96];

@@ -30,6 +30,9 @@ struct runtime_options {
     std::chrono::steady_clock::duration max_loop_lag = std::chrono::milliseconds(200);
     std::chrono::steady_clock::duration lag_window = std::chrono::seconds(10);
     std::chrono::steady_clock::duration lag_interval = std::chrono::milliseconds(50);
+    // How long one turn of the loop runs deliveries' steps before the rest go behind I/O
+    // (net/turn_budget.hpp).
+    std::chrono::microseconds turn_budget{500};
     bool handle_signals = true;
 };
 

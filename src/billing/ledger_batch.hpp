@@ -46,6 +46,7 @@
 #include "core/log.hpp"
 #include "core/result.hpp"
 #include "net/tokens.hpp"
+#include "net/turn_budget.hpp"
 #include "pg/error.hpp"
 #include "pg/pool.hpp"
 
@@ -104,7 +105,13 @@ class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, 
         if (lingering_ && queue_.size() >= opts_.max_rows) lingering_->cancel();
         while (!w->out) {
             co_await w->wake.async_wait();
-            if (w->out) break;
+            if (w->out) {
+                // A finished statement wakes its whole batch at once: past the loop's turn budget, the rest
+                // resume on the next turn, behind the sockets and timers (net/turn_budget.hpp).
+                auto& budget = turn_budget_of(ex);
+                if (budget.spent()) co_await budget.next_turn();
+                break;
+            }
             auto cs = co_await asio::this_coro::cancellation_state;
             if (cs.cancelled() != asio::cancellation_type::none) {
                 w->abandoned = true;
@@ -121,6 +128,11 @@ class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, 
     }
 
   private:
+    net::turn_budget& turn_budget_of(const asio::any_io_executor& ex) {
+        if (!budget_) budget_ = &net::turn_budget::of(ex);
+        return *budget_;
+    }
+
     struct waiter {
         waiter(asio::any_io_executor ex, Req r)
             : req(std::move(r)), wake(ex, net::steady_timer::time_point::max()) {}
@@ -201,6 +213,7 @@ class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, 
     std::size_t in_flight_ = 0;
     std::shared_ptr<net::steady_timer> lingering_;  // the slot waiting for company, if any
     batch_counters counters_;
+    net::turn_budget* budget_ = nullptr;  // the main loop's, found on first use
 };
 
 }  // namespace cg::billing

@@ -7,6 +7,7 @@
 
 #include "billing/key.hpp"
 #include "metrics/registry.hpp"
+#include "net/turn_budget.hpp"
 #include "stripe/client.hpp"
 
 namespace cg::billing {
@@ -291,13 +292,17 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
 
     using namespace asio::experimental::awaitable_operators;
     stripe::charge_outcome out;
-    lease_keeper keeper(co_await asio::this_coro::executor);
+    auto ex = co_await asio::this_coro::executor;
+    lease_keeper keeper(ex);
     auto began = std::chrono::steady_clock::now();
     r.log.debug("calling Stripe", {{"generation", r.generation}});
     co_await (call_stripe(build_request(r.ev, r.key, r.generation), out, keeper) && keep_lease(r, keeper));
     r.log.debug("Stripe answered", {{"outcome", stripe::to_string(out.cls)}, {"charge_id", out.charge_id}});
     co_await test_pause();  // between Stripe's answer and the ledger update
     auto took = std::chrono::steady_clock::now() - began;
+    // Answers to calls made together come back together: past the loop's turn budget the settlement
+    // starts on the next turn, behind sockets and timers (net/turn_budget.hpp).
+    if (auto& budget = net::turn_budget::of(ex); budget.spent()) co_await budget.next_turn();
     note_stripe_time(took);
     if (metrics_) metrics_->stripe_duration->Observe(std::chrono::duration<double>(took).count());
     co_return co_await settle(r, out);

@@ -11,6 +11,7 @@
 #include "net/address.hpp"
 #include "net/timeout.hpp"
 #include "net/tokens.hpp"
+#include "net/turn_budget.hpp"
 #include "nsq/connection.hpp"
 #include "nsq/handshake.hpp"
 #include "nsq/lookupd_poller.hpp"
@@ -95,6 +96,7 @@ rdy_settings rdy_settings_of(const consumer_config& c) {
 struct consumer::core final : supervisor_owner, std::enable_shared_from_this<core> {
     core(asio::any_io_executor e, consumer_config c, message_handler h, logger l, metrics::registry& reg)
         : ex(e),
+          turns(net::turn_budget::of(e)),
           cfg(std::move(c)),
           handler(std::move(h)),
           log(l.with({{"topic", cfg.topic}, {"channel", cfg.channel}})),
@@ -127,6 +129,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     }
 
     asio::any_io_executor ex;
+    net::turn_budget& turns;  // the loop's (net/turn_budget.hpp)
     consumer_config cfg;
     message_handler handler;
     give_up_handler give_up;
@@ -420,6 +423,12 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
                     std::erase(self->parked, &w);  // woken by begin_stop()
                 }
                 continue;
+            }
+            // A read brings a wave of messages, each handler runs until its first suspension: past the
+            // loop's turn budget the next one starts on the next turn, behind sockets and timers.
+            if (self->turns.spent()) {
+                co_await self->turns.next_turn();
+                if (self->queued.empty()) continue;  // another worker took it meanwhile
             }
             auto held = self->queued.pop();
             auto& m = *held;

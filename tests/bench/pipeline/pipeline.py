@@ -341,6 +341,23 @@ def postgres_pids():
     return pids
 
 
+def chargeguard_pid(pid):
+    """The chargeguard process at or below `pid` (a --consume-prefix command runs it as a child)."""
+    todo = [pid]
+    while todo:
+        p = todo.pop(0)
+        try:
+            with open(f"/proc/{p}/comm") as f:
+                if f.read().strip() == "chargeguard":
+                    return p
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return pid
+
+
 class pinned_loop:
     """--pin-loop: consume's event-loop thread alone on the last CPU, every other thread of the run (consume's
     offload threads, nsqd, fake-stripe, PostgreSQL, this script — new backends inherit the postmaster's mask) on the others.
@@ -350,9 +367,10 @@ class pinned_loop:
         cpus = sorted(os.sched_getaffinity(0))
         self.loop_cpu, self.rest = {cpus[-1]}, set(cpus[:-1]) or {cpus[-1]}
         self.saved = {}
-        tids = [int(t) for t in os.listdir(f"/proc/{c.pid}/task")]
-        for t in tids:
-            self.pin(t, self.loop_cpu if t == c.pid else self.rest)
+        loop = chargeguard_pid(c.pid)  # under --consume-prefix (perf, valgrind) consume is a child
+        for pid in {c.pid, loop}:
+            for t in os.listdir(f"/proc/{pid}/task"):
+                self.pin(int(t), self.loop_cpu if int(t) == loop else self.rest)
         for p in st.procs:
             if p.pid != c.pid:
                 for t in os.listdir(f"/proc/{p.pid}/task"):
@@ -378,7 +396,7 @@ class pinned_loop:
 
 def cpu_split(st, c):
     """CPU seconds so far of each process the run involves: consume, PostgreSQL, nsqd, fake-stripe."""
-    out = {"consume": proc_cpu(c.pid), "postgres": postgres_cpu()}
+    out = {"consume": proc_cpu(chargeguard_pid(c.pid)), "postgres": postgres_cpu()}
     for p in st.procs:
         name = os.path.basename(p.args[0])
         if name in ("nsqd", "fake-nsqd", "fake-stripe"):
@@ -414,8 +432,8 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
                            "--stripe-rate-initial", "0", *extra])
         if pin_loop:
             pin = pinned_loop(st, c)
-        cpu0, _ = proc_usage(c.pid)
-        split0, sched0 = cpu_split(st, c), main_thread_sched(c.pid)
+        cpu0, _ = proc_usage(chargeguard_pid(c.pid))
+        split0, sched0 = cpu_split(st, c), main_thread_sched(chargeguard_pid(c.pid))
         m0 = metrics(c.health)  # lag is reported for the charging run only, not start-up
         callgrind = any("callgrind" in w for w in CONSUME_PREFIX)
         if callgrind:  # count the charges only: start-up (migrations, TLS contexts) is left out
@@ -434,8 +452,8 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
         p50, p99, end = latencies(st, sent)
         if callgrind:  # a dump of exactly these n charges (callgrind_annotate it; Ir / n = instructions per charge)
             subprocess.run(["callgrind_control", "--dump=charges", str(c.pid)], capture_output=True, check=True)
-        cpu1, rss = proc_usage(c.pid)
-        split1, sched1 = cpu_split(st, c), main_thread_sched(c.pid)
+        cpu1, rss = proc_usage(chargeguard_pid(c.pid))
+        split1, sched1 = cpu_split(st, c), main_thread_sched(chargeguard_pid(c.pid))
         m = metrics(c.health)
         rate = n / (end - start)
         lag = hist_quantile(m, "chargeguard_event_loop_lag_seconds", 0.99, before=m0)

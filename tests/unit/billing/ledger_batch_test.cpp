@@ -9,6 +9,7 @@
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <boost/test/unit_test.hpp>
+#include <chrono>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -47,10 +48,19 @@ struct instant_runner {
     }
 };
 
-// Resumes 256 callers of one batch with `wake_chunk`; returns the order they (i ≥ 0) and the due timer (-1)
-// ran in.
-std::vector<int> resume_order(std::size_t wake_chunk) {
+void busy_for(std::chrono::microseconds d) {
+    auto until = std::chrono::steady_clock::now() + d;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+}
+
+// Resumes 256 callers of one batch with `wake_chunk`, under the loop's turn `budget`, each caller working for
+// `work` once resumed (its Stripe call's start, its FIN); returns the order they (i ≥ 0) and the due timer
+// (-1) ran in.
+std::vector<int> resume_order(std::size_t wake_chunk, std::chrono::microseconds budget = {},
+                              std::chrono::microseconds work = {}) {
     asio::io_context io;
+    cg::net::turn_budget::of(io.get_executor()).set(budget);
     asio::steady_timer due(io);
     std::vector<int> order;
     instant_runner::due = &due;
@@ -64,11 +74,12 @@ std::vector<int> resume_order(std::size_t wake_chunk) {
     for (int i = 0; i < 256; ++i)
         asio::co_spawn(
             io,
-            [&order, gc, i]() -> asio::awaitable<void> {
+            [&order, gc, i, work]() -> asio::awaitable<void> {
                 auto r = co_await gc->submit(std::to_string(i));
                 BOOST_TEST_REQUIRE(r.has_value());
                 BOOST_TEST(*r == i);
                 order.push_back(i);
+                busy_for(work);
             },
             asio::detached);
     io.run();
@@ -96,4 +107,25 @@ BOOST_AUTO_TEST_CASE(a_finished_batch_resumes_its_callers_in_chunks_so_a_due_tim
     auto all = resume_order(0);
     BOOST_TEST_REQUIRE(all.size() == 257u);
     BOOST_TEST(all.back() == -1);
+}
+
+BOOST_AUTO_TEST_CASE(under_a_turn_budget_a_finished_batch_leaves_room_for_a_due_timer) {
+    // 256 callers of 50 µs each are 13 ms of work; a 1 ms budget lets about 20 run before the timer. A slow
+    // or preempted machine only makes that fewer.
+    auto paced = resume_order(0, std::chrono::microseconds(1000), std::chrono::microseconds(50));
+    BOOST_TEST_REQUIRE(paced.size() == 257u);
+    auto at = std::find(paced.begin(), paced.end(), -1) - paced.begin();
+    BOOST_TEST_MESSAGE("turn budget 1 ms: the due timer ran after " << at << " of 256 callers");
+    BOOST_TEST(at <= 64);
+    std::vector<int> callers;
+    for (int v : paced)
+        if (v >= 0) callers.push_back(v);
+    std::vector<int> expected(256);
+    std::iota(expected.begin(), expected.end(), 0);
+    BOOST_TEST(callers == expected, boost::test_tools::per_element());
+
+    // The same work without a budget: the timer waits behind every caller.
+    auto unpaced = resume_order(0, std::chrono::microseconds(0), std::chrono::microseconds(50));
+    BOOST_TEST_REQUIRE(unpaced.size() == 257u);
+    BOOST_TEST(unpaced.back() == -1);
 }
