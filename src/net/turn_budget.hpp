@@ -61,8 +61,10 @@ class turn_budget {
         return now - turn_start_ >= budget_;
     }
 
-    // Completes when the budget's queue reaches this step, on a later turn (in order of the calls). Not
-    // cancellable; a step still queued when the io_context shuts down is destroyed with it.
+    // Completes when the budget's queue reaches this step, on a later turn (in order of the calls): the
+    // step resumes inside the drain, on the io_context's thread, so call it from a coroutine on the
+    // io_context's own executor (a strand's guarantee would not hold). Not cancellable; a step still
+    // queued when the io_context shuts down is destroyed with it. The budget outlives every caller.
     awaitable<void> next_turn() {
         return asio::async_initiate<decltype(asio::use_awaitable), void()>(
             [this](auto handler) {
