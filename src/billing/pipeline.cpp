@@ -302,7 +302,8 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
     auto took = std::chrono::steady_clock::now() - began;
     // Answers to calls made together come back together: past the loop's turn budget the settlement
     // starts on the next turn, behind sockets and timers (net/turn_budget.hpp).
-    if (auto& budget = net::turn_budget::of(ex); budget.spent()) co_await budget.next_turn();
+    if (!turns_) turns_ = &net::turn_budget::of(ex);
+    if (turns_->spent()) co_await turns_->next_turn();
     note_stripe_time(took);
     if (metrics_) metrics_->stripe_duration->Observe(std::chrono::duration<double>(took).count());
     co_return co_await settle(r, out);

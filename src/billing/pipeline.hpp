@@ -31,6 +31,10 @@ namespace cg::metrics {
 class registry;
 }
 
+namespace cg::net {
+class turn_budget;
+}
+
 namespace cg::billing {
 
 // One delivery of one message, copied out of the transport's buffers.
@@ -139,6 +143,7 @@ class pipeline {
     std::unique_ptr<metrics_set> metrics_;
     std::mt19937_64 rng_{std::random_device{}()};  // requeue jitter; used on the pipeline's executor only
     double stripe_time_avg_us_ = 0;                // exponential average of Stripe call times (µs)
+    net::turn_budget* turns_ = nullptr;  // the main loop's (net/turn_budget.hpp), found on first use
 };
 
 }  // namespace cg::billing

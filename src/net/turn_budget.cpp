@@ -26,13 +26,17 @@ turn_budget& turn_budget::of(const asio::any_io_executor& ex) {
 
 void turn_budget::enqueue(std::function<void()> step) {
     waiting_.push_back(std::move(step));
-    deferred_.fetch_add(1, std::memory_order_relaxed);
+    ++deferred_;
     if (on_defer_) on_defer_();
     if (!drain_posted_) {
         drain_posted_ = true;
-        // Posted from a handler on the loop thread: runs after the next poll, i.e. on the next turn.
-        asio::post(ex_, [this] { drain(); });
+        post_drain();
     }
+}
+
+void turn_budget::post_drain() {
+    // Posted from a handler on the loop thread: runs after the next poll, i.e. on the next turn.
+    asio::post(ex_, [this] { drain(); });
 }
 
 void turn_budget::drain() {
@@ -47,7 +51,7 @@ void turn_budget::drain() {
     if (waiting_.empty())
         drain_posted_ = false;
     else
-        asio::post(ex_, [this] { drain(); });
+        post_drain();
 }
 
 }  // namespace cg::net

@@ -24,7 +24,6 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/async_result.hpp>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -75,13 +74,14 @@ class turn_budget {
     }
 
     // Steps sent to a later turn so far, and steps waiting now.
-    std::uint64_t deferred() const noexcept { return deferred_.load(std::memory_order_relaxed); }
+    std::uint64_t deferred() const noexcept { return deferred_; }
     std::size_t waiting() const noexcept { return waiting_.size(); }
 
   private:
     friend class turn_budget_service;
     turn_budget() = default;
     void enqueue(std::function<void()> step);
+    void post_drain();
     void drain();
     void shutdown() { waiting_.clear(); }
 
@@ -90,7 +90,7 @@ class turn_budget {
     clock::time_point turn_start_{}, last_ask_{};
     std::deque<std::function<void()>> waiting_;
     bool drain_posted_ = false;
-    std::atomic<std::uint64_t> deferred_{0};
+    std::uint64_t deferred_ = 0;
     std::function<void()> on_defer_;
 };
 

@@ -125,6 +125,7 @@ class stack:
         p = self.spawn(argv, env=env, log=f"consume-{idx}")
         p.health = health
         wait_for(lambda: http_ok(f"http://127.0.0.1:{health}/readyz"), 30, f"consume {idx} ready")
+        p.cg_pid = chargeguard_pid(p.pid)  # under --consume-prefix (perf, valgrind) consume is a child
         return p
 
     def publish(self, events):
@@ -367,7 +368,7 @@ class pinned_loop:
         cpus = sorted(os.sched_getaffinity(0))
         self.loop_cpu, self.rest = {cpus[-1]}, set(cpus[:-1]) or {cpus[-1]}
         self.saved = {}
-        loop = chargeguard_pid(c.pid)  # under --consume-prefix (perf, valgrind) consume is a child
+        loop = c.cg_pid
         for pid in {c.pid, loop}:
             for t in os.listdir(f"/proc/{pid}/task"):
                 self.pin(int(t), self.loop_cpu if int(t) == loop else self.rest)
@@ -396,7 +397,7 @@ class pinned_loop:
 
 def cpu_split(st, c):
     """CPU seconds so far of each process the run involves: consume, PostgreSQL, nsqd, fake-stripe."""
-    out = {"consume": proc_cpu(chargeguard_pid(c.pid)), "postgres": postgres_cpu()}
+    out = {"consume": proc_cpu(c.cg_pid), "postgres": postgres_cpu()}
     for p in st.procs:
         name = os.path.basename(p.args[0])
         if name in ("nsqd", "fake-nsqd", "fake-stripe"):
@@ -432,8 +433,8 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
                            "--stripe-rate-initial", "0", *extra])
         if pin_loop:
             pin = pinned_loop(st, c)
-        cpu0, _ = proc_usage(chargeguard_pid(c.pid))
-        split0, sched0 = cpu_split(st, c), main_thread_sched(chargeguard_pid(c.pid))
+        cpu0, _ = proc_usage(c.cg_pid)
+        split0, sched0 = cpu_split(st, c), main_thread_sched(c.cg_pid)
         m0 = metrics(c.health)  # lag is reported for the charging run only, not start-up
         callgrind = any("callgrind" in w for w in CONSUME_PREFIX)
         if callgrind:  # count the charges only: start-up (migrations, TLS contexts) is left out
@@ -452,8 +453,8 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
         p50, p99, end = latencies(st, sent)
         if callgrind:  # a dump of exactly these n charges (callgrind_annotate it; Ir / n = instructions per charge)
             subprocess.run(["callgrind_control", "--dump=charges", str(c.pid)], capture_output=True, check=True)
-        cpu1, rss = proc_usage(chargeguard_pid(c.pid))
-        split1, sched1 = cpu_split(st, c), main_thread_sched(chargeguard_pid(c.pid))
+        cpu1, rss = proc_usage(c.cg_pid)
+        split1, sched1 = cpu_split(st, c), main_thread_sched(c.cg_pid)
         m = metrics(c.health)
         rate = n / (end - start)
         lag = hist_quantile(m, "chargeguard_event_loop_lag_seconds", 0.99, before=m0)

@@ -14,7 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "support/busy_for.hpp"
+
 using namespace cg::billing;
+using cg::test::busy_for;
 
 BOOST_AUTO_TEST_CASE(array_literals_quote_every_element_and_escape_quotes_and_backslashes) {
     std::vector<std::string> plain = {"abc", "", "a\"b", "c\\d", "{x,y}", "NULL", " sp "};
@@ -47,12 +50,6 @@ struct instant_runner {
         co_return out;
     }
 };
-
-void busy_for(std::chrono::microseconds d) {
-    auto until = std::chrono::steady_clock::now() + d;
-    while (std::chrono::steady_clock::now() < until) {
-    }
-}
 
 // Resumes 256 callers of one batch with `wake_chunk`, under the loop's turn `budget`, each caller working for
 // `work` once resumed (its Stripe call's start, its FIN); returns the order they (i ≥ 0) and the due timer
@@ -87,6 +84,19 @@ std::vector<int> resume_order(std::size_t wake_chunk, std::chrono::microseconds 
     return order;
 }
 
+// The callers of resume_order()'s result, without the timer, and the order they submitted in.
+std::vector<int> callers_in(const std::vector<int>& order) {
+    std::vector<int> callers;
+    for (int v : order)
+        if (v >= 0) callers.push_back(v);
+    return callers;
+}
+std::vector<int> arrival_order() {
+    std::vector<int> v(256);
+    std::iota(v.begin(), v.end(), 0);
+    return v;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_finished_batch_resumes_its_callers_in_chunks_so_a_due_timer_runs_between_them) {
@@ -96,12 +106,7 @@ BOOST_AUTO_TEST_CASE(a_finished_batch_resumes_its_callers_in_chunks_so_a_due_tim
     BOOST_TEST_MESSAGE("wake_chunk 16: the due timer ran after " << at << " of 256 callers");
     BOOST_TEST(at <= 32);  // at most one chunk ahead of it, plus the one in whose turn it fell due
     // Every caller resumed once, in arrival order.
-    std::vector<int> callers;
-    for (int v : chunked)
-        if (v >= 0) callers.push_back(v);
-    std::vector<int> expected(256);
-    std::iota(expected.begin(), expected.end(), 0);
-    BOOST_TEST(callers == expected, boost::test_tools::per_element());
+    BOOST_TEST(callers_in(chunked) == arrival_order(), boost::test_tools::per_element());
 
     // All at once (the behaviour before): the timer waits behind every caller.
     auto all = resume_order(0);
@@ -117,12 +122,7 @@ BOOST_AUTO_TEST_CASE(under_a_turn_budget_a_finished_batch_leaves_room_for_a_due_
     auto at = std::find(paced.begin(), paced.end(), -1) - paced.begin();
     BOOST_TEST_MESSAGE("turn budget 1 ms: the due timer ran after " << at << " of 256 callers");
     BOOST_TEST(at <= 64);
-    std::vector<int> callers;
-    for (int v : paced)
-        if (v >= 0) callers.push_back(v);
-    std::vector<int> expected(256);
-    std::iota(expected.begin(), expected.end(), 0);
-    BOOST_TEST(callers == expected, boost::test_tools::per_element());
+    BOOST_TEST(callers_in(paced) == arrival_order(), boost::test_tools::per_element());
 
     // The same work without a budget: the timer waits behind every caller.
     auto unpaced = resume_order(0, std::chrono::microseconds(0), std::chrono::microseconds(50));

@@ -8,16 +8,13 @@
 #include <memory>
 #include <vector>
 
+#include "support/busy_for.hpp"
+
 using namespace cg;
+using cg::test::busy_for;
 using namespace std::chrono_literals;
 
 namespace {
-void busy_for(std::chrono::microseconds d) {
-    auto until = std::chrono::steady_clock::now() + d;
-    while (std::chrono::steady_clock::now() < until) {
-    }
-}
-
 struct burst {
     std::vector<int> order;
     int done = 0;
