@@ -58,12 +58,20 @@ install_node_packages() {
   fi
 }
 
-# The real NSQ 1.3.0 daemons and stock clients, when this machine has them (../shared/tools/nsq-1.3.0 beside
-# the checkout, or CHARGEGUARD_NSQ_TOOLS). Tests that need them read NSQD_BIN, NSQLOOKUPD_BIN, NSQ_TAIL_BIN
-# and TO_NSQ_BIN and print a clear "skipped" line when they are unset.
+# The real NSQ 1.3.0 daemons and stock clients, when this machine has them: CHARGEGUARD_NSQ_TOOLS, else
+# shared/tools/nsq-1.3.0 in the nearest ancestor directory of the checkout that has one (../shared beside a
+# checkout, ../../shared beside a worktree). Tests that need them read NSQD_BIN, NSQLOOKUPD_BIN,
+# NSQ_TAIL_BIN and TO_NSQ_BIN and print a clear "skipped" line when they are unset.
 export_nsq_tools() {
-  local dir=${CHARGEGUARD_NSQ_TOOLS:-$root/../shared/tools/nsq-1.3.0}
-  [ -x "$dir/nsqd" ] || [ -n "${CHARGEGUARD_NSQ_TOOLS:-}" ] || dir=/work/shared/tools/nsq-1.3.0
+  local dir=${CHARGEGUARD_NSQ_TOOLS:-}
+  if [ -z "$dir" ]; then
+    local up=$root/..
+    dir=$up/shared/tools/nsq-1.3.0
+    while [ ! -x "$dir/nsqd" ] && [ "$(cd "$up" && pwd)" != / ]; do
+      up=$up/..
+      dir=$up/shared/tools/nsq-1.3.0
+    done
+  fi
   if [ -x "$dir/nsqd" ]; then
     dir=$(cd "$dir" && pwd)
     export NSQD_BIN=$dir/nsqd NSQLOOKUPD_BIN=$dir/nsqlookupd NSQ_TAIL_BIN=$dir/nsq_tail TO_NSQ_BIN=$dir/to_nsq

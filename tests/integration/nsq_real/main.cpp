@@ -9,7 +9,7 @@ int main(int argc, char* argv[]) {
     if (!std::getenv("NSQD_BIN") || !std::getenv("NSQLOOKUPD_BIN")) {
         std::printf(
             "skipped: NSQD_BIN / NSQLOOKUPD_BIN not set (the real nsqd 1.3.0 binaries, see "
-            "/work/shared/tools/nsq-1.3.0); the real-broker suite did not run\n");
+            "ci/lib.sh export_nsq_tools); the real-broker suite did not run\n");
         return 77;
     }
     return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
