@@ -3,8 +3,8 @@
 // secret-NAME.yaml and play it), secretKeyRef wants a podman secret holding the JSON map of its base64 `data`
 // (write secret-NAME.json for `podman secret create`). The ConfigMap and Deployment are played as they are except for
 // replicas 1 and each containerPort published on a free host port (podman publishes container ports, and a
-// fixed port would collide with whatever the host runs). The Job is left out: podman kube play does not run
-// Jobs; other kinds (the PodDisruptionBudget) mean nothing to it and are left out too.
+// fixed port would collide with whatever the host runs). Other kinds (the PodDisruptionBudget; a Job, which
+// podman kube play does not run) are left out.
 // Native sidecars: podman 4.3 knows init containers only as run-to-completion steps (it ignores a
 // container's restartPolicy and waits for each init container to exit before starting the others), so an
 // init container with `restartPolicy: Always` would hold the pod forever. Each one becomes an ordinary
