@@ -1,21 +1,29 @@
 # chargeguard sidecar image. Multi-stage: the builder compiles only the `chargeguard` executable; the runtime
-# stage is the same Debian base plus exactly the shared libraries that executable links (ldd), a non-root
-# user, and chargeguard as PID 1 (it handles SIGTERM: RDY 0, drain, CLS, exit 0).
+# stage is the same Debian base plus Debian's ca-certificates (OpenSSL's default trust store, which verifies
+# api.stripe.com when no --stripe-ca-file is given), exactly the shared libraries that executable links (ldd),
+# a non-root user, and chargeguard as PID 1 (it handles SIGTERM: RDY 0, drain, CLS, exit 0).
 #
 #   podman build --format docker -t chargeguard .          # --format docker keeps HEALTHCHECK
 #   docker build -t chargeguard .
-# BASE is a build argument so the same file builds where only a local base image exists
-# (tests/container/run.sh passes --build-arg BASE=localhost/debian:bookworm-slim).
+#   docker build --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
+#                --build-arg SOURCE=https://<where the repository lives> -t chargeguard:0.1.0 .
+#
+# BASE is a build argument: a release pulls the Debian image pinned by digest below (refresh the digest
+# deliberately, e.g. when Debian publishes a point release: `docker buildx imagetools inspect
+# debian:bookworm-slim`); where no registry is reachable the same file builds on a local base image
+# (tests/container/run.sh passes --build-arg BASE=localhost/debian:bookworm-slim, a debootstrapped import).
 #
 # Configuration comes only from the environment (every flag has a CHARGEGUARD_<FLAG> variable; libpq reads
-# PG* variables, PGPASSFILE included) and secret files (CHARGEGUARD_STRIPE_KEY_FILE defaults to
-# /run/secrets/stripe_api_key). Nothing secret is baked into the image.
-ARG BASE=debian:bookworm-slim
-# BUILD=source (the default, what a release uses) compiles chargeguard in the builder stage below.
-# BUILD=context takes an already built, stripped executable and the shared libraries it needs from the build
-# context's prebuilt/ folder (prebuilt/usr/local/bin/chargeguard, prebuilt/usr/lib/*.so*), built on the same
-# Debian release: tests/container/run.sh uses it in CI, where the in-image compile alone would take ~12
-# minutes on 2 cores. The runtime stage is the same either way; podman/buildah skips the unused builder.
+# PG* variables, PGPASSFILE included) and secret files. Nothing secret is baked into the image. The Stripe
+# key, first match wins: CHARGEGUARD_STRIPE_KEY_FILE (or --stripe-key-file) naming a file; else
+# STRIPE_API_KEY; else /run/secrets/stripe_api_key if it exists (where `docker run --secret` and a
+# Kubernetes secret volume put it). The image presets none of these, so each form works as documented
+# (docs/operating/deployment.md).
+ARG BASE=debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
+# OCI labels (org.opencontainers.image.*): the release passes its version, the commit and the repository URL.
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG SOURCE=
 ARG BUILD=source
 
 FROM ${BASE} AS build-source
@@ -32,7 +40,8 @@ COPY tests ./tests
 COPY ci ./ci
 # Only the executable (no tests). CCACHE_DIR may be a volume the builder mounts (`podman build -v …`), so a
 # rebuild of unchanged sources is quick; without one ccache just compiles.
-# The runtime gets the libraries the base lacks: everything ldd lists but libc, libstdc++ and libgcc.
+# The runtime gets the libraries the base lacks: everything ldd lists but libc, libstdc++, libgcc and
+# OpenSSL (the runtime stage installs libssl3 with ca-certificates, from the same Debian release).
 ARG CCACHE_DIR=/ccache
 ENV CCACHE_DIR=${CCACHE_DIR}
 RUN meson setup /build -Dbuildtype=release \
@@ -41,7 +50,7 @@ RUN meson setup /build -Dbuildtype=release \
  && mkdir -p /out/usr/local/bin /out/usr/lib \
  && cp /build/src/app/chargeguard /out/usr/local/bin/ \
  && ldd /build/src/app/chargeguard | awk '/=> \// {print $3}' \
-    | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' \
+    | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libssl|libcrypto)\.so' \
     | xargs -I{} cp -L {} /out/usr/lib/ \
  && /build/src/app/chargeguard version
 
@@ -51,6 +60,22 @@ COPY prebuilt/ /out/
 FROM build-${BUILD} AS build
 
 FROM ${BASE}
+# ca-certificates first, before any build argument is in scope, so its layer stays cached across releases:
+# /etc/ssl/certs/ca-certificates.crt and the hashed /etc/ssl/certs directory are OpenSSL's default verify
+# paths. Package lists are removed in the same layer.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt/* /var/log/dpkg.log /usr/share/doc/* /usr/share/man/* \
+ && test -s /etc/ssl/certs/ca-certificates.crt
+ARG VERSION
+ARG REVISION
+ARG SOURCE
+LABEL org.opencontainers.image.title="chargeguard" \
+      org.opencontainers.image.description="NSQ billing events charged on Stripe exactly once (sidecar)" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /out/ /
 RUN ldconfig \
  && echo 'chargeguard:x:10001:10001:chargeguard sidecar:/nonexistent:/usr/sbin/nologin' >> /etc/passwd \
@@ -59,7 +84,6 @@ RUN ldconfig \
  && chargeguard version
 USER 10001:10001
 ENV CHARGEGUARD_HEALTH_LISTEN=0.0.0.0:9180 \
-    CHARGEGUARD_STRIPE_KEY_FILE=/run/secrets/stripe_api_key \
     CHARGEGUARD_LOG_LEVEL=info
 EXPOSE 9180
 # No curl in the image: chargeguard probes itself. /healthz fails when the event loop lags.

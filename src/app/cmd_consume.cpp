@@ -216,7 +216,7 @@ void log_effective_config(const logger& log, const consume_flags& f, const nsq::
          {"stripe_max_connections", s.max_connections},
          {"stripe_eager_connections", s.eager_connections},
          {"stripe_ca_file", s.ca_file.empty() ? std::string("(system store)") : s.ca_file},
-         {"stripe_key_from", f.stripe.key_file.empty() ? std::string("STRIPE_API_KEY") : f.stripe.key_file},
+         {"stripe_key_from", cg::app::stripe_key_source(f.stripe.key_file, std::getenv("STRIPE_API_KEY"))},
          {"key_namespace", b.key_namespace},
          {"lease_ms", b.lease.count()},
          {"lease_renew_interval_ms", b.lease_renew_interval.count()},

@@ -135,7 +135,7 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
         {{"listen", f.listen},
          {"tls", !f.tls_cert.empty()},
          {"upstream", cfg.upstream},
-         {"stripe_key_from", f.stripe_key_file.empty() ? std::string("STRIPE_API_KEY") : f.stripe_key_file},
+         {"stripe_key_from", cg::app::stripe_key_source(f.stripe_key_file, std::getenv("STRIPE_API_KEY"))},
          {"max_body_bytes", cfg.max_body_bytes},
          {"same_key_window_s", static_cast<std::int64_t>(cfg.same_key_window.count())},
          {"resolve_interval_ms", static_cast<std::int64_t>(cfg.resolve_interval.count())},

@@ -1,6 +1,7 @@
 #include "app/stripe_flags.hpp"
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -17,7 +18,8 @@ void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
     cmd.add_option("--stripe-api-base", f.api_base, "Stripe API origin (or the vault proxy's)")
         ->capture_default_str();
     cmd.add_option("--stripe-key-file", f.key_file,
-                   "file holding the Stripe secret key (else STRIPE_API_KEY)");
+                   std::string("file holding the Stripe secret key (else STRIPE_API_KEY, else ") +
+                       default_stripe_key_file + " if it exists)");
     cmd.add_option("--stripe-ca-file", f.ca_file,
                    "PEM CA bundle to verify the API with (default: system store)");
     cmd.add_option("--stripe-version", f.version, "Stripe-Version header")->capture_default_str();
@@ -77,7 +79,26 @@ void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
         ->capture_default_str();
 }
 
-result<std::string> read_stripe_key(const std::string& key_file, const char* env_value) {
+namespace {
+// The file to read the key from: the named one, else (no STRIPE_API_KEY either) the default if it exists.
+std::string key_file_in_effect(const std::string& key_file, const char* env_value,
+                               const std::string& default_file) {
+    if (!key_file.empty() || (env_value && *env_value) || default_file.empty()) return key_file;
+    std::error_code ec;
+    return std::filesystem::exists(default_file, ec) ? default_file : std::string();
+}
+}  // namespace
+
+std::string stripe_key_source(const std::string& key_file, const char* env_value,
+                              const std::string& default_file) {
+    auto file = key_file_in_effect(key_file, env_value, default_file);
+    if (!file.empty()) return file;
+    return env_value && *env_value ? "STRIPE_API_KEY" : "";
+}
+
+result<std::string> read_stripe_key(const std::string& flag_file, const char* env_value,
+                                    const std::string& default_file) {
+    const std::string key_file = key_file_in_effect(flag_file, env_value, default_file);
     std::string key;
     if (!key_file.empty()) {
         std::ifstream in(key_file);
@@ -91,7 +112,8 @@ result<std::string> read_stripe_key(const std::string& key_file, const char* env
     } else if (env_value && *env_value) {
         key = env_value;
     } else {
-        return error(core_errc::invalid_argument, "no Stripe key: set STRIPE_API_KEY or --stripe-key-file");
+        return error(core_errc::invalid_argument,
+                     "no Stripe key: set --stripe-key-file, STRIPE_API_KEY or mount " + default_file);
     }
     if (key.find_first_of("\r\n \t") != std::string::npos)
         return error(core_errc::invalid_argument, "the Stripe key contains whitespace");

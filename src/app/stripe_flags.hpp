@@ -1,5 +1,5 @@
 // Stripe flags shared by the subcommands that talk to Stripe (consume, proxy, reconcile). The API key
-// comes from --stripe-key-file or STRIPE_API_KEY, never from argv.
+// comes from --stripe-key-file, STRIPE_API_KEY or the default secret file, never from argv.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -34,8 +34,19 @@ struct stripe_flags {
 
 void add_stripe_flags(CLI::App& cmd, stripe_flags& f);
 
-// The key from `key_file` (trailing whitespace trimmed) when set, else `env_value` (STRIPE_API_KEY).
-result<std::string> read_stripe_key(const std::string& key_file, const char* env_value);
+// The secret file Docker and Kubernetes secrets conventionally mount; read only when it exists and neither
+// --stripe-key-file nor STRIPE_API_KEY is given.
+inline constexpr const char* default_stripe_key_file = "/run/secrets/stripe_api_key";
+
+// Where the key comes from, for logs (never the key): `key_file` when set, else "STRIPE_API_KEY" when
+// `env_value` is set, else `default_file` when it exists, else empty.
+std::string stripe_key_source(const std::string& key_file, const char* env_value,
+                              const std::string& default_file = default_stripe_key_file);
+
+// The key, with one precedence: `key_file` (--stripe-key-file / CHARGEGUARD_STRIPE_KEY_FILE, trailing
+// whitespace trimmed), else `env_value` (STRIPE_API_KEY), else `default_file` if it exists.
+result<std::string> read_stripe_key(const std::string& key_file, const char* env_value,
+                                    const std::string& default_file = default_stripe_key_file);
 
 // Validates and converts, reading the key (from the environment's STRIPE_API_KEY unless a key file is
 // given). Throws CLI::ValidationError with a clear message; never echoes the key.

@@ -1,15 +1,26 @@
 #!/bin/bash
 # The sidecar image, built and run for real with podman (../../../shared/specs/containers.md): a debootstrapped
 # local base image (cached under the build dir), `podman build --format docker` of the top-level Dockerfile,
-# then a pod holding the real nsqd and the chargeguard image, with PostgreSQL (the test server) and fake-stripe
-# over TLS beside it. Events published to nsqd are charged exactly once (checked by `chargeguard reconcile`),
-# `podman healthcheck run` is healthy, and stopping the pod ends chargeguard (PID 1) with exit 0 within the
-# grace period. Prints the image size.
+# then:
+# - the image's labels (OCI version, revision, licenses), its user, HEALTHCHECK, and a non-empty system CA
+#   bundle (/etc/ssl/certs/ca-certificates.crt from Debian's ca-certificates);
+# - trust only through the system store: a derived image adds the test CA the Debian way
+#   (/usr/local/share/ca-certificates + update-ca-certificates) and nothing sets CHARGEGUARD_STRIPE_CA_FILE.
+#   The shipped image refuses fake-stripe's certificate; the derived one charges through it;
+# - a pod holding the real nsqd and chargeguard, with PostgreSQL (the test server) and fake-stripe over TLS
+#   beside it: events published twice are charged exactly once (checked by `chargeguard reconcile` run in the
+#   image), `podman healthcheck run` is healthy, and stopping the pod ends chargeguard (PID 1) with exit 0
+#   within the grace period;
+# - the container commands of docs/operating/deployment.md, extracted from the document and run as written
+#   (the Stripe key from STRIPE_API_KEY, then from the default secret file), each charging its events;
+# - deploy/kubernetes/chargeguard.yaml under `podman kube play`.
+# Prints the image size.
 #
 # usage: run.sh SOURCE_ROOT BUILD_DIR      (meson passes both; env: PGHOST…, NSQD_BIN, CG_TEST_CERTS,
 #                                           CHARGEGUARD_EXE, FAKE_STRIPE_EXE)
 # Skips (exit 77, one "skipped: …" line) without PostgreSQL, the real nsqd, or podman/runc/debootstrap; as root
-# in CI (CI or CHARGEGUARD_CI set) it installs those packages first.
+# in CI (CI or CHARGEGUARD_CI set) it installs those packages first. The documented commands name the image
+# `chargeguard`, so the test tags localhost/chargeguard:latest while they run and removes that tag after.
 set -uo pipefail
 src=$(cd "$1" && pwd)
 build=$(cd "$2" && pwd)
@@ -50,13 +61,20 @@ id=cg$$
 pod=$id-pod
 db=cg_container_$$
 image=localhost/chargeguard:test
+trusting=localhost/chargeguard-test-ca:test
+doc_tag=localhost/chargeguard:latest
 base=localhost/debian:bookworm-slim
 fake_pid=
+doc_cids=
 
 cleanup() {
   podman pod rm -f "$pod" >/dev/null 2>&1
+  for c in $doc_cids; do podman rm -f "$c" >/dev/null 2>&1; done
+  podman untag "$trusting" "$doc_tag" >/dev/null 2>&1
+  podman rmi "$trusting" >/dev/null 2>&1
   [ -n "$fake_pid" ] && kill "$fake_pid" 2>/dev/null
   psql -q -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1
+  psql -q -d postgres -c "DROP DATABASE IF EXISTS ${db}_doc WITH (FORCE)" >/dev/null 2>&1
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -95,10 +113,14 @@ fi
 # stripped, with the shared libraries ldd finds for it (the Dockerfile's BUILD=context), so CI tests the
 # runtime image — libraries, user, HEALTHCHECK, PID 1, SIGTERM — in a minute.
 mkdir -p "$cache/ccache"
+# OCI labels: the project's version, this checkout's commit.
+version=$(sed -n "s/^ *version : '\([^']*\)'.*/\1/p" "$src/meson.build" | head -1)
+revision=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)
+labels=(--build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "SOURCE=file://chargeguard")
 t0=$(date +%s)
 if [ "${CHARGEGUARD_CONTAINER_BUILD:-context}" = source ]; then
   step "podman build BUILD=source (the builder compiles only the chargeguard executable)"
-  podman build --format docker --build-arg BASE="$base" -v "$cache/ccache:/ccache" -t "$image" \
+  podman build --format docker --build-arg BASE="$base" "${labels[@]}" -v "$cache/ccache:/ccache" -t "$image" \
     -f "$src/Dockerfile" "$src" >"$work/build.log" 2>&1 || {
     tail -40 "$work/build.log"
     fail "podman build"
@@ -108,12 +130,12 @@ else
   ctx=$work/context
   mkdir -p "$ctx/prebuilt/usr/local/bin" "$ctx/prebuilt/usr/lib"
   strip -o "$ctx/prebuilt/usr/local/bin/chargeguard" "$CHARGEGUARD_EXE" || fail "strip"
-  # The same filter as the Dockerfile's builder: everything ldd lists but what the base image has.
+  # The same filter as the Dockerfile's builder: everything ldd lists but what the runtime stage has.
   ldd "$CHARGEGUARD_EXE" | awk '/=> \// {print $3}' |
-    grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+    grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libssl|libcrypto)\.so' |
     xargs -I{} cp -L {} "$ctx/prebuilt/usr/lib/" || fail "collecting shared libraries"
   cp "$src/Dockerfile" "$ctx/Dockerfile"
-  podman build --format docker --build-arg BASE="$base" --build-arg BUILD=context -t "$image" "$ctx" \
+  podman build --format docker --build-arg BASE="$base" --build-arg BUILD=context "${labels[@]}" -t "$image" "$ctx" \
     >"$work/build.log" 2>&1 || {
     tail -40 "$work/build.log"
     fail "podman build"
@@ -128,6 +150,35 @@ case "$(podman image inspect --format '{{json .Config.Healthcheck}}' "$image")" 
   *"chargeguard"*probe*healthz*) ;;
   *) fail "HEALTHCHECK missing from the image (built without --format docker?)" ;;
 esac
+label() { podman image inspect --format "{{index .Labels \"org.opencontainers.image.$1\"}}" "$image"; }
+[ "$(label version)" = "$version" ] || fail "label version is '$(label version)', not $version"
+[ "$(label revision)" = "$revision" ] || fail "label revision is '$(label revision)', not $revision"
+[ "$(label licenses)" = Apache-2.0 ] || fail "label licenses is '$(label licenses)'"
+[ -n "$(label source)" ] || fail "no source label"
+# The image presets no Stripe key source: STRIPE_API_KEY and the default secret file must both work.
+case "$(podman image inspect --format '{{json .Config.Env}}' "$image")" in
+  *STRIPE*) fail "the image presets a Stripe setting: $(podman image inspect --format '{{json .Config.Env}}' "$image")" ;;
+esac
+
+# --- the system trust store ---------------------------------------------------------------------------
+# The shipped image carries Debian's bundle (OpenSSL's default verify paths).
+certs=$(podman run --rm --entrypoint /bin/sh "$image" -c \
+  'test -s /etc/ssl/certs/ca-certificates.crt && grep -c "BEGIN CERTIFICATE" /etc/ssl/certs/ca-certificates.crt') ||
+  fail "the image has no /etc/ssl/certs/ca-certificates.crt"
+[ "$certs" -gt 50 ] || fail "the image's CA bundle holds only $certs certificates"
+echo "system CA bundle: $certs certificates"
+# A derived image trusting the test CA the Debian way; chargeguard gets no CA file anywhere below, so a
+# verified connection to fake-stripe proves the system store is what Stripe TLS uses.
+mkdir -p "$work/trust"
+cp "$CG_TEST_CERTS/ca.pem" "$work/trust/chargeguard-test-ca.crt" || fail "no test CA in $CG_TEST_CERTS"
+printf '%s\n' "FROM $image" "USER root" \
+  "COPY chargeguard-test-ca.crt /usr/local/share/ca-certificates/chargeguard-test-ca.crt" \
+  "RUN update-ca-certificates" "USER 10001:10001" >"$work/trust/Containerfile"
+podman build -q --format docker -t "$trusting" -f "$work/trust/Containerfile" "$work/trust" >"$work/trust/build.log" 2>&1 || {
+  cat "$work/trust/build.log"
+  fail "derived image with the test CA"
+}
+[ "$(podman image inspect --format '{{.Config.User}}' "$trusting")" = "10001:10001" ] || fail "derived image is not non-root"
 
 # --- neighbours: PostgreSQL database, fake-stripe over TLS, the pod with nsqd ----------------------------
 psql -q -d postgres -c "CREATE DATABASE $db" || fail "create database"
@@ -144,7 +195,6 @@ nsqd_http=$(free_port)
 health=$(free_port)
 mkdir -p "$work/secrets"
 printf 'sk_test_container_never_logged\n' >"$work/secrets/stripe_api_key"
-cp "$CG_TEST_CERTS/ca.pem" "$work/secrets/stripe-ca.pem"
 chmod 755 "$work/secrets"
 chmod 444 "$work/secrets/"*
 
@@ -157,18 +207,16 @@ podman run -d --pod "$pod" --name "$id-nsqd" -v "$NSQD_BIN:/usr/local/bin/nsqd:r
   >/dev/null || fail "nsqd container"
 podman run -d --pod "$pod" --name "$id-cg" --read-only \
   -v "$work/secrets/stripe_api_key:/run/secrets/stripe_api_key:ro" \
-  -v "$work/secrets/stripe-ca.pem:/run/secrets/stripe-ca.pem:ro" \
   -e CHARGEGUARD_TOPIC=billing -e CHARGEGUARD_CHANNEL=chargeguard \
   -e CHARGEGUARD_NSQD_TCP_ADDRESS=127.0.0.1:$nsqd_tcp \
   -e CHARGEGUARD_PG_DSN="host=127.0.0.1 port=$PGPORT user=${PGUSER:-postgres} dbname=$db" \
   -e CHARGEGUARD_MIGRATE=true \
   -e CHARGEGUARD_STRIPE_API_BASE=https://127.0.0.1:$stripe_port \
-  -e CHARGEGUARD_STRIPE_CA_FILE=/run/secrets/stripe-ca.pem \
   -e CHARGEGUARD_HEALTH_LISTEN=127.0.0.1:$health \
   -e CHARGEGUARD_KEY_NAMESPACE=container \
   -e CHARGEGUARD_SHUTDOWN_TIMEOUT=20 \
   --health-cmd "/usr/local/bin/chargeguard probe --timeout 2 http://127.0.0.1:$health/healthz" \
-  "$image" consume >/dev/null 2>"$work/run-cg.err" || {
+  "$trusting" consume >/dev/null 2>"$work/run-cg.err" || {
   cat "$work/run-cg.err"
   fail "chargeguard container"
 }
@@ -203,15 +251,31 @@ for _ in $(seq 300); do
   sleep 0.2
 done
 [ "$charged" = "$n" ] || fail "$charged of $n events charged"
-# Every customer charged exactly once at Stripe and in the ledger: reconcile from the host exits 0.
-STRIPE_API_KEY=sk_test_container_never_logged "$CHARGEGUARD_EXE" reconcile --expected "$work/events.jsonl" \
-  --period 2026-11 --key-namespace container --pg-dsn "dbname=$db" \
-  --stripe-api-base "https://127.0.0.1:$stripe_port" --stripe-ca-file "$CG_TEST_CERTS/ca.pem" >"$work/reconcile.out" 2>&1 || {
+# Every customer charged exactly once at Stripe and in the ledger: reconcile, run in the images with no CA
+# file. The shipped image (Debian's roots only) must refuse fake-stripe's certificate; the derived image
+# (the test CA added to the system store) verifies it and finds every customer ok.
+cp "$work/events.jsonl" "$work/secrets/events.jsonl" && chmod 444 "$work/secrets/events.jsonl"
+reconcile_in() {
+  STRIPE_API_KEY=sk_test_container_never_logged podman run --rm --network host --read-only -e STRIPE_API_KEY \
+    -v "$work/secrets/events.jsonl:/events.jsonl:ro" "$1" reconcile --expected /events.jsonl \
+    --period 2026-11 --key-namespace container \
+    --pg-dsn "host=127.0.0.1 port=$PGPORT user=${PGUSER:-postgres} dbname=$db" \
+    --stripe-api-base "https://127.0.0.1:$stripe_port"
+}
+if reconcile_in "$image" >"$work/reconcile-shipped.out" 2>&1; then
+  fail "the shipped image trusted fake-stripe's test CA: $(tail -3 "$work/reconcile-shipped.out")"
+fi
+grep -qi "certificate" "$work/reconcile-shipped.out" || {
+  tail -5 "$work/reconcile-shipped.out"
+  fail "the shipped image failed against fake-stripe, but not on its certificate"
+}
+echo "shipped image against the test CA: $(grep -io '[^"]*certificate[^"]*' "$work/reconcile-shipped.out" | head -1)"
+reconcile_in "$trusting" >"$work/reconcile.out" 2>&1 || {
   cat "$work/reconcile.out"
-  fail "reconcile found unexplained items"
+  fail "reconcile (system store with the test CA) found unexplained items or failed"
 }
 grep -q "^ok  *$n\$" "$work/reconcile.out" || fail "reconcile did not count $n ok: $(cat "$work/reconcile.out")"
-step "$n events charged once each (published twice)"
+step "$n events charged once each (published twice), Stripe trusted through the system store only"
 
 rss=$(podman exec "$id-cg" sh -c 'grep VmHWM /proc/1/status' | awk '{print $2}')
 # utime + stime of PID 1 (clock ticks, 100 per second): startup, migrations and the 2 × $n deliveries.
@@ -235,9 +299,94 @@ grep -q '"msg":"shutdown complete".*"clean":true' "$work/cg.log" || fail "no cle
 if grep -q sk_test_container_never_logged "$work/cg.log"; then fail "the Stripe key was logged"; fi
 step "pod stopped in ${took}s, chargeguard exit 0"
 
+# --- docs/operating/deployment.md's container commands, as written ---------------------------------------
+# Each block after a "<!-- container-test: NAME -->" line is extracted from the document and run by bash,
+# unchanged, in a directory holding the key file it reads (./stripe_api_key), with the variables the document
+# asks the reader to set (PG*, NSQD, HEALTH). The image it names, `chargeguard`, is the derived image (the test
+# CA in its system store), and a site-wide containers.conf points its containers at fake-stripe
+# (CHARGEGUARD_STRIPE_API_BASE in containers.conf's env list), so the commands need no test-only flag. Each
+# must start chargeguard, read the key from the source the document names, charge its events, and stop with
+# exit 0.
+doc_block() {
+  python3 - "$src/docs/operating/deployment.md" "$1" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"<!-- container-test: " + re.escape(sys.argv[2]) + r" -->\s*```sh\n(.*?)```", text, re.S)
+if not m:
+    sys.exit("docs/operating/deployment.md has no container-test block " + sys.argv[2])
+print(m.group(1), end="")
+PY
+}
+podman tag "$trusting" "$doc_tag" || fail "tag $doc_tag"
+psql -q -d postgres -c "CREATE DATABASE ${db}_doc" || fail "create database ${db}_doc"
+docdir=$work/doc
+mkdir -p "$docdir"
+printf 'sk_test_container_never_logged\n' >"$docdir/stripe_api_key"
+chmod 444 "$docdir/stripe_api_key"
+{
+  sed -n '1,/^\[engine\]/{/^\[engine\]/!p}' "$work/containers.conf"
+  echo "env = [\"CHARGEGUARD_STRIPE_API_BASE=https://127.0.0.1:$stripe_port\"]"
+  sed -n '/^\[engine\]/,$p' "$work/containers.conf"
+} >"$work/containers-doc.conf"
+doc_nsqd=$(free_port)
+doc_nsqd_http=$(free_port)
+doc_health=$(free_port)
+nsqd_cid=$(podman run -d --network host -v "$NSQD_BIN:/usr/local/bin/nsqd:ro" "$base" /usr/local/bin/nsqd \
+  --tcp-address=127.0.0.1:$doc_nsqd --http-address=127.0.0.1:$doc_nsqd_http --data-path=/tmp) || fail "nsqd container"
+doc_cids="$doc_cids $nsqd_cid"
+
+doc_run() { # NAME KEY_SOURCE: run the block, charge 10 events, stop; the log names KEY_SOURCE
+  local name=$1 from=$2 out cid i ready= charged=0 code
+  doc_block "$name" >"$work/doc-$name.sh" || fail "no '$name' block in docs/operating/deployment.md"
+  out=$(cd "$docdir" && env -u STRIPE_API_KEY -u PGPASSWORD CONTAINERS_CONF="$work/containers-doc.conf" \
+    PGHOST=127.0.0.1 PGPORT="$PGPORT" PGUSER="${PGUSER:-postgres}" PGDATABASE="${db}_doc" \
+    NSQD="127.0.0.1:$doc_nsqd" HEALTH="127.0.0.1:$doc_health" bash -eu "$work/doc-$name.sh" 2>"$work/doc-$name.err") || {
+    cat "$work/doc-$name.err"
+    fail "the documented '$name' command failed"
+  }
+  cid=$(printf '%s\n' "$out" | tail -1) # `podman run -d` prints the container id
+  doc_cids="$doc_cids $cid"
+  for _ in $(seq 150); do
+    "$CHARGEGUARD_EXE" probe --timeout 1 "http://127.0.0.1:$doc_health/readyz" >/dev/null 2>&1 && ready=1 && break
+    sleep 0.2
+  done
+  [ -n "$ready" ] || {
+    podman logs "$cid" 2>&1 | tail -5
+    fail "'$name': chargeguard never became ready"
+  }
+  for i in $(seq 1 10); do
+    printf '{"customer_id":"%s-%d","billing_period":"2026-11","amount_cents":%d,"currency":"usd","stripe_customer_id":"cus_doc"}\n' "$name" "$i" $((500 + i))
+  done >"$work/doc-$name.jsonl"
+  podman exec -i "$cid" chargeguard publish --nsqd-tcp-address 127.0.0.1:$doc_nsqd --topic billing - \
+    <"$work/doc-$name.jsonl" >/dev/null 2>&1 || fail "'$name': publish"
+  for _ in $(seq 300); do
+    charged=$(psql -tA -d "${db}_doc" -c "SELECT count(*) FROM billing_records WHERE status = 'charged' AND customer_id LIKE '$name-%'" 2>/dev/null || echo 0)
+    [ "$charged" = 10 ] && break
+    sleep 0.2
+  done
+  [ "$charged" = 10 ] || fail "'$name': $charged of 10 events charged"
+  podman stop -t 30 "$cid" >/dev/null 2>&1 || fail "'$name': stop"
+  code=$(podman inspect --format '{{.State.ExitCode}}' "$cid")
+  podman logs "$cid" >"$work/doc-$name.log" 2>&1
+  [ "$code" = 0 ] || {
+    tail -5 "$work/doc-$name.log"
+    fail "'$name': chargeguard exited $code"
+  }
+  grep -q "\"stripe_key_from\":\"$from\"" "$work/doc-$name.log" || {
+    grep -m1 'consume starting' "$work/doc-$name.log"
+    fail "'$name': the key did not come from $from"
+  }
+  if grep -q sk_test_container_never_logged "$work/doc-$name.log"; then fail "'$name': the Stripe key was logged"; fi
+  step "documented '$name' command: 10 events charged, key from $from, exit 0"
+}
+doc_run env-key STRIPE_API_KEY
+doc_run secret-file /run/secrets/stripe_api_key
+podman untag "$trusting" "$doc_tag" >/dev/null 2>&1
+
 # --- the Kubernetes manifest under `podman kube play` ----------------------------------------------------
 # deploy/kubernetes/chargeguard.yaml as it is (tests/deploy/kube-play-prep.mjs: replicas 1, container ports on
-# free host ports, the Job left out, the Secrets in the two forms podman 4.3 reads), with the image just built
+# free host ports, the native sidecar as an ordinary container since podman 4.3 runs init containers to
+# completion, the PodDisruptionBudget left out, the Secrets in the two forms podman 4.3 reads), with the image just built
 # under the manifest's name and a stand-in for the billing app. Its nsqlookupd and PostgreSQL names do not
 # resolve here, so the sidecar must come up live (/healthz 200, the Stripe key read from the Secret file,
 # read-only root, non-root) and not ready (/readyz 503).
@@ -284,6 +433,10 @@ if command -v node >/dev/null && [ -d "$src/tests/deploy/node_modules/yaml" ]; t
   }
   if podman exec "$cg" chargeguard probe --timeout 1 http://127.0.0.1:9180/readyz >/dev/null 2>&1; then
     fail "kube play: ready without nsqd and PostgreSQL"
+  fi
+  # The startup probe's endpoint must not pass before PostgreSQL and nsqd were reached.
+  if podman exec "$cg" chargeguard probe --timeout 1 http://127.0.0.1:9180/startupz >/dev/null 2>&1; then
+    fail "kube play: /startupz passed without nsqd and PostgreSQL"
   fi
   [ "$(podman exec "$cg" id -u)" = 10001 ] || fail "kube play: not running as 10001"
   if podman exec "$cg" sh -c 'echo x >/probe-write' 2>/dev/null; then fail "kube play: root filesystem is writable"; fi

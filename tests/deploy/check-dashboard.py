@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""deploy/grafana/chargeguard.json: valid JSON, the panels the issue lists, and every chargeguard_* metric its
-queries use is one the source exports (so a renamed metric cannot leave a dashboard silently empty).
+"""deploy/grafana/chargeguard.json: valid JSON, the panels the issue lists, every chargeguard_* metric its
+queries use is one the source exports (so a renamed metric cannot leave a dashboard silently empty), and,
+where promtool is installed, every query is valid PromQL (checked as a recording rule, $instance → .*).
 usage: check-dashboard.py SOURCE_ROOT"""
-import json, os, re, sys
+import json, os, re, shutil, subprocess, sys, tempfile
 
 root = sys.argv[1]
 dash = json.load(open(os.path.join(root, "deploy/grafana/chargeguard.json")))
@@ -14,7 +15,8 @@ for d, _, files in os.walk(os.path.join(root, "src")):
 fail = []
 titles = [p["title"] for p in dash["panels"]]
 for want in ["Event-loop lag", "Messages by outcome", "Charges per second", "Duplicates prevented", "Stripe latency",
-             "Stripe outcome classes", "Requeues by reason", "Pending ledger rows", "In-flight cap utilisation"]:
+             "Stripe outcome classes", "Requeues by reason", "Pending ledger rows", "In-flight cap utilisation",
+             "PostgreSQL errors", "Stripe throttling", "Vault cap utilisation", "Vault requests and reservations"]:
     if want not in titles:
         fail.append("missing panel " + want)
 for p in dash["panels"]:
@@ -23,6 +25,20 @@ for p in dash["panels"]:
             base = re.sub(r"_(bucket|sum|count)$", "", m)
             if m not in exported and base not in exported:
                 fail.append(f"{p['title']}: {m} is not exported by src/")
+ids = [p["id"] for p in dash["panels"]]
+if len(ids) != len(set(ids)):
+    fail.append("panel ids are not unique")
+if shutil.which("promtool"):
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as rules:
+        rules.write("groups:\n  - name: dashboard\n    rules:\n")
+        for p in dash["panels"]:
+            for t in p["targets"]:
+                rules.write("      - record: dashboard:query\n        expr: %s\n"
+                            % json.dumps(t["expr"].replace("$instance", ".*")))
+    r = subprocess.run(["promtool", "check", "rules", rules.name], capture_output=True, text=True)
+    os.unlink(rules.name)
+    if r.returncode != 0:
+        fail.append("a query is not valid PromQL: " + (r.stdout + r.stderr).strip().replace("\n", " | "))
 for f in fail:
     print("FAIL:", f)
 if fail:

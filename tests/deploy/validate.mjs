@@ -1,15 +1,19 @@
 // Offline validation of deploy/kubernetes/*.yaml: every document against the Kubernetes schemas
-// (kubernetes-models), plus the properties the sidecar relies on (probes, grace period, secrets as files,
-// non-root, read-only root, resources, a once-per-release migrate Job). Exit 0 when all hold.
+// (kubernetes-models; the PodMonitor against prometheus-operator's), plus the properties the sidecar relies
+// on: a native sidecar (an init container with restartPolicy Always), its probes (startup on /startupz,
+// liveness on /healthz, no readiness that could take the app out of its Service), grace period, secrets as
+// files, non-root, read-only root, resources, migrations at start under the advisory lock, a
+// PodDisruptionBudget and a PodMonitor selecting the pod's health port. Exit 0 when all hold.
 import { readFileSync, readdirSync } from "node:fs";
 import { join } from "node:path";
 import { parseAllDocuments } from "yaml";
 import { ConfigMap, Secret } from "kubernetes-models/v1";
 import { Deployment } from "kubernetes-models/apps/v1";
-import { Job } from "kubernetes-models/batch/v1";
+import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
+import { PodMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1";
 
 const dir = process.argv[2];
-const models = { ConfigMap, Secret, Deployment, Job };
+const models = { ConfigMap, Secret, Deployment, PodDisruptionBudget, PodMonitor };
 const failures = [];
 const check = (ok, what) => { if (!ok) failures.push(what); };
 const docs = [];
@@ -29,23 +33,28 @@ const shutdown = Number(config.CHARGEGUARD_SHUTDOWN_TIMEOUT ?? 30);
 const deployment = byKind("Deployment")[0];
 check(deployment, "a Deployment");
 const pod = deployment?.spec?.template?.spec ?? {};
-const cg = (pod.containers ?? []).find((c) => c.name === "chargeguard");
-check(cg, "a chargeguard container");
-check((pod.containers ?? []).length >= 2, "the billing app's container beside the sidecar");
+const all = [...(pod.initContainers ?? []), ...(pod.containers ?? [])];
+const cg = (pod.initContainers ?? []).find((c) => c.name === "chargeguard");
+check(cg, "chargeguard as an init container (a native sidecar)");
+check(!(pod.containers ?? []).some((c) => c.name === "chargeguard"), "chargeguard not among the app's containers");
+check((pod.containers ?? []).length >= 1, "the billing app's container beside the sidecar");
 check(pod.terminationGracePeriodSeconds > shutdown, `terminationGracePeriodSeconds > --shutdown-timeout (${shutdown})`);
 check(pod.securityContext?.runAsNonRoot === true, "pod runAsNonRoot");
-for (const c of pod.containers ?? []) {
+for (const c of all) {
   check(c.securityContext?.readOnlyRootFilesystem === true, `${c.name}: readOnlyRootFilesystem`);
   check(c.resources?.requests?.cpu && c.resources?.requests?.memory, `${c.name}: resource requests`);
   check(c.resources?.limits?.cpu && c.resources?.limits?.memory, `${c.name}: resource limits`);
   for (const e of c.env ?? []) check(!/KEY|PASSWORD|SECRET/.test(e.name) || e.valueFrom, `${c.name}: ${e.name} must come from a Secret`);
 }
 if (cg) {
-  check(cg.livenessProbe?.httpGet?.path === "/healthz", "liveness on /healthz");
-  check(cg.readinessProbe?.httpGet?.path === "/readyz", "readiness on /readyz");
-  check(cg.startupProbe?.httpGet, "a startup probe");
+  check(cg.restartPolicy === "Always", "the sidecar init container has restartPolicy Always (Kubernetes >= 1.29)");
+  check(cg.livenessProbe?.httpGet?.path === "/healthz", "liveness on /healthz (the event loop)");
+  check(cg.startupProbe?.httpGet?.path === "/startupz", "startup on /startupz (dependencies reachable once)");
+  check(!cg.readinessProbe || cg.readinessProbe.httpGet?.path === "/healthz",
+    "no readiness on dependency state (/readyz would take the app out of its Service)");
   check(!(cg.args ?? []).some((a) => a.includes("sk_") || a.includes("password")), "no secret on the command line");
-  check(!(cg.args ?? []).includes("--migrate"), "consume does not migrate (the Job does)");
+  check(config.CHARGEGUARD_MIGRATE === "true" || (cg.args ?? []).includes("--migrate"),
+    "consume migrates at start (under the advisory lock)");
   const keyFile = config.CHARGEGUARD_STRIPE_KEY_FILE ?? "";
   const mount = (cg.volumeMounts ?? []).find((m) => keyFile.startsWith(m.mountPath + "/"));
   check(mount?.readOnly, "the Stripe key file lies in a read-only mount");
@@ -53,10 +62,22 @@ if (cg) {
   check(vol?.secret?.secretName, "the Stripe key mount is a Secret volume");
   const port = (cg.ports ?? []).find((p) => p.name === "health")?.containerPort;
   check(config.CHARGEGUARD_HEALTH_LISTEN === `0.0.0.0:${port}`, "the health port the probes use is the one chargeguard listens on");
+  const ann = deployment.spec.template.metadata?.annotations ?? {};
+  check(ann["prometheus.io/scrape"] === "true" && ann["prometheus.io/port"] === String(port) &&
+    ann["prometheus.io/path"] === "/metrics", "prometheus.io scrape annotations on the health port");
 }
-const job = byKind("Job")[0];
-check(job?.spec?.template?.spec?.containers?.[0]?.args?.[0] === "migrate", "a migrate Job");
-check(/\d+-\d+-\d+$/.test(job?.metadata?.name ?? ""), "the migrate Job's name carries the release");
+const podLabels = deployment?.spec?.template?.metadata?.labels ?? {};
+const selects = (sel) => Object.entries(sel?.matchLabels ?? {}).length > 0 &&
+  Object.entries(sel.matchLabels).every(([k, v]) => podLabels[k] === v);
+check(byKind("Job").length === 0, "no migrate Job (replicas migrate at start)");
+const pdb = byKind("PodDisruptionBudget")[0];
+check(pdb && selects(pdb.spec?.selector), "a PodDisruptionBudget selecting the billing pods");
+check(pdb && (pdb.spec.maxUnavailable !== undefined || pdb.spec.minAvailable !== undefined), "the PodDisruptionBudget bounds disruptions");
+const pm = byKind("PodMonitor")[0];
+check(pm && selects(pm.spec?.selector), "a PodMonitor selecting the billing pods");
+check(pm?.spec?.podMetricsEndpoints?.some((e) => e.port === "health" && e.path === "/metrics"),
+  "the PodMonitor scrapes /metrics on the health port");
+check(/chargeguard/.test(pm?.metadata?.name ?? ""), "the PodMonitor's name gives a job the alerts select (.*chargeguard.*)");
 if (failures.length) {
   for (const f of failures) console.error("FAIL: " + f);
   process.exit(1);

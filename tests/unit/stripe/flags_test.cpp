@@ -27,6 +27,34 @@ BOOST_AUTO_TEST_CASE(key_from_env_and_errors) {
     BOOST_TEST(!read_stripe_key("", "sk_test with space").has_value());
 }
 
+// The default secret file is the last resort: read when it exists and nothing else names a key, ignored when
+// STRIPE_API_KEY is set, and not an error source when it is absent.
+BOOST_AUTO_TEST_CASE(default_secret_file_only_when_nothing_else_and_present) {
+    std::string path = "/tmp/cg-stripe-default-" + std::to_string(::getpid());
+    std::string missing = path + ".missing";
+    std::ofstream(path) << "sk_test_from_default\n";
+    auto k = read_stripe_key("", nullptr, path);
+    auto from_env = read_stripe_key("", "sk_test_env", path);
+    auto source = stripe_key_source("", nullptr, path);
+    auto env_source = stripe_key_source("", "sk_test_env", path);
+    std::remove(path.c_str());
+    BOOST_TEST_REQUIRE(k.has_value());
+    BOOST_TEST(*k == "sk_test_from_default");
+    BOOST_TEST(source == path);
+    BOOST_TEST_REQUIRE(from_env.has_value());
+    BOOST_TEST(*from_env == "sk_test_env");
+    BOOST_TEST(env_source == "STRIPE_API_KEY");
+    BOOST_TEST(stripe_key_source("", nullptr, missing).empty());
+    auto none = read_stripe_key("", nullptr, missing);
+    BOOST_TEST_REQUIRE(!none.has_value());
+    BOOST_TEST(none.err().message.find(missing) != std::string::npos);
+    // A named file that is missing is an error even when the default exists (no silent fallback).
+    std::ofstream(path) << "sk_test_from_default\n";
+    auto named = read_stripe_key("/nonexistent/key", nullptr, path);
+    std::remove(path.c_str());
+    BOOST_TEST(!named.has_value());
+}
+
 BOOST_AUTO_TEST_CASE(flags_parse_into_config) {
     CLI::App app;
     stripe_flags f;
