@@ -5,7 +5,7 @@
 CG_PACKAGES="meson ninja-build g++ pkg-config libasio-dev libssl-dev libpq-dev libsimdjson-dev
   libboost-test-dev libhttp-parser-dev libcli11-dev prometheus-cpp-dev postgresql
   postgresql-contrib openssl ca-certificates python3 procps clang clang-format libclang-rt-14-dev prometheus libsnappy-dev zlib1g-dev
-  nftables iproute2"
+  nftables iproute2 python3-yaml"
 
 install_packages() {
   local missing=()
