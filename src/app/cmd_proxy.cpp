@@ -173,6 +173,7 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
 void register_proxy(CLI::App& app, command_main& selected) {
     auto* cmd = app.add_subcommand(
         "proxy", "the spend-cap vault proxy: Stripe's API for vault keys, capped per period");
+    service_command(*cmd);
     auto f = std::make_shared<proxy_flags>();
     cmd->add_option("--listen", f->listen, "address for the Stripe-compatible API")->capture_default_str();
     cmd->add_option("--upstream", f->upstream, "Stripe API origin the proxy forwards to")

@@ -240,7 +240,7 @@ BOOST_FIXTURE_TEST_CASE(dead_letters_list_show_replay_then_charged_once, ops) {
             co_await run_cmd(c, argv("dead-letters", "show", std::to_string(id_a), "--pg-dsn", dsn())) == 0);
         BOOST_TEST(c->out().find(a) != std::string::npos, c->out());
         BOOST_TEST(c->out().find("stripe rejected: No such customer") != std::string::npos);
-        BOOST_TEST(co_await run_cmd(c, argv("dead-letters", "show", "999999", "--pg-dsn", dsn())) == 1);
+        BOOST_TEST(co_await run_cmd(c, argv("dead-letters", "show", "999999", "--pg-dsn", dsn())) == 2);
 
         auto replay = [&](auto... extra) {
             return argv("dead-letters", "replay", "--pg-dsn", dsn(), "--nsqd-tcp-address",
@@ -416,7 +416,7 @@ BOOST_FIXTURE_TEST_CASE(reconcile_publish_recovers_a_lost_tenth, ops) {
             crashed + "'");
 
         child* c = nullptr;
-        BOOST_TEST(co_await run_cmd(c, reconcile_args(file, period)) == 1, c->err());
+        BOOST_TEST(co_await run_cmd(c, reconcile_args(file, period)) == 2, c->err());
         auto first = parse_report(c->out());
         BOOST_TEST(first.classes["missing"] == 12);
         BOOST_TEST(first.classes["ok"] == 108);
@@ -499,7 +499,7 @@ BOOST_FIXTURE_TEST_CASE(reconcile_classifies_each_tampered_row, ops) {
             "', 1008, 'usd', 'cus_8', 'cap_blocked', 'spend cap exceeded')");
 
         child* c = nullptr;
-        BOOST_TEST(co_await run_cmd(c, reconcile_args(file, p)) == 1, c->err());
+        BOOST_TEST(co_await run_cmd(c, reconcile_args(file, p)) == 2, c->err());
         auto r = parse_report(c->out());
         const std::map<std::string, std::string> want = {
             {"c0", "ok"},
