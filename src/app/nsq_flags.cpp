@@ -157,6 +157,15 @@ nsq::nsq_security to_nsq_security(const nsq_security_flags& f, const char* env_s
     return s;
 }
 
+namespace {
+// As the environment variable holds them (the options' delimiter).
+std::string joined_addresses(const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& a : v) out += (out.empty() ? "" : ",") + a;
+    return out;
+}
+}  // namespace
+
 nsq::consumer_config to_consumer_config(const nsq_consumer_flags& f) {
     nsq::consumer_config c;
     c.topic = f.topic;
@@ -178,6 +187,17 @@ nsq::consumer_config to_consumer_config(const nsq_consumer_flags& f) {
     c.security = to_nsq_security(f.security, std::getenv("CHARGEGUARD_NSQ_AUTH_SECRET"));
     if (c.nsqd_tcp_addresses.empty() && c.lookupd_http_addresses.empty())
         throw usage_error("give --nsqd-tcp-address or --lookupd-http-address");
+    // An address kind given on the command line replaces the other kind coming from the environment (a
+    // debug shell with the ConfigMap's CHARGEGUARD_LOOKUPD_HTTP_ADDRESS, pointed at one nsqd).
+    auto from_env = [](const char* flag, const std::vector<std::string>& v) {
+        return !v.empty() && value_origin(flag, joined_addresses(v)).rfind("CHARGEGUARD_", 0) == 0;
+    };
+    if (!c.nsqd_tcp_addresses.empty() && !c.lookupd_http_addresses.empty()) {
+        bool nsqd_env = from_env("--nsqd-tcp-address", c.nsqd_tcp_addresses);
+        bool lookupd_env = from_env("--lookupd-http-address", c.lookupd_http_addresses);
+        if (lookupd_env && !nsqd_env) c.lookupd_http_addresses.clear();
+        if (nsqd_env && !lookupd_env) c.nsqd_tcp_addresses.clear();
+    }
     // As nsq_to_http: one source of nsqd addresses, or the consumer would join some nsqd twice.
     if (!c.nsqd_tcp_addresses.empty() && !c.lookupd_http_addresses.empty())
         throw usage_error(

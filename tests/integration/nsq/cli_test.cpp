@@ -110,11 +110,11 @@ BOOST_AUTO_TEST_CASE(tail_prints_json_lines_and_drains_on_sigterm) {
         nsqd.set_latency(milliseconds(5));  // keep messages in flight when SIGTERM lands
         for (int i = 0; i < 20000; ++i) nsqd.publish("tl", "{\"n\":" + std::to_string(i) + "}");
         auto out = temp_path("tail.out"), err = temp_path("tail.err");
-        auto pid =
-            spawn({"tail", "--topic", "tl", "--channel", "tailtest", "--nsqd-tcp-address", nsqd.tcp_address(),
-                   "--max-in-flight", "100", "--msg-timeout", "2s", "--heartbeat-interval", "1s",
-                   "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10"},
-                  out, err);
+        auto pid = spawn(
+            {"tail", "--topic", "tl", "--channel", "tailtest", "--take-from-channel", "--nsqd-tcp-address",
+             nsqd.tcp_address(), "--max-in-flight", "100", "--msg-timeout", "2s", "--heartbeat-interval",
+             "1s", "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10"},
+            out, err);
         BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("tl", "tailtest").finish_count >= 300; },
                                           seconds(10)));
         BOOST_TEST(nsqd.channel("tl", "tailtest").in_flight > 0);
