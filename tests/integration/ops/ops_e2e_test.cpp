@@ -436,7 +436,7 @@ BOOST_FIXTURE_TEST_CASE(reconcile_publish_recovers_a_lost_tenth, ops) {
         args.push_back(nsqd->tcp_address());
         args.push_back("--topic");
         args.push_back(topic);
-        BOOST_TEST(co_await run_cmd(c, args) == 1,
+        BOOST_TEST(co_await run_cmd(c, args) == 2,
                    c->err());  // re-published, not yet charged: still unexplained
         auto second = parse_report(c->out());
         BOOST_TEST(second.republished == 12);
@@ -520,7 +520,7 @@ BOOST_FIXTURE_TEST_CASE(reconcile_classifies_each_tampered_row, ops) {
         // The table names the same classes for a human.
         auto args = reconcile_args(file, p);
         args.erase(std::find(args.begin(), args.end(), "--json"));
-        BOOST_TEST(co_await run_cmd(c, args) == 1);
+        BOOST_TEST(co_await run_cmd(c, args) == 2);
         BOOST_TEST(c->out().find("5 unexplained, 0 re-published") != std::string::npos, c->out());
         BOOST_TEST(c->out().find("charge ch_gone does not exist at Stripe") != std::string::npos, c->out());
     });
@@ -571,5 +571,139 @@ BOOST_FIXTURE_TEST_CASE(consume_exports_oldest_pending_age_and_probe_answers, op
         co_await stop_cleanly(consumer);
         BOOST_TEST(co_await run_cmd(c, argv("probe", "--timeout", "1", base + "/healthz")) == 1, c->out());
         BOOST_TEST(co_await run_cmd(c, argv("probe", "not-a-url")) == 1, c->out());
+    });
+}
+
+namespace {
+
+// `explain --json` output, parsed: state, verdict, the ledger's charge id, and Stripe's charge id (--stripe).
+struct explained {
+    std::string state, verdict, ledger_charge, stripe_charge, ledger_status;
+    std::size_t letters = 0;
+};
+
+explained parse_explained(const std::string& out) {
+    explained x;
+    simdjson::dom::parser p;
+    simdjson::dom::element doc;
+    BOOST_TEST_REQUIRE(p.parse(out).get(doc) == simdjson::SUCCESS, out);
+    x.state = std::string(doc["state"].get_string().value());
+    x.verdict = std::string(doc["verdict"].get_string().value());
+    x.letters = doc["dead_letters"].get_array().value().size();
+    auto ledger = doc["ledger"];
+    if (!ledger.is_null()) {
+        x.ledger_status = std::string(ledger["status"].get_string().value());
+        if (!ledger["charge_id"].is_null())
+            x.ledger_charge = std::string(ledger["charge_id"].get_string().value());
+    }
+    auto stripe = doc["stripe"];
+    if (!stripe.is_null() && !stripe["charge_id"].is_null())
+        x.stripe_charge = std::string(stripe["charge_id"].get_string().value());
+    return x;
+}
+
+}  // namespace
+
+// `chargeguard explain` for every ledger state: a row charged by `consume` itself, rows written as the
+// pipeline leaves them (pending with a live lease, pending indeterminate, declined, cap-blocked), a key with
+// only a dead letter, and a key never seen. Each answers with its state, its one-line verdict and exit 0
+// (charged) or 2; --stripe finds the charge by the recovery search, also when the ledger lost the answer.
+BOOST_FIXTURE_TEST_CASE(explain_answers_for_every_ledger_state, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-08";
+        nsqd->publish(topic, event_json("x-charged", p, 1200, "cus_x"));
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
+                           consumer.err());
+        co_await stop_cleanly(consumer);
+        auto insert = [&](const std::string& customer, const std::string& cols, const std::string& values) {
+            return query(
+                "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+                "stripe_customer_id" +
+                cols + ") VALUES ('" + key_of(customer, p) + "', '" + customer + "', '" + p +
+                "', 1300, 'usd', 'cus_y'" + values + ")");
+        };
+        co_await insert("x-live",
+                        ", status, lease_until, lease_epoch, stripe_attempts, first_stripe_attempt_at",
+                        ", 'pending', now() + interval '10 minutes', 7, 1, now()");
+        co_await insert(
+            "x-indet", ", status, lease_until, indeterminate_since, stripe_attempts, first_stripe_attempt_at",
+            ", 'pending', now() - interval '1 minute', now() - interval '5 minutes', 1, "
+            "now() - interval '5 minutes'");
+        co_await insert("x-declined", ", status, last_error",
+                        ", 'declined', 'card_declined: insufficient funds'");
+        co_await insert("x-cap", ", status, last_error", ", 'cap_blocked', 'spend cap exceeded'");
+        co_await query(
+            "INSERT INTO dead_letters (topic, channel, nsq_message_id, attempts, raw_body, reason, "
+            "billing_key) "
+            "VALUES ('" +
+            topic + "', '" + channel + "', '0a1b2c3d4e5f6073', 5, convert_to('{}', 'UTF8'), " +
+            "'stripe rejected: No such customer', '" + key_of("x-dead", p) + "')");
+
+        auto explain = [&](const std::string& customer, std::vector<std::string> extra = {}) {
+            auto a = argv("explain", "--customer", customer, "--period", p, "--key-namespace", key_namespace,
+                          "--pg-dsn", dsn(), "--json");
+            a.insert(a.end(), extra.begin(), extra.end());
+            return a;
+        };
+        struct want {
+            std::string customer, state, verdict_prefix;
+            int code;
+        };
+        const std::vector<want> table = {
+            {"x-charged", "charged", "charged once: ch_", 0},
+            {"x-live", "pending", "pending: lease held (epoch 7) until ", 2},
+            {"x-indet", "pending", "pending, indeterminate since ", 2},
+            {"x-declined", "declined", "declined: card_declined: insufficient funds", 2},
+            {"x-cap", "cap_blocked", "cap-blocked: spend cap exceeded", 2},
+            {"x-dead", "dead_lettered",
+             "dead-lettered: stripe rejected: No such customer; replay with chargeguard "
+             "dead-letters replay ",
+             2},
+            {"x-unknown", "never_seen", "never seen: ", 2},
+        };
+        child* c = nullptr;
+        std::string charged_id;
+        for (const auto& w : table) {
+            BOOST_TEST_CONTEXT(w.customer) {
+                BOOST_TEST(co_await run_cmd(c, explain(w.customer)) == w.code, c->err());
+                auto x = parse_explained(c->out());
+                BOOST_TEST(x.state == w.state);
+                BOOST_TEST(x.verdict.rfind(w.verdict_prefix, 0) == 0u, x.verdict);
+                if (w.state == "charged") charged_id = x.ledger_charge;
+            }
+        }
+        BOOST_TEST_REQUIRE(charges_by_key()[key_of("x-charged", p)].size() == 1u);
+        BOOST_TEST(charged_id == charges_by_key()[key_of("x-charged", p)].front());
+
+        // The text form ends with the verdict line; --key finds the same row.
+        BOOST_TEST(
+            co_await run_cmd(c, argv("explain", "--key", key_of("x-charged", p), "--pg-dsn", dsn())) == 0,
+            c->err());
+        BOOST_TEST(c->out().find("verdict: charged once: " + charged_id) != std::string::npos, c->out());
+
+        // --stripe: the recovery search finds the charge; with the ledger's answer lost (the row set back to
+        // pending, as a crash after Stripe answered leaves it) it still does, and says recovery records it.
+        auto s = stripe_args();
+        s.insert(s.begin(), "--stripe");
+        BOOST_TEST(co_await run_cmd(c, explain("x-charged", s)) == 0, c->err());
+        BOOST_TEST(parse_explained(c->out()).stripe_charge == charged_id);
+        co_await query(
+            "UPDATE billing_records SET status = 'pending', charge_id = NULL, lease_until = now() - interval "
+            "'1 minute', indeterminate_since = now() WHERE key = '" +
+            key_of("x-charged", p) + "'");
+        BOOST_TEST(co_await run_cmd(c, explain("x-charged", s)) == 2, c->err());
+        auto lost = parse_explained(c->out());
+        BOOST_TEST(lost.state == "pending");
+        BOOST_TEST(lost.stripe_charge == charged_id);
+        BOOST_TEST(lost.verdict.find("Stripe already holds " + charged_id) != std::string::npos,
+                   lost.verdict);
+        // A customer Stripe has nothing for: searched, nothing found.
+        BOOST_TEST(co_await run_cmd(c, explain("x-declined", s)) == 2, c->err());
+        BOOST_TEST(parse_explained(c->out()).stripe_charge.empty());
+        BOOST_TEST(c->err().find(stripe_key) == std::string::npos);
     });
 }
