@@ -295,6 +295,28 @@ BOOST_AUTO_TEST_CASE(sanity_limits) {
          "CHARGEGUARD_NSQ_AUTH_SECRET_FILE=" + dir + ": is a directory",
          ""},
     });
+    auto not_pem = write_file("not-pem.key", "just some text\n");
+    auto cert = write_file("cert.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+    check({
+        {"a proxy TLS key that is a directory",
+         {"proxy", "--tls-cert", cert, "--tls-key", dir},
+         stripe_key,
+         78,
+         "--tls-key " + dir + ": is a directory",
+         ""},
+        {"a proxy TLS key that is not PEM",
+         {"proxy", "--tls-cert", cert, "--tls-key", not_pem},
+         stripe_key,
+         78,
+         "not a PEM private key",
+         "just some text"},
+        {"a proxy duration in Go syntax, then a bad one",
+         {"proxy", "--upstream-timeout", "45s", "--read-timeout", "x"},
+         stripe_key,
+         64,
+         "--read-timeout x: not a duration",
+         ""},
+    });
     if (::geteuid() != 0) {
         auto locked = write_file("locked-secret", "s3cret\n");
         ::chmod(locked.c_str(), 0);
