@@ -293,10 +293,19 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
     auto* dl =
         app.add_subcommand("dead-letters", "inspect dead letters and replay them once their cause is fixed");
     dl->require_subcommand(1);
+    dl->footer(
+        "Examples:\n"
+        "  chargeguard dead-letters list --reason stripe\n"
+        "  chargeguard dead-letters show 17\n"
+        "  chargeguard dead-letters replay 17 --nsqd-tcp-address nsqd:4150\n");
 
     auto lf = std::make_shared<letters_list_flags>();
     auto* list = dl->add_subcommand("list", "list dead letters not replayed yet (oldest first)");
     add_pg_flags(*list, lf->pg, false);
+    list->footer(
+        "Examples:\n"
+        "  chargeguard dead-letters list\n"
+        "  chargeguard dead-letters list --reason stripe --all --json\n");
     list->add_option("--reason", lf->reason, "only letters whose reason starts with this");
     list->add_flag("--all", lf->all, "include letters already replayed");
     list->add_option("--limit", lf->limit, "at most this many")
@@ -314,6 +323,10 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
     auto sf = std::make_shared<letters_show_flags>();
     auto* show = dl->add_subcommand("show", "print one dead letter with its body");
     add_pg_flags(*show, sf->pg, false);
+    show->footer(
+        "Examples:\n"
+        "  chargeguard dead-letters show 17\n"
+        "  chargeguard dead-letters show 17 --json\n");
     show->add_option("ID", sf->id, "dead letter id")->required();
     show->add_flag("--json", sf->json, "as one JSON object");
     show->callback([&selected, sf] {

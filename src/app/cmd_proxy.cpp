@@ -180,6 +180,12 @@ void register_proxy(CLI::App& app, command_main& selected) {
     auto* cmd = app.add_subcommand(
         "proxy", "the spend-cap vault proxy: Stripe's API for vault keys, capped per period");
     service_command(*cmd);
+    cmd->footer(
+        "Examples:\n"
+        "  chargeguard proxy --listen 0.0.0.0:8420 --stripe-key-file /run/secrets/stripe_api_key --migrate\n"
+        "  chargeguard proxy --tls-cert vault.pem --tls-key vault.key --upstream-timeout 45s\n"
+        "Durations: 250ms, 30s, 1m30s (a bare number is seconds). Every flag also reads "
+        "CHARGEGUARD_<FLAG>.\n");
     auto f = std::make_shared<proxy_flags>();
     cmd->add_option("--listen", f->listen, "address for the Stripe-compatible API")->capture_default_str();
     cmd->add_option("--upstream", f->upstream, "Stripe API origin the proxy forwards to")
