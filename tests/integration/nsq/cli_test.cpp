@@ -213,3 +213,36 @@ BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
         ::unlink(err.c_str());
     });
 }
+
+// --max-messages N takes at most N: RDY never above N (max_in_flight = min(--max-in-flight, N)), exactly N
+// FINs, and anything received past the N-th printed is REQueued at once (timeout 0), never FINed.
+BOOST_AUTO_TEST_CASE(tail_max_messages_takes_at_most_that_many) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd nsqd(ex);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        nsqd.record_commands(true);
+        for (int i = 0; i < 50; ++i) nsqd.publish("tm", "{\"n\":" + std::to_string(i) + "}");
+        auto out = temp_path("tm.out"), err = temp_path("tm.err");
+        auto pid = spawn(
+            {"tail", "--topic", "tm", "--channel", "tm#ephemeral", "--nsqd-tcp-address", nsqd.tcp_address(),
+             "--max-messages", "5", "--max-in-flight", "100", "--health-listen", "127.0.0.1:0"},
+            out, err);
+        BOOST_TEST(co_await wait_exit(pid, seconds(20)) == 0, slurp(err));
+        std::istringstream lines(slurp(out));
+        std::string line;
+        int printed = 0;
+        while (std::getline(lines, line)) printed += !line.empty();
+        BOOST_TEST(printed == 5);
+        int fins = 0;
+        for (const auto& c : nsqd.command_log()) {
+            if (c.rfind("RDY ", 0) == 0) BOOST_TEST(std::stoll(c.substr(4)) <= 5, c);
+            if (c.rfind("FIN ", 0) == 0) ++fins;
+            if (c.rfind("REQ ", 0) == 0) BOOST_TEST(c.substr(c.rfind(' ') + 1) == "0", c);
+        }
+        BOOST_TEST(fins == 5);
+        BOOST_TEST(nsqd.peak_channel_rdy() <= 5);
+        ::unlink(out.c_str());
+        ::unlink(err.c_str());
+    });
+}
