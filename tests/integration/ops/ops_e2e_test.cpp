@@ -620,6 +620,12 @@ BOOST_FIXTURE_TEST_CASE(explain_answers_for_every_ledger_state, ops) {
                                [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
                            consumer.err());
         co_await stop_cleanly(consumer);
+        // The pipeline's log lines name the customer and period next to the key.
+        auto logged = consumer.err();
+        BOOST_TEST(logged.find("\"billing_key\":\"" + key_of("x-charged", p) + "\"") != std::string::npos,
+                   logged);
+        BOOST_TEST(logged.find("\"customer_id\":\"x-charged\"") != std::string::npos, logged);
+        BOOST_TEST(logged.find("\"period\":\"" + p + "\"") != std::string::npos, logged);
         auto insert = [&](const std::string& customer, const std::string& cols, const std::string& values) {
             return query(
                 "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
