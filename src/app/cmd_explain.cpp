@@ -170,7 +170,7 @@ net::awaitable<result<void>> load_spend(pg::pool& pool, explanation& x, const st
                                 "SELECT vault_key_id, idempotency_key, amount_cents::text, state, "
                                 "stripe_object_id, reserved_at::text FROM vault_spend "
                                 "WHERE idempotency_key = $1::text OR idempotency_key LIKE $1::text || '-g%' "
-                                "ORDER BY reserved_at",
+                                "ORDER BY reserved_at, idempotency_key",
                                 pg::params(key));
     if (!r) co_return r.err();
     std::vector<spend_view> out;

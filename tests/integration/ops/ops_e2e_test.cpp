@@ -581,6 +581,7 @@ namespace {
 struct explained {
     std::string state, verdict, ledger_charge, stripe_charge, ledger_status;
     std::size_t letters = 0;
+    std::vector<std::string> spend_states;  // vault_spend rows' states
 };
 
 explained parse_explained(const std::string& out) {
@@ -591,6 +592,8 @@ explained parse_explained(const std::string& out) {
     x.state = std::string(doc["state"].get_string().value());
     x.verdict = std::string(doc["verdict"].get_string().value());
     x.letters = doc["dead_letters"].get_array().value().size();
+    for (auto s : doc["vault_spend"].get_array().value())
+        x.spend_states.push_back(std::string(s["state"].get_string().value()));
     auto ledger = doc["ledger"];
     if (!ledger.is_null()) {
         x.ledger_status = std::string(ledger["status"].get_string().value());
@@ -650,6 +653,16 @@ BOOST_FIXTURE_TEST_CASE(explain_answers_for_every_ledger_state, ops) {
             topic + "', '" + channel + "', '0a1b2c3d4e5f6073', 5, convert_to('{}', 'UTF8'), " +
             "'stripe rejected: No such customer', '" + key_of("x-dead", p) + "')");
 
+        // The vault released x-cap's reservation when it refused the charge (a later generation's key too).
+        co_await query(
+            "INSERT INTO vault_keys (id, name, secret_hash, billing_period, cap_cents, currency) VALUES "
+            "('vk_explain', 'explain', decode(repeat('00', 32), 'hex'), '" +
+            p + "', 100, 'usd')");
+        co_await query(
+            "INSERT INTO vault_spend (vault_key_id, idempotency_key, amount_cents, state) VALUES "
+            "('vk_explain', '" +
+            key_of("x-cap", p) + "', 1300, 'released'), ('vk_explain', '" + key_of("x-cap", p) +
+            "-g2', 1300, 'reserved')");
         auto explain = [&](const std::string& customer, std::vector<std::string> extra = {}) {
             auto a = argv("explain", "--customer", customer, "--period", p, "--key-namespace", key_namespace,
                           "--pg-dsn", dsn(), "--json");
@@ -681,6 +694,10 @@ BOOST_FIXTURE_TEST_CASE(explain_answers_for_every_ledger_state, ops) {
                 BOOST_TEST(x.state == w.state);
                 BOOST_TEST(x.verdict.rfind(w.verdict_prefix, 0) == 0u, x.verdict);
                 if (w.state == "charged") charged_id = x.ledger_charge;
+                if (w.customer == "x-cap")
+                    BOOST_TEST((x.spend_states == std::vector<std::string>{"released", "reserved"}));
+                else
+                    BOOST_TEST(x.spend_states.empty());
             }
         }
         BOOST_TEST_REQUIRE(charges_by_key()[key_of("x-charged", p)].size() == 1u);
