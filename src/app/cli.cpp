@@ -1,15 +1,61 @@
 #include "app/cli.hpp"
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "app/commands.hpp"
 
 namespace cg::app {
 
+const char* const exit_code_table =
+    "Exit codes (every subcommand):\n"
+    "  0   ok (explain: charged once; reconcile: everything explained)\n"
+    "  1   runtime failure (NSQ, PostgreSQL or Stripe unreachable, I/O error)\n"
+    "  2   a check found a problem (explain: not charged once; reconcile: unexplained items or nothing to\n"
+    "      check; dead-letters show: no such letter)\n"
+    "  64  usage error: a bad flag, value or argument on the command line\n"
+    "  78  configuration error: a bad CHARGEGUARD_* variable, or an unreadable/malformed secret file\n";
+
 // In the library, not main.cpp: every subcommand calls it, and the tests link the subcommands without main.
 log_level global_flags::level() const {
     return parse_log_level(log_level).value_or(cg::log_level::info);
+}
+
+namespace {
+
+struct env_registry {
+    std::unordered_map<const CLI::Option*, env_scope> scopes;
+    std::unordered_set<const CLI::App*> services;
+    std::vector<std::string> argv;
+    bool argv_recorded = false;
+};
+
+env_registry& registry() {
+    static env_registry r;
+    return r;
+}
+
+bool on_command_line(const std::string& flag) {
+    auto& r = registry();
+    for (const auto& a : r.argv)
+        if (a == flag || a.rfind(flag + "=", 0) == 0) return true;
+    return false;
+}
+
+}  // namespace
+
+CLI::Option* env(CLI::Option* opt, env_scope scope) {
+    registry().scopes[opt] = scope;
+    return opt;
+}
+
+void service_command(CLI::App& cmd) {
+    registry().services.insert(&cmd);
 }
 
 std::string env_name_for(const std::string& prefix, const std::string& long_flag) {
@@ -20,38 +66,156 @@ std::string env_name_for(const std::string& prefix, const std::string& long_flag
 }
 
 void mirror_env(CLI::App& app, const std::string& prefix) {
+    auto& r = registry();
+    bool service = r.services.count(&app) > 0;
     for (CLI::Option* opt : app.get_options()) {
         if (!opt->get_envname().empty() || opt->get_lnames().empty()) continue;
         const auto& name = opt->get_lnames().front();
         if (name == "help" || name == "help-all") continue;
+        auto it = r.scopes.find(opt);
+        auto scope = it == r.scopes.end() ? env_scope::service : it->second;
+        if (scope == env_scope::never || (scope == env_scope::service && !service)) continue;
         opt->envname(env_name_for(prefix, name));
     }
     for (CLI::App* sub : app.get_subcommands({})) mirror_env(*sub, prefix);
 }
 
+void record_command_line(int argc, const char* const* argv) {
+    auto& r = registry();
+    r.argv.assign(argv + (argc > 0 ? 1 : 0), argv + argc);
+    r.argv_recorded = true;
+}
+
+std::string value_origin(const std::string& flag, const std::string& value) {
+    auto name = env_name_for("CHARGEGUARD_", flag.substr(flag.find_first_not_of('-')));
+    const char* e = std::getenv(name.c_str());
+    bool from_env = e && value == e && (!registry().argv_recorded || !on_command_line(flag));
+    return from_env ? name + "=" + value : flag + " " + value;
+}
+
+void bad_value(const std::string& flag, const std::string& value, const std::string& why) {
+    auto origin = value_origin(flag, value);
+    if (origin.rfind("CHARGEGUARD_", 0) == 0) throw config_error(origin + ": " + why);
+    throw usage_error(origin + ": " + why);
+}
+
+namespace {
+
+constexpr const char* not_a_duration = "not a duration (e.g. 250ms, 30s, 1m30s; a bare number is seconds)";
+
+// Microseconds, so that "500us" and "0.0005" keep their precision.
+std::optional<std::int64_t> parse_duration_us(std::string_view s) {
+    if (s.empty()) return std::nullopt;
+    double total_us = 0;
+    bool first = true;
+    while (!s.empty()) {
+        double v = 0;
+        auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (r.ec != std::errc{} || v < 0 || !std::isfinite(v)) return std::nullopt;
+        s.remove_prefix(static_cast<std::size_t>(r.ptr - s.data()));
+        if (first && s.empty()) {
+            total_us = v * 1e6;  // a bare number: seconds
+            break;
+        }
+        first = false;
+        std::size_t n = 0;
+        while (n < s.size() && s[n] >= 'a' && s[n] <= 'z') ++n;
+        auto unit = s.substr(0, n);
+        s.remove_prefix(n);
+        double mult;
+        if (unit == "us")
+            mult = 1;
+        else if (unit == "ms")
+            mult = 1e3;
+        else if (unit == "s")
+            mult = 1e6;
+        else if (unit == "m")
+            mult = 60e6;
+        else if (unit == "h")
+            mult = 3600e6;
+        else
+            return std::nullopt;
+        total_us += v * mult;
+    }
+    if (total_us > 1e15) return std::nullopt;
+    return static_cast<std::int64_t>(std::llround(total_us));
+}
+
+}  // namespace
+
+std::optional<std::chrono::milliseconds> parse_duration(std::string_view s) {
+    auto us = parse_duration_us(s);
+    if (!us) return std::nullopt;
+    return std::chrono::milliseconds((*us + 500) / 1000);
+}
+
+std::chrono::milliseconds duration_flag(const std::string& flag, const std::string& v) {
+    auto d = parse_duration(v);
+    if (!d) bad_value(flag, v, not_a_duration);
+    return *d;
+}
+
+std::string format_duration(double seconds) {
+    auto us = static_cast<long long>(std::llround(seconds * 1e6));
+    if (us == 0) return "0s";
+    if (us % 1000000 != 0) {
+        if (us % 1000 == 0) return std::to_string(us / 1000) + "ms";
+        return std::to_string(us) + "us";
+    }
+    long long s = us / 1000000;
+    std::string out;
+    if (s >= 3600) out += std::to_string(s / 3600) + "h", s %= 3600;
+    if (s >= 60) out += std::to_string(s / 60) + "m", s %= 60;
+    if (s > 0 || out.empty()) out += std::to_string(s) + "s";
+    return out;
+}
+
+CLI::Option* add_duration_option(CLI::App& cmd, const std::string& name, double& seconds,
+                                 const std::string& help, double min_s, double max_s) {
+    auto* opt = cmd.add_option(
+        name,
+        [&seconds, name, min_s, max_s](const CLI::results_t& r) {
+            const std::string& v = r.back();
+            auto us = parse_duration_us(v);
+            if (!us) bad_value(name, v, not_a_duration);
+            double s = static_cast<double>(*us) / 1e6;
+            if (s < min_s || s > max_s)
+                bad_value(name, v,
+                          "out of range " + format_duration(min_s) + " .. " + format_duration(max_s));
+            seconds = s;
+            return true;
+        },
+        help);
+    opt->type_name("DURATION")->default_str(format_duration(seconds));
+    return opt;
+}
+
 void add_runtime_flags(CLI::App& cmd, runtime_flags& f) {
     cmd.add_option("--health-listen", f.health_listen, "address for /healthz, /readyz, /metrics")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->group(group_runtime);
     cmd.add_option("--offload-threads", f.offload_threads, "threads for blocking and Stripe work")
         ->check(CLI::Range(1u, 64u))
-        ->capture_default_str();
-    cmd.add_option("--shutdown-timeout", f.shutdown_timeout_s, "seconds to drain on SIGTERM before giving up")
-        ->check(CLI::Range(0.0, 3600.0))
-        ->capture_default_str();
-    cmd.add_option("--max-loop-lag", f.max_loop_lag_s, "seconds of event-loop lag above which /healthz fails")
-        ->check(CLI::Range(0.001, 60.0))
-        ->capture_default_str();
-    cmd.add_option("--loop-lag-interval", f.loop_lag_interval_s,
-                   "seconds between the event-loop lag probe's samples (chargeguard_event_loop_lag_seconds); "
-                   "shorter gives a lag p99 from more samples, at one timer turn per sample")
-        ->check(CLI::Range(0.001, 10.0))
-        ->capture_default_str();
-    cmd.add_option(
-           "--loop-turn-budget", f.loop_turn_budget_s,
-           "seconds a turn of the event loop runs deliveries' steps before the rest wait for the next "
-           "turn, behind sockets and timers (bounds the loop's lag under load; 0 = unbounded)")
-        ->check(CLI::Range(0.0, 0.1))
-        ->capture_default_str();
+        ->capture_default_str()
+        ->group(group_runtime);
+    add_duration_option(cmd, "--shutdown-timeout", f.shutdown_timeout_s,
+                        "how long to drain on SIGTERM before giving up", 0.0, 3600.0)
+        ->group(group_runtime);
+    add_duration_option(cmd, "--max-loop-lag", f.max_loop_lag_s, "event-loop lag above which /healthz fails",
+                        0.001, 60.0)
+        ->group(group_runtime);
+    add_duration_option(
+        cmd, "--loop-lag-interval", f.loop_lag_interval_s,
+        "time between the event-loop lag probe's samples (chargeguard_event_loop_lag_seconds); "
+        "shorter gives a lag p99 from more samples, at one timer turn per sample",
+        0.001, 10.0)
+        ->group(group_runtime);
+    add_duration_option(
+        cmd, "--loop-turn-budget", f.loop_turn_budget_s,
+        "how long a turn of the event loop runs deliveries' steps before the rest wait for the "
+        "next turn, behind sockets and timers (bounds the loop's lag under load; 0 = unbounded)",
+        0.0, 0.1)
+        ->group(group_runtime);
 }
 
 namespace {
@@ -63,7 +227,7 @@ std::chrono::steady_clock::duration from_seconds(double s) {
 runtime_options to_runtime_options(const runtime_flags& f) {
     runtime_options o;
     auto hp = net::parse_host_port(f.health_listen);
-    if (!hp) throw CLI::ValidationError("--health-listen", hp.err().describe());
+    if (!hp) bad_value("--health-listen", f.health_listen, hp.err().code.message());
     o.health_listen = *hp;
     o.offload_threads = f.offload_threads;
     o.shutdown_timeout = from_seconds(f.shutdown_timeout_s);

@@ -1,18 +1,85 @@
-// CLI helpers shared by subcommands.
+// CLI helpers shared by subcommands: where an option may take its value from, one duration syntax, the
+// exit-code table, and errors that say where a bad value came from.
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "app/runtime.hpp"
 #include "core/log.hpp"
 
 namespace cg::app {
 
-// Gives every long option of `app` and its subcommands (recursively) an environment variable
-// CHARGEGUARD_<SUBCOMMAND?>_<FLAG> … precisely: CHARGEGUARD_<FLAG_IN_UPPER_SNAKE>, unless one is set.
+// Exit codes, the same meaning in every subcommand (sysexits-style for usage and configuration errors).
+// main.cpp maps every CLI11 error onto these: CLI11's own codes (100+) never reach the shell.
+inline constexpr int exit_ok = 0;       // done; a check found nothing wrong
+inline constexpr int exit_failure = 1;  // a runtime failure (a dependency unreachable, I/O failed, …)
+inline constexpr int exit_problem = 2;  // a check ran and found a problem (not charged, unexplained, …)
+inline constexpr int exit_usage = 64;   // EX_USAGE: bad command line
+inline constexpr int exit_config = 78;  // EX_CONFIG: bad environment variable or configuration file
+// The table as `--help` prints it in its footer (docs/operating/cli.md holds the same table).
+extern const char* const exit_code_table;
+
+// A bad command line: exit 64.
+struct usage_error : CLI::ValidationError {
+    explicit usage_error(std::string msg) : CLI::ValidationError(std::move(msg), exit_usage) {}
+};
+// A bad value from the environment or a bad configuration file (secret, CA bundle): exit 78.
+struct config_error : CLI::ValidationError {
+    explicit config_error(std::string msg) : CLI::ValidationError(std::move(msg), exit_config) {}
+};
+
+// Where the environment may supply an option's value: a property declared with the option.
+enum class env_scope {
+    // Never: a selector that consumes, deletes, replays or re-routes (tail's --channel, replay's ids,
+    // --reason and --topic, …), and acknowledgements of dangerous settings. Command line only.
+    never,
+    // Connection settings (NSQ/PostgreSQL/Stripe addresses, TLS, secrets' files, timeouts, key namespace,
+    // log level): from CHARGEGUARD_<FLAG> in every subcommand.
+    connection,
+    // Everything else (the default): from CHARGEGUARD_<FLAG> only in the long-running services
+    // (consume, proxy, migrate — see service_command), never in operator tools.
+    service,
+};
+// Declares `opt`'s scope; returns `opt` for chaining.
+CLI::Option* env(CLI::Option* opt, env_scope scope);
+// Declares `cmd` a long-running service: its service-scoped options read the environment.
+void service_command(CLI::App& cmd);
+
+// Gives the long options of `app` and its subcommands (recursively) the environment variable
+// CHARGEGUARD_<FLAG_IN_UPPER_SNAKE> where their env_scope allows it. Call once, after every option exists.
 void mirror_env(CLI::App& app, const std::string& prefix = "CHARGEGUARD_");
 std::string env_name_for(const std::string& prefix, const std::string& long_flag);
+
+// main() records the command line so that errors can say whether a value came from it or the environment.
+void record_command_line(int argc, const char* const* argv);
+// "CHARGEGUARD_SHUTDOWN_TIMEOUT=abc" when `flag`'s (e.g. "--shutdown-timeout") value `value` came from its
+// environment variable, else "--shutdown-timeout abc".
+std::string value_origin(const std::string& flag, const std::string& value);
+// Throws config_error (value from the environment) or usage_error: "<value_origin>: <why>".
+[[noreturn]] void bad_value(const std::string& flag, const std::string& value, const std::string& why);
+
+// One duration syntax for every time flag and variable: Go-style ("250ms", "30s", "1m30s", "2h", "1.5s");
+// a bare number means seconds ("30", "0.5"). Adds `name` storing seconds into `seconds`, refusing values
+// outside [min_s, max_s] with bad_value.
+CLI::Option* add_duration_option(CLI::App& cmd, const std::string& name, double& seconds,
+                                 const std::string& help, double min_s, double max_s);
+// The parser behind it, for options kept as strings: nullopt when malformed.
+std::optional<std::chrono::milliseconds> parse_duration(std::string_view s);
+// parse_duration for `flag`'s value; bad_value ("… is not a duration …") when malformed.
+std::chrono::milliseconds duration_flag(const std::string& flag, const std::string& value);
+// Formats seconds the way the syntax above reads them ("30s", "250ms", "1m30s").
+std::string format_duration(double seconds);
+
+// Help groups (CLI11 ->group()), one name per kind of option.
+inline constexpr const char* group_nsq = "NSQ";
+inline constexpr const char* group_pg = "PostgreSQL";
+inline constexpr const char* group_stripe = "Stripe";
+inline constexpr const char* group_pipeline = "Pipeline";
+inline constexpr const char* group_runtime = "Runtime";
 
 // Options every long-running subcommand shares (--health-listen, --offload-threads, …).
 struct runtime_flags {
@@ -24,7 +91,7 @@ struct runtime_flags {
     double loop_turn_budget_s = 0.0005;
 };
 void add_runtime_flags(CLI::App& cmd, runtime_flags& f);
-// Validates and converts; throws CLI::ValidationError with a clear message.
+// Validates and converts; throws usage_error/config_error with a clear message.
 runtime_options to_runtime_options(const runtime_flags& f);
 
 // Logger writing JSON lines to stderr at the level given by --log-level.

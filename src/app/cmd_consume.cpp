@@ -53,10 +53,12 @@ struct consume_flags {
 };
 
 void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
-    cmd.add_option("--key-namespace", f.key_namespace,
-                   "prefix hashed into every idempotency key (1-64 of [A-Za-z0-9_.-]); never change it "
-                   "for a live ledger: a new namespace means new keys")
-        ->capture_default_str();
+    auto before = cmd.get_options().size();
+    env(cmd.add_option("--key-namespace", f.key_namespace,
+                       "prefix hashed into every idempotency key (1-64 of [A-Za-z0-9_.-]); never change it "
+                       "for a live ledger: a new namespace means new keys")
+            ->capture_default_str(),
+        env_scope::connection);
     cmd.add_option("--lease", f.lease, "how long a pending ledger row stays this worker's without renewal")
         ->capture_default_str();
     cmd.add_option("--lease-renew-interval", f.lease_renew_interval,
@@ -87,13 +89,16 @@ void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
                    "once: best throughput; 4-16 shortens the loop's longest turns, for a lower lag p99)")
         ->check(CLI::Range(std::size_t{0}, std::size_t{256}))
         ->capture_default_str();
+    auto opts = cmd.get_options();
+    for (auto i = before; i < opts.size(); ++i) opts[i]->group(group_pipeline);
 }
 
 milliseconds duration_in_range(const char* flag, const std::string& v, milliseconds min, milliseconds max) {
     auto d = duration_flag(flag, v);
     if (d < min || d > max)
-        throw CLI::ValidationError(flag, v + " is out of range: " + std::to_string(min.count()) + "ms .. " +
-                                             std::to_string(max.count()) + "ms");
+        bad_value(flag, v,
+                  "out of range " + format_duration(static_cast<double>(min.count()) / 1000) + " .. " +
+                      format_duration(static_cast<double>(max.count()) / 1000));
     return d;
 }
 
@@ -102,8 +107,7 @@ billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
     using namespace std::chrono_literals;
     billing::pipeline_config c;
     if (!billing::valid_key_namespace(f.key_namespace))
-        throw CLI::ValidationError("--key-namespace",
-                                   "'" + f.key_namespace + "' is not 1-64 characters of [A-Za-z0-9_.-]");
+        bad_value("--key-namespace", f.key_namespace, "not 1-64 characters of [A-Za-z0-9_.-]");
     c.key_namespace = f.key_namespace;
     c.lease = duration_in_range("--lease", f.lease, 1s, 24h);
     c.lease_renew_interval = duration_in_range("--lease-renew-interval", f.lease_renew_interval, 10ms, 24h);
@@ -237,14 +241,17 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto scfg = to_stripe_config(f.stripe);
     // Every message in flight may be at Stripe at once: by default the pool may hold that many connections
     // (past --stripe-eager-connections only while Stripe keeps its pace).
+    // --stripe-connection-cap bounds it whatever --max-in-flight is.
     if (f.stripe.max_connections == 0)
-        scfg.max_connections = std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight));
+        scfg.max_connections = std::min<std::size_t>(
+            f.stripe.connection_cap, std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight)));
     auto bcfg = to_pipeline_config(f.billing);
     auto opts = to_runtime_options(f.rt);
     // Leave a fifth of the shutdown budget for CLS, the last FINs and closing the pool.
     ncfg.drain_timeout = std::chrono::duration_cast<milliseconds>(opts.shutdown_timeout * 4 / 5);
     auto ms = load_migrations(f.pg);
-    if (!ms) throw CLI::ValidationError("--migrations-dir", ms.err().describe());
+    if (!ms)
+        throw config_error(value_origin("--migrations-dir", f.pg.migrations_dir) + ": " + ms.err().message);
     auto log = make_stderr_logger(g.level());
     log_effective_config(log, f, ncfg, pgc, scfg, bcfg, opts);
     log.info("stripe I/O", {{"stripe_io", f.stripe_io}});
@@ -308,6 +315,16 @@ int run_consume(const consume_flags& f, const global_flags& g) {
 void register_consume(CLI::App& app, command_main& selected) {
     auto* cmd =
         app.add_subcommand("consume", "consume billing events from NSQ and charge Stripe exactly once");
+    service_command(*cmd);
+    cmd->footer(
+        "Examples:\n"
+        "  chargeguard consume --topic billing --channel chargeguard --lookupd-http-address nsqlookupd:4161 "
+        "\\\n"
+        "      --stripe-key-file /run/secrets/stripe_api_key --migrate\n"
+        "  CHARGEGUARD_TOPIC=billing CHARGEGUARD_CHANNEL=chargeguard chargeguard consume --nsqd-tcp-address "
+        "127.0.0.1:4150\n"
+        "Durations: 250ms, 30s, 1m30s (a bare number is seconds). Every flag also reads "
+        "CHARGEGUARD_<FLAG>.\n");
     auto f = std::make_shared<consume_flags>();
     add_nsq_consumer_flags(*cmd, f->nsq, true);
     add_pg_flags(*cmd, f->pg, true);
@@ -318,7 +335,8 @@ void register_consume(CLI::App& app, command_main& selected) {
                     "where Stripe HTTPS requests run: loop (the event loop; each new connection's connect "
                     "and TLS handshake on the offload pool) or offload (all on the offload pool)")
         ->check(CLI::IsMember({"loop", "offload"}))
-        ->capture_default_str();
+        ->capture_default_str()
+        ->group(group_stripe);
     cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_consume(*f, g); }; });
 }
 

@@ -115,7 +115,7 @@ net::awaitable<int> run_list(letters_list_flags f, std::shared_ptr<pg::pool> poo
     auto r = co_await store.list(flt);
     if (!r) {
         std::fprintf(stderr, "chargeguard dead-letters list: %s\n", r.err().describe().c_str());
-        co_return 2;
+        co_return exit_failure;
     }
     if (f.json) {
         for (const auto& l : *r) std::printf("%s\n", billing::to_json(l, false).c_str());
@@ -137,12 +137,12 @@ net::awaitable<int> run_show(letters_show_flags f, std::shared_ptr<pg::pool> poo
     auto r = co_await store.find(f.id);
     if (!r) {
         std::fprintf(stderr, "chargeguard dead-letters show: %s\n", r.err().describe().c_str());
-        co_return 2;
+        co_return exit_failure;
     }
     if (!*r) {
         std::fprintf(stderr, "chargeguard dead-letters show: no dead letter %lld\n",
                      static_cast<long long>(f.id));
-        co_return 1;
+        co_return exit_problem;
     }
     const auto& l = **r;
     if (f.json) {
@@ -293,10 +293,19 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
     auto* dl =
         app.add_subcommand("dead-letters", "inspect dead letters and replay them once their cause is fixed");
     dl->require_subcommand(1);
+    dl->footer(
+        "Examples:\n"
+        "  chargeguard dead-letters list --reason stripe\n"
+        "  chargeguard dead-letters show 17\n"
+        "  chargeguard dead-letters replay 17 --nsqd-tcp-address nsqd:4150\n");
 
     auto lf = std::make_shared<letters_list_flags>();
     auto* list = dl->add_subcommand("list", "list dead letters not replayed yet (oldest first)");
     add_pg_flags(*list, lf->pg, false);
+    list->footer(
+        "Examples:\n"
+        "  chargeguard dead-letters list\n"
+        "  chargeguard dead-letters list --reason stripe --all --json\n");
     list->add_option("--reason", lf->reason, "only letters whose reason starts with this");
     list->add_flag("--all", lf->all, "include letters already replayed");
     list->add_option("--limit", lf->limit, "at most this many")
@@ -314,6 +323,10 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
     auto sf = std::make_shared<letters_show_flags>();
     auto* show = dl->add_subcommand("show", "print one dead letter with its body");
     add_pg_flags(*show, sf->pg, false);
+    show->footer(
+        "Examples:\n"
+        "  chargeguard dead-letters show 17\n"
+        "  chargeguard dead-letters show 17 --json\n");
     show->add_option("ID", sf->id, "dead letter id")->required();
     show->add_flag("--json", sf->json, "as one JSON object");
     show->callback([&selected, sf] {
@@ -328,21 +341,34 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
     auto* replay =
         dl->add_subcommand("replay", "re-publish dead letters' raw bodies to their topic, once each");
     add_pg_flags(*replay, rf->pg, false);
-    replay->add_option("ID", rf->ids, "dead letter ids");
-    replay->add_option("--reason", rf->reason, "every letter not replayed yet whose reason starts with this");
-    replay->add_option("--nsqd-tcp-address", rf->nsqd_tcp_address, "nsqd TCP address host:port")->required();
-    replay->add_option("--topic", rf->topic, "publish here instead of each letter's own topic");
-    replay->add_option("--by", rf->by, "who replays (recorded with the letter; default user@host)");
-    replay->add_flag("--force", rf->force, "publish letters already replayed again");
-    replay->add_flag("--no-validate", rf->no_validate, "publish bodies that are not valid billing events");
+    // What is replayed and where to: the command line only, whatever the environment says.
+    env(replay->add_option("ID", rf->ids, "dead letter ids"), env_scope::never);
+    env(replay->add_option("--reason", rf->reason,
+                           "every letter not replayed yet whose reason starts with this"),
+        env_scope::never);
+    env(replay->add_option("--nsqd-tcp-address", rf->nsqd_tcp_address, "nsqd TCP address host:port")
+            ->required()
+            ->group(group_nsq),
+        env_scope::connection);
+    env(replay->add_option("--topic", rf->topic, "publish here instead of each letter's own topic"),
+        env_scope::never);
+    env(replay->add_option("--by", rf->by, "who replays (recorded with the letter; default user@host)"),
+        env_scope::never);
+    env(replay->add_flag("--force", rf->force, "publish letters already replayed again"), env_scope::never);
+    env(replay->add_flag("--no-validate", rf->no_validate,
+                         "publish bodies that are not valid billing events"),
+        env_scope::never);
+    replay->footer(
+        "Examples:\n"
+        "  chargeguard dead-letters replay 17 18 --nsqd-tcp-address nsqd:4150\n"
+        "  chargeguard dead-letters replay --reason stripe_declined --nsqd-tcp-address nsqd:4150\n"
+        "Ids, --reason and --topic come from the command line only, never from CHARGEGUARD_* variables.\n");
     replay->callback([&selected, rf] {
-        if (rf->ids.empty() && rf->reason.empty())
-            throw CLI::ValidationError("replay", "give letter IDs or --reason R");
-        if (!net::parse_host_port(rf->nsqd_tcp_address))
-            throw CLI::ValidationError("--nsqd-tcp-address",
-                                       "'" + rf->nsqd_tcp_address + "' is not host:port");
+        if (rf->ids.empty() && rf->reason.empty()) throw usage_error("replay: give letter IDs or --reason R");
+        if (auto hp = net::parse_host_port(rf->nsqd_tcp_address); !hp)
+            bad_value("--nsqd-tcp-address", rf->nsqd_tcp_address, hp.err().code.message());
         if (!rf->topic.empty() && !nsq::proto::valid_topic_name(rf->topic))
-            throw CLI::ValidationError("--topic", "'" + rf->topic + "' is not a valid topic name");
+            bad_value("--topic", rf->topic, "not a valid topic name");
         if (rf->by.empty()) rf->by = default_operator();
         selected = [rf](const global_flags& g) {
             return run_one_shot(

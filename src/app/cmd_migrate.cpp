@@ -75,11 +75,15 @@ void register_migrate(CLI::App& app, command_main& selected) {
     auto f = std::make_shared<migrate_flags>();
     auto* cmd =
         app.add_subcommand("migrate", "apply migrations/*.sql in order, once each, under an advisory lock");
+    service_command(*cmd);  // runs as the deployment's init container, configured like consume
+    cmd->footer(
+        "Examples:\n"
+        "  chargeguard migrate --dry-run          (PGHOST, PGUSER, PGDATABASE from the environment)\n"
+        "  chargeguard migrate --pg-dsn 'host=db dbname=billing' --lock-timeout 5m\n");
     add_pg_flags(*cmd, f->pg, false);
     cmd->add_flag("--dry-run", f->dry_run, "list the migrations that would be applied; change nothing");
-    cmd->add_option("--lock-timeout", f->lock_timeout_s, "seconds to wait for another migrate run to finish")
-        ->check(CLI::Range(0.1, 3600.0))
-        ->capture_default_str();
+    add_duration_option(*cmd, "--lock-timeout", f->lock_timeout_s,
+                        "time to wait for another migrate run to finish", 0.1, 3600.0);
     cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return migrate_main(*f, g); }; });
 }
 

@@ -85,10 +85,12 @@ void register_probe(CLI::App& app, command_main& selected) {
     auto f = std::make_shared<probe_flags>();
     auto* cmd =
         app.add_subcommand("probe", "HTTP GET URL; exit 0 on 2xx, 1 otherwise (for container HEALTHCHECKs)");
+    cmd->footer(
+        "Examples:\n"
+        "  chargeguard probe http://127.0.0.1:9180/healthz\n"
+        "  chargeguard probe --timeout 500ms http://127.0.0.1:9180/readyz\n");
     cmd->add_option("URL", f->url, "e.g. http://127.0.0.1:9180/healthz")->required();
-    cmd->add_option("--timeout", f->timeout_s, "seconds for connect + answer")
-        ->check(CLI::Range(0.01, 600.0))
-        ->capture_default_str();
+    add_duration_option(*cmd, "--timeout", f->timeout_s, "time for connect + answer", 0.01, 600.0);
     cmd->callback([&selected, f] { selected = [f](const global_flags&) { return run_probe(*f); }; });
 }
 

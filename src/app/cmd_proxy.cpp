@@ -94,11 +94,17 @@ http::server_options to_server_options(const proxy_flags& f) {
     o.max_connections = f.max_connections;
     o.read_timeout = seconds_flag(f.read_timeout_s);
     o.server_name = "chargeguard-vault";
-    if (f.tls_cert.empty() != f.tls_key.empty())
-        throw CLI::ValidationError("--tls-cert", "--tls-cert and --tls-key go together");
+    if (f.tls_cert.empty() != f.tls_key.empty()) throw usage_error("--tls-cert and --tls-key go together");
     if (!f.tls_cert.empty()) {
+        // Precise messages for a missing, unreadable, empty or non-PEM file before OpenSSL's own.
+        auto key = read_secret_file("--tls-key", f.tls_key);
+        if (key.find("-----BEGIN") == std::string::npos || key.find("PRIVATE KEY-----") == std::string::npos)
+            bad_secret_file("--tls-key", f.tls_key, "not a PEM private key (no BEGIN … PRIVATE KEY line)");
+        if (read_secret_file("--tls-cert", f.tls_cert).find("-----BEGIN CERTIFICATE-----") ==
+            std::string::npos)
+            bad_secret_file("--tls-cert", f.tls_cert, "not a PEM certificate (no BEGIN CERTIFICATE line)");
         auto tls = net::make_tls_server_context({f.tls_cert, f.tls_key});
-        if (!tls) throw CLI::ValidationError("--tls-cert", tls.err().describe());
+        if (!tls) throw config_error("--tls-cert/--tls-key: " + tls.err().message);
         o.tls = *tls;
     }
     return o;
@@ -173,6 +179,13 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
 void register_proxy(CLI::App& app, command_main& selected) {
     auto* cmd = app.add_subcommand(
         "proxy", "the spend-cap vault proxy: Stripe's API for vault keys, capped per period");
+    service_command(*cmd);
+    cmd->footer(
+        "Examples:\n"
+        "  chargeguard proxy --listen 0.0.0.0:8420 --stripe-key-file /run/secrets/stripe_api_key --migrate\n"
+        "  chargeguard proxy --tls-cert vault.pem --tls-key vault.key --upstream-timeout 45s\n"
+        "Durations: 250ms, 30s, 1m30s (a bare number is seconds). Every flag also reads "
+        "CHARGEGUARD_<FLAG>.\n");
     auto f = std::make_shared<proxy_flags>();
     cmd->add_option("--listen", f->listen, "address for the Stripe-compatible API")->capture_default_str();
     cmd->add_option("--upstream", f->upstream, "Stripe API origin the proxy forwards to")
@@ -183,14 +196,10 @@ void register_proxy(CLI::App& app, command_main& selected) {
                     "PEM CA bundle to verify the upstream (default: system store)");
     cmd->add_option("--tls-cert", f->tls_cert, "PEM certificate chain: serve HTTPS on --listen");
     cmd->add_option("--tls-key", f->tls_key, "PEM private key for --tls-cert");
-    cmd->add_option("--upstream-connect-timeout", f->upstream_connect_timeout_s,
-                    "seconds for DNS + TCP + TLS to Stripe")
-        ->check(CLI::Range(0.001, 600.0))
-        ->capture_default_str();
-    cmd->add_option("--upstream-timeout", f->upstream_timeout_s,
-                    "seconds for one forwarded request; past it the reservation is uncertain")
-        ->check(CLI::Range(0.001, 600.0))
-        ->capture_default_str();
+    add_duration_option(*cmd, "--upstream-connect-timeout", f->upstream_connect_timeout_s,
+                        "time for DNS + TCP + TLS to Stripe", 0.001, 600.0);
+    add_duration_option(*cmd, "--upstream-timeout", f->upstream_timeout_s,
+                        "time for one forwarded request; past it the reservation is uncertain", 0.001, 600.0);
     cmd->add_option("--upstream-max-connections", f->upstream_max_connections, "pooled connections to Stripe")
         ->check(CLI::Range(1u, 4096u))
         ->capture_default_str();
@@ -200,9 +209,8 @@ void register_proxy(CLI::App& app, command_main& selected) {
     cmd->add_option("--max-connections", f->max_connections, "client connections open at once")
         ->check(CLI::Range(std::size_t{1}, std::size_t{100000}))
         ->capture_default_str();
-    cmd->add_option("--read-timeout", f->read_timeout_s, "seconds a client has to send a complete request")
-        ->check(CLI::Range(0.1, 3600.0))
-        ->capture_default_str();
+    add_duration_option(*cmd, "--read-timeout", f->read_timeout_s,
+                        "time a client has to send a complete request", 0.1, 3600.0);
     cmd->add_option(
            "--same-key-window", f->same_key_window,
            "refuse a retry whose Idempotency-Key was first used longer ago; 1m to 23h (Stripe may forget "

@@ -219,9 +219,18 @@ int run_publish(const publish_flags& f, const global_flags& g) {
 
 void register_publish(CLI::App& app, command_main& selected) {
     auto* cmd = app.add_subcommand("publish", "publish JSONL billing events to nsqd with MPUB");
+    cmd->footer(
+        "Examples:\n"
+        "  chargeguard publish --nsqd-tcp-address nsqd:4150 --topic billing run-2026-11.jsonl\n"
+        "  generate-run | chargeguard publish --nsqd-tcp-address nsqd:4150 --topic billing -\n"
+        "The topic comes from the command line only, never from CHARGEGUARD_TOPIC.\n");
     auto f = std::make_shared<publish_flags>();
-    cmd->add_option("--nsqd-tcp-address", f->nsqd_tcp_address, "nsqd TCP address host:port")->required();
-    cmd->add_option("--topic", f->topic, "NSQ topic")->required();
+    env(cmd->add_option("--nsqd-tcp-address", f->nsqd_tcp_address, "nsqd TCP address host:port")
+            ->required()
+            ->group(group_nsq),
+        env_scope::connection);
+    // Where events go: the command line only.
+    env(cmd->add_option("--topic", f->topic, "NSQ topic")->required()->group(group_nsq), env_scope::never);
     cmd->add_option("--batch-size", f->batch_size, "events per MPUB")
         ->capture_default_str()
         ->check(CLI::Range(1, 100000));

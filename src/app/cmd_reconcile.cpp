@@ -13,15 +13,19 @@
 //     events whose message was lost (missing, or pending with no charge and an expired lease): the content
 //     key makes that safe even if the original was only delayed.
 // Every Stripe request waits for the pacer (--stripe-rate), so a reconcile never starves `consume` of the
-// account's rate limit. Exit status: 0 when nothing is unexplained, 1 when something is, 2 on failure.
+// account's rate limit. With --customer C only C's items are classified and reported (the rest of the
+// account is not flagged). Exit status (cli.hpp): 0 when nothing is unexplained, 2 when something is — or
+// when the expected set is empty or holds no event of the period (nothing was checked) — 1 on failure.
 #include <simdjson.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "app/cli.hpp"
@@ -55,6 +59,7 @@ struct reconcile_flags {
     stripe_flags stripe;
     std::string expected_file;
     std::string period;
+    std::string customer;  // empty: every customer
     std::string key_namespace = "chargeguard";
     bool json = false;
     bool show_ok = false;
@@ -402,7 +407,7 @@ net::awaitable<int> run_reconcile(const reconcile_flags* fp, std::shared_ptr<pg:
     std::int64_t earliest = -1;
     if (!co_await load_ledger(run, earliest)) {
         std::fprintf(stderr, "chargeguard reconcile: %s\n", run.failure.c_str());
-        co_return 2;
+        co_return exit_failure;
     }
     std::int64_t since =
         f.created_since >= 0 ? f.created_since
@@ -411,8 +416,11 @@ net::awaitable<int> run_reconcile(const reconcile_flags* fp, std::shared_ptr<pg:
             : duration_cast<seconds>(system_clock::now().time_since_epoch()).count() - 45 * 24 * 3600;
     if (!co_await scan_stripe(run, since)) {
         std::fprintf(stderr, "chargeguard reconcile: %s\n", run.failure.c_str());
-        co_return 2;
+        co_return exit_failure;
     }
+    // --customer: the rest of the account is neither resolved nor reported.
+    if (!f.customer.empty())
+        std::erase_if(run.items, [&](const auto& kv) { return kv.first.first != f.customer; });
     billing::ledger ledger(pool);
     for (auto& [who, it] : run.items) {
         if (!it.facts.record) continue;
@@ -437,23 +445,82 @@ net::awaitable<int> run_reconcile(const reconcile_flags* fp, std::shared_ptr<pg:
     print_report(run, expected.size(), republished);
     if (!run.failure.empty()) {
         std::fprintf(stderr, "chargeguard reconcile: %s\n", run.failure.c_str());
-        co_return 2;
+        co_return exit_failure;
     }
     for (const auto& [who, it] : run.items)
-        if (!billing::is_explained(it.verdict.cls)) co_return 1;
-    co_return 0;
+        if (!billing::is_explained(it.verdict.cls)) co_return exit_problem;
+    co_return exit_ok;
+}
+
+// The events' own rule for billing_period (billing/event.cpp): 1..64 of [A-Za-z0-9_.-].
+bool period_chars_ok(const std::string& p) {
+    if (p.empty() || p.size() > 64) return false;
+    for (char c : p)
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') return false;
+    return true;
+}
+
+// "2026-11" → "9999-99": the shape of a period, to tell "--period November" from the events' "2026-11".
+std::string period_shape(const std::string& p) {
+    std::string out;
+    for (char c : p)
+        out += std::isdigit(static_cast<unsigned char>(c))   ? '9'
+               : std::isalpha(static_cast<unsigned char>(c)) ? 'a'
+                                                             : c;
+    return out;
+}
+
+// The expected events of --period (and --customer); refuses, with exit_problem, a set that checks nothing.
+std::optional<std::vector<billing::expected_event>> select_expected(
+    const reconcile_flags& f, std::vector<billing::expected_event> all) {
+    if (all.empty()) {
+        std::fprintf(stderr,
+                     "chargeguard reconcile: --expected %s holds no events: nothing to reconcile (an empty "
+                     "billing run is not an all-clear)\n",
+                     f.expected_file.c_str());
+        return std::nullopt;
+    }
+    std::map<std::string, std::size_t> periods;
+    for (const auto& e : all) ++periods[e.event.billing_period];
+    std::string seen;
+    bool shape_known = false;
+    for (const auto& [p, n] : periods) {
+        if (seen.size() < 200) seen += (seen.empty() ? "" : ", ") + p;
+        shape_known = shape_known || period_shape(p) == period_shape(f.period);
+    }
+    if (!shape_known) {
+        std::fprintf(
+            stderr, "chargeguard reconcile: --period %s does not have the form of the events' periods (%s)\n",
+            f.period.c_str(), seen.c_str());
+        return std::nullopt;
+    }
+    std::vector<billing::expected_event> mine;
+    for (auto& e : all)
+        if (e.event.billing_period == f.period && (f.customer.empty() || e.event.customer_id == f.customer))
+            mine.push_back(std::move(e));
+    if (mine.empty()) {
+        if (f.customer.empty())
+            std::fprintf(stderr,
+                         "chargeguard reconcile: --expected %s has no event of period %s (its periods: %s)\n",
+                         f.expected_file.c_str(), f.period.c_str(), seen.c_str());
+        else
+            std::fprintf(stderr,
+                         "chargeguard reconcile: --expected %s has no event of customer %s in period %s\n",
+                         f.expected_file.c_str(), f.customer.c_str(), f.period.c_str());
+        return std::nullopt;
+    }
+    return mine;
 }
 
 int reconcile_main(const reconcile_flags& f, const global_flags& g) {
     if (!billing::valid_key_namespace(f.key_namespace))
-        throw CLI::ValidationError("--key-namespace",
-                                   "'" + f.key_namespace + "' is not 1-64 characters of [A-Za-z0-9_.-]");
+        bad_value("--key-namespace", f.key_namespace, "not 1-64 characters of [A-Za-z0-9_.-]");
+    if (!period_chars_ok(f.period)) bad_value("--period", f.period, "not 1-64 characters of [A-Za-z0-9_.-]");
     if (f.publish) {
         if (!net::parse_host_port(f.nsqd_tcp_address))
-            throw CLI::ValidationError("--nsqd-tcp-address",
-                                       "--publish needs the nsqd TCP address host:port");
+            throw usage_error("--publish needs --nsqd-tcp-address host:port");
         if (!nsq::proto::valid_topic_name(f.topic))
-            throw CLI::ValidationError("--topic", "--publish needs a valid topic name");
+            throw usage_error("--publish needs --topic, a valid topic name");
     }
     auto scfg = to_stripe_config(f.stripe);
     auto opts = to_pool_options(f.pg);
@@ -461,25 +528,24 @@ int reconcile_main(const reconcile_flags& f, const global_flags& g) {
     auto expected = read_expected(f.expected_file);
     if (!expected) {
         std::fprintf(stderr, "chargeguard reconcile: %s\n", expected.err().message.c_str());
-        return 2;
+        return exit_failure;
     }
-    std::vector<billing::expected_event> mine;
-    std::size_t other = 0;
-    for (auto& e : *expected) {
-        if (e.event.billing_period == f.period)
-            mine.push_back(std::move(e));
-        else
-            ++other;
-    }
+    std::size_t total = expected->size();
+    auto selected_events = select_expected(f, std::move(*expected));
+    if (!selected_events) return exit_problem;
+    auto mine = std::move(*selected_events);
+    std::size_t other = total - mine.size();
     auto log = make_stderr_logger(g.level());
-    if (other) log.warn("expected events of other periods ignored", {{"count", other}, {"period", f.period}});
+    if (other)
+        log.warn("expected events of other periods or customers ignored",
+                 {{"count", other}, {"period", f.period}, {"customer", f.customer}});
 
     asio::io_context io{1};
     net::offload_pool off{2};
     auto stripe = stripe::client::create(off.get_executor(), std::move(scfg), log);
     if (!stripe) {
         std::fprintf(stderr, "chargeguard reconcile: %s\n", stripe.err().describe().c_str());
-        return 2;
+        return exit_failure;
     }
     auto pool = pg::pool::create(io.get_executor(), off.get_executor(), std::move(opts), log);
     std::unique_ptr<nsq::producer> producer;
@@ -502,9 +568,23 @@ void register_reconcile(CLI::App& app, command_main& selected) {
     auto f = std::make_shared<reconcile_flags>();
     cmd->add_option("--expected", f->expected_file, "the billing run: JSONL events, or CSV with a header")
         ->required();
-    cmd->add_option("--period", f->period, "billing period to reconcile (e.g. 2026-11)")->required();
-    cmd->add_option("--key-namespace", f->key_namespace, "the key namespace consume uses")
-        ->capture_default_str();
+    cmd->footer(
+        std::string(
+            "Examples:\n"
+            "  chargeguard reconcile --expected run-2026-11.jsonl --period 2026-11\n"
+            "  chargeguard reconcile --expected run-2026-11.jsonl --period 2026-11 --customer acme-42\n"
+            "  chargeguard reconcile --expected run.jsonl --period 2026-11 --publish "
+            "--nsqd-tcp-address nsqd:4150 --topic billing\n") +
+        exit_code_table);
+    cmd->add_option("--period", f->period,
+                    "billing period to reconcile, in the events' own form (e.g. 2026-11)")
+        ->required();
+    cmd->add_option("--customer", f->customer,
+                    "check this one customer only (the account's other charges are not flagged)");
+    env(cmd->add_option("--key-namespace", f->key_namespace, "the key namespace consume uses")
+            ->capture_default_str()
+            ->group(group_pipeline),
+        env_scope::connection);
     add_pg_flags(*cmd, f->pg, false);
     add_stripe_flags(*cmd, f->stripe);
     cmd->add_option("--stripe-rate", f->stripe_rate, "Stripe requests per second at most (bursts of 5)")
@@ -515,10 +595,14 @@ void register_reconcile(CLI::App& app, command_main& selected) {
         "unix seconds: scan charges created since (default: a day before the period's first ledger row)");
     cmd->add_flag("--json", f->json, "one JSON object instead of the table");
     cmd->add_flag("--show-ok", f->show_ok, "list the reconciled items too");
-    cmd->add_flag("--publish", f->publish,
-                  "re-publish the events whose message was lost (needs --nsqd-tcp-address, --topic)");
-    cmd->add_option("--nsqd-tcp-address", f->nsqd_tcp_address, "nsqd TCP address host:port for --publish");
-    cmd->add_option("--topic", f->topic, "NSQ topic for --publish");
+    // What is re-published and where to: the command line only.
+    env(cmd->add_flag("--publish", f->publish,
+                      "re-publish the events whose message was lost (needs --nsqd-tcp-address, --topic)"),
+        env_scope::never);
+    env(cmd->add_option("--nsqd-tcp-address", f->nsqd_tcp_address, "nsqd TCP address host:port for --publish")
+            ->group(group_nsq),
+        env_scope::connection);
+    env(cmd->add_option("--topic", f->topic, "NSQ topic for --publish")->group(group_nsq), env_scope::never);
     cmd->callback(
         [&selected, f] { selected = [f](const global_flags& g) { return reconcile_main(*f, g); }; });
 }

@@ -1,6 +1,12 @@
-// `chargeguard tail`: like nsq_tail — consumes a topic (an ephemeral channel unless --channel is given),
-// prints each message as one JSON line {"id","attempts","timestamp","body"} on stdout and FINs it.
-// SIGTERM drains (RDY 0, in-flight finished, CLS) and exits 0.
+// `chargeguard tail`: like nsq_tail — consumes a topic through an ephemeral channel of its own, prints each
+// message as one JSON line {"id","attempts","timestamp","body"} on stdout and FINs it. SIGTERM drains (RDY 0,
+// in-flight finished, CLS) and exits 0.
+//
+// What tail FINs is gone from its channel: on a shared channel it would take events from their consumer
+// (the sidecar's billing events would never be charged). So --channel comes from the command line only, a
+// channel not ending in #ephemeral needs --take-from-channel, and the sidecar's own channel
+// (CHARGEGUARD_CHANNEL) is refused outright. --max-messages N takes at most N: max_in_flight is at most N,
+// and a message received once N are printed is REQueued at once, never FINed.
 #include <unistd.h>
 
 #include <asio/co_spawn.hpp>
@@ -100,6 +106,7 @@ struct tail_flags {
     nsq_consumer_flags nsq;
     runtime_flags rt;
     std::uint64_t max_messages = 0;
+    bool take_from_channel = false;
 };
 
 // What the tail handler needs, owned by run_tail's frame (which outlives the consumer and the loop).
@@ -110,8 +117,11 @@ struct tail_state {
     std::uint64_t printed = 0;
 };
 
-// The handler: one JSON line per message, FIN. A free coroutine (STYLE.md: no capturing coroutine lambdas).
+// The handler: one JSON line per message, FIN; past --max-messages, REQ without delay (the message goes back
+// to its channel untouched). A free coroutine (STYLE.md: no capturing coroutine lambdas).
 asio::awaitable<nsq::disposition> tail_message(tail_state* st, nsq::message& m) {
+    if (st->max_messages > 0 && st->printed >= st->max_messages)
+        co_return nsq::disposition::requeue_without_backoff(std::chrono::milliseconds(0));
     st->out.write(json_line(m));
     if (st->out.broken()) st->rt.request_stop("stdout closed");
     if (st->max_messages > 0 && ++st->printed == st->max_messages)
@@ -124,12 +134,39 @@ asio::awaitable<void> tail_drain(nsq::consumer* consumer, line_writer* out) {
     co_await out->flush();
 }
 
+bool is_ephemeral_channel(const std::string& s) {
+    constexpr std::string_view tail = "#ephemeral";
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Refuses a channel tail would take messages from; throws usage_error.
+void check_channel(const tail_flags& f) {
+    const char* sidecar = std::getenv("CHARGEGUARD_CHANNEL");
+    if (sidecar && *sidecar && f.nsq.channel == sidecar)
+        throw usage_error("--channel " + f.nsq.channel +
+                          ": the sidecar's channel (CHARGEGUARD_CHANNEL); tail would take billing events "
+                          "from consume and they would never be charged. Leave --channel out: tail reads "
+                          "through an ephemeral channel of its own");
+    if (!is_ephemeral_channel(f.nsq.channel) && !f.take_from_channel)
+        throw usage_error(
+            "--channel " + f.nsq.channel +
+            ": not an #ephemeral channel; tail FINs what it prints, taking those messages from "
+            "every other consumer of the channel. Give --take-from-channel if that is meant, or "
+            "leave --channel out");
+}
+
 int run_tail(tail_flags f, const global_flags& g) {
     if (f.nsq.channel.empty()) {
         std::random_device rd;
         f.nsq.channel = "tail" + std::to_string(rd() % 1000000) + "#ephemeral";
     }
-    auto cfg = to_consumer_config(f.nsq);  // throws CLI::ValidationError before anything starts
+    check_channel(f);
+    auto cfg = to_consumer_config(f.nsq);  // throws before anything starts
+    // Never more in flight than is left to print.
+    if (f.max_messages > 0 && cfg.max_in_flight > f.max_messages)
+        cfg.max_in_flight = static_cast<unsigned>(f.max_messages);
+    // A reader never gives up on a message (the give-up path FINs).
+    cfg.max_attempts = 0;
     auto opts = to_runtime_options(f.rt);
     auto log = make_stderr_logger(g.level());
     std::signal(SIGPIPE, SIG_IGN);
@@ -156,11 +193,27 @@ int run_tail(tail_flags f, const global_flags& g) {
 
 void register_tail(CLI::App& app, command_main& selected) {
     auto* cmd = app.add_subcommand("tail", "print messages of an NSQ topic as JSON lines (like nsq_tail)");
+    cmd->footer(
+        "Examples:\n"
+        "  chargeguard tail --topic billing --max-messages 10     (an ephemeral channel: takes nothing "
+        "away)\n"
+        "  chargeguard tail --topic billing --channel debug#ephemeral\n"
+        "Only connection settings (addresses, TLS) come from CHARGEGUARD_* variables; --topic and --channel "
+        "come from the command line.\n");
     auto f = std::make_shared<tail_flags>();
     add_nsq_consumer_flags(*cmd, f->nsq, false);
+    // The channel selects what tail consumes: command line only, whatever the environment says.
+    env(cmd->get_option("--channel"), env_scope::never)
+        ->description("NSQ channel (default: an #ephemeral one of tail's own)");
+    env(cmd->add_flag(
+               "--take-from-channel", f->take_from_channel,
+               "allow a --channel not ending in #ephemeral: what tail prints is FINed there, taken from "
+               "the channel's other consumers")
+            ->group(group_nsq),
+        env_scope::never);
     add_runtime_flags(*cmd, f->rt);
     cmd->add_option("--max-messages", f->max_messages,
-                    "exit after this many messages (0 = run until SIGTERM)");
+                    "exit after this many messages, taking no more than that (0 = run until SIGTERM)");
     cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_tail(*f, g); }; });
 }
 

@@ -267,6 +267,13 @@ net::awaitable<int> revoke(vault::store& s, std::string id) {
 void register_vault(CLI::App& app, command_main& selected) {
     auto* vault_cmd = app.add_subcommand("vault", "manage spend-cap vault keys for `chargeguard proxy`");
     vault_cmd->require_subcommand(1);
+    vault_cmd->footer(
+        "Examples:\n"
+        "  chargeguard vault issue --name run-2026-11 --period 2026-11 --currency usd --expected-file "
+        "run.jsonl\n"
+        "  chargeguard vault list\n"
+        "  chargeguard vault revoke vk_…\n"
+        "Key names, periods and ids come from the command line only, never from CHARGEGUARD_* variables.\n");
 
     auto fi = std::make_shared<issue_flags>();
     auto* issue_cmd =

@@ -25,6 +25,7 @@ void register_tail(CLI::App& app, command_main& selected);
 void register_consume(CLI::App& app, command_main& selected);
 void register_dead_letters(CLI::App& app, command_main& selected);
 void register_reconcile(CLI::App& app, command_main& selected);
+void register_explain(CLI::App& app, command_main& selected);
 void register_probe(CLI::App& app, command_main& selected);
 void register_vault(CLI::App& app, command_main& selected);
 void register_proxy(CLI::App& app, command_main& selected);

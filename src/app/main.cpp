@@ -4,14 +4,33 @@
 #include "app/cli.hpp"
 #include "app/commands.hpp"
 
+namespace {
+
+// Every CLI error becomes one of the exit codes of cli.hpp: help is 0, our own errors carry 64 or 78, and
+// CLI11's codes (100+: a missing, unknown or malformed argument) are usage errors.
+int report(CLI::App& app, const CLI::Error& e) {
+    int code = e.get_exit_code();
+    if (code == 0) return app.exit(e);
+    std::fprintf(stderr, "chargeguard: %s\n", e.what());
+    if (code == cg::app::exit_config) return code;
+    std::fprintf(stderr, "Run with --help for more information.\n");
+    return cg::app::exit_usage;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
     using namespace cg::app;
     CLI::App app{"chargeguard — charges Stripe exactly once for billing events from NSQ"};
     app.require_subcommand(1);
+    // Root options (--log-level) are accepted after the subcommand too: subcommands inherit this.
+    app.fallthrough();
+    app.footer(exit_code_table);
     global_flags globals;
-    app.add_option("--log-level", globals.log_level, "debug | info | warn | error | off")
-        ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}))
-        ->capture_default_str();
+    env(app.add_option("--log-level", globals.log_level, "debug | info | warn | error | off")
+            ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}))
+            ->capture_default_str(),
+        env_scope::connection);
 
     command_main selected;
     register_version(app, selected);
@@ -21,22 +40,24 @@ int main(int argc, char** argv) {
     register_consume(app, selected);
     register_dead_letters(app, selected);
     register_reconcile(app, selected);
+    register_explain(app, selected);
     register_probe(app, selected);
     register_vault(app, selected);
     register_proxy(app, selected);
 
     mirror_env(app);
+    record_command_line(argc, argv);
     try {
         app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e);
+    } catch (const CLI::Error& e) {
+        return report(app, e);
     }
     try {
         return selected ? selected(globals) : 0;
     } catch (const CLI::Error& e) {
-        return app.exit(e);
+        return report(app, e);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "chargeguard: %s\n", e.what());
-        return 1;
+        return exit_failure;
     }
 }

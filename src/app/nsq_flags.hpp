@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "app/cli.hpp"
 #include "nsq/config.hpp"
 
 namespace cg::app {
@@ -35,7 +36,8 @@ struct nsq_consumer_flags {
     std::vector<std::string> nsqd_tcp_addresses;
     std::vector<std::string> lookupd_http_addresses;
     unsigned max_in_flight = 200;
-    std::string msg_timeout = "0";  // 0: nsqd's --msg-timeout
+    bool max_in_flight_acknowledged = false;  // --max-in-flight-above-nsqd-default
+    std::string msg_timeout = "0";            // 0: nsqd's --msg-timeout
     std::string heartbeat_interval = "30s";
     unsigned max_attempts = 5;  // 0: unlimited
     std::string lookupd_poll_interval = "60s";
@@ -47,13 +49,16 @@ struct nsq_consumer_flags {
 // security flags (add_nsq_security_flags).
 void add_nsq_consumer_flags(CLI::App& cmd, nsq_consumer_flags& f, bool channel_required);
 
-// Go-style durations: "1500ms", "60s", "1m30s", "2h"; "0" alone is zero. nullopt when malformed.
-std::optional<std::chrono::milliseconds> parse_duration(std::string_view s);
-// parse_duration for a flag's value; throws CLI::ValidationError naming the flag when malformed.
-std::chrono::milliseconds duration_flag(const std::string& flag, const std::string& value);
+// nsqd's default --max-rdy-count: a larger --max-in-flight needs --max-in-flight-above-nsqd-default.
+inline constexpr unsigned max_rdy_count_default = 2500;
 
-// Converts and validates; throws CLI::ValidationError naming the flag and the accepted range, e.g.
-// "--msg-timeout: 500ms is out of range: 0 (nsqd's default) or 1s .. 15m (nsqd's max-msg-timeout)".
+// Reads a secret file for `flag` (trailing whitespace trimmed). Throws config_error saying precisely what is
+// wrong: missing, a directory, unreadable (permissions), empty. Never echoes the content.
+std::string read_secret_file(const std::string& flag, const std::string& path);
+[[noreturn]] void bad_secret_file(const std::string& flag, const std::string& path, const std::string& why);
+
+// Converts and validates; throws usage_error/config_error naming the value and the accepted range, e.g.
+// "--msg-timeout 500ms: out of range: 0 (nsqd's default) or 1s .. 15m (nsqd's max-msg-timeout)".
 nsq::consumer_config to_consumer_config(const nsq_consumer_flags& f);
 
 }  // namespace cg::app

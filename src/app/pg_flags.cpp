@@ -21,35 +21,42 @@ std::chrono::milliseconds to_ms(double seconds) {
 }  // namespace
 
 void add_pg_flags(CLI::App& cmd, pg_flags& f, bool long_running) {
-    cmd.add_option(
+    // All connection settings: from CHARGEGUARD_<FLAG> in every subcommand.
+    auto conn = [](CLI::Option* o) { env(o->group(group_pg), env_scope::connection); };
+    conn(cmd.add_option(
         "--pg-dsn", f.dsn,
         "PostgreSQL conninfo (\"host=… dbname=…\") or URI; unset keywords come from PGHOST, PGPORT, "
-        "PGUSER, PGDATABASE, … as libpq defines them. Passwords: PGPASSWORD or ~/.pgpass");
-    cmd.add_option(
+        "PGUSER, PGDATABASE, … as libpq defines them. Passwords: PGPASSWORD or ~/.pgpass"));
+    conn(cmd.add_option(
         "--migrations-dir", f.migrations_dir,
-        "read migrations/NNNN_name.sql from this directory instead of the ones built into the binary");
+        "read migrations/NNNN_name.sql from this directory instead of the ones built into the binary"));
     if (!long_running) return;
-    cmd.add_flag("--migrate", f.migrate, "apply pending migrations at startup (under the migration lock)");
-    cmd.add_option("--pg-pool-size", f.pool_size, "PostgreSQL connections")
-        ->check(CLI::Range(1, 256))
-        ->capture_default_str();
-    cmd.add_option("--pg-query-timeout", f.query_timeout_s, "seconds before a statement is cancelled")
-        ->check(CLI::Range(0.001, 3600.0))
-        ->capture_default_str();
-    cmd.add_option("--pg-acquire-timeout", f.acquire_timeout_s,
-                   "seconds to wait for a free PostgreSQL connection before giving up")
-        ->check(CLI::Range(0.0, 600.0))
-        ->capture_default_str();
-    cmd.add_option("--pg-startup-timeout", f.startup_timeout_s,
-                   "seconds startup keeps retrying while PostgreSQL is unreachable or starting (first "
-                   "connection and --migrate) before exiting 1; /readyz says what it waits for")
-        ->check(CLI::Range(0.0, 86400.0))
-        ->capture_default_str();
+    conn(cmd.add_flag("--migrate", f.migrate,
+                      "apply pending migrations at startup (under the migration lock)"));
+    conn(cmd.add_option("--pg-pool-size", f.pool_size, "PostgreSQL connections")
+             ->check(CLI::Range(1, 256))
+             ->capture_default_str());
+    conn(add_duration_option(cmd, "--pg-query-timeout", f.query_timeout_s,
+                             "time before a statement is cancelled", 0.001, 3600.0));
+    conn(add_duration_option(cmd, "--pg-acquire-timeout", f.acquire_timeout_s,
+                             "time to wait for a free PostgreSQL connection before giving up", 0.0, 600.0));
+    conn(add_duration_option(
+        cmd, "--pg-startup-timeout", f.startup_timeout_s,
+        "how long startup keeps retrying while PostgreSQL is unreachable or starting (first "
+        "connection and --migrate) before exiting 1; /readyz says what it waits for",
+        0.0, 86400.0));
 }
 
 pg::config to_pg_config(const pg_flags& f) {
     auto cfg = pg::config::from_dsn(f.dsn);
-    if (!cfg) throw CLI::ValidationError("--pg-dsn", cfg.err().message);
+    if (!cfg) {
+        // pg::config's message starts with the flag's name: say where the value came from instead.
+        auto why = cfg.err().message;
+        if (why.rfind("--pg-dsn: ", 0) == 0) why.erase(0, 10);
+        if (value_origin("--pg-dsn", f.dsn).rfind("CHARGEGUARD_", 0) == 0)
+            throw config_error("CHARGEGUARD_PG_DSN: " + why);
+        throw usage_error("--pg-dsn: " + why);
+    }
     if (cfg->dsn_has_password) {
         const char* env = std::getenv(env_name_for("CHARGEGUARD_", "pg-dsn").c_str());
         if (!env || f.dsn != env)
@@ -108,12 +115,12 @@ net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f
 
 int run_then_close_pool(asio::io_context& io, std::shared_ptr<pg::pool> pool, net::awaitable<int> task,
                         std::string_view command) {
-    int rc = 2;
+    int rc = exit_failure;
     asio::co_spawn(io, std::move(task), [&rc, command](std::exception_ptr e, int r) {
         if (e) {
             std::fprintf(stderr, "chargeguard %.*s: %s\n", static_cast<int>(command.size()), command.data(),
                          describe_exception(e).c_str());
-            r = 2;
+            r = exit_failure;
         }
         rc = r;
     });

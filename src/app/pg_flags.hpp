@@ -72,8 +72,8 @@ net::awaitable<result<void>> migrate_if_requested(pg::pool& p, const pg_flags& f
 // pool's executor (the runtime's main loop); `rt`, `p`, `f` and `ms` must outlive the call.
 // For one-shot subcommands (reconcile, dead-letters): runs `task` to completion on `io`, then closes `pool`
 // on the same loop. Returns the task's exit code; an exception out of the task is printed on stderr as
-// "chargeguard <command>: <what>" and becomes exit code 2. Call from the thread that owns `io`, with nothing
-// else running on it.
+// "chargeguard <command>: <what>" and becomes exit code 1 (exit_failure). Call from the thread that owns
+// `io`, with nothing else running on it.
 int run_then_close_pool(asio::io_context& io, std::shared_ptr<pg::pool> pool, net::awaitable<int> task,
                         std::string_view command);
 

@@ -1,10 +1,12 @@
 #include "app/stripe_flags.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "app/cli.hpp"
 #include "http/origin.hpp"
 
 namespace cg::app {
@@ -14,7 +16,18 @@ std::chrono::milliseconds ms(double s) {
 }
 }  // namespace
 
+// The options themselves; add_stripe_flags declares their group and scope.
+void add_stripe_option_flags(CLI::App& cmd, stripe_flags& f);
+
 void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
+    auto before = cmd.get_options().size();
+    add_stripe_option_flags(cmd, f);
+    // All connection settings: from CHARGEGUARD_<FLAG> in every subcommand.
+    auto opts = cmd.get_options();
+    for (auto i = before; i < opts.size(); ++i) env(opts[i]->group(group_stripe), env_scope::connection);
+}
+
+void add_stripe_option_flags(CLI::App& cmd, stripe_flags& f) {
     cmd.add_option("--stripe-api-base", f.api_base, "Stripe API origin (or the vault proxy's)")
         ->capture_default_str();
     cmd.add_option("--stripe-key-file", f.key_file,
@@ -23,16 +36,19 @@ void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
     cmd.add_option("--stripe-ca-file", f.ca_file,
                    "PEM CA bundle to verify the API with (default: system store)");
     cmd.add_option("--stripe-version", f.version, "Stripe-Version header")->capture_default_str();
-    cmd.add_option("--stripe-connect-timeout", f.connect_timeout_s, "seconds for DNS + TCP + TLS")
-        ->check(CLI::Range(0.001, 600.0))
-        ->capture_default_str();
-    cmd.add_option("--stripe-request-timeout", f.request_timeout_s, "seconds for one Stripe request")
-        ->check(CLI::Range(0.001, 600.0))
-        ->capture_default_str();
+    add_duration_option(cmd, "--stripe-connect-timeout", f.connect_timeout_s, "time for DNS + TCP + TLS",
+                        0.001, 600.0);
+    add_duration_option(cmd, "--stripe-request-timeout", f.request_timeout_s, "time for one Stripe request",
+                        0.001, 600.0);
     cmd.add_option("--stripe-max-connections", f.max_connections,
                    "pooled connections to Stripe (0: as many as --max-in-flight for consume, at least 16; 16 "
                    "elsewhere)")
         ->check(CLI::Range(0u, 65536u))
+        ->capture_default_str();
+    cmd.add_option("--stripe-connection-cap", f.connection_cap,
+                   "most pooled connections to Stripe, whatever --max-in-flight is; --stripe-max-connections "
+                   "may not exceed it")
+        ->check(CLI::Range(1u, 65536u))
         ->capture_default_str();
     cmd.add_option(
            "--stripe-eager-connections", f.eager_connections,
@@ -43,13 +59,9 @@ void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
     cmd.add_option("--stripe-max-retries", f.max_retries, "retries with the same key for 409/429/not-sent")
         ->check(CLI::Range(0u, 20u))
         ->capture_default_str();
-    cmd.add_option("--stripe-retry-initial", f.retry_initial_s,
-                   "seconds before the first retry (doubles, jittered)")
-        ->check(CLI::Range(0.0, 60.0))
-        ->capture_default_str();
-    cmd.add_option("--stripe-retry-max", f.retry_max_s, "cap on the retry delay in seconds")
-        ->check(CLI::Range(0.0, 300.0))
-        ->capture_default_str();
+    add_duration_option(cmd, "--stripe-retry-initial", f.retry_initial_s,
+                        "time before the first retry (doubles, jittered)", 0.0, 60.0);
+    add_duration_option(cmd, "--stripe-retry-max", f.retry_max_s, "cap on the retry delay", 0.0, 300.0);
     cmd.add_option("--stripe-max-rate-limited-retries", f.max_rate_limited_retries,
                    "retries for 429 answers (never fewer than --stripe-max-retries)")
         ->check(CLI::Range(0u, 50u))
@@ -123,7 +135,7 @@ result<std::string> read_stripe_key(const std::string& flag_file, const char* en
 stripe::client_config to_stripe_config(const stripe_flags& f) {
     stripe::client_config c;
     if (auto o = http::parse_origin(f.api_base); !o)
-        throw CLI::ValidationError("--stripe-api-base", o.err().message);
+        bad_value("--stripe-api-base", f.api_base, o.err().message);
     c.api_base = f.api_base;
     auto key = read_stripe_key(f.key_file, std::getenv("STRIPE_API_KEY"));
     if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
@@ -132,7 +144,10 @@ stripe::client_config to_stripe_config(const stripe_flags& f) {
     c.stripe_version = f.version;
     c.connect_timeout = ms(f.connect_timeout_s);
     c.request_timeout = ms(f.request_timeout_s);
-    c.max_connections = f.max_connections ? f.max_connections : 16;
+    if (f.max_connections > f.connection_cap)
+        bad_value("--stripe-max-connections", std::to_string(f.max_connections),
+                  "above --stripe-connection-cap (" + std::to_string(f.connection_cap) + ")");
+    c.max_connections = f.max_connections ? f.max_connections : std::min(16u, f.connection_cap);
     c.eager_connections = f.eager_connections;
     c.retry.max_retries = f.max_retries;
     c.retry.initial_delay = ms(f.retry_initial_s);
@@ -145,9 +160,9 @@ stripe::client_config to_stripe_config(const stripe_flags& f) {
     c.rate.min_rps = f.rate_min;
     c.rate.initial_rps = f.rate_initial;
     if (f.max_rps > 0 && f.rate_min > f.max_rps)
-        throw CLI::ValidationError("--stripe-rate-min", "must not exceed --stripe-max-rps");
+        throw usage_error("--stripe-rate-min must not exceed --stripe-max-rps");
     if (c.retry.max_delay < c.retry.initial_delay)
-        throw CLI::ValidationError("--stripe-retry-max", "must be at least --stripe-retry-initial");
+        throw usage_error("--stripe-retry-max must be at least --stripe-retry-initial");
     return c;
 }
 

@@ -17,7 +17,8 @@ struct stripe_flags {
     std::string version = "2024-06-20";
     double connect_timeout_s = 5;
     double request_timeout_s = 30;
-    unsigned max_connections = 0;  // 0: --max-in-flight for consume (at least 16), 16 elsewhere
+    unsigned max_connections = 0;    // 0: --max-in-flight for consume (at least 16), 16 elsewhere
+    unsigned connection_cap = 1024;  // bounds max_connections, given or derived
     unsigned eager_connections = 64;
     unsigned max_retries = 2;
     double retry_initial_s = 0.5;

@@ -138,7 +138,8 @@ net::awaitable<verdict> pipeline::process(run& r) {
     if (!ev) co_return co_await dead_letter_finish(r, invalid_reason(ev.err()), std::nullopt);
     r.ev = std::move(*ev);
     r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period);
-    r.log = r.log.with({{"billing_key", r.key}});
+    r.log = r.log.with(
+        {{"billing_key", r.key}, {"customer_id", r.ev.customer_id}, {"period", r.ev.billing_period}});
 
     new_record row{r.key, r.ev, r.d.message_id, r.d.attempts};
     auto pf = co_await ledger_.preflight(std::move(row), cfg_.lease);

@@ -81,17 +81,17 @@ BOOST_AUTO_TEST_CASE(tail_refuses_a_bad_msg_timeout_before_connecting) {
                          out, err);
         int code = co_await wait_exit(pid, seconds(10));
         auto text = slurp(err);
-        BOOST_TEST(code != 0);
+        BOOST_TEST(code == 64);  // EX_USAGE
         BOOST_TEST(code != -1);
         BOOST_TEST(text.find("--msg-timeout") != std::string::npos, text);
-        BOOST_TEST(text.find("500ms is out of range") != std::string::npos, text);
+        BOOST_TEST(text.find("--msg-timeout 500ms: out of range") != std::string::npos, text);
         BOOST_TEST(nsqd.total_connections() == 0u);
         // Same for a value over nsqd's max-msg-timeout, and a non-duration.
         pid =
             spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout", "16m"},
                   out, err);
         BOOST_TEST(co_await wait_exit(pid, seconds(10)) > 0);
-        BOOST_TEST(slurp(err).find("16m is out of range") != std::string::npos);
+        BOOST_TEST(slurp(err).find("--msg-timeout 16m: out of range") != std::string::npos);
         pid =
             spawn({"tail", "--topic", "t", "--nsqd-tcp-address", nsqd.tcp_address(), "--msg-timeout", "soon"},
                   out, err);
@@ -110,11 +110,11 @@ BOOST_AUTO_TEST_CASE(tail_prints_json_lines_and_drains_on_sigterm) {
         nsqd.set_latency(milliseconds(5));  // keep messages in flight when SIGTERM lands
         for (int i = 0; i < 20000; ++i) nsqd.publish("tl", "{\"n\":" + std::to_string(i) + "}");
         auto out = temp_path("tail.out"), err = temp_path("tail.err");
-        auto pid =
-            spawn({"tail", "--topic", "tl", "--channel", "tailtest", "--nsqd-tcp-address", nsqd.tcp_address(),
-                   "--max-in-flight", "100", "--msg-timeout", "2s", "--heartbeat-interval", "1s",
-                   "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10"},
-                  out, err);
+        auto pid = spawn(
+            {"tail", "--topic", "tl", "--channel", "tailtest", "--take-from-channel", "--nsqd-tcp-address",
+             nsqd.tcp_address(), "--max-in-flight", "100", "--msg-timeout", "2s", "--heartbeat-interval",
+             "1s", "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10"},
+            out, err);
         BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("tl", "tailtest").finish_count >= 300; },
                                           seconds(10)));
         BOOST_TEST(nsqd.channel("tl", "tailtest").in_flight > 0);
@@ -209,6 +209,39 @@ BOOST_AUTO_TEST_CASE(publish_sends_a_jsonl_file_with_mpub) {
         BOOST_TEST(co_await wait_exit(pid, seconds(15)) == 0, slurp(err));
         BOOST_TEST(nsqd.topic_message_count("billing") == 1238u);
         ::unlink(in.c_str());
+        ::unlink(out.c_str());
+        ::unlink(err.c_str());
+    });
+}
+
+// --max-messages N takes at most N: RDY never above N (max_in_flight = min(--max-in-flight, N)), exactly N
+// FINs, and anything received past the N-th printed is REQueued at once (timeout 0), never FINed.
+BOOST_AUTO_TEST_CASE(tail_max_messages_takes_at_most_that_many) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd nsqd(ex);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        nsqd.record_commands(true);
+        for (int i = 0; i < 50; ++i) nsqd.publish("tm", "{\"n\":" + std::to_string(i) + "}");
+        auto out = temp_path("tm.out"), err = temp_path("tm.err");
+        auto pid = spawn(
+            {"tail", "--topic", "tm", "--channel", "tm#ephemeral", "--nsqd-tcp-address", nsqd.tcp_address(),
+             "--max-messages", "5", "--max-in-flight", "100", "--health-listen", "127.0.0.1:0"},
+            out, err);
+        BOOST_TEST(co_await wait_exit(pid, seconds(20)) == 0, slurp(err));
+        std::istringstream lines(slurp(out));
+        std::string line;
+        int printed = 0;
+        while (std::getline(lines, line)) printed += !line.empty();
+        BOOST_TEST(printed == 5);
+        int fins = 0;
+        for (const auto& c : nsqd.command_log()) {
+            if (c.rfind("RDY ", 0) == 0) BOOST_TEST(std::stoll(c.substr(4)) <= 5, c);
+            if (c.rfind("FIN ", 0) == 0) ++fins;
+            if (c.rfind("REQ ", 0) == 0) BOOST_TEST(c.substr(c.rfind(' ') + 1) == "0", c);
+        }
+        BOOST_TEST(fins == 5);
+        BOOST_TEST(nsqd.peak_channel_rdy() <= 5);
         ::unlink(out.c_str());
         ::unlink(err.c_str());
     });

@@ -15,6 +15,7 @@
 #include <boost/test/unit_test.hpp>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -240,7 +241,7 @@ BOOST_FIXTURE_TEST_CASE(dead_letters_list_show_replay_then_charged_once, ops) {
             co_await run_cmd(c, argv("dead-letters", "show", std::to_string(id_a), "--pg-dsn", dsn())) == 0);
         BOOST_TEST(c->out().find(a) != std::string::npos, c->out());
         BOOST_TEST(c->out().find("stripe rejected: No such customer") != std::string::npos);
-        BOOST_TEST(co_await run_cmd(c, argv("dead-letters", "show", "999999", "--pg-dsn", dsn())) == 1);
+        BOOST_TEST(co_await run_cmd(c, argv("dead-letters", "show", "999999", "--pg-dsn", dsn())) == 2);
 
         auto replay = [&](auto... extra) {
             return argv("dead-letters", "replay", "--pg-dsn", dsn(), "--nsqd-tcp-address",
@@ -416,7 +417,7 @@ BOOST_FIXTURE_TEST_CASE(reconcile_publish_recovers_a_lost_tenth, ops) {
             crashed + "'");
 
         child* c = nullptr;
-        BOOST_TEST(co_await run_cmd(c, reconcile_args(file, period)) == 1, c->err());
+        BOOST_TEST(co_await run_cmd(c, reconcile_args(file, period)) == 2, c->err());
         auto first = parse_report(c->out());
         BOOST_TEST(first.classes["missing"] == 12);
         BOOST_TEST(first.classes["ok"] == 108);
@@ -436,7 +437,7 @@ BOOST_FIXTURE_TEST_CASE(reconcile_publish_recovers_a_lost_tenth, ops) {
         args.push_back(nsqd->tcp_address());
         args.push_back("--topic");
         args.push_back(topic);
-        BOOST_TEST(co_await run_cmd(c, args) == 1,
+        BOOST_TEST(co_await run_cmd(c, args) == 2,
                    c->err());  // re-published, not yet charged: still unexplained
         auto second = parse_report(c->out());
         BOOST_TEST(second.republished == 12);
@@ -499,7 +500,7 @@ BOOST_FIXTURE_TEST_CASE(reconcile_classifies_each_tampered_row, ops) {
             "', 1008, 'usd', 'cus_8', 'cap_blocked', 'spend cap exceeded')");
 
         child* c = nullptr;
-        BOOST_TEST(co_await run_cmd(c, reconcile_args(file, p)) == 1, c->err());
+        BOOST_TEST(co_await run_cmd(c, reconcile_args(file, p)) == 2, c->err());
         auto r = parse_report(c->out());
         const std::map<std::string, std::string> want = {
             {"c0", "ok"},
@@ -520,7 +521,7 @@ BOOST_FIXTURE_TEST_CASE(reconcile_classifies_each_tampered_row, ops) {
         // The table names the same classes for a human.
         auto args = reconcile_args(file, p);
         args.erase(std::find(args.begin(), args.end(), "--json"));
-        BOOST_TEST(co_await run_cmd(c, args) == 1);
+        BOOST_TEST(co_await run_cmd(c, args) == 2);
         BOOST_TEST(c->out().find("5 unexplained, 0 re-published") != std::string::npos, c->out());
         BOOST_TEST(c->out().find("charge ch_gone does not exist at Stripe") != std::string::npos, c->out());
     });
@@ -572,4 +573,301 @@ BOOST_FIXTURE_TEST_CASE(consume_exports_oldest_pending_age_and_probe_answers, op
         BOOST_TEST(co_await run_cmd(c, argv("probe", "--timeout", "1", base + "/healthz")) == 1, c->out());
         BOOST_TEST(co_await run_cmd(c, argv("probe", "not-a-url")) == 1, c->out());
     });
+}
+
+namespace {
+
+// `explain --json` output, parsed: state, verdict, the ledger's charge id, and Stripe's charge id (--stripe).
+struct explained {
+    std::string state, verdict, ledger_charge, stripe_charge, ledger_status;
+    std::size_t letters = 0;
+    std::vector<std::string> spend_states;  // vault_spend rows' states
+};
+
+explained parse_explained(const std::string& out) {
+    explained x;
+    simdjson::dom::parser p;
+    simdjson::dom::element doc;
+    BOOST_TEST_REQUIRE(p.parse(out).get(doc) == simdjson::SUCCESS, out);
+    x.state = std::string(doc["state"].get_string().value());
+    x.verdict = std::string(doc["verdict"].get_string().value());
+    x.letters = doc["dead_letters"].get_array().value().size();
+    for (auto s : doc["vault_spend"].get_array().value())
+        x.spend_states.push_back(std::string(s["state"].get_string().value()));
+    auto ledger = doc["ledger"];
+    if (!ledger.is_null()) {
+        x.ledger_status = std::string(ledger["status"].get_string().value());
+        if (!ledger["charge_id"].is_null())
+            x.ledger_charge = std::string(ledger["charge_id"].get_string().value());
+    }
+    auto stripe = doc["stripe"];
+    if (!stripe.is_null() && !stripe["charge_id"].is_null())
+        x.stripe_charge = std::string(stripe["charge_id"].get_string().value());
+    return x;
+}
+
+}  // namespace
+
+// `chargeguard explain` for every ledger state: a row charged by `consume` itself, rows written as the
+// pipeline leaves them (pending with a live lease, pending indeterminate, declined, cap-blocked), a key with
+// only a dead letter, and a key never seen. Each answers with its state, its one-line verdict and exit 0
+// (charged) or 2; --stripe finds the charge by the recovery search, also when the ledger lost the answer.
+BOOST_FIXTURE_TEST_CASE(explain_answers_for_every_ledger_state, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-08";
+        nsqd->publish(topic, event_json("x-charged", p, 1200, "cus_x"));
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
+                           consumer.err());
+        co_await stop_cleanly(consumer);
+        // The pipeline's log lines name the customer and period next to the key.
+        auto logged = consumer.err();
+        BOOST_TEST(logged.find("\"billing_key\":\"" + key_of("x-charged", p) + "\"") != std::string::npos,
+                   logged);
+        BOOST_TEST(logged.find("\"customer_id\":\"x-charged\"") != std::string::npos, logged);
+        BOOST_TEST(logged.find("\"period\":\"" + p + "\"") != std::string::npos, logged);
+        auto insert = [&](const std::string& customer, const std::string& cols, const std::string& values) {
+            return query(
+                "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+                "stripe_customer_id" +
+                cols + ") VALUES ('" + key_of(customer, p) + "', '" + customer + "', '" + p +
+                "', 1300, 'usd', 'cus_y'" + values + ")");
+        };
+        co_await insert("x-live",
+                        ", status, lease_until, lease_epoch, stripe_attempts, first_stripe_attempt_at",
+                        ", 'pending', now() + interval '10 minutes', 7, 1, now()");
+        co_await insert(
+            "x-indet", ", status, lease_until, indeterminate_since, stripe_attempts, first_stripe_attempt_at",
+            ", 'pending', now() - interval '1 minute', now() - interval '5 minutes', 1, "
+            "now() - interval '5 minutes'");
+        co_await insert("x-declined", ", status, last_error",
+                        ", 'declined', 'card_declined: insufficient funds'");
+        co_await insert("x-cap", ", status, last_error", ", 'cap_blocked', 'spend cap exceeded'");
+        co_await query(
+            "INSERT INTO dead_letters (topic, channel, nsq_message_id, attempts, raw_body, reason, "
+            "billing_key) "
+            "VALUES ('" +
+            topic + "', '" + channel + "', '0a1b2c3d4e5f6073', 5, convert_to('{}', 'UTF8'), " +
+            "'stripe rejected: No such customer', '" + key_of("x-dead", p) + "')");
+
+        // The vault released x-cap's reservation when it refused the charge (a later generation's key too).
+        co_await query(
+            "INSERT INTO vault_keys (id, name, secret_hash, billing_period, cap_cents, currency) VALUES "
+            "('vk_explain', 'explain', decode(repeat('00', 32), 'hex'), '" +
+            p + "', 100, 'usd')");
+        co_await query(
+            "INSERT INTO vault_spend (vault_key_id, idempotency_key, amount_cents, state) VALUES "
+            "('vk_explain', '" +
+            key_of("x-cap", p) + "', 1300, 'released'), ('vk_explain', '" + key_of("x-cap", p) +
+            "-g2', 1300, 'reserved')");
+        auto explain = [&](const std::string& customer, std::vector<std::string> extra = {}) {
+            auto a = argv("explain", "--customer", customer, "--period", p, "--key-namespace", key_namespace,
+                          "--pg-dsn", dsn(), "--json");
+            a.insert(a.end(), extra.begin(), extra.end());
+            return a;
+        };
+        struct want {
+            std::string customer, state, verdict_prefix;
+            int code;
+        };
+        const std::vector<want> table = {
+            {"x-charged", "charged", "charged once: ch_", 0},
+            {"x-live", "pending", "pending: lease held (epoch 7) until ", 2},
+            {"x-indet", "pending", "pending, indeterminate since ", 2},
+            {"x-declined", "declined", "declined: card_declined: insufficient funds", 2},
+            {"x-cap", "cap_blocked", "cap-blocked: spend cap exceeded", 2},
+            {"x-dead", "dead_lettered",
+             "dead-lettered: stripe rejected: No such customer; replay with chargeguard "
+             "dead-letters replay ",
+             2},
+            {"x-unknown", "never_seen", "never seen: ", 2},
+        };
+        child* c = nullptr;
+        std::string charged_id;
+        for (const auto& w : table) {
+            BOOST_TEST_CONTEXT(w.customer) {
+                BOOST_TEST(co_await run_cmd(c, explain(w.customer)) == w.code, c->err());
+                auto x = parse_explained(c->out());
+                BOOST_TEST(x.state == w.state);
+                BOOST_TEST(x.verdict.rfind(w.verdict_prefix, 0) == 0u, x.verdict);
+                if (w.state == "charged") charged_id = x.ledger_charge;
+                if (w.customer == "x-cap")
+                    BOOST_TEST((x.spend_states == std::vector<std::string>{"released", "reserved"}));
+                else
+                    BOOST_TEST(x.spend_states.empty());
+            }
+        }
+        BOOST_TEST_REQUIRE(charges_by_key()[key_of("x-charged", p)].size() == 1u);
+        BOOST_TEST(charged_id == charges_by_key()[key_of("x-charged", p)].front());
+
+        // The text form ends with the verdict line; --key finds the same row.
+        BOOST_TEST(
+            co_await run_cmd(c, argv("explain", "--key", key_of("x-charged", p), "--pg-dsn", dsn())) == 0,
+            c->err());
+        BOOST_TEST(c->out().find("verdict: charged once: " + charged_id) != std::string::npos, c->out());
+
+        // --stripe: the recovery search finds the charge; with the ledger's answer lost (the row set back to
+        // pending, as a crash after Stripe answered leaves it) it still does, and says recovery records it.
+        auto s = stripe_args();
+        s.insert(s.begin(), "--stripe");
+        BOOST_TEST(co_await run_cmd(c, explain("x-charged", s)) == 0, c->err());
+        BOOST_TEST(parse_explained(c->out()).stripe_charge == charged_id);
+        co_await query(
+            "UPDATE billing_records SET status = 'pending', charge_id = NULL, lease_until = now() - interval "
+            "'1 minute', indeterminate_since = now() WHERE key = '" +
+            key_of("x-charged", p) + "'");
+        BOOST_TEST(co_await run_cmd(c, explain("x-charged", s)) == 2, c->err());
+        auto lost = parse_explained(c->out());
+        BOOST_TEST(lost.state == "pending");
+        BOOST_TEST(lost.stripe_charge == charged_id);
+        BOOST_TEST(lost.verdict.find("Stripe already holds " + charged_id) != std::string::npos,
+                   lost.verdict);
+        // A customer Stripe has nothing for: searched, nothing found.
+        BOOST_TEST(co_await run_cmd(c, explain("x-declined", s)) == 2, c->err());
+        BOOST_TEST(parse_explained(c->out()).stripe_charge.empty());
+        BOOST_TEST(c->err().find(stripe_key) == std::string::npos);
+    });
+}
+
+namespace {
+
+std::vector<std::string> lines_of(const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line))
+        if (!line.empty()) out.push_back(line);
+    return out;
+}
+
+// The shipped ConfigMap's data (deploy/kubernetes/chargeguard.yaml), as a debug pod with the same envFrom has
+// it — except PG*, which stay this test's server's (the ConfigMap's name the cluster's PostgreSQL), and the
+// key file, which `key_file` replaces. Set for the life of the object, then restored.
+struct configmap_env {
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+    explicit configmap_env(const std::string& key_file, std::map<std::string, std::string> more = {}) {
+        std::map<std::string, std::string> vars = {
+            {"CHARGEGUARD_TOPIC", "billing"},
+            {"CHARGEGUARD_CHANNEL", "chargeguard"},
+            {"CHARGEGUARD_LOOKUPD_HTTP_ADDRESS", "nsqlookupd.billing.svc.cluster.local:4161"},
+            {"CHARGEGUARD_MAX_IN_FLIGHT", "200"},
+            {"CHARGEGUARD_MSG_TIMEOUT", "60s"},
+            {"CHARGEGUARD_SHUTDOWN_TIMEOUT", "30"},
+            {"CHARGEGUARD_KEY_NAMESPACE", "billing-prod"},
+            {"CHARGEGUARD_HEALTH_LISTEN", "0.0.0.0:9180"},
+            {"CHARGEGUARD_STRIPE_KEY_FILE", key_file},
+        };
+        for (auto& [k, v] : more) vars[k] = v;
+        for (const auto& [k, v] : vars) {
+            const char* old = std::getenv(k.c_str());
+            saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+            ::setenv(k.c_str(), v.c_str(), 1);
+        }
+    }
+    ~configmap_env() {
+        for (const auto& [k, v] : saved) v ? ::setenv(k.c_str(), v->c_str(), 1) : ::unsetenv(k.c_str());
+    }
+};
+
+}  // namespace
+
+// The scenario on the real nsqd 1.3.0: events wait in `consume`'s channel `chargeguard`; with the
+// ConfigMap's variables exported, an operator runs tail (the sidecar's channel refused; --max-messages 5 on
+// its own ephemeral channel prints 5 and exits), dead-letters (a replay with CHARGEGUARD_REASON set does not
+// become a bulk replay) and reconcile (CHARGEGUARD_PUBLISH set publishes nothing). Every event is still
+// charged exactly once.
+BOOST_FIXTURE_TEST_CASE(configmap_environment_tools_beside_consume_take_no_billing_event, ops) {
+    const char* bin = std::getenv("NSQD_BIN");
+    if (!bin) {
+        BOOST_TEST_MESSAGE("skipped: NSQD_BIN is not set (the real nsqd 1.3.0 is not on this machine)");
+        return;
+    }
+    real_nsqd real(bin);
+    run(
+        *this,
+        [&]() -> net::awaitable<void> {
+            co_await migrate();
+            const std::string p = "2026-07";
+            std::set<std::string> keys;
+            std::string all_events;
+            int published = 0;
+            auto batch = [&](int n) {
+                std::string lines;
+                for (int i = 0; i < n; ++i, ++published) {
+                    auto cust = "env-" + std::to_string(published);
+                    lines += event_json(cust, p, 700 + published, "cus_env") + "\n";
+                    keys.insert(key_of(cust, p));
+                }
+                all_events += lines;
+                return write_file("batch-" + std::to_string(published) + ".jsonl", lines);
+            };
+            auto publish = [&](const std::string& file) {
+                return argv("publish", "--nsqd-tcp-address", real.tcp_address(), "--topic", topic, file);
+            };
+            // consume first, configured on its command line (the ConfigMap is not exported yet).
+            auto& consumer = spawn_consume(real.tcp_address());
+            child* c = nullptr;
+            auto first = batch(20);
+            bool ok = false;
+            for (int i = 0; i < 100 && !ok; ++i) {  // nsqd is starting: publish retries until it answers
+                ok = co_await run_cmd(c, publish(first)) == 0;
+                if (!ok) co_await net::sleep_for(milliseconds(100));
+            }
+            BOOST_TEST_REQUIRE(ok, c->err());
+
+            auto key_file = write_file("stripe_api_key", stripe_key + "\n");
+            {
+                configmap_env env(key_file,
+                                  {{"CHARGEGUARD_REASON", "stripe"}, {"CHARGEGUARD_PUBLISH", "true"}});
+                BOOST_TEST(co_await run_cmd(c, argv("tail", "--topic", topic, "--channel", channel,
+                                                    "--nsqd-tcp-address", real.tcp_address())) == 64);
+                BOOST_TEST(c->err().find("the sidecar's channel") != std::string::npos, c->err());
+                // tail's channel only sees what is published after it subscribed: publish one event at a
+                // time until it has printed its 5 and exited.
+                auto& tail = spawn(argv("tail", "--topic", topic, "--nsqd-tcp-address", real.tcp_address(),
+                                        "--max-messages", "5", "--health-listen", "127.0.0.1:0"));
+                int status = 0;
+                bool exited = false;
+                for (int i = 0; i < 200 && !exited; ++i) {
+                    BOOST_TEST_REQUIRE(co_await run_cmd(c, publish(batch(1))) == 0, c->err());
+                    exited = ::waitpid(tail.pid, &status, WNOHANG) == tail.pid;
+                }
+                if (exited) tail.pid = -1;
+                BOOST_TEST_REQUIRE(exited, tail.err());
+                BOOST_TEST(WIFEXITED(status));
+                BOOST_TEST(WEXITSTATUS(status) == 0, tail.err());
+                BOOST_TEST(lines_of(tail.out()).size() == 5u, tail.out());
+                BOOST_TEST(tail.err().find("\"channel\":\"chargeguard\"") == std::string::npos, tail.err());
+
+                BOOST_TEST(co_await run_cmd(c, argv("dead-letters", "list", "--pg-dsn", dsn())) == 0,
+                           c->err());
+                BOOST_TEST(co_await run_cmd(c, argv("dead-letters", "replay", "--pg-dsn", dsn(),
+                                                    "--nsqd-tcp-address", real.tcp_address())) == 64);
+                BOOST_TEST(c->err().find("give letter IDs or --reason") != std::string::npos, c->err());
+            }
+            const auto total = static_cast<std::size_t>(published);
+            BOOST_TEST_REQUIRE(
+                co_await eventually([&] { return fake->charges().size() >= total; }, seconds(60)),
+                consumer.err());
+            co_await stop_cleanly(consumer);
+            co_await expect_charged_once(keys);
+
+            auto expected = write_file("all.jsonl", all_events);
+            {
+                configmap_env env(key_file, {{"CHARGEGUARD_PUBLISH", "true"}});
+                auto a = argv("reconcile", "--expected", expected, "--period", p, "--key-namespace",
+                              key_namespace, "--pg-dsn", dsn(), "--json");
+                auto s = stripe_args();
+                a.insert(a.end(), s.begin(), s.end());
+                BOOST_TEST(co_await run_cmd(c, a) == 0, c->out() + c->err());
+                auto r = parse_report(c->out());
+                BOOST_TEST(r.republished == 0);
+                BOOST_TEST(r.unexplained == 0);
+            }
+            co_await expect_charged_once(keys);
+        },
+        seconds(180));
 }

@@ -1,0 +1,499 @@
+// `chargeguard explain`: was this customer charged for this period, and if not, why?
+//
+//   chargeguard explain --customer C --period P [--key-namespace N] [--stripe] [--json]
+//   chargeguard explain --key K
+//   echo '<billing event JSON>' | chargeguard explain
+//
+// Computes the idempotency key as consume does (billing/key.hpp), then shows the ledger row (looked up by
+// key, and by customer and period, which are unique: a row written under another key namespace is found
+// too), the key's dead letters, its vault spend reservations when the vault tables exist, and with --stripe
+// the live Stripe objects carrying metadata[billing_key] — the same list-and-metadata search recovery uses
+// (stripe::client::find_charge_by_billing_key / find_payment_intent_by_billing_key). Read-only: it changes
+// nothing anywhere. Ends with a one-line verdict; exit 0 when the event is charged once, 2 otherwise, 1 when
+// PostgreSQL or Stripe could not be asked.
+#include <unistd.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include "app/cli.hpp"
+#include "app/commands.hpp"
+#include "app/pg_flags.hpp"
+#include "app/stripe_flags.hpp"
+#include "billing/event.hpp"
+#include "billing/key.hpp"
+#include "net/offload.hpp"
+#include "pg/rows.hpp"
+#include "stripe/client.hpp"
+
+// g++ 12 at -O2 reports a false positive on Asio's coroutine frame allocator (GCC bug 109224), as the
+// billing library does with -Wno-mismatched-new-delete.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace cg::app {
+// A named namespace, not an anonymous one: the unity build joins the app's files into one unit.
+namespace explain_impl {
+
+struct explain_flags {
+    pg_flags pg;
+    stripe_flags stripe;
+    std::string customer, period, key;
+    std::string key_namespace = "chargeguard";
+    bool with_stripe = false;
+    bool json = false;
+    std::string stripe_customer;  // from a stdin event
+};
+
+// Every column as text (NULL stays NULL), in this order.
+constexpr const char* explain_columns[] = {"key",
+                                           "customer_id",
+                                           "billing_period",
+                                           "amount_cents",
+                                           "currency",
+                                           "stripe_customer_id",
+                                           "status",
+                                           "key_generation",
+                                           "stripe_attempts",
+                                           "lease_until",
+                                           "lease_epoch",
+                                           "charge_id",
+                                           "payment_intent_id",
+                                           "last_error",
+                                           "indeterminate_since",
+                                           "first_stripe_attempt_at",
+                                           "last_stripe_attempt_at",
+                                           "nsq_message_id",
+                                           "nsq_attempts",
+                                           "created_at",
+                                           "updated_at"};
+constexpr int n_explain_columns = static_cast<int>(std::size(explain_columns));
+
+std::string ledger_sql() {
+    std::string s = "SELECT ";
+    for (int i = 0; i < n_explain_columns; ++i)
+        s += std::string(i ? ", " : "") + explain_columns[i] + "::text";
+    s += ", (lease_until IS NOT NULL AND lease_until > now()) AS lease_live FROM billing_records "
+         "WHERE key = $1::text OR (customer_id = $2::text AND billing_period = $3::text) "
+         "ORDER BY (key = $1::text) DESC LIMIT 1";
+    return s;
+}
+
+struct field {
+    std::string name;
+    std::optional<std::string> value;
+};
+
+struct ledger_view {
+    std::vector<field> fields;
+    bool lease_live = false;
+    std::optional<std::string> get(std::string_view name) const {
+        for (const auto& f : fields)
+            if (f.name == name) return f.value;
+        return std::nullopt;
+    }
+    std::string str(std::string_view name) const { return get(name).value_or(""); }
+};
+
+struct letter_view {
+    std::string id, reason, received_at;
+    std::optional<std::string> replayed_at;
+};
+
+struct spend_view {
+    std::string vault_key_id, idempotency_key, amount_cents, state, reserved_at;
+    std::optional<std::string> stripe_object_id;
+};
+
+struct stripe_view {
+    bool asked = false;
+    std::string skipped;  // why not asked
+    std::optional<stripe::charge> charge;
+    std::optional<stripe::payment_intent> intent;
+};
+
+struct explanation {
+    std::string key, customer, period, key_namespace;
+    std::optional<ledger_view> row;
+    std::vector<letter_view> letters;
+    std::optional<std::vector<spend_view>> spend;  // nullopt: no vault tables
+    stripe_view stripe;
+    std::string
+        state;  // charged | pending | declined | cap_blocked | failed | conflict | dead_lettered | never_seen
+    std::string verdict;  // the one line
+};
+
+std::optional<std::string> opt_text(const pg::rows& r, std::size_t i, int col) {
+    if (r.is_null(i, col)) return std::nullopt;
+    return std::string(r.text(i, col));
+}
+
+net::awaitable<result<pg::rows>> run_query(pg::pool& pool, const std::string& sql, pg::params p) {
+    auto c = co_await pool.acquire();
+    if (!c) co_return c.err();
+    co_return co_await (*c)->query_with(sql, std::move(p), std::chrono::seconds(30));
+}
+
+net::awaitable<result<void>> load_ledger(pg::pool& pool, explanation& x) {
+    auto r = co_await run_query(pool, ledger_sql(), pg::params(x.key, x.customer, x.period));
+    if (!r) co_return r.err();
+    if (r->empty()) co_return result<void>{};
+    ledger_view v;
+    for (int c = 0; c < n_explain_columns; ++c) v.fields.push_back({explain_columns[c], opt_text(*r, 0, c)});
+    v.lease_live = r->text(0, n_explain_columns) == "t";
+    x.row = std::move(v);
+    co_return result<void>{};
+}
+
+net::awaitable<result<void>> load_letters(pg::pool& pool, explanation& x, const std::string& key) {
+    auto r =
+        co_await run_query(pool,
+                           "SELECT id::text, reason, received_at::text, replayed_at::text FROM dead_letters "
+                           "WHERE billing_key = $1::text ORDER BY id",
+                           pg::params(key));
+    if (!r) co_return r.err();
+    for (std::size_t i = 0; i < r->size(); ++i)
+        x.letters.push_back({std::string(r->text(i, 0)), std::string(r->text(i, 1)),
+                             std::string(r->text(i, 2)), opt_text(*r, i, 3)});
+    co_return result<void>{};
+}
+
+net::awaitable<result<void>> load_spend(pg::pool& pool, explanation& x, const std::string& key) {
+    auto t = co_await run_query(pool, "SELECT to_regclass('vault_spend') IS NOT NULL", pg::params());
+    if (!t) co_return t.err();
+    if (t->text(0, 0) != "t") co_return result<void>{};
+    // The Stripe idempotency key is the base key, or base-gN for a later generation (billing/key.hpp).
+    auto r = co_await run_query(pool,
+                                "SELECT vault_key_id, idempotency_key, amount_cents::text, state, "
+                                "stripe_object_id, reserved_at::text FROM vault_spend "
+                                "WHERE idempotency_key = $1::text OR idempotency_key LIKE $1::text || '-g%' "
+                                "ORDER BY reserved_at, idempotency_key",
+                                pg::params(key));
+    if (!r) co_return r.err();
+    std::vector<spend_view> out;
+    for (std::size_t i = 0; i < r->size(); ++i)
+        out.push_back({std::string(r->text(i, 0)), std::string(r->text(i, 1)), std::string(r->text(i, 2)),
+                       std::string(r->text(i, 3)), std::string(r->text(i, 5)), opt_text(*r, i, 4)});
+    x.spend = std::move(out);
+    co_return result<void>{};
+}
+
+// The recovery search (stripe::client), read-only.
+net::awaitable<result<void>> load_stripe(stripe::client& client, explanation& x, const std::string& cus,
+                                         const std::string& key) {
+    x.stripe.asked = true;
+    auto ch = co_await client.find_charge_by_billing_key(cus, key, std::nullopt);
+    if (!ch) co_return ch.err();
+    x.stripe.charge = std::move(*ch);
+    auto pi = co_await client.find_payment_intent_by_billing_key(cus, key, std::nullopt);
+    if (!pi) co_return pi.err();
+    x.stripe.intent = std::move(*pi);
+    co_return result<void>{};
+}
+
+std::string replay_hint(const explanation& x) {
+    for (const auto& l : x.letters)
+        if (!l.replayed_at) return "; replay with chargeguard dead-letters replay " + l.id;
+    return "";
+}
+
+const letter_view* open_letter(const explanation& x) {
+    for (const auto& l : x.letters)
+        if (!l.replayed_at) return &l;
+    return nullptr;
+}
+
+// The verdict from what was found. Ledger first (it is the record of truth consume writes), then Stripe.
+void decide(explanation& x) {
+    const letter_view* letter = open_letter(x);
+    if (!x.row) {
+        if (letter) {
+            x.state = "dead_lettered";
+            x.verdict = "dead-lettered: " + letter->reason + replay_hint(x);
+        } else {
+            x.state = "never_seen";
+            x.verdict = "never seen: no ledger row and no dead letter for key " + x.key +
+                        " (was the event published? is --key-namespace " + x.key_namespace + " consume's?)";
+        }
+        if (x.stripe.charge)
+            x.verdict += "; but Stripe holds " + x.stripe.charge->id + " (" + x.stripe.charge->status +
+                         ") for this key";
+        return;
+    }
+    const auto& r = *x.row;
+    auto status = r.str("status");
+    auto err = r.get("last_error").value_or("no error recorded");
+    x.state = status;
+    if (status == "charged") {
+        x.verdict = "charged once: " + r.str("charge_id") + " at " + r.str("updated_at");
+    } else if (status == "pending") {
+        if (r.lease_live)
+            x.verdict = "pending: lease held (epoch " + r.str("lease_epoch") + ") until " +
+                        r.str("lease_until") + ", will be retried";
+        else if (r.get("indeterminate_since"))
+            x.verdict =
+                "pending, indeterminate since " + r.str("indeterminate_since") +
+                " (Stripe's answer was lost): the next delivery searches Stripe before charging again";
+        else
+            x.verdict =
+                "pending: lease expired; the next delivery resumes it (none coming: chargeguard "
+                "reconcile --publish re-publishes it)";
+        if (x.stripe.charge)
+            x.verdict += "; Stripe already holds " + x.stripe.charge->id + " (" + x.stripe.charge->status +
+                         ") for this key: recovery records it";
+    } else if (status == "declined") {
+        x.verdict = "declined: " + err + replay_hint(x);
+    } else if (status == "cap_blocked") {
+        x.verdict = "cap-blocked: " + err + replay_hint(x);
+    } else if (letter) {
+        x.state = "dead_lettered";
+        x.verdict = "dead-lettered: " + letter->reason + " (ledger row " + status + ")" + replay_hint(x);
+    } else {
+        x.verdict = status + ": " + err;
+    }
+    if (r.str("key") != x.key)
+        x.verdict += " (the row's key " + r.str("key") + " is not the computed one: another --key-namespace)";
+}
+
+void print_text(const explanation& x) {
+    std::printf("key:          %s\n", x.key.c_str());
+    if (!x.customer.empty())
+        std::printf("computed from namespace %s, customer %s, period %s\n", x.key_namespace.c_str(),
+                    x.customer.c_str(), x.period.c_str());
+    if (!x.row) {
+        std::printf("ledger row:   none\n");
+    } else {
+        std::printf("ledger row:\n");
+        for (const auto& f : x.row->fields)
+            std::printf("  %-24s %s\n", f.name.c_str(), f.value.value_or("-").c_str());
+        std::printf("  %-24s %s\n", "lease_live", x.row->lease_live ? "yes" : "no");
+    }
+    if (x.letters.empty()) std::printf("dead letters: none\n");
+    for (const auto& l : x.letters)
+        std::printf("dead letter %s: %s (received %s, %s)\n", l.id.c_str(), l.reason.c_str(),
+                    l.received_at.c_str(),
+                    l.replayed_at ? ("replayed " + *l.replayed_at).c_str() : "not replayed");
+    if (!x.spend)
+        std::printf("vault:        no vault tables\n");
+    else if (x.spend->empty())
+        std::printf("vault:        no reservation\n");
+    for (const auto& s : x.spend.value_or(std::vector<spend_view>{}))
+        std::printf("vault %s: %s %s cents under %s (reserved %s, object %s)\n", s.vault_key_id.c_str(),
+                    s.state.c_str(), s.amount_cents.c_str(), s.idempotency_key.c_str(), s.reserved_at.c_str(),
+                    s.stripe_object_id.value_or("-").c_str());
+    if (!x.stripe.asked) {
+        std::printf("stripe:       %s\n", x.stripe.skipped.c_str());
+    } else {
+        if (x.stripe.charge)
+            std::printf("stripe charge: %s %s %lld %s (created %lld)\n", x.stripe.charge->id.c_str(),
+                        x.stripe.charge->status.c_str(), static_cast<long long>(x.stripe.charge->amount),
+                        x.stripe.charge->currency.c_str(), static_cast<long long>(x.stripe.charge->created));
+        else
+            std::printf("stripe charge: none carries metadata[billing_key]=%s\n", x.key.c_str());
+        if (x.stripe.intent)
+            std::printf("stripe payment intent: %s %s\n", x.stripe.intent->id.c_str(),
+                        x.stripe.intent->status.c_str());
+        else
+            std::printf("stripe payment intent: none\n");
+    }
+    std::printf("verdict: %s\n", x.verdict.c_str());
+}
+
+void json_field(std::string& out, std::string_view name, const std::optional<std::string>& v,
+                bool comma = true) {
+    if (comma) out += ',';
+    append_json_string(out, name);
+    out += ':';
+    if (v)
+        append_json_string(out, *v);
+    else
+        out += "null";
+}
+
+void print_json(const explanation& x) {
+    std::string o = "{";
+    json_field(o, "key", x.key, false);
+    json_field(o, "customer_id", x.customer.empty() ? std::nullopt : std::optional(x.customer));
+    json_field(o, "period", x.period.empty() ? std::nullopt : std::optional(x.period));
+    json_field(o, "key_namespace", x.key_namespace);
+    json_field(o, "state", x.state);
+    json_field(o, "verdict", x.verdict);
+    o += ",\"ledger\":";
+    if (x.row) {
+        o += '{';
+        bool first = true;
+        for (const auto& f : x.row->fields) {
+            json_field(o, f.name, f.value, !first);
+            first = false;
+        }
+        o += std::string(",\"lease_live\":") + (x.row->lease_live ? "true" : "false") + '}';
+    } else {
+        o += "null";
+    }
+    o += ",\"dead_letters\":[";
+    for (std::size_t i = 0; i < x.letters.size(); ++i) {
+        const auto& l = x.letters[i];
+        o += i ? ",{" : "{";
+        json_field(o, "id", l.id, false);
+        json_field(o, "reason", l.reason);
+        json_field(o, "received_at", l.received_at);
+        json_field(o, "replayed_at", l.replayed_at);
+        o += '}';
+    }
+    o += "],\"vault_spend\":";
+    if (!x.spend) {
+        o += "null";
+    } else {
+        o += '[';
+        for (std::size_t i = 0; i < x.spend->size(); ++i) {
+            const auto& s = (*x.spend)[i];
+            o += i ? ",{" : "{";
+            json_field(o, "vault_key_id", s.vault_key_id, false);
+            json_field(o, "idempotency_key", s.idempotency_key);
+            json_field(o, "amount_cents", s.amount_cents);
+            json_field(o, "state", s.state);
+            json_field(o, "stripe_object_id", s.stripe_object_id);
+            json_field(o, "reserved_at", s.reserved_at);
+            o += '}';
+        }
+        o += ']';
+    }
+    o += ",\"stripe\":";
+    if (!x.stripe.asked) {
+        o += "null";
+    } else {
+        o += '{';
+        json_field(o, "charge_id", x.stripe.charge ? std::optional(x.stripe.charge->id) : std::nullopt,
+                   false);
+        json_field(o, "charge_status",
+                   x.stripe.charge ? std::optional(x.stripe.charge->status) : std::nullopt);
+        json_field(o, "payment_intent_id",
+                   x.stripe.intent ? std::optional(x.stripe.intent->id) : std::nullopt);
+        json_field(o, "payment_intent_status",
+                   x.stripe.intent ? std::optional(x.stripe.intent->status) : std::nullopt);
+        o += '}';
+    }
+    o += "}\n";
+    std::fputs(o.c_str(), stdout);
+}
+
+net::awaitable<int> run_explain(const explain_flags* fp, std::shared_ptr<pg::pool> pool,
+                                stripe::client* client, explanation x) {
+    const auto& f = *fp;
+    auto fail = [](const char* what, const error& e) {
+        std::fprintf(stderr, "chargeguard explain: %s: %s\n", what, e.describe().c_str());
+        return exit_failure;
+    };
+    if (auto r = co_await load_ledger(*pool, x); !r) co_return fail("reading the ledger", r.err());
+    // A row found by customer and period under another key: its dead letters and spend carry that key.
+    std::string key = x.row ? x.row->str("key") : x.key;
+    if (auto r = co_await load_letters(*pool, x, key); !r) co_return fail("reading dead letters", r.err());
+    if (auto r = co_await load_spend(*pool, x, key); !r)
+        co_return fail("reading vault reservations", r.err());
+    if (!client) {
+        x.stripe.skipped = "not asked (--stripe searches it)";
+    } else {
+        std::string cus = x.row ? x.row->str("stripe_customer_id") : f.stripe_customer;
+        if (cus.empty())
+            x.stripe.skipped = "not searched: no ledger row and no event gives the Stripe customer";
+        else if (auto r = co_await load_stripe(*client, x, cus, key); !r)
+            co_return fail("searching Stripe", r.err());
+    }
+    decide(x);
+    if (f.json)
+        print_json(x);
+    else
+        print_text(x);
+    co_return x.state == "charged" ? exit_ok : exit_problem;
+}
+
+// Fills customer/period/key from the flags or an event line on stdin; throws usage_error.
+void resolve_subject(explain_flags& f) {
+    bool by_customer = !f.customer.empty() || !f.period.empty();
+    if (by_customer && !f.key.empty()) throw usage_error("give --key or --customer with --period, not both");
+    if (!f.key.empty()) {
+        bool hex = f.key.size() == 32 && f.key.find_first_not_of("0123456789abcdef") == std::string::npos;
+        if (!hex) bad_value("--key", f.key, "not a billing key (32 lower-case hex digits)");
+        return;
+    }
+    if (by_customer) {
+        if (f.customer.empty() || f.period.empty()) throw usage_error("--customer and --period go together");
+        return;
+    }
+    if (::isatty(STDIN_FILENO))
+        throw usage_error("give --customer C --period P, --key K, or a billing event line on stdin");
+    std::string line;
+    while (line.find_first_not_of(" \t\r") == std::string::npos && std::getline(std::cin, line)) {
+    }
+    auto ev = billing::parse_event(line);
+    if (!ev) throw usage_error("stdin: not a billing event: " + ev.err().message);
+    f.customer = ev->customer_id;
+    f.period = ev->billing_period;
+    f.stripe_customer = ev->stripe_customer_id;
+}
+
+int explain_main(explain_flags f, const global_flags& g) {
+    if (!billing::valid_key_namespace(f.key_namespace))
+        bad_value("--key-namespace", f.key_namespace, "not 1-64 characters of [A-Za-z0-9_.-]");
+    resolve_subject(f);
+    explanation x;
+    x.key_namespace = f.key_namespace;
+    x.customer = f.customer;
+    x.period = f.period;
+    x.key = f.key.empty() ? billing::base_key(f.key_namespace, f.customer, f.period) : f.key;
+    std::optional<stripe::client_config> scfg;
+    if (f.with_stripe) scfg = to_stripe_config(f.stripe);
+    auto opts = to_pool_options(f.pg);
+    opts.size = 1;
+    auto log = make_stderr_logger(g.level());
+    asio::io_context io{1};
+    net::offload_pool off{1};
+    std::unique_ptr<stripe::client> client;
+    if (scfg) {
+        auto c = stripe::client::create(off.get_executor(), std::move(*scfg), log);
+        if (!c) {
+            std::fprintf(stderr, "chargeguard explain: %s\n", c.err().describe().c_str());
+            return exit_failure;
+        }
+        client = std::move(*c);
+    }
+    auto pool = pg::pool::create(io.get_executor(), off.get_executor(), std::move(opts), log);
+    int rc = run_then_close_pool(io, pool, run_explain(&f, pool, client.get(), std::move(x)), "explain");
+    client.reset();
+    off.drain();
+    return rc;
+}
+
+}  // namespace explain_impl
+
+void register_explain(CLI::App& app, command_main& selected) {
+    auto* cmd = app.add_subcommand("explain",
+                                   "was this customer charged for this period, and if not, why? (read-only)");
+    cmd->footer(std::string("Examples:\n"
+                            "  chargeguard explain --customer acme-42 --period 2026-11\n"
+                            "  chargeguard explain --key 0f3c9a7e5b1d2c4f6a8b0c1d2e3f4a5b --stripe --json\n"
+                            "  echo '{\"customer_id\":\"acme-42\",\"billing_period\":\"2026-11\",…}' | "
+                            "chargeguard explain\n") +
+                exit_code_table);
+    using namespace explain_impl;
+    auto f = std::make_shared<explain_flags>();
+    cmd->add_option("--customer", f->customer, "the billing system's customer id (with --period)");
+    cmd->add_option("--period", f->period, "the billing period, as in the events (e.g. 2026-11)");
+    cmd->add_option("--key", f->key, "a billing key (the ledger's key, logs' billing_key)");
+    env(cmd->add_option("--key-namespace", f->key_namespace, "the key namespace consume uses")
+            ->capture_default_str()
+            ->group(group_pipeline),
+        env_scope::connection);
+    cmd->add_flag("--stripe", f->with_stripe,
+                  "also search Stripe for charges and PaymentIntents carrying the key (as recovery does)")
+        ->group(group_stripe);
+    cmd->add_flag("--json", f->json, "one JSON object instead of the text");
+    add_pg_flags(*cmd, f->pg, false);
+    add_stripe_flags(*cmd, f->stripe);
+    cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return explain_main(*f, g); }; });
+}
+
+}  // namespace cg::app
