@@ -23,7 +23,10 @@ void mirror_env(CLI::App& app, const std::string& prefix) {
     for (CLI::Option* opt : app.get_options()) {
         if (!opt->get_envname().empty() || opt->get_lnames().empty()) continue;
         const auto& name = opt->get_lnames().front();
-        if (name == "help" || name == "help-all") continue;
+        // --version prints and exits; --allow-insecure-http is a test-only switch that must be typed on the
+        // command line, never inherited from an environment.
+        if (name == "help" || name == "help-all" || name == "version" || name == "allow-insecure-http")
+            continue;
         opt->envname(env_name_for(prefix, name));
     }
     for (CLI::App* sub : app.get_subcommands({})) mirror_env(*sub, prefix);

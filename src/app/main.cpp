@@ -1,6 +1,7 @@
 // chargeguard: NSQ billing events → Stripe, exactly once. See README.md and DESIGN.md.
 #include <cstdio>
 
+#include "app/build_info.hpp"
 #include "app/cli.hpp"
 #include "app/commands.hpp"
 
@@ -8,6 +9,7 @@ int main(int argc, char** argv) {
     using namespace cg::app;
     CLI::App app{"chargeguard — charges Stripe exactly once for billing events from NSQ"};
     app.require_subcommand(1);
+    app.set_version_flag("--version", version_line());
     global_flags globals;
     app.add_option("--log-level", globals.log_level, "debug | info | warn | error | off")
         ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}))

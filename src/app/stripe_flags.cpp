@@ -1,6 +1,10 @@
 #include "app/stripe_flags.hpp"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -75,13 +79,58 @@ void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
     cmd.add_option("--stripe-rate-min", f.rate_min, "AIMD floor in requests/s")
         ->check(CLI::Range(0.01, 100000.0))
         ->capture_default_str();
+    add_allow_insecure_http_flag(cmd, f.allow_insecure_http);
+}
+
+void add_allow_insecure_http_flag(CLI::App& cmd, bool& allowed) {
+    cmd.add_flag("--allow-insecure-http", allowed,
+                 "TESTS ONLY: accept an http:// Stripe or upstream origin (the key crosses the network in "
+                 "cleartext); command line only, never read from the environment");
+}
+
+void refuse_plain_http(const char* flag, const std::string& url, bool allowed) {
+    auto o = http::parse_origin(url);
+    if (!o) throw CLI::ValidationError(flag, o.err().message);
+    if (!o->tls && !allowed)
+        throw CLI::ValidationError(flag, url +
+                                             " is plain http: the API key would cross the network in "
+                                             "cleartext. Use https:// (--allow-insecure-http exists for "
+                                             "tests only)");
+}
+
+std::string key_source(const std::string& key_file) {
+    return key_file.empty() ? std::string("STRIPE_API_KEY") : "--stripe-key-file '" + key_file + "'";
+}
+
+result<void> check_key_shape(std::string_view key, std::string_view source, key_kinds kinds) {
+    auto fail = [&](const std::string& why) {
+        return error(core_errc::invalid_argument, "the key from " + std::string(source) + " " + why);
+    };
+    if (key.find_first_of("\r\n \t\v\f") != std::string_view::npos)
+        return fail("contains whitespace (one key, nothing around it but a final newline)");
+    for (std::string_view p : {"sk_test_", "sk_live_", "rk_test_", "rk_live_"})
+        if (key.starts_with(p)) return {};
+    if (kinds == key_kinds::stripe_or_vault && key.starts_with("cgvk_")) return {};
+    return fail(kinds == key_kinds::stripe_or_vault
+                    ? "is not a Stripe secret or restricted key (sk_test_, sk_live_, rk_test_, rk_live_) "
+                      "nor a vault key (cgvk_)"
+                    : "is not a Stripe secret or restricted key (sk_test_, sk_live_, rk_test_, rk_live_)");
 }
 
 result<std::string> read_stripe_key(const std::string& key_file, const char* env_value) {
     std::string key;
     if (!key_file.empty()) {
+        struct stat sb {};
+        if (::stat(key_file.c_str(), &sb) != 0)
+            return error(core_errc::io_error,
+                         "cannot read --stripe-key-file '" + key_file + "': " + std::strerror(errno));
+        if (S_ISDIR(sb.st_mode))
+            return error(core_errc::invalid_argument,
+                         "--stripe-key-file '" + key_file + "' is a directory, not the file holding the key");
         std::ifstream in(key_file);
-        if (!in) return error(core_errc::io_error, "cannot read --stripe-key-file '" + key_file + "'");
+        if (!in)
+            return error(core_errc::io_error,
+                         "cannot read --stripe-key-file '" + key_file + "': " + std::strerror(errno));
         std::stringstream ss;
         ss << in.rdbuf();
         key = ss.str();
@@ -94,17 +143,20 @@ result<std::string> read_stripe_key(const std::string& key_file, const char* env
         return error(core_errc::invalid_argument, "no Stripe key: set STRIPE_API_KEY or --stripe-key-file");
     }
     if (key.find_first_of("\r\n \t") != std::string::npos)
-        return error(core_errc::invalid_argument, "the Stripe key contains whitespace");
+        return error(core_errc::invalid_argument,
+                     "the key from " + key_source(key_file) + " contains whitespace");
     return key;
 }
 
 stripe::client_config to_stripe_config(const stripe_flags& f) {
     stripe::client_config c;
-    if (auto o = http::parse_origin(f.api_base); !o)
-        throw CLI::ValidationError("--stripe-api-base", o.err().message);
+    refuse_plain_http("--stripe-api-base", f.api_base, f.allow_insecure_http);
     c.api_base = f.api_base;
     auto key = read_stripe_key(f.key_file, std::getenv("STRIPE_API_KEY"));
     if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
+    if (auto shape = check_key_shape(*key, key_source(f.key_file), key_kinds::stripe_or_vault); !shape)
+        throw CLI::ValidationError(f.key_file.empty() ? "STRIPE_API_KEY" : "--stripe-key-file",
+                                   shape.err().message);
     c.api_key = std::move(*key);
     c.ca_file = f.ca_file;
     c.stripe_version = f.version;
