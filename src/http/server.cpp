@@ -18,8 +18,9 @@ namespace cg::http {
 struct server::state {
     struct conn {
         net::tcp_socket* sock;
-        bool served = false;  // completed at least one request: a real client, never shed
-        bool shed = false;    // closed to make room; its coroutine has not yet unregistered it
+        bool served = false;   // completed at least one request: shed only once idle, after the rest
+        bool between = false;  // served, and waiting for its next request (no request being handled)
+        bool shed = false;     // closed to make room; its coroutine has not yet unregistered it
     };
     asio::any_io_executor ex;
     router routes;
@@ -94,17 +95,29 @@ asio::awaitable<void> linger(Stream& stream) {
 
 using conn_it = std::list<server::state::conn>::iterator;
 
-// Closes the oldest connection that has not completed a request. Returns false when there is none.
+void shed(server::state& st, server::state::conn& c) {
+    c.shed = true;
+    ++st.shed_pending;
+    ++st.shed_total;
+    std::error_code ignored;
+    c.sock->close(ignored);  // its pending read/handshake completes with operation_aborted
+}
+
+// Closes the oldest connection that has not completed a request; failing that, the oldest kept-alive one
+// waiting between requests (its client reconnects, as HTTP/1.1 clients do when an idle connection
+// closes), so connections that made one cheap request each cannot hold every slot either. A request being
+// handled is never cut. Returns false when there is nothing to shed.
 bool shed_oldest_idle(server::state& st) {
-    for (auto& c : st.conns) {
-        if (c.served || c.shed) continue;
-        c.shed = true;
-        ++st.shed_pending;
-        ++st.shed_total;
-        std::error_code ignored;
-        c.sock->close(ignored);  // its pending read/handshake completes with operation_aborted
-        return true;
-    }
+    for (auto& c : st.conns)
+        if (!c.served && !c.shed) {
+            shed(st, c);
+            return true;
+        }
+    for (auto& c : st.conns)
+        if (c.between && !c.shed) {
+            shed(st, c);
+            return true;
+        }
     return false;
 }
 
@@ -115,7 +128,10 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
     std::string buf, out;
     while (!st->stopped) {
         auto timeout = self->served ? st->opts.read_timeout : first_timeout;
-        if (!co_await read_request(stream, parser, buf, timeout)) co_return;
+        self->between = self->served;
+        bool got = co_await read_request(stream, parser, buf, timeout);
+        self->between = false;
+        if (!got) co_return;
         self->served = true;
         response resp;
         bool head = false;

@@ -24,8 +24,9 @@ struct server_options {
     // ...and send its first complete request head within this of being accepted (bounded by read_timeout).
     std::chrono::steady_clock::duration first_request_timeout = std::chrono::seconds(10);
     // At this many open connections, a new one sheds the oldest connection that has not yet completed a
-    // request (idle, or mid-handshake, or trickling a request head); only when every open connection has
-    // completed one is the new connection refused. So a flood of connections that never send a byte cannot
+    // request (idle, or mid-handshake, or trickling a request head), else the oldest kept-alive connection
+    // waiting between requests; only when every open connection is in the middle of a request is the new
+    // one refused. So a flood of connections that never send a byte (or send one request and idle) cannot
     // lock well-behaved clients out: it can only displace itself. The same shedding frees a descriptor when
     // accept fails with EMFILE/ENFILE.
     std::size_t max_connections = 512;

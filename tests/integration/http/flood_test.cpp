@@ -1,8 +1,8 @@
 // http::server under a connection flood: 1 100 TCP connections that never send a byte (never start TLS)
 // are held open while a well-behaved client keeps probing. The server sheds the oldest connection that has
 // not completed a request, so every probe is answered, and a client that had completed a request keeps its
-// connection. Plain HTTP (the health listener) and TLS (the vault proxy's listener). Prints the probes'
-// latency under flood.
+// connection while there are such connections to shed. Plain HTTP (the health listener) and TLS (the vault
+// proxy's listener). Prints the probes' latency under flood.
 #define BOOST_TEST_MODULE http_flood
 #include <sys/resource.h>
 
@@ -142,7 +142,7 @@ BOOST_AUTO_TEST_CASE(plain_probes_answered_while_idle_connections_flood) {
     raise_fd_limit();
     http::server_options o;  // the health listener's defaults: 512 connections
     running_server s(o);
-    // A client that completed a request before the flood: it is never the one shed.
+    // A client that completed a request before the flood: connections that never did go first.
     test::raw_http regular(s.port);
     BOOST_TEST(regular.get("/probe").status == 200);
 
