@@ -71,7 +71,8 @@ void mirror_env(CLI::App& app, const std::string& prefix) {
     for (CLI::Option* opt : app.get_options()) {
         if (!opt->get_envname().empty() || opt->get_lnames().empty()) continue;
         const auto& name = opt->get_lnames().front();
-        if (name == "help" || name == "help-all") continue;
+        // --version prints and exits.
+        if (name == "help" || name == "help-all" || name == "version") continue;
         auto it = r.scopes.find(opt);
         auto scope = it == r.scopes.end() ? env_scope::service : it->second;
         if (scope == env_scope::never || (scope == env_scope::service && !service)) continue;

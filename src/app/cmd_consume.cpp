@@ -16,6 +16,7 @@
 #include "app/nsq_flags.hpp"
 #include "app/pg_flags.hpp"
 #include "app/runtime.hpp"
+#include "app/schema_gate.hpp"
 #include "app/stripe_flags.hpp"
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
@@ -173,14 +174,24 @@ net::awaitable<nsq::disposition> give_up_message(billing::pipeline* p, const nsq
 }
 
 // After the loop runs: wait for PostgreSQL (and --migrate, if asked) — retrying while it is down or starting,
-// up to --pg-startup-timeout — then the consumer starts. A failure stops the process with 1.
+// up to --pg-startup-timeout — then for the schema gate (app/schema_gate.hpp), then the consumer starts. A
+// failure stops the process with 1.
 net::awaitable<void> start_consuming(runtime* rt, pg::pool* pool, const pg_flags* pgf,
-                                     std::vector<pg::migration> ms, nsq::consumer* consumer) {
+                                     std::vector<pg::migration> ms, nsq::consumer* consumer,
+                                     schema_gate* gate) {
     if (auto m = co_await wait_for_postgres(*rt, *pool, *pgf, ms); !m) {
         if (rt->stopping()) co_return;
         rt->log().error(pgf->migrate ? "cannot apply migrations" : "PostgreSQL is not answering",
                         {{"error", m.err().describe()}});
         rt->request_stop(pgf->migrate ? "--migrate failed" : "PostgreSQL unreachable at startup", 1);
+        co_return;
+    }
+    rt->startup().mark("postgres");
+    if (auto g = co_await gate->wait(); !g) {
+        if (rt->stopping()) co_return;
+        rt->log().error("the database schema is newer than this binary and not declared compatible with it",
+                        {{"error", g.err().describe()}});
+        rt->request_stop("incompatible database schema", 1);
         co_return;
     }
     if (rt->stopping()) co_return;
@@ -298,6 +309,11 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     consumer.set_give_up_handler(
         [&pipeline, &ncfg](nsq::message& m) { return give_up_message(&pipeline, &ncfg, m); });
     consumer.add_readiness(rt.health());
+    // /startupz: PostgreSQL answered once, the schema gate passed, and an nsqd connection subscribed once.
+    rt.startup().require("postgres", "PostgreSQL (first connection)");
+    schema_gate gate(rt, pool, *ms);
+    rt.startup().require("nsq", "an nsqd connection (first subscription)",
+                         [&consumer] { return consumer.stats().connects > 0; });
     rt.on_shutdown([&consumer, pool]() { return drain(&consumer, pool); });
     // chargeguard_billing_oldest_pending_age_seconds: a cheap periodic query, stopped on shutdown.
     auto pending_age = billing::start_pending_age_monitor(rt.io().get_executor(), pool, rt.metrics(), log);
@@ -306,7 +322,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
         log.error("cannot start", {{"error", ep.err().describe()}});
         return 1;
     }
-    rt.spawn_startup(start_consuming(&rt, pool.get(), &f.pg, std::move(*ms), &consumer));
+    rt.spawn_startup(start_consuming(&rt, pool.get(), &f.pg, std::move(*ms), &consumer, &gate));
     return rt.run();
 }
 

@@ -15,6 +15,7 @@
 #include "app/nsq_flags.hpp"
 #include "app/pg_flags.hpp"
 #include "app/runtime.hpp"
+#include "app/schema_gate.hpp"
 #include "app/stripe_flags.hpp"
 #include "http/origin.hpp"
 #include "http/server.hpp"
@@ -43,6 +44,7 @@ struct proxy_flags {
     std::string stale_reserved = "2m";
     std::string key_cache_ttl = "1s";
     bool upstream_on_main = false;
+    bool allow_insecure_http = false;
     pg_flags pg;
     runtime_flags rt;
 };
@@ -53,11 +55,17 @@ milliseconds seconds_flag(double s) {
 
 vault::proxy_config to_proxy_config(const proxy_flags& f) {
     vault::proxy_config c;
-    if (auto o = http::parse_origin(f.upstream); !o)
-        throw CLI::ValidationError("--upstream", o.err().message);
+    refuse_plain_http("--upstream", f.upstream, f.allow_insecure_http);
     c.upstream = f.upstream;
     auto key = read_stripe_key(f.stripe_key_file, std::getenv("STRIPE_API_KEY"));
     if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
+    // The proxy holds the real key: a vault key here would be a configuration mix-up.
+    if (auto shape = check_key_shape(
+            *key, stripe_key_source_for_messages(f.stripe_key_file, std::getenv("STRIPE_API_KEY")),
+            key_kinds::stripe_only);
+        !shape)
+        throw CLI::ValidationError(f.stripe_key_file.empty() ? "STRIPE_API_KEY" : "--stripe-key-file",
+                                   shape.err().message);
     c.upstream_key = std::move(*key);
     c.ca_file = f.stripe_ca_file;
     c.connect_timeout = seconds_flag(f.upstream_connect_timeout_s);
@@ -117,14 +125,30 @@ net::awaitable<void> drain(http::server* server, vault::proxy* p, std::shared_pt
     co_await pool->close();
 }
 
+// PostgreSQL (and --migrate) as consume waits for it, then the schema gate; only then does the listener
+// accept (a client connecting earlier waits in the backlog) and the background tasks start.
 net::awaitable<void> start_serving(runtime* rt, pg::pool* pool, const pg_flags* pgf,
-                                   std::vector<pg::migration> ms, vault::proxy* p) {
-    if (auto m = co_await migrate_if_requested(*pool, *pgf, ms, rt->log()); !m) {
-        rt->log().error("cannot apply migrations", {{"error", m.err().describe()}});
-        rt->request_stop("--migrate failed", 1);
+                                   std::vector<pg::migration> ms, vault::proxy* p, schema_gate* gate,
+                                   http::server* server, net::tcp::endpoint ep) {
+    if (auto m = co_await wait_for_postgres(*rt, *pool, *pgf, ms); !m) {
+        if (rt->stopping()) co_return;
+        rt->log().error(pgf->migrate ? "cannot apply migrations" : "PostgreSQL is not answering",
+                        {{"error", m.err().describe()}});
+        rt->request_stop(pgf->migrate ? "--migrate failed" : "PostgreSQL unreachable at startup", 1);
         co_return;
     }
-    if (!rt->stopping()) p->start();
+    rt->startup().mark("postgres");
+    if (auto g = co_await gate->wait(); !g) {
+        if (rt->stopping()) co_return;
+        rt->log().error("the database schema is newer than this binary and not declared compatible with it",
+                        {{"error", g.err().describe()}});
+        rt->request_stop("incompatible database schema", 1);
+        co_return;
+    }
+    if (rt->stopping()) co_return;
+    p->start();
+    server->start();
+    rt->log().info("vault proxy listening", {{"address", ep.address().to_string()}, {"port", ep.port()}});
 }
 
 int run_proxy(const proxy_flags& f, const global_flags& g) {
@@ -157,6 +181,11 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
         return 1;
     }
     (*p)->add_readiness(rt.health());
+    // /startupz: PostgreSQL answered once, the schema gate passed, and the upstream was reachable once.
+    rt.startup().require("postgres", "PostgreSQL (first connection)");
+    schema_gate gate(rt, pool, *ms);
+    rt.startup().require("upstream", "the upstream (first successful probe)",
+                         [px = p->get()] { return px->upstream_reached_once(); });
     http::server server(rt.io().get_executor(), (*p)->routes(), std::move(sopts), log);
     auto ep = server.listen(*listen);
     if (!ep) {
@@ -168,9 +197,7 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
         log.error("cannot start", {{"error", hep.err().describe()}});
         return 1;
     }
-    server.start();
-    log.info("vault proxy listening", {{"address", ep->address().to_string()}, {"port", ep->port()}});
-    rt.spawn_startup(start_serving(&rt, pool.get(), &f.pg, std::move(*ms), p->get()));
+    rt.spawn_startup(start_serving(&rt, pool.get(), &f.pg, std::move(*ms), p->get(), &gate, &server, *ep));
     return rt.run();
 }
 
@@ -231,6 +258,7 @@ void register_proxy(CLI::App& app, command_main& selected) {
         "--upstream-on-main", f->upstream_on_main,
         "forward on the main loop instead of the offload threads (saves two thread hops per request; "
         "the TLS records are encrypted on the main loop)");
+    add_allow_insecure_http_flag(*cmd, f->allow_insecure_http);
     add_pg_flags(*cmd, f->pg, true);
     add_runtime_flags(*cmd, f->rt);
     cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_proxy(*f, g); }; });

@@ -1,6 +1,7 @@
 // chargeguard: NSQ billing events → Stripe, exactly once. See README.md and DESIGN.md.
 #include <cstdio>
 
+#include "app/build_info.hpp"
 #include "app/cli.hpp"
 #include "app/commands.hpp"
 
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
     // Root options (--log-level) are accepted after the subcommand too: subcommands inherit this.
     app.fallthrough();
     app.footer(exit_code_table);
+    app.set_version_flag("--version", version_line());
     global_flags globals;
     env(app.add_option("--log-level", globals.log_level, "debug | info | warn | error | off")
             ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}))

@@ -161,8 +161,8 @@ net::awaitable<result<void>> wait_for_postgres(runtime& rt, pg::pool& p, const p
     auto st = std::make_shared<startup_state>();
     rt.health().add_readiness("startup", [st]() -> metrics::check_status {
         std::lock_guard lk(st->mu);
-        if (st->done) return {true, "started"};
-        return {false, "waiting for " + st->waiting_for};
+        if (st->done) return {true, "started", "started"};
+        return {false, "waiting for " + st->waiting_for, "waiting for PostgreSQL"};
     });
     auto finish = [&st] {
         std::lock_guard lk(st->mu);

@@ -1,10 +1,14 @@
 #include "app/runtime.hpp"
 
+#include <sys/resource.h>
+
 #include <asio/co_spawn.hpp>
 #include <asio/experimental/parallel_group.hpp>
 #include <csignal>
 
+#include "app/build_info.hpp"
 #include "http/health_routes.hpp"
+#include "metrics/process.hpp"
 #include "net/timeout.hpp"
 #include "net/turn_budget.hpp"
 
@@ -41,6 +45,35 @@ asio::awaitable<std::size_t> run_all(std::vector<runtime::drain_fn> fns, logger 
     if (st->left > 0) co_await st->done.async_wait();
     co_return st->failed;
 }
+// Go's runtime does the same since 1.19: the soft limit (often 1024) is a leftover of select(2); every
+// socket here is driven by epoll. Returns the limit now in force.
+rlim_t raise_fd_limit() {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlimit want = rl;
+        want.rlim_cur = rl.rlim_max;
+        if (::setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
+    }
+    return rl.rlim_cur;
+}
+
+bool is_loopback(const std::string& host) {
+    std::error_code ec;
+    auto a = asio::ip::make_address(host, ec);
+    return !ec && a.is_loopback();
+}
+
+const char* signal_name(int sig) {
+    switch (sig) {
+        case SIGINT:
+            return "SIGINT";
+        case SIGHUP:
+            return "SIGHUP";
+        default:
+            return "SIGTERM";
+    }
+}
 }  // namespace
 
 runtime::runtime(runtime_options opts, logger log)
@@ -75,7 +108,13 @@ result<net::tcp::endpoint> runtime::start() {
                       as_seconds(opts_.lag_window), as_seconds(opts_.max_loop_lag));
         return metrics::check_status{lag <= as_seconds(opts_.max_loop_lag), buf};
     });
-    http::add_health_routes(routes_, metrics_, health_);
+    add_build_info_metric(metrics_);
+    metrics_.add_collectable(std::make_shared<metrics::process_collector>());
+    auto fd_limit = raise_fd_limit();
+    // Off loopback, /readyz must not hand out the database's host, port or user.
+    http::health_route_options hopts;
+    hopts.redact_details = !is_loopback(opts_.health_listen.host);
+    http::add_health_routes(routes_, metrics_, health_, startup_, hopts);
     server_ = std::make_unique<http::server>(io_.get_executor(), routes_, http::server_options{}, log_);
     auto ep = server_->listen(opts_.health_listen);
     if (!ep) return ep.err();
@@ -83,9 +122,13 @@ result<net::tcp::endpoint> runtime::start() {
     if (opts_.handle_signals) {
         signals_.add(SIGINT);
         signals_.add(SIGTERM);
+        signals_.add(SIGHUP);
         wait_signal();
     }
-    log_.info("health server listening", {{"address", ep->address().to_string()}, {"port", ep->port()}});
+    log_.info("health server listening", {{"address", ep->address().to_string()},
+                                          {"port", ep->port()},
+                                          {"redacted", hopts.redact_details},
+                                          {"fd_limit", static_cast<std::int64_t>(fd_limit)}});
     return ep;
 }
 
@@ -93,7 +136,7 @@ void runtime::wait_signal() {
     signals_.async_wait([this](std::error_code ec, int sig) {
         if (ec) return;
         if (!stopping_) {
-            request_stop(sig == SIGINT ? "SIGINT" : "SIGTERM");
+            request_stop(signal_name(sig));
             wait_signal();
         } else {
             log_.warn("second signal: stopping at once", {{"signal", sig}});

@@ -16,6 +16,7 @@
 #include "http/server.hpp"
 #include "metrics/health.hpp"
 #include "metrics/registry.hpp"
+#include "metrics/startup.hpp"
 #include "net/address.hpp"
 #include "net/lag_probe.hpp"
 #include "net/offload.hpp"
@@ -46,6 +47,8 @@ class runtime {
     const logger& log() const { return log_; }
     metrics::registry& metrics() { return metrics_; }
     metrics::health& health() { return health_; }
+    // /startupz: register the conditions before start() (none registered: started at once).
+    metrics::startup& startup() { return startup_; }
     // Extra routes for the health server; add them before start().
     http::router& routes() { return routes_; }
 
@@ -54,7 +57,10 @@ class runtime {
     using drain_fn = std::function<asio::awaitable<void>()>;
     void on_shutdown(drain_fn fn) { drains_.push_back(std::move(fn)); }
 
-    // Starts the lag probe, the health server and the signal handlers. Returns the bound endpoint.
+    // Starts the lag probe, the health server and the signal handlers (SIGTERM, SIGINT and SIGHUP all drain:
+    // a reload would have to swap the Stripe key under requests in flight on other threads; a restart by
+    // the supervisor does the same safely). Raises the soft RLIMIT_NOFILE to the hard limit, so a flood of
+    // idle connections meets the listeners' own limits, not EMFILE. Returns the bound endpoint.
     result<net::tcp::endpoint> start();
     // Runs the main loop until shutdown completes. Returns the process exit code.
     int run();
@@ -77,6 +83,7 @@ class runtime {
     net::offload_pool offload_;
     metrics::registry metrics_;
     metrics::health health_;
+    metrics::startup startup_;
     http::router routes_;
     std::unique_ptr<http::server> server_;
     std::shared_ptr<net::lag_probe> probe_;

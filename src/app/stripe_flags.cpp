@@ -1,7 +1,11 @@
 #include "app/stripe_flags.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -89,6 +93,38 @@ void add_stripe_option_flags(CLI::App& cmd, stripe_flags& f) {
     cmd.add_option("--stripe-rate-min", f.rate_min, "AIMD floor in requests/s")
         ->check(CLI::Range(0.01, 100000.0))
         ->capture_default_str();
+    add_allow_insecure_http_flag(cmd, f.allow_insecure_http);
+}
+
+void add_allow_insecure_http_flag(CLI::App& cmd, bool& allowed) {
+    cmd.add_flag("--allow-insecure-http", allowed,
+                 "TESTS ONLY: accept an http:// Stripe or upstream origin (the key crosses the network in "
+                 "cleartext); command line only, never read from the environment");
+}
+
+void refuse_plain_http(const char* flag, const std::string& url, bool allowed) {
+    auto o = http::parse_origin(url);
+    if (!o) throw CLI::ValidationError(flag, o.err().message);
+    if (!o->tls && !allowed)
+        throw CLI::ValidationError(flag, url +
+                                             " is plain http: the API key would cross the network in "
+                                             "cleartext. Use https:// (--allow-insecure-http exists for "
+                                             "tests only)");
+}
+
+result<void> check_key_shape(std::string_view key, std::string_view source, key_kinds kinds) {
+    auto fail = [&](const std::string& why) {
+        return error(core_errc::invalid_argument, "the key from " + std::string(source) + " " + why);
+    };
+    if (key.find_first_of("\r\n \t\v\f") != std::string_view::npos)
+        return fail("contains whitespace (one key, nothing around it but a final newline)");
+    for (std::string_view p : {"sk_test_", "sk_live_", "rk_test_", "rk_live_"})
+        if (key.starts_with(p)) return {};
+    if (kinds == key_kinds::stripe_or_vault && key.starts_with("cgvk_")) return {};
+    return fail(kinds == key_kinds::stripe_or_vault
+                    ? "is not a Stripe secret or restricted key (sk_test_, sk_live_, rk_test_, rk_live_) "
+                      "nor a vault key (cgvk_)"
+                    : "is not a Stripe secret or restricted key (sk_test_, sk_live_, rk_test_, rk_live_)");
 }
 
 namespace {
@@ -108,19 +144,31 @@ std::string stripe_key_source(const std::string& key_file, const char* env_value
     return env_value && *env_value ? "STRIPE_API_KEY" : "";
 }
 
+std::string stripe_key_source_for_messages(const std::string& key_file, const char* env_value,
+                                           const std::string& default_file) {
+    if (!key_file.empty()) return "--stripe-key-file '" + key_file + "'";
+    auto source = stripe_key_source(key_file, env_value, default_file);
+    return source == default_file ? "the default secret file '" + default_file + "'" : source;
+}
+
 result<std::string> read_stripe_key(const std::string& flag_file, const char* env_value,
                                     const std::string& default_file) {
     const std::string key_file = key_file_in_effect(flag_file, env_value, default_file);
+    const std::string what = stripe_key_source_for_messages(flag_file, env_value, default_file);
     std::string key;
     if (!key_file.empty()) {
+        struct stat sb {};
+        if (::stat(key_file.c_str(), &sb) != 0)
+            return error(core_errc::io_error, "cannot read " + what + ": " + std::strerror(errno));
+        if (S_ISDIR(sb.st_mode))
+            return error(core_errc::invalid_argument, what + " is a directory, not the file holding the key");
         std::ifstream in(key_file);
-        if (!in) return error(core_errc::io_error, "cannot read --stripe-key-file '" + key_file + "'");
+        if (!in) return error(core_errc::io_error, "cannot read " + what + ": " + std::strerror(errno));
         std::stringstream ss;
         ss << in.rdbuf();
         key = ss.str();
         while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
-        if (key.empty())
-            return error(core_errc::invalid_argument, "--stripe-key-file '" + key_file + "' is empty");
+        if (key.empty()) return error(core_errc::invalid_argument, what + " is empty");
     } else if (env_value && *env_value) {
         key = env_value;
     } else {
@@ -128,17 +176,20 @@ result<std::string> read_stripe_key(const std::string& flag_file, const char* en
                      "no Stripe key: set --stripe-key-file, STRIPE_API_KEY or mount " + default_file);
     }
     if (key.find_first_of("\r\n \t") != std::string::npos)
-        return error(core_errc::invalid_argument, "the Stripe key contains whitespace");
+        return error(core_errc::invalid_argument, "the key from " + what + " contains whitespace");
     return key;
 }
 
 stripe::client_config to_stripe_config(const stripe_flags& f) {
     stripe::client_config c;
-    if (auto o = http::parse_origin(f.api_base); !o)
-        bad_value("--stripe-api-base", f.api_base, o.err().message);
+    refuse_plain_http("--stripe-api-base", f.api_base, f.allow_insecure_http);
     c.api_base = f.api_base;
     auto key = read_stripe_key(f.key_file, std::getenv("STRIPE_API_KEY"));
     if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
+    auto source = stripe_key_source_for_messages(f.key_file, std::getenv("STRIPE_API_KEY"));
+    if (auto shape = check_key_shape(*key, source, key_kinds::stripe_or_vault); !shape)
+        throw CLI::ValidationError(f.key_file.empty() ? "STRIPE_API_KEY" : "--stripe-key-file",
+                                   shape.err().message);
     c.api_key = std::move(*key);
     c.ca_file = f.ca_file;
     c.stripe_version = f.version;

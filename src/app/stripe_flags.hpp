@@ -31,6 +31,8 @@ struct stripe_flags {
     double rate_decrease = 0.7;
     double rate_min = 1;
     double rate_initial = 10;
+    // Test-only: accept an http:// --stripe-api-base (the key would travel in cleartext). Command line only.
+    bool allow_insecure_http = false;
 };
 
 void add_stripe_flags(CLI::App& cmd, stripe_flags& f);
@@ -44,10 +46,29 @@ inline constexpr const char* default_stripe_key_file = "/run/secrets/stripe_api_
 std::string stripe_key_source(const std::string& key_file, const char* env_value,
                               const std::string& default_file = default_stripe_key_file);
 
+// The same source as named in messages: "--stripe-key-file 'F'" for a file the flag or its variable named,
+// "STRIPE_API_KEY", or "the default secret file 'F'".
+std::string stripe_key_source_for_messages(const std::string& key_file, const char* env_value,
+                                           const std::string& default_file = default_stripe_key_file);
+
 // The key, with one precedence: `key_file` (--stripe-key-file / CHARGEGUARD_STRIPE_KEY_FILE, trailing
 // whitespace trimmed), else `env_value` (STRIPE_API_KEY), else `default_file` if it exists.
+// A key file must be a readable regular file (not a directory); errors name the file and why.
 result<std::string> read_stripe_key(const std::string& key_file, const char* env_value,
                                     const std::string& default_file = default_stripe_key_file);
+
+// Which keys a command takes: Stripe's own secret or restricted keys (sk_test_, sk_live_, rk_test_,
+// rk_live_), and for a client of the vault proxy also its keys (cgvk_).
+enum class key_kinds { stripe_only, stripe_or_vault };
+// Checks the key's shape: a known prefix and no whitespace. `source` names where it came from
+// ("STRIPE_API_KEY", "--stripe-key-file '/run/secrets/k'") for the message, which never shows the key.
+result<void> check_key_shape(std::string_view key, std::string_view source, key_kinds kinds);
+
+// Refuses a plain-http origin unless `allowed` (--allow-insecure-http): the API key would cross the
+// network in cleartext. `flag` names the option for the message. Throws CLI::ValidationError.
+void refuse_plain_http(const char* flag, const std::string& url, bool allowed);
+// Adds --allow-insecure-http (test-only; deliberately not mirrored from an environment variable).
+void add_allow_insecure_http_flag(CLI::App& cmd, bool& allowed);
 
 // Validates and converts, reading the key (from the environment's STRIPE_API_KEY unless a key file is
 // given). Throws CLI::ValidationError with a clear message; never echoes the key.

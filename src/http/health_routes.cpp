@@ -12,17 +12,22 @@ response report(const metrics::health_report& rep) {
 asio::awaitable<response> live(const metrics::health* h) {
     co_return report(h->live());
 }
-asio::awaitable<response> ready(const metrics::health* h) {
-    co_return report(h->ready());
+asio::awaitable<response> ready(const metrics::health* h, bool redact) {
+    co_return report(h->ready(false, redact));
+}
+asio::awaitable<response> started(metrics::startup* s) {
+    co_return report(s->report());
 }
 asio::awaitable<response> scrape(const metrics::registry* reg) {
     co_return make_response(200, reg->render(), metrics::registry::content_type);
 }
 }  // namespace
 
-void add_health_routes(router& r, metrics::registry& reg, metrics::health& h) {
+void add_health_routes(router& r, metrics::registry& reg, metrics::health& h, metrics::startup& s,
+                       health_route_options opts) {
     r.add("GET", "/healthz", [&h](request&) { return live(&h); });
-    r.add("GET", "/readyz", [&h](request&) { return ready(&h); });
+    r.add("GET", "/readyz", [&h, redact = opts.redact_details](request&) { return ready(&h, redact); });
+    r.add("GET", "/startupz", [&s](request&) { return started(&s); });
     r.add("GET", "/metrics", [&reg](request&) { return scrape(&reg); });
 }
 

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
 #include <asio/ssl/stream.hpp>
+#include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
-#include <set>
+#include <cerrno>
+#include <list>
 
 #include "net/error.hpp"
 #include "net/timeout.hpp"
@@ -13,13 +16,21 @@
 namespace cg::http {
 
 struct server::state {
+    struct conn {
+        net::tcp_socket* sock;
+        bool served = false;   // completed at least one request: shed only once idle, after the rest
+        bool between = false;  // served, and waiting for its next request (no request being handled)
+        bool shed = false;     // closed to make room; its coroutine has not yet unregistered it
+    };
     asio::any_io_executor ex;
     router routes;
     server_options opts;
     logger log;
     net::tcp_acceptor acceptor;
     bool stopped = false;
-    std::set<net::tcp_socket*> conns;  // touched only on ex
+    std::list<conn> conns;  // in accept order (oldest first); touched only on ex
+    std::size_t shed_pending = 0;
+    std::uint64_t shed_total = 0, refused_total = 0;
 
     state(asio::any_io_executor e, router r, server_options o, logger l)
         : ex(e), routes(std::move(r)), opts(std::move(o)), log(std::move(l)), acceptor(e) {}
@@ -82,12 +93,46 @@ asio::awaitable<void> linger(Stream& stream) {
     }
 }
 
+using conn_it = std::list<server::state::conn>::iterator;
+
+void shed(server::state& st, server::state::conn& c) {
+    c.shed = true;
+    ++st.shed_pending;
+    ++st.shed_total;
+    std::error_code ignored;
+    c.sock->close(ignored);  // its pending read/handshake completes with operation_aborted
+}
+
+// Closes the oldest connection that has not completed a request; failing that, the oldest kept-alive one
+// waiting between requests (its client reconnects, as HTTP/1.1 clients do when an idle connection
+// closes), so connections that made one cheap request each cannot hold every slot either. A request being
+// handled is never cut. Returns false when there is nothing to shed.
+bool shed_oldest_idle(server::state& st) {
+    for (auto& c : st.conns)
+        if (!c.served && !c.shed) {
+            shed(st, c);
+            return true;
+        }
+    for (auto& c : st.conns)
+        if (c.between && !c.shed) {
+            shed(st, c);
+            return true;
+        }
+    return false;
+}
+
 template <typename Stream>
-asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream) {
+asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, conn_it self,
+                            clock::duration first_timeout) {
     request_parser parser(st->opts.limits);
     std::string buf, out;
     while (!st->stopped) {
-        if (!co_await read_request(stream, parser, buf, st->opts.read_timeout)) co_return;
+        auto timeout = self->served ? st->opts.read_timeout : first_timeout;
+        self->between = self->served;
+        bool got = co_await read_request(stream, parser, buf, timeout);
+        self->between = false;
+        if (!got) co_return;
+        self->served = true;
         response resp;
         bool head = false;
         if (parser.state() == parse_state::failed) {
@@ -120,27 +165,32 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream) {
 }
 
 asio::awaitable<void> run_connection(std::shared_ptr<server::state> st, net::tcp_socket sock) {
-    st->conns.insert(&sock);
+    const auto accepted = clock::now();
+    auto self = st->conns.insert(st->conns.end(), server::state::conn{&sock});
     struct unregister {
         server::state* st;
-        net::tcp_socket* s;
-        ~unregister() { st->conns.erase(s); }
-    } guard{st.get(), &sock};
+        conn_it it;
+        ~unregister() {
+            if (it->shed) --st->shed_pending;
+            st->conns.erase(it);
+        }
+    } guard{st.get(), self};
+    // The first request's deadline counts from the accept, so a slow handshake leaves less for the head.
+    auto first_deadline = accepted + std::min(st->opts.first_request_timeout, st->opts.read_timeout);
 
     if (!st->opts.tls) {
-        co_await serve(st, sock);
+        co_await serve(st, sock, self, first_deadline - clock::now());
         std::error_code ignored;
         sock.shutdown(net::tcp::socket::shutdown_both, ignored);
         co_return;
     }
     net::tls_stream tls(std::move(sock), *st->opts.tls);
-    st->conns.erase(&sock);
-    st->conns.insert(&tls.next_layer());
-    guard.s = &tls.next_layer();
+    self->sock = &tls.next_layer();
+    if (self->shed) co_return;
     auto hs = co_await net::with_timeout(tls.async_handshake(asio::ssl::stream_base::server),
-                                         st->opts.read_timeout);
-    if (!hs || std::get<0>(*hs)) co_return;
-    co_await serve(st, tls);
+                                         std::min(st->opts.handshake_timeout, st->opts.read_timeout));
+    if (!hs || std::get<0>(*hs) || self->shed) co_return;
+    co_await serve(st, tls, self, first_deadline - clock::now());
     // Best-effort close_notify, bounded so a silent peer cannot hold the coroutine.
     (void)co_await net::with_timeout(tls.async_shutdown(net::nothrow), std::chrono::seconds(1));
 }
@@ -150,12 +200,19 @@ asio::awaitable<void> accept_loop(std::shared_ptr<server::state> st) {
         auto [ec, sock] = co_await st->acceptor.async_accept();
         if (ec) {
             if (st->stopped || ec == asio::error::operation_aborted) co_return;
+            // Out of descriptors: one idle connection's descriptor is the next client's.
+            bool out_of_fds = ec == asio::error::no_descriptors || ec.value() == ENFILE;
+            if (out_of_fds && shed_oldest_idle(*st)) {
+                co_await asio::post(st->ex, asio::use_awaitable);  // let the shed connection close
+                continue;
+            }
             st->log.warn("accept failed", {{"error", ec.message()}});
-            // EMFILE and friends: back off briefly instead of spinning.
+            // EMFILE and friends with nothing to shed: back off briefly instead of spinning.
             co_await net::sleep_for(std::chrono::milliseconds(50));
             continue;
         }
-        if (st->conns.size() >= st->opts.max_connections) {
+        if (st->conns.size() - st->shed_pending >= st->opts.max_connections && !shed_oldest_idle(*st)) {
+            ++st->refused_total;
             std::error_code ignored;
             sock.close(ignored);
             continue;
@@ -207,7 +264,7 @@ void server::stop() {
     st_->stopped = true;
     std::error_code ignored;
     st_->acceptor.close(ignored);
-    for (auto* s : st_->conns) s->close(ignored);
+    for (auto& c : st_->conns) c.sock->close(ignored);
 }
 
 net::tcp::endpoint server::local_endpoint() const {
@@ -216,7 +273,15 @@ net::tcp::endpoint server::local_endpoint() const {
 }
 
 std::size_t server::open_connections() const {
-    return st_->conns.size();
+    return st_->conns.size() - st_->shed_pending;
+}
+
+std::uint64_t server::shed_connections() const {
+    return st_->shed_total;
+}
+
+std::uint64_t server::refused_connections() const {
+    return st_->refused_total;
 }
 
 }  // namespace cg::http

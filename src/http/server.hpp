@@ -19,6 +19,16 @@ struct server_options {
     parse_limits limits;
     // A connection with no complete request for this long is closed (slowloris guard).
     std::chrono::steady_clock::duration read_timeout = std::chrono::seconds(30);
+    // A new connection must finish its TLS handshake within this...
+    std::chrono::steady_clock::duration handshake_timeout = std::chrono::seconds(5);
+    // ...and send its first complete request head within this of being accepted (bounded by read_timeout).
+    std::chrono::steady_clock::duration first_request_timeout = std::chrono::seconds(10);
+    // At this many open connections, a new one sheds the oldest connection that has not yet completed a
+    // request (idle, or mid-handshake, or trickling a request head), else the oldest kept-alive connection
+    // waiting between requests; only when every open connection is in the middle of a request is the new
+    // one refused. So a flood of connections that never send a byte (or send one request and idle) cannot
+    // lock well-behaved clients out: it can only displace itself. The same shedding frees a descriptor when
+    // accept fails with EMFILE/ENFILE.
     std::size_t max_connections = 512;
     // Serve TLS when set (test doubles use it for HTTPS).
     std::shared_ptr<asio::ssl::context> tls;
@@ -42,6 +52,10 @@ class server {
 
     net::tcp::endpoint local_endpoint() const;
     std::size_t open_connections() const;
+    // Connections closed to make room (max_connections reached, or out of descriptors) since start.
+    std::uint64_t shed_connections() const;
+    // New connections refused because every open one had completed a request.
+    std::uint64_t refused_connections() const;
 
     struct state;  // shared with connection coroutines; opaque
 

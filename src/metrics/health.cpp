@@ -12,16 +12,17 @@ void health::add_readiness(std::string name, check c) {
     ready_.emplace_back(std::move(name), std::move(c));
 }
 
-health_report health::run(const std::vector<std::pair<std::string, check>>& checks) {
+health_report health::run(const std::vector<std::pair<std::string, check>>& checks, bool redact) {
     health_report r;
     for (const auto& [name, c] : checks) {
         auto s = c();
         r.ok = r.ok && s.ok;
         r.body += s.ok ? "ok " : "FAIL ";
         r.body += name;
-        if (!s.detail.empty()) {
+        const auto& detail = redact ? s.public_detail : s.detail;
+        if (!detail.empty()) {
             r.body += ": ";
-            r.body += s.detail;
+            r.body += detail;
         }
         r.body += '\n';
     }
@@ -30,15 +31,15 @@ health_report health::run(const std::vector<std::pair<std::string, check>>& chec
 
 health_report health::live() const {
     std::lock_guard lock(mu_);
-    return run(live_);
+    return run(live_, false);
 }
 
-health_report health::ready(bool ready_when_empty) const {
+health_report health::ready(bool ready_when_empty, bool redact) const {
     std::lock_guard lock(mu_);
     if (ready_.empty())
         return {ready_when_empty,
                 ready_when_empty ? "ok (no checks)\n" : "FAIL no readiness checks registered\n"};
-    return run(ready_);
+    return run(ready_, redact);
 }
 
 }  // namespace cg::metrics

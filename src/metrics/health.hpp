@@ -10,8 +10,15 @@
 namespace cg::metrics {
 
 struct check_status {
+    check_status() = default;
+    check_status(bool ok_, std::string detail_, std::string public_detail_ = {})
+        : ok(ok_), detail(std::move(detail_)), public_detail(std::move(public_detail_)) {}
+
     bool ok = true;
     std::string detail;
+    // What may be shown to anyone who reaches the health listener (no hosts, ports, users or secrets);
+    // a redacted report shows this instead of `detail` (empty: the check's name only).
+    std::string public_detail;
 };
 
 struct health_report {
@@ -28,11 +35,12 @@ class health {
 
     health_report live() const;
     // Not ready when any readiness check fails, or when nothing registered any (not yet wired up)...
-    // unless `ready_when_empty` is set for processes with no dependencies.
-    health_report ready(bool ready_when_empty = false) const;
+    // unless `ready_when_empty` is set for processes with no dependencies. `redact`: each line shows the
+    // check's public_detail instead of its detail (a listener reachable beyond this host).
+    health_report ready(bool ready_when_empty = false, bool redact = false) const;
 
   private:
-    static health_report run(const std::vector<std::pair<std::string, check>>& checks);
+    static health_report run(const std::vector<std::pair<std::string, check>>& checks, bool redact);
     mutable std::mutex mu_;
     std::vector<std::pair<std::string, check>> live_, ready_;
 };

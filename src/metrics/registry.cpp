@@ -19,9 +19,23 @@ family<Histogram>& registry::histogram(const std::string& name, const std::strin
     return prometheus::BuildHistogram().Name(name).Help(help).Register(*reg_);
 }
 
+void registry::add_collectable(std::shared_ptr<const prometheus::Collectable> c) {
+    std::lock_guard lock(extra_mu_);
+    extra_.push_back(std::move(c));
+}
+
 std::string registry::render() const {
+    auto fams = reg_->Collect();
+    {
+        std::lock_guard lock(extra_mu_);
+        for (const auto& c : extra_) {
+            auto more = c->Collect();
+            fams.insert(fams.end(), std::make_move_iterator(more.begin()),
+                        std::make_move_iterator(more.end()));
+        }
+    }
     prometheus::TextSerializer ser;
-    return ser.Serialize(reg_->Collect());
+    return ser.Serialize(fams);
 }
 
 const prometheus::Histogram::BucketBoundaries& latency_buckets() {

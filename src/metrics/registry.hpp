@@ -9,7 +9,9 @@
 #include <prometheus/registry.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace cg::metrics {
 
@@ -29,6 +31,9 @@ class registry {
     family<Gauge>& gauge(const std::string& name, const std::string& help);
     family<Histogram>& histogram(const std::string& name, const std::string& help);
 
+    // Families computed at scrape time (e.g. metrics::process_collector), appended to every render().
+    void add_collectable(std::shared_ptr<const prometheus::Collectable> c);
+
     // Text format 0.0.4.
     std::string render() const;
     static constexpr const char* content_type = "text/plain; version=0.0.4; charset=utf-8";
@@ -37,6 +42,8 @@ class registry {
 
   private:
     std::shared_ptr<prometheus::Registry> reg_;
+    mutable std::mutex extra_mu_;
+    std::vector<std::shared_ptr<const prometheus::Collectable>> extra_;
 };
 
 // Bucket boundaries for latencies measured in seconds, 100 µs .. 10 s.

@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -36,6 +37,18 @@ result<migration> make_migration(std::string_view filename, std::string sql) {
     migration m;
     m.version = static_cast<int>(*v);
     m.name = std::string(filename.substr(0, filename.size() - 4));
+    m.compatible_down_to = m.version;
+    constexpr std::string_view decl = "-- chargeguard: compatible-down-to ";
+    if (auto at = sql.find(decl); at != std::string::npos) {
+        auto end = sql.find_first_of("\r\n", at);
+        auto value = std::string_view(sql).substr(
+            at + decl.size(), end == std::string::npos ? std::string::npos : end - at - decl.size());
+        auto down = parse_int64(value);
+        if (!down || *down <= 0 || *down > m.version)
+            return fail(std::string(filename) + ": compatible-down-to must be a version from 1 to " +
+                        std::to_string(m.version));
+        m.compatible_down_to = static_cast<int>(*down);
+    }
     m.checksum = sha256_hex(sql);
     m.sql = std::move(sql);
     return m;
@@ -106,6 +119,12 @@ net::awaitable<result<migrate_report>> migrate_locked(connection& c, const std::
         if (!r) co_return wrap(r.err(), "creating schema_migrations");
         have_table = true;
     }
+    if (have_table && !opts.dry_run) {
+        // Added after the table's first release; NULL for rows written before (read as "no older binary").
+        auto r = co_await c.execute(
+            "ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS compatible_down_to integer");
+        if (!r) co_return wrap(r.err(), "adding schema_migrations.compatible_down_to");
+    }
     std::vector<std::pair<int, std::string>> applied;  // version, checksum
     if (have_table) {
         auto rows = co_await c.query("SELECT version, checksum FROM schema_migrations ORDER BY version");
@@ -139,8 +158,9 @@ net::awaitable<result<migrate_report>> migrate_locked(connection& c, const std::
         result<rows> record = error(errc::protocol_error, "not run");
         if (body)
             record = co_await c.query(
-                "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)", m.version,
-                m.name, m.checksum);
+                "INSERT INTO schema_migrations (version, name, checksum, compatible_down_to) "
+                "VALUES ($1, $2, $3, $4)",
+                m.version, m.name, m.checksum, m.compatible_down_to);
         // (No co_await inside ?: — g++ 12 miscompiles it.)
         result<void> done;
         if (body && record)
@@ -178,6 +198,74 @@ net::awaitable<result<migrate_report>> migrate(connection& c, const std::vector<
         if (!unlock && rep) co_return wrap(unlock.err(), "releasing the migration lock");
     }
     co_return rep;
+}
+
+schema_status::verdict schema_status::judge() const {
+    if (!missing.empty()) return verdict::older;
+    if (newer.empty()) return verdict::current;
+    return newer_needs_at_least <= required ? verdict::newer_compatible : verdict::newer_incompatible;
+}
+
+std::string schema_status::describe() const {
+    auto v4 = [](int v) {
+        char b[16];
+        std::snprintf(b, sizeof b, "%04d", v);
+        return std::string(b);
+    };
+    auto list = [&](const std::vector<int>& vs) {
+        std::string out;
+        for (int v : vs) out += (out.empty() ? "" : ",") + v4(v);
+        return out;
+    };
+    std::string out = "database schema " + v4(current) + ", this binary needs " + v4(required);
+    switch (judge()) {
+        case verdict::current:
+            return out + ": current";
+        case verdict::older:
+            return out + ": missing " + list(missing) + " (run chargeguard migrate, or --migrate)";
+        case verdict::newer_compatible:
+            return out + ": newer migrations " + list(newer) + " declare binaries from " +
+                   v4(newer_needs_at_least) + " compatible";
+        case verdict::newer_incompatible:
+            return out + ": newer migrations " + list(newer) + " need binaries from " +
+                   v4(newer_needs_at_least) + " (roll forward, or restore the schema)";
+    }
+    return out;
+}
+
+net::awaitable<result<schema_status>> read_schema_status(connection& c, const std::vector<migration>& ms) {
+    schema_status st;
+    std::set<int> known;
+    for (const auto& m : ms) {
+        known.insert(m.version);
+        st.required = std::max(st.required, m.version);
+    }
+    auto exists = co_await c.query(
+        "SELECT to_regclass('schema_migrations') IS NOT NULL, "
+        "EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('schema_migrations') "
+        "AND attname = 'compatible_down_to' AND NOT attisdropped)");
+    if (!exists) co_return wrap(exists.err(), "checking schema_migrations");
+    std::set<int> applied;
+    if (exists->get<bool>(0, 0)) {
+        const char* sql = exists->get<bool>(0, 1)
+                              ? "SELECT version, coalesce(compatible_down_to, version) "
+                                "FROM schema_migrations ORDER BY version"
+                              : "SELECT version, version FROM schema_migrations ORDER BY version";
+        auto rows = co_await c.query(sql);
+        if (!rows) co_return wrap(rows.err(), "reading schema_migrations");
+        for (std::size_t i = 0; i < rows->size(); ++i) {
+            int v = (*rows)[i].get<std::int32_t>(0);
+            applied.insert(v);
+            st.current = std::max(st.current, v);
+            if (!known.count(v)) {
+                st.newer.push_back(v);
+                st.newer_needs_at_least = std::max(st.newer_needs_at_least, (*rows)[i].get<std::int32_t>(1));
+            }
+        }
+    }
+    for (int v : known)
+        if (!applied.count(v)) st.missing.push_back(v);
+    co_return st;
 }
 
 }  // namespace cg::pg

@@ -21,6 +21,11 @@ struct migration {
     std::string name;  // "0001_billing_records"
     std::string sql;
     std::string checksum;  // hex sha256 of sql: an applied migration must never change
+    // The oldest binary schema (the newest migration a binary knows) that keeps working once this migration
+    // is applied: declared in the file as a line "-- chargeguard: compatible-down-to NNNN", recorded in
+    // schema_migrations, and read by older binaries deciding whether they may run on this database (a
+    // rollback). Undeclared: the migration's own version (no older binary may run).
+    int compatible_down_to = 0;
 };
 
 // The SQL files compiled into the binary (generated from migrations/ at build time).
@@ -60,6 +65,25 @@ struct migrate_report {
 // connection is broken, which releases it).
 net::awaitable<result<migrate_report>> migrate(connection& c, const std::vector<migration>& ms,
                                                migrate_options opts, logger log);
+
+// What a binary with migrations `ms` finds in the database.
+struct schema_status {
+    int current = 0;           // the highest version applied (0: none, or no schema_migrations table)
+    int required = 0;          // the highest version in `ms`
+    std::vector<int> missing;  // in `ms`, not applied: the database is older than this binary
+    std::vector<int> newer;    // applied, not in `ms`: a newer release migrated it
+    // Of `newer`, the highest compatible_down_to declared (or recorded as unknown: the version itself).
+    int newer_needs_at_least = 0;
+
+    enum class verdict { current, older, newer_compatible, newer_incompatible };
+    verdict judge() const;
+    // One line for logs, /readyz and errors: versions only, never hosts.
+    std::string describe() const;
+};
+
+// Reads schema_migrations (read-only; no lock). Completes on the connection's executor; `c` and `ms` must
+// outlive the call.
+net::awaitable<result<schema_status>> read_schema_status(connection& c, const std::vector<migration>& ms);
 
 // The advisory lock key migrations use ("cgmigrat" as a big-endian integer).
 inline constexpr long long migration_lock_key = 0x63676d6967726174LL;

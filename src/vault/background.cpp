@@ -303,6 +303,7 @@ net::awaitable<void> probe_loop(state_ptr st) {
         {
             std::lock_guard lock(st->probe_mu);
             st->upstream_ok = why.empty();
+            st->upstream_ever_ok = st->upstream_ever_ok || why.empty();
             st->upstream_detail = why.empty() ? o.to_string() + " reachable" : o.to_string() + ": " + why;
         }
         bool more = co_await nap(st, st->cfg.upstream_probe_interval);
@@ -350,6 +351,11 @@ void proxy::add_readiness(metrics::health& h) {
         std::lock_guard lock(st->probe_mu);
         return metrics::check_status{st->upstream_ok, st->upstream_detail};
     });
+}
+
+bool proxy::upstream_reached_once() const {
+    std::lock_guard lock(st_->probe_mu);
+    return st_->upstream_ever_ok;
 }
 
 net::awaitable<std::size_t> proxy::resolve_once() {

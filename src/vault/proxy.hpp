@@ -108,6 +108,8 @@ class proxy {
 
     // Readiness check "upstream": the last probe's result.
     void add_readiness(metrics::health& h);
+    // Whether any upstream probe has succeeded since start() (for the startup endpoint). Thread-safe.
+    bool upstream_reached_once() const;
 
     // One pass of the resolver (tests drive it directly). Returns rows looked at.
     net::awaitable<std::size_t> resolve_once();

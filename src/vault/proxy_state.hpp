@@ -87,6 +87,7 @@ struct proxy::state {
     // Read by the readiness check from the health server's thread (the same main loop, but keep it simple).
     std::mutex probe_mu;
     bool upstream_ok = false;
+    bool upstream_ever_ok = false;
     std::string upstream_detail = "not probed yet";
 
     state(asio::any_io_executor m, asio::any_io_executor o, proxy_config c, std::shared_ptr<pg::pool> p,

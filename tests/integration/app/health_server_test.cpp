@@ -4,7 +4,9 @@
 #include <asio/post.hpp>
 #include <atomic>
 #include <boost/test/unit_test.hpp>
+#include <functional>
 #include <future>
+#include <memory>
 #include <thread>
 
 #include "app/cli.hpp"
@@ -24,10 +26,15 @@ struct running_runtime {
     unsigned short port = 0;
     std::thread loop;
 
-    explicit running_runtime(app::runtime_options o) : rt(with_defaults(o), logger(sink, log_level::debug)) {
+    explicit running_runtime(app::runtime_options o, std::string host = "127.0.0.1",
+                             std::function<void(app::runtime&)> before_start = {})
+        : rt(with_defaults(o, host), logger(sink, log_level::debug)) {
         rt.health().add_readiness("database", [this] {
-            return metrics::check_status{db_ready.load(), db_ready ? "answering" : "unreachable"};
+            return metrics::check_status{db_ready.load(), db_ready
+                                                              ? "answering host=db.internal port=5432"
+                                                              : "unreachable host=db.internal port=5432"};
         });
+        if (before_start) before_start(rt);
         auto ep = rt.start();
         BOOST_REQUIRE_MESSAGE(ep.has_value(), (ep ? "" : ep.err().describe()));
         port = ep->port();
@@ -37,8 +44,8 @@ struct running_runtime {
         asio::post(rt.io(), [this] { rt.request_stop("test over"); });
         loop.join();
     }
-    static app::runtime_options with_defaults(app::runtime_options o) {
-        o.health_listen = {"127.0.0.1", 0};
+    static app::runtime_options with_defaults(app::runtime_options o, const std::string& host) {
+        o.health_listen = {host, 0};
         o.handle_signals = false;
         return o;
     }
@@ -73,7 +80,7 @@ BOOST_AUTO_TEST_CASE(healthz_readyz_metrics) {
 
     auto not_ready = test::http_get(r.port, "/readyz");
     BOOST_TEST(not_ready.status == 503);
-    BOOST_TEST(not_ready.body == "FAIL database: unreachable\n");
+    BOOST_TEST(not_ready.body == "FAIL database: unreachable host=db.internal port=5432\n");
     r.db_ready = true;
     auto ready = test::http_get(r.port, "/readyz");
     BOOST_TEST(ready.status == 200);
@@ -212,4 +219,79 @@ BOOST_AUTO_TEST_CASE(a_shutdown_step_that_throws_is_logged_and_fails_the_exit_co
     BOOST_TEST(sink->contains("shutdown step failed"));
     BOOST_TEST(sink->contains("drain bug"));
     BOOST_TEST(sink->contains("\"clean\":false"));
+}
+
+// On a listener reachable beyond this host, /readyz names the failing dependency and shows only what a check
+// declares public: no host, port or user.
+BOOST_AUTO_TEST_CASE(readyz_is_redacted_off_loopback) {
+    running_runtime r(lenient(), "0.0.0.0", [](app::runtime& rt) {
+        rt.health().add_readiness("schema", [] {
+            return metrics::check_status{false, "database schema 0009 at db.internal",
+                                         "database schema 0009"};
+        });
+    });
+    auto not_ready = test::http_get(r.port, "/readyz");
+    BOOST_TEST(not_ready.status == 503);
+    BOOST_TEST(not_ready.body == "FAIL database\nFAIL schema: database schema 0009\n");
+    BOOST_TEST(not_ready.body.find("db.internal") == std::string::npos);
+    BOOST_TEST(r.sink->contains("\"redacted\":true"));
+}
+
+// /startupz: 503 while a startup condition has not held, 200 once it has, and 200 for good after that,
+// whatever the dependency does; /healthz is not tied to it.
+BOOST_AUTO_TEST_CASE(startupz_waits_then_latches) {
+    auto up = std::make_shared<std::atomic<bool>>(false);
+    running_runtime r(lenient(), "127.0.0.1", [up](app::runtime& rt) {
+        rt.startup().require("dependency", "the dependency (first connection)", [up] { return up->load(); });
+        rt.startup().require("marked", "a step that marks itself done");
+    });
+    auto waiting = test::http_get(r.port, "/startupz");
+    BOOST_TEST(waiting.status == 503);
+    BOOST_TEST(
+        waiting.body ==
+        "WAIT dependency: the dependency (first connection)\nWAIT marked: a step that marks itself done\n");
+    BOOST_TEST(test::http_get(r.port, "/healthz").status == 200);
+    *up = true;
+    auto half = test::http_get(r.port, "/startupz");
+    BOOST_TEST(half.status == 503);
+    BOOST_TEST(half.body == "ok dependency\nWAIT marked: a step that marks itself done\n");
+    std::promise<void> marked;
+    asio::post(r.rt.io(), [&] {
+        r.rt.startup().mark("marked");
+        marked.set_value();
+    });
+    marked.get_future().wait();
+    BOOST_TEST(test::http_get(r.port, "/startupz").status == 200);
+    *up = false;  // a blip after startup does not matter here
+    auto after = test::http_get(r.port, "/startupz");
+    BOOST_TEST(after.status == 200);
+    BOOST_TEST(after.body == "ok started\n");
+}
+
+// chargeguard_build_info and the process_* families, read from /proc/self on each scrape.
+BOOST_AUTO_TEST_CASE(build_info_and_process_metrics) {
+    running_runtime r(lenient());
+    auto fams = test::parse_prometheus(test::http_get(r.port, "/metrics").body);
+    BOOST_TEST_REQUIRE(fams.count("chargeguard_build_info"));
+    const auto& bi = fams["chargeguard_build_info"].samples.at(0);
+    BOOST_TEST(bi.value == 1);
+    BOOST_TEST(bi.labels.at("version") == CHARGEGUARD_TEST_VERSION);
+    BOOST_TEST(!bi.labels.at("revision").empty());
+    BOOST_TEST(!bi.labels.at("build_type").empty());
+    for (const char* f : {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
+                          "process_max_fds", "process_start_time_seconds"})
+        BOOST_TEST_REQUIRE(fams.count(f), f);
+    BOOST_TEST(fams["process_cpu_seconds_total"].type == "counter");
+    BOOST_TEST(fams["process_resident_memory_bytes"].samples.at(0).value > 1e6);
+    double fds = fams["process_open_fds"].samples.at(0).value;
+    BOOST_TEST(fds >= 4);  // stdio, the listener, the epoll descriptor at least
+    BOOST_TEST(fams["process_max_fds"].samples.at(0).value >= fds);
+    double start = fams["process_start_time_seconds"].samples.at(0).value;
+    double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    BOOST_TEST((start <= now + 1 && start > now - 3600));
+    // Opening descriptors shows on the next scrape: the value is read at scrape time.
+    std::vector<std::unique_ptr<test::raw_http>> held;
+    for (int i = 0; i < 20; ++i) held.push_back(std::make_unique<test::raw_http>(r.port));
+    auto again = test::parse_prometheus(test::http_get(r.port, "/metrics").body);
+    BOOST_TEST(again["process_open_fds"].samples.at(0).value >= fds + 20);
 }

@@ -1,9 +1,10 @@
 // http::server over real sockets: slow clients are cut off, handler failures become 500s, a handler can
-// drop the connection, and the connection limit holds.
+// drop the connection, and the connection limit holds (shedding idle connections, never a running request).
 #define BOOST_TEST_MODULE http_server
 #include "http/server.hpp"
 
 #include <asio/io_context.hpp>
+#include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <thread>
 
@@ -28,6 +29,14 @@ asio::awaitable<http::response> slow_handler(http::request&) {
     co_await net::sleep_for(50ms);
     co_return http::make_response(200, "slow");
 }
+// Requests being handled right now (/hold stays in its handler for a second).
+std::atomic<int> holding{0};
+asio::awaitable<http::response> hold_handler(http::request&) {
+    ++holding;
+    co_await net::sleep_for(1s);
+    --holding;
+    co_return http::make_response(200, "held");
+}
 
 struct running_server {
     asio::io_context io{1};
@@ -41,6 +50,7 @@ struct running_server {
         r.add("GET", "/fail", fail_handler);
         r.add("GET", "/drop", drop_handler);
         r.add("GET", "/slow", slow_handler);
+        r.add("GET", "/hold", hold_handler);
         srv = std::make_unique<http::server>(io.get_executor(), std::move(r), std::move(o),
                                              logger(sink, log_level::debug));
         auto ep = srv->listen({"127.0.0.1", 0});
@@ -82,14 +92,33 @@ BOOST_AUTO_TEST_CASE(slow_client_is_cut_off) {
     BOOST_TEST((waited >= 200ms && waited < 5s));
 }
 
-BOOST_AUTO_TEST_CASE(connection_limit_holds) {
+// At the limit with every connection in the middle of a request, a new connection is refused; the requests
+// in progress are not cut.
+BOOST_AUTO_TEST_CASE(connection_limit_holds_while_requests_run) {
+    http::server_options o;
+    o.max_connections = 2;
+    running_server s(o);
+    test::raw_http a(s.port), b(s.port);
+    a.exchange_partial("GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
+    b.exchange_partial("GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
+    while (holding.load() < 2) std::this_thread::yield();  // both are in their handler
+    test::raw_http c(s.port);                              // accepted by the kernel, closed by the server
+    BOOST_TEST(c.closed_by_peer());
+    BOOST_TEST(a.read_response().body == "held");
+    BOOST_TEST(b.read_response().body == "held");
+}
+
+// At the limit with kept-alive connections idle between requests, a new connection sheds the oldest of them
+// (its client would reconnect) instead of being refused.
+BOOST_AUTO_TEST_CASE(connection_limit_sheds_the_oldest_idle_keep_alive) {
     http::server_options o;
     o.max_connections = 2;
     running_server s(o);
     test::raw_http a(s.port), b(s.port);
     BOOST_TEST(a.get("/slow").status == 200);
     BOOST_TEST(b.get("/slow").status == 200);
-    test::raw_http c(s.port);  // accepted by the kernel, closed by the server
-    BOOST_TEST(c.closed_by_peer());
-    BOOST_TEST(a.get("/slow").status == 200);  // the first two still work
+    test::raw_http c(s.port);
+    BOOST_TEST(c.get("/slow").status == 200);
+    BOOST_TEST(a.closed_by_peer());            // the oldest idle one made room
+    BOOST_TEST(b.get("/slow").status == 200);  // the other still works
 }

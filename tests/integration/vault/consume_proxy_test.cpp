@@ -70,8 +70,8 @@ BOOST_AUTO_TEST_CASE(consume_through_the_proxy_is_capped_and_blocked_rows_are_ca
     std::vector<std::string> args{
         exe, "consume", "--topic", "billing", "--channel", "chargeguard", "--nsqd-tcp-address",
         nsqd.tcp_address(), "--heartbeat-interval", "1s", "--pg-dsn", "dbname=" + f.db.name, "--migrate",
-        "--stripe-api-base", "http://127.0.0.1:" + std::to_string(f.proxy_port), "--key-namespace",
-        "vault-e2e",
+        "--stripe-api-base", "http://127.0.0.1:" + std::to_string(f.proxy_port), "--allow-insecure-http",
+        "--key-namespace", "vault-e2e",
         // A duplicate waits for its original's lease: keep the lease short.
         "--lease", "2s", "--lease-renew-interval", "500ms", "--lease-held-delay", "200ms",
         "--retry-same-key-delay", "200ms", "--indeterminate-delay", "300ms", "--health-listen", "127.0.0.1:0",

@@ -1,5 +1,6 @@
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "app/stripe_flags.hpp"
@@ -53,6 +54,63 @@ BOOST_AUTO_TEST_CASE(default_secret_file_only_when_nothing_else_and_present) {
     auto named = read_stripe_key("/nonexistent/key", nullptr, path);
     std::remove(path.c_str());
     BOOST_TEST(!named.has_value());
+}
+
+BOOST_AUTO_TEST_CASE(key_shape_checks) {
+    using cg::app::check_key_shape;
+    using cg::app::key_kinds;
+    for (const char* k : {"sk_test_abc", "sk_live_abc", "rk_test_abc", "rk_live_abc"}) {
+        BOOST_TEST(check_key_shape(k, "STRIPE_API_KEY", key_kinds::stripe_only).has_value(), k);
+        BOOST_TEST(check_key_shape(k, "STRIPE_API_KEY", key_kinds::stripe_or_vault).has_value(), k);
+    }
+    BOOST_TEST(check_key_shape("cgvk_id_00ff", "STRIPE_API_KEY", key_kinds::stripe_or_vault).has_value());
+    auto vault_to_proxy = check_key_shape("cgvk_id_00ff", "STRIPE_API_KEY", key_kinds::stripe_only);
+    BOOST_TEST_REQUIRE(!vault_to_proxy.has_value());
+    BOOST_TEST(vault_to_proxy.err().message.find("cgvk") == std::string::npos);  // never echoes the key
+    auto hello = check_key_shape("hello", "--stripe-key-file '/k'", key_kinds::stripe_or_vault);
+    BOOST_TEST_REQUIRE(!hello.has_value());
+    BOOST_TEST(hello.err().message.find("the key from --stripe-key-file '/k' is not a Stripe secret") == 0u,
+               hello.err().message);
+    BOOST_TEST(hello.err().message.find("hello") == std::string::npos);
+    for (const char* k : {"sk_test_a b", " sk_test_a", "sk_test_a\tb", "sk_live_x\ny"}) {
+        auto r = check_key_shape(k, "STRIPE_API_KEY", key_kinds::stripe_only);
+        BOOST_TEST_REQUIRE(!r.has_value(), k);
+        BOOST_TEST(r.err().message.find("contains whitespace") != std::string::npos, r.err().message);
+    }
+    BOOST_TEST(!check_key_shape("sk_abc", "STRIPE_API_KEY", key_kinds::stripe_only).has_value());
+    BOOST_TEST(!check_key_shape("pk_test_abc", "STRIPE_API_KEY", key_kinds::stripe_only).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(key_file_must_be_a_readable_file) {
+    std::string dir = "/tmp/cg-stripe-keydir-" + std::to_string(::getpid());
+    std::filesystem::create_directories(dir);
+    auto d = read_stripe_key(dir, nullptr);
+    std::filesystem::remove_all(dir);
+    BOOST_TEST_REQUIRE(!d.has_value());
+    BOOST_TEST(d.err().message ==
+               "--stripe-key-file '" + dir + "' is a directory, not the file holding the key");
+    auto m = read_stripe_key("/nonexistent/key", nullptr);
+    BOOST_TEST_REQUIRE(!m.has_value());
+    BOOST_TEST(m.err().message ==
+               "cannot read --stripe-key-file '/nonexistent/key': No such file or directory");
+}
+
+BOOST_AUTO_TEST_CASE(plain_http_needs_the_test_flag) {
+    CLI::App app;
+    stripe_flags f;
+    add_stripe_flags(app, f);
+    ::setenv("STRIPE_API_KEY", "sk_test_env", 1);
+    app.parse(std::vector<std::string>{"http://127.0.0.1:8080", "--stripe-api-base"});
+    try {
+        (void)to_stripe_config(f);
+        BOOST_FAIL("http:// accepted without --allow-insecure-http");
+    } catch (const CLI::ValidationError& e) {
+        BOOST_TEST(std::string(e.what()).find("is plain http") != std::string::npos, e.what());
+    }
+    app.parse(
+        std::vector<std::string>{"--allow-insecure-http", "http://127.0.0.1:8080", "--stripe-api-base"});
+    BOOST_TEST(to_stripe_config(f).api_base == "http://127.0.0.1:8080");
+    ::unsetenv("STRIPE_API_KEY");
 }
 
 BOOST_AUTO_TEST_CASE(flags_parse_into_config) {
