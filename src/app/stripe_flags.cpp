@@ -97,9 +97,11 @@ void add_stripe_option_flags(CLI::App& cmd, stripe_flags& f) {
 }
 
 void add_allow_insecure_http_flag(CLI::App& cmd, bool& allowed) {
-    cmd.add_flag("--allow-insecure-http", allowed,
-                 "TESTS ONLY: accept an http:// Stripe or upstream origin (the key crosses the network in "
-                 "cleartext); command line only, never read from the environment");
+    env(cmd.add_flag(
+            "--allow-insecure-http", allowed,
+            "TESTS ONLY: accept an http:// Stripe or upstream origin (the key crosses the network in "
+            "cleartext); command line only, never read from the environment"),
+        env_scope::never);
 }
 
 void refuse_plain_http(const char* flag, const std::string& url, bool allowed) {
