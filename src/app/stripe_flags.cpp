@@ -29,6 +29,8 @@ void add_stripe_flags(CLI::App& cmd, stripe_flags& f) {
     // All connection settings: from CHARGEGUARD_<FLAG> in every subcommand.
     auto opts = cmd.get_options();
     for (auto i = before; i < opts.size(); ++i) env(opts[i]->group(group_stripe), env_scope::connection);
+    // Added after the loop: a test-only switch that is never a connection setting read from the environment.
+    add_allow_insecure_http_flag(cmd, f.allow_insecure_http);
 }
 
 void add_stripe_option_flags(CLI::App& cmd, stripe_flags& f) {
@@ -93,7 +95,6 @@ void add_stripe_option_flags(CLI::App& cmd, stripe_flags& f) {
     cmd.add_option("--stripe-rate-min", f.rate_min, "AIMD floor in requests/s")
         ->check(CLI::Range(0.01, 100000.0))
         ->capture_default_str();
-    add_allow_insecure_http_flag(cmd, f.allow_insecure_http);
 }
 
 void add_allow_insecure_http_flag(CLI::App& cmd, bool& allowed) {
