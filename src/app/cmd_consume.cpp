@@ -297,7 +297,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     // chargeguard_billing_oldest_pending_age_seconds: a cheap periodic query, stopped on shutdown.
     auto pending_age = billing::start_pending_age_monitor(rt.io().get_executor(), pool, rt.metrics(), log);
     rt.on_shutdown([pending_age]() { return pending_age->stop(); });
-    start_ledger_healing(rt, pipeline, pool, f.heal, ncfg, pending_age.get());
+    start_ledger_healing(rt, pipeline, pool, **stripe, f.heal, ncfg, pending_age.get());
     if (auto ep = rt.start(); !ep) {
         log.error("cannot start", {{"error", ep.err().describe()}});
         return 1;

@@ -3,6 +3,7 @@
 #include <asio/co_spawn.hpp>
 
 #include "app/nsq_flags.hpp"
+#include "billing/backfill.hpp"
 #include "billing/sweeper.hpp"
 #include "metrics/registry.hpp"
 #include "net/timeout.hpp"
@@ -24,6 +25,13 @@ void add_heal_flags(CLI::App& cmd, heal_flags& f) {
         ->capture_default_str();
     cmd.add_option("--sweep-interval", f.sweep_interval,
                    "time between sweeps; auto: a quarter of --sweep-after within 1s..60s")
+        ->capture_default_str();
+    cmd.add_option("--backfill-window", f.backfill_window,
+                   "rebuild ledger rows lost entirely (a failover lost their insert) from the Stripe charges "
+                   "created this long ago or later that carry this sidecar's keys; 0 = off")
+        ->capture_default_str();
+    cmd.add_option("--backfill-interval", f.backfill_interval,
+                   "time between backfill runs (the first soon after start)")
         ->capture_default_str();
 }
 
@@ -68,8 +76,14 @@ net::awaitable<void> check_replication(runtime* rt, std::shared_ptr<pg::pool> po
 }  // namespace
 
 void start_ledger_healing(runtime& rt, billing::pipeline& p, std::shared_ptr<pg::pool> pool,
-                          const heal_flags& f, const nsq::consumer_config& ncfg,
+                          stripe::client& stripe, const heal_flags& f, const nsq::consumer_config& ncfg,
                           billing::pending_age_monitor* age) {
+    auto window = duration_flag("--backfill-window", f.backfill_window);
+    auto backfill_every = duration_flag("--backfill-interval", f.backfill_interval);
+    if (window.count() < 0 || window > std::chrono::hours(24 * 30))
+        throw CLI::ValidationError("--backfill-window", f.backfill_window + " is out of range: 0 .. 720h");
+    if (window.count() > 0 && backfill_every < std::chrono::seconds(1))
+        throw CLI::ValidationError("--backfill-interval", f.backfill_interval + " must be at least 1s");
     billing::sweeper_config sc;
     sc.topic = ncfg.topic;
     sc.channel = ncfg.channel;
@@ -84,6 +98,15 @@ void start_ledger_healing(runtime& rt, billing::pipeline& p, std::shared_ptr<pg:
     asio::co_spawn(rt.io(), check_replication(&rt, pool, gauge), [log = rt.log()](std::exception_ptr e) {
         if (e) log.error("replication check failed", {{"error", describe_exception(e)}});
     });
+    if (window.count() > 0) {
+        billing::backfill_config bc;
+        bc.key_namespace = p.config().key_namespace;
+        bc.window = std::chrono::duration_cast<std::chrono::seconds>(window);
+        bc.interval = backfill_every;
+        auto b = std::make_shared<billing::backfill>(bc, pool, stripe, rt.log(), &rt.metrics());
+        b->start(rt.io().get_executor());
+        rt.on_shutdown([b]() { return b->stop(); });
+    }
     if (!f.sweep) {
         rt.log().warn("--sweep=false: abandoned pending ledger rows are not resolved by this sidecar");
         return;
