@@ -263,6 +263,8 @@ class Consumers:
                 "--search-failed-delay", d(p["search"]), "--stripe-request-timeout", "20",
                 "--new-key-quiet", d(NEW_KEY_QUIET_S),
                 "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10",
+                # The sweep bound is derived from the flags above; the backfill runs often enough to be seen.
+                "--backfill-interval", "5s",
                 # Consumer 1 runs its Stripe requests on the event loop (handshakes on the offload pool), the
                 # others all on the offload pool: both placements under the same chaos.
                 "--stripe-io", "loop" if i == 1 else "offload"]
@@ -425,6 +427,16 @@ def quiescence_bound(prof, pg_backoff_cap=60.0):
             p["retry"] + pg_backoff_cap + (p["msg_timeout"] + 3) + NEW_KEY_QUIET_S + 30)
 
 
+def sweep_bound(prof):
+    """The consumers' derived sweep bound (billing/sweeper.hpp): 2 × msg_timeout + the longest requeue delay
+    (the PostgreSQL backoff's 60 s max, or new-key-quiet + 0.1 s) + max(lease-held delay, lease / 10), plus
+    one sweep interval (a quarter of it, 1–60 s) and one backfill interval."""
+    p = prof
+    b = 2 * p["msg_timeout"] + max(p["held"], p["retry"], p["indeterminate"], p["search"], 60.0,
+                                   NEW_KEY_QUIET_S + 0.1) + max(p["held"], p["lease"] / 10)
+    return b + min(max(b / 4, 1.0), 60.0) + 5
+
+
 def run_seed(args, seed, profile_name):
     prof = PROFILES[profile_name]
     rng = random.Random(seed)
@@ -526,6 +538,25 @@ def run_seed(args, seed, profile_name):
 
         # Quiescence: the channel drained and nothing pending in the ledger.
         bound = quiescence_bound(prof)
+        lost = []
+        if args.lose_commits:
+            # What a failover with asynchronous replication leaves once the channel has drained: the last
+            # commits gone — some settles (the row back to pending, its message FINed) and some pre-flight
+            # inserts (no row at all) — though Stripe charged. Only the sweeper and the backfill can heal them.
+            # The harness edits the rows directly (the WAL tail of a real failover is not reproducible here);
+            # the sweep bound counts from this moment.
+            wait_until(lambda: (nsqd.channel_stats() or {}).get("depth", 1) == 0 and
+                       pg.query("SELECT count(*) FROM billing_records WHERE status = 'pending'")[0][0] == "0",
+                       bound, step=0.25)
+            rows = [r[0] for r in pg.query("SELECT key FROM billing_records WHERE status = 'charged' ORDER BY key")]
+            lost = rng.sample(rows, min(args.lose_commits, len(rows)))
+            half = len(lost) // 2
+            keys = lambda ks: ",".join(f"'{k}'" for k in ks) or "''"
+            pg.query("UPDATE billing_records SET status = 'pending', charge_id = NULL, payment_intent_id = NULL, "
+                     f"lease_until = now() WHERE key IN ({keys(lost[:half])})")
+            pg.query(f"DELETE FROM billing_records WHERE key IN ({keys(lost[half:])})")
+            log(f"   lost commits: {half} settles reverted to pending, {len(lost) - half} rows deleted")
+            bound += sweep_bound(prof) + 30
         t_chaos_end = time.monotonic()
 
         def quiet():
@@ -534,8 +565,18 @@ def run_seed(args, seed, profile_name):
                 return False
             return pg.query("SELECT count(*) FROM billing_records WHERE status = 'pending'")[0][0] == "0"
 
-        reached = wait_until(quiet, bound, step=0.25)
+        def healed():
+            if not lost:
+                return True
+            n = pg.query("SELECT count(*) FROM billing_records WHERE status = 'charged' AND key IN (" +
+                         ",".join(f"'{k}'" for k in lost) + ")")[0][0]
+            return int(n) == len(lost)
+
+        reached = wait_until(lambda: quiet() and healed(), bound, step=0.25)
         report["quiescence_s"] = round(time.monotonic() - t_chaos_end, 1)
+        if lost:
+            report["lost_commits"] = len(lost)
+            report["heal_s"] = report["quiescence_s"]
         report["quiescence_bound_s"] = round(bound, 1)
         if not reached:
             st = nsqd.channel_stats()
@@ -707,6 +748,10 @@ def main():
     ap.add_argument("--profile", choices=["short", "scaled", "both"], default="both",
                     help="timings; 'both' alternates by seed")
     ap.add_argument("--nsqd-bin", default=os.environ.get("NSQD_BIN", ""))
+    ap.add_argument("--lose-commits", type=int, default=0,
+                    help="after the chaos, drop this many settled rows' last commits (half back to pending, half "
+                         "deleted), as an asynchronous-replication failover would; the sweeper and the backfill "
+                         "must heal them within the bound")
     ap.add_argument("--keep", action="store_true", help="keep the work directories of passing seeds")
     ap.add_argument("--json", action="store_true", help="print the per-seed reports as JSON lines on stdout")
     args = ap.parse_args()
@@ -742,6 +787,9 @@ def main():
             f"{r.get('dead_letters', '?')} dead letters; quiescence {r.get('quiescence_s', '?')} s "
             f"(bound {r.get('quiescence_bound_s', '?')} s); nsqd restart {r.get('nsqd_restart', '?')}; "
             f"{r['kill_count']} kills caught deliveries at: {kills}")
+        if r.get("lost_commits"):
+            log(f"   lost commits: {r['lost_commits']} rows healed by the sweeper and the backfill in "
+                f"{r.get('heal_s', '?')} s")
         log(f"   PaymentIntents: {r.get('pi_events', '?')} events, {r.get('intents', '?')} intents, "
             f"{r.get('pi_charged', '?')} charged, {r.get('pi_declined', '?')} declined; fault hits: "
             + ", ".join(f"{k} {v}" for k, v in sorted((r.get("fault_hits") or {}).items())))

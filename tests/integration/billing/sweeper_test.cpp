@@ -9,6 +9,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "billing/outcome.hpp"
+#include "billing/pending_age.hpp"
 #include "fixture.hpp"
 #include "support/prom_text.hpp"
 
@@ -263,6 +264,35 @@ BOOST_AUTO_TEST_CASE(rows_not_abandoned_or_not_ours_are_left_alone) {
     BOOST_TEST_REQUIRE(live_now.has_value());
     BOOST_TEST(live_now->lease_epoch == live.lease_epoch);  // its lease was never taken
     BOOST_TEST(billing::to_string(live_now->status) == "pending");
+}
+
+// The pending-age monitor, given the sweep bound, counts what the sweeper would take up: of two pending rows
+// the one whose lease expired, not the one a worker holds.
+BOOST_AUTO_TEST_CASE(pending_age_reports_abandoned_rows_by_the_sweep_bound) {
+    fixture f;
+    f.dead_workers_row(event_json("sw-10", "2026-11", 100), "5a10", 30s);
+    auto gone = f.dead_workers_row(event_json("sw-11", "2026-11", 100), "5a11", 30s);
+    expire_lease(f, gone.key);
+    metrics::registry reg;
+    billing::pending_age_monitor m(f.pg, reg, logger(), 20ms);
+    m.watch_abandoned(0ms);
+    auto value = [&](const std::string& family) {
+        auto fams = test::parse_prometheus(reg.render());
+        auto it = fams.find(family);
+        return it == fams.end() || it->second.samples.empty() ? -1.0 : it->second.samples[0].value;
+    };
+    // The monitor has no completion event of its own: look after each of its periods until it has reported.
+    run_async(f.io, [&]() -> net::awaitable<void> {
+        m.start(f.io.get_executor());
+        net::steady_timer t(f.io);
+        while (value("chargeguard_billing_pending_records") != 2.0) {
+            t.expires_after(20ms);
+            co_await t.async_wait();
+        }
+        co_await m.stop();
+    });
+    BOOST_TEST(value("chargeguard_billing_abandoned_records") == 1.0);
+    BOOST_TEST(value("chargeguard_billing_oldest_abandoned_age_seconds") >= 0.0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
