@@ -560,6 +560,7 @@ def run_seed(args, seed, profile_name):
         restarts = []  # (time, consumer)
         killed_logs = []
         events = ["pg", "nsqd", "stall"]
+        held_at = None  # --failover: when the standby was held behind
         while True:
             now = time.monotonic() - t0
             if now >= dur and not publishes:
@@ -582,7 +583,8 @@ def run_seed(args, seed, profile_name):
                 log(f"   [{now:5.1f}s] standby held behind (walreceiver disconnected)")
                 standby.hold()
                 events.append("promote")
-            if "promote" in events and now >= pg_restart_at + 2.0:
+                held_at = time.monotonic() - t0
+            if "promote" in events and now >= held_at + 2.0:
                 events.remove("promote")
                 lost_wal = standby.fail_over()
                 report["wal_lost_bytes"] = lost_wal
@@ -847,6 +849,9 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the work directories of passing seeds")
     ap.add_argument("--json", action="store_true", help="print the per-seed reports as JSON lines on stdout")
     args = ap.parse_args()
+    if args.failover != "none" and not os.path.exists(os.path.join(PG_BIN, "pg_basebackup")):
+        print(f"skipped: --failover needs {PG_BIN}/pg_basebackup")
+        sys.exit(77)
 
     if not shutil.which("psql") or not os.path.exists("/usr/lib/postgresql/15/bin/initdb"):
         print("skipped: chaos test needs PostgreSQL 15 (initdb, psql)")
