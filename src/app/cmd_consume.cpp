@@ -13,6 +13,7 @@
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
+#include "app/heal.hpp"
 #include "app/nsq_flags.hpp"
 #include "app/pg_flags.hpp"
 #include "app/runtime.hpp"
@@ -49,6 +50,7 @@ struct consume_flags {
     pg_flags pg;
     stripe_flags stripe;
     pipeline_flags billing;
+    heal_flags heal;
     runtime_flags rt;
     std::string stripe_io = "offload";
 };
@@ -318,6 +320,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     // chargeguard_billing_oldest_pending_age_seconds: a cheap periodic query, stopped on shutdown.
     auto pending_age = billing::start_pending_age_monitor(rt.io().get_executor(), pool, rt.metrics(), log);
     rt.on_shutdown([pending_age]() { return pending_age->stop(); });
+    start_ledger_healing(rt, pipeline, pool, **stripe, f.heal, ncfg, pending_age.get());
     if (auto ep = rt.start(); !ep) {
         log.error("cannot start", {{"error", ep.err().describe()}});
         return 1;
@@ -346,6 +349,7 @@ void register_consume(CLI::App& app, command_main& selected) {
     add_pg_flags(*cmd, f->pg, true);
     add_stripe_flags(*cmd, f->stripe);
     add_pipeline_flags(*cmd, f->billing);
+    add_heal_flags(*cmd, f->heal);
     add_runtime_flags(*cmd, f->rt);
     cmd->add_option("--stripe-io", f->stripe_io,
                     "where Stripe HTTPS requests run: loop (the event loop; each new connection's connect "

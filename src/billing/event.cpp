@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/log.hpp"
+
 namespace cg::billing {
 namespace {
 
@@ -128,6 +130,29 @@ result<billing_event> parse_event(std::string_view body) {
     if (off_session_given && !e.uses_payment_intent())
         return error(event_errc::bad_field, "off_session: only with payment_method");
     return e;
+}
+
+std::string to_json(const billing_event& e) {
+    std::string out = "{\"customer_id\":";
+    append_json_string(out, e.customer_id);
+    out += ",\"billing_period\":";
+    append_json_string(out, e.billing_period);
+    out += ",\"amount_cents\":" + std::to_string(e.amount_cents) + ",\"currency\":";
+    append_json_string(out, e.currency);
+    out += ",\"stripe_customer_id\":";
+    append_json_string(out, e.stripe_customer_id);
+    if (!e.description.empty()) {
+        out += ",\"description\":";
+        append_json_string(out, e.description);
+    }
+    // off_session is refused without a payment method (parse_event).
+    if (e.uses_payment_intent()) {
+        out += ",\"payment_method\":";
+        append_json_string(out, e.payment_method);
+        out += e.off_session ? ",\"off_session\":true" : ",\"off_session\":false";
+    }
+    out += '}';
+    return out;
 }
 
 }  // namespace cg::billing

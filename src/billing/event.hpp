@@ -39,6 +39,10 @@ inline constexpr std::size_t max_event_bytes = 64 * 1024;
 // dead-letter table ("amount_cents: must be an integer in 1..99999999").
 result<billing_event> parse_event(std::string_view body);
 
+// The event as a producer would publish it (parse_event(to_json(e)) gives `e` back for a valid event):
+// the body of the stand-in delivery the sweeper runs a ledger row through, and of its dead letters.
+std::string to_json(const billing_event& e);
+
 }  // namespace cg::billing
 
 template <>

@@ -27,12 +27,15 @@ using ms = std::chrono::milliseconds;
 
 // The insert also records the first Stripe attempt (what record_attempt does for a recovered row): the row
 // is ours and leased the moment it exists, so there is no step — and no wait for a pooled connection —
-// between "row written" and "attempt recorded" in which a crash could leave a row that looks untried.
+// between "row written" and "attempt recorded" in which a crash could leave a row that looks untried. It
+// also stores every other field the charge needs (description, payment method, off_session) and the key
+// namespace, so the sweeper (sweeper.hpp) can charge the row without its message (migration 0011).
 const std::string preflight_insert_sql =
     "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
     "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at, "
-    "last_stripe_attempt_at) "
-    "VALUES ($1, $2, $3, $4, $5, $6, 'pending', " CG_LEASE_END("$7") ", 1, $8, $9, 1, now(), now()) "
+    "last_stripe_attempt_at, description, payment_method, off_session, key_namespace) "
+    "VALUES ($1, $2, $3, $4, $5, $6, 'pending', " CG_LEASE_END("$7") ", 1, $8, $9, 1, now(), now(), $10::text, "
+    "$11::text, $12::boolean, $13::text) "
     "ON CONFLICT DO NOTHING RETURNING " CG_RECORD_COLUMNS;
 
 // The row that made the insert conflict: by key first; else the (customer_id, billing_period) row under
@@ -103,12 +106,14 @@ const std::string settle_sql =
 const std::string preflight_batch_sql =
     "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
     "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at, "
-    "last_stripe_attempt_at) "
+    "last_stripe_attempt_at, description, payment_method, off_session, key_namespace) "
     "SELECT v.key, v.customer_id, v.billing_period, v.amount_cents, v.currency, v.stripe_customer_id, "
-    "'pending', " CG_LEASE_END("v.lease_ms") ", 1, v.nsq_message_id, v.nsq_attempts, 1, now(), now() "
+    "'pending', " CG_LEASE_END("v.lease_ms") ", 1, v.nsq_message_id, v.nsq_attempts, 1, now(), now(), "
+    "v.description, v.payment_method, v.off_session, v.key_namespace "
     "FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[], "
-    "$8::text[], $9::int4[]) AS v(key, customer_id, billing_period, amount_cents, currency, "
-    "stripe_customer_id, lease_ms, nsq_message_id, nsq_attempts) "
+    "$8::text[], $9::int4[], $10::text[], $11::text[], $12::boolean[], $13::text[]) AS v(key, customer_id, "
+    "billing_period, amount_cents, currency, stripe_customer_id, lease_ms, nsq_message_id, nsq_attempts, "
+    "description, payment_method, off_session, key_namespace) "
     "ON CONFLICT DO NOTHING RETURNING " CG_STORED_COLUMNS ", lease_epoch";
 constexpr int preflight_batch_epoch_column = 13;
 
@@ -319,6 +324,12 @@ std::vector<std::size_t> key_order(const std::vector<Req>& reqs, KeyOf key_of) {
     return order;
 }
 
+// NULL for an event charged through /v1/charges (the column's CHECK refuses '').
+std::optional<std::string> payment_method_column(const billing_event& e) {
+    if (e.payment_method.empty()) return std::nullopt;
+    return e.payment_method;
+}
+
 struct preflight_req {
     new_record rec;
     std::int64_t lease_ms = 0;
@@ -328,10 +339,11 @@ using preflight_out = std::optional<ledger_record>;  // the inserted row; nullop
 net::awaitable<result<preflight_out>> preflight_insert_one(std::shared_ptr<pg::pool> pool,
                                                            const preflight_req& q) {
     const auto& e = q.rec.event;
-    auto ins =
-        co_await exec(pool, preflight_insert_sql,
-                      pg::params(q.rec.key, e.customer_id, e.billing_period, e.amount_cents, e.currency,
-                                 e.stripe_customer_id, q.lease_ms, q.rec.nsq_message_id, q.rec.nsq_attempts));
+    auto ins = co_await exec(
+        pool, preflight_insert_sql,
+        pg::params(q.rec.key, e.customer_id, e.billing_period, e.amount_cents, e.currency,
+                   e.stripe_customer_id, q.lease_ms, q.rec.nsq_message_id, q.rec.nsq_attempts, e.description,
+                   payment_method_column(e), e.off_session, q.rec.key_namespace));
     if (!ins) co_return ins.err();
     if (ins->empty()) co_return preflight_out();
     co_return preflight_out(decode_record(*ins, 0));
@@ -350,9 +362,13 @@ struct preflight_runner {
         }
         auto order = key_order(reqs, key);
         std::vector<std::string> keys, customers, periods, currencies, stripe_customers, message_ids;
+        std::vector<std::string> descriptions, off_sessions, namespaces;
+        std::vector<std::optional<std::string>> payment_methods;
         std::vector<std::int64_t> amounts, leases, attempts;
-        for (auto* v : {&keys, &customers, &periods, &currencies, &stripe_customers, &message_ids})
+        for (auto* v : {&keys, &customers, &periods, &currencies, &stripe_customers, &message_ids,
+                        &descriptions, &off_sessions, &namespaces})
             v->reserve(reqs.size());
+        payment_methods.reserve(reqs.size());
         for (auto* v : {&amounts, &leases, &attempts}) v->reserve(reqs.size());
         for (auto i : order) {
             const auto& q = reqs[i];
@@ -365,13 +381,19 @@ struct preflight_runner {
             leases.push_back(q.lease_ms);
             message_ids.push_back(q.rec.nsq_message_id);
             attempts.push_back(q.rec.nsq_attempts);
+            descriptions.push_back(q.rec.event.description);
+            payment_methods.push_back(payment_method_column(q.rec.event));
+            off_sessions.emplace_back(q.rec.event.off_session ? "t" : "f");
+            namespaces.push_back(q.rec.key_namespace);
         }
         pg::params p;
-        p.reserve(9);
+        p.reserve(13);
         p.add(text_array_literal(keys)).add(text_array_literal(customers)).add(text_array_literal(periods));
         p.add(int_array_literal(amounts)).add(text_array_literal(currencies));
         p.add(text_array_literal(stripe_customers)).add(int_array_literal(leases));
         p.add(text_array_literal(message_ids)).add(int_array_literal(attempts));
+        p.add(text_array_literal(descriptions)).add(text_array_literal(payment_methods));
+        p.add(text_array_literal(off_sessions)).add(text_array_literal(namespaces));
         auto r = co_await exec(pool, preflight_batch_sql, std::move(p));
         if (!r) {
             if (retry_row_by_row(r.code())) {

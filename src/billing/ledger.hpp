@@ -54,6 +54,8 @@ struct new_record {
     billing_event event;
     std::string nsq_message_id;
     std::int32_t nsq_attempts = 0;
+    // The namespace `key` was computed in (base_key); the sweeper selects its own sidecar's rows by it.
+    std::string key_namespace{};
 };
 
 struct preflight_result {

@@ -9,9 +9,15 @@ namespace cg::billing {
 
 namespace {
 // Milliseconds, so the value decodes as int8; min(created_at) is NULL without pending rows.
+// $1: the sweep bound in ms, NULL before watch_abandoned(); an abandoned row is what the sweeper selects.
 const std::string age_sql =
-    "SELECT count(*), coalesce((extract(epoch FROM now() - min(created_at)) * 1000)::bigint, 0) "
-    "FROM billing_records WHERE status = 'pending'";
+    "SELECT count(*), coalesce((extract(epoch FROM now() - min(created_at)) * 1000)::bigint, 0), "
+    "count(*) FILTER (WHERE abandoned), "
+    "coalesce((extract(epoch FROM now() - min(active) FILTER (WHERE abandoned)) * 1000)::bigint, 0) "
+    "FROM (SELECT created_at, greatest(updated_at, coalesce(lease_until, updated_at)) AS active, "
+    "$1::bigint IS NOT NULL AND (lease_until IS NULL OR lease_until < now()) AND "
+    "greatest(updated_at, coalesce(lease_until, updated_at)) < now() - $1::bigint * interval '1 millisecond' "
+    "AS abandoned FROM billing_records WHERE status = 'pending') AS p";
 }  // namespace
 
 struct pending_age_monitor::state {
@@ -21,6 +27,9 @@ struct pending_age_monitor::state {
     metrics::Gauge* age = nullptr;
     metrics::Gauge* count = nullptr;
     metrics::Counter* errors = nullptr;
+    metrics::Gauge* abandoned_age = nullptr;
+    metrics::Gauge* abandoned_count = nullptr;
+    std::optional<std::int64_t> abandoned_after_ms;  // the sweep bound, once watched
     std::unique_ptr<net::steady_timer> timer;
     bool stopping = false;
     bool running = false;
@@ -38,15 +47,18 @@ net::awaitable<void> query_once(state_ptr st) {
         st->log.warn("pending age query: no connection", {{"error", c.err().describe()}});
         co_return;
     }
-    auto r = co_await (*c)->query(age_sql);
+    auto r = co_await (*c)->query(age_sql, st->abandoned_after_ms);
     if (!r) {
         st->errors->Increment();
         st->log.warn("pending age query failed", {{"error", r.err().describe()}});
         co_return;
     }
-    auto [n, ms] = (*r)[0].as<std::int64_t, std::int64_t>();
+    auto [n, ms, abandoned, abandoned_ms] =
+        (*r)[0].as<std::int64_t, std::int64_t, std::int64_t, std::int64_t>();
     st->count->Set(static_cast<double>(n));
     st->age->Set(static_cast<double>(ms) / 1000.0);
+    st->abandoned_count->Set(static_cast<double>(abandoned));
+    st->abandoned_age->Set(static_cast<double>(abandoned_ms) / 1000.0);
 }
 
 net::awaitable<void> loop(state_ptr st) {
@@ -76,6 +88,14 @@ pending_age_monitor::pending_age_monitor(std::shared_ptr<pg::pool> pool, metrics
                     .Add({});
     st_->count =
         &reg.gauge("chargeguard_billing_pending_records", "Billing records in state pending").Add({});
+    st_->abandoned_count = &reg.gauge("chargeguard_billing_abandoned_records",
+                                      "Pending billing records with no live lease and no activity for longer "
+                                      "than the sweep bound (what the sweeper takes up)")
+                                .Add({});
+    st_->abandoned_age = &reg.gauge("chargeguard_billing_oldest_abandoned_age_seconds",
+                                    "Time since the last activity of the least recently active abandoned "
+                                    "billing record (0 when none)")
+                              .Add({});
     st_->errors = &reg.counter("chargeguard_billing_pending_age_errors_total",
                                "Failed queries of the oldest pending billing record")
                        .Add({});
@@ -96,6 +116,10 @@ void pending_age_monitor::start(asio::any_io_executor ex) {
         st->running = false;
         st->done->cancel();
     });
+}
+
+void pending_age_monitor::watch_abandoned(std::chrono::milliseconds bound) {
+    st_->abandoned_after_ms = static_cast<std::int64_t>(bound.count());
 }
 
 net::awaitable<void> pending_age_monitor::stop() {

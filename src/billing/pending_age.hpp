@@ -6,6 +6,12 @@
 // billing_records_pending_lease_idx), exported as gauges:
 //   chargeguard_billing_oldest_pending_age_seconds  0 when there is no pending row
 //   chargeguard_billing_pending_records             how many rows are pending
+// and, once watch_abandoned() gave it the sweep bound (sweeper.hpp), the rows the sweeper would take up —
+// pending, no live lease, no activity (greatest(updated_at, lease_until)) for longer than the bound:
+//   chargeguard_billing_abandoned_records
+//   chargeguard_billing_oldest_abandoned_age_seconds  time since the least recent activity of one, 0 when
+//   none
+// A sweeper that heals keeps the age under bound + its interval + the time to resolve a row.
 // A failed query keeps the previous values and counts in chargeguard_billing_pending_age_errors_total.
 #pragma once
 
@@ -34,6 +40,8 @@ class pending_age_monitor {
     void start(asio::any_io_executor ex);
     // Stops the loop; completes once a query in progress has finished. Call on the same executor.
     net::awaitable<void> stop();
+    // Also reports the abandoned rows by this sweep bound, from the next query on. Same executor.
+    void watch_abandoned(std::chrono::milliseconds bound);
 
     struct state;
 

@@ -117,6 +117,16 @@ net::awaitable<verdict> pipeline::give_up(delivery d, touch_fn touch) {
     co_return co_await finish_run(r, true);
 }
 
+net::awaitable<verdict> pipeline::resume(delivery d, billing_event ev, ledger_record rec) {
+    run r(std::move(d), {}, log_);
+    r.ev = std::move(ev);
+    r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period);
+    if (r.key != rec.key)
+        throw std::invalid_argument("resume: row " + rec.key + " is not this pipeline's key");
+    r.log = r.log.with({{"billing_key", r.key}, {"swept", true}});
+    co_return co_await on_existing(r, std::move(rec));
+}
+
 net::awaitable<verdict> pipeline::finish_run(run& r, bool past_max_attempts) {
     // Debug lines mark each step of a delivery (received, row written, Stripe called, Stripe answered, then
     // the verdict): enough to tell, after a crash, which step a delivery had reached.
@@ -141,7 +151,7 @@ net::awaitable<verdict> pipeline::process(run& r) {
     r.log = r.log.with(
         {{"billing_key", r.key}, {"customer_id", r.ev.customer_id}, {"period", r.ev.billing_period}});
 
-    new_record row{r.key, r.ev, r.d.message_id, r.d.attempts};
+    new_record row{r.key, r.ev, r.d.message_id, r.d.attempts, cfg_.key_namespace};
     auto pf = co_await ledger_.preflight(std::move(row), cfg_.lease);
     if (!pf) co_return postgres_failed(r, pf.err(), "pre-flight");
     if (pf->inserted) {

@@ -111,6 +111,18 @@ class pipeline {
     // Same executor and lifetime rules as handle().
     net::awaitable<verdict> give_up(delivery d, touch_fn touch = {});
 
+    // For a ledger row no delivery works on any more (the sweeper, sweeper.hpp): the machine a redelivery of
+    // its event runs, from the decision on the existing row on — lease held → requeue verdict; expired →
+    // take the lease with the ledger's take-lease statement (so a live delivery of the same key, or another
+    // sweeper, is excluded exactly as a second redelivery would be) and RECOVER (same key inside Stripe's
+    // window, the charge search after it) — without the pre-flight insert. `d` stands in for the message:
+    // its id is written to the row with the lease and names dead letters, its body (to_json of `ev`) is what
+    // a dead letter keeps. `rec` is the row as read with its lease (lease_remaining by the database clock);
+    // its key must be this pipeline's key for `ev` (std::invalid_argument otherwise). The verdict is not
+    // counted in chargeguard_billing_messages_total (the sweeper counts its own). Same executor and lifetime
+    // rules as handle().
+    net::awaitable<verdict> resume(delivery d, billing_event ev, ledger_record rec);
+
     const pipeline_config& config() const noexcept { return cfg_; }
 
   private:

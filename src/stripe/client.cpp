@@ -302,8 +302,9 @@ net::awaitable<result<T>> run_get(state_ptr st, operation op, std::string target
 }
 
 std::string list_target(std::string_view path, const list_request& req) {
-    std::string t = std::string(path) + "?customer=" + http::url_encode(req.customer) +
-                    "&limit=" + std::to_string(req.limit);
+    // No customer: the account's whole list (the ledger's backfill).
+    std::string t = std::string(path) + "?limit=" + std::to_string(req.limit);
+    if (!req.customer.empty()) t += "&customer=" + http::url_encode(req.customer);
     if (req.created_gte) t += "&created[gte]=" + std::to_string(*req.created_gte);
     if (!req.starting_after.empty()) t += "&starting_after=" + http::url_encode(req.starting_after);
     return t;

@@ -61,7 +61,8 @@ class client {
     // GET /v1/charges/{id}, GET /v1/payment_intents/{id}. Errors carry stripe::errc.
     net::awaitable<result<charge>> retrieve_charge(std::string id);
     net::awaitable<result<payment_intent>> retrieve_payment_intent(std::string id);
-    // GET /v1/charges?customer=…&created[gte]=…&limit=…&starting_after=… (one page, newest first).
+    // GET /v1/charges?customer=…&created[gte]=…&limit=…&starting_after=… (one page, newest first; without a
+    // customer, the account's charges).
     net::awaitable<result<charge_page>> list_charges(list_charges_request req);
     // GET /v1/payment_intents?customer=…&created[gte]=…&limit=…&starting_after=… (one page, newest first).
     net::awaitable<result<payment_intent_page>> list_payment_intents(list_request req);

@@ -52,6 +52,7 @@ import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PG_BIN = "/usr/lib/postgresql/15/bin"  # as ci/pg-cluster
 TOPIC, CHANNEL, NAMESPACE, PERIOD = "billing", "chargeguard", "chaos", "2026-11"
 
 # Two timing profiles: the short timings of the original chaos report, and the defaults (60 s msg-timeout
@@ -120,6 +121,69 @@ class Postgres:
                 return [line.split("\t") for line in r.stdout.splitlines() if line]
             time.sleep(0.1)
         raise RuntimeError(f"psql failed: {r.stderr.strip()}")
+
+
+class Standby:
+    """A streaming standby of `primary` (pg_basebackup -R), for --failover: held behind by clearing its
+    primary_conninfo (the walreceiver disconnects, so nothing the primary commits afterwards reaches it),
+    then the primary is SIGKILLed and the standby promoted. With `sync` the primary waits for it
+    (synchronous_standby_names set on the primary only, after the copy)."""
+
+    def __init__(self, work, primary, sync):
+        self.primary = primary
+        self.dir = os.path.join(work, "pg-standby")
+        os.makedirs(os.path.join(self.dir, "sock"))
+        os.chmod(self.dir, 0o755)
+        self.port = free_port()
+        with open(os.path.join(self.dir, "port"), "w") as f:
+            f.write(str(self.port))
+        open(os.path.join(self.dir, "roles-done"), "w").close()  # the roles come with the copy
+        with open(os.path.join(primary.dir, "data", "pg_hba.conf"), "a") as f:
+            f.write("host replication all 127.0.0.1/32 trust\n")
+        primary.query("SELECT pg_reload_conf()")
+        if os.getuid() == 0:
+            subprocess.run(["chown", "-R", "postgres:postgres", self.dir], check=True)
+        self.as_pg([PG_BIN + "/pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                    "-D", os.path.join(self.dir, "data"), "-R", "-X", "stream", "-c", "fast"])
+        subprocess.run([primary.ctl, "start", self.dir], check=True)
+        self.env = dict(primary.env, PGPORT=str(self.port))
+        if sync:
+            primary.query("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            primary.query("SELECT pg_reload_conf()")
+        if not wait_until(lambda: primary.query("SELECT count(*) FROM pg_stat_replication")[0][0] == "1", 30):
+            raise RuntimeError("the standby did not start streaming")
+
+    @staticmethod
+    def as_pg(args):
+        if os.getuid() == 0:
+            args = ["runuser", "-u", "postgres", "--"] + args
+        subprocess.run(args, check=True, cwd="/", stdout=subprocess.DEVNULL)
+
+    def query(self, sql):
+        r = subprocess.run(["psql", "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql], env=self.env,
+                           capture_output=True, text=True, cwd="/")
+        if r.returncode != 0:
+            raise RuntimeError(f"psql on the standby failed: {r.stderr.strip()}")
+        return r.stdout.strip()
+
+    def hold(self):
+        self.query("ALTER SYSTEM SET primary_conninfo = ''")
+        self.query("SELECT pg_reload_conf()")
+
+    def fail_over(self):
+        """SIGKILL the primary's postmaster (its backends die with it), promote the standby, and point the
+        harness's queries at it. Returns the WAL bytes the standby never received."""
+        lost = None
+        try:
+            lost = int(self.primary.query("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn", retries=1)[0][0]) - \
+                int(self.query("SELECT coalesce(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()) - '0/0'::pg_lsn"))
+        except Exception:
+            pass
+        with open(os.path.join(self.primary.dir, "data", "postmaster.pid")) as f:
+            os.kill(int(f.readline()), signal.SIGKILL)
+        self.as_pg([PG_BIN + "/pg_ctl", "-D", os.path.join(self.dir, "data"), "-w", "promote"])
+        self.primary.dir, self.primary.port, self.primary.env = self.dir, self.port, self.env
+        return lost
 
 
 class Nsqd:
@@ -249,6 +313,7 @@ class Consumers:
         self.logs = [None] * count
         self.incarnation = collections.Counter()
         self.max_in_flight = max_in_flight
+        self.dsn = None  # --failover: both hosts, the writable one wins
 
     def args(self, i=0):
         p = self.prof
@@ -263,6 +328,9 @@ class Consumers:
                 "--search-failed-delay", d(p["search"]), "--stripe-request-timeout", "20",
                 "--new-key-quiet", d(NEW_KEY_QUIET_S),
                 "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10",
+                # The sweep bound is derived from the flags above; the backfill runs often enough to be seen.
+                "--backfill-interval", "5s",
+                *(["--pg-dsn", self.dsn] if self.dsn else []),
                 # Consumer 1 runs its Stripe requests on the event loop (handshakes on the offload pool), the
                 # others all on the offload pool: both placements under the same chaos.
                 "--stripe-io", "loop" if i == 1 else "offload"]
@@ -425,6 +493,16 @@ def quiescence_bound(prof, pg_backoff_cap=60.0):
             p["retry"] + pg_backoff_cap + (p["msg_timeout"] + 3) + NEW_KEY_QUIET_S + 30)
 
 
+def sweep_bound(prof):
+    """The consumers' derived sweep bound (billing/sweeper.hpp): 2 × msg_timeout + the longest requeue delay
+    (the PostgreSQL backoff's 60 s max, or new-key-quiet + 0.1 s) + max(lease-held delay, lease / 10), plus
+    one sweep interval (a quarter of it, 1–60 s) and one backfill interval."""
+    p = prof
+    b = 2 * p["msg_timeout"] + max(p["held"], p["retry"], p["indeterminate"], p["search"], 60.0,
+                                   NEW_KEY_QUIET_S + 0.1) + max(p["held"], p["lease"] / 10)
+    return b + min(max(b / 4, 1.0), 60.0) + 5
+
+
 def run_seed(args, seed, profile_name):
     prof = PROFILES[profile_name]
     rng = random.Random(seed)
@@ -434,7 +512,7 @@ def run_seed(args, seed, profile_name):
     report = dict(seed=seed, profile=profile_name, events=args.events, ok=False, failures=[],
                   kills=collections.Counter(), kill_count=0, broker="real nsqd" if args.nsqd_bin else "fake-nsqd")
     t_start = time.monotonic()
-    pg = nsqd = stripe = cons = None
+    pg = nsqd = stripe = cons = standby = None
     try:
         valid, declined, auth, invalid, bodies = make_run(rng, args.events, args.pi_share)
         pg = Postgres(work)
@@ -443,6 +521,12 @@ def run_seed(args, seed, profile_name):
         # Realistic latency so kills land during calls too.
         stripe.faults(latency_ms=40, latency_jitter_ms=160)
         cons = Consumers(work, args.build, nsqd, pg, stripe, prof, args.consumers, args.max_in_flight)
+        standby = None
+        if args.failover != "none":
+            standby = Standby(work, pg, args.failover == "sync")
+            cons.dsn = (f"host=127.0.0.1,127.0.0.1 port={pg.port},{standby.port} dbname=chargeguard_test "
+                        "user=postgres target_session_attrs=read-write connect_timeout=2")
+            report["failover"] = args.failover
         for i in range(args.consumers):
             cons.start(i)
 
@@ -476,6 +560,7 @@ def run_seed(args, seed, profile_name):
         restarts = []  # (time, consumer)
         killed_logs = []
         events = ["pg", "nsqd", "stall"]
+        held_at = None  # --failover: when the standby was held behind
         while True:
             now = time.monotonic() - t0
             if now >= dur and not publishes:
@@ -493,6 +578,17 @@ def run_seed(args, seed, profile_name):
             for r in [r for r in restarts if r[0] <= now]:
                 restarts.remove(r)
                 cons.start(r[1])
+            if "pg" in events and now >= pg_restart_at and standby:
+                events.remove("pg")
+                log(f"   [{now:5.1f}s] standby held behind (walreceiver disconnected)")
+                standby.hold()
+                events.append("promote")
+                held_at = time.monotonic() - t0
+            if "promote" in events and now >= held_at + 2.0:
+                events.remove("promote")
+                lost_wal = standby.fail_over()
+                report["wal_lost_bytes"] = lost_wal
+                log(f"   [{now:5.1f}s] primary SIGKILLed, standby promoted ({lost_wal} bytes of WAL not received)")
             if "pg" in events and now >= pg_restart_at:
                 events.remove("pg")
                 log(f"   [{now:5.1f}s] PostgreSQL restart")
@@ -526,6 +622,27 @@ def run_seed(args, seed, profile_name):
 
         # Quiescence: the channel drained and nothing pending in the ledger.
         bound = quiescence_bound(prof)
+        if standby:
+            bound += sweep_bound(prof)  # rows whose settle the failover lost wait out the sweep bound
+        lost = []
+        if args.lose_commits:
+            # What a failover with asynchronous replication leaves once the channel has drained: the last
+            # commits gone — some settles (the row back to pending, its message FINed) and some pre-flight
+            # inserts (no row at all) — though Stripe charged. Only the sweeper and the backfill can heal them.
+            # The harness edits the rows directly (the WAL tail of a real failover is not reproducible here);
+            # the sweep bound counts from this moment.
+            wait_until(lambda: (nsqd.channel_stats() or {}).get("depth", 1) == 0 and
+                       pg.query("SELECT count(*) FROM billing_records WHERE status = 'pending'")[0][0] == "0",
+                       bound, step=0.25)
+            rows = [r[0] for r in pg.query("SELECT key FROM billing_records WHERE status = 'charged' ORDER BY key")]
+            lost = rng.sample(rows, min(args.lose_commits, len(rows)))
+            half = len(lost) // 2
+            keys = lambda ks: ",".join(f"'{k}'" for k in ks) or "''"
+            pg.query("UPDATE billing_records SET status = 'pending', charge_id = NULL, payment_intent_id = NULL, "
+                     f"lease_until = now() WHERE key IN ({keys(lost[:half])})")
+            pg.query(f"DELETE FROM billing_records WHERE key IN ({keys(lost[half:])})")
+            log(f"   lost commits: {half} settles reverted to pending, {len(lost) - half} rows deleted")
+            bound += sweep_bound(prof) + 30
         t_chaos_end = time.monotonic()
 
         def quiet():
@@ -534,8 +651,18 @@ def run_seed(args, seed, profile_name):
                 return False
             return pg.query("SELECT count(*) FROM billing_records WHERE status = 'pending'")[0][0] == "0"
 
-        reached = wait_until(quiet, bound, step=0.25)
+        def healed():
+            if not lost:
+                return True
+            n = pg.query("SELECT count(*) FROM billing_records WHERE status = 'charged' AND key IN (" +
+                         ",".join(f"'{k}'" for k in lost) + ")")[0][0]
+            return int(n) == len(lost)
+
+        reached = wait_until(lambda: quiet() and healed(), bound, step=0.25)
         report["quiescence_s"] = round(time.monotonic() - t_chaos_end, 1)
+        if lost:
+            report["lost_commits"] = len(lost)
+            report["heal_s"] = report["quiescence_s"]
         report["quiescence_bound_s"] = round(bound, 1)
         if not reached:
             st = nsqd.channel_stats()
@@ -566,6 +693,10 @@ def run_seed(args, seed, profile_name):
                     x.stop()
                 except Exception:
                     pass
+        if standby:  # whichever of the two is not pg's any more
+            for d in (standby.dir, os.path.join(work, "pg")):
+                subprocess.run([os.path.join(ROOT, "ci", "pg-cluster"), "stop", d], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
         report["seconds"] = round(time.monotonic() - t_start, 1)
         report["work"] = work
         if report["ok"] and not args.keep:
@@ -707,9 +838,20 @@ def main():
     ap.add_argument("--profile", choices=["short", "scaled", "both"], default="both",
                     help="timings; 'both' alternates by seed")
     ap.add_argument("--nsqd-bin", default=os.environ.get("NSQD_BIN", ""))
+    ap.add_argument("--lose-commits", type=int, default=0,
+                    help="after the chaos, drop this many settled rows' last commits (half back to pending, half "
+                         "deleted), as an asynchronous-replication failover would; the sweeper and the backfill "
+                         "must heal them within the bound")
+    ap.add_argument("--failover", choices=["none", "async", "sync"], default="none",
+                    help="instead of the PostgreSQL restart: a streaming standby (pg_basebackup), the consumers "
+                         "on a two-host DSN, the standby held behind for 2 s, the primary SIGKILLed and the "
+                         "standby promoted; sync makes the primary wait for the standby")
     ap.add_argument("--keep", action="store_true", help="keep the work directories of passing seeds")
     ap.add_argument("--json", action="store_true", help="print the per-seed reports as JSON lines on stdout")
     args = ap.parse_args()
+    if args.failover != "none" and not os.path.exists(os.path.join(PG_BIN, "pg_basebackup")):
+        print(f"skipped: --failover needs {PG_BIN}/pg_basebackup")
+        sys.exit(77)
 
     if not shutil.which("psql") or not os.path.exists("/usr/lib/postgresql/15/bin/initdb"):
         print("skipped: chaos test needs PostgreSQL 15 (initdb, psql)")
@@ -742,6 +884,12 @@ def main():
             f"{r.get('dead_letters', '?')} dead letters; quiescence {r.get('quiescence_s', '?')} s "
             f"(bound {r.get('quiescence_bound_s', '?')} s); nsqd restart {r.get('nsqd_restart', '?')}; "
             f"{r['kill_count']} kills caught deliveries at: {kills}")
+        if r.get("failover"):
+            log(f"   failover ({r['failover']}): {r.get('wal_lost_bytes', '?')} bytes of WAL lost; ledger agreed "
+                f"with Stripe {r.get('quiescence_s', '?')} s after the chaos")
+        if r.get("lost_commits"):
+            log(f"   lost commits: {r['lost_commits']} rows healed by the sweeper and the backfill in "
+                f"{r.get('heal_s', '?')} s")
         log(f"   PaymentIntents: {r.get('pi_events', '?')} events, {r.get('intents', '?')} intents, "
             f"{r.get('pi_charged', '?')} charged, {r.get('pi_declined', '?')} declined; fault hits: "
             + ", ".join(f"{k} {v}" for k, v in sorted((r.get("fault_hits") or {}).items())))

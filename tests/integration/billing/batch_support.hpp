@@ -36,7 +36,7 @@ inline billing::new_record record_for(const std::string& customer, const std::st
                                       const std::string& ns = test::key_namespace) {
     auto ev = billing::parse_event(event_json(customer, period, amount));
     BOOST_TEST_REQUIRE(ev.has_value());
-    return {billing::base_key(ns, ev->customer_id, ev->billing_period), *ev, message_id, 1};
+    return {billing::base_key(ns, ev->customer_id, ev->billing_period), *ev, message_id, 1, ns};
 }
 
 // `n` records of period 2026-11 for customers "<customer_prefix><i>" with amount `first_amount + i` and

@@ -125,7 +125,7 @@ struct billing_fixture : fake_stripe_fixture {
         auto ev = billing::parse_event(body);
         BOOST_TEST_REQUIRE(ev.has_value());
         billing::new_record nr{billing::base_key(key_namespace, ev->customer_id, ev->billing_period), *ev,
-                               message_id, 1};
+                               message_id, 1, key_namespace};
         auto pf = run(ledger->preflight(std::move(nr), lease));
         BOOST_TEST_REQUIRE(pf.has_value(), (pf ? "" : pf.err().describe()));
         BOOST_TEST_REQUIRE(pf->inserted);

@@ -103,3 +103,22 @@ BOOST_AUTO_TEST_CASE(payment_method_and_off_session) {
         }
     }
 }
+
+// The sweeper's stand-in body: to_json gives back the same event, escapes included, with and without a
+// payment method (off_session only with one, as parse_event demands).
+BOOST_AUTO_TEST_CASE(to_json_round_trips) {
+    billing_event plain{"acme-42", "2026-11", 1999, "usd", "cus_ABC", "plan \"gold\"\n\\ ok"};
+    billing_event intent{"acme-43", "2026-11", 500, "eur", "cus_DEF", "", "pm_card_visa", false};
+    for (const auto& e : {plain, intent}) {
+        auto back = parse_event(to_json(e));
+        BOOST_REQUIRE_MESSAGE(back.has_value(), (back ? "" : back.err().describe()) + ": " + to_json(e));
+        BOOST_TEST(back->customer_id == e.customer_id);
+        BOOST_TEST(back->billing_period == e.billing_period);
+        BOOST_TEST(back->amount_cents == e.amount_cents);
+        BOOST_TEST(back->currency == e.currency);
+        BOOST_TEST(back->stripe_customer_id == e.stripe_customer_id);
+        BOOST_TEST(back->description == e.description);
+        BOOST_TEST(back->payment_method == e.payment_method);
+        BOOST_TEST(back->off_session == e.off_session);
+    }
+}

@@ -1,0 +1,122 @@
+#include "app/heal.hpp"
+
+#include <asio/co_spawn.hpp>
+
+#include "app/nsq_flags.hpp"
+#include "billing/backfill.hpp"
+#include "billing/sweeper.hpp"
+#include "metrics/registry.hpp"
+#include "net/timeout.hpp"
+#include "pg/replication.hpp"
+
+namespace cg::app {
+
+using std::chrono::milliseconds;
+
+void add_heal_flags(CLI::App& cmd, heal_flags& f) {
+    cmd.add_option("--sweep", f.sweep,
+                   "resolve pending ledger rows nobody works on any more (their message lost, e.g. with a "
+                   "PostgreSQL failover) through the same recovery a redelivery runs")
+        ->capture_default_str();
+    cmd.add_option(
+           "--sweep-after", f.sweep_after,
+           "how long a pending row must show no activity (and no live lease) before the sweeper takes "
+           "it up; auto: 2 x --msg-timeout + the longest requeue delay + the lease-held jitter")
+        ->capture_default_str();
+    cmd.add_option("--sweep-interval", f.sweep_interval,
+                   "time between sweeps; auto: a quarter of --sweep-after within 1s..60s")
+        ->capture_default_str();
+    cmd.add_option("--backfill-window", f.backfill_window,
+                   "rebuild ledger rows lost entirely (a failover lost their insert) from the Stripe charges "
+                   "created this long ago or later that carry this sidecar's keys; 0 = off")
+        ->capture_default_str();
+    cmd.add_option("--backfill-interval", f.backfill_interval,
+                   "time between backfill runs (the first soon after start)")
+        ->capture_default_str();
+}
+
+namespace {
+
+milliseconds auto_or_duration(const char* flag, const std::string& v) {
+    if (v == "auto") return milliseconds(0);
+    auto d = duration_flag(flag, v);
+    if (d <= milliseconds(0)) throw CLI::ValidationError(flag, v + " must be positive (or auto)");
+    return d;
+}
+
+// Until PostgreSQL answers (startup waits for it too), then once: the settings decide the warning and gauge.
+net::awaitable<void> check_replication(runtime* rt, std::shared_ptr<pg::pool> pool, metrics::Gauge* gauge) {
+    auto ex = co_await asio::this_coro::executor;
+    net::steady_timer wait(ex);
+    for (;;) {
+        if (rt->stopping()) co_return;
+        auto s = co_await pg::read_replication_settings(pool);
+        if (s) {
+            auto a = pg::assess_replication(*s);
+            gauge->Set(a.async_with_standbys ? 1 : 0);
+            if (a.async_with_standbys)
+                rt->log().warn(
+                    "PostgreSQL commits asynchronously with standbys attached: a failover can lose the last "
+                    "commits (a settled charge goes back to pending, or its row is lost). The sweeper "
+                    "resolves "
+                    "pending rows; set synchronous_standby_names and synchronous_commit=on or remote_apply "
+                    "to "
+                    "avoid the loss (docs/operating/ha-postgres.md)",
+                    {{"alert", true}, {"settings", a.why}});
+            else
+                rt->log().info("PostgreSQL replication settings", {{"settings", a.why}});
+            co_return;
+        }
+        rt->log().debug("replication settings not read yet", {{"error", s.err().describe()}});
+        wait.expires_after(std::chrono::seconds(5));
+        co_await wait.async_wait();
+    }
+}
+
+}  // namespace
+
+void start_ledger_healing(runtime& rt, billing::pipeline& p, std::shared_ptr<pg::pool> pool,
+                          stripe::client& stripe, const heal_flags& f, const nsq::consumer_config& ncfg,
+                          billing::pending_age_monitor* age) {
+    auto window = duration_flag("--backfill-window", f.backfill_window);
+    auto backfill_every = duration_flag("--backfill-interval", f.backfill_interval);
+    if (window.count() < 0 || window > std::chrono::hours(24 * 30))
+        throw CLI::ValidationError("--backfill-window", f.backfill_window + " is out of range: 0 .. 720h");
+    if (window.count() > 0 && backfill_every < std::chrono::seconds(1))
+        throw CLI::ValidationError("--backfill-interval", f.backfill_interval + " must be at least 1s");
+    billing::sweeper_config sc;
+    sc.topic = ncfg.topic;
+    sc.channel = ncfg.channel;
+    sc.after = auto_or_duration("--sweep-after", f.sweep_after);
+    sc.interval = auto_or_duration("--sweep-interval", f.sweep_interval);
+    auto* gauge =
+        &rt.metrics()
+             .gauge("chargeguard_pg_async_replication",
+                    "1 when PostgreSQL commits asynchronously while standbys are attached (a failover "
+                    "can lose the last commits), else 0; read at startup")
+             .Add({});
+    asio::co_spawn(rt.io(), check_replication(&rt, pool, gauge), [log = rt.log()](std::exception_ptr e) {
+        if (e) log.error("replication check failed", {{"error", describe_exception(e)}});
+    });
+    if (window.count() > 0) {
+        billing::backfill_config bc;
+        bc.key_namespace = p.config().key_namespace;
+        bc.window = std::chrono::duration_cast<std::chrono::seconds>(window);
+        bc.interval = backfill_every;
+        auto b = std::make_shared<billing::backfill>(bc, pool, stripe, rt.log(), &rt.metrics());
+        b->start(rt.io().get_executor());
+        rt.on_shutdown([b]() { return b->stop(); });
+    }
+    if (!f.sweep) {
+        rt.log().warn("--sweep=false: abandoned pending ledger rows are not resolved by this sidecar");
+        return;
+    }
+    // --msg-timeout 0 leaves it to nsqd, whose default is 60 s (an nsqd run with a longer one needs
+    // --msg-timeout or --sweep-after here).
+    auto msg_timeout = ncfg.msg_timeout.count() > 0 ? ncfg.msg_timeout : milliseconds(60'000);
+    auto s = billing::start_sweeper(rt.io().get_executor(), p, std::move(pool), std::move(sc), msg_timeout,
+                                    rt.metrics(), rt.log(), age);
+    rt.on_shutdown([s]() { return s->stop(); });
+}
+
+}  // namespace cg::app

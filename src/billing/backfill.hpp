@@ -1,0 +1,75 @@
+// The backfill: ledger rows lost entirely (docs/operating/ha-postgres.md). A PostgreSQL failover with
+// asynchronous replication can lose a pre-flight insert whose charge Stripe then made; no sweep can find a
+// row that does not exist. Periodically (and once soon after startup) the backfill lists the account's
+// charges created within a recent window, keeps the succeeded ones whose metadata makes them this sidecar's
+// — metadata[billing_key] equals base_key(our namespace, metadata[customer_id], metadata[billing_period]),
+// which proves the namespace without carrying it — and inserts every such row the ledger lacks as `charged`
+// with the charge id (and its PaymentIntent), marked recovered (recovered_at, migration 0012) and logged.
+//
+// It cannot race the pipeline into a second charge: the insert is ON CONFLICT DO NOTHING on the key and
+// on (customer_id, billing_period), so a row a delivery wrote first wins, and a delivery that comes after
+// finds the row charged (a prevented duplicate). Failed charges are not backfilled: a lost declined row
+// leaves no money moved, and a redelivery or reconcile decides it again.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "core/log.hpp"
+#include "core/result.hpp"
+#include "net/tokens.hpp"
+#include "pg/pool.hpp"
+
+namespace cg::stripe {
+class client;
+}
+namespace cg::metrics {
+class registry;
+}
+
+namespace cg::billing {
+
+struct backfill_config {
+    std::string key_namespace = "chargeguard";
+    std::chrono::seconds window{3600};            // charges created this long ago or later
+    std::chrono::milliseconds interval{600'000};  // between runs (the first one after `first_delay`)
+    std::chrono::milliseconds first_delay{5'000};
+    unsigned page_size = 100;
+    std::size_t max_pages = 1000;  // per run: a bound on Stripe calls
+};
+
+struct backfill_report {
+    std::size_t listed = 0;    // charges in the window
+    std::size_t ours = 0;      // succeeded, with metadata making them this namespace's
+    std::size_t inserted = 0;  // rows the ledger lacked, now recovered
+    bool truncated = false;    // max_pages reached before the window's end
+};
+
+class backfill {
+  public:
+    // `pool`, `stripe` (and `reg` when given) must outlive it. Runs on the pool's executor. Counts
+    // chargeguard_billing_backfilled_total and chargeguard_billing_backfill_errors_total.
+    backfill(backfill_config cfg, std::shared_ptr<pg::pool> pool, stripe::client& stripe, logger log,
+             metrics::registry* reg = nullptr);
+    ~backfill();
+    backfill(const backfill&) = delete;
+    backfill& operator=(const backfill&) = delete;
+
+    // One run over the window. Returns what it did, or the first Stripe or PostgreSQL error (rows inserted
+    // before it stay inserted). Completes on the pool's executor.
+    net::awaitable<result<backfill_report>> run_once();
+
+    void start(asio::any_io_executor ex);
+    // Ends the loop; completes once a run in progress has finished its current page. Same executor.
+    net::awaitable<void> stop();
+
+    struct state;
+
+  private:
+    std::shared_ptr<state> st_;
+};
+
+}  // namespace cg::billing

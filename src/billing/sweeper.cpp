@@ -1,0 +1,224 @@
+#include "billing/sweeper.hpp"
+
+#include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <vector>
+
+#include "billing/key.hpp"
+#include "billing/ledger.hpp"
+#include "billing/pending_age.hpp"
+#include "metrics/registry.hpp"
+#include "pg/rows.hpp"
+
+namespace cg::billing {
+
+using std::chrono::milliseconds;
+
+milliseconds sweep_bound(const pipeline_config& p, milliseconds msg_timeout) noexcept {
+    auto longest_requeue =
+        std::max({p.lease_held_delay, p.retry_same_key_delay, p.indeterminate_delay,
+                  p.stripe_unavailable_delay, p.postgres_backoff.max, p.new_key_quiet + milliseconds(100)});
+    longest_requeue = std::min(longest_requeue, p.max_requeue_delay);
+    auto lease_held_jitter = std::max(p.lease_held_delay, p.lease / 10);
+    return 2 * msg_timeout + longest_requeue + lease_held_jitter;
+}
+
+milliseconds sweep_interval(milliseconds bound) noexcept {
+    return std::clamp(bound / 4, milliseconds(1'000), milliseconds(60'000));
+}
+
+namespace {
+
+// Pending rows of one key namespace whose lease expired (or was released) and whose last activity —
+// greatest(updated_at, lease_until) — is older than $2 ms, least recently active first, as the ledger's
+// whole-row statements read them (stored columns, remaining lease, lease epoch) plus the event's other
+// fields. The partial index billing_records_pending_lease_idx holds the pending rows.
+const std::string& abandoned_sql() {
+    static const std::string sql =
+        "SELECT " + stored_record_columns() +
+        ", greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch, "
+        "description, payment_method, off_session "
+        "FROM billing_records WHERE status = 'pending' AND key_namespace = $1::text "
+        "AND (lease_until IS NULL OR lease_until < now()) "
+        "AND greatest(updated_at, coalesce(lease_until, updated_at)) < now() - $2::bigint * interval "
+        "'1 millisecond' "
+        "ORDER BY greatest(updated_at, coalesce(lease_until, updated_at)) LIMIT $3::bigint";
+    return sql;
+}
+
+struct abandoned_row {
+    ledger_record rec;
+    billing_event ev;
+};
+
+abandoned_row decode_abandoned(const pg::rows& r, std::size_t i) {
+    abandoned_row a;
+    a.rec = decode_stored_record_columns(r, i);
+    if (auto left = r.get<std::optional<std::int64_t>>(i, 13)) a.rec.lease_remaining = milliseconds(*left);
+    a.rec.lease_epoch = r.get<std::int64_t>(i, 14);
+    a.ev.customer_id = a.rec.customer_id;
+    a.ev.billing_period = a.rec.billing_period;
+    a.ev.amount_cents = a.rec.amount_cents;
+    a.ev.currency = a.rec.currency;
+    a.ev.stripe_customer_id = a.rec.stripe_customer_id;
+    a.ev.description = r.get<std::optional<std::string>>(i, 15).value_or("");
+    a.ev.payment_method = r.get<std::optional<std::string>>(i, 16).value_or("");
+    a.ev.off_session = r.get<std::optional<bool>>(i, 17).value_or(true);
+    return a;
+}
+
+constexpr std::size_t foreign_slot = verdict_reason_count;  // after the verdict reasons
+
+}  // namespace
+
+struct sweeper::state {
+    sweeper_config cfg;
+    pipeline* p = nullptr;
+    std::shared_ptr<pg::pool> pool;
+    logger log;
+    std::array<metrics::Counter*, verdict_reason_count + 1> swept{};
+    metrics::Counter* errors = nullptr;
+    std::unique_ptr<net::steady_timer> timer;
+    std::unique_ptr<net::steady_timer> done;  // cancelled when the loop has ended
+    bool stopping = false;
+    bool running = false;
+
+    void count(std::size_t slot) {
+        if (swept[slot]) swept[slot]->Increment();
+    }
+};
+
+sweeper::sweeper(sweeper_config cfg, pipeline& p, std::shared_ptr<pg::pool> pool, logger log,
+                 metrics::registry* reg)
+    : cfg_(std::move(cfg)), st_(std::make_shared<state>()) {
+    st_->cfg = cfg_;
+    st_->p = &p;
+    st_->pool = std::move(pool);
+    st_->log = log.with({{"component", "sweeper"}});
+    if (!reg) return;
+    auto& fam = reg->counter("chargeguard_billing_swept_total",
+                             "Abandoned pending ledger rows the sweeper ran, by how they ended (a verdict "
+                             "reason, or foreign_namespace: left to the sidecar whose key it is)");
+    // Every series from the start, so rate() alerts see zeros instead of gaps.
+    for (std::size_t i = 0; i < verdict_reason_count; ++i)
+        st_->swept[i] = &fam.Add({{"outcome", std::string(to_string(static_cast<verdict_reason>(i)))}});
+    st_->swept[foreign_slot] = &fam.Add({{"outcome", "foreign_namespace"}});
+    st_->errors = &reg->counter("chargeguard_billing_sweep_errors_total",
+                                "Sweeps whose query of abandoned ledger rows failed")
+                       .Add({});
+}
+
+sweeper::~sweeper() {
+    st_->stopping = true;
+    if (st_->timer) st_->timer->cancel();
+}
+
+namespace {
+
+using sweeper_state_ptr = std::shared_ptr<sweeper::state>;
+
+net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st) {
+    auto& cfg = st->cfg;
+    const auto& ns = st->p->config().key_namespace;
+    auto rows = co_await pg::exec_pooled(
+        st->pool, abandoned_sql(),
+        pg::params(ns, static_cast<std::int64_t>(cfg.after.count()), static_cast<std::int64_t>(cfg.batch)));
+    if (!rows) {
+        if (st->errors) st->errors->Increment();
+        co_return rows.err();
+    }
+    sweep_report rep;
+    rep.found = rows->size();
+    std::vector<abandoned_row> found;
+    found.reserve(rows->size());
+    for (std::size_t i = 0; i < rows->size(); ++i) found.push_back(decode_abandoned(*rows, i));
+    for (auto& a : found) {
+        if (st->stopping) break;
+        auto log = st->log.with({{"billing_key", a.rec.key}});
+        if (base_key(ns, a.ev.customer_id, a.ev.billing_period) != a.rec.key) {
+            // The namespace column says ours, the key says otherwise: not ours to charge under our key.
+            ++rep.foreign;
+            st->count(foreign_slot);
+            log.warn("abandoned row's key is not this sidecar's key for its event: left alone");
+            continue;
+        }
+        delivery d;
+        d.topic = cfg.topic;
+        d.channel = cfg.channel;
+        d.message_id = "swept-" + a.rec.key;
+        d.attempts = 1;
+        d.body = to_json(a.ev);
+        log.warn("sweeping an abandoned pending row: no delivery has worked on it within the sweep bound",
+                 {{"sweep_after_ms", static_cast<std::int64_t>(cfg.after.count())},
+                  {"stripe_attempts", a.rec.stripe_attempts},
+                  {"generation", a.rec.key_generation}});
+        auto v = co_await st->p->resume(std::move(d), std::move(a.ev), std::move(a.rec));
+        ++rep.by_reason[static_cast<std::size_t>(v.reason)];
+        st->count(static_cast<std::size_t>(v.reason));
+        std::array<log_field, 2> fields{log_field("reason", to_string(v.reason)),
+                                        log_field("detail", v.detail)};
+        log.log(v.finished() ? log_level::info : log_level::warn, "swept row", fields);
+    }
+    co_return rep;
+}
+
+net::awaitable<void> sweep_loop(sweeper_state_ptr st) {
+    while (!st->stopping) {
+        st->timer->expires_after(st->cfg.interval);
+        co_await st->timer->async_wait();
+        if (st->stopping) break;
+        auto rep = co_await sweep_rows(st);
+        if (!rep)
+            st->log.warn("sweep failed; trying again at the next interval",
+                         {{"error", rep.err().describe()}});
+        else if (rep->found > 0)
+            st->log.info("sweep done",
+                         {{"found", static_cast<std::int64_t>(rep->found)},
+                          {"charged", static_cast<std::int64_t>(rep->count(verdict_reason::charged))}});
+    }
+    st->running = false;
+    st->done->cancel();
+}
+
+}  // namespace
+
+net::awaitable<result<sweep_report>> sweeper::sweep_once() {
+    co_return co_await sweep_rows(st_);
+}
+
+void sweeper::start(asio::any_io_executor ex) {
+    if (st_->cfg.interval.count() <= 0) st_->cfg.interval = sweep_interval(st_->cfg.after);
+    st_->timer = std::make_unique<net::steady_timer>(ex);
+    st_->done = std::make_unique<net::steady_timer>(ex, std::chrono::steady_clock::time_point::max());
+    st_->running = true;
+    asio::co_spawn(ex, sweep_loop(st_), [st = st_](std::exception_ptr e) {
+        if (!e) return;
+        st->log.error("sweeper stopped", {{"error", describe_exception(e)}});
+        st->running = false;
+        st->done->cancel();
+    });
+}
+
+net::awaitable<void> sweeper::stop() {
+    auto st = st_;
+    st->stopping = true;
+    if (st->timer) st->timer->cancel();
+    if (st->running && st->done) co_await st->done->async_wait();
+}
+
+std::shared_ptr<sweeper> start_sweeper(asio::any_io_executor ex, pipeline& p, std::shared_ptr<pg::pool> pool,
+                                       sweeper_config cfg, milliseconds msg_timeout, metrics::registry& reg,
+                                       logger log, pending_age_monitor* age) {
+    if (cfg.after.count() <= 0) cfg.after = sweep_bound(p.config(), msg_timeout);
+    if (cfg.interval.count() <= 0) cfg.interval = sweep_interval(cfg.after);
+    log.info("sweeper for abandoned pending rows",
+             {{"sweep_after_ms", static_cast<std::int64_t>(cfg.after.count())},
+              {"sweep_interval_ms", static_cast<std::int64_t>(cfg.interval.count())},
+              {"msg_timeout_ms", static_cast<std::int64_t>(msg_timeout.count())}});
+    if (age) age->watch_abandoned(cfg.after);
+    auto s = std::make_shared<sweeper>(std::move(cfg), p, std::move(pool), std::move(log), &reg);
+    s->start(std::move(ex));
+    return s;
+}
+
+}  // namespace cg::billing

@@ -1,0 +1,124 @@
+// The sweeper: the ledger heals rows that nobody works on any more (docs/operating/ha-postgres.md).
+//
+// Recovery normally runs when NSQ redelivers a message. A `pending` row whose message is gone — FINed after a
+// settle that a PostgreSQL failover then lost, or dropped by an operator — would stay pending forever. The
+// sweeper (one per sidecar) periodically looks for pending rows of its own key namespace with no live lease
+// and no activity for longer than the sweep bound (sweep_bound below), and runs each through the pipeline's
+// own machine (pipeline::resume): the lease is taken with the ledger's take-lease statement, so a live
+// delivery of the same key or another sidecar's sweeper is excluded by exactly the rules that exclude a
+// second redelivery today; then RECOVER decides as for a redelivery — the same key inside Stripe's 24 h
+// window (Stripe replays a charge that succeeded, or makes the one that never happened), the charge search
+// after it. A row with no Stripe object is therefore charged by the sweeper itself, from the fields the row
+// holds (migration 0011), rather than re-published: a re-published event is one more message that can race
+// its original and has to be handled by the same machine anyway, while the row already is the event.
+//
+// Rows of another key namespace are left to their own sidecars (selected by key_namespace, and the key is
+// recomputed and compared before anything runs); rows written before migration 0011 have no namespace and
+// are left to `reconcile`.
+#pragma once
+
+#include <array>
+#include <asio/any_io_executor.hpp>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "billing/outcome.hpp"
+#include "billing/pipeline.hpp"
+#include "core/log.hpp"
+#include "core/result.hpp"
+#include "net/tokens.hpp"
+#include "pg/pool.hpp"
+
+namespace cg::metrics {
+class registry;
+}
+
+namespace cg::billing {
+
+class pending_age_monitor;
+
+// The sweep bound: how long a pending row must have shown no activity (no write, and its lease expired that
+// long ago) before the sweeper treats its message as gone. Activity is greatest(updated_at, lease_until).
+// A message that still exists touches its row (takes the lease) within this bound of the row's last
+// activity, because every path back to the row is bounded:
+//   - in flight on a worker that died: nsqd redelivers within msg_timeout of the last TOUCH;
+//   - requeued after a row write: back after the longest requeue delay the pipeline uses — max of
+//     lease_held_delay, retry_same_key_delay, indeterminate_delay, stripe_unavailable_delay, the PostgreSQL
+//     backoff's max and new_key_quiet + 100 ms (the wait before a new key generation), capped at
+//     max_requeue_delay;
+//   - requeued because another worker holds the lease: back once that lease expired (lease_until is part of
+//     the activity) plus the requeue's jitter, under max(lease_held_delay, lease / 10);
+//   plus one more msg_timeout as margin for a redelivery to reach a busy worker.
+//   bound = 2 × msg_timeout + longest requeue + max(lease_held_delay, lease / 10)
+// (defaults: 2 × 60 s + 300.1 s + 10 s = 430.1 s). Safety never depends on it — the lease excludes a live
+// delivery whatever the bound — it only keeps the sweeper from doing a live message's work.
+std::chrono::milliseconds sweep_bound(const pipeline_config& p,
+                                      std::chrono::milliseconds msg_timeout) noexcept;
+
+// How often to sweep for a bound: a quarter of it, within [1 s, 60 s].
+std::chrono::milliseconds sweep_interval(std::chrono::milliseconds bound) noexcept;
+
+struct sweeper_config {
+    // Named by the dead letters of swept rows (a replay re-publishes there): consume's --topic/--channel.
+    std::string topic = "billing";
+    std::string channel = "chargeguard";
+    // The sweep bound and the time between sweeps (the first one after one interval). start_sweeper derives
+    // a zero one (sweep_bound, sweep_interval); the sweeper itself takes them as given.
+    std::chrono::milliseconds after{0};
+    std::chrono::milliseconds interval{0};
+    std::size_t batch = 100;  // rows per sweep at most, least recently active first
+};
+
+// What one sweep did.
+struct sweep_report {
+    std::size_t found = 0;    // abandoned rows the query returned
+    std::size_t foreign = 0;  // rows whose key this sidecar would not compute (left alone)
+    std::array<std::size_t, verdict_reason_count> by_reason{};  // the verdicts of the rows run
+
+    std::size_t count(verdict_reason r) const noexcept { return by_reason[static_cast<std::size_t>(r)]; }
+};
+
+class sweeper {
+  public:
+    // `p` (and its ledger and Stripe client) must outlive the sweeper; `reg` too when given. Runs on `pool`'s
+    // executor (the main loop), like the pipeline. Counts rows swept by outcome in
+    // chargeguard_billing_swept_total{outcome} (a verdict reason, or foreign_namespace) and failed sweeps in
+    // chargeguard_billing_sweep_errors_total.
+    sweeper(sweeper_config cfg, pipeline& p, std::shared_ptr<pg::pool> pool, logger log,
+            metrics::registry* reg = nullptr);
+    ~sweeper();
+    sweeper(const sweeper&) = delete;
+    sweeper& operator=(const sweeper&) = delete;
+
+    // One sweep: reads up to `batch` abandoned rows and runs each through pipeline::resume, one after the
+    // other. Returns what it did, or the query's error (rows already run stay counted in the metrics).
+    // Completes on the pool's executor; not cancellable while a row is at Stripe (the client's timeouts bound
+    // it). Stops between rows once stop() was called.
+    net::awaitable<result<sweep_report>> sweep_once();
+
+    // Sweeps every `interval` on `ex` (the pool's executor) until stop().
+    void start(asio::any_io_executor ex);
+    // Ends the loop; completes once a sweep in progress has finished its current row. Same executor.
+    net::awaitable<void> stop();
+
+    const sweeper_config& config() const noexcept { return cfg_; }
+
+    struct state;
+
+  private:
+    sweeper_config cfg_;
+    std::shared_ptr<state> st_;
+};
+
+// For consume: a sweeper with the bound derived from the pipeline's config and --msg-timeout (a non-zero
+// cfg.after / cfg.interval overrides it), started on `ex`, stopped on the runtime's shutdown by the caller
+// (sweeper::stop), kept alive by the returned pointer. When `age` is given it also reports the oldest
+// abandoned row by the same bound (pending_age_monitor::watch_abandoned).
+std::shared_ptr<sweeper> start_sweeper(asio::any_io_executor ex, pipeline& p, std::shared_ptr<pg::pool> pool,
+                                       sweeper_config cfg, std::chrono::milliseconds msg_timeout,
+                                       metrics::registry& reg, logger log,
+                                       pending_age_monitor* age = nullptr);
+
+}  // namespace cg::billing
