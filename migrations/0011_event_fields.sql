@@ -7,6 +7,9 @@
 --
 -- Why: description, payment_method and off_session go to Stripe with the charge (payment_method makes it a
 -- confirmed PaymentIntent); key_namespace selects a sidecar's rows without recomputing every key.
+-- Binaries of schema 0010 keep working: they write none of these columns (their rows read as
+-- written before this migration).
+-- chargeguard: compatible-down-to 0010
 ALTER TABLE billing_records
     ADD COLUMN description    text,
     ADD COLUMN payment_method text CHECK (payment_method IS NULL OR payment_method <> ''),
