@@ -311,11 +311,16 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     consumer.set_give_up_handler(
         [&pipeline, &ncfg](nsq::message& m) { return give_up_message(&pipeline, &ncfg, m); });
     consumer.add_readiness(rt.health());
-    // /startupz: PostgreSQL answered once, the schema gate passed, and an nsqd connection subscribed once.
+    // /startupz: PostgreSQL answered once, the schema gate passed, and NSQ was reached once: an nsqd
+    // connection subscribed, or an nsqlookupd answered. With lookupd discovery a topic nobody has published
+    // to yet has no nsqd to subscribe to; a native sidecar whose startup waited for one would keep the
+    // billing app, which is what creates the topic, from ever starting.
     rt.startup().require("postgres", "PostgreSQL (first connection)");
     schema_gate gate(rt, pool, *ms);
-    rt.startup().require("nsq", "an nsqd connection (first subscription)",
-                         [&consumer] { return consumer.stats().connects > 0; });
+    rt.startup().require("nsq", "NSQ (an nsqd subscription or an nsqlookupd answer)", [&consumer] {
+        const auto& st = consumer.stats();
+        return st.connects > 0 || st.lookups_answered > 0;
+    });
     rt.on_shutdown([&consumer, pool]() { return drain(&consumer, pool); });
     // chargeguard_billing_oldest_pending_age_seconds: a cheap periodic query, stopped on shutdown.
     auto pending_age = billing::start_pending_age_monitor(rt.io().get_executor(), pool, rt.metrics(), log);

@@ -604,6 +604,7 @@ result<void> consumer::start() {
             std::make_shared<lookupd_poller>(c.ex, c.cfg, c.log, [w](const std::set<std::string>& keys) {
                 auto self = w.lock();
                 if (!self) return;
+                ++self->stats.lookups_answered;
                 for (const auto& key : keys) self->supervisor->ensure(key, true);
             });
         c.supervisor->set_poller(c.poller);

@@ -31,6 +31,7 @@ struct consumer_stats {
     std::uint64_t dropped = 0;            // deliveries dropped unhandled: their connection had closed
     std::uint64_t max_outstanding = 0;    // most deliveries received and not yet handled (queued + running)
     std::uint64_t connects = 0;           // successful subscriptions, over the lifetime
+    std::uint64_t lookups_answered = 0;   // lookupd polls some nsqlookupd answered (a 404 topic included)
     std::uint64_t disconnects = 0;
     std::uint64_t connections = 0;    // subscribed now
     std::uint64_t total_rdy = 0;      // sum of RDY sent now

@@ -8,6 +8,7 @@
 #define BOOST_TEST_NO_MAIN
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <fstream>
@@ -211,6 +212,41 @@ BOOST_FIXTURE_TEST_CASE(older_schema_waits_without_consuming_until_migrated, pro
         BOOST_TEST(co_await gauge(c, "chargeguard_schema_version") == required);
         BOOST_TEST(has(c.err(), "database schema fits this binary"));
         co_await terminate(c);
+    });
+}
+
+// With lookupd discovery and a topic nobody has published yet there is no nsqd to subscribe to: an
+// nsqlookupd answering (404 TOPIC_NOT_FOUND) is NSQ reached, so /startupz passes (a native sidecar's startup
+// probe must not keep the billing app, which creates the topic, from starting) while /readyz still says no
+// nsqd is subscribed; once the topic has a producer, consume finds it and charges.
+BOOST_FIXTURE_TEST_CASE(lookupd_answer_without_topic_completes_startup, proc) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        test::nsq::fake_nsqlookupd lookupd(io.get_executor());
+        BOOST_TEST_REQUIRE(lookupd.start().has_value());
+        co_await migrate(db.name);
+        auto args = consume_args(db.name);
+        auto at = std::find(args.begin(), args.end(), "--nsqd-tcp-address");
+        BOOST_TEST_REQUIRE((at != args.end()));
+        *at = "--lookupd-http-address";
+        *(at + 1) = lookupd.http_address();
+        args.insert(args.end(), {"--lookupd-poll-interval", "1s"});
+        auto& c = children.spawn(args);
+        co_await await_port(c);
+        BOOST_TEST_REQUIRE(co_await await_status(c, "/startupz", 200, seconds(30)), c.err());
+        BOOST_TEST(lookupd.lookups() > 0u);
+        auto ready = co_await get(c, "/readyz");
+        BOOST_TEST(ready.resp.status == 503, ready.resp.body);
+        BOOST_TEST(nsqd->client_count() == 0u);
+
+        nsqd->publish(topic, event_json(3));
+        lookupd.add_producer(topic, nsqd->producer());
+        BOOST_TEST_REQUIRE(
+            co_await eventually([&] { return nsqd->channel(topic, channel).finish_count == 1; }, seconds(30)),
+            c.err());
+        BOOST_TEST(fake->charges().size() == 1u);
+        co_await terminate(c);
+        lookupd.stop();
     });
 }
 
