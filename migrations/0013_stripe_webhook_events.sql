@@ -1,3 +1,5 @@
+-- chargeguard: compatible-down-to 0010
+-- A new table nothing older reads: binaries from 0010 on keep working once it exists.
 -- Why: Stripe delivers each webhook event at least once, in any order, retrying for days. Recording every
 -- event by its id once is what makes a redelivery harmless: the receiver inserts with ON CONFLICT (id) DO
 -- NOTHING and acknowledges a duplicate without acting on it again. The receiver answers 2xx only after
