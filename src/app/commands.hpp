@@ -29,5 +29,6 @@ void register_explain(CLI::App& app, command_main& selected);
 void register_probe(CLI::App& app, command_main& selected);
 void register_vault(CLI::App& app, command_main& selected);
 void register_proxy(CLI::App& app, command_main& selected);
+void register_webhooks(CLI::App& app, command_main& selected);
 
 }  // namespace cg::app

@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
     register_probe(app, selected);
     register_vault(app, selected);
     register_proxy(app, selected);
+    register_webhooks(app, selected);
 
     mirror_env(app);
     record_command_line(argc, argv);

@@ -453,3 +453,39 @@ BOOST_AUTO_TEST_CASE(explain_refuses_unclear_subjects) {
         {"a customer without a period", {"explain", "--customer", "c"}, {}, 64, "go together", ""},
     });
 }
+
+BOOST_AUTO_TEST_CASE(webhooks_takes_its_secrets_from_a_file_or_the_environment_only) {
+    auto not_whsec = write_file("hooks-not-whsec", "sk_test_not_a_webhook_secret\n");
+    auto three = write_file("hooks-three", "whsec_first_one\nwhsec_second_one\nwhsec_third_one\n");
+    auto blank = write_file("hooks-blank", "\n  \n");
+    auto one = write_file("hooks-one", "whsec_only_one_secret\n");
+    check({
+        {"no secret at all", {"webhooks"}, {}, 64, "--webhook-secret-file or CHARGEGUARD_WEBHOOK_SECRET", ""},
+        {"an API key in the secret file",
+         {"webhooks", "--webhook-secret-file", not_whsec},
+         {},
+         78,
+         "is not a Stripe endpoint secret (whsec_",
+         "sk_test_not_a_webhook_secret"},
+        {"three secrets",
+         {"webhooks", "--webhook-secret-file", three},
+         {},
+         78,
+         "at most two secrets",
+         "whsec_third"},
+        {"a blank secret file", {"webhooks", "--webhook-secret-file", blank}, {}, 78, "is empty", ""},
+        {"a bad secret from the environment names the variable",
+         {"webhooks"},
+         {{"CHARGEGUARD_WEBHOOK_SECRET", "rk_live_oops"}},
+         78,
+         "CHARGEGUARD_WEBHOOK_SECRET: line 1 is not a Stripe endpoint secret",
+         "rk_live_oops"},
+        {"a tolerance outside 1s..24h",
+         {"webhooks", "--webhook-secret-file", one, "--tolerance", "48h"},
+         {},
+         64,
+         "--tolerance 48h: must be between 1s and 24h",
+         ""},
+        {"no secret flag on the command line", {"webhooks", "--webhook-secret", "whsec_x"}, {}, 64, "", ""},
+    });
+}

@@ -1,0 +1,207 @@
+// `chargeguard webhooks`: the Stripe webhook receiver (docs/operating/webhooks.md). Its own process, not a
+// listener inside `consume`: a flood of Stripe retries, or a bad deploy of the receiver, never touches the
+// sidecar's event loop or its charges, and the endpoint can face the internet (behind TLS, here or at a
+// proxy) while the sidecar's health port stays private. /healthz, /readyz (postgres) and /metrics on
+// --health-listen.
+//
+// Secrets: --webhook-secret-file (one or two lines: the current endpoint secret, then the previous one
+// during a rotation) or CHARGEGUARD_WEBHOOK_SECRET (the same format); never argv.
+// Executors: the listener, the handler and the PostgreSQL pool all run on the runtime's main io_context.
+// SIGTERM: the listener stops, the pool closes, exit 0.
+#include <memory>
+
+#include "app/cli.hpp"
+#include "app/commands.hpp"
+#include "app/nsq_flags.hpp"
+#include "app/pg_flags.hpp"
+#include "app/runtime.hpp"
+#include "app/schema_gate.hpp"
+#include "app/webhook_receiver.hpp"
+#include "http/server.hpp"
+#include "net/tls.hpp"
+
+namespace cg::app {
+namespace {
+
+struct webhooks_flags {
+    std::string listen = "127.0.0.1:8440";
+    std::string path = "/stripe/webhooks";
+    std::string secret_file;
+    std::string tolerance = "5m";
+    std::size_t max_body_bytes = 256 * 1024;
+    std::size_t max_connections = 1024;
+    double read_timeout_s = 30;
+    std::string tls_cert, tls_key;
+    pg_flags pg;
+    runtime_flags rt;
+};
+
+// One or two secrets, one a line (surrounding whitespace and blank lines ignored), each `whsec_…`.
+std::vector<std::string> parse_webhook_secrets(const std::string& source, std::string_view text) {
+    std::vector<std::string> out;
+    std::size_t pos = 0;
+    while (pos <= text.size()) {
+        auto nl = text.find('\n', pos);
+        auto line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+        pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
+        while (!line.empty() && std::isspace(static_cast<unsigned char>(line.front()))) line.remove_prefix(1);
+        while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
+        if (line.empty()) continue;
+        if (!line.starts_with("whsec_") || line.size() < 10)
+            throw config_error(source + ": line " + std::to_string(out.size() + 1) +
+                               " is not a Stripe endpoint secret (whsec_…)");
+        out.emplace_back(line);
+    }
+    if (out.empty()) throw config_error(source + ": no webhook secret");
+    if (out.size() > 2)
+        throw config_error(source + ": at most two secrets (the current one, then the previous one)");
+    return out;
+}
+
+webhook_receiver_config to_receiver_config(const webhooks_flags& f) {
+    webhook_receiver_config c;
+    if (f.path.empty() || f.path.front() != '/') throw usage_error("--path must start with '/'");
+    c.path = f.path;
+    const char* env_secret = std::getenv("CHARGEGUARD_WEBHOOK_SECRET");
+    if (!f.secret_file.empty())
+        c.secrets = parse_webhook_secrets("--webhook-secret-file " + f.secret_file,
+                                          read_secret_file("--webhook-secret-file", f.secret_file));
+    else if (env_secret && *env_secret)
+        c.secrets = parse_webhook_secrets("CHARGEGUARD_WEBHOOK_SECRET", env_secret);
+    else
+        throw usage_error(
+            "a webhook secret is required: --webhook-secret-file or CHARGEGUARD_WEBHOOK_SECRET");
+    auto tol = duration_flag("--tolerance", f.tolerance);
+    if (tol < std::chrono::seconds(1) || tol > std::chrono::hours(24))
+        bad_value("--tolerance", f.tolerance, "must be between 1s and 24h");
+    c.tolerance = std::chrono::duration_cast<std::chrono::seconds>(tol);
+    c.max_body_bytes = f.max_body_bytes;
+    return c;
+}
+
+http::server_options to_webhook_server_options(const webhooks_flags& f) {
+    http::server_options o;
+    // The receiver answers bodies over --max-body-bytes with a counted 413; the parser's own limit (a plain
+    // 413, not counted) only stops what is far beyond it.
+    o.limits.max_body_bytes = std::max<std::size_t>(f.max_body_bytes * 4, 1024 * 1024);
+    o.limits.max_header_bytes = 16 * 1024;
+    o.max_connections = f.max_connections;
+    o.read_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.read_timeout_s * 1000.0));
+    o.server_name = "chargeguard-webhooks";
+    if (f.tls_cert.empty() != f.tls_key.empty()) throw usage_error("--tls-cert and --tls-key go together");
+    if (!f.tls_cert.empty()) {
+        auto tls = net::make_tls_server_context({f.tls_cert, f.tls_key});
+        if (!tls) throw config_error("--tls-cert/--tls-key: " + tls.err().message);
+        o.tls = *tls;
+    }
+    return o;
+}
+
+// PostgreSQL (and --migrate), then the schema gate; only then does the listener accept.
+net::awaitable<void> start_receiving(runtime* rt, pg::pool* pool, const pg_flags* pgf,
+                                     std::vector<pg::migration> ms, schema_gate* gate, http::server* server,
+                                     net::tcp::endpoint ep) {
+    if (auto m = co_await wait_for_postgres(*rt, *pool, *pgf, ms); !m) {
+        if (rt->stopping()) co_return;
+        rt->log().error(pgf->migrate ? "cannot apply migrations" : "PostgreSQL is not answering",
+                        {{"error", m.err().describe()}});
+        rt->request_stop(pgf->migrate ? "--migrate failed" : "PostgreSQL unreachable at startup", 1);
+        co_return;
+    }
+    rt->startup().mark("postgres");
+    if (auto g = co_await gate->wait(); !g) {
+        if (rt->stopping()) co_return;
+        rt->log().error("the database schema is newer than this binary and not declared compatible with it",
+                        {{"error", g.err().describe()}});
+        rt->request_stop("incompatible database schema", 1);
+        co_return;
+    }
+    if (rt->stopping()) co_return;
+    server->start();
+    rt->log().info("webhook receiver listening",
+                   {{"address", ep.address().to_string()}, {"port", ep.port()}});
+}
+
+net::awaitable<void> stop_receiving(http::server* server) {
+    server->stop();
+    co_return;
+}
+
+int run_webhooks(const webhooks_flags& f, const global_flags& g) {
+    auto cfg = to_receiver_config(f);
+    auto sopts = to_webhook_server_options(f);
+    auto listen = net::parse_host_port(f.listen);
+    if (!listen) throw CLI::ValidationError("--listen", listen.err().describe());
+    auto opts = to_runtime_options(f.rt);
+    auto ms = load_migrations(f.pg);
+    if (!ms) throw CLI::ValidationError("--migrations-dir", ms.err().describe());
+    auto log = make_stderr_logger(g.level());
+    log.info("webhooks starting",
+             {{"listen", f.listen},
+              {"path", cfg.path},
+              {"tls", !f.tls_cert.empty()},
+              {"secrets", static_cast<std::int64_t>(cfg.secrets.size())},
+              {"secret_from", f.secret_file.empty() ? "CHARGEGUARD_WEBHOOK_SECRET" : "--webhook-secret-file"},
+              {"tolerance_s", static_cast<std::int64_t>(cfg.tolerance.count())},
+              {"max_body_bytes", cfg.max_body_bytes},
+              {"pg", to_pg_config(f.pg).describe()},
+              {"health_listen", f.rt.health_listen}});
+
+    runtime rt(opts, log);
+    auto pool = start_pool(rt, f.pg);
+    rt.startup().require("postgres", "PostgreSQL (first connection)");
+    schema_gate gate(rt, pool, *ms);
+    webhook_receiver receiver(std::move(cfg), pool, log, rt.metrics());
+    http::server server(rt.io().get_executor(), receiver.routes(), std::move(sopts), log);
+    auto ep = server.listen(*listen);
+    if (!ep) {
+        log.error("cannot listen", {{"error", ep.err().describe()}});
+        return 1;
+    }
+    rt.on_shutdown([&server]() { return stop_receiving(&server); });
+    if (auto hep = rt.start(); !hep) {
+        log.error("cannot start", {{"error", hep.err().describe()}});
+        return 1;
+    }
+    rt.spawn_startup(start_receiving(&rt, pool.get(), &f.pg, std::move(*ms), &gate, &server, *ep));
+    return rt.run();
+}
+
+}  // namespace
+
+void register_webhooks(CLI::App& app, command_main& selected) {
+    auto* cmd =
+        app.add_subcommand("webhooks", "the Stripe webhook receiver: verifies and records each event once");
+    service_command(*cmd);
+    cmd->footer(
+        "Examples:\n"
+        "  chargeguard webhooks --listen 0.0.0.0:8440 --webhook-secret-file /run/secrets/stripe_webhook "
+        "--migrate\n"
+        "  CHARGEGUARD_WEBHOOK_SECRET=whsec_… chargeguard webhooks --tls-cert hooks.pem --tls-key hooks.key\n"
+        "Durations: 250ms, 30s, 1m30s (a bare number is seconds). Every flag also reads "
+        "CHARGEGUARD_<FLAG>.\n");
+    auto f = std::make_shared<webhooks_flags>();
+    cmd->add_option("--listen", f->listen, "address Stripe delivers to")->capture_default_str();
+    cmd->add_option("--path", f->path, "the endpoint's path (POST only)")->capture_default_str();
+    cmd->add_option("--webhook-secret-file", f->secret_file,
+                    "file with the endpoint secret (whsec_…), and the previous one on a second line during "
+                    "a rotation (else CHARGEGUARD_WEBHOOK_SECRET)");
+    cmd->add_option("--tolerance", f->tolerance,
+                    "refuse deliveries signed longer ago (or further ahead) than this; 1s to 24h")
+        ->capture_default_str();
+    cmd->add_option("--max-body-bytes", f->max_body_bytes, "largest event body accepted (larger: 413)")
+        ->check(CLI::Range(std::size_t{1024}, std::size_t{16 * 1024 * 1024}))
+        ->capture_default_str();
+    cmd->add_option("--max-connections", f->max_connections, "client connections open at once")
+        ->check(CLI::Range(std::size_t{1}, std::size_t{100000}))
+        ->capture_default_str();
+    add_duration_option(*cmd, "--read-timeout", f->read_timeout_s,
+                        "time a client has to send a complete request", 0.1, 3600.0);
+    cmd->add_option("--tls-cert", f->tls_cert, "PEM certificate chain: serve HTTPS on --listen");
+    cmd->add_option("--tls-key", f->tls_key, "PEM private key for --tls-cert");
+    add_pg_flags(*cmd, f->pg, true);
+    add_runtime_flags(*cmd, f->rt);
+    cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_webhooks(*f, g); }; });
+}
+
+}  // namespace cg::app

@@ -1,0 +1,56 @@
+// The Stripe webhook endpoint behind `chargeguard webhooks`: verifies each delivery's Stripe-Signature over
+// the raw body, records the event once in stripe_webhook_events, and answers 2xx only after that insert
+// committed (docs/operating/webhooks.md has the status table).
+//
+//   oversized body → 413 · unsigned, bad or malformed signature → 400 · stale or future → 400 ·
+//   not a JSON event → 400 · PostgreSQL unavailable or failing → 500 (Stripe retries) ·
+//   recorded → 200 · already recorded → 200 (ignored) · other methods → 405 (the router)
+//
+// Metrics: chargeguard_webhook_deliveries_total{outcome} (recorded, duplicate, bad_signature, stale,
+// malformed, too_large, error) and chargeguard_webhook_lag_seconds (received − the event's `created`).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/log.hpp"
+#include "http/router.hpp"
+#include "metrics/registry.hpp"
+#include "pg/pool.hpp"
+#include "stripe/webhook_signature.hpp"
+
+namespace cg::app {
+
+struct webhook_receiver_config {
+    std::string path = "/stripe/webhooks";
+    std::vector<std::string> secrets;  // current first, then the previous one during a rotation
+    std::chrono::seconds tolerance = stripe::default_webhook_tolerance;
+    std::size_t max_body_bytes = 256 * 1024;
+};
+
+class webhook_receiver {
+  public:
+    // `pool` and `reg` must outlive the receiver; it runs on the pool's executor.
+    webhook_receiver(webhook_receiver_config cfg, std::shared_ptr<pg::pool> pool, logger log,
+                     metrics::registry& reg);
+
+    // POST <path> → handle(). The receiver must outlive the router (the handler holds `this`).
+    http::router routes();
+    // Verifies, records and answers one delivery (the table above). Completes on the pool's executor;
+    // throws only on a broken invariant (the server answers 500).
+    asio::awaitable<http::response> handle(http::request& req);
+
+  private:
+    http::response refuse(int status, std::string_view outcome, std::string_view why);
+    asio::awaitable<http::response> record(const http::request& req, std::int64_t received_unix);
+
+    webhook_receiver_config cfg_;
+    std::shared_ptr<pg::pool> pool_;
+    logger log_;
+    metrics::family<metrics::Counter>& deliveries_;
+    metrics::Histogram& lag_;
+};
+
+}  // namespace cg::app
