@@ -592,8 +592,9 @@ explained parse_explained(const std::string& out) {
     x.state = std::string(doc["state"].get_string().value());
     x.verdict = std::string(doc["verdict"].get_string().value());
     x.letters = doc["dead_letters"].get_array().value().size();
-    for (auto s : doc["vault_spend"].get_array().value())
-        x.spend_states.push_back(std::string(s["state"].get_string().value()));
+    // A named array: the range-for would otherwise hold a reference into the simdjson_result temporary.
+    simdjson::dom::array spend = doc["vault_spend"].get_array().value();
+    for (auto s : spend) x.spend_states.push_back(std::string(s["state"].get_string().value()));
     auto ledger = doc["ledger"];
     if (!ledger.is_null()) {
         x.ledger_status = std::string(ledger["status"].get_string().value());
