@@ -2,10 +2,9 @@
 // (Stripe HTTPS, PQfinish/PQcancel, anything that may block).
 #pragma once
 
-#include <asio/associated_executor.hpp>
-#include <asio/async_result.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
-#include <asio/dispatch.hpp>
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
@@ -52,41 +51,19 @@ class offload_pool {
 namespace detail {
 using net::boxed;  // net/boxed.hpp; the old name, kept for callers
 
-// co_spawns the task with a handler that has no cancellation slot and dispatches the outcome onto the
-// awaiting coroutine's executor.
-template <typename Executor>
-struct initiate_hand_off {
-    Executor ex;
-    template <typename Handler, typename U>
-    void operator()(Handler&& h, asio::awaitable<U> task) const {
-        auto back = asio::get_associated_executor(h);
-        if constexpr (std::is_void_v<U>) {
-            asio::co_spawn(ex, std::move(task),
-                           [h = std::forward<Handler>(h), back](std::exception_ptr e) mutable {
-                               asio::dispatch(back, [h = std::move(h), e]() mutable { std::move(h)(e); });
-                           });
-        } else {
-            asio::co_spawn(ex, std::move(task),
-                           [h = std::forward<Handler>(h), back](std::exception_ptr e, U v) mutable {
-                               asio::dispatch(back, [h = std::move(h), e, v = std::move(v)]() mutable {
-                                   std::move(h)(e, std::move(v));
-                               });
-                           });
-        }
-    }
-};
+// co_spawn's own use_awaitable hand-back, with the awaiting coroutine's cancellation slot replaced by an
+// unconnected one: co_spawn then installs no cancellation handler that another thread could reach.
+inline auto no_cancellation_awaitable() {
+    return asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
+}
 }  // namespace detail
 
 template <typename Executor, typename T>
 asio::awaitable<T> offload(Executor ex, asio::awaitable<T> task) {
-    if constexpr (std::is_void_v<T>) {
-        co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(std::exception_ptr)>(
-            detail::initiate_hand_off<Executor>{ex}, asio::use_awaitable, std::move(task));
+    if constexpr (std::is_void_v<T> || std::is_default_constructible_v<T>) {
+        co_return co_await asio::co_spawn(ex, std::move(task), detail::no_cancellation_awaitable());
     } else {
-        // Boxed: the value travels as an optional, so T need not be default-constructible.
-        auto r = co_await asio::async_initiate<const asio::use_awaitable_t<>&,
-                                               void(std::exception_ptr, std::optional<T>)>(
-            detail::initiate_hand_off<Executor>{ex}, asio::use_awaitable, boxed(std::move(task)));
+        auto r = co_await asio::co_spawn(ex, boxed(std::move(task)), detail::no_cancellation_awaitable());
         co_return std::move(*r);
     }
 }

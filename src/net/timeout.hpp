@@ -3,16 +3,19 @@
 // Asio 1.22's awaitable operators (`a || b`, `a && b`: a parallel_group) emit cancellation into branches
 // whose handlers may already be gone: when a branch ends by exception, or completes on another thread, the
 // group's signal reaches a slot whose handler was destroyed ("invalid vptr" in cancellation_signal::emit).
-// None of them is used here. Instead every branch is co_spawned on the awaiting coroutine's own executor
-// with a cancellation_signal of its own bound to it (bind_cancellation_slot); the signals live in a state
-// shared by the awaiting coroutine and every handler, so a late handler finds them alive; a signal is
-// emitted only while its branch has not completed, and only from handlers of that one executor. A deadline
-// is a timer on the same executor whose handler emits those signals.
+// None of them is used here.
+//
+// with_timeout: the operation is co_spawned on the awaiting coroutine's executor with a cancellation_signal
+// bound to it (bind_cancellation_slot); a timer on the same executor emits the signal, and only while the
+// operation has not completed. The signal lives in a state shared with the timer's handler, so a handler
+// that runs late finds it alive.
+// race / all_of: each branch is co_spawned on the awaiting coroutine's executor with a signal of its own,
+// emitted only while that branch runs, from handlers of that one executor.
 //
 // Precondition: the awaiting coroutine runs on a serial executor (an io_context run by one thread, or a
-// strand). Work that finishes on another executor (the offload pool, a client's strand) is awaited
-// through net::offload (net/offload.hpp), which hands its result back without forwarding cancellation
-// across threads.
+// strand; race and all_of are used only on the event loop). Work that finishes on another executor (the
+// offload pool, a client's strand) is awaited through net::offload (net/offload.hpp), which hands its
+// result back without forwarding cancellation across threads.
 #pragma once
 
 #include <asio/associated_cancellation_slot.hpp>
@@ -20,8 +23,9 @@
 #include <asio/async_result.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/cancellation_state.hpp>
 #include <asio/co_spawn.hpp>
-#include <asio/dispatch.hpp>
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <chrono>
@@ -36,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "net/boxed.hpp"
 #include "net/tokens.hpp"
 
 namespace cg::net {
@@ -100,7 +105,8 @@ class group_op : public std::enable_shared_from_this<group_op<Handler>> {
         for (std::size_t i = 0; i < branches.size(); ++i) {
             asio::co_spawn(ex_, std::move(branches[i]),
                            asio::bind_cancellation_slot(signals_[i].slot(), [self, i](std::exception_ptr e) {
-                               self->branch_done(i, e);
+                               // Outside co_spawn's own completion: the branch's coroutine is gone then.
+                               asio::post(self->ex_, [self, i, e] { self->branch_done(i, e); });
                            }));
         }
     }
@@ -134,7 +140,7 @@ class group_op : public std::enable_shared_from_this<group_op<Handler>> {
         timer_.cancel();
         if (outer_.is_connected()) outer_.clear();
         auto back = asio::get_associated_executor(handler_, ex_);
-        asio::dispatch(back, [h = std::move(handler_), e = error_, first = first_, t = timed_out_]() mutable {
+        asio::post(back, [h = std::move(handler_), e = error_, first = first_, t = timed_out_]() mutable {
             std::move(h)(e, first, t);
         });
     }
@@ -177,11 +183,6 @@ inline asio::awaitable<std::tuple<std::size_t, bool>> run_group(
         initiate_group{ex, end}, asio::use_awaitable, std::move(branches), timeout);
 }
 
-template <typename T>
-asio::awaitable<void> store_value(asio::awaitable<T> op, std::shared_ptr<std::optional<T>> out) {
-    out->emplace(co_await std::move(op));
-}
-
 template <typename... A>
 std::vector<asio::awaitable<void>> branch_list(A&&... a) {
     std::vector<asio::awaitable<void>> v;
@@ -190,30 +191,80 @@ std::vector<asio::awaitable<void>> branch_list(A&&... a) {
     return v;
 }
 
+// The state of one with_timeout: shared by the awaiting coroutine and the timer's handler, so a handler
+// that runs late finds the signal alive. Touched only on the awaiting coroutine's executor.
+struct timeout_state {
+    explicit timeout_state(const asio::any_io_executor& ex) : timer(ex) {}
+    asio::cancellation_signal signal;  // bound to the operation
+    asio::steady_timer timer;
+    bool done = false;   // the operation has completed: nothing is emitted any more
+    bool fired = false;  // the timeout passed first
+};
+
+template <typename T>
+asio::awaitable<T> run_bounded(asio::awaitable<T> op, std::chrono::steady_clock::duration d,
+                               std::shared_ptr<timeout_state> st) {
+    auto ex = co_await asio::this_coro::executor;
+    st->timer.expires_after(d);
+    st->timer.async_wait([st](std::error_code ec) {
+        if (ec || st->done) return;
+        st->fired = true;
+        st->signal.emit(asio::cancellation_type::all);
+    });
+    // The awaiting coroutine's own cancellation reaches the operation too (a timeout inside a timeout).
+    asio::cancellation_state outer = co_await asio::this_coro::cancellation_state;
+    if (outer.slot().is_connected()) {
+        outer.slot().assign([st](asio::cancellation_type t) {
+            if (!st->done) st->signal.emit(t);
+        });
+    }
+    struct finish {
+        timeout_state& st;
+        asio::cancellation_state& outer;
+        ~finish() {
+            st.done = true;
+            st.timer.cancel();
+            if (outer.slot().is_connected()) outer.slot().clear();
+        }
+    };
+    finish f{*st, outer};
+    co_return co_await asio::co_spawn(ex, std::move(op),
+                                      asio::bind_cancellation_slot(st->signal.slot(), asio::use_awaitable));
+}
+
 }  // namespace detail
 
 // Awaits `op`, or gives up after `d`. Returns the op's value, or nullopt on timeout: the op is then
 // cancelled through its cancellation slot and awaited to its end (so nothing it uses outlives it), and
 // its value, if it still produced one, is dropped. An exception of `op` propagates (but not the abort a
-// cancelled coroutine throws). `op` should use the
-// no-throw token for I/O (`nothrow`), so an I/O error is a value and not an exception.
-// Completes on the caller's executor.
+// cancelled coroutine throws). `op` should use the no-throw token for I/O (`nothrow`), so an I/O error is
+// a value and not an exception. Completes on the caller's executor.
+//
+// The shape: `op` is co_spawned on the caller's executor with a cancellation_signal bound to it; a timer on
+// that executor emits the signal, only while `op` has not completed.
 template <typename T>
 asio::awaitable<std::optional<T>> with_timeout(asio::awaitable<T> op, std::chrono::steady_clock::duration d) {
-    auto out = std::make_shared<std::optional<T>>();
-    auto [first, timed_out] = co_await detail::run_group(
-        detail::branch_list(detail::store_value(std::move(op), out)), detail::group_end::first_completion, d);
-    (void)first;
-    if (timed_out) co_return std::nullopt;
-    co_return std::move(*out);
+    auto st = std::make_shared<detail::timeout_state>(co_await asio::this_coro::executor);
+    std::optional<T> v;
+    try {
+        auto r = co_await detail::run_bounded(net::boxed(std::move(op)), d, st);
+        if (r) v.emplace(std::move(*r));
+    } catch (...) {
+        if (!(st->fired && detail::is_abort(std::current_exception()))) throw;
+    }
+    if (st->fired) co_return std::nullopt;
+    co_return v;
 }
 
 // As above for an operation without a value: true if it finished in time.
 inline asio::awaitable<bool> with_timeout(asio::awaitable<void> op, std::chrono::steady_clock::duration d) {
-    auto [first, timed_out] = co_await detail::run_group(detail::branch_list(std::move(op)),
-                                                         detail::group_end::first_completion, d);
-    (void)first;
-    co_return !timed_out;
+    auto st = std::make_shared<detail::timeout_state>(co_await asio::this_coro::executor);
+    try {
+        co_await detail::run_bounded(std::move(op), d, st);
+    } catch (...) {
+        if (!(st->fired && detail::is_abort(std::current_exception()))) throw;
+    }
+    co_return !st->fired;
 }
 
 // Runs the coroutines together on the caller's executor; when the first completes (or throws), the
