@@ -4,6 +4,7 @@
 Arguments: pairs of meson testlog.json and JUnit directory (written by ci/junit-wrap). A Boost.Test
 executable counts its test cases; any other test counts as one. A test that meson saw fail while its
 cases all passed (a crash at exit, a sanitizer report, a timeout) adds one failure.
+Each pair's own counts go to stderr (one line per tree and repetition: `ci/test --repeat N`).
 Exit status 1 when anything failed or nothing ran."""
 import json
 import os
@@ -59,6 +60,7 @@ def junit_counts(path):
 passed = failed = skipped = 0
 args = sys.argv[1:]
 for testlog, junit_dir in zip(args[0::2], args[1::2]):
+    before = (passed, failed, skipped)
     with open(testlog) as fh:
         for line in fh:
             if not line.strip():
@@ -88,6 +90,8 @@ for testlog, junit_dir in zip(args[0::2], args[1::2]):
             if not ok:
                 print(f"FAILED: {t['name']} ({result}) in {testlog}", file=sys.stderr)
                 report_failure(t, xml)
+    p, f, s = passed - before[0], failed - before[1], skipped - before[2]
+    print(f"   {os.path.relpath(testlog)}: {p} passed, {f} failed, {s} skipped", file=sys.stderr)
 line = f"{passed} passed, {failed} failed"
 if skipped:
     line += f", {skipped} skipped"

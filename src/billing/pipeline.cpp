@@ -1,12 +1,12 @@
 #include "billing/pipeline.hpp"
 
 #include <array>
-#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/this_coro.hpp>
 #include <stdexcept>
 
 #include "billing/key.hpp"
 #include "metrics/registry.hpp"
+#include "net/timeout.hpp"
 #include "net/turn_budget.hpp"
 #include "stripe/client.hpp"
 
@@ -301,13 +301,14 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
         r.generation = (*att)->key_generation;
     }
 
-    using namespace asio::experimental::awaitable_operators;
     stripe::charge_outcome out;
     auto ex = co_await asio::this_coro::executor;
     lease_keeper keeper(ex);
     auto began = std::chrono::steady_clock::now();
     r.log.debug("calling Stripe", {{"generation", r.generation}});
-    co_await (call_stripe(build_request(r.ev, r.key, r.generation), out, keeper) && keep_lease(r, keeper));
+    // Both on this executor; the Stripe call itself runs on the client's strand behind net::offload.
+    co_await net::all_of(call_stripe(build_request(r.ev, r.key, r.generation), out, keeper),
+                         keep_lease(r, keeper));
     r.log.debug("Stripe answered", {{"outcome", stripe::to_string(out.cls)}, {"charge_id", out.charge_id}});
     co_await test_pause();  // between Stripe's answer and the ledger update
     auto took = std::chrono::steady_clock::now() - began;

@@ -9,6 +9,7 @@
 
 #include "http/client_connection.hpp"
 #include "http/proto/error.hpp"
+#include "net/offload.hpp"
 #include "net/timeout.hpp"
 
 namespace cg::http {
@@ -232,10 +233,11 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
                                                          st->sessions);
         connect_outcome c;
         if (st->opts.connect_executor) {
-            c = co_await asio::co_spawn(
-                st->opts.connect_executor,
-                connect_elsewhere(std::move(fresh), st->origin, st->opts.connect_timeout),
-                asio::use_awaitable);
+            // A strand of its own: the connect's timeout (net/timeout.hpp) needs a serial executor, and the
+            // connect executor is normally the offload pool, run by several threads.
+            c = co_await net::offload(
+                asio::make_strand(st->opts.connect_executor),
+                connect_elsewhere(std::move(fresh), st->origin, st->opts.connect_timeout));
         } else {
             dl->conn = fresh.get();
             c = co_await connect_elsewhere(std::move(fresh), st->origin, st->opts.connect_timeout);
@@ -330,7 +332,7 @@ client::~client() {
 net::awaitable<client_result> client::request(http::request req) {
     // Already on the strand (the Stripe layer's retry loop runs there): no hop through co_spawn's post.
     if (st_->strand.running_in_this_thread()) co_return co_await run_request(st_, std::move(req));
-    co_return co_await asio::co_spawn(st_->strand, run_request(st_, std::move(req)), asio::use_awaitable);
+    co_return co_await net::offload(st_->strand, run_request(st_, std::move(req)));
 }
 
 const http::origin& client::target() const noexcept {

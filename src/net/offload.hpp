@@ -2,10 +2,13 @@
 // (Stripe HTTPS, PQfinish/PQcancel, anything that may block).
 #pragma once
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/use_awaitable.hpp>
+#include <exception>
 #include <optional>
 #include <thread>
 #include <type_traits>
@@ -39,19 +42,28 @@ class offload_pool {
     std::vector<std::thread> threads_;
 };
 
-// Runs `task` on `ex` (typically offload_pool::get_executor()) and resumes the caller on its own
-// executor with the result; an exception thrown by `task` is rethrown in the caller. Cancellation of the
-// caller is not forwarded: `task` must bound itself (timeouts). `task` must own everything it uses.
+// The hand-off between executors. Runs `task` on `ex` (the offload pool, a client's strand) and resumes
+// the caller on its own executor with the result; an exception thrown by `task` is rethrown in the caller.
+// Cancellation of the caller is not forwarded: `task` must bound itself (timeouts). Forwarding it would
+// run `task`'s cancellation handlers on the caller's thread while `task` runs on another (the Asio 1.22
+// co_spawn + use_awaitable shape does exactly that), so a caller inside net::with_timeout or net::race
+// waits for `task` to end. `task` must own everything it uses.
 namespace detail {
 using net::boxed;  // net/boxed.hpp; the old name, kept for callers
+
+// co_spawn's own use_awaitable hand-back, with the awaiting coroutine's cancellation slot replaced by an
+// unconnected one: co_spawn then installs no cancellation handler that another thread could reach.
+inline auto no_cancellation_awaitable() {
+    return asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
+}
 }  // namespace detail
 
 template <typename Executor, typename T>
 asio::awaitable<T> offload(Executor ex, asio::awaitable<T> task) {
     if constexpr (std::is_void_v<T> || std::is_default_constructible_v<T>) {
-        co_return co_await asio::co_spawn(ex, std::move(task), asio::use_awaitable);
+        co_return co_await asio::co_spawn(ex, std::move(task), detail::no_cancellation_awaitable());
     } else {
-        auto r = co_await asio::co_spawn(ex, boxed(std::move(task)), asio::use_awaitable);
+        auto r = co_await asio::co_spawn(ex, boxed(std::move(task)), detail::no_cancellation_awaitable());
         co_return std::move(*r);
     }
 }

@@ -1,7 +1,6 @@
 #include "nsq/connection.hpp"
 
 #include <asio/connect.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/write.hpp>
 
 #include "net/address.hpp"
@@ -29,7 +28,6 @@ connection::connection(asio::any_io_executor ex, std::string key, const consumer
       drained_wake_(ex, sclock::time_point::max()) {}
 
 asio::awaitable<error> connection::run(std::vector<net::tcp::endpoint> eps) {
-    using namespace asio::experimental::awaitable_operators;
     auto self = shared_from_this();
     if (auto e = co_await handshake(std::move(eps))) {
         fail(e);
@@ -39,7 +37,8 @@ asio::awaitable<error> connection::run(std::vector<net::tcp::endpoint> eps) {
         last_read_ = sclock::now();
         slots_.reserve(cfg_.max_in_flight);
         owner_->on_subscribed(*this);
-        co_await (read_loop() || write_loop() || watchdog() || close_waiter());
+        // The first loop to end ends the others (net/timeout.hpp).
+        co_await net::race(read_loop(), write_loop(), watchdog(), close_waiter());
     }
     phase_ = phase::closed;
     for (auto& sl : slots_) sl.used = false;  // tickets fail on the closed phase anyway

@@ -1,7 +1,6 @@
 #include "nsq/producer.hpp"
 
 #include <asio/co_spawn.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/write.hpp>
 #include <deque>
 #include <random>
@@ -230,10 +229,9 @@ asio::awaitable<error> connect(std::shared_ptr<producer::state> st) {
 }
 
 asio::awaitable<void> serve(std::shared_ptr<producer::state> st) {
-    using namespace asio::experimental::awaitable_operators;
     auto io = st->io;
     auto gen = st->generation;
-    co_await (read_loop(st, io, gen) || write_loop(st, io, gen));
+    co_await net::race(read_loop(st, io, gen), write_loop(st, io, gen));
 }
 
 }  // namespace

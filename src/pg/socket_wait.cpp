@@ -1,9 +1,7 @@
 // pg::connection: waiting on libpq's socket with a deadline, flushing, and reading results.
 #include <poll.h>
 
-#include <asio/experimental/awaitable_operators.hpp>
-#include <variant>
-
+#include "net/timeout.hpp"
 #include "pg/connection_impl.hpp"
 
 namespace cg::pg {
@@ -11,8 +9,29 @@ namespace cg::pg {
 using detail::deadline_after;
 using detail::trim;
 
+namespace {
+using descriptor = net::nothrow_t::as_default_on_t<asio::posix::stream_descriptor>;
+
+// Which readiness came first (0 readable, 1 writable), and its error.
+struct socket_readiness {
+    int which = -1;
+    std::error_code ec;
+};
+
+net::awaitable<void> await_readiness(descriptor& sd, asio::posix::descriptor_base::wait_type t, int id,
+                                     socket_readiness& got) {
+    auto [ec] = co_await sd.async_wait(t);
+    if (got.which < 0) got = socket_readiness{id, ec};
+}
+
+net::awaitable<void> race_readiness(descriptor& sd, socket_readiness& got) {
+    using wait_type = asio::posix::descriptor_base::wait_type;
+    co_await net::race(await_readiness(sd, wait_type::wait_read, 0, got),
+                       await_readiness(sd, wait_type::wait_write, 1, got));
+}
+}  // namespace
+
 net::awaitable<connection::io_ready> connection::wait_io(want w, clock::time_point deadline) {
-    using namespace asio::experimental::awaitable_operators;
     using wait_type = asio::posix::descriptor_base::wait_type;
     int fd = PQsocket(conn_);
     if (fd < 0 || !sd_.is_open()) co_return io_ready{make_error_code(errc::connection_lost)};
@@ -26,35 +45,22 @@ net::awaitable<connection::io_ready> connection::wait_io(want w, clock::time_poi
     }
     if (clock::now() >= deadline) co_return io_ready{make_error_code(errc::timeout)};
     const bool timed = deadline != clock::time_point::max();
-    if (timed) timer_.expires_at(deadline);
-    auto first_ec = [](auto& v) { return std::visit([](auto& t) { return std::get<0>(t); }, v); };
 
-    std::error_code ec;
-    int which = 0;  // 0 readable, 1 writable, 2 timer
-    if (w == want::read_or_write) {
-        if (timed) {
-            auto r = co_await (sd_.async_wait(wait_type::wait_read) ||
-                               sd_.async_wait(wait_type::wait_write) || timer_.async_wait());
-            which = static_cast<int>(r.index());
-            ec = first_ec(r);
-        } else {
-            auto r = co_await (sd_.async_wait(wait_type::wait_read) || sd_.async_wait(wait_type::wait_write));
-            which = static_cast<int>(r.index());
-            ec = first_ec(r);
-        }
-    } else {
-        auto type = w == want::read ? wait_type::wait_read : wait_type::wait_write;
-        if (timed) {
-            auto r = co_await (sd_.async_wait(type) || timer_.async_wait());
-            which = r.index() == 0 ? (w == want::read ? 0 : 1) : 2;
-            ec = first_ec(r);
-        } else {
-            auto [e] = co_await sd_.async_wait(type);
-            which = w == want::read ? 0 : 1;
-            ec = e;
-        }
-    }
-    if (which == 2) co_return io_ready{make_error_code(ec ? errc::canceled : errc::timeout)};
+    // Readable, writable, or both raced; each bounded by the deadline (net/timeout.hpp).
+    socket_readiness got;
+    net::awaitable<void> waits =
+        w == want::read_or_write
+            ? race_readiness(sd_, got)
+            : await_readiness(sd_, w == want::read ? wait_type::wait_read : wait_type::wait_write,
+                              w == want::read ? 0 : 1, got);
+    bool in_time = true;
+    if (timed)
+        in_time = co_await net::with_timeout(std::move(waits), deadline - clock::now());
+    else
+        co_await std::move(waits);
+    int which = in_time ? got.which : 2;  // 0 readable, 1 writable, 2 timer
+    std::error_code ec = got.ec;
+    if (which == 2) co_return io_ready{make_error_code(errc::timeout)};
     if (ec == asio::error::operation_aborted) co_return io_ready{make_error_code(errc::canceled)};
     if (ec) co_return io_ready{make_error_code(errc::connection_lost)};
     co_return io_ready{{}, which == 0, which == 1};

@@ -7,6 +7,7 @@
 #include "http/proto/message.hpp"
 #include "net/boxed.hpp"
 #include "net/error.hpp"
+#include "net/offload.hpp"
 #include "net/timeout.hpp"
 #include "net/tls.hpp"
 #include "stripe/client_metrics.hpp"
@@ -344,9 +345,8 @@ net::awaitable<result<std::optional<typename decltype(Page::data)::value_type>>>
 // Runs `a` on the client's strand and resumes the caller on its own executor.
 template <typename T>
 net::awaitable<T> on_strand(state_ptr st, net::awaitable<T> a) {
-    // net::boxed: co_spawn in Asio 1.22 needs a default-constructible value; result<T> is not.
-    auto r = co_await asio::co_spawn(st->http->get_executor(), net::boxed(std::move(a)), asio::use_awaitable);
-    co_return std::move(*r);
+    // The hand-off (net/offload.hpp): the caller's cancellation stays on the caller's thread.
+    co_return co_await net::offload(st->http->get_executor(), std::move(a));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "http/client_connection.hpp"
 #include "net/backoff.hpp"
+#include "net/offload.hpp"
 #include "net/timeout.hpp"
 #include "vault/proxy_state.hpp"
 
@@ -298,8 +299,9 @@ net::awaitable<std::string> probe_once(std::shared_ptr<asio::ssl::context> tls, 
 net::awaitable<void> probe_loop(state_ptr st) {
     auto o = st->upstreams.front()->target();
     while (!st->stopping) {
-        auto why = co_await asio::co_spawn(st->offload, probe_once(st->tls, o, st->cfg.connect_timeout),
-                                           asio::use_awaitable);
+        // On a strand of the pool: the probe's timeout (net/timeout.hpp) needs a serial executor.
+        auto why = co_await net::offload(asio::make_strand(st->offload),
+                                         probe_once(st->tls, o, st->cfg.connect_timeout));
         {
             std::lock_guard lock(st->probe_mu);
             st->upstream_ok = why.empty();

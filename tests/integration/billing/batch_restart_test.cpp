@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "batch_support.hpp"
+#include "net/offload.hpp"
 #include "net/timeout.hpp"
 #include "support/pg_main.hpp"
 #include "support/pg_server_ctl.hpp"
@@ -40,7 +41,7 @@ net::awaitable<void> release_then_restart(fixture* f, billing::ledger* l, pg::po
         if (!waiting) co_await net::sleep_for(5ms);
     }
     BOOST_TEST(waiting);
-    *rc = co_await asio::co_spawn(f->pool.get_executor(), run_ctl(srv, "restart"), asio::use_awaitable);
+    *rc = co_await net::offload(f->pool.get_executor(), run_ctl(srv, "restart"));
 }
 
 }  // namespace

@@ -2,12 +2,12 @@
 // atomicity, and concurrent runs (in-process and as two `chargeguard migrate` processes).
 #include "pg/migrations.hpp"
 
-#include <asio/experimental/awaitable_operators.hpp>
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
 #include <thread>
 
 #include "helpers.hpp"
+#include "net/timeout.hpp"
 #include "support.hpp"
 #include "support/run_async.hpp"
 
@@ -179,16 +179,16 @@ BOOST_AUTO_TEST_CASE(changed_or_failing_migrations_are_refused_atomically) {
     cg::test::run_async(f.io, [&] { return changed_and_failing(f, db.name); });
 }
 
-net::awaitable<pg::migrate_report> migrate_on(pg::connection& c) {
-    co_return must(co_await pg::migrate(c, all(), {}, logger()), "concurrent migrate");
+net::awaitable<void> migrate_on(pg::connection& c, pg::migrate_report& out) {
+    out = must(co_await pg::migrate(c, all(), {}, logger()), "concurrent migrate");
 }
 
 net::awaitable<void> concurrent(pg_fixture& f, std::string db) {
-    using namespace asio::experimental::awaitable_operators;
     auto a = co_await connect_db(f, db);
     auto b = co_await connect_db(f, db);
     // Both start at once; the advisory lock makes the second wait and then find everything applied.
-    auto [ra, rb] = co_await (migrate_on(*a) && migrate_on(*b));
+    pg::migrate_report ra, rb;
+    co_await net::all_of(migrate_on(*a, ra), migrate_on(*b, rb));
     BOOST_TEST(ra.applied.size() + rb.applied.size() == all().size());
     BOOST_TEST((ra.applied.empty() || rb.applied.empty()));
     auto n = must(co_await a->query("SELECT count(*) FROM schema_migrations"), "count");

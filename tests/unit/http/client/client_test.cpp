@@ -45,6 +45,7 @@ struct server_log {
     int active = 0;
     int max_active = 0;
     std::chrono::steady_clock::time_point queue_free{};  // /queue: when its one "worker" is free again
+    std::unique_ptr<net::steady_timer> gathered;         // /gather: cancelled once n requests are in
 };
 
 asio::awaitable<http::response> echo(http::request req) {
@@ -61,6 +62,22 @@ asio::awaitable<http::response> slow(server_log* log, std::chrono::milliseconds 
     co_await net::sleep_for(d);
     --log->active;
     co_return http::make_response(200, "slow\n");
+}
+
+// Answers nothing until `n` requests are being served at once (or a minute has passed: the test then fails
+// on its counts instead of hanging), then answers them all.
+asio::awaitable<http::response> gather(server_log* log, int n) {
+    ++log->hits;
+    log->max_active = std::max(log->max_active, ++log->active);
+    if (!log->gathered)
+        log->gathered = std::make_unique<net::steady_timer>(co_await asio::this_coro::executor,
+                                                            std::chrono::steady_clock::now() + 60s);
+    if (log->active >= n)
+        log->gathered->cancel();
+    else
+        co_await log->gathered->async_wait();
+    --log->active;
+    co_return http::make_response(200, "gathered\n");
 }
 
 // A saturated origin: one request served at a time, each for `d`, so answers slow down as requests pile up.
@@ -91,6 +108,9 @@ http::router make_routes(server_log& log) {
     r.add("GET", "/queue", [&log](http::request& q) {
         auto ms = std::stoi(http::query_param(q.query(), "ms").value_or("20"));
         return queued(&log, std::chrono::milliseconds(ms));
+    });
+    r.add("GET", "/gather", [&log](http::request& q) {
+        return gather(&log, std::stoi(http::query_param(q.query(), "n").value_or("1")));
     });
     r.add("GET", "/chunked", [](http::request&) { return chunked(); });
     r.add("GET", "/close", [](http::request&) -> asio::awaitable<http::response> {
@@ -411,14 +431,16 @@ BOOST_AUTO_TEST_CASE(pool_limit_bounds_connections) {
 
 // New connections are set up at most 8 at a time (a burst against a fast origin is served by the connections
 // coming back instead of opening one per request), yet a slow origin still gets the whole pool: 40 requests
-// that each hold their connection for 400 ms all run at once, on 40 connections.
+// that each hold their connection until all 40 are in run at once, on 40 connections. (The origin waits for
+// the 40th request rather than a fixed time: on a loaded machine the last connects can take longer than
+// any fixed hold, and the first answers' connections would then serve the last requests.)
 BOOST_AUTO_TEST_CASE(pool_grows_to_its_limit_a_few_connects_at_a_time) {
     fixture f;
     f.start(true);
     http::client_options o;
     o.max_connections = 40;
     auto c = f.client(true, o);
-    auto results = burst(f.io, c.get(), "/slow?ms=400", 40);
+    auto results = burst(f.io, c.get(), "/gather?n=40", 40);
     for (auto& r : results) BOOST_TEST(r.ok(), r.err.describe());
     BOOST_TEST(f.log.max_active == 40);
     BOOST_TEST(c->stats().connects == 40u);
