@@ -324,10 +324,12 @@ std::vector<std::size_t> key_order(const std::vector<Req>& reqs, KeyOf key_of) {
     return order;
 }
 
-// NULL for an event charged through /v1/charges (the column's CHECK refuses '').
-std::optional<std::string> payment_method_column(const billing_event& e) {
-    if (e.payment_method.empty()) return std::nullopt;
-    return e.payment_method;
+// An absent optional text column is NULL, never '' (the CHECKs of payment_method and key_namespace refuse
+// ''): no payment method for an event charged through /v1/charges, no namespace for a row whose writer had
+// none.
+std::optional<std::string> text_or_null(const std::string& v) {
+    if (v.empty()) return std::nullopt;
+    return v;
 }
 
 struct preflight_req {
@@ -343,7 +345,7 @@ net::awaitable<result<preflight_out>> preflight_insert_one(std::shared_ptr<pg::p
         pool, preflight_insert_sql,
         pg::params(q.rec.key, e.customer_id, e.billing_period, e.amount_cents, e.currency,
                    e.stripe_customer_id, q.lease_ms, q.rec.nsq_message_id, q.rec.nsq_attempts, e.description,
-                   payment_method_column(e), e.off_session, q.rec.key_namespace));
+                   text_or_null(e.payment_method), e.off_session, text_or_null(q.rec.key_namespace)));
     if (!ins) co_return ins.err();
     if (ins->empty()) co_return preflight_out();
     co_return preflight_out(decode_record(*ins, 0));
@@ -362,13 +364,14 @@ struct preflight_runner {
         }
         auto order = key_order(reqs, key);
         std::vector<std::string> keys, customers, periods, currencies, stripe_customers, message_ids;
-        std::vector<std::string> descriptions, off_sessions, namespaces;
-        std::vector<std::optional<std::string>> payment_methods;
+        std::vector<std::string> descriptions, off_sessions;
+        std::vector<std::optional<std::string>> payment_methods, namespaces;
         std::vector<std::int64_t> amounts, leases, attempts;
         for (auto* v : {&keys, &customers, &periods, &currencies, &stripe_customers, &message_ids,
-                        &descriptions, &off_sessions, &namespaces})
+                        &descriptions, &off_sessions})
             v->reserve(reqs.size());
         payment_methods.reserve(reqs.size());
+        namespaces.reserve(reqs.size());
         for (auto* v : {&amounts, &leases, &attempts}) v->reserve(reqs.size());
         for (auto i : order) {
             const auto& q = reqs[i];
@@ -382,9 +385,9 @@ struct preflight_runner {
             message_ids.push_back(q.rec.nsq_message_id);
             attempts.push_back(q.rec.nsq_attempts);
             descriptions.push_back(q.rec.event.description);
-            payment_methods.push_back(payment_method_column(q.rec.event));
+            payment_methods.push_back(text_or_null(q.rec.event.payment_method));
             off_sessions.emplace_back(q.rec.event.off_session ? "t" : "f");
-            namespaces.push_back(q.rec.key_namespace);
+            namespaces.push_back(text_or_null(q.rec.key_namespace));
         }
         pg::params p;
         p.reserve(13);

@@ -806,9 +806,18 @@ def check(report, valid, invalid, pg, stripe):
                 f.append(f"{cust}: /v1/charges event charged through an intent")
         if letter_bodies.get(ev.body):
             f.append(f"valid event for {cust} was dead-lettered")
+    # An asynchronous failover loses the last commits, a dead letter's too: its message was FINed after the
+    # insert committed on the old primary, and no Stripe object carries it for the backfill to find. Such
+    # losses are counted and printed (docs/operating/ha-postgres.md says so); with synchronous replication,
+    # or without a failover, every invalid line must be in dead_letters.
+    lost_letters = []
     for body in invalid:
         if not letter_bodies.get(body):
-            f.append(f"invalid line not dead-lettered: {body[:60]}")
+            if report.get("failover") == "async":
+                lost_letters.append(body)
+            else:
+                f.append(f"invalid line not dead-lettered: {body[:60]}")
+    report["dead_letters_lost"] = len(lost_letters)
     stray = [k for k in by_key if k not in valid_keys] + [k for k in intents_by_key if k not in valid_keys]
     if stray:
         f.append(f"charges or intents for unknown keys: {stray[:5]}")
@@ -886,7 +895,8 @@ def main():
             f"{r['kill_count']} kills caught deliveries at: {kills}")
         if r.get("failover"):
             log(f"   failover ({r['failover']}): {r.get('wal_lost_bytes', '?')} bytes of WAL lost; ledger agreed "
-                f"with Stripe {r.get('quiescence_s', '?')} s after the chaos")
+                f"with Stripe {r.get('quiescence_s', '?')} s after the chaos; "
+                f"{r.get('dead_letters_lost', 0)} dead letters of invalid lines lost with the commits")
         if r.get("lost_commits"):
             log(f"   lost commits: {r['lost_commits']} rows healed by the sweeper and the backfill in "
                 f"{r.get('heal_s', '?')} s")
