@@ -1,7 +1,8 @@
 // Prepares deploy/kubernetes/chargeguard.yaml for `podman kube play` on a test machine (tests/container/run.sh).
-// podman 4.3 reads a Secret in two ways: a secret volume wants the Secret as `kube play` stores it (write
-// secret-NAME.yaml and play it), secretKeyRef wants a podman secret holding the JSON map of its base64 `data`
-// (write secret-NAME.json for `podman secret create`). The ConfigMap and Deployment are played as they are except for
+// podman 4.3 reads a Secret in two ways: a secret volume (which it would mount still base64-encoded, so the
+// decoded files are written under secret-files/NAME and mounted by hostPath instead), and secretKeyRef, which
+// wants a podman secret holding the JSON map of its base64 `data` (write secret-NAME.json for
+// `podman secret create`). The ConfigMap and Deployment are played as they are except for
 // replicas 1 and each containerPort published on a free host port (podman publishes container ports, and a
 // fixed port would collide with whatever the host runs). Other kinds (the PodDisruptionBudget; a Job, which
 // podman kube play does not run) are left out.
@@ -11,7 +12,7 @@
 // container listed ahead of the app's, without restartPolicy: the same image, arguments, environment,
 // mounts, ports, probes and security context. The shipped form is validated as it is by validate.mjs.
 // usage: node kube-play-prep.mjs MANIFEST OUTDIR NAME=HOSTPORT…
-import { readFileSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { parseAllDocuments, stringify } from "yaml";
 
 const [manifest, out, ...ports] = process.argv.slice(2);
@@ -21,7 +22,15 @@ const docs = parseAllDocuments(readFileSync(manifest, "utf8")).map((d) => d.toJS
 for (const o of docs) {
   if (o.kind === "Secret") {
     const text = JSON.stringify(docs.find((x) => x.kind === "Deployment") ?? {});
-    if (text.includes(`"secretName":"${o.metadata.name}"`)) writeFileSync(`${out}/secret-${o.metadata.name}.yaml`, stringify(o));
+    // A secret volume: podman 4.3 mounts a played Secret's `data` still base64-encoded, where a kubelet
+    // mounts the decoded bytes. So the decoded files are written under secret-files/NAME and the volume
+    // becomes a hostPath to them (below): the pod reads what Kubernetes would give it.
+    if (text.includes(`"secretName":"${o.metadata.name}"`)) {
+      const dir = `${out}/secret-files/${o.metadata.name}`;
+      mkdirSync(dir, { recursive: true, mode: 0o755 });
+      for (const [k, v] of Object.entries(o.data ?? {}))
+        writeFileSync(`${dir}/${k}`, Buffer.from(v, "base64"), { mode: 0o444 });
+    }
     if (text.includes(`"secretKeyRef":{"name":"${o.metadata.name}"`))
       writeFileSync(`${out}/secret-${o.metadata.name}.json`, JSON.stringify(o.data));
   } else if (o.kind === "Deployment") {
@@ -34,6 +43,11 @@ for (const o of docs) {
       for (const c of sidecars) delete c.restartPolicy;
       spec.containers = [...sidecars, ...spec.containers];
     }
+    for (const v of spec.volumes ?? [])
+      if (v.secret) {
+        v.hostPath = { path: `${out}/secret-files/${v.secret.secretName}`, type: "Directory" };
+        delete v.secret;
+      }
     for (const c of spec.containers)
       for (const p of c.ports ?? []) {
         if (!hostPort[p.name]) throw new Error(`no host port given for ${c.name}/${p.name}`);
