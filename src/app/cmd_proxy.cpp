@@ -1,4 +1,4 @@
-// `chargeguard proxy`: the spend-cap vault proxy (DESIGN.md §1, issue 9). A Stripe-compatible HTTP(S) surface
+// `chargeguard proxy`: the spend-cap vault proxy (DESIGN.md §1). A Stripe-compatible HTTP(S) surface
 // on
 // --listen for holders of vault keys; the real Stripe key (STRIPE_API_KEY or --stripe-key-file, never argv)
 // stays inside. /healthz, /readyz (postgres, upstream) and /metrics on --health-listen.

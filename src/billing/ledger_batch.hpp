@@ -1,4 +1,4 @@
-// Group commit for the ledger's hot writes (issue 12): deliveries that want the same kind of statement while
+// Group commit for the ledger's hot writes: deliveries that want the same kind of statement while
 // the batch slots are busy queue up, and the queued rows go as ONE statement (one transaction, one round
 // trip) when a slot frees. Each caller gets its own result once the batch's statement completed, i.e. after
 // the transaction holding its row committed (write-before-call holds exactly as for a single statement).

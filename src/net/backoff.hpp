@@ -1,4 +1,4 @@
-// The one exponential backoff (issue 14): every retry delay in the tree — PostgreSQL reconnects
+// The one exponential backoff: every retry delay in the tree — PostgreSQL reconnects
 // (pg::pool), NSQ reconnects and handler-failure backoff (nsq/policy), billing's PostgreSQL requeues
 // (billing/outcome) and Stripe retries (stripe/retry) — is base · 2^n capped, then optionally jittered by one
 // of two conventions. Pure and deterministic: the caller draws `unit` (uniform in [0, 1)) from its own random

@@ -1,4 +1,4 @@
-// Bounded event-loop turns (issue 12: event-loop lag under saturation).
+// Bounded event-loop turns, which bound event-loop lag under saturation.
 //
 // Asio's io_context runs every handler that is ready, then polls sockets and timers once, then runs what
 // that made ready: a "turn". A timer that expires during a turn waits for the turn's end, so the turn's

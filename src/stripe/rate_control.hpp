@@ -1,4 +1,4 @@
-// Client-side rate control for Stripe calls, needing no coordination between processes (issue 12 §2). Pure:
+// Client-side rate control for Stripe calls, needing no coordination between processes. Pure:
 // time is passed in, no clock, no I/O; the client drives it (stripe/pacer.hpp) and the tests table-drive it.
 //
 // Two limits, the lower wins:
