@@ -1,6 +1,6 @@
 # Shared by ci/test and ci/demo.
 
-# Debian packages the build, the tests and the demo need (DESIGN.md §7, plus openssl for test
+# Debian packages the build, the tests and the demo need (docs/design.md §7, plus openssl for test
 # certificates and clang for the fuzz target).
 CG_PACKAGES="meson ninja-build g++ pkg-config libasio-dev libssl-dev libpq-dev libsimdjson-dev
   libboost-test-dev libhttp-parser-dev libcli11-dev prometheus-cpp-dev postgresql

@@ -1,12 +1,12 @@
-// `chargeguard proxy`: the spend-cap vault proxy (DESIGN.md §1). A Stripe-compatible HTTP(S) surface
+// `chargeguard proxy`: the spend-cap vault proxy (docs/design.md §1). A Stripe-compatible HTTP(S) surface
 // on
 // --listen for holders of vault keys; the real Stripe key (STRIPE_API_KEY or --stripe-key-file, never argv)
 // stays inside. /healthz, /readyz (postgres, upstream) and /metrics on --health-listen.
 //
-// Executors (DESIGN.md §2): the listener, the handlers, the PostgreSQL pool and the proxy's background tasks
-// run on the runtime's main io_context; upstream HTTPS runs on the offload pool (--upstream-on-main moves the
-// forwarding onto the main loop).
-// SIGTERM: the listener stops, the audit queue is written, the pool closes, exit 0.
+// Executors (docs/design.md §2): the listener, the handlers, the PostgreSQL pool and the proxy's background
+// tasks run on the runtime's main io_context; upstream HTTPS runs on the offload pool (--upstream-on-main
+// moves the forwarding onto the main loop). SIGTERM: the listener stops, the audit queue is written, the pool
+// closes, exit 0.
 #include <asio/co_spawn.hpp>
 #include <memory>
 

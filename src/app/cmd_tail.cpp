@@ -118,7 +118,8 @@ struct tail_state {
 };
 
 // The handler: one JSON line per message, FIN; past --max-messages, REQ without delay (the message goes back
-// to its channel untouched). A free coroutine (STYLE.md: no capturing coroutine lambdas).
+// to its channel untouched). A free coroutine (docs/contributing.md "Coroutine lifetimes": no capturing
+// coroutine lambdas).
 asio::awaitable<nsq::disposition> tail_message(tail_state* st, nsq::message& m) {
     if (st->max_messages > 0 && st->printed >= st->max_messages)
         co_return nsq::disposition::requeue_without_backoff(std::chrono::milliseconds(0));

@@ -1,6 +1,6 @@
-// `chargeguard vault issue | list | show | revoke`: vault keys for the spend-cap proxy (DESIGN.md §1, §5).
-// `issue` prints the secret once on stdout (and nothing else there, so `secret=$(chargeguard vault issue …)`
-// works); the description goes to stderr. Only the secret's SHA-256 is stored.
+// `chargeguard vault issue | list | show | revoke`: vault keys for the spend-cap proxy (docs/design.md §1,
+// §5). `issue` prints the secret once on stdout (and nothing else there, so `secret=$(chargeguard vault issue
+// …)` works); the description goes to stderr. Only the secret's SHA-256 is stored.
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <cstdio>

@@ -1,4 +1,4 @@
-// chargeguard: NSQ billing events → Stripe, exactly once. See README.md and DESIGN.md.
+// chargeguard: NSQ billing events → Stripe, exactly once. See README.md and docs/design.md.
 #include <cstdio>
 
 #include "app/build_info.hpp"

@@ -22,8 +22,6 @@ const std::string mark_sql =
     "UPDATE dead_letters SET replayed_at = now(), replayed_by = $2::text, replay_count = replay_count + 1 "
     "WHERE id = $1::bigint AND ($3::bool OR replayed_at IS NULL)";
 
-const std::string count_open_sql = "SELECT count(*) FROM dead_letters WHERE replayed_at IS NULL";
-
 #undef CG_LETTER_COLUMNS
 
 stored_letter decode(const pg::rows& r, std::size_t i) {
@@ -67,12 +65,6 @@ net::awaitable<result<bool>> dead_letter_store::mark_replayed(std::int64_t id, s
     auto r = co_await pg::exec_pooled(pool_, mark_sql, pg::params(id, std::move(who), again));
     if (!r) co_return r.err();
     co_return r->affected() == 1;
-}
-
-net::awaitable<result<std::int64_t>> dead_letter_store::count_open() {
-    auto r = co_await pg::exec_pooled(pool_, count_open_sql, pg::params());
-    if (!r) co_return r.err();
-    co_return (*r)[0].get<std::int64_t>(0);
 }
 
 std::string to_json(const stored_letter& l, bool with_body) {

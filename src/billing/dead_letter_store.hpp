@@ -56,8 +56,6 @@ class dead_letter_store {
     // Records a replay by `who`: replayed_at = now(), replay_count + 1. Without `again`, only a letter not
     // replayed yet is marked (false: someone marked it first). Returns whether the row was updated.
     net::awaitable<result<bool>> mark_replayed(std::int64_t id, std::string who, bool again);
-    // Letters not replayed yet (the dead-letter alert's gauge and `reconcile`'s dead-lettered class).
-    net::awaitable<result<std::int64_t>> count_open();
 
   private:
     std::shared_ptr<pg::pool> pool_;

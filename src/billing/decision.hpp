@@ -1,4 +1,4 @@
-// The pure part of the billing state machine (DESIGN.md §4): what to do with a message whose key already
+// The pure part of the billing state machine (docs/design.md §4): what to do with a message whose key already
 // has a ledger row. No I/O, no clock: `now` is passed in, so the table is tested without a database.
 #pragma once
 

@@ -1,6 +1,6 @@
-// The pure edges of the billing pipeline (DESIGN.md §4): what a delivery comes to (verdict), how a Stripe
-// outcome maps onto the ledger, the requeue backoff, and the Stripe request a billing event becomes. No I/O:
-// table-tested in tests/unit/billing.
+// The pure edges of the billing pipeline (docs/design.md §4): what a delivery comes to (verdict), how a
+// Stripe outcome maps onto the ledger, the requeue backoff, and the Stripe request a billing event becomes.
+// No I/O: table-tested in tests/unit/billing.
 #pragma once
 
 #include <chrono>

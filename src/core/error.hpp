@@ -55,7 +55,7 @@ class simple_category : public std::error_category {
 };
 
 // What a failed background task threw, for the log line of the completion handler that restarts it or
-// stops loudly (STYLE.md: never an empty completion).
+// stops loudly (docs/contributing.md "Errors": never an empty completion).
 std::string describe_exception(std::exception_ptr ep);
 
 }  // namespace cg

@@ -1,4 +1,4 @@
-// result<T>: a value or a cg::error, for expected outcomes (STYLE.md "Errors").
+// result<T>: a value or a cg::error, for expected outcomes (docs/contributing.md "Errors").
 #pragma once
 
 #include <cassert>

@@ -7,8 +7,8 @@ response report(const metrics::health_report& rep) {
     return make_response(rep.ok ? 200 : 503, rep.body);
 }
 
-// Free coroutines (STYLE.md: no capturing coroutine lambdas); the router's forwarding lambdas only pass the
-// state, which the caller keeps alive as long as the router.
+// Free coroutines (docs/contributing.md "Coroutine lifetimes": no capturing coroutine lambdas); the router's
+// forwarding lambdas only pass the state, which the caller keeps alive as long as the router.
 asio::awaitable<response> live(const metrics::health* h) {
     co_return report(h->live());
 }

@@ -1,7 +1,7 @@
 // When a connection pool may open one more connection to its origin. Pure (no clock of its own, no I/O):
 // the client feeds it the time each exchange took on its connection and asks before every connect.
 //
-// Up to `eager` connections a pool opens one whenever a request finds none idle (as before). Past that it
+// Up to `eager` connections a pool opens one whenever a request finds none idle. Past that it
 // opens another only when Little's law says the origin could use it: while the pool is smaller than
 // `headroom` × (answers per second) × (the fastest exchange of the last one or two `window`s) — the
 // connections the current rate would need if every answer came as fast as the fastest, with room for the
@@ -11,13 +11,12 @@
 // so the pool at most quadruples per round trip (like TCP's slow start), instead of opening a connection per
 // waiting request before the answers on the new connections show whether the origin kept its pace.
 //
-// An origin that answers slowly but steadily (Stripe at 300 ms: every answer about as slow as the fastest,
-// and the rate grows with the pool) keeps getting connections, because more of them mean more answers per
-// second. A fast origin does not (at 5 000 answers/s of 0.5 ms, 3 connections would carry the rate), nor
-// one whose answers slow down as requests pile up (saturated, or our own CPU is): more connections would
-// only add TLS handshakes, buffers and queueing on both sides. Measured against fake-stripe at 0 ms with
-// 1 000 deliveries in flight: 32–64 connections charged 5 500–6 400/s, 128 about 5 200/s, and the ~350
-// the pool grew to without this rule 4 600–5 000/s.
+// An origin that answers slowly but steadily (every answer about as slow as the fastest, and the rate grows
+// with the pool) keeps getting connections, because more of them mean more answers per second. A fast
+// origin does not (a handful of connections carries its rate), nor one whose answers slow down as requests
+// pile up (saturated, or our own CPU is): more connections would only add TLS handshakes, buffers and
+// queueing on both sides, and a pool grown past what the origin's pace needs charges less per second, not
+// more (docs/benchmarks/pipeline.md).
 #pragma once
 
 #include <chrono>

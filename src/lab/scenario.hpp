@@ -32,7 +32,6 @@ struct scenario {
     int heartbeat_ms = 1000;       // the consumers' IDENTIFY heartbeat_interval
     int fail_after_create = 0;     // the first N creating POSTs: charge created, then 500 (saved, replayed)
     bool publish_twice = false;    // the producer re-publishes every event (its PUB's OK was lost)
-    bool two_brokers = false;      // fake broker: every event also reaches a second nsqd (producer failover)
     bool broker_restart = false;   // real broker: after the crash, nsqd restarts on a new address
     bool real_broker = false;      // use the real nsqd when one is given (FM3 rows must)
     bool pause_in_flight = false;  // pause the channel once every event is in flight, resume 2 s later

@@ -1,4 +1,4 @@
-// The one timeout and race primitive of the code base (STYLE.md "Timeouts").
+// The one timeout and race primitive of the code base (docs/contributing.md "Timeouts").
 //
 // Asio 1.22's awaitable operators (`a || b`, `a && b`: a parallel_group) emit cancellation into branches
 // whose handlers may already be gone: when a branch ends by exception, or completes on another thread, the

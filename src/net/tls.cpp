@@ -68,11 +68,6 @@ void tls_session_cache::store(SSL_SESSION* s) noexcept {
     if (old) SSL_SESSION_free(old);
 }
 
-bool tls_session_cache::has_session() const {
-    std::lock_guard lock(m_);
-    return session_ != nullptr;
-}
-
 bool tls_session_resumed(tls_stream& stream) {
     return SSL_session_reused(stream.native_handle()) == 1;
 }

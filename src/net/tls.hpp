@@ -52,7 +52,6 @@ class tls_session_cache {
     void attach(tls_stream& stream);
     // Keeps `s` (taking over its reference) as the session to offer next.
     void store(SSL_SESSION* s) noexcept;
-    bool has_session() const;
 
   private:
     mutable std::mutex m_;

@@ -34,8 +34,7 @@ class message {
     message& operator=(message&&) noexcept = default;
     ~message();
 
-    std::string_view id() const noexcept { return id_.view(); }  // 16 ASCII bytes
-    const proto::message_id& raw_id() const noexcept { return id_; }
+    std::string_view id() const noexcept { return id_.view(); }     // 16 ASCII bytes
     std::uint16_t attempts() const noexcept { return attempts_; }   // 1 on first delivery
     std::int64_t timestamp() const noexcept { return timestamp_; }  // ns since the epoch, set at publish
     const std::string& body() const noexcept { return body_; }

@@ -1,5 +1,5 @@
-// Pure policies of the consumer (STYLE.md "Pure policies"): RDY distribution, handler-failure backoff,
-// keepalive TOUCH timing, reconnect delays. No I/O, no clock reads: time comes in as arguments.
+// Pure policies of the consumer (docs/contributing.md "Pure policies"): RDY distribution, handler-failure
+// backoff, keepalive TOUCH timing, reconnect delays. No I/O, no clock reads: time comes in as arguments.
 #pragma once
 
 #include <chrono>

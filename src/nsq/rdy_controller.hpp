@@ -1,4 +1,4 @@
-// The consumer's RDY and handler-failure backoff state as one pure state machine (STYLE.md "Pure
+// The consumer's RDY and handler-failure backoff state as one pure state machine (docs/contributing.md "Pure
 // policies"): events in — a connection subscribed or gone, a message received, a read batch done, a
 // handler finished with its backoff signal, a timer fired, max_in_flight changed, drain — and commands out
 // — RDY n on a connection, arm a timer, and notes for the log. No I/O, no clock reads: time comes in with

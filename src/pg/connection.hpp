@@ -1,5 +1,5 @@
-// One PostgreSQL connection driven asynchronously through libpq (STYLE.md "libpq"): libpq owns the
-// socket, we only wait on it. Not thread-safe: use it from the executor it was connected on (the main
+// One PostgreSQL connection driven asynchronously through libpq (docs/contributing.md "libpq"): libpq owns
+// the socket, we only wait on it. Not thread-safe: use it from the executor it was connected on (the main
 // io_context), one operation at a time.
 #pragma once
 

@@ -18,7 +18,7 @@ struct pg_result;  // libpq's PGresult
 namespace cg::pg {
 
 // Thrown by rows::get when a column's type or nullness does not match what the code asked for: the SQL and
-// the code disagree, a bug (STYLE.md "Errors": broken invariants throw).
+// the code disagree, a bug (docs/contributing.md "Errors": broken invariants throw).
 class column_error : public std::runtime_error {
   public:
     using std::runtime_error::runtime_error;

@@ -71,7 +71,8 @@ net::awaitable<std::error_code> connection::flush(op& o) {
         int r = PQflush(conn_);
         if (r == 0) co_return std::error_code{};
         if (r < 0) co_return make_error_code(errc::connection_lost);
-        // The server may be blocked writing results to us: read while we wait to write (STYLE.md).
+        // The server may be blocked writing results to us: read while we wait to write (docs/contributing.md
+        // "libpq").
         auto w = co_await wait_io(want::read_or_write, o.deadline);
         if (w.ec) co_return w.ec;
         if (w.readable && !PQconsumeInput(conn_)) co_return make_error_code(errc::connection_lost);

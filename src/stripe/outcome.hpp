@@ -1,4 +1,4 @@
-// The one decision billing needs from every Stripe answer (DESIGN.md §4). Pure.
+// The one decision billing needs from every Stripe answer (docs/design.md §4). Pure.
 #pragma once
 
 #include <optional>

@@ -12,8 +12,8 @@
 //   for every second of answers without one. The limit only grows while demand presses on it (a request
 //   had to wait): an idle process does not wake up with a limit it never tried. Sidecars sharing one Stripe
 //   account each see the account's 429s and converge on a share of its limit without talking to each other.
-// The defaults were chosen by simulation (tests/unit/stripe/rate_control_test.cpp): three sidecars against a
-// 25/s account reach the limit with < 1 % of requests answered 429, at 0 and 300 ms of Stripe latency.
+// The defaults were chosen by simulation (tests/unit/stripe/rate_control_test.cpp: several sidecars against
+// one account's limit, with and without Stripe latency; the test states the bounds it holds them to).
 // Admission is a token bucket refilled at the current limit holding `burst_s` seconds of it (at least one
 // token), so pacing stays smooth and a lowered limit takes effect at once.
 #pragma once
@@ -54,8 +54,6 @@ class rate_control {
     // The limit in force (requests/s), `unlimited` when nothing limits.
     double limit() const noexcept;
     bool in_slow_start() const noexcept { return slow_start_; }
-    // The adaptive part alone.
-    double adaptive_limit() const noexcept { return adaptive_; }
     // Requests/s this process sent lately, and answers/s without a 429 (the last full second, else the
     // current partial one, at least 100 ms long).
     double sent_rate(time_point now) const noexcept { return sent_.rate(now); }

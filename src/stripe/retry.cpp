@@ -9,7 +9,7 @@ namespace cg::stripe {
 std::chrono::milliseconds backoff_delay(const retry_policy& p, unsigned retry, double unit,
                                         std::optional<std::chrono::seconds> retry_after) {
     using ms = std::chrono::milliseconds;
-    // At most 2^30 doublings (as before the helper; only a cap above initial · 2^30 could tell).
+    // At most 2^30 doublings: the shift cannot overflow, and only a cap above initial · 2^30 could tell.
     unsigned doublings = std::min(retry == 0 ? 0u : retry - 1, 30u);
     auto base = net::exponential_delay(p.initial_delay, doublings, p.max_delay);
     ms out =

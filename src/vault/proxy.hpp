@@ -42,10 +42,10 @@ struct proxy_config {
     std::string ca_file;               // PEM bundle for the upstream; empty: system store
     std::size_t max_connections = 64;  // to the upstream, over all clients
     std::size_t upstream_clients = 2;  // HTTPS clients (one strand each) sharing the forwarded requests
-    // Forwarded requests run their HTTPS on the offload pool (default, DESIGN.md §2) or on the main loop. The
-    // main loop saves two cross-thread wake-ups per request (the benchmark: about 58 instead of 75 µs of the
-    // proxy's CPU per request at 32 clients; throughput within the noise of a shared machine) and blocks
-    // nothing (pooled keep-alive connections, asynchronous handshakes), but does the record encryption.
+    // Forwarded requests run their HTTPS on the offload pool (default, docs/design.md §2) or on the main
+    // loop. The main loop saves two cross-thread wake-ups per request (less CPU per request;
+    // docs/benchmarks/proxy.md) and blocks nothing (pooled keep-alive connections, asynchronous handshakes),
+    // but does the record encryption.
     bool upstream_on_main = false;
     std::chrono::milliseconds connect_timeout{5000};
     std::chrono::milliseconds request_timeout{30000};
@@ -118,7 +118,6 @@ class proxy {
     net::awaitable<bool> flush_settlements();
     // Writes the queued audit rows now. Returns false if PostgreSQL refused (they stay queued).
     net::awaitable<bool> flush_audit();
-    std::size_t audit_queued() const;
 
     struct state;
 

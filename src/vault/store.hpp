@@ -1,6 +1,6 @@
-// The vault's SQL (DESIGN.md §5, migrations 0003, 0004 and 0008): keys, the atomic find-or-reserve step and
-// the state changes of a reservation, the resolver's work list, the audit trail. Every call takes one pooled
-// connection for one statement (or one batch) and gives it back.
+// The vault's SQL (docs/design.md §5, migrations 0003, 0004 and 0008): keys, the atomic find-or-reserve step
+// and the state changes of a reservation, the resolver's work list, the audit trail. Every call takes one
+// pooled connection for one statement (or one batch) and gives it back.
 //
 // Executors: call and complete on the pool's executor (the main loop). Errors: pg::errc codes (errc::
 // unavailable when PostgreSQL cannot be reached). The pool must outlive every call.
@@ -156,9 +156,6 @@ class store {
     net::awaitable<result<bool>> settle(std::string key_id, std::string idem, std::string object_id);
     // reserved/uncertain → released.
     net::awaitable<result<bool>> release(std::string key_id, std::string idem, std::string why);
-    // reserved → uncertain, due for the resolver after `retry_in`.
-    net::awaitable<result<bool>> mark_uncertain(std::string key_id, std::string idem, std::string why,
-                                                std::chrono::milliseconds retry_in);
     // Keeps the row as it is, due again after `retry_in`; counts an attempt.
     net::awaitable<result<void>> defer(std::string key_id, std::string idem, std::string why,
                                        std::chrono::milliseconds retry_in);
@@ -176,8 +173,5 @@ class store {
   private:
     std::shared_ptr<pg::pool> pool_;
 };
-
-// PostgreSQL array literal of text values ({"a","b",NULL}), for unnest($n::text[]). Pure.
-std::string pg_text_array(const std::vector<std::optional<std::string>>& v);
 
 }  // namespace cg::vault

@@ -1,4 +1,4 @@
-// The billing state machine (DESIGN.md §4) end to end: real PostgreSQL (scratch database, migrations
+// The billing state machine (docs/design.md §4) end to end: real PostgreSQL (scratch database, migrations
 // applied), fake-stripe over TLS, the real stripe::client. Each test names the failure it would catch. g++ 12
 // -O2 false positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"

@@ -221,13 +221,15 @@ BOOST_AUTO_TEST_CASE(http_stats_and_lookup_use_the_real_field_names) {
         BOOST_TEST(std::string_view(doc["version"]) == "1.3.0");
         auto ch = doc["topics"].at(0)["channels"].at(0);
         BOOST_TEST(std::string_view(ch["channel_name"]) == "c");
-        // A named array: g++ 12 mishandles a braced list inside a coroutine (STYLE.md).
+        // A named array: g++ 12 mishandles a braced list inside a coroutine (docs/contributing.md "Toolchain
+        // facts").
         static const std::array<const char*, 11> keys = {
             "depth",         "backend_depth", "in_flight_count",       "deferred_count",
             "message_count", "requeue_count", "timeout_count",         "client_count",
             "clients",       "paused",        "e2e_processing_latency"};
         for (auto key : keys) BOOST_TEST(ch[key].error() == simdjson::SUCCESS, key);
-        // Named, not braced inside co_await (g++ 12 miscompiles that; STYLE.md).
+        // Named, not braced inside co_await (g++ 12 miscompiles that; docs/contributing.md "Toolchain
+        // facts").
         cg::net::host_port lh{"127.0.0.1", lookupd.http_port()};
         auto lk = co_await cg::nsq::http_get(lh, "/lookup?topic=nope", "application/vnd.nsq; version=1.0",
                                              seconds(2));

@@ -12,7 +12,7 @@ using cg::stripe::outcome_class;
 
 BOOST_AUTO_TEST_SUITE(outcome)
 
-// DESIGN.md §4's CHARGE table, row by row.
+// docs/design.md §4's CHARGE table, row by row.
 BOOST_AUTO_TEST_CASE(outcome_to_ledger_step_table) {
     struct row {
         outcome_class in;
