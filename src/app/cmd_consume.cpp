@@ -1,10 +1,10 @@
-// `chargeguard consume`: the sidecar. NSQ consumer → billing pipeline (DESIGN.md §4) → Stripe (directly or
-// through the vault proxy), serving /healthz, /readyz (nsq + postgres) and /metrics.
+// `chargeguard consume`: the sidecar. NSQ consumer → billing pipeline (docs/design.md §4) → Stripe (directly
+// or through the vault proxy), serving /healthz, /readyz (nsq + postgres) and /metrics.
 //
-// Executors (DESIGN.md §2): the consumer, the PostgreSQL pool, the pipeline coroutines and the health server
-// run on the runtime's main io_context; the Stripe client's HTTPS work runs on the offload pool and its
-// results come back to the main loop. SIGTERM: the consumer drains first (RDY 0, in-flight pipelines finish,
-// CLS), then the pool closes, then the process exits 0.
+// Executors (docs/design.md §2): the consumer, the PostgreSQL pool, the pipeline coroutines and the health
+// server run on the runtime's main io_context; the Stripe client's HTTPS work runs on the offload pool and
+// its results come back to the main loop. SIGTERM: the consumer drains first (RDY 0, in-flight pipelines
+// finish, CLS), then the pool closes, then the process exits 0.
 #include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <cstdlib>
@@ -21,6 +21,7 @@
 #include "app/stripe_flags.hpp"
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
+#include "billing/nsq_delivery.hpp"
 #include "billing/pending_age.hpp"
 #include "billing/pipeline.hpp"
 #include "nsq/consumer.hpp"
@@ -42,7 +43,6 @@ struct pipeline_flags {
     std::string search_failed_delay = "30s";
     std::string new_key_quiet = "5m";
     std::string group_commit_linger_max = "2ms";
-    std::size_t group_commit_wake_chunk = 0;
 };
 
 struct consume_flags {
@@ -87,11 +87,6 @@ void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
                    "longest a ledger group-commit statement waits for more rows (it waits 1% of the recent "
                    "Stripe call time, up to this; 0 = never waits)")
         ->capture_default_str();
-    cmd.add_option("--group-commit-wake-chunk", f.group_commit_wake_chunk,
-                   "deliveries a finished group-commit statement resumes per event-loop turn (0 = all at "
-                   "once: best throughput; 4-16 shortens the loop's longest turns, for a lower lag p99)")
-        ->check(CLI::Range(std::size_t{0}, std::size_t{256}))
-        ->capture_default_str();
     auto opts = cmd.get_options();
     for (auto i = before; i < opts.size(); ++i) opts[i]->group(group_pipeline);
 }
@@ -134,45 +129,16 @@ billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
     return c;
 }
 
-billing::delivery delivery_of(const nsq::message& m, const nsq::consumer_config& cfg) {
-    billing::delivery d;
-    d.topic = cfg.topic;
-    d.channel = cfg.channel;
-    d.message_id = std::string(m.id());  // 16 ASCII characters, as nsqd prints them
-    d.attempts = m.attempts();
-    d.body = m.body();
-    return d;
-}
-
-// Every billing verdict carries its own delay (the lease's remaining time, a Stripe retry delay, a
-// PostgreSQL backoff by attempt), so none of them uses go-nsq's handler backoff: that pauses every
-// connection (RDY 0) and climbs one level per failed message, so one PostgreSQL restart with 200 messages
-// in flight would park the whole consumer for minutes after the database is back. Handler backoff stays for
-// what it is for: a handler that throws (a bug).
-nsq::disposition to_disposition(const billing::verdict& v) {
-    if (v.finished()) return nsq::disposition::finish();
-    return nsq::disposition::requeue_without_backoff(v.delay);
-}
-
-// The message handler. The keepalive TOUCHes the message every msg_timeout / 2 for the whole run (pre-flight
-// and ledger steps as well as the Stripe call, which may outlast --msg-timeout); the pipeline's own touch
-// (every lease renewal while Stripe is awaited) maps to one more TOUCH. Runs on the consumer's executor; the
-// consumer keeps `m` and the pipeline alive until it completes.
+// The message handler and the give-up handler (attempts > --max-attempts), as billing/nsq_delivery.hpp
+// runs a delivery. The consumer keeps `m` and the pipeline alive until each completes.
 net::awaitable<nsq::disposition> handle_message(billing::pipeline* p, const nsq::consumer_config* cfg,
                                                 nsq::message& m) {
-    nsq::keepalive alive(m);
-    auto v = co_await p->handle(delivery_of(m, *cfg), [&m] { m.touch(); });
-    co_return to_disposition(v);
+    co_return billing::to_disposition(co_await billing::run_delivery(*p, m, cfg->topic, cfg->channel, false));
 }
 
-// The give-up handler (attempts > --max-attempts). An attempt count is not a verdict on a billing event: the
-// pipeline runs the same machine (it dead-letters only what can never succeed) and its verdict is applied
-// like any other, so a valid event is never dropped for being redelivered often.
 net::awaitable<nsq::disposition> give_up_message(billing::pipeline* p, const nsq::consumer_config* cfg,
                                                  nsq::message& m) {
-    nsq::keepalive alive(m);
-    auto v = co_await p->give_up(delivery_of(m, *cfg), [&m] { m.touch(); });
-    co_return to_disposition(v);
+    co_return billing::to_disposition(co_await billing::run_delivery(*p, m, cfg->topic, cfg->channel, true));
 }
 
 // After the loop runs: wait for PostgreSQL (and --migrate, if asked) — retrying while it is down or starting,
@@ -240,7 +206,6 @@ void log_effective_config(const logger& log, const consume_flags& f, const nsq::
          {"lease_held_delay_ms", b.lease_held_delay.count()},
          {"new_key_quiet_ms", b.new_key_quiet.count()},
          {"group_commit_linger_max_us", b.group_commit_linger_max.count()},
-         {"group_commit_wake_chunk", static_cast<std::int64_t>(f.billing.group_commit_wake_chunk)},
          {"test_step_pause_ms", b.test_step_pause.count()},
          {"health_listen", f.rt.health_listen},
          {"offload_threads", o.offload_threads},
@@ -298,7 +263,6 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto& preflight_rows = batch_rows.Add({{"statement", "preflight"}}, rows_buckets);
     auto& settle_rows = batch_rows.Add({{"statement", "settle"}}, rows_buckets);
     billing::ledger_options lopts;
-    lopts.batch.wake_chunk = f.billing.group_commit_wake_chunk;
     lopts.on_batch = [&preflight_rows, &settle_rows](std::string_view statement, std::size_t rows) {
         (statement == "preflight" ? preflight_rows : settle_rows).Observe(static_cast<double>(rows));
     };

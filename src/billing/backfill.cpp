@@ -6,6 +6,7 @@
 #include "billing/key.hpp"
 #include "billing/ledger_batch.hpp"
 #include "metrics/registry.hpp"
+#include "net/stoppable_task.hpp"
 #include "stripe/client.hpp"
 
 namespace cg::billing {
@@ -66,10 +67,7 @@ struct backfill::state {
     logger log;
     metrics::Counter* inserted = nullptr;
     metrics::Counter* errors = nullptr;
-    std::unique_ptr<net::steady_timer> timer;
-    std::unique_ptr<net::steady_timer> done;
-    bool stopping = false;
-    bool running = false;
+    net::stoppable_task task;
 };
 
 namespace {
@@ -124,7 +122,7 @@ net::awaitable<result<backfill_report>> backfill_run(backfill_state_ptr st) {
             if (!n) co_return n.err();
             rep.inserted += *n;
         }
-        if (!got->has_more || got->data.empty() || st->stopping) break;
+        if (!got->has_more || got->data.empty() || st->task.stopping()) break;
         req.starting_after = got->data.back().id;
     }
     co_return rep;
@@ -132,10 +130,9 @@ net::awaitable<result<backfill_report>> backfill_run(backfill_state_ptr st) {
 
 net::awaitable<void> backfill_loop(backfill_state_ptr st) {
     auto wait = st->cfg.first_delay;
-    while (!st->stopping) {
-        st->timer->expires_after(wait);
-        co_await st->timer->async_wait();
-        if (st->stopping) break;
+    while (!st->task.stopping()) {
+        co_await st->task.sleep(wait);
+        if (st->task.stopping()) break;
         wait = st->cfg.interval;
         auto rep = co_await backfill_run(st);
         if (!rep) {
@@ -147,8 +144,6 @@ net::awaitable<void> backfill_loop(backfill_state_ptr st) {
                                            {"inserted", static_cast<std::int64_t>(rep->inserted)}});
         }
     }
-    st->running = false;
-    st->done->cancel();
 }
 
 }  // namespace
@@ -172,8 +167,7 @@ backfill::backfill(backfill_config cfg, std::shared_ptr<pg::pool> pool, stripe::
 }
 
 backfill::~backfill() {
-    st_->stopping = true;
-    if (st_->timer) st_->timer->cancel();
+    st_->task.request_stop();
 }
 
 net::awaitable<result<backfill_report>> backfill::run_once() {
@@ -181,22 +175,12 @@ net::awaitable<result<backfill_report>> backfill::run_once() {
 }
 
 void backfill::start(asio::any_io_executor ex) {
-    st_->timer = std::make_unique<net::steady_timer>(ex);
-    st_->done = std::make_unique<net::steady_timer>(ex, std::chrono::steady_clock::time_point::max());
-    st_->running = true;
-    asio::co_spawn(ex, backfill_loop(st_), [st = st_](std::exception_ptr e) {
-        if (!e) return;
-        st->log.error("backfill stopped", {{"error", describe_exception(e)}});
-        st->running = false;
-        st->done->cancel();
-    });
+    st_->task.start(ex, st_, backfill_loop(st_), st_->log, "backfill");
 }
 
 net::awaitable<void> backfill::stop() {
     auto st = st_;
-    st->stopping = true;
-    if (st->timer) st->timer->cancel();
-    if (st->running && st->done) co_await st->done->async_wait();
+    co_await st->task.stop();
 }
 
 }  // namespace cg::billing

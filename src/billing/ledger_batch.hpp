@@ -4,22 +4,17 @@
 // the transaction holding its row committed (write-before-call holds exactly as for a single statement).
 //
 //  * a caller that finds a free slot goes at once, unless `linger` says to wait for company: then the slot's
-//    statement leaves after that long (or as soon as `max_rows` callers queued). The pipeline sets it to 1 %
-//    of the recent Stripe call time, capped (2 ms by default, reached once Stripe takes 200 ms), so a group
-//    commit adds about 1 % to a delivery's time per statement while it turns a trickle of single-row
-//    statements into batches;
+//    statement leaves after that long (or as soon as `max_rows` callers queued). The pipeline sets it to a
+//    small fraction of the recent Stripe call time, capped by --group-commit-linger-max, so the wait stays
+//    small beside a delivery's Stripe call while it turns a trickle of single-row statements into batches;
 //  * at most `max_in_flight` batches of one kind run at once, each on its own pooled connection, so batching
 //    only happens when that many statements are already in flight;
 //  * a batch holds at most `max_rows` callers and never two with the same key (the later one waits for the
 //    next batch, so it sees the earlier one's row exactly as it would after a single statement);
 //  * the runner decides each caller's result: a failed statement fails every caller in the batch with its
 //    error (they requeue, as after a failed single statement);
-//  * with `wake_chunk` (--group-commit-wake-chunk), the callers of a finished batch resume that many at a
-//    time, the batch yielding to the event loop in between: every caller's continuation (a Stripe call, a
-//    FIN) runs as its own handler, and all 256 at once are one turn of several ms with every timer, socket
-//    read and heartbeat reply behind it. Off by default: against a fast Stripe the smaller turns cost
-//    4-16 % of the throughput in A/B runs, for a pinned loop's lag p99 of 2.5-5 ms instead of
-//    5-10 (README, pipeline benchmark).
+//  * a finished batch wakes every caller at once; past the event loop's turn budget the rest resume on the
+//    next turn, behind the sockets and timers (net/turn_budget.hpp).
 //
 // Main executor only (the pool's). A caller whose coroutine is cancelled while waiting gets errc::canceled;
 // if its row was already in a batch in flight the statement still completes (its outcome is then unknown to
@@ -47,6 +42,7 @@
 #include "core/result.hpp"
 #include "net/tokens.hpp"
 #include "net/turn_budget.hpp"
+#include "pg/array_literal.hpp"
 #include "pg/error.hpp"
 #include "pg/pool.hpp"
 
@@ -56,7 +52,6 @@ struct batch_options {
     bool enabled = true;            // false: every call runs its single-row statement
     std::size_t max_rows = 256;     // callers per statement
     std::size_t max_in_flight = 2;  // batches of one kind running at once (pooled connections)
-    std::size_t wake_chunk = 0;  // callers resumed per turn of the event loop once a batch finished (0: all)
     // How long a statement that found a free slot waits for more callers (asked once per statement); empty
     // or zero: no wait.
     std::function<std::chrono::microseconds()> linger;
@@ -71,10 +66,9 @@ struct batch_counters {
     std::size_t queued = 0;        // callers waiting for a slot right now
 };
 
-// PostgreSQL array literals for `$n::text[]` / `$n::int8[]` parameters: {"a","b\"c",NULL}. Pure.
-std::string text_array_literal(std::span<const std::optional<std::string>> values);
-std::string text_array_literal(std::span<const std::string> values);
-std::string int_array_literal(std::span<const std::int64_t> values);
+// The batched statements' array parameters (pg/array_literal.hpp).
+using pg::int_array_literal;
+using pg::text_array_literal;
 
 // Runner: a type with
 //   static std::string_view key(const Req&);   // no two requests with one key go in the same batch
@@ -197,13 +191,8 @@ class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, 
                 else
                     batch[i]->out.emplace(error(pg::errc::protocol_error, "ledger batch: no result"));
             }
-            // Every result is in place before the first caller resumes; the chunks only pace the wake-ups.
-            auto chunk = self->opts_.wake_chunk;
-            for (std::size_t i = 0; i < batch.size(); ++i) {
-                if (chunk != 0 && i != 0 && i % chunk == 0)
-                    co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
-                batch[i]->wake.cancel();
-            }
+            // Every result is in place before the first caller resumes.
+            for (auto& w : batch) w->wake.cancel();
         }
     }
 

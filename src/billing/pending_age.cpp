@@ -3,6 +3,7 @@
 #include <asio/co_spawn.hpp>
 
 #include "metrics/registry.hpp"
+#include "net/stoppable_task.hpp"
 #include "net/timeout.hpp"
 
 namespace cg::billing {
@@ -30,10 +31,7 @@ struct pending_age_monitor::state {
     metrics::Gauge* abandoned_age = nullptr;
     metrics::Gauge* abandoned_count = nullptr;
     std::optional<std::int64_t> abandoned_after_ms;  // the sweep bound, once watched
-    std::unique_ptr<net::steady_timer> timer;
-    bool stopping = false;
-    bool running = false;
-    std::unique_ptr<net::steady_timer> done;  // cancelled when the loop has ended
+    net::stoppable_task task;
 };
 
 namespace {
@@ -63,16 +61,12 @@ net::awaitable<void> query_once(state_ptr st) {
 
 net::awaitable<void> loop(state_ptr st) {
     // The first query waits a moment: `consume --migrate` creates the table right after startup.
-    st->timer->expires_after(std::min(st->interval, std::chrono::milliseconds(1000)));
-    co_await st->timer->async_wait();
-    while (!st->stopping) {
+    co_await st->task.sleep(std::min(st->interval, std::chrono::milliseconds(1000)));
+    while (!st->task.stopping()) {
         co_await query_once(st);
-        if (st->stopping) break;
-        st->timer->expires_after(st->interval);
-        co_await st->timer->async_wait();
+        if (st->task.stopping()) break;
+        co_await st->task.sleep(st->interval);
     }
-    st->running = false;
-    st->done->cancel();
 }
 
 }  // namespace
@@ -102,20 +96,11 @@ pending_age_monitor::pending_age_monitor(std::shared_ptr<pg::pool> pool, metrics
 }
 
 pending_age_monitor::~pending_age_monitor() {
-    st_->stopping = true;
-    if (st_->timer) st_->timer->cancel();
+    st_->task.request_stop();
 }
 
 void pending_age_monitor::start(asio::any_io_executor ex) {
-    st_->timer = std::make_unique<net::steady_timer>(ex);
-    st_->done = std::make_unique<net::steady_timer>(ex, std::chrono::steady_clock::time_point::max());
-    st_->running = true;
-    asio::co_spawn(ex, loop(st_), [st = st_](std::exception_ptr e) {
-        if (!e) return;
-        st->log.error("pending age monitor stopped", {{"error", describe_exception(e)}});
-        st->running = false;
-        st->done->cancel();
-    });
+    st_->task.start(ex, st_, loop(st_), st_->log, "pending age monitor");
 }
 
 void pending_age_monitor::watch_abandoned(std::chrono::milliseconds bound) {
@@ -124,9 +109,7 @@ void pending_age_monitor::watch_abandoned(std::chrono::milliseconds bound) {
 
 net::awaitable<void> pending_age_monitor::stop() {
     auto st = st_;
-    st->stopping = true;
-    if (st->timer) st->timer->cancel();
-    if (st->running && st->done) co_await st->done->async_wait();
+    co_await st->task.stop();
 }
 
 std::shared_ptr<pending_age_monitor> start_pending_age_monitor(asio::any_io_executor ex,

@@ -8,6 +8,7 @@
 #include "billing/ledger.hpp"
 #include "billing/pending_age.hpp"
 #include "metrics/registry.hpp"
+#include "net/stoppable_task.hpp"
 #include "pg/rows.hpp"
 
 namespace cg::billing {
@@ -78,10 +79,7 @@ struct sweeper::state {
     logger log;
     std::array<metrics::Counter*, verdict_reason_count + 1> swept{};
     metrics::Counter* errors = nullptr;
-    std::unique_ptr<net::steady_timer> timer;
-    std::unique_ptr<net::steady_timer> done;  // cancelled when the loop has ended
-    bool stopping = false;
-    bool running = false;
+    net::stoppable_task task;
 
     void count(std::size_t slot) {
         if (swept[slot]) swept[slot]->Increment();
@@ -109,8 +107,7 @@ sweeper::sweeper(sweeper_config cfg, pipeline& p, std::shared_ptr<pg::pool> pool
 }
 
 sweeper::~sweeper() {
-    st_->stopping = true;
-    if (st_->timer) st_->timer->cancel();
+    st_->task.request_stop();
 }
 
 namespace {
@@ -133,7 +130,7 @@ net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st) {
     found.reserve(rows->size());
     for (std::size_t i = 0; i < rows->size(); ++i) found.push_back(decode_abandoned(*rows, i));
     for (auto& a : found) {
-        if (st->stopping) break;
+        if (st->task.stopping()) break;
         auto log = st->log.with({{"billing_key", a.rec.key}});
         if (base_key(ns, a.ev.customer_id, a.ev.billing_period) != a.rec.key) {
             // The namespace column says ours, the key says otherwise: not ours to charge under our key.
@@ -163,10 +160,9 @@ net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st) {
 }
 
 net::awaitable<void> sweep_loop(sweeper_state_ptr st) {
-    while (!st->stopping) {
-        st->timer->expires_after(st->cfg.interval);
-        co_await st->timer->async_wait();
-        if (st->stopping) break;
+    while (!st->task.stopping()) {
+        co_await st->task.sleep(st->cfg.interval);
+        if (st->task.stopping()) break;
         auto rep = co_await sweep_rows(st);
         if (!rep)
             st->log.warn("sweep failed; trying again at the next interval",
@@ -176,8 +172,6 @@ net::awaitable<void> sweep_loop(sweeper_state_ptr st) {
                          {{"found", static_cast<std::int64_t>(rep->found)},
                           {"charged", static_cast<std::int64_t>(rep->count(verdict_reason::charged))}});
     }
-    st->running = false;
-    st->done->cancel();
 }
 
 }  // namespace
@@ -188,22 +182,12 @@ net::awaitable<result<sweep_report>> sweeper::sweep_once() {
 
 void sweeper::start(asio::any_io_executor ex) {
     if (st_->cfg.interval.count() <= 0) st_->cfg.interval = sweep_interval(st_->cfg.after);
-    st_->timer = std::make_unique<net::steady_timer>(ex);
-    st_->done = std::make_unique<net::steady_timer>(ex, std::chrono::steady_clock::time_point::max());
-    st_->running = true;
-    asio::co_spawn(ex, sweep_loop(st_), [st = st_](std::exception_ptr e) {
-        if (!e) return;
-        st->log.error("sweeper stopped", {{"error", describe_exception(e)}});
-        st->running = false;
-        st->done->cancel();
-    });
+    st_->task.start(ex, st_, sweep_loop(st_), st_->log, "sweeper");
 }
 
 net::awaitable<void> sweeper::stop() {
     auto st = st_;
-    st->stopping = true;
-    if (st->timer) st->timer->cancel();
-    if (st->running && st->done) co_await st->done->async_wait();
+    co_await st->task.stop();
 }
 
 std::shared_ptr<sweeper> start_sweeper(asio::any_io_executor ex, pipeline& p, std::shared_ptr<pg::pool> pool,

@@ -26,6 +26,7 @@
 #include "net/offload.hpp"
 #include "net/tokens.hpp"
 #include "pg/config.hpp"
+#include "pg/params.hpp"
 #include "pg/rows.hpp"
 
 namespace cg::stripe {
@@ -96,7 +97,9 @@ class lab {
     net::awaitable<result<std::unique_ptr<broker>>> start_broker(bool real, std::string data_dir);
     net::awaitable<void> stop_broker(std::unique_ptr<broker> b);
     net::awaitable<result<std::string>> admin(std::string method, std::string target, std::string body);
-    net::awaitable<pg::rows> sql(std::string statement);
+    net::awaitable<pg::rows> sql(std::string statement, pg::params params = {});
+    net::awaitable<result<void>> start_stripe();  // fake-stripe and the clients of it
+    net::awaitable<void> stop_stripe();
     std::shared_ptr<pg::pool> make_pool();  // on the lab's database
 
     asio::io_context& io_;

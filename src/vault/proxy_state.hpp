@@ -1,5 +1,8 @@
-// proxy::state, shared by proxy.cpp (the request handler) and background.cpp (resolver, audit writer,
-// gauges, upstream probe). Internal to the vault module.
+// proxy::state and the proxy's internal interfaces, shared by its files: proxy.cpp (the request path),
+// refusals.cpp (the answers it makes itself), key_cache.cpp, reservation_batcher.cpp (per-key cg_vault_step
+// batches), settlement_queue.cpp (what Stripe answered, written after the answer went back),
+// proxy_metrics.cpp, and background.cpp (resolver, audit writer, gauges, upstream probe). Internal to the
+// vault module. Main executor only, except where a member says otherwise.
 #pragma once
 
 #include <atomic>
@@ -56,7 +59,7 @@ struct proxy::state {
     std::unordered_map<std::string, cached_key> keys;  // by id; only keys that exist
     std::set<std::string> keys_refreshing;             // ids whose row is being re-read in the background
     // Per key: creates waiting for the next cg_vault_step batch, and the settlements (answers already sent
-    // to clients) that go with it (see drain_key in proxy.cpp). One drain per key at a time.
+    // to clients) that go with it (see drain_key in reservation_batcher.cpp). One drain per key at a time.
     struct pending_reserve {
         reserve_request req;
         std::optional<result<reserve_result>> out;
@@ -74,7 +77,7 @@ struct proxy::state {
     std::unordered_map<std::string, key_queue> key_queues;  // by key id
     // Settlements that leave the committed total as it is (reserved / uncertain → settled: almost every
     // answer), every key: written by one drain, a cg_vault_settle_many statement per batch, beside the keys'
-    // reservation batches instead of inside them (see drain_quick_settlements in proxy.cpp).
+    // reservation batches instead of inside them (see drain_quick_settlements in settlement_queue.cpp).
     std::deque<store::keyed_settlement> quick_settlements;
     bool quick_draining = false;
     net::steady_timer* quick_linger = nullptr;
@@ -109,7 +112,64 @@ struct proxy::state {
     bool room_for_settlement(const std::string& key_id, const settlement_request& s);
 };
 
+using state_ptr = std::shared_ptr<proxy::state>;
+
 // Sleeps on the main executor; stop() wakes every sleeper. Returns false when woken by stop().
 net::awaitable<bool> nap(std::shared_ptr<proxy::state> st, std::chrono::steady_clock::duration d);
+
+// What one request came to, filled in as the handler goes and written as its audit row.
+struct ledger_line {
+    using clock = std::chrono::steady_clock;
+    audit_row row;
+    clock::time_point started = clock::now();
+    double upstream_seconds = 0;
+    // Stage boundaries of a forwarded create (zero where the request did not get that far): key checked,
+    // queued for its reservation batch, that batch's statement sent and answered, forwarded, Stripe answered.
+    clock::time_point authed, queued, stmt_sent, stmt_done, up_sent, up_done;
+    std::size_t batch_creates = 0, batch_settlements = 0;
+};
+
+// --- refusals.cpp: a refusal as the client gets it ---------------------------------------------------------
+
+// `retry`: Stripe-Should-Retry (the SDKs obey it; absent → their defaults).
+http::response refuse(proxy::state& st, const refusal& r, std::optional<bool> retry);
+http::response transport_failure(proxy::state& st, const http::client_result& r);
+
+// --- key_cache.cpp -----------------------------------------------------------------------------------------
+
+// The key's row, from the cache under the rule of key_cache.hpp, else read (and cached).
+net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id, bool creates);
+
+// --- reservation_batcher.cpp -------------------------------------------------------------------------------
+
+// The atomic find-or-reserve step for one create, batched with the other creates of its key.
+net::awaitable<result<reserve_result>> reserve_batched(state_ptr st, reserve_request rq, ledger_line& l);
+// Starts the key's drain unless one runs (then wakes it if it lingers for creates).
+void start_drain(state_ptr st, const std::string& key_id);
+
+// --- settlement_queue.cpp ----------------------------------------------------------------------------------
+
+// After a create came back: what happens to the reservation, queued to be written with the key's next batch
+// or the next settle-many batch (the client does not wait for it). Returns the audit outcome.
+std::string account(const state_ptr& st, const reserve_result& res, const std::string& key_id,
+                    const std::string& idem, const http::client_result& r);
+void start_quick_drain(state_ptr st);
+void wake_settle_waiters(proxy::state& st);
+// After a batch carrying `n` settlements failed with `e`: counts it, and either gives the settlements up
+// once `failures` (the drain's consecutive failures) reaches settle_attempts — logged and counted as
+// dropped: the rows stay `reserved` until the resolver settles them — and returns false, or returns true:
+// the caller puts them back at the front, in order, and waits settle_backoff() before the next batch.
+// `key_id` empty: the settle-many drain (every key).
+bool settlements_retry(proxy::state& st, int& failures, std::size_t n, const std::string& key_id,
+                       const error& e);
+// The pause before retrying failed settlements, growing with `failures`; none while stopping or flushing.
+net::awaitable<void> settle_backoff(state_ptr st, int failures);
+
+// --- proxy_metrics.cpp -------------------------------------------------------------------------------------
+
+void register_metrics(proxy::state& st, metrics::registry& reg);
+// Per-stage timings of a create that was forwarded: the stage histograms, and one debug line per request
+// (the benchmark's --trace-burst reads them to show where a burst's time goes).
+void observe_stages(proxy::state& st, const ledger_line& l, std::chrono::steady_clock::time_point end);
 
 }  // namespace cg::vault

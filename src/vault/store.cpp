@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "pg/array_literal.hpp"
 #include "pg/rows.hpp"
 
 namespace cg::vault {
@@ -52,12 +53,6 @@ const std::string settle_many_sql =
 const std::string release_sql =
     "UPDATE vault_spend SET state = 'released', last_error = $3, next_resolve_at = NULL "
     "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released'";
-
-const std::string uncertain_sql =
-    "UPDATE vault_spend SET state = 'uncertain', last_error = $3, "
-    "next_resolve_at = now() + $4::bigint * interval '1 millisecond' "
-    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released' "
-    "AND state <> 'uncertain'";
 
 const std::string defer_sql =
     "UPDATE vault_spend SET last_error = $3, resolve_attempts = resolve_attempts + 1, "
@@ -137,26 +132,20 @@ key_record decode_key(const pg::rows& r, std::size_t i) {
     return k;
 }
 
+// One audit column as an array literal: `f` gives each row's value (nullopt: NULL).
 template <typename T, typename F>
 std::string array_of(const std::vector<audit_row>& rows, F f) {
-    std::string out = "{";
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-        if (i) out += ',';
-        std::optional<T> v = f(rows[i]);
-        if (!v) {
-            out += "NULL";
-        } else if constexpr (std::is_same_v<T, std::string>) {
-            out += '"';
-            for (char c : *v) {
-                if (c == '"' || c == '\\') out += '\\';
-                out += c;
-            }
-            out += '"';
-        } else {
-            out += std::to_string(*v);
-        }
+    using element = std::conditional_t<std::is_same_v<T, std::string>, std::string, std::int64_t>;
+    std::vector<std::optional<element>> column;
+    column.reserve(rows.size());
+    for (const auto& row : rows) {
+        std::optional<T> v = f(row);
+        column.push_back(v ? std::optional<element>(*v) : std::nullopt);
     }
-    return out + "}";
+    if constexpr (std::is_same_v<T, std::string>)
+        return pg::text_array_literal(column);
+    else
+        return pg::int_array_literal(column);
 }
 
 }  // namespace
@@ -176,29 +165,11 @@ std::optional<reserve_outcome> parse_reserve_outcome(std::string_view s) {
     return std::nullopt;
 }
 
-std::string pg_text_array(const std::vector<std::optional<std::string>>& v) {
-    std::string out = "{";
-    for (std::size_t i = 0; i < v.size(); ++i) {
-        if (i) out += ',';
-        if (!v[i]) {
-            out += "NULL";
-            continue;
-        }
-        out += '"';
-        for (char c : *v[i]) {
-            if (c == '"' || c == '\\') out += '\\';
-            out += c;
-        }
-        out += '"';
-    }
-    return out + "}";
-}
-
 net::awaitable<result<void>> store::insert_key(new_key k) {
     std::vector<std::optional<std::string>> allowed(k.allowed.begin(), k.allowed.end());
     pg::params p;
     p.add(k.id).add(k.name).add(k.secret_hash).add(k.billing_period).add(k.cap_cents).add(k.currency);
-    p.add(pg_text_array(allowed)).add(k.expires_at);
+    p.add(pg::text_array_literal(allowed)).add(k.expires_at);
     auto r = co_await pg::exec_pooled(pool_, insert_key_sql, std::move(p));
     if (!r) co_return r.err();
     co_return result<void>{};
@@ -235,12 +206,6 @@ net::awaitable<result<bool>> store::revoke(std::string id) {
 
 namespace {
 
-std::string bigint_array(const std::vector<std::int64_t>& v) {
-    std::string out = "{";
-    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-    return out + "}";
-}
-
 // The reservation arrays of cg_vault_step: idems, amounts, paths, bodies, customers.
 void add_reservations(pg::params& p, const std::vector<reserve_request>& rs) {
     std::vector<std::optional<std::string>> idems, paths, bodies, customers;
@@ -255,11 +220,11 @@ void add_reservations(pg::params& p, const std::vector<reserve_request>& rs) {
             customers.emplace_back(r.customer);
         amounts.push_back(r.amount_cents);
     }
-    p.add(pg_text_array(idems))
-        .add(bigint_array(amounts))
-        .add(pg_text_array(paths))
-        .add(pg_text_array(bodies));
-    p.add(pg_text_array(customers));
+    p.add(pg::text_array_literal(idems))
+        .add(pg::int_array_literal(amounts))
+        .add(pg::text_array_literal(paths))
+        .add(pg::text_array_literal(bodies));
+    p.add(pg::text_array_literal(customers));
 }
 
 std::vector<reserve_result> decode_reservations(const pg::rows& r, std::size_t expected, const char* fn) {
@@ -305,11 +270,11 @@ net::awaitable<result<std::vector<reserve_result>>> store::step(std::string key_
     std::int64_t window = rs.empty() ? 0 : static_cast<std::int64_t>(rs[0].same_key_window.count());
     pg::params p;
     p.add(std::move(key_id))
-        .add(pg_text_array(idems))
-        .add(pg_text_array(states))
-        .add(pg_text_array(objects))
-        .add(pg_text_array(whys))
-        .add(bigint_array(delays));
+        .add(pg::text_array_literal(idems))
+        .add(pg::text_array_literal(states))
+        .add(pg::text_array_literal(objects))
+        .add(pg::text_array_literal(whys))
+        .add(pg::int_array_literal(delays));
     add_reservations(p, rs);
     p.add(window);
     auto r = co_await pg::exec_pooled(pool_, step_sql, std::move(p));
@@ -330,7 +295,9 @@ net::awaitable<result<std::vector<std::size_t>>> store::settle_many(std::vector<
         objects.emplace_back(e.object_id);
     }
     pg::params p;
-    p.add(pg_text_array(keys)).add(pg_text_array(idems)).add(pg_text_array(objects));
+    p.add(pg::text_array_literal(keys))
+        .add(pg::text_array_literal(idems))
+        .add(pg::text_array_literal(objects));
     auto r = co_await pg::exec_pooled(pool_, settle_many_sql, std::move(p));
     if (!r) co_return r.err();
     for (std::size_t i = 0; i < r->size(); ++i) {
@@ -352,15 +319,6 @@ net::awaitable<result<bool>> store::settle(std::string key_id, std::string idem,
 net::awaitable<result<bool>> store::release(std::string key_id, std::string idem, std::string why) {
     auto r = co_await pg::exec_pooled(pool_, release_sql,
                                       pg::params(std::move(key_id), std::move(idem), std::move(why)));
-    if (!r) co_return r.err();
-    co_return r->affected() == 1;
-}
-
-net::awaitable<result<bool>> store::mark_uncertain(std::string key_id, std::string idem, std::string why,
-                                                   ms retry_in) {
-    auto r = co_await pg::exec_pooled(pool_, uncertain_sql,
-                                      pg::params(std::move(key_id), std::move(idem), std::move(why),
-                                                 static_cast<std::int64_t>(retry_in.count())));
     if (!r) co_return r.err();
     co_return r->affected() == 1;
 }

@@ -51,11 +51,9 @@ struct instant_runner {
     }
 };
 
-// Resumes 256 callers of one batch with `wake_chunk`, under the loop's turn `budget`, each caller working for
-// `work` once resumed (its Stripe call's start, its FIN); returns the order they (i ≥ 0) and the due timer
-// (-1) ran in.
-std::vector<int> resume_order(std::size_t wake_chunk, std::chrono::microseconds budget = {},
-                              std::chrono::microseconds work = {}) {
+// Resumes 256 callers of one batch under the loop's turn `budget`, each caller working for `work` once
+// resumed (its Stripe call's start, its FIN); returns the order they (i ≥ 0) and the due timer (-1) ran in.
+std::vector<int> resume_order(std::chrono::microseconds budget, std::chrono::microseconds work) {
     asio::io_context io;
     cg::net::turn_budget::of(io.get_executor()).set(budget);
     asio::steady_timer due(io);
@@ -65,7 +63,6 @@ std::vector<int> resume_order(std::size_t wake_chunk, std::chrono::microseconds 
     batch_options o;
     o.max_rows = 256;
     o.max_in_flight = 1;
-    o.wake_chunk = wake_chunk;
     o.linger = [] { return std::chrono::microseconds(std::chrono::hours(1)); };  // until all 256 queued
     auto gc = std::make_shared<group_commit<std::string, int, instant_runner>>(nullptr, o);
     for (int i = 0; i < 256; ++i)
@@ -99,25 +96,10 @@ std::vector<int> arrival_order() {
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(a_finished_batch_resumes_its_callers_in_chunks_so_a_due_timer_runs_between_them) {
-    auto chunked = resume_order(16);
-    BOOST_TEST_REQUIRE(chunked.size() == 257u);
-    auto at = std::find(chunked.begin(), chunked.end(), -1) - chunked.begin();
-    BOOST_TEST_MESSAGE("wake_chunk 16: the due timer ran after " << at << " of 256 callers");
-    BOOST_TEST(at <= 32);  // at most one chunk ahead of it, plus the one in whose turn it fell due
-    // Every caller resumed once, in arrival order.
-    BOOST_TEST(callers_in(chunked) == arrival_order(), boost::test_tools::per_element());
-
-    // All at once (the behaviour before): the timer waits behind every caller.
-    auto all = resume_order(0);
-    BOOST_TEST_REQUIRE(all.size() == 257u);
-    BOOST_TEST(all.back() == -1);
-}
-
 BOOST_AUTO_TEST_CASE(under_a_turn_budget_a_finished_batch_leaves_room_for_a_due_timer) {
     // 256 callers of 50 µs each are 13 ms of work; a 1 ms budget lets about 20 run before the timer. A slow
     // or preempted machine only makes that fewer.
-    auto paced = resume_order(0, std::chrono::microseconds(1000), std::chrono::microseconds(50));
+    auto paced = resume_order(std::chrono::microseconds(1000), std::chrono::microseconds(50));
     BOOST_TEST_REQUIRE(paced.size() == 257u);
     auto at = std::find(paced.begin(), paced.end(), -1) - paced.begin();
     BOOST_TEST_MESSAGE("turn budget 1 ms: the due timer ran after " << at << " of 256 callers");
@@ -125,7 +107,7 @@ BOOST_AUTO_TEST_CASE(under_a_turn_budget_a_finished_batch_leaves_room_for_a_due_
     BOOST_TEST(callers_in(paced) == arrival_order(), boost::test_tools::per_element());
 
     // The same work without a budget: the timer waits behind every caller.
-    auto unpaced = resume_order(0, std::chrono::microseconds(0), std::chrono::microseconds(50));
+    auto unpaced = resume_order(std::chrono::microseconds(0), std::chrono::microseconds(50));
     BOOST_TEST_REQUIRE(unpaced.size() == 257u);
     BOOST_TEST(unpaced.back() == -1);
 }

@@ -1,10 +1,10 @@
-#include "app/vault_expected.hpp"
+#include "billing/expected_run.hpp"
 
-#include <set>
+#include <sstream>
 
 #include "billing/event.hpp"
 
-namespace cg::app {
+namespace cg::billing {
 
 std::size_t expected_total::skipped_total() const {
     std::size_t n = 0;
@@ -20,7 +20,7 @@ expected_total sum_expected(std::istream& in, const std::string& period, const s
         if (!line.empty() && line.back() == '\r') line.pop_back();
         if (line.find_first_not_of(" \t") == std::string::npos) continue;
         ++out.lines;
-        auto ev = billing::parse_event(line);
+        auto ev = parse_event(line);
         if (!ev) {
             // "event lacks a required field: customer_id", as the dead-letter table words it.
             std::string why = ev.err().code.message();
@@ -50,4 +50,9 @@ expected_total sum_expected(std::istream& in, const std::string& period, const s
     return out;
 }
 
-}  // namespace cg::app
+expected_total sum_expected(std::string_view jsonl, const std::string& period, const std::string& currency) {
+    std::istringstream in{std::string(jsonl)};
+    return sum_expected(in, period, currency);
+}
+
+}  // namespace cg::billing

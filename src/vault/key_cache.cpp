@@ -1,0 +1,61 @@
+#include "vault/key_cache.hpp"
+
+#include <asio/co_spawn.hpp>
+
+#include "vault/proxy_state.hpp"
+
+namespace cg::vault {
+
+cached_key_use use_cached_key(std::chrono::steady_clock::duration age, std::chrono::milliseconds ttl,
+                              bool creates) {
+    if (ttl.count() <= 0) return cached_key_use::read;
+    if (age < ttl) return cached_key_use::fresh;
+    return creates ? cached_key_use::stale_usable : cached_key_use::read;
+}
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+void cache_key(proxy::state& st, const std::string& id, const key_record& k, clock::time_point fetched) {
+    if (st.keys.size() >= key_cache_limit) st.keys.clear();
+    st.keys[id] = proxy::state::cached_key{k, fetched};
+}
+
+// Re-reads a cached key's row in the background (one read per key at a time).
+net::awaitable<void> refresh_key(state_ptr st, std::string id) {
+    auto now = clock::now();
+    auto r = co_await st->store.find_key(id);
+    st->keys_refreshing.erase(id);
+    if (!r) co_return;  // PostgreSQL away: the next create's reservation step says so
+    if (*r)
+        cache_key(*st, id, **r, now);
+    else
+        st->keys.erase(id);
+}
+
+}  // namespace
+
+net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id, bool creates) {
+    auto now = clock::now();
+    if (auto it = st->keys.find(id); it != st->keys.end()) {
+        switch (use_cached_key(now - it->second.fetched, st->cfg.key_cache_ttl, creates)) {
+            case cached_key_use::fresh:
+                co_return std::optional<key_record>(it->second.key);
+            case cached_key_use::stale_usable:
+                if (st->keys_refreshing.insert(id).second)
+                    asio::co_spawn(st->main, refresh_key(st, id), [log = st->log](std::exception_ptr e) {
+                        if (!e) return;
+                        log.error("vault proxy: key refresh failed", {{"error", describe_exception(e)}});
+                    });
+                co_return std::optional<key_record>(it->second.key);
+            case cached_key_use::read:
+                break;
+        }
+    }
+    auto r = co_await st->store.find_key(id);
+    if (r && *r && st->cfg.key_cache_ttl.count() > 0) cache_key(*st, id, **r, now);
+    co_return r;
+}
+
+}  // namespace cg::vault
