@@ -2,31 +2,30 @@
 
 #include <algorithm>
 
+#include "core/enum_names.hpp"
+
 namespace cg::billing {
 
+namespace {
+
+// The ledger's status column.
+constexpr enum_names<record_status, 6> record_status_names({{
+    {record_status::pending, "pending"},
+    {record_status::charged, "charged"},
+    {record_status::declined, "declined"},
+    {record_status::failed, "failed"},
+    {record_status::cap_blocked, "cap_blocked"},
+    {record_status::conflict, "conflict"},
+}});
+
+}  // namespace
+
 std::string_view to_string(record_status s) noexcept {
-    switch (s) {
-        case record_status::pending:
-            return "pending";
-        case record_status::charged:
-            return "charged";
-        case record_status::declined:
-            return "declined";
-        case record_status::failed:
-            return "failed";
-        case record_status::cap_blocked:
-            return "cap_blocked";
-        case record_status::conflict:
-            return "conflict";
-    }
-    return "?";
+    return record_status_names.name(s);
 }
 
 std::optional<record_status> parse_record_status(std::string_view s) noexcept {
-    for (auto v : {record_status::pending, record_status::charged, record_status::declined,
-                   record_status::failed, record_status::cap_blocked, record_status::conflict})
-        if (to_string(v) == s) return v;
-    return std::nullopt;
+    return record_status_names.parse(s);
 }
 
 bool is_final(record_status s) noexcept {

@@ -12,29 +12,39 @@ std::size_t expected_total::skipped_total() const {
     return n;
 }
 
-expected_total sum_expected(std::istream& in, const std::string& period, const std::string& currency) {
+void for_each_event_line(std::string_view text, const event_line_fn& f) {
+    std::size_t line_no = 0, pos = 0;
+    while (pos <= text.size()) {
+        auto nl = text.find('\n', pos);
+        auto line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+        pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
+        ++line_no;
+        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+        if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+        auto ev = parse_event(line);
+        if (!f(line_no, line, ev)) return;
+    }
+}
+
+expected_total sum_expected(std::string_view jsonl, const std::string& period, const std::string& currency) {
     expected_total out;
     std::map<std::string, std::int64_t> seen;  // customer_id → amount counted
-    std::string line;
-    while (std::getline(in, line)) {
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    for_each_event_line(jsonl, [&](std::size_t, std::string_view, result<billing_event>& ev) {
         ++out.lines;
-        auto ev = parse_event(line);
         if (!ev) {
             // "event lacks a required field: customer_id", as the dead-letter table words it.
             std::string why = ev.err().code.message();
             if (!ev.err().message.empty()) why += ": " + ev.err().message;
             ++out.skipped["invalid (" + why + ")"];
-            continue;
+            return true;
         }
         if (ev->billing_period != period) {
             ++out.skipped["other period " + ev->billing_period];
-            continue;
+            return true;
         }
         if (ev->currency != currency) {
             ++out.skipped["currency " + ev->currency + ", not " + currency];
-            continue;
+            return true;
         }
         auto [it, fresh] = seen.emplace(ev->customer_id, ev->amount_cents);
         if (!fresh) {
@@ -42,17 +52,19 @@ expected_total sum_expected(std::istream& in, const std::string& period, const s
             // another amount is dead-lettered as a conflict. Neither adds to the period's spend.
             ++out.skipped[it->second == ev->amount_cents ? "duplicate of an earlier line"
                                                          : "conflicting duplicate (other amount)"];
-            continue;
+            return true;
         }
         out.total_cents += ev->amount_cents;
         ++out.counted;
-    }
+        return true;
+    });
     return out;
 }
 
-expected_total sum_expected(std::string_view jsonl, const std::string& period, const std::string& currency) {
-    std::istringstream in{std::string(jsonl)};
-    return sum_expected(in, period, currency);
+expected_total sum_expected(std::istream& in, const std::string& period, const std::string& currency) {
+    std::ostringstream all;
+    all << in.rdbuf();
+    return sum_expected(all.str(), period, currency);
 }
 
 }  // namespace cg::billing

@@ -5,12 +5,23 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <istream>
 #include <map>
 #include <string>
 #include <string_view>
 
+#include "billing/event.hpp"
+#include "core/result.hpp"
+
 namespace cg::billing {
+
+// Each non-blank line of a JSONL billing run (LF or CR LF; a line of spaces, tabs and CRs is blank),
+// numbered from 1, with its event as parse_event reads it: the one reader of the run, for `reconcile`
+// (billing/reconcile.hpp parse_expected) and for the expected sum below. `f` returns false to stop.
+using event_line_fn =
+    std::function<bool(std::size_t line_no, std::string_view line, result<billing_event>& ev)>;
+void for_each_event_line(std::string_view jsonl, const event_line_fn& f);
 
 struct expected_total {
     std::int64_t total_cents = 0;

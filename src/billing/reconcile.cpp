@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
+#include "billing/expected_run.hpp"
 #include "core/log.hpp"
 
 namespace cg::billing {
@@ -78,15 +80,16 @@ std::string_view next_line(std::string_view text, std::size_t& pos) {
 
 result<std::vector<expected_event>> parse_jsonl(std::string_view text) {
     std::vector<expected_event> out;
-    std::size_t line_no = 0, pos = 0;
-    while (pos <= text.size()) {
-        auto line = next_line(text, pos);
-        ++line_no;
-        if (blank(line)) continue;
-        auto ev = parse_event(line);
-        if (!ev) return line_error(line_no, describe_event_error(ev.err()));
+    std::optional<error> failed;
+    for_each_event_line(text, [&](std::size_t line_no, std::string_view line, result<billing_event>& ev) {
+        if (!ev) {
+            failed = line_error(line_no, describe_event_error(ev.err()));
+            return false;
+        }
         out.push_back({std::move(*ev), std::string(line), line_no});
-    }
+        return true;
+    });
+    if (failed) return *failed;
     return out;
 }
 

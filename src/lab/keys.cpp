@@ -5,32 +5,29 @@
 #include <random>
 
 #include "billing/key.hpp"
+#include "core/enum_names.hpp"
 
 namespace cg::lab {
 
+namespace {
+
+constexpr enum_names<key_policy, 6> key_policy_names({{
+    {key_policy::content, "content"},
+    {key_policy::attempts, "attempts"},
+    {key_policy::connection, "connection"},
+    {key_policy::nsqd_address, "nsqd_address"},
+    {key_policy::call_time, "call_time"},
+    {key_policy::message_id, "message_id"},
+}});
+
+}  // namespace
+
 std::string_view to_string(key_policy p) noexcept {
-    switch (p) {
-        case key_policy::content:
-            return "content";
-        case key_policy::attempts:
-            return "attempts";
-        case key_policy::connection:
-            return "connection";
-        case key_policy::nsqd_address:
-            return "nsqd_address";
-        case key_policy::call_time:
-            return "call_time";
-        case key_policy::message_id:
-            return "message_id";
-    }
-    return "?";
+    return key_policy_names.name(p);
 }
 
 std::optional<key_policy> parse_key_policy(std::string_view s) noexcept {
-    for (auto p : {key_policy::content, key_policy::attempts, key_policy::connection,
-                   key_policy::nsqd_address, key_policy::call_time, key_policy::message_id})
-        if (to_string(p) == s) return p;
-    return std::nullopt;
+    return key_policy_names.parse(s);
 }
 
 std::string make_key(key_policy p, const key_inputs& in) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "core/enum_names.hpp"
 #include "pg/array_literal.hpp"
 #include "pg/rows.hpp"
 
@@ -155,14 +156,17 @@ bool key_record::allows(std::string_view op) const {
 }
 
 std::optional<reserve_outcome> parse_reserve_outcome(std::string_view s) {
-    if (s == "reserved") return reserve_outcome::reserved;
-    if (s == "rereserved") return reserve_outcome::rereserved;
-    if (s == "existing") return reserve_outcome::existing;
-    if (s == "cap_exceeded") return reserve_outcome::cap_exceeded;
-    if (s == "amount_mismatch") return reserve_outcome::amount_mismatch;
-    if (s == "key_expired") return reserve_outcome::key_expired;
-    if (s == "key_unusable") return reserve_outcome::key_unusable;
-    return std::nullopt;
+    // What cg_vault_step answers per reservation.
+    static constexpr enum_names<reserve_outcome, 7> names({{
+        {reserve_outcome::reserved, "reserved"},
+        {reserve_outcome::rereserved, "rereserved"},
+        {reserve_outcome::existing, "existing"},
+        {reserve_outcome::cap_exceeded, "cap_exceeded"},
+        {reserve_outcome::amount_mismatch, "amount_mismatch"},
+        {reserve_outcome::key_expired, "key_expired"},
+        {reserve_outcome::key_unusable, "key_unusable"},
+    }});
+    return names.parse(s);
 }
 
 net::awaitable<result<void>> store::insert_key(new_key k) {

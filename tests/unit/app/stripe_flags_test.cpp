@@ -1,9 +1,9 @@
+#include "app/stripe_flags.hpp"
+
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-
-#include "app/stripe_flags.hpp"
 
 using namespace cg::app;
 

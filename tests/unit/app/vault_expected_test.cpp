@@ -1,7 +1,7 @@
+#include "app/vault_expected.hpp"
+
 #include <boost/test/unit_test.hpp>
 #include <sstream>
-
-#include "app/vault_expected.hpp"
 
 using namespace cg::app;
 
