@@ -52,6 +52,9 @@ enum class variant {
 // The variants `s` runs, in table order.
 std::vector<variant> variants_of(const scenario& s);
 
+// The table, in report order. A new scenario is one initialiser in all_scenarios() (scenario.cpp) naming what
+// differs from the defaults above; a scenario whose run needs more than these fields adds its field here and
+// its step to the driver (lab/driver.cpp: run_variant, prepare, drive) or a consumer file of its own.
 const std::vector<scenario>& all_scenarios();
 const scenario* find_scenario(std::string_view name);
 
