@@ -147,22 +147,7 @@ net::awaitable<nsq::disposition> give_up_message(billing::pipeline* p, const nsq
 net::awaitable<void> start_consuming(runtime* rt, pg::pool* pool, const pg_flags* pgf,
                                      std::vector<pg::migration> ms, nsq::consumer* consumer,
                                      schema_gate* gate) {
-    if (auto m = co_await wait_for_postgres(*rt, *pool, *pgf, ms); !m) {
-        if (rt->stopping()) co_return;
-        rt->log().error(pgf->migrate ? "cannot apply migrations" : "PostgreSQL is not answering",
-                        {{"error", m.err().describe()}});
-        rt->request_stop(pgf->migrate ? "--migrate failed" : "PostgreSQL unreachable at startup", 1);
-        co_return;
-    }
-    rt->startup().mark("postgres");
-    if (auto g = co_await gate->wait(); !g) {
-        if (rt->stopping()) co_return;
-        rt->log().error("the database schema is newer than this binary and not declared compatible with it",
-                        {{"error", g.err().describe()}});
-        rt->request_stop("incompatible database schema", 1);
-        co_return;
-    }
-    if (rt->stopping()) co_return;
+    if (!co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate)) co_return;
     if (auto r = consumer->start(); !r) {
         rt->log().error("cannot start the consumer", {{"error", r.err().describe()}});
         rt->request_stop("consumer failed to start", 1);

@@ -130,22 +130,7 @@ net::awaitable<void> drain(http::server* server, vault::proxy* p, std::shared_pt
 net::awaitable<void> start_serving(runtime* rt, pg::pool* pool, const pg_flags* pgf,
                                    std::vector<pg::migration> ms, vault::proxy* p, schema_gate* gate,
                                    http::server* server, net::tcp::endpoint ep) {
-    if (auto m = co_await wait_for_postgres(*rt, *pool, *pgf, ms); !m) {
-        if (rt->stopping()) co_return;
-        rt->log().error(pgf->migrate ? "cannot apply migrations" : "PostgreSQL is not answering",
-                        {{"error", m.err().describe()}});
-        rt->request_stop(pgf->migrate ? "--migrate failed" : "PostgreSQL unreachable at startup", 1);
-        co_return;
-    }
-    rt->startup().mark("postgres");
-    if (auto g = co_await gate->wait(); !g) {
-        if (rt->stopping()) co_return;
-        rt->log().error("the database schema is newer than this binary and not declared compatible with it",
-                        {{"error", g.err().describe()}});
-        rt->request_stop("incompatible database schema", 1);
-        co_return;
-    }
-    if (rt->stopping()) co_return;
+    if (!co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate)) co_return;
     p->start();
     server->start();
     rt->log().info("vault proxy listening", {{"address", ep.address().to_string()}, {"port", ep.port()}});

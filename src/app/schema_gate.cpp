@@ -4,6 +4,7 @@
 #include <asio/this_coro.hpp>
 #include <mutex>
 
+#include "app/pg_flags.hpp"
 #include "net/timeout.hpp"
 #include "pg/connection.hpp"
 #include "pg/error.hpp"
@@ -142,6 +143,26 @@ net::awaitable<result<void>> schema_gate::wait() {
         t.expires_after(st_->opts.wait_interval);
         co_await t.async_wait();
     }
+}
+
+net::awaitable<bool> database_ready(runtime& rt, pg::pool& pool, const pg_flags& pgf,
+                                    std::vector<pg::migration> ms, schema_gate& gate) {
+    if (auto m = co_await wait_for_postgres(rt, pool, pgf, std::move(ms)); !m) {
+        if (rt.stopping()) co_return false;
+        rt.log().error(pgf.migrate ? "cannot apply migrations" : "PostgreSQL is not answering",
+                       {{"error", m.err().describe()}});
+        rt.request_stop(pgf.migrate ? "--migrate failed" : "PostgreSQL unreachable at startup", 1);
+        co_return false;
+    }
+    rt.startup().mark("postgres");
+    if (auto g = co_await gate.wait(); !g) {
+        if (rt.stopping()) co_return false;
+        rt.log().error("the database schema is newer than this binary and not declared compatible with it",
+                       {{"error", g.err().describe()}});
+        rt.request_stop("incompatible database schema", 1);
+        co_return false;
+    }
+    co_return !rt.stopping();
 }
 
 }  // namespace cg::app

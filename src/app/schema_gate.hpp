@@ -48,4 +48,14 @@ class schema_gate {
     std::shared_ptr<state> st_;
 };
 
+struct pg_flags;
+
+// The start of a long-running command's live work: PostgreSQL (and --migrate, if asked) as
+// wait_for_postgres waits for it — retrying while it is down or starting, up to --pg-startup-timeout —,
+// the startup condition "postgres", then the schema gate. True when work may start; false when the process
+// is stopping, or was asked to stop with 1 (logged: migrations failed, PostgreSQL unreachable, or a schema
+// newer than this binary and not declared compatible). Main executor.
+net::awaitable<bool> database_ready(runtime& rt, pg::pool& pool, const pg_flags& pgf,
+                                    std::vector<pg::migration> ms, schema_gate& gate);
+
 }  // namespace cg::app
