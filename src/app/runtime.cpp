@@ -79,10 +79,16 @@ const char* signal_name(int sig) {
 runtime::runtime(runtime_options opts, logger log)
     : opts_(std::move(opts)), log_(std::move(log)), offload_(opts_.offload_threads), signals_(io_) {}
 
+// Order matters: the offload threads stop first (nothing runs beside the teardown); then the main loop's
+// abandoned handlers and coroutine frames are destroyed, and their destructors may still post to the
+// offload pool (a pooled connection hands PQfinish to it), which queues the handler; the pool, destroyed
+// after this body, runs the queued handlers' destructors while the main io_context they may refer to
+// still exists (it is the first member, destroyed last).
 runtime::~runtime() {
     if (probe_) probe_->stop();
     offload_.stop();
     offload_.join();
+    io_.destroy_pending_work();
 }
 
 result<net::tcp::endpoint> runtime::start() {
