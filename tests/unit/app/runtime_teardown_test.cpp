@@ -34,7 +34,9 @@ struct posts_cleanup {
     posts_cleanup(asio::io_context::executor_type ex, std::shared_ptr<std::atomic<int>> c)
         : offload(ex), cleaned(std::move(c)) {}
     posts_cleanup(const posts_cleanup&) = delete;
-    ~posts_cleanup() { asio::post(offload, [g = counts_when_gone(cleaned)] {}); }
+    ~posts_cleanup() {
+        asio::post(offload, [g = counts_when_gone(cleaned)] {});
+    }
 };
 
 asio::awaitable<void> wait_forever(std::shared_ptr<posts_cleanup> held) {
@@ -53,9 +55,9 @@ BOOST_AUTO_TEST_CASE(abandoned_work_hands_its_cleanup_to_a_live_offload_pool) {
         o.handle_signals = false;
         app::runtime rt(o, logger());
         for (int i = 0; i < frames; ++i)
-            asio::co_spawn(rt.io(),
-                           wait_forever(std::make_shared<posts_cleanup>(rt.offload().get_executor(), cleaned)),
-                           asio::detached);
+            asio::co_spawn(
+                rt.io(), wait_forever(std::make_shared<posts_cleanup>(rt.offload().get_executor(), cleaned)),
+                asio::detached);
         rt.io().poll();  // every coroutine starts and suspends on its timer
         BOOST_TEST(cleaned->load() == 0);
     }
