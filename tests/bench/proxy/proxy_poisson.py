@@ -55,16 +55,23 @@ class path:
         self.port, self.tls, self.auth, self.idle = port, tls, auth, []
 
     async def request(self, key):
-        if self.idle:
+        body = f"amount=1999&currency=usd&customer=cus_{hash(key) % 997}".encode()
+        msg = (f"POST /v1/charges HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.auth}\r\n"
+               f"Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        while self.idle:  # a kept connection the server closed while idle: the next one, else a new one
             r, w = self.idle.pop()
+            try:
+                w.write(msg)
+                status, keep = await read_response(r)
+                break
+            except (asyncio.IncompleteReadError, ConnectionError):
+                w.close()
         else:
             r, w = await asyncio.open_connection("127.0.0.1", self.port, ssl=self.tls,
                                                  server_hostname="localhost" if self.tls else None)
-        body = f"amount=1999&currency=usd&customer=cus_{hash(key) % 997}".encode()
-        w.write((f"POST /v1/charges HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.auth}\r\n"
-                 f"Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
-                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-        status, keep = await read_response(r)
+            w.write(msg)
+            status, keep = await read_response(r)
         if keep:
             self.idle.append((r, w))
         else:
