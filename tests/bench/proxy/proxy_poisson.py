@@ -52,7 +52,7 @@ async def read_response(r):
 
 class path:
     def __init__(self, port, tls, auth):
-        self.port, self.tls, self.auth, self.idle = port, tls, auth, []
+        self.port, self.tls, self.auth, self.idle, self.opened = port, tls, auth, [], 0
 
     async def request(self, key):
         body = f"amount=1999&currency=usd&customer=cus_{hash(key) % 997}".encode()
@@ -68,6 +68,7 @@ class path:
             except (asyncio.IncompleteReadError, ConnectionError):
                 w.close()
         else:
+            self.opened += 1
             r, w = await asyncio.open_connection("127.0.0.1", self.port, ssl=self.tls,
                                                  server_hostname="localhost" if self.tls else None)
             w.write(msg)
@@ -155,6 +156,7 @@ def main():
                     await poisson(direct, rate, 1, rng, f"wd-{lat}-{rate}")  # warm both paths
                     await poisson(via, rate, 1, rng, f"wp-{lat}-{rate}")
                     d, p, bad, cpu = [], [], 0, 0.0
+                    opened = (direct.opened, via.opened)
                     for s in range(3):
                         x, b1 = await poisson(direct, rate, a.seconds / 3, rng, f"d-{lat}-{rate}-{s}")
                         c0 = H.proc_cpu(proxy.pid)
@@ -169,6 +171,10 @@ def main():
                     print(f"| {lat} ms | {rate:g} | {' / '.join(f'{v:.1f}' for v in dq)} | "
                           f"{' / '.join(f'{v:.1f}' for v in pq)} | {' / '.join(f'{v:+.1f}' for v in added)} | {goal} | "
                           f"{cpu / max(1, len(p)) * 1000:.3f} | {len(d)} + {len(p)} ({bad}) | {load()} |", flush=True)
+                    slow = sorted(p)[-max(1, len(p) // 100):]
+                    print(f"|   | | connections opened: direct {direct.opened - opened[0]}, to the proxy "
+                          f"{via.opened - opened[1]}; slowest 1 % proxied: {', '.join(f'{x * 1000:.0f}' for x in slow[-8:])} ms "
+                          "| | | | | | |", flush=True)
             direct.close()
             via.close()
 
