@@ -440,7 +440,8 @@ struct preflight_runner {
 
     // The existing rows of the batch's conflicts, one statement for all of them (a replayed run is all
     // conflicts: one read per row would be the path's cost). A failed read leaves them to the callers' own.
-    static net::awaitable<void> read_conflicts(std::shared_ptr<pg::pool> pool, const std::vector<preflight_req>& reqs,
+    static net::awaitable<void> read_conflicts(std::shared_ptr<pg::pool> pool,
+                                               const std::vector<preflight_req>& reqs,
                                                std::vector<preflight_out>& rows) {
         std::vector<std::size_t> at;
         std::vector<std::string> keys, customers, periods;

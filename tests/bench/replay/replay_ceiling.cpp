@@ -36,7 +36,8 @@ std::vector<billing::new_record> load_rows(const std::string& db, const std::str
                                "stripe_customer_id, coalesce(description, '') FROM billing_records "
                                "WHERE key_namespace = $1 ORDER BY key",
                                1, nullptr, p, nullptr, nullptr, 0);
-    if (PQresultStatus(r) != PGRES_TUPLES_OK) std::fprintf(stderr, "select: %s", PQerrorMessage(c)), std::exit(1);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        std::fprintf(stderr, "select: %s", PQerrorMessage(c)), std::exit(1);
     std::vector<billing::new_record> rows;
     for (int i = 0; i < PQntuples(r); ++i) {
         billing::new_record rec;
@@ -63,8 +64,8 @@ struct run_state {
     int callers_left = 0;
 };
 
-net::awaitable<void> caller(billing::ledger& ledger, const std::vector<billing::new_record>& rows, run_state& st,
-                            std::shared_ptr<pg::pool> pool) {
+net::awaitable<void> caller(billing::ledger& ledger, const std::vector<billing::new_record>& rows,
+                            run_state& st, std::shared_ptr<pg::pool> pool) {
     while (st.next < rows.size()) {
         auto r = co_await ledger.preflight(rows[st.next++], std::chrono::seconds(30));
         (r && !r->inserted ? st.conflicts : st.errors)++;
