@@ -46,6 +46,15 @@ const std::string preflight_existing_sql =
     "WHERE key = $1::text OR (customer_id = $2::text AND billing_period = $3::text) "
     "ORDER BY key = $1::text DESC LIMIT 1";
 
+// preflight_existing_sql for every conflicting row of a batched insert, as one statement: column 15 is the
+// 1-based position of the request in the arrays.
+const std::string preflight_existing_batch_sql =
+    "SELECT e.*, v.i FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS v(key, customer_id, "
+    "billing_period, i) CROSS JOIN LATERAL (SELECT " CG_RECORD_COLUMNS
+    " FROM billing_records r WHERE r.key = v.key OR (r.customer_id = v.customer_id AND r.billing_period = "
+    "v.billing_period) ORDER BY r.key = v.key DESC LIMIT 1) AS e";
+constexpr int preflight_existing_batch_index_column = 15;
+
 const std::string find_sql = "SELECT " CG_RECORD_COLUMNS " FROM billing_records WHERE key = $1";
 
 // The lease-extending statements (take, renew, record attempt) carry their own deadline, checked by the
@@ -336,7 +345,11 @@ struct preflight_req {
     new_record rec;
     std::int64_t lease_ms = 0;
 };
-using preflight_out = std::optional<ledger_record>;  // the inserted row; nullopt: conflict
+struct preflight_out {
+    bool inserted = false;
+    // inserted: the new row; a conflict: the existing row when the batch read it (else the caller reads it).
+    std::optional<ledger_record> row;
+};
 
 net::awaitable<result<preflight_out>> preflight_insert_one(std::shared_ptr<pg::pool> pool,
                                                            const preflight_req& q) {
@@ -348,7 +361,7 @@ net::awaitable<result<preflight_out>> preflight_insert_one(std::shared_ptr<pg::p
                    text_or_null(e.payment_method), e.off_session, text_or_null(q.rec.key_namespace)));
     if (!ins) co_return ins.err();
     if (ins->empty()) co_return preflight_out();
-    co_return preflight_out(decode_record(*ins, 0));
+    co_return preflight_out{true, decode_record(*ins, 0)};
 }
 
 struct preflight_runner {
@@ -418,10 +431,38 @@ struct preflight_runner {
             auto rec = decode_stored_record_columns(*r, row);
             rec.lease_epoch = r->get<std::int64_t>(row, preflight_batch_epoch_column);
             rec.lease_remaining = ms(reqs[i].lease_ms);
-            rows[i] = std::move(rec);
+            rows[i] = preflight_out{true, std::move(rec)};
         }
+        co_await read_conflicts(pool, reqs, rows);
         for (auto& one : rows) outs.push_back(std::move(one));
         co_return outs;
+    }
+
+    // The existing rows of the batch's conflicts, one statement for all of them (a replayed run is all
+    // conflicts: one read per row would be the path's cost). A failed read leaves them to the callers' own.
+    static net::awaitable<void> read_conflicts(std::shared_ptr<pg::pool> pool,
+                                               const std::vector<preflight_req>& reqs,
+                                               std::vector<preflight_out>& rows) {
+        std::vector<std::size_t> at;
+        std::vector<std::string> keys, customers, periods;
+        for (std::size_t i = 0; i < reqs.size(); ++i) {
+            if (rows[i].inserted) continue;
+            at.push_back(i);
+            keys.push_back(reqs[i].rec.key);
+            customers.push_back(reqs[i].rec.event.customer_id);
+            periods.push_back(reqs[i].rec.event.billing_period);
+        }
+        if (at.empty()) co_return;
+        pg::params p;
+        p.reserve(3);
+        p.add(text_array_literal(keys)).add(text_array_literal(customers)).add(text_array_literal(periods));
+        auto r = co_await exec(pool, preflight_existing_batch_sql, std::move(p));
+        if (!r) co_return;
+        for (std::size_t row = 0; row < r->size(); ++row) {
+            auto i = r->get<std::int64_t>(row, preflight_existing_batch_index_column);
+            if (i < 1 || static_cast<std::size_t>(i) > at.size()) continue;
+            rows[at[static_cast<std::size_t>(i - 1)]].row = decode_record(*r, row);
+        }
     }
 };
 
@@ -531,7 +572,8 @@ net::awaitable<result<preflight_result>> ledger::preflight(new_record rec, std::
     else
         ins = co_await preflight_insert_one(pool_, q);
     if (!ins) co_return ins.err();
-    if (*ins) co_return preflight_result{true, std::move(**ins)};
+    if (ins->inserted) co_return preflight_result{true, std::move(*ins->row)};
+    if (ins->row) co_return preflight_result{false, std::move(*ins->row)};
     auto existing =
         co_await exec(pool_, preflight_existing_sql, pg::params(key, std::move(customer), std::move(period)));
     if (!existing) co_return existing.err();

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Vault proxy at production rates: open-loop Poisson arrivals (10, 50, 100 requests/s by default) of
+POST /v1/charges, direct to fake-stripe over TLS and through `chargeguard proxy`, in the same run, with
+fake-stripe answering in 50 ms and 300 ms. Direct and proxied alternate in 3 slices per setting so both see
+the same background load. Latency is measured from each request's scheduled arrival (open loop: a late send
+counts), on keep-alive connections opened as needed. Prints p50 / p99 / p99.9 of both paths, the added
+latency at each (goal at 100/s: added p99 < 2 ms, added p99.9 < 5 ms), and the proxy's CPU per request
+(from /proc). Needs PG* (a scratch database), the built chargeguard and fake-stripe.
+
+Usage: proxy_poisson [--rate R]… [--latency MS]… [--seconds S] [--seed N] [--build DIR]
+"""
+import argparse, asyncio, importlib.machinery, importlib.util, os, random, signal, ssl, subprocess, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_harness():
+    for name in ("pipeline.py", "pipeline"):
+        path = os.path.join(HERE, "..", "pipeline", name)
+        if os.path.exists(path):
+            loader = importlib.machinery.SourceFileLoader("cg_pipeline_bench", path)
+            spec = importlib.util.spec_from_loader(loader.name, loader)
+            mod = importlib.util.module_from_spec(spec)
+            loader.exec_module(mod)
+            return mod
+    raise RuntimeError("tests/bench/pipeline/pipeline.py not found")
+
+
+H = load_harness()
+
+
+def load():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+async def read_response(r):
+    head = await r.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdr = {l.split(":", 1)[0].strip().lower(): l.split(":", 1)[1].strip() for l in lines[1:] if ":" in l}
+    if "content-length" in hdr:
+        await r.readexactly(int(hdr["content-length"]))
+    elif hdr.get("transfer-encoding", "").lower() == "chunked":
+        while True:
+            size = int((await r.readline()).split(b";")[0], 16)
+            await r.readexactly(size + 2)
+            if size == 0:
+                break
+    return status, hdr.get("connection", "").lower() != "close"
+
+
+class path:
+    def __init__(self, port, tls, auth):
+        self.port, self.tls, self.auth, self.idle, self.opened = port, tls, auth, [], 0
+
+    async def request(self, key):
+        body = f"amount=1999&currency=usd&customer=cus_{hash(key) % 997}".encode()
+        msg = (f"POST /v1/charges HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.auth}\r\n"
+               f"Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        while self.idle:  # a kept connection the server closed while idle: the next one, else a new one
+            r, w = self.idle.pop()
+            try:
+                w.write(msg)
+                status, keep = await read_response(r)
+                break
+            except (asyncio.IncompleteReadError, ConnectionError):
+                w.close()
+        else:
+            self.opened += 1
+            r, w = await asyncio.open_connection("127.0.0.1", self.port, ssl=self.tls,
+                                                 server_hostname="localhost" if self.tls else None)
+            w.write(msg)
+            status, keep = await read_response(r)
+        if keep:
+            self.idle.append((r, w))
+        else:
+            w.close()
+        return status
+
+    def close(self):
+        for _, w in self.idle:
+            w.close()
+        self.idle = []
+
+
+async def poisson(p, rate, seconds, rng, tag):
+    """Open-loop arrivals at `rate` for `seconds`; returns (latencies s, non-200 count)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.05
+    lat, bad, tasks, t, i = [], [0], [], start, 0
+
+    async def one(at, key):
+        await asyncio.sleep(max(0.0, at - loop.time()))
+        status = await p.request(key)
+        lat.append(loop.time() - at)
+        if status != 200:
+            bad[0] += 1
+
+    while True:
+        t += rng.expovariate(rate)
+        if t > start + seconds:
+            break
+        tasks.append(asyncio.ensure_future(one(t, f"{tag}-{i}")))
+        i += 1
+    await asyncio.gather(*tasks)
+    return lat, bad[0]
+
+
+def q(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] * 1000 if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", type=float, action="append")
+    ap.add_argument("--latency", type=int, action="append")
+    ap.add_argument("--seconds", type=float, default=30, help="per path and setting (3 slices)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
+    a = ap.parse_args()
+    if not os.environ.get("PGHOST"):
+        print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
+        return 0
+    rates, lats = a.rate or [10, 50, 100], a.latency or [50, 300]
+    rng = random.Random(a.seed)
+    st = H.stack(a.build, "poisson")
+    try:
+        st.fake_stripe(0)
+        exe = os.path.join(a.build, "src/app/chargeguard")
+        key = "sk_test_bench_real_key"
+        env = dict(os.environ, STRIPE_API_KEY=key, PGDATABASE=st.db)
+        subprocess.run([exe, "migrate"], env=env, check=True, capture_output=True)
+        secret = subprocess.run([exe, "vault", "issue", "--name", "bench", "--period", "2026-11", "--currency", "usd",
+                                 "--expected-total-cents", "900000000000000"], env=env, check=True,
+                                capture_output=True, text=True).stdout.strip()
+        listen, health = H.free_port(), H.free_port()
+        proxy = st.spawn([exe, "--log-level", "warn", "proxy", "--listen", f"127.0.0.1:{listen}", "--upstream",
+                          f"https://127.0.0.1:{st.stripe_port}", "--stripe-ca-file", os.path.join(st.certs, "ca.pem"),
+                          "--health-listen", f"127.0.0.1:{health}"], env=env, log="proxy")
+        H.wait_for(lambda: H.http_ok(f"http://127.0.0.1:{health}/readyz"), 30, "proxy ready")
+        tls = ssl.create_default_context(cafile=os.path.join(st.certs, "ca.pem"))
+        print(f"proxy at production rates: Poisson arrivals, {a.seconds:g} s per path and setting in 3 alternating "
+              f"slices; load {load()}, {os.cpu_count()} CPUs")
+        print("| Stripe | rate/s | direct p50 / p99 / p99.9 ms | proxied p50 / p99 / p99.9 ms | added p50 / p99 / p99.9 ms "
+              "| goal (100/s: p99 < 2, p99.9 < 5) | proxy CPU-ms / request | requests (non-200) | load |")
+        print("|---|---|---|---|---|---|---|---|---|")
+
+        async def run_all():
+            direct, via = path(st.stripe_port, tls, key), path(listen, None, secret)
+            for lat in lats:
+                st.stripe_admin("/_admin/faults", {"latency_ms": lat})
+                for rate in rates:
+                    await poisson(direct, rate, 1, rng, f"wd-{lat}-{rate}")  # warm both paths
+                    await poisson(via, rate, 1, rng, f"wp-{lat}-{rate}")
+                    d, p, bad, cpu = [], [], 0, 0.0
+                    opened = (direct.opened, via.opened)
+                    for s in range(3):
+                        x, b1 = await poisson(direct, rate, a.seconds / 3, rng, f"d-{lat}-{rate}-{s}")
+                        c0 = H.proc_cpu(proxy.pid)
+                        y, b2 = await poisson(via, rate, a.seconds / 3, rng, f"p-{lat}-{rate}-{s}")
+                        cpu += H.proc_cpu(proxy.pid) - c0
+                        d += x
+                        p += y
+                        bad += b1 + b2
+                    dq, pq = [q(d, x) for x in (0.5, 0.99, 0.999)], [q(p, x) for x in (0.5, 0.99, 0.999)]
+                    added = [pp - dd for pp, dd in zip(pq, dq)]
+                    goal = ("yes" if added[1] < 2 and added[2] < 5 else "NO") if rate >= 100 else "—"
+                    print(f"| {lat} ms | {rate:g} | {' / '.join(f'{v:.1f}' for v in dq)} | "
+                          f"{' / '.join(f'{v:.1f}' for v in pq)} | {' / '.join(f'{v:+.1f}' for v in added)} | {goal} | "
+                          f"{cpu / max(1, len(p)) * 1000:.3f} | {len(d)} + {len(p)} ({bad}) | {load()} |", flush=True)
+                    slow = sorted(p)[-max(1, len(p) // 100):]
+                    print(f"|   | | connections opened: direct {direct.opened - opened[0]}, to the proxy "
+                          f"{via.opened - opened[1]}; slowest 1 % proxied: {', '.join(f'{x * 1000:.0f}' for x in slow[-8:])} ms "
+                          "| | | | | | |", flush=True)
+            direct.close()
+            via.close()
+
+        asyncio.run(run_all())
+        print("(p99.9 of fewer than 1 000 requests is the slowest few; CPU-ms per request counts ticks of 10 ms)")
+    finally:
+        st.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
