@@ -46,14 +46,13 @@ const std::string preflight_existing_sql =
     "WHERE key = $1::text OR (customer_id = $2::text AND billing_period = $3::text) "
     "ORDER BY key = $1::text DESC LIMIT 1";
 
-// preflight_existing_sql for every conflicting row of a batched insert, as one statement: column 15 is the
-// 1-based position of the request in the arrays.
+// preflight_existing_sql for every conflicting row of a batched insert, as one statement: the last column is
+// the 1-based position of the request in the arrays.
 const std::string preflight_existing_batch_sql =
     "SELECT e.*, v.i FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS v(key, customer_id, "
     "billing_period, i) CROSS JOIN LATERAL (SELECT " CG_RECORD_COLUMNS
     " FROM billing_records r WHERE r.key = v.key OR (r.customer_id = v.customer_id AND r.billing_period = "
     "v.billing_period) ORDER BY r.key = v.key DESC LIMIT 1) AS e";
-constexpr int preflight_existing_batch_index_column = 15;
 
 const std::string find_sql = "SELECT " CG_RECORD_COLUMNS " FROM billing_records WHERE key = $1";
 
@@ -458,8 +457,9 @@ struct preflight_runner {
         p.add(text_array_literal(keys)).add(text_array_literal(customers)).add(text_array_literal(periods));
         auto r = co_await exec(pool, preflight_existing_batch_sql, std::move(p));
         if (!r) co_return;
+        const int index_column = r->columns() - 1;
         for (std::size_t row = 0; row < r->size(); ++row) {
-            auto i = r->get<std::int64_t>(row, preflight_existing_batch_index_column);
+            auto i = r->get<std::int64_t>(row, index_column);
             if (i < 1 || static_cast<std::size_t>(i) > at.size()) continue;
             rows[at[static_cast<std::size_t>(i - 1)]].row = decode_record(*r, row);
         }
