@@ -150,6 +150,9 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
 
 net::awaitable<void> settlement_poller::run() {
     wake_ = std::make_unique<net::steady_timer>(co_await asio::this_coro::executor);
+    // The first pass waits one interval: the schema gate (and --migrate) runs at startup meanwhile.
+    wake_->expires_after(cfg_.interval);
+    co_await wake_->async_wait();
     while (!stopped_) {
         auto rep = co_await poll_once();
         if (!rep)
