@@ -22,8 +22,8 @@
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
 #include "billing/pending_age.hpp"
-#include "billing/settlement_poller.hpp"
 #include "billing/pipeline.hpp"
+#include "billing/settlement_poller.hpp"
 #include "nsq/consumer.hpp"
 #include "stripe/client.hpp"
 

@@ -44,19 +44,21 @@ webhook_receiver::webhook_receiver(webhook_receiver_config cfg, std::shared_ptr<
       lag_(reg.histogram("chargeguard_webhook_lag_seconds",
                          "Time from a Stripe event's creation to its first recorded delivery")
                .Add({}, webhook_lag_buckets())),
-      events_(reg.counter("chargeguard_webhook_events_total",
-                          "Recorded Stripe events by what they did to the ledger (applied, no_change, deferred, "
-                          "other_payment, unknown_type, unknown_object, unreadable)")),
+      events_(
+          reg.counter("chargeguard_webhook_events_total",
+                      "Recorded Stripe events by what they did to the ledger (applied, no_change, deferred, "
+                      "other_payment, unknown_type, unknown_object, unreadable)")),
       failed_after_processing_(
           reg.counter("chargeguard_billing_failed_after_processing_total",
                       "Payments that failed after processing (dead-lettered; a replay charges again)")
               .Add({})),
-      anomalies_(reg.counter("chargeguard_billing_settlement_anomalies_total",
-                             "Stripe facts chargeguard never asks for (money taken for a row recorded declined or "
-                             "failed, success after a recorded failure)")
-                     .Add({})) {
-    for (const char* r : {"applied", "no_change", "deferred", "other_payment", "unknown_type", "unknown_object",
-                          "unreadable"})
+      anomalies_(
+          reg.counter("chargeguard_billing_settlement_anomalies_total",
+                      "Stripe facts chargeguard never asks for (money taken for a row recorded declined or "
+                      "failed, success after a recorded failure)")
+              .Add({})) {
+    for (const char* r : {"applied", "no_change", "deferred", "other_payment", "unknown_type",
+                          "unknown_object", "unreadable"})
         events_.Add({{"result", r}});
     // Every outcome exists from the start, so a rate() over a refused outcome works before the first one.
     for (const char* o :

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "billing/settlement_store.hpp"
 #include "core/log.hpp"
 #include "http/router.hpp"
 #include "metrics/registry.hpp"
-#include "billing/settlement_store.hpp"
 #include "pg/pool.hpp"
 #include "stripe/webhook_signature.hpp"
 

@@ -172,7 +172,8 @@ const std::string reopen_sql =
     "UPDATE billing_records b SET status = 'pending', "
     "indeterminate_since = CASE WHEN prev.status = 'failed_after_processing' THEN NULL "
     "ELSE coalesce(b.indeterminate_since, now()) END, "
-    "key_generation = b.key_generation + CASE WHEN prev.status = 'failed_after_processing' THEN 1 ELSE 0 END, "
+    "key_generation = b.key_generation + CASE WHEN prev.status = 'failed_after_processing' THEN 1 ELSE 0 "
+    "END, "
     "charge_id = CASE WHEN prev.status = 'failed_after_processing' THEN NULL ELSE b.charge_id END, "
     "payment_intent_id = CASE WHEN prev.status = 'failed_after_processing' THEN NULL "
     "ELSE b.payment_intent_id END, "
@@ -629,10 +630,14 @@ net::awaitable<result<bool>> ledger::mark_processing(std::string key, std::optio
                                                      std::optional<std::string> payment_intent_id,
                                                      std::string stripe_status, dead_letter delivery) {
     pg::params p;
-    p.add(std::move(key)).add(std::move(charge_id)).add(std::move(payment_intent_id)).add(std::move(stripe_status));
+    p.add(std::move(key))
+        .add(std::move(charge_id))
+        .add(std::move(payment_intent_id))
+        .add(std::move(stripe_status));
     p.add(std::move(delivery.topic)).add(std::move(delivery.channel)).add(std::move(delivery.nsq_message_id));
     p.add(delivery.attempts);
-    p.add(std::span(reinterpret_cast<const std::uint8_t*>(delivery.raw_body.data()), delivery.raw_body.size()));
+    p.add(
+        std::span(reinterpret_cast<const std::uint8_t*>(delivery.raw_body.data()), delivery.raw_body.size()));
     auto r = co_await exec(pool_, processing_sql, std::move(p));
     if (!r) co_return r.err();
     co_return r->affected() == 1;

@@ -66,7 +66,7 @@ enum class charge_step {
     mark_indeterminate_requeue,  // indeterminate → indeterminate_since, lease released, REQ
     mark_failed_dead_letter,     // rejected → failed with last_error + dead letter + FIN
     setup_requeue,               // setup_error → stays pending, lease released, REQ + alert
-    mark_processing,             // succeeded but in flight (processing, requires_capture) → processing + FIN
+    mark_processing,  // succeeded but in flight (processing, requires_capture) → processing + FIN
 };
 charge_step step_for(stripe::outcome_class c) noexcept;
 // The step for a whole outcome: a success whose payment is still in flight is mark_processing.

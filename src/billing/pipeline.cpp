@@ -85,10 +85,11 @@ struct pipeline::metrics_set {
         lease_lost = &reg.counter("chargeguard_billing_lease_lost_total",
                                   "Leases found taken over by another worker while Stripe was being called")
                           .Add({});
-        requires_capture = &reg.counter("chargeguard_billing_requires_capture_total",
-                                        "PaymentIntents Stripe left requires_capture: an authorisation "
-                                        "chargeguard never asks for (an anomaly; the row waits as processing)")
-                                .Add({});
+        requires_capture =
+            &reg.counter("chargeguard_billing_requires_capture_total",
+                         "PaymentIntents Stripe left requires_capture: an authorisation "
+                         "chargeguard never asks for (an anomaly; the row waits as processing)")
+                 .Add({});
         failed_after_processing =
             &reg.counter("chargeguard_billing_failed_after_processing_total",
                          "Payments that failed after processing (dead-lettered; a replay charges again)")
@@ -255,7 +256,8 @@ net::awaitable<verdict> pipeline::search(run& r) {
         const stripe::charge& ch = **found;
         std::optional<std::string> intent;
         if (!ch.payment_intent.empty()) intent = ch.payment_intent;
-        if (stripe::charge_in_flight(ch.status)) co_return co_await leave_processing(r, ch.id, intent, ch.status);
+        if (stripe::charge_in_flight(ch.status))
+            co_return co_await leave_processing(r, ch.id, intent, ch.status);
         if (ch.status == "failed") {
             auto m = co_await ledger_.mark_declined(r.key, ch.id,
                                                     "declined (found by search): " + ch.failure_code, intent);
@@ -385,8 +387,10 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
     if (step == charge_step::mark_processing) {
         std::optional<std::string> id;
         if (!out.charge_id.empty()) id = out.charge_id;
-        if (!id && !intent_of(out)) step = charge_step::mark_indeterminate_requeue;  // nothing to follow
-        else co_return co_await leave_processing(r, id, intent_of(out), out.in_flight_status);
+        if (!id && !intent_of(out))
+            step = charge_step::mark_indeterminate_requeue;  // nothing to follow
+        else
+            co_return co_await leave_processing(r, id, intent_of(out), out.in_flight_status);
     }
     // A success without a charge id cannot be recorded as charged: treat it as "may have happened".
     if (step == charge_step::mark_charged && out.charge_id.empty())
@@ -514,21 +518,26 @@ net::awaitable<verdict> pipeline::leave_processing(run& r, std::optional<std::st
                                                    std::string status) {
     if (status == "requires_capture") {
         if (metrics_) metrics_->requires_capture->Increment();
-        r.log.error("alert: Stripe left the payment intent requires_capture, an authorisation chargeguard never "
-                    "asks for; recorded as processing, not charged",
-                    {{"alert", true}, {"payment_intent", payment_intent_id.value_or("")}});
+        r.log.error(
+            "alert: Stripe left the payment intent requires_capture, an authorisation chargeguard never "
+            "asks for; recorded as processing, not charged",
+            {{"alert", true}, {"payment_intent", payment_intent_id.value_or("")}});
     }
     auto m = co_await ledger_.mark_processing(r.key, charge_id, payment_intent_id, status,
                                               r.letter(std::string(failed_after_processing_reason), r.key));
     if (!m) co_return postgres_failed(r, m.err(), "mark processing");
-    if (!*m) r.log.warn("row already settled by another worker", {{"payment_intent", payment_intent_id.value_or("")}});
+    if (!*m)
+        r.log.warn("row already settled by another worker",
+                   {{"payment_intent", payment_intent_id.value_or("")}});
     r.log.info("payment processing: the row waits for Stripe's final answer",
-               {{"status", status}, {"payment_intent", payment_intent_id.value_or("")},
+               {{"status", status},
+                {"payment_intent", payment_intent_id.value_or("")},
                 {"charge_id", charge_id.value_or("")}});
     auto applied = co_await settlements_->apply_recorded(r.key);
     if (!applied) {
         // The row is durably processing: the poll applies these events later. Not a reason to requeue.
-        r.log.warn("could not apply the events recorded for the row yet", {{"error", applied.err().describe()}});
+        r.log.warn("could not apply the events recorded for the row yet",
+                   {{"error", applied.err().describe()}});
     } else if (*applied && (*applied)->failed_now) {
         if (metrics_) metrics_->failed_after_processing->Increment();
         r.log.error("alert: payment failed after processing; dead-lettered, replay charges again",

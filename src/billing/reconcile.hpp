@@ -75,7 +75,8 @@ enum class recon_class {
 };
 inline constexpr std::size_t recon_class_count = 10;
 std::string_view to_string(recon_class c) noexcept;
-// ok, declined, dead_lettered, cap_blocked and processing have a recorded reason; the others leave reconcile unhappy.
+// ok, declined, dead_lettered, cap_blocked and processing have a recorded reason; the others leave reconcile
+// unhappy.
 bool is_explained(recon_class c) noexcept;
 
 struct recon_verdict {

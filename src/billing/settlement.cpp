@@ -50,7 +50,8 @@ std::string_view to_string(settle_result r) noexcept {
 fact_kind fact_kind_for_event(std::string_view type) noexcept {
     if (type == "payment_intent.processing") return fact_kind::processing;
     if (type == "payment_intent.succeeded" || type == "charge.succeeded") return fact_kind::succeeded;
-    if (type == "payment_intent.payment_failed" || type == "payment_intent.canceled" || type == "charge.failed")
+    if (type == "payment_intent.payment_failed" || type == "payment_intent.canceled" ||
+        type == "charge.failed")
         return fact_kind::failed;
     if (type == "charge.refunded") return fact_kind::refunded;
     if (type == "charge.dispute.created") return fact_kind::dispute_opened;
@@ -101,7 +102,9 @@ std::int64_t int_of(simdjson::dom::object o, std::string_view field) {
 }  // namespace
 
 result<payment_fact> parse_event_fact(std::string_view body) {
-    auto bad = [](std::string why) { return result<payment_fact>(stripe::errc::bad_response, std::move(why)); };
+    auto bad = [](std::string why) {
+        return result<payment_fact>(stripe::errc::bad_response, std::move(why));
+    };
     thread_local simdjson::dom::parser fact_parser;
     simdjson::dom::element doc;
     if (auto e = fact_parser.parse(body.data(), body.size()).get(doc); e)
@@ -237,14 +240,17 @@ settlement_change apply_fact(const settlement_row& row, const payment_fact& f) {
         if (row.status == record_status::processing) n.status = record_status::failed_after_processing;
     }
     if (f.kind == fact_kind::refunded)
-        n.refunded_cents = std::max(n.refunded_cents, std::clamp<std::int64_t>(f.amount_refunded, 0, n.amount_cents));
+        n.refunded_cents =
+            std::max(n.refunded_cents, std::clamp<std::int64_t>(f.amount_refunded, 0, n.amount_cents));
     if (f.kind == fact_kind::dispute_opened || f.kind == fact_kind::dispute_closed) {
-        n.disputed_cents = std::max(n.disputed_cents, std::clamp<std::int64_t>(f.dispute_amount, 0, n.amount_cents));
-        std::string s = f.status.empty() ? (f.kind == fact_kind::dispute_closed ? "closed" : "needs_response")
-                                         : f.status;
+        n.disputed_cents =
+            std::max(n.disputed_cents, std::clamp<std::int64_t>(f.dispute_amount, 0, n.amount_cents));
+        std::string s =
+            f.status.empty() ? (f.kind == fact_kind::dispute_closed ? "closed" : "needs_response") : f.status;
         n.dispute_status = join_dispute_status(n.dispute_status.value_or(""), s);
     }
-    c.failed_now = row.status == record_status::processing && n.status == record_status::failed_after_processing;
+    c.failed_now =
+        row.status == record_status::processing && n.status == record_status::failed_after_processing;
     c.charged_now = row.status != record_status::charged && n.status == record_status::charged;
     c.result = n == row ? settle_result::no_change : settle_result::applied;
     return c;

@@ -53,8 +53,8 @@ struct payment_fact {
     std::string status;             // the object's status (PaymentIntent, charge or dispute)
     std::int64_t amount_refunded = 0;
     std::int64_t dispute_amount = 0;
-    std::string failure;            // last_payment_error.code, failure_code or cancellation_reason
-    std::int64_t created = 0;       // unix seconds: the event's creation, or when it was retrieved
+    std::string failure;       // last_payment_error.code, failure_code or cancellation_reason
+    std::int64_t created = 0;  // unix seconds: the event's creation, or when it was retrieved
 };
 
 // A webhook event's body (already verified) as a fact: data.object read as a PaymentIntent, a charge or a
@@ -85,11 +85,11 @@ std::string_view to_string(settle_result r) noexcept;
 
 struct settlement_change {
     settle_result result = settle_result::no_change;
-    settlement_row row;            // the row after the fact (unchanged unless `applied`)
-    bool failed_now = false;       // processing → failed_after_processing: write the dead letter, alert
-    bool charged_now = false;      // → charged
-    bool anomaly = false;          // Stripe said something chargeguard never asks for: alert
-    std::string note;              // one line for the log
+    settlement_row row;        // the row after the fact (unchanged unless `applied`)
+    bool failed_now = false;   // processing → failed_after_processing: write the dead letter, alert
+    bool charged_now = false;  // → charged
+    bool anomaly = false;      // Stripe said something chargeguard never asks for: alert
+    std::string note;          // one line for the log
 };
 
 // The step. Pure and total.

@@ -12,7 +12,8 @@ namespace cg::billing {
 namespace {
 
 std::int64_t unix_now() {
-    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
         .count();
 }
 
@@ -25,9 +26,10 @@ struct settlement_poller::metrics_set {
     metrics::Counter* failed_after_processing = nullptr;
 
     explicit metrics_set(metrics::registry& reg) {
-        auto& polls = reg.counter("chargeguard_billing_processing_polls_total",
-                                  "Rows left processing retrieved from Stripe by the poll, by result (settled, "
-                                  "processing, error)");
+        auto& polls =
+            reg.counter("chargeguard_billing_processing_polls_total",
+                        "Rows left processing retrieved from Stripe by the poll, by result (settled, "
+                        "processing, error)");
         settled = &polls.Add({{"result", "settled"}});
         still = &polls.Add({{"result", "processing"}});
         errors = &polls.Add({{"result", "error"}});
@@ -38,8 +40,8 @@ struct settlement_poller::metrics_set {
     }
 };
 
-settlement_poller::settlement_poller(poller_config cfg, std::shared_ptr<pg::pool> pool, stripe::client& stripe,
-                                     logger log, metrics::registry* reg)
+settlement_poller::settlement_poller(poller_config cfg, std::shared_ptr<pg::pool> pool,
+                                     stripe::client& stripe, logger log, metrics::registry* reg)
     : cfg_(cfg),
       pool_(std::move(pool)),
       store_(pool_),
@@ -73,7 +75,8 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
                 ++rep.errors;
                 if (metrics_) metrics_->errors->Increment();
                 log_.warn("cannot retrieve a payment intent left processing",
-                          {{"billing_key", row.key}, {"payment_intent", *row.payment_intent_id},
+                          {{"billing_key", row.key},
+                           {"payment_intent", *row.payment_intent_id},
                            {"error", pi.err().describe()}});
                 continue;
             }
@@ -89,7 +92,8 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
                 ++rep.errors;
                 if (metrics_) metrics_->errors->Increment();
                 log_.warn("cannot retrieve a charge left processing",
-                          {{"billing_key", row.key}, {"charge_id", row.charge_id.value_or("")},
+                          {{"billing_key", row.key},
+                           {"charge_id", row.charge_id.value_or("")},
                            {"error", ch.err().describe()}});
                 continue;
             }
@@ -105,7 +109,8 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
         if (!applied) {
             ++rep.errors;
             if (metrics_) metrics_->errors->Increment();
-            log_.warn("cannot apply a retrieved payment", {{"billing_key", row.key}, {"error", applied.err().describe()}});
+            log_.warn("cannot apply a retrieved payment",
+                      {{"billing_key", row.key}, {"error", applied.err().describe()}});
             continue;
         }
         if (!*applied) continue;
@@ -113,9 +118,9 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
         bool left = s.after.status != record_status::processing;
         if (metrics_) (left ? metrics_->settled : metrics_->still)->Increment();
         if (left) ++rep.settled;
-        log_.info("polled a payment left processing", {{"billing_key", row.key},
-                                                       {"stripe_status", f.status},
-                                                       {"status", to_string(s.after.status)}});
+        log_.info(
+            "polled a payment left processing",
+            {{"billing_key", row.key}, {"stripe_status", f.status}, {"status", to_string(s.after.status)}});
         if (s.failed_now) {
             ++rep.failed;
             if (metrics_) metrics_->failed_after_processing->Increment();

@@ -30,9 +30,9 @@ namespace cg::billing {
 
 struct poller_config {
     std::chrono::milliseconds poll_after{std::chrono::hours(1)};  // --processing-poll-after
-    double rate_per_second = 5;                                    // --processing-poll-rate: retrieves/s
-    std::int64_t batch = 100;                                      // rows read per pass
-    std::chrono::milliseconds interval{std::chrono::minutes(1)};   // between passes
+    double rate_per_second = 5;                                   // --processing-poll-rate: retrieves/s
+    std::int64_t batch = 100;                                     // rows read per pass
+    std::chrono::milliseconds interval{std::chrono::minutes(1)};  // between passes
     std::chrono::milliseconds deferred_after{std::chrono::minutes(1)};
 };
 

@@ -11,16 +11,19 @@
 namespace cg::billing {
 namespace {
 
-#define CG_SETTLE_COLUMNS \
-    "key, status, amount_cents, charge_id, payment_intent_id, refunded_cents, disputed_cents, dispute_status"
+#define CG_SETTLE_COLUMNS                                                                       \
+    "key, status, amount_cents, charge_id, payment_intent_id, refunded_cents, disputed_cents, " \
+    "dispute_status"
 
-const std::string row_by_key_sql = "SELECT " CG_SETTLE_COLUMNS " FROM billing_records WHERE key = $1 FOR UPDATE";
+const std::string row_by_key_sql =
+    "SELECT " CG_SETTLE_COLUMNS " FROM billing_records WHERE key = $1 FOR UPDATE";
 
 // By the charge first, then the PaymentIntent, then the key the object's metadata carries.
 const std::string row_by_ids_sql =
     "SELECT " CG_SETTLE_COLUMNS
     " FROM billing_records WHERE charge_id = $1::text OR payment_intent_id = $2::text OR key = $3::text "
-    "ORDER BY charge_id IS NOT DISTINCT FROM $1::text DESC, payment_intent_id IS NOT DISTINCT FROM $2::text DESC "
+    "ORDER BY charge_id IS NOT DISTINCT FROM $1::text DESC, payment_intent_id IS NOT DISTINCT FROM $2::text "
+    "DESC "
     "LIMIT 1 FOR UPDATE";
 #undef CG_SETTLE_COLUMNS
 
@@ -126,7 +129,8 @@ void fold_one(folded& acc, const payment_fact& f, settlement_change& c) {
         acc.out.note = acc.failure;
     }
     bool counts = c.result == settle_result::applied || c.result == settle_result::no_change;
-    if (counts && payment_status_of(f) && (!acc.last_status_fact || f.created >= acc.last_status_fact->created))
+    if (counts && payment_status_of(f) &&
+        (!acc.last_status_fact || f.created >= acc.last_status_fact->created))
         acc.last_status_fact = f;
 }
 
@@ -136,7 +140,8 @@ net::awaitable<result<void>> write_fold(pg::connection& c, const folded& acc, bo
     const bool wrote_status = acc.last_status_fact.has_value();
     if (n == acc.out.before && !wrote_status && !polled) co_return result<void>();
     std::int64_t at = wrote_status ? acc.last_status_fact->created : 0;
-    std::optional<std::string> status = wrote_status ? payment_status_of(*acc.last_status_fact) : std::nullopt;
+    std::optional<std::string> status =
+        wrote_status ? payment_status_of(*acc.last_status_fact) : std::nullopt;
     std::optional<std::string> last_error;
     if (acc.out.failed_now) last_error = acc.failure;
     auto u = co_await c.query(update_row_sql, acc.out.key, std::string(to_string(n.status)), n.charge_id,
@@ -182,8 +187,8 @@ net::awaitable<result<event_record_result>> settlement_store::record_event(strip
     } else if (res.fact.kind == fact_kind::unknown_type) {
         res.outcome = std::string(to_string(settle_result::unknown_type));
     } else {
-        auto found = co_await c.query(row_by_ids_sql, opt(res.fact.charge_id), opt(res.fact.payment_intent_id),
-                                      opt(res.fact.billing_key));
+        auto found = co_await c.query(row_by_ids_sql, opt(res.fact.charge_id),
+                                      opt(res.fact.payment_intent_id), opt(res.fact.billing_key));
         if (!found) co_return found.err();
         if (found->empty()) {
             res.outcome = "unknown_object";
@@ -218,8 +223,8 @@ net::awaitable<result<std::optional<row_settlement>>> settlement_store::apply_re
     folded acc;
     acc.out.key = key;
     acc.out.before = acc.out.after = decode_row(*found);
-    auto events = co_await c.query(events_for_row_sql, key, acc.out.before.payment_intent_id,
-                                   acc.out.before.charge_id);
+    auto events =
+        co_await c.query(events_for_row_sql, key, acc.out.before.payment_intent_id, acc.out.before.charge_id);
     if (!events) co_return events.err();
     std::vector<std::pair<std::string, std::string>> outcomes;  // (event id, outcome) of deferred events
     for (std::size_t i = 0; i < events->size(); ++i) {
@@ -239,7 +244,7 @@ net::awaitable<result<std::optional<row_settlement>>> settlement_store::apply_re
 }
 
 net::awaitable<result<std::optional<row_settlement>>> settlement_store::apply_retrieved(std::string key,
-                                                                                       payment_fact f) {
+                                                                                        payment_fact f) {
     auto conn = co_await pool_->acquire(pg::acquire_mode::wait_for_server);
     if (!conn) co_return conn.err();
     auto& c = **conn;
@@ -262,8 +267,9 @@ net::awaitable<result<std::optional<row_settlement>>> settlement_store::apply_re
 
 net::awaitable<result<std::vector<processing_row>>> settlement_store::due_for_poll(
     std::chrono::milliseconds after, std::int64_t limit) {
-    auto r = co_await pg::exec_pooled(pool_, due_sql, pg::params(static_cast<std::int64_t>(after.count()), limit),
-                                      pg::acquire_mode::wait_for_server);
+    auto r =
+        co_await pg::exec_pooled(pool_, due_sql, pg::params(static_cast<std::int64_t>(after.count()), limit),
+                                 pg::acquire_mode::wait_for_server);
     if (!r) co_return r.err();
     std::vector<processing_row> out;
     for (std::size_t i = 0; i < r->size(); ++i)

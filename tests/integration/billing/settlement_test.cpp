@@ -66,8 +66,9 @@ class async_stripe {
         std::string err = i.failure.empty() ? "null" : R"({"code":")" + i.failure + R"("})";
         return R"({"id":")" + i.id + R"(","object":"payment_intent","amount":)" + std::to_string(i.amount) +
                R"(,"currency":"usd","customer":")" + i.customer + R"(","status":")" + i.status +
-               R"(","latest_charge":")" + i.latest_charge + R"(","created":1700000000,"last_payment_error":)" +
-               err + R"(,"metadata":{"billing_key":")" + i.billing_key + R"("}})";
+               R"(","latest_charge":")" + i.latest_charge +
+               R"(","created":1700000000,"last_payment_error":)" + err + R"(,"metadata":{"billing_key":")" +
+               i.billing_key + R"("}})";
     }
 
   private:
@@ -107,13 +108,15 @@ class async_stripe {
         auto* i = find(path.substr(path.rfind('/') + 1));
         if (!i)
             co_return http::make_response(
-                404, R"({"error":{"type":"invalid_request_error","message":"No such payment_intent","param":"id"}})",
+                404,
+                R"({"error":{"type":"invalid_request_error","message":"No such payment_intent","param":"id"}})",
                 "application/json");
         co_return http::make_response(200, json(*i), "application/json");
     }
 
     asio::awaitable<http::response> list_charges(http::request&) {
-        co_return http::make_response(200, R"({"object":"list","data":[],"has_more":false})", "application/json");
+        co_return http::make_response(200, R"({"object":"list","data":[],"has_more":false})",
+                                      "application/json");
     }
 
     std::unique_ptr<http::server> server_;
@@ -155,12 +158,13 @@ struct settle_fixture : test::billing_fixture {
             obj = async_stripe::json(moved);
         } else if (type.starts_with("charge.dispute.")) {
             obj = R"({"id":"dp_)" + pi.id + R"(","object":"dispute","amount":)" + std::to_string(pi.amount) +
-                  R"(,"charge":")" + pi.latest_charge + R"(","payment_intent":")" + pi.id + R"(","status":")" +
-                  status + R"("})";
+                  R"(,"charge":")" + pi.latest_charge + R"(","payment_intent":")" + pi.id +
+                  R"(","status":")" + status + R"("})";
         } else {
-            obj = R"({"id":")" + pi.latest_charge + R"(","object":"charge","amount":)" + std::to_string(pi.amount) +
-                  R"(,"status":")" + status + R"(","payment_intent":")" + pi.id + R"(","amount_refunded":)" +
-                  std::to_string(amount_refunded) + R"(,"metadata":{"billing_key":")" + pi.billing_key + R"("}})";
+            obj = R"({"id":")" + pi.latest_charge + R"(","object":"charge","amount":)" +
+                  std::to_string(pi.amount) + R"(,"status":")" + status + R"(","payment_intent":")" + pi.id +
+                  R"(","amount_refunded":)" + std::to_string(amount_refunded) +
+                  R"(,"metadata":{"billing_key":")" + pi.billing_key + R"("}})";
         }
         return R"({"id":")" + id + R"(","object":"event","type":")" + type + R"(","created":)" +
                std::to_string(created) + R"(,"livemode":false,"data":{"object":)" + obj + "}}";
@@ -190,9 +194,10 @@ struct settle_fixture : test::billing_fixture {
     }
 
     std::int64_t letters_for(const std::string& key) {
-        return scalar("SELECT count(*) FROM dead_letters WHERE billing_key = $1 "
-                      "AND reason LIKE 'failed after processing%'",
-                      key);
+        return scalar(
+            "SELECT count(*) FROM dead_letters WHERE billing_key = $1 "
+            "AND reason LIKE 'failed after processing%'",
+            key);
     }
 
     double counter(const std::string& name) {
@@ -242,20 +247,20 @@ BOOST_AUTO_TEST_CASE(every_order_of_processing_and_the_outcome) {
     settle_fixture f;
     auto p = f.async_pipeline();
     int n = 0;
-    for (const char* outcome : {"payment_intent.payment_failed", "payment_intent.succeeded", "charge.failed",
-                                "charge.succeeded"}) {
+    for (const char* outcome :
+         {"payment_intent.payment_failed", "payment_intent.succeeded", "charge.failed", "charge.succeeded"}) {
         for (bool outcome_first : {true, false}) {
             std::string customer = "order-" + std::to_string(++n);
             auto pi = f.processing_row(customer, *p);
             auto key = key_of(customer, "2026-12");
             bool fails = std::string(outcome).ends_with("failed");
-            std::string st = std::string(outcome).starts_with("charge.") ? (fails ? "failed" : "succeeded")
-                                                                         : (fails ? "requires_payment_method"
-                                                                                  : "succeeded");
+            std::string st = std::string(outcome).starts_with("charge.")
+                                 ? (fails ? "failed" : "succeeded")
+                                 : (fails ? "requires_payment_method" : "succeeded");
             auto proc = f.event("payment_intent.processing", pi, "processing", 0, 1700000000);
             auto end = f.event(outcome, pi, st, 0, 1700000100);
-            std::vector<std::string> order = outcome_first ? std::vector{end, proc, end, proc}
-                                                           : std::vector{proc, end, proc, end};
+            std::vector<std::string> order =
+                outcome_first ? std::vector{end, proc, end, proc} : std::vector{proc, end, proc, end};
             int duplicates = 0;
             for (const auto& e : order) duplicates += f.deliver(e).duplicate;
             BOOST_TEST(duplicates == 2);
@@ -267,8 +272,9 @@ BOOST_AUTO_TEST_CASE(every_order_of_processing_and_the_outcome) {
                                         "convert_from(raw_body, 'UTF8') = $2 AND topic = 'billing'",
                                         key, intent_event_body(customer)) == 1);
                 else
-                    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND charge_id = $2",
-                                        key, pi.latest_charge) == 1);
+                    BOOST_TEST(
+                        f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND charge_id = $2",
+                                 key, pi.latest_charge) == 1);
             }
         }
     }
@@ -296,10 +302,11 @@ BOOST_AUTO_TEST_CASE(refunds_and_disputes_in_every_order) {
         for (int i : idx) f.deliver(events[static_cast<std::size_t>(i)]);
         f.deliver(f.event("payment_intent.succeeded", pi, "succeeded"));  // replayed after the refund
         BOOST_TEST_CONTEXT("order " << n) {
-            BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND status = 'charged' AND "
-                                "refunded_cents = 1999 AND disputed_cents = 1999 AND dispute_status = 'lost' "
-                                "AND charge_id = $2",
-                                key, pi.latest_charge) == 1);
+            BOOST_TEST(
+                f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND status = 'charged' AND "
+                         "refunded_cents = 1999 AND disputed_cents = 1999 AND dispute_status = 'lost' "
+                         "AND charge_id = $2",
+                         key, pi.latest_charge) == 1);
         }
     } while (std::next_permutation(idx.begin(), idx.end()) && n < 40);
     // The seed row saw none of these events: each applies to the row its ids name.
@@ -315,7 +322,7 @@ BOOST_AUTO_TEST_CASE(payment_failed_before_processing) {
     auto body = intent_event_body("early-1");
     auto key = key_of("early-1", "2026-12");
     f.dead_workers_row(body, "m-early", 1ms);  // pending, its lease about to lapse
-    async_intent future;  // the intent the bank is about to create for it
+    async_intent future;                       // the intent the bank is about to create for it
     future.id = "pi_1";
     future.latest_charge = "ch_1";
     future.billing_key = key;
@@ -328,8 +335,9 @@ BOOST_AUTO_TEST_CASE(payment_failed_before_processing) {
     BOOST_TEST(f.status_of(key) == "failed_after_processing");
     BOOST_TEST(f.letters_for(key) == 1);
     BOOST_TEST(f.counter("chargeguard_billing_failed_after_processing_total") == 1);
-    BOOST_TEST(f.scalar("SELECT count(*) FROM stripe_webhook_events WHERE outcome = 'applied' AND applied_to = $1",
-                        key) == 1);
+    BOOST_TEST(
+        f.scalar("SELECT count(*) FROM stripe_webhook_events WHERE outcome = 'applied' AND applied_to = $1",
+                 key) == 1);
 }
 
 // Failed after processing → dead letter → replay: the row reopens under a new key generation and the
@@ -348,8 +356,8 @@ BOOST_AUTO_TEST_CASE(replay_after_a_late_failure_charges_under_a_new_generation)
     BOOST_TEST(billing::to_string(**reopened) == "failed_after_processing");
     BOOST_TEST(f.status_of(key) == "pending");
     // The letter's body, as `dead-letters replay` publishes it.
-    auto letter = f.run(f.query("SELECT convert_from(raw_body, 'UTF8') FROM dead_letters WHERE billing_key = $1",
-                                pg::params(key)));
+    auto letter = f.run(f.query(
+        "SELECT convert_from(raw_body, 'UTF8') FROM dead_letters WHERE billing_key = $1", pg::params(key)));
     BOOST_TEST_REQUIRE(letter.has_value());
     f.bank.next_status = "succeeded";
     auto v = f.handle(*p, delivery_of((*letter)[0].get<std::string>(0), "m-replay-2"));
@@ -399,10 +407,10 @@ BOOST_AUTO_TEST_CASE(poll_settles_rows_whose_webhook_never_came) {
     f.bank.find(bad.id)->failure = "insufficient_funds";
     f.bank.find(fresh.id)->status = "succeeded";
     // Two rows processing for an hour; the third just now.
-    auto aged = f.run(f.query("UPDATE billing_records SET processing_since = now() - interval '2 hours' "
-                              "WHERE key = ANY($1::text[])",
-                              pg::params("{" + key_of("poll-ok", "2026-12") + "," + key_of("poll-bad", "2026-12") +
-                                         "}")));
+    auto aged = f.run(
+        f.query("UPDATE billing_records SET processing_since = now() - interval '2 hours' "
+                "WHERE key = ANY($1::text[])",
+                pg::params("{" + key_of("poll-ok", "2026-12") + "," + key_of("poll-bad", "2026-12") + "}")));
     BOOST_TEST_REQUIRE(aged.has_value());
     billing::poller_config pc;
     pc.poll_after = 1h;

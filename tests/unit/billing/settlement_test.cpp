@@ -4,16 +4,22 @@
 #include "billing/settlement.hpp"
 
 #include <algorithm>
-#include <ostream>
 #include <boost/test/unit_test.hpp>
+#include <ostream>
 #include <vector>
 
 using namespace cg::billing;
 
 namespace cg::billing {
-std::ostream& operator<<(std::ostream& o, record_status s) { return o << to_string(s); }
-std::ostream& operator<<(std::ostream& o, fact_kind k) { return o << to_string(k); }
-std::ostream& operator<<(std::ostream& o, settle_result r) { return o << to_string(r); }
+std::ostream& operator<<(std::ostream& o, record_status s) {
+    return o << to_string(s);
+}
+std::ostream& operator<<(std::ostream& o, fact_kind k) {
+    return o << to_string(k);
+}
+std::ostream& operator<<(std::ostream& o, settle_result r) {
+    return o << to_string(r);
+}
 }  // namespace cg::billing
 
 namespace {
@@ -288,8 +294,8 @@ BOOST_AUTO_TEST_CASE(order_independent_idempotent_monotonic) {
     const auto facts = pool();
     const std::size_t n = facts.size();
     std::size_t checked = 0;
-    for (auto start : {record_status::processing, record_status::charged, record_status::failed_after_processing,
-                       record_status::declined}) {
+    for (auto start : {record_status::processing, record_status::charged,
+                       record_status::failed_after_processing, record_status::declined}) {
         auto s0 = row(start);
         if (start == record_status::failed_after_processing) s0.charge_id.reset();
         for (std::size_t i = 0; i < n; ++i) {
@@ -326,10 +332,12 @@ BOOST_AUTO_TEST_CASE(order_independent_idempotent_monotonic) {
 BOOST_AUTO_TEST_CASE(named_orders) {
     auto p = row(record_status::processing);
     // payment_failed before processing.
-    auto a = fold(p, {fact(fact_kind::failed, "requires_payment_method"), fact(fact_kind::processing, "processing")});
+    auto a = fold(
+        p, {fact(fact_kind::failed, "requires_payment_method"), fact(fact_kind::processing, "processing")});
     BOOST_TEST(a.status == record_status::failed_after_processing);
     // succeeded replayed after a refund.
-    auto b = fold(p, {fact(fact_kind::succeeded, "succeeded"), refund(amount), fact(fact_kind::succeeded, "succeeded")});
+    auto b = fold(p, {fact(fact_kind::succeeded, "succeeded"), refund(amount),
+                      fact(fact_kind::succeeded, "succeeded")});
     BOOST_TEST(b.status == record_status::charged);
     BOOST_TEST(b.refunded_cents == amount);
     // Duplicates of everything.
