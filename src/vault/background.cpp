@@ -416,6 +416,32 @@ bool proxy::upstream_reached_once() const {
     return st_->upstream_ever_ok;
 }
 
+namespace {
+
+net::awaitable<void> mark_in_flight_task(state_ptr st, std::string key_id, std::string idem,
+                                         std::string status) {
+    auto r = co_await st->store.mark_in_flight(key_id, idem, status);
+    if (!r)
+        st->log.warn("vault: cannot mark a payment in flight; it counts as settled",
+                     {{"key_id", key_id}, {"idempotency_key", idem}, {"error", r.err().describe()}});
+}
+
+}  // namespace
+
+void note_in_flight(std::shared_ptr<proxy::state> st, const std::string& key_id, const std::string& idem,
+                    std::string_view body) {
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    if (parser.parse(body.data(), body.size()).get(doc) != simdjson::SUCCESS) return;
+    std::string_view kind, status;
+    if (doc["object"].get(kind) != simdjson::SUCCESS || doc["status"].get(status) != simdjson::SUCCESS)
+        return;
+    bool in_flight = (kind == "payment_intent" && stripe::intent_in_flight(status)) ||
+                     (kind == "charge" && stripe::charge_in_flight(status));
+    if (!in_flight) return;
+    spawn_logged(st, mark_in_flight_task(st, key_id, idem, std::string(status)), "mark_in_flight");
+}
+
 net::awaitable<std::size_t> proxy::resolve_once() {
     auto n = co_await run_resolve_once(st_);
     co_return n + co_await run_in_flight_once(st_);
