@@ -286,7 +286,8 @@ net::awaitable<result<std::pair<std::int64_t, double>>> settlement_store::proces
     auto r =
         co_await pg::exec_pooled(pool_, processing_summary_sql, pg::params(), pg::acquire_mode::fail_fast);
     if (!r) co_return r.err();
-    co_return std::pair<std::int64_t, double>(r->get<std::int64_t>(0, 0), static_cast<double>(r->get<std::int64_t>(0, 1)));
+    co_return std::pair<std::int64_t, double>(r->get<std::int64_t>(0, 0),
+                                              static_cast<double>(r->get<std::int64_t>(0, 1)));
 }
 
 net::awaitable<result<std::vector<std::string>>> settlement_store::rows_with_deferred_events(
