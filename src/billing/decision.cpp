@@ -9,13 +9,15 @@ namespace cg::billing {
 namespace {
 
 // The ledger's status column.
-constexpr enum_names<record_status, 6> record_status_names({{
+constexpr enum_names<record_status, 8> record_status_names({{
     {record_status::pending, "pending"},
     {record_status::charged, "charged"},
     {record_status::declined, "declined"},
     {record_status::failed, "failed"},
     {record_status::cap_blocked, "cap_blocked"},
     {record_status::conflict, "conflict"},
+    {record_status::processing, "processing"},
+    {record_status::failed_after_processing, "failed_after_processing"},
 }});
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "vault/secret.hpp"
 
 namespace cg::vault {
+
 namespace {
 
 using clock = std::chrono::steady_clock;

@@ -165,6 +165,12 @@ bool settlements_retry(proxy::state& st, int& failures, std::size_t n, const std
 // The pause before retrying failed settlements, growing with `failures`; none while stopping or flushing.
 net::awaitable<void> settle_backoff(state_ptr st, int failures);
 
+// --- background.cpp --------------------------------------------------------------------------------------
+
+// A settled answer whose payment is still in flight (an intent processing or requires_capture, a charge
+// pending) is marked for the resolver, which follows it until Stripe says how it ended.
+void note_in_flight(state_ptr st, const std::string& key_id, const std::string& idem, std::string_view body);
+
 // --- proxy_metrics.cpp -------------------------------------------------------------------------------------
 
 void register_metrics(proxy::state& st, metrics::registry& reg);

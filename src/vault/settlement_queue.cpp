@@ -18,6 +18,7 @@ std::string account(const state_ptr& stp, const reserve_result& res, const std::
     if (how == settlement::settle) {
         s.state = "settled";
         s.object_id = object_id(r.resp.body).value_or("unknown");
+        note_in_flight(stp, key_id, idem, r.resp.body);
         if (res.owner() || res.state == "uncertain" || res.state == "reserved") {
             st.queue_quick_settlement(key_id, std::move(s));
             start_quick_drain(stp);
