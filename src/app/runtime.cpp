@@ -3,7 +3,6 @@
 #include <sys/resource.h>
 
 #include <asio/co_spawn.hpp>
-#include <asio/experimental/parallel_group.hpp>
 #include <csignal>
 
 #include "app/build_info.hpp"
