@@ -468,7 +468,7 @@ BOOST_AUTO_TEST_CASE(pool_past_eager_grows_against_a_slow_steady_origin) {
 // A saturated origin (one request at a time, 20 ms each: answers take 20, 40, 60 ms … as requests pile up)
 // does not get a connection per request: past the eager size the pool holds once answers slow to over
 // twice the fastest, and the requests wait for connections to come back (all still succeed). Without the
-// rule the pool opens (nearly) all 40.
+// rule the pool holds none back and opens far more than the rule allows.
 BOOST_AUTO_TEST_CASE(pool_past_eager_holds_against_a_saturated_origin) {
     for (bool rule : {true, false}) {
         fixture f;
@@ -487,9 +487,11 @@ BOOST_AUTO_TEST_CASE(pool_past_eager_holds_against_a_saturated_origin) {
             BOOST_TEST(c->stats().connects <= 12u);
             BOOST_TEST(c->stats().held >= 30u);
         } else {
-            // (one or two requests may find the first answers' connections back before their turn)
-            BOOST_TEST(c->stats().connects >= 30u);
+            // Never held: every request that found no idle connection opened one. How many found one back
+            // depends on how fast the connects go beside the answers (≥ 30 on a quiet machine, 27 under
+            // ASan beside other builds), so the count is checked only against the rule's bound.
             BOOST_TEST(c->stats().held == 0u);
+            BOOST_TEST(c->stats().connects > 12u);
         }
     }
 }
