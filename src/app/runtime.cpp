@@ -82,6 +82,12 @@ runtime::~runtime() {
     if (probe_) probe_->stop();
     offload_.stop();
     offload_.join();
+    // The handlers still queued on the main loop may hold work on the pool, and the pool's on the main
+    // loop: both are destroyed here, while both contexts (and every member) exist, not by the members'
+    // destructors one after the other (a coroutine frame on the main loop would release work on a pool
+    // already freed).
+    io_.shutdown();
+    offload_.shutdown();
 }
 
 result<net::tcp::endpoint> runtime::start() {

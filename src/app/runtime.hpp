@@ -79,7 +79,7 @@ class runtime {
 
     runtime_options opts_;
     logger log_;
-    asio::io_context io_{1};
+    net::shutdown_io_context io_{1};
     net::offload_pool offload_;
     metrics::registry metrics_;
     metrics::health health_;
