@@ -3,7 +3,6 @@
 #include <sys/resource.h>
 
 #include <asio/co_spawn.hpp>
-#include <asio/experimental/parallel_group.hpp>
 #include <csignal>
 
 #include "app/build_info.hpp"
@@ -79,16 +78,16 @@ const char* signal_name(int sig) {
 runtime::runtime(runtime_options opts, logger log)
     : opts_(std::move(opts)), log_(std::move(log)), offload_(opts_.offload_threads), signals_(io_) {}
 
-// Order matters: the offload threads stop first (nothing runs beside the teardown); then the main loop's
-// abandoned handlers and coroutine frames are destroyed, and their destructors may still post to the
-// offload pool (a pooled connection hands PQfinish to it), which queues the handler; the pool, destroyed
-// after this body, runs the queued handlers' destructors while the main io_context they may refer to
-// still exists (it is the first member, destroyed last).
 runtime::~runtime() {
     if (probe_) probe_->stop();
     offload_.stop();
     offload_.join();
-    io_.destroy_pending_work();
+    // The handlers still queued on the main loop may hold work on the pool, and the pool's on the main
+    // loop: both are destroyed here, while both contexts (and every member) exist, not by the members'
+    // destructors one after the other (a coroutine frame on the main loop would release work on a pool
+    // already freed).
+    io_.shutdown();
+    offload_.shutdown();
 }
 
 result<net::tcp::endpoint> runtime::start() {

@@ -74,21 +74,12 @@ class runtime {
     void spawn_startup(asio::awaitable<void> step);
 
   private:
-    // The main io_context, whose pending handlers can be destroyed on demand (execution_context::shutdown
-    // is protected): ~runtime destroys the work a shutdown abandoned while the offload pool, the server and
-    // every other member that work may touch are still alive.
-    class main_context : public asio::io_context {
-      public:
-        using asio::io_context::io_context;
-        void destroy_pending_work() { shutdown(); }
-    };
-
     static asio::awaitable<void> shutdown(runtime* self);
     void wait_signal();
 
     runtime_options opts_;
     logger log_;
-    main_context io_{1};
+    net::shutdown_io_context io_{1};
     net::offload_pool offload_;
     metrics::registry metrics_;
     metrics::health health_;

@@ -82,7 +82,10 @@ result<billing_event> parse_event(std::string_view body) {
     billing_event e;
     bool have[5] = {};
     bool off_session_given = false;
-    for (auto [key, value] : obj) {
+    for (auto member : obj) {
+        // Named, not structured bindings: clang 14 (the fuzz build) cannot capture those in a lambda.
+        std::string_view key = member.key;
+        simdjson::dom::element value = member.value;
         auto str = [&](std::string& out, int slot) -> result<void> {
             std::string_view v;
             if (value.get_string().get(v))

@@ -19,6 +19,17 @@
 
 namespace cg::net {
 
+// An io_context whose services can be shut down (every handler still queued destroyed) before it is
+// freed. Two contexts whose handlers refer to each other (a coroutine on the main loop awaiting the
+// offload pool holds work on the pool; a task on the pool holds its caller on the main loop) are shut
+// down both before either is freed: destroying one's handlers then touches the other while it exists.
+// Shutting down twice (the destructor does it again) is harmless.
+class shutdown_io_context : public asio::io_context {
+  public:
+    using asio::io_context::io_context;
+    using asio::io_context::shutdown;
+};
+
 class offload_pool {
   public:
     // Starts `threads` threads (at least 1) running the pool's io_context.
@@ -35,9 +46,11 @@ class offload_pool {
     // Stops at once: pending handlers are abandoned.
     void stop();
     void join();
+    // After stop() and join(): destroys the abandoned handlers now (see shutdown_io_context).
+    void shutdown() { ctx_.shutdown(); }
 
   private:
-    asio::io_context ctx_;
+    shutdown_io_context ctx_;
     asio::executor_work_guard<asio::io_context::executor_type> work_;
     std::vector<std::thread> threads_;
 };

@@ -10,7 +10,7 @@
 namespace cg::net {
 
 // No-throw token: `auto [ec, n] = co_await sock.async_read_some(buf, nothrow);`
-// Required inside `||` expressions (a throwing op would turn EOF into a false timeout).
+// For I/O under net::with_timeout and net::race (net/timeout.hpp): an error (EOF included) is a value.
 inline constexpr auto nothrow = asio::experimental::as_tuple(asio::use_awaitable);
 using nothrow_t = std::decay_t<decltype(nothrow)>;
 

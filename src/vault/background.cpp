@@ -260,7 +260,23 @@ net::awaitable<void> resolver_loop(state_ptr st) {
     }
 }
 
+// One writer at a time (the audit loop, flush_audit, stop): rows reach the table in the order they were
+// queued, and a flush returns only once the batch another writer had in flight is written too.
 net::awaitable<bool> run_flush(state_ptr st) {
+    while (st->audit_writing) {
+        net::steady_timer t(st->main, std::chrono::steady_clock::time_point::max());
+        st->audit_waiters.insert(&t);
+        co_await t.async_wait();  // cancelled when the writer ends
+        st->audit_waiters.erase(&t);
+    }
+    st->audit_writing = true;
+    struct end_writing {
+        proxy::state& st;
+        ~end_writing() {
+            st.audit_writing = false;
+            for (auto* t : st.audit_waiters) t->cancel();
+        }
+    } writing{*st};
     while (!st->audit.empty()) {
         std::size_t n = std::min<std::size_t>(st->audit.size(), 1000);
         std::vector<audit_row> batch(

@@ -46,6 +46,8 @@ struct proxy::state {
 
     // Main executor only.
     std::deque<audit_row> audit;
+    bool audit_writing = false;                  // a flush has a batch in flight: one writer at a time
+    std::set<net::steady_timer*> audit_waiters;  // flushes waiting for it, woken when it ends
     bool stopping = false;
     bool started = false;
     std::set<net::steady_timer*> sleepers;

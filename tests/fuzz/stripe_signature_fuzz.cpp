@@ -1,7 +1,7 @@
 // libFuzzer target for the Stripe-Signature header parser and verifier: arbitrary header bytes must never
 // crash or read out of bounds; a header that parses has a non-negative `t` and at most max_v1_signatures
-// signatures, and verifying it against a body never accepts a signature nobody computed. Built by
-// ci/fuzz-stripe-signature with clang++ -fsanitize=fuzzer,address.
+// signatures, and verifying it against a body never accepts a signature nobody computed. Built and run
+// by ci/fuzz.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

@@ -115,7 +115,9 @@ int on_status(http_parser* p, const char* at, std::size_t n) {
 
 int on_header_field(http_parser* p, const char* at, std::size_t n) {
     auto& s = self(p);
-    if (!s.charge_header(n + 4)) return 1;  // ": " and CRLF count too
+    // ": " and CRLF count too, once per header: a name split across reads arrives in pieces.
+    bool new_field = s.in_value || s.field.empty();
+    if (!s.charge_header(new_field ? n + 4 : n)) return 1;
     if (s.in_value) s.flush_header();
     s.field.append(at, n);
     return 0;
@@ -136,6 +138,12 @@ int on_headers_complete(http_parser* p) {
         s.err = errc::unsupported;
         s.detail = "protocol upgrade";
         return -1;  // abort: the parser reports HPE_CB_headers_complete
+    }
+    // libhttp-parser takes a status of one or two digits; RFC 9112 says three.
+    if (!s.is_request && p->status_code < 100) {
+        s.err = errc::bad_message;
+        s.detail = "status code " + std::to_string(p->status_code) + " is not three digits";
+        return -1;
     }
     if ((p->flags & F_CONTENTLENGTH) && p->content_length > s.limits.max_body_bytes) {
         s.err = errc::body_too_large;

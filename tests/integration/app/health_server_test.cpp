@@ -295,3 +295,22 @@ BOOST_AUTO_TEST_CASE(build_info_and_process_metrics) {
     auto again = test::parse_prometheus(test::http_get(r.port, "/metrics").body);
     BOOST_TEST(again["process_open_fds"].samples.at(0).value >= fds + 20);
 }
+
+// ~runtime destroys what is still queued on the main loop and on the offload pool while both exist. Here a
+// handler queued on the main loop holds work on the pool, as a co_spawn hand-back from the pool does when
+// the process stops before the loop ran it; freed in member order (the pool first), destroying it touched
+// the freed pool (an ASan heap-use-after-free).
+BOOST_AUTO_TEST_CASE(runtime_destroys_handlers_queued_across_its_executors_while_both_exist) {
+    std::atomic<bool> queued{false};
+    {
+        app::runtime rt(lenient(), logger(std::make_shared<memory_sink>(), log_level::debug));
+        auto main = rt.io().get_executor();
+        auto pool = rt.offload().get_executor();
+        asio::post(pool, [main, pool, &queued] {
+            asio::post(main, [work = asio::make_work_guard(pool)] {});
+            queued = true;
+        });
+        while (!queued) std::this_thread::yield();  // the test's thread: the main loop never runs here
+    }
+    BOOST_TEST(queued.load());
+}

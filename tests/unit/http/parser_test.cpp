@@ -42,6 +42,19 @@ BOOST_AUTO_TEST_CASE(garbage_is_bad_message) {
     BOOST_TEST(status_for(p.error()) == 400);
 }
 
+BOOST_AUTO_TEST_CASE(header_limit_does_not_depend_on_how_the_bytes_arrive) {
+    std::string wire = "GET / HTTP/1.1\r\nAbcdefghijklmnopqrstuvwxyz0123: 1\r\n\r\n";
+    parse_limits limits{.max_header_bytes = 64, .max_body_bytes = 64};
+    request_parser whole(limits);
+    whole.feed(wire);
+    BOOST_REQUIRE(whole.state() == parse_state::done);
+    request_parser bytewise(limits);
+    for (std::size_t i = 0; i < wire.size() && bytewise.state() == parse_state::need_more; ++i)
+        bytewise.feed(std::string_view(wire).substr(i, 1));
+    BOOST_REQUIRE(bytewise.state() == parse_state::done);
+    BOOST_TEST(bytewise.message().headers.get("abcdefghijklmnopqrstuvwxyz0123").value_or("") == "1");
+}
+
 BOOST_AUTO_TEST_CASE(oversize_headers_fail_before_buffering) {
     request_parser p(parse_limits{.max_header_bytes = 1024, .max_body_bytes = 1024});
     std::string wire = "GET / HTTP/1.1\r\nX-Big: " + std::string(2000, 'a');  // not even finished
@@ -88,6 +101,18 @@ BOOST_AUTO_TEST_CASE(truncated_response_is_connection_closed) {
     p.feed_eof();
     BOOST_REQUIRE(p.state() == parse_state::failed);
     BOOST_TEST((p.error() == errc::connection_closed));
+}
+
+BOOST_AUTO_TEST_CASE(status_of_fewer_than_three_digits_is_bad_message) {
+    for (const char* wire : {"HTTP/1.1 20 OK\r\nContent-Length: 0\r\n\r\n", "HTTP/1.1 2\r\n\r\n"}) {
+        response_parser p;
+        p.feed(wire);
+        BOOST_REQUIRE(p.state() == parse_state::failed);
+        BOOST_TEST((p.error() == errc::bad_message));
+    }
+    response_parser ok;
+    ok.feed("HTTP/1.1 100 Continue\r\n\r\n");
+    BOOST_TEST((ok.state() == parse_state::done));
 }
 
 BOOST_AUTO_TEST_CASE(head_response_has_no_body) {

@@ -1,6 +1,6 @@
 // libFuzzer target for the sans-io NSQ decoder and the parsers behind it: arbitrary bytes, fed in
 // chunks whose sizes come from the input, must never crash, read out of bounds or allocate past the
-// frame limit. Built by ci/fuzz-nsq with clang++ -fsanitize=fuzzer,address.
+// frame limit. Built and run by ci/fuzz.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
