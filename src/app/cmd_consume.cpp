@@ -171,7 +171,10 @@ net::awaitable<nsq::disposition> give_up_message(billing::pipeline* p, const nsq
 net::awaitable<void> start_consuming(runtime* rt, pg::pool* pool, const pg_flags* pgf,
                                      std::vector<pg::migration> ms, nsq::consumer* consumer,
                                      schema_gate* gate) {
-    if (!co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate)) co_return;
+    // Awaited into a variable, not inside the if: g++ 12 built this coroutine, with the co_await of a
+    // moved parameter in the condition, into one that trapped (or hung on garbage) when it resumed.
+    bool ready = co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate);
+    if (!ready) co_return;
     if (auto r = consumer->start(); !r) {
         rt->log().error("cannot start the consumer", {{"error", r.err().describe()}});
         rt->request_stop("consumer failed to start", 1);

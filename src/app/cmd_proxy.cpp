@@ -130,7 +130,10 @@ net::awaitable<void> drain(http::server* server, vault::proxy* p, std::shared_pt
 net::awaitable<void> start_serving(runtime* rt, pg::pool* pool, const pg_flags* pgf,
                                    std::vector<pg::migration> ms, vault::proxy* p, schema_gate* gate,
                                    http::server* server, net::tcp::endpoint ep) {
-    if (!co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate)) co_return;
+    // Awaited into a variable, not inside the if: g++ 12 built this coroutine, with the co_await of a
+    // moved parameter in the condition, into one that trapped (or hung on garbage) when it resumed.
+    bool ready = co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate);
+    if (!ready) co_return;
     p->start();
     server->start();
     rt->log().info("vault proxy listening", {{"address", ep.address().to_string()}, {"port", ep.port()}});
