@@ -13,7 +13,7 @@
 //   to `decrease_factor` × the estimate. From there the limit climbs back to the estimate in `recover`
 //   (linearly), then probes past it: `increase_rps_per_s` per second plus `probe_growth` × estimate × t²
 //   (t: seconds past the estimate), slow just above the rate that was last too much and faster the longer no
-//   429 says so, so a raised limit is found in seconds. Stripe's limit is a token bucket: the dip below the
+//   429 says so. Stripe's limit is a token bucket: the dip below the
 //   estimate fills it and the climb above spends it, so the rate between two 429s averages the limit and
 //   the depth of the dip costs next to nothing. The limit only moves while demand presses on it (a request
 //   had to wait): an idle process does not wake up with a limit it never tried. Sidecars sharing one Stripe

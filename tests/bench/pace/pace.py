@@ -3,7 +3,8 @@
 requests Stripe answers 429, and how fast they follow a limit Stripe changes while they run.
 
 fake-stripe plays a Stripe-like limiter (--endpoint-rps 25, --global-rps 100, --rate-burst 1: token buckets one
-second deep, answers at once); the sidecars run with chargeguard's defaults (--max-in-flight 200 each).
+second deep, answers at once); the sidecars run with chargeguard's defaults (--max-in-flight 200 each unless
+--max-in-flight says otherwise).
 
 - steady: --events published at once to 1 and 3 sidecars; the ratio of the limit reached (events / (last
   charge − publish) / 25) and the share of Stripe requests answered 429, over the whole run (start included).
@@ -16,13 +17,14 @@ Every figure is printed next to its goal; CPU seconds of the sidecars and fake-s
 say how busy the shared machine was. Real processes: the built chargeguard, NSQD_BIN (or fake-nsqd),
 fake-stripe, PostgreSQL from PG*.
 
-Usage: pace [--sidecars N]… [--events N] [--only steady|change] [--low R] [--phase S] [--repeat N]
+Usage: pace [--sidecars N]… [--events N] [--only steady|change] [--low R] [--phase S] [--repeat N] [--max-in-flight N]
             [--build DIR] [--consume-arg=--flag=value]…
 """
 import argparse, importlib.machinery, importlib.util, os, sys, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIMIT = 25.0
+MAX_IN_FLIGHT = 200
 
 
 def load_harness():
@@ -78,7 +80,7 @@ def start_stack(build, n, extra, name):
     st = H.stack(build, name)
     fs = st.fake_stripe(0, ["--endpoint-rps", str(LIMIT), "--global-rps", "100", "--rate-burst", "1"])
     st.nsqd()
-    cs = [st.consume(i, ["--max-in-flight", "200", *extra]) for i in range(n)]
+    cs = [st.consume(i, ["--max-in-flight", str(MAX_IN_FLIGHT), *extra]) for i in range(n)]
     return st, fs, cs
 
 
@@ -172,13 +174,16 @@ def main():
     ap.add_argument("--low", type=float, default=15, help="change: the lowered endpoint limit (requests/s)")
     ap.add_argument("--phase", type=float, default=30, help="change: seconds at each limit")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--max-in-flight", type=int, default=200, help="every consume's --max-in-flight")
     ap.add_argument("--consume-arg", action="append", default=[], help="extra argument for every consume")
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
+    global MAX_IN_FLIGHT
+    MAX_IN_FLIGHT = a.max_in_flight
     if not os.environ.get("PGHOST"):
         print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
         return 0
-    print(f"load before {load()}; fake-stripe --endpoint-rps {LIMIT:g} --global-rps 100 --rate-burst 1, 0 ms")
+    print(f"load before {load()}; --max-in-flight {MAX_IN_FLIGHT}; fake-stripe --endpoint-rps {LIMIT:g} --global-rps 100 --rate-burst 1, 0 ms")
     print("| sidecars | run | figures | | | | | |")
     print("|---|---|---|---|---|---|---|---|")
     for _ in range(a.repeat):
