@@ -107,7 +107,8 @@ void rate_control::decrease(time_point now) {
     double accepted = std::min(recent_accepted_.rate(now), accepted_rate(now));
     if (recent_sent_.first_bin >= 0) accepted = std::min(accepted, recent_sent_.rate(now));
     double since = seconds(now - last_decrease_);
-    if (decreased_once_ && since >= 1.0) accepted = std::min(accepted, static_cast<double>(accepted_since_) / since);
+    if (decreased_once_ && since >= 1.0)
+        accepted = std::min(accepted, static_cast<double>(accepted_since_) / since);
     accepted_since_ = 0;
     estimate_ = std::max(cfg_.min_rps, std::min(adaptive_, accepted));
     adaptive_ = std::max(cfg_.min_rps, estimate_ * cfg_.decrease_factor);
@@ -157,7 +158,8 @@ void rate_control::on_response(time_point now, bool throttled, time_point sent_a
         return;
     }
     if (slow_start_) {
-        // One doubling per step and per round trip: the answer must be to a request sent at the limit in force.
+        // One doubling per step and per round trip: the answer must be to a request sent at the limit in
+        // force.
         if (now - last_increase_ < cfg_.slow_start_step) return;
         if (sent_at != time_point{} && sent_at < last_increase_) return;
         refill(now);

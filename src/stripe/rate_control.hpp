@@ -7,18 +7,19 @@
 //   Retry-After on a 429). It starts at `initial_rps` and doubles every `slow_start_step` while demand
 //   presses on it (slow start, so a cold start of several sidecars is not one burst of 429s; initial_rps 0
 //   starts unlimited), until Stripe answers 429. A 429 episode (at most one per `decrease_hold`, however many
-//   429s it produced; a 429 to a request sent after the decrease is a new episode) sets the *estimate*: the rate Stripe accepted from this process since the episode
-//   before (answers without a 429 per second; Stripe's bucket was empty at both), or over the last second
-//   when that is lower (a lowered limit), never more than it sent nor the limit in force; the limit drops
-//   to `decrease_factor` × the estimate. From there the limit climbs back to the estimate in `recover`
-//   (linearly), then probes past it: `increase_rps_per_s` per second plus `probe_growth` × estimate × t²
-//   (t: seconds past the estimate), slow just above the rate that was last too much and faster the longer no
-//   429 says so. Stripe's limit is a token bucket: the dip below the
-//   estimate fills it and the climb above spends it, so the rate between two 429s averages the limit and
-//   the depth of the dip costs next to nothing. The limit only moves while demand presses on it (a request
-//   had to wait): an idle process does not wake up with a limit it never tried. Sidecars sharing one Stripe
-//   account each see the account's 429s and converge on a share of its limit without talking to each other;
-//   the probe is relative to each one's estimate, so N sidecars probe the account no faster than one.
+//   429s it produced; a 429 to a request sent after the decrease is a new episode) sets the *estimate*: the
+//   rate Stripe accepted from this process since the episode before (answers without a 429 per second;
+//   Stripe's bucket was empty at both), or over the last second when that is lower (a lowered limit), never
+//   more than it sent nor the limit in force; the limit drops to `decrease_factor` × the estimate. From there
+//   the limit climbs back to the estimate in `recover` (linearly), then probes past it: `increase_rps_per_s`
+//   per second plus `probe_growth` × estimate × t² (t: seconds past the estimate), slow just above the rate
+//   that was last too much and faster the longer no 429 says so. Stripe's limit is a token bucket: the dip
+//   below the estimate fills it and the climb above spends it, so the rate between two 429s averages the
+//   limit and the depth of the dip costs next to nothing. The limit only moves while demand presses on it (a
+//   request had to wait): an idle process does not wake up with a limit it never tried. Sidecars sharing one
+//   Stripe account each see the account's 429s and converge on a share of its limit without talking to each
+//   other; the probe is relative to each one's estimate, so N sidecars probe the account no faster than one,
+//   but a 429 lowers only the sidecar it reaches (by its share): N sidecars draw about N times the 429s.
 // The defaults were chosen by simulation (tests/unit/stripe/rate_control_test.cpp: one and three sidecars
 // against one account's limit, steady and changing; the test states the bounds it holds them to).
 // Admission is a token bucket refilled at the current limit holding `burst_s` seconds of it (at least one
@@ -106,9 +107,9 @@ class rate_control {
     bool decreased_once_ = false;
     time_point last_increase_;
     double estimate_ = 0;
-    double curve_s_ = 0;
-    double dip_from_ = 0;  // the limit right after the last decrease
-    std::uint64_t accepted_since_ = 0;  // answers without a 429 since the last decrease  // seconds of pressed demand since the last decrease
+    double curve_s_ = 0;                // seconds of pressed demand since the last decrease
+    double dip_from_ = 0;               // the limit right after the last decrease
+    std::uint64_t accepted_since_ = 0;  // answers without a 429 since the last decrease
     rate_window sent_, accepted_;
     recent recent_sent_, recent_accepted_;
     std::uint64_t decreases_ = 0;

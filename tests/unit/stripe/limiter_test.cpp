@@ -14,7 +14,8 @@ const auto t0 = limiter::clock::time_point(std::chrono::seconds(100));
 // Requests admitted on one endpoint when asking every millisecond over [from, from + span).
 int admitted(limiter& l, limiter::clock::time_point from, std::chrono::milliseconds span) {
     int ok = 0;
-    for (auto t = from; t < from + span; t += 1ms) ok += l.admit("POST /v1/charges", t, 0) == limiter::verdict::ok;
+    for (auto t = from; t < from + span; t += 1ms)
+        ok += l.admit("POST /v1/charges", t, 0) == limiter::verdict::ok;
     return ok;
 }
 

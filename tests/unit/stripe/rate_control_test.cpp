@@ -144,7 +144,8 @@ BOOST_AUTO_TEST_CASE(decrease_table) {
     }
     rc2.on_response(t0 + 2s, true);
     BOOST_TEST(rc2.limit() <= 16.01);
-    for (auto at = t0 + 2s; at < t0 + 600s; at += 100ms) {  // demand presses; probing never passes the ceiling
+    for (auto at = t0 + 2s; at < t0 + 600s;
+         at += 100ms) {  // demand presses; probing never passes the ceiling
         (void)admitted(rc2, at, 100ms, 10ms);
         rc2.on_response(at + 100ms, false);
     }
@@ -190,7 +191,8 @@ BOOST_AUTO_TEST_CASE(the_limit_climbs_back_then_probes_faster_the_longer_no_429_
 }
 
 // A 429 to a request admitted after the last decrease is a new episode, even within the hold: the decreased
-// limit is still too high (a limit Stripe lowered). One admitted before belongs to the episode already counted.
+// limit is still too high (a limit Stripe lowered). One admitted before belongs to the episode already
+// counted.
 BOOST_AUTO_TEST_CASE(a_429_to_a_request_sent_after_the_decrease_decreases_again) {
     rate_config c;
     c.initial_rps = 0;
@@ -318,7 +320,8 @@ struct pace_run {
     }
     std::pair<double, double> steady(double from, double to, double limit) const {
         int o = 0, h = 0;
-        for (int k = static_cast<int>(from * 10); k < static_cast<int>(to * 10); ++k) o += ok[k], h += throttled[k];
+        for (int k = static_cast<int>(from * 10); k < static_cast<int>(to * 10); ++k)
+            o += ok[k], h += throttled[k];
         return {o / (to - from) / limit, double(h) / double(o + h)};
     }
 };
@@ -334,7 +337,8 @@ pace_run simulate(int sidecars) {
     for (auto t = t0; t < t0 + 280s; t += 1ms) {
         if (t == t0 + 120s) account.set(15, t);
         if (t == t0 + 200s) account.set(25, t);
-        int bin = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(t - t0).count() / 100);
+        int bin =
+            static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(t - t0).count() / 100);
         for (int i = 0; i < sidecars; ++i) {
             auto& pending = answers[i];
             for (; !pending.empty() && std::get<0>(pending.front()) <= t; pending.pop_front())
