@@ -77,14 +77,15 @@ void add_stripe_option_flags(CLI::App& cmd, stripe_flags& f) {
         ->check(CLI::Range(0.0, 100000.0))
         ->capture_default_str();
     cmd.add_option("--stripe-adaptive-rate", f.adaptive_rate,
-                   "after a 429, back off multiplicatively and probe upward additively (AIMD)")
+                   "after a 429, back off below the rate Stripe accepted, then climb back and probe past it")
         ->capture_default_str();
     cmd.add_option("--stripe-rate-increase", f.rate_increase,
-                   "AIMD probe: requests/s added per second without a 429")
-        ->check(CLI::Range(0.001, 1000.0))
+                   "probe past the estimate: requests/s added per second without a 429, on top of the "
+                   "accelerating probe")
+        ->check(CLI::Range(0.0, 1000.0))
         ->capture_default_str();
     cmd.add_option("--stripe-rate-decrease", f.rate_decrease,
-                   "AIMD back-off: the rate is multiplied by this on a 429")
+                   "back-off: after a 429 the limit is this × the rate Stripe accepted")
         ->check(CLI::Range(0.05, 0.99))
         ->capture_default_str();
     cmd.add_option("--stripe-rate-initial", f.rate_initial,

@@ -27,8 +27,8 @@ struct stripe_flags {
     // Rate control (stripe/rate_control.hpp).
     double max_rps = 0;
     bool adaptive_rate = true;
-    double rate_increase = 0.2;
-    double rate_decrease = 0.7;
+    double rate_increase = 0;
+    double rate_decrease = 0.8;
     double rate_min = 1;
     double rate_initial = 10;
     // Test-only: accept an http:// --stripe-api-base (the key would travel in cleartext). Command line only.

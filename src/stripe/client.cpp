@@ -144,8 +144,9 @@ net::awaitable<call_result> run_call(state_ptr st, operation op, std::string met
     for (unsigned attempt = 1;; ++attempt) {
         out = call_result{};
         if (st->pace) co_await pace(*st);
+        auto sent_at = steady::now();
         out.http = co_await st->http->request(build(st->cfg, method, target, body, key));
-        if (st->pace && out.http.ok()) st->pace->on_response(out.http.resp.status == 429);
+        if (st->pace && out.http.ok()) st->pace->on_response(out.http.resp.status == 429, sent_at);
         if (st->metrics && out.http.ok() && out.http.resp.status == 429) st->metrics->throttled();
         out.attempts = attempt;
         if (st->metrics) st->metrics->attempt(op);

@@ -52,8 +52,8 @@ net::awaitable<void> pacer::dispatch(std::shared_ptr<pacer> self) {
     self->dispatching_ = false;
 }
 
-void pacer::on_response(bool throttled) {
-    rc_.on_response(std::chrono::steady_clock::now(), throttled);
+void pacer::on_response(bool throttled, std::chrono::steady_clock::time_point sent_at) {
+    rc_.on_response(std::chrono::steady_clock::now(), throttled, sent_at);
 }
 
 }  // namespace cg::stripe

@@ -22,8 +22,8 @@ class pacer : public std::enable_shared_from_this<pacer> {
     // Completes when one request may be sent (at once when a token is there and nobody queues). Returns how
     // long the caller waited. Not cancellable: a waiter is released in turn.
     net::awaitable<std::chrono::steady_clock::duration> acquire();
-    // An answer arrived (`throttled`: HTTP 429).
-    void on_response(bool throttled);
+    // An answer arrived (`throttled`: HTTP 429) to a request admitted at `sent_at`.
+    void on_response(bool throttled, std::chrono::steady_clock::time_point sent_at = {});
 
     double limit() const noexcept { return rc_.limit(); }
     std::size_t waiting() const noexcept { return waiting_.size(); }

@@ -48,6 +48,7 @@ bool rate_control::try_take(time_point now) {
     }
     if (!std::isinf(limit())) tokens_ -= 1;
     sent_.add(now);
+    recent_sent_.add(now);
     return true;
 }
 
@@ -74,21 +75,81 @@ double rate_control::rate_window::rate(time_point now) const noexcept {
     return static_cast<double>(count) / std::max(seconds(now - start), 0.1);
 }
 
-void rate_control::on_response(time_point now, bool throttled) {
+void rate_control::recent::add(time_point now) {
+    auto bin = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() / 100;
+    if (first_bin < 0) first_bin = bin;
+    int i = static_cast<int>(bin % bins);
+    if (bin_of_[i] != bin) {
+        bin_of_[i] = bin;
+        count_[i] = 0;
+    }
+    ++count_[i];
+}
+
+double rate_control::recent::rate(time_point now) const noexcept {
+    if (first_bin < 0) return 0;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
+    auto bin = ms / 100;
+    std::uint64_t n = 0;
+    for (int i = 0; i < bins; ++i)
+        if (bin_of_[i] > bin - bins && bin_of_[i] <= bin) n += count_[i];
+    // The current bin is as long as it has lasted; a process younger than a second is measured over its age.
+    auto full = std::min<std::int64_t>(bins - 1, bin - first_bin);
+    double span = 0.1 * static_cast<double>(full) + 0.001 * static_cast<double>(ms % 100 + 1);
+    return static_cast<double>(n) / std::max(span, 0.1);
+}
+
+void rate_control::decrease(time_point now) {
+    refill(now);  // tokens earned at the old limit count at the old limit
+    // Stripe's bucket is empty at a 429 and was empty at the one before: what it accepted in between, per
+    // second, is its rate (the last second alone reads high, it includes the bucket's drain). After a
+    // lowered limit the last second is the lower figure.
+    double accepted = std::min(recent_accepted_.rate(now), accepted_rate(now));
+    if (recent_sent_.first_bin >= 0) accepted = std::min(accepted, recent_sent_.rate(now));
+    double since = seconds(now - last_decrease_);
+    if (decreased_once_ && since >= 1.0)
+        accepted = std::min(accepted, static_cast<double>(accepted_since_) / since);
+    accepted_since_ = 0;
+    estimate_ = std::max(cfg_.min_rps, std::min(adaptive_, accepted));
+    adaptive_ = std::max(cfg_.min_rps, estimate_ * cfg_.decrease_factor);
+    if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
+    dip_from_ = adaptive_;
+    last_decrease_ = now;
+    decreased_once_ = true;
+    last_increase_ = now;
+    curve_s_ = 0;
+    slow_start_ = false;
+    pressed_ = false;
+    ++decreases_;
+}
+
+// The limit curve since the last decrease: back to the estimate in `recover`, then the probe past it.
+void rate_control::grow(time_point now) {
+    curve_s_ += seconds(now - last_increase_);
+    double k = seconds(cfg_.recover);
+    double beta = estimate_ > 0 ? std::clamp(dip_from_ / estimate_, 0.0, 1.0) : cfg_.decrease_factor;
+    double target;
+    if (curve_s_ < k) {
+        target = estimate_ * (beta + (1 - beta) * curve_s_ / k);
+    } else {
+        double u = curve_s_ - k;
+        target = estimate_ * (1 + cfg_.probe_growth * u * u) + cfg_.increase_rps_per_s * u;
+    }
+    adaptive_ = std::max(adaptive_, target);
+}
+
+void rate_control::on_response(time_point now, bool throttled, time_point sent_at) {
     if (!cfg_.adaptive) return;
-    if (!throttled) accepted_.add(now);
+    if (!throttled) {
+        accepted_.add(now);
+        recent_accepted_.add(now);
+        ++accepted_since_;
+    }
     if (throttled) {
-        if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold) return;
-        refill(now);  // tokens earned at the old limit count at the old limit
-        double base = std::min({adaptive_, sent_rate(now), accepted_rate(now)});
-        adaptive_ = std::max(cfg_.min_rps, base * cfg_.decrease_factor);
-        if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
-        last_decrease_ = now;
-        decreased_once_ = true;
-        last_increase_ = now;
-        slow_start_ = false;
-        pressed_ = false;
-        ++decreases_;
+        // A request sent before the last decrease belongs to the episode that caused it; one sent since says
+        // the decreased limit is still too high.
+        if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold && sent_at <= last_decrease_) return;
+        decrease(now);
         return;
     }
     if (std::isinf(adaptive_) || now <= last_increase_) return;
@@ -97,12 +158,15 @@ void rate_control::on_response(time_point now, bool throttled) {
         return;
     }
     if (slow_start_) {
+        // One doubling per step and per round trip: the answer must be to a request sent at the limit in
+        // force.
         if (now - last_increase_ < cfg_.slow_start_step) return;
+        if (sent_at != time_point{} && sent_at < last_increase_) return;
         refill(now);
         adaptive_ *= 2;
     } else {
         refill(now);
-        adaptive_ += cfg_.increase_rps_per_s * seconds(now - last_increase_);
+        grow(now);
     }
     if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
     last_increase_ = now;

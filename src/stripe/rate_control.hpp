@@ -3,17 +3,25 @@
 //
 // Two limits, the lower wins:
 // - a hard ceiling (`max_rps`, --stripe-max-rps) this process never exceeds;
-// - an adaptive limit (AIMD): it starts at `initial_rps` and doubles every `slow_start_step` while demand
+// - an adaptive limit driven by 429s, Stripe's only signal (it sends no rate-limit headers and no
+//   Retry-After on a 429). It starts at `initial_rps` and doubles every `slow_start_step` while demand
 //   presses on it (slow start, so a cold start of several sidecars is not one burst of 429s; initial_rps 0
-//   starts unlimited), until Stripe answers 429; then the rate Stripe was
-//   actually accepting from this process (answers without a 429, never more than it sent) times
-//   `decrease_factor`, at most once per `decrease_hold` (one overload episode is
-//   one decrease, however many 429s it produced); between 429s it probes upward by `increase_rps_per_s`
-//   for every second of answers without one. The limit only grows while demand presses on it (a request
-//   had to wait): an idle process does not wake up with a limit it never tried. Sidecars sharing one Stripe
-//   account each see the account's 429s and converge on a share of its limit without talking to each other.
-// The defaults were chosen by simulation (tests/unit/stripe/rate_control_test.cpp: several sidecars against
-// one account's limit, with and without Stripe latency; the test states the bounds it holds them to).
+//   starts unlimited), until Stripe answers 429. A 429 episode (at most one per `decrease_hold`, however many
+//   429s it produced; a 429 to a request sent after the decrease is a new episode) sets the *estimate*: the
+//   rate Stripe accepted from this process since the episode before (answers without a 429 per second;
+//   Stripe's bucket was empty at both), or over the last second when that is lower (a lowered limit), never
+//   more than it sent nor the limit in force; the limit drops to `decrease_factor` × the estimate. From there
+//   the limit climbs back to the estimate in `recover` (linearly), then probes past it: `increase_rps_per_s`
+//   per second plus `probe_growth` × estimate × t² (t: seconds past the estimate), slow just above the rate
+//   that was last too much and faster the longer no 429 says so. Stripe's limit is a token bucket: the dip
+//   below the estimate fills it and the climb above spends it, so the rate between two 429s averages the
+//   limit and the depth of the dip costs next to nothing. The limit only moves while demand presses on it (a
+//   request had to wait): an idle process does not wake up with a limit it never tried. Sidecars sharing one
+//   Stripe account each see the account's 429s and converge on a share of its limit without talking to each
+//   other; the probe is relative to each one's estimate, so N sidecars probe the account no faster than one,
+//   but a 429 lowers only the sidecar it reaches (by its share): N sidecars draw about N times the 429s.
+// The defaults were chosen by simulation (tests/unit/stripe/rate_control_test.cpp: one and three sidecars
+// against one account's limit, steady and changing; the test states the bounds it holds them to).
 // Admission is a token bucket refilled at the current limit holding `burst_s` seconds of it (at least one
 // token), so pacing stays smooth and a lowered limit takes effect at once.
 #pragma once
@@ -27,9 +35,11 @@ namespace cg::stripe {
 struct rate_config {
     double max_rps = 0;                             // hard ceiling; 0: none
     bool adaptive = true;                           // AIMD on 429
-    double increase_rps_per_s = 0.2;                // additive probe, per second without a 429
-    double decrease_factor = 0.7;                   // multiplicative back-off on a 429
+    double increase_rps_per_s = 0;                  // linear part of the probe past the estimate, per second
+    double decrease_factor = 0.8;                   // the limit after a 429 episode, × the estimate
     std::chrono::milliseconds decrease_hold{1000};  // at most one decrease per hold
+    std::chrono::milliseconds recover{7000};        // from the decreased limit back to the estimate
+    double probe_growth = 0.005;                    // quadratic part of the probe, × estimate per s²
     double min_rps = 1;                             // the adaptive limit never goes below
     double initial_rps = 10;                        // slow start from here (0: unlimited until the first 429)
     std::chrono::milliseconds slow_start_step{250};  // doubling period of the slow start
@@ -48,8 +58,10 @@ class rate_control {
     bool try_take(time_point now);
     // How long until a token will be there at the current limit (zero when one is there now).
     clock::duration until_next(time_point now);
-    // An answer arrived: `throttled` for a 429. Drives the adaptive limit.
-    void on_response(time_point now, bool throttled);
+    // An answer arrived: `throttled` for a 429. Drives the adaptive limit. `sent_at`: when its request was
+    // admitted, if known (a 429 to a request sent after the last decrease decreases again at once; unknown,
+    // it counts as sent before).
+    void on_response(time_point now, bool throttled, time_point sent_at = {});
 
     // The limit in force (requests/s), `unlimited` when nothing limits.
     double limit() const noexcept;
@@ -58,6 +70,8 @@ class rate_control {
     // current partial one, at least 100 ms long).
     double sent_rate(time_point now) const noexcept { return sent_.rate(now); }
     double accepted_rate(time_point now) const noexcept { return accepted_.rate(now); }
+    // The rate the last 429 episode said was Stripe's share for this process (0 before the first one).
+    double estimate() const noexcept { return estimate_; }
     std::uint64_t decreases() const noexcept { return decreases_; }
     const rate_config& config() const noexcept { return cfg_; }
 
@@ -70,7 +84,18 @@ class rate_control {
         void add(time_point now);
         double rate(time_point now) const noexcept;
     };
+    // Counts over the last second in 100 ms bins (the decrease reads what Stripe accepted lately).
+    struct recent {
+        static constexpr int bins = 10;
+        std::int64_t bin_of_[bins] = {};
+        std::uint32_t count_[bins] = {};
+        std::int64_t first_bin = -1;  // the first bin ever counted
+        void add(time_point now);
+        double rate(time_point now) const noexcept;  // per second over the last second (or since the first)
+    };
     void refill(time_point now);
+    void decrease(time_point now);
+    void grow(time_point now);
 
     rate_config cfg_;
     double adaptive_ = unlimited;
@@ -81,7 +106,12 @@ class rate_control {
     time_point last_decrease_{};
     bool decreased_once_ = false;
     time_point last_increase_;
+    double estimate_ = 0;
+    double curve_s_ = 0;                // seconds of pressed demand since the last decrease
+    double dip_from_ = 0;               // the limit right after the last decrease
+    std::uint64_t accepted_since_ = 0;  // answers without a 429 since the last decrease
     rate_window sent_, accepted_;
+    recent recent_sent_, recent_accepted_;
     std::uint64_t decreases_ = 0;
 };
 

@@ -29,10 +29,23 @@ bool limiter::bucket::ready(double rate, double depth, clock::time_point now) {
     return tokens >= 1;
 }
 
-void limiter::set(const limits& l, clock::time_point) {
+void limiter::set(const limits& l, clock::time_point now) {
+    // A change while running keeps what each bucket holds (refilled at the old rate up to now, then capped
+    // at the new depth): lowering the limit grants no fresh burst, raising it none either. Buckets never
+    // used start full at the new rate.
+    auto carry = [&](bucket& b, double old_rate, double new_rate) {
+        if (b.at == clock::time_point{}) return;
+        if (old_rate > 0) (void)b.ready(old_rate, limits_.burst_s, now);
+        if (new_rate <= 0 || old_rate <= 0) {
+            b = {};
+            return;
+        }
+        b.tokens = std::min(b.tokens, std::max(1.0, new_rate * l.burst_s));
+    };
+    carry(global_, limits_.global_rps, l.global_rps);
+    for (auto& [name, b] : endpoints_) carry(b, limits_.endpoint_rps, l.endpoint_rps);
     limits_ = l;
-    global_ = {};  // full buckets at the new rates
-    endpoints_.clear();
+    ++changes_;
 }
 
 limiter::verdict limiter::admit(std::string_view endpoint, clock::time_point now, int in_flight) {

@@ -1,6 +1,7 @@
 // fake-stripe's rate limiter, shaped like Stripe's (specs/stripe.md "Rate limits"): a token bucket for the
 // whole account, one per endpoint (method + path with object ids folded), and a concurrency limit. Pure: the
-// time and the number of requests in flight are passed in. A refused request costs no token.
+// time and the number of requests in flight are passed in. A refused request costs no token. The limits may
+// change while running (POST /_admin/limits), the buckets keeping what they hold.
 #pragma once
 
 #include <chrono>
@@ -26,6 +27,7 @@ class limiter {
     // "POST /v1/charges", "GET /v1/charges/:id", …
     static std::string endpoint_of(std::string_view method, std::string_view path);
 
+    // Sets the limits; may be called while running (Stripe lowers limits under load): see limiter.cpp.
     void set(const limits& l, clock::time_point now);
     const limits& get() const noexcept { return limits_; }
     // One request arriving while `in_flight` others are being served.
@@ -33,6 +35,7 @@ class limiter {
 
     std::uint64_t rate_limited() const noexcept { return rate_limited_; }
     std::uint64_t too_concurrent() const noexcept { return too_concurrent_; }
+    std::uint64_t changes() const noexcept { return changes_; }
 
   private:
     struct bucket {
@@ -43,7 +46,7 @@ class limiter {
     limits limits_;
     bucket global_;
     std::map<std::string, bucket, std::less<>> endpoints_;
-    std::uint64_t rate_limited_ = 0, too_concurrent_ = 0;
+    std::uint64_t rate_limited_ = 0, too_concurrent_ = 0, changes_ = 0;
 };
 
 }  // namespace cg::fake

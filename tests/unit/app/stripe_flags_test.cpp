@@ -146,7 +146,9 @@ BOOST_AUTO_TEST_CASE(rate_control_flags) {
     auto d = to_stripe_config(f);
     BOOST_TEST(d.rate.max_rps == 0.0);  // no ceiling by default
     BOOST_TEST(d.rate.adaptive);        // AIMD on by default
-    BOOST_TEST(d.rate.decrease_factor == 0.7);
+    // The flags default to the policy's own defaults.
+    BOOST_TEST(d.rate.decrease_factor == cg::stripe::rate_config{}.decrease_factor);
+    BOOST_TEST(d.rate.increase_rps_per_s == cg::stripe::rate_config{}.increase_rps_per_s);
     BOOST_TEST(d.retry.max_rate_limited_retries == 8u);
 
     CLI::App app2;
