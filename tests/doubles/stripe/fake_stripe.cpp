@@ -440,6 +440,7 @@ void fake_stripe::reset() {
     intents_.clear();
     refunds_.clear();
     disputes_.clear();
+    bank_outcomes_.clear();
     events_.clear();
     webhooks_->reset();
     ++settle_gen_;
@@ -680,6 +681,10 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
         pi.status = "processing";
         pi.settles_to = std::string(m->settles_to);
         pi.settle_failure_code = std::string(m->failure_code);
+        if (auto o = bank_outcomes_.find(pi.customer); o != bank_outcomes_.end()) {
+            pi.settles_to = o->second.first;
+            pi.settle_failure_code = o->second.second;
+        }
         status = 200;
         body = intent_json(pi);
         emit("payment_intent.processing", body, pi.id, pi.id);
@@ -788,6 +793,10 @@ void fake_stripe::emit(const std::string& type, const std::string& object_json, 
     webhooks_->send({e.id, e.type, group, e.body});
     events_.push_back(std::move(e));
     webhooks_->notify();
+}
+
+void fake_stripe::bank_outcome(std::string customer, std::string outcome, std::string failure_code) {
+    bank_outcomes_[std::move(customer)] = {std::move(outcome), std::move(failure_code)};
 }
 
 void fake_stripe::schedule_settlement(const std::string& intent_id) {
@@ -1161,6 +1170,10 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         num("settle_after_ms", ms);
         settle_after(std::chrono::milliseconds(ms));
         co_return json_response(200, json_obj().num("settle_after_ms", ms).done());
+    }
+    if (path == "/_admin/bank" && req.method == "POST") {
+        bank_outcome(param(p, "customer"), param(p, "outcome"), param(p, "failure_code"));
+        co_return json_response(200, "{}");
     }
     if (path == "/_admin/settle" && req.method == "POST") {
         bool ok = settle(param(p, "payment_intent"), param(p, "outcome"), param(p, "failure_code"));

@@ -143,6 +143,10 @@ class fake_stripe {
     // Closes an open dispute as "won" or "lost"; false when there is none open with that id.
     bool close_dispute(const std::string& dispute_id, const std::string& status);
     int pending_settlements() const noexcept { return pending_settle_; }
+    // From now on, the customer's bank debits settle this way ("succeeded", or "failed" with `failure_code`),
+    // whatever the test payment method says: the customer topped up the account, or closed it.
+    // POST /_admin/bank.
+    void bank_outcome(std::string customer, std::string outcome, std::string failure_code = {});
     int posts_for(const std::string& key) const;
     int max_concurrent() const noexcept { return max_active_; }
     std::uint64_t requests() const noexcept { return requests_; }
@@ -202,6 +206,7 @@ class fake_stripe {
     int pending_settle_ = 0;
     std::uint64_t settle_gen_ = 0;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+    std::map<std::string, std::pair<std::string, std::string>> bank_outcomes_;  // customer → outcome, code
     std::string cur_request_id_, cur_idem_key_;  // the POST being executed (an event's `request`)
     std::map<std::string, idem_rec> idem_;
     std::map<std::string, int> posts_;

@@ -223,6 +223,21 @@ BOOST_AUTO_TEST_CASE(processing_method_waits_for_a_hand_settlement_or_a_cancel) 
     BOOST_TEST(std::count(t.begin(), t.end(), "payment_intent.payment_failed") == 1);
 }
 
+BOOST_AUTO_TEST_CASE(a_customer_bank_outcome_overrides_the_test_method) {
+    fixture f;
+    f.fake->bank_outcome("cus_bank", "succeeded");
+    auto c = f.client();
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto o = co_await c->create_payment_intent(pi_req("ach-topped-up", "pm_usBankAccount_insufficientFunds"));
+        BOOST_TEST_REQUIRE(o.intent.has_value());
+        BOOST_TEST(o.intent->status == "processing");
+        BOOST_TEST_REQUIRE(co_await f.settled());
+        auto pi = co_await c->retrieve_payment_intent(o.intent->id);
+        BOOST_TEST_REQUIRE(pi.has_value());
+        BOOST_TEST(pi->status == "succeeded");
+    });
+}
+
 BOOST_AUTO_TEST_CASE(refunds_partial_full_idempotent_and_refused) {
     fixture f;
     f.only({"charge.refunded", "refund.created"});
