@@ -445,7 +445,6 @@ void fake_stripe::reset() {
     webhooks_->reset();
     ++settle_gen_;
     pending_settle_ = 0;
-    settle_after_ = std::chrono::milliseconds(2000);
     idem_.clear();
     posts_.clear();
     fault_hits_.clear();

@@ -152,6 +152,8 @@ class fake_stripe {
     std::uint64_t requests() const noexcept { return requests_; }
     // Injected faults that hit a request, by "fault path" (e.g. "fail_after_create /v1/payment_intents").
     const std::map<std::string, int>& fault_hits() const noexcept { return fault_hits_; }
+    // Forgets every object, event, fault and delivery record; keeps the limits, the webhook endpoint and the
+    // settle delay as configured.
     void reset();
 
     // Internals used by the request handlers.
