@@ -23,6 +23,7 @@
 #include "billing/ledger.hpp"
 #include "billing/pending_age.hpp"
 #include "billing/pipeline.hpp"
+#include "billing/settlement_poller.hpp"
 #include "nsq/consumer.hpp"
 #include "stripe/client.hpp"
 
@@ -53,7 +54,30 @@ struct consume_flags {
     heal_flags heal;
     runtime_flags rt;
     std::string stripe_io = "offload";
+    std::string processing_poll_after = "1h";
+    double processing_poll_rate = 5;
 };
+
+// Rows left processing are retrieved from Stripe by id once they have waited --processing-poll-after, at
+// most --processing-poll-rate per second (billing/settlement_poller.hpp); a pass runs every quarter of the
+// bound, at most every minute and at least every second.
+billing::poller_config to_poller_config(const consume_flags& f) {
+    billing::poller_config c;
+    c.poll_after = duration_flag("--processing-poll-after", f.processing_poll_after);
+    if (c.poll_after < std::chrono::seconds(1) || c.poll_after > std::chrono::hours(24 * 7))
+        bad_value("--processing-poll-after", f.processing_poll_after, "must be between 1s and 168h");
+    if (!(f.processing_poll_rate > 0 && f.processing_poll_rate <= 100))
+        bad_value("--processing-poll-rate", std::to_string(f.processing_poll_rate), "must be in (0, 100]");
+    c.rate_per_second = f.processing_poll_rate;
+    c.interval = std::clamp<milliseconds>(c.poll_after / 4, std::chrono::seconds(1), std::chrono::minutes(1));
+    c.deferred_after = std::min<milliseconds>(c.interval, std::chrono::minutes(1));
+    return c;
+}
+
+net::awaitable<void> stop_poller(std::shared_ptr<billing::settlement_poller> p) {
+    p->stop();
+    co_return;
+}
 
 void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
     auto before = cmd.get_options().size();
@@ -259,6 +283,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
         scfg.max_connections = std::min<std::size_t>(
             f.stripe.connection_cap, std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight)));
     auto bcfg = to_pipeline_config(f.billing);
+    auto pollcfg = to_poller_config(f);
     auto opts = to_runtime_options(f.rt);
     // Leave a fifth of the shutdown budget for CLS, the last FINs and closing the pool.
     ncfg.drain_timeout = std::chrono::duration_cast<milliseconds>(opts.shutdown_timeout * 4 / 5);
@@ -326,6 +351,14 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto pending_age = billing::start_pending_age_monitor(rt.io().get_executor(), pool, rt.metrics(), log);
     rt.on_shutdown([pending_age]() { return pending_age->stop(); });
     start_ledger_healing(rt, pipeline, pool, **stripe, f.heal, ncfg, pending_age.get());
+    log.info("processing poll", {{"after_ms", static_cast<std::int64_t>(pollcfg.poll_after.count())},
+                                 {"rate_per_second", pollcfg.rate_per_second},
+                                 {"interval_ms", static_cast<std::int64_t>(pollcfg.interval.count())}});
+    auto poller = std::make_shared<billing::settlement_poller>(pollcfg, pool, **stripe, log, &rt.metrics());
+    asio::co_spawn(rt.io(), poller->run(), [poller, log](std::exception_ptr e) {
+        if (e) log.error("processing poll stopped", {{"error", describe_exception(e)}});
+    });
+    rt.on_shutdown([poller]() { return stop_poller(poller); });
     if (auto ep = rt.start(); !ep) {
         log.error("cannot start", {{"error", ep.err().describe()}});
         return 1;
@@ -362,6 +395,15 @@ void register_consume(CLI::App& app, command_main& selected) {
         ->check(CLI::IsMember({"loop", "offload"}))
         ->capture_default_str()
         ->group(group_stripe);
+    cmd->add_option("--processing-poll-after", f->processing_poll_after,
+                    "retrieve a payment still processing (a bank debit) from Stripe by id once it has waited "
+                    "this long without news, so a lost webhook never leaves it open; 1s to 168h")
+        ->capture_default_str()
+        ->group(group_pipeline);
+    cmd->add_option("--processing-poll-rate", f->processing_poll_rate,
+                    "most retrieves per second the processing poll sends to Stripe")
+        ->capture_default_str()
+        ->group(group_pipeline);
     cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_consume(*f, g); }; });
 }
 

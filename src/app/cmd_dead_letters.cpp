@@ -2,8 +2,10 @@
 // could not process and re-drive them once their cause is fixed (the customer's card, the ledger row in
 // conflict, the producer's data).
 //
-// A replay first reopens the letter's ledger row when it is `failed` (Stripe refused the request as sent) or
-// `cap_blocked` (the vault refused it): back to pending, to be searched for and charged by the redelivery —
+// A replay first reopens the letter's ledger row when it is `failed` (Stripe refused the request as sent),
+// `cap_blocked` (the vault refused it) or `failed_after_processing` (the bank debit failed days later; the
+// row goes straight to a new key generation, since Stripe said how the old payment ended): back to pending,
+// to be searched for (or, after a late failure, charged under the new key) by the redelivery —
 // without that the replayed message would meet a final row and be finished as a duplicate, uncharged. It
 // then publishes the stored raw body to the letter's topic with the ordinary NSQ producer, and marks the
 // letter replayed (who, when). Publish first, mark second: a crash in between leaves the letter unmarked and
@@ -180,9 +182,10 @@ net::awaitable<bool> reopen_row(const letters_replay_flags& f, billing::ledger& 
         co_return false;
     }
     if (*reopened) {
-        std::printf(
-            "letter %lld: ledger row %s reopened (was %s): the replay searches Stripe, then charges\n", id,
-            l.billing_key->c_str(), std::string(billing::to_string(**reopened)).c_str());
+        const bool late = **reopened == billing::record_status::failed_after_processing;
+        std::printf("letter %lld: ledger row %s reopened (was %s): the replay %s\n", id, l.billing_key->c_str(),
+                    std::string(billing::to_string(**reopened)).c_str(),
+                    late ? "charges again under a new key generation" : "searches Stripe, then charges");
         co_return true;
     }
     auto row = co_await led.find(*l.billing_key);

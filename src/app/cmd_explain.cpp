@@ -68,6 +68,13 @@ constexpr const char* explain_columns[] = {"key",
                                            "last_stripe_attempt_at",
                                            "nsq_message_id",
                                            "nsq_attempts",
+                                           "stripe_status",
+                                           "stripe_status_at",
+                                           "processing_since",
+                                           "polled_at",
+                                           "refunded_cents",
+                                           "disputed_cents",
+                                           "dispute_status",
                                            "created_at",
                                            "updated_at"};
 constexpr int n_explain_columns = static_cast<int>(std::size(explain_columns));
@@ -229,6 +236,19 @@ void decide(explanation& x) {
     x.state = status;
     if (status == "charged") {
         x.verdict = "charged once: " + r.str("charge_id") + " at " + r.str("updated_at");
+        auto refunded = r.str("refunded_cents");
+        if (!refunded.empty() && refunded != "0")
+            x.verdict += refunded == r.str("amount_cents")
+                             ? "; refunded in full"
+                             : "; refunded " + refunded + " of " + r.str("amount_cents") + " cents";
+        if (auto d = r.get("dispute_status"))
+            x.verdict += "; disputed (" + *d + ", " + r.str("disputed_cents") + " cents)";
+    } else if (status == "processing") {
+        x.verdict = "processing since " + r.str("processing_since") + " (Stripe said " + r.str("stripe_status") +
+                    " at " + r.str("stripe_status_at") +
+                    "): the bank has not answered; a webhook or the processing poll settles it";
+    } else if (status == "failed_after_processing") {
+        x.verdict = "failed after processing: " + err + replay_hint(x);
     } else if (status == "pending") {
         if (r.lease_live)
             x.verdict = "pending: lease held (epoch " + r.str("lease_epoch") + ") until " +

@@ -29,11 +29,6 @@ std::string_view signature_outcome(stripe::signature_status s) {
     return s == st::stale || s == st::future ? "stale" : "bad_signature";
 }
 
-constexpr const char* insert_event_sql =
-    "INSERT INTO stripe_webhook_events (id, type, created, livemode, object_id, payload) "
-    "VALUES ($1, $2, to_timestamp($3), $4, NULLIF($5, ''), $6::jsonb) "
-    "ON CONFLICT (id) DO NOTHING RETURNING id";
-
 }  // namespace
 
 webhook_receiver::webhook_receiver(webhook_receiver_config cfg, std::shared_ptr<pg::pool> pool, logger log,
@@ -41,13 +36,30 @@ webhook_receiver::webhook_receiver(webhook_receiver_config cfg, std::shared_ptr<
     : cfg_(std::move(cfg)),
       pool_(std::move(pool)),
       log_(std::move(log)),
+      settlements_(pool_),
       deliveries_(
           reg.counter("chargeguard_webhook_deliveries_total",
                       "Stripe webhook deliveries by outcome (recorded, duplicate, bad_signature, stale, "
                       "malformed, too_large, error)")),
       lag_(reg.histogram("chargeguard_webhook_lag_seconds",
                          "Time from a Stripe event's creation to its first recorded delivery")
-               .Add({}, webhook_lag_buckets())) {
+               .Add({}, webhook_lag_buckets())),
+      events_(
+          reg.counter("chargeguard_webhook_events_total",
+                      "Recorded Stripe events by what they did to the ledger (applied, no_change, deferred, "
+                      "other_payment, unknown_type, unknown_object, unreadable)")),
+      failed_after_processing_(
+          reg.counter("chargeguard_billing_failed_after_processing_total",
+                      "Payments that failed after processing (dead-lettered; a replay charges again)")
+              .Add({})),
+      anomalies_(
+          reg.counter("chargeguard_billing_settlement_anomalies_total",
+                      "Stripe facts chargeguard never asks for (money taken for a row recorded declined or "
+                      "failed, success after a recorded failure)")
+              .Add({})) {
+    for (const char* r : {"applied", "no_change", "deferred", "other_payment", "unknown_type",
+                          "unknown_object", "unreadable"})
+        events_.Add({{"result", r}});
     // Every outcome exists from the start, so a rate() over a refused outcome works before the first one.
     for (const char* o :
          {"recorded", "duplicate", "bad_signature", "stale", "malformed", "too_large", "error"})
@@ -80,34 +92,44 @@ asio::awaitable<http::response> webhook_receiver::handle(http::request& req) {
     co_return co_await record(req, now);
 }
 
-// Inserts the event (autocommit: the row is durable when the reply arrives), then answers. Any failure
-// between the two answers 500 so that Stripe delivers again; the insert is idempotent on the event id.
+// Records and applies the event in one transaction (billing/settlement_store.hpp), then answers. Any failure
+// before the commit answers 500 so that Stripe delivers again; nothing of the event is then kept, and the
+// redelivery records and applies it as if it were the first.
 asio::awaitable<http::response> webhook_receiver::record(const http::request& req,
                                                          std::int64_t received_unix) {
     auto ev = stripe::parse_webhook_event(req.body);
     if (!ev) co_return refuse(400, "malformed", ev.err().message);
-    auto conn = co_await pool_->acquire();
-    if (!conn) {
+    auto rec = co_await settlements_.record_event(*ev, req.body);
+    if (!rec) {
         deliveries_.Add({{"outcome", "error"}}).Increment();
-        log_.error("webhook not recorded: no PostgreSQL connection",
-                   {{"event", ev->id}, {"error", conn.err().describe()}});
+        log_.error("webhook not recorded", {{"event", ev->id}, {"error", rec.err().describe()}});
         co_return webhook_json(500, R"({"error":{"message":"not recorded, retry"}})");
     }
-    auto rows = co_await (*conn)->query(insert_event_sql, ev->id, ev->type, ev->created, ev->livemode,
-                                        ev->object_id, req.body);
-    if (!rows) {
-        deliveries_.Add({{"outcome", "error"}}).Increment();
-        log_.error("webhook not recorded", {{"event", ev->id}, {"error", rows.err().describe()}});
-        co_return webhook_json(500, R"({"error":{"message":"not recorded, retry"}})");
-    }
-    if (rows->empty()) {
+    if (rec->duplicate) {
         deliveries_.Add({{"outcome", "duplicate"}}).Increment();
         log_.info("webhook duplicate ignored", {{"event", ev->id}, {"type", ev->type}});
         co_return webhook_json(200, R"({"received":true,"duplicate":true})");
     }
     deliveries_.Add({{"outcome", "recorded"}}).Increment();
+    events_.Add({{"result", rec->outcome}}).Increment();
     lag_.Observe(static_cast<double>(std::max<std::int64_t>(0, received_unix - ev->created)));
-    log_.info("webhook recorded", {{"event", ev->id}, {"type", ev->type}, {"object", ev->object_id}});
+    const std::string key = rec->row ? rec->row->key : std::string();
+    log_.info("webhook recorded", {{"event", ev->id},
+                                   {"type", ev->type},
+                                   {"object", ev->object_id},
+                                   {"result", rec->outcome},
+                                   {"billing_key", key},
+                                   {"status", rec->row ? billing::to_string(rec->row->after.status) : ""}});
+    if (rec->row && rec->row->failed_now) {
+        failed_after_processing_.Increment();
+        log_.error("alert: payment failed after processing; dead-lettered, replay charges again",
+                   {{"alert", true}, {"billing_key", key}, {"event", ev->id}, {"reason", rec->row->note}});
+    }
+    if (rec->row && rec->row->anomaly) {
+        anomalies_.Increment();
+        log_.error("alert: Stripe reports what chargeguard never asked for",
+                   {{"alert", true}, {"billing_key", key}, {"event", ev->id}, {"note", rec->row->note}});
+    }
     co_return webhook_json(200, R"({"received":true})");
 }
 

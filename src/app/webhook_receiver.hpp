@@ -1,5 +1,6 @@
 // The Stripe webhook endpoint behind `chargeguard webhooks`: verifies each delivery's Stripe-Signature over
-// the raw body, records the event once in stripe_webhook_events, and answers 2xx only after that insert
+// the raw body, records the event once in stripe_webhook_events and applies it to the ledger row it names in
+// the same transaction (billing/settlement_store.hpp), and answers 2xx only after that transaction
 // committed (docs/operating/webhooks.md has the status table).
 //
 //   oversized body → 413 · unsigned, bad or malformed signature → 400 · stale or future → 400 ·
@@ -7,7 +8,10 @@
 //   recorded → 200 · already recorded → 200 (ignored) · other methods → 405 (the router)
 //
 // Metrics: chargeguard_webhook_deliveries_total{outcome} (recorded, duplicate, bad_signature, stale,
-// malformed, too_large, error) and chargeguard_webhook_lag_seconds (received − the event's `created`).
+// malformed, too_large, error), chargeguard_webhook_lag_seconds (received − the event's `created`),
+// chargeguard_webhook_events_total{result} (what a recorded event did to the ledger: applied, no_change,
+// deferred, other_payment, unknown_type, unknown_object, unreadable),
+// chargeguard_billing_failed_after_processing_total and chargeguard_billing_settlement_anomalies_total.
 #pragma once
 
 #include <chrono>
@@ -15,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "billing/settlement_store.hpp"
 #include "core/log.hpp"
 #include "http/router.hpp"
 #include "metrics/registry.hpp"
@@ -49,8 +54,12 @@ class webhook_receiver {
     webhook_receiver_config cfg_;
     std::shared_ptr<pg::pool> pool_;
     logger log_;
+    billing::settlement_store settlements_;
     metrics::family<metrics::Counter>& deliveries_;
     metrics::Histogram& lag_;
+    metrics::family<metrics::Counter>& events_;
+    metrics::Counter& failed_after_processing_;
+    metrics::Counter& anomalies_;
 };
 
 }  // namespace cg::app

@@ -18,13 +18,18 @@ std::string_view to_string(record_status s) noexcept {
             return "cap_blocked";
         case record_status::conflict:
             return "conflict";
+        case record_status::processing:
+            return "processing";
+        case record_status::failed_after_processing:
+            return "failed_after_processing";
     }
     return "?";
 }
 
 std::optional<record_status> parse_record_status(std::string_view s) noexcept {
     for (auto v : {record_status::pending, record_status::charged, record_status::declined,
-                   record_status::failed, record_status::cap_blocked, record_status::conflict})
+                   record_status::failed, record_status::cap_blocked, record_status::conflict,
+                   record_status::processing, record_status::failed_after_processing})
         if (to_string(v) == s) return v;
     return std::nullopt;
 }

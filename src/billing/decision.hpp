@@ -14,10 +14,23 @@ namespace cg::billing {
 
 using sys_time = std::chrono::system_clock::time_point;
 
-enum class record_status { pending, charged, declined, failed, cap_blocked, conflict };
+// processing: Stripe answered but the money has not moved yet (a bank debit); the webhook receiver or the
+// poll of rows left processing settles it to charged or failed_after_processing (settlement.hpp).
+// failed_after_processing: the payment failed after processing; a dead letter holds the event, whose replay
+// charges again under a new key generation.
+enum class record_status {
+    pending,
+    charged,
+    declined,
+    failed,
+    cap_blocked,
+    conflict,
+    processing,
+    failed_after_processing,
+};
 std::string_view to_string(record_status s) noexcept;
 std::optional<record_status> parse_record_status(std::string_view s) noexcept;
-// Final states never call Stripe again.
+// Final states never call Stripe again (processing included: its end comes from Stripe, not from a call).
 bool is_final(record_status s) noexcept;
 
 // A billing_records row, as far as decisions need it.

@@ -167,11 +167,27 @@ const std::string in_flight_sql =
 
 // The old status comes from the locked read (RETURNING shows only new values).
 const std::string reopen_sql =
-    "WITH prev AS (SELECT status FROM billing_records WHERE key = $1 AND status IN ('failed', 'cap_blocked') "
-    "FOR UPDATE) "
-    "UPDATE billing_records b SET status = 'pending', indeterminate_since = coalesce(b.indeterminate_since, "
-    "now()), lease_until = NULL, lease_epoch = b.lease_epoch + 1, last_error = $2 "
+    "WITH prev AS (SELECT status FROM billing_records WHERE key = $1 "
+    "AND status IN ('failed', 'cap_blocked', 'failed_after_processing') FOR UPDATE) "
+    "UPDATE billing_records b SET status = 'pending', "
+    "indeterminate_since = CASE WHEN prev.status = 'failed_after_processing' THEN NULL "
+    "ELSE coalesce(b.indeterminate_since, now()) END, "
+    "key_generation = b.key_generation + CASE WHEN prev.status = 'failed_after_processing' THEN 1 ELSE 0 "
+    "END, "
+    "charge_id = CASE WHEN prev.status = 'failed_after_processing' THEN NULL ELSE b.charge_id END, "
+    "payment_intent_id = CASE WHEN prev.status = 'failed_after_processing' THEN NULL "
+    "ELSE b.payment_intent_id END, "
+    "first_stripe_attempt_at = CASE WHEN prev.status = 'failed_after_processing' THEN now() "
+    "ELSE b.first_stripe_attempt_at END, "
+    "lease_until = NULL, lease_epoch = b.lease_epoch + 1, last_error = $2 "
     "FROM prev WHERE b.key = $1 RETURNING prev.status";
+
+const std::string processing_sql =
+    "UPDATE billing_records SET status = 'processing', charge_id = coalesce($2::text, charge_id), "
+    "payment_intent_id = coalesce($3::text, payment_intent_id), stripe_status = $4::text, "
+    "stripe_status_at = now(), processing_since = now(), polled_at = NULL, nsq_topic = $5::text, "
+    "nsq_channel = $6::text, nsq_message_id = $7::text, nsq_attempts = $8::int, raw_body = $9::bytea, "
+    "lease_until = NULL, lease_epoch = lease_epoch + 1 WHERE key = $1 AND status = 'pending'";
 
 // Held until the batch's transaction ends: concurrent deliveries of one message insert one letter.
 const std::string letter_lock_sql =
@@ -608,6 +624,23 @@ net::awaitable<result<bool>> ledger::mark_declined(std::string key, std::optiona
                                                    std::optional<std::string> payment_intent_id) {
     co_return co_await settle(std::move(key), record_status::declined, std::move(charge_id),
                               std::move(last_error), std::nullopt, std::move(payment_intent_id));
+}
+
+net::awaitable<result<bool>> ledger::mark_processing(std::string key, std::optional<std::string> charge_id,
+                                                     std::optional<std::string> payment_intent_id,
+                                                     std::string stripe_status, dead_letter delivery) {
+    pg::params p;
+    p.add(std::move(key))
+        .add(std::move(charge_id))
+        .add(std::move(payment_intent_id))
+        .add(std::move(stripe_status));
+    p.add(std::move(delivery.topic)).add(std::move(delivery.channel)).add(std::move(delivery.nsq_message_id));
+    p.add(delivery.attempts);
+    p.add(
+        std::span(reinterpret_cast<const std::uint8_t*>(delivery.raw_body.data()), delivery.raw_body.size()));
+    auto r = co_await exec(pool_, processing_sql, std::move(p));
+    if (!r) co_return r.err();
+    co_return r->affected() == 1;
 }
 
 net::awaitable<result<bool>> ledger::mark_cap_blocked(std::string key, std::string last_error,

@@ -139,6 +139,13 @@ class ledger {
     net::awaitable<result<bool>> mark_declined(std::string key, std::optional<std::string> charge_id,
                                                std::string last_error,
                                                std::optional<std::string> payment_intent_id = std::nullopt);
+    // Stripe answered but the money has not moved (an intent processing or requires_capture, a charge
+    // pending): status=processing with the ids, the status seen and the delivery (topic, channel, message
+    // id, body) a later failure's dead letter carries; the lease is dropped. Only from pending (false:
+    // another worker settled it first). settlement_store then follows the row to its end.
+    net::awaitable<result<bool>> mark_processing(std::string key, std::optional<std::string> charge_id,
+                                                 std::optional<std::string> payment_intent_id,
+                                                 std::string stripe_status, dead_letter delivery);
     // Final with a dead letter, in one transaction (so a crash between the two cannot lose the letter).
     net::awaitable<result<bool>> mark_cap_blocked(std::string key, std::string last_error,
                                                   dead_letter letter);
@@ -166,10 +173,15 @@ class ledger {
     // back a new generation (see bump_generation) without touching the lease. false: the row moved on.
     net::awaitable<result<bool>> note_in_flight(std::string key, std::int32_t generation);
 
-    // Puts a `failed` or `cap_blocked` row back to pending (no lease, indeterminate_since set, last_error =
-    // `why`), so the replay of its dead letter charges it once its cause is fixed: the redelivery searches
-    // Stripe first and charges under a new key generation only if no charge carries the key. Returns the
-    // status it had, or nullopt when the row is in any other state (or absent) and was left alone.
+    // Puts a `failed`, `cap_blocked` or `failed_after_processing` row back to pending (no lease,
+    // indeterminate_since set, last_error = `why`), so the replay of its dead letter charges it once its
+    // cause is fixed: the redelivery searches Stripe first and charges under a new key generation only if no
+    // charge carries the key. A row that failed after processing goes straight to a new key generation
+    // instead (Stripe said how the old one ended; its failed charge carries the key, so a search would read
+    // it as a decline): key_generation + 1, no open answer, the failed payment's ids cleared (its late events
+    // then name another payment), and the attempt window restarted so the redelivery charges under the new
+    // key at once. Returns the status it had, or nullopt when the row is in any other state (or absent) and
+    // was left alone.
     net::awaitable<result<std::optional<record_status>>> reopen_for_replay(std::string key, std::string why);
 
     // Inserts a dead letter unless one with the same nsq_message_id and reason exists (NSQ redelivered a

@@ -31,6 +31,8 @@ std::string_view to_string(verdict_reason r) noexcept {
             return "requeued_stripe_unavailable";
         case verdict_reason::requeued_lease_lost:
             return "requeued_lease_lost";
+        case verdict_reason::processing:
+            return "processing";
     }
     return "?";
 }
@@ -66,6 +68,12 @@ charge_step step_for(stripe::outcome_class c) noexcept {
     return charge_step::mark_indeterminate_requeue;
 }
 
+charge_step step_for(const stripe::charge_outcome& out) noexcept {
+    auto s = step_for(out.cls);
+    if (s == charge_step::mark_charged && !out.in_flight_status.empty()) return charge_step::mark_processing;
+    return s;
+}
+
 std::string_view to_string(charge_step s) noexcept {
     switch (s) {
         case charge_step::mark_charged:
@@ -84,6 +92,8 @@ std::string_view to_string(charge_step s) noexcept {
             return "mark_failed_dead_letter";
         case charge_step::setup_requeue:
             return "setup_requeue";
+        case charge_step::mark_processing:
+            return "mark_processing";
     }
     return "?";
 }
@@ -127,8 +137,10 @@ create_request build_request(const billing_event& ev, std::string_view base, std
 }
 
 found_intent_step step_for_found_intent(const stripe::payment_intent& pi) noexcept {
-    if (stripe::intent_settled(pi.status))
+    if (stripe::intent_succeeded(pi.status))
         return pi.latest_charge.empty() ? found_intent_step::still_open : found_intent_step::mark_charged;
+    // Not charged yet: the row waits as processing for a webhook or the poll.
+    if (stripe::intent_in_flight(pi.status)) return found_intent_step::mark_processing;
     // We always create with confirm=true, so an intent still requires_confirmation is one whose confirm never
     // ran (a 5xx or a dropped connection inside the call): Stripe has not tried the card, and declining it
     // would leave the customer uncharged for good. Nobody else can confirm it (its client secret never left

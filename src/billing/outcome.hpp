@@ -28,8 +28,9 @@ enum class verdict_reason {
     requeued_postgres,            // PostgreSQL failed at some step
     requeued_stripe_unavailable,  // the charge search failed
     requeued_lease_lost,          // our lease was taken over before Stripe was called
+    processing,                   // Stripe answered processing: the row waits for the bank's answer; FIN
 };
-inline constexpr std::size_t verdict_reason_count = 11;
+inline constexpr std::size_t verdict_reason_count = 12;
 std::string_view to_string(verdict_reason r) noexcept;
 
 struct verdict {
@@ -65,8 +66,11 @@ enum class charge_step {
     mark_indeterminate_requeue,  // indeterminate → indeterminate_since, lease released, REQ
     mark_failed_dead_letter,     // rejected → failed with last_error + dead letter + FIN
     setup_requeue,               // setup_error → stays pending, lease released, REQ + alert
+    mark_processing,  // succeeded but in flight (processing, requires_capture) → processing + FIN
 };
 charge_step step_for(stripe::outcome_class c) noexcept;
+// The step for a whole outcome: a success whose payment is still in flight is mark_processing.
+charge_step step_for(const stripe::charge_outcome& out) noexcept;
 std::string_view to_string(charge_step s) noexcept;
 
 // POST /v1/charges for an event: Idempotency-Key = stripe_idempotency_key(base, generation); metadata always
@@ -83,11 +87,12 @@ stripe::payment_intent_request build_intent_request(const billing_event& ev, std
 using create_request = std::variant<stripe::charge_request, stripe::payment_intent_request>;
 create_request build_request(const billing_event& ev, std::string_view base, std::int32_t generation);
 
-// What a recovery search found, as a ledger step: a PaymentIntent that holds the money is charged (with its
-// latest_charge; without one yet it is still open), one that needs the customer is declined, and one Stripe
+// What a recovery search found, as a ledger step: a PaymentIntent that succeeded is charged (with its
+// latest_charge; without one yet it is still open), one processing or requires_capture is left processing
+// (settlement.hpp follows it), one that needs the customer is declined, and one Stripe
 // never tried to charge (requires_confirmation: our create-and-confirm stopped before the confirm) is as
 // good as none — the search goes on to a new key generation.
-enum class found_intent_step { mark_charged, mark_declined, still_open, not_charged };
+enum class found_intent_step { mark_charged, mark_declined, still_open, not_charged, mark_processing };
 found_intent_step step_for_found_intent(const stripe::payment_intent& pi) noexcept;
 
 }  // namespace cg::billing

@@ -66,6 +66,8 @@ struct pipeline::metrics_set {
     metrics::Histogram* stripe_duration = nullptr;
     metrics::Counter* past_max_attempts = nullptr;
     metrics::Counter* lease_lost = nullptr;
+    metrics::Counter* requires_capture = nullptr;
+    metrics::Counter* failed_after_processing = nullptr;
 
     explicit metrics_set(metrics::registry& reg) {
         auto& fam = reg.counter("chargeguard_billing_messages_total", "Billing deliveries by verdict reason");
@@ -83,6 +85,15 @@ struct pipeline::metrics_set {
         lease_lost = &reg.counter("chargeguard_billing_lease_lost_total",
                                   "Leases found taken over by another worker while Stripe was being called")
                           .Add({});
+        requires_capture =
+            &reg.counter("chargeguard_billing_requires_capture_total",
+                         "PaymentIntents Stripe left requires_capture: an authorisation "
+                         "chargeguard never asks for (an anomaly; the row waits as processing)")
+                 .Add({});
+        failed_after_processing =
+            &reg.counter("chargeguard_billing_failed_after_processing_total",
+                         "Payments that failed after processing (dead-lettered; a replay charges again)")
+                 .Add({});
     }
 };
 
@@ -92,7 +103,8 @@ pipeline::pipeline(pipeline_config cfg, billing::ledger& ledger, stripe::client&
       ledger_(ledger),
       stripe_(stripe),
       log_(std::move(log)),
-      metrics_(reg ? std::make_unique<metrics_set>(*reg) : nullptr) {
+      metrics_(reg ? std::make_unique<metrics_set>(*reg) : nullptr),
+      settlements_(std::make_unique<settlement_store>(ledger.pool())) {
     if (!valid_key_namespace(cfg_.key_namespace)) throw std::invalid_argument("invalid key namespace");
     if (cfg_.lease_renew_interval <= std::chrono::milliseconds(0) || cfg_.lease_renew_interval >= cfg_.lease)
         throw std::invalid_argument("lease_renew_interval must be positive and shorter than the lease");
@@ -244,6 +256,8 @@ net::awaitable<verdict> pipeline::search(run& r) {
         const stripe::charge& ch = **found;
         std::optional<std::string> intent;
         if (!ch.payment_intent.empty()) intent = ch.payment_intent;
+        if (stripe::charge_in_flight(ch.status))
+            co_return co_await leave_processing(r, ch.id, intent, ch.status);
         if (ch.status == "failed") {
             auto m = co_await ledger_.mark_declined(r.key, ch.id,
                                                     "declined (found by search): " + ch.failure_code, intent);
@@ -369,7 +383,15 @@ net::awaitable<void> pipeline::keep_lease(run& r, lease_keeper& k) {
 }
 
 net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& out) {
-    auto step = step_for(out.cls);
+    auto step = step_for(out);
+    if (step == charge_step::mark_processing) {
+        std::optional<std::string> id;
+        if (!out.charge_id.empty()) id = out.charge_id;
+        if (!id && !intent_of(out))
+            step = charge_step::mark_indeterminate_requeue;  // nothing to follow
+        else
+            co_return co_await leave_processing(r, id, intent_of(out), out.in_flight_status);
+    }
     // A success without a charge id cannot be recorded as charged: treat it as "may have happened".
     if (step == charge_step::mark_charged && out.charge_id.empty())
         step = charge_step::mark_indeterminate_requeue;
@@ -427,6 +449,8 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
             co_return verdict::requeue(verdict_reason::requeued_stripe_unavailable,
                                        cfg_.stripe_unavailable_delay, out.message);
         }
+        case charge_step::mark_processing:
+            break;  // handled above
         case charge_step::mark_indeterminate_requeue: {
             auto m = co_await ledger_.mark_indeterminate(r.key, r.lease, out.message);
             if (!m) co_return postgres_failed(r, m.err(), "mark indeterminate");
@@ -473,10 +497,54 @@ net::awaitable<verdict> pipeline::settle_found_intent(run& r, const stripe::paym
                 verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
                 "payment intent " + pi.id + " is " + pi.status + " without a charge yet");
         }
+        case found_intent_step::mark_processing:
+            co_return co_await leave_processing(r, charge_id, pi.id, pi.status);
         case found_intent_step::not_charged:
             break;  // search() goes on to a new generation instead
     }
     throw std::logic_error("unknown found_intent_step");
+}
+
+// Stripe answered, the money has not moved: the row goes processing (durably, with the delivery a later
+// failure's dead letter needs) and the message is finished; a webhook or the poll of rows left processing
+// follows the payment to its end. Events Stripe delivered before this answer (a payment_failed can overtake
+// the create call's response) were recorded against the pending row: they are applied now.
+// requires_capture is an anomaly — chargeguard never asks for manual capture — and is not a charge either:
+// the authorisation is kept as processing (someone may still capture it; if nobody does it lapses, Stripe
+// cancels it, and the row fails after processing with a dead letter whose replay charges again), so the
+// event is neither counted as paid nor charged a second time beside a live authorisation.
+net::awaitable<verdict> pipeline::leave_processing(run& r, std::optional<std::string> charge_id,
+                                                   std::optional<std::string> payment_intent_id,
+                                                   std::string status) {
+    if (status == "requires_capture") {
+        if (metrics_) metrics_->requires_capture->Increment();
+        r.log.error(
+            "alert: Stripe left the payment intent requires_capture, an authorisation chargeguard never "
+            "asks for; recorded as processing, not charged",
+            {{"alert", true}, {"payment_intent", payment_intent_id.value_or("")}});
+    }
+    auto m = co_await ledger_.mark_processing(r.key, charge_id, payment_intent_id, status,
+                                              r.letter(std::string(failed_after_processing_reason), r.key));
+    if (!m) co_return postgres_failed(r, m.err(), "mark processing");
+    if (!*m)
+        r.log.warn("row already settled by another worker",
+                   {{"payment_intent", payment_intent_id.value_or("")}});
+    r.log.info("payment processing: the row waits for Stripe's final answer",
+               {{"status", status},
+                {"payment_intent", payment_intent_id.value_or("")},
+                {"charge_id", charge_id.value_or("")}});
+    auto applied = co_await settlements_->apply_recorded(r.key);
+    if (!applied) {
+        // The row is durably processing: the poll applies these events later. Not a reason to requeue.
+        r.log.warn("could not apply the events recorded for the row yet",
+                   {{"error", applied.err().describe()}});
+    } else if (*applied && (*applied)->failed_now) {
+        if (metrics_) metrics_->failed_after_processing->Increment();
+        r.log.error("alert: payment failed after processing; dead-lettered, replay charges again",
+                    {{"alert", true}, {"reason", (*applied)->note}});
+    }
+    std::string detail = "processing: " + payment_intent_id.value_or(charge_id.value_or(""));
+    co_return verdict::finish(verdict_reason::processing, std::move(detail));
 }
 
 net::awaitable<verdict> pipeline::dead_letter_finish(run& r, std::string reason,

@@ -20,6 +20,7 @@
 #include "billing/decision.hpp"
 #include "billing/ledger.hpp"
 #include "billing/outcome.hpp"
+#include "billing/settlement_store.hpp"
 #include "core/log.hpp"
 #include "net/tokens.hpp"
 #include "stripe/types.hpp"
@@ -137,6 +138,9 @@ class pipeline {
     net::awaitable<verdict> search(run& r);
     net::awaitable<verdict> search_failed(run& r, const error& e);
     net::awaitable<verdict> settle_found_intent(run& r, const stripe::payment_intent& pi);
+    net::awaitable<verdict> leave_processing(run& r, std::optional<std::string> charge_id,
+                                             std::optional<std::string> payment_intent_id,
+                                             std::string status);
     net::awaitable<verdict> charge(run& r, bool attempt_recorded);
     verdict lease_held(std::optional<std::chrono::milliseconds> remaining, std::string detail = {});
     net::awaitable<void> test_pause();
@@ -153,8 +157,9 @@ class pipeline {
     stripe::client& stripe_;
     logger log_;
     std::unique_ptr<metrics_set> metrics_;
-    std::mt19937_64 rng_{std::random_device{}()};  // requeue jitter; used on the pipeline's executor only
-    double stripe_time_avg_us_ = 0;                // exponential average of Stripe call times (µs)
+    std::unique_ptr<settlement_store> settlements_;  // on ledger_'s pool
+    std::mt19937_64 rng_{std::random_device{}()};    // requeue jitter; used on the pipeline's executor only
+    double stripe_time_avg_us_ = 0;                  // exponential average of Stripe call times (µs)
     net::turn_budget* turns_ = nullptr;  // the main loop's (net/turn_budget.hpp), found on first use
 };
 

@@ -227,13 +227,15 @@ std::string_view to_string(recon_class c) noexcept {
             return "dead_lettered";
         case recon_class::cap_blocked:
             return "cap_blocked";
+        case recon_class::processing:
+            return "processing";
     }
     return "unknown";
 }
 
 bool is_explained(recon_class c) noexcept {
     return c == recon_class::ok || c == recon_class::declined || c == recon_class::dead_lettered ||
-           c == recon_class::cap_blocked;
+           c == recon_class::cap_blocked || c == recon_class::processing;
 }
 
 recon_verdict classify(const recon_facts& f) {
@@ -272,7 +274,7 @@ recon_verdict classify(const recon_facts& f) {
             return {recon_class::absent_at_stripe, "charge " + id + " is " + ch.status + " at Stripe" + also};
     }
     // A second successful charge for one key: money taken that the ledger does not account for.
-    if (succeeded && rec.status != record_status::pending)
+    if (succeeded && rec.status != record_status::pending && rec.status != record_status::processing)
         return {recon_class::not_in_ledger,
                 "charge " + succeeded->id + " (" + money(succeeded->amount, succeeded->currency) +
                     ") carries the key; the ledger records " + rec.charge_id.value_or("none")};
@@ -309,6 +311,13 @@ recon_verdict classify(const recon_facts& f) {
                                                   " (no open dead letter)")};
         case record_status::cap_blocked:
             return {recon_class::cap_blocked, "the spend cap refused the charge"};
+        case record_status::processing:
+            return {recon_class::processing,
+                    std::string("processing at Stripe: settled by a webhook or the poll") +
+                        (succeeded ? "; charge " + succeeded->id + " carries the key and succeeded" : "")};
+        case record_status::failed_after_processing:
+            return {recon_class::dead_lettered,
+                    f.dead_letter_reason.value_or("failed after processing (no open dead letter)")};
     }
     return {recon_class::pending, "unknown status"};
 }

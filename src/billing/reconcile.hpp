@@ -70,10 +70,13 @@ enum class recon_class {
     declined,       // settled as declined (final, explained)
     dead_lettered,  // a dead letter holds it (invalid, conflict, Stripe rejected, …): replay once fixed
     cap_blocked,    // the spend cap refused it (explained; raise the cap and replay)
+    processing,     // Stripe answered processing: the bank has not said yet (explained; a webhook or the
+                    // poll settles it)
 };
-inline constexpr std::size_t recon_class_count = 9;
+inline constexpr std::size_t recon_class_count = 10;
 std::string_view to_string(recon_class c) noexcept;
-// ok, declined, dead_lettered and cap_blocked have a recorded reason; the others leave reconcile unhappy.
+// ok, declined, dead_lettered, cap_blocked and processing have a recorded reason; the others leave reconcile
+// unhappy.
 bool is_explained(recon_class c) noexcept;
 
 struct recon_verdict {

@@ -224,19 +224,26 @@ void read_charge(charge_outcome& o, const std::string& body) {
     if (c->status == "failed") {
         o.cls = outcome_class::declined;
         o.message = "charge " + c->id + " failed: " + c->failure_code;
+    } else if (charge_in_flight(c->status)) {
+        o.in_flight_status = c->status;
+        o.message = "charge " + c->id + " is " + c->status;
     }
     o.charge = std::move(*c);
 }
 
 // The outcome of a confirmed POST /v1/payment_intents: the charge recorded is the intent's latest_charge.
-// Anything but these statuses means the customer would have to act (requires_action after an on-session
+// succeeded settled; processing and requires_capture are in flight (in_flight_status: not a charge yet).
+// Anything else means the customer would have to act (requires_action after an on-session
 // confirm; requires_payment_method): a final decline for a billing run.
 void read_intent(charge_outcome& o, const std::string& body) {
     auto p = parse_payment_intent(body);
     if (!p) return unreadable(o, p.err());
     o.payment_intent_id = p->id;
     o.charge_id = p->latest_charge;
-    if (!intent_settled(p->status)) {
+    if (intent_in_flight(p->status)) {
+        o.in_flight_status = p->status;
+        o.message = "payment intent " + p->id + " is " + p->status;
+    } else if (!intent_succeeded(p->status)) {
         o.cls = outcome_class::declined;
         o.message = "payment intent " + p->id + " is " + p->status;
         if (!p->last_error_code.empty()) o.message += ": " + p->last_error_code;

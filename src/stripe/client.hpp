@@ -54,8 +54,9 @@ class client {
     // POST /v1/charges. Returns the classified outcome (never throws for API or network failures).
     net::awaitable<charge_outcome> create_charge(charge_request req);
     // POST /v1/payment_intents with confirm / off_session / payment_method. The outcome's charge_id is the
-    // intent's latest_charge; an intent left in any status but succeeded / processing / requires_capture
-    // (requires_action, requires_payment_method) is `declined` with the status and error code in `message`.
+    // intent's latest_charge; an intent left processing or requires_capture is `succeeded` with
+    // in_flight_status set (not charged yet); any other status but succeeded (requires_action,
+    // requires_payment_method) is `declined` with the status and error code in `message`.
     net::awaitable<charge_outcome> create_payment_intent(payment_intent_request req);
 
     // GET /v1/charges/{id}, GET /v1/payment_intents/{id}. Errors carry stripe::errc.

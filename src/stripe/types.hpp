@@ -43,10 +43,19 @@ struct payment_intent {
     stripe::metadata metadata;
 };
 
-// A PaymentIntent in one of these statuses holds the customer's money (or will, for processing): the billing
-// event is settled. Any other status after an off-session confirm needs the customer: a decline.
-inline bool intent_settled(std::string_view status) noexcept {
-    return status == "succeeded" || status == "processing" || status == "requires_capture";
+// A PaymentIntent that succeeded holds the customer's money: the billing event is charged.
+inline bool intent_succeeded(std::string_view status) noexcept {
+    return status == "succeeded";
+}
+// Money may still move, but has not: `processing` (a bank debit the bank has not answered; it can still
+// fail days later) and `requires_capture` (an authorisation: chargeguard never asks for manual capture, so
+// an intent there is an anomaly, and one nobody captures lapses). Neither is a charge.
+inline bool intent_in_flight(std::string_view status) noexcept {
+    return status == "processing" || status == "requires_capture";
+}
+// A charge `pending` (an ACH debit made through /v1/charges) is in flight the same way.
+inline bool charge_in_flight(std::string_view status) noexcept {
+    return status == "pending";
 }
 
 struct charge_page {
@@ -113,6 +122,9 @@ struct charge_outcome {
     std::string message;  // one line for logs and last_error; never a secret
     std::optional<stripe::charge> charge;
     std::optional<stripe::payment_intent> intent;
+    // A 2xx whose payment has not settled (intent_in_flight, charge_in_flight): the PaymentIntent's or the
+    // charge's status; empty when it settled (or on any other answer).
+    std::string in_flight_status;
 };
 
 }  // namespace cg::stripe

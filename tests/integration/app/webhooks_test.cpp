@@ -143,6 +143,66 @@ BOOST_AUTO_TEST_CASE(a_signed_delivery_is_recorded_once_and_a_duplicate_acknowle
     BOOST_TEST(test::bucket_count(lag, "0.5") == 0);  // created 3 s before it was received
 }
 
+// A delivery about a payment the ledger left processing is applied to that row in the transaction that
+// records it: payment_failed → failed_after_processing with one dead letter, counted; the redelivery is a
+// duplicate and changes nothing; an event about a charge no row names is recorded as unknown_object.
+BOOST_AUTO_TEST_CASE(a_delivery_settles_the_ledger_row_it_names) {
+    const std::string key = "0123456789abcdef0123456789abcdef";
+    auto seeded = run_async(io, [&]() -> net::awaitable<std::string> {
+        auto c = co_await pool->acquire();
+        if (!c) co_return c.err().describe();
+        auto r = co_await (*c)->query_with(
+            "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+            "stripe_customer_id, status, payment_intent_id, charge_id, processing_since, raw_body, "
+            "nsq_topic, "
+            "nsq_channel, nsq_message_id) VALUES ($1, 'c-1', '2026-12', 1999, 'usd', 'cus_1', 'processing', "
+            "'pi_hook', 'ch_hook', now(), convert_to('{\"customer_id\":\"c-1\"}', 'UTF8'), 'billing', "
+            "'chargeguard', 'm-1')",
+            pg::params(key), 5s);
+        co_return r ? std::string() : r.err().describe();
+    });
+    BOOST_TEST_REQUIRE(seeded.empty(), seeded);
+    const std::string failed =
+        R"({"id":"evt_fail_1","object":"event","type":"payment_intent.payment_failed","created":)" +
+        std::to_string(now_unix()) +
+        R"(,"livemode":false,"data":{"object":{"id":"pi_hook","object":"payment_intent",)"
+        R"("status":"requires_payment_method","latest_charge":"ch_hook","metadata":{"billing_key":")" +
+        key + R"("},"last_payment_error":{"code":"insufficient_funds"}}}})";
+    auto r = send(delivery(failed, current_secret, now_unix()));
+    BOOST_TEST(r.status == 200, r.body);
+    BOOST_TEST(send(delivery(failed, current_secret, now_unix())).status == 200);  // Stripe's retry
+    BOOST_TEST(send(delivery(event_body("evt_stranger", now_unix()), current_secret, now_unix())).status ==
+               200);
+    auto q = [&](const std::string& sql) {
+        return run_async(io, [&]() -> net::awaitable<std::int64_t> {
+            auto c = co_await pool->acquire();
+            BOOST_TEST_REQUIRE(c.has_value());
+            auto rows = co_await (*c)->query_with(sql, pg::params(), 5s);
+            BOOST_TEST_REQUIRE(rows.has_value(), (rows ? "" : rows.err().describe()));
+            co_return std::stoll(std::string(rows->text(0, 0)));
+        });
+    };
+    BOOST_TEST(q("SELECT count(*) FROM billing_records WHERE status = 'failed_after_processing' AND "
+                 "stripe_status = 'requires_payment_method' AND last_error LIKE '%insufficient_funds%'") ==
+               1);
+    BOOST_TEST(
+        q("SELECT count(*) FROM dead_letters WHERE billing_key = '" + key +
+          "' AND reason LIKE 'failed after processing%' AND topic = 'billing' AND nsq_message_id = 'm-1'") ==
+        1);
+    BOOST_TEST(count_rows("id = 'evt_fail_1' AND outcome = 'applied' AND applied_to = '" + key + "'") == 1);
+    BOOST_TEST(count_rows("id = 'evt_stranger' AND outcome = 'unknown_object'") == 1);
+    auto fams = test::parse_prometheus(reg.render());
+    auto result_of = [&](const std::string& res) {
+        for (const auto& smp : fams.at("chargeguard_webhook_events_total").samples)
+            if (smp.labels.at("result") == res) return smp.value;
+        return -1.0;
+    };
+    BOOST_TEST(result_of("applied") == 1);
+    BOOST_TEST(result_of("unknown_object") == 1);
+    BOOST_TEST(fams.at("chargeguard_billing_failed_after_processing_total").samples.at(0).value == 1);
+    BOOST_TEST(outcome("duplicate") == 1);
+}
+
 BOOST_AUTO_TEST_CASE(the_previous_secret_is_accepted_during_a_rotation) {
     auto r = send(delivery(event_body("evt_rot_1", now_unix()), previous_secret, now_unix()));
     BOOST_TEST(r.status == 200, r.body);

@@ -107,10 +107,10 @@ BOOST_AUTO_TEST_CASE(found_intent_step_table) {
     };
     const row rows[] = {
         {"succeeded", "ch_1", found_intent_step::mark_charged},
-        {"processing", "ch_1", found_intent_step::mark_charged},
-        {"requires_capture", "ch_1", found_intent_step::mark_charged},
+        {"processing", "ch_1", found_intent_step::mark_processing},
+        {"requires_capture", "ch_1", found_intent_step::mark_processing},
         {"succeeded", "", found_intent_step::still_open},
-        {"processing", "", found_intent_step::still_open},
+        {"processing", "", found_intent_step::mark_processing},
         {"requires_payment_method", "ch_1", found_intent_step::mark_declined},
         {"requires_action", "", found_intent_step::mark_declined},
         {"requires_confirmation", "", found_intent_step::not_charged},
@@ -141,3 +141,19 @@ BOOST_AUTO_TEST_CASE(verdict_reasons_are_distinct_metric_labels) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// A 2xx whose payment is still in flight (an intent processing or requires_capture, a charge pending) is
+// never charged: the row goes processing.
+BOOST_AUTO_TEST_CASE(in_flight_success_is_processing_not_charged) {
+    cg::stripe::charge_outcome out;
+    out.cls = outcome_class::succeeded;
+    BOOST_TEST((step_for(out) == charge_step::mark_charged));
+    for (const char* s : {"processing", "requires_capture", "pending"}) {
+        out.in_flight_status = s;
+        BOOST_TEST((step_for(out) == charge_step::mark_processing), s);
+    }
+    out.cls = outcome_class::declined;
+    BOOST_TEST((step_for(out) == charge_step::mark_declined));
+    BOOST_TEST(!cg::stripe::intent_succeeded("processing"));
+    BOOST_TEST(cg::stripe::intent_in_flight("requires_capture"));
+}

@@ -186,6 +186,7 @@ BOOST_AUTO_TEST_CASE(explained_classes) {
     BOOST_TEST(is_explained(recon_class::declined));
     BOOST_TEST(is_explained(recon_class::dead_lettered));
     BOOST_TEST(is_explained(recon_class::cap_blocked));
+    BOOST_TEST(is_explained(recon_class::processing));
     for (auto c : {recon_class::missing, recon_class::pending, recon_class::absent_at_stripe,
                    recon_class::not_in_ledger, recon_class::mismatch})
         BOOST_TEST(!is_explained(c), to_string(c));

@@ -1,0 +1,101 @@
+// How a payment that settles later moves its ledger row (DESIGN.md §4): one pure, order-independent step
+// from (the row's settlement facts, one thing Stripe said) to the new facts. Stripe delivers webhooks at
+// least once and in any order, and the poll of rows left `processing` says the same things again, so the
+// step is a join on a lattice:
+//
+//   payment:  processing < failed_after_processing < charged   (a success is a fact that beats a failure
+//             report: money that moved is recorded; a stale `processing` never undoes either)
+//   refunded_cents, disputed_cents: the maximum seen (Stripe reports cumulative amounts)
+//   dispute_status: the highest by (open < closed; lost over won over warning_closed), then by name
+//
+// so applying the same facts in any order, any number of times, ends in the same row. A refund or a dispute
+// proves the charge succeeded. A `pending` row belongs to the pipeline (a worker may hold its lease and be
+// calling Stripe): facts about it are deferred, and applied once the pipeline has settled the row.
+// Rows in the pipeline's other final states (declined, failed, cap_blocked, conflict) change only when
+// Stripe says money moved for a declined row (an anomaly, reported); everything else about them is stale.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "billing/decision.hpp"
+#include "core/result.hpp"
+
+namespace cg::billing {
+
+// What one Stripe event (or retrieved object) says about a payment.
+enum class fact_kind {
+    processing,      // payment_intent.processing, a charge `pending`
+    succeeded,       // payment_intent.succeeded, charge.succeeded
+    failed,          // payment_intent.payment_failed, payment_intent.canceled, charge.failed
+    refunded,        // charge.refunded (amount_refunded is cumulative)
+    dispute_opened,  // charge.dispute.created
+    dispute_closed,  // charge.dispute.closed (won, lost, warning_closed)
+    no_news,         // a known object in a status that moves nothing (requires_action, …): noted only
+    unknown_type,    // an event type chargeguard does not act on: counted, ignored
+};
+std::string_view to_string(fact_kind k) noexcept;
+
+// The fact kind of a webhook event type; unknown_type for the rest.
+fact_kind fact_kind_for_event(std::string_view type) noexcept;
+// The fact a retrieved PaymentIntent's or charge's status states (the poll).
+fact_kind fact_kind_for_intent_status(std::string_view status) noexcept;
+fact_kind fact_kind_for_charge_status(std::string_view status) noexcept;
+
+struct payment_fact {
+    fact_kind kind = fact_kind::unknown_type;
+    std::string source;             // the event type, or "retrieve payment_intent" / "retrieve charge"
+    std::string payment_intent_id;  // pi_… the object belongs to (empty: none named)
+    std::string charge_id;          // ch_… (a PaymentIntent's latest_charge, a dispute's charge)
+    std::string billing_key;        // metadata[billing_key] of a PaymentIntent or charge
+    std::string status;             // the object's status (PaymentIntent, charge or dispute)
+    std::int64_t amount_refunded = 0;
+    std::int64_t dispute_amount = 0;
+    std::string failure;       // last_payment_error.code, failure_code or cancellation_reason
+    std::int64_t created = 0;  // unix seconds: the event's creation, or when it was retrieved
+};
+
+// A webhook event's body (already verified) as a fact: data.object read as a PaymentIntent, a charge or a
+// dispute by the event type. errc::bad_response when the body is not an event.
+result<payment_fact> parse_event_fact(std::string_view body);
+
+// The facts of a ledger row that settlement reads and writes.
+struct settlement_row {
+    record_status status = record_status::pending;
+    std::int64_t amount_cents = 0;
+    std::optional<std::string> charge_id;
+    std::optional<std::string> payment_intent_id;
+    std::int64_t refunded_cents = 0;
+    std::int64_t disputed_cents = 0;
+    std::optional<std::string> dispute_status;
+
+    bool operator==(const settlement_row&) const = default;
+};
+
+enum class settle_result {
+    applied,        // the row changed
+    no_change,      // a fact the row already holds (a duplicate, a stale processing, a lower amount)
+    deferred,       // the row is pending: the pipeline applies it after settling the row
+    other_payment,  // the fact names another PaymentIntent or charge than the row's (an earlier attempt)
+    unknown_type,   // counted, ignored
+};
+std::string_view to_string(settle_result r) noexcept;
+
+struct settlement_change {
+    settle_result result = settle_result::no_change;
+    settlement_row row;        // the row after the fact (unchanged unless `applied`)
+    bool failed_now = false;   // processing → failed_after_processing: write the dead letter, alert
+    bool charged_now = false;  // → charged
+    bool anomaly = false;      // Stripe said something chargeguard never asks for: alert
+    std::string note;          // one line for the log
+};
+
+// The step. Pure and total.
+settlement_change apply_fact(const settlement_row& row, const payment_fact& f);
+
+// The dispute status that wins between two (see the lattice above); either may be empty.
+std::string join_dispute_status(std::string_view a, std::string_view b);
+
+}  // namespace cg::billing

@@ -1,0 +1,350 @@
+// The settlement step (billing/settlement.hpp): the expected row for every (state, fact), and the lattice
+// laws over every ordering of the facts a payment can produce: the same facts in any order, any number of
+// times, end in the same row; the payment rank and the amounts never go down.
+#include "billing/settlement.hpp"
+
+#include <algorithm>
+#include <boost/test/unit_test.hpp>
+#include <ostream>
+#include <vector>
+
+using namespace cg::billing;
+
+namespace cg::billing {
+std::ostream& operator<<(std::ostream& o, record_status s) {
+    return o << to_string(s);
+}
+std::ostream& operator<<(std::ostream& o, fact_kind k) {
+    return o << to_string(k);
+}
+std::ostream& operator<<(std::ostream& o, settle_result r) {
+    return o << to_string(r);
+}
+}  // namespace cg::billing
+
+namespace {
+
+constexpr std::int64_t amount = 1999;
+
+settlement_row row(record_status s) {
+    settlement_row r;
+    r.status = s;
+    r.amount_cents = amount;
+    r.payment_intent_id = "pi_1";
+    if (s == record_status::charged) r.charge_id = "ch_1";
+    return r;
+}
+
+payment_fact fact(fact_kind k, std::string status = {}) {
+    payment_fact f;
+    f.kind = k;
+    f.source = std::string(to_string(k));
+    f.payment_intent_id = "pi_1";
+    f.charge_id = "ch_1";
+    f.status = std::move(status);
+    return f;
+}
+
+payment_fact refund(std::int64_t cumulative) {
+    auto f = fact(fact_kind::refunded, "succeeded");
+    f.amount_refunded = cumulative;
+    return f;
+}
+
+payment_fact dispute(fact_kind k, std::string status, std::int64_t amt = amount) {
+    auto f = fact(k, std::move(status));
+    f.dispute_amount = amt;
+    return f;
+}
+
+settlement_row fold(settlement_row r, const std::vector<payment_fact>& fs) {
+    for (const auto& f : fs) r = apply_fact(r, f).row;
+    return r;
+}
+
+int rank(record_status s) {
+    switch (s) {
+        case record_status::processing:
+            return 1;
+        case record_status::failed_after_processing:
+            return 2;
+        case record_status::charged:
+            return 3;
+        default:
+            return 0;
+    }
+}
+
+// Every fact a payment can produce, including duplicates' worth of variety: the pool the laws range over.
+std::vector<payment_fact> pool() {
+    return {fact(fact_kind::processing, "processing"),
+            fact(fact_kind::succeeded, "succeeded"),
+            fact(fact_kind::failed, "requires_payment_method"),
+            refund(500),
+            refund(amount),
+            dispute(fact_kind::dispute_opened, "needs_response"),
+            dispute(fact_kind::dispute_opened, "under_review"),
+            dispute(fact_kind::dispute_closed, "won"),
+            dispute(fact_kind::dispute_closed, "lost"),
+            fact(fact_kind::no_news, "requires_action"),
+            fact(fact_kind::unknown_type)};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(event_types_map_to_facts) {
+    BOOST_TEST(fact_kind_for_event("payment_intent.processing") == fact_kind::processing);
+    BOOST_TEST(fact_kind_for_event("payment_intent.succeeded") == fact_kind::succeeded);
+    BOOST_TEST(fact_kind_for_event("charge.succeeded") == fact_kind::succeeded);
+    BOOST_TEST(fact_kind_for_event("payment_intent.payment_failed") == fact_kind::failed);
+    BOOST_TEST(fact_kind_for_event("payment_intent.canceled") == fact_kind::failed);
+    BOOST_TEST(fact_kind_for_event("charge.failed") == fact_kind::failed);
+    BOOST_TEST(fact_kind_for_event("charge.refunded") == fact_kind::refunded);
+    BOOST_TEST(fact_kind_for_event("charge.dispute.created") == fact_kind::dispute_opened);
+    BOOST_TEST(fact_kind_for_event("charge.dispute.closed") == fact_kind::dispute_closed);
+    BOOST_TEST(fact_kind_for_event("customer.created") == fact_kind::unknown_type);
+    BOOST_TEST(fact_kind_for_event("charge.dispute.updated") == fact_kind::unknown_type);
+    BOOST_TEST(fact_kind_for_intent_status("requires_capture") == fact_kind::processing);
+    BOOST_TEST(fact_kind_for_intent_status("requires_payment_method") == fact_kind::failed);
+    BOOST_TEST(fact_kind_for_intent_status("canceled") == fact_kind::failed);
+    BOOST_TEST(fact_kind_for_intent_status("requires_action") == fact_kind::no_news);
+    BOOST_TEST(fact_kind_for_charge_status("pending") == fact_kind::processing);
+    BOOST_TEST(fact_kind_for_charge_status("failed") == fact_kind::failed);
+}
+
+BOOST_AUTO_TEST_CASE(parses_each_object_kind) {
+    auto pi = parse_event_fact(
+        R"({"id":"evt_1","object":"event","type":"payment_intent.payment_failed","created":1700000000,)"
+        R"("data":{"object":{"id":"pi_9","object":"payment_intent","status":"requires_payment_method",)"
+        R"("latest_charge":"ch_9","metadata":{"billing_key":"abc"},)"
+        R"("last_payment_error":{"code":"insufficient_funds"}}}})");
+    BOOST_TEST_REQUIRE(pi.has_value());
+    BOOST_TEST(pi->kind == fact_kind::failed);
+    BOOST_TEST(pi->payment_intent_id == "pi_9");
+    BOOST_TEST(pi->charge_id == "ch_9");
+    BOOST_TEST(pi->billing_key == "abc");
+    BOOST_TEST(pi->failure == "insufficient_funds");
+    BOOST_TEST(pi->created == 1700000000);
+    auto ch = parse_event_fact(
+        R"({"id":"evt_2","object":"event","type":"charge.refunded","created":1,"data":{"object":{"id":"ch_9",)"
+        R"("object":"charge","status":"succeeded","payment_intent":{"id":"pi_9"},"amount_refunded":700}}})");
+    BOOST_TEST_REQUIRE(ch.has_value());
+    BOOST_TEST(ch->kind == fact_kind::refunded);
+    BOOST_TEST(ch->charge_id == "ch_9");
+    BOOST_TEST(ch->payment_intent_id == "pi_9");
+    BOOST_TEST(ch->amount_refunded == 700);
+    auto dp = parse_event_fact(
+        R"({"id":"evt_3","object":"event","type":"charge.dispute.closed","created":1,"data":{"object":{)"
+        R"("id":"dp_1","object":"dispute","charge":"ch_9","payment_intent":null,"amount":300,"status":"lost"}}})");
+    BOOST_TEST_REQUIRE(dp.has_value());
+    BOOST_TEST(dp->kind == fact_kind::dispute_closed);
+    BOOST_TEST(dp->charge_id == "ch_9");
+    BOOST_TEST(dp->payment_intent_id.empty());
+    BOOST_TEST(dp->dispute_amount == 300);
+    BOOST_TEST(dp->status == "lost");
+    // A type we act on with another object is a different API shape: refused, not guessed at.
+    BOOST_TEST(!parse_event_fact(R"({"type":"charge.refunded","data":{"object":{"object":"customer"}}})"));
+    BOOST_TEST(!parse_event_fact("not json"));
+    auto other = parse_event_fact(R"({"type":"customer.created","data":{"object":{"object":"customer"}}})");
+    BOOST_TEST_REQUIRE(other.has_value());
+    BOOST_TEST(other->kind == fact_kind::unknown_type);
+}
+
+BOOST_AUTO_TEST_CASE(table_from_processing) {
+    auto p = row(record_status::processing);
+    auto s = apply_fact(p, fact(fact_kind::succeeded, "succeeded"));
+    BOOST_TEST(s.result == settle_result::applied);
+    BOOST_TEST(s.row.status == record_status::charged);
+    BOOST_TEST(*s.row.charge_id == "ch_1");
+    BOOST_TEST(s.charged_now);
+    BOOST_TEST(!s.failed_now);
+
+    auto f = apply_fact(p, fact(fact_kind::failed, "requires_payment_method"));
+    BOOST_TEST(f.row.status == record_status::failed_after_processing);
+    BOOST_TEST(f.failed_now);
+    BOOST_TEST(!f.row.charge_id);  // a failed debit leaves no charge behind on the row
+
+    auto dup = apply_fact(p, fact(fact_kind::processing, "processing"));
+    BOOST_TEST(dup.result == settle_result::no_change);
+    BOOST_TEST((dup.row == p));
+
+    // A refund or a dispute proves the charge went through.
+    auto r = apply_fact(p, refund(500));
+    BOOST_TEST(r.row.status == record_status::charged);
+    BOOST_TEST(r.row.refunded_cents == 500);
+    auto d = apply_fact(p, dispute(fact_kind::dispute_opened, "needs_response"));
+    BOOST_TEST(d.row.status == record_status::charged);
+    BOOST_TEST(d.row.disputed_cents == amount);
+    BOOST_TEST(*d.row.dispute_status == "needs_response");
+
+    auto u = apply_fact(p, fact(fact_kind::unknown_type));
+    BOOST_TEST(u.result == settle_result::unknown_type);
+    BOOST_TEST((u.row == p));
+    auto n = apply_fact(p, fact(fact_kind::no_news, "requires_action"));
+    BOOST_TEST(n.result == settle_result::no_change);
+}
+
+BOOST_AUTO_TEST_CASE(final_facts_are_not_undone) {
+    auto failed = fold(row(record_status::processing), {fact(fact_kind::failed, "requires_payment_method")});
+    // A stale processing (Stripe's retry of an older event) neither reopens nor moves a failure.
+    auto stale = apply_fact(failed, fact(fact_kind::processing, "processing"));
+    BOOST_TEST(stale.result == settle_result::no_change);
+    BOOST_TEST(stale.row.status == record_status::failed_after_processing);
+    // A second failure report writes no second dead letter.
+    BOOST_TEST(!apply_fact(failed, fact(fact_kind::failed, "canceled")).failed_now);
+
+    auto charged = row(record_status::charged);
+    for (auto k : {fact_kind::processing, fact_kind::failed}) {
+        auto c = apply_fact(charged, fact(k, "processing"));
+        BOOST_TEST(c.result == settle_result::no_change);
+        BOOST_TEST(c.row.status == record_status::charged);
+    }
+    // A success after the failure was recorded: money moved; the ledger records it and says so.
+    auto late = apply_fact(failed, fact(fact_kind::succeeded, "succeeded"));
+    BOOST_TEST(late.row.status == record_status::charged);
+    BOOST_TEST(late.anomaly);
+}
+
+BOOST_AUTO_TEST_CASE(refunds_partial_full_and_only_growing) {
+    auto c = row(record_status::charged);
+    auto partial = apply_fact(c, refund(500));
+    BOOST_TEST(partial.result == settle_result::applied);
+    BOOST_TEST(partial.row.refunded_cents == 500);
+    BOOST_TEST(partial.row.status == record_status::charged);
+    auto full = apply_fact(partial.row, refund(amount));
+    BOOST_TEST(full.row.refunded_cents == amount);
+    // The partial refund's event replayed after the full one: the amount only grows.
+    auto replay = apply_fact(full.row, refund(500));
+    BOOST_TEST(replay.result == settle_result::no_change);
+    BOOST_TEST(replay.row.refunded_cents == amount);
+    // Never more than the amount charged, whatever the event says.
+    BOOST_TEST(apply_fact(c, refund(amount * 3)).row.refunded_cents == amount);
+    // succeeded replayed after a refund: still charged, the refund kept.
+    auto again = apply_fact(full.row, fact(fact_kind::succeeded, "succeeded"));
+    BOOST_TEST(again.result == settle_result::no_change);
+    BOOST_TEST(again.row.refunded_cents == amount);
+}
+
+BOOST_AUTO_TEST_CASE(disputes_created_and_closed_in_either_order) {
+    auto c = row(record_status::charged);
+    auto opened = dispute(fact_kind::dispute_opened, "needs_response");
+    for (const char* end : {"won", "lost"}) {
+        auto closed = dispute(fact_kind::dispute_closed, end);
+        auto a = fold(c, {opened, closed});
+        auto b = fold(c, {closed, opened});
+        BOOST_TEST((a == b));
+        BOOST_TEST(*a.dispute_status == end);
+        BOOST_TEST(a.disputed_cents == amount);
+        BOOST_TEST(a.status == record_status::charged);
+    }
+    BOOST_TEST(join_dispute_status("won", "lost") == "lost");
+    BOOST_TEST(join_dispute_status("lost", "won") == "lost");
+    BOOST_TEST(join_dispute_status("", "under_review") == "under_review");
+    BOOST_TEST(join_dispute_status("under_review", "needs_response") == "under_review");
+}
+
+BOOST_AUTO_TEST_CASE(pending_rows_defer_and_other_payments_are_ignored) {
+    auto pending = row(record_status::pending);
+    for (const auto& f : pool()) {
+        auto c = apply_fact(pending, f);
+        BOOST_TEST((c.row == pending));
+        if (f.kind != fact_kind::unknown_type) BOOST_TEST(c.result == settle_result::deferred);
+    }
+    // An event of an earlier attempt (the replay charges under a new key, so a new PaymentIntent).
+    auto p = row(record_status::processing);
+    auto old = fact(fact_kind::failed, "requires_payment_method");
+    old.payment_intent_id = "pi_0";
+    auto c = apply_fact(p, old);
+    BOOST_TEST(c.result == settle_result::other_payment);
+    BOOST_TEST((c.row == p));
+    // Matched by charge when the row has no intent (a /v1/charges payment left pending).
+    settlement_row by_charge = p;
+    by_charge.payment_intent_id.reset();
+    by_charge.charge_id = "ch_1";
+    auto other_charge = fact(fact_kind::succeeded, "succeeded");
+    other_charge.payment_intent_id.clear();
+    other_charge.charge_id = "ch_2";
+    BOOST_TEST(apply_fact(by_charge, other_charge).result == settle_result::other_payment);
+    other_charge.charge_id = "ch_1";
+    BOOST_TEST(apply_fact(by_charge, other_charge).row.status == record_status::charged);
+}
+
+BOOST_AUTO_TEST_CASE(pipeline_verdicts_move_only_when_money_moved) {
+    for (auto s : {record_status::declined, record_status::failed, record_status::cap_blocked,
+                   record_status::conflict}) {
+        for (const auto& f : pool()) {
+            auto c = apply_fact(row(s), f);
+            bool success = f.kind == fact_kind::succeeded || f.kind == fact_kind::refunded ||
+                           f.kind == fact_kind::dispute_opened || f.kind == fact_kind::dispute_closed;
+            if (s == record_status::declined && success) {
+                BOOST_TEST(c.row.status == record_status::charged);
+                BOOST_TEST(c.anomaly);
+            } else {
+                BOOST_TEST(c.row.status == s);
+                BOOST_TEST(c.anomaly == success);
+            }
+        }
+    }
+}
+
+// The laws, over every ordered pair and every permutation of every triple of the pool, from each state a
+// webhook acts on: the end row does not depend on the order; applying a fact twice is applying it once;
+// the payment rank and the amounts never decrease along the way.
+BOOST_AUTO_TEST_CASE(order_independent_idempotent_monotonic) {
+    const auto facts = pool();
+    const std::size_t n = facts.size();
+    std::size_t checked = 0;
+    for (auto start : {record_status::processing, record_status::charged,
+                       record_status::failed_after_processing, record_status::declined}) {
+        auto s0 = row(start);
+        if (start == record_status::failed_after_processing) s0.charge_id.reset();
+        for (std::size_t i = 0; i < n; ++i) {
+            auto once = apply_fact(s0, facts[i]).row;
+            BOOST_TEST((apply_fact(once, facts[i]).row == once), "idempotent: " << facts[i].source);
+            for (std::size_t j = 0; j < n; ++j) {
+                BOOST_TEST((fold(s0, {facts[i], facts[j]}) == fold(s0, {facts[j], facts[i]})),
+                           facts[i].source << "/" << facts[i].status << " vs " << facts[j].source << "/"
+                                           << facts[j].status);
+                for (std::size_t k = 0; k < n; ++k) {
+                    std::vector<std::size_t> idx{i, j, k};
+                    std::sort(idx.begin(), idx.end());
+                    const auto first = fold(s0, {facts[idx[0]], facts[idx[1]], facts[idx[2]]});
+                    do {
+                        settlement_row r = s0;
+                        for (auto x : idx) {
+                            auto next = apply_fact(r, facts[x]).row;
+                            BOOST_TEST(rank(next.status) >= rank(r.status));
+                            BOOST_TEST(next.refunded_cents >= r.refunded_cents);
+                            BOOST_TEST(next.disputed_cents >= r.disputed_cents);
+                            r = next;
+                        }
+                        BOOST_TEST((r == first));
+                        ++checked;
+                    } while (std::next_permutation(idx.begin(), idx.end()));
+                }
+            }
+        }
+    }
+    BOOST_TEST(checked > 4000u);
+}
+
+// The orders the issue names, end to end through the step.
+BOOST_AUTO_TEST_CASE(named_orders) {
+    auto p = row(record_status::processing);
+    // payment_failed before processing.
+    auto a = fold(
+        p, {fact(fact_kind::failed, "requires_payment_method"), fact(fact_kind::processing, "processing")});
+    BOOST_TEST(a.status == record_status::failed_after_processing);
+    // succeeded replayed after a refund.
+    auto b = fold(p, {fact(fact_kind::succeeded, "succeeded"), refund(amount),
+                      fact(fact_kind::succeeded, "succeeded")});
+    BOOST_TEST(b.status == record_status::charged);
+    BOOST_TEST(b.refunded_cents == amount);
+    // Duplicates of everything.
+    auto c = fold(p, {fact(fact_kind::processing), fact(fact_kind::processing), fact(fact_kind::succeeded),
+                      fact(fact_kind::succeeded)});
+    BOOST_TEST(c.status == record_status::charged);
+    // Canceled (an authorisation that lapsed).
+    auto d = fold(p, {fact(fact_kind::failed, "canceled")});
+    BOOST_TEST(d.status == record_status::failed_after_processing);
+}
