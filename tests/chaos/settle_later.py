@@ -51,7 +51,7 @@ def main():
 
         def event(cust, pm, amount):
             return chaos.json.dumps({"customer_id": cust, "billing_period": chaos.PERIOD, "amount_cents": amount,
-                                     "currency": "usd", "stripe_customer_id": "cus_bank_" + cust,
+                                     "currency": "usd", "stripe_customer_id": "cus_bank" + cust.replace("-", ""),
                                      "description": "settle later", "payment_method": pm})
 
         def rows(custs):
