@@ -6,7 +6,9 @@
   1. in order: a debit that succeeds ends `charged` once; one that fails ends `failed_after_processing`
      with one dead letter; neither is ever charged twice or left processing;
   2. every event delivered twice and held back behind the next one about the same payment: the same ends;
-  3. no webhook at all (the endpoint's events filtered out): the poll of rows left processing ends them.
+  3. no webhook at all (the endpoint's events filtered out): the poll of rows left processing ends them;
+  4. the create call's answer lost (500 after creating) and the bank already answered when the pipeline
+     searches: a failed debit still ends failed_after_processing, not declined.
 Each phase awaits conditions (the ledger, fake-stripe's delivery log), never a fixed sleep.
 
 Usage: settle_later.py --build DIR [--keep]. Exit 0 when every phase held, 1 otherwise, 77 when it cannot run.
@@ -119,6 +121,17 @@ def main():
                                                  "enabled_events": "none.at_all"})
         nsqd.publish([event("ok-3", chaos.BANK_OK, 1600), event("fail-3", chaos.BANK_FAIL, 1700)])
         check_phase("no webhook (poll)", ["ok-3"], ["fail-3"], bound)
+
+        # 4. The create call's answer lost (500 after creating), and the bank answers before the retry: the
+        #    search finds the debit's charge already succeeded or failed — a failed one failed after processing.
+        stripe.admin("POST", "/_admin/webhooks", {"enabled_events": "*"})
+        stripe.admin("POST", "/_admin/async", {"settle_after_ms": "50"})
+        stripe.faults(fail_after_create=2, fault_path="/v1/payment_intents")
+        nsqd.publish([event("ok-4", chaos.BANK_OK, 1800), event("fail-4", chaos.BANK_FAIL, 1900)])
+        check_phase("answer lost, settled before the search", ["ok-4"], ["fail-4"], bound)
+        hits = stripe.fault_hits().get("fail_after_create /v1/payment_intents", 0)
+        if hits != 2:
+            failures.append(f"the lost answers did not happen: {hits} fail_after_create hits")
     except Exception as e:
         failures.append(f"harness: {type(e).__name__}: {e}")
     finally:

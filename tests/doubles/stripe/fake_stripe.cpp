@@ -55,6 +55,28 @@ std::string meta_json(const std::vector<std::pair<std::string, std::string>>& m)
     return o.done();
 }
 
+// Stripe's US bank account test payment methods (ACH Direct Debit, "Test account numbers"): the payment
+// answers processing, then settles this way. `_processing` never settles by itself.
+struct async_method {
+    std::string_view pm, settles_to, failure_code;
+};
+constexpr async_method async_methods[] = {
+    {"pm_usBankAccount_success", "succeeded", ""},
+    {"pm_usBankAccount_accountClosed", "failed", "account_closed"},
+    {"pm_usBankAccount_noAccount", "failed", "no_account"},
+    {"pm_usBankAccount_insufficientFunds", "failed", "insufficient_funds"},
+    {"pm_usBankAccount_debitNotAuthorized", "failed", "debit_not_authorized"},
+    {"pm_usBankAccount_invalidCurrency", "failed", "invalid_currency"},
+    {"pm_usBankAccount_dispute", "dispute", ""},
+    {"pm_usBankAccount_processing", "", ""},
+};
+
+const async_method* async_method_of(std::string_view pm) {
+    for (const auto& m : async_methods)
+        if (m.pm == pm) return &m;
+    return nullptr;
+}
+
 std::string charge_json(const charge_rec& c) {
     bool ok = c.status == "succeeded";
     bool captured = c.status != "failed";  // a bank debit's pending charge is captured, not yet paid
@@ -79,6 +101,10 @@ std::string charge_json(const charge_rec& c) {
         .boolean("paid", ok)
         .str_or_null("payment_intent", c.payment_intent)
         .str_or_null("payment_method", c.payment_method)
+        .raw("payment_method_details",
+             c.payment_method.empty()
+                 ? std::string("null")
+                 : json_obj().str("type", async_method_of(c.payment_method) ? "us_bank_account" : "card").done())
         .boolean("refunded", c.amount > 0 && c.amount_refunded == c.amount)
         .str("status", c.status)
         .done();
@@ -114,28 +140,6 @@ std::string dispute_json(const dispute_rec& d) {
         .str("reason", d.reason)
         .str("status", d.status)
         .done();
-}
-
-// Stripe's US bank account test payment methods (ACH Direct Debit, "Test account numbers"): the payment
-// answers processing, then settles this way. `_processing` never settles by itself.
-struct async_method {
-    std::string_view pm, settles_to, failure_code;
-};
-constexpr async_method async_methods[] = {
-    {"pm_usBankAccount_success", "succeeded", ""},
-    {"pm_usBankAccount_accountClosed", "failed", "account_closed"},
-    {"pm_usBankAccount_noAccount", "failed", "no_account"},
-    {"pm_usBankAccount_insufficientFunds", "failed", "insufficient_funds"},
-    {"pm_usBankAccount_debitNotAuthorized", "failed", "debit_not_authorized"},
-    {"pm_usBankAccount_invalidCurrency", "failed", "invalid_currency"},
-    {"pm_usBankAccount_dispute", "dispute", ""},
-    {"pm_usBankAccount_processing", "", ""},
-};
-
-const async_method* async_method_of(std::string_view pm) {
-    for (const auto& m : async_methods)
-        if (m.pm == pm) return &m;
-    return nullptr;
 }
 
 std::string bank_failure_message(std::string_view code) {

@@ -145,6 +145,7 @@ BOOST_AUTO_TEST_CASE(bank_debit_processing_then_succeeded_with_signed_events) {
         BOOST_TEST_REQUIRE(ch.has_value());
         BOOST_TEST(ch->status == "pending");
         BOOST_TEST(!ch->paid);
+        BOOST_TEST(ch->payment_method_type == "us_bank_account");  // payment_method_details.type
         BOOST_TEST(f.fake->pending_settlements() == 1);
         BOOST_TEST_REQUIRE(co_await f.settled());
         auto later = co_await c->retrieve_payment_intent(pi_id);
