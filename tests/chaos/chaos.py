@@ -341,6 +341,9 @@ class Webhooks:
     def url(self):
         return f"http://127.0.0.1:{self.port}/stripe/webhooks"
 
+    def log_path(self):
+        return os.path.join(self.work, f"webhooks-{self.incarnation}.log")
+
     def start(self):
         self.incarnation += 1
         path = os.path.join(self.work, f"webhooks-{self.incarnation}.log")

@@ -24,6 +24,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import chaos  # noqa: E402  (the chaos test's process wrappers)
 
 
+def failed_after_processing_metric(log_path):
+    """chargeguard_billing_failed_after_processing_total on the /metrics of the process that wrote the log."""
+    port = None
+    for ln in chaos.read_log(log_path):
+        if ln.get("msg") == "health server listening":
+            port = ln.get("port")
+    if not port:
+        raise RuntimeError(f"no health port in {log_path}")
+    with chaos.urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("chargeguard_billing_failed_after_processing_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", required=True)
@@ -132,6 +147,13 @@ def main():
         hits = stripe.fault_hits().get("fail_after_create /v1/payment_intents", 0)
         if hits != 2:
             failures.append(f"the lost answers did not happen: {hits} fail_after_create hits")
+
+        # The alert: every failure after processing counted once, by whichever process applied it (the
+        # receiver for a webhook, the consumer for events recorded before it left the row processing, or
+        # its poll).
+        alerts = sum(failed_after_processing_metric(p) for p in (hooks.log_path(), cons.logs[0]))
+        if alerts != 4:
+            failures.append(f"chargeguard_billing_failed_after_processing_total sums to {alerts}, want 4")
     except Exception as e:
         failures.append(f"harness: {type(e).__name__}: {e}")
     finally:
