@@ -66,3 +66,49 @@ CREATE INDEX stripe_webhook_events_billing_key_idx ON stripe_webhook_events (bil
 -- The vault's policy for refunds: by default a refund does not give the key's cap its room back (the cap
 -- bounds what was charged, and a refund is not an undo); a key issued with refunds_reopen_cap lets it.
 ALTER TABLE vault_keys ADD COLUMN refunds_reopen_cap boolean NOT NULL DEFAULT false;
+
+-- The vault follows payments that settle later too. A reservation settled with a PaymentIntent still in
+-- flight (processing, requires_capture) or a charge still pending is marked by settled_status; the proxy's
+-- resolver retrieves it until Stripe says how it ended, and releases it when the payment failed (the cap
+-- room comes back: nothing was charged). Refunds are recorded per reservation; they give cap room back only
+-- for a key with refunds_reopen_cap (reopened_cents), so committed_cents counts amount_cents − reopened_cents.
+ALTER TABLE vault_spend
+    ADD COLUMN settled_status       text CHECK (settled_status IS NULL OR settled_status <> ''),
+    ADD COLUMN in_flight_checked_at timestamptz,
+    ADD COLUMN refunded_cents       bigint NOT NULL DEFAULT 0
+        CHECK (refunded_cents >= 0 AND refunded_cents <= amount_cents),
+    ADD COLUMN reopened_cents       bigint NOT NULL DEFAULT 0
+        CHECK (reopened_cents >= 0 AND reopened_cents <= refunded_cents);
+
+-- Why: the resolver reads the settled reservations still in flight, least recently checked first.
+CREATE INDEX vault_spend_in_flight_idx ON vault_spend (coalesce(in_flight_checked_at, reserved_at))
+    WHERE state = 'settled' AND settled_status IS NOT NULL;
+
+CREATE OR REPLACE FUNCTION cg_vault_spend_committed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    delta bigint := 0;
+BEGIN
+    -- cg_vault_reserve_many keeps the counter itself, once per batch (a row updated per reservation would
+    -- pile dead versions on the key's one hot row).
+    IF current_setting('cg.vault_reserving', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.state IN ('reserved', 'settled', 'uncertain') THEN
+        delta := delta + NEW.amount_cents - NEW.reopened_cents;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.state IN ('reserved', 'settled', 'uncertain') THEN
+        delta := delta - OLD.amount_cents + OLD.reopened_cents;
+    END IF;
+    IF delta <> 0 THEN
+        UPDATE vault_keys SET committed_cents = committed_cents + delta
+         WHERE id = coalesce(NEW.vault_key_id, OLD.vault_key_id);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER vault_spend_committed ON vault_spend;
+CREATE TRIGGER vault_spend_committed
+    AFTER INSERT OR UPDATE OF state, amount_cents, reopened_cents OR DELETE ON vault_spend
+    FOR EACH ROW EXECUTE FUNCTION cg_vault_spend_committed();

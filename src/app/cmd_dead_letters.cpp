@@ -183,8 +183,8 @@ net::awaitable<bool> reopen_row(const letters_replay_flags& f, billing::ledger& 
     }
     if (*reopened) {
         const bool late = **reopened == billing::record_status::failed_after_processing;
-        std::printf("letter %lld: ledger row %s reopened (was %s): the replay %s\n", id, l.billing_key->c_str(),
-                    std::string(billing::to_string(**reopened)).c_str(),
+        std::printf("letter %lld: ledger row %s reopened (was %s): the replay %s\n", id,
+                    l.billing_key->c_str(), std::string(billing::to_string(**reopened)).c_str(),
                     late ? "charges again under a new key generation" : "searches Stripe, then charges");
         co_return true;
     }

@@ -244,8 +244,8 @@ void decide(explanation& x) {
         if (auto d = r.get("dispute_status"))
             x.verdict += "; disputed (" + *d + ", " + r.str("disputed_cents") + " cents)";
     } else if (status == "processing") {
-        x.verdict = "processing since " + r.str("processing_since") + " (Stripe said " + r.str("stripe_status") +
-                    " at " + r.str("stripe_status_at") +
+        x.verdict = "processing since " + r.str("processing_since") + " (Stripe said " +
+                    r.str("stripe_status") + " at " + r.str("stripe_status_at") +
                     "): the bank has not answered; a webhook or the processing poll settles it";
     } else if (status == "failed_after_processing") {
         x.verdict = "failed after processing: " + err + replay_hint(x);

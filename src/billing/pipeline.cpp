@@ -29,6 +29,14 @@ std::int64_t unix_seconds(sys_time t) {
     return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
 }
 
+// A failed payment carrying the key, created well before the row's first attempt (five minutes of clock
+// skew allowed), belongs to an earlier life of the row: the payment that failed after processing, which a
+// replay superseded (reopening restarts the attempt window). It says nothing about the current generation
+// and is never read as this row's decline; a success is always believed.
+bool superseded_failure(const std::optional<sys_time>& first_attempt, std::int64_t created) {
+    return first_attempt && created < unix_seconds(*first_attempt) - 300;
+}
+
 }  // namespace
 
 // One delivery's working state, owned by handle()'s frame.
@@ -252,6 +260,11 @@ net::awaitable<verdict> pipeline::search(run& r) {
     if (r.first_attempt) since = unix_seconds(*r.first_attempt - cfg_.search_slack);
     auto found = co_await stripe_.find_charge_by_billing_key(r.ev.stripe_customer_id, r.key, since);
     if (!found) co_return co_await search_failed(r, found.err());
+    if (*found && (**found).status == "failed" && superseded_failure(r.first_attempt, (**found).created)) {
+        r.log.info("a failed charge from before the replay carries the key: not this generation's answer",
+                   {{"charge_id", (**found).id}});
+        found->reset();
+    }
     if (*found) {
         const stripe::charge& ch = **found;
         std::optional<std::string> intent;
@@ -276,6 +289,13 @@ net::awaitable<verdict> pipeline::search(run& r) {
     if (r.ev.uses_payment_intent()) {
         auto pi = co_await stripe_.find_payment_intent_by_billing_key(r.ev.stripe_customer_id, r.key, since);
         if (!pi) co_return co_await search_failed(r, pi.err());
+        if (*pi && step_for_found_intent(**pi) == found_intent_step::mark_declined &&
+            superseded_failure(r.first_attempt, (**pi).created)) {
+            r.log.info(
+                "a failed payment intent from before the replay carries the key: not this generation's",
+                {{"payment_intent", (**pi).id}});
+            pi->reset();
+        }
         if (*pi && step_for_found_intent(**pi) != found_intent_step::not_charged)
             co_return co_await settle_found_intent(r, **pi);
         if (*pi)

@@ -195,9 +195,65 @@ net::awaitable<std::size_t> run_resolve_once(state_ptr st) {
     co_return rows->size();
 }
 
+// A reservation settled with its payment still in flight (store::mark_in_flight): retrieved by id until
+// Stripe says how it ended. Failed (the intent back to requires_payment_method, canceled, the charge failed)
+// → released, so the cap room comes back: nothing was charged. Succeeded → settled for good. Anything else
+// (still processing, a retrieve that failed) → checked again after a resolver interval.
+net::awaitable<void> check_in_flight(state_ptr st, store::in_flight_row row) {
+    using end = store::in_flight_end;
+    end how = end::still;
+    std::string why;
+    if (row.object_id.starts_with("pi_")) {
+        auto pi = co_await st->stripe->retrieve_payment_intent(row.object_id);
+        if (!pi) {
+            why = pi.err().describe();
+        } else if (stripe::intent_succeeded(pi->status)) {
+            how = end::succeeded;
+        } else if (pi->status == "requires_payment_method" || pi->status == "canceled") {
+            how = end::failed;
+            why = "PaymentIntent " + pi->id + " " + pi->status + " after " + row.settled_status;
+            if (!pi->last_error_code.empty()) why += ": " + pi->last_error_code;
+        }
+    } else {
+        auto ch = co_await st->stripe->retrieve_charge(row.object_id);
+        if (!ch) {
+            why = ch.err().describe();
+        } else if (ch->status == "succeeded") {
+            how = end::succeeded;
+        } else if (ch->status == "failed") {
+            how = end::failed;
+            why = "charge " + ch->id + " failed after " + row.settled_status + ": " + ch->failure_code;
+        }
+    }
+    auto r = co_await st->store.end_in_flight(row.key_id, row.idempotency_key, how, why);
+    if (!r) {
+        st->log.warn("vault resolver: cannot record an in-flight payment", {{"error", r.err().describe()}});
+        co_return;
+    }
+    if (how == end::failed && *r) {
+        st->resolutions->Add({{"result", "released_after_processing"}}).Increment();
+        st->log.warn("vault reservation released: the payment failed after processing",
+                     {{"key_id", row.key_id}, {"idempotency_key", row.idempotency_key}, {"reason", why}});
+    } else if (how == end::still && !why.empty()) {
+        st->log.warn("vault resolver: cannot retrieve an in-flight payment",
+                     {{"key_id", row.key_id}, {"object", row.object_id}, {"error", why}});
+    }
+}
+
+net::awaitable<std::size_t> run_in_flight_once(state_ptr st) {
+    auto rows = co_await st->store.in_flight_due(st->cfg.resolve_interval, st->cfg.resolve_batch);
+    if (!rows) {
+        st->log.warn("vault resolver: cannot read in-flight payments", {{"error", rows.err().describe()}});
+        co_return 0;
+    }
+    for (auto& row : *rows) co_await check_in_flight(st, std::move(row));
+    co_return rows->size();
+}
+
 net::awaitable<void> resolver_loop(state_ptr st) {
     while (!st->stopping) {
         std::size_t looked = co_await run_resolve_once(st);
+        looked += co_await run_in_flight_once(st);
         (void)looked;
         bool more = co_await nap(st, st->cfg.resolve_interval);
         if (!more) break;
@@ -360,8 +416,35 @@ bool proxy::upstream_reached_once() const {
     return st_->upstream_ever_ok;
 }
 
+namespace {
+
+net::awaitable<void> mark_in_flight_task(state_ptr st, std::string key_id, std::string idem,
+                                         std::string status) {
+    auto r = co_await st->store.mark_in_flight(key_id, idem, status);
+    if (!r)
+        st->log.warn("vault: cannot mark a payment in flight; it counts as settled",
+                     {{"key_id", key_id}, {"idempotency_key", idem}, {"error", r.err().describe()}});
+}
+
+}  // namespace
+
+void note_in_flight(std::shared_ptr<proxy::state> st, const std::string& key_id, const std::string& idem,
+                    std::string_view body) {
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    if (parser.parse(body.data(), body.size()).get(doc) != simdjson::SUCCESS) return;
+    std::string_view kind, status;
+    if (doc["object"].get(kind) != simdjson::SUCCESS || doc["status"].get(status) != simdjson::SUCCESS)
+        return;
+    bool in_flight = (kind == "payment_intent" && stripe::intent_in_flight(status)) ||
+                     (kind == "charge" && stripe::charge_in_flight(status));
+    if (!in_flight) return;
+    spawn_logged(st, mark_in_flight_task(st, key_id, idem, std::string(status)), "mark_in_flight");
+}
+
 net::awaitable<std::size_t> proxy::resolve_once() {
-    co_return co_await run_resolve_once(st_);
+    auto n = co_await run_resolve_once(st_);
+    co_return n + co_await run_in_flight_once(st_);
 }
 net::awaitable<bool> proxy::flush_settlements() {
     co_return co_await run_flush_settlements(st_);

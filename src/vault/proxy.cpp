@@ -9,6 +9,11 @@
 #include "vault/secret.hpp"
 
 namespace cg::vault {
+
+// A settled answer whose payment is still in flight is followed by the resolver (background.cpp).
+void note_in_flight(std::shared_ptr<proxy::state> st, const std::string& key_id, const std::string& idem,
+                    std::string_view body);
+
 namespace {
 
 using clock = std::chrono::steady_clock;
@@ -212,6 +217,7 @@ std::string account(const state_ptr& stp, const reserve_result& res, const std::
     if (how == settlement::settle) {
         s.state = "settled";
         s.object_id = object_id(r.resp.body).value_or("unknown");
+        note_in_flight(stp, key_id, idem, r.resp.body);
         if (res.owner() || res.state == "uncertain" || res.state == "reserved") {
             st.queue_quick_settlement(key_id, std::move(s));
             start_quick_drain(stp);

@@ -165,6 +165,35 @@ class store {
     // Rows due: uncertain and due, or reserved and untouched for `stale_reserved` (a proxy died mid-call).
     net::awaitable<result<std::vector<spend_row>>> due(std::chrono::milliseconds stale_reserved, int limit);
 
+    // Payments that settle later (migration 0014). A reservation settled with its payment still in flight
+    // (a PaymentIntent processing or requires_capture, a charge pending) keeps counting against the cap
+    // until Stripe says how it ended. mark_in_flight records the status it was settled with (any state but
+    // released; false: no such row).
+    net::awaitable<result<bool>> mark_in_flight(std::string key_id, std::string idem, std::string status);
+    // Settled reservations still in flight, not checked for `recheck` (least recently checked first).
+    struct in_flight_row {
+        std::string key_id;
+        std::string idempotency_key;
+        std::string object_id;  // pi_… or ch_…
+        std::string settled_status;
+    };
+    net::awaitable<result<std::vector<in_flight_row>>> in_flight_due(std::chrono::milliseconds recheck,
+                                                                     int limit);
+    // How it ended. succeeded: settled for good (no longer in flight). failed: released — nothing was
+    // charged, so the cap room comes back (committed_cents drops by the amount, exactly once: only a settled
+    // row in flight is released). still: checked now, due again after `recheck`.
+    enum class in_flight_end { succeeded, failed, still };
+    net::awaitable<result<bool>> end_in_flight(std::string key_id, std::string idem, in_flight_end how,
+                                               std::string why);
+    // A refund of a settled reservation (cumulative, as Stripe reports amount_refunded): recorded always;
+    // the cap room comes back only for a key whose policy says so (vault_keys.refunds_reopen_cap). Returns
+    // the cents given back to the cap in total for the row (0 under the default policy); nullopt: no settled
+    // row.
+    net::awaitable<result<std::optional<std::int64_t>>> apply_refund(std::string key_id, std::string idem,
+                                                                     std::int64_t refunded_cents);
+    // Sets a key's refund policy; false: no such key.
+    net::awaitable<result<bool>> set_refunds_reopen_cap(std::string key_id, bool reopen);
+
     // One multi-row INSERT.
     net::awaitable<result<void>> write_audit(std::vector<audit_row> rows);
     // A key's last `limit` audit rows, newest first.

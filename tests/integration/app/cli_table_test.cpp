@@ -197,6 +197,8 @@ BOOST_AUTO_TEST_CASE(durations_take_one_syntax_and_errors_say_where_the_value_ca
          stripe_key, 64, "--health-listen bogus: bad address (expected host:port)", "chargeguard.net"},
         {"a duration out of range", consume({"--shutdown-timeout", "2h"}), stripe_key, 64,
          "--shutdown-timeout 2h: out of range 0s .. 1h", ""},
+        {"the processing poll bound out of range", consume({"--processing-poll-after", "0s"}), stripe_key, 64,
+         "--processing-poll-after 0s: must be between 1s and 168h", ""},
         {"probe takes a Go duration",
          {"probe", "--timeout", "2s", "http://" + nowhere + "/healthz"},
          {},

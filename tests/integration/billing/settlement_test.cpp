@@ -52,6 +52,7 @@ class async_stripe {
     ~async_stripe() { server_->stop(); }
 
     std::string next_status = "processing";
+    bool fail_next_create = false;  // answer the next create 500 without creating anything
     std::vector<async_intent> intents;
     int retrieves = 0;
     std::uint16_t port = 0;
@@ -76,6 +77,11 @@ class async_stripe {
         std::string idem(q.headers.get("Idempotency-Key").value_or(""));
         for (const auto& i : intents)
             if (i.idempotency_key == idem) co_return http::make_response(200, json(i), "application/json");
+        if (fail_next_create) {
+            fail_next_create = false;
+            co_return http::make_response(500, R"({"error":{"type":"api_error","message":"try later"}})",
+                                          "application/json");
+        }
         std::map<std::string, std::string> form;
         std::string_view b = q.body;
         while (!b.empty()) {
@@ -101,9 +107,14 @@ class async_stripe {
 
     asio::awaitable<http::response> get_intent(http::request& q) {
         auto path = std::string(q.path());
-        if (path == "/v1/payment_intents")
-            co_return http::make_response(200, R"({"object":"list","data":[],"has_more":false})",
-                                          "application/json");
+        if (path == "/v1/payment_intents") {
+            // The customer's intents, newest first (the test has one customer per intent's key).
+            std::string data;
+            for (auto it = intents.rbegin(); it != intents.rend(); ++it)
+                data += (data.empty() ? "" : ",") + json(*it);
+            co_return http::make_response(
+                200, R"({"object":"list","data":[)" + data + R"(],"has_more":false})", "application/json");
+        }
         ++retrieves;
         auto* i = find(path.substr(path.rfind('/') + 1));
         if (!i)
@@ -375,6 +386,31 @@ BOOST_AUTO_TEST_CASE(replay_after_a_late_failure_charges_under_a_new_generation)
     auto again = f.run(f.ledger->reopen_for_replay(key, "replay test"));
     BOOST_TEST_REQUIRE(again.has_value());
     BOOST_TEST(!again->has_value());
+}
+
+// After a replay, the failed payment it superseded still carries the key. A replayed charge whose answer is
+// lost (500) is searched for: the old failed PaymentIntent is not this generation's decline — the row goes on
+// to a new generation and is charged once, never left declined (the customer would pay nothing).
+BOOST_AUTO_TEST_CASE(the_search_after_a_replay_ignores_the_superseded_failure) {
+    settle_fixture f;
+    auto p = f.async_pipeline();
+    auto pi = f.processing_row("super-1", *p);
+    auto key = key_of("super-1", "2026-12");
+    f.deliver(f.event("payment_intent.payment_failed", pi, "requires_payment_method"));
+    f.bank.find(pi.id)->status = "requires_payment_method";
+    BOOST_TEST_REQUIRE(f.status_of(key) == "failed_after_processing");
+    auto reopened = f.run(f.ledger->reopen_for_replay(key, "replay test"));
+    BOOST_TEST_REQUIRE(reopened.has_value());
+    f.bank.fail_next_create = true;
+    auto lost = f.handle(*p, delivery_of(intent_event_body("super-1"), "m-super-2"));
+    BOOST_TEST(reason(lost) == "requeued_indeterminate", lost.detail);
+    f.bank.next_status = "succeeded";
+    auto v = f.handle(*p, delivery_of(intent_event_body("super-1"), "m-super-2", 2));
+    BOOST_TEST(reason(v) == "charged", v.detail);
+    BOOST_TEST(f.status_of(key) == "charged");
+    BOOST_TEST_REQUIRE(f.bank.intents.size() == 2u);
+    BOOST_TEST(f.bank.intents[1].idempotency_key == key + "-g3");
+    BOOST_TEST(f.bank.intents[1].status == "succeeded");
 }
 
 // Events for objects no row names, and types not acted on: recorded once, counted, nothing changed.

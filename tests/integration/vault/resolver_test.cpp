@@ -165,6 +165,116 @@ BOOST_AUTO_TEST_CASE(the_search_finds_payment_intents_that_made_no_charge_and_re
     BOOST_TEST(again.http.resp.status == 400);
 }
 
+// Payments that settle later: a reservation settled while its PaymentIntent was still in flight keeps
+// counting until Stripe says how it ended. The intent canceled (the authorisation lapsed; a failed bank debit
+// returns it to requires_payment_method alike) → released, the cap room back exactly once; succeeded →
+// settled for good; still open → counted, checked again later. The cap accounting stays exact:
+// committed_cents equals the sum the trigger keeps, at every step.
+BOOST_AUTO_TEST_CASE(a_payment_that_fails_after_processing_releases_its_reservation) {
+    vault_fixture f;
+    auto k = f.issue(5000);
+    f.run([](fake::fake_stripe* fk) -> net::awaitable<void> {
+        fk->decline("cus_3ds", {"authentication_required", "authentication_required"});
+        co_return;
+    }(f.fake.get()));
+    auto create = [&](const std::string& idem, const std::string& customer) {
+        auto r =
+            f.send(f.post(k.secret, "/v1/payment_intents",
+                          f.charge_body(1500, customer) + "&payment_method=pm_card_visa&confirm=true", idem));
+        BOOST_TEST(r.status == 200, idem << ": " << r.body);
+    };
+    create("late-fail", "cus_3ds");  // on-session: requires_action, which the test takes for "in flight"
+    create("late-ok", "cus_vault");  // succeeded
+    create("late-open", "cus_3ds");
+    f.settle_now();
+    auto committed = [&] {
+        return f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'");
+    };
+    auto exact = [&] {
+        return f.count(
+                   "SELECT count(*) FROM vault_keys k WHERE id = '" + k.id +
+                   "' AND committed_cents = (SELECT coalesce(sum(amount_cents - reopened_cents), 0) "
+                   "FROM vault_spend s WHERE s.vault_key_id = k.id AND s.state IN ('reserved', 'settled', "
+                   "'uncertain'))") == 1;
+    };
+    BOOST_TEST(committed() == 4500);
+    for (const char* idem : {"late-fail", "late-ok", "late-open"}) {
+        auto marked = f.run(f.store->mark_in_flight(k.id, idem, "processing"));
+        BOOST_TEST_REQUIRE(marked.has_value());
+        BOOST_TEST(*marked);
+    }
+    // Due: their last check (none yet, so the reservation time) older than the resolver interval.
+    f.scalar("UPDATE vault_spend SET reserved_at = now() - interval '1 hour' RETURNING 1");
+    auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
+        co_return fk->intents();
+    }(f.fake.get()));
+    BOOST_TEST_REQUIRE(intents.size() == 3u);
+    auto direct = f.direct_stripe();
+    auto cancel = f.run(direct->call("POST", "/v1/payment_intents/" + intents[0].id + "/cancel",
+                                     "cancellation_reason=abandoned", "cancel-late"));
+    BOOST_TEST_REQUIRE(cancel.http.ok());
+    BOOST_TEST(cancel.http.resp.status == 200);
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 3u);
+    BOOST_TEST(row_of(f, "late-fail") == "released:" + intents[0].id);
+    BOOST_TEST(
+        f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'late-ok' AND state = 'settled' "
+                "AND settled_status IS NULL") == 1);
+    BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'late-open' AND state = "
+                       "'settled' AND settled_status = 'processing' AND in_flight_checked_at IS NOT NULL") ==
+               1);
+    BOOST_TEST(committed() == 3000);
+    BOOST_TEST(exact());
+    // Checked rows are not due again at once; a second pass, even when due, releases nothing twice.
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 0u);
+    f.scalar("UPDATE vault_spend SET in_flight_checked_at = now() - interval '1 hour' RETURNING 1");
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 1u);  // late-open, still open
+    BOOST_TEST(committed() == 3000);
+    BOOST_TEST(exact());
+    // The released room is usable again: a new 2000 fits under the 5000 cap only because 1500 came back.
+    auto r = f.send(f.post(k.secret, "/v1/charges", f.charge_body(2000), "after-release"));
+    BOOST_TEST(r.status == 200, r.body);
+    f.settle_now();
+    BOOST_TEST(committed() == 5000);
+    BOOST_TEST(exact());
+}
+
+// A refund does not give cap room back by default; under a key whose policy says so it does, once, by the
+// refunded amount (cumulative: a smaller, older refund amount replayed changes nothing).
+BOOST_AUTO_TEST_CASE(a_refund_reopens_cap_room_only_under_the_keys_policy) {
+    vault_fixture f;
+    auto k = f.issue(3000);
+    auto r = f.send(f.post(k.secret, "/v1/charges", f.charge_body(2000), "refund-me"));
+    BOOST_TEST_REQUIRE(r.status == 200);
+    f.settle_now();
+    auto committed = [&] {
+        return f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'");
+    };
+    BOOST_TEST(committed() == 2000);
+    auto given = f.run(f.store->apply_refund(k.id, "refund-me", 800));
+    BOOST_TEST_REQUIRE(given.has_value());
+    BOOST_TEST_REQUIRE(given->has_value());
+    BOOST_TEST(**given == 0);
+    BOOST_TEST(committed() == 2000);  // default policy: the cap bounds what was charged
+    BOOST_TEST(f.send(f.post(k.secret, "/v1/charges", f.charge_body(1500), "no-room")).status == 402);
+    auto pol = f.run(f.store->set_refunds_reopen_cap(k.id, true));
+    BOOST_TEST_REQUIRE(pol.has_value());
+    BOOST_TEST(*pol);
+    given = f.run(f.store->apply_refund(k.id, "refund-me", 800));
+    BOOST_TEST_REQUIRE(given.has_value());
+    BOOST_TEST(**given == 800);
+    BOOST_TEST(committed() == 1200);
+    given = f.run(f.store->apply_refund(k.id, "refund-me", 500));  // an older event, replayed
+    BOOST_TEST(**given == 800);
+    BOOST_TEST(committed() == 1200);
+    given = f.run(f.store->apply_refund(k.id, "refund-me", 5000));  // never more than the amount
+    BOOST_TEST(**given == 2000);
+    BOOST_TEST(committed() == 0);
+    BOOST_TEST(f.count("SELECT coalesce(sum(amount_cents - reopened_cents), 0) FROM vault_spend WHERE "
+                       "vault_key_id = '" +
+                       k.id + "' AND state IN ('reserved', 'settled', 'uncertain')") == 0);
+    BOOST_TEST(f.send(f.post(k.secret, "/v1/charges", f.charge_body(1500), "room-again")).status == 200);
+}
+
 BOOST_AUTO_TEST_CASE(a_body_that_only_spells_the_tag_in_a_value_is_replayed_not_searched) {
     // An abandoned `reserved` row whose body mentions the tag inside another parameter's value carries no
     // tag as Stripe reads it: a search could never find its charge (and would release a charge that
