@@ -16,9 +16,9 @@
 // Two customers: the first's debit fails, the second's succeeds. The run drives its own fake-nsqd and
 // consumer (it shares only fake-stripe, the database and the Stripe client with the rest of the lab) and
 // throws when the safe run does not end as described, so a row in the table means it did.
-#include <asio/co_spawn.hpp>
 #include <simdjson.h>
 
+#include <asio/co_spawn.hpp>
 #include <csignal>
 #include <cstdio>
 #include <map>
@@ -80,7 +80,8 @@ void expect(bool ok, const std::string& what) {
     if (!ok) throw std::runtime_error("settle-later safe: " + what);
 }
 
-net::awaitable<std::optional<child>> spawn_line(std::vector<std::string> argv, std::string err, std::string* line) {
+net::awaitable<std::optional<child>> spawn_line(std::vector<std::string> argv, std::string err,
+                                                std::string* line) {
     auto c = child::spawn(argv, err);
     if (!c) co_return std::nullopt;
     auto l = c->read_line(10s);
@@ -124,10 +125,11 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
         server = std::make_unique<http::server>(ex, receiver->routes(), http::server_options{}, log);
         auto ep = must(server->listen({"127.0.0.1", 0}), "webhook listener");
         server->start();
-        must(co_await L.admin("POST", "/_admin/webhooks",
-                              "url=" + http::url_encode("http://127.0.0.1:" + std::to_string(ep.port()) +
-                                                        "/stripe/webhooks") +
-                                  "&secrets=" + secret + "&retry_base_ms=100&retry_max_ms=500"),
+        must(co_await L.admin(
+                 "POST", "/_admin/webhooks",
+                 "url=" +
+                     http::url_encode("http://127.0.0.1:" + std::to_string(ep.port()) + "/stripe/webhooks") +
+                     "&secrets=" + secret + "&retry_base_ms=100&retry_max_ms=500"),
              "fake-stripe webhooks");
     }
 
@@ -239,13 +241,15 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
                "the failed debit's row is " + st[failed_key] + ", not failed_after_processing");
         billing::dead_letter_store letters(L.pool_);
         auto open = must(co_await letters.list({}), "dead letters");
-        expect(open.size() == 1 && open[0].billing_key == failed_key, "want one dead letter for the failed debit");
+        expect(open.size() == 1 && open[0].billing_key == failed_key,
+               "want one dead letter for the failed debit");
         auto alerts = counter_value(reg.render(), "chargeguard_billing_failed_after_processing_total");
         expect(alerts == 1, "chargeguard_billing_failed_after_processing_total is " + std::to_string(alerts));
         log.info("settle-later: failed after processing, dead-lettered and alerted", {{"key", failed_key}});
 
         // The customer tops up; the operator replays the letter (`chargeguard dead-letters replay`).
-        must(co_await L.admin("POST", "/_admin/bank", "customer=" + stripe_customer_of(1) + "&outcome=succeeded"),
+        must(co_await L.admin("POST", "/_admin/bank",
+                              "customer=" + stripe_customer_of(1) + "&outcome=succeeded"),
              "fake-stripe bank");
         auto reopened = must(co_await L.ledger_->reopen_for_replay(failed_key, "lab replay"), "reopen");
         expect(reopened.has_value(), "the failed row could not be reopened for the replay");
@@ -260,7 +264,8 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
     } else {
         // Nobody knows: no ledger, no dead letter, no webhook endpoint, no alert.
         auto dl = co_await L.sql("SELECT count(*) FROM dead_letters");
-        std::fprintf(stderr, "settle-later unsafe: every message FINed as charged; %s dead letters, no alert\n",
+        std::fprintf(stderr,
+                     "settle-later unsafe: every message FINed as charged; %s dead letters, no alert\n",
                      std::string(dl.text(0, 0)).c_str());
     }
 
@@ -268,7 +273,8 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
     co_await consumer->stop();
     consumer.reset();
     co_await producer.close();
-    for (auto until = std::chrono::steady_clock::now() + 30s; running > 0 && std::chrono::steady_clock::now() < until;)
+    for (auto until = std::chrono::steady_clock::now() + 30s;
+         running > 0 && std::chrono::steady_clock::now() < until;)
         co_await net::sleep_for(20ms);
     if (running > 0) throw std::runtime_error("settle-later: handlers still running after the run ended");
     if (server) server->stop();
@@ -299,14 +305,16 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
         if (k > 1) out.duplicate_charges += k - 1;
         if (safe)
             for (int g = 1; g <= 5; ++g)
-                keys.insert(billing::stripe_idempotency_key(billing::base_key(ns, customer_id(i), period), g));
+                keys.insert(
+                    billing::stripe_idempotency_key(billing::base_key(ns, customer_id(i), period), g));
     }
     for (const auto& k : keys) {
         auto r = must(co_await L.admin("GET", "/_admin/posts?key=" + http::url_encode(k), ""), "posts");
         simdjson::dom::parser pp;
         simdjson::dom::element d;
         std::int64_t count = 0;
-        if (pp.parse(r).get(d) || d["count"].get(count)) throw std::runtime_error("settle-later: /_admin/posts");
+        if (pp.parse(r).get(d) || d["count"].get(count))
+            throw std::runtime_error("settle-later: /_admin/posts");
         out.stripe_posts += static_cast<std::uint64_t>(count);
     }
     co_return out;

@@ -4,9 +4,9 @@
 // coroutines (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
-#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -104,7 +104,9 @@ std::string charge_json(const charge_rec& c) {
         .raw("payment_method_details",
              c.payment_method.empty()
                  ? std::string("null")
-                 : json_obj().str("type", async_method_of(c.payment_method) ? "us_bank_account" : "card").done())
+                 : json_obj()
+                       .str("type", async_method_of(c.payment_method) ? "us_bank_account" : "card")
+                       .done())
         .boolean("refunded", c.amount > 0 && c.amount_refunded == c.amount)
         .str("status", c.status)
         .done();
@@ -143,12 +145,14 @@ std::string dispute_json(const dispute_rec& d) {
 }
 
 std::string bank_failure_message(std::string_view code) {
-    if (code == "insufficient_funds") return "The customer's account has insufficient funds to cover this payment.";
+    if (code == "insufficient_funds")
+        return "The customer's account has insufficient funds to cover this payment.";
     if (code == "account_closed") return "The customer's bank account has been closed.";
     if (code == "no_account") return "The customer's bank account could not be located.";
     if (code == "debit_not_authorized")
         return "The customer has notified their bank that this payment was unauthorized.";
-    if (code == "invalid_currency") return "The bank was unable to process this payment because of its currency.";
+    if (code == "invalid_currency")
+        return "The bank was unable to process this payment because of its currency.";
     return "The customer's bank could not process this payment.";
 }
 
@@ -169,8 +173,8 @@ std::string intent_json(const intent_rec& p) {
         last_error = json_obj()
                          .str("type", p.last_error_type)
                          .str("code", p.last_error_code)
-                         .str("message", p.last_error_message.empty() ? "Your card was declined."
-                                                                      : p.last_error_message)
+                         .str("message",
+                              p.last_error_message.empty() ? "Your card was declined." : p.last_error_message)
                          .done();
     std::string next_action = "null";
     if (p.status == "requires_action")
@@ -297,8 +301,8 @@ std::optional<http::response> validate(const std::string& path, const params& p)
     if (path == "/v1/refunds") {
         for (const auto& [k, v] : p) {
             auto top = k.substr(0, k.find('['));
-            static const std::vector<std::string> allowed = {"charge", "payment_intent", "amount", "reason",
-                                                             "metadata", "expand", "instructions_email"};
+            static const std::vector<std::string> allowed = {
+                "charge", "payment_intent", "amount", "reason", "metadata", "expand", "instructions_email"};
             if (std::find(allowed.begin(), allowed.end(), top) == allowed.end())
                 return error_response(400, "invalid_request_error", "parameter_unknown",
                                       "Received unknown parameter: " + k, k);
@@ -316,9 +320,9 @@ std::optional<http::response> validate(const std::string& path, const params& p)
         auto reason = param(p, "reason");
         if (p.count("reason") && reason != "duplicate" && reason != "fraudulent" &&
             reason != "requested_by_customer")
-            return error_response(400, "invalid_request_error", "parameter_invalid",
-                                  "Invalid reason: must be one of duplicate, fraudulent, or requested_by_customer",
-                                  "reason");
+            return error_response(
+                400, "invalid_request_error", "parameter_invalid",
+                "Invalid reason: must be one of duplicate, fraudulent, or requested_by_customer", "reason");
         return std::nullopt;
     }
     if (path == "/v1/charges")
@@ -779,9 +783,10 @@ void fake_stripe::emit(const std::string& type, const std::string& object_json, 
     e.type = type;
     e.object_id = object_id;
     e.created = now();
-    std::string request = cur_request_id_.empty()
-                              ? std::string(R"({"id":null,"idempotency_key":null})")
-                              : json_obj().str("id", cur_request_id_).str_or_null("idempotency_key", cur_idem_key_).done();
+    std::string request =
+        cur_request_id_.empty()
+            ? std::string(R"({"id":null,"idempotency_key":null})")
+            : json_obj().str("id", cur_request_id_).str_or_null("idempotency_key", cur_idem_key_).done();
     e.body = pretty_json(json_obj()
                              .str("id", e.id)
                              .str("object", "event")
@@ -856,7 +861,8 @@ std::string fake_stripe::open_dispute(const std::string& charge_id, const std::s
     if (!reason.empty()) d.reason = reason;
     d.created = now();
     c->disputed = true;
-    emit("charge.dispute.created", dispute_json(d), d.id, c->payment_intent.empty() ? c->id : c->payment_intent);
+    emit("charge.dispute.created", dispute_json(d), d.id,
+         c->payment_intent.empty() ? c->id : c->payment_intent);
     disputes_.push_back(d);
     return d.id;
 }
@@ -866,7 +872,8 @@ bool fake_stripe::close_dispute(const std::string& dispute_id, const std::string
         if (d.id != dispute_id) continue;
         if (d.status == "won" || d.status == "lost" || (status != "won" && status != "lost")) return false;
         d.status = status;
-        emit("charge.dispute.closed", dispute_json(d), d.id, d.payment_intent.empty() ? d.charge : d.payment_intent);
+        emit("charge.dispute.closed", dispute_json(d), d.id,
+             d.payment_intent.empty() ? d.charge : d.payment_intent);
         return true;
     }
     return false;
@@ -880,8 +887,8 @@ void fake_stripe::create_refund(const params& p, int& status, std::string& body,
         c = find_charge(charge_id);
         if (!c) {
             status = 400;
-            body = error_body("invalid_request_error", "resource_missing", "No such charge: '" + charge_id + "'",
-                              "charge");
+            body = error_body("invalid_request_error", "resource_missing",
+                              "No such charge: '" + charge_id + "'", "charge");
             return;
         }
     } else {
@@ -923,10 +930,11 @@ void fake_stripe::create_refund(const params& p, int& status, std::string& body,
     std::int64_t amount = p.count("amount") ? to_int(param(p, "amount")).value_or(0) : left;
     if (amount > left) {
         status = 400;
-        body = error_body("invalid_request_error", "amount_too_large",
-                          "Refund amount (" + money(amount, c->currency) +
-                              ") is greater than unrefunded amount on charge (" + money(left, c->currency) + ")",
-                          "amount");
+        body =
+            error_body("invalid_request_error", "amount_too_large",
+                       "Refund amount (" + money(amount, c->currency) +
+                           ") is greater than unrefunded amount on charge (" + money(left, c->currency) + ")",
+                       "amount");
         return;
     }
     refund_rec r;
@@ -1186,7 +1194,8 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
     if (path == "/_admin/disputes" && req.method == "POST") {
         auto id = open_dispute(param(p, "charge"), p.count("reason") ? param(p, "reason") : "fraudulent",
                                to_int(param(p, "amount")).value_or(0));
-        if (id.empty()) co_return json_response(409, R"({"error":"charge missing, not succeeded or disputed"})");
+        if (id.empty())
+            co_return json_response(409, R"({"error":"charge missing, not succeeded or disputed"})");
         co_return json_response(200, dispute_json(disputes_.back()));
     }
     if (path == "/_admin/disputes/close" && req.method == "POST") {

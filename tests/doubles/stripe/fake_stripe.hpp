@@ -79,7 +79,7 @@ struct intent_rec {
     std::string id;
     std::int64_t amount = 0;
     std::string currency, customer, description, status, payment_method, latest_charge;
-    std::string last_error_code;      // last_payment_error.code after a failed confirm
+    std::string last_error_code;  // last_payment_error.code after a failed confirm
     std::string last_error_type = "card_error", last_error_message;
     std::string settles_to;           // asynchronous methods: succeeded | failed | dispute | (empty: never)
     std::string settle_failure_code;  // when settles_to is failed
@@ -136,8 +136,10 @@ class fake_stripe {
     void settle_after(std::chrono::milliseconds d) noexcept { settle_after_ = d; }
     // Settles a processing PaymentIntent now: "succeeded", or "failed" with a bank failure code (Stripe's:
     // insufficient_funds, account_closed, …). False when no such intent is processing.
-    bool settle(const std::string& intent_id, const std::string& outcome, const std::string& failure_code = {});
-    // Opens a dispute on a succeeded charge (the whole amount when 0); empty when the charge cannot be disputed.
+    bool settle(const std::string& intent_id, const std::string& outcome,
+                const std::string& failure_code = {});
+    // Opens a dispute on a succeeded charge (the whole amount when 0); empty when the charge cannot be
+    // disputed.
     std::string open_dispute(const std::string& charge_id, const std::string& reason = "fraudulent",
                              std::int64_t amount = 0);
     // Closes an open dispute as "won" or "lost"; false when there is none open with that id.

@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
     app.add_option("--webhook-url", hook.url, "deliver events here (http(s)://host:port/path)");
     app.add_option("--webhook-secret", hook.secrets,
                    "endpoint signing secret whsec_… (repeatable: one v1 each, as during a rotation)");
-    app.add_option("--webhook-events", hook.enabled_events, "event types delivered (repeatable; default all)");
+    app.add_option("--webhook-events", hook.enabled_events,
+                   "event types delivered (repeatable; default all)");
     app.add_option("--webhook-ca", hook.ca_file, "CA bundle for an https webhook url");
     app.add_option("--webhook-retry-base-ms", hook.retry_base_ms, "first retry delay, doubling")
         ->capture_default_str();

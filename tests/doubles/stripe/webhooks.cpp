@@ -3,8 +3,8 @@
 // g++ 12 at -O2 reports a false mismatched-new-delete on Asio's coroutine frame allocator (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include <asio/connect.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/connect.hpp>
 #include <asio/detached.hpp>
 #include <asio/write.hpp>
 #include <deque>
@@ -239,7 +239,8 @@ asio::awaitable<bool> webhook_sender::state::attempt(const item& it, int n, std:
     auto r = co_await post_once(it, sig);
     if (g != gen) co_return true;
     bool ok = r.status >= 200 && r.status < 300;
-    deliveries.push_back({it.ev.id, it.ev.type, n, r.status, r.error, it.duplicate, it.reordered, sig, it.ev.body});
+    deliveries.push_back(
+        {it.ev.id, it.ev.type, n, r.status, r.error, it.duplicate, it.reordered, sig, it.ev.body});
     if (ok) {
         ++st.acked;
         if (acked_ids.insert(it.ev.id).second) ++st.acked_events;

@@ -43,13 +43,13 @@ struct webhook_endpoint {
 };
 
 struct webhook_faults {
-    int delay_ms = 0;        // every event: first attempt no earlier than this after it was made
-    int duplicate = 0;       // next N events delivered twice
-    int reorder = 0;         // next N events held back behind a later event about the same object
-    int duplicate_pct = 0;   // and each event with this probability (seeded)
-    int reorder_pct = 0;     // likewise
+    int delay_ms = 0;       // every event: first attempt no earlier than this after it was made
+    int duplicate = 0;      // next N events delivered twice
+    int reorder = 0;        // next N events held back behind a later event about the same object
+    int duplicate_pct = 0;  // and each event with this probability (seeded)
+    int reorder_pct = 0;    // likewise
     int reorder_hold_ms = 5000;
-    int sign_skew_s = 0;     // signatures dated this many seconds in the past
+    int sign_skew_s = 0;  // signatures dated this many seconds in the past
 };
 
 // An event as the fake made it.
@@ -62,25 +62,25 @@ struct webhook_event_out {
 
 struct delivery_rec {
     std::string event_id, type;
-    int attempt = 0;          // 1 for the first attempt of this copy
-    int status = 0;           // HTTP status; 0: no answer (error says why)
+    int attempt = 0;  // 1 for the first attempt of this copy
+    int status = 0;   // HTTP status; 0: no answer (error says why)
     std::string error;
-    bool duplicate = false;   // the second copy of a duplicated event
-    bool reordered = false;   // it was held back behind a later event
-    std::string signature;    // the Stripe-Signature header sent
-    std::string body;         // the body sent
+    bool duplicate = false;  // the second copy of a duplicated event
+    bool reordered = false;  // it was held back behind a later event
+    std::string signature;   // the Stripe-Signature header sent
+    std::string body;        // the body sent
 };
 
 struct webhook_stats {
-    std::uint64_t events = 0;         // events queued for delivery (enabled types, url set)
+    std::uint64_t events = 0;  // events queued for delivery (enabled types, url set)
     std::uint64_t attempts = 0;
-    std::uint64_t acked = 0;          // attempts answered 2xx (a duplicate's included)
-    std::uint64_t acked_events = 0;   // distinct events answered 2xx at least once
-    std::uint64_t failed = 0;         // attempts not answered 2xx
-    std::uint64_t duplicates = 0;     // copies sent a second time
+    std::uint64_t acked = 0;         // attempts answered 2xx (a duplicate's included)
+    std::uint64_t acked_events = 0;  // distinct events answered 2xx at least once
+    std::uint64_t failed = 0;        // attempts not answered 2xx
+    std::uint64_t duplicates = 0;    // copies sent a second time
     std::uint64_t reordered = 0;
-    std::uint64_t given_up = 0;       // copies that used up max_attempts
-    std::uint64_t outstanding = 0;    // copies queued, held, being sent or waiting to be retried
+    std::uint64_t given_up = 0;     // copies that used up max_attempts
+    std::uint64_t outstanding = 0;  // copies queued, held, being sent or waiting to be retried
 };
 
 class webhook_sender {

@@ -4,9 +4,10 @@
 // g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
+#include <simdjson.h>
+
 #include <boost/test/unit_test.hpp>
 #include <deque>
-#include <simdjson.h>
 
 #include "fake_fixture.hpp"
 #include "http/router.hpp"
@@ -56,8 +57,8 @@ struct endpoint {
             }
             co_return http::make_response(status, "");
         });
-        server = std::make_unique<http::server>(io.get_executor(), std::move(r), http::server_options{},
-                                                logger());
+        server =
+            std::make_unique<http::server>(io.get_executor(), std::move(r), http::server_options{}, logger());
         auto ep = server->listen({"127.0.0.1", 0});
         BOOST_TEST_REQUIRE(ep.has_value());
         port = ep->port();
@@ -111,9 +112,9 @@ stripe::payment_intent_request pi_req(std::string key, std::string pm, std::int6
 
 bool signed_by(const endpoint::hit& h, const std::string& s) {
     std::vector<std::string> secrets{s};
-    auto now = std::chrono::duration_cast<std::chrono::seconds>(
-                   std::chrono::system_clock::now().time_since_epoch())
-                   .count();
+    auto now =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     return stripe::verify_signature(h.signature, h.body, secrets, now).ok();
 }
 
@@ -164,7 +165,7 @@ BOOST_AUTO_TEST_CASE(bank_debit_processing_then_succeeded_with_signed_events) {
         BOOST_TEST(!signed_by(h, previous));
         BOOST_TEST(h.content_type == "application/json; charset=utf-8");
         BOOST_TEST(h.user_agent == "Stripe/1.0 (+https://stripe.com/docs/webhooks)");
-        BOOST_TEST(h.signature.find(",v0=") != std::string::npos);  // Stripe's test-mode v0
+        BOOST_TEST(h.signature.find(",v0=") != std::string::npos);                   // Stripe's test-mode v0
         BOOST_TEST(h.body.find("\n  \"object\": \"event\",") != std::string::npos);  // pretty-printed
     }
     // The succeeded event carries the intent as it was then; GET /v1/events/{id} serves the same bytes.
@@ -209,8 +210,8 @@ BOOST_AUTO_TEST_CASE(processing_method_waits_for_a_hand_settlement_or_a_cancel) 
         BOOST_TEST(f.fake->pending_settlements() == 0);  // never settles by itself
         BOOST_TEST(f.fake->settle(a.intent->id, "failed", "account_closed"));
         BOOST_TEST(!f.fake->settle(a.intent->id, "succeeded"));  // no longer processing
-        auto cancel = co_await c->call("POST", "/v1/payment_intents/" + b.intent->id + "/cancel", "",
-                                       "cancel-stuck-2");
+        auto cancel =
+            co_await c->call("POST", "/v1/payment_intents/" + b.intent->id + "/cancel", "", "cancel-stuck-2");
         BOOST_TEST(cancel.http.resp.status == 200);
         BOOST_TEST_REQUIRE(co_await f.settled());
         auto pa = co_await c->retrieve_payment_intent(a.intent->id);
@@ -229,7 +230,8 @@ BOOST_AUTO_TEST_CASE(a_customer_bank_outcome_overrides_the_test_method) {
     f.fake->bank_outcome("cus_bank", "succeeded");
     auto c = f.client();
     run_async(f.io, [&]() -> asio::awaitable<void> {
-        auto o = co_await c->create_payment_intent(pi_req("ach-topped-up", "pm_usBankAccount_insufficientFunds"));
+        auto o =
+            co_await c->create_payment_intent(pi_req("ach-topped-up", "pm_usBankAccount_insufficientFunds"));
         BOOST_TEST_REQUIRE(o.intent.has_value());
         BOOST_TEST(o.intent->status == "processing");
         BOOST_TEST_REQUIRE(co_await f.settled());
@@ -285,7 +287,8 @@ BOOST_AUTO_TEST_CASE(refunds_partial_full_idempotent_and_refused) {
     BOOST_TEST_REQUIRE(f.fake->charges().size() == 1u);
     BOOST_TEST(f.fake->charges()[0].amount_refunded == 4200);
     auto t = f.hook.types();
-    std::vector<std::string> want = {"charge.refunded", "refund.created", "charge.refunded", "refund.created"};
+    std::vector<std::string> want = {"charge.refunded", "refund.created", "charge.refunded",
+                                     "refund.created"};
     BOOST_TEST(t == want, boost::test_tools::per_element());
     BOOST_TEST(f.hook.hits[2].body.find("\"refunded\": true") != std::string::npos);
 }
@@ -392,13 +395,14 @@ BOOST_AUTO_TEST_CASE(rotation_signs_with_every_secret_and_skew_makes_stale) {
     auto parsed = stripe::parse_signature_header(h.signature);
     BOOST_TEST(parsed.header.v1.size() == 2u);
     BOOST_TEST(!signed_by(h, "whsec_someone_else"));
-    auto now = std::chrono::duration_cast<std::chrono::seconds>(
-                   std::chrono::system_clock::now().time_since_epoch())
-                   .count();
+    auto now =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     std::vector<std::string> secrets{secret};
-    BOOST_TEST(stripe::to_string(stripe::verify_signature(f.hook.hits[1].signature, f.hook.hits[1].body, secrets,
-                                                          now)
-                                     .status) == "stale");
+    BOOST_TEST(
+        stripe::to_string(
+            stripe::verify_signature(f.hook.hits[1].signature, f.hook.hits[1].body, secrets, now).status) ==
+        "stale");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
