@@ -24,8 +24,18 @@ struct settlement_poller::metrics_set {
     metrics::Counter* still = nullptr;
     metrics::Counter* errors = nullptr;
     metrics::Counter* failed_after_processing = nullptr;
+    metrics::Gauge* processing_rows = nullptr;
+    metrics::Gauge* oldest_processing = nullptr;
 
     explicit metrics_set(metrics::registry& reg) {
+        processing_rows =
+            &reg.gauge("chargeguard_billing_processing_records",
+                       "Ledger rows processing (waiting for the bank's answer), read each poll pass")
+                 .Add({});
+        oldest_processing =
+            &reg.gauge("chargeguard_billing_oldest_processing_age_seconds",
+                       "Age of the oldest processing ledger row (0 when none), read each poll pass")
+                 .Add({});
         auto& polls =
             reg.counter("chargeguard_billing_processing_polls_total",
                         "Rows left processing retrieved from Stripe by the poll, by result (settled, "
@@ -130,6 +140,13 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
         if (s.anomaly)
             log_.error("alert: Stripe reports what chargeguard never asked for",
                        {{"alert", true}, {"billing_key", row.key}, {"note", s.note}});
+    }
+    if (metrics_) {
+        auto sum = co_await store_.processing_summary();
+        if (sum) {
+            metrics_->processing_rows->Set(static_cast<double>(sum->first));
+            metrics_->oldest_processing->Set(sum->second);
+        }
     }
     auto deferred = co_await store_.rows_with_deferred_events(cfg_.deferred_after, cfg_.batch);
     if (!deferred) {

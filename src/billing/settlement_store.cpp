@@ -70,6 +70,10 @@ const std::string due_sql =
     "AND coalesce(polled_at, processing_since) < now() - $1::bigint * interval '1 millisecond' "
     "ORDER BY coalesce(polled_at, processing_since) LIMIT $2";
 
+const std::string processing_summary_sql =
+    "SELECT count(*)::bigint, coalesce(ceil(extract(epoch FROM now() - min(processing_since))), 0)::bigint "
+    "FROM billing_records WHERE status = 'processing'";
+
 const std::string deferred_sql =
     "SELECT DISTINCT b.key FROM stripe_webhook_events e JOIN billing_records b "
     "ON b.key = e.applied_to WHERE e.outcome = 'deferred' AND b.status <> 'pending' "
@@ -276,6 +280,14 @@ net::awaitable<result<std::vector<processing_row>>> settlement_store::due_for_po
         out.push_back({r->get<std::string>(i, 0), r->get<std::optional<std::string>>(i, 1),
                        r->get<std::optional<std::string>>(i, 2)});
     co_return out;
+}
+
+net::awaitable<result<std::pair<std::int64_t, double>>> settlement_store::processing_summary() {
+    auto r =
+        co_await pg::exec_pooled(pool_, processing_summary_sql, pg::params(), pg::acquire_mode::fail_fast);
+    if (!r) co_return r.err();
+    co_return std::pair<std::int64_t, double>(r->get<std::int64_t>(0, 0),
+                                              static_cast<double>(r->get<std::int64_t>(0, 1)));
 }
 
 net::awaitable<result<std::vector<std::string>>> settlement_store::rows_with_deferred_events(

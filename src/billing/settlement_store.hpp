@@ -85,6 +85,9 @@ class settlement_store {
     net::awaitable<result<std::vector<processing_row>>> due_for_poll(std::chrono::milliseconds after,
                                                                      std::int64_t limit);
 
+    // Rows processing now, and the age of the oldest (by processing_since; 0 when none), in seconds.
+    net::awaitable<result<std::pair<std::int64_t, double>>> processing_summary();
+
     // Keys of rows no longer pending that have events still marked deferred (received before the row
     // settled, more than `older_than` ago).
     net::awaitable<result<std::vector<std::string>>> rows_with_deferred_events(

@@ -461,6 +461,8 @@ BOOST_AUTO_TEST_CASE(poll_settles_rows_whose_webhook_never_came) {
     BOOST_TEST(f.letters_for(key_of("poll-bad", "2026-12")) == 1);
     BOOST_TEST(f.status_of(key_of("poll-fresh", "2026-12")) == "processing");
     BOOST_TEST(f.counter("chargeguard_billing_failed_after_processing_total") == 1);
+    BOOST_TEST(f.counter("chargeguard_billing_processing_records") == 1);  // poll-fresh
+    BOOST_TEST(f.counter("chargeguard_billing_oldest_processing_age_seconds") < 3600);
     // Polled rows are not due again until the bound passes once more.
     auto again = f.run(poller.poll_once());
     BOOST_TEST_REQUIRE(again.has_value());
