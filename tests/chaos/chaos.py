@@ -326,6 +326,10 @@ class Stripe:
         except urllib.error.HTTPError:
             return False
 
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
 
 class Webhooks:
     """`chargeguard webhooks`: Stripe's deliveries land here and settle the ledger's processing rows."""
@@ -366,11 +370,6 @@ class Webhooks:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-
 
 class Consumers:
     def __init__(self, work, build, nsqd, pg, stripe, prof, count, max_in_flight):
