@@ -271,6 +271,10 @@ net::awaitable<verdict> pipeline::search(run& r) {
         if (!ch.payment_intent.empty()) intent = ch.payment_intent;
         if (stripe::charge_in_flight(ch.status))
             co_return co_await leave_processing(r, ch.id, intent, ch.status);
+        // A bank debit that failed while the answer to its create call was lost: it failed after processing
+        // (the events recorded for it, or the poll, make the row failed_after_processing with its letter).
+        if (ch.status == "failed" && stripe::bank_debit(ch.payment_method_type))
+            co_return co_await leave_processing(r, ch.id, intent, ch.status);
         if (ch.status == "failed") {
             auto m = co_await ledger_.mark_declined(r.key, ch.id,
                                                     "declined (found by search): " + ch.failure_code, intent);

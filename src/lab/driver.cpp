@@ -80,6 +80,7 @@ net::awaitable<std::vector<row>> lab::run(const scenario& s) {
 }
 
 net::awaitable<row> lab::run_variant(const scenario& s, variant which) {
+    if (s.settles_later) co_return co_await run_settle_later(*this, s, which);
     const bool safe = which == variant::safe;
     auto v = std::make_unique<variant_run>(this, &s, safe, io_.get_executor());
     v->stripe = stripe_.get();

@@ -72,6 +72,8 @@ class lab {
 
     struct broker;
     struct variant_run;
+    // The settle-later row (settle_later.cpp): its own consumer and broker, the lab's Stripe and database.
+    friend net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which);
     struct vault_run;
 
     // For the consumers' handlers (main loop).

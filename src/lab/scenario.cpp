@@ -106,6 +106,11 @@ const std::vector<scenario>& all_scenarios() {
          .max_attempts = 10,
          .crashes = 20,  // every first and second delivery of the 10 messages
          .spend_cap = true},
+        {.name = "settle-later",
+         .what = "a bank debit answers processing, then fails: counted as charged vs followed to its end "
+                 "(dead letter, alert, replay once topped up)",
+         .events = 2,
+         .settles_later = true},
     };
     return list;
 }

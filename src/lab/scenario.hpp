@@ -40,6 +40,8 @@ struct scenario {
     // The spend cap's row: a third run, the unsafe consumer through the vault proxy (`chargeguard proxy`'s
     // engine) with a vault key for the period capped at expected × 1.10; the safe run goes through it too.
     bool spend_cap = false;
+    // A bank debit that answers processing and fails later (src/lab/settle_later.cpp runs it).
+    bool settles_later = false;
 };
 
 // One run of a scenario: which consumer, and whether it reaches Stripe through the vault proxy.

@@ -73,6 +73,8 @@ result<charge> to_charge(object o) {
     c.payment_intent = id_or_object(o, "payment_intent");
     c.description = str(o, "description");
     c.failure_code = str(o, "failure_code");
+    object details;
+    if (!o["payment_method_details"].get_object().get(details)) c.payment_method_type = str(details, "type");
     c.metadata = meta(o);
     return c;
 }

@@ -28,8 +28,17 @@ struct charge {
     std::string payment_intent;
     std::string description;
     std::string failure_code;
+    std::string payment_method_type;  // payment_method_details.type: card, us_bank_account, sepa_debit, …
     stripe::metadata metadata;
 };
+
+// A bank debit (Stripe's delayed-notification methods): its charge is pending until the bank answers, so a
+// failed one failed after processing, whether or not chargeguard saw it processing.
+inline bool bank_debit(std::string_view payment_method_type) noexcept {
+    return payment_method_type == "us_bank_account" || payment_method_type == "sepa_debit" ||
+           payment_method_type == "bacs_debit" || payment_method_type == "acss_debit" ||
+           payment_method_type == "au_becs_debit";
+}
 
 struct payment_intent {
     std::string id;  // pi_…

@@ -260,8 +260,15 @@ class Nsqd:
         return None
 
 
+WEBHOOK_SECRET = "whsec_chaos_endpoint_secret"
+# Bank debits stay processing this long at fake-stripe; the consumers poll rows processing longer than
+# POLL_AFTER_S (so a webhook lost for good, or given up, still ends the row).
+SETTLE_AFTER_MS = 1500
+POLL_AFTER_S = 4.0
+
+
 class Stripe:
-    def __init__(self, work, build, declined, auth_required=()):
+    def __init__(self, work, build, declined, auth_required=(), webhook_url=None, webhook_faults=(0, 0)):
         self.pki = os.path.join(work, "pki")
         subprocess.run(["sh", os.path.join(ROOT, "tests", "doubles", "stripe", "gen-test-certs.sh"), self.pki],
                        check=True)
@@ -271,6 +278,15 @@ class Stripe:
                 os.path.join(self.pki, "server.key")]
         for c in declined:
             args += ["--decline", c]
+        if webhook_url:
+            # Stripe's delivery: signed, retried on non-2xx with backoff, some events twice, some held back
+            # behind a later event about the same payment.
+            dup, reorder = webhook_faults
+            args += ["--webhook-url", webhook_url, "--webhook-secret", WEBHOOK_SECRET,
+                     "--settle-after-ms", str(SETTLE_AFTER_MS), "--webhook-duplicate-pct", str(dup),
+                     "--webhook-reorder-pct", str(reorder), "--webhook-reorder-hold-ms", "2500",
+                     "--webhook-retry-base-ms", "250", "--webhook-retry-max-ms", "2000",
+                     "--webhook-max-attempts", "8"]
         self.logf = open(os.path.join(work, "fake-stripe.log"), "ab")
         self.proc = subprocess.Popen(args, stdout=self.logf, stderr=self.logf)
         self.ctx = ssl.create_default_context(cafile=os.path.join(self.pki, "ca.pem"))
@@ -300,10 +316,60 @@ class Stripe:
     def posts_for(self, key):
         return self.admin("GET", f"/_admin/posts?key={key}")["count"]
 
+    def deliveries(self):
+        return self.admin("GET", "/_admin/webhooks/deliveries")
+
+    def webhooks_idle(self, timeout_s):
+        try:
+            self.admin("GET", f"/_admin/webhooks/wait?idle=1&timeout_ms={int(timeout_s * 1000)}")
+            return True
+        except urllib.error.HTTPError:
+            return False
+
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=10)
 
+
+class Webhooks:
+    """`chargeguard webhooks`: Stripe's deliveries land here and settle the ledger's processing rows."""
+
+    def __init__(self, work, build, pg):
+        self.cg = os.path.join(build, "src", "app", "chargeguard")
+        self.work, self.pg = work, pg
+        self.port = free_port()
+        self.proc = None
+        self.incarnation = 0
+        self.dsn = None  # --failover: both hosts, as the consumers have
+        self.start()
+
+    def url(self):
+        return f"http://127.0.0.1:{self.port}/stripe/webhooks"
+
+    def log_path(self):
+        return os.path.join(self.work, f"webhooks-{self.incarnation}.log")
+
+    def start(self):
+        self.incarnation += 1
+        path = os.path.join(self.work, f"webhooks-{self.incarnation}.log")
+        env = dict(self.pg.env, CHARGEGUARD_WEBHOOK_SECRET=WEBHOOK_SECRET)
+        with open(path, "wb") as f:
+            self.proc = subprocess.Popen([self.cg, "--log-level", "info", "webhooks", "--listen",
+                                          f"127.0.0.1:{self.port}", "--health-listen", "127.0.0.1:0",
+                                          "--migrate", *(["--pg-dsn", self.dsn] if self.dsn else [])],
+                                         stdout=subprocess.DEVNULL, stderr=f, env=env)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
 class Consumers:
     def __init__(self, work, build, nsqd, pg, stripe, prof, count, max_in_flight):
@@ -314,6 +380,7 @@ class Consumers:
         self.incarnation = collections.Counter()
         self.max_in_flight = max_in_flight
         self.dsn = None  # --failover: both hosts, the writable one wins
+        self.bank = False  # bank debits in the run: poll the rows left processing
 
     def args(self, i=0):
         p = self.prof
@@ -327,6 +394,7 @@ class Consumers:
                 "--retry-same-key-delay", d(p["retry"]), "--indeterminate-delay", d(p["indeterminate"]),
                 "--search-failed-delay", d(p["search"]), "--stripe-request-timeout", "20",
                 "--new-key-quiet", d(NEW_KEY_QUIET_S),
+                *(["--processing-poll-after", d(POLL_AFTER_S)] if self.bank else []),
                 "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10",
                 # The sweep bound is derived from the flags above; the backfill runs often enough to be seen.
                 "--backfill-interval", "5s",
@@ -429,20 +497,28 @@ def classify_kill(lines, pg, stripe):
     return hits
 
 
-Event = collections.namedtuple("Event", "cust scus amount expect pi off_session body")
+Event = collections.namedtuple("Event", "cust scus amount expect pi off_session body bank")
+
+# Stripe's US bank account test payment methods: the intent answers processing, then settles later.
+BANK_OK, BANK_FAIL = "pm_usBankAccount_success", "pm_usBankAccount_insufficientFunds"
 
 
-def make_run(rng, n_events, pi_share=0.3):
+def make_run(rng, n_events, pi_share=0.3, async_share=0.0):
     """Valid events (5 % for declined customers, 20 % with a second or third copy; `pi_share` of them with a
-    payment_method, a fifth of those for customers whose card needs authentication) and 3 % invalid lines.
-    Returns the events, the card-declined and authentication-required Stripe customers, the invalid lines and
-    every body to publish."""
+    payment_method, a fifth of those for customers whose card needs authentication; `async_share` of them a
+    bank debit that answers processing and settles later, a third of those failing after processing) and 3 %
+    invalid lines. Returns the events, the card-declined and authentication-required Stripe customers, the
+    invalid lines and every body to publish."""
     valid, declined_customers, auth_customers, bodies = [], [], [], []
     for i in range(n_events):
         cust = f"cust-{i:05d}"
-        pi = rng.random() < pi_share
-        auth = pi and rng.random() < 0.2
-        decl = not auth and rng.random() < 0.05
+        # No draw when async_share is 0, so the seeds of runs without bank debits replay as before.
+        bank = None
+        if async_share > 0 and rng.random() < async_share:
+            bank = "fail" if rng.random() < 1 / 3 else "ok"
+        pi = bank is not None or rng.random() < pi_share
+        auth = bank is None and pi and rng.random() < 0.2
+        decl = bank is None and not auth and rng.random() < 0.05
         scus = f"cus_auth{i:05d}" if auth else f"cus_decl{i:05d}" if decl else f"cus_ok{i:05d}"
         if decl:
             declined_customers.append(scus)
@@ -451,14 +527,18 @@ def make_run(rng, n_events, pi_share=0.3):
         ev = {"customer_id": cust, "billing_period": PERIOD, "amount_cents": 100 + rng.randrange(100000),
               "currency": "usd", "stripe_customer_id": scus, "description": "chaos"}
         off_session = None
-        if pi:
+        if bank:
+            ev["payment_method"] = BANK_OK if bank == "ok" else BANK_FAIL
+            off_session = True
+        elif pi:
             ev["payment_method"] = f"pm_chaos{i:05d}"
             off_session = rng.choice([None, True, False])  # None: left to the default (true)
             if off_session is not None:
                 ev["off_session"] = off_session
         body = json.dumps(ev)
-        valid.append(Event(cust, scus, ev["amount_cents"], "declined" if decl or auth else "charged", pi,
-                           off_session is not False if pi else None, body))
+        expect = "declined" if decl or auth else "failed_after_processing" if bank == "fail" else "charged"
+        valid.append(Event(cust, scus, ev["amount_cents"], expect, pi, off_session is not False if pi else None,
+                           body, bank))
         copies = 1 + (rng.random() < 0.2) + (rng.random() < 0.1)
         bodies += [body] * copies
     invalid = []
@@ -512,21 +592,29 @@ def run_seed(args, seed, profile_name):
     report = dict(seed=seed, profile=profile_name, events=args.events, ok=False, failures=[],
                   kills=collections.Counter(), kill_count=0, broker="real nsqd" if args.nsqd_bin else "fake-nsqd")
     t_start = time.monotonic()
-    pg = nsqd = stripe = cons = standby = None
+    pg = nsqd = stripe = cons = standby = hooks = None
     try:
-        valid, declined, auth, invalid, bodies = make_run(rng, args.events, args.pi_share)
+        valid, declined, auth, invalid, bodies = make_run(rng, args.events, args.pi_share, args.async_share)
+        bank = args.async_share > 0
         pg = Postgres(work)
         nsqd = Nsqd(work, args.build, args.nsqd_bin)
-        stripe = Stripe(work, args.build, declined, auth)
+        hooks = Webhooks(work, args.build, pg) if bank else None
+        stripe = Stripe(work, args.build, declined, auth, hooks.url() if hooks else None,
+                        (args.webhook_duplicate_pct, args.webhook_reorder_pct))
         # Realistic latency so kills land during calls too.
         stripe.faults(latency_ms=40, latency_jitter_ms=160)
         cons = Consumers(work, args.build, nsqd, pg, stripe, prof, args.consumers, args.max_in_flight)
+        cons.bank = bank
         standby = None
         if args.failover != "none":
             standby = Standby(work, pg, args.failover == "sync")
             cons.dsn = (f"host=127.0.0.1,127.0.0.1 port={pg.port},{standby.port} dbname=chargeguard_test "
                         "user=postgres target_session_attrs=read-write connect_timeout=2")
             report["failover"] = args.failover
+            if hooks:
+                hooks.dsn = cons.dsn
+                hooks.kill()
+                hooks.start()
         for i in range(args.consumers):
             cons.start(i)
 
@@ -553,6 +641,10 @@ def run_seed(args, seed, profile_name):
         pg_restart_at = rng.uniform(dur * 0.2, dur * 0.5)
         nsqd_restart_at = rng.uniform(dur * 0.5, dur * 0.8) if nsqd.real else None
         stall_at = rng.uniform(dur * 0.1, dur * 0.6)
+        # The webhook receiver is SIGKILLed twice and stays down a moment: Stripe's retries carry the events.
+        hook_kills = sorted((rng.uniform(dur * 0.1, dur * 0.9), rng.uniform(0.5, 2.5)) for _ in range(2)) \
+            if hooks else []
+        hook_restart_at = None
         report["nsqd_restart"] = "yes" if nsqd.real else "skipped (fake-nsqd keeps messages in memory)"
 
         t0 = time.monotonic()
@@ -578,6 +670,14 @@ def run_seed(args, seed, profile_name):
             for r in [r for r in restarts if r[0] <= now]:
                 restarts.remove(r)
                 cons.start(r[1])
+            if hook_kills and hook_kills[0][0] <= now and hook_restart_at is None:
+                _, down = hook_kills.pop(0)
+                hooks.kill()
+                report["webhook_kills"] = report.get("webhook_kills", 0) + 1
+                hook_restart_at = now + down
+            if hook_restart_at is not None and now >= hook_restart_at:
+                hooks.start()
+                hook_restart_at = None
             if "pg" in events and now >= pg_restart_at and standby:
                 events.remove("pg")
                 log(f"   [{now:5.1f}s] standby held behind (walreceiver disconnected)")
@@ -618,10 +718,16 @@ def run_seed(args, seed, profile_name):
             time.sleep(0.02)
         for _, i in restarts:
             cons.start(i)
+        if hook_restart_at is not None:
+            hooks.start()
         stripe.faults(fail_after_create=0, drop_after_create=0, rate_limit=0, stall_count=0, fault_path="")
 
         # Quiescence: the channel drained and nothing pending in the ledger.
         bound = quiescence_bound(prof)
+        if bank:
+            # A bank debit settles SETTLE_AFTER_MS after its answer; its webhook may need every retry (the
+            # backoff sums to under 12 s), or, lost, the poll after POLL_AFTER_S.
+            bound += SETTLE_AFTER_MS / 1000 + POLL_AFTER_S + 12
         if standby:
             bound += sweep_bound(prof)  # rows whose settle the failover lost wait out the sweep bound
         lost = []
@@ -649,7 +755,8 @@ def run_seed(args, seed, profile_name):
             st = nsqd.channel_stats()
             if not st or st["topic_depth"] or st["depth"] or st["in_flight"] or st["deferred"]:
                 return False
-            return pg.query("SELECT count(*) FROM billing_records WHERE status = 'pending'")[0][0] == "0"
+            return pg.query("SELECT count(*) FROM billing_records WHERE status IN ('pending', 'processing')")[0][0] \
+                == "0"
 
         def healed():
             if not lost:
@@ -666,15 +773,20 @@ def run_seed(args, seed, profile_name):
         report["quiescence_bound_s"] = round(bound, 1)
         if not reached:
             st = nsqd.channel_stats()
-            pend = pg.query("SELECT key, stripe_attempts, lease_until, indeterminate_since, last_error "
-                            "FROM billing_records WHERE status = 'pending' LIMIT 5")
+            pend = pg.query("SELECT key, status, stripe_attempts, lease_until, indeterminate_since, last_error "
+                            "FROM billing_records WHERE status IN ('pending', 'processing') LIMIT 5")
             report["failures"].append(f"no quiescence within {bound:.0f} s: nsqd {st}, pending rows {pend}")
 
         rcs = cons.stop_all()
         if any(rc != 0 for rc in rcs):
             report["failures"].append(f"consumers did not drain cleanly on SIGTERM: exit statuses {rcs}")
         report["fault_hits"] = stripe.fault_hits()
+        if hooks:
+            stripe.webhooks_idle(15)
+            hooks.stop()
         check(report, valid, invalid, pg, stripe)
+        if hooks:
+            check_webhooks(report, pg, stripe)
         # Deliveries a worker settled but whose FIN never reached nsqd come back as prevented duplicates of
         # the same message: the "between the update and FIN" window, seen from the redelivery.
         report["kills"]["between_update_and_fin"] += settled_then_redelivered(work, killed_logs)
@@ -687,7 +799,7 @@ def run_seed(args, seed, profile_name):
                 for p in x.procs:
                     if p and p.poll() is None:
                         p.kill()
-        for x in (stripe, nsqd, pg):
+        for x in (hooks, stripe, nsqd, pg):
             if x:
                 try:
                     x.stop()
@@ -726,6 +838,15 @@ def settled_then_redelivered(work, killed_logs):
     return n
 
 
+def same_event(body, ev):
+    try:
+        got, want = json.loads(body), json.loads(ev.body)
+    except ValueError:
+        return False
+    return all(got.get(k) == want.get(k) for k in ("customer_id", "billing_period", "amount_cents",
+                                                   "stripe_customer_id", "payment_method"))
+
+
 def check(report, valid, invalid, pg, stripe):
     f = report["failures"]
     charges = stripe.charges()
@@ -746,8 +867,11 @@ def check(report, valid, invalid, pg, stripe):
         "SELECT key, status, coalesce(charge_id, ''), coalesce(payment_intent_id, '') FROM billing_records")}
     letters = pg.query("SELECT coalesce(billing_key, ''), convert_from(raw_body, 'UTF8'), reason FROM dead_letters")
     letter_bodies = collections.Counter(b for _, b, _ in letters)
+    letters_by_key = collections.defaultdict(list)
+    for k, b, _ in letters:
+        letters_by_key[k].append(b)
     valid_keys = set()
-    duplicates = uncharged = pi_charged = pi_declined = 0
+    duplicates = uncharged = pi_charged = pi_declined = bank_charged = bank_failed = 0
     for ev in valid:
         cust = ev.cust
         key = billing_key(cust)
@@ -763,7 +887,8 @@ def check(report, valid, invalid, pg, stripe):
                 if len(its) > 1:
                     duplicates += 1
             it = its[0] if its else None
-            if it and intent_id != it["id"]:
+            if it and intent_id != it["id"] and not (status is None and report.get("failover") == "async" and
+                                                     ev.expect == "failed_after_processing"):
                 f.append(f"{cust}: ledger payment_intent_id {intent_id!r}, Stripe intent {it['id']}")
         elif its:
             f.append(f"{cust}: /v1/charges event has payment intents {[p['id'] for p in its]}")
@@ -783,6 +908,30 @@ def check(report, valid, invalid, pg, stripe):
                 if want == "requires_action" and any_by_key.get(key):
                     f.append(f"{cust}: intent needing authentication has charges {any_by_key[key]}")
                 pi_declined += 1
+        elif ev.expect == "failed_after_processing" and status is None and report.get("failover") == "async":
+            # An asynchronous failover lost the row itself (its insert and every later commit) after the
+            # message was FINed; the backfill restores rows of succeeded charges only, so a failed debit's row
+            # stays lost, as a lost declined row does (docs/operating/ha-postgres.md). Counted, not hidden.
+            if got:
+                f.append(f"{cust}: failed bank debit has succeeded charges {got}")
+            report["bank_rows_lost"] = report.get("bank_rows_lost", 0) + 1
+        elif ev.expect == "failed_after_processing":
+            # The bank said no after processing: nothing charged, the row failed after processing with a
+            # dead letter (whose replay would charge again), the intent back to requires_payment_method.
+            if got:
+                f.append(f"{cust}: failed bank debit has succeeded charges {got}")
+            if status != "failed_after_processing":
+                f.append(f"{cust}: failed bank debit: ledger {status}, want failed_after_processing")
+            # One letter for the key, carrying this event: the published bytes, or — when the sweeper
+            # re-drove a row whose commits a failover lost — the event as the sweeper rebuilt it.
+            mine = letters_by_key.get(key, [])
+            if len(mine) != 1 or not same_event(mine[0], ev):
+                f.append(f"{cust}: failed bank debit has {len(mine)} dead letters for its key, want 1 carrying "
+                         f"its event: {[b[:80] for b in mine]}")
+            if its and (its[0]["status"] != "requires_payment_method" or
+                        (its[0].get("last_payment_error") or {}).get("code") != "insufficient_funds"):
+                f.append(f"{cust}: failed bank debit intent {its[0]['id']} is {its[0]['status']}")
+            bank_failed += 1
         else:
             if len(got) > 1:
                 duplicates += 1
@@ -802,9 +951,10 @@ def check(report, valid, invalid, pg, stripe):
                              f"{charge_by_id[got[0]].get('payment_intent')}, not {it['id']}")
                 else:
                     pi_charged += 1
+                    bank_charged += ev.bank == "ok"
             elif not ev.pi and got and charge_by_id[got[0]].get("payment_intent"):
                 f.append(f"{cust}: /v1/charges event charged through an intent")
-        if letter_bodies.get(ev.body):
+        if letter_bodies.get(ev.body) and ev.expect != "failed_after_processing":
             f.append(f"valid event for {cust} was dead-lettered")
     # An asynchronous failover loses the last commits, a dead letter's too: its message was FINed after the
     # insert committed on the old primary, and no Stripe object carries it for the backfill to find. Such
@@ -829,6 +979,34 @@ def check(report, valid, invalid, pg, stripe):
     report["duplicates"] = duplicates
     report["uncharged"] = uncharged
     report["dead_letters"] = len(letters)
+    report["bank_events"] = sum(1 for ev in valid if ev.bank)
+    report["bank_charged"] = bank_charged
+    report["bank_failed"] = bank_failed
+
+
+def check_webhooks(report, pg, stripe):
+    """Every event fake-stripe saw acknowledged is recorded (the receiver answers 2xx only after the insert
+    committed), and each once: duplicates and retries were acknowledged and ignored."""
+    f = report["failures"]
+    d = stripe.deliveries()
+    st = d["stats"]
+    acked = {x["event"] for x in d["data"] if 200 <= x["status"] < 300}
+    rows = pg.query("SELECT id FROM stripe_webhook_events")
+    recorded = [r[0] for r in rows]
+    if len(recorded) != len(set(recorded)):
+        f.append(f"webhook events recorded twice: {len(recorded) - len(set(recorded))}")
+    missing = acked - set(recorded)
+    # An asynchronous failover loses the last commits, the receiver's too (Stripe does not send an
+    # acknowledged event again; the poll settles its row instead): counted, as the lost dead letters are.
+    if missing and report.get("failover") == "async":
+        report["webhook_events_lost"] = len(missing)
+    elif missing:
+        f.append(f"{len(missing)} acknowledged webhook events not recorded: {sorted(missing)[:3]}")
+    if st["outstanding"]:
+        f.append(f"{st['outstanding']} webhook deliveries still outstanding at fake-stripe")
+    report["webhooks"] = dict(events=st["events"], attempts=st["attempts"], acked_events=st["acked_events"],
+                              failed_attempts=st["failed"], duplicates=st["duplicates"], reordered=st["reordered"],
+                              given_up=st["given_up"], recorded=len(recorded), receiver_kills=report.get("webhook_kills", 0))
 
 
 def main():
@@ -840,6 +1018,12 @@ def main():
     ap.add_argument("--events", type=int, default=200)
     ap.add_argument("--pi-share", type=float, default=0.3,
                     help="share of valid events charged through PaymentIntents (payment_method set)")
+    ap.add_argument("--async-share", type=float, default=0.15,
+                    help="share of valid events paid by bank debit (processing, settled later by webhook or poll; "
+                         "a third fail after processing); 0: none, and no webhook receiver")
+    ap.add_argument("--webhook-duplicate-pct", type=int, default=20, help="events fake-stripe delivers twice")
+    ap.add_argument("--webhook-reorder-pct", type=int, default=20,
+                    help="events held back behind a later event about the same payment")
     ap.add_argument("--consumers", type=int, default=3)
     ap.add_argument("--max-in-flight", type=int, default=50)
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of chaos per seed")
@@ -896,13 +1080,23 @@ def main():
         if r.get("failover"):
             log(f"   failover ({r['failover']}): {r.get('wal_lost_bytes', '?')} bytes of WAL lost; ledger agreed "
                 f"with Stripe {r.get('quiescence_s', '?')} s after the chaos; "
-                f"{r.get('dead_letters_lost', 0)} dead letters of invalid lines lost with the commits")
+                f"{r.get('dead_letters_lost', 0)} dead letters of invalid lines lost with the commits; "
+                f"{r.get('bank_rows_lost', 0)} rows of failed bank debits and {r.get('webhook_events_lost', 0)} "
+                "acknowledged webhook events lost with them")
         if r.get("lost_commits"):
             log(f"   lost commits: {r['lost_commits']} rows healed by the sweeper and the backfill in "
                 f"{r.get('heal_s', '?')} s")
         log(f"   PaymentIntents: {r.get('pi_events', '?')} events, {r.get('intents', '?')} intents, "
             f"{r.get('pi_charged', '?')} charged, {r.get('pi_declined', '?')} declined; fault hits: "
             + ", ".join(f"{k} {v}" for k, v in sorted((r.get("fault_hits") or {}).items())))
+        if r.get("bank_events"):
+            w = r.get("webhooks") or {}
+            log(f"   bank debits: {r['bank_events']} events, {r.get('bank_charged', '?')} charged after processing, "
+                f"{r.get('bank_failed', '?')} failed after processing; webhooks: {w.get('events', '?')} events, "
+                f"{w.get('attempts', '?')} attempts ({w.get('failed_attempts', '?')} not 2xx, "
+                f"{w.get('duplicates', '?')} duplicated, {w.get('reordered', '?')} reordered, "
+                f"{w.get('given_up', '?')} given up), {w.get('recorded', '?')} recorded; receiver killed "
+                f"{w.get('receiver_kills', 0)} times")
         for msg in r["failures"][:20]:
             log(f"   FAIL {msg}")
         if not r["ok"]:

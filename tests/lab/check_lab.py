@@ -54,6 +54,10 @@ def check_spend_cap(rows, capped):
     return failures
 
 
+# Rows whose unsafe failure is "never", not "twice": a customer left uncharged while the books say charged.
+CHARGED_ZERO_TIMES = {"settle-later"}
+
+
 def main():
     lab = sys.argv[1]
     if not os.environ.get("PGHOST"):
@@ -86,7 +90,10 @@ def main():
             capped[(r["scenario"], variant)] = (r, int(m.group(2)), int(m.group(3)))
             seen.add((r["scenario"], variant + "+cap"))
         seen.add((r["scenario"], variant))
-        if variant == "unsafe":
+        if variant == "unsafe" and r["scenario"] in CHARGED_ZERO_TIMES:
+            if r["customers_uncharged"] < 1:
+                failures.append(f"{name}: every customer charged — the failure mode was not reproduced")
+        elif variant == "unsafe":
             if r["duplicate_charges"] < 1:
                 failures.append(f"{name}: no duplicate charge — the failure mode was not reproduced")
         elif variant == "safe":

@@ -2,6 +2,7 @@
 // if fake-stripe drifts from what Stripe's own client expects (wire format, headers, error shapes),
 // this fails. Usage: node conformance.mjs <fake-stripe binary> <cert dir>  (NODE_EXTRA_CA_CERTS = CA)
 import { spawn } from 'node:child_process';
+import http from 'node:http';
 import https from 'node:https';
 import assert from 'node:assert/strict';
 import Stripe from 'stripe';
@@ -205,6 +206,120 @@ try {
       await adminPost(port, '/_admin/limits', { endpoint_rps: '0' });
     }
   });
+
+  // A webhook endpoint in this process: records each delivery's raw body and Stripe-Signature.
+  const deliveries = [];
+  const hookServer = http.createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (d) => chunks.push(d));
+    req.on('end', () => {
+      deliveries.push({ headers: req.headers, raw: Buffer.concat(chunks) });
+      res.writeHead(200).end();
+    });
+  });
+  await new Promise((resolve) => hookServer.listen(0, '127.0.0.1', resolve));
+  const hookSecret = 'whsec_conformance_current';
+  const hookPrevious = 'whsec_conformance_previous';
+  await adminPost(port, '/_admin/webhooks', {
+    url: `http://127.0.0.1:${hookServer.address().port}/hooks`, secrets: `${hookSecret},${hookPrevious}`,
+  });
+  await adminPost(port, '/_admin/async', { settle_after_ms: '50' });
+
+  let bankIntent;
+  await check('a bank debit (pm_usBankAccount_success) answers processing, then succeeds', async () => {
+    bankIntent = await stripe.paymentIntents.create({
+      amount: 2500, currency: 'usd', customer: 'cus_sdk', payment_method: 'pm_usBankAccount_success',
+      payment_method_types: ['us_bank_account'], confirm: true, off_session: true,
+      metadata: { billing_key: 'bk-sdk-ach' },
+    }, { idempotencyKey: 'sdk-key-ach' });
+    assert.equal(bankIntent.status, 'processing');
+    const charge = await stripe.charges.retrieve(bankIntent.latest_charge);
+    assert.equal(charge.status, 'pending');
+    const waited = await admin(port, '/_admin/webhooks/wait?idle=1&timeout_ms=10000');
+    assert.equal(waited.outstanding, 0);
+    const later = await stripe.paymentIntents.retrieve(bankIntent.id);
+    assert.equal(later.status, 'succeeded');
+    assert.equal((await stripe.charges.retrieve(later.latest_charge)).paid, true);
+  });
+
+  await check("fake-stripe's deliveries pass stripe.webhooks.constructEvent (either secret of a rotation)", async () => {
+    const types = [];
+    assert.ok(deliveries.length >= 5, `only ${deliveries.length} deliveries`);
+    for (const d of deliveries) {
+      assert.equal(d.headers['content-type'], 'application/json; charset=utf-8');
+      const ev = stripe.webhooks.constructEvent(d.raw, d.headers['stripe-signature'], hookSecret);
+      assert.equal(stripe.webhooks.constructEvent(d.raw, d.headers['stripe-signature'], hookPrevious).id, ev.id);
+      assert.throws(() => stripe.webhooks.constructEvent(d.raw, d.headers['stripe-signature'], 'whsec_other'),
+        (e) => e instanceof Stripe.errors.StripeSignatureVerificationError);
+      types.push(ev.type);
+      // GET /v1/events/{id} (the SDK's events.retrieve) serves the event that was delivered.
+      assert.equal((await stripe.events.retrieve(ev.id)).type, ev.type);
+    }
+    assert.ok(types.includes('payment_intent.processing'), types.join(' '));
+    assert.equal(types[types.length - 1], 'payment_intent.succeeded');
+    const tampered = Buffer.from(deliveries[0].raw.toString().replace('"livemode": false', '"livemode": true'));
+    assert.throws(() => stripe.webhooks.constructEvent(tampered, deliveries[0].headers['stripe-signature'], hookSecret),
+      (e) => e instanceof Stripe.errors.StripeSignatureVerificationError);
+  });
+
+  await check('a failing bank debit ends payment_failed with the bank code', async () => {
+    const pi = await stripe.paymentIntents.create({
+      amount: 2600, currency: 'usd', customer: 'cus_sdk', payment_method: 'pm_usBankAccount_insufficientFunds',
+      confirm: true, off_session: true, metadata: { billing_key: 'bk-sdk-ach-nsf' },
+    }, { idempotencyKey: 'sdk-key-ach-nsf' });
+    assert.equal(pi.status, 'processing');
+    await admin(port, '/_admin/webhooks/wait?idle=1&timeout_ms=10000');
+    const later = await stripe.paymentIntents.retrieve(pi.id);
+    assert.equal(later.status, 'requires_payment_method');
+    assert.equal(later.last_payment_error.code, 'insufficient_funds');
+    const charge = await stripe.charges.retrieve(later.latest_charge);
+    assert.equal(charge.status, 'failed');
+    assert.equal(charge.failure_code, 'insufficient_funds');
+  });
+
+  await check('refunds: partial, replayed, too large, the rest, then already refunded', async () => {
+    const charge = bankIntent.latest_charge;
+    const r1 = await stripe.refunds.create({ charge, amount: 1000 }, { idempotencyKey: 'sdk-refund-1' });
+    assert.equal(r1.object, 'refund');
+    assert.equal(r1.amount, 1000);
+    const again = await stripe.refunds.create({ charge, amount: 1000 }, { idempotencyKey: 'sdk-refund-1' });
+    assert.equal(again.id, r1.id);
+    assert.equal(again.lastResponse.headers['idempotent-replayed'], 'true');
+    await assert.rejects(stripe.refunds.create({ charge, amount: 9999 }, { idempotencyKey: 'sdk-refund-2' }), (e) => {
+      assert.ok(e instanceof Stripe.errors.StripeInvalidRequestError, `got ${e.constructor.name}`);
+      assert.equal(e.code, 'amount_too_large');
+      assert.equal(e.param, 'amount');
+      assert.equal(e.message, 'Refund amount ($99.99) is greater than unrefunded amount on charge ($15.00)');
+      return true;
+    });
+    const rest = await stripe.refunds.create({ payment_intent: bankIntent.id }, { idempotencyKey: 'sdk-refund-3' });
+    assert.equal(rest.amount, 1500);
+    const after = await stripe.charges.retrieve(charge);
+    assert.equal(after.amount_refunded, 2500);
+    assert.equal(after.refunded, true);
+    await assert.rejects(stripe.refunds.create({ charge }, { idempotencyKey: 'sdk-refund-4' }),
+      (e) => e instanceof Stripe.errors.StripeInvalidRequestError && e.code === 'charge_already_refunded');
+    assert.equal((await stripe.refunds.retrieve(r1.id)).amount, 1000);
+  });
+
+  await check('a dispute opened on a charge blocks its refund', async () => {
+    const pi = await stripe.paymentIntents.create({
+      amount: 2700, currency: 'usd', customer: 'cus_sdk', payment_method: 'pm_card_visa',
+      confirm: true, off_session: true, metadata: { billing_key: 'bk-sdk-dispute' },
+    }, { idempotencyKey: 'sdk-key-dispute' });
+    const dp = await adminPost(port, '/_admin/disputes', { charge: pi.latest_charge });
+    assert.match(dp.id, /^dp_/);
+    assert.equal((await stripe.disputes.retrieve(dp.id)).status, 'needs_response');
+    assert.equal((await stripe.charges.retrieve(pi.latest_charge)).disputed, true);
+    await assert.rejects(stripe.refunds.create({ charge: pi.latest_charge }, { idempotencyKey: 'sdk-refund-5' }),
+      (e) => e instanceof Stripe.errors.StripeInvalidRequestError && e.code === 'charge_disputed');
+    const closed = await adminPost(port, '/_admin/disputes/close', { dispute: dp.id, status: 'won' });
+    assert.equal(closed.status, 'won');
+    await admin(port, '/_admin/webhooks/wait?idle=1&timeout_ms=10000');
+    const types = deliveries.map((d) => JSON.parse(d.raw.toString()).type);
+    assert.ok(types.includes('charge.dispute.created') && types.includes('charge.dispute.closed'), types.join(' '));
+  });
+  hookServer.close();
 
   await check('bad API key maps to StripeAuthenticationError', async () => {
     const wrong = new Stripe('pk_test_not_a_secret', { host: '127.0.0.1', port, protocol: 'https', telemetry: false });

@@ -1,6 +1,7 @@
 // Cross-check of our Stripe-Signature verifier against the official Stripe Node SDK's signer: headers made
 // by stripe.webhooks.generateTestHeaderString must be accepted, and a tampered body, a wrong secret, a stale
-// timestamp and a rotation that dropped the signing secret refused.
+// timestamp (at the SDK's own tolerance edges), a rewritten timestamp and a rotation that dropped the signing
+// secret refused. fake-stripe's own deliveries are checked against the SDK in conformance.mjs.
 // Usage: node webhook-signature.mjs <webhook-verify binary>
 import { spawnSync } from 'node:child_process';
 import assert from 'node:assert/strict';
@@ -81,6 +82,36 @@ check('rotation: Stripe sends one v1 per active secret', () => {
   const header = `${a},${b.split(',')[1]}`;
   assert.equal(verify(header, payload, [previous]), 'ok');
   assert.equal(verify(header, payload, [secret]), 'ok');
+});
+check('tolerance edges: 290 s old accepted, 310 s old stale (default 300 s), as the SDK decides', () => {
+  const inside = stripe.webhooks.generateTestHeaderString({ payload, secret, timestamp: now() - 290 });
+  assert.equal(verify(inside, payload, [secret]), 'ok');
+  assert.equal(stripe.webhooks.constructEvent(payload, inside, secret).id, 'evt_crosscheck_1');
+  const outside = stripe.webhooks.generateTestHeaderString({ payload, secret, timestamp: now() - 310 });
+  assert.equal(verify(outside, payload, [secret]), 'stale');
+  assert.throws(() => stripe.webhooks.constructEvent(payload, outside, secret), /Timestamp outside the tolerance zone/);
+  // A shorter tolerance flag refuses what the default accepts.
+  assert.equal(verify(inside, payload, [secret], 60), 'stale');
+});
+check('a timestamp far in the future is refused (the SDK only bounds the past; we bound both)', () => {
+  const header = stripe.webhooks.generateTestHeaderString({ payload, secret, timestamp: now() + 3600 });
+  assert.equal(stripe.webhooks.constructEvent(payload, header, secret).id, 'evt_crosscheck_1');
+  assert.equal(verify(header, payload, [secret]), 'future');
+});
+check('a signature replayed under a rewritten t is refused', () => {
+  const old = now() - 3600;
+  const header = stripe.webhooks.generateTestHeaderString({ payload, secret, timestamp: old });
+  const rewritten = header.replace(`t=${old}`, `t=${now()}`);
+  assert.equal(verify(rewritten, payload, [secret]), 'mismatch');
+  assert.throws(() => stripe.webhooks.constructEvent(payload, rewritten, secret),
+    (e) => e instanceof Stripe.errors.StripeSignatureVerificationError);
+});
+check('rotation: a forged v1 beside the real one does not spoil it; forged ones alone are refused', () => {
+  const t = now();
+  const good = stripe.webhooks.generateTestHeaderString({ payload, secret, timestamp: t });
+  const forged = `v1=${'0'.repeat(64)}`;
+  assert.equal(verify(`t=${t},${forged},${good.split(',')[1]}`, payload, [secret, previous]), 'ok');
+  assert.equal(verify(`t=${t},${forged},${forged.replace(/0/g, 'a')}`, payload, [secret, previous]), 'mismatch');
 });
 check('v0 scheme alone is not a signature', () => {
   const header = stripe.webhooks.generateTestHeaderString({ payload, secret, timestamp: now(), scheme: 'v0' });

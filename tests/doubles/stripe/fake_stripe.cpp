@@ -5,7 +5,10 @@
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
 #include <algorithm>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 
 #include "http/proto/message.hpp"
@@ -52,37 +55,126 @@ std::string meta_json(const std::vector<std::pair<std::string, std::string>>& m)
     return o.done();
 }
 
+// Stripe's US bank account test payment methods (ACH Direct Debit, "Test account numbers"): the payment
+// answers processing, then settles this way. `_processing` never settles by itself.
+struct async_method {
+    std::string_view pm, settles_to, failure_code;
+};
+constexpr async_method async_methods[] = {
+    {"pm_usBankAccount_success", "succeeded", ""},
+    {"pm_usBankAccount_accountClosed", "failed", "account_closed"},
+    {"pm_usBankAccount_noAccount", "failed", "no_account"},
+    {"pm_usBankAccount_insufficientFunds", "failed", "insufficient_funds"},
+    {"pm_usBankAccount_debitNotAuthorized", "failed", "debit_not_authorized"},
+    {"pm_usBankAccount_invalidCurrency", "failed", "invalid_currency"},
+    {"pm_usBankAccount_dispute", "dispute", ""},
+    {"pm_usBankAccount_processing", "", ""},
+};
+
+const async_method* async_method_of(std::string_view pm) {
+    for (const auto& m : async_methods)
+        if (m.pm == pm) return &m;
+    return nullptr;
+}
+
 std::string charge_json(const charge_rec& c) {
     bool ok = c.status == "succeeded";
+    bool captured = c.status != "failed";  // a bank debit's pending charge is captured, not yet paid
+    std::string failure_message = c.failure_message;
+    if (failure_message.empty() && !c.failure_code.empty()) failure_message = "Your card was declined.";
     return json_obj()
         .str("id", c.id)
         .str("object", "charge")
         .num("amount", c.amount)
-        .num("amount_captured", ok ? c.amount : 0)
-        .num("amount_refunded", 0)
-        .boolean("captured", ok)
+        .num("amount_captured", captured ? c.amount : 0)
+        .num("amount_refunded", c.amount_refunded)
+        .boolean("captured", captured)
         .num("created", c.created)
         .str("currency", c.currency)
         .str_or_null("customer", c.customer)
         .str_or_null("description", c.description)
+        .boolean("disputed", c.disputed)
         .str_or_null("failure_code", c.failure_code)
-        .str_or_null("failure_message", c.failure_code.empty() ? "" : "Your card was declined.")
+        .str_or_null("failure_message", failure_message)
         .boolean("livemode", false)
         .raw("metadata", meta_json(c.metadata))
         .boolean("paid", ok)
         .str_or_null("payment_intent", c.payment_intent)
-        .boolean("refunded", false)
+        .str_or_null("payment_method", c.payment_method)
+        .raw("payment_method_details",
+             c.payment_method.empty()
+                 ? std::string("null")
+                 : json_obj()
+                       .str("type", async_method_of(c.payment_method) ? "us_bank_account" : "card")
+                       .done())
+        .boolean("refunded", c.amount > 0 && c.amount_refunded == c.amount)
         .str("status", c.status)
         .done();
+}
+
+std::string refund_json(const refund_rec& r) {
+    return json_obj()
+        .str("id", r.id)
+        .str("object", "refund")
+        .num("amount", r.amount)
+        .str("charge", r.charge)
+        .num("created", r.created)
+        .str("currency", r.currency)
+        .raw("metadata", meta_json(r.metadata))
+        .str_or_null("payment_intent", r.payment_intent)
+        .str_or_null("reason", r.reason)
+        .str("status", r.status)
+        .done();
+}
+
+std::string dispute_json(const dispute_rec& d) {
+    return json_obj()
+        .str("id", d.id)
+        .str("object", "dispute")
+        .num("amount", d.amount)
+        .str("charge", d.charge)
+        .num("created", d.created)
+        .str("currency", d.currency)
+        .boolean("is_charge_refundable", false)
+        .boolean("livemode", false)
+        .raw("metadata", "{}")
+        .str_or_null("payment_intent", d.payment_intent)
+        .str("reason", d.reason)
+        .str("status", d.status)
+        .done();
+}
+
+std::string bank_failure_message(std::string_view code) {
+    if (code == "insufficient_funds")
+        return "The customer's account has insufficient funds to cover this payment.";
+    if (code == "account_closed") return "The customer's bank account has been closed.";
+    if (code == "no_account") return "The customer's bank account could not be located.";
+    if (code == "debit_not_authorized")
+        return "The customer has notified their bank that this payment was unauthorized.";
+    if (code == "invalid_currency")
+        return "The bank was unable to process this payment because of its currency.";
+    return "The customer's bank could not process this payment.";
+}
+
+// "$25.00", as Stripe writes amounts in refund errors.
+std::string money(std::int64_t minor, std::string_view currency) {
+    char digits[32];
+    std::snprintf(digits, sizeof digits, "%lld.%02lld", static_cast<long long>(minor / 100),
+                  static_cast<long long>(minor % 100));
+    if (currency == "usd") return std::string("$") + digits;
+    if (currency == "eur") return std::string("\u20ac") + digits;
+    if (currency == "gbp") return std::string("\u00a3") + digits;
+    return std::string(digits) + " " + std::string(currency);
 }
 
 std::string intent_json(const intent_rec& p) {
     std::string last_error = "null";
     if (!p.last_error_code.empty())
         last_error = json_obj()
-                         .str("type", "card_error")
+                         .str("type", p.last_error_type)
                          .str("code", p.last_error_code)
-                         .str("message", "Your card was declined.")
+                         .str("message",
+                              p.last_error_message.empty() ? "Your card was declined." : p.last_error_message)
                          .done();
     std::string next_action = "null";
     if (p.status == "requires_action")
@@ -206,6 +298,33 @@ std::optional<http::response> validate(const std::string& path, const params& p)
         }
         return std::nullopt;
     }
+    if (path == "/v1/refunds") {
+        for (const auto& [k, v] : p) {
+            auto top = k.substr(0, k.find('['));
+            static const std::vector<std::string> allowed = {
+                "charge", "payment_intent", "amount", "reason", "metadata", "expand", "instructions_email"};
+            if (std::find(allowed.begin(), allowed.end(), top) == allowed.end())
+                return error_response(400, "invalid_request_error", "parameter_unknown",
+                                      "Received unknown parameter: " + k, k);
+        }
+        if (param(p, "charge").empty() && param(p, "payment_intent").empty())
+            return error_response(400, "invalid_request_error", "parameter_missing",
+                                  "One of the following params should be provided for this request: "
+                                  "payment_intent or charge.");
+        if (p.count("amount")) {
+            auto a = to_int(param(p, "amount"));
+            if (!a || *a <= 0)
+                return error_response(400, "invalid_request_error", "parameter_invalid_integer",
+                                      "Invalid positive integer", "amount");
+        }
+        auto reason = param(p, "reason");
+        if (p.count("reason") && reason != "duplicate" && reason != "fraudulent" &&
+            reason != "requested_by_customer")
+            return error_response(
+                400, "invalid_request_error", "parameter_invalid",
+                "Invalid reason: must be one of duplicate, fraudulent, or requested_by_customer", "reason");
+        return std::nullopt;
+    }
     if (path == "/v1/charges")
         return validate_common(p, {"amount", "currency", "customer", "description", "metadata", "expand",
                                    "capture", "statement_descriptor", "receipt_email", "source"});
@@ -286,10 +405,13 @@ fake_stripe::fake_stripe(asio::any_io_executor ex, std::shared_ptr<asio::ssl::co
     o.tls = std::move(tls);
     o.max_connections = max_connections;
     o.server_name = "fake-stripe";
-    server_ = std::make_unique<http::server>(ex, std::move(r), std::move(o), std::move(log));
+    server_ = std::make_unique<http::server>(ex, std::move(r), std::move(o), log_);
+    webhooks_ = std::make_unique<fake::webhook_sender>(ex, log_, [this] { return now(); });
 }
 
-fake_stripe::~fake_stripe() = default;
+fake_stripe::~fake_stripe() {
+    *alive_ = false;
+}
 
 result<net::tcp::endpoint> fake_stripe::listen(const net::host_port& where) {
     return server_->listen(where);
@@ -324,6 +446,13 @@ void fake_stripe::reset() {
     declines_.clear();
     charges_.clear();
     intents_.clear();
+    refunds_.clear();
+    disputes_.clear();
+    bank_outcomes_.clear();
+    events_.clear();
+    webhooks_->reset();
+    ++settle_gen_;
+    pending_settle_ = 0;
     idem_.clear();
     posts_.clear();
     fault_hits_.clear();
@@ -457,12 +586,18 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     int status = 0;
     std::string body;
     bool created = false;
+    cur_request_id_ = rid;
+    cur_idem_key_ = key;
     if (path == "/v1/charges")
         create_charge(p, status, body, created);
     else if (path == "/v1/payment_intents")
         create_intent(p, status, body, created);
+    else if (path == "/v1/refunds")
+        create_refund(p, status, body, created);
     else
         cancel_intent(cancelled_intent_id(path), p, status, body);
+    cur_request_id_.clear();
+    cur_idem_key_.clear();
     if (created && faults_.fail_after_create > 0 && faults_.targets(path)) {
         --faults_.fail_after_create;
         ++fault_hits_["fail_after_create " + path];
@@ -510,6 +645,7 @@ void fake_stripe::create_charge(const params& p, int& status, std::string& body,
     const decline_rule* rule = d == declines_.end() ? nullptr : &d->second;
     auto& c = new_charge(p, rule);
     created = true;
+    emit(rule ? "charge.failed" : "charge.succeeded", charge_json(c), c.id, c.id);
     if (!rule) {
         status = 200;
         body = charge_json(c);
@@ -536,7 +672,34 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
         pi.status = "requires_confirmation";
         status = 200;
         body = intent_json(pi);
+        emit("payment_intent.created", body, pi.id, pi.id);
         intents_.push_back(std::move(pi));
+        return;
+    }
+    pi.status = "requires_payment_method";
+    emit("payment_intent.created", intent_json(pi), pi.id, pi.id);
+    if (const auto* m = async_method_of(pi.payment_method)) {
+        // A bank debit: processing now, its pending charge settles later (or never, for _processing).
+        auto& c = new_charge(p, nullptr);
+        c.status = "pending";
+        c.payment_intent = pi.id;
+        c.payment_method = pi.payment_method;
+        pi.latest_charge = c.id;
+        pi.status = "processing";
+        pi.settles_to = std::string(m->settles_to);
+        pi.settle_failure_code = std::string(m->failure_code);
+        if (auto o = bank_outcomes_.find(pi.customer); o != bank_outcomes_.end()) {
+            pi.settles_to = o->second.first;
+            pi.settle_failure_code = o->second.second;
+        }
+        status = 200;
+        body = intent_json(pi);
+        emit("payment_intent.processing", body, pi.id, pi.id);
+        emit("charge.pending", charge_json(c), c.id, pi.id);
+        auto id = pi.id;
+        bool settles = !pi.settles_to.empty();
+        intents_.push_back(std::move(pi));
+        if (settles) schedule_settlement(id);
         return;
     }
     auto d = declines_.find(pi.customer);
@@ -546,14 +709,18 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
         pi.status = "requires_action";
         status = 200;
         body = intent_json(pi);
+        emit("payment_intent.requires_action", body, pi.id, pi.id);
         intents_.push_back(std::move(pi));
         return;
     }
     auto& c = new_charge(p, rule);
     c.payment_intent = pi.id;
+    c.payment_method = pi.payment_method;
     pi.latest_charge = c.id;
     pi.status = rule ? "requires_payment_method" : "succeeded";
     if (rule) pi.last_error_code = rule->code;
+    emit(rule ? "charge.failed" : "charge.succeeded", charge_json(c), c.id, pi.id);
+    emit(rule ? "payment_intent.payment_failed" : "payment_intent.succeeded", intent_json(pi), pi.id, pi.id);
     if (!rule) {
         status = 200;
         body = intent_json(pi);
@@ -587,10 +754,205 @@ void fake_stripe::cancel_intent(const std::string& id, const params& p, int& sta
                               "requires_action, processing.");
         return;
     }
+    bool was_processing = it->status == "processing";
     it->status = "canceled";
     it->cancellation_reason = param(p, "cancellation_reason");
+    if (was_processing)
+        if (auto* c = find_charge(it->latest_charge); c && c->status == "pending") c->status = "failed";
     status = 200;
     body = intent_json(*it);
+    emit("payment_intent.canceled", body, it->id, it->id);
+}
+
+charge_rec* fake_stripe::find_charge(const std::string& id) {
+    for (auto& c : charges_)
+        if (c.id == id) return &c;
+    return nullptr;
+}
+
+intent_rec* fake_stripe::find_intent(const std::string& id) {
+    for (auto& p : intents_)
+        if (p.id == id) return &p;
+    return nullptr;
+}
+
+void fake_stripe::emit(const std::string& type, const std::string& object_json, const std::string& object_id,
+                       const std::string& group) {
+    event_rec e;
+    e.id = new_id("evt_");
+    e.type = type;
+    e.object_id = object_id;
+    e.created = now();
+    std::string request =
+        cur_request_id_.empty()
+            ? std::string(R"({"id":null,"idempotency_key":null})")
+            : json_obj().str("id", cur_request_id_).str_or_null("idempotency_key", cur_idem_key_).done();
+    e.body = pretty_json(json_obj()
+                             .str("id", e.id)
+                             .str("object", "event")
+                             .str("api_version", "2024-06-20")
+                             .num("created", e.created)
+                             .raw("data", json_obj().raw("object", object_json).done())
+                             .boolean("livemode", false)
+                             .num("pending_webhooks", webhooks_->enabled(type) ? 1 : 0)
+                             .raw("request", request)
+                             .str("type", type)
+                             .done());
+    webhooks_->send({e.id, e.type, group, e.body});
+    events_.push_back(std::move(e));
+    webhooks_->notify();
+}
+
+void fake_stripe::bank_outcome(std::string customer, std::string outcome, std::string failure_code) {
+    bank_outcomes_[std::move(customer)] = {std::move(outcome), std::move(failure_code)};
+}
+
+void fake_stripe::schedule_settlement(const std::string& intent_id) {
+    ++pending_settle_;
+    auto body = [](fake_stripe* self, std::shared_ptr<bool> alive, std::uint64_t gen, std::string id,
+                   std::chrono::milliseconds after) -> asio::awaitable<void> {
+        co_await net::sleep_for(after);
+        if (!*alive || gen != self->settle_gen_) co_return;
+        --self->pending_settle_;
+        auto* pi = self->find_intent(id);
+        if (pi && pi->status == "processing") self->settle(id, pi->settles_to, pi->settle_failure_code);
+        self->webhooks_->notify();
+    };
+    asio::co_spawn(ex_, body(this, alive_, settle_gen_, intent_id, settle_after_), asio::detached);
+}
+
+bool fake_stripe::settle(const std::string& intent_id, const std::string& outcome,
+                         const std::string& failure_code) {
+    auto* pi = find_intent(intent_id);
+    if (!pi || pi->status != "processing") return false;
+    auto* c = find_charge(pi->latest_charge);
+    if (!c) return false;
+    if (outcome == "failed") {
+        auto code = failure_code.empty() ? std::string("insufficient_funds") : failure_code;
+        c->status = "failed";
+        c->failure_code = code;
+        c->failure_message = bank_failure_message(code);
+        pi->status = "requires_payment_method";
+        pi->last_error_code = code;
+        pi->last_error_type = "invalid_request_error";
+        pi->last_error_message = c->failure_message;
+        emit("charge.failed", charge_json(*c), c->id, pi->id);
+        emit("payment_intent.payment_failed", intent_json(*pi), pi->id, pi->id);
+        return true;
+    }
+    c->status = "succeeded";
+    pi->status = "succeeded";
+    emit("charge.succeeded", charge_json(*c), c->id, pi->id);
+    emit("payment_intent.succeeded", intent_json(*pi), pi->id, pi->id);
+    if (outcome == "dispute") open_dispute(c->id);
+    return true;
+}
+
+std::string fake_stripe::open_dispute(const std::string& charge_id, const std::string& reason,
+                                      std::int64_t amount) {
+    auto* c = find_charge(charge_id);
+    if (!c || c->status != "succeeded" || c->disputed) return {};
+    dispute_rec d;
+    d.id = new_id("dp_");
+    d.charge = c->id;
+    d.payment_intent = c->payment_intent;
+    d.currency = c->currency;
+    d.amount = amount > 0 ? amount : c->amount - c->amount_refunded;
+    if (!reason.empty()) d.reason = reason;
+    d.created = now();
+    c->disputed = true;
+    emit("charge.dispute.created", dispute_json(d), d.id,
+         c->payment_intent.empty() ? c->id : c->payment_intent);
+    disputes_.push_back(d);
+    return d.id;
+}
+
+bool fake_stripe::close_dispute(const std::string& dispute_id, const std::string& status) {
+    for (auto& d : disputes_) {
+        if (d.id != dispute_id) continue;
+        if (d.status == "won" || d.status == "lost" || (status != "won" && status != "lost")) return false;
+        d.status = status;
+        emit("charge.dispute.closed", dispute_json(d), d.id,
+             d.payment_intent.empty() ? d.charge : d.payment_intent);
+        return true;
+    }
+    return false;
+}
+
+// POST /v1/refunds: the whole unrefunded amount unless `amount` says less; Stripe's errors otherwise.
+void fake_stripe::create_refund(const params& p, int& status, std::string& body, bool& created) {
+    charge_rec* c = nullptr;
+    auto charge_id = param(p, "charge"), pi_id = param(p, "payment_intent");
+    if (!charge_id.empty()) {
+        c = find_charge(charge_id);
+        if (!c) {
+            status = 400;
+            body = error_body("invalid_request_error", "resource_missing",
+                              "No such charge: '" + charge_id + "'", "charge");
+            return;
+        }
+    } else {
+        auto* pi = find_intent(pi_id);
+        if (!pi) {
+            status = 400;
+            body = error_body("invalid_request_error", "resource_missing",
+                              "No such payment_intent: '" + pi_id + "'", "payment_intent");
+            return;
+        }
+        c = find_charge(pi->latest_charge);
+        if (!c || c->status != "succeeded") {
+            status = 400;
+            body = error_body("invalid_request_error", "charge_not_refundable",
+                              "This PaymentIntent does not have a successful charge to refund.",
+                              "payment_intent");
+            return;
+        }
+    }
+    if (c->disputed) {
+        status = 400;
+        body = error_body("invalid_request_error", "charge_disputed",
+                          "Charge " + c->id + " has been charged back; cannot issue a refund.");
+        return;
+    }
+    if (c->status != "succeeded") {
+        status = 400;
+        body = error_body("invalid_request_error", "charge_not_refundable",
+                          "Charge " + c->id + " has not succeeded; cannot issue a refund.");
+        return;
+    }
+    std::int64_t left = c->amount - c->amount_refunded;
+    if (left == 0) {
+        status = 400;
+        body = error_body("invalid_request_error", "charge_already_refunded",
+                          "Charge " + c->id + " has already been refunded.");
+        return;
+    }
+    std::int64_t amount = p.count("amount") ? to_int(param(p, "amount")).value_or(0) : left;
+    if (amount > left) {
+        status = 400;
+        body =
+            error_body("invalid_request_error", "amount_too_large",
+                       "Refund amount (" + money(amount, c->currency) +
+                           ") is greater than unrefunded amount on charge (" + money(left, c->currency) + ")",
+                       "amount");
+        return;
+    }
+    refund_rec r;
+    r.id = new_id("re_");
+    r.amount = amount;
+    r.charge = c->id;
+    r.payment_intent = c->payment_intent;
+    r.currency = c->currency;
+    r.reason = param(p, "reason");
+    r.created = now();
+    r.metadata = metadata_of(p);
+    c->amount_refunded += amount;
+    created = true;
+    status = 200;
+    body = refund_json(r);
+    emit("charge.refunded", charge_json(*c), c->id, c->payment_intent.empty() ? c->id : c->payment_intent);
+    emit("refund.created", body, r.id, c->payment_intent.empty() ? c->id : c->payment_intent);
+    refunds_.push_back(std::move(r));
 }
 
 http::response fake_stripe::get(const http::request& req) {
@@ -604,6 +966,36 @@ http::response fake_stripe::get(const http::request& req) {
         return error_response(404, "invalid_request_error", "resource_missing",
                               "No such charge: '" + id + "'", "id");
     }
+    if (path == "/v1/events") {
+        auto type = http::query_param(req.query(), "type");
+        int limit = std::clamp(qint(req, "limit", 10), 1, 100);
+        std::string data = "[";
+        int n = 0;
+        std::size_t matching = 0;
+        for (auto it = events_.rbegin(); it != events_.rend(); ++it) {
+            if (type && it->type != *type) continue;
+            ++matching;
+            if (n >= limit) continue;
+            data += (n++ ? "," : "") + it->body;
+        }
+        return json_response(200, json_obj()
+                                      .str("object", "list")
+                                      .raw("data", data + "]")
+                                      .boolean("has_more", matching > static_cast<std::size_t>(n))
+                                      .str("url", "/v1/events")
+                                      .done());
+    }
+    auto by_id = [&](std::string_view prefix, const char* what, auto& recs, auto to_json) {
+        auto id = path.substr(prefix.size());
+        for (const auto& r : recs)
+            if (r.id == id) return json_response(200, to_json(r));
+        return error_response(404, "invalid_request_error", "resource_missing",
+                              "No such " + std::string(what) + ": '" + id + "'", "id");
+    };
+    if (path.starts_with("/v1/events/"))
+        return by_id("/v1/events/", "event", events_, [](const event_rec& e) { return e.body; });
+    if (path.starts_with("/v1/refunds/")) return by_id("/v1/refunds/", "refund", refunds_, refund_json);
+    if (path.starts_with("/v1/disputes/")) return by_id("/v1/disputes/", "dispute", disputes_, dispute_json);
     if (path.starts_with("/v1/payment_intents/")) {
         auto id = path.substr(20);
         for (const auto& p : intents_)
@@ -689,6 +1081,128 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         if (p.count("decline_code")) rule.decline_code = param(p, "decline_code");
         decline(param(p, "customer"), rule);
         co_return json_response(200, "{}");
+    }
+    if (path == "/_admin/webhooks" && req.method == "POST") {
+        auto e = webhooks_->endpoint();
+        auto split = [](const std::string& v) {
+            std::vector<std::string> out;
+            std::size_t pos = 0;
+            while (pos <= v.size()) {
+                auto c = v.find(',', pos);
+                auto item = v.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+                if (!item.empty()) out.push_back(item);
+                if (c == std::string::npos) break;
+                pos = c + 1;
+            }
+            return out;
+        };
+        if (p.count("url")) e.url = param(p, "url");
+        if (p.count("secrets")) e.secrets = split(param(p, "secrets"));
+        if (p.count("enabled_events")) e.enabled_events = split(param(p, "enabled_events"));
+        if (p.count("ca_file")) e.ca_file = param(p, "ca_file");
+        num("retry_base_ms", e.retry_base_ms);
+        num("retry_max_ms", e.retry_max_ms);
+        num("max_attempts", e.max_attempts);
+        num("timeout_ms", e.timeout_ms);
+        webhooks_->configure(std::move(e));
+        auto& f = webhooks_->faults();
+        num("delay_ms", f.delay_ms);
+        num("duplicate", f.duplicate);
+        num("reorder", f.reorder);
+        num("duplicate_pct", f.duplicate_pct);
+        num("reorder_pct", f.reorder_pct);
+        num("reorder_hold_ms", f.reorder_hold_ms);
+        num("sign_skew_s", f.sign_skew_s);
+        co_return json_response(200, "{}");
+    }
+    auto stats_json = [this] {
+        auto st = webhooks_->stats();
+        auto n = [](std::uint64_t v) { return static_cast<std::int64_t>(v); };
+        return json_obj()
+            .num("events", n(st.events))
+            .num("attempts", n(st.attempts))
+            .num("acked", n(st.acked))
+            .num("acked_events", n(st.acked_events))
+            .num("failed", n(st.failed))
+            .num("duplicates", n(st.duplicates))
+            .num("reordered", n(st.reordered))
+            .num("given_up", n(st.given_up))
+            .num("outstanding", n(st.outstanding))
+            .num("pending_settlements", pending_settle_)
+            .done();
+    };
+    if (path == "/_admin/webhooks/deliveries") {
+        bool full = http::query_param(req.query(), "full").value_or("") == "1";
+        std::string data = "[";
+        const auto& ds = webhooks_->deliveries();
+        for (std::size_t i = 0; i < ds.size(); ++i) {
+            const auto& d = ds[i];
+            json_obj o;
+            o.str("event", d.event_id)
+                .str("type", d.type)
+                .num("attempt", d.attempt)
+                .num("status", d.status)
+                .str_or_null("error", d.error)
+                .boolean("duplicate", d.duplicate)
+                .boolean("reordered", d.reordered);
+            if (full) o.str("signature", d.signature).str("body", d.body);
+            data += (i ? "," : "") + o.done();
+        }
+        co_return json_response(200, json_obj().raw("data", data + "]").raw("stats", stats_json()).done());
+    }
+    if (path == "/_admin/webhooks/wait") {
+        // Awaits acked_events ≥ N, and/or idle=1 (nothing outstanding and no settlement pending).
+        int acked = qint(req, "acked_events", -1), events = qint(req, "events", -1);
+        bool idle = http::query_param(req.query(), "idle").value_or("") == "1";
+        int timeout_ms = std::clamp(qint(req, "timeout_ms", 10000), 0, 600000);
+        bool ok = co_await webhooks_->wait(
+            [&] {
+                auto st = webhooks_->stats();
+                if (acked >= 0 && st.acked_events < static_cast<std::uint64_t>(acked)) return false;
+                if (events >= 0 && events_.size() < static_cast<std::size_t>(events)) return false;
+                if (idle && (!webhooks_->idle() || pending_settle_ > 0)) return false;
+                return true;
+            },
+            std::chrono::milliseconds(timeout_ms));
+        co_return json_response(ok ? 200 : 408, stats_json());
+    }
+    if (path == "/_admin/events") {
+        std::string data = "[";
+        for (std::size_t i = 0; i < events_.size(); ++i)
+            data += (i ? "," : "") + json_obj()
+                                         .str("id", events_[i].id)
+                                         .str("type", events_[i].type)
+                                         .str("object", events_[i].object_id)
+                                         .done();
+        co_return json_response(200, json_obj().raw("data", data + "]").done());
+    }
+    if (path == "/_admin/async" && req.method == "POST") {
+        int ms = static_cast<int>(settle_after_.count());
+        num("settle_after_ms", ms);
+        settle_after(std::chrono::milliseconds(ms));
+        co_return json_response(200, json_obj().num("settle_after_ms", ms).done());
+    }
+    if (path == "/_admin/bank" && req.method == "POST") {
+        bank_outcome(param(p, "customer"), param(p, "outcome"), param(p, "failure_code"));
+        co_return json_response(200, "{}");
+    }
+    if (path == "/_admin/settle" && req.method == "POST") {
+        bool ok = settle(param(p, "payment_intent"), param(p, "outcome"), param(p, "failure_code"));
+        if (!ok) co_return json_response(409, R"({"error":"no such payment intent processing"})");
+        co_return json_response(200, intent_json(*find_intent(param(p, "payment_intent"))));
+    }
+    if (path == "/_admin/disputes" && req.method == "POST") {
+        auto id = open_dispute(param(p, "charge"), p.count("reason") ? param(p, "reason") : "fraudulent",
+                               to_int(param(p, "amount")).value_or(0));
+        if (id.empty())
+            co_return json_response(409, R"({"error":"charge missing, not succeeded or disputed"})");
+        co_return json_response(200, dispute_json(disputes_.back()));
+    }
+    if (path == "/_admin/disputes/close" && req.method == "POST") {
+        if (!close_dispute(param(p, "dispute"), param(p, "status")))
+            co_return json_response(409, R"({"error":"no such open dispute, or status not won|lost"})");
+        for (const auto& d : disputes_)
+            if (d.id == param(p, "dispute")) co_return json_response(200, dispute_json(d));
     }
     if (path == "/_admin/reset" && req.method == "POST") {
         reset();

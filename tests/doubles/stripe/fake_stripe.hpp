@@ -7,6 +7,17 @@
 // 200 requires_action without a charge, as Stripe's 3-D Secure cards do. POST /v1/payment_intents/{id}/cancel
 // cancels an intent in any status but succeeded or canceled (400 payment_intent_unexpected_state).
 //
+// Payments that settle later: a PaymentIntent confirmed with one of Stripe's US bank account test payment
+// methods (`pm_usBankAccount_success`, `_accountClosed`, `_noAccount`, `_insufficientFunds`,
+// `_debitNotAuthorized`, `_invalidCurrency`, `_dispute`, `_processing`) answers 200 `processing` with a
+// `pending` charge, then after `settle_after` (or POST /_admin/settle) moves to `succeeded` or back to
+// `requires_payment_method` with a failed charge (`_processing` stays until cancelled or settled by hand;
+// `_dispute` succeeds, then its charge is disputed). Refunds: POST /v1/refunds (charge or payment_intent,
+// partial or full, idempotent like every POST; amount_too_large, charge_already_refunded, charge_disputed,
+// charge_not_refundable as Stripe answers them). Disputes: opened and closed through /_admin/disputes.
+// Every state change makes a Stripe event (GET /v1/events) that the webhook sender (webhooks.hpp)
+// delivers, signed, to the configured endpoint.
+//
 // Everything runs on the executor given to the constructor; the accessors below must be called there
 // too (tests run the fake on their own io_context thread and read state between co_awaits).
 #pragma once
@@ -27,6 +38,7 @@
 #include "http/server.hpp"
 #include "net/address.hpp"
 #include "tests/doubles/stripe/limiter.hpp"
+#include "tests/doubles/stripe/webhooks.hpp"
 
 namespace cg::fake {
 
@@ -55,6 +67,9 @@ struct charge_rec {
     std::string id;
     std::int64_t amount = 0;
     std::string currency, customer, description, status, failure_code, payment_intent;
+    std::string payment_method, failure_message;
+    std::int64_t amount_refunded = 0;
+    bool disputed = false;
     std::int64_t created = 0;
     std::vector<std::pair<std::string, std::string>> metadata;
     std::uint64_t seq = 0;  // creation order (newest first in lists)
@@ -64,10 +79,30 @@ struct intent_rec {
     std::string id;
     std::int64_t amount = 0;
     std::string currency, customer, description, status, payment_method, latest_charge;
-    std::string last_error_code;      // last_payment_error.code after a failed confirm
+    std::string last_error_code;  // last_payment_error.code after a failed confirm
+    std::string last_error_type = "card_error", last_error_message;
+    std::string settles_to;           // asynchronous methods: succeeded | failed | dispute | (empty: never)
+    std::string settle_failure_code;  // when settles_to is failed
     std::string cancellation_reason;  // after POST /v1/payment_intents/{id}/cancel
     std::int64_t created = 0;
     std::vector<std::pair<std::string, std::string>> metadata;
+};
+
+struct refund_rec {
+    std::string id, charge, payment_intent, currency, reason, status = "succeeded";
+    std::int64_t amount = 0, created = 0;
+    std::vector<std::pair<std::string, std::string>> metadata;
+};
+
+struct dispute_rec {
+    std::string id, charge, payment_intent, currency, reason = "fraudulent", status = "needs_response";
+    std::int64_t amount = 0, created = 0;
+};
+
+struct event_rec {
+    std::string id, type, object_id;
+    std::int64_t created = 0;
+    std::string body;  // as delivered (pretty-printed)
 };
 
 class fake_stripe {
@@ -93,11 +128,34 @@ class fake_stripe {
     std::int64_t now() const;  // unix seconds on the fake clock
     const std::vector<charge_rec>& charges() const noexcept { return charges_; }
     const std::vector<intent_rec>& intents() const noexcept { return intents_; }
+    const std::vector<refund_rec>& refunds() const noexcept { return refunds_; }
+    const std::vector<dispute_rec>& disputes() const noexcept { return disputes_; }
+    const std::vector<event_rec>& events() const noexcept { return events_; }
+    fake::webhook_sender& webhooks() noexcept { return *webhooks_; }
+    // How long an asynchronous payment stays processing before it settles (POST /_admin/async).
+    void settle_after(std::chrono::milliseconds d) noexcept { settle_after_ = d; }
+    // Settles a processing PaymentIntent now: "succeeded", or "failed" with a bank failure code (Stripe's:
+    // insufficient_funds, account_closed, …). False when no such intent is processing.
+    bool settle(const std::string& intent_id, const std::string& outcome,
+                const std::string& failure_code = {});
+    // Opens a dispute on a succeeded charge (the whole amount when 0); empty when the charge cannot be
+    // disputed.
+    std::string open_dispute(const std::string& charge_id, const std::string& reason = "fraudulent",
+                             std::int64_t amount = 0);
+    // Closes an open dispute as "won" or "lost"; false when there is none open with that id.
+    bool close_dispute(const std::string& dispute_id, const std::string& status);
+    int pending_settlements() const noexcept { return pending_settle_; }
+    // From now on, the customer's bank debits settle this way ("succeeded", or "failed" with `failure_code`),
+    // whatever the test payment method says: the customer topped up the account, or closed it.
+    // POST /_admin/bank.
+    void bank_outcome(std::string customer, std::string outcome, std::string failure_code = {});
     int posts_for(const std::string& key) const;
     int max_concurrent() const noexcept { return max_active_; }
     std::uint64_t requests() const noexcept { return requests_; }
     // Injected faults that hit a request, by "fault path" (e.g. "fail_after_create /v1/payment_intents").
     const std::map<std::string, int>& fault_hits() const noexcept { return fault_hits_; }
+    // Forgets every object, event, fault and delivery record; keeps the limits, the webhook endpoint and the
+    // settle delay as configured.
     void reset();
 
     // Internals used by the request handlers.
@@ -125,7 +183,15 @@ class fake_stripe {
                        bool& created);
     void cancel_intent(const std::string& id, const std::map<std::string, std::string>& p, int& status,
                        std::string& body);
+    void create_refund(const std::map<std::string, std::string>& p, int& status, std::string& body,
+                       bool& created);
     charge_rec& new_charge(const std::map<std::string, std::string>& p, const decline_rule* declined);
+    charge_rec* find_charge(const std::string& id);
+    intent_rec* find_intent(const std::string& id);
+    // Records an event about `object_json` and hands it to the webhook sender.
+    void emit(const std::string& type, const std::string& object_json, const std::string& object_id,
+              const std::string& group);
+    void schedule_settlement(const std::string& intent_id);
     std::string new_id(const char* prefix);
 
     asio::any_io_executor ex_;
@@ -136,6 +202,16 @@ class fake_stripe {
     std::map<std::string, decline_rule> declines_;
     std::vector<charge_rec> charges_;
     std::vector<intent_rec> intents_;
+    std::vector<refund_rec> refunds_;
+    std::vector<dispute_rec> disputes_;
+    std::vector<event_rec> events_;
+    std::unique_ptr<fake::webhook_sender> webhooks_;
+    std::chrono::milliseconds settle_after_{2000};
+    int pending_settle_ = 0;
+    std::uint64_t settle_gen_ = 0;
+    std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+    std::map<std::string, std::pair<std::string, std::string>> bank_outcomes_;  // customer → outcome, code
+    std::string cur_request_id_, cur_idem_key_;  // the POST being executed (an event's `request`)
     std::map<std::string, idem_rec> idem_;
     std::map<std::string, int> posts_;
     std::map<std::string, int> fault_hits_;

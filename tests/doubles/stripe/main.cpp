@@ -29,6 +29,33 @@ int main(int argc, char** argv) {
     app.add_option("--max-concurrent", limits.max_concurrent, "requests in flight before 429 (0: off)")
         ->capture_default_str();
     app.add_option("--latency-ms", latency_ms, "added to every /v1 request")->capture_default_str();
+    int settle_after_ms = 2000;
+    app.add_option("--settle-after-ms", settle_after_ms,
+                   "how long a bank-debit PaymentIntent (pm_usBankAccount_*) stays processing")
+        ->capture_default_str();
+    cg::fake::webhook_endpoint hook;
+    cg::fake::webhook_faults hook_faults;
+    app.add_option("--webhook-url", hook.url, "deliver events here (http(s)://host:port/path)");
+    app.add_option("--webhook-secret", hook.secrets,
+                   "endpoint signing secret whsec_… (repeatable: one v1 each, as during a rotation)");
+    app.add_option("--webhook-events", hook.enabled_events,
+                   "event types delivered (repeatable; default all)");
+    app.add_option("--webhook-ca", hook.ca_file, "CA bundle for an https webhook url");
+    app.add_option("--webhook-retry-base-ms", hook.retry_base_ms, "first retry delay, doubling")
+        ->capture_default_str();
+    app.add_option("--webhook-retry-max-ms", hook.retry_max_ms, "retry delay cap")->capture_default_str();
+    app.add_option("--webhook-max-attempts", hook.max_attempts, "attempts before an event is given up")
+        ->capture_default_str();
+    app.add_option("--webhook-delay-ms", hook_faults.delay_ms, "each event goes out no earlier than this")
+        ->capture_default_str();
+    app.add_option("--webhook-duplicate-pct", hook_faults.duplicate_pct, "percent of events delivered twice")
+        ->capture_default_str();
+    app.add_option("--webhook-reorder-pct", hook_faults.reorder_pct,
+                   "percent of events held back behind a later event about the same object")
+        ->capture_default_str();
+    app.add_option("--webhook-reorder-hold-ms", hook_faults.reorder_hold_ms,
+                   "longest a reordered event is held back")
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
     auto where = cg::net::parse_host_port(listen);
@@ -47,6 +74,9 @@ int main(int argc, char** argv) {
     for (const auto& c : declines) fake.decline(c, {decline_code, "generic_decline"});
     fake.set_limits(limits);
     fake.faults().latency_ms = latency_ms;
+    fake.settle_after(std::chrono::milliseconds(settle_after_ms));
+    fake.webhooks().configure(hook);
+    fake.webhooks().faults() = hook_faults;
     auto ep = fake.listen(*where);
     if (!ep) {
         std::fprintf(stderr, "fake-stripe: %s\n", ep.err().describe().c_str());

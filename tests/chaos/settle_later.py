@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Payments that settle later, end to end: `chargeguard consume` and `chargeguard webhooks` on one ledger
+(a throwaway PostgreSQL cluster), fake-nsqd, and fake-stripe delivering signed webhooks for bank debits
+(Stripe's pm_usBankAccount_* test methods: processing, then succeeded or failed).
+
+  1. in order: a debit that succeeds ends `charged` once; one that fails ends `failed_after_processing`
+     with one dead letter; neither is ever charged twice or left processing;
+  2. every event delivered twice and held back behind the next one about the same payment: the same ends;
+  3. no webhook at all (the endpoint's events filtered out): the poll of rows left processing ends them;
+  4. the create call's answer lost (500 after creating) and the bank already answered when the pipeline
+     searches: a failed debit still ends failed_after_processing, not declined.
+Each phase awaits conditions (the ledger, fake-stripe's delivery log), never a fixed sleep.
+
+Usage: settle_later.py --build DIR [--keep]. Exit 0 when every phase held, 1 otherwise, 77 when it cannot run.
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import chaos  # noqa: E402  (the chaos test's process wrappers)
+
+
+def failed_after_processing_metric(log_path):
+    """chargeguard_billing_failed_after_processing_total on the /metrics of the process that wrote the log."""
+    port = None
+    for ln in chaos.read_log(log_path):
+        if ln.get("msg") == "health server listening":
+            port = ln.get("port")
+    if not port:
+        raise RuntimeError(f"no health port in {log_path}")
+    with chaos.urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("chargeguard_billing_failed_after_processing_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    if not shutil.which("psql") or not os.path.exists("/usr/lib/postgresql/15/bin/initdb"):
+        print("skipped: needs PostgreSQL 15 (initdb, psql)")
+        return 77
+    for exe in ("src/app/chargeguard", "tests/doubles/stripe/fake-stripe", "tests/doubles/nsq/fake-nsqd"):
+        if not os.path.exists(os.path.join(args.build, exe)):
+            print(f"skipped: {exe} is not built in {args.build}")
+            return 77
+
+    work = tempfile.mkdtemp(prefix="cg-settle-later-")
+    os.chmod(work, 0o755)
+    failures = []
+    pg = nsqd = stripe = hooks = cons = None
+    t0 = time.monotonic()
+    try:
+        pg = chaos.Postgres(work)
+        nsqd = chaos.Nsqd(work, args.build, "")
+        hooks = chaos.Webhooks(work, args.build, pg)
+        stripe = chaos.Stripe(work, args.build, [], (), hooks.url(), (0, 0))
+        cons = chaos.Consumers(work, args.build, nsqd, pg, stripe, chaos.PROFILES["short"], 1, 10)
+        cons.bank = True
+        cons.start(0)
+
+        def event(cust, pm, amount):
+            return chaos.json.dumps({"customer_id": cust, "billing_period": chaos.PERIOD, "amount_cents": amount,
+                                     "currency": "usd", "stripe_customer_id": "cus_bank" + cust.replace("-", ""),
+                                     "description": "settle later", "payment_method": pm})
+
+        def rows(custs):
+            keys = ",".join(f"'{chaos.billing_key(c)}'" for c in custs)
+            return {r[0]: r[1:] for r in pg.query(
+                "SELECT key, status, coalesce(charge_id, ''), coalesce(payment_intent_id, '') "
+                f"FROM billing_records WHERE key IN ({keys})")}
+
+        def final(custs):
+            r = rows(custs)
+            return len(r) == len(custs) and all(v[0] not in ("pending", "processing") for v in r.values())
+
+        def check_phase(name, ok, fail, bound):
+            custs = ok + fail
+            if not chaos.wait_until(lambda: final(custs), bound, step=0.1):
+                failures.append(f"{name}: not settled within {bound} s: {rows(custs)}")
+                return
+            charges = stripe.charges()
+            intents = stripe.intents()
+            letters = pg.query("SELECT coalesce(billing_key, ''), reason FROM dead_letters")
+            got = rows(custs)
+            for c in custs:
+                key = chaos.billing_key(c)
+                status, charge_id, intent_id = got[key]
+                succeeded = [x["id"] for x in charges
+                             if (x.get("metadata") or {}).get("billing_key") == key and x["status"] == "succeeded"]
+                its = [p for p in intents if (p.get("metadata") or {}).get("billing_key") == key]
+                mine = [r for k, r in letters if k == key]
+                if len(its) != 1:
+                    failures.append(f"{name} {c}: {len(its)} intents")
+                if c in ok:
+                    if status != "charged" or succeeded != [charge_id]:
+                        failures.append(f"{name} {c}: ledger {status} {charge_id}, succeeded charges {succeeded}")
+                    if mine:
+                        failures.append(f"{name} {c}: charged but dead-lettered: {mine}")
+                else:
+                    if status != "failed_after_processing" or succeeded:
+                        failures.append(f"{name} {c}: ledger {status}, succeeded charges {succeeded}")
+                    if len(mine) != 1:
+                        failures.append(f"{name} {c}: {len(mine)} dead letters, want 1")
+            chaos.log(f"   {name}: " + ", ".join(f"{c} {got[chaos.billing_key(c)][0]}" for c in custs))
+
+        bound = chaos.SETTLE_AFTER_MS / 1000 + chaos.POLL_AFTER_S + 20
+
+        # 1. In order.
+        nsqd.publish([event("ok-1", chaos.BANK_OK, 1200), event("fail-1", chaos.BANK_FAIL, 1300)])
+        check_phase("in order", ["ok-1"], ["fail-1"], bound)
+
+        # 2. Every event twice, and held back behind the next one about the same payment.
+        stripe.admin("POST", "/_admin/webhooks", {"duplicate_pct": "100", "reorder_pct": "100",
+                                                 "reorder_hold_ms": "3000"})
+        before = stripe.deliveries()["stats"]
+        nsqd.publish([event("ok-2", chaos.BANK_OK, 1400), event("fail-2", chaos.BANK_FAIL, 1500)])
+        check_phase("duplicated and reordered", ["ok-2"], ["fail-2"], bound)
+        stripe.webhooks_idle(15)
+        after = stripe.deliveries()["stats"]
+        if after["duplicates"] == before["duplicates"] or after["reordered"] == before["reordered"]:
+            failures.append(f"faults did not fire: before {before}, after {after}")
+        recorded = pg.query("SELECT count(*), count(DISTINCT id) FROM stripe_webhook_events")[0]
+        if recorded[0] != recorded[1]:
+            failures.append(f"webhook events recorded twice: {recorded}")
+
+        # 3. No webhook: only the poll of rows left processing can end them.
+        stripe.admin("POST", "/_admin/webhooks", {"duplicate_pct": "0", "reorder_pct": "0",
+                                                 "enabled_events": "none.at_all"})
+        nsqd.publish([event("ok-3", chaos.BANK_OK, 1600), event("fail-3", chaos.BANK_FAIL, 1700)])
+        check_phase("no webhook (poll)", ["ok-3"], ["fail-3"], bound)
+
+        # 4. The create call's answer lost (500 after creating), and the bank answers before the retry: the
+        #    search finds the debit's charge already succeeded or failed — a failed one failed after processing.
+        stripe.admin("POST", "/_admin/webhooks", {"enabled_events": "*"})
+        stripe.admin("POST", "/_admin/async", {"settle_after_ms": "50"})
+        stripe.faults(fail_after_create=2, fault_path="/v1/payment_intents")
+        nsqd.publish([event("ok-4", chaos.BANK_OK, 1800), event("fail-4", chaos.BANK_FAIL, 1900)])
+        check_phase("answer lost, settled before the search", ["ok-4"], ["fail-4"], bound)
+        hits = stripe.fault_hits().get("fail_after_create /v1/payment_intents", 0)
+        if hits != 2:
+            failures.append(f"the lost answers did not happen: {hits} fail_after_create hits")
+
+        # The alert: every failure after processing counted once, by whichever process applied it (the
+        # receiver for a webhook, the consumer for events recorded before it left the row processing, or
+        # its poll).
+        alerts = sum(failed_after_processing_metric(p) for p in (hooks.log_path(), cons.logs[0]))
+        if alerts != 4:
+            failures.append(f"chargeguard_billing_failed_after_processing_total sums to {alerts}, want 4")
+    except Exception as e:
+        failures.append(f"harness: {type(e).__name__}: {e}")
+    finally:
+        if cons:
+            cons.stop_all()
+        for x in (hooks, stripe, nsqd, pg):
+            if x:
+                try:
+                    x.stop()
+                except Exception:
+                    pass
+    for f in failures:
+        chaos.log(f"FAIL {f}")
+    chaos.log(f"settle-later end to end: {'ok' if not failures else 'FAILED'} in {time.monotonic() - t0:.1f} s"
+              + (f" (work dir kept: {work})" if failures or args.keep else ""))
+    if not failures and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
