@@ -1,6 +1,7 @@
 // `chargeguard vault issue | list | show | revoke | set-policy`: vault keys for the spend-cap proxy
 // (docs/design.md §1, §5). `issue` prints the secret once on stdout (and nothing else there, so
-// `secret=$(chargeguard vault issue …)` works); the description goes to stderr. Only the secret's SHA-256 is stored.
+// `secret=$(chargeguard vault issue …)` works); the description goes to stderr. Only the secret's SHA-256 is
+// stored.
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <cstdio>
@@ -373,8 +374,9 @@ void register_vault(CLI::App& app, command_main& selected) {
         "set-policy", "set a vault key's refund policy (does a refund give the cap its room back?)");
     add_pg_flags(*policy_cmd, fp->pg, false);
     policy_cmd->add_option("id", fp->id, "vault key id")->required();
-    policy_cmd->add_option("--refunds-reopen-cap", fp->refunds_reopen_cap,
-                           "true: a refund reopens cap room; false: refunds are recorded only")
+    policy_cmd
+        ->add_option("--refunds-reopen-cap", fp->refunds_reopen_cap,
+                     "true: a refund reopens cap room; false: refunds are recorded only")
         ->required();
     policy_cmd->callback([&selected, fp] {
         selected = [fp](const global_flags& g) {

@@ -143,7 +143,7 @@ asio::awaitable<http::response> webhook_receiver::record(const http::request& re
 }
 
 asio::awaitable<bool> webhook_receiver::refund_vault(const stripe::webhook_event& ev,
-                                                   const billing::payment_fact& f) {
+                                                     const billing::payment_fact& f) {
     if (f.kind != billing::fact_kind::refunded || f.amount_refunded <= 0) co_return true;
     if (f.charge_id.empty() && f.payment_intent_id.empty()) co_return true;
     auto r = co_await vault_.apply_refund_by_object(f.charge_id, f.payment_intent_id, f.amount_refunded);

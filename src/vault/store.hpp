@@ -198,8 +198,8 @@ class store {
         std::int64_t reopened_cents = 0;
     };
     net::awaitable<result<std::vector<refund_applied>>> apply_refund_by_object(std::string charge_id,
-                                                                              std::string payment_intent_id,
-                                                                              std::int64_t refunded_cents);
+                                                                               std::string payment_intent_id,
+                                                                               std::int64_t refunded_cents);
     // Sets a key's refund policy; false: no such key.
     net::awaitable<result<bool>> set_refunds_reopen_cap(std::string key_id, bool reopen);
 

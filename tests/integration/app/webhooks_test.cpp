@@ -263,7 +263,8 @@ BOOST_AUTO_TEST_CASE(a_refund_reopens_vault_cap_room_only_under_the_keys_policy_
     };
     for (const std::string k : {"vk_default", "vk_reopen"})
         sql("INSERT INTO vault_keys (id, name, secret_hash, billing_period, cap_cents, currency, "
-            "allowed_endpoints) VALUES ('" + k + "', '" + k + "', sha256(convert_to('" + k +
+            "allowed_endpoints) VALUES ('" +
+            k + "', '" + k + "', sha256(convert_to('" + k +
             "', 'UTF8')), '2026-12', 5000, 'usd', '{charges.create,payment_intents.create}')");
     sql("UPDATE vault_keys SET refunds_reopen_cap = true WHERE id = 'vk_reopen'");
     // Settled by a charges.create (ch_…) and by a payment_intents.create (pi_…).
@@ -274,8 +275,8 @@ BOOST_AUTO_TEST_CASE(a_refund_reopens_vault_cap_room_only_under_the_keys_policy_
         return std::stoll(sql("SELECT committed_cents FROM vault_keys WHERE id = '" + k + "'"));
     };
     auto spend = [&](const std::string& k) {
-        return sql("SELECT refunded_cents || '/' || reopened_cents FROM vault_spend WHERE vault_key_id = '" + k +
-                   "'");
+        return sql("SELECT refunded_cents || '/' || reopened_cents FROM vault_spend WHERE vault_key_id = '" +
+                   k + "'");
     };
     BOOST_TEST_REQUIRE(committed("vk_default") == 1000);
     BOOST_TEST_REQUIRE(committed("vk_reopen") == 1000);
