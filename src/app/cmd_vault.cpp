@@ -1,6 +1,7 @@
-// `chargeguard vault issue | list | show | revoke`: vault keys for the spend-cap proxy (docs/design.md §1,
-// §5). `issue` prints the secret once on stdout (and nothing else there, so `secret=$(chargeguard vault issue
-// …)` works); the description goes to stderr. Only the secret's SHA-256 is stored.
+// `chargeguard vault issue | list | show | revoke | set-policy`: vault keys for the spend-cap proxy
+// (docs/design.md §1, §5). `issue` prints the secret once on stdout (and nothing else there, so
+// `secret=$(chargeguard vault issue …)` works); the description goes to stderr. Only the secret's SHA-256 is
+// stored.
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <cstdio>
@@ -26,6 +27,7 @@ struct issue_flags {
     std::string name, period, currency, expected_file, headroom = "1.10",
                                                        allow = std::string(vault::default_allow), expires_at;
     std::optional<std::int64_t> expected_cents;
+    bool refunds_reopen_cap = false;
 };
 struct vault_list_flags {
     pg_flags pg;
@@ -40,6 +42,12 @@ struct vault_show_flags {
 struct vault_revoke_flags {
     pg_flags pg;
     std::string id;
+};
+
+struct vault_policy_flags {
+    pg_flags pg;
+    std::string id;
+    bool refunds_reopen_cap = false;
 };
 
 // Runs `body(store)` against a one-connection pool on a private loop; returns its exit code.
@@ -120,12 +128,20 @@ net::awaitable<int> issue(vault::store& s, const issue_flags& f, vault::new_key 
         if (!r && r.code() == pg::errc::unique_violation && attempt < 3)
             continue;  // an id (or hash) collision
         if (!r) co_return fail("issue", r.err());
+        // Before the secret is shown: a key whose policy was not written is never handed out.
+        if (f.refunds_reopen_cap) {
+            auto p = co_await s.set_refunds_reopen_cap(k.id, true);
+            if (!p) co_return fail("issue", p.err());
+        }
         std::fprintf(
             stderr,
             "issued vault key %s \"%s\": period %s, cap %s (expected %s × %s), allows %s, expires %s\n",
             k.id.c_str(), k.name.c_str(), k.billing_period.c_str(), money(k.cap_cents, k.currency).c_str(),
             money(expected, k.currency).c_str(), f.headroom.c_str(), f.allow.c_str(),
             k.expires_at ? k.expires_at->c_str() : "never");
+        std::fprintf(stderr, "refunds %s\n",
+                     f.refunds_reopen_cap ? "give the cap its room back (--refunds-reopen-cap)"
+                                          : "are recorded and do not reopen cap room");
         std::fprintf(stderr, "the secret below is shown once; only its hash is stored\n");
         std::printf("%s\n", sec->secret.c_str());
         co_return 0;
@@ -262,6 +278,18 @@ net::awaitable<int> revoke(vault::store& s, std::string id) {
     co_return 0;
 }
 
+net::awaitable<int> set_policy(vault::store& s, std::string id, bool reopen) {
+    auto r = co_await s.set_refunds_reopen_cap(id, reopen);
+    if (!r) co_return fail("set-policy", r.err());
+    if (!*r) {
+        std::fprintf(stderr, "chargeguard vault set-policy: no vault key %s\n", id.c_str());
+        co_return 1;
+    }
+    std::fprintf(stderr, "vault key %s: refunds %s from the next refund event on\n", id.c_str(),
+                 reopen ? "give the cap its room back" : "do not reopen cap room");
+    co_return 0;
+}
+
 }  // namespace
 
 void register_vault(CLI::App& app, command_main& selected) {
@@ -273,6 +301,7 @@ void register_vault(CLI::App& app, command_main& selected) {
         "run.jsonl\n"
         "  chargeguard vault list\n"
         "  chargeguard vault revoke vk_…\n"
+        "  chargeguard vault set-policy vk_… --refunds-reopen-cap=true\n"
         "Key names, periods and ids come from the command line only, never from CHARGEGUARD_* variables.\n");
 
     auto fi = std::make_shared<issue_flags>();
@@ -296,6 +325,8 @@ void register_vault(CLI::App& app, command_main& selected) {
     issue_cmd->add_option("--allow", fi->allow, "comma-separated operations the key may call")
         ->capture_default_str();
     issue_cmd->add_option("--expires-at", fi->expires_at, "RFC 3339 expiry (default: none)");
+    issue_cmd->add_flag("--refunds-reopen-cap", fi->refunds_reopen_cap,
+                        "a refund gives the cap its room back (default: refunds are recorded only)");
     issue_cmd->callback([&selected, fi, total, file] {
         if (total->count() + file->count() != 1)
             throw CLI::ValidationError("vault issue",
@@ -335,6 +366,23 @@ void register_vault(CLI::App& app, command_main& selected) {
     revoke_cmd->callback([&selected, fr] {
         selected = [fr](const global_flags& g) {
             return with_store(fr->pg, g, [id = fr->id](vault::store& s) { return revoke(s, id); });
+        };
+    });
+
+    auto fp = std::make_shared<vault_policy_flags>();
+    auto* policy_cmd = vault_cmd->add_subcommand(
+        "set-policy", "set a vault key's refund policy (does a refund give the cap its room back?)");
+    add_pg_flags(*policy_cmd, fp->pg, false);
+    policy_cmd->add_option("id", fp->id, "vault key id")->required();
+    policy_cmd
+        ->add_option("--refunds-reopen-cap", fp->refunds_reopen_cap,
+                     "true: a refund reopens cap room; false: refunds are recorded only")
+        ->required();
+    policy_cmd->callback([&selected, fp] {
+        selected = [fp](const global_flags& g) {
+            return with_store(fp->pg, g, [id = fp->id, reopen = fp->refunds_reopen_cap](vault::store& s) {
+                return set_policy(s, id, reopen);
+            });
         };
     });
 }

@@ -37,6 +37,7 @@ webhook_receiver::webhook_receiver(webhook_receiver_config cfg, std::shared_ptr<
       pool_(std::move(pool)),
       log_(std::move(log)),
       settlements_(pool_),
+      vault_(pool_),
       deliveries_(
           reg.counter("chargeguard_webhook_deliveries_total",
                       "Stripe webhook deliveries by outcome (recorded, duplicate, bad_signature, stale, "
@@ -56,7 +57,11 @@ webhook_receiver::webhook_receiver(webhook_receiver_config cfg, std::shared_ptr<
           reg.counter("chargeguard_billing_settlement_anomalies_total",
                       "Stripe facts chargeguard never asks for (money taken for a row recorded declined or "
                       "failed, success after a recorded failure)")
-              .Add({})) {
+              .Add({})),
+      vault_refunds_(reg.counter("chargeguard_webhook_vault_refunds_total",
+                                 "Vault reservations a charge.refunded event was applied to (deliveries "
+                                 "and their duplicates)")
+                         .Add({})) {
     for (const char* r : {"applied", "no_change", "deferred", "other_payment", "unknown_type",
                           "unknown_object", "unreadable"})
         events_.Add({{"result", r}});
@@ -105,6 +110,10 @@ asio::awaitable<http::response> webhook_receiver::record(const http::request& re
         log_.error("webhook not recorded", {{"event", ev->id}, {"error", rec.err().describe()}});
         co_return webhook_json(500, R"({"error":{"message":"not recorded, retry"}})");
     }
+    if (!co_await refund_vault(*ev, rec->fact)) {
+        deliveries_.Add({{"outcome", "error"}}).Increment();
+        co_return webhook_json(500, R"({"error":{"message":"refund not applied to the vault, retry"}})");
+    }
     if (rec->duplicate) {
         deliveries_.Add({{"outcome", "duplicate"}}).Increment();
         log_.info("webhook duplicate ignored", {{"event", ev->id}, {"type", ev->type}});
@@ -131,6 +140,27 @@ asio::awaitable<http::response> webhook_receiver::record(const http::request& re
                    {{"alert", true}, {"billing_key", key}, {"event", ev->id}, {"note", rec->row->note}});
     }
     co_return webhook_json(200, R"({"received":true})");
+}
+
+asio::awaitable<bool> webhook_receiver::refund_vault(const stripe::webhook_event& ev,
+                                                     const billing::payment_fact& f) {
+    if (f.kind != billing::fact_kind::refunded || f.amount_refunded <= 0) co_return true;
+    if (f.charge_id.empty() && f.payment_intent_id.empty()) co_return true;
+    auto r = co_await vault_.apply_refund_by_object(f.charge_id, f.payment_intent_id, f.amount_refunded);
+    if (!r) {
+        log_.error("webhook refund not applied to the vault",
+                   {{"event", ev.id}, {"charge", f.charge_id}, {"error", r.err().describe()}});
+        co_return false;
+    }
+    for (const auto& a : *r) {
+        vault_refunds_.Increment();
+        log_.info("vault reservation refunded", {{"event", ev.id},
+                                                 {"vault_key", a.key_id},
+                                                 {"idempotency_key", a.idempotency_key},
+                                                 {"refunded_cents", f.amount_refunded},
+                                                 {"reopened_cents", a.reopened_cents}});
+    }
+    co_return true;
 }
 
 }  // namespace cg::app

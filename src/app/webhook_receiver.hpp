@@ -12,6 +12,14 @@
 // chargeguard_webhook_events_total{result} (what a recorded event did to the ledger: applied, no_change,
 // deferred, other_payment, unknown_type, unknown_object, unreadable),
 // chargeguard_billing_failed_after_processing_total and chargeguard_billing_settlement_anomalies_total.
+//
+// A charge.refunded event also reaches the vault: the reservation that settled the charge or its
+// PaymentIntent records the cumulative refund (vault::store::apply_refund_by_object; the cap room comes back
+// only under the key's refunds_reopen_cap). That write follows the event's commit and precedes the 2xx, on
+// the first delivery and on every duplicate: it is idempotent (cumulative, never below what it was), so a
+// crash or error between the two leaves the event recorded and unacknowledged (500), and Stripe's
+// redelivery, a duplicate, applies it then. chargeguard_webhook_vault_refunds_total counts the
+// reservations it touched.
 #pragma once
 
 #include <chrono>
@@ -25,6 +33,7 @@
 #include "metrics/registry.hpp"
 #include "pg/pool.hpp"
 #include "stripe/webhook_signature.hpp"
+#include "vault/store.hpp"
 
 namespace cg::app {
 
@@ -50,16 +59,20 @@ class webhook_receiver {
   private:
     http::response refuse(int status, std::string_view outcome, std::string_view why);
     asio::awaitable<http::response> record(const http::request& req, std::int64_t received_unix);
+    // The refund an event reports, applied to the vault reservation it settled (see above); false: failed.
+    asio::awaitable<bool> refund_vault(const stripe::webhook_event& ev, const billing::payment_fact& f);
 
     webhook_receiver_config cfg_;
     std::shared_ptr<pg::pool> pool_;
     logger log_;
     billing::settlement_store settlements_;
+    vault::store vault_;
     metrics::family<metrics::Counter>& deliveries_;
     metrics::Histogram& lag_;
     metrics::family<metrics::Counter>& events_;
     metrics::Counter& failed_after_processing_;
     metrics::Counter& anomalies_;
+    metrics::Counter& vault_refunds_;
 };
 
 }  // namespace cg::app

@@ -102,6 +102,15 @@ const std::string refund_sql =
     "FROM vault_keys k WHERE k.id = s.vault_key_id AND s.vault_key_id = $1 AND s.idempotency_key = $2 "
     "AND s.state = 'settled' RETURNING s.reopened_cents";
 
+const std::string refund_by_object_sql =
+    "UPDATE vault_spend s SET refunded_cents = greatest(s.refunded_cents, least($3::bigint, "
+    "s.amount_cents)), "
+    "reopened_cents = CASE WHEN k.refunds_reopen_cap "
+    "THEN greatest(s.refunded_cents, least($3::bigint, s.amount_cents)) ELSE 0 END "
+    "FROM vault_keys k WHERE k.id = s.vault_key_id "
+    "AND s.stripe_object_id IN (nullif($1::text, ''), nullif($2::text, '')) "
+    "AND s.state = 'settled' RETURNING s.vault_key_id, s.idempotency_key, s.reopened_cents";
+
 const std::string refund_policy_sql = "UPDATE vault_keys SET refunds_reopen_cap = $2 WHERE id = $1";
 
 const std::string audit_sql =
@@ -391,6 +400,18 @@ net::awaitable<result<std::optional<std::int64_t>>> store::apply_refund(std::str
     if (!r) co_return r.err();
     if (r->empty()) co_return std::optional<std::int64_t>();
     co_return std::optional<std::int64_t>(r->get<std::int64_t>(0, 0));
+}
+
+net::awaitable<result<std::vector<store::refund_applied>>> store::apply_refund_by_object(
+    std::string charge_id, std::string payment_intent_id, std::int64_t refunded_cents) {
+    auto r = co_await pg::exec_pooled(
+        pool_, refund_by_object_sql,
+        pg::params(std::move(charge_id), std::move(payment_intent_id), refunded_cents));
+    if (!r) co_return r.err();
+    std::vector<refund_applied> out;
+    for (std::size_t i = 0; i < r->size(); ++i)
+        out.push_back({r->get<std::string>(i, 0), r->get<std::string>(i, 1), r->get<std::int64_t>(i, 2)});
+    co_return out;
 }
 
 net::awaitable<result<bool>> store::set_refunds_reopen_cap(std::string key_id, bool reopen) {

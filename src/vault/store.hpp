@@ -188,6 +188,18 @@ class store {
     // row.
     net::awaitable<result<std::optional<std::int64_t>>> apply_refund(std::string key_id, std::string idem,
                                                                      std::int64_t refunded_cents);
+    // apply_refund for the settled reservations whose Stripe object is `charge_id` or `payment_intent_id`
+    // (a charge.refunded event names both; empty ones match nothing), found by vault_spend_object_idx.
+    // Cumulative like apply_refund, so a redelivered or older event never counts twice. One row per
+    // reservation touched: key, Idempotency-Key and the cents given back to the cap in total for it.
+    struct refund_applied {
+        std::string key_id;
+        std::string idempotency_key;
+        std::int64_t reopened_cents = 0;
+    };
+    net::awaitable<result<std::vector<refund_applied>>> apply_refund_by_object(std::string charge_id,
+                                                                               std::string payment_intent_id,
+                                                                               std::int64_t refunded_cents);
     // Sets a key's refund policy; false: no such key.
     net::awaitable<result<bool>> set_refunds_reopen_cap(std::string key_id, bool reopen);
 

@@ -379,6 +379,19 @@ BOOST_AUTO_TEST_CASE(the_configmap_environment_supplies_no_selector) {
          64,
          "--name is required",
          ""},
+        // The refund policy is given on the command line, never taken from the environment or a default.
+        {"vault set-policy takes no policy from the environment",
+         {"vault", "set-policy", "vk_0123456789abcdef"},
+         with(configmap, {{"CHARGEGUARD_REFUNDS_REOPEN_CAP", "true"}}),
+         64,
+         "--refunds-reopen-cap is required",
+         ""},
+        {"vault set-policy takes true or false",
+         {"vault", "set-policy", "vk_0123456789abcdef", "--refunds-reopen-cap=maybe"},
+         configmap,
+         64,
+         "Could not convert: --refunds-reopen-cap = maybe",
+         ""},
         // Topic, channel, lookupd, "60s", "30" and the key file all come from the ConfigMap: the run gets as
         // far as the bad --health-listen, checked last.
         {"consume reads the ConfigMap (a service)",

@@ -248,6 +248,79 @@ BOOST_AUTO_TEST_CASE(oversized_non_json_and_wrong_method) {
     BOOST_TEST(count_rows() == 0);
 }
 
+// A charge.refunded delivery reaches the vault reservation that settled the charge (by its charge id) or its
+// PaymentIntent (by payment_intent): the refund is recorded on it, and the cap room comes back only under
+// the key's refunds_reopen_cap, once, whatever the redeliveries and replays of older refund events.
+BOOST_AUTO_TEST_CASE(a_refund_reopens_vault_cap_room_only_under_the_keys_policy_and_once) {
+    auto sql = [&](const std::string& text) {
+        return run_async(io, [&]() -> net::awaitable<std::string> {
+            auto c = co_await pool->acquire();
+            BOOST_TEST_REQUIRE(c.has_value(), (c ? "" : c.err().describe()));
+            auto r = co_await (*c)->query_with(text, pg::params(), 5s);
+            BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+            co_return r->empty() ? std::string() : std::string(r->text(0, 0));
+        });
+    };
+    for (const std::string k : {"vk_default", "vk_reopen"})
+        sql("INSERT INTO vault_keys (id, name, secret_hash, billing_period, cap_cents, currency, "
+            "allowed_endpoints) VALUES ('" +
+            k + "', '" + k + "', sha256(convert_to('" + k +
+            "', 'UTF8')), '2026-12', 5000, 'usd', '{charges.create,payment_intents.create}')");
+    sql("UPDATE vault_keys SET refunds_reopen_cap = true WHERE id = 'vk_reopen'");
+    // Settled by a charges.create (ch_…) and by a payment_intents.create (pi_…).
+    sql("INSERT INTO vault_spend (vault_key_id, idempotency_key, amount_cents, state, stripe_object_id) "
+        "VALUES ('vk_default', 'idem-d', 1000, 'settled', 'ch_vdef'), "
+        "('vk_reopen', 'idem-r', 1000, 'settled', 'pi_vreo')");
+    auto committed = [&](const std::string& k) {
+        return std::stoll(sql("SELECT committed_cents FROM vault_keys WHERE id = '" + k + "'"));
+    };
+    auto spend = [&](const std::string& k) {
+        return sql("SELECT refunded_cents || '/' || reopened_cents FROM vault_spend WHERE vault_key_id = '" +
+                   k + "'");
+    };
+    BOOST_TEST_REQUIRE(committed("vk_default") == 1000);
+    BOOST_TEST_REQUIRE(committed("vk_reopen") == 1000);
+    auto refunded = [](const std::string& evt, std::int64_t created, const std::string& charge,
+                       const std::string& intent, std::int64_t amount) {
+        return R"({"id":")" + evt + R"(","object":"event","type":"charge.refunded","created":)" +
+               std::to_string(created) + R"(,"livemode":false,"data":{"object":{"id":")" + charge +
+               R"(","object":"charge","status":"succeeded","amount":1000,"payment_intent":")" + intent +
+               R"(","amount_refunded":)" + std::to_string(amount) + "}}}";
+    };
+    const auto t0 = now_unix() - 60;
+
+    // Default policy: the refund is recorded, the cap room stays committed (duplicate too).
+    const auto d1 = refunded("evt_vd_1", t0, "ch_vdef", "pi_vdef", 400);
+    BOOST_TEST(send(delivery(d1, current_secret, now_unix())).status == 200);
+    BOOST_TEST(send(delivery(d1, current_secret, now_unix())).status == 200);
+    BOOST_TEST(committed("vk_default") == 1000);
+    BOOST_TEST(spend("vk_default") == "400/0");
+
+    // refunds_reopen_cap: the room comes back by the cumulative amount_refunded, found by payment_intent.
+    const auto r1 = refunded("evt_vr_1", t0 + 1, "ch_vreo", "pi_vreo", 300);
+    BOOST_TEST(send(delivery(r1, current_secret, now_unix())).status == 200);
+    BOOST_TEST(committed("vk_reopen") == 700);
+    BOOST_TEST(send(delivery(r1, current_secret, now_unix())).status == 200);  // duplicate
+    BOOST_TEST(committed("vk_reopen") == 700);
+    const auto r2 = refunded("evt_vr_2", t0 + 2, "ch_vreo", "pi_vreo", 800);
+    BOOST_TEST(send(delivery(r2, current_secret, now_unix())).status == 200);
+    BOOST_TEST(committed("vk_reopen") == 200);
+    // An older refund event replayed (as a duplicate, and as one first seen now): nothing counts twice or
+    // comes back smaller.
+    BOOST_TEST(send(delivery(r1, current_secret, now_unix())).status == 200);
+    const auto r0 = refunded("evt_vr_0", t0, "ch_vreo", "pi_vreo", 100);
+    BOOST_TEST(send(delivery(r0, current_secret, now_unix())).status == 200);
+    BOOST_TEST(send(delivery(r2, current_secret, now_unix())).status == 200);
+    BOOST_TEST(committed("vk_reopen") == 200);
+    BOOST_TEST(spend("vk_reopen") == "800/800");
+    BOOST_TEST(committed("vk_default") == 1000);
+    BOOST_TEST(std::stoll(sql("SELECT sum(amount_cents - reopened_cents) FROM vault_spend WHERE state = "
+                              "'settled' AND vault_key_id = 'vk_reopen'")) == committed("vk_reopen"));
+    auto fams = test::parse_prometheus(reg.render());
+    BOOST_TEST(fams.at("chargeguard_webhook_vault_refunds_total").samples.at(0).value == 8);
+    BOOST_TEST(outcome("error") == 0);
+}
+
 BOOST_AUTO_TEST_CASE(postgres_down_answers_500_and_the_redelivery_after_restart_is_recorded) {
     test::pg_server_ctl srv("stop and start the server");
     BOOST_TEST(count_rows() == 0);  // a connection is open and idle in the pool
