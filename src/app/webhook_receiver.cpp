@@ -110,7 +110,8 @@ asio::awaitable<http::response> webhook_receiver::record(const http::request& re
         log_.error("webhook not recorded", {{"event", ev->id}, {"error", rec.err().describe()}});
         co_return webhook_json(500, R"({"error":{"message":"not recorded, retry"}})");
     }
-    if (!co_await refund_vault(*ev, rec->fact)) {
+    bool refunded = co_await refund_vault(*ev, rec->fact);
+    if (!refunded) {
         deliveries_.Add({{"outcome", "error"}}).Increment();
         co_return webhook_json(500, R"({"error":{"message":"refund not applied to the vault, retry"}})");
     }
