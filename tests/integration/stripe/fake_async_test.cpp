@@ -74,9 +74,9 @@ struct endpoint {
     }
 };
 
-struct fixture : test::fake_stripe_fixture {
+struct async_fixture : test::fake_stripe_fixture {
     endpoint hook{io};
-    fixture() {
+    async_fixture() {
         fake::webhook_endpoint e;
         e.url = hook.url();
         e.secrets = {secret};
@@ -131,7 +131,7 @@ std::string field(const std::string& json, std::string_view key) {
 BOOST_AUTO_TEST_SUITE(fake_async)
 
 BOOST_AUTO_TEST_CASE(bank_debit_processing_then_succeeded_with_signed_events) {
-    fixture f;
+    async_fixture f;
     auto c = f.client();
     std::string pi_id;
     run_async(f.io, [&]() -> asio::awaitable<void> {
@@ -178,7 +178,7 @@ BOOST_AUTO_TEST_CASE(bank_debit_processing_then_succeeded_with_signed_events) {
 }
 
 BOOST_AUTO_TEST_CASE(bank_debit_fails_after_processing) {
-    fixture f;
+    async_fixture f;
     auto c = f.client();
     run_async(f.io, [&]() -> asio::awaitable<void> {
         auto o = co_await c->create_payment_intent(pi_req("ach-nsf", "pm_usBankAccount_insufficientFunds"));
@@ -201,7 +201,7 @@ BOOST_AUTO_TEST_CASE(bank_debit_fails_after_processing) {
 }
 
 BOOST_AUTO_TEST_CASE(processing_method_waits_for_a_hand_settlement_or_a_cancel) {
-    fixture f;
+    async_fixture f;
     auto c = f.client();
     run_async(f.io, [&]() -> asio::awaitable<void> {
         auto a = co_await c->create_payment_intent(pi_req("ach-stuck-1", "pm_usBankAccount_processing"));
@@ -226,7 +226,7 @@ BOOST_AUTO_TEST_CASE(processing_method_waits_for_a_hand_settlement_or_a_cancel) 
 }
 
 BOOST_AUTO_TEST_CASE(a_customer_bank_outcome_overrides_the_test_method) {
-    fixture f;
+    async_fixture f;
     f.fake->bank_outcome("cus_bank", "succeeded");
     auto c = f.client();
     run_async(f.io, [&]() -> asio::awaitable<void> {
@@ -242,7 +242,7 @@ BOOST_AUTO_TEST_CASE(a_customer_bank_outcome_overrides_the_test_method) {
 }
 
 BOOST_AUTO_TEST_CASE(refunds_partial_full_idempotent_and_refused) {
-    fixture f;
+    async_fixture f;
     f.only({"charge.refunded", "refund.created"});
     auto c = f.client();
     run_async(f.io, [&]() -> asio::awaitable<void> {
@@ -294,7 +294,7 @@ BOOST_AUTO_TEST_CASE(refunds_partial_full_idempotent_and_refused) {
 }
 
 BOOST_AUTO_TEST_CASE(disputes_open_close_and_block_refunds) {
-    fixture f;
+    async_fixture f;
     f.only({"charge.dispute.created", "charge.dispute.closed"});
     auto c = f.client();
     run_async(f.io, [&]() -> asio::awaitable<void> {
@@ -318,7 +318,7 @@ BOOST_AUTO_TEST_CASE(disputes_open_close_and_block_refunds) {
 }
 
 BOOST_AUTO_TEST_CASE(non_2xx_is_retried_with_backoff_then_given_up) {
-    fixture f;
+    async_fixture f;
     f.only({"charge.succeeded"});
     f.hook.answers = {500, 503, 200};
     auto c = f.client();
@@ -343,7 +343,7 @@ BOOST_AUTO_TEST_CASE(non_2xx_is_retried_with_backoff_then_given_up) {
 }
 
 BOOST_AUTO_TEST_CASE(duplicates_same_event_id_twice) {
-    fixture f;
+    async_fixture f;
     f.only({"charge.succeeded"});
     f.fake->webhooks().faults().duplicate = 1;
     auto c = f.client();
@@ -360,7 +360,7 @@ BOOST_AUTO_TEST_CASE(duplicates_same_event_id_twice) {
 }
 
 BOOST_AUTO_TEST_CASE(reordering_delivers_the_later_event_first) {
-    fixture f;
+    async_fixture f;
     f.only({"payment_intent.processing", "payment_intent.succeeded"});
     f.fake->webhooks().faults().reorder = 1;  // the processing event waits behind the succeeded one
     auto c = f.client();
@@ -375,7 +375,7 @@ BOOST_AUTO_TEST_CASE(reordering_delivers_the_later_event_first) {
 }
 
 BOOST_AUTO_TEST_CASE(rotation_signs_with_every_secret_and_skew_makes_stale) {
-    fixture f;
+    async_fixture f;
     f.only({"charge.succeeded"});
     auto e = f.fake->webhooks().endpoint();
     e.secrets = {secret, previous};
