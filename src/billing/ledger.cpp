@@ -24,7 +24,8 @@ std::optional<sys_time> to_sys(std::optional<pg::timestamp> t) {
 }  // namespace
 
 const std::string& stored_record_columns() {
-    return ledger_sql::stored_columns;
+    static const std::string columns = ledger_sql::stored_columns;
+    return columns;
 }
 
 ledger_record decode_stored_record_columns(const pg::rows& r, std::size_t i) {

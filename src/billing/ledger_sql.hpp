@@ -226,7 +226,8 @@ inline const std::string letter_insert_sql =
     "SELECT $1::text, $2::text, $3::text, $4::int, $5::bytea, $6::text, $7::text "
     "WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE nsq_message_id = $3::text AND reason = $6::text)";
 
-inline const std::string stored_columns = CG_STORED_COLUMNS;
+// Constant-initialized: other translation units' statics build statements from it.
+inline constexpr const char* stored_columns = CG_STORED_COLUMNS;
 
 #undef CG_STORED_COLUMNS
 #undef CG_RECORD_COLUMNS
