@@ -101,22 +101,9 @@ http::server_options to_webhook_server_options(const webhooks_flags& f) {
 net::awaitable<void> start_receiving(runtime* rt, pg::pool* pool, const pg_flags* pgf,
                                      std::vector<pg::migration> ms, schema_gate* gate, http::server* server,
                                      net::tcp::endpoint ep) {
-    if (auto m = co_await wait_for_postgres(*rt, *pool, *pgf, ms); !m) {
-        if (rt->stopping()) co_return;
-        rt->log().error(pgf->migrate ? "cannot apply migrations" : "PostgreSQL is not answering",
-                        {{"error", m.err().describe()}});
-        rt->request_stop(pgf->migrate ? "--migrate failed" : "PostgreSQL unreachable at startup", 1);
-        co_return;
-    }
-    rt->startup().mark("postgres");
-    if (auto g = co_await gate->wait(); !g) {
-        if (rt->stopping()) co_return;
-        rt->log().error("the database schema is newer than this binary and not declared compatible with it",
-                        {{"error", g.err().describe()}});
-        rt->request_stop("incompatible database schema", 1);
-        co_return;
-    }
-    if (rt->stopping()) co_return;
+    // Awaited into a variable, not inside the if (see start_consuming in cmd_consume.cpp).
+    bool ready = co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate);
+    if (!ready) co_return;
     server->start();
     rt->log().info("webhook receiver listening",
                    {{"address", ep.address().to_string()}, {"port", ep.port()}});

@@ -1,0 +1,131 @@
+#include "app/explain_render.hpp"
+
+#include <cstdio>
+
+#include "core/log.hpp"
+
+namespace cg::app::explain_impl {
+
+void print_text(const explanation& x) {
+    std::printf("key:          %s\n", x.key.c_str());
+    if (!x.customer.empty())
+        std::printf("computed from namespace %s, customer %s, period %s\n", x.key_namespace.c_str(),
+                    x.customer.c_str(), x.period.c_str());
+    if (!x.row) {
+        std::printf("ledger row:   none\n");
+    } else {
+        std::printf("ledger row:\n");
+        for (const auto& f : x.row->fields)
+            std::printf("  %-24s %s\n", f.name.c_str(), f.value.value_or("-").c_str());
+        std::printf("  %-24s %s\n", "lease_live", x.row->lease_live ? "yes" : "no");
+    }
+    if (x.letters.empty()) std::printf("dead letters: none\n");
+    for (const auto& l : x.letters)
+        std::printf("dead letter %s: %s (received %s, %s)\n", l.id.c_str(), l.reason.c_str(),
+                    l.received_at.c_str(),
+                    l.replayed_at ? ("replayed " + *l.replayed_at).c_str() : "not replayed");
+    if (!x.spend)
+        std::printf("vault:        no vault tables\n");
+    else if (x.spend->empty())
+        std::printf("vault:        no reservation\n");
+    for (const auto& s : x.spend.value_or(std::vector<spend_view>{}))
+        std::printf("vault %s: %s %s cents under %s (reserved %s, object %s)\n", s.vault_key_id.c_str(),
+                    s.state.c_str(), s.amount_cents.c_str(), s.idempotency_key.c_str(), s.reserved_at.c_str(),
+                    s.stripe_object_id.value_or("-").c_str());
+    if (!x.stripe.asked) {
+        std::printf("stripe:       %s\n", x.stripe.skipped.c_str());
+    } else {
+        if (x.stripe.charge)
+            std::printf("stripe charge: %s %s %lld %s (created %lld)\n", x.stripe.charge->id.c_str(),
+                        x.stripe.charge->status.c_str(), static_cast<long long>(x.stripe.charge->amount),
+                        x.stripe.charge->currency.c_str(), static_cast<long long>(x.stripe.charge->created));
+        else
+            std::printf("stripe charge: none carries metadata[billing_key]=%s\n", x.key.c_str());
+        if (x.stripe.intent)
+            std::printf("stripe payment intent: %s %s\n", x.stripe.intent->id.c_str(),
+                        x.stripe.intent->status.c_str());
+        else
+            std::printf("stripe payment intent: none\n");
+    }
+    std::printf("verdict: %s\n", x.verdict.c_str());
+}
+
+void json_field(std::string& out, std::string_view name, const std::optional<std::string>& v,
+                bool comma = true) {
+    if (comma) out += ',';
+    append_json_string(out, name);
+    out += ':';
+    if (v)
+        append_json_string(out, *v);
+    else
+        out += "null";
+}
+
+void print_json(const explanation& x) {
+    std::string o = "{";
+    json_field(o, "key", x.key, false);
+    json_field(o, "customer_id", x.customer.empty() ? std::nullopt : std::optional(x.customer));
+    json_field(o, "period", x.period.empty() ? std::nullopt : std::optional(x.period));
+    json_field(o, "key_namespace", x.key_namespace);
+    json_field(o, "state", x.state);
+    json_field(o, "verdict", x.verdict);
+    o += ",\"ledger\":";
+    if (x.row) {
+        o += '{';
+        bool first = true;
+        for (const auto& f : x.row->fields) {
+            json_field(o, f.name, f.value, !first);
+            first = false;
+        }
+        o += std::string(",\"lease_live\":") + (x.row->lease_live ? "true" : "false") + '}';
+    } else {
+        o += "null";
+    }
+    o += ",\"dead_letters\":[";
+    for (std::size_t i = 0; i < x.letters.size(); ++i) {
+        const auto& l = x.letters[i];
+        o += i ? ",{" : "{";
+        json_field(o, "id", l.id, false);
+        json_field(o, "reason", l.reason);
+        json_field(o, "received_at", l.received_at);
+        json_field(o, "replayed_at", l.replayed_at);
+        o += '}';
+    }
+    o += "],\"vault_spend\":";
+    if (!x.spend) {
+        o += "null";
+    } else {
+        o += '[';
+        for (std::size_t i = 0; i < x.spend->size(); ++i) {
+            const auto& s = (*x.spend)[i];
+            o += i ? ",{" : "{";
+            json_field(o, "vault_key_id", s.vault_key_id, false);
+            json_field(o, "idempotency_key", s.idempotency_key);
+            json_field(o, "amount_cents", s.amount_cents);
+            json_field(o, "state", s.state);
+            json_field(o, "stripe_object_id", s.stripe_object_id);
+            json_field(o, "reserved_at", s.reserved_at);
+            o += '}';
+        }
+        o += ']';
+    }
+    o += ",\"stripe\":";
+    if (!x.stripe.asked) {
+        o += "null";
+    } else {
+        o += '{';
+        json_field(o, "charge_id", x.stripe.charge ? std::optional(x.stripe.charge->id) : std::nullopt,
+                   false);
+        json_field(o, "charge_status",
+                   x.stripe.charge ? std::optional(x.stripe.charge->status) : std::nullopt);
+        json_field(o, "payment_intent_id",
+                   x.stripe.intent ? std::optional(x.stripe.intent->id) : std::nullopt);
+        json_field(o, "payment_intent_status",
+                   x.stripe.intent ? std::optional(x.stripe.intent->status) : std::nullopt);
+        o += '}';
+    }
+    o += "}\n";
+    std::fputs(o.c_str(), stdout);
+}
+
+}  // namespace cg::app::explain_impl

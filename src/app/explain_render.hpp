@@ -1,0 +1,62 @@
+// What `chargeguard explain` found about one event (app/cmd_explain.cpp gathers it) and its two renderings:
+// text for a person, one JSON object for a script. Internal to explain.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "stripe/client.hpp"
+
+namespace cg::app::explain_impl {
+
+struct field {
+    std::string name;
+    std::optional<std::string> value;
+};
+
+struct ledger_view {
+    std::vector<field> fields;
+    bool lease_live = false;
+    std::optional<std::string> get(std::string_view name) const {
+        for (const auto& f : fields)
+            if (f.name == name) return f.value;
+        return std::nullopt;
+    }
+    std::string str(std::string_view name) const { return get(name).value_or(""); }
+};
+
+struct letter_view {
+    std::string id, reason, received_at;
+    std::optional<std::string> replayed_at;
+};
+
+struct spend_view {
+    std::string vault_key_id, idempotency_key, amount_cents, state, reserved_at;
+    std::optional<std::string> stripe_object_id;
+};
+
+struct stripe_view {
+    bool asked = false;
+    std::string skipped;  // why not asked
+    std::optional<stripe::charge> charge;
+    std::optional<stripe::payment_intent> intent;
+};
+
+struct explanation {
+    std::string key, customer, period, key_namespace;
+    std::optional<ledger_view> row;
+    std::vector<letter_view> letters;
+    std::optional<std::vector<spend_view>> spend;  // nullopt: no vault tables
+    stripe_view stripe;
+    std::string
+        state;  // charged | pending | declined | cap_blocked | failed | conflict | dead_lettered | never_seen
+    std::string verdict;  // the one line
+};
+
+// The explanation as text, or as one JSON object (one line), on stdout.
+void print_text(const explanation& x);
+void print_json(const explanation& x);
+
+}  // namespace cg::app::explain_impl

@@ -1,0 +1,64 @@
+// The ledger's batched statements (billing/ledger_batch.hpp runs them): a group-commit runner each for the
+// pre-flight insert and the settle update, and the one-row statements they fall back to. Internal to the
+// ledger (billing/ledger.cpp).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "billing/ledger.hpp"
+#include "pg/pool.hpp"
+#include "pg/rows.hpp"
+
+namespace cg::billing::ledger_detail {
+
+// A row of ledger_sql's record columns.
+ledger_record decode_record(const pg::rows& r, std::size_t i);
+
+// One statement on a pooled connection. `sql` is one of ledger_sql's statics (it outlives the call).
+net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std::string& sql, pg::params p);
+
+struct preflight_req {
+    new_record rec;
+    std::int64_t lease_ms = 0;
+};
+struct preflight_out {
+    bool inserted = false;
+    // inserted: the new row; a conflict: the existing row when the batch read it (else the caller reads it).
+    std::optional<ledger_record> row;
+};
+
+net::awaitable<result<preflight_out>> preflight_insert_one(std::shared_ptr<pg::pool> pool,
+                                                           const preflight_req& q);
+
+struct preflight_runner {
+    static std::string_view key(const preflight_req& q) noexcept { return q.rec.key; }
+    static net::awaitable<std::vector<result<preflight_out>>> run(std::shared_ptr<pg::pool> pool,
+                                                                  std::vector<preflight_req>& reqs);
+    // The existing rows of the batch's conflicts, one statement for all of them (a replayed run is all
+    // conflicts: one read per row would be the path's cost). A failed read leaves them to the callers' own.
+    static net::awaitable<void> read_conflicts(std::shared_ptr<pg::pool> pool,
+                                               const std::vector<preflight_req>& reqs,
+                                               std::vector<preflight_out>& rows);
+};
+
+struct settle_req {
+    std::string key;
+    record_status status;
+    std::optional<std::string> charge_id;
+    std::optional<std::string> last_error;
+    std::optional<std::string> payment_intent_id;
+};
+
+net::awaitable<result<bool>> settle_one(std::shared_ptr<pg::pool> pool, const settle_req& q);
+
+struct settle_runner {
+    static std::string_view key(const settle_req& q) noexcept { return q.key; }
+    static net::awaitable<std::vector<result<bool>>> run(std::shared_ptr<pg::pool> pool,
+                                                         std::vector<settle_req>& reqs);
+};
+
+}  // namespace cg::billing::ledger_detail
