@@ -497,7 +497,8 @@ def classify_kill(lines, pg, stripe):
     return hits
 
 
-Event = collections.namedtuple("Event", "cust scus amount expect pi off_session body bank")
+# bank: None for a card payment; "ok" or "fail" for a bank debit that settles later.
+Event = collections.namedtuple("Event", "cust scus amount expect pi off_session body bank", defaults=(None,))
 
 # Stripe's US bank account test payment methods: the intent answers processing, then settles later.
 BANK_OK, BANK_FAIL = "pm_usBankAccount_success", "pm_usBankAccount_insufficientFunds"
