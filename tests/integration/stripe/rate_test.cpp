@@ -169,6 +169,10 @@ BOOST_AUTO_TEST_CASE(adaptive_limit_backs_off_on_429_and_every_call_succeeds) {
         cfg.rate = {};
         cfg.rate.adaptive = adaptive;
         cfg.retry.max_rate_limited_retries = 10;
+        // Every 429 the fake sends must reach the client to be counted: on a loaded machine 120 requests
+        // at once can take longer than the fixture's short timeout, and an answer read after the client
+        // gave up is counted by the fake alone.
+        cfg.request_timeout = 30s;
         auto c = f.client(cfg, &f.reg);
         burst(f, *c, 120, "aimd-", t);
         limit = gauge(f, "chargeguard_stripe_rate_limit_rps");
