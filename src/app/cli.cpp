@@ -58,6 +58,16 @@ void service_command(CLI::App& cmd) {
     registry().services.insert(&cmd);
 }
 
+CLI::App* add_service_command(CLI::App& app, const std::string& name, const std::string& description,
+                              const std::string& examples) {
+    auto* cmd = app.add_subcommand(name, description);
+    service_command(*cmd);
+    cmd->footer("Examples:\n" + examples +
+                "Durations: 250ms, 30s, 1m30s (a bare number is seconds). Every flag also reads "
+                "CHARGEGUARD_<FLAG>.\n");
+    return cmd;
+}
+
 std::string env_name_for(const std::string& prefix, const std::string& long_flag) {
     std::string out = prefix;
     for (char c : long_flag)

@@ -48,6 +48,10 @@ enum class env_scope {
 CLI::Option* env(CLI::Option* opt, env_scope scope);
 // Declares `cmd` a long-running service: its service-scoped options read the environment.
 void service_command(CLI::App& cmd);
+// Adds the subcommand `name` as a service (service_command) whose help ends with "Examples:", `examples` (one
+// indented command a line) and the note on durations and CHARGEGUARD_<FLAG> every service shares.
+CLI::App* add_service_command(CLI::App& app, const std::string& name, const std::string& description,
+                              const std::string& examples);
 
 // Gives the long options of `app` and its subcommands (recursively) the environment variable
 // CHARGEGUARD_<FLAG_IN_UPPER_SNAKE> where their env_scope allows it. Call once, after every option exists.

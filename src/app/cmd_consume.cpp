@@ -311,29 +311,19 @@ int run_consume(const consume_flags& f, const global_flags& g) {
         if (e) log.error("processing poll stopped", {{"error", describe_exception(e)}});
     });
     rt.on_shutdown([poller]() { return stop_poller(poller); });
-    if (auto ep = rt.start(); !ep) {
-        log.error("cannot start", {{"error", ep.err().describe()}});
-        return 1;
-    }
-    rt.spawn_startup(start_consuming(&rt, pool.get(), &f.pg, std::move(*ms), &consumer, &gate));
-    return rt.run();
+    return rt.start_and_run(start_consuming(&rt, pool.get(), &f.pg, std::move(*ms), &consumer, &gate));
 }
 
 }  // namespace
 
 void register_consume(CLI::App& app, command_main& selected) {
-    auto* cmd =
-        app.add_subcommand("consume", "consume billing events from NSQ and charge Stripe exactly once");
-    service_command(*cmd);
-    cmd->footer(
-        "Examples:\n"
+    auto* cmd = add_service_command(
+        app, "consume", "consume billing events from NSQ and charge Stripe exactly once",
         "  chargeguard consume --topic billing --channel chargeguard --lookupd-http-address nsqlookupd:4161 "
         "\\\n"
         "      --stripe-key-file /run/secrets/stripe_api_key --migrate\n"
         "  CHARGEGUARD_TOPIC=billing CHARGEGUARD_CHANNEL=chargeguard chargeguard consume --nsqd-tcp-address "
-        "127.0.0.1:4150\n"
-        "Durations: 250ms, 30s, 1m30s (a bare number is seconds). Every flag also reads "
-        "CHARGEGUARD_<FLAG>.\n");
+        "127.0.0.1:4150\n");
     auto f = std::make_shared<consume_flags>();
     add_nsq_consumer_flags(*cmd, f->nsq, true);
     add_pg_flags(*cmd, f->pg, true);

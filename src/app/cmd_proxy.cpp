@@ -12,6 +12,7 @@
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
+#include "app/listener_flags.hpp"
 #include "app/nsq_flags.hpp"
 #include "app/pg_flags.hpp"
 #include "app/runtime.hpp"
@@ -19,7 +20,6 @@
 #include "app/stripe_flags.hpp"
 #include "http/origin.hpp"
 #include "http/server.hpp"
-#include "net/tls.hpp"
 #include "vault/proxy.hpp"
 
 namespace cg::app {
@@ -32,13 +32,11 @@ struct proxy_flags {
     std::string upstream = "https://api.stripe.com";
     std::string stripe_key_file;
     std::string stripe_ca_file;
-    std::string tls_cert, tls_key;
     double upstream_connect_timeout_s = 5;
     double upstream_timeout_s = 30;
     unsigned upstream_max_connections = 64;
     std::size_t max_body_bytes = 64 * 1024;
-    std::size_t max_connections = 1024;
-    double read_timeout_s = 30;
+    listener_flags listener;
     std::string same_key_window = "23h";
     std::string resolve_interval = "5s";
     std::string stale_reserved = "2m";
@@ -93,29 +91,19 @@ vault::proxy_config to_proxy_config(const proxy_flags& f) {
     return c;
 }
 
+// The handler refuses create bodies over --max-body-bytes with a Stripe-shaped, audited 413.
 http::server_options to_server_options(const proxy_flags& f) {
-    http::server_options o;
-    // The handler refuses create bodies over --max-body-bytes with a Stripe-shaped, audited 413; the parser's
-    // own limit (plain 413, nothing audited) only stops what is far beyond it.
-    o.limits.max_body_bytes = std::max<std::size_t>(f.max_body_bytes * 4, 1024 * 1024);
-    o.limits.max_header_bytes = 16 * 1024;
-    o.max_connections = f.max_connections;
-    o.read_timeout = seconds_flag(f.read_timeout_s);
-    o.server_name = "chargeguard-vault";
-    if (f.tls_cert.empty() != f.tls_key.empty()) throw usage_error("--tls-cert and --tls-key go together");
-    if (!f.tls_cert.empty()) {
+    const auto& l = f.listener;
+    if (!l.tls_cert.empty() && !l.tls_key.empty()) {
         // Precise messages for a missing, unreadable, empty or non-PEM file before OpenSSL's own.
-        auto key = read_secret_file("--tls-key", f.tls_key);
+        auto key = read_secret_file("--tls-key", l.tls_key);
         if (key.find("-----BEGIN") == std::string::npos || key.find("PRIVATE KEY-----") == std::string::npos)
-            bad_secret_file("--tls-key", f.tls_key, "not a PEM private key (no BEGIN … PRIVATE KEY line)");
-        if (read_secret_file("--tls-cert", f.tls_cert).find("-----BEGIN CERTIFICATE-----") ==
+            bad_secret_file("--tls-key", l.tls_key, "not a PEM private key (no BEGIN … PRIVATE KEY line)");
+        if (read_secret_file("--tls-cert", l.tls_cert).find("-----BEGIN CERTIFICATE-----") ==
             std::string::npos)
-            bad_secret_file("--tls-cert", f.tls_cert, "not a PEM certificate (no BEGIN CERTIFICATE line)");
-        auto tls = net::make_tls_server_context({f.tls_cert, f.tls_key});
-        if (!tls) throw config_error("--tls-cert/--tls-key: " + tls.err().message);
-        o.tls = *tls;
+            bad_secret_file("--tls-cert", l.tls_cert, "not a PEM certificate (no BEGIN CERTIFICATE line)");
     }
-    return o;
+    return to_listener_options(l, f.max_body_bytes, "chargeguard-vault");
 }
 
 // Stop accepting, let the proxy write its audit queue, then close the pool (which the audit writer needed).
@@ -151,7 +139,7 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
     log.info(
         "proxy starting",
         {{"listen", f.listen},
-         {"tls", !f.tls_cert.empty()},
+         {"tls", !f.listener.tls_cert.empty()},
          {"upstream", cfg.upstream},
          {"stripe_key_from", cg::app::stripe_key_source(f.stripe_key_file, std::getenv("STRIPE_API_KEY"))},
          {"max_body_bytes", cfg.max_body_bytes},
@@ -181,26 +169,17 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
         return 1;
     }
     rt.on_shutdown([&server, px = p->get(), pool]() { return drain(&server, px, pool); });
-    if (auto hep = rt.start(); !hep) {
-        log.error("cannot start", {{"error", hep.err().describe()}});
-        return 1;
-    }
-    rt.spawn_startup(start_serving(&rt, pool.get(), &f.pg, std::move(*ms), p->get(), &gate, &server, *ep));
-    return rt.run();
+    return rt.start_and_run(
+        start_serving(&rt, pool.get(), &f.pg, std::move(*ms), p->get(), &gate, &server, *ep));
 }
 
 }  // namespace
 
 void register_proxy(CLI::App& app, command_main& selected) {
-    auto* cmd = app.add_subcommand(
-        "proxy", "the spend-cap vault proxy: Stripe's API for vault keys, capped per period");
-    service_command(*cmd);
-    cmd->footer(
-        "Examples:\n"
+    auto* cmd = add_service_command(
+        app, "proxy", "the spend-cap vault proxy: Stripe's API for vault keys, capped per period",
         "  chargeguard proxy --listen 0.0.0.0:8420 --stripe-key-file /run/secrets/stripe_api_key --migrate\n"
-        "  chargeguard proxy --tls-cert vault.pem --tls-key vault.key --upstream-timeout 45s\n"
-        "Durations: 250ms, 30s, 1m30s (a bare number is seconds). Every flag also reads "
-        "CHARGEGUARD_<FLAG>.\n");
+        "  chargeguard proxy --tls-cert vault.pem --tls-key vault.key --upstream-timeout 45s\n");
     auto f = std::make_shared<proxy_flags>();
     cmd->add_option("--listen", f->listen, "address for the Stripe-compatible API")->capture_default_str();
     cmd->add_option("--upstream", f->upstream, "Stripe API origin the proxy forwards to")
@@ -209,8 +188,6 @@ void register_proxy(CLI::App& app, command_main& selected) {
                     "file holding the real Stripe key (else STRIPE_API_KEY)");
     cmd->add_option("--stripe-ca-file", f->stripe_ca_file,
                     "PEM CA bundle to verify the upstream (default: system store)");
-    cmd->add_option("--tls-cert", f->tls_cert, "PEM certificate chain: serve HTTPS on --listen");
-    cmd->add_option("--tls-key", f->tls_key, "PEM private key for --tls-cert");
     add_duration_option(*cmd, "--upstream-connect-timeout", f->upstream_connect_timeout_s,
                         "time for DNS + TCP + TLS to Stripe", 0.001, 600.0);
     add_duration_option(*cmd, "--upstream-timeout", f->upstream_timeout_s,
@@ -221,11 +198,7 @@ void register_proxy(CLI::App& app, command_main& selected) {
     cmd->add_option("--max-body-bytes", f->max_body_bytes, "largest create body accepted (larger: 413)")
         ->check(CLI::Range(std::size_t{256}, std::size_t{16 * 1024 * 1024}))
         ->capture_default_str();
-    cmd->add_option("--max-connections", f->max_connections, "client connections open at once")
-        ->check(CLI::Range(std::size_t{1}, std::size_t{100000}))
-        ->capture_default_str();
-    add_duration_option(*cmd, "--read-timeout", f->read_timeout_s,
-                        "time a client has to send a complete request", 0.1, 3600.0);
+    add_listener_flags(*cmd, f->listener);
     cmd->add_option(
            "--same-key-window", f->same_key_window,
            "refuse a retry whose Idempotency-Key was first used longer ago; 1m to 23h (Stripe may forget "

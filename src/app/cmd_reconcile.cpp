@@ -4,10 +4,10 @@
 //  2. reads the ledger rows and the open dead letters of P;
 //  3. lists the account's charges created since the period's first ledger row (less a day), page by page,
 //     keeping those whose metadata carries billing_period P;
-//  4. resolves every `pending` row with the pipeline's own recovery search (the customer's charges, matched
-//  on
-//     metadata[billing_key]): a charge found settles the row (charged / declined), none leaves it to the
-//     pipeline;
+//  4. resolves every `pending` row with the pipeline's own recovery search (billing/recovery.hpp: the
+//     customer's charges, then for a PaymentIntent event its intents, matched on metadata[billing_key]): a
+//     payment found settled or declined settles the row (charged / declined); one still moving, or none,
+//     leaves it to the pipeline;
 //  5. checks each charged row's charge id against Stripe (a retrieve when the scan did not see it);
 //  6. classifies every (customer, period) (billing/reconcile.hpp) and, with --publish, re-publishes the
 //     events whose message was lost (missing, or pending with no charge and an expired lease): the content

@@ -12,13 +12,13 @@
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
+#include "app/listener_flags.hpp"
 #include "app/nsq_flags.hpp"
 #include "app/pg_flags.hpp"
 #include "app/runtime.hpp"
 #include "app/schema_gate.hpp"
 #include "app/webhook_receiver.hpp"
 #include "http/server.hpp"
-#include "net/tls.hpp"
 
 namespace cg::app {
 namespace {
@@ -29,9 +29,7 @@ struct webhooks_flags {
     std::string secret_file;
     std::string tolerance = "5m";
     std::size_t max_body_bytes = 256 * 1024;
-    std::size_t max_connections = 1024;
-    double read_timeout_s = 30;
-    std::string tls_cert, tls_key;
+    listener_flags listener;
     pg_flags pg;
     runtime_flags rt;
 };
@@ -79,24 +77,6 @@ webhook_receiver_config to_receiver_config(const webhooks_flags& f) {
     return c;
 }
 
-http::server_options to_webhook_server_options(const webhooks_flags& f) {
-    http::server_options o;
-    // The receiver answers bodies over --max-body-bytes with a counted 413; the parser's own limit (a plain
-    // 413, not counted) only stops what is far beyond it.
-    o.limits.max_body_bytes = std::max<std::size_t>(f.max_body_bytes * 4, 1024 * 1024);
-    o.limits.max_header_bytes = 16 * 1024;
-    o.max_connections = f.max_connections;
-    o.read_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.read_timeout_s * 1000.0));
-    o.server_name = "chargeguard-webhooks";
-    if (f.tls_cert.empty() != f.tls_key.empty()) throw usage_error("--tls-cert and --tls-key go together");
-    if (!f.tls_cert.empty()) {
-        auto tls = net::make_tls_server_context({f.tls_cert, f.tls_key});
-        if (!tls) throw config_error("--tls-cert/--tls-key: " + tls.err().message);
-        o.tls = *tls;
-    }
-    return o;
-}
-
 // PostgreSQL (and --migrate), then the schema gate; only then does the listener accept.
 net::awaitable<void> start_receiving(runtime* rt, pg::pool* pool, const pg_flags* pgf,
                                      std::vector<pg::migration> ms, schema_gate* gate, http::server* server,
@@ -116,7 +96,8 @@ net::awaitable<void> stop_receiving(http::server* server) {
 
 int run_webhooks(const webhooks_flags& f, const global_flags& g) {
     auto cfg = to_receiver_config(f);
-    auto sopts = to_webhook_server_options(f);
+    // The receiver answers bodies over --max-body-bytes with a counted 413.
+    auto sopts = to_listener_options(f.listener, f.max_body_bytes, "chargeguard-webhooks");
     auto listen = net::parse_host_port(f.listen);
     if (!listen) throw CLI::ValidationError("--listen", listen.err().describe());
     auto opts = to_runtime_options(f.rt);
@@ -126,7 +107,7 @@ int run_webhooks(const webhooks_flags& f, const global_flags& g) {
     log.info("webhooks starting",
              {{"listen", f.listen},
               {"path", cfg.path},
-              {"tls", !f.tls_cert.empty()},
+              {"tls", !f.listener.tls_cert.empty()},
               {"secrets", static_cast<std::int64_t>(cfg.secrets.size())},
               {"secret_from", f.secret_file.empty() ? "CHARGEGUARD_WEBHOOK_SECRET" : "--webhook-secret-file"},
               {"tolerance_s", static_cast<std::int64_t>(cfg.tolerance.count())},
@@ -146,27 +127,18 @@ int run_webhooks(const webhooks_flags& f, const global_flags& g) {
         return 1;
     }
     rt.on_shutdown([&server]() { return stop_receiving(&server); });
-    if (auto hep = rt.start(); !hep) {
-        log.error("cannot start", {{"error", hep.err().describe()}});
-        return 1;
-    }
-    rt.spawn_startup(start_receiving(&rt, pool.get(), &f.pg, std::move(*ms), &gate, &server, *ep));
-    return rt.run();
+    return rt.start_and_run(start_receiving(&rt, pool.get(), &f.pg, std::move(*ms), &gate, &server, *ep));
 }
 
 }  // namespace
 
 void register_webhooks(CLI::App& app, command_main& selected) {
-    auto* cmd =
-        app.add_subcommand("webhooks", "the Stripe webhook receiver: verifies and records each event once");
-    service_command(*cmd);
-    cmd->footer(
-        "Examples:\n"
+    auto* cmd = add_service_command(
+        app, "webhooks", "the Stripe webhook receiver: verifies and records each event once",
         "  chargeguard webhooks --listen 0.0.0.0:8440 --webhook-secret-file /run/secrets/stripe_webhook "
         "--migrate\n"
-        "  CHARGEGUARD_WEBHOOK_SECRET=whsec_… chargeguard webhooks --tls-cert hooks.pem --tls-key hooks.key\n"
-        "Durations: 250ms, 30s, 1m30s (a bare number is seconds). Every flag also reads "
-        "CHARGEGUARD_<FLAG>.\n");
+        "  CHARGEGUARD_WEBHOOK_SECRET=whsec_… chargeguard webhooks --tls-cert hooks.pem --tls-key "
+        "hooks.key\n");
     auto f = std::make_shared<webhooks_flags>();
     cmd->add_option("--listen", f->listen, "address Stripe delivers to")->capture_default_str();
     cmd->add_option("--path", f->path, "the endpoint's path (POST only)")->capture_default_str();
@@ -179,13 +151,7 @@ void register_webhooks(CLI::App& app, command_main& selected) {
     cmd->add_option("--max-body-bytes", f->max_body_bytes, "largest event body accepted (larger: 413)")
         ->check(CLI::Range(std::size_t{1024}, std::size_t{16 * 1024 * 1024}))
         ->capture_default_str();
-    cmd->add_option("--max-connections", f->max_connections, "client connections open at once")
-        ->check(CLI::Range(std::size_t{1}, std::size_t{100000}))
-        ->capture_default_str();
-    add_duration_option(*cmd, "--read-timeout", f->read_timeout_s,
-                        "time a client has to send a complete request", 0.1, 3600.0);
-    cmd->add_option("--tls-cert", f->tls_cert, "PEM certificate chain: serve HTTPS on --listen");
-    cmd->add_option("--tls-key", f->tls_key, "PEM private key for --tls-cert");
+    add_listener_flags(*cmd, f->listener);
     add_pg_flags(*cmd, f->pg, true);
     add_runtime_flags(*cmd, f->rt);
     cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_webhooks(*f, g); }; });

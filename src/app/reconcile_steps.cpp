@@ -5,9 +5,9 @@
 #include <optional>
 
 #include "billing/key.hpp"
-#include "http/proto/message.hpp"
+#include "billing/recovery.hpp"
 #include "pg/rows.hpp"
-#include "stripe/json.hpp"
+#include "stripe/error.hpp"
 
 // g++ 12 at -O2 reports a false positive on Asio's coroutine frame allocator (GCC bug 109224), as the
 // billing library does with -Wno-mismatched-new-delete.
@@ -18,12 +18,13 @@ namespace {
 
 using namespace std::chrono;
 
-// The ledger's stored columns (billing::stored_record_columns()), then whether the lease has run out and
-// when the row was created.
+// The ledger's stored columns (billing::stored_record_columns()), then, read by name: whether the lease has
+// run out, when the row was created and the payment method (set: the event charges through a PaymentIntent).
 std::string row_select(std::string_view where) {
     return "SELECT " + billing::stored_record_columns() +
            ", (lease_until IS NULL OR lease_until < now()) AS lease_expired, "
-           "extract(epoch FROM created_at)::bigint FROM billing_records WHERE " +
+           "extract(epoch FROM created_at)::bigint AS created_epoch, payment_method FROM billing_records "
+           "WHERE " +
            std::string(where);
 }
 const std::string rows_sql = row_select("billing_period = $1::text");
@@ -35,13 +36,15 @@ struct ledger_row {
     billing::ledger_record rec;
     bool lease_expired = true;
     std::int64_t created = 0;
+    bool payment_intent = false;
 };
 
 ledger_row decode_row(const pg::rows& r, std::size_t i) {
     ledger_row out;
     out.rec = billing::decode_stored_record_columns(r, i);
-    out.lease_expired = r.get<bool>(i, 13);
-    out.created = r.get<std::int64_t>(i, 14);
+    out.lease_expired = r.get<bool>(i, r.column("lease_expired"));
+    out.created = r.get<std::int64_t>(i, r.column("created_epoch"));
+    out.payment_intent = !r.is_null(i, r.column("payment_method"));
     return out;
 }
 
@@ -76,6 +79,7 @@ net::awaitable<bool> load_ledger(reconcile_run& run, std::int64_t& earliest) {
         it.facts.key = row.rec.key;  // the ledger's key wins (another namespace may have written it)
         run.by_key[row.rec.key] = it.who;
         it.lease_expired = row.lease_expired;
+        it.payment_intent = row.payment_intent;
         it.facts.record = std::move(row.rec);
     }
     auto letters = co_await run.query(letters_sql, pg::params());
@@ -100,19 +104,17 @@ net::awaitable<bool> load_ledger(reconcile_run& run, std::int64_t& earliest) {
 // Every charge created since `since`, newest first, 100 per page; keeps those of this period (or carrying a
 // key we know).
 net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since) {
-    std::string after;
+    stripe::list_charges_request req;
+    req.created_gte = since;
+    req.limit = 100;
     for (;;) {
-        std::string target = "/v1/charges?limit=100&created[gte]=" + std::to_string(since);
-        if (!after.empty()) target += "&starting_after=" + http::url_encode(after);
         co_await run.pace();
-        auto r = co_await run.stripe.call("GET", target, "", "");
-        if (r.cls != stripe::outcome_class::succeeded) {
-            run.failure = "listing Stripe charges: " + r.message;
-            co_return false;
-        }
-        auto page = stripe::parse_charge_page(r.http.resp.body);
+        auto page = co_await run.stripe.list_charges(req);
         if (!page) {
-            run.failure = "listing Stripe charges: " + page.err().describe();
+            // A failed call says how it ended; a body that is not a list says what is wrong with it.
+            const auto& e = page.err();
+            run.failure = "listing Stripe charges: " +
+                          (e.code == stripe::errc::bad_response ? e.describe() : e.message);
             co_return false;
         }
         for (const auto& c : page->data) {
@@ -130,53 +132,62 @@ net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since) {
             run.at(who, std::string(*key)).facts.charges.push_back(fact_of(c));
         }
         if (!page->has_more || page->data.empty()) co_return true;
-        after = page->data.back().id;
+        req.starting_after = page->data.back().id;
     }
 }
 
-// The pipeline's recovery for a pending row: search the customer's charges for the base key; a charge found
-// settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile wins).
+// The pipeline's recovery search (billing/recovery.hpp) for a pending row: what it finds settled or declined
+// settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile wins); a
+// payment still moving is left to the pipeline, which follows it.
 net::awaitable<void> resolve_pending(reconcile_run& run, billing::ledger& ledger, item& it) {
+    using billing::found_step;
     auto& rec = *it.facts.record;
-    std::optional<std::int64_t> since;
-    if (rec.first_stripe_attempt_at)
-        since = duration_cast<seconds>((*rec.first_stripe_attempt_at - hours(24)).time_since_epoch()).count();
-    co_await run.pace();
-    auto found = co_await run.stripe.find_charge_by_billing_key(rec.stripe_customer_id, rec.key, since);
+    billing::recovery_query q{rec.stripe_customer_id, rec.key, rec.first_stripe_attempt_at,
+                              billing::default_search_slack, it.payment_intent};
+    auto found =
+        co_await billing::search_by_key(run.stripe, std::move(q), run.log, [&run] { return run.pace(); });
     if (!found) {
         it.action = "recovery search failed: " + found.err().describe();
         co_return;
     }
-    if (!*found) {
+    if (found->step == found_step::none) {
         it.action =
             it.lease_expired ? "no charge carries the key" : "no charge yet; a worker holds the lease";
         co_return;
     }
-    const auto& ch = **found;
+    const std::string id = found->charge_id.value_or(found->payment_intent_id.value_or(""));
+    if (found->step == found_step::mark_processing || found->step == found_step::still_open) {
+        it.action = "found " + id + " still " + found->status + "; left to the pipeline";
+        co_return;
+    }
+    const bool declined = found->step == found_step::mark_declined;
     result<bool> marked = false;
-    if (ch.status == "failed")
-        marked = co_await ledger.mark_declined(rec.key, ch.id,
-                                               "declined (found by reconcile): " + ch.failure_code);
+    if (declined)
+        marked = co_await ledger.mark_declined(rec.key, found->charge_id,
+                                               "declined (found by reconcile): " + found->decline,
+                                               found->payment_intent_id);
     else
-        marked = co_await ledger.mark_charged(rec.key, ch.id);
+        marked = co_await ledger.mark_charged(rec.key, id, found->payment_intent_id);
     if (!marked) {
-        it.action = "found " + ch.id + " but recording it failed: " + marked.err().describe();
+        it.action = "found " + id + " but recording it failed: " + marked.err().describe();
         co_return;
     }
     it.action = std::string(*marked ? "settled " : "already settled; found ") +
-                (ch.status == "failed" ? "declined " : "charged ") + ch.id;
+                (declined ? "declined " : "charged ") + id;
     auto again = co_await run.query(one_row_sql, pg::params(rec.key));
     if (again && !again->empty()) {
         auto row = decode_row(*again, 0);
         it.lease_expired = row.lease_expired;
         it.facts.record = std::move(row.rec);
     }
+    if (!found->charge) co_return;
     bool listed = false;
-    for (const auto& c : it.facts.charges) listed = listed || c.id == ch.id;
-    if (!listed) it.facts.charges.push_back(fact_of(ch));
+    for (const auto& c : it.facts.charges) listed = listed || c.id == found->charge->id;
+    if (!listed) it.facts.charges.push_back(fact_of(*found->charge));
 }
 
-// The charge a charged row names: from the scan, else retrieved (404: it does not exist).
+// The charge a charged row names: from the scan, else retrieved (Stripe's 404: it does not exist; a body that
+// is not a charge leaves it unknown).
 net::awaitable<void> check_recorded(reconcile_run& run, item& it) {
     const auto& id = *it.facts.record->charge_id;
     for (const auto& c : it.facts.charges)
@@ -186,16 +197,12 @@ net::awaitable<void> check_recorded(reconcile_run& run, item& it) {
             co_return;
         }
     co_await run.pace();
-    auto r = co_await run.stripe.call("GET", "/v1/charges/" + http::url_encode(id), "", "");
-    if (r.cls == stripe::outcome_class::succeeded) {
-        if (auto c = stripe::parse_charge(r.http.resp.body)) {
-            it.facts.recorded_charge_known = true;
-            it.facts.recorded_charge = fact_of(*c);
-        }
-    } else if (r.http.ok() && r.http.resp.status == 404) {
+    auto got = co_await run.stripe.retrieve_charge_if_any(id);
+    if (got) {
         it.facts.recorded_charge_known = true;
-    } else {
-        it.action = "could not retrieve " + id + ": " + r.message;
+        if (*got) it.facts.recorded_charge = fact_of(**got);
+    } else if (got.err().code != stripe::errc::bad_response) {
+        it.action = "could not retrieve " + id + ": " + got.err().message;
     }
 }
 

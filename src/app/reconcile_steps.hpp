@@ -41,6 +41,7 @@ struct item {
     billing::recon_facts facts;
     ident who;
     bool lease_expired = true;
+    bool payment_intent = false;  // the row's event charges through a PaymentIntent
     billing::recon_verdict verdict;
     std::string action;  // "settled charged from ch_…", "re-published", …
 };
@@ -83,10 +84,11 @@ net::awaitable<bool> load_ledger(reconcile_run& run, std::int64_t& earliest);
 // Every charge created since `since`, newest first, 100 per page; keeps those of this period (or carrying a
 // key we know).
 net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since);
-// The pipeline's recovery for a pending row: search the customer's charges for the base key; a charge found
-// settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile wins).
+// The pipeline's recovery search for a pending row (billing/recovery.hpp): a payment found settled or
+// declined settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile
+// wins).
 net::awaitable<void> resolve_pending(reconcile_run& run, billing::ledger& ledger, item& it);
-// The charge a charged row names: from the scan, else retrieved (404: it does not exist).
+// The charge a charged row names: from the scan, else retrieved (Stripe's 404: it does not exist).
 net::awaitable<void> check_recorded(reconcile_run& run, item& it);
 
 }  // namespace cg::app::reconcile_detail

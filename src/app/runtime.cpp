@@ -159,6 +159,15 @@ void runtime::spawn_startup(asio::awaitable<void> step) {
     });
 }
 
+int runtime::start_and_run(asio::awaitable<void> startup) {
+    if (auto ep = start(); !ep) {
+        log_.error("cannot start", {{"error", ep.err().describe()}});
+        return 1;
+    }
+    spawn_startup(std::move(startup));
+    return run();
+}
+
 void runtime::request_stop(std::string_view reason, int exit_code) {
     if (stopping_) return;
     stopping_ = true;

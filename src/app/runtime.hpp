@@ -72,6 +72,9 @@ class runtime {
     // Runs a startup step (migrations, first connections, then the work itself) on the main loop after
     // start(). A step that throws is logged as "startup failed" and stops the process with exit code 1.
     void spawn_startup(asio::awaitable<void> step);
+    // A service's main: start(), then spawn_startup(`startup`) and run(). A start() that fails is logged as
+    // "cannot start" and returns exit code 1 (`startup` never runs).
+    int start_and_run(asio::awaitable<void> startup);
 
   private:
     static asio::awaitable<void> shutdown(runtime* self);

@@ -20,6 +20,7 @@
 #include "billing/decision.hpp"
 #include "billing/ledger.hpp"
 #include "billing/outcome.hpp"
+#include "billing/recovery.hpp"
 #include "billing/settlement_store.hpp"
 #include "core/log.hpp"
 #include "net/tokens.hpp"
@@ -74,7 +75,7 @@ struct pipeline_config {
     // Past this, a pending row's key is not trusted for replay any more (Stripe prunes keys at 24 h).
     std::chrono::seconds same_key_window{billing::same_key_window};
     // The search for an existing charge starts this long before the first attempt (clock skew with Stripe).
-    std::chrono::seconds search_slack{std::chrono::hours(24)};
+    std::chrono::seconds search_slack{default_search_slack};
     // Failpoint for the chaos test only (never set in production; `consume` reads it from the environment
     // variable CHARGEGUARD_TEST_STEP_PAUSE_MS and logs a warning): a random pause in [0, this] after the row
     // is written, after Stripe answers and after the ledger is updated, so the kills of a chaos run land in
@@ -137,7 +138,7 @@ class pipeline {
     net::awaitable<verdict> recover(run& r);
     net::awaitable<verdict> search(run& r);
     net::awaitable<verdict> search_failed(run& r, const error& e);
-    net::awaitable<verdict> settle_found_intent(run& r, const stripe::payment_intent& pi);
+    net::awaitable<verdict> settle_found(run& r, const recovery_found& f);
     net::awaitable<verdict> leave_processing(run& r, std::optional<std::string> charge_id,
                                              std::optional<std::string> payment_intent_id,
                                              std::string status);

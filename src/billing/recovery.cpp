@@ -1,5 +1,7 @@
-// The pipeline's recovery: a pending row found again (RECOVER), and the search of the customer's charges and
-// PaymentIntents for one carrying the row's base key.
+// The recovery search (recovery.hpp) and the pipeline's recovery: a pending row found again (RECOVER),
+// searched for and settled from what carries its key.
+#include "billing/recovery.hpp"
+
 #include <stdexcept>
 
 #include "billing/pipeline_run.hpp"
@@ -20,7 +22,86 @@ bool superseded_failure(const std::optional<sys_time>& first_attempt, std::int64
     return first_attempt && created < unix_seconds(*first_attempt) - 300;
 }
 
+// What a charge carrying the key makes of the row. A bank debit that failed while the answer to its create
+// call was lost failed after processing: the events recorded for it, or the poll, make the row
+// failed_after_processing with its letter, so it goes processing first.
+recovery_found found_charge(stripe::charge ch) {
+    recovery_found f;
+    f.charge_id = ch.id;
+    if (!ch.payment_intent.empty()) f.payment_intent_id = ch.payment_intent;
+    f.status = ch.status;
+    if (stripe::charge_in_flight(ch.status) ||
+        (ch.status == "failed" && stripe::bank_debit(ch.payment_method_type))) {
+        f.step = found_step::mark_processing;
+    } else if (ch.status == "failed") {
+        f.step = found_step::mark_declined;
+        f.decline = ch.failure_code;
+    } else {
+        f.step = found_step::mark_charged;
+    }
+    f.charge = std::move(ch);
+    return f;
+}
+
+// What a PaymentIntent carrying the key makes of the row (step_for_found_intent; not_charged is none).
+recovery_found found_intent(stripe::payment_intent pi) {
+    recovery_found f;
+    if (!pi.latest_charge.empty()) f.charge_id = pi.latest_charge;
+    f.payment_intent_id = pi.id;
+    f.status = pi.status;
+    switch (step_for_found_intent(pi)) {
+        case found_intent_step::mark_charged:
+            f.step = found_step::mark_charged;
+            break;
+        case found_intent_step::mark_declined:
+            f.step = found_step::mark_declined;
+            f.decline = "payment intent " + pi.id + " is " + pi.status;
+            if (!pi.last_error_code.empty()) f.decline += ": " + pi.last_error_code;
+            break;
+        case found_intent_step::still_open:
+            f.step = found_step::still_open;
+            break;
+        case found_intent_step::mark_processing:
+            f.step = found_step::mark_processing;
+            break;
+        case found_intent_step::not_charged:
+            return recovery_found{};
+    }
+    f.intent = std::move(pi);
+    return f;
+}
+
 }  // namespace
+
+net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, recovery_query q,
+                                                     const logger& log, before_search_fn before) {
+    std::optional<std::int64_t> since;
+    if (q.first_attempt) since = unix_seconds(*q.first_attempt - q.slack);
+    if (before) co_await before();
+    auto found = co_await stripe.find_charge_by_billing_key(q.stripe_customer_id, q.key, since);
+    if (!found) co_return found.err();
+    if (*found && (**found).status == "failed" && superseded_failure(q.first_attempt, (**found).created)) {
+        log.info("a failed charge from before the replay carries the key: not this generation's answer",
+                 {{"charge_id", (**found).id}});
+        found->reset();
+    }
+    if (*found) co_return found_charge(std::move(**found));
+    if (!q.payment_intent) co_return recovery_found{};
+    if (before) co_await before();
+    auto pi = co_await stripe.find_payment_intent_by_billing_key(q.stripe_customer_id, q.key, since);
+    if (!pi) co_return pi.err();
+    if (*pi && step_for_found_intent(**pi) == found_intent_step::mark_declined &&
+        superseded_failure(q.first_attempt, (**pi).created)) {
+        log.info("a failed payment intent from before the replay carries the key: not this generation's",
+                 {{"payment_intent", (**pi).id}});
+        pi->reset();
+    }
+    if (*pi && step_for_found_intent(**pi) == found_intent_step::not_charged)
+        log.warn("the payment intent found was never confirmed: Stripe did not try the card",
+                 {{"payment_intent", (*pi)->id}});
+    if (*pi) co_return found_intent(std::move(**pi));
+    co_return recovery_found{};
+}
 
 // RECOVER: take the expired lease (by the database clock), then decide again on the row we now hold — it may
 // have moved since it was read (another worker's attempt, an indeterminate answer).
@@ -51,57 +132,13 @@ net::awaitable<verdict> pipeline::recover(run& r) {
     co_return co_await search(r);
 }
 
-// List the customer's charges — and, for a PaymentIntent event, its PaymentIntents — for one carrying our
-// base key: found → settle from it; none → new generation. Charges first: every confirmed intent that reached
-// the card made one (carrying the intent's metadata); an intent that stopped at requires_action made none and
-// is only found in the second list.
+// The recovery search (billing/recovery.hpp), then its step: found → settle from it; none → new generation.
 net::awaitable<verdict> pipeline::search(run& r) {
-    std::optional<std::int64_t> since;
-    if (r.first_attempt) since = unix_seconds(*r.first_attempt - cfg_.search_slack);
-    auto found = co_await stripe_.find_charge_by_billing_key(r.ev.stripe_customer_id, r.key, since);
+    recovery_query q{r.ev.stripe_customer_id, r.key, r.first_attempt, cfg_.search_slack,
+                     r.ev.uses_payment_intent()};
+    auto found = co_await search_by_key(stripe_, std::move(q), r.log);
     if (!found) co_return co_await search_failed(r, found.err());
-    if (*found && (**found).status == "failed" && superseded_failure(r.first_attempt, (**found).created)) {
-        r.log.info("a failed charge from before the replay carries the key: not this generation's answer",
-                   {{"charge_id", (**found).id}});
-        found->reset();
-    }
-    if (*found) {
-        const stripe::charge& ch = **found;
-        std::optional<std::string> intent;
-        if (!ch.payment_intent.empty()) intent = ch.payment_intent;
-        if (stripe::charge_in_flight(ch.status))
-            co_return co_await leave_processing(r, ch.id, intent, ch.status);
-        // A bank debit that failed while the answer to its create call was lost: it failed after processing
-        // (the events recorded for it, or the poll, make the row failed_after_processing with its letter).
-        if (ch.status == "failed" && stripe::bank_debit(ch.payment_method_type))
-            co_return co_await leave_processing(r, ch.id, intent, ch.status);
-        if (ch.status == "failed") {
-            auto m = co_await ledger_.mark_declined(r.key, ch.id,
-                                                    "declined (found by search): " + ch.failure_code, intent);
-            if (!m) co_return postgres_failed(r, m.err(), "mark declined");
-            co_return verdict::finish(verdict_reason::declined, "found declined charge " + ch.id);
-        }
-        auto m = co_await ledger_.mark_charged(r.key, ch.id, intent);
-        if (!m) co_return postgres_failed(r, m.err(), "mark charged");
-        if (!*m) r.log.warn("row already settled by another worker", {{"charge_id", ch.id}});
-        co_return verdict::finish(verdict_reason::charged, "found existing charge " + ch.id);
-    }
-    if (r.ev.uses_payment_intent()) {
-        auto pi = co_await stripe_.find_payment_intent_by_billing_key(r.ev.stripe_customer_id, r.key, since);
-        if (!pi) co_return co_await search_failed(r, pi.err());
-        if (*pi && step_for_found_intent(**pi) == found_intent_step::mark_declined &&
-            superseded_failure(r.first_attempt, (**pi).created)) {
-            r.log.info(
-                "a failed payment intent from before the replay carries the key: not this generation's",
-                {{"payment_intent", (**pi).id}});
-            pi->reset();
-        }
-        if (*pi && step_for_found_intent(**pi) != found_intent_step::not_charged)
-            co_return co_await settle_found_intent(r, **pi);
-        if (*pi)
-            r.log.warn("the payment intent found was never confirmed: Stripe did not try the card",
-                       {{"payment_intent", (*pi)->id}});
-    }
+    if (found->step != found_step::none) co_return co_await settle_found(r, *found);
     auto bumped = co_await ledger_.bump_generation(r.key, r.lease, r.generation, cfg_.new_key_quiet);
     if (!bumped) co_return postgres_failed(r, bumped.err(), "bump generation");
     if (!bumped->generation && bumped->wait.count() > 0) {
@@ -134,27 +171,32 @@ net::awaitable<verdict> pipeline::search_failed(run& r, const error& e) {
                                e.describe());
 }
 
-// A PaymentIntent carrying our key, found by the recovery search.
-net::awaitable<verdict> pipeline::settle_found_intent(run& r, const stripe::payment_intent& pi) {
-    std::optional<std::string> charge_id;
-    if (!pi.latest_charge.empty()) charge_id = pi.latest_charge;
-    switch (step_for_found_intent(pi)) {
-        case found_intent_step::mark_charged: {
-            auto m = co_await ledger_.mark_charged(r.key, pi.latest_charge, pi.id);
+// A charge or PaymentIntent carrying our key, found by the recovery search.
+net::awaitable<verdict> pipeline::settle_found(run& r, const recovery_found& f) {
+    switch (f.step) {
+        case found_step::mark_charged: {
+            auto m = co_await ledger_.mark_charged(r.key, f.charge_id.value_or(""), f.payment_intent_id);
             if (!m) co_return postgres_failed(r, m.err(), "mark charged");
-            if (!*m) r.log.warn("row already settled by another worker", {{"payment_intent", pi.id}});
-            co_return verdict::finish(verdict_reason::charged, "found existing payment intent " + pi.id);
+            if (f.intent) {
+                if (!*m)
+                    r.log.warn("row already settled by another worker", {{"payment_intent", f.intent->id}});
+                co_return verdict::finish(verdict_reason::charged,
+                                          "found existing payment intent " + f.intent->id);
+            }
+            if (!*m) r.log.warn("row already settled by another worker", {{"charge_id", f.charge->id}});
+            co_return verdict::finish(verdict_reason::charged, "found existing charge " + f.charge->id);
         }
-        case found_intent_step::mark_declined: {
-            std::string why = "payment intent " + pi.id + " is " + pi.status;
-            if (!pi.last_error_code.empty()) why += ": " + pi.last_error_code;
-            auto m =
-                co_await ledger_.mark_declined(r.key, charge_id, "declined (found by search): " + why, pi.id);
+        case found_step::mark_declined: {
+            auto m = co_await ledger_.mark_declined(
+                r.key, f.charge_id, "declined (found by search): " + f.decline, f.payment_intent_id);
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
-            co_return verdict::finish(verdict_reason::declined, "found " + why);
+            co_return verdict::finish(
+                verdict_reason::declined,
+                f.intent ? "found " + f.decline : "found declined charge " + f.charge->id);
         }
-        case found_intent_step::still_open: {
+        case found_step::still_open: {
             // Succeeding but no charge yet: the intent is ours and moving; look again later, never recharge.
+            const auto& pi = *f.intent;
             auto rel =
                 co_await ledger_.release_lease(r.key, r.lease, "payment intent " + pi.id + " still open");
             if (!rel) co_return postgres_failed(r, rel.err(), "release lease");
@@ -162,12 +204,12 @@ net::awaitable<verdict> pipeline::settle_found_intent(run& r, const stripe::paym
                 verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
                 "payment intent " + pi.id + " is " + pi.status + " without a charge yet");
         }
-        case found_intent_step::mark_processing:
-            co_return co_await leave_processing(r, charge_id, pi.id, pi.status);
-        case found_intent_step::not_charged:
-            break;  // search() goes on to a new generation instead
+        case found_step::mark_processing:
+            co_return co_await leave_processing(r, f.charge_id, f.payment_intent_id, f.status);
+        case found_step::none:
+            break;
     }
-    throw std::logic_error("unknown found_intent_step");
+    throw std::logic_error("settle_found: nothing found");
 }
 
 }  // namespace cg::billing

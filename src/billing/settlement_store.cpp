@@ -138,6 +138,25 @@ void fold_one(folded& acc, const payment_fact& f, settlement_change& c) {
         acc.last_status_fact = f;
 }
 
+// A connection with the transaction open and the row read by key into `acc` (before and after alike), or
+// nullopt when no row has the key (that transaction is then already committed).
+net::awaitable<result<std::optional<pg::pooled_connection>>> begin_on_row(
+    const std::shared_ptr<pg::pool>& pool, const std::string& key, folded& acc) {
+    auto conn = co_await pool->acquire(pg::acquire_mode::wait_for_server);
+    if (!conn) co_return conn.err();
+    auto& c = **conn;
+    if (auto b = co_await c.execute("BEGIN"); !b) co_return b.err();
+    auto found = co_await c.query(row_by_key_sql, key);
+    if (!found) co_return found.err();
+    if (found->empty()) {
+        if (auto e = co_await c.execute("COMMIT"); !e) co_return e.err();
+        co_return std::optional<pg::pooled_connection>();
+    }
+    acc.out.key = key;
+    acc.out.before = acc.out.after = decode_row(*found);
+    co_return std::optional<pg::pooled_connection>(std::move(*conn));
+}
+
 // Writes what the fold decided (row, status last seen, dead letter); inside the caller's transaction.
 net::awaitable<result<void>> write_fold(pg::connection& c, const folded& acc, bool polled) {
     const auto& n = acc.out.after;
@@ -214,19 +233,11 @@ net::awaitable<result<event_record_result>> settlement_store::record_event(strip
 }
 
 net::awaitable<result<std::optional<row_settlement>>> settlement_store::apply_recorded(std::string key) {
-    auto conn = co_await pool_->acquire(pg::acquire_mode::wait_for_server);
-    if (!conn) co_return conn.err();
-    auto& c = **conn;
-    if (auto b = co_await c.execute("BEGIN"); !b) co_return b.err();
-    auto found = co_await c.query(row_by_key_sql, key);
-    if (!found) co_return found.err();
-    if (found->empty()) {
-        if (auto e = co_await c.execute("COMMIT"); !e) co_return e.err();
-        co_return std::optional<row_settlement>();
-    }
     folded acc;
-    acc.out.key = key;
-    acc.out.before = acc.out.after = decode_row(*found);
+    auto conn = co_await begin_on_row(pool_, key, acc);
+    if (!conn) co_return conn.err();
+    if (!*conn) co_return std::optional<row_settlement>();
+    auto& c = ***conn;
     auto events =
         co_await c.query(events_for_row_sql, key, acc.out.before.payment_intent_id, acc.out.before.charge_id);
     if (!events) co_return events.err();
@@ -249,19 +260,11 @@ net::awaitable<result<std::optional<row_settlement>>> settlement_store::apply_re
 
 net::awaitable<result<std::optional<row_settlement>>> settlement_store::apply_retrieved(std::string key,
                                                                                         payment_fact f) {
-    auto conn = co_await pool_->acquire(pg::acquire_mode::wait_for_server);
-    if (!conn) co_return conn.err();
-    auto& c = **conn;
-    if (auto b = co_await c.execute("BEGIN"); !b) co_return b.err();
-    auto found = co_await c.query(row_by_key_sql, key);
-    if (!found) co_return found.err();
-    if (found->empty()) {
-        if (auto e = co_await c.execute("COMMIT"); !e) co_return e.err();
-        co_return std::optional<row_settlement>();
-    }
     folded acc;
-    acc.out.key = key;
-    acc.out.before = acc.out.after = decode_row(*found);
+    auto conn = co_await begin_on_row(pool_, key, acc);
+    if (!conn) co_return conn.err();
+    if (!*conn) co_return std::optional<row_settlement>();
+    auto& c = ***conn;
     settlement_change change;
     fold_one(acc, f, change);
     if (auto w = co_await write_fold(c, acc, true); !w) co_return w.err();

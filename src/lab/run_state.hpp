@@ -166,6 +166,9 @@ net::awaitable<nsq::disposition> unsafe_give_up(nsq::message&);
 net::awaitable<nsq::disposition> safe_handle(run_t* v, nsq::message& m);
 net::awaitable<nsq::disposition> safe_give_up(run_t* v, nsq::message& m);
 billing::pipeline_config pipeline_config_for(run_t* v);
+// The pipeline's timings in the lab (leases of seconds, requeues of a fraction of one) under the key
+// namespace `ns`: what every lab run that charges through the pipeline uses (safe_consumer.cpp).
+billing::pipeline_config lab_pipeline_config(std::string ns);
 // A new consumer for the run's brokers, with the variant's handlers (safe_consumer.cpp).
 void start_consumer(run_t* v, const logger& log);
 // Every delivery received has been answered (FIN, REQ or dropped with its connection).

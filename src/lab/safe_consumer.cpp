@@ -27,9 +27,9 @@ net::awaitable<nsq::disposition> safe_give_up(run_t* v, nsq::message& m) {
     co_return billing::to_disposition(co_await pipeline_verdict(v, m, true));
 }
 
-billing::pipeline_config pipeline_config_for(run_t* v) {
+billing::pipeline_config lab_pipeline_config(std::string ns) {
     billing::pipeline_config c;
-    c.key_namespace = key_namespace;
+    c.key_namespace = std::move(ns);
     c.lease = 2s;
     c.lease_renew_interval = 500ms;
     c.lease_held_delay = 500ms;
@@ -38,6 +38,11 @@ billing::pipeline_config pipeline_config_for(run_t* v) {
     c.stripe_unavailable_delay = 500ms;
     c.new_key_quiet = 1s;  // two renewal intervals
     c.postgres_backoff = {100ms, 1s};
+    return c;
+}
+
+billing::pipeline_config pipeline_config_for(run_t* v) {
+    auto c = lab_pipeline_config(key_namespace);
     // The world's clock: moved with fake-stripe's when a scenario lets a day pass.
     c.now = [v] { return std::chrono::system_clock::now() + v->clock_offset; };
     return c;

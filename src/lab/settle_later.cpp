@@ -32,6 +32,7 @@
 #include "billing/pipeline.hpp"
 #include "http/server.hpp"
 #include "lab/lab.hpp"
+#include "lab/run_state.hpp"
 #include "metrics/registry.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
@@ -153,17 +154,7 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
     std::set<std::string> keys;
     std::unique_ptr<billing::pipeline> pipeline;
     if (safe) {
-        billing::pipeline_config c;
-        c.key_namespace = ns;
-        c.lease = 2s;
-        c.lease_renew_interval = 500ms;
-        c.lease_held_delay = 500ms;
-        c.retry_same_key_delay = 300ms;
-        c.indeterminate_delay = 300ms;
-        c.stripe_unavailable_delay = 500ms;
-        c.new_key_quiet = 1s;
-        c.postgres_backoff = {100ms, 1s};
-        pipeline = std::make_unique<billing::pipeline>(c, *L.ledger_, *L.stripe_, log);
+        pipeline = std::make_unique<billing::pipeline>(lab_pipeline_config(ns), *L.ledger_, *L.stripe_, log);
     }
     int running = 0;  // handlers not yet returned: the run ends only once none refers to it
     struct running_guard {

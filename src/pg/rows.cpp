@@ -27,6 +27,13 @@ std::string_view rows::column_name(int col) const {
     return n;
 }
 
+int rows::column(std::string_view name) const {
+    std::string n(name);
+    int c = res_ ? PQfnumber(res_.get(), n.c_str()) : -1;
+    if (c < 0) throw column_error("no column \"" + n + "\" in the result");
+    return c;
+}
+
 std::int64_t rows::affected() const noexcept {
     if (!res_) return 0;
     return parse_int64(PQcmdTuples(res_.get())).value_or(0);

@@ -38,6 +38,10 @@ class rows {
     bool empty() const noexcept { return size() == 0; }
     int columns() const noexcept;
     std::string_view column_name(int col) const;
+    // The position of the column named `name` (PQfnumber: case-folded unless double-quoted); throws
+    // column_error when the result has none, so a reader that selects extra columns names them rather than
+    // counting.
+    int column(std::string_view name) const;
     // Rows inserted/updated/deleted (or returned by SELECT), from the command tag; 0 when not applicable.
     std::int64_t affected() const noexcept;
     // The command tag, e.g. "INSERT 0 1".

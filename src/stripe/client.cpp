@@ -298,16 +298,32 @@ std::string intent_form(const payment_intent_request& req) {
                        req.metadata);
 }
 
-// A read. A 2xx whose body is not the object counts as `indeterminate` in the metrics, as for creates.
+// A read. A 2xx whose body is not the object counts as `indeterminate` in the metrics, as for creates. With
+// `absent_on_404`, Stripe's 404 is "no such object" (nullopt) instead of an error.
 template <typename T, typename Parse>
-net::awaitable<result<T>> run_get(state_ptr st, operation op, std::string target, Parse parse) {
+net::awaitable<result<std::optional<T>>> run_read(state_ptr st, operation op, std::string target, Parse parse,
+                                                  bool absent_on_404) {
     auto start = begin_call(*st);
     auto r = co_await run_call(st, op, "GET", std::move(target), {}, {});
-    result<T> out = r.cls == outcome_class::succeeded
-                        ? parse(r.http.resp.body)
-                        : result<T>(error(errc_for(r.cls), std::move(r.message)));
+    result<std::optional<T>> out = std::optional<T>();
+    if (r.cls == outcome_class::succeeded) {
+        auto parsed = parse(r.http.resp.body);
+        if (parsed)
+            out = std::optional<T>(std::move(*parsed));
+        else
+            out = parsed.err();
+    } else if (!(absent_on_404 && r.http.ok() && r.http.resp.status == 404)) {
+        out = error(errc_for(r.cls), std::move(r.message));
+    }
     end_call(*st, op, out ? r.cls : outcome_class::indeterminate, start);
     co_return out;
+}
+
+template <typename T, typename Parse>
+net::awaitable<result<T>> run_get(state_ptr st, operation op, std::string target, Parse parse) {
+    auto r = co_await run_read<T>(std::move(st), op, std::move(target), parse, false);
+    if (!r) co_return r.err();
+    co_return std::move(**r);
 }
 
 std::string list_target(std::string_view path, const list_request& req) {
@@ -404,6 +420,12 @@ net::awaitable<charge_outcome> client::create_payment_intent(payment_intent_requ
 net::awaitable<result<charge>> client::retrieve_charge(std::string id) {
     co_return co_await on_strand(st_, run_get<charge>(st_, operation::retrieve_charge,
                                                       "/v1/charges/" + http::url_encode(id), parse_charge));
+}
+
+net::awaitable<result<std::optional<charge>>> client::retrieve_charge_if_any(std::string id) {
+    co_return co_await on_strand(
+        st_, run_read<charge>(st_, operation::retrieve_charge, "/v1/charges/" + http::url_encode(id),
+                              parse_charge, true));
 }
 
 net::awaitable<result<payment_intent>> client::retrieve_payment_intent(std::string id) {

@@ -62,6 +62,9 @@ class client {
     // GET /v1/charges/{id}, GET /v1/payment_intents/{id}. Errors carry stripe::errc.
     net::awaitable<result<charge>> retrieve_charge(std::string id);
     net::awaitable<result<payment_intent>> retrieve_payment_intent(std::string id);
+    // GET /v1/charges/{id}, with Stripe's 404 read as "no such charge" (nullopt) rather than an error: for a
+    // reader that reports a charge id as absent (reconcile). Other errors as retrieve_charge's.
+    net::awaitable<result<std::optional<charge>>> retrieve_charge_if_any(std::string id);
     // GET /v1/charges?customer=…&created[gte]=…&limit=…&starting_after=… (one page, newest first; without a
     // customer, the account's charges).
     net::awaitable<result<charge_page>> list_charges(list_charges_request req);

@@ -12,33 +12,17 @@ Real processes: the built chargeguard, NSQD_BIN (or fake-nsqd), fake-stripe, Pos
 
 Usage: footprint [--only consume|proxy] [--idle SECONDS] [--starts N] [--build DIR]
 """
-import argparse, asyncio, importlib.machinery, importlib.util, json, os, signal, socket, statistics, subprocess
+import argparse, asyncio, json, os, signal, socket, statistics, subprocess
 import sys, time, urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def load_harness():
-    for name in ("pipeline.py", "pipeline"):
-        path = os.path.join(HERE, "..", "pipeline", name)
-        if os.path.exists(path):
-            loader = importlib.machinery.SourceFileLoader("cg_pipeline_bench", path)
-            spec = importlib.util.spec_from_loader(loader.name, loader)
-            mod = importlib.util.module_from_spec(spec)
-            loader.exec_module(mod)
-            return mod
-    raise RuntimeError("tests/bench/pipeline/pipeline.py not found")
-
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+from harness import load, load_harness  # noqa: E402 (the path above first)
 
 H = load_harness()
 CONSUME_ARGS = []  # --consume-arg
 MAX_IN_FLIGHT = [2500]
 MIB = 1024 * 1024
-
-
-def load():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def ready(port):

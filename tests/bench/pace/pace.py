@@ -20,31 +20,17 @@ fake-stripe, PostgreSQL from PG*.
 Usage: pace [--sidecars N]… [--events N] [--only steady|change] [--low R] [--phase S] [--repeat N] [--max-in-flight N]
             [--build DIR] [--consume-arg=--flag=value]…
 """
-import argparse, importlib.machinery, importlib.util, os, sys, threading, time
+import argparse, os, sys, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIMIT = 25.0
 MAX_IN_FLIGHT = 200
 
 
-def load_harness():
-    for name in ("pipeline.py", "pipeline"):
-        path = os.path.join(HERE, "..", "pipeline", name)
-        if os.path.exists(path):
-            loader = importlib.machinery.SourceFileLoader("cg_pipeline_bench", path)
-            spec = importlib.util.spec_from_loader(loader.name, loader)
-            mod = importlib.util.module_from_spec(spec)
-            loader.exec_module(mod)
-            return mod
-    raise RuntimeError("tests/bench/pipeline/pipeline.py not found")
-
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+from harness import load, load_harness  # noqa: E402 (the path above first)
 
 H = load_harness()
-
-
-def load():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 class sampler(threading.Thread):

@@ -9,29 +9,13 @@ latency at each (goal at 100/s: added p99 < 2 ms, added p99.9 < 5 ms), and the p
 
 Usage: proxy_poisson [--rate R]… [--latency MS]… [--seconds S] [--seed N] [--build DIR]
 """
-import argparse, asyncio, importlib.machinery, importlib.util, os, random, signal, ssl, subprocess, sys, time
+import argparse, asyncio, os, random, signal, ssl, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def load_harness():
-    for name in ("pipeline.py", "pipeline"):
-        path = os.path.join(HERE, "..", "pipeline", name)
-        if os.path.exists(path):
-            loader = importlib.machinery.SourceFileLoader("cg_pipeline_bench", path)
-            spec = importlib.util.spec_from_loader(loader.name, loader)
-            mod = importlib.util.module_from_spec(spec)
-            loader.exec_module(mod)
-            return mod
-    raise RuntimeError("tests/bench/pipeline/pipeline.py not found")
-
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+from harness import load, load_harness  # noqa: E402 (the path above first)
 
 H = load_harness()
-
-
-def load():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 async def read_response(r):

@@ -12,29 +12,13 @@ otherwise; the bound printed is --msg-timeout + --lease + 5 s. Real processes: t
 Usage: recovery [--kills N] [--rate R] [--stripe-ms MS] [--msg-timeout S] [--lease S] [--seed N] [--build DIR]
                 [--consume-arg=--flag=value]…
 """
-import argparse, importlib.machinery, importlib.util, os, random, signal, sys, threading, time
+import argparse, os, random, signal, sys, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def load_harness():
-    for name in ("pipeline.py", "pipeline"):
-        path = os.path.join(HERE, "..", "pipeline", name)
-        if os.path.exists(path):
-            loader = importlib.machinery.SourceFileLoader("cg_pipeline_bench", path)
-            spec = importlib.util.spec_from_loader(loader.name, loader)
-            mod = importlib.util.module_from_spec(spec)
-            loader.exec_module(mod)
-            return mod
-    raise RuntimeError("tests/bench/pipeline/pipeline.py not found")
-
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+from harness import load, load_harness  # noqa: E402 (the path above first)
 
 H = load_harness()
-
-
-def load():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 class publisher(threading.Thread):

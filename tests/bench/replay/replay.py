@@ -20,30 +20,13 @@ CPU (perf record -e cpu-clock -g) during the one-sidecar replay.
 Usage: replay [--events N] [--repeat R] [--max-in-flight N] [--pgbench-clients N] [--perf-record FILE] [--build DIR]
               [--consume-arg=--flag=value]…
 """
-import argparse, importlib.machinery, importlib.util, os, signal, subprocess, sys, tempfile, time, urllib.request
+import argparse, os, signal, subprocess, sys, tempfile, time, urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def load_harness():
-    """pipeline.py (source tree) or its copy `pipeline` (build tree): the stack, psql and /proc helpers."""
-    for name in ("pipeline.py", "pipeline"):
-        path = os.path.join(HERE, "..", "pipeline", name)
-        if os.path.exists(path):
-            loader = importlib.machinery.SourceFileLoader("cg_pipeline_bench", path)
-            spec = importlib.util.spec_from_loader(loader.name, loader)
-            mod = importlib.util.module_from_spec(spec)
-            loader.exec_module(mod)
-            return mod
-    raise RuntimeError("tests/bench/pipeline/pipeline.py not found")
-
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+from harness import load, load_harness  # noqa: E402 (the path above first)
 
 H = load_harness()
-
-
-def load():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def outcome(ports, reason):
