@@ -87,7 +87,8 @@ void add_charged(const stripe::charge& ch, const charge_owner& o, missing_rows& 
 const std::string backfill_in_flight_sql =
     "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
     "stripe_customer_id, status, charge_id, payment_intent_id, description, payment_method, off_session, "
-    "key_namespace, recovered_at, stripe_attempts, first_stripe_attempt_at, key_generation, processing_since, "
+    "key_namespace, recovered_at, stripe_attempts, first_stripe_attempt_at, key_generation, "
+    "processing_since, "
     "stripe_status, stripe_status_at, nsq_topic, nsq_channel, raw_body, last_error) "
     "SELECT v.key, v.customer_id, v.billing_period, v.amount_cents, v.currency, v.stripe_customer_id, "
     "'processing', v.charge_id, nullif(v.payment_intent_id, ''), nullif(v.description, ''), "
@@ -239,8 +240,8 @@ net::awaitable<result<std::size_t>> insert_in_flight(
         if (!recorded) co_return recorded.err();
         bool failed_now = (settled && settled->failed_now) || (*recorded && (*recorded)->failed_now);
         const auto now = *recorded ? (*recorded)->after.status
-                         : settled  ? settled->after.status
-                                    : record_status::processing;
+                         : settled ? settled->after.status
+                                   : record_status::processing;
         if (now == record_status::processing) ++rep.processing;
         if (failed_now) {
             ++rep.failed;

@@ -56,12 +56,12 @@ struct backfill_config {
 };
 
 struct backfill_report {
-    std::size_t listed = 0;    // charges in the window
-    std::size_t ours = 0;      // succeeded or bank debits, with metadata making them this namespace's
-    std::size_t inserted = 0;  // rows the ledger lacked, now recovered
+    std::size_t listed = 0;      // charges in the window
+    std::size_t ours = 0;        // succeeded or bank debits, with metadata making them this namespace's
+    std::size_t inserted = 0;    // rows the ledger lacked, now recovered
     std::size_t processing = 0;  // of those, bank debits recovered still processing
     std::size_t failed = 0;      // of those, bank debits recovered failed after processing (dead-lettered)
-    bool truncated = false;    // max_pages reached before the window's end
+    bool truncated = false;      // max_pages reached before the window's end
 };
 
 class backfill {

@@ -56,7 +56,7 @@ struct payment_fact {
     std::string billing_key;        // metadata[billing_key] of a PaymentIntent or charge
     std::string status;             // the object's status (PaymentIntent, charge or dispute)
     std::int64_t amount_refunded = 0;
-    std::string refund_id;          // re_… (refund_update): the refund the event is about
+    std::string refund_id;           // re_… (refund_update): the refund the event is about
     std::int64_t refund_amount = 0;  // its amount (its status is `status`)
     std::int64_t dispute_amount = 0;
     std::string failure;       // last_payment_error.code, failure_code or cancellation_reason

@@ -79,7 +79,8 @@ const std::string refund_update_sql =
     "ON CONFLICT (id) DO UPDATE SET "
     "charge_id = coalesce(stripe_refunds.charge_id, EXCLUDED.charge_id), "
     "payment_intent_id = coalesce(stripe_refunds.payment_intent_id, EXCLUDED.payment_intent_id), "
-    "status = CASE WHEN cg_refund_status_rank(EXCLUDED.status) > cg_refund_status_rank(stripe_refunds.status) "
+    "status = CASE WHEN cg_refund_status_rank(EXCLUDED.status) > "
+    "cg_refund_status_rank(stripe_refunds.status) "
     "THEN EXCLUDED.status ELSE stripe_refunds.status END, "
     "status_at = greatest(stripe_refunds.status_at, EXCLUDED.status_at)";
 const std::string refunded_total_sql = "SELECT cg_refunded_cents($1::text, $2::text)";
@@ -195,7 +196,8 @@ net::awaitable<result<void>> record_refund(pg::connection& c, const payment_fact
 // once, a failed or canceled one given back), whatever the folded events said; inside the transaction.
 net::awaitable<result<void>> settle_refunds(pg::connection& c, folded& acc) {
     auto& n = acc.out.after;
-    if (n.status != record_status::charged || (!n.charge_id && !n.payment_intent_id)) co_return result<void>();
+    if (n.status != record_status::charged || (!n.charge_id && !n.payment_intent_id))
+        co_return result<void>();
     auto r = co_await c.query(refunded_total_sql, n.charge_id, n.payment_intent_id);
     if (!r) co_return r.err();
     n.refunded_cents = std::clamp<std::int64_t>(r->get<std::int64_t>(0, 0), 0, n.amount_cents);

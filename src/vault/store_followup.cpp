@@ -36,9 +36,11 @@ const std::string in_flight_still_sql =
 // after the fact); a fall (a refund that failed or was canceled gives its amount back) takes the fall out
 // of the reopened room (as if the refund given back had reopened room: the cap never keeps room that no
 // standing refund reopened).
-#define CG_REOPENED(NEW)                                                                       \
-    "CASE WHEN " NEW " >= s.refunded_cents THEN least(" NEW ", s.reopened_cents + CASE WHEN " \
-    "k.refunds_reopen_cap THEN " NEW " - s.refunded_cents ELSE 0 END) "                        \
+#define CG_REOPENED(NEW)                                    \
+    "CASE WHEN " NEW " >= s.refunded_cents THEN least(" NEW \
+    ", s.reopened_cents + CASE WHEN "                       \
+    "k.refunds_reopen_cap THEN " NEW                        \
+    " - s.refunded_cents ELSE 0 END) "                      \
     "ELSE greatest(0, s.reopened_cents - (s.refunded_cents - " NEW ")) END"
 
 #define CG_DIRECT_REFUNDED "greatest(s.refunded_cents, least($3::bigint, s.amount_cents))"

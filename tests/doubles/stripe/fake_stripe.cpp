@@ -886,7 +886,8 @@ bool fake_stripe::end_refund(const std::string& refund_id, const std::string& st
         if (r.status == "failed" || r.status == "canceled") return false;
         r.status = status;
         // The amount goes back to the charge, as at Stripe: its amount_refunded drops.
-        if (auto* c = find_charge(r.charge)) c->amount_refunded = std::max<std::int64_t>(0, c->amount_refunded - r.amount);
+        if (auto* c = find_charge(r.charge))
+            c->amount_refunded = std::max<std::int64_t>(0, c->amount_refunded - r.amount);
         const std::string group = r.payment_intent.empty() ? r.charge : r.payment_intent;
         const auto body = refund_json(r);
         emit("refund.updated", body, r.id, group);

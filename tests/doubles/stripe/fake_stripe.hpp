@@ -15,9 +15,9 @@
 // `_dispute` succeeds, then its charge is disputed). Refunds: POST /v1/refunds (charge or payment_intent,
 // partial or full, idempotent like every POST; amount_too_large, charge_already_refunded, charge_disputed,
 // charge_not_refundable as Stripe answers them; charge.refunded and refund.created on creation; end_refund
-// fails or cancels one: refund.updated, refund.failed, charge.refund.updated). Disputes: opened and closed through /_admin/disputes.
-// Every state change makes a Stripe event (GET /v1/events) that the webhook sender (webhooks.hpp)
-// delivers, signed, to the configured endpoint.
+// fails or cancels one: refund.updated, refund.failed, charge.refund.updated). Disputes: opened and closed
+// through /_admin/disputes. Every state change makes a Stripe event (GET /v1/events) that the webhook sender
+// (webhooks.hpp) delivers, signed, to the configured endpoint.
 //
 // Everything runs on the executor given to the constructor; the accessors below must be called there
 // too (tests run the fake on their own io_context thread and read state between co_awaits).

@@ -337,13 +337,17 @@ BOOST_AUTO_TEST_CASE(refund_events_reach_the_vault_once_by_refund_id_and_failure
         });
     };
     sql("INSERT INTO vault_keys (id, name, secret_hash, billing_period, cap_cents, currency, "
-        "allowed_endpoints, refunds_reopen_cap) VALUES ('vk_re', 'vk_re', sha256(convert_to('vk_re', 'UTF8')), "
+        "allowed_endpoints, refunds_reopen_cap) VALUES ('vk_re', 'vk_re', sha256(convert_to('vk_re', "
+        "'UTF8')), "
         "'2026-12', 5000, 'usd', '{payment_intents.create}', true)");
     sql("INSERT INTO vault_spend (vault_key_id, idempotency_key, amount_cents, state, stripe_object_id) "
         "VALUES ('vk_re', 'idem-re', 1000, 'settled', 'pi_vre')");
-    auto committed = [&] { return std::stoll(sql("SELECT committed_cents FROM vault_keys WHERE id = 'vk_re'")); };
+    auto committed = [&] {
+        return std::stoll(sql("SELECT committed_cents FROM vault_keys WHERE id = 'vk_re'"));
+    };
     auto spend = [&] {
-        return sql("SELECT refunded_cents || '/' || reopened_cents FROM vault_spend WHERE vault_key_id = 'vk_re'");
+        return sql(
+            "SELECT refunded_cents || '/' || reopened_cents FROM vault_spend WHERE vault_key_id = 'vk_re'");
     };
     auto exact = [&] {
         return std::stoll(sql("SELECT sum(amount_cents - reopened_cents) FROM vault_spend WHERE state = "

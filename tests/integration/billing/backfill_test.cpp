@@ -9,8 +9,8 @@
 
 #include "billing/outcome.hpp"
 #include "billing/settlement_poller.hpp"
-#include "metrics/registry.hpp"
 #include "fixture.hpp"
+#include "metrics/registry.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;
@@ -54,7 +54,8 @@ std::string lose_a_processing_row(fixture& f, billing::pipeline& p, const std::s
     auto v = f.handle(p, delivery_of(bank_event_json(customer), message_id));
     BOOST_TEST_REQUIRE(reason(v) == "processing", v.detail);
     auto key = key_of(customer, "2026-11");
-    BOOST_TEST_REQUIRE(f.run(f.query("DELETE FROM billing_records WHERE key = $1", pg::params(key))).has_value());
+    BOOST_TEST_REQUIRE(
+        f.run(f.query("DELETE FROM billing_records WHERE key = $1", pg::params(key))).has_value());
     BOOST_TEST_REQUIRE(!f.row(key).has_value());
     return key;
 }

@@ -334,7 +334,8 @@ std::string refund_event(settle_fixture& f, const std::string& type, const async
                       R"(,"charge":")" + pi.latest_charge + R"(","payment_intent":")" + pi.id +
                       R"(","currency":"usd","status":")" + status + R"(","metadata":{}})";
     return R"({"id":"evt_r)" + std::to_string(++f.event_seq) + R"(","object":"event","type":")" + type +
-           R"(","created":)" + std::to_string(created) + R"(,"livemode":false,"data":{"object":)" + obj + "}}";
+           R"(","created":)" + std::to_string(created) + R"(,"livemode":false,"data":{"object":)" + obj +
+           "}}";
 }
 
 std::int64_t refunded_of(settle_fixture& f, const std::string& key) {

@@ -425,7 +425,7 @@ BOOST_AUTO_TEST_CASE(a_refund_that_fails_or_is_canceled_gives_the_amount_back) {
         re2 = field(r2.http.resp.body, "id");
         BOOST_TEST(f.fake->end_refund(re1, "failed"));
         BOOST_TEST(f.fake->end_refund(re2, "canceled"));
-        BOOST_TEST(!f.fake->end_refund(re1, "canceled"));  // already ended
+        BOOST_TEST(!f.fake->end_refund(re1, "canceled"));   // already ended
         BOOST_TEST(!f.fake->end_refund(re2, "succeeded"));  // not an end
         BOOST_TEST_REQUIRE(co_await f.settled());
         auto charge = co_await c->retrieve_charge(ch);
@@ -433,9 +433,9 @@ BOOST_AUTO_TEST_CASE(a_refund_that_fails_or_is_canceled_gives_the_amount_back) {
     });
     BOOST_TEST(f.fake->charges()[0].amount_refunded == 0);
     auto t = f.hook.types();
-    std::vector<std::string> want = {"refund.created",        "refund.created", "refund.updated",
-                                     "refund.failed",         "charge.refund.updated",
-                                     "refund.updated",        "charge.refund.updated"};
+    std::vector<std::string> want = {"refund.created",       "refund.created",        "refund.updated",
+                                     "refund.failed",        "charge.refund.updated", "refund.updated",
+                                     "charge.refund.updated"};
     BOOST_TEST(t == want, boost::test_tools::per_element());
     BOOST_TEST_REQUIRE(f.hook.hits.size() == want.size());
     for (std::size_t i = 2; i < 5; ++i) {

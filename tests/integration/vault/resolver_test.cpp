@@ -253,9 +253,10 @@ BOOST_AUTO_TEST_CASE(a_refund_reopens_cap_room_only_under_the_keys_policy) {
         return f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'");
     };
     auto exact = [&] {
-        return f.count("SELECT coalesce(sum(amount_cents - reopened_cents), 0) FROM vault_spend WHERE "
-                       "vault_key_id = '" +
-                       k.id + "' AND state IN ('reserved', 'settled', 'uncertain')") == committed();
+        return f.count(
+                   "SELECT coalesce(sum(amount_cents - reopened_cents), 0) FROM vault_spend WHERE "
+                   "vault_key_id = '" +
+                   k.id + "' AND state IN ('reserved', 'settled', 'uncertain')") == committed();
     };
     auto policy = [&](bool reopen) {
         auto pol = f.run(f.store->set_refunds_reopen_cap(k.id, reopen));
@@ -316,9 +317,9 @@ BOOST_AUTO_TEST_CASE(a_bank_debit_through_the_proxy_is_held_while_processing_the
     }(f.fake.get()));
     auto k = f.issue(5000);
     auto debit = [&](const std::string& idem, std::int64_t amount) {
-        auto r = f.send(f.post(k.secret, "/v1/payment_intents",
-                               f.charge_body(amount) + "&payment_method=pm_usBankAccount_processing&confirm=true",
-                               idem));
+        auto r = f.send(
+            f.post(k.secret, "/v1/payment_intents",
+                   f.charge_body(amount) + "&payment_method=pm_usBankAccount_processing&confirm=true", idem));
         BOOST_TEST_REQUIRE(r.status == 200, idem << ": " << r.body);
         BOOST_TEST(r.body.find("\"processing\"") != std::string::npos, r.body);
     };
@@ -326,10 +327,11 @@ BOOST_AUTO_TEST_CASE(a_bank_debit_through_the_proxy_is_held_while_processing_the
         return f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'");
     };
     auto exact = [&] {
-        return f.count("SELECT count(*) FROM vault_keys k WHERE id = '" + k.id +
-                       "' AND committed_cents = (SELECT coalesce(sum(amount_cents - reopened_cents), 0) "
-                       "FROM vault_spend s WHERE s.vault_key_id = k.id AND s.state IN ('reserved', 'settled', "
-                       "'uncertain'))") == 1;
+        return f.count(
+                   "SELECT count(*) FROM vault_keys k WHERE id = '" + k.id +
+                   "' AND committed_cents = (SELECT coalesce(sum(amount_cents - reopened_cents), 0) "
+                   "FROM vault_spend s WHERE s.vault_key_id = k.id AND s.state IN ('reserved', 'settled', "
+                   "'uncertain'))") == 1;
     };
     auto in_flight = [&](const std::string& idem) {
         return f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = '" + idem +
@@ -369,9 +371,10 @@ BOOST_AUTO_TEST_CASE(a_bank_debit_through_the_proxy_is_held_while_processing_the
     BOOST_TEST_REQUIRE(settle(intents[1].id, "failed", "insufficient_funds"));
     f.scalar("UPDATE vault_spend SET in_flight_checked_at = now() - interval '1 hour' RETURNING 1");
     BOOST_TEST(f.run(f.proxy->resolve_once()) == 2u);
-    BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'ach-ok' AND state = 'settled' "
-                       "AND settled_status IS NULL AND stripe_object_id = '" +
-                       intents[0].id + "'") == 1);
+    BOOST_TEST(
+        f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'ach-ok' AND state = 'settled' "
+                "AND settled_status IS NULL AND stripe_object_id = '" +
+                intents[0].id + "'") == 1);
     BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'ach-fail' AND state = "
                        "'released' AND last_error LIKE '%insufficient_funds%'") == 1);
     BOOST_TEST(committed() == 2000);
