@@ -103,6 +103,8 @@ void start_ledger_healing(runtime& rt, billing::pipeline& p, std::shared_ptr<pg:
         bc.key_namespace = p.config().key_namespace;
         bc.window = std::chrono::duration_cast<std::chrono::seconds>(window);
         bc.interval = backfill_every;
+        bc.topic = ncfg.topic;
+        bc.channel = ncfg.channel;
         auto b = std::make_shared<billing::backfill>(bc, pool, stripe, rt.log(), &rt.metrics());
         b->start(rt.io().get_executor());
         rt.on_shutdown([b]() { return b->stop(); });

@@ -59,8 +59,8 @@ webhook_receiver::webhook_receiver(webhook_receiver_config cfg, std::shared_ptr<
                       "failed, success after a recorded failure)")
               .Add({})),
       vault_refunds_(reg.counter("chargeguard_webhook_vault_refunds_total",
-                                 "Vault reservations a charge.refunded event was applied to (deliveries "
-                                 "and their duplicates)")
+                                 "Vault reservations a refund event (charge.refunded, refund.*, "
+                                 "charge.refund.updated) was applied to (deliveries and their duplicates)")
                          .Add({})) {
     for (const char* r : {"applied", "no_change", "deferred", "other_payment", "unknown_type",
                           "unknown_object", "unreadable"})
@@ -145,9 +145,9 @@ asio::awaitable<http::response> webhook_receiver::record(const http::request& re
 
 asio::awaitable<bool> webhook_receiver::refund_vault(const stripe::webhook_event& ev,
                                                      const billing::payment_fact& f) {
-    if (f.kind != billing::fact_kind::refunded || f.amount_refunded <= 0) co_return true;
+    if (f.kind != billing::fact_kind::refunded && f.kind != billing::fact_kind::refund_update) co_return true;
     if (f.charge_id.empty() && f.payment_intent_id.empty()) co_return true;
-    auto r = co_await vault_.apply_refund_by_object(f.charge_id, f.payment_intent_id, f.amount_refunded);
+    auto r = co_await vault_.apply_refund_by_object(f.charge_id, f.payment_intent_id);
     if (!r) {
         log_.error("webhook refund not applied to the vault",
                    {{"event", ev.id}, {"charge", f.charge_id}, {"error", r.err().describe()}});
@@ -158,7 +158,7 @@ asio::awaitable<bool> webhook_receiver::refund_vault(const stripe::webhook_event
         log_.info("vault reservation refunded", {{"event", ev.id},
                                                  {"vault_key", a.key_id},
                                                  {"idempotency_key", a.idempotency_key},
-                                                 {"refunded_cents", f.amount_refunded},
+                                                 {"refunded_cents", a.refunded_cents},
                                                  {"reopened_cents", a.reopened_cents}});
     }
     co_return true;

@@ -13,13 +13,14 @@
 // deferred, other_payment, unknown_type, unknown_object, unreadable),
 // chargeguard_billing_failed_after_processing_total and chargeguard_billing_settlement_anomalies_total.
 //
-// A charge.refunded event also reaches the vault: the reservation that settled the charge or its
-// PaymentIntent records the cumulative refund (vault::store::apply_refund_by_object; the cap room comes back
-// only under the key's refunds_reopen_cap). That write follows the event's commit and precedes the 2xx, on
-// the first delivery and on every duplicate: it is idempotent (cumulative, never below what it was), so a
-// crash or error between the two leaves the event recorded and unacknowledged (500), and Stripe's
-// redelivery, a duplicate, applies it then. chargeguard_webhook_vault_refunds_total counts the
-// reservations it touched.
+// A refund event (charge.refunded, refund.created, refund.updated, refund.failed, charge.refund.updated)
+// also reaches the vault: the reservation that settled the charge or its PaymentIntent takes the payment's
+// refunded amount as recorded — each refund once by its id, a failed or canceled one given back
+// (vault::store::apply_refund_by_object; the cap room comes back only under the key's refunds_reopen_cap).
+// That write follows the event's commit and precedes the 2xx, on the first delivery and on every duplicate:
+// it is idempotent (cumulative, never below what it was), so a crash or error between the two leaves the
+// event recorded and unacknowledged (500), and Stripe's redelivery, a duplicate, applies it then.
+// chargeguard_webhook_vault_refunds_total counts the reservations it touched.
 #pragma once
 
 #include <chrono>

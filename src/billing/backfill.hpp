@@ -8,8 +8,20 @@
 //
 // It cannot race the pipeline into a second charge: the insert is ON CONFLICT DO NOTHING on the key and
 // on (customer_id, billing_period), so a row a delivery wrote first wins, and a delivery that comes after
-// finds the row charged (a prevented duplicate). Failed charges are not backfilled: a lost declined row
-// leaves no money moved, and a redelivery or reconcile decides it again.
+// finds the row charged (a prevented duplicate). Declined card charges are not backfilled: a lost declined
+// row leaves no money moved, and a redelivery or reconcile decides it again.
+//
+// A bank debit settles later, so a lost row may be one whose payment is still in flight or already failed.
+// A key of this namespace without a succeeded charge in the window comes back from its newest bank-debit
+// charge (payment_method_details.type a delayed-notification method): `pending` → a `processing` row, as
+// the pipeline leaves one (the poll and the webhooks follow it to its end); `failed` → the same row, then
+// failed by the settlement step (settlement_store::apply_retrieved): `failed_after_processing` with its
+// dead letter, an alert and chargeguard_billing_failed_after_processing_total, whose replay charges again.
+// The row's delivery for that letter is rebuilt: the event as its producer would publish it (to_json), to
+// `topic` and `channel`; its key generation is one more than the key's failed bank debits listed before
+// that charge, so the replay's new generation is one Stripe has not seen. Webhook events recorded while the
+// row was missing (naming no row) are applied to it then (settlement_store::apply_recorded). Without a
+// topic and channel only succeeded charges are backfilled.
 #pragma once
 
 #include <asio/any_io_executor.hpp>
@@ -39,13 +51,17 @@ struct backfill_config {
     std::chrono::milliseconds first_delay{5'000};
     unsigned page_size = 100;
     std::size_t max_pages = 1000;  // per run: a bound on Stripe calls
+    // The consumer's topic and channel: a recovered bank debit's dead letter re-publishes its event there.
+    std::string topic, channel;
 };
 
 struct backfill_report {
-    std::size_t listed = 0;    // charges in the window
-    std::size_t ours = 0;      // succeeded, with metadata making them this namespace's
-    std::size_t inserted = 0;  // rows the ledger lacked, now recovered
-    bool truncated = false;    // max_pages reached before the window's end
+    std::size_t listed = 0;      // charges in the window
+    std::size_t ours = 0;        // succeeded or bank debits, with metadata making them this namespace's
+    std::size_t inserted = 0;    // rows the ledger lacked, now recovered
+    std::size_t processing = 0;  // of those, bank debits recovered still processing
+    std::size_t failed = 0;      // of those, bank debits recovered failed after processing (dead-lettered)
+    bool truncated = false;      // max_pages reached before the window's end
 };
 
 class backfill {

@@ -19,6 +19,8 @@ std::string_view to_string(fact_kind k) noexcept {
             return "failed";
         case fact_kind::refunded:
             return "refunded";
+        case fact_kind::refund_update:
+            return "refund_update";
         case fact_kind::dispute_opened:
             return "dispute_opened";
         case fact_kind::dispute_closed:
@@ -54,6 +56,9 @@ fact_kind fact_kind_for_event(std::string_view type) noexcept {
         type == "charge.failed")
         return fact_kind::failed;
     if (type == "charge.refunded") return fact_kind::refunded;
+    if (type == "refund.created" || type == "refund.updated" || type == "refund.failed" ||
+        type == "charge.refund.updated")
+        return fact_kind::refund_update;
     if (type == "charge.dispute.created") return fact_kind::dispute_opened;
     if (type == "charge.dispute.closed") return fact_kind::dispute_closed;
     return fact_kind::unknown_type;
@@ -131,6 +136,14 @@ result<payment_fact> parse_event_fact(std::string_view body) {
         f.payment_intent_id = std::string(id_of(obj, "payment_intent"));
         f.amount_refunded = int_of(obj, "amount_refunded");
         f.failure = std::string(str(obj, "failure_code"));
+    } else if (kind == "refund") {
+        f.refund_id = std::string(str(obj, "id"));
+        f.charge_id = std::string(id_of(obj, "charge"));
+        f.payment_intent_id = std::string(id_of(obj, "payment_intent"));
+        f.refund_amount = int_of(obj, "amount");
+        f.failure = std::string(str(obj, "failure_reason"));
+        if (f.refund_id.empty() || (f.charge_id.empty() && f.payment_intent_id.empty()))
+            return bad("event " + f.source + " carries a refund without its id or its payment");
     } else if (kind == "dispute") {
         f.charge_id = std::string(id_of(obj, "charge"));
         f.payment_intent_id = std::string(id_of(obj, "payment_intent"));
@@ -177,8 +190,8 @@ bool same_payment(const settlement_row& row, const payment_fact& f) {
 }
 
 bool proves_success(fact_kind k) noexcept {
-    return k == fact_kind::succeeded || k == fact_kind::refunded || k == fact_kind::dispute_opened ||
-           k == fact_kind::dispute_closed;
+    return k == fact_kind::succeeded || k == fact_kind::refunded || k == fact_kind::refund_update ||
+           k == fact_kind::dispute_opened || k == fact_kind::dispute_closed;
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 //
 //   payment:  processing < failed_after_processing < charged   (a success is a fact that beats a failure
 //             report: money that moved is recorded; a stale `processing` never undoes either)
-//   refunded_cents, disputed_cents: the maximum seen (Stripe reports cumulative amounts)
+//   refunded_cents, disputed_cents: the maximum seen (Stripe reports cumulative amounts); a refund event
+//             (refund_update) proves the charge but moves no amount here: the store sets refunded_cents
+//             from every refund recorded by id (settlement_store.hpp), since a refund that fails gives its
+//             amount back
 //   dispute_status: the highest by (open < closed; lost over won over warning_closed), then by name
 //
 // so applying the same facts in any order, any number of times, ends in the same row. A refund or a dispute
@@ -31,6 +34,7 @@ enum class fact_kind {
     succeeded,       // payment_intent.succeeded, charge.succeeded
     failed,          // payment_intent.payment_failed, payment_intent.canceled, charge.failed
     refunded,        // charge.refunded (amount_refunded is cumulative)
+    refund_update,   // refund.created, refund.updated, refund.failed, charge.refund.updated (one refund)
     dispute_opened,  // charge.dispute.created
     dispute_closed,  // charge.dispute.closed (won, lost, warning_closed)
     no_news,         // a known object in a status that moves nothing (requires_action, …): noted only
@@ -52,6 +56,8 @@ struct payment_fact {
     std::string billing_key;        // metadata[billing_key] of a PaymentIntent or charge
     std::string status;             // the object's status (PaymentIntent, charge or dispute)
     std::int64_t amount_refunded = 0;
+    std::string refund_id;           // re_… (refund_update): the refund the event is about
+    std::int64_t refund_amount = 0;  // its amount (its status is `status`)
     std::int64_t dispute_amount = 0;
     std::string failure;       // last_payment_error.code, failure_code or cancellation_reason
     std::int64_t created = 0;  // unix seconds: the event's creation, or when it was retrieved

@@ -57,6 +57,34 @@ const std::string insert_event_sql =
     "charge_id, billing_key) VALUES ($1, $2, to_timestamp($3), $4, NULLIF($5, ''), $6::jsonb, "
     "NULLIF($7, ''), NULLIF($8, ''), NULLIF($9, '')) ON CONFLICT (id) DO NOTHING RETURNING id";
 
+// A refund fact, recorded by what it names, once per event (inside the event's transaction): the charge's
+// cumulative amount_refunded (the newest kept, by the event's time, the larger within one second) or one
+// refund by its id (the furthest status kept). The
+// advisory lock serialises the refund facts of one payment (and the vault's read of them, vault::store::
+// apply_refund_by_object), taken before any row lock.
+const std::string refund_lock_sql = "SELECT pg_advisory_xact_lock(hashtextextended('cg-refund:' || $1, 0))";
+const std::string charge_refunded_sql =
+    "INSERT INTO stripe_charge_refunds (payment, charge_id, payment_intent_id, reported_cents, reported_at) "
+    "VALUES (coalesce($1::text, $2::text), $1::text, $2::text, $3::bigint, to_timestamp($4::bigint)) "
+    "ON CONFLICT (payment) DO UPDATE SET "
+    "reported_cents = CASE WHEN (EXCLUDED.reported_at, EXCLUDED.reported_cents) > "
+    "(stripe_charge_refunds.reported_at, stripe_charge_refunds.reported_cents) THEN EXCLUDED.reported_cents "
+    "ELSE stripe_charge_refunds.reported_cents END, "
+    "reported_at = greatest(stripe_charge_refunds.reported_at, EXCLUDED.reported_at), "
+    "charge_id = coalesce(stripe_charge_refunds.charge_id, EXCLUDED.charge_id), "
+    "payment_intent_id = coalesce(stripe_charge_refunds.payment_intent_id, EXCLUDED.payment_intent_id)";
+const std::string refund_update_sql =
+    "INSERT INTO stripe_refunds (id, charge_id, payment_intent_id, amount_cents, status, status_at) "
+    "VALUES ($1, $2::text, $3::text, $4::bigint, $5::text, to_timestamp($6::bigint)) "
+    "ON CONFLICT (id) DO UPDATE SET "
+    "charge_id = coalesce(stripe_refunds.charge_id, EXCLUDED.charge_id), "
+    "payment_intent_id = coalesce(stripe_refunds.payment_intent_id, EXCLUDED.payment_intent_id), "
+    "status = CASE WHEN cg_refund_status_rank(EXCLUDED.status) > "
+    "cg_refund_status_rank(stripe_refunds.status) "
+    "THEN EXCLUDED.status ELSE stripe_refunds.status END, "
+    "status_at = greatest(stripe_refunds.status_at, EXCLUDED.status_at)";
+const std::string refunded_total_sql = "SELECT cg_refunded_cents($1::text, $2::text)";
+
 const std::string event_outcome_sql =
     "UPDATE stripe_webhook_events SET outcome = $2::text, applied_to = $3::text WHERE id = $1";
 
@@ -101,7 +129,7 @@ settlement_row decode_row(const pg::rows& r) {
 // A fact's Stripe status worth recording as the payment's (a dispute's status is not the payment's).
 std::optional<std::string> payment_status_of(const payment_fact& f) {
     if (f.kind == fact_kind::dispute_opened || f.kind == fact_kind::dispute_closed ||
-        f.kind == fact_kind::unknown_type)
+        f.kind == fact_kind::refund_update || f.kind == fact_kind::unknown_type)
         return std::nullopt;
     return opt(f.status);
 }
@@ -157,6 +185,44 @@ net::awaitable<result<std::optional<pg::pooled_connection>>> begin_on_row(
     co_return std::optional<pg::pooled_connection>(std::move(*conn));
 }
 
+bool refund_fact(const payment_fact& f) {
+    return f.kind == fact_kind::refunded || f.kind == fact_kind::refund_update;
+}
+
+// Records a refund fact by what it names (see refund_update_sql); inside the caller's transaction.
+net::awaitable<result<void>> record_refund(pg::connection& c, const payment_fact& f) {
+    // Named values only in the co_await expressions (g++ 12 mishandles temporaries made there by a
+    // conditional operator).
+    const std::string payment = f.charge_id.empty() ? f.payment_intent_id : f.charge_id;
+    if (payment.empty()) co_return result<void>();
+    if (auto l = co_await c.query(refund_lock_sql, payment); !l) co_return l.err();
+    const auto charge = opt(f.charge_id);
+    const auto intent = opt(f.payment_intent_id);
+    if (f.kind == fact_kind::refunded) {
+        const std::int64_t reported = std::max<std::int64_t>(0, f.amount_refunded);
+        auto r = co_await c.query(charge_refunded_sql, charge, intent, reported, f.created);
+        if (!r) co_return r.err();
+    } else {
+        const std::int64_t amount = std::max<std::int64_t>(0, f.refund_amount);
+        const std::string status = f.status.empty() ? std::string("pending") : f.status;
+        auto r = co_await c.query(refund_update_sql, f.refund_id, charge, intent, amount, status, f.created);
+        if (!r) co_return r.err();
+    }
+    co_return result<void>();
+}
+
+// A charged row's refunded amount is its payment's refunds as recorded (cg_refunded_cents: each refund
+// once, a failed or canceled one given back), whatever the folded events said; inside the transaction.
+net::awaitable<result<void>> settle_refunds(pg::connection& c, folded& acc) {
+    auto& n = acc.out.after;
+    if (n.status != record_status::charged || (!n.charge_id && !n.payment_intent_id))
+        co_return result<void>();
+    auto r = co_await c.query(refunded_total_sql, n.charge_id, n.payment_intent_id);
+    if (!r) co_return r.err();
+    n.refunded_cents = std::clamp<std::int64_t>(r->get<std::int64_t>(0, 0), 0, n.amount_cents);
+    co_return result<void>();
+}
+
 // Writes what the fold decided (row, status last seen, dead letter); inside the caller's transaction.
 net::awaitable<result<void>> write_fold(pg::connection& c, const folded& acc, bool polled) {
     const auto& n = acc.out.after;
@@ -204,6 +270,8 @@ net::awaitable<result<event_record_result>> settlement_store::record_event(strip
         res.duplicate = true;
         co_return res;
     }
+    if (readable && refund_fact(res.fact))
+        if (auto rr = co_await record_refund(c, res.fact); !rr) co_return rr.err();
     std::optional<std::string> applied_to;
     if (!readable) {
         res.outcome = "unreadable";
@@ -221,7 +289,10 @@ net::awaitable<result<event_record_result>> settlement_store::record_event(strip
             acc.out.before = acc.out.after = decode_row(*found);
             settlement_change change;
             fold_one(acc, res.fact, change);
+            if (auto sr = co_await settle_refunds(c, acc); !sr) co_return sr.err();
             if (auto w = co_await write_fold(c, acc, false); !w) co_return w.err();
+            if (change.result == settle_result::no_change && acc.out.after != acc.out.before)
+                change.result = settle_result::applied;
             res.outcome = std::string(to_string(change.result));
             applied_to = acc.out.key;
             res.row = std::move(acc.out);
@@ -251,6 +322,7 @@ net::awaitable<result<std::optional<row_settlement>>> settlement_store::apply_re
         if (!was || *was == "deferred" || *was == "unknown_object")
             outcomes.emplace_back(events->get<std::string>(i, 0), std::string(to_string(change.result)));
     }
+    if (auto sr = co_await settle_refunds(c, acc); !sr) co_return sr.err();
     if (auto w = co_await write_fold(c, acc, false); !w) co_return w.err();
     for (const auto& [id, outcome] : outcomes)
         if (auto o = co_await c.query(event_outcome_sql, id, outcome, key); !o) co_return o.err();
@@ -267,6 +339,7 @@ net::awaitable<result<std::optional<row_settlement>>> settlement_store::apply_re
     auto& c = ***conn;
     settlement_change change;
     fold_one(acc, f, change);
+    if (auto sr = co_await settle_refunds(c, acc); !sr) co_return sr.err();
     if (auto w = co_await write_fold(c, acc, true); !w) co_return w.err();
     if (auto e = co_await c.execute("COMMIT"); !e) co_return e.err();
     co_return std::optional<row_settlement>(std::move(acc.out));

@@ -9,6 +9,14 @@
 //     poll applies those that wait for a row the pipeline settled otherwise;
 //   * a retrieved PaymentIntent or charge (apply_retrieved): the poll of rows left processing.
 //
+// Refunds are recorded by what they name, in the event's transaction (migration 0018): charge.refunded's
+// cumulative amount_refunded per charge, and each refund object (refund.created, refund.updated,
+// refund.failed, charge.refund.updated) by its id (re_…) with the furthest status it reached. A charged
+// row's refunded_cents is then set from them (cg_refunded_cents) on every write, so one refund reported by
+// its charge's event and by its own, in any order, duplicated or not, counts once, and a refund that ends
+// failed or canceled gives its amount back. Refund facts naming no ledger row (a vault-only payment) are
+// recorded all the same: the vault reads them (vault::store::apply_refund_by_object).
+//
 // The row is found by the ids the event names: charge_id, then payment_intent_id, then metadata
 // [billing_key]; an event naming no row is recorded and counted (unknown_object). The row is locked
 // (FOR UPDATE) while the step runs, so concurrent events for one row apply one after the other. A row that

@@ -71,6 +71,7 @@ result<charge> to_charge(object o) {
     if (!o["paid"].get_bool().get(paid)) c.paid = paid;
     c.created = num(o, "created");
     c.payment_intent = id_or_object(o, "payment_intent");
+    c.payment_method = id_or_object(o, "payment_method");
     c.description = str(o, "description");
     c.failure_code = str(o, "failure_code");
     object details;

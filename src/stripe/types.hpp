@@ -29,6 +29,7 @@ struct charge {
     std::string description;
     std::string failure_code;
     std::string payment_method_type;  // payment_method_details.type: card, us_bank_account, sepa_debit, …
+    std::string payment_method;       // pm_… (or card_…/src_…) the charge was made with
     stripe::metadata metadata;
 };
 

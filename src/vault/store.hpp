@@ -182,24 +182,29 @@ class store {
     enum class in_flight_end { succeeded, failed, still };
     net::awaitable<result<bool>> end_in_flight(std::string key_id, std::string idem, in_flight_end how,
                                                std::string why);
-    // A refund of a settled reservation (cumulative, as Stripe reports amount_refunded): recorded always;
-    // the cap room comes back only for a key whose policy says so (vault_keys.refunds_reopen_cap). Returns
-    // the cents given back to the cap in total for the row (0 under the default policy); nullopt: no settled
-    // row.
+    // A refund of a settled reservation (cumulative, as Stripe reports amount_refunded; the largest kept):
+    // recorded always. Cap room comes back only for a key whose policy says so (vault_keys.
+    // refunds_reopen_cap) when the refund is applied: a rise in the refunded amount reopens that rise under
+    // `true`, nothing under `false`; room reopened earlier stays reopened after the policy turns false
+    // (spend made under it is not an overspend after the fact). Returns the cents given back to the cap in
+    // total for the row; nullopt: no settled row.
     net::awaitable<result<std::optional<std::int64_t>>> apply_refund(std::string key_id, std::string idem,
                                                                      std::int64_t refunded_cents);
-    // apply_refund for the settled reservations whose Stripe object is `charge_id` or `payment_intent_id`
-    // (a charge.refunded event names both; empty ones match nothing), found by vault_spend_object_idx.
-    // Cumulative like apply_refund, so a redelivered or older event never counts twice. One row per
-    // reservation touched: key, Idempotency-Key and the cents given back to the cap in total for it.
+    // The refunds recorded for a payment (billing/settlement_store.hpp: each refund once by its id, a
+    // failed or canceled one given back, the charge's amount_refunded for the rest; cg_refunded_cents),
+    // set on the settled reservations whose Stripe object is `charge_id` or `payment_intent_id` (empty ones
+    // match nothing; vault_spend_object_idx), with apply_refund's policy rule; a fall in the refunded amount
+    // takes back the room reopened above it. Idempotent: a redelivered, older or reordered event changes
+    // nothing twice. One row per reservation touched: key, Idempotency-Key, its refunded cents and the cents
+    // given back to the cap in total for it.
     struct refund_applied {
         std::string key_id;
         std::string idempotency_key;
+        std::int64_t refunded_cents = 0;
         std::int64_t reopened_cents = 0;
     };
     net::awaitable<result<std::vector<refund_applied>>> apply_refund_by_object(std::string charge_id,
-                                                                               std::string payment_intent_id,
-                                                                               std::int64_t refunded_cents);
+                                                                               std::string payment_intent_id);
     // Sets a key's refund policy; false: no such key.
     net::awaitable<result<bool>> set_refunds_reopen_cap(std::string key_id, bool reopen);
 

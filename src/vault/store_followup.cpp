@@ -30,22 +30,39 @@ const std::string in_flight_still_sql =
     "UPDATE vault_spend SET in_flight_checked_at = now() "
     "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state = 'settled' AND settled_status IS NOT NULL";
 
-const std::string refund_sql =
-    "UPDATE vault_spend s SET refunded_cents = greatest(s.refunded_cents, least($3::bigint, "
-    "s.amount_cents)), "
-    "reopened_cents = CASE WHEN k.refunds_reopen_cap "
-    "THEN greatest(s.refunded_cents, least($3::bigint, s.amount_cents)) ELSE 0 END "
-    "FROM vault_keys k WHERE k.id = s.vault_key_id AND s.vault_key_id = $1 AND s.idempotency_key = $2 "
-    "AND s.state = 'settled' RETURNING s.reopened_cents";
+// The cap room a reservation's refunds reopen, as its refunded amount moves from s.refunded_cents to
+// NEW: a rise reopens the rise if the key's policy says so now, and nothing otherwise; room reopened before
+// stays reopened whatever the policy became since (spend made under it is not turned into an overspend
+// after the fact); a fall (a refund that failed or was canceled gives its amount back) takes the fall out
+// of the reopened room (as if the refund given back had reopened room: the cap never keeps room that no
+// standing refund reopened).
+#define CG_REOPENED(NEW)                                    \
+    "CASE WHEN " NEW " >= s.refunded_cents THEN least(" NEW \
+    ", s.reopened_cents + CASE WHEN "                       \
+    "k.refunds_reopen_cap THEN " NEW                        \
+    " - s.refunded_cents ELSE 0 END) "                      \
+    "ELSE greatest(0, s.reopened_cents - (s.refunded_cents - " NEW ")) END"
 
+#define CG_DIRECT_REFUNDED "greatest(s.refunded_cents, least($3::bigint, s.amount_cents))"
+const std::string refund_sql =
+    "UPDATE vault_spend s SET refunded_cents = " CG_DIRECT_REFUNDED ", reopened_cents = " CG_REOPENED(
+        CG_DIRECT_REFUNDED) " FROM vault_keys k WHERE k.id = s.vault_key_id AND s.vault_key_id = $1 "
+                            "AND s.idempotency_key = $2 AND s.state = 'settled' RETURNING s.reopened_cents";
+#undef CG_DIRECT_REFUNDED
+
+// Inside a transaction holding the payment's refund lock (billing/settlement_store.cpp takes the same one
+// while it records a refund fact), so the total read includes every refund fact committed before.
+const std::string refund_lock_sql = "SELECT pg_advisory_xact_lock(hashtextextended('cg-refund:' || $1, 0))";
+#define CG_TOTAL_REFUNDED "least(s.amount_cents, t.total)"
 const std::string refund_by_object_sql =
-    "UPDATE vault_spend s SET refunded_cents = greatest(s.refunded_cents, least($3::bigint, "
-    "s.amount_cents)), "
-    "reopened_cents = CASE WHEN k.refunds_reopen_cap "
-    "THEN greatest(s.refunded_cents, least($3::bigint, s.amount_cents)) ELSE 0 END "
-    "FROM vault_keys k WHERE k.id = s.vault_key_id "
-    "AND s.stripe_object_id IN (nullif($1::text, ''), nullif($2::text, '')) "
-    "AND s.state = 'settled' RETURNING s.vault_key_id, s.idempotency_key, s.reopened_cents";
+    "UPDATE vault_spend s SET refunded_cents = " CG_TOTAL_REFUNDED ", reopened_cents = " CG_REOPENED(
+        CG_TOTAL_REFUNDED) " FROM vault_keys k, (SELECT cg_refunded_cents(nullif($1::text, ''), "
+                           "nullif($2::text, '')) AS total) t WHERE k.id = s.vault_key_id "
+                           "AND s.stripe_object_id IN (nullif($1::text, ''), nullif($2::text, '')) "
+                           "AND s.state = 'settled' RETURNING s.vault_key_id, s.idempotency_key, "
+                           "s.refunded_cents, s.reopened_cents";
+#undef CG_TOTAL_REFUNDED
+#undef CG_REOPENED
 
 const std::string refund_policy_sql = "UPDATE vault_keys SET refunds_reopen_cap = $2 WHERE id = $1";
 
@@ -92,14 +109,21 @@ net::awaitable<result<std::optional<std::int64_t>>> store::apply_refund(std::str
 }
 
 net::awaitable<result<std::vector<store::refund_applied>>> store::apply_refund_by_object(
-    std::string charge_id, std::string payment_intent_id, std::int64_t refunded_cents) {
-    auto r = co_await pg::exec_pooled(
-        pool_, refund_by_object_sql,
-        pg::params(std::move(charge_id), std::move(payment_intent_id), refunded_cents));
-    if (!r) co_return r.err();
+    std::string charge_id, std::string payment_intent_id) {
+    const std::string payment = charge_id.empty() ? payment_intent_id : charge_id;
     std::vector<refund_applied> out;
+    if (payment.empty()) co_return out;
+    auto conn = co_await pool_->acquire();
+    if (!conn) co_return conn.err();
+    auto& c = **conn;
+    if (auto b = co_await c.execute("BEGIN"); !b) co_return b.err();
+    if (auto l = co_await c.query(refund_lock_sql, payment); !l) co_return l.err();
+    auto r = co_await c.query(refund_by_object_sql, std::move(charge_id), std::move(payment_intent_id));
+    if (!r) co_return r.err();
+    if (auto e = co_await c.execute("COMMIT"); !e) co_return e.err();
     for (std::size_t i = 0; i < r->size(); ++i)
-        out.push_back({r->get<std::string>(i, 0), r->get<std::string>(i, 1), r->get<std::int64_t>(i, 2)});
+        out.push_back({r->get<std::string>(i, 0), r->get<std::string>(i, 1), r->get<std::int64_t>(i, 2),
+                       r->get<std::int64_t>(i, 3)});
     co_return out;
 }
 

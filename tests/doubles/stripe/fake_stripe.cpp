@@ -879,6 +879,25 @@ bool fake_stripe::close_dispute(const std::string& dispute_id, const std::string
     return false;
 }
 
+bool fake_stripe::end_refund(const std::string& refund_id, const std::string& status) {
+    if (status != "failed" && status != "canceled") return false;
+    for (auto& r : refunds_) {
+        if (r.id != refund_id) continue;
+        if (r.status == "failed" || r.status == "canceled") return false;
+        r.status = status;
+        // The amount goes back to the charge, as at Stripe: its amount_refunded drops.
+        if (auto* c = find_charge(r.charge))
+            c->amount_refunded = std::max<std::int64_t>(0, c->amount_refunded - r.amount);
+        const std::string group = r.payment_intent.empty() ? r.charge : r.payment_intent;
+        const auto body = refund_json(r);
+        emit("refund.updated", body, r.id, group);
+        if (status == "failed") emit("refund.failed", body, r.id, group);
+        emit("charge.refund.updated", body, r.id, group);
+        return true;
+    }
+    return false;
+}
+
 // POST /v1/refunds: the whole unrefunded amount unless `amount` says less; Stripe's errors otherwise.
 void fake_stripe::create_refund(const params& p, int& status, std::string& body, bool& created) {
     charge_rec* c = nullptr;

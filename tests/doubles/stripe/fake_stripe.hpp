@@ -14,9 +14,10 @@
 // `requires_payment_method` with a failed charge (`_processing` stays until cancelled or settled by hand;
 // `_dispute` succeeds, then its charge is disputed). Refunds: POST /v1/refunds (charge or payment_intent,
 // partial or full, idempotent like every POST; amount_too_large, charge_already_refunded, charge_disputed,
-// charge_not_refundable as Stripe answers them). Disputes: opened and closed through /_admin/disputes.
-// Every state change makes a Stripe event (GET /v1/events) that the webhook sender (webhooks.hpp)
-// delivers, signed, to the configured endpoint.
+// charge_not_refundable as Stripe answers them; charge.refunded and refund.created on creation; end_refund
+// fails or cancels one: refund.updated, refund.failed, charge.refund.updated). Disputes: opened and closed
+// through /_admin/disputes. Every state change makes a Stripe event (GET /v1/events) that the webhook sender
+// (webhooks.hpp) delivers, signed, to the configured endpoint.
 //
 // Everything runs on the executor given to the constructor; the accessors below must be called there
 // too (tests run the fake on their own io_context thread and read state between co_awaits).
@@ -144,6 +145,10 @@ class fake_stripe {
                              std::int64_t amount = 0);
     // Closes an open dispute as "won" or "lost"; false when there is none open with that id.
     bool close_dispute(const std::string& dispute_id, const std::string& status);
+    // Ends a refund that has not ended: "failed" (the bank returned it) or "canceled". Its amount goes back
+    // to the charge (amount_refunded drops); events refund.updated, refund.failed (when failed) and
+    // charge.refund.updated, as Stripe sends them. False when there is no such refund still standing.
+    bool end_refund(const std::string& refund_id, const std::string& status);
     int pending_settlements() const noexcept { return pending_settle_; }
     // From now on, the customer's bank debits settle this way ("succeeded", or "failed" with `failure_code`),
     // whatever the test payment method says: the customer topped up the account, or closed it.

@@ -410,4 +410,48 @@ BOOST_AUTO_TEST_CASE(rotation_signs_with_every_secret_and_skew_makes_stale) {
         "stale");
 }
 
+// A refund that fails or is canceled afterwards, as Stripe reports it: refund.updated, refund.failed (for a
+// failure) and charge.refund.updated, each carrying the refund object in its final status; the amount goes
+// back to the charge (amount_refunded drops). A refund that has ended cannot end again.
+BOOST_AUTO_TEST_CASE(a_refund_that_fails_or_is_canceled_gives_the_amount_back) {
+    async_fixture f;
+    f.only({"refund.created", "refund.updated", "refund.failed", "charge.refund.updated"});
+    auto c = f.client();
+    std::string ch, re1, re2;
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        auto o = co_await c->create_payment_intent(pi_req("card-refund-fail", "pm_card_visa", 4200));
+        BOOST_TEST_REQUIRE(o.intent.has_value());
+        ch = o.intent->latest_charge;
+        auto r1 = co_await c->call("POST", "/v1/refunds", "charge=" + ch + "&amount=1000", "refund-f1");
+        BOOST_TEST_REQUIRE(r1.http.resp.status == 200);
+        re1 = field(r1.http.resp.body, "id");
+        auto r2 = co_await c->call("POST", "/v1/refunds", "charge=" + ch + "&amount=700", "refund-f2");
+        BOOST_TEST_REQUIRE(r2.http.resp.status == 200);
+        re2 = field(r2.http.resp.body, "id");
+        BOOST_TEST(f.fake->end_refund(re1, "failed"));
+        BOOST_TEST(f.fake->end_refund(re2, "canceled"));
+        BOOST_TEST(!f.fake->end_refund(re1, "canceled"));   // already ended
+        BOOST_TEST(!f.fake->end_refund(re2, "succeeded"));  // not an end
+        BOOST_TEST_REQUIRE(co_await f.settled());
+        auto charge = co_await c->retrieve_charge(ch);
+        BOOST_TEST_REQUIRE(charge.has_value());
+    });
+    BOOST_TEST(f.fake->charges()[0].amount_refunded == 0);
+    auto t = f.hook.types();
+    std::vector<std::string> want = {"refund.created",       "refund.created",        "refund.updated",
+                                     "refund.failed",        "charge.refund.updated", "refund.updated",
+                                     "charge.refund.updated"};
+    BOOST_TEST(t == want, boost::test_tools::per_element());
+    BOOST_TEST_REQUIRE(f.hook.hits.size() == want.size());
+    for (std::size_t i = 2; i < 5; ++i) {
+        BOOST_TEST(f.hook.hits[i].body.find("\"id\": \"" + re1 + "\"") != std::string::npos);
+        BOOST_TEST(f.hook.hits[i].body.find("\"status\": \"failed\"") != std::string::npos);
+    }
+    for (std::size_t i = 5; i < 7; ++i) {
+        BOOST_TEST(f.hook.hits[i].body.find("\"id\": \"" + re2 + "\"") != std::string::npos);
+        BOOST_TEST(f.hook.hits[i].body.find("\"status\": \"canceled\"") != std::string::npos);
+    }
+    for (const auto& h : f.hook.hits) BOOST_TEST(signed_by(h, secret));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

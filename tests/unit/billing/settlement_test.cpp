@@ -100,6 +100,8 @@ BOOST_AUTO_TEST_CASE(event_types_map_to_facts) {
     BOOST_TEST(fact_kind_for_event("payment_intent.canceled") == fact_kind::failed);
     BOOST_TEST(fact_kind_for_event("charge.failed") == fact_kind::failed);
     BOOST_TEST(fact_kind_for_event("charge.refunded") == fact_kind::refunded);
+    for (const char* t : {"refund.created", "refund.updated", "refund.failed", "charge.refund.updated"})
+        BOOST_TEST(fact_kind_for_event(t) == fact_kind::refund_update, t);
     BOOST_TEST(fact_kind_for_event("charge.dispute.created") == fact_kind::dispute_opened);
     BOOST_TEST(fact_kind_for_event("charge.dispute.closed") == fact_kind::dispute_closed);
     BOOST_TEST(fact_kind_for_event("customer.created") == fact_kind::unknown_type);
@@ -142,6 +144,31 @@ BOOST_AUTO_TEST_CASE(parses_each_object_kind) {
     BOOST_TEST(dp->payment_intent_id.empty());
     BOOST_TEST(dp->dispute_amount == 300);
     BOOST_TEST(dp->status == "lost");
+    auto re = parse_event_fact(
+        R"({"id":"evt_4","object":"event","type":"refund.failed","created":5,"data":{"object":{"id":"re_1",)"
+        R"("object":"refund","amount":400,"charge":"ch_9","payment_intent":"pi_9","status":"failed",)"
+        R"("failure_reason":"lost_or_stolen_card","metadata":{}}}})");
+    BOOST_TEST_REQUIRE(re.has_value());
+    BOOST_TEST(re->kind == fact_kind::refund_update);
+    BOOST_TEST(re->refund_id == "re_1");
+    BOOST_TEST(re->refund_amount == 400);
+    BOOST_TEST(re->charge_id == "ch_9");
+    BOOST_TEST(re->payment_intent_id == "pi_9");
+    BOOST_TEST(re->status == "failed");
+    BOOST_TEST(re->failure == "lost_or_stolen_card");
+    // A refund event proves the charge went through, and moves no amount itself (the store sums refunds).
+    settlement_row processing_row;
+    processing_row.status = record_status::processing;
+    processing_row.amount_cents = 1000;
+    processing_row.payment_intent_id = "pi_9";
+    auto proved = apply_fact(processing_row, *re);
+    BOOST_TEST(proved.row.status == record_status::charged);
+    BOOST_TEST(proved.row.refunded_cents == 0);
+    // A refund without its id, or naming no payment, cannot be counted once: refused.
+    BOOST_TEST(!parse_event_fact(
+        R"({"type":"refund.created","data":{"object":{"object":"refund","amount":1,"charge":"ch_9"}}})"));
+    BOOST_TEST(
+        !parse_event_fact(R"({"type":"refund.created","data":{"object":{"id":"re_2","object":"refund"}}})"));
     // A type we act on with another object is a different API shape: refused, not guessed at.
     BOOST_TEST(!parse_event_fact(R"({"type":"charge.refunded","data":{"object":{"object":"customer"}}})"));
     BOOST_TEST(!parse_event_fact("not json"));
