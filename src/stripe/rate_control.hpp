@@ -44,6 +44,16 @@ struct rate_config {
     double initial_rps = 10;                        // slow start from here (0: unlimited until the first 429)
     std::chrono::milliseconds slow_start_step{250};  // doubling period of the slow start
     double burst_s = 0.05;                           // bucket size, in seconds of the current limit
+    double slow_start_exit = 0.5;             // the first 429 ends the slow start at this × the accepted rate
+    double calibrate_growth = 0.3;            // then the limit grows by e^(this × seconds) until a 429
+    std::chrono::milliseconds recall{60000};  // how long the highest recent estimate is remembered
+    std::chrono::milliseconds reclaim{1500};  // from the estimate back up to the remembered one
+    double reclaim_below = 0.9;               // reclaim when the estimate is below this × the remembered one
+    double reclaim_hold_factor = 0.99;        // between attempts the limit holds at this × the estimate
+    double reclaim_budget = 0.03;             // attempts spend at most this share of the requests as 429s
+    std::chrono::milliseconds long_cycle{2000};  // a 429 this long after the one before: estimate between them
+    double victim_step = 0.05;                // a 429 while not probing lowers the estimate at most by this
+    double regrow = 0.2;                      // past the remembered rate: + this × it per second
 };
 
 class rate_control {
@@ -72,6 +82,8 @@ class rate_control {
     double accepted_rate(time_point now) const noexcept { return accepted_.rate(now); }
     // The rate the last 429 episode said was Stripe's share for this process (0 before the first one).
     double estimate() const noexcept { return estimate_; }
+    // The highest estimate of the last `recall` (0 before the first long enough cycle).
+    double recalled() const noexcept { return recalled_; }
     std::uint64_t decreases() const noexcept { return decreases_; }
     const rate_config& config() const noexcept { return cfg_; }
 
@@ -100,16 +112,22 @@ class rate_control {
     rate_config cfg_;
     double adaptive_ = unlimited;
     bool slow_start_ = false;
-    bool pressed_ = false;  // a request had to wait since the limit last grew
+    bool pressed_ = false;      // a request had to wait since the limit last grew
+    bool calibrating_ = false;  // since the slow start ended, until the next 429
+    bool reclaiming_ = false;   // the last estimate was well below the remembered one
     double tokens_ = 1;
     time_point refilled_;
     time_point last_decrease_{};
     bool decreased_once_ = false;
     time_point last_increase_;
     double estimate_ = 0;
+    double recalled_ = 0;    // the highest estimate of the last `recall`
+    time_point recalled_at_{};  // when an estimate last came within reach of it
     double curve_s_ = 0;                // seconds of pressed demand since the last decrease
     double dip_from_ = 0;               // the limit right after the last decrease
     std::uint64_t accepted_since_ = 0;  // answers without a 429 since the last decrease
+    time_point run_from_{};             // the first of the last run of close episodes
+    std::uint64_t run_accepted_ = 0;    // answers without a 429 since then
     rate_window sent_, accepted_;
     recent recent_sent_, recent_accepted_;
     std::uint64_t decreases_ = 0;
