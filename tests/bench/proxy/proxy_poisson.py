@@ -154,7 +154,10 @@ def stage_summary(recs):
                      f"{xs[-1] / 1000:.1f}")
     worst = "; ".join(", ".join(f"{k[:-3]} {r[k] / 1000:.1f}" for k in STAGES if k not in ("upstream_us",))
                       for r in slow[-3:])
-    return "stages ms p50/p99/max: " + ", ".join(parts) + f" — slowest: {worst}"
+    own = sorted(r["total_us"] - r["upstream_us"] for r in recs)  # what the proxy adds, per request
+    at = lambda q: own[min(len(own) - 1, int(q * len(own)))] / 1000
+    return (f"proxy's own time (total − upstream) p50/p99/p99.9/max {at(0.5):.2f}/{at(0.99):.2f}/{at(0.999):.2f}/"
+            f"{own[-1] / 1000:.1f} ms; stages ms p50/p99/max: " + ", ".join(parts) + f" — slowest: {worst}")
 
 
 def main():
