@@ -102,16 +102,59 @@ double rate_control::recent::rate(time_point now) const noexcept {
 void rate_control::decrease(time_point now) {
     refill(now);  // tokens earned at the old limit count at the old limit
     // Stripe's bucket is empty at a 429 and was empty at the one before: what it accepted in between, per
-    // second, is its rate (the last second alone reads high, it includes the bucket's drain). After a
-    // lowered limit the last second is the lower figure.
+    // second, is its rate, whatever the rate was in between (as long as the bucket did not overflow). When
+    // the one before is too recent for that, the last second says it, bounded by what was sent (it reads
+    // high by the bucket's drain; after a lowered limit it is the lower figure).
+    double since = seconds(now - last_decrease_);
     double accepted = std::min(recent_accepted_.rate(now), accepted_rate(now));
     if (recent_sent_.first_bin >= 0) accepted = std::min(accepted, recent_sent_.rate(now));
-    double since = seconds(now - last_decrease_);
-    if (decreased_once_ && since >= 1.0)
+    bool long_cycle = decreased_once_ && since >= seconds(cfg_.long_cycle);
+    if (long_cycle)
+        accepted = static_cast<double>(accepted_since_) / since;
+    else if (decreased_once_ && since >= 1.0)
         accepted = std::min(accepted, static_cast<double>(accepted_since_) / since);
-    accepted_since_ = 0;
+    // Not probing (the limit at or below the estimate) and answered since: another sender's probe, or a
+    // lowered limit. One such episode lowers the estimate by at most `victim_step`, so a sidecar does not
+    // give up its share each time another one probes; a lowered limit brings episodes close together
+    // (below).
+    bool victim = decreased_once_ && !slow_start_ && !calibrating_ && accepted_since_ > 0 &&
+                  adaptive_ <= estimate_ * 1.001;
+    double before = estimate_;
     estimate_ = std::max(cfg_.min_rps, std::min(adaptive_, accepted));
-    adaptive_ = std::max(cfg_.min_rps, estimate_ * cfg_.decrease_factor);
+    if (victim && cfg_.victim_step > 0) estimate_ = std::max(estimate_, before * (1 - cfg_.victim_step));
+    // Episodes close together: Stripe's bucket has been empty since the first of them, so what it accepted
+    // since then, per second, is its rate (a lowered limit, found within a second).
+    if (decreased_once_ && since < 2 * seconds(cfg_.decrease_hold)) {
+        double run = seconds(now - run_from_);
+        if (run >= 0.5 && !slow_start_)
+            estimate_ = std::max(cfg_.min_rps, std::min(estimate_, static_cast<double>(run_accepted_) / run));
+    } else {
+        run_from_ = now;
+        run_accepted_ = 0;
+    }
+    accepted_since_ = 0;
+    // A reclaim that passed the remembered rate without a 429 says the limit is at least that again.
+    if (reclaiming_ && adaptive_ > recalled_) estimate_ = std::max(estimate_, recalled_);
+    // The remembered rate: the highest estimate of a full cycle, until `recall` passes without one near it.
+    if (long_cycle && !slow_start_) {
+        if (estimate_ >= cfg_.reclaim_below * recalled_) {
+            recalled_ = std::max(recalled_, estimate_);
+            recalled_at_ = now;
+        } else if (now - recalled_at_ > cfg_.recall) {
+            recalled_ = estimate_;
+            recalled_at_ = now;
+        }
+    }
+    calibrating_ = slow_start_;
+    reclaiming_ = !slow_start_ && recalled_ > 0 && estimate_ < cfg_.reclaim_below * recalled_;
+    if (slow_start_) {
+        estimate_ = std::max(cfg_.min_rps, estimate_ * cfg_.slow_start_exit);
+        adaptive_ = estimate_;
+    } else if (reclaiming_) {
+        adaptive_ = std::max(cfg_.min_rps, estimate_ * cfg_.reclaim_hold_factor);
+    } else {
+        adaptive_ = std::max(cfg_.min_rps, estimate_ * cfg_.decrease_factor);
+    }
     if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
     dip_from_ = adaptive_;
     last_decrease_ = now;
@@ -129,7 +172,22 @@ void rate_control::grow(time_point now) {
     double k = seconds(cfg_.recover);
     double beta = estimate_ > 0 ? std::clamp(dip_from_ / estimate_, 0.0, 1.0) : cfg_.decrease_factor;
     double target;
-    if (curve_s_ < k) {
+    if (calibrating_) {
+        target = estimate_ * std::exp(cfg_.calibrate_growth * curve_s_);
+    } else if (reclaiming_) {
+        // Hold just below the estimate long enough that the attempts spend at most `reclaim_budget` of the
+        // requests as 429s, then climb to the remembered rate in `reclaim`; reaching it without a 429 says
+        // the limit was raised again: keep climbing.
+        double hold = 1.0 / (cfg_.reclaim_budget * estimate_);
+        double r = seconds(cfg_.reclaim);
+        if (curve_s_ < hold) {
+            target = adaptive_;
+        } else if (curve_s_ < hold + r) {
+            target = estimate_ + (recalled_ - estimate_) * (curve_s_ - hold) / r;
+        } else {
+            target = recalled_ * (1 + cfg_.regrow * (curve_s_ - hold - r));
+        }
+    } else if (curve_s_ < k) {
         target = estimate_ * (beta + (1 - beta) * curve_s_ / k);
     } else {
         double u = curve_s_ - k;
@@ -144,6 +202,7 @@ void rate_control::on_response(time_point now, bool throttled, time_point sent_a
         accepted_.add(now);
         recent_accepted_.add(now);
         ++accepted_since_;
+        ++run_accepted_;
     }
     if (throttled) {
         // A request sent before the last decrease belongs to the episode that caused it; one sent since says

@@ -6,20 +6,30 @@
 // - an adaptive limit driven by 429s, Stripe's only signal (it sends no rate-limit headers and no
 //   Retry-After on a 429). It starts at `initial_rps` and doubles every `slow_start_step` while demand
 //   presses on it (slow start, so a cold start of several sidecars is not one burst of 429s; initial_rps 0
-//   starts unlimited), until Stripe answers 429. A 429 episode (at most one per `decrease_hold`, however many
-//   429s it produced; a 429 to a request sent after the decrease is a new episode) sets the *estimate*: the
-//   rate Stripe accepted from this process since the episode before (answers without a 429 per second;
-//   Stripe's bucket was empty at both), or over the last second when that is lower (a lowered limit), never
-//   more than it sent nor the limit in force; the limit drops to `decrease_factor` × the estimate. From there
-//   the limit climbs back to the estimate in `recover` (linearly), then probes past it: `increase_rps_per_s`
-//   per second plus `probe_growth` × estimate × t² (t: seconds past the estimate), slow just above the rate
-//   that was last too much and faster the longer no 429 says so. Stripe's limit is a token bucket: the dip
-//   below the estimate fills it and the climb above spends it, so the rate between two 429s averages the
-//   limit and the depth of the dip costs next to nothing. The limit only moves while demand presses on it (a
-//   request had to wait): an idle process does not wake up with a limit it never tried. Sidecars sharing one
-//   Stripe account each see the account's 429s and converge on a share of its limit without talking to each
-//   other; the probe is relative to each one's estimate, so N sidecars probe the account no faster than one,
-//   but a 429 lowers only the sidecar it reaches (by its share): N sidecars draw about N times the 429s.
+//   starts unlimited). The first 429 ends it at `slow_start_exit` × the rate accepted lately (inflated by
+//   the drain of Stripe's full bucket and the doubling's overshoot), from where the limit grows as
+//   e^(calibrate_growth · t) until the next 429 measures the rate.
+//   A 429 episode (at most one per `decrease_hold`, however many 429s it produced; a 429 to a request sent
+//   after the decrease is a new episode) sets the *estimate*: Stripe's bucket is empty at a 429, so the
+//   rate it accepted from this process since the episode before (at least `long_cycle` earlier) is its
+//   rate; episodes close together (a lowered limit) are measured from the first of the run, found within
+//   about a second; otherwise the last second, bounded by what was sent. A 429 while not probing (the
+//   limit at or below the estimate: another sender's probe) lowers the estimate by at most `victim_step`.
+//   The limit drops to `decrease_factor` × the estimate and climbs back to it in `recover` (linearly), then
+//   probes past it: `increase_rps_per_s` per second plus `probe_growth` × estimate × t² (t: seconds past
+//   the estimate), slow just above the rate that was last too much and faster the longer no 429 says so.
+//   Stripe's limit is a token bucket: the dip below the estimate fills it and the climb above spends it,
+//   so the rate between two 429s averages the limit.
+//   The highest estimate of the last `recall` is remembered. While the estimate is below `reclaim_below` ×
+//   that (a limit Stripe lowered), the limit holds at `reclaim_hold_factor` × the estimate for
+//   1 / (`reclaim_budget` × estimate) seconds, so these attempts cost about `reclaim_budget` of the
+//   requests in 429s, then climbs to the remembered rate in `reclaim` and past it by `regrow` × it per
+//   second: a limit raised back is found within a few seconds, one raised above anything seen within the
+//   last `recall` at the slow probe's pace.
+//   The limit only moves while demand presses on it (a request had to wait): an idle process does not wake
+//   up with a limit it never tried. Sidecars sharing one Stripe account converge on shares of its limit
+//   without talking to each other; a 429 reaches one of them, not always the one probing, so N sidecars
+//   draw more 429s than one.
 // The defaults were chosen by simulation (tests/unit/stripe/rate_control_test.cpp: one and three sidecars
 // against one account's limit, steady and changing; the test states the bounds it holds them to).
 // Admission is a token bucket refilled at the current limit holding `burst_s` seconds of it (at least one
@@ -44,6 +54,16 @@ struct rate_config {
     double initial_rps = 10;                        // slow start from here (0: unlimited until the first 429)
     std::chrono::milliseconds slow_start_step{250};  // doubling period of the slow start
     double burst_s = 0.05;                           // bucket size, in seconds of the current limit
+    double slow_start_exit = 0.5;   // the first 429 ends the slow start at this × the accepted rate
+    double calibrate_growth = 0.3;  // then the limit grows by e^(this × seconds) until a 429
+    std::chrono::milliseconds recall{60000};  // how long the highest recent estimate is remembered
+    std::chrono::milliseconds reclaim{1500};  // from the estimate back up to the remembered one
+    double reclaim_below = 0.9;               // reclaim when the estimate is below this × the remembered one
+    double reclaim_hold_factor = 0.99;        // between attempts the limit holds at this × the estimate
+    double reclaim_budget = 0.03;             // attempts spend at most this share of the requests as 429s
+    std::chrono::milliseconds long_cycle{2000};  // 429s this far apart: the rate between them
+    double victim_step = 0.05;  // a 429 while not probing lowers the estimate at most by this
+    double regrow = 0.2;        // past the remembered rate: + this × it per second
 };
 
 class rate_control {
@@ -72,6 +92,8 @@ class rate_control {
     double accepted_rate(time_point now) const noexcept { return accepted_.rate(now); }
     // The rate the last 429 episode said was Stripe's share for this process (0 before the first one).
     double estimate() const noexcept { return estimate_; }
+    // The highest estimate of the last `recall` (0 before the first long enough cycle).
+    double recalled() const noexcept { return recalled_; }
     std::uint64_t decreases() const noexcept { return decreases_; }
     const rate_config& config() const noexcept { return cfg_; }
 
@@ -100,16 +122,22 @@ class rate_control {
     rate_config cfg_;
     double adaptive_ = unlimited;
     bool slow_start_ = false;
-    bool pressed_ = false;  // a request had to wait since the limit last grew
+    bool pressed_ = false;      // a request had to wait since the limit last grew
+    bool calibrating_ = false;  // since the slow start ended, until the next 429
+    bool reclaiming_ = false;   // the last estimate was well below the remembered one
     double tokens_ = 1;
     time_point refilled_;
     time_point last_decrease_{};
     bool decreased_once_ = false;
     time_point last_increase_;
     double estimate_ = 0;
+    double recalled_ = 0;               // the highest estimate of the last `recall`
+    time_point recalled_at_{};          // when an estimate last came within reach of it
     double curve_s_ = 0;                // seconds of pressed demand since the last decrease
     double dip_from_ = 0;               // the limit right after the last decrease
     std::uint64_t accepted_since_ = 0;  // answers without a 429 since the last decrease
+    time_point run_from_{};             // the first of the last run of close episodes
+    std::uint64_t run_accepted_ = 0;    // answers without a 429 since then
     rate_window sent_, accepted_;
     recent recent_sent_, recent_accepted_;
     std::uint64_t decreases_ = 0;

@@ -7,7 +7,14 @@ counts), on keep-alive connections opened as needed. Prints p50 / p99 / p99.9 of
 latency at each (goal at 100/s: added p99 < 2 ms, added p99.9 < 5 ms), and the proxy's CPU per request
 (from /proc). Needs PG* (a scratch database), the built chargeguard and fake-stripe.
 
-Usage: proxy_poisson [--rate R]… [--latency MS]… [--seconds S] [--seed N] [--build DIR]
+With --sidecars N (default 3) N `consume` sidecars run beside the proxy the whole time, charging a backlog
+through the same fake-stripe at --sidecar-rps each (--stripe-max-rps) and writing to the same PostgreSQL, as
+in production. --trace runs the proxy at debug and prints, per setting, the proxied requests' stages (auth,
+wait for the key's batch, reservation statement, to upstream, upstream, answer) at p50 / p99 / max and those
+of the slowest 1 %.
+
+Usage: proxy_poisson [--rate R]… [--latency MS]… [--seconds S] [--seed N] [--sidecars N] [--sidecar-rps R]
+                     [--trace] [--build DIR]
 """
 import argparse, asyncio, os, random, signal, ssl, subprocess, sys, time
 
@@ -97,12 +104,55 @@ def q(xs, p):
     return xs[min(len(xs) - 1, int(p * len(xs)))] * 1000 if xs else float("nan")
 
 
+STAGES = ("auth_us", "parse_us", "wait_us", "stmt_us", "to_upstream_us", "upstream_us", "answer_us", "total_us")
+
+
+def stage_lines(log_path, offset):
+    """The proxy's "vault request stages" debug lines written since `offset`; (records, new offset)."""
+    import json
+    out = []
+    with open(log_path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    for line in data.decode("utf-8", "replace").splitlines():
+        if "vault request stages" not in line:
+            continue
+        try:
+            rec = json.loads(line[line.index("{"):])
+        except ValueError:
+            continue
+        rec = rec.get("fields", rec)
+        if all(k in rec for k in STAGES):
+            out.append(rec)
+    return out, offset + len(data)
+
+
+def stage_summary(recs):
+    if not recs:
+        return "no stage lines"
+    parts = []
+    slow = sorted(recs, key=lambda r: r["total_us"])[-max(1, len(recs) // 100):]
+    for k in STAGES:
+        xs = sorted(r[k] for r in recs)
+        parts.append(f"{k[:-3]} {xs[len(xs) // 2] / 1000:.2f}/{xs[min(len(xs) - 1, int(0.99 * len(xs)))] / 1000:.2f}/"
+                     f"{xs[-1] / 1000:.1f}")
+    worst = "; ".join(", ".join(f"{k[:-3]} {r[k] / 1000:.1f}" for k in STAGES if k not in ("upstream_us",))
+                      for r in slow[-3:])
+    own = sorted(r["total_us"] - r["upstream_us"] for r in recs)  # what the proxy adds, per request
+    at = lambda q: own[min(len(own) - 1, int(q * len(own)))] / 1000
+    return (f"proxy's own time (total − upstream) p50/p99/p99.9/max {at(0.5):.2f}/{at(0.99):.2f}/{at(0.999):.2f}/"
+            f"{own[-1] / 1000:.1f} ms; stages ms p50/p99/max: " + ", ".join(parts) + f" — slowest: {worst}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=float, action="append")
     ap.add_argument("--latency", type=int, action="append")
     ap.add_argument("--seconds", type=float, default=30, help="per path and setting (3 slices)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sidecars", type=int, default=3, help="consume sidecars charging beside the proxy")
+    ap.add_argument("--sidecar-rps", type=float, default=25, help="each sidecar's --stripe-max-rps")
+    ap.add_argument("--trace", action="store_true", help="proxy at debug: print the stages per setting")
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
     if not os.environ.get("PGHOST"):
@@ -113,6 +163,13 @@ def main():
     st = H.stack(a.build, "poisson")
     try:
         st.fake_stripe(0)
+        if a.sidecars:
+            # A backlog that lasts the whole run: every setting's warm-up and slices, at every sidecar's rate.
+            total_s = len(rates) * len(lats) * (2 + 2 * a.seconds) + 60
+            st.nsqd()
+            for i in range(a.sidecars):
+                st.consume(i, ["--stripe-max-rps", f"{a.sidecar_rps:g}", "--max-in-flight", "200"])
+            st.publish(H.events(int(a.sidecars * a.sidecar_rps * total_s), "pp"))
         exe = os.path.join(a.build, "src/app/chargeguard")
         key = "sk_test_bench_real_key"
         env = dict(os.environ, STRIPE_API_KEY=key, PGDATABASE=st.db)
@@ -121,18 +178,21 @@ def main():
                                  "--expected-total-cents", "900000000000000"], env=env, check=True,
                                 capture_output=True, text=True).stdout.strip()
         listen, health = H.free_port(), H.free_port()
-        proxy = st.spawn([exe, "--log-level", "warn", "proxy", "--listen", f"127.0.0.1:{listen}", "--upstream",
+        proxy = st.spawn([exe, "--log-level", "debug" if a.trace else "warn", "proxy", "--listen", f"127.0.0.1:{listen}", "--upstream",
                           f"https://127.0.0.1:{st.stripe_port}", "--stripe-ca-file", os.path.join(st.certs, "ca.pem"),
                           "--health-listen", f"127.0.0.1:{health}"], env=env, log="proxy")
         H.wait_for(lambda: H.http_ok(f"http://127.0.0.1:{health}/readyz"), 30, "proxy ready")
         tls = ssl.create_default_context(cafile=os.path.join(st.certs, "ca.pem"))
         print(f"proxy at production rates: Poisson arrivals, {a.seconds:g} s per path and setting in 3 alternating "
-              f"slices; load {load()}, {os.cpu_count()} CPUs")
+              f"slices; {a.sidecars} consume sidecars beside it at ≤ {a.sidecar_rps:g} charges/s each; "
+              f"load {load()}, {os.cpu_count()} CPUs")
+        proxy_log, log_at = os.path.join(st.tmp, "proxy.log"), 0
         print("| Stripe | rate/s | direct p50 / p99 / p99.9 ms | proxied p50 / p99 / p99.9 ms | added p50 / p99 / p99.9 ms "
               "| goal (100/s: p99 < 2, p99.9 < 5) | proxy CPU-ms / request | requests (non-200) | load |")
         print("|---|---|---|---|---|---|---|---|---|")
 
         async def run_all():
+            nonlocal log_at
             direct, via = path(st.stripe_port, tls, key), path(listen, None, secret)
             for lat in lats:
                 st.stripe_admin("/_admin/faults", {"latency_ms": lat})
@@ -141,6 +201,8 @@ def main():
                     await poisson(via, rate, 1, rng, f"wp-{lat}-{rate}")
                     d, p, bad, cpu = [], [], 0, 0.0
                     opened = (direct.opened, via.opened)
+                    if a.trace:
+                        _, log_at = stage_lines(proxy_log, log_at)
                     for s in range(3):
                         x, b1 = await poisson(direct, rate, a.seconds / 3, rng, f"d-{lat}-{rate}-{s}")
                         c0 = H.proc_cpu(proxy.pid)
@@ -159,6 +221,9 @@ def main():
                     print(f"|   | | connections opened: direct {direct.opened - opened[0]}, to the proxy "
                           f"{via.opened - opened[1]}; slowest 1 % proxied: {', '.join(f'{x * 1000:.0f}' for x in slow[-8:])} ms "
                           "| | | | | | |", flush=True)
+                    if a.trace:
+                        recs, log_at = stage_lines(proxy_log, log_at)
+                        print(f"|   | | {stage_summary(recs)} | | | | | | |", flush=True)
             direct.close()
             via.close()
 

@@ -299,7 +299,7 @@ BOOST_AUTO_TEST_CASE(three_sidecars_converge_on_a_shared_limit) {
 }
 
 // Sidecars with unbounded demand (200 in flight each) against an endpoint limit of 25/s, one second deep,
-// answers after 5 ms; the limit drops to 15/s at 120 s and comes back at 200 s. Per second of simulated
+// answers after 5 ms; the limit drops to 15/s at 120 s and comes back at 160 s. Per second of simulated
 // time: what Stripe accepted and answered 429.
 struct pace_run {
     std::vector<int> ok, throttled;
@@ -328,15 +328,15 @@ struct pace_run {
 
 pace_run simulate(int sidecars) {
     pace_run out;
-    out.ok.assign(2800, 0);
-    out.throttled.assign(2800, 0);
+    out.ok.assign(2400, 0);
+    out.throttled.assign(2400, 0);
     server_bucket account{25, 25, 25, t0};
     std::vector<rate_control> rcs;
     std::vector<std::deque<std::tuple<tp, bool, tp>>> answers(sidecars);
     for (int i = 0; i < sidecars; ++i) rcs.emplace_back(rate_config{}, t0);
-    for (auto t = t0; t < t0 + 280s; t += 1ms) {
+    for (auto t = t0; t < t0 + 240s; t += 1ms) {
         if (t == t0 + 120s) account.set(15, t);
-        if (t == t0 + 200s) account.set(25, t);
+        if (t == t0 + 160s) account.set(25, t);
         int bin =
             static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(t - t0).count() / 100);
         for (int i = 0; i < sidecars; ++i) {
@@ -353,27 +353,161 @@ pace_run simulate(int sidecars) {
     return out;
 }
 
-// With the defaults: one sidecar reaches ≥ 97 % of the limit with < 0.5 % of its requests answered 429;
-// three, ≥ 95 % with < 1.2 % (each probes on its own, and a 429 lowers only the sidecar it reaches, by its
-// share); after the limit drops or rises, the rate is back within 5 % of the new limit in < 15 s.
+// With the defaults: one sidecar reaches ≥ 97 % of the limit with < 0.5 % of its requests answered 429, and
+// is back within 5 % of a lowered or raised limit in < 5 s (found at once when lowered; reclaimed from
+// memory when raised back). Three: ≥ 95 % with < 2 % 429 (each probes on its own, and a 429 reaches one
+// sidecar, not always the one probing), back within 5 % in < 20 s.
 BOOST_AUTO_TEST_CASE(one_and_three_sidecars_follow_a_changing_limit) {
     for (int n : {1, 3}) {
         auto run = simulate(n);
         auto [ratio, share] = run.steady(30, 120, 25);
-        auto [low_ratio, low_share] = run.steady(130, 200, 15);
-        double down = run.recovery(120, 15), up = run.recovery(200, 25);
+        auto [low_ratio, low_share] = run.steady(130, 160, 15);
+        double down = run.recovery(120, 15), up = run.recovery(160, 25);
         BOOST_TEST_MESSAGE("simulated " << n << " sidecar(s): " << ratio << " of 25/s, " << 100 * share
                                         << " % 429; at 15/s " << low_ratio << ", " << 100 * low_share
                                         << " %; back within 5 % " << down << " s after the drop, " << up
                                         << " s after the rise");
         BOOST_TEST_CONTEXT(n << " sidecar(s)") {
             BOOST_TEST(ratio >= (n == 1 ? 0.97 : 0.95));
-            BOOST_TEST(share < (n == 1 ? 0.005 : 0.012));
+            BOOST_TEST(share < (n == 1 ? 0.005 : 0.02));
             BOOST_TEST(low_ratio >= 0.95);
-            BOOST_TEST(down < 15.0);
-            BOOST_TEST(up < 15.0);
+            BOOST_TEST(down < (n == 1 ? 5.0 : 20.0));
+            BOOST_TEST(up < (n == 1 ? 5.0 : 20.0));
         }
     }
+}
+
+// One controller with unbounded demand against `account`, answers after 5 ms, from `from` for `span`
+// (1 ms steps). Returns what was accepted and refused.
+struct driven {
+    int ok = 0, throttled = 0;
+};
+driven drive(rate_control& rc, server_bucket& account, tp from, std::chrono::milliseconds span) {
+    driven d;
+    std::deque<std::tuple<tp, bool, tp>> pending;
+    for (auto t = from; t < from + span; t += 1ms) {
+        for (; !pending.empty() && std::get<0>(pending.front()) <= t; pending.pop_front())
+            rc.on_response(t, !std::get<1>(pending.front()), std::get<2>(pending.front()));
+        while (rc.try_take(t)) {
+            bool a = account.take(t);
+            pending.emplace_back(t + 5ms, a, t);
+            (a ? d.ok : d.throttled)++;
+        }
+    }
+    for (auto& [at, a, sent] : pending) rc.on_response(at, !a, sent);
+    return d;
+}
+
+// The first 429 of the slow start ends it at slow_start_exit × the accepted rate (that rate includes the
+// drain of Stripe's full bucket and the doubling's overshoot), then the limit grows as
+// e^(calibrate_growth · t) under pressure until the next 429, which measures the rate between the two.
+BOOST_AUTO_TEST_CASE(slow_start_ends_at_half_then_calibrates_until_the_next_429) {
+    rate_config c;  // 10/s, doubling every 250 ms
+    rate_control rc(c, t0);
+    server_bucket account{25, 25, 25, t0};
+    auto d = drive(rc, account, t0, 1500ms);
+    BOOST_TEST_REQUIRE(rc.decreases() >= 1u);
+    BOOST_TEST(!rc.in_slow_start());
+    BOOST_TEST(d.throttled > 0);
+    // Half of what it accepted, which the full bucket's drain and the doubling's overshoot inflated.
+    BOOST_TEST(rc.estimate() <= 25.0);
+    BOOST_TEST(rc.estimate() >= 0.5 * 25.0);
+    // Pressed for 1 s more without a 429 (a bucket that refuses nothing): × e^0.3.
+    server_bucket open{1000, 1000, 1000, t0 + 1500ms};
+    std::uint64_t before = rc.decreases();
+    double l1 = rc.limit();
+    (void)drive(rc, open, t0 + 1500ms, 1000ms);
+    BOOST_TEST(rc.decreases() == before);
+    BOOST_TEST(rc.limit() / l1 == std::exp(c.calibrate_growth), boost::test_tools::tolerance(0.03));
+}
+
+// Not probing (at its estimate) a sidecar answered since its last 429 gets one: another sender's probe or
+// a lowered limit. One such episode lowers the estimate by at most victim_step; with nothing answered
+// since, the estimate follows what was accepted.
+BOOST_AUTO_TEST_CASE(a_429_while_not_probing_lowers_the_estimate_by_a_step) {
+    rate_config c;
+    c.initial_rps = 0;
+    rate_control rc(c, t0);
+    auto t = t0;
+    for (int i = 0; i < 100; ++i, t += 40ms) {  // 25/s for 4 s
+        BOOST_TEST_REQUIRE(rc.try_take(t));
+        rc.on_response(t, false, t);
+    }
+    rc.on_response(t, true, t);
+    BOOST_TEST_REQUIRE(rc.estimate() == 25.0, boost::test_tools::tolerance(0.03));
+    // 3 s at 10/s (in the dip, below the estimate), then a 429: measured 10/s, but one step at most.
+    for (int i = 0; i < 30; ++i) {
+        t += 100ms;
+        BOOST_TEST_REQUIRE(rc.try_take(t));
+        rc.on_response(t, false, t);
+    }
+    BOOST_TEST_REQUIRE(rc.limit() <= rc.estimate());
+    double before = rc.estimate();
+    rc.on_response(t + 1ms, true, t);
+    BOOST_TEST(rc.estimate() == before * (1 - c.victim_step), boost::test_tools::tolerance(0.001));
+}
+
+// A limit Stripe lowers: the 429s come close together and what Stripe accepted since the first of them is
+// its new rate; the estimate is there within about a second, not one step per episode.
+BOOST_AUTO_TEST_CASE(a_lowered_limit_is_measured_within_a_second) {
+    rate_config c;
+    c.initial_rps = 0;
+    rate_control rc(c, t0);
+    server_bucket account{25, 25, 25, t0};
+    (void)drive(rc, account, t0, 30s);
+    BOOST_TEST_REQUIRE(rc.estimate() == 25.0, boost::test_tools::tolerance(0.1));
+    auto t = t0 + 30s;
+    account.set(15, t);
+    (void)drive(rc, account, t, 3s);
+    BOOST_TEST(rc.estimate() == 15.0, boost::test_tools::tolerance(0.1));
+}
+
+// After a lowered limit the controller remembers the higher rate for `recall`: it holds at
+// reclaim_hold_factor × its estimate for 1 / (reclaim_budget × estimate) seconds, then climbs to the
+// remembered rate in `reclaim`; a limit raised back is found within a few seconds, and the 429s of the
+// attempts stay within about reclaim_budget of the requests.
+BOOST_AUTO_TEST_CASE(a_limit_raised_back_is_reclaimed_from_memory) {
+    rate_config c;
+    c.initial_rps = 0;
+    rate_control rc(c, t0);
+    server_bucket account{25, 25, 25, t0};
+    (void)drive(rc, account, t0, 30s);
+    auto t = t0 + 30s;
+    account.set(15, t);
+    (void)drive(rc, account, t, 10s);
+    t += 10s;
+    BOOST_TEST_REQUIRE(rc.recalled() == 25.0, boost::test_tools::tolerance(0.1));
+    BOOST_TEST_REQUIRE(rc.estimate() == 15.0, boost::test_tools::tolerance(0.1));
+    auto low = drive(rc, account, t, 20s);  // attempts at the lowered limit
+    t += 20s;
+    double share = double(low.throttled) / double(low.ok + low.throttled);
+    BOOST_TEST(share < 2 * c.reclaim_budget);
+    BOOST_TEST(low.ok >= 0.97 * 15 * 20);
+    account.set(25, t);
+    auto back = drive(rc, account, t, 5s);  // the hold, the climb, then at the limit
+    auto after = drive(rc, account, t + 5s, 3s);
+    BOOST_TEST(back.ok >= 15 * 5 + 10);
+    BOOST_TEST(after.ok >= 0.95 * 25 * 3);
+    BOOST_TEST(rc.estimate() >= 0.95 * 25);
+}
+
+// The remembered rate is forgotten once `recall` passes without an estimate near it: a limit lowered for
+// good stops being probed for its old value.
+BOOST_AUTO_TEST_CASE(the_remembered_rate_is_forgotten_after_recall) {
+    rate_config c;
+    c.initial_rps = 0;
+    c.recall = 20000ms;
+    rate_control rc(c, t0);
+    server_bucket account{25, 25, 25, t0};
+    (void)drive(rc, account, t0, 30s);
+    auto t = t0 + 30s;
+    BOOST_TEST_REQUIRE(rc.recalled() == 25.0, boost::test_tools::tolerance(0.1));
+    account.set(15, t);
+    (void)drive(rc, account, t, 40s);
+    BOOST_TEST(rc.recalled() < 17.0);
+    // Without the memory the 429s at the lowered limit are the steady probe's, well under the budget.
+    auto later = drive(rc, account, t + 40s, 30s);
+    BOOST_TEST(double(later.throttled) / double(later.ok + later.throttled) < 0.01);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
