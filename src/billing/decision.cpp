@@ -82,7 +82,8 @@ std::chrono::milliseconds lease_held_requeue_delay(std::optional<std::chrono::mi
     if (remaining && *remaining < floor) {
         auto margin = floor / 10;
         auto wait = std::max(*remaining, margin);
-        auto jitter = milliseconds(static_cast<milliseconds::rep>(static_cast<double>(margin.count()) * unit));
+        auto jitter =
+            milliseconds(static_cast<milliseconds::rep>(static_cast<double>(margin.count()) * unit));
         return std::min(wait + jitter, cap);
     }
     auto wait = std::max(remaining.value_or(lease), floor);

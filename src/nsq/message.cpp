@@ -62,7 +62,8 @@ void arm(std::shared_ptr<keepalive::state> st) {
     // holding a keepalive (it may have waited for a slot or done other work first): the first TOUCH is due
     // msg_timeout / 2 after receipt or the last TOUCH — at once if that is already past — and each later
     // one msg_timeout / 2 after the last.
-    auto next = next_touch(st->last, st->msg->delivered_at(), st->msg->msg_timeout(), st->msg->max_msg_timeout());
+    auto next =
+        next_touch(st->last, st->msg->delivered_at(), st->msg->msg_timeout(), st->msg->max_msg_timeout());
     if (!next) return;
     auto& timer = st->timer;
     timer.expires_at(*next);
