@@ -76,9 +76,18 @@ std::chrono::milliseconds lease_held_requeue_delay(std::optional<std::chrono::mi
                                                    std::chrono::milliseconds floor,
                                                    std::chrono::milliseconds cap, double unit) noexcept {
     using std::chrono::milliseconds;
+    unit = std::clamp(unit, 0.0, 1.0);
+    // A lease the database says ends within the floor is not renewed by a live holder (it renews well before
+    // the end), so its holder is gone: come back when it has ended, not a whole floor later.
+    if (remaining && *remaining < floor) {
+        auto margin = floor / 10;
+        auto wait = std::max(*remaining, margin);
+        auto jitter =
+            milliseconds(static_cast<milliseconds::rep>(static_cast<double>(margin.count()) * unit));
+        return std::min(wait + jitter, cap);
+    }
     auto wait = std::max(remaining.value_or(lease), floor);
     auto spread = std::max(floor, wait / 10);
-    unit = std::clamp(unit, 0.0, 1.0);
     auto jitter = milliseconds(static_cast<milliseconds::rep>(static_cast<double>(spread.count()) * unit));
     return std::min(wait + jitter, cap);
 }

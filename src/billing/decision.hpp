@@ -69,8 +69,10 @@ inline constexpr std::chrono::hours same_key_window{23};
 // How long a requeue for a lease held by another worker waits: until that lease can have expired (its
 // remaining time by the database clock), never less than `floor`, plus jitter in [0, max(floor, 10 % of the
 // wait)) so copies of one event do not come back in lockstep; capped at `cap` (nsqd's --max-req-timeout).
-// `unit` is a uniform random number in [0, 1). Without a known remaining time (nullopt) the lease may be a
-// whole `lease` long. Pure: table-tested.
+// A remaining time below `floor` is a lease its holder stopped renewing (a dead sidecar's, whose message
+// nsqd redelivered as the lease ran out): the wait is that remaining time, at least floor / 10, plus jitter
+// in [0, floor / 10). `unit` is a uniform random number in [0, 1). Without a known remaining time (nullopt)
+// the lease may be a whole `lease` long. Pure: table-tested.
 std::chrono::milliseconds lease_held_requeue_delay(std::optional<std::chrono::milliseconds> remaining,
                                                    std::chrono::milliseconds lease,
                                                    std::chrono::milliseconds floor,

@@ -2,13 +2,13 @@
 
 namespace cg::billing {
 
-delivery delivery_of(const nsq::message& m, const std::string& topic, const std::string& channel) {
+delivery delivery_of(nsq::message& m, const std::string& topic, const std::string& channel) {
     delivery d;
     d.topic = topic;
     d.channel = channel;
     d.message_id = std::string(m.id());  // 16 ASCII characters, as nsqd prints them
     d.attempts = m.attempts();
-    d.body = m.body();
+    d.body = m.take_body();
     return d;
 }
 

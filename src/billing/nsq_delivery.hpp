@@ -13,7 +13,8 @@
 
 namespace cg::billing {
 
-delivery delivery_of(const nsq::message& m, const std::string& topic, const std::string& channel);
+// Takes the message's body (nsq::message::take_body): the delivery holds the only copy while it runs.
+delivery delivery_of(nsq::message& m, const std::string& topic, const std::string& channel);
 
 // Every billing verdict carries its own delay (the lease's remaining time, a Stripe retry delay, a
 // PostgreSQL backoff by attempt), so none of them uses go-nsq's handler backoff: that pauses every

@@ -20,9 +20,12 @@ namespace cg::http {
 client_connection::client_connection(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls,
                                      std::shared_ptr<net::tls_session_cache> sessions)
     : tls_ctx_(std::move(tls)), sessions_(std::move(sessions)) {
-    if (tls_ctx_)
+    if (tls_ctx_) {
         tls_ = std::make_unique<net::tls_stream>(ex, *tls_ctx_);
-    else
+        // OpenSSL frees a connection's record buffers whenever they are empty: a connection waiting for its
+        // response, or idle in the pool, holds none.
+        SSL_set_mode(tls_->native_handle(), SSL_MODE_RELEASE_BUFFERS);
+    } else
         tcp_ = std::make_unique<net::tcp_socket>(ex);
 }
 
@@ -65,7 +68,13 @@ net::awaitable<result<void>> client_connection::connect(const origin& o,
 namespace {
 
 // `out` and `chunk` are the connection's scratch buffers, kept between exchanges: a keep-alive connection
-// serializes and reads without allocating, and no 16 KiB array lands in this coroutine's heap frame.
+// serializes and reads without allocating, and no read array lands in this coroutine's heap frame. `chunk`
+// is small (a create call's response fits) while the connection waits for an answer, which is most of its
+// life; a read that fills it means a large response (a list page), read on in TLS-record-sized reads, and
+// the large array is given back once that response is complete.
+constexpr std::size_t small_read = 4 * 1024;
+constexpr std::size_t large_read = 16 * 1024;
+
 template <typename Stream>
 net::awaitable<result<response>> exchange_on(Stream& stream, std::string& buf, std::string& out,
                                              std::vector<char>& chunk, const request& req, bool* sent,
@@ -87,7 +96,7 @@ net::awaitable<result<response>> exchange_on(Stream& stream, std::string& buf, s
             if (parser.state() == parse_state::failed)
                 co_return error(parser.error(), "response: " + parser.error_detail());
         }
-        if (chunk.empty()) chunk.resize(16 * 1024);
+        if (chunk.size() < small_read) chunk.resize(small_read);
         auto [rec, n] = co_await stream.async_read_some(asio::buffer(chunk), net::nothrow);
         if (rec) {
             // EOF (or a TLS stream truncated by the peer) may end a read-until-close body.
@@ -99,7 +108,9 @@ net::awaitable<result<response>> exchange_on(Stream& stream, std::string& buf, s
             co_return error(rec, "read response: " + rec.message());
         }
         buf.append(chunk.data(), n);
+        if (n == chunk.size() && chunk.size() < large_read) chunk.resize(large_read);
     }
+    if (chunk.size() > small_read) std::vector<char>(small_read).swap(chunk);
     response resp = std::move(parser.message());
     // Bytes after a complete response were never asked for: the connection is out of sync.
     reusable = resp.keep_alive() && buf.empty();

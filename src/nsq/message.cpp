@@ -1,8 +1,5 @@
 #include "nsq/message.hpp"
 
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-
 #include "net/tokens.hpp"
 #include "nsq/connection.hpp"
 #include "nsq/policy.hpp"
@@ -49,41 +46,42 @@ bool message::touch() {
 struct keepalive::state {
     net::steady_timer timer;
     message* msg;
+    clock::time_point last;  // when nsqd's deadline last started (receipt or the last TOUCH)
     bool stopped = false;
     std::size_t touches = 0;
 };
 
 namespace {
 
-// TOUCHes until stopped, until the connection is gone, or until a TOUCH could no longer extend the
-// deadline (nsqd's max-msg-timeout cap). Holds the state, not the message: after stop it never
-// dereferences `msg`.
-asio::awaitable<void> keepalive_loop(std::shared_ptr<keepalive::state> st) {
+// Waits for the next TOUCH and sends it, until stopped, until the connection is gone, or until a TOUCH could
+// no longer extend the deadline (nsqd's max-msg-timeout cap). A plain timer callback holding the state, not
+// the message: after stop it never dereferences `msg`. (Every delivery holds a keepalive and nearly all end
+// long before their first TOUCH: no coroutine is started for one.)
+void arm(std::shared_ptr<keepalive::state> st) {
     // nsqd's deadline runs from delivery (or the last TOUCH), not from when the handler got round to
     // holding a keepalive (it may have waited for a slot or done other work first): the first TOUCH is due
     // msg_timeout / 2 after receipt or the last TOUCH — at once if that is already past — and each later
     // one msg_timeout / 2 after the last.
-    auto last = st->msg->last_touched();
-    for (;;) {
-        auto next =
-            next_touch(last, st->msg->delivered_at(), st->msg->msg_timeout(), st->msg->max_msg_timeout());
-        if (!next) co_return;
-        st->timer.expires_at(*next);
-        co_await st->timer.async_wait();
-        if (st->stopped) co_return;
-        if (!st->msg->touch()) co_return;
+    auto next =
+        next_touch(st->last, st->msg->delivered_at(), st->msg->msg_timeout(), st->msg->max_msg_timeout());
+    if (!next) return;
+    auto& timer = st->timer;
+    timer.expires_at(*next);
+    timer.async_wait([st = std::move(st)](std::error_code) mutable {
+        if (st->stopped) return;
+        if (!st->msg->touch()) return;
         ++st->touches;
-        last = clock::now();
-    }
+        st->last = clock::now();
+        arm(std::move(st));
+    });
 }
 
 }  // namespace
 
 keepalive::keepalive(message& m) {
     if (!m.conn()) return;
-    auto ex = m.conn()->executor();
-    st_ = std::make_shared<state>(state{net::steady_timer(ex), &m});
-    asio::co_spawn(ex, keepalive_loop(st_), asio::detached);
+    st_ = std::make_shared<state>(state{net::steady_timer(m.conn()->executor()), &m, m.last_touched()});
+    arm(st_);
 }
 
 keepalive::~keepalive() {

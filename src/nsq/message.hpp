@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "nsq/proto/message.hpp"
 
@@ -38,6 +39,9 @@ class message {
     std::uint16_t attempts() const noexcept { return attempts_; }   // 1 on first delivery
     std::int64_t timestamp() const noexcept { return timestamp_; }  // ns since the epoch, set at publish
     const std::string& body() const noexcept { return body_; }
+    // Moves the body out (body() is empty afterwards): for a handler that keeps the body for the whole
+    // delivery, so an in-flight message holds it once, not twice.
+    std::string take_body() noexcept { return std::exchange(body_, std::string()); }
 
     // Sends TOUCH: nsqd resets this message's timeout to now + msg_timeout (capped at delivery +
     // max_msg_timeout). Returns false, sending nothing, when the connection it came on is gone or the
