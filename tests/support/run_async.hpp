@@ -2,12 +2,16 @@
 // rethrow whatever it threw.
 #pragma once
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <stdexcept>
+#include <type_traits>
 
 namespace cg::test {
 
@@ -25,32 +29,48 @@ inline void run_until_done(asio::io_context& io, const bool& done,
 // When the coroutine hands work to other threads (an offload pool), declare `io` before that pool so it
 // outlives the pool's threads: they may still release their hold on `io` after the coroutine is done.
 // Throws std::runtime_error on timeout; rethrows the coroutine's exception.
+//
+// On timeout the coroutine is cancelled and given a grace period to unwind while the caller's frame (which
+// its captures may refer to) is still alive: left suspended on `io`, a later run of `io` would resume it
+// into dead captures. The completion state is shared, so a coroutine that outlives even the grace period
+// writes into live memory.
 template <typename Make>
 auto run_async(asio::io_context& io, Make&& make,
                std::chrono::steady_clock::duration limit = std::chrono::seconds(30)) {
     using awaitable_t = decltype(make());
     using T = typename awaitable_t::value_type;
-    std::exception_ptr err;
-    bool done = false;
+    using value_t = std::conditional_t<std::is_void_v<T>, bool, T>;
+    struct completion {
+        std::exception_ptr err;
+        bool done = false;
+        std::optional<value_t> out;
+        asio::cancellation_signal cancel;  // its slot lives as long as the handler that holds `st`
+    };
+    auto st = std::make_shared<completion>();
+    auto finish = [&]() {
+        run_until_done(io, st->done, limit);
+        if (!st->done) {
+            st->cancel.emit(asio::cancellation_type::all);
+            run_until_done(io, st->done, std::chrono::seconds(5));
+            throw std::runtime_error("test coroutine did not finish in time");
+        }
+        if (st->err) std::rethrow_exception(st->err);
+    };
     if constexpr (std::is_void_v<T>) {
-        asio::co_spawn(io, make(), [&](std::exception_ptr e) {
-            err = e;
-            done = true;
-        });
-        run_until_done(io, done, limit);
-        if (!done) throw std::runtime_error("test coroutine did not finish in time");
-        if (err) std::rethrow_exception(err);
+        asio::co_spawn(io, make(), asio::bind_cancellation_slot(st->cancel.slot(), [st](std::exception_ptr e) {
+                           st->err = e;
+                           st->done = true;
+                       }));
+        finish();
     } else {
-        std::optional<T> out;
-        asio::co_spawn(io, make(), [&](std::exception_ptr e, T v) {
-            err = e;
-            if (!e) out.emplace(std::move(v));
-            done = true;
-        });
-        run_until_done(io, done, limit);
-        if (!done) throw std::runtime_error("test coroutine did not finish in time");
-        if (err) std::rethrow_exception(err);
-        return std::move(*out);
+        asio::co_spawn(io, make(),
+                       asio::bind_cancellation_slot(st->cancel.slot(), [st](std::exception_ptr e, T v) {
+                           st->err = e;
+                           if (!e) st->out.emplace(std::move(v));
+                           st->done = true;
+                       }));
+        finish();
+        return std::move(*st->out);
     }
 }
 
