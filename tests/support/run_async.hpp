@@ -57,7 +57,8 @@ auto run_async(asio::io_context& io, Make&& make,
         if (st->err) std::rethrow_exception(st->err);
     };
     if constexpr (std::is_void_v<T>) {
-        asio::co_spawn(io, make(), asio::bind_cancellation_slot(st->cancel.slot(), [st](std::exception_ptr e) {
+        asio::co_spawn(io, make(),
+                       asio::bind_cancellation_slot(st->cancel.slot(), [st](std::exception_ptr e) {
                            st->err = e;
                            st->done = true;
                        }));
