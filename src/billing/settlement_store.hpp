@@ -9,7 +9,7 @@
 //     poll applies those that wait for a row the pipeline settled otherwise;
 //   * a retrieved PaymentIntent or charge (apply_retrieved): the poll of rows left processing.
 //
-// Refunds are recorded by what they name, in the event's transaction (migration 0018): charge.refunded's
+// Refunds are recorded by what they name, in the event's transaction (migration 0016): charge.refunded's
 // cumulative amount_refunded per charge, and each refund object (refund.created, refund.updated,
 // refund.failed, charge.refund.updated) by its id (re_…) with the furthest status it reached. A charged
 // row's refunded_cents is then set from them (cg_refunded_cents) on every write, so one refund reported by

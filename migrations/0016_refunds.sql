@@ -12,7 +12,7 @@
 -- once. The ledger row (billing_records.refunded_cents) and the vault reservation (vault_spend.refunded_cents)
 -- are set from it.
 --
--- Tables and a function only: binaries of schema 0014 to 0017 keep working (they keep the largest
+-- Tables and a function only: binaries of schema 0014 and 0015 keep working (they keep the largest
 -- amount_refunded, as before).
 
 CREATE TABLE stripe_refunds (
