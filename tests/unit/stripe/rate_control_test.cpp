@@ -377,18 +377,20 @@ BOOST_AUTO_TEST_CASE(one_and_three_sidecars_follow_a_changing_limit) {
     }
 }
 
-// One controller with unbounded demand against `account`, answers after 5 ms, from `from` for `span`
-// (1 ms steps). Returns what was accepted and refused.
+// One controller against `account` with a demand far past any limit (`per_ms` requests waiting every
+// 1 ms step: finite, since an unlimited controller admits all of them), answers after 5 ms, from `from`
+// for `span`. Returns what was accepted and refused.
 struct driven {
     int ok = 0, throttled = 0;
 };
-driven drive(rate_control& rc, server_bucket& account, tp from, std::chrono::milliseconds span) {
+driven drive(rate_control& rc, server_bucket& account, tp from, std::chrono::milliseconds span,
+             int per_ms = 50) {
     driven d;
     std::deque<std::tuple<tp, bool, tp>> pending;
     for (auto t = from; t < from + span; t += 1ms) {
         for (; !pending.empty() && std::get<0>(pending.front()) <= t; pending.pop_front())
             rc.on_response(t, !std::get<1>(pending.front()), std::get<2>(pending.front()));
-        while (rc.try_take(t)) {
+        for (int n = 0; n < per_ms && rc.try_take(t); ++n) {
             bool a = account.take(t);
             pending.emplace_back(t + 5ms, a, t);
             (a ? d.ok : d.throttled)++;
@@ -485,9 +487,12 @@ BOOST_AUTO_TEST_CASE(a_limit_raised_back_is_reclaimed_from_memory) {
     BOOST_TEST(low.ok >= 0.97 * 15 * 20);
     account.set(25, t);
     auto back = drive(rc, account, t, 5s);  // the hold, the climb, then at the limit
-    auto after = drive(rc, account, t + 5s, 3s);
+    // Stripe's bucket, full after the hold, hides the raised limit until the climb past it drains the
+    // bucket; the 429 that then measures it costs one dip, so the next 10 s average at least 90 %.
+    auto after = drive(rc, account, t + 5s, 10s);
     BOOST_TEST(back.ok >= 15 * 5 + 10);
-    BOOST_TEST(after.ok >= 0.95 * 25 * 3);
+    BOOST_TEST(after.ok >= 0.9 * 25 * 10);
+    BOOST_TEST(back.throttled + after.throttled <= 3);
     BOOST_TEST(rc.estimate() >= 0.95 * 25);
 }
 
