@@ -132,6 +132,15 @@ error connection::result_error(const pg_result* r, const op& o) {
     return error(e, msg);
 }
 
+// The outcome of an operation whose commit the synchronous standby never confirmed: reported like a timeout
+// (the outcome is unknown to the caller), never as success, so nothing is acknowledged — a FIN, a webhook's
+// 2xx — on the strength of a commit a failover can lose. A retry finds the local commit if the server stays.
+error connection::unconfirmed_commit() const {
+    return error(errc::timeout,
+                 "the synchronous standby did not confirm the commit (its wait was cancelled): committed on this "
+                 "server only, which a failover may lose");
+}
+
 std::string connection::conn_message() const {
     return conn_ ? trim(PQerrorMessage(conn_)) : "no connection";
 }
@@ -145,6 +154,15 @@ void connection::on_notice(void* self, const PGresult* res) {
     const char* sev = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
     const char* msg = PQresultErrorMessage(res);
     std::string_view severity = sev ? sev : "";
+    // PostgreSQL's WARNING when a cancel or a termination ends a commit's wait for the synchronous standby
+    // (syncrep.c): the transaction stays committed locally and the command still reports success. Known by
+    // its source function, which, unlike the message, is not translated.
+    const char* fn = PQresultErrorField(res, PG_DIAG_SOURCE_FUNCTION);
+    if (severity == "WARNING" && fn && std::string_view(fn) == "SyncRepWaitForLSN") {
+        c->commit_unconfirmed_ = true;
+        c->log_.warn("postgres commit not confirmed by the synchronous standby",
+                     {{"message", trim(msg ? msg : "")}});
+    }
     if (severity == "FATAL" || severity == "PANIC") {
         c->broken_ = true;
         const char* state = PQresultErrorField(res, PG_DIAG_SQLSTATE);

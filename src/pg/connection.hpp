@@ -141,6 +141,7 @@ class connection {
     error lost(std::string_view what);
     error result_error(const pg_result* r, const op& o);
     error fail_op(std::error_code ec, const op& o);
+    error unconfirmed_commit() const;
     std::string conn_message() const;
     static void on_notice(void* self, const pg_result* res);
 
@@ -155,6 +156,9 @@ class connection {
     std::size_t next_statement_ = 0;
     bool broken_ = false;
     bool busy_ = false;
+    // The server cancelled this operation's wait for its synchronous standby (a cancel request, ours after a
+    // deadline or anyone's): it committed locally and answered success, but a failover may lose the commit.
+    bool commit_unconfirmed_ = false;
     clock::time_point last_used_ = clock::now();
 };
 

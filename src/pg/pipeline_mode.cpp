@@ -55,6 +55,7 @@ net::awaitable<result<std::vector<result<rows>>>> connection::run(const pipeline
         }
         if (!out) broken_ = true;  // stuck in pipeline mode with unread results: unusable
     }
+    if (out && commit_unconfirmed_) out = unconfirmed_commit();
     end_op(began, out.code(), o);
     co_return out;
 }

@@ -11,6 +11,7 @@ result<void> connection::begin_op() {
     if (!conn_ || broken_ || PQstatus(conn_) != CONNECTION_OK) return lost("before sending");
     if (busy_) return error(errc::protocol_error, "connection already has an operation in progress");
     busy_ = true;
+    commit_unconfirmed_ = false;
     return {};
 }
 
@@ -55,6 +56,7 @@ net::awaitable<result<rows>> connection::query_with(std::string_view sql, params
     } else {
         out = co_await collect(o);
     }
+    if (out && commit_unconfirmed_) out = unconfirmed_commit();
     end_op(began, out.code(), o);
     co_return out;
 }
@@ -77,6 +79,7 @@ net::awaitable<result<void>> connection::execute(std::string_view sql, duration 
         auto r = co_await collect(o);
         if (!r) out = r.err();
     }
+    if (out && commit_unconfirmed_) out = unconfirmed_commit();
     end_op(began, out.code(), o);
     co_return out;
 }

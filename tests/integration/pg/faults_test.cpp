@@ -2,9 +2,11 @@
 //  * a lease renewal the client abandoned (its backend stalled) must never take effect afterwards;
 //  * a caller that must not give up (settling a charge) gets a fresh connect on demand while the pool is
 //    still backing off after an outage, bounded by its deadline;
-//  * cancel requests stuck on an unreachable postmaster never pin the shared offload pool.
+//  * cancel requests stuck on an unreachable postmaster never pin the shared offload pool;
+//  * a commit whose wait for the synchronous standby was cancelled is never reported as success.
 // They stop and SIGSTOP the shared server, so the executable runs alone (meson is_parallel: false).
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <asio/co_spawn.hpp>
@@ -24,6 +26,7 @@
 #include "net/timeout.hpp"
 #include "pg/cancel.hpp"
 #include "pg/migrations.hpp"
+#include "pg/pipeline.hpp"
 #include "support.hpp"
 #include "support/pg_server_ctl.hpp"
 #include "support/run_async.hpp"
@@ -350,6 +353,90 @@ BOOST_AUTO_TEST_CASE(stuck_cancel_requests_do_not_starve_the_offload_pool) {
     pg_fixture f;
     cg::test::run_async(
         f.io, [&] { return cancels_off_the_offload_pool(f, srv); }, 60s);
+}
+
+// ---- 4. a commit the synchronous standby never confirmed is not a success ----------------------------
+
+// A throwaway cluster of its own (ci/pg-cluster), with synchronous replication to a standby that never
+// connects: every commit on it waits. Its own, so nothing else ever waits on it, even if this test dies.
+struct cluster_waiting_for_a_standby : test::pg_server_ctl {
+    unsigned short port = test::closed_port();
+    cluster_waiting_for_a_standby() : pg_server_ctl("start a cluster of the test's own") {
+        char tmpl[] = "/tmp/cg-syncrep.XXXXXX";
+        BOOST_TEST_REQUIRE(::mkdtemp(tmpl) != nullptr);
+        dir = tmpl;
+        ::chmod(tmpl, 0755);
+        BOOST_TEST_REQUIRE(run("start", std::to_string(port)) == 0);
+        exec("CREATE TABLE t (id int PRIMARY KEY)");
+        exec("ALTER SYSTEM SET synchronous_standby_names = 'cg_no_such_standby'");
+        exec("SELECT pg_reload_conf()");
+    }
+    ~cluster_waiting_for_a_standby() {
+        run("stop");
+        std::system(("rm -rf \"" + dir + "\"").c_str());
+    }
+    int run(const std::string& what, const std::string& extra = "") const {
+        return std::system(("\"" + ctl + "\" " + what + " \"" + dir + "\" " + extra + " >/dev/null 2>&1").c_str());
+    }
+    std::string dsn() const {
+        return "host=127.0.0.1 port=" + std::to_string(port) + " dbname=chargeguard_test user=postgres";
+    }
+    // libpq's synchronous API: for setting up and reading back, never on a loop.
+    std::string exec(const std::string& sql) const {
+        PGconn* c = PQconnectdb(dsn().c_str());
+        PGresult* r = PQexec(c, sql.c_str());
+        auto st = PQresultStatus(r);
+        std::string out = st == PGRES_TUPLES_OK && PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "";
+        std::string err = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK ? "" : PQerrorMessage(c);
+        PQclear(r);
+        PQfinish(c);
+        BOOST_TEST_REQUIRE(err.empty(), sql << ": " << err);
+        return out;
+    }
+};
+
+// PostgreSQL answers a cancel during a commit's wait for the standby with a WARNING and the command's
+// success, the row committed on the primary only. Our deadline's cancel must turn that into an error.
+net::awaitable<void> unconfirmed_commits(pg_fixture& f, const cluster_waiting_for_a_standby& srv) {
+    pg::connection_options opts;
+    opts.query_timeout = 300ms;
+    auto cfg = test::server_config(srv.dsn());
+    auto connect = [&]() -> net::awaitable<std::unique_ptr<pg::connection>> {
+        co_return must(co_await pg::connection::connect(cfg, f.offload.get_executor(), opts), "connect");
+    };
+    // The server applies the setting a moment after the reload: until then commits do not wait, and a
+    // statement succeeds honestly. Each try is a fresh id on a fresh connection (a cancelled one is dropped).
+    int id = 0;
+    result<pg::rows> single = error(pg::errc::protocol_error, "not run");
+    auto until = sclock::now() + 15s;
+    for (;;) {
+        auto c = co_await connect();
+        single = co_await c->query("INSERT INTO t (id) VALUES ($1)", ++id);
+        if (!single || sclock::now() > until) break;
+    }
+    BOOST_TEST_REQUIRE(!single.has_value(), "a commit the standby never confirmed was reported as success");
+    BOOST_TEST((single.code() == pg::errc::timeout), single.err().describe());
+    BOOST_TEST(single.err().describe().find("synchronous standby") != std::string::npos,
+               single.err().describe());
+
+    // A pipeline batch (the ledger's group commit) too.
+    auto c = co_await connect();
+    pg::pipeline batch;
+    batch.add("INSERT INTO t (id) VALUES ($1)", 1000);
+    batch.add("INSERT INTO t (id) VALUES ($1)", 1001);
+    auto many = co_await c->run(batch);
+    BOOST_TEST_REQUIRE(!many.has_value(), "a batch the standby never confirmed was reported as success");
+    BOOST_TEST((many.code() == pg::errc::timeout), many.err().describe());
+    co_return;
+}
+
+BOOST_AUTO_TEST_CASE(commit_unconfirmed_by_the_synchronous_standby_is_an_error) {
+    pg_fixture f;
+    cluster_waiting_for_a_standby srv;
+    cg::test::run_async(f.io, [&] { return unconfirmed_commits(f, srv); }, 60s);
+    // What the server did with them: committed locally, which is why success would be a lie a failover
+    // exposes. A read does not wait for the standby.
+    BOOST_TEST(srv.exec("SELECT count(*) FROM t WHERE id >= 1000") == "2");
 }
 
 }  // namespace
