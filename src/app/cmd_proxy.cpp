@@ -55,16 +55,8 @@ vault::proxy_config to_proxy_config(const proxy_flags& f) {
     vault::proxy_config c;
     refuse_plain_http("--upstream", f.upstream, f.allow_insecure_http);
     c.upstream = f.upstream;
-    auto key = read_stripe_key(f.stripe_key_file, std::getenv("STRIPE_API_KEY"));
-    if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
     // The proxy holds the real key: a vault key here would be a configuration mix-up.
-    if (auto shape = check_key_shape(
-            *key, stripe_key_source_for_messages(f.stripe_key_file, std::getenv("STRIPE_API_KEY")),
-            key_kinds::stripe_only);
-        !shape)
-        throw CLI::ValidationError(f.stripe_key_file.empty() ? "STRIPE_API_KEY" : "--stripe-key-file",
-                                   shape.err().message);
-    c.upstream_key = std::move(*key);
+    c.upstream_key = read_checked_stripe_key(f.stripe_key_file, key_kinds::stripe_only);
     c.ca_file = f.stripe_ca_file;
     c.connect_timeout = seconds_flag(f.upstream_connect_timeout_s);
     c.request_timeout = seconds_flag(f.upstream_timeout_s);
