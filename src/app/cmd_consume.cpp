@@ -165,16 +165,9 @@ net::awaitable<nsq::disposition> give_up_message(billing::pipeline* p, const nsq
     co_return billing::to_disposition(co_await billing::run_delivery(*p, m, cfg->topic, cfg->channel, true));
 }
 
-// After the loop runs: wait for PostgreSQL (and --migrate, if asked) — retrying while it is down or starting,
-// up to --pg-startup-timeout — then for the schema gate (app/schema_gate.hpp), then the consumer starts. A
-// failure stops the process with 1.
-net::awaitable<void> start_consuming(runtime* rt, pg::pool* pool, const pg_flags* pgf,
-                                     std::vector<pg::migration> ms, nsq::consumer* consumer,
-                                     schema_gate* gate) {
-    // Awaited into a variable, not inside the if: g++ 12 built this coroutine, with the co_await of a
-    // moved parameter in the condition, into one that trapped (or hung on garbage) when it resumed.
-    bool ready = co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate);
-    if (!ready) co_return;
+// Once the database is ready (start_when_ready), the consumer starts; a consumer that cannot start stops the
+// process with 1.
+void start_consumer(runtime* rt, nsq::consumer* consumer) {
     if (auto r = consumer->start(); !r) {
         rt->log().error("cannot start the consumer", {{"error", r.err().describe()}});
         rt->request_stop("consumer failed to start", 1);
@@ -311,7 +304,8 @@ int run_consume(const consume_flags& f, const global_flags& g) {
         if (e) log.error("processing poll stopped", {{"error", describe_exception(e)}});
     });
     rt.on_shutdown([poller]() { return stop_poller(poller); });
-    return rt.start_and_run(start_consuming(&rt, pool.get(), &f.pg, std::move(*ms), &consumer, &gate));
+    return rt.start_and_run(start_when_ready(&rt, pool.get(), &f.pg, std::move(*ms), &gate,
+                                             [&rt, &consumer] { start_consumer(&rt, &consumer); }));
 }
 
 }  // namespace

@@ -290,6 +290,16 @@ net::awaitable<int> run_replay(letters_replay_flags f, std::shared_ptr<pg::pool>
     co_return n.failed > 0 ? 1 : 0;
 }
 
+// Selects `run(flags, pool)` (a subcommand without a producer) to run on a one-shot loop.
+template <typename Flags, typename Run>
+void select_one_shot(command_main& selected, std::shared_ptr<Flags> f, Run run) {
+    selected = [f, run](const global_flags& g) {
+        return run_one_shot(f->pg, g, [f, run](std::shared_ptr<pg::pool> p, nsq::producer*) {
+            return run(*f, std::move(p));
+        });
+    };
+}
+
 }  // namespace
 
 void register_dead_letters(CLI::App& app, command_main& selected) {
@@ -315,13 +325,7 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
         ->check(CLI::Range(1, 1000000))
         ->capture_default_str();
     list->add_flag("--json", lf->json, "one JSON object per line");
-    list->callback([&selected, lf] {
-        selected = [lf](const global_flags& g) {
-            return run_one_shot(lf->pg, g, [lf](std::shared_ptr<pg::pool> p, nsq::producer*) {
-                return run_list(*lf, std::move(p));
-            });
-        };
-    });
+    list->callback([&selected, lf] { select_one_shot(selected, lf, run_list); });
 
     auto sf = std::make_shared<letters_show_flags>();
     auto* show = dl->add_subcommand("show", "print one dead letter with its body");
@@ -332,13 +336,7 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
         "  chargeguard dead-letters show 17 --json\n");
     show->add_option("ID", sf->id, "dead letter id")->required();
     show->add_flag("--json", sf->json, "as one JSON object");
-    show->callback([&selected, sf] {
-        selected = [sf](const global_flags& g) {
-            return run_one_shot(sf->pg, g, [sf](std::shared_ptr<pg::pool> p, nsq::producer*) {
-                return run_show(*sf, std::move(p));
-            });
-        };
-    });
+    show->callback([&selected, sf] { select_one_shot(selected, sf, run_show); });
 
     auto rf = std::make_shared<letters_replay_flags>();
     auto* replay =

@@ -55,16 +55,8 @@ vault::proxy_config to_proxy_config(const proxy_flags& f) {
     vault::proxy_config c;
     refuse_plain_http("--upstream", f.upstream, f.allow_insecure_http);
     c.upstream = f.upstream;
-    auto key = read_stripe_key(f.stripe_key_file, std::getenv("STRIPE_API_KEY"));
-    if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
     // The proxy holds the real key: a vault key here would be a configuration mix-up.
-    if (auto shape = check_key_shape(
-            *key, stripe_key_source_for_messages(f.stripe_key_file, std::getenv("STRIPE_API_KEY")),
-            key_kinds::stripe_only);
-        !shape)
-        throw CLI::ValidationError(f.stripe_key_file.empty() ? "STRIPE_API_KEY" : "--stripe-key-file",
-                                   shape.err().message);
-    c.upstream_key = std::move(*key);
+    c.upstream_key = read_checked_stripe_key(f.stripe_key_file, key_kinds::stripe_only);
     c.ca_file = f.stripe_ca_file;
     c.connect_timeout = seconds_flag(f.upstream_connect_timeout_s);
     c.request_timeout = seconds_flag(f.upstream_timeout_s);
@@ -113,29 +105,10 @@ net::awaitable<void> drain(http::server* server, vault::proxy* p, std::shared_pt
     co_await pool->close();
 }
 
-// PostgreSQL (and --migrate) as consume waits for it, then the schema gate; only then does the listener
-// accept (a client connecting earlier waits in the backlog) and the background tasks start.
-net::awaitable<void> start_serving(runtime* rt, pg::pool* pool, const pg_flags* pgf,
-                                   std::vector<pg::migration> ms, vault::proxy* p, schema_gate* gate,
-                                   http::server* server, net::tcp::endpoint ep) {
-    // Awaited into a variable, not inside the if: g++ 12 built this coroutine, with the co_await of a
-    // moved parameter in the condition, into one that trapped (or hung on garbage) when it resumed.
-    bool ready = co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate);
-    if (!ready) co_return;
-    p->start();
-    server->start();
-    rt->log().info("vault proxy listening", {{"address", ep.address().to_string()}, {"port", ep.port()}});
-}
-
 int run_proxy(const proxy_flags& f, const global_flags& g) {
     auto cfg = to_proxy_config(f);
     auto sopts = to_server_options(f);
-    auto listen = net::parse_host_port(f.listen);
-    if (!listen) throw CLI::ValidationError("--listen", listen.err().describe());
-    auto opts = to_runtime_options(f.rt);
-    auto ms = load_migrations(f.pg);
-    if (!ms) throw CLI::ValidationError("--migrations-dir", ms.err().describe());
-    auto log = make_stderr_logger(g.level());
+    auto [listen, opts, ms, log] = prepare_listener_service(f.listen, f.rt, f.pg, g.level());
     log.info(
         "proxy starting",
         {{"listen", f.listen},
@@ -159,18 +132,25 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
     (*p)->add_readiness(rt.health());
     // /startupz: PostgreSQL answered once, the schema gate passed, and the upstream was reachable once.
     rt.startup().require("postgres", "PostgreSQL (first connection)");
-    schema_gate gate(rt, pool, *ms);
+    schema_gate gate(rt, pool, ms);
     rt.startup().require("upstream", "the upstream (first successful probe)",
                          [px = p->get()] { return px->upstream_reached_once(); });
     http::server server(rt.io().get_executor(), (*p)->routes(), std::move(sopts), log);
-    auto ep = server.listen(*listen);
+    auto ep = server.listen(listen);
     if (!ep) {
         log.error("cannot listen", {{"error", ep.err().describe()}});
         return 1;
     }
     rt.on_shutdown([&server, px = p->get(), pool]() { return drain(&server, px, pool); });
-    return rt.start_and_run(
-        start_serving(&rt, pool.get(), &f.pg, std::move(*ms), p->get(), &gate, &server, *ep));
+    // PostgreSQL (and --migrate) as consume waits for it, then the schema gate; only then does the listener
+    // accept (a client connecting earlier waits in the backlog) and the background tasks start.
+    return rt.start_and_run(start_when_ready(
+        &rt, pool.get(), &f.pg, std::move(ms), &gate, [&rt, px = p->get(), &server, ep = *ep] {
+            px->start();
+            server.start();
+            rt.log().info("vault proxy listening",
+                          {{"address", ep.address().to_string()}, {"port", ep.port()}});
+        }));
 }
 
 }  // namespace

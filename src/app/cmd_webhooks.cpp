@@ -77,18 +77,6 @@ webhook_receiver_config to_receiver_config(const webhooks_flags& f) {
     return c;
 }
 
-// PostgreSQL (and --migrate), then the schema gate; only then does the listener accept.
-net::awaitable<void> start_receiving(runtime* rt, pg::pool* pool, const pg_flags* pgf,
-                                     std::vector<pg::migration> ms, schema_gate* gate, http::server* server,
-                                     net::tcp::endpoint ep) {
-    // Awaited into a variable, not inside the if (see start_consuming in cmd_consume.cpp).
-    bool ready = co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate);
-    if (!ready) co_return;
-    server->start();
-    rt->log().info("webhook receiver listening",
-                   {{"address", ep.address().to_string()}, {"port", ep.port()}});
-}
-
 net::awaitable<void> stop_receiving(http::server* server) {
     server->stop();
     co_return;
@@ -98,12 +86,7 @@ int run_webhooks(const webhooks_flags& f, const global_flags& g) {
     auto cfg = to_receiver_config(f);
     // The receiver answers bodies over --max-body-bytes with a counted 413.
     auto sopts = to_listener_options(f.listener, f.max_body_bytes, "chargeguard-webhooks");
-    auto listen = net::parse_host_port(f.listen);
-    if (!listen) throw CLI::ValidationError("--listen", listen.err().describe());
-    auto opts = to_runtime_options(f.rt);
-    auto ms = load_migrations(f.pg);
-    if (!ms) throw CLI::ValidationError("--migrations-dir", ms.err().describe());
-    auto log = make_stderr_logger(g.level());
+    auto [listen, opts, ms, log] = prepare_listener_service(f.listen, f.rt, f.pg, g.level());
     log.info("webhooks starting",
              {{"listen", f.listen},
               {"path", cfg.path},
@@ -118,16 +101,22 @@ int run_webhooks(const webhooks_flags& f, const global_flags& g) {
     runtime rt(opts, log);
     auto pool = start_pool(rt, f.pg);
     rt.startup().require("postgres", "PostgreSQL (first connection)");
-    schema_gate gate(rt, pool, *ms);
+    schema_gate gate(rt, pool, ms);
     webhook_receiver receiver(std::move(cfg), pool, log, rt.metrics());
     http::server server(rt.io().get_executor(), receiver.routes(), std::move(sopts), log);
-    auto ep = server.listen(*listen);
+    auto ep = server.listen(listen);
     if (!ep) {
         log.error("cannot listen", {{"error", ep.err().describe()}});
         return 1;
     }
     rt.on_shutdown([&server]() { return stop_receiving(&server); });
-    return rt.start_and_run(start_receiving(&rt, pool.get(), &f.pg, std::move(*ms), &gate, &server, *ep));
+    // PostgreSQL (and --migrate), then the schema gate; only then does the listener accept.
+    return rt.start_and_run(
+        start_when_ready(&rt, pool.get(), &f.pg, std::move(ms), &gate, [&rt, &server, ep = *ep] {
+            server.start();
+            rt.log().info("webhook receiver listening",
+                          {{"address", ep.address().to_string()}, {"port", ep.port()}});
+        }));
 }
 
 }  // namespace

@@ -35,4 +35,14 @@ http::server_options to_listener_options(const listener_flags& f, std::size_t ma
     return o;
 }
 
+listener_service_start prepare_listener_service(const std::string& listen, const runtime_flags& rt,
+                                                const pg_flags& pg, log_level level) {
+    auto address = net::parse_host_port(listen);
+    if (!address) throw CLI::ValidationError("--listen", address.err().describe());
+    auto opts = to_runtime_options(rt);
+    auto ms = load_migrations(pg);
+    if (!ms) throw CLI::ValidationError("--migrations-dir", ms.err().describe());
+    return {std::move(*address), opts, std::move(*ms), make_stderr_logger(level)};
+}
+
 }  // namespace cg::app

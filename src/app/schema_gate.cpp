@@ -165,4 +165,14 @@ net::awaitable<bool> database_ready(runtime& rt, pg::pool& pool, const pg_flags&
     co_return !rt.stopping();
 }
 
+net::awaitable<void> start_when_ready(runtime* rt, pg::pool* pool, const pg_flags* pgf,
+                                      std::vector<pg::migration> ms, schema_gate* gate,
+                                      std::function<void()> start) {
+    // Awaited into a variable, not inside the if: g++ 12 built this coroutine, with the co_await of a
+    // moved parameter in the condition, into one that trapped (or hung on garbage) when it resumed.
+    bool ready = co_await database_ready(*rt, *pool, *pgf, std::move(ms), *gate);
+    if (!ready) co_return;
+    start();
+}
+
 }  // namespace cg::app

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -57,5 +58,12 @@ struct pg_flags;
 // newer than this binary and not declared compatible). Main executor.
 net::awaitable<bool> database_ready(runtime& rt, pg::pool& pool, const pg_flags& pgf,
                                     std::vector<pg::migration> ms, schema_gate& gate);
+
+// A service's first startup step (runtime::start_and_run): database_ready, then — when work may start —
+// `start` (the consumer, or the listener and what it serves). Main executor; `rt`, `pool`, `pgf` and `gate`
+// must outlive it.
+net::awaitable<void> start_when_ready(runtime* rt, pg::pool* pool, const pg_flags* pgf,
+                                      std::vector<pg::migration> ms, schema_gate* gate,
+                                      std::function<void()> start);
 
 }  // namespace cg::app

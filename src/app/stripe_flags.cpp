@@ -184,17 +184,21 @@ result<std::string> read_stripe_key(const std::string& flag_file, const char* en
     return key;
 }
 
+std::string read_checked_stripe_key(const std::string& key_file, key_kinds kinds) {
+    auto key = read_stripe_key(key_file, std::getenv("STRIPE_API_KEY"));
+    if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
+    auto source = stripe_key_source_for_messages(key_file, std::getenv("STRIPE_API_KEY"));
+    if (auto shape = check_key_shape(*key, source, kinds); !shape)
+        throw CLI::ValidationError(key_file.empty() ? "STRIPE_API_KEY" : "--stripe-key-file",
+                                   shape.err().message);
+    return std::move(*key);
+}
+
 stripe::client_config to_stripe_config(const stripe_flags& f) {
     stripe::client_config c;
     refuse_plain_http("--stripe-api-base", f.api_base, f.allow_insecure_http);
     c.api_base = f.api_base;
-    auto key = read_stripe_key(f.key_file, std::getenv("STRIPE_API_KEY"));
-    if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
-    auto source = stripe_key_source_for_messages(f.key_file, std::getenv("STRIPE_API_KEY"));
-    if (auto shape = check_key_shape(*key, source, key_kinds::stripe_or_vault); !shape)
-        throw CLI::ValidationError(f.key_file.empty() ? "STRIPE_API_KEY" : "--stripe-key-file",
-                                   shape.err().message);
-    c.api_key = std::move(*key);
+    c.api_key = read_checked_stripe_key(f.key_file, key_kinds::stripe_or_vault);
     c.ca_file = f.ca_file;
     c.stripe_version = f.version;
     c.connect_timeout = ms(f.connect_timeout_s);

@@ -63,6 +63,9 @@ enum class key_kinds { stripe_only, stripe_or_vault };
 // Checks the key's shape: a known prefix and no whitespace. `source` names where it came from
 // ("STRIPE_API_KEY", "--stripe-key-file '/run/secrets/k'") for the message, which never shows the key.
 result<void> check_key_shape(std::string_view key, std::string_view source, key_kinds kinds);
+// read_stripe_key (STRIPE_API_KEY from the environment unless `key_file` is given), then check_key_shape.
+// Throws CLI::ValidationError naming the flag or variable at fault; never echoes the key.
+std::string read_checked_stripe_key(const std::string& key_file, key_kinds kinds);
 
 // Refuses a plain-http origin unless `allowed` (--allow-insecure-http): the API key would cross the
 // network in cleartext. `flag` names the option for the message. Throws CLI::ValidationError.

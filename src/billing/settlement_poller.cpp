@@ -17,6 +17,47 @@ std::int64_t unix_now() {
         .count();
 }
 
+// A retrieved PaymentIntent's or charge's fact, as of now.
+payment_fact retrieved_fact(fact_kind kind, std::string source, std::string payment_intent_id,
+                            std::string charge_id, std::string status, std::string failure) {
+    payment_fact f;
+    f.kind = kind;
+    f.source = std::move(source);
+    f.payment_intent_id = std::move(payment_intent_id);
+    f.charge_id = std::move(charge_id);
+    f.status = std::move(status);
+    f.failure = std::move(failure);
+    f.created = unix_now();
+    return f;
+}
+
+// What Stripe says now of a row left processing, as a fact: its PaymentIntent, or (none recorded) its
+// charge. nullopt, logged, when the retrieve failed. Completes on the client's completion executor.
+net::awaitable<std::optional<payment_fact>> retrieve_fact(stripe::client& stripe, const logger& log,
+                                                          const processing_row& row) {
+    if (row.payment_intent_id) {
+        auto pi = co_await stripe.retrieve_payment_intent(*row.payment_intent_id);
+        if (!pi) {
+            log.warn("cannot retrieve a payment intent left processing",
+                     {{"billing_key", row.key},
+                      {"payment_intent", *row.payment_intent_id},
+                      {"error", pi.err().describe()}});
+            co_return std::nullopt;
+        }
+        co_return retrieved_fact(fact_kind_for_intent_status(pi->status), "retrieve payment_intent", pi->id,
+                                 pi->latest_charge, pi->status, pi->last_error_code);
+    }
+    auto ch = co_await stripe.retrieve_charge(row.charge_id.value_or(""));
+    if (!ch) {
+        log.warn("cannot retrieve a charge left processing", {{"billing_key", row.key},
+                                                              {"charge_id", row.charge_id.value_or("")},
+                                                              {"error", ch.err().describe()}});
+        co_return std::nullopt;
+    }
+    co_return retrieved_fact(fact_kind_for_charge_status(ch->status), "retrieve charge", ch->payment_intent,
+                             ch->id, ch->status, ch->failure_code);
+}
+
 }  // namespace
 
 struct settlement_poller::metrics_set {
@@ -71,54 +112,31 @@ net::awaitable<void> settlement_poller::pace() {
 
 net::awaitable<result<poll_report>> settlement_poller::poll_once() {
     poll_report rep;
+    auto count_error = [&] {
+        ++rep.errors;
+        if (metrics_) metrics_->errors->Increment();
+    };
+    auto alert_failed = [&](const std::string& key, const std::string& reason) {
+        ++rep.failed;
+        if (metrics_) metrics_->failed_after_processing->Increment();
+        log_.error("alert: payment failed after processing; dead-lettered, replay charges again",
+                   {{"alert", true}, {"billing_key", key}, {"reason", reason}});
+    };
     auto due = co_await store_.due_for_poll(cfg_.poll_after, cfg_.batch);
     if (!due) co_return due.err();
     rep.due = due->size();
     for (const auto& row : *due) {
         if (stopped_) break;
         co_await pace();
-        payment_fact f;
-        f.created = unix_now();
-        if (row.payment_intent_id) {
-            auto pi = co_await stripe_.retrieve_payment_intent(*row.payment_intent_id);
-            if (!pi) {
-                ++rep.errors;
-                if (metrics_) metrics_->errors->Increment();
-                log_.warn("cannot retrieve a payment intent left processing",
-                          {{"billing_key", row.key},
-                           {"payment_intent", *row.payment_intent_id},
-                           {"error", pi.err().describe()}});
-                continue;
-            }
-            f.kind = fact_kind_for_intent_status(pi->status);
-            f.source = "retrieve payment_intent";
-            f.payment_intent_id = pi->id;
-            f.charge_id = pi->latest_charge;
-            f.status = pi->status;
-            f.failure = pi->last_error_code;
-        } else {
-            auto ch = co_await stripe_.retrieve_charge(row.charge_id.value_or(""));
-            if (!ch) {
-                ++rep.errors;
-                if (metrics_) metrics_->errors->Increment();
-                log_.warn("cannot retrieve a charge left processing",
-                          {{"billing_key", row.key},
-                           {"charge_id", row.charge_id.value_or("")},
-                           {"error", ch.err().describe()}});
-                continue;
-            }
-            f.kind = fact_kind_for_charge_status(ch->status);
-            f.source = "retrieve charge";
-            f.charge_id = ch->id;
-            f.payment_intent_id = ch->payment_intent;
-            f.status = ch->status;
-            f.failure = ch->failure_code;
+        auto f = co_await retrieve_fact(stripe_, log_, row);
+        if (!f) {
+            count_error();
+            continue;
         }
         ++rep.retrieved;
-        auto applied = co_await store_.apply_retrieved(row.key, f);
+        auto applied = co_await store_.apply_retrieved(row.key, *f);
         if (!applied) {
-            ++rep.errors;
-            if (metrics_) metrics_->errors->Increment();
+            count_error();
             log_.warn("cannot apply a retrieved payment",
                       {{"billing_key", row.key}, {"error", applied.err().describe()}});
             continue;
@@ -130,13 +148,8 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
         if (left) ++rep.settled;
         log_.info(
             "polled a payment left processing",
-            {{"billing_key", row.key}, {"stripe_status", f.status}, {"status", to_string(s.after.status)}});
-        if (s.failed_now) {
-            ++rep.failed;
-            if (metrics_) metrics_->failed_after_processing->Increment();
-            log_.error("alert: payment failed after processing; dead-lettered, replay charges again",
-                       {{"alert", true}, {"billing_key", row.key}, {"reason", s.note}});
-        }
+            {{"billing_key", row.key}, {"stripe_status", f->status}, {"status", to_string(s.after.status)}});
+        if (s.failed_now) alert_failed(row.key, s.note);
         if (s.anomaly)
             log_.error("alert: Stripe reports what chargeguard never asked for",
                        {{"alert", true}, {"billing_key", row.key}, {"note", s.note}});
@@ -160,12 +173,7 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
             continue;
         }
         ++rep.deferred_rows;
-        if (*applied && (*applied)->failed_now) {
-            ++rep.failed;
-            if (metrics_) metrics_->failed_after_processing->Increment();
-            log_.error("alert: payment failed after processing; dead-lettered, replay charges again",
-                       {{"alert", true}, {"billing_key", key}, {"reason", (*applied)->note}});
-        }
+        if (*applied && (*applied)->failed_now) alert_failed(key, (*applied)->note);
     }
     co_return rep;
 }

@@ -18,6 +18,22 @@ net::awaitable<row> lab::count(variant_run& v) {
     out.fin_failed = v.fin_failed;
     out.disconnects = v.disconnects;
     out.nsqd_timeouts = v.timeouts;
+    std::vector<std::string> customers;
+    for (int i = 1; i <= s.events; ++i) customers.push_back(stripe_customer(i));
+    auto charged_cents = co_await count_charges(out, std::move(customers));
+    if (v.vault) out.vault = co_await vault_count(v, charged_cents);
+    out.variant = variant_label(v.safe ? "safe" : "unsafe", out.vault);
+    std::set<std::string> keys = v.keys;
+    if (v.safe)  // the pipeline's keys: the content key and its later generations
+        for (int i = 1; i <= s.events; ++i) {
+            auto base = billing::base_key(key_namespace, "cust-" + std::to_string(i), billing_period);
+            for (int g = 1; g <= 5; ++g) keys.insert(billing::stripe_idempotency_key(base, g));
+        }
+    co_await count_posts(out, std::move(keys));
+    co_return out;
+}
+
+net::awaitable<std::int64_t> lab::count_charges(row& out, std::vector<std::string> customers) {
     auto charges = co_await admin("GET", "/_admin/charges", "");
     if (!charges) throw std::runtime_error(charges.err().describe());
     std::map<std::string, std::uint64_t> per_customer;
@@ -37,19 +53,15 @@ net::awaitable<row> lab::count(variant_run& v) {
         ++out.charges_created;
         charged_cents += amount;
     }
-    if (v.vault) out.vault = co_await vault_count(v, charged_cents);
-    out.variant = variant_label(v.safe ? "safe" : "unsafe", out.vault);
-    for (int i = 1; i <= s.events; ++i) {
-        auto n = per_customer[stripe_customer(i)];
+    for (const auto& customer : customers) {
+        auto n = per_customer[customer];
         if (n == 0) ++out.customers_uncharged;
         if (n > 1) out.duplicate_charges += n - 1;
     }
-    std::set<std::string> keys = v.keys;
-    if (v.safe)  // the pipeline's keys: the content key and its later generations
-        for (int i = 1; i <= s.events; ++i) {
-            auto base = billing::base_key(key_namespace, "cust-" + std::to_string(i), billing_period);
-            for (int g = 1; g <= 5; ++g) keys.insert(billing::stripe_idempotency_key(base, g));
-        }
+    co_return charged_cents;
+}
+
+net::awaitable<void> lab::count_posts(row& out, std::set<std::string> keys) {
     for (const auto& k : keys) {
         auto r = co_await admin("GET", "/_admin/posts?key=" + http::url_encode(k), "");
         simdjson::dom::parser pp;
@@ -59,7 +71,6 @@ net::awaitable<row> lab::count(variant_run& v) {
             throw std::runtime_error("fake-stripe /_admin/posts: " + (r ? *r : r.err().describe()));
         out.stripe_posts += static_cast<std::uint64_t>(n);
     }
-    co_return out;
 }
 
 }  // namespace cg::lab

@@ -164,7 +164,10 @@ void lab::configure_consumer(variant_run& v) {
     c.msg_timeout = opts_.msg_timeout;
     c.heartbeat_interval = milliseconds(s.heartbeat_ms);
     c.max_attempts = s.max_attempts;
-    // Short delays so the whole table runs in minutes.
+    lab_consumer_delays(c);
+}
+
+void lab_consumer_delays(nsq::consumer_config& c) {
     c.reconnect_backoff_min = 100ms;
     c.reconnect_backoff_max = 1s;
     c.backoff_multiplier = 50ms;

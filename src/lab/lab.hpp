@@ -15,6 +15,7 @@
 #include <asio/io_context.hpp>
 #include <chrono>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,11 @@ class lab {
     net::awaitable<void> channel_op(variant_run& v, std::string op);
     net::awaitable<void> wind_down(variant_run& v);
     net::awaitable<row> count(variant_run& v);
+    // fake-stripe's succeeded charges into `out` (charges_created; customers_uncharged and duplicate_charges
+    // over the Stripe customers `customers`); returns their total in cents (count.cpp).
+    net::awaitable<std::int64_t> count_charges(row& out, std::vector<std::string> customers);
+    // The POSTs fake-stripe saw under each of `keys`, into out.stripe_posts (count.cpp).
+    net::awaitable<void> count_posts(row& out, std::set<std::string> keys);
     net::awaitable<result<std::unique_ptr<broker>>> start_broker(bool real, std::string data_dir);
     net::awaitable<void> stop_broker(std::unique_ptr<broker> b);
     net::awaitable<result<std::string>> admin(std::string method, std::string target, std::string body);

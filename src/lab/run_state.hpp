@@ -54,6 +54,10 @@ std::string_view name_of(variant w);
 // The run's topic: the scenario's name (made safe for nsqd) and the variant.
 std::string topic_for(const scenario& s, variant w);
 
+// The consumer's delays in the lab, short so the whole table runs in minutes: reconnects, requeues, handler
+// backoff, RDY redistribution, drain and connect (driver.cpp).
+void lab_consumer_delays(nsq::consumer_config& c);
+
 // --- one nsqd (broker.cpp) --------------------------------------------------------------------------------
 
 struct lab::broker {

@@ -16,7 +16,6 @@
 // Two customers: the first's debit fails, the second's succeeds. The run drives its own fake-nsqd and
 // consumer (it shares only fake-stripe, the database and the Stripe client with the rest of the lab) and
 // throws when the safe run does not end as described, so a row in the table means it did.
-#include <simdjson.h>
 
 #include <asio/co_spawn.hpp>
 #include <csignal>
@@ -29,6 +28,7 @@
 #include "billing/event.hpp"
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
+#include "billing/nsq_delivery.hpp"
 #include "billing/pipeline.hpp"
 #include "http/server.hpp"
 #include "lab/lab.hpp"
@@ -69,29 +69,13 @@ std::string body_of(int i) {
            R"("})";
 }
 
-template <typename T>
-T must(result<T> r, const std::string& what) {
-    if (!r) throw std::runtime_error("settle-later: " + what + ": " + r.err().describe());
-    return std::move(*r);
-}
-void must(result<void> r, const std::string& what) {
-    if (!r) throw std::runtime_error("settle-later: " + what + ": " + r.err().describe());
+// need(), naming the row.
+template <typename R>
+auto must(R r, const std::string& what) {
+    return need(std::move(r), "settle-later: " + what);
 }
 void expect(bool ok, const std::string& what) {
     if (!ok) throw std::runtime_error("settle-later safe: " + what);
-}
-
-net::awaitable<std::optional<child>> spawn_line(std::vector<std::string> argv, std::string err,
-                                                std::string* line) {
-    auto c = child::spawn(argv, err);
-    if (!c) co_return std::nullopt;
-    auto l = c->read_line(10s);
-    if (!l) co_return std::nullopt;
-    *line = *l;
-    co_return std::move(*c);
-}
-net::awaitable<int> stop_it(child c) {
-    co_return c.stop(SIGTERM, 10s);
 }
 
 // The value of an unlabelled counter in a Prometheus text rendering (0 when absent).
@@ -137,8 +121,9 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
     std::string line;
     std::vector<std::string> argv{L.opts_.fake_nsqd_bin, "--msg-timeout-ms",
                                   std::to_string(L.opts_.msg_timeout.count())};
-    auto proc = co_await net::offload(L.offload_.get_executor(),
-                                      spawn_line(argv, L.opts_.work_dir + "/fake-nsqd-settle.log", &line));
+    auto proc =
+        co_await net::offload(L.offload_.get_executor(),
+                              spawn_and_wait_line(argv, L.opts_.work_dir + "/fake-nsqd-settle.log", &line));
     if (!proc) throw std::runtime_error("settle-later: fake-nsqd did not start");
     unsigned tcp = 0, hp = 0;
     if (std::sscanf(line.c_str(), "tcp=%u http=%u", &tcp, &hp) != 2)
@@ -172,15 +157,9 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
     };
     auto handle_one = [](handler_state hs, nsq::message& m) -> net::awaitable<nsq::disposition> {
         running_guard g(*hs.running);
-        auto& topic = hs.topic;
-        auto* pipeline = hs.pipeline;
-        if (hs.safe) {
-            billing::delivery d{topic, channel, std::string(m.id()), m.attempts(), m.body()};
-            nsq::keepalive alive(m);
-            auto v = co_await pipeline->handle(std::move(d), [&m] { m.touch(); });
-            if (v.finished()) co_return nsq::disposition::finish();
-            co_return nsq::disposition::requeue_without_backoff(v.delay);
-        }
+        if (hs.safe)  // as `consume` runs a delivery
+            co_return billing::to_disposition(
+                co_await billing::run_delivery(*hs.pipeline, m, hs.topic, channel, false));
         // The mistake: any 2xx PaymentIntent is a charge, `processing` included.
         auto ev = billing::parse_event(m.body());
         if (!ev) co_return nsq::disposition::finish();
@@ -205,11 +184,7 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
     cc.nsqd_tcp_addresses = {nsqd};
     cc.max_in_flight = 4;
     cc.msg_timeout = L.opts_.msg_timeout;
-    cc.default_requeue_delay = 300ms;
-    cc.max_requeue_delay = 1s;
-    cc.reconnect_backoff_min = 100ms;
-    cc.reconnect_backoff_max = 1s;
-    cc.drain_timeout = 10s;
+    lab_consumer_delays(cc);
     // The consumer's connection tasks may still report to its registry after the consumer is gone (until
     // their connections have closed): the registry lives as long as the lab.
     static std::vector<std::unique_ptr<metrics::registry>> consumer_registries;
@@ -282,7 +257,7 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
         co_await net::sleep_for(20ms);
     if (running > 0) throw std::runtime_error("settle-later: handlers still running after the run ended");
     if (server) server->stop();
-    co_await net::offload(L.offload_.get_executor(), stop_it(std::move(*proc)));
+    co_await net::offload(L.offload_.get_executor(), stop_child(std::move(*proc), SIGTERM));
 
     row out;
     out.scenario = s.name;
@@ -290,37 +265,16 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
     out.deliveries = cs.received;
     out.fin_failed = cs.fin_failed;
     out.disconnects = cs.disconnects;
-    auto charges = must(co_await L.admin("GET", "/_admin/charges", ""), "charges");
-    simdjson::dom::parser p;
-    simdjson::dom::element doc;
-    simdjson::dom::array data;
-    if (p.parse(charges).get(doc) || doc["data"].get(data))
-        throw std::runtime_error("settle-later: fake-stripe /_admin/charges: unexpected JSON");
-    std::map<std::string, std::uint64_t> per_customer;
-    for (auto c : data) {
-        std::string_view status, customer;
-        if (c["status"].get(status) || status != "succeeded" || c["customer"].get(customer)) continue;
-        ++per_customer[std::string(customer)];
-        ++out.charges_created;
-    }
+    std::vector<std::string> customers;
     for (int i = 1; i <= n; ++i) {
-        auto k = per_customer[stripe_customer_of(i)];
-        if (k == 0) ++out.customers_uncharged;
-        if (k > 1) out.duplicate_charges += k - 1;
+        customers.push_back(stripe_customer_of(i));
         if (safe)
             for (int g = 1; g <= 5; ++g)
                 keys.insert(
                     billing::stripe_idempotency_key(billing::base_key(ns, customer_id(i), period), g));
     }
-    for (const auto& k : keys) {
-        auto r = must(co_await L.admin("GET", "/_admin/posts?key=" + http::url_encode(k), ""), "posts");
-        simdjson::dom::parser pp;
-        simdjson::dom::element d;
-        std::int64_t count = 0;
-        if (pp.parse(r).get(d) || d["count"].get(count))
-            throw std::runtime_error("settle-later: /_admin/posts");
-        out.stripe_posts += static_cast<std::uint64_t>(count);
-    }
+    co_await L.count_charges(out, std::move(customers));
+    co_await L.count_posts(out, std::move(keys));
     co_return out;
 }
 

@@ -21,7 +21,8 @@
 
 namespace cg::vault {
 
-struct new_key {
+// What a key was issued with: the same whether it is being issued (new_key) or read back (key_record).
+struct key_terms {
     std::string id;
     std::string name;
     bytes secret_hash;
@@ -29,17 +30,13 @@ struct new_key {
     std::int64_t cap_cents = 0;
     std::string currency;
     std::vector<std::string> allowed;
+};
+
+struct new_key : key_terms {
     std::optional<std::string> expires_at;  // RFC 3339 text; PostgreSQL parses it
 };
 
-struct key_record {
-    std::string id;
-    std::string name;
-    bytes secret_hash;
-    std::string billing_period;
-    std::int64_t cap_cents = 0;
-    std::string currency;
-    std::vector<std::string> allowed;
+struct key_record : key_terms {
     std::optional<pg::timestamp> expires_at;
     std::optional<pg::timestamp> revoked_at;
     pg::timestamp created_at{};

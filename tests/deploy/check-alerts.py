@@ -11,6 +11,8 @@ import os
 import re
 import sys
 
+import exported_metrics
+
 try:
     import yaml
 except ImportError:
@@ -31,11 +33,7 @@ def slug(heading):
 
 
 anchors = {slug(h) for h in re.findall(r"^#+ (.+)$", runbook, re.M)}
-exported = set()
-for d, _, files in os.walk(os.path.join(root, "src")):
-    for f in files:
-        if f.endswith((".cpp", ".hpp")):
-            exported |= set(re.findall(r'"(chargeguard_[a-z0-9_]+)"', open(os.path.join(d, f)).read()))
+exported = exported_metrics.exported(root)
 # The schema gate's gauges, exported by the schema gate's change (agreed names).
 exported |= {"chargeguard_schema_ok", "chargeguard_schema_version", "chargeguard_schema_required_version"}
 

@@ -5,13 +5,11 @@ where promtool is installed, every query is valid PromQL (checked as a recording
 usage: check-dashboard.py SOURCE_ROOT"""
 import json, os, re, shutil, subprocess, sys, tempfile
 
+import exported_metrics
+
 root = sys.argv[1]
 dash = json.load(open(os.path.join(root, "deploy/grafana/chargeguard.json")))
-exported = set()
-for d, _, files in os.walk(os.path.join(root, "src")):
-    for f in files:
-        if f.endswith((".cpp", ".hpp")):
-            exported |= set(re.findall(r'"(chargeguard_[a-z0-9_]+)"', open(os.path.join(d, f)).read()))
+exported = exported_metrics.exported(root)
 fail = []
 titles = [p["title"] for p in dash["panels"]]
 for want in ["Event-loop lag", "Messages by outcome", "Charges per second", "Duplicates prevented", "Stripe latency",

@@ -245,8 +245,7 @@ def main():
     a = ap.parse_args()
     CONSUME_ARGS[:] = a.consume_arg
     MAX_IN_FLIGHT[0] = a.max_in_flight
-    if not os.environ.get("PGHOST"):
-        print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
+    if not H.pg_configured():
         return 0
     print(f"footprint: load (1/5/15 min) {load()}, {os.cpu_count()} CPUs")
     rows = []

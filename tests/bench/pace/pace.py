@@ -166,8 +166,7 @@ def main():
     a = ap.parse_args()
     global MAX_IN_FLIGHT
     MAX_IN_FLIGHT = a.max_in_flight
-    if not os.environ.get("PGHOST"):
-        print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
+    if not H.pg_configured():
         return 0
     print(f"load before {load()}; --max-in-flight {MAX_IN_FLIGHT}; fake-stripe --endpoint-rps {LIMIT:g} --global-rps 100 --rate-burst 1, 0 ms")
     print("| sidecars | run | figures | | | | | |")

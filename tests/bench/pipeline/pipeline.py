@@ -22,6 +22,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONSUME_PREFIX = []
 
 
+def pg_configured():
+    """True when PG* names a PostgreSQL server the benchmark may create databases on; else says it skips."""
+    if os.environ.get("PGHOST"):
+        return True
+    print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
+    return False
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -563,8 +571,7 @@ def main():
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
     CONSUME_PREFIX[:] = shlex.split(a.consume_prefix)
-    if not os.environ.get("PGHOST"):
-        print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
+    if not pg_configured():
         return 0
     if a.only in (None, "throughput"):
         print("| Stripe latency | --max-in-flight | events | charges/s | publish→charged p50 / p99 | loop lag p99 "

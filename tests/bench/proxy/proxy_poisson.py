@@ -155,8 +155,7 @@ def main():
     ap.add_argument("--trace", action="store_true", help="proxy at debug: print the stages per setting")
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
-    if not os.environ.get("PGHOST"):
-        print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
+    if not H.pg_configured():
         return 0
     rates, lats = a.rate or [10, 50, 100], a.latency or [50, 300]
     rng = random.Random(a.seed)

@@ -46,6 +46,7 @@
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
 #include "net/tls.hpp"
+#include "support/fake_stripe_thread.hpp"
 #include "support/process_usage.hpp"
 #include "tests/doubles/stripe/fake_stripe.hpp"
 #include "tests/integration/pg/support.hpp"
@@ -100,41 +101,12 @@ std::vector<long> backends_of(const std::string& db) {
     return out;
 }
 
-// The fake on its own thread and io_context, like a remote server.
-struct fake_thread {
-    asio::io_context io{1};
-    std::unique_ptr<fake::fake_stripe> fake;
-    std::thread t;
-    std::uint16_t port = 0;
-    std::atomic<long> tid{0};
-
-    explicit fake_thread(const std::string& certs) {
-        auto tls = net::make_tls_server_context({certs + "/server.pem", certs + "/server.key"});
-        if (!tls) throw std::runtime_error(tls.err().describe());
-        fake = std::make_unique<fake::fake_stripe>(io.get_executor(), *tls, logger(), 4096);
-        auto ep = fake->listen({"127.0.0.1", 0});
-        if (!ep) throw std::runtime_error(ep.err().describe());
-        port = ep->port();
-        fake->start();
-        t = std::thread([this] {
-            tid = static_cast<long>(::syscall(SYS_gettid));
-            io.run();
-        });
-        while (tid == 0) std::this_thread::yield();
-    }
+// The fake on its own thread, with its thread's CPU time and a latency set from outside.
+struct fake_thread : test::fake_stripe_thread {
+    using fake_stripe_thread::fake_stripe_thread;
     double cpu() const { return cpu_seconds("/proc/self/task/" + std::to_string(tid.load()) + "/stat"); }
     void set_latency(int ms) {
-        std::atomic<bool> done{false};
-        asio::post(io, [&] {
-            fake->faults().latency_ms = ms;
-            done = true;
-        });
-        while (!done) std::this_thread::yield();
-    }
-    ~fake_thread() {
-        asio::post(io, [this] { fake->stop(); });
-        io.stop();
-        t.join();
+        on_fake([this, ms] { fake->faults().latency_ms = ms; });
     }
 };
 

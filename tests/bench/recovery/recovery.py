@@ -56,8 +56,7 @@ def main():
     ap.add_argument("--consume-arg", action="append", default=[])
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
-    if not os.environ.get("PGHOST"):
-        print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
+    if not H.pg_configured():
         return 0
     rng = random.Random(a.seed)
     bound = a.msg_timeout + a.lease + 5

@@ -171,8 +171,7 @@ def main():
     ap.add_argument("--consume-arg", action="append", default=[])
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
-    if not os.environ.get("PGHOST"):
-        print("skipped: set PGHOST/PGPORT/PGUSER (a PostgreSQL server the bench may create databases on)")
+    if not H.pg_configured():
         return 0
     n, mif = a.events, a.max_in_flight
     sidecars = a.sidecars or [1, 3]

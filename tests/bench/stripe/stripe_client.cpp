@@ -17,6 +17,7 @@
 #include "net/offload.hpp"
 #include "net/tls.hpp"
 #include "stripe/client.hpp"
+#include "support/fake_stripe_thread.hpp"
 #include "support/process_usage.hpp"
 #include "tests/doubles/stripe/fake_stripe.hpp"
 
@@ -25,37 +26,7 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-// The fake on its own thread and io_context, like a remote server.
-struct fake_thread {
-    asio::io_context io{1};
-    std::unique_ptr<fake::fake_stripe> fake;
-    std::thread t;
-    std::uint16_t port = 0;
-
-    explicit fake_thread(const std::string& certs) {
-        auto tls = net::make_tls_server_context({certs + "/server.pem", certs + "/server.key"});
-        if (!tls) throw std::runtime_error(tls.err().describe());
-        fake = std::make_unique<fake::fake_stripe>(io.get_executor(), *tls, logger(), 4096);
-        auto ep = fake->listen({"127.0.0.1", 0});
-        if (!ep) throw std::runtime_error(ep.err().describe());
-        port = ep->port();
-        fake->start();
-        t = std::thread([this] { io.run(); });
-    }
-    ~fake_thread() {
-        asio::post(io, [this] { fake->stop(); });
-        io.stop();
-        t.join();
-    }
-    // Runs `fn` on the fake's thread and waits for it.
-    template <typename Fn>
-    auto on_fake(Fn fn) {
-        std::packaged_task<decltype(fn())()> task(std::move(fn));
-        auto fut = task.get_future();
-        asio::post(io, [&task] { task(); });
-        return fut.get();
-    }
-};
+using fake_thread = test::fake_stripe_thread;
 
 struct run_stats {
     int ok = 0, failed = 0;

@@ -358,6 +358,37 @@ int qint(const http::request& req, std::string_view key, int dflt) {
     return n ? static_cast<int>(*n) : dflt;
 }
 
+// What a create request says of a charge or a PaymentIntent alike.
+template <typename Rec>
+void read_payment_params(Rec& r, const params& p) {
+    r.amount = to_int(param(p, "amount")).value_or(0);
+    r.currency = param(p, "currency");
+    r.customer = param(p, "customer");
+    r.description = param(p, "description");
+    r.metadata = metadata_of(p);
+}
+
+// GET /v1/<kind>/{id} (the id after `prefix` in `path`): the record as JSON, or Stripe's 404 naming `what`
+// and the parameter `param_name`.
+template <typename Rec, typename Json>
+http::response by_id(const std::string& path, std::string_view prefix, const char* what,
+                     const char* param_name, const std::vector<Rec>& recs, Json to_json) {
+    auto id = path.substr(prefix.size());
+    for (const auto& r : recs)
+        if (r.id == id) return json_response(200, to_json(r));
+    return error_response(404, "invalid_request_error", "resource_missing",
+                          "No such " + std::string(what) + ": '" + id + "'", param_name);
+}
+
+// The admin API's {"data":[…],"count":N} of every record.
+template <typename Rec, typename Json>
+http::response admin_list(const std::vector<Rec>& recs, Json to_json) {
+    std::string data = "[";
+    for (std::size_t i = 0; i < recs.size(); ++i) data += (i ? "," : "") + to_json(recs[i]);
+    return json_response(
+        200, json_obj().raw("data", data + "]").num("count", static_cast<std::int64_t>(recs.size())).done());
+}
+
 // GET /v1/charges or /v1/payment_intents: customer and created[gte] filters, newest first, limit 1..100,
 // starting_after an id of the list (400 resource_missing otherwise), has_more.
 template <typename Rec, typename Json>
@@ -627,12 +658,8 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
 charge_rec& fake_stripe::new_charge(const params& p, const decline_rule* declined) {
     charge_rec c;
     c.id = new_id("ch_");
-    c.amount = to_int(param(p, "amount")).value_or(0);
-    c.currency = param(p, "currency");
-    c.customer = param(p, "customer");
-    c.description = param(p, "description");
+    read_payment_params(c, p);
     c.created = now();
-    c.metadata = metadata_of(p);
     c.status = declined ? "failed" : "succeeded";
     if (declined) c.failure_code = declined->code;
     c.seq = ++seq_;
@@ -660,22 +687,20 @@ void fake_stripe::create_charge(const params& p, int& status, std::string& body,
 void fake_stripe::create_intent(const params& p, int& status, std::string& body, bool& created) {
     intent_rec pi;
     pi.id = new_id("pi_");
-    pi.amount = to_int(param(p, "amount")).value_or(0);
-    pi.currency = param(p, "currency");
-    pi.customer = param(p, "customer");
-    pi.description = param(p, "description");
+    read_payment_params(pi, p);
     pi.payment_method = param(p, "payment_method");
     pi.created = now();
-    pi.metadata = metadata_of(p);
     created = true;
-    if (param(p, "confirm") != "true") {
-        pi.status = "requires_confirmation";
+    // A 200 with the intent left in `now_status`, announced by `event`.
+    auto answer_unfinished = [&](const char* now_status, const char* event) {
+        pi.status = now_status;
         status = 200;
         body = intent_json(pi);
-        emit("payment_intent.created", body, pi.id, pi.id);
+        emit(event, body, pi.id, pi.id);
         intents_.push_back(std::move(pi));
-        return;
-    }
+    };
+    if (param(p, "confirm") != "true")
+        return answer_unfinished("requires_confirmation", "payment_intent.created");
     pi.status = "requires_payment_method";
     emit("payment_intent.created", intent_json(pi), pi.id, pi.id);
     if (const auto* m = async_method_of(pi.payment_method)) {
@@ -706,12 +731,7 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
     const decline_rule* rule = d == declines_.end() ? nullptr : &d->second;
     if (rule && rule->code == "authentication_required" && param(p, "off_session") != "true") {
         // On-session: the customer is there to authenticate. No charge until they do.
-        pi.status = "requires_action";
-        status = 200;
-        body = intent_json(pi);
-        emit("payment_intent.requires_action", body, pi.id, pi.id);
-        intents_.push_back(std::move(pi));
-        return;
+        return answer_unfinished("requires_action", "payment_intent.requires_action");
     }
     auto& c = new_charge(p, rule);
     c.payment_intent = pi.id;
@@ -900,62 +920,41 @@ bool fake_stripe::end_refund(const std::string& refund_id, const std::string& st
 
 // POST /v1/refunds: the whole unrefunded amount unless `amount` says less; Stripe's errors otherwise.
 void fake_stripe::create_refund(const params& p, int& status, std::string& body, bool& created) {
+    // Stripe's 400 for a refund it refuses.
+    auto refuse = [&](const char* code, const std::string& message, std::string_view param_name = {}) {
+        status = 400;
+        body = error_body("invalid_request_error", code, message, param_name);
+    };
     charge_rec* c = nullptr;
     auto charge_id = param(p, "charge"), pi_id = param(p, "payment_intent");
     if (!charge_id.empty()) {
         c = find_charge(charge_id);
-        if (!c) {
-            status = 400;
-            body = error_body("invalid_request_error", "resource_missing",
-                              "No such charge: '" + charge_id + "'", "charge");
-            return;
-        }
+        if (!c) return refuse("resource_missing", "No such charge: '" + charge_id + "'", "charge");
     } else {
         auto* pi = find_intent(pi_id);
-        if (!pi) {
-            status = 400;
-            body = error_body("invalid_request_error", "resource_missing",
-                              "No such payment_intent: '" + pi_id + "'", "payment_intent");
-            return;
-        }
+        if (!pi)
+            return refuse("resource_missing", "No such payment_intent: '" + pi_id + "'", "payment_intent");
         c = find_charge(pi->latest_charge);
-        if (!c || c->status != "succeeded") {
-            status = 400;
-            body = error_body("invalid_request_error", "charge_not_refundable",
-                              "This PaymentIntent does not have a successful charge to refund.",
-                              "payment_intent");
-            return;
-        }
+        if (!c || c->status != "succeeded")
+            return refuse("charge_not_refundable",
+                          "This PaymentIntent does not have a successful charge to refund.",
+                          "payment_intent");
     }
-    if (c->disputed) {
-        status = 400;
-        body = error_body("invalid_request_error", "charge_disputed",
-                          "Charge " + c->id + " has been charged back; cannot issue a refund.");
-        return;
-    }
-    if (c->status != "succeeded") {
-        status = 400;
-        body = error_body("invalid_request_error", "charge_not_refundable",
-                          "Charge " + c->id + " has not succeeded; cannot issue a refund.");
-        return;
-    }
+    if (c->disputed)
+        return refuse("charge_disputed",
+                      "Charge " + c->id + " has been charged back; cannot issue a refund.");
+    if (c->status != "succeeded")
+        return refuse("charge_not_refundable",
+                      "Charge " + c->id + " has not succeeded; cannot issue a refund.");
     std::int64_t left = c->amount - c->amount_refunded;
-    if (left == 0) {
-        status = 400;
-        body = error_body("invalid_request_error", "charge_already_refunded",
-                          "Charge " + c->id + " has already been refunded.");
-        return;
-    }
+    if (left == 0)
+        return refuse("charge_already_refunded", "Charge " + c->id + " has already been refunded.");
     std::int64_t amount = p.count("amount") ? to_int(param(p, "amount")).value_or(0) : left;
-    if (amount > left) {
-        status = 400;
-        body =
-            error_body("invalid_request_error", "amount_too_large",
-                       "Refund amount (" + money(amount, c->currency) +
-                           ") is greater than unrefunded amount on charge (" + money(left, c->currency) + ")",
-                       "amount");
-        return;
-    }
+    if (amount > left)
+        return refuse("amount_too_large",
+                      "Refund amount (" + money(amount, c->currency) +
+                          ") is greater than unrefunded amount on charge (" + money(left, c->currency) + ")",
+                      "amount");
     refund_rec r;
     r.id = new_id("re_");
     r.amount = amount;
@@ -978,13 +977,8 @@ http::response fake_stripe::get(const http::request& req) {
     std::string path(req.path());
     if (path == "/v1/charges") return list(req, charges_, charge_json);
     if (path == "/v1/payment_intents") return list(req, intents_, intent_json);
-    if (path.starts_with("/v1/charges/")) {
-        auto id = path.substr(12);
-        for (const auto& c : charges_)
-            if (c.id == id) return json_response(200, charge_json(c));
-        return error_response(404, "invalid_request_error", "resource_missing",
-                              "No such charge: '" + id + "'", "id");
-    }
+    if (path.starts_with("/v1/charges/"))
+        return by_id(path, "/v1/charges/", "charge", "id", charges_, charge_json);
     if (path == "/v1/events") {
         auto type = http::query_param(req.query(), "type");
         int limit = std::clamp(qint(req, "limit", 10), 1, 100);
@@ -1004,24 +998,14 @@ http::response fake_stripe::get(const http::request& req) {
                                       .str("url", "/v1/events")
                                       .done());
     }
-    auto by_id = [&](std::string_view prefix, const char* what, auto& recs, auto to_json) {
-        auto id = path.substr(prefix.size());
-        for (const auto& r : recs)
-            if (r.id == id) return json_response(200, to_json(r));
-        return error_response(404, "invalid_request_error", "resource_missing",
-                              "No such " + std::string(what) + ": '" + id + "'", "id");
-    };
     if (path.starts_with("/v1/events/"))
-        return by_id("/v1/events/", "event", events_, [](const event_rec& e) { return e.body; });
-    if (path.starts_with("/v1/refunds/")) return by_id("/v1/refunds/", "refund", refunds_, refund_json);
-    if (path.starts_with("/v1/disputes/")) return by_id("/v1/disputes/", "dispute", disputes_, dispute_json);
-    if (path.starts_with("/v1/payment_intents/")) {
-        auto id = path.substr(20);
-        for (const auto& p : intents_)
-            if (p.id == id) return json_response(200, intent_json(p));
-        return error_response(404, "invalid_request_error", "resource_missing",
-                              "No such payment_intent: '" + id + "'", "intent");
-    }
+        return by_id(path, "/v1/events/", "event", "id", events_, [](const event_rec& e) { return e.body; });
+    if (path.starts_with("/v1/refunds/"))
+        return by_id(path, "/v1/refunds/", "refund", "id", refunds_, refund_json);
+    if (path.starts_with("/v1/disputes/"))
+        return by_id(path, "/v1/disputes/", "dispute", "id", disputes_, dispute_json);
+    if (path.starts_with("/v1/payment_intents/"))
+        return by_id(path, "/v1/payment_intents/", "payment_intent", "intent", intents_, intent_json);
     return error_response(404, "invalid_request_error", "", "Unrecognized request URL (GET: " + path + ")");
 }
 
@@ -1032,22 +1016,8 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
     auto num = [&](const char* k, int& field) {
         if (auto v = p.find(k); v != p.end()) field = static_cast<int>(to_int(v->second).value_or(field));
     };
-    if (path == "/_admin/charges") {
-        std::string data = "[";
-        for (std::size_t i = 0; i < charges_.size(); ++i) data += (i ? "," : "") + charge_json(charges_[i]);
-        co_return json_response(200, json_obj()
-                                         .raw("data", data + "]")
-                                         .num("count", static_cast<std::int64_t>(charges_.size()))
-                                         .done());
-    }
-    if (path == "/_admin/intents") {
-        std::string data = "[";
-        for (std::size_t i = 0; i < intents_.size(); ++i) data += (i ? "," : "") + intent_json(intents_[i]);
-        co_return json_response(200, json_obj()
-                                         .raw("data", data + "]")
-                                         .num("count", static_cast<std::int64_t>(intents_.size()))
-                                         .done());
-    }
+    if (path == "/_admin/charges") co_return admin_list(charges_, charge_json);
+    if (path == "/_admin/intents") co_return admin_list(intents_, intent_json);
     if (path == "/_admin/posts") {
         auto key = http::query_param(req.query(), "key").value_or("");
         co_return json_response(200, json_obj().str("key", key).num("count", posts_for(key)).done());
