@@ -229,12 +229,15 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto ncfg = to_consumer_config(f.nsq);
     auto pgc = to_pg_config(f.pg);
     auto scfg = to_stripe_config(f.stripe);
-    // Every message in flight may be at Stripe at once: by default the pool may hold that many connections
-    // (past --stripe-eager-connections only while Stripe keeps its pace).
-    // --stripe-connection-cap bounds it whatever --max-in-flight is.
+    // By default the pool follows --max-in-flight up to what Stripe's rate limit can use
+    // (consume_stripe_connections, stripe_flags.hpp; past --stripe-eager-connections only while Stripe keeps
+    // its pace); --stripe-connection-cap bounds it whatever is asked. Deliveries past the pool wait for
+    // their call at the client's entry (max_calls), before their request and its coroutines exist.
     if (f.stripe.max_connections == 0)
         scfg.max_connections = std::min<std::size_t>(
-            f.stripe.connection_cap, std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight)));
+            {f.stripe.connection_cap, consume_stripe_connections,
+             std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight))});
+    scfg.max_calls = scfg.max_connections;
     auto bcfg = to_pipeline_config(f.billing);
     auto pollcfg = to_poller_config(f);
     auto opts = to_runtime_options(f.rt);
