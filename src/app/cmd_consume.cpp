@@ -234,9 +234,9 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     // its pace); --stripe-connection-cap bounds it whatever is asked. Deliveries past the pool wait for
     // their call at the client's entry (max_calls), before their request and its coroutines exist.
     if (f.stripe.max_connections == 0)
-        scfg.max_connections = std::min<std::size_t>(
-            {f.stripe.connection_cap, consume_stripe_connections,
-             std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight))});
+        scfg.max_connections =
+            std::min<std::size_t>({f.stripe.connection_cap, consume_stripe_connections,
+                                   std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight))});
     scfg.max_calls = scfg.max_connections;
     auto bcfg = to_pipeline_config(f.billing);
     auto pollcfg = to_poller_config(f);

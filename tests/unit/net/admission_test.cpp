@@ -96,9 +96,8 @@ BOOST_AUTO_TEST_CASE(release_from_another_thread_resumes_on_the_waiters_executor
     net::admission a(1);
     // Held on the pool's thread.
     std::promise<net::admission::ticket> got;
-    asio::co_spawn(pool.get_executor(), a.enter(), [&got](std::exception_ptr, net::admission::ticket tk) {
-        got.set_value(std::move(tk));
-    });
+    asio::co_spawn(pool.get_executor(), a.enter(),
+                   [&got](std::exception_ptr, net::admission::ticket tk) { got.set_value(std::move(tk)); });
     auto first = got.get_future().get();
     BOOST_TEST(a.held() == 1u);
     std::vector<std::thread::id> resumed_on;
