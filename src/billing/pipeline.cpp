@@ -164,17 +164,19 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
     auto keeper = std::make_shared<lease_keeper>(ex);
     auto began = std::chrono::steady_clock::now();
     r.log.debug("calling Stripe", {{"generation", r.generation}});
-    // The call is awaited here, the lease kept by a timer beside it (arm_renewal): a delivery waiting for
-    // Stripe (for its turn at the client's entry, most of all) holds this frame and a timer, no coroutines
-    // of its own for the renewal.
+    // The call is awaited here, the lease kept by a timer beside it (arm_renewal). A delivery waits for its
+    // turn among the client's calls before it builds its request: meanwhile it holds this frame and a
+    // timer, neither the request nor the client's coroutines.
     arm_renewal(r, keeper);
     std::exception_ptr failed;
     try {
+        auto turn = co_await stripe_.turn();
         auto req = build_request(r.ev, r.key, r.generation);
         auto* intent = std::get_if<stripe::payment_intent_request>(&req);
         // One awaitable, one result slot in this frame (a co_await per branch would give each its own).
-        auto call = intent ? stripe_.create_payment_intent(std::move(*intent))
-                           : stripe_.create_charge(std::move(std::get<stripe::charge_request>(req)));
+        auto call =
+            intent ? stripe_.create_payment_intent(std::move(*intent), std::move(turn))
+                   : stripe_.create_charge(std::move(std::get<stripe::charge_request>(req)), std::move(turn));
         out = co_await std::move(call);
     } catch (...) {
         failed = std::current_exception();

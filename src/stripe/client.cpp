@@ -417,14 +417,18 @@ result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, cl
 client::client(std::shared_ptr<state> st) : st_(std::move(st)) {}
 client::~client() = default;
 
-net::awaitable<charge_outcome> client::create_charge(charge_request req) {
-    auto turn = co_await admit(*st_);
+net::awaitable<client::call_turn> client::turn() {
+    co_return co_await admit(*st_);
+}
+
+net::awaitable<charge_outcome> client::create_charge(charge_request req, call_turn turn) {
+    if (!turn.held()) turn = co_await admit(*st_);
     std::string key = std::move(req.idempotency_key);
     co_return co_await on_strand(st_, run_create(st_, charge_op, charge_form(req), std::move(key)));
 }
 
-net::awaitable<charge_outcome> client::create_payment_intent(payment_intent_request req) {
-    auto turn = co_await admit(*st_);
+net::awaitable<charge_outcome> client::create_payment_intent(payment_intent_request req, call_turn turn) {
+    if (!turn.held()) turn = co_await admit(*st_);
     std::string key = std::move(req.idempotency_key);
     co_return co_await on_strand(st_, run_create(st_, intent_op, intent_form(req), std::move(key)));
 }
