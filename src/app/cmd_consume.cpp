@@ -238,6 +238,13 @@ int run_consume(const consume_flags& f, const global_flags& g) {
             std::min<std::size_t>({f.stripe.connection_cap, consume_stripe_connections,
                                    std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight))});
     scfg.max_calls = scfg.max_connections;
+    // Pipelines at once: four times the Stripe calls (a delivery in its pre-flight statement, at Stripe,
+    // waiting its turn, settling), at least 512 so a replay's duplicates, which never call Stripe, still
+    // share large group-commit statements. The other deliveries in flight wait in the consumer's queue with
+    // only their message (4 KiB bodies: ~4 KiB each instead of a pipeline's ~14 KiB of state and coroutine
+    // frames), TOUCHed from receipt.
+    ncfg.max_handlers = static_cast<unsigned>(
+        std::min<std::size_t>(ncfg.max_in_flight, std::max<std::size_t>(512, 4 * scfg.max_calls)));
     auto bcfg = to_pipeline_config(f.billing);
     auto pollcfg = to_poller_config(f);
     auto opts = to_runtime_options(f.rt);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 
@@ -17,7 +18,8 @@ void consumer::core::maybe_wake_worker() {
         w->signalled = true;
         wake_pending = true;
         w->wake.cancel();
-    } else if (workers < cfg.max_in_flight) {
+    } else if (workers <
+               (cfg.max_handlers ? std::min(cfg.max_handlers, cfg.max_in_flight) : cfg.max_in_flight)) {
         ++workers;
         wake_pending = true;
         // Started through the executor's queue: co_spawn alone would run the worker (and a handler)
