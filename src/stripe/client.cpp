@@ -490,6 +490,10 @@ net::awaitable<call_result> client::call(std::string method, std::string target,
                                                    std::move(idempotency_key)));
 }
 
+std::size_t client::calls_waiting() const {
+    return st_->calls ? st_->calls->waiting() : 0;
+}
+
 const client_config& client::config() const noexcept {
     return st_->cfg;
 }

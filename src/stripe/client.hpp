@@ -109,6 +109,8 @@ class client {
                                      std::string idempotency_key);
 
     const client_config& config() const noexcept;
+    // Callers waiting for their turn (client_config::max_calls) now; 0 without a bound. Any thread.
+    std::size_t calls_waiting() const;
     http::client_stats http_stats() const;
 
     struct state;
