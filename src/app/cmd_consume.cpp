@@ -222,12 +222,24 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto ncfg = to_consumer_config(f.nsq);
     auto pgc = to_pg_config(f.pg);
     auto scfg = to_stripe_config(f.stripe);
-    // Every message in flight may be at Stripe at once: by default the pool may hold that many connections
-    // (past --stripe-eager-connections only while Stripe keeps its pace).
-    // --stripe-connection-cap bounds it whatever --max-in-flight is.
+    // By default the pool follows --max-in-flight up to what Stripe's rate limit can use
+    // (consume_stripe_connections, stripe_flags.hpp; past --stripe-eager-connections only while Stripe keeps
+    // its pace); --stripe-connection-cap bounds it whatever is asked. Deliveries past the pool wait for
+    // their call at the client's entry (max_calls), before their request and its coroutines exist.
     if (f.stripe.max_connections == 0)
-        scfg.max_connections = std::min<std::size_t>(
-            f.stripe.connection_cap, std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight)));
+        scfg.max_connections =
+            std::min<std::size_t>({f.stripe.connection_cap, consume_stripe_connections,
+                                   std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight))});
+    scfg.max_calls = scfg.max_connections;
+    // Pipelines at once while deliveries wait for their turn at Stripe: four times the Stripe calls (a
+    // delivery in its pre-flight statement, at Stripe, waiting its turn, settling), at least 512. The other
+    // deliveries in flight then wait in the consumer's queue with only their message (4 KiB bodies: ~4 KiB
+    // each instead of a pipeline's ~14 KiB of state and coroutine frames), TOUCHed from receipt. With no
+    // delivery waiting for Stripe (a replay's duplicates never call it) every delivery in flight runs, so
+    // they share group-commit statements as large as --max-in-flight allows. held_up is set once the
+    // Stripe client exists.
+    ncfg.max_handlers = static_cast<unsigned>(
+        std::min<std::size_t>(ncfg.max_in_flight, std::max<std::size_t>(512, 4 * scfg.max_calls)));
     auto bcfg = to_pipeline_config(f.billing);
     auto pollcfg = to_poller_config(f);
     auto opts = to_runtime_options(f.rt);
@@ -272,6 +284,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     lopts.on_batch = [&preflight_rows, &settle_rows](std::string_view statement, std::size_t rows) {
         (statement == "preflight" ? preflight_rows : settle_rows).Observe(static_cast<double>(rows));
     };
+    ncfg.held_up = [s = stripe->get()] { return s->calls_waiting() > 0; };
     billing::ledger ledger(pool, std::move(lopts));
     billing::pipeline pipeline(std::move(bcfg), ledger, **stripe, log, &rt.metrics());
     nsq::consumer consumer(

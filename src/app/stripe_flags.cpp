@@ -46,9 +46,10 @@ void add_stripe_option_flags(CLI::App& cmd, stripe_flags& f) {
                         0.001, 600.0);
     add_duration_option(cmd, "--stripe-request-timeout", f.request_timeout_s, "time for one Stripe request",
                         0.001, 600.0);
-    cmd.add_option("--stripe-max-connections", f.max_connections,
-                   "pooled connections to Stripe (0: as many as --max-in-flight for consume, at least 16; 16 "
-                   "elsewhere)")
+    cmd.add_option(
+           "--stripe-max-connections", f.max_connections,
+           "pooled connections to Stripe, and for consume its calls at once (0: for consume "
+           "--max-in-flight, at least 16 and at most 128 — Stripe takes 100 requests/s; 16 elsewhere)")
         ->check(CLI::Range(0u, 65536u))
         ->capture_default_str();
     cmd.add_option("--stripe-connection-cap", f.connection_cap,

@@ -1,6 +1,7 @@
 #include "billing/pipeline.hpp"
 
 #include <array>
+#include <asio/co_spawn.hpp>
 #include <asio/this_coro.hpp>
 #include <stdexcept>
 
@@ -160,12 +161,31 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
 
     stripe::charge_outcome out;
     auto ex = co_await asio::this_coro::executor;
-    lease_keeper keeper(ex);
+    auto keeper = std::make_shared<lease_keeper>(ex);
     auto began = std::chrono::steady_clock::now();
     r.log.debug("calling Stripe", {{"generation", r.generation}});
-    // Both on this executor; the Stripe call itself runs on the client's strand behind net::offload.
-    co_await net::all_of(call_stripe(build_request(r.ev, r.key, r.generation), out, keeper),
-                         keep_lease(r, keeper));
+    // The call is awaited here, the lease kept by a timer beside it (arm_renewal). A delivery waits for its
+    // turn among the client's calls before it builds its request: meanwhile it holds this frame and a
+    // timer, neither the request nor the client's coroutines.
+    arm_renewal(r, keeper);
+    std::exception_ptr failed;
+    try {
+        auto turn = co_await stripe_.turn();
+        auto req = build_request(r.ev, r.key, r.generation);
+        auto* intent = std::get_if<stripe::payment_intent_request>(&req);
+        // One awaitable, one result slot in this frame (a co_await per branch would give each its own).
+        auto call =
+            intent ? stripe_.create_payment_intent(std::move(*intent), std::move(turn))
+                   : stripe_.create_charge(std::move(std::get<stripe::charge_request>(req)), std::move(turn));
+        out = co_await std::move(call);
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    keeper->done = true;
+    keeper->timer.cancel();
+    // A renewal under way refers to `r`: it ends before this frame does.
+    if (keeper->renewing) co_await keeper->joined.async_wait();
+    if (failed) std::rethrow_exception(failed);
     r.log.debug("Stripe answered", {{"outcome", stripe::to_string(out.cls)}, {"charge_id", out.charge_id}});
     co_await test_pause();  // between Stripe's answer and the ledger update
     auto took = std::chrono::steady_clock::now() - began;
@@ -187,42 +207,53 @@ void pipeline::note_stripe_time(std::chrono::steady_clock::duration took) {
         std::chrono::microseconds(static_cast<std::int64_t>(std::min(cap, stripe_time_avg_us_ / 100.0))));
 }
 
-net::awaitable<void> pipeline::call_stripe(create_request req, stripe::charge_outcome& out, lease_keeper& k) {
-    if (auto* intent = std::get_if<stripe::payment_intent_request>(&req))
-        out = co_await stripe_.create_payment_intent(std::move(*intent));
-    else
-        out = co_await stripe_.create_charge(std::move(std::get<stripe::charge_request>(req)));
-    k.done = true;
-    k.timer.cancel();  // wakes keep_lease; if it is mid-renewal it sees `done` afterwards
+// Every renew interval while Stripe is awaited: tell the transport we are alive and extend the lease, so a
+// redelivery elsewhere sees "lease held" instead of recovering a row whose call is still in flight. The
+// timer's handler owns the keeper with the caller; once the call has returned (`done`) it does nothing.
+void pipeline::arm_renewal(run& r, const std::shared_ptr<lease_keeper>& k) {
+    k->timer.expires_after(cfg_.lease_renew_interval);
+    k->timer.async_wait([this, &r, k](std::error_code ec) {
+        if (ec || k->done) return;
+        k->renewing = true;
+        asio::co_spawn(k->timer.get_executor(), renew_once(r, k), [this, &r, k](std::exception_ptr e) {
+            if (!e) return;
+            // A broken invariant in the renewal: the call goes on unrenewed, and is not left waiting.
+            r.log.error("lease renewal failed unexpectedly", {{"error", describe_exception(e)}});
+            renewal_ended(r, k);
+        });
+    });
 }
 
-// Every renew interval while Stripe is awaited: tell the transport we are alive and extend the lease, so a
-// redelivery elsewhere sees "lease held" instead of recovering a row whose call is still in flight.
-net::awaitable<void> pipeline::keep_lease(run& r, lease_keeper& k) {
-    while (!k.done) {
-        k.timer.expires_after(cfg_.lease_renew_interval);
-        co_await k.timer.async_wait();
-        if (k.done) break;
-        if (r.touch) r.touch();
-        if (k.lost) {
-            // Not ours any more, but our call under this generation is still awaited: say so, so that
-            // whoever holds the row now does not take a new generation while it can still charge.
-            auto noted = co_await ledger_.note_in_flight(r.key, r.generation);
-            if (!noted) r.log.warn("cannot note the call in flight", {{"error", noted.err().describe()}});
-            continue;
-        }
+net::awaitable<void> pipeline::renew_once(run& r, std::shared_ptr<lease_keeper> k) {
+    if (r.touch) r.touch();
+    if (k->lost) {
+        // Not ours any more, but our call under this generation is still awaited: say so, so that
+        // whoever holds the row now does not take a new generation while it can still charge.
+        auto noted = co_await ledger_.note_in_flight(r.key, r.generation);
+        if (!noted) r.log.warn("cannot note the call in flight", {{"error", noted.err().describe()}});
+    } else {
         auto renewed = co_await ledger_.renew_lease(r.key, r.lease, cfg_.lease);
         if (!renewed) {
             r.log.warn("lease renewal failed; retrying at the next interval",
                        {{"error", renewed.err().describe()}});
         } else if (!*renewed) {
-            k.lost = true;
+            k->lost = true;
             if (metrics_) metrics_->lease_lost->Increment();
             r.log.error("lease lost while Stripe was called: another worker may recover this row");
         } else {
             r.lease = **renewed;
         }
     }
+    renewal_ended(r, k);
+}
+
+// The next renewal while the call is awaited; once it has returned, wake it (it waits for this renewal).
+void pipeline::renewal_ended(run& r, const std::shared_ptr<lease_keeper>& k) {
+    k->renewing = false;
+    if (k->done)
+        k->joined.cancel();
+    else
+        arm_renewal(r, k);
 }
 
 net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& out) {

@@ -147,8 +147,9 @@ class pipeline {
     net::awaitable<void> test_pause();
     net::awaitable<verdict> settle(run& r, const stripe::charge_outcome& out);
     net::awaitable<verdict> dead_letter_finish(run& r, std::string reason, std::optional<std::string> key);
-    net::awaitable<void> call_stripe(create_request req, stripe::charge_outcome& out, lease_keeper& k);
-    net::awaitable<void> keep_lease(run& r, lease_keeper& k);
+    void arm_renewal(run& r, const std::shared_ptr<lease_keeper>& k);
+    net::awaitable<void> renew_once(run& r, std::shared_ptr<lease_keeper> k);
+    void renewal_ended(run& r, const std::shared_ptr<lease_keeper>& k);
     verdict postgres_failed(run& r, const error& e, std::string_view step);
     verdict count(verdict v);
     void note_stripe_time(std::chrono::steady_clock::duration took);

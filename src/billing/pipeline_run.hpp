@@ -32,12 +32,15 @@ struct pipeline::run {
     }
 };
 
-// Shared by the Stripe call and the renewal loop racing it (both on the pipeline's executor).
+// Shared by the Stripe call and the renewals beside it (all on the pipeline's executor).
 struct pipeline::lease_keeper {
-    explicit lease_keeper(asio::any_io_executor ex) : timer(std::move(ex)) {}
-    net::steady_timer timer;
-    bool done = false;  // the Stripe call returned
-    bool lost = false;  // a renewal found the lease taken over
+    explicit lease_keeper(const asio::any_io_executor& ex)
+        : timer(ex), joined(ex, std::chrono::steady_clock::time_point::max()) {}
+    net::steady_timer timer;   // the next renewal
+    net::steady_timer joined;  // cancelled when a renewal ends after the call returned
+    bool done = false;         // the Stripe call returned
+    bool lost = false;         // a renewal found the lease taken over
+    bool renewing = false;     // a renewal is under way
 };
 
 struct pipeline::metrics_set {

@@ -41,7 +41,13 @@ struct consumer_config {
     std::vector<std::string> nsqd_tcp_addresses;      // "host:port", connected to directly
     std::vector<std::string> lookupd_http_addresses;  // "host:port" or "http://host:port"
 
-    unsigned max_in_flight = 1;              // handlers at once and the sum of RDY over all connections
+    unsigned max_in_flight = 1;  // the sum of RDY over all connections (and handlers at once)
+    // Handlers at once, when fewer than max_in_flight (0: max_in_flight), while `held_up` (when set) says
+    // the handlers running are held up downstream (more would only wait there too); otherwise up to
+    // max_in_flight. The other deliveries in flight wait queued, holding only their message, TOUCHed from
+    // receipt, and start as handlers finish, oldest first. Called on the consumer's executor.
+    unsigned max_handlers = 0;
+    std::function<bool()> held_up;
     milliseconds msg_timeout{0};             // 0: nsqd's --msg-timeout; else 1 s .. 15 min
     milliseconds heartbeat_interval{30000};  // 1 s .. 60 s
     unsigned max_attempts = 5;               // 0: unlimited; past it the give-up callback runs instead

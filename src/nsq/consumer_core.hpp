@@ -110,6 +110,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     // lowered RDY nsqd applied later than the settle delay assumes). One timer for the whole queue, armed
     // for its oldest entry: no per-message timer, and nothing armed while the queue stays short-lived.
     void arm_queue_touch();
+    bool may_add_worker() const;
 
     void touch_queued();
 

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 
@@ -9,6 +10,13 @@ namespace cg::nsq {
 using namespace std::chrono;
 using sclock = steady_clock;
 
+// Below max_handlers a worker is always added; past it only while nothing downstream holds them up.
+bool consumer::core::may_add_worker() const {
+    if (workers >= cfg.max_in_flight) return false;
+    if (cfg.max_handlers == 0 || workers < cfg.max_handlers) return true;
+    return cfg.held_up && !cfg.held_up();
+}
+
 void consumer::core::maybe_wake_worker() {
     if (queued.empty() || wake_pending) return;
     if (!parked.empty()) {
@@ -17,7 +25,7 @@ void consumer::core::maybe_wake_worker() {
         w->signalled = true;
         wake_pending = true;
         w->wake.cancel();
-    } else if (workers < cfg.max_in_flight) {
+    } else if (may_add_worker()) {
         ++workers;
         wake_pending = true;
         // Started through the executor's queue: co_spawn alone would run the worker (and a handler)

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "http/proto/message.hpp"
+#include "net/admission.hpp"
 #include "net/boxed.hpp"
 #include "net/error.hpp"
 #include "net/offload.hpp"
@@ -24,6 +25,7 @@ struct client::state {
     std::unique_ptr<http::client> http;
     std::unique_ptr<client_metrics> metrics;      // null: no registry given
     std::shared_ptr<pacer> pace;                  // null: no rate control
+    std::unique_ptr<net::admission> calls;        // null: no bound on logical calls at once (cfg.max_calls)
     std::mt19937_64 rng{std::random_device{}()};  // jitter; used only on the http client's strand
 };
 
@@ -373,6 +375,13 @@ net::awaitable<T> on_strand(state_ptr st, net::awaitable<T> a) {
     co_return co_await net::offload(st->http->get_executor(), std::move(a));
 }
 
+// A place among cfg.max_calls logical calls, taken before the call builds anything (its request, its
+// coroutines on the strand, a pool slot): callers beyond the bound wait here holding only their own frame.
+net::awaitable<net::admission::ticket> admit(client::state& st) {
+    if (!st.calls) co_return net::admission::ticket();
+    co_return co_await st.calls->enter();
+}
+
 }  // namespace
 
 result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, client_config cfg, logger log,
@@ -399,6 +408,7 @@ result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, cl
     st->log = std::move(log);
     st->http = std::move(*h);
     if (metrics) st->metrics = std::make_unique<client_metrics>(*metrics);
+    if (st->cfg.max_calls > 0) st->calls = std::make_unique<net::admission>(st->cfg.max_calls);
     if (st->cfg.rate.max_rps > 0 || st->cfg.rate.adaptive)
         st->pace = pacer::create(st->http->get_executor(), st->cfg.rate);
     return std::unique_ptr<client>(new client(std::move(st)));
@@ -407,40 +417,51 @@ result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, cl
 client::client(std::shared_ptr<state> st) : st_(std::move(st)) {}
 client::~client() = default;
 
-net::awaitable<charge_outcome> client::create_charge(charge_request req) {
+net::awaitable<client::call_turn> client::turn() {
+    co_return co_await admit(*st_);
+}
+
+net::awaitable<charge_outcome> client::create_charge(charge_request req, call_turn turn) {
+    if (!turn.held()) turn = co_await admit(*st_);
     std::string key = std::move(req.idempotency_key);
     co_return co_await on_strand(st_, run_create(st_, charge_op, charge_form(req), std::move(key)));
 }
 
-net::awaitable<charge_outcome> client::create_payment_intent(payment_intent_request req) {
+net::awaitable<charge_outcome> client::create_payment_intent(payment_intent_request req, call_turn turn) {
+    if (!turn.held()) turn = co_await admit(*st_);
     std::string key = std::move(req.idempotency_key);
     co_return co_await on_strand(st_, run_create(st_, intent_op, intent_form(req), std::move(key)));
 }
 
 net::awaitable<result<charge>> client::retrieve_charge(std::string id) {
+    auto turn = co_await admit(*st_);
     co_return co_await on_strand(st_, run_get<charge>(st_, operation::retrieve_charge,
                                                       "/v1/charges/" + http::url_encode(id), parse_charge));
 }
 
 net::awaitable<result<std::optional<charge>>> client::retrieve_charge_if_any(std::string id) {
+    auto turn = co_await admit(*st_);
     co_return co_await on_strand(
         st_, run_read<charge>(st_, operation::retrieve_charge, "/v1/charges/" + http::url_encode(id),
                               parse_charge, true));
 }
 
 net::awaitable<result<payment_intent>> client::retrieve_payment_intent(std::string id) {
+    auto turn = co_await admit(*st_);
     co_return co_await on_strand(
         st_, run_get<payment_intent>(st_, operation::retrieve_payment_intent,
                                      "/v1/payment_intents/" + http::url_encode(id), parse_payment_intent));
 }
 
 net::awaitable<result<charge_page>> client::list_charges(list_charges_request req) {
+    auto turn = co_await admit(*st_);
     co_return co_await on_strand(
         st_, run_get<charge_page>(st_, operation::list_charges, list_target(charges_list.path, req),
                                   parse_charge_page));
 }
 
 net::awaitable<result<payment_intent_page>> client::list_payment_intents(list_request req) {
+    auto turn = co_await admit(*st_);
     co_return co_await on_strand(
         st_, run_get<payment_intent_page>(st_, operation::list_payment_intents,
                                           list_target(intents_list.path, req), parse_payment_intent_page));
@@ -449,6 +470,7 @@ net::awaitable<result<payment_intent_page>> client::list_payment_intents(list_re
 net::awaitable<result<std::optional<charge>>> client::find_charge_by_metadata(
     std::string customer, std::string name, std::string value, std::optional<std::int64_t> created_gte,
     unsigned page_size) {
+    auto turn = co_await admit(*st_);
     co_return co_await on_strand(st_, run_find(st_, charges_list, std::move(customer), std::move(name),
                                                std::move(value), created_gte, page_size));
 }
@@ -456,14 +478,20 @@ net::awaitable<result<std::optional<charge>>> client::find_charge_by_metadata(
 net::awaitable<result<std::optional<payment_intent>>> client::find_payment_intent_by_metadata(
     std::string customer, std::string name, std::string value, std::optional<std::int64_t> created_gte,
     unsigned page_size) {
+    auto turn = co_await admit(*st_);
     co_return co_await on_strand(st_, run_find(st_, intents_list, std::move(customer), std::move(name),
                                                std::move(value), created_gte, page_size));
 }
 
 net::awaitable<call_result> client::call(std::string method, std::string target, std::string body,
                                          std::string idempotency_key) {
+    auto turn = co_await admit(*st_);
     co_return co_await on_strand(st_, run_raw_call(st_, std::move(method), std::move(target), std::move(body),
                                                    std::move(idempotency_key)));
+}
+
+std::size_t client::calls_waiting() const {
+    return st_->calls ? st_->calls->waiting() : 0;
 }
 
 const client_config& client::config() const noexcept {

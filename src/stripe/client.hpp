@@ -18,6 +18,7 @@
 #include "core/log.hpp"
 #include "core/result.hpp"
 #include "http/client.hpp"
+#include "net/admission.hpp"
 #include "net/tokens.hpp"
 #include "stripe/config.hpp"
 #include "stripe/types.hpp"
@@ -51,13 +52,21 @@ class client {
     client(const client&) = delete;
     client& operator=(const client&) = delete;
 
-    // POST /v1/charges. Returns the classified outcome (never throws for API or network failures).
-    net::awaitable<charge_outcome> create_charge(charge_request req);
+    // A place among the client's calls under way (client_config::max_calls), for a caller that waits for
+    // its turn before it builds its request: the create call given it takes no place of its own, so a
+    // caller past the bound holds nothing of the call meanwhile. Not held when the client has no bound.
+    // Completes on the caller's executor; not cancellable (a place frees when a call ends).
+    using call_turn = net::admission::ticket;
+    net::awaitable<call_turn> turn();
+
+    // POST /v1/charges. Returns the classified outcome (never throws for API or network failures). Without
+    // a held `turn`, the call waits for its own first.
+    net::awaitable<charge_outcome> create_charge(charge_request req, call_turn turn = {});
     // POST /v1/payment_intents with confirm / off_session / payment_method. The outcome's charge_id is the
     // intent's latest_charge; an intent left processing or requires_capture is `succeeded` with
     // in_flight_status set (not charged yet); any other status but succeeded (requires_action,
     // requires_payment_method) is `declined` with the status and error code in `message`.
-    net::awaitable<charge_outcome> create_payment_intent(payment_intent_request req);
+    net::awaitable<charge_outcome> create_payment_intent(payment_intent_request req, call_turn turn = {});
 
     // GET /v1/charges/{id}, GET /v1/payment_intents/{id}. Errors carry stripe::errc.
     net::awaitable<result<charge>> retrieve_charge(std::string id);
@@ -100,6 +109,8 @@ class client {
                                      std::string idempotency_key);
 
     const client_config& config() const noexcept;
+    // Callers waiting for their turn (client_config::max_calls) now; 0 without a bound. Any thread.
+    std::size_t calls_waiting() const;
     http::client_stats http_stats() const;
 
     struct state;

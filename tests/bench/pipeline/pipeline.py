@@ -433,10 +433,12 @@ def throughput(build, latency_ms, mif, n, extra=(), max_connections=None, pin_lo
     try:
         st.fake_stripe(latency_ms)
         st.nsqd()
-        # consume's own Stripe pool (as many connections as messages in flight, past 64 only while Stripe keeps
-        # its pace) unless --stripe-max-connections says otherwise. No slow start: this measures the pipeline,
-        # not the ramp-up (fake-stripe has no limit here; AIMD stays armed for a 429).
-        pool = ["--stripe-max-connections", str(max_connections)] if max_connections else []
+        # As many Stripe connections as messages in flight (past 64 only while Stripe keeps its pace; at most
+        # consume's --stripe-connection-cap), unless --stripe-max-connections says otherwise: fake-stripe has no
+        # rate limit here, so this measures the pipeline, not Stripe's limit — consume's own default pool (at
+        # most 128, what Stripe's 100 requests/s can use) would cap the charges/s at 300 ms. No slow start
+        # either: not the ramp-up (AIMD stays armed for a 429).
+        pool = ["--stripe-max-connections", str(max_connections or min(1024, max(16, mif)))]
         c = st.consume(0, ["--max-in-flight", str(mif), "--stripe-request-timeout", "30", *pool,
                            "--stripe-rate-initial", "0", *extra])
         if pin_loop:
@@ -557,8 +559,8 @@ def main():
     ap.add_argument("--consume-arg", action="append", default=[],
                     help="extra argument for the throughput runs' consume (repeatable), e.g. --consume-arg=--offload-threads=1")
     ap.add_argument("--stripe-max-connections", type=int, dest="max_connections",
-                    help="throughput runs' Stripe pool size (default: consume's, max(--max-in-flight, 16), grown past "
-                         "--stripe-eager-connections only while Stripe keeps its pace)")
+                    help="throughput runs' Stripe pool size (default: max(--max-in-flight, 16), at most 1024, grown "
+                         "past --stripe-eager-connections only while Stripe keeps its pace)")
     ap.add_argument("--consume-prefix", default="",
                     help="run consume under this command, e.g. 'valgrind --tool=callgrind --callgrind-out-file=F'")
     ap.add_argument("--repeat", type=int, default=1, help="run each throughput row this many times")

@@ -259,6 +259,57 @@ BOOST_AUTO_TEST_CASE(heartbeats_answered_while_2500_messages_are_in_flight) {
     });
 }
 
+// max_handlers below max_in_flight, held up downstream: every message is delivered at once (RDY follows
+// max_in_flight), only that many handlers run, the rest wait queued and are TOUCHed there (held past
+// msg_timeout, none times out), then all are finished. Not held up: every delivery gets a handler.
+void run_max_handlers_case(bool held_up) {
+    cg::test::run_async([held_up]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd nsqd(ex);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        for (int i = 0; i < 20; ++i) nsqd.publish("mh", "m" + std::to_string(i));
+        auto cfg = base_config("mh");
+        cfg.max_in_flight = 20;
+        cfg.max_handlers = 4;
+        cfg.held_up = [held_up] { return held_up; };
+        cfg.msg_timeout = milliseconds(1000);
+        cfg.nsqd_tcp_addresses = {nsqd.tcp_address()};
+        cg::net::steady_timer gate(ex, steady_clock::time_point::max());
+        int running = 0;
+        bool open = false;
+        cg::metrics::registry reg;
+        consumer c(
+            ex, cfg,
+            [&](message& m) -> asio::awaitable<disposition> {
+                cg::nsq::keepalive alive(m);  // as the billing handler keeps its message alive
+                ++running;
+                if (!open) co_await gate.async_wait();  // held until the test opens the gate
+                co_return disposition::finish();
+            },
+            {}, reg);
+        BOOST_REQUIRE(c.start().has_value());
+        const int bound = held_up ? 4 : 20;
+        BOOST_REQUIRE(co_await eventually([&] { return c.stats().received == 20 && running == bound; }));
+        co_await cg::net::sleep_for(milliseconds(1600));  // past msg_timeout with the rest queued
+        BOOST_TEST(running == bound);
+        BOOST_TEST(nsqd.channel("mh", "billing").in_flight == 20);
+        open = true;
+        gate.cancel();
+        BOOST_REQUIRE(co_await eventually([&] { return nsqd.channel("mh", "billing").finish_count == 20; }));
+        BOOST_TEST(c.stats().max_handlers == static_cast<std::uint64_t>(bound));
+        BOOST_TEST(nsqd.channel("mh", "billing").timeout_count == 0u);
+        co_await c.stop();
+    });
+}
+
+BOOST_AUTO_TEST_CASE(max_handlers_bounds_the_handlers_held_up_and_the_rest_wait_queued_alive) {
+    run_max_handlers_case(true);
+}
+
+BOOST_AUTO_TEST_CASE(max_handlers_does_not_bound_handlers_that_are_not_held_up) {
+    run_max_handlers_case(false);
+}
+
 BOOST_AUTO_TEST_CASE(restart_of_nsqd_reconnects_and_resumes) {
     cg::test::run_async([]() -> asio::awaitable<void> {
         auto ex = co_await asio::this_coro::executor;

@@ -8,6 +8,7 @@
 #include <boost/test/unit_test.hpp>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "fake_fixture.hpp"
 #include "http/server.hpp"
@@ -227,6 +228,32 @@ BOOST_AUTO_TEST_CASE(concurrent_same_key_gets_409_then_the_replayed_charge) {
     BOOST_TEST(a.replayed != b.replayed);       // exactly one of them saw the original
     BOOST_TEST(a.attempts + b.attempts >= 3u);  // the loser met a 409 first
     BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
+// max_calls bounds the calls under way: the callers past it wait at the client's entry, so the pool never
+// needs more connections than that, however many callers there are (without the bound, each of the six
+// concurrent calls would open a connection of its own: the pool may hold eight).
+BOOST_AUTO_TEST_CASE(max_calls_bounds_the_calls_under_way_and_the_rest_wait_their_turn) {
+    fixture f;
+    f.fake->faults().latency_ms = 100;
+    auto cfg = f.config();
+    cfg.max_connections = 8;
+    cfg.max_calls = 2;
+    auto c = f.client(cfg);
+    std::vector<stripe::charge_outcome> out(6);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        int left = static_cast<int>(out.size());
+        net::steady_timer done(f.io, net::steady_timer::time_point::max());
+        for (std::size_t i = 0; i < out.size(); ++i)
+            asio::co_spawn(f.io,
+                           charge_into(c.get(), charge_req("mc-" + std::to_string(i)), &out[i], &left, &done),
+                           asio::detached);
+        co_await done.async_wait();
+    });
+    for (const auto& o : out) BOOST_TEST(cls(o.cls) == "succeeded", o.message);
+    BOOST_TEST(f.fake->charges().size() == 6u);
+    BOOST_TEST(c->http_stats().connects <= 2u);
+    BOOST_TEST(c->http_stats().requests == 6u);
 }
 
 BOOST_AUTO_TEST_CASE(server_error_after_create_is_indeterminate_and_replayed) {
