@@ -80,7 +80,7 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
         payment_fact f;
         f.created = unix_now();
         if (row.payment_intent_id) {
-            auto pi = co_await stripe_.retrieve_payment_intent(*row.payment_intent_id);
+            auto pi = co_await stripe_.retrieve_payment_intent(*row.payment_intent_id, row.stripe_account);
             if (!pi) {
                 ++rep.errors;
                 if (metrics_) metrics_->errors->Increment();
@@ -97,7 +97,7 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
             f.status = pi->status;
             f.failure = pi->last_error_code;
         } else {
-            auto ch = co_await stripe_.retrieve_charge(row.charge_id.value_or(""));
+            auto ch = co_await stripe_.retrieve_charge(row.charge_id.value_or(""), row.stripe_account);
             if (!ch) {
                 ++rep.errors;
                 if (metrics_) metrics_->errors->Increment();
