@@ -1103,9 +1103,17 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
     auto num = [&](const char* k, int& field) {
         if (auto v = p.find(k); v != p.end()) field = static_cast<int>(to_int(v->second).value_or(field));
     };
+    // The admin listings add the account each object lives in ("" for the platform), which Stripe's objects
+    // do not carry.
+    auto with_account = [](const std::string& account, const std::string& object) {
+        std::string out = "{\"account\":";
+        append_json_string(out, account);
+        return out + "," + object.substr(1);
+    };
     if (path == "/_admin/charges") {
         std::string data = "[";
-        for (std::size_t i = 0; i < charges_.size(); ++i) data += (i ? "," : "") + charge_json(charges_[i]);
+        for (std::size_t i = 0; i < charges_.size(); ++i)
+            data += (i ? "," : "") + with_account(charges_[i].account, charge_json(charges_[i]));
         co_return json_response(200, json_obj()
                                          .raw("data", data + "]")
                                          .num("count", static_cast<std::int64_t>(charges_.size()))
@@ -1113,7 +1121,8 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
     }
     if (path == "/_admin/intents") {
         std::string data = "[";
-        for (std::size_t i = 0; i < intents_.size(); ++i) data += (i ? "," : "") + intent_json(intents_[i]);
+        for (std::size_t i = 0; i < intents_.size(); ++i)
+            data += (i ? "," : "") + with_account(intents_[i].account, intent_json(intents_[i]));
         co_return json_response(200, json_obj()
                                          .raw("data", data + "]")
                                          .num("count", static_cast<std::int64_t>(intents_.size()))
