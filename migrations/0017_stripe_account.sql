@@ -16,3 +16,11 @@ ALTER TABLE billing_records
     ADD CONSTRAINT billing_records_customer_period_account_key
         UNIQUE NULLS NOT DISTINCT (customer_id, billing_period, stripe_account);
 ALTER TABLE billing_records DROP CONSTRAINT billing_records_customer_period_key;
+
+-- A vault key may be scoped to one connected account: the proxy then forwards requests carrying exactly
+-- that Stripe-Account and refuses any other (or none); a key without one spends the platform's own account
+-- and refuses every Stripe-Account. One account per key, not a list: the cap is one account's spend for the
+-- period, and a key's reservations (vault_key_id, idempotency_key) stay unique where Stripe's idempotency
+-- keys are per account.
+ALTER TABLE vault_keys
+    ADD COLUMN stripe_account text CHECK (stripe_account IS NULL OR stripe_account ~ '^acct_[A-Za-z0-9]+$');
