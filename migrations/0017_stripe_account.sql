@@ -24,3 +24,8 @@ ALTER TABLE billing_records DROP CONSTRAINT billing_records_customer_period_key;
 -- keys are per account.
 ALTER TABLE vault_keys
     ADD COLUMN stripe_account text CHECK (stripe_account IS NULL OR stripe_account ~ '^acct_[A-Za-z0-9]+$');
+
+-- Why: the backfill lists each connected account the ledger knows, read by a loose scan of this index (one
+-- probe per account). Partial: platform rows (NULL) take no room.
+CREATE INDEX billing_records_stripe_account_idx ON billing_records (stripe_account)
+    WHERE stripe_account IS NOT NULL;

@@ -7,6 +7,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include "billing/backfill.hpp"
 #include "billing/outcome.hpp"
 #include "billing/settlement_poller.hpp"
 #include "billing/sweeper.hpp"
@@ -226,6 +227,44 @@ BOOST_AUTO_TEST_CASE(poll_retrieves_a_processing_payment_in_its_account) {
     BOOST_TEST(polled->errors == 0u);
     BOOST_TEST(polled->settled == 1u);
     BOOST_TEST(billing::to_string(f.row(key)->status) == "charged");
+}
+
+// A failover lost account B's charged row entirely (and the platform's of the same customer id). The backfill
+// lists the platform, then each connected account the ledger knows (B, through its other row), and restores
+// each row in its own account with its own charge.
+BOOST_AUTO_TEST_CASE(backfill_restores_lost_rows_in_their_accounts) {
+    fixture f;
+    connect_accounts(f);
+    auto p = f.make_pipeline();
+    for (const auto& [customer, account] : std::vector<std::pair<std::string, std::string>>{
+             {"shop-8", ""}, {"shop-8", acct_b}, {"shop-9", acct_b}}) {
+        auto v = f.handle(*p, delivery_of(connect_event(customer, account), "c8" + customer + account));
+        BOOST_TEST_REQUIRE(reason(v) == "charged", v.detail);
+    }
+    const auto lost_b = connect_key("shop-8", acct_b), lost_platform = connect_key("shop-8", "");
+    auto gone = f.run(
+        f.query("DELETE FROM billing_records WHERE key = $1 OR key = $2", pg::params(lost_b, lost_platform)));
+    BOOST_TEST_REQUIRE(gone.has_value());
+    billing::backfill_config bc;
+    bc.key_namespace = test::key_namespace;
+    bc.window = 1h;
+    bc.topic = "billing";
+    bc.channel = "chargeguard";
+    billing::backfill b(bc, f.pg, *f.stripe, logger());
+    auto rep = f.run(b.run_once());
+    BOOST_TEST_REQUIRE(rep.has_value(), (rep ? "" : rep.err().describe()));
+    BOOST_TEST(rep->inserted == 2u);
+    for (const auto& [key, account] : {std::pair{lost_b, acct_b}, std::pair{lost_platform, std::string()}}) {
+        auto rec = f.row(key);
+        BOOST_TEST_REQUIRE(rec.has_value(), account);
+        BOOST_TEST(billing::to_string(rec->status) == "charged");
+        BOOST_TEST(rec->stripe_account == account);
+        auto in_account = charges_in(f, account);
+        bool its_own = false;
+        for (const auto* c : in_account) its_own = its_own || c->id == rec->charge_id.value_or("");
+        BOOST_TEST(its_own, account);
+    }
+    BOOST_TEST(f.fake->charges().size() == 3u);
 }
 
 // fake-stripe scopes as Stripe does: an account the platform does not reach is 403 account_invalid (our
