@@ -256,11 +256,11 @@ net::awaitable<int> run_explain(const explain_flags* fp, std::shared_ptr<pg::poo
         x.stripe.skipped = "not asked (--stripe searches it)";
     } else {
         std::string cus = x.row ? x.row->str("stripe_customer_id") : f.stripe_customer;
+        // Named first: g++ 12 mishandles a conditional's temporary in a co_await's arguments.
+        std::string account = x.row ? x.row->str("stripe_account") : f.stripe_account;
         if (cus.empty())
             x.stripe.skipped = "not searched: no ledger row and no event gives the Stripe customer";
-        else if (auto r = co_await load_stripe(*client, x, cus, key,
-                                               x.row ? x.row->str("stripe_account") : f.stripe_account);
-                 !r)
+        else if (auto r = co_await load_stripe(*client, x, cus, key, account); !r)
             co_return fail("searching Stripe", r.err());
     }
     decide(x);
