@@ -43,6 +43,7 @@ struct explain_flags {
     pg_flags pg;
     stripe_flags stripe;
     std::string customer, period, key;
+    std::string stripe_account;  // a Connect event's account (part of its key; searched in it)
     std::string key_namespace = "chargeguard";
     bool with_stripe = false;
     bool json = false;
@@ -56,6 +57,7 @@ constexpr const char* explain_columns[] = {"key",
                                            "amount_cents",
                                            "currency",
                                            "stripe_customer_id",
+                                           "stripe_account",
                                            "status",
                                            "key_generation",
                                            "stripe_attempts",
@@ -85,7 +87,8 @@ std::string ledger_sql() {
     for (int i = 0; i < n_explain_columns; ++i)
         s += std::string(i ? ", " : "") + explain_columns[i] + "::text";
     s += ", (lease_until IS NOT NULL AND lease_until > now()) AS lease_live FROM billing_records "
-         "WHERE key = $1::text OR (customer_id = $2::text AND billing_period = $3::text) "
+         "WHERE key = $1::text OR (customer_id = $2::text AND billing_period = $3::text "
+         "AND stripe_account IS NOT DISTINCT FROM nullif($4::text, '')) "
          "ORDER BY (key = $1::text) DESC LIMIT 1";
     return s;
 }
@@ -101,8 +104,8 @@ net::awaitable<result<pg::rows>> run_query(pg::pool& pool, const std::string& sq
     co_return co_await (*c)->query_with(sql, std::move(p), std::chrono::seconds(30));
 }
 
-net::awaitable<result<void>> load_ledger(pg::pool& pool, explanation& x) {
-    auto r = co_await run_query(pool, ledger_sql(), pg::params(x.key, x.customer, x.period));
+net::awaitable<result<void>> load_ledger(pg::pool& pool, explanation& x, const std::string& stripe_account) {
+    auto r = co_await run_query(pool, ledger_sql(), pg::params(x.key, x.customer, x.period, stripe_account));
     if (!r) co_return r.err();
     if (r->empty()) co_return result<void>{};
     ledger_view v;
@@ -147,12 +150,12 @@ net::awaitable<result<void>> load_spend(pg::pool& pool, explanation& x, const st
 
 // The recovery search (stripe::client), read-only.
 net::awaitable<result<void>> load_stripe(stripe::client& client, explanation& x, const std::string& cus,
-                                         const std::string& key) {
+                                         const std::string& key, const std::string& account) {
     x.stripe.asked = true;
-    auto ch = co_await client.find_charge_by_billing_key(cus, key, std::nullopt);
+    auto ch = co_await client.find_charge_by_billing_key(cus, key, std::nullopt, 100, account);
     if (!ch) co_return ch.err();
     x.stripe.charge = std::move(*ch);
-    auto pi = co_await client.find_payment_intent_by_billing_key(cus, key, std::nullopt);
+    auto pi = co_await client.find_payment_intent_by_billing_key(cus, key, std::nullopt, 100, account);
     if (!pi) co_return pi.err();
     x.stripe.intent = std::move(*pi);
     co_return result<void>{};
@@ -242,7 +245,8 @@ net::awaitable<int> run_explain(const explain_flags* fp, std::shared_ptr<pg::poo
         std::fprintf(stderr, "chargeguard explain: %s: %s\n", what, e.describe().c_str());
         return exit_failure;
     };
-    if (auto r = co_await load_ledger(*pool, x); !r) co_return fail("reading the ledger", r.err());
+    if (auto r = co_await load_ledger(*pool, x, f.stripe_account); !r)
+        co_return fail("reading the ledger", r.err());
     // A row found by customer and period under another key: its dead letters and spend carry that key.
     std::string key = x.row ? x.row->str("key") : x.key;
     if (auto r = co_await load_letters(*pool, x, key); !r) co_return fail("reading dead letters", r.err());
@@ -252,9 +256,11 @@ net::awaitable<int> run_explain(const explain_flags* fp, std::shared_ptr<pg::poo
         x.stripe.skipped = "not asked (--stripe searches it)";
     } else {
         std::string cus = x.row ? x.row->str("stripe_customer_id") : f.stripe_customer;
+        // Named first: g++ 12 mishandles a conditional's temporary in a co_await's arguments.
+        std::string account = x.row ? x.row->str("stripe_account") : f.stripe_account;
         if (cus.empty())
             x.stripe.skipped = "not searched: no ledger row and no event gives the Stripe customer";
-        else if (auto r = co_await load_stripe(*client, x, cus, key); !r)
+        else if (auto r = co_await load_stripe(*client, x, cus, key, account); !r)
             co_return fail("searching Stripe", r.err());
     }
     decide(x);
@@ -288,6 +294,7 @@ void resolve_subject(explain_flags& f) {
     f.customer = ev->customer_id;
     f.period = ev->billing_period;
     f.stripe_customer = ev->stripe_customer_id;
+    f.stripe_account = ev->stripe_account;
 }
 
 int explain_main(explain_flags f, const global_flags& g) {
@@ -298,7 +305,10 @@ int explain_main(explain_flags f, const global_flags& g) {
     x.key_namespace = f.key_namespace;
     x.customer = f.customer;
     x.period = f.period;
-    x.key = f.key.empty() ? billing::base_key(f.key_namespace, f.customer, f.period) : f.key;
+    if (!f.stripe_account.empty() && !billing::valid_stripe_account(f.stripe_account))
+        bad_value("--stripe-account", f.stripe_account, "not acct_ followed by letters and digits");
+    x.key =
+        f.key.empty() ? billing::base_key(f.key_namespace, f.customer, f.period, f.stripe_account) : f.key;
     std::optional<stripe::client_config> scfg;
     if (f.with_stripe) scfg = to_stripe_config(f.stripe);
     auto opts = to_pool_options(f.pg);
@@ -338,6 +348,9 @@ void register_explain(CLI::App& app, command_main& selected) {
     cmd->add_option("--customer", f->customer, "the billing system's customer id (with --period)");
     cmd->add_option("--period", f->period, "the billing period, as in the events (e.g. 2026-11)");
     cmd->add_option("--key", f->key, "a billing key (the ledger's key, logs' billing_key)");
+    cmd->add_option(
+        "--stripe-account", f->stripe_account,
+        "the connected account (acct_…) of a Stripe Connect event (with --customer and --period)");
     env(cmd->add_option("--key-namespace", f->key_namespace, "the key namespace consume uses")
             ->capture_default_str()
             ->group(group_pipeline),

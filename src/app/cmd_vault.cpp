@@ -12,6 +12,7 @@
 #include "app/commands.hpp"
 #include "app/pg_flags.hpp"
 #include "app/vault_expected.hpp"
+#include "billing/event.hpp"
 #include "net/offload.hpp"
 #include "pg/error.hpp"
 #include "vault/cap.hpp"
@@ -26,6 +27,7 @@ struct issue_flags {
     pg_flags pg;
     std::string name, period, currency, expected_file, headroom = "1.10",
                                                        allow = std::string(vault::default_allow), expires_at;
+    std::string stripe_account;  // the one Stripe Connect account the key may act in
     std::optional<std::int64_t> expected_cents;
     bool refunds_reopen_cap = false;
 };
@@ -139,6 +141,12 @@ net::awaitable<int> issue(vault::store& s, const issue_flags& f, vault::new_key 
             k.id.c_str(), k.name.c_str(), k.billing_period.c_str(), money(k.cap_cents, k.currency).c_str(),
             money(expected, k.currency).c_str(), f.headroom.c_str(), f.allow.c_str(),
             k.expires_at ? k.expires_at->c_str() : "never");
+        std::fprintf(stderr, "acts in %s\n",
+                     k.stripe_account.empty()
+                         ? "the platform's own account (any Stripe-Account refused)"
+                         : ("connected account " + k.stripe_account +
+                            " only (requests must send Stripe-Account: " + k.stripe_account + ")")
+                               .c_str());
         std::fprintf(stderr, "refunds %s\n",
                      f.refunds_reopen_cap ? "give the cap its room back (--refunds-reopen-cap)"
                                           : "are recorded and do not reopen cap room");
@@ -169,6 +177,10 @@ int run_issue(const issue_flags& f, const global_flags& g) {
     k.cap_cents = *cap;
     k.allowed = *allowed;
     if (!f.expires_at.empty()) k.expires_at = f.expires_at;
+    if (!f.stripe_account.empty() && !billing::valid_stripe_account(f.stripe_account))
+        throw CLI::ValidationError("--stripe-account",
+                                   "'" + f.stripe_account + "' is not acct_ followed by letters and digits");
+    k.stripe_account = f.stripe_account;
     return with_store(f.pg, g, [&f, k, expected](vault::store& s) { return issue(s, f, k, expected); });
 }
 
@@ -193,7 +205,8 @@ std::string usage_json(const vault::key_usage& u) {
            vault::format_percent_bp(vault::utilisation_bp(u.committed(), k.cap_cents)) + ",\"allowed\":[" +
            allowed + "],\"expires_at\":" + ts(k.expires_at) + ",\"revoked_at\":" + ts(k.revoked_at) +
            ",\"created_at\":" + json_str(pg::format_timestamptz(k.created_at)) +
-           ",\"usable\":" + (k.usable ? "true" : "false") + "}";
+           ",\"usable\":" + (k.usable ? "true" : "false") + ",\"stripe_account\":" +
+           (k.stripe_account.empty() ? std::string("null") : json_str(k.stripe_account)) + "}";
 }
 
 void print_table(const std::vector<vault::key_usage>& keys) {
@@ -252,7 +265,9 @@ net::awaitable<int> show(vault::store& s, const vault_show_flags& f) {
     print_table(*keys);
     std::string allowed;
     for (const auto& a : u.key.allowed) allowed += (allowed.empty() ? "" : ",") + a;
-    std::printf("\nallows %s; created %s; released %lld\n\nlast %zu audit rows:\n", allowed.c_str(),
+    std::printf("\nallows %s; acts in %s; created %s; released %lld\n\nlast %zu audit rows:\n",
+                allowed.c_str(),
+                u.key.stripe_account.empty() ? "the platform's account" : u.key.stripe_account.c_str(),
                 pg::format_timestamptz(u.key.created_at).c_str(), static_cast<long long>(u.released_cents),
                 audit->size());
     for (const auto& a : *audit)
@@ -325,6 +340,11 @@ void register_vault(CLI::App& app, command_main& selected) {
     issue_cmd->add_option("--allow", fi->allow, "comma-separated operations the key may call")
         ->capture_default_str();
     issue_cmd->add_option("--expires-at", fi->expires_at, "RFC 3339 expiry (default: none)");
+    issue_cmd->add_option(
+        "--stripe-account", fi->stripe_account,
+        "scope the key to this Stripe Connect account (acct_…): the proxy forwards requests "
+        "sending exactly this Stripe-Account and refuses any other or none (default: the "
+        "platform's own account; any Stripe-Account refused)");
     issue_cmd->add_flag("--refunds-reopen-cap", fi->refunds_reopen_cap,
                         "a refund gives the cap its room back (default: refunds are recorded only)");
     issue_cmd->callback([&selected, fi, total, file] {

@@ -142,8 +142,8 @@ net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since) {
 net::awaitable<void> resolve_pending(reconcile_run& run, billing::ledger& ledger, item& it) {
     using billing::found_step;
     auto& rec = *it.facts.record;
-    billing::recovery_query q{rec.stripe_customer_id, rec.key, rec.first_stripe_attempt_at,
-                              billing::default_search_slack, it.payment_intent};
+    billing::recovery_query q{rec.stripe_customer_id,        rec.key,           rec.first_stripe_attempt_at,
+                              billing::default_search_slack, it.payment_intent, rec.stripe_account};
     auto found =
         co_await billing::search_by_key(run.stripe, std::move(q), run.log, [&run] { return run.pace(); });
     if (!found) {

@@ -24,11 +24,12 @@ const std::string backfill_insert_sql =
     "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
     "stripe_customer_id, "
     "status, charge_id, payment_intent_id, description, key_namespace, recovered_at, stripe_attempts, "
-    "first_stripe_attempt_at, last_error) "
+    "first_stripe_attempt_at, last_error, stripe_account) "
     "SELECT v.key, v.customer_id, v.billing_period, v.amount_cents, v.currency, v.stripe_customer_id, "
     "'charged', v.charge_id, nullif(v.payment_intent_id, ''), nullif(v.description, ''), $11::text, now(), "
     "1, "
-    "to_timestamp(v.created), 'recovered by the backfill from Stripe charge ' || v.charge_id "
+    "to_timestamp(v.created), 'recovered by the backfill from Stripe charge ' || v.charge_id, "
+    "nullif($12::text, '') "
     "FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::text[], "
     "$8::text[], $9::text[], $10::int8[]) AS v(key, customer_id, billing_period, amount_cents, currency, "
     "stripe_customer_id, charge_id, payment_intent_id, description, created) "
@@ -56,13 +57,14 @@ struct in_flight_candidate {
 struct charge_owner {
     std::string key, customer, period;
 };
-std::optional<charge_owner> owner_of(const stripe::charge& ch, const std::string& ns) {
+std::optional<charge_owner> owner_of(const stripe::charge& ch, const std::string& ns,
+                                     const std::string& account) {
     if (ch.customer.empty()) return std::nullopt;
     auto key = stripe::metadata_value(ch.metadata, "billing_key");
     auto customer = stripe::metadata_value(ch.metadata, "customer_id");
     auto period = stripe::metadata_value(ch.metadata, "billing_period");
     if (!key || !customer || !period || customer->empty() || period->empty()) return std::nullopt;
-    if (base_key(ns, *customer, *period) != *key) return std::nullopt;
+    if (base_key(ns, *customer, *period, account) != *key) return std::nullopt;
     return charge_owner{std::string(*key), std::string(*customer), std::string(*period)};
 }
 
@@ -89,13 +91,14 @@ const std::string backfill_in_flight_sql =
     "stripe_customer_id, status, charge_id, payment_intent_id, description, payment_method, off_session, "
     "key_namespace, recovered_at, stripe_attempts, first_stripe_attempt_at, key_generation, "
     "processing_since, "
-    "stripe_status, stripe_status_at, nsq_topic, nsq_channel, raw_body, last_error) "
+    "stripe_status, stripe_status_at, nsq_topic, nsq_channel, raw_body, last_error, stripe_account) "
     "SELECT v.key, v.customer_id, v.billing_period, v.amount_cents, v.currency, v.stripe_customer_id, "
     "'processing', v.charge_id, nullif(v.payment_intent_id, ''), nullif(v.description, ''), "
     "nullif(v.payment_method, ''), CASE WHEN v.payment_method <> '' THEN true END, $14::text, now(), 1, "
     "to_timestamp(v.created), v.generation::int, to_timestamp(v.created), v.stripe_status, now(), $15::text, "
     "$16::text, convert_to(v.raw_body, 'UTF8'), "
-    "'recovered by the backfill from Stripe charge ' || v.charge_id || ' (' || v.stripe_status || ')' "
+    "'recovered by the backfill from Stripe charge ' || v.charge_id || ' (' || v.stripe_status || ')', "
+    "nullif($18::text, '') "
     "FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::text[], "
     "$8::text[], $9::text[], $10::text[], $11::int8[], $12::int8[], $13::text[], $17::text[]) AS v(key, "
     "customer_id, billing_period, amount_cents, currency, stripe_customer_id, charge_id, payment_intent_id, "
@@ -120,14 +123,15 @@ namespace {
 
 using backfill_state_ptr = std::shared_ptr<backfill::state>;
 
-net::awaitable<result<std::size_t>> insert_missing(backfill_state_ptr st, missing_rows m) {
+net::awaitable<result<std::size_t>> insert_missing(backfill_state_ptr st, missing_rows m,
+                                                   std::string account) {
     pg::params p;
-    p.reserve(11);
+    p.reserve(12);
     p.add(text_array_literal(m.keys)).add(text_array_literal(m.customers)).add(text_array_literal(m.periods));
     p.add(int_array_literal(m.amounts)).add(text_array_literal(m.currencies));
     p.add(text_array_literal(m.stripe_customers)).add(text_array_literal(m.charges));
     p.add(text_array_literal(m.intents)).add(text_array_literal(m.descriptions));
-    p.add(int_array_literal(m.created)).add(st->cfg.key_namespace);
+    p.add(int_array_literal(m.created)).add(st->cfg.key_namespace).add(std::move(account));
     auto r = co_await pg::exec_pooled(st->pool, backfill_insert_sql, std::move(p),
                                       pg::acquire_mode::wait_for_server);
     if (!r) co_return r.err();
@@ -166,7 +170,7 @@ std::vector<std::pair<in_flight_candidate, std::int64_t>> choose_in_flight(
 
 net::awaitable<result<std::size_t>> insert_in_flight(
     backfill_state_ptr st, const std::vector<std::pair<in_flight_candidate, std::int64_t>>& rows,
-    backfill_report& rep) {
+    backfill_report& rep, std::string account) {
     std::vector<std::string> keys, customers, periods, currencies, stripe_customers, charges, intents,
         descriptions, methods, bodies, statuses;
     std::vector<std::int64_t> amounts, created, generations;
@@ -179,6 +183,7 @@ net::awaitable<result<std::size_t>> insert_in_flight(
         ev.currency = c.ch.currency;
         ev.stripe_customer_id = c.ch.customer;
         ev.description = c.ch.description;
+        ev.stripe_account = account;
         // A PaymentIntent's charge names the payment method the event carried; a /v1/charges charge was
         // made without one (the customer's default source). Stripe does not report off_session: a billing
         // run's payment is off-session (the event's default).
@@ -200,13 +205,14 @@ net::awaitable<result<std::size_t>> insert_in_flight(
         by_key[c.key] = &c;
     }
     pg::params p;
-    p.reserve(17);
+    p.reserve(18);
     p.add(text_array_literal(keys)).add(text_array_literal(customers)).add(text_array_literal(periods));
     p.add(int_array_literal(amounts)).add(text_array_literal(currencies));
     p.add(text_array_literal(stripe_customers)).add(text_array_literal(charges));
     p.add(text_array_literal(intents)).add(text_array_literal(descriptions)).add(text_array_literal(methods));
     p.add(int_array_literal(created)).add(int_array_literal(generations)).add(text_array_literal(bodies));
     p.add(st->cfg.key_namespace).add(st->cfg.topic).add(st->cfg.channel).add(text_array_literal(statuses));
+    p.add(std::move(account));
     auto r = co_await pg::exec_pooled(st->pool, backfill_in_flight_sql, std::move(p),
                                       pg::acquire_mode::wait_for_server);
     if (!r) co_return r.err();
@@ -255,9 +261,11 @@ net::awaitable<result<std::size_t>> insert_in_flight(
     co_return inserted.size();
 }
 
-net::awaitable<result<backfill_report>> backfill_run(backfill_state_ptr st) {
-    backfill_report rep;
+// One account's window: the platform's (`account` empty) or a connected account's, listed in that account.
+net::awaitable<result<void>> backfill_account(backfill_state_ptr st, std::string account,
+                                              backfill_report& rep) {
     stripe::list_charges_request req;
+    req.stripe_account = account;
     req.limit = st->cfg.page_size;
     req.created_gte = std::chrono::duration_cast<std::chrono::seconds>(
                           (std::chrono::system_clock::now() - st->cfg.window).time_since_epoch())
@@ -279,7 +287,7 @@ net::awaitable<result<backfill_report>> backfill_run(backfill_state_ptr st) {
         missing_rows m;
         for (const auto& ch : got->data) {
             ++rep.listed;
-            auto o = owner_of(ch, st->cfg.key_namespace);
+            auto o = owner_of(ch, st->cfg.key_namespace, account);
             if (!o) continue;
             if (ch.status == "succeeded") {
                 ++rep.ours;
@@ -292,7 +300,7 @@ net::awaitable<result<backfill_report>> backfill_run(backfill_state_ptr st) {
             }
         }
         if (!m.empty()) {
-            auto n = co_await insert_missing(st, std::move(m));
+            auto n = co_await insert_missing(st, std::move(m), account);
             if (!n) co_return n.err();
             rep.inserted += *n;
         }
@@ -300,9 +308,36 @@ net::awaitable<result<backfill_report>> backfill_run(backfill_state_ptr st) {
         req.starting_after = got->data.back().id;
     }
     if (!in_flight.empty()) {
-        auto n = co_await insert_in_flight(st, choose_in_flight(std::move(in_flight), charged_keys), rep);
+        auto n =
+            co_await insert_in_flight(st, choose_in_flight(std::move(in_flight), charged_keys), rep, account);
         if (!n) co_return n.err();
         rep.inserted += *n;
+    }
+    co_return result<void>{};
+}
+
+// The connected accounts the ledger has rows for, one index probe each (a loose scan of the partial index
+// billing_records_stripe_account_idx, migration 0017): the accounts whose lost rows the backfill looks for.
+const std::string ledger_accounts_sql =
+    "WITH RECURSIVE a(account) AS (SELECT min(stripe_account) FROM billing_records "
+    "WHERE stripe_account IS NOT NULL UNION ALL SELECT (SELECT min(b.stripe_account) FROM billing_records b "
+    "WHERE b.stripe_account > a.account) FROM a WHERE a.account IS NOT NULL) "
+    "SELECT account FROM a WHERE account IS NOT NULL";
+
+net::awaitable<result<backfill_report>> backfill_run(backfill_state_ptr st) {
+    backfill_report rep;
+    // The platform first, then every connected account the ledger knows (Stripe Connect: each account has
+    // its own charges, listed with its Stripe-Account). An account none of whose rows survived is not
+    // known here: reconcile finds those.
+    std::vector<std::string> accounts{""};
+    auto known = co_await pg::exec_pooled(st->pool, ledger_accounts_sql, pg::params(),
+                                          pg::acquire_mode::wait_for_server);
+    if (!known) co_return known.err();
+    for (std::size_t i = 0; i < known->size(); ++i) accounts.push_back(known->get<std::string>(i, 0));
+    for (auto& account : accounts) {
+        if (st->task.stopping()) break;
+        auto done = co_await backfill_account(st, std::move(account), rep);
+        if (!done) co_return done.err();
     }
     co_return rep;
 }

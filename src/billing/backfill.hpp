@@ -1,15 +1,17 @@
 // The backfill: ledger rows lost entirely (docs/operating/ha-postgres.md). A PostgreSQL failover with
 // asynchronous replication can lose a pre-flight insert whose charge Stripe then made; no sweep can find a
-// row that does not exist. Periodically (and once soon after startup) the backfill lists the account's
-// charges created within a recent window, keeps the succeeded ones whose metadata makes them this sidecar's
-// — metadata[billing_key] equals base_key(our namespace, metadata[customer_id], metadata[billing_period]),
-// which proves the namespace without carrying it — and inserts every such row the ledger lacks as `charged`
-// with the charge id (and its PaymentIntent), marked recovered (recovered_at, migration 0012) and logged.
+// row that does not exist. Periodically (and once soon after startup) the backfill lists the charges created
+// within a recent window — the platform's, then each Stripe Connect account's the ledger has rows for (with
+// its Stripe-Account; the rows recovered there record the account) — keeps the succeeded ones whose metadata
+// makes them this sidecar's — metadata[billing_key] equals base_key(our namespace, metadata[customer_id],
+// metadata[billing_period]), which proves the namespace without carrying it — and inserts every such row the
+// ledger lacks as `charged` with the charge id (and its PaymentIntent), marked recovered (recovered_at,
+// migration 0012) and logged.
 //
 // It cannot race the pipeline into a second charge: the insert is ON CONFLICT DO NOTHING on the key and
-// on (customer_id, billing_period), so a row a delivery wrote first wins, and a delivery that comes after
-// finds the row charged (a prevented duplicate). Declined card charges are not backfilled: a lost declined
-// row leaves no money moved, and a redelivery or reconcile decides it again.
+// on (customer_id, billing_period, stripe_account), so a row a delivery wrote first wins, and a delivery that
+// comes after finds the row charged (a prevented duplicate). Declined card charges are not backfilled: a lost
+// declined row leaves no money moved, and a redelivery or reconcile decides it again.
 //
 // A bank debit settles later, so a lost row may be one whose payment is still in flight or already failed.
 // A key of this namespace without a succeeded charge in the window comes back from its newest bank-debit

@@ -54,7 +54,7 @@ existing_action decide_existing(const ledger_record& rec, const billing_event& e
                                 std::chrono::seconds window) {
     // A different amount for the same customer and period is never charged on top: a human decides.
     if (rec.amount_cents != ev.amount_cents || rec.currency != ev.currency ||
-        rec.stripe_customer_id != ev.stripe_customer_id)
+        rec.stripe_customer_id != ev.stripe_customer_id || rec.stripe_account != ev.stripe_account)
         return existing_action::payload_conflict;
     if (is_final(rec.status)) return existing_action::duplicate_finish;
     // The database's own view of the lease when the row carries it; the local clock otherwise.

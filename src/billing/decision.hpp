@@ -48,6 +48,7 @@ struct ledger_record {
     std::optional<sys_time> lease_until;
     std::optional<sys_time> first_stripe_attempt_at;
     std::int32_t stripe_attempts = 0;
+    std::string stripe_account;  // the connected account charged on behalf of; empty: the platform
     // lease_until − now() by the database clock when the row was read (0 once expired); nullopt: no lease.
     std::optional<std::chrono::milliseconds> lease_remaining;
     // Moves forward whenever lease_until is written: the lease token of whoever wrote it (ledger.hpp).

@@ -43,6 +43,14 @@ result<void> validate_payment_method(const billing_event& e) {
     return {};
 }
 
+result<void> validate_account(const billing_event& e) {
+    if (!e.connected()) return {};
+    if (!valid_stripe_account(e.stripe_account))
+        return error(event_errc::bad_field,
+                     "stripe_account: must look like acct_… ([A-Za-z0-9] after acct_)");
+    return {};
+}
+
 result<void> validate(const billing_event& e) {
     auto bad = [](std::string m) { return error(event_errc::bad_field, std::move(m)); };
     if (e.customer_id.empty() || e.customer_id.size() > 255 || !id_chars(e.customer_id, "_.@-"))
@@ -58,10 +66,17 @@ result<void> validate(const billing_event& e) {
         !id_chars(e.stripe_customer_id, "_"))
         return bad("stripe_customer_id: must look like cus_…");
     if (e.description.size() > 500) return bad("description: at most 500 characters");
+    if (auto a = validate_account(e); !a) return a;
     return validate_payment_method(e);
 }
 
 }  // namespace
+
+bool valid_stripe_account(std::string_view s) noexcept {
+    constexpr std::string_view prefix = "acct_";
+    return s.starts_with(prefix) && s.size() > prefix.size() && s.size() <= prefix.size() + 250 &&
+           id_chars(s.substr(prefix.size()), "");
+}
 
 const std::error_category& event_category() noexcept {
     static const simple_category cat("chargeguard.billing.event", describe);
@@ -82,6 +97,7 @@ result<billing_event> parse_event(std::string_view body) {
     billing_event e;
     bool have[5] = {};
     bool off_session_given = false;
+    bool account_given = false;
     for (auto member : obj) {
         // Named, not structured bindings: clang 14 (the fuzz build) cannot capture those in a lambda.
         std::string_view key = member.key;
@@ -110,6 +126,10 @@ result<billing_event> parse_event(std::string_view body) {
             r = str(e.description, -1);
         } else if (key == "payment_method") {
             r = str(e.payment_method, -1);
+        } else if (key == "stripe_account") {
+            // Present means connected: an empty string is refused (validate), never read as the platform.
+            r = str(e.stripe_account, -1);
+            account_given = true;
         } else if (key == "off_session") {
             if (value.get_bool().get(e.off_session))
                 return error(event_errc::bad_field, "off_session: must be true or false");
@@ -129,6 +149,9 @@ result<billing_event> parse_event(std::string_view body) {
                                              "stripe_customer_id"};
     for (int i = 0; i < 5; ++i)
         if (!have[i]) return error(event_errc::missing_field, names[i]);
+    if (account_given && e.stripe_account.empty())
+        return error(event_errc::bad_field,
+                     "stripe_account: must look like acct_… ([A-Za-z0-9] after acct_)");
     if (auto v = validate(e); !v) return v.err();
     if (off_session_given && !e.uses_payment_intent())
         return error(event_errc::bad_field, "off_session: only with payment_method");
@@ -153,6 +176,10 @@ std::string to_json(const billing_event& e) {
         out += ",\"payment_method\":";
         append_json_string(out, e.payment_method);
         out += e.off_session ? ",\"off_session\":true" : ",\"off_session\":false";
+    }
+    if (e.connected()) {
+        out += ",\"stripe_account\":";
+        append_json_string(out, e.stripe_account);
     }
     out += '}';
     return out;

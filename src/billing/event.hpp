@@ -11,7 +11,8 @@ namespace cg::billing {
 
 // {"customer_id":"acme-42","billing_period":"2026-11","amount_cents":1999,"currency":"usd",
 //  "stripe_customer_id":"cus_…","description":"optional","payment_method":"pm_… (optional)",
-//  "off_session":true}. Unknown fields are ignored. With payment_method the event is charged through a
+//  "off_session":true, "stripe_account":"acct_… (optional)"}. Unknown fields are ignored. With payment_method
+//  the event is charged through a
 // confirmed PaymentIntent (off_session defaults to true: a billing run has no customer at hand); without it,
 // through /v1/charges (off_session is then refused: it would mean nothing).
 struct billing_event {
@@ -23,6 +24,11 @@ struct billing_event {
     std::string description;         // optional, ≤ 500 chars
     std::string payment_method{};    // optional: pm_… / card_… / src_… → PaymentIntent
     bool off_session = true;         // only with payment_method
+    // optional: the Stripe Connect account charged on behalf of (sent as the Stripe-Account header on every
+    // call for the event, part of its key); empty: the platform's own account.
+    std::string stripe_account{};
+
+    bool connected() const noexcept { return !stripe_account.empty(); }
 
     bool uses_payment_intent() const noexcept { return !payment_method.empty(); }
 };
@@ -34,6 +40,9 @@ inline std::error_code make_error_code(event_errc e) noexcept {
 }
 
 inline constexpr std::size_t max_event_bytes = 64 * 1024;
+
+// True when `s` can name a connected account: "acct_" and 1..250 characters of [A-Za-z0-9].
+bool valid_stripe_account(std::string_view s) noexcept;
 
 // Parses and validates one event. On failure the error message names the field and the rule, for the
 // dead-letter table ("amount_cents: must be an integer in 1..99999999").

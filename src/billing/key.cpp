@@ -10,10 +10,12 @@
 namespace cg::billing {
 
 std::string base_key(std::string_view key_namespace, std::string_view customer_id,
-                     std::string_view billing_period) {
+                     std::string_view billing_period, std::string_view stripe_account) {
     std::string input;
-    input.reserve(key_namespace.size() + customer_id.size() + billing_period.size() + 2);
+    input.reserve(key_namespace.size() + customer_id.size() + billing_period.size() + stripe_account.size() +
+                  3);
     input.append(key_namespace).append(":").append(customer_id).append(":").append(billing_period);
+    if (!stripe_account.empty()) input.append(":").append(stripe_account);
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int len = 0;
     if (EVP_Digest(input.data(), input.size(), digest, &len, EVP_sha256(), nullptr) != 1)

@@ -49,6 +49,7 @@ ledger_record decode_stored_record_columns(const pg::rows& r, std::size_t i) {
     rec.first_stripe_attempt_at =
         to_sys(r.get<std::optional<pg::timestamp>>(i, record_col::first_stripe_attempt_at));
     rec.stripe_attempts = r.get<std::int32_t>(i, record_col::stripe_attempts);
+    rec.stripe_account = r.get<std::optional<std::string>>(i, record_col::stripe_account).value_or("");
     return rec;
 }
 
@@ -145,7 +146,8 @@ ledger_batch_counters ledger::batch_counters() const {
 
 net::awaitable<result<preflight_result>> ledger::preflight(new_record rec, std::chrono::milliseconds lease) {
     // Kept for the conflict path: the request moves into the batch.
-    std::string key = rec.key, customer = rec.event.customer_id, period = rec.event.billing_period;
+    std::string key = rec.key, customer = rec.event.customer_id, period = rec.event.billing_period,
+                account = rec.event.stripe_account;
     preflight_req q{std::move(rec), millis(lease)};
     // (No co_await inside a conditional expression: g++ 12 miscompiles it.)
     result<preflight_out> ins = error(pg::errc::protocol_error, "not run");
@@ -157,7 +159,8 @@ net::awaitable<result<preflight_result>> ledger::preflight(new_record rec, std::
     if (ins->inserted) co_return preflight_result{true, std::move(*ins->row)};
     if (ins->row) co_return preflight_result{false, std::move(*ins->row)};
     auto existing =
-        co_await exec(pool_, preflight_existing_sql, pg::params(key, std::move(customer), std::move(period)));
+        co_await exec(pool_, preflight_existing_sql,
+                      pg::params(key, std::move(customer), std::move(period), std::move(account)));
     if (!existing) co_return existing.err();
     // Rows are never deleted, so the conflicting row is there; if not, something outside the design did it.
     if (existing->empty())

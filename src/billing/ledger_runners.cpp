@@ -67,11 +67,12 @@ net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std:
 net::awaitable<result<preflight_out>> preflight_insert_one(std::shared_ptr<pg::pool> pool,
                                                            const preflight_req& q) {
     const auto& e = q.rec.event;
-    auto ins = co_await exec(
-        pool, preflight_insert_sql,
-        pg::params(q.rec.key, e.customer_id, e.billing_period, e.amount_cents, e.currency,
-                   e.stripe_customer_id, q.lease_ms, q.rec.nsq_message_id, q.rec.nsq_attempts, e.description,
-                   text_or_null(e.payment_method), e.off_session, text_or_null(q.rec.key_namespace)));
+    auto ins =
+        co_await exec(pool, preflight_insert_sql,
+                      pg::params(q.rec.key, e.customer_id, e.billing_period, e.amount_cents, e.currency,
+                                 e.stripe_customer_id, q.lease_ms, q.rec.nsq_message_id, q.rec.nsq_attempts,
+                                 e.description, text_or_null(e.payment_method), e.off_session,
+                                 text_or_null(q.rec.key_namespace), text_or_null(e.stripe_account)));
     if (!ins) co_return ins.err();
     if (ins->empty()) co_return preflight_out();
     co_return preflight_out{true, decode_record(*ins, 0)};
@@ -88,13 +89,14 @@ net::awaitable<std::vector<result<preflight_out>>> preflight_runner::run(std::sh
     auto order = key_order(reqs, key);
     std::vector<std::string> keys, customers, periods, currencies, stripe_customers, message_ids;
     std::vector<std::string> descriptions, off_sessions;
-    std::vector<std::optional<std::string>> payment_methods, namespaces;
+    std::vector<std::optional<std::string>> payment_methods, namespaces, accounts;
     std::vector<std::int64_t> amounts, leases, attempts;
     for (auto* v : {&keys, &customers, &periods, &currencies, &stripe_customers, &message_ids, &descriptions,
                     &off_sessions})
         v->reserve(reqs.size());
     payment_methods.reserve(reqs.size());
     namespaces.reserve(reqs.size());
+    accounts.reserve(reqs.size());
     for (auto* v : {&amounts, &leases, &attempts}) v->reserve(reqs.size());
     for (auto i : order) {
         const auto& q = reqs[i];
@@ -111,15 +113,17 @@ net::awaitable<std::vector<result<preflight_out>>> preflight_runner::run(std::sh
         payment_methods.push_back(text_or_null(q.rec.event.payment_method));
         off_sessions.emplace_back(q.rec.event.off_session ? "t" : "f");
         namespaces.push_back(text_or_null(q.rec.key_namespace));
+        accounts.push_back(text_or_null(q.rec.event.stripe_account));
     }
     pg::params p;
-    p.reserve(13);
+    p.reserve(14);
     p.add(text_array_literal(keys)).add(text_array_literal(customers)).add(text_array_literal(periods));
     p.add(int_array_literal(amounts)).add(text_array_literal(currencies));
     p.add(text_array_literal(stripe_customers)).add(int_array_literal(leases));
     p.add(text_array_literal(message_ids)).add(int_array_literal(attempts));
     p.add(text_array_literal(descriptions)).add(text_array_literal(payment_methods));
     p.add(text_array_literal(off_sessions)).add(text_array_literal(namespaces));
+    p.add(text_array_literal(accounts));
     auto r = co_await exec(pool, preflight_batch_sql, std::move(p));
     if (!r) {
         if (retry_row_by_row(r.code())) {
@@ -152,18 +156,20 @@ net::awaitable<void> preflight_runner::read_conflicts(std::shared_ptr<pg::pool> 
                                                       const std::vector<preflight_req>& reqs,
                                                       std::vector<preflight_out>& rows) {
     std::vector<std::size_t> at;
-    std::vector<std::string> keys, customers, periods;
+    std::vector<std::string> keys, customers, periods, accounts;
     for (std::size_t i = 0; i < reqs.size(); ++i) {
         if (rows[i].inserted) continue;
         at.push_back(i);
         keys.push_back(reqs[i].rec.key);
         customers.push_back(reqs[i].rec.event.customer_id);
         periods.push_back(reqs[i].rec.event.billing_period);
+        accounts.push_back(reqs[i].rec.event.stripe_account);
     }
     if (at.empty()) co_return;
     pg::params p;
-    p.reserve(3);
+    p.reserve(4);
     p.add(text_array_literal(keys)).add(text_array_literal(customers)).add(text_array_literal(periods));
+    p.add(text_array_literal(accounts));
     auto r = co_await exec(pool, preflight_existing_batch_sql, std::move(p));
     if (!r) co_return;
     const int index_column = r->columns() - 1;

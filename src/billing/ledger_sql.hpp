@@ -23,6 +23,7 @@ enum : int {
     lease_until,
     first_stripe_attempt_at,
     stripe_attempts,
+    stripe_account,
     stored_count,
     lease_remaining_ms = stored_count,
     lease_epoch,
@@ -36,7 +37,8 @@ enum : int {
 // record_col::lease_epoch the lease epoch (the lease token, see ledger.hpp).
 #define CG_STORED_COLUMNS                                                                               \
     "key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, status, charge_id, " \
-    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts"
+    "key_generation, indeterminate_since, lease_until, first_stripe_attempt_at, stripe_attempts, "      \
+    "stripe_account"
 #define CG_RECORD_COLUMNS \
     CG_STORED_COLUMNS     \
     ", greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch"
@@ -52,26 +54,28 @@ enum : int {
 inline const std::string preflight_insert_sql =
     "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
     "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at, "
-    "last_stripe_attempt_at, description, payment_method, off_session, key_namespace) "
+    "last_stripe_attempt_at, description, payment_method, off_session, key_namespace, stripe_account) "
     "VALUES ($1, $2, $3, $4, $5, $6, 'pending', " CG_LEASE_END("$7") ", 1, $8, $9, 1, now(), now(), $10::text, "
-    "$11::text, $12::boolean, $13::text) "
+    "$11::text, $12::boolean, $13::text, nullif($14::text, '')) "
     "ON CONFLICT DO NOTHING RETURNING " CG_RECORD_COLUMNS;
 
-// The row that made the insert conflict: by key first; else the (customer_id, billing_period) row under
-// another key.
+// The row that made the insert conflict: by key first; else the (customer_id, billing_period, stripe_account)
+// row under another key. The account travels as text, '' for the platform (NULL in the row).
 inline const std::string preflight_existing_sql =
     "SELECT " CG_RECORD_COLUMNS
     " FROM billing_records "
-    "WHERE key = $1::text OR (customer_id = $2::text AND billing_period = $3::text) "
+    "WHERE key = $1::text OR (customer_id = $2::text AND billing_period = $3::text "
+    "AND stripe_account IS NOT DISTINCT FROM nullif($4::text, '')) "
     "ORDER BY key = $1::text DESC LIMIT 1";
 
 // preflight_existing_sql for every conflicting row of a batched insert, as one statement: the last column is
 // the 1-based position of the request in the arrays.
 inline const std::string preflight_existing_batch_sql =
-    "SELECT e.*, v.i FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS v(key, customer_id, "
-    "billing_period, i) CROSS JOIN LATERAL (SELECT " CG_RECORD_COLUMNS
+    "SELECT e.*, v.i FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS v(key, "
+    "customer_id, billing_period, stripe_account, i) CROSS JOIN LATERAL (SELECT " CG_RECORD_COLUMNS
     " FROM billing_records r WHERE r.key = v.key OR (r.customer_id = v.customer_id AND r.billing_period = "
-    "v.billing_period) ORDER BY r.key = v.key DESC LIMIT 1) AS e";
+    "v.billing_period AND r.stripe_account IS NOT DISTINCT FROM nullif(v.stripe_account, '')) "
+    "ORDER BY r.key = v.key DESC LIMIT 1) AS e";
 
 inline const std::string find_sql = "SELECT " CG_RECORD_COLUMNS " FROM billing_records WHERE key = $1";
 
@@ -134,14 +138,14 @@ inline const std::string settle_sql =
 inline const std::string preflight_batch_sql =
     "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
     "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at, "
-    "last_stripe_attempt_at, description, payment_method, off_session, key_namespace) "
+    "last_stripe_attempt_at, description, payment_method, off_session, key_namespace, stripe_account) "
     "SELECT v.key, v.customer_id, v.billing_period, v.amount_cents, v.currency, v.stripe_customer_id, "
     "'pending', " CG_LEASE_END("v.lease_ms") ", 1, v.nsq_message_id, v.nsq_attempts, 1, now(), now(), "
-    "v.description, v.payment_method, v.off_session, v.key_namespace "
+    "v.description, v.payment_method, v.off_session, v.key_namespace, nullif(v.stripe_account, '') "
     "FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[], "
-    "$8::text[], $9::int4[], $10::text[], $11::text[], $12::boolean[], $13::text[]) AS v(key, customer_id, "
-    "billing_period, amount_cents, currency, stripe_customer_id, lease_ms, nsq_message_id, nsq_attempts, "
-    "description, payment_method, off_session, key_namespace) "
+    "$8::text[], $9::int4[], $10::text[], $11::text[], $12::boolean[], $13::text[], $14::text[]) AS v(key, "
+    "customer_id, billing_period, amount_cents, currency, stripe_customer_id, lease_ms, nsq_message_id, "
+    "nsq_attempts, description, payment_method, off_session, key_namespace, stripe_account) "
     "ON CONFLICT DO NOTHING RETURNING " CG_STORED_COLUMNS ", lease_epoch";
 // The lease epoch: right after the stored columns.
 constexpr int preflight_batch_epoch_column = record_col::stored_count;

@@ -112,6 +112,7 @@ Request common_request(const billing_event& ev, std::string_view base, std::int3
                   {"customer_id", ev.customer_id},
                   {"billing_period", ev.billing_period}};
     r.idempotency_key = stripe_idempotency_key(base, generation);
+    r.stripe_account = ev.stripe_account;
     return r;
 }
 

@@ -64,7 +64,7 @@ net::awaitable<verdict> pipeline::give_up(delivery d, touch_fn touch) {
 net::awaitable<verdict> pipeline::resume(delivery d, billing_event ev, ledger_record rec) {
     run r(std::move(d), {}, log_);
     r.ev = std::move(ev);
-    r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period);
+    r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
     if (r.key != rec.key)
         throw std::invalid_argument("resume: row " + rec.key + " is not this pipeline's key");
     r.log = r.log.with({{"billing_key", r.key}, {"swept", true}});
@@ -91,9 +91,10 @@ net::awaitable<verdict> pipeline::process(run& r) {
     auto ev = parse_event(r.d.body);
     if (!ev) co_return co_await dead_letter_finish(r, invalid_reason(ev.err()), std::nullopt);
     r.ev = std::move(*ev);
-    r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period);
+    r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
     r.log = r.log.with(
         {{"billing_key", r.key}, {"customer_id", r.ev.customer_id}, {"period", r.ev.billing_period}});
+    if (r.ev.connected()) r.log = r.log.with({{"stripe_account", r.ev.stripe_account}});
 
     new_record row{r.key, r.ev, r.d.message_id, r.d.attempts, cfg_.key_namespace};
     auto pf = co_await ledger_.preflight(std::move(row), cfg_.lease);

@@ -78,7 +78,8 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
     std::optional<std::int64_t> since;
     if (q.first_attempt) since = unix_seconds(*q.first_attempt - q.slack);
     if (before) co_await before();
-    auto found = co_await stripe.find_charge_by_billing_key(q.stripe_customer_id, q.key, since);
+    auto found =
+        co_await stripe.find_charge_by_billing_key(q.stripe_customer_id, q.key, since, 100, q.stripe_account);
     if (!found) co_return found.err();
     if (*found && (**found).status == "failed" && superseded_failure(q.first_attempt, (**found).created)) {
         log.info("a failed charge from before the replay carries the key: not this generation's answer",
@@ -88,7 +89,8 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
     if (*found) co_return found_charge(std::move(**found));
     if (!q.payment_intent) co_return recovery_found{};
     if (before) co_await before();
-    auto pi = co_await stripe.find_payment_intent_by_billing_key(q.stripe_customer_id, q.key, since);
+    auto pi = co_await stripe.find_payment_intent_by_billing_key(q.stripe_customer_id, q.key, since, 100,
+                                                                 q.stripe_account);
     if (!pi) co_return pi.err();
     if (*pi && step_for_found_intent(**pi) == found_intent_step::mark_declined &&
         superseded_failure(q.first_attempt, (**pi).created)) {
@@ -134,8 +136,9 @@ net::awaitable<verdict> pipeline::recover(run& r) {
 
 // The recovery search (billing/recovery.hpp), then its step: found → settle from it; none → new generation.
 net::awaitable<verdict> pipeline::search(run& r) {
-    recovery_query q{r.ev.stripe_customer_id, r.key, r.first_attempt, cfg_.search_slack,
-                     r.ev.uses_payment_intent()};
+    recovery_query q{
+        r.ev.stripe_customer_id, r.key, r.first_attempt, cfg_.search_slack, r.ev.uses_payment_intent(),
+        r.ev.stripe_account};
     auto found = co_await search_by_key(stripe_, std::move(q), r.log);
     if (!found) co_return co_await search_failed(r, found.err());
     if (found->step != found_step::none) co_return co_await settle_found(r, *found);

@@ -32,6 +32,9 @@ struct recovery_query {
     // The event charges through a PaymentIntent: when no charge carries the key, the customer's
     // PaymentIntents are searched too (an intent that never reached the card made no charge).
     bool payment_intent = false;
+    // The connected account the row charges on behalf of (empty: the platform): the search lists that
+    // account's objects only, so another account's payment carrying the same metadata is never adopted.
+    std::string stripe_account{};
 };
 
 // What the payment found makes of the row.

@@ -36,7 +36,7 @@ payment_fact retrieved_fact(fact_kind kind, std::string source, std::string paym
 net::awaitable<std::optional<payment_fact>> retrieve_fact(stripe::client& stripe, const logger& log,
                                                           const processing_row& row) {
     if (row.payment_intent_id) {
-        auto pi = co_await stripe.retrieve_payment_intent(*row.payment_intent_id);
+        auto pi = co_await stripe.retrieve_payment_intent(*row.payment_intent_id, row.stripe_account);
         if (!pi) {
             log.warn("cannot retrieve a payment intent left processing",
                      {{"billing_key", row.key},
@@ -47,7 +47,7 @@ net::awaitable<std::optional<payment_fact>> retrieve_fact(stripe::client& stripe
         co_return retrieved_fact(fact_kind_for_intent_status(pi->status), "retrieve payment_intent", pi->id,
                                  pi->latest_charge, pi->status, pi->last_error_code);
     }
-    auto ch = co_await stripe.retrieve_charge(row.charge_id.value_or(""));
+    auto ch = co_await stripe.retrieve_charge(row.charge_id.value_or(""), row.stripe_account);
     if (!ch) {
         log.warn("cannot retrieve a charge left processing", {{"billing_key", row.key},
                                                               {"charge_id", row.charge_id.value_or("")},

@@ -94,7 +94,8 @@ const std::string events_for_row_sql =
     "ORDER BY created, id";
 
 const std::string due_sql =
-    "SELECT key, charge_id, payment_intent_id FROM billing_records WHERE status = 'processing' "
+    "SELECT key, charge_id, payment_intent_id, stripe_account FROM billing_records WHERE status = "
+    "'processing' "
     "AND coalesce(polled_at, processing_since) < now() - $1::bigint * interval '1 millisecond' "
     "ORDER BY coalesce(polled_at, processing_since) LIMIT $2";
 
@@ -354,7 +355,8 @@ net::awaitable<result<std::vector<processing_row>>> settlement_store::due_for_po
     std::vector<processing_row> out;
     for (std::size_t i = 0; i < r->size(); ++i)
         out.push_back({r->get<std::string>(i, 0), r->get<std::optional<std::string>>(i, 1),
-                       r->get<std::optional<std::string>>(i, 2)});
+                       r->get<std::optional<std::string>>(i, 2),
+                       r->get<std::optional<std::string>>(i, 3).value_or("")});
     co_return out;
 }
 

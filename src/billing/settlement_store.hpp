@@ -73,6 +73,7 @@ struct processing_row {
     std::string key;
     std::optional<std::string> charge_id;
     std::optional<std::string> payment_intent_id;
+    std::string stripe_account{};  // retrieved in this connected account (empty: the platform)
 };
 
 class settlement_store {

@@ -55,16 +55,19 @@ struct abandoned_row {
 abandoned_row decode_abandoned(const pg::rows& r, std::size_t i) {
     abandoned_row a;
     a.rec = decode_stored_record_columns(r, i);
-    if (auto left = r.get<std::optional<std::int64_t>>(i, 13)) a.rec.lease_remaining = milliseconds(*left);
-    a.rec.lease_epoch = r.get<std::int64_t>(i, 14);
+    // After the stored columns: the remaining lease, the epoch, then the event's other fields.
+    const auto after = static_cast<int>(r.columns()) - 5;
+    if (auto left = r.get<std::optional<std::int64_t>>(i, after)) a.rec.lease_remaining = milliseconds(*left);
+    a.rec.lease_epoch = r.get<std::int64_t>(i, after + 1);
     a.ev.customer_id = a.rec.customer_id;
     a.ev.billing_period = a.rec.billing_period;
     a.ev.amount_cents = a.rec.amount_cents;
     a.ev.currency = a.rec.currency;
     a.ev.stripe_customer_id = a.rec.stripe_customer_id;
-    a.ev.description = r.get<std::optional<std::string>>(i, 15).value_or("");
-    a.ev.payment_method = r.get<std::optional<std::string>>(i, 16).value_or("");
-    a.ev.off_session = r.get<std::optional<bool>>(i, 17).value_or(true);
+    a.ev.stripe_account = a.rec.stripe_account;
+    a.ev.description = r.get<std::optional<std::string>>(i, after + 2).value_or("");
+    a.ev.payment_method = r.get<std::optional<std::string>>(i, after + 3).value_or("");
+    a.ev.off_session = r.get<std::optional<bool>>(i, after + 4).value_or(true);
     return a;
 }
 
@@ -132,7 +135,7 @@ net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st) {
     for (auto& a : found) {
         if (st->task.stopping()) break;
         auto log = st->log.with({{"billing_key", a.rec.key}});
-        if (base_key(ns, a.ev.customer_id, a.ev.billing_period) != a.rec.key) {
+        if (base_key(ns, a.ev.customer_id, a.ev.billing_period, a.ev.stripe_account) != a.rec.key) {
             // The namespace column says ours, the key says otherwise: not ours to charge under our key.
             ++rep.foreign;
             st->count(foreign_slot);

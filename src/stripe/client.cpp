@@ -2,6 +2,7 @@
 
 #include <asio/co_spawn.hpp>
 #include <charconv>
+#include <map>
 #include <random>
 
 #include "http/proto/message.hpp"
@@ -26,6 +27,9 @@ struct client::state {
     std::unique_ptr<client_metrics> metrics;      // null: no registry given
     std::shared_ptr<pacer> pace;                  // null: no rate control
     std::unique_ptr<net::admission> calls;        // null: no bound on logical calls at once (cfg.max_calls)
+    // Stripe limits each connected account on its own: one pacer per Stripe-Account, made on first use
+    // (only with rate control on). Used only on the http client's strand.
+    std::map<std::string, std::shared_ptr<pacer>, std::less<>> account_pace;
     std::mt19937_64 rng{std::random_device{}()};  // jitter; used only on the http client's strand
 };
 
@@ -109,7 +113,7 @@ void classify(call_result& out) {
 }
 
 http::request build(const client_config& cfg, const std::string& method, const std::string& target,
-                    const std::string& body, const std::string& key) {
+                    const std::string& body, const std::string& key, const std::string& account) {
     http::request req;
     req.method = method;
     req.target = target;
@@ -120,35 +124,60 @@ http::request build(const client_config& cfg, const std::string& method, const s
     req.headers.add("User-Agent", "chargeguard/0.1");
     if (method != "GET") req.headers.add("Content-Type", "application/x-www-form-urlencoded");
     if (!key.empty()) req.headers.add("Idempotency-Key", key);
+    if (!account.empty()) req.headers.add("Stripe-Account", account);
     return req;
 }
 
-// Waits for the rate control's admission (on the strand; a timer, never a blocked thread).
-net::awaitable<void> pace(client::state& st) {
-    auto waited = co_await st.pace->acquire();
+// A Stripe-Account value the client sends: "acct_" and letters and digits (never a line break).
+bool sendable_account(std::string_view a) {
+    if (!a.starts_with("acct_") || a.size() <= 5 || a.size() > 255) return false;
+    for (char c : a.substr(5))
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))) return false;
+    return true;
+}
+
+// The rate control a request to `account` waits on: the platform's, or the account's own (made on first use).
+pacer& pacer_for(client::state& st, const std::string& account) {
+    if (account.empty()) return *st.pace;
+    auto it = st.account_pace.find(account);
+    if (it == st.account_pace.end())
+        it = st.account_pace.emplace(account, pacer::create(st.http->get_executor(), st.cfg.rate)).first;
+    return *it->second;
+}
+
+// Waits for the rate control's admission (on the strand; a timer, never a blocked thread). The limit gauge
+// shows the platform's.
+net::awaitable<void> pace(client::state& st, pacer& p) {
+    auto waited = co_await p.acquire();
     if (st.metrics) {
         st.metrics->paced(waited);
-        st.metrics->rate_limit(st.pace->limit());
+        if (&p == st.pace.get()) st.metrics->rate_limit(p.limit());
     }
 }
 
 // The retry loop. Runs on the http client's strand. Counts attempts, retries and replays under `op`.
 net::awaitable<call_result> run_call(state_ptr st, operation op, std::string method, std::string target,
-                                     std::string body, std::string key) {
+                                     std::string body, std::string key, std::string account) {
     call_result out;
     if (method == "POST" && (key.empty() || key.size() > 255)) {
         out.cls = outcome_class::rejected;
         out.message = "POST needs an Idempotency-Key of 1 to 255 characters";
         co_return out;
     }
+    if (!account.empty() && !sendable_account(account)) {
+        out.cls = outcome_class::rejected;
+        out.message = "Stripe-Account must look like acct_…";
+        co_return out;
+    }
+    pacer* paced = st->pace ? &pacer_for(*st, account) : nullptr;
     const bool safe_to_repeat = method == "GET";
     const auto& policy = st->cfg.retry;
     for (unsigned attempt = 1;; ++attempt) {
         out = call_result{};
-        if (st->pace) co_await pace(*st);
+        if (paced) co_await pace(*st, *paced);
         auto sent_at = steady::now();
-        out.http = co_await st->http->request(build(st->cfg, method, target, body, key));
-        if (st->pace && out.http.ok()) st->pace->on_response(out.http.resp.status == 429, sent_at);
+        out.http = co_await st->http->request(build(st->cfg, method, target, body, key, account));
+        if (paced && out.http.ok()) paced->on_response(out.http.resp.status == 429, sent_at);
         if (st->metrics && out.http.ok() && out.http.resp.status == 429) st->metrics->throttled();
         out.attempts = attempt;
         if (st->metrics) st->metrics->attempt(op);
@@ -181,10 +210,10 @@ net::awaitable<call_result> run_call(state_ptr st, operation op, std::string met
 
 // client::call: one logical call of its own.
 net::awaitable<call_result> run_raw_call(state_ptr st, std::string method, std::string target,
-                                         std::string body, std::string key) {
+                                         std::string body, std::string key, std::string account) {
     auto start = begin_call(*st);
     auto r = co_await run_call(st, operation::call, std::move(method), std::move(target), std::move(body),
-                               std::move(key));
+                               std::move(key), std::move(account));
     end_call(*st, operation::call, r.cls, start);
     co_return r;
 }
@@ -264,9 +293,11 @@ struct create_op {
 constexpr create_op charge_op{operation::create_charge, "/v1/charges", read_charge};
 constexpr create_op intent_op{operation::create_payment_intent, "/v1/payment_intents", read_intent};
 
-net::awaitable<charge_outcome> run_create(state_ptr st, create_op op, std::string form, std::string key) {
+net::awaitable<charge_outcome> run_create(state_ptr st, create_op op, std::string form, std::string key,
+                                          std::string account) {
     auto start = begin_call(*st);
-    auto r = co_await run_call(st, op.op, "POST", op.path, std::move(form), std::move(key));
+    auto r =
+        co_await run_call(st, op.op, "POST", op.path, std::move(form), std::move(key), std::move(account));
     std::string body = r.http.ok() ? std::move(r.http.resp.body) : std::string();
     charge_outcome o = base_outcome(std::move(r));
     if (o.cls == outcome_class::succeeded) op.read_success(o, body);
@@ -304,9 +335,9 @@ std::string intent_form(const payment_intent_request& req) {
 // `absent_on_404`, Stripe's 404 is "no such object" (nullopt) instead of an error.
 template <typename T, typename Parse>
 net::awaitable<result<std::optional<T>>> run_read(state_ptr st, operation op, std::string target, Parse parse,
-                                                  bool absent_on_404) {
+                                                  bool absent_on_404, std::string account) {
     auto start = begin_call(*st);
-    auto r = co_await run_call(st, op, "GET", std::move(target), {}, {});
+    auto r = co_await run_call(st, op, "GET", std::move(target), {}, {}, std::move(account));
     result<std::optional<T>> out = std::optional<T>();
     if (r.cls == outcome_class::succeeded) {
         auto parsed = parse(r.http.resp.body);
@@ -322,8 +353,9 @@ net::awaitable<result<std::optional<T>>> run_read(state_ptr st, operation op, st
 }
 
 template <typename T, typename Parse>
-net::awaitable<result<T>> run_get(state_ptr st, operation op, std::string target, Parse parse) {
-    auto r = co_await run_read<T>(std::move(st), op, std::move(target), parse, false);
+net::awaitable<result<T>> run_get(state_ptr st, operation op, std::string target, Parse parse,
+                                  std::string account) {
+    auto r = co_await run_read<T>(std::move(st), op, std::move(target), parse, false, std::move(account));
     if (!r) co_return r.err();
     co_return std::move(**r);
 }
@@ -352,14 +384,14 @@ constexpr list_op<payment_intent_page> intents_list{operation::list_payment_inte
 template <typename Page>
 net::awaitable<result<std::optional<typename decltype(Page::data)::value_type>>> run_find(
     state_ptr st, list_op<Page> what, std::string customer, std::string name, std::string value,
-    std::optional<std::int64_t> created_gte, unsigned page_size) {
+    std::optional<std::int64_t> created_gte, unsigned page_size, std::string account) {
     using item = typename decltype(Page::data)::value_type;
     list_request req;
     req.limit = page_size;
     req.customer = std::move(customer);
     req.created_gte = created_gte;
     for (;;) {
-        auto page = co_await run_get<Page>(st, what.op, list_target(what.path, req), what.parse);
+        auto page = co_await run_get<Page>(st, what.op, list_target(what.path, req), what.parse, account);
         if (!page) co_return page.err();
         for (auto& one : page->data)
             if (metadata_value(one.metadata, name) == value) co_return std::optional<item>(std::move(one));
@@ -424,70 +456,79 @@ net::awaitable<client::call_turn> client::turn() {
 net::awaitable<charge_outcome> client::create_charge(charge_request req, call_turn turn) {
     if (!turn.held()) turn = co_await admit(*st_);
     std::string key = std::move(req.idempotency_key);
-    co_return co_await on_strand(st_, run_create(st_, charge_op, charge_form(req), std::move(key)));
+    co_return co_await on_strand(
+        st_, run_create(st_, charge_op, charge_form(req), std::move(key), std::move(req.stripe_account)));
 }
 
 net::awaitable<charge_outcome> client::create_payment_intent(payment_intent_request req, call_turn turn) {
     if (!turn.held()) turn = co_await admit(*st_);
     std::string key = std::move(req.idempotency_key);
-    co_return co_await on_strand(st_, run_create(st_, intent_op, intent_form(req), std::move(key)));
+    co_return co_await on_strand(
+        st_, run_create(st_, intent_op, intent_form(req), std::move(key), std::move(req.stripe_account)));
 }
 
-net::awaitable<result<charge>> client::retrieve_charge(std::string id) {
+net::awaitable<result<charge>> client::retrieve_charge(std::string id, std::string stripe_account) {
     auto turn = co_await admit(*st_);
-    co_return co_await on_strand(st_, run_get<charge>(st_, operation::retrieve_charge,
-                                                      "/v1/charges/" + http::url_encode(id), parse_charge));
+    co_return co_await on_strand(
+        st_, run_get<charge>(st_, operation::retrieve_charge, "/v1/charges/" + http::url_encode(id),
+                             parse_charge, std::move(stripe_account)));
 }
 
-net::awaitable<result<std::optional<charge>>> client::retrieve_charge_if_any(std::string id) {
+net::awaitable<result<std::optional<charge>>> client::retrieve_charge_if_any(std::string id,
+                                                                             std::string stripe_account) {
     auto turn = co_await admit(*st_);
     co_return co_await on_strand(
         st_, run_read<charge>(st_, operation::retrieve_charge, "/v1/charges/" + http::url_encode(id),
-                              parse_charge, true));
+                              parse_charge, true, std::move(stripe_account)));
 }
 
-net::awaitable<result<payment_intent>> client::retrieve_payment_intent(std::string id) {
+net::awaitable<result<payment_intent>> client::retrieve_payment_intent(std::string id,
+                                                                       std::string stripe_account) {
     auto turn = co_await admit(*st_);
     co_return co_await on_strand(
         st_, run_get<payment_intent>(st_, operation::retrieve_payment_intent,
-                                     "/v1/payment_intents/" + http::url_encode(id), parse_payment_intent));
+                                     "/v1/payment_intents/" + http::url_encode(id), parse_payment_intent,
+                                     std::move(stripe_account)));
 }
 
 net::awaitable<result<charge_page>> client::list_charges(list_charges_request req) {
     auto turn = co_await admit(*st_);
     co_return co_await on_strand(
         st_, run_get<charge_page>(st_, operation::list_charges, list_target(charges_list.path, req),
-                                  parse_charge_page));
+                                  parse_charge_page, req.stripe_account));
 }
 
 net::awaitable<result<payment_intent_page>> client::list_payment_intents(list_request req) {
     auto turn = co_await admit(*st_);
     co_return co_await on_strand(
         st_, run_get<payment_intent_page>(st_, operation::list_payment_intents,
-                                          list_target(intents_list.path, req), parse_payment_intent_page));
+                                          list_target(intents_list.path, req), parse_payment_intent_page,
+                                          req.stripe_account));
 }
 
 net::awaitable<result<std::optional<charge>>> client::find_charge_by_metadata(
     std::string customer, std::string name, std::string value, std::optional<std::int64_t> created_gte,
-    unsigned page_size) {
+    unsigned page_size, std::string stripe_account) {
     auto turn = co_await admit(*st_);
-    co_return co_await on_strand(st_, run_find(st_, charges_list, std::move(customer), std::move(name),
-                                               std::move(value), created_gte, page_size));
+    co_return co_await on_strand(
+        st_, run_find(st_, charges_list, std::move(customer), std::move(name), std::move(value), created_gte,
+                      page_size, std::move(stripe_account)));
 }
 
 net::awaitable<result<std::optional<payment_intent>>> client::find_payment_intent_by_metadata(
     std::string customer, std::string name, std::string value, std::optional<std::int64_t> created_gte,
-    unsigned page_size) {
+    unsigned page_size, std::string stripe_account) {
     auto turn = co_await admit(*st_);
-    co_return co_await on_strand(st_, run_find(st_, intents_list, std::move(customer), std::move(name),
-                                               std::move(value), created_gte, page_size));
+    co_return co_await on_strand(
+        st_, run_find(st_, intents_list, std::move(customer), std::move(name), std::move(value), created_gte,
+                      page_size, std::move(stripe_account)));
 }
 
 net::awaitable<call_result> client::call(std::string method, std::string target, std::string body,
-                                         std::string idempotency_key) {
+                                         std::string idempotency_key, std::string stripe_account) {
     auto turn = co_await admit(*st_);
     co_return co_await on_strand(st_, run_raw_call(st_, std::move(method), std::move(target), std::move(body),
-                                                   std::move(idempotency_key)));
+                                                   std::move(idempotency_key), std::move(stripe_account)));
 }
 
 std::size_t client::calls_waiting() const {

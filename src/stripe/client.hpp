@@ -2,6 +2,12 @@
 // parsed into typed results and classified into one outcome; bounded jittered retries for
 // `retry_same_key` answers only (reads also retry `indeterminate`, being safe to repeat).
 //
+// Stripe Connect: every call takes the connected account it is made for (`stripe_account`, a field of the
+// request or the last parameter; empty: the platform's own account) and sends it as `Stripe-Account` on
+// every attempt. It is per request, never client state: one client serves the platform and every account.
+// With rate control on, each account has its own (Stripe limits each account separately), so a 429 storm on
+// one account slows no other.
+//
 // Executors: everything runs on the strand of its http::client, which sits on the executor given to
 // create() (the offload pool, or the event loop with `connect_on` set to the offload pool: then only new
 // connections' connect and TLS handshake leave the loop). Every public coroutine may be awaited from any
@@ -69,11 +75,13 @@ class client {
     net::awaitable<charge_outcome> create_payment_intent(payment_intent_request req, call_turn turn = {});
 
     // GET /v1/charges/{id}, GET /v1/payment_intents/{id}. Errors carry stripe::errc.
-    net::awaitable<result<charge>> retrieve_charge(std::string id);
-    net::awaitable<result<payment_intent>> retrieve_payment_intent(std::string id);
+    net::awaitable<result<charge>> retrieve_charge(std::string id, std::string stripe_account = {});
+    net::awaitable<result<payment_intent>> retrieve_payment_intent(std::string id,
+                                                                   std::string stripe_account = {});
     // GET /v1/charges/{id}, with Stripe's 404 read as "no such charge" (nullopt) rather than an error: for a
     // reader that reports a charge id as absent (reconcile). Other errors as retrieve_charge's.
-    net::awaitable<result<std::optional<charge>>> retrieve_charge_if_any(std::string id);
+    net::awaitable<result<std::optional<charge>>> retrieve_charge_if_any(std::string id,
+                                                                         std::string stripe_account = {});
     // GET /v1/charges?customer=…&created[gte]=…&limit=…&starting_after=… (one page, newest first; without a
     // customer, the account's charges).
     net::awaitable<result<charge_page>> list_charges(list_charges_request req);
@@ -83,30 +91,30 @@ class client {
     // metadata[name] equals `value`, or nullopt when there is none. Reads its own writes.
     net::awaitable<result<std::optional<charge>>> find_charge_by_metadata(
         std::string customer, std::string name, std::string value, std::optional<std::int64_t> created_gte,
-        unsigned page_size = 100);
+        unsigned page_size = 100, std::string stripe_account = {});
     // The same search over the customer's PaymentIntents: an intent that never made a charge (requires_action
     // after an on-session confirm) is only found this way.
     net::awaitable<result<std::optional<payment_intent>>> find_payment_intent_by_metadata(
         std::string customer, std::string name, std::string value, std::optional<std::int64_t> created_gte,
-        unsigned page_size = 100);
+        unsigned page_size = 100, std::string stripe_account = {});
     // The two searches by the ledger's metadata[billing_key].
     net::awaitable<result<std::optional<charge>>> find_charge_by_billing_key(
         std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
-        unsigned page_size = 100) {
+        unsigned page_size = 100, std::string stripe_account = {}) {
         return find_charge_by_metadata(std::move(customer), "billing_key", std::move(billing_key),
-                                       created_gte, page_size);
+                                       created_gte, page_size, std::move(stripe_account));
     }
     net::awaitable<result<std::optional<payment_intent>>> find_payment_intent_by_billing_key(
         std::string customer, std::string billing_key, std::optional<std::int64_t> created_gte,
-        unsigned page_size = 100) {
+        unsigned page_size = 100, std::string stripe_account = {}) {
         return find_payment_intent_by_metadata(std::move(customer), "billing_key", std::move(billing_key),
-                                               created_gte, page_size);
+                                               created_gte, page_size, std::move(stripe_account));
     }
 
     // Any call: `target` is origin-form ("/v1/charges?x=1"); `body` form-encoded; an idempotency key
     // is required for POST. Auth and Stripe-Version are added. Retries as described above.
     net::awaitable<call_result> call(std::string method, std::string target, std::string body,
-                                     std::string idempotency_key);
+                                     std::string idempotency_key, std::string stripe_account = {});
 
     const client_config& config() const noexcept;
     // Callers waiting for their turn (client_config::max_calls) now; 0 without a bound. Any thread.

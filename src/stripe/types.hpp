@@ -96,6 +96,7 @@ struct charge_request {
     std::string description;
     stripe::metadata metadata;
     std::string idempotency_key;  // required (≤ 255 chars)
+    std::string stripe_account;   // Stripe-Account: acct_… (a Connect charge); empty: the platform
 };
 
 struct payment_intent_request {
@@ -106,6 +107,7 @@ struct payment_intent_request {
     std::string description;
     stripe::metadata metadata;
     std::string idempotency_key;  // required (≤ 255 chars)
+    std::string stripe_account;   // Stripe-Account: acct_… (a Connect charge); empty: the platform
     bool confirm = true;
     bool off_session = true;
 };
@@ -116,6 +118,7 @@ struct list_charges_request {
     std::optional<std::int64_t> created_gte;
     unsigned limit = 100;
     std::string starting_after;
+    std::string stripe_account;  // Stripe-Account: the connected account's list; empty: the platform's
 };
 using list_request = list_charges_request;
 

@@ -66,8 +66,8 @@ enum class looked { resolved, none };
 // requires_payment_method can still move money, so it keeps counting); canceled → released.
 net::awaitable<looked> search_intents(state_ptr st, const spend_row& row) {
     auto found = co_await st->stripe->find_payment_intent_by_metadata(
-        row.customer, std::string(vault_tag_key), row.idempotency_key,
-        row.reserved_at_unix - 300);  // clock skew with Stripe
+        row.customer, std::string(vault_tag_key), row.idempotency_key, row.reserved_at_unix - 300, 100,
+        row.stripe_account);  // created[gte]: clock skew with Stripe
     if (!found) {
         co_await defer(st, row, "PaymentIntent search failed: " + found.err().describe());
         co_return looked::resolved;
@@ -90,7 +90,8 @@ net::awaitable<looked> search_intents(state_ptr st, const spend_row& row) {
 net::awaitable<looked> search_charges(state_ptr st, const spend_row& row) {
     auto found = co_await st->stripe->find_charge_by_metadata(row.customer, std::string(vault_tag_key),
                                                               row.idempotency_key,
-                                                              row.reserved_at_unix - 300);  // clock skew
+                                                              row.reserved_at_unix - 300,  // clock skew
+                                                              100, row.stripe_account);
     if (!found) {
         co_await defer(st, row, "charge search failed: " + found.err().describe());
         co_return looked::resolved;
@@ -135,7 +136,7 @@ net::awaitable<void> search(state_ptr st, spend_row row) {
 // Re-sends the stored request under its Idempotency-Key: Stripe replays what it saved, or executes it once.
 // What the answer means: replay_settlement (policy.hpp).
 net::awaitable<void> replay(state_ptr st, spend_row row) {
-    auto r = co_await st->stripe->call("POST", row.path, row.body, row.idempotency_key);
+    auto r = co_await st->stripe->call("POST", row.path, row.body, row.idempotency_key, row.stripe_account);
     replay_answer a;
     if (r.http.ok()) {
         a.status = r.http.resp.status;
@@ -204,7 +205,7 @@ net::awaitable<void> check_in_flight(state_ptr st, store::in_flight_row row) {
     end how = end::still;
     std::string why;
     if (row.object_id.starts_with("pi_")) {
-        auto pi = co_await st->stripe->retrieve_payment_intent(row.object_id);
+        auto pi = co_await st->stripe->retrieve_payment_intent(row.object_id, row.stripe_account);
         if (!pi) {
             why = pi.err().describe();
         } else if (stripe::intent_succeeded(pi->status)) {
@@ -215,7 +216,7 @@ net::awaitable<void> check_in_flight(state_ptr st, store::in_flight_row row) {
             if (!pi->last_error_code.empty()) why += ": " + pi->last_error_code;
         }
     } else {
-        auto ch = co_await st->stripe->retrieve_charge(row.object_id);
+        auto ch = co_await st->stripe->retrieve_charge(row.object_id, row.stripe_account);
         if (!ch) {
             why = ch.err().describe();
         } else if (ch->status == "succeeded") {

@@ -18,8 +18,8 @@ double seconds_since(clock::time_point t) {
 }
 
 // Request headers a client may send on to Stripe. Everything else stays behind: Authorization (the vault
-// key), Stripe-Account (a vault key spends the platform's own account, never a connected one), cookies,
-// proxies' headers.
+// key), cookies, proxies' headers. Stripe-Account is forwarded only after run_handle checked it is the
+// key's own connected account (upstream_request).
 constexpr std::array<std::string_view, 6> forwarded_request_headers{
     "Content-Type",    "Accept",     "Stripe-Version",
     "Idempotency-Key", "User-Agent", "X-Stripe-Client-User-Agent"};
@@ -63,6 +63,8 @@ http::request upstream_request(const proxy::state& st, const http::request& req,
     up.headers.add("Authorization", "Bearer " + st.cfg.upstream_key);
     for (auto name : forwarded_request_headers)
         if (auto v = req.headers.get(name)) up.headers.add(std::string(name), std::string(*v));
+    // Checked against the key's scope before anything is forwarded (run_handle): the key's own account.
+    if (auto acct = req.headers.get("Stripe-Account")) up.headers.add("Stripe-Account", std::string(*acct));
     if (up.method == "POST" && !up.headers.has("Content-Type"))
         up.headers.add("Content-Type", "application/x-www-form-urlencoded");
     return up;
@@ -192,6 +194,15 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
         std::string what = op.name.empty() ? req.method + " " + l.row.path : op.name;
         co_return finish(*st, l, "forbidden", refuse(*st, refusals::forbidden(what), false));
     }
+    // Stripe Connect: a key acts in exactly one account — its connected account, or the platform's own — and
+    // a request for any other is refused, never forwarded (the cap counts one account's spend).
+    auto presented_account = req.headers.get("Stripe-Account");
+    if (presented_account.value_or("") != (*key)->stripe_account ||
+        (presented_account && presented_account->empty()))
+        co_return finish(
+            *st, l, "forbidden",
+            refuse(*st, refusals::account_forbidden(presented_account.value_or(""), (*key)->stripe_account),
+                   false));
     if (!op.creates) co_return co_await forward_read(st, req, l);
     co_return co_await forward_create(st, req, l, **key);
 }

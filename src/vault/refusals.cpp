@@ -32,6 +32,18 @@ refusal forbidden(std::string_view what) {
     return {403, "permission_error", "", "This vault key does not allow " + std::string(what) + ".", {}};
 }
 
+refusal account_forbidden(std::string_view presented, std::string_view scoped_to) {
+    std::string msg = scoped_to.empty()
+                          ? "This vault key acts in the platform's own account only: it does not allow the "
+                            "Stripe-Account " +
+                                std::string(presented) + "."
+                      : presented.empty() ? "This vault key acts in " + std::string(scoped_to) +
+                                                " only: send Stripe-Account: " + std::string(scoped_to) + "."
+                                          : "This vault key acts in " + std::string(scoped_to) +
+                                                " only, not in " + std::string(presented) + ".";
+    return {403, "permission_error", "account_not_allowed", std::move(msg), {}};
+}
+
 refusal too_large(std::size_t max_body_bytes) {
     return {413,
             "invalid_request_error",

@@ -19,6 +19,9 @@ refusal unauthenticated(std::string_view presented);
 refusal key_unusable();
 // The key's allow list does not name `what` (an operation, or "METHOD path" when none matches).
 refusal forbidden(std::string_view what);
+// A Stripe-Account the key may not act in: `presented` (empty: none sent) against the key's own account
+// (empty: the platform's). 403 permission_error, as Stripe answers a restricted key outside its grant.
+refusal account_forbidden(std::string_view presented, std::string_view scoped_to);
 refusal too_large(std::size_t max_body_bytes);
 refusal idempotency_key_required();
 // 402 with type invalid_request_error and code spend_cap_exceeded. stripe-node picks the error class from

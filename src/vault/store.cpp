@@ -12,14 +12,16 @@ namespace {
 
 using ms = std::chrono::milliseconds;
 
-#define CG_KEY_COLUMNS                                                                                    \
-    "k.id, k.name, k.secret_hash, k.billing_period, k.cap_cents, k.currency, k.allowed_endpoints::text, " \
-    "k.expires_at, k.revoked_at, k.created_at, "                                                          \
-    "(k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now()))"
+#define CG_KEY_COLUMNS                                                                                       \
+    "k.id, k.name, k.secret_hash, k.billing_period, k.cap_cents, k.currency, k.allowed_endpoints::text, "    \
+    "k.expires_at, k.revoked_at, k.created_at, "                                                             \
+    "(k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())), coalesce(k.stripe_account, " \
+    "'')"
 
 const std::string insert_key_sql =
     "INSERT INTO vault_keys (id, name, secret_hash, billing_period, cap_cents, currency, allowed_endpoints, "
-    "expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7::text[], $8::timestamptz)";
+    "expires_at, stripe_account) VALUES ($1, $2, $3, $4, $5, $6, $7::text[], $8::timestamptz, "
+    "nullif($9::text, ''))";
 
 const std::string find_key_sql = "SELECT " CG_KEY_COLUMNS " FROM vault_keys k WHERE k.id = $1";
 
@@ -64,7 +66,8 @@ const std::string due_sql =
     "SELECT vault_key_id, idempotency_key, amount_cents, state, coalesce(request_path, ''), "
     "coalesce(request_body, ''), coalesce(customer, ''), "
     "ceil(extract(epoch FROM now() - reserved_at))::bigint, extract(epoch FROM reserved_at)::bigint, "
-    "resolve_attempts "
+    "resolve_attempts, "
+    "(SELECT coalesce(k.stripe_account, '') FROM vault_keys k WHERE k.id = vault_spend.vault_key_id) "
     "FROM vault_spend WHERE state IN ('reserved', 'uncertain') AND ("
     "(state = 'uncertain' AND (next_resolve_at IS NULL OR next_resolve_at <= now())) OR "
     "(state = 'reserved' AND (next_resolve_at IS NULL OR next_resolve_at <= now()) "
@@ -130,6 +133,7 @@ key_record decode_key(const pg::rows& r, std::size_t i) {
     k.revoked_at = r.get<std::optional<pg::timestamp>>(i, 8);
     k.created_at = r.get<pg::timestamp>(i, 9);
     k.usable = r.get<bool>(i, 10);
+    k.stripe_account = r.get<std::string>(i, 11);
     return k;
 }
 
@@ -173,7 +177,7 @@ net::awaitable<result<void>> store::insert_key(new_key k) {
     std::vector<std::optional<std::string>> allowed(k.allowed.begin(), k.allowed.end());
     pg::params p;
     p.add(k.id).add(k.name).add(k.secret_hash).add(k.billing_period).add(k.cap_cents).add(k.currency);
-    p.add(pg::text_array_literal(allowed)).add(k.expires_at);
+    p.add(pg::text_array_literal(allowed)).add(k.expires_at).add(k.stripe_account);
     auto r = co_await pg::exec_pooled(pool_, insert_key_sql, std::move(p));
     if (!r) co_return r.err();
     co_return result<void>{};
@@ -193,10 +197,10 @@ net::awaitable<result<std::vector<key_usage>>> store::usage(std::optional<std::s
     for (std::size_t i = 0; i < r->size(); ++i) {
         key_usage u;
         u.key = decode_key(*r, i);
-        u.settled_cents = r->get<std::int64_t>(i, 11);
-        u.reserved_cents = r->get<std::int64_t>(i, 12);
-        u.uncertain_cents = r->get<std::int64_t>(i, 13);
-        u.released_cents = r->get<std::int64_t>(i, 14);
+        u.settled_cents = r->get<std::int64_t>(i, 12);
+        u.reserved_cents = r->get<std::int64_t>(i, 13);
+        u.uncertain_cents = r->get<std::int64_t>(i, 14);
+        u.released_cents = r->get<std::int64_t>(i, 15);
         out.push_back(std::move(u));
     }
     co_return out;
@@ -357,6 +361,7 @@ net::awaitable<result<std::vector<spend_row>>> store::due(ms stale_reserved, int
         s.age_seconds = r->get<std::int64_t>(i, 7);
         s.reserved_at_unix = r->get<std::int64_t>(i, 8);
         s.resolve_attempts = r->get<std::int32_t>(i, 9);
+        s.stripe_account = r->get<std::optional<std::string>>(i, 10).value_or("");
         out.push_back(std::move(s));
     }
     co_return out;

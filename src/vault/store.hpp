@@ -34,6 +34,7 @@ struct key_terms {
 
 struct new_key : key_terms {
     std::optional<std::string> expires_at;  // RFC 3339 text; PostgreSQL parses it
+    std::string stripe_account{};           // acct_…: the one connected account it may act in; empty: none
 };
 
 struct key_record : key_terms {
@@ -41,6 +42,9 @@ struct key_record : key_terms {
     std::optional<pg::timestamp> revoked_at;
     pg::timestamp created_at{};
     bool usable = false;  // not revoked, not expired (database clock)
+    // The connected account (acct_…) the key acts in: the proxy forwards requests carrying exactly this
+    // Stripe-Account and refuses others; empty: the platform's own account, and any Stripe-Account refused.
+    std::string stripe_account{};
     bool allows(std::string_view op) const;
 };
 
@@ -103,6 +107,7 @@ struct spend_row {
     std::int64_t age_seconds = 0;       // since reserved_at (database clock), when the row was read
     std::int64_t reserved_at_unix = 0;  // for the charge search's created[gte]
     std::int32_t resolve_attempts = 0;
+    std::string stripe_account;  // its key's connected account: the resolver searches and re-sends there
     // When the row was read (steady clock, taken before the statement): its age later is age_seconds plus
     // the time since, so a long resolver pass still knows how old the row is.
     std::chrono::steady_clock::time_point read_at{};
@@ -170,6 +175,7 @@ class store {
         std::string idempotency_key;
         std::string object_id;  // pi_… or ch_…
         std::string settled_status;
+        std::string stripe_account{};  // its key's connected account: retrieved there
     };
     net::awaitable<result<std::vector<in_flight_row>>> in_flight_due(std::chrono::milliseconds recheck,
                                                                      int limit);

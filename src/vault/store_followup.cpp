@@ -12,7 +12,9 @@ const std::string mark_in_flight_sql =
     "AND state <> 'released'";
 
 const std::string in_flight_due_sql =
-    "SELECT vault_key_id, idempotency_key, coalesce(stripe_object_id, ''), settled_status FROM vault_spend "
+    "SELECT vault_key_id, idempotency_key, coalesce(stripe_object_id, ''), settled_status, "
+    "(SELECT coalesce(k.stripe_account, '') FROM vault_keys k WHERE k.id = vault_spend.vault_key_id) "
+    "FROM vault_spend "
     "WHERE state = 'settled' AND settled_status IS NOT NULL "
     "AND coalesce(in_flight_checked_at, reserved_at) < now() - $1::bigint * interval '1 millisecond' "
     "ORDER BY coalesce(in_flight_checked_at, reserved_at) LIMIT $2::int";
@@ -83,7 +85,7 @@ net::awaitable<result<std::vector<store::in_flight_row>>> store::in_flight_due(
     std::vector<in_flight_row> out;
     for (std::size_t i = 0; i < r->size(); ++i)
         out.push_back({r->get<std::string>(i, 0), r->get<std::string>(i, 1), r->get<std::string>(i, 2),
-                       r->get<std::string>(i, 3)});
+                       r->get<std::string>(i, 3), r->get<std::optional<std::string>>(i, 4).value_or("")});
     co_return out;
 }
 

@@ -22,7 +22,9 @@ For each seed:
     at Stripe (never two for one key, none missing, none for a /v1/charges event): charged → the intent
     succeeded, its latest_charge is the key's one succeeded charge and points back at it, and the ledger
     row records both ids; declined (card or authentication) → no succeeded charge, at most the intent's
-    one failed charge, the row `declined` with the intent's id.
+    one failed charge, the row `declined` with the intent's id. --connect-share of the customers are
+    charged on behalf of two Stripe Connect accounts (`stripe_account`), the same customer id on both: each
+    account's event is its own key and row and must have its charge and intent in its own account, once.
 The Stripe faults (500 after create, drop after create, 429, the stall) hit /v1/payment_intents as well as
 /v1/charges; fake-stripe counts the hits per endpoint and each seed prints them.
 Each SIGKILL is classified by the step the killed worker's deliveries had reached (its own debug log,
@@ -50,6 +52,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PG_BIN = "/usr/lib/postgresql/15/bin"  # as ci/pg-cluster
@@ -77,8 +80,15 @@ def free_port():
     return p
 
 
-def billing_key(customer):
-    return hashlib.sha256(f"{NAMESPACE}:{customer}:{PERIOD}".encode()).hexdigest()[:32]
+def billing_key(customer, account=None):
+    """billing/key.cpp: the platform's key, or with ":<account>" hashed in for a Stripe Connect event."""
+    tail = f":{account}" if account else ""
+    return hashlib.sha256(f"{NAMESPACE}:{customer}:{PERIOD}{tail}".encode()).hexdigest()[:32]
+
+
+# Stripe Connect: a share of the events charge on behalf of one of two connected accounts, each such customer
+# id charged on both accounts (the same customer id and period: two keys, two charges, each in its account).
+CONNECT_ACCOUNTS = ("acct_1ChaosA", "acct_1ChaosB")
 
 
 def wait_until(pred, timeout, step=0.05):
@@ -295,6 +305,9 @@ class Stripe:
         for c in auth_required:
             self.admin("POST", "/_admin/declines", {"customer": c, "code": "authentication_required"})
 
+    def connect(self, account, customers):
+        self.admin("POST", "/_admin/accounts", {"account": account, "customers": ",".join(customers)})
+
     def admin(self, method, path, form=None):
         data = urllib.parse.urlencode(form).encode() if form is not None else None
         req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", data=data, method=method)
@@ -498,13 +511,31 @@ def classify_kill(lines, pg, stripe):
 
 
 # bank: None for a card payment; "ok" or "fail" for a bank debit that settles later.
-Event = collections.namedtuple("Event", "cust scus amount expect pi off_session body bank", defaults=(None,))
+Event = collections.namedtuple("Event", "cust scus amount expect pi off_session body bank acct",
+                               defaults=(None, None))
 
 # Stripe's US bank account test payment methods: the intent answers processing, then settles later.
 BANK_OK, BANK_FAIL = "pm_usBankAccount_success", "pm_usBankAccount_insufficientFunds"
 
 
-def make_run(rng, n_events, pi_share=0.3, async_share=0.0):
+def connect_twins(valid, connect_share):
+    """Moves `connect_share` of the valid events (picked by a hash of the customer id, so the seed's own draws
+    are untouched) to the first connected account and adds, for each, the same customer id on the second (a
+    different amount). Returns the twins' events; the moved events are replaced in `valid`."""
+    twins = []
+    for n, ev in enumerate(valid):
+        if zlib.crc32(ev.cust.encode()) % 1000 >= connect_share * 1000:
+            continue
+        body = json.loads(ev.body)
+        body["stripe_account"] = CONNECT_ACCOUNTS[0]
+        valid[n] = ev._replace(body=json.dumps(body), acct=CONNECT_ACCOUNTS[0])
+        body["stripe_account"] = CONNECT_ACCOUNTS[1]
+        body["amount_cents"] = ev.amount + 1
+        twins.append(ev._replace(body=json.dumps(body), acct=CONNECT_ACCOUNTS[1], amount=ev.amount + 1))
+    return twins
+
+
+def make_run(rng, n_events, pi_share=0.3, async_share=0.0, connect_share=0.0):
     """Valid events (5 % for declined customers, 20 % with a second or third copy; `pi_share` of them with a
     payment_method, a fifth of those for customers whose card needs authentication; `async_share` of them a
     bank debit that answers processing and settles later, a third of those failing after processing) and 3 %
@@ -538,10 +569,14 @@ def make_run(rng, n_events, pi_share=0.3, async_share=0.0):
                 ev["off_session"] = off_session
         body = json.dumps(ev)
         expect = "declined" if decl or auth else "failed_after_processing" if bank == "fail" else "charged"
-        valid.append(Event(cust, scus, ev["amount_cents"], expect, pi, off_session is not False if pi else None,
-                           body, bank))
+        evs = [Event(cust, scus, ev["amount_cents"], expect, pi, off_session is not False if pi else None, body,
+                     bank)]
+        if connect_share > 0:
+            evs += connect_twins(evs, connect_share)
+        valid += evs
         copies = 1 + (rng.random() < 0.2) + (rng.random() < 0.1)
-        bodies += [body] * copies
+        for one in evs:
+            bodies += [one.body] * copies
     invalid = []
     for i in range(max(1, n_events * 3 // 100)):
         invalid.append(rng.choice([
@@ -552,6 +587,8 @@ def make_run(rng, n_events, pi_share=0.3, async_share=0.0):
             '{"customer_id":"bad-%d","billing_period":"%s","amount_cents":1999,"currency":"usd",'
             '"stripe_customer_id":"cus_x","off_session":false}' % (i, PERIOD),
             'not json at all %d' % i,
+            '{"customer_id":"bad-%d","billing_period":"%s","amount_cents":1999,"currency":"usd",'
+            '"stripe_customer_id":"cus_x","stripe_account":"acct_"}' % (i, PERIOD),
             '{"customer_id":"bad-%d"}' % i]))
     bodies += invalid
     rng.shuffle(bodies)
@@ -595,13 +632,19 @@ def run_seed(args, seed, profile_name):
     t_start = time.monotonic()
     pg = nsqd = stripe = cons = standby = hooks = None
     try:
-        valid, declined, auth, invalid, bodies = make_run(rng, args.events, args.pi_share, args.async_share)
+        valid, declined, auth, invalid, bodies = make_run(rng, args.events, args.pi_share, args.async_share,
+                                                          args.connect_share)
         bank = args.async_share > 0
         pg = Postgres(work)
         nsqd = Nsqd(work, args.build, args.nsqd_bin)
         hooks = Webhooks(work, args.build, pg) if bank else None
         stripe = Stripe(work, args.build, declined, auth, hooks.url() if hooks else None,
                         (args.webhook_duplicate_pct, args.webhook_reorder_pct))
+        for account in CONNECT_ACCOUNTS:
+            customers = sorted({ev.scus for ev in valid if ev.acct == account})
+            if customers:
+                stripe.connect(account, customers)
+        report["connect_events"] = sum(1 for ev in valid if ev.acct)
         # Realistic latency so kills land during calls too.
         stripe.faults(latency_ms=40, latency_jitter_ms=160)
         cons = Consumers(work, args.build, nsqd, pg, stripe, prof, args.consumers, args.max_in_flight)
@@ -872,7 +915,7 @@ def same_event(body, ev):
     except ValueError:
         return False
     return all(got.get(k) == want.get(k) for k in ("customer_id", "billing_period", "amount_cents",
-                                                   "stripe_customer_id", "payment_method"))
+                                                   "stripe_customer_id", "payment_method", "stripe_account"))
 
 
 def check(report, valid, invalid, pg, stripe, declined_finished=frozenset()):
@@ -893,6 +936,7 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset()):
         intents_by_key[(p.get("metadata") or {}).get("billing_key")].append(p)
     rows = {r[0]: (r[1], r[2], r[3]) for r in pg.query(
         "SELECT key, status, coalesce(charge_id, ''), coalesce(payment_intent_id, '') FROM billing_records")}
+    row_accounts = {r[0]: r[1] for r in pg.query("SELECT key, coalesce(stripe_account, '') FROM billing_records")}
     letters = pg.query("SELECT coalesce(billing_key, ''), convert_from(raw_body, 'UTF8'), reason FROM dead_letters")
     letter_bodies = collections.Counter(b for _, b, _ in letters)
     letters_by_key = collections.defaultdict(list)
@@ -901,8 +945,8 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset()):
     valid_keys = set()
     duplicates = uncharged = pi_charged = pi_declined = bank_charged = bank_failed = 0
     for ev in valid:
-        cust = ev.cust
-        key = billing_key(cust)
+        cust = ev.cust if not ev.acct else f"{ev.cust}@{ev.acct}"
+        key = billing_key(ev.cust, ev.acct)
         valid_keys.add(key)
         got = by_key.get(key, [])
         status, charge_id, intent_id = rows.get(key, (None, None, None))
@@ -910,6 +954,14 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset()):
         # An asynchronous failover can lose a row whose delivery was already finished: its insert and every
         # later commit were in the WAL the standby never received, and the message will not come back.
         row_lost = status is None and report.get("failover") == "async"
+        # Per account: every payment carrying the key lives in the event's account, and so does its row.
+        want_account = ev.acct or ""
+        elsewhere = [c for c in any_by_key.get(key, []) if charge_by_id[c].get("account", "") != want_account]
+        elsewhere += [p["id"] for p in its if p.get("account", "") != want_account]
+        if elsewhere:
+            f.append(f"{cust}: payments outside account {want_account or 'platform'}: {elsewhere}")
+        if key in row_accounts and row_accounts[key] != want_account:
+            f.append(f"{cust}: ledger row in account {row_accounts[key]!r}, want {want_account!r}")
         if ev.pi:
             # One intent per key: a second would be a second attempt at the customer's card (never twice);
             # none would mean the event never reached Stripe (never zero times).
@@ -1015,6 +1067,8 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset()):
     report["bank_events"] = sum(1 for ev in valid if ev.bank)
     report["bank_charged"] = bank_charged
     report["bank_failed"] = bank_failed
+    report["connect_charged"] = sum(1 for ev in valid if ev.acct and ev.expect == "charged" and
+                                    len(by_key.get(billing_key(ev.cust, ev.acct), [])) == 1)
 
 
 def check_webhooks(report, pg, stripe):
@@ -1054,6 +1108,9 @@ def main():
     ap.add_argument("--async-share", type=float, default=0.15,
                     help="share of valid events paid by bank debit (processing, settled later by webhook or poll; "
                          "a third fail after processing); 0: none, and no webhook receiver")
+    ap.add_argument("--connect-share", type=float, default=0.1,
+                    help="share of customers charged on behalf of two Stripe Connect accounts (the same customer id "
+                         "on both; each a second event); 0: platform only")
     ap.add_argument("--webhook-duplicate-pct", type=int, default=20, help="events fake-stripe delivers twice")
     ap.add_argument("--webhook-reorder-pct", type=int, default=20,
                     help="events held back behind a later event about the same payment")
@@ -1124,6 +1181,9 @@ def main():
         log(f"   PaymentIntents: {r.get('pi_events', '?')} events, {r.get('intents', '?')} intents, "
             f"{r.get('pi_charged', '?')} charged, {r.get('pi_declined', '?')} declined; fault hits: "
             + ", ".join(f"{k} {v}" for k, v in sorted((r.get("fault_hits") or {}).items())))
+        if r.get("connect_events"):
+            log(f"   Stripe Connect: {r['connect_events']} events on {len(CONNECT_ACCOUNTS)} accounts (the same "
+                f"customer ids on both), {r.get('connect_charged', '?')} with one charge in their account")
         if r.get("bank_events"):
             w = r.get("webhooks") or {}
             log(f"   bank debits: {r['bank_events']} events, {r.get('bank_charged', '?')} charged after processing, "

@@ -242,6 +242,27 @@ std::string param(const params& p, const std::string& k) {
     return it == p.end() ? std::string() : it->second;
 }
 
+// The account a request acts in: its Stripe-Account header (checked by api()); empty: the platform.
+std::string account_of(const http::request& req) {
+    return std::string(req.headers.get("Stripe-Account").value_or(""));
+}
+
+bool well_formed_account(std::string_view a) {
+    return a.starts_with("acct_") && a.size() > 5 && std::all_of(a.begin() + 5, a.end(), [](char c) {
+               return std::isalnum(static_cast<unsigned char>(c));
+           });
+}
+
+// Sets the account objects and events are made in for one synchronous step, then puts the previous back.
+struct account_scope {
+    std::string& cur;
+    std::string prev;
+    account_scope(std::string& c, const std::string& now) : cur(c), prev(c) { cur = now; }
+    ~account_scope() { cur = prev; }
+    account_scope(const account_scope&) = delete;
+    account_scope& operator=(const account_scope&) = delete;
+};
+
 // Stripe's parameter checks shared by both creating endpoints; nullopt when valid.
 std::optional<http::response> validate_common(const params& p, const std::vector<std::string>& allowed) {
     for (const auto& [k, v] : p) {
@@ -368,23 +389,29 @@ void read_payment_params(Rec& r, const params& p) {
     r.metadata = metadata_of(p);
 }
 
-// GET /v1/<kind>/{id} (the id after `prefix` in `path`): the record as JSON, or Stripe's 404 naming `what`
-// and the parameter `param_name`.
+// GET /v1/<kind>/{id} (the id after `prefix` in `path`) in `account` ("" for the platform): the record as
+// JSON, or Stripe's 404 naming `what` and the parameter `param_name` (another account's object included).
 template <typename Rec, typename Json>
 http::response by_id(const std::string& path, std::string_view prefix, const char* what,
-                     const char* param_name, const std::vector<Rec>& recs, Json to_json) {
+                     const char* param_name, const std::string& account, const std::vector<Rec>& recs,
+                     Json to_json) {
     auto id = path.substr(prefix.size());
     for (const auto& r : recs)
-        if (r.id == id) return json_response(200, to_json(r));
+        if (r.id == id && r.account == account) return json_response(200, to_json(r));
     return error_response(404, "invalid_request_error", "resource_missing",
                           "No such " + std::string(what) + ": '" + id + "'", param_name);
 }
 
-// The admin API's {"data":[…],"count":N} of every record.
+// The admin API's {"data":[…],"count":N} of every record, each with the account it lives in ("" for the
+// platform), which Stripe's objects do not carry.
 template <typename Rec, typename Json>
 http::response admin_list(const std::vector<Rec>& recs, Json to_json) {
     std::string data = "[";
-    for (std::size_t i = 0; i < recs.size(); ++i) data += (i ? "," : "") + to_json(recs[i]);
+    for (std::size_t i = 0; i < recs.size(); ++i) {
+        std::string object = "{\"account\":";
+        append_json_string(object, recs[i].account);
+        data += (i ? "," : "") + object + "," + to_json(recs[i]).substr(1);
+    }
     return json_response(
         200, json_obj().raw("data", data + "]").num("count", static_cast<std::int64_t>(recs.size())).done());
 }
@@ -393,6 +420,7 @@ http::response admin_list(const std::vector<Rec>& recs, Json to_json) {
 // starting_after an id of the list (400 resource_missing otherwise), has_more.
 template <typename Rec, typename Json>
 http::response list(const http::request& req, const std::vector<Rec>& recs, Json to_json) {
+    const auto account = account_of(req);
     auto customer = http::query_param(req.query(), "customer");
     auto gte = http::query_param(req.query(), "created[gte]");
     std::int64_t since = gte ? to_int(*gte).value_or(0) : 0;
@@ -400,7 +428,8 @@ http::response list(const http::request& req, const std::vector<Rec>& recs, Json
     auto after = http::query_param(req.query(), "starting_after").value_or("");
     std::vector<const Rec*> all;
     for (auto it = recs.rbegin(); it != recs.rend(); ++it)  // newest first
-        if ((!customer || it->customer == *customer) && it->created >= since) all.push_back(&*it);
+        if (it->account == account && (!customer || it->customer == *customer) && it->created >= since)
+            all.push_back(&*it);
     std::size_t start = 0;
     if (!after.empty()) {
         auto pos = std::find_if(all.begin(), all.end(), [&](const Rec* c) { return c->id == after; });
@@ -456,6 +485,13 @@ void fake_stripe::stop() {
 
 void fake_stripe::set_limits(const limits& l) {
     limiter_.set(l, std::chrono::steady_clock::now());
+    for (auto& [account, one] : account_limiters_) one.set(l, std::chrono::steady_clock::now());
+}
+
+void fake_stripe::add_account(const std::string& account, const std::vector<std::string>& customers) {
+    auto& known = accounts_[account];
+    for (const auto& c : customers)
+        if (std::find(known.begin(), known.end(), c) == known.end()) known.push_back(c);
 }
 
 void fake_stripe::decline(std::string customer, decline_rule rule) {
@@ -486,6 +522,7 @@ void fake_stripe::reset() {
     pending_settle_ = 0;
     idem_.clear();
     posts_.clear();
+    accounts_.clear();
     fault_hits_.clear();
     clock_offset_ = std::chrono::seconds(0);
     max_active_ = active_;
@@ -524,12 +561,28 @@ asio::awaitable<http::response> fake_stripe::api(http::request& req) {
 
     http::response resp;
     auto auth = req.headers.get("Authorization").value_or("");
+    const bool authenticated = auth.starts_with("Bearer sk_") || auth.starts_with("Bearer rk_");
+    auto account_header = req.headers.get("Stripe-Account");
+    const std::string account(account_header.value_or(""));
+    const bool reachable = !account_header || (well_formed_account(account) && accounts_.count(account));
     limiter::verdict admitted = limiter::verdict::ok;
-    if (auth.starts_with("Bearer sk_") || auth.starts_with("Bearer rk_"))
-        admitted = limiter_.admit(limiter::endpoint_of(req.method, req.path()),
-                                  std::chrono::steady_clock::now(), active_ - 1);
-    if (!auth.starts_with("Bearer sk_") && !auth.starts_with("Bearer rk_")) {
+    if (authenticated && reachable) {
+        // Each account is limited on its own: a connected account's requests spend its bucket only.
+        auto& lim = account.empty() ? limiter_ : account_limiters_.try_emplace(account).first->second;
+        if (!account.empty() && lim.changes() == 0 && limiter_.changes() > 0)
+            lim.set(limiter_.get(), std::chrono::steady_clock::now());
+        admitted = lim.admit(limiter::endpoint_of(req.method, req.path()), std::chrono::steady_clock::now(),
+                             active_ - 1);
+    }
+    if (!authenticated) {
         resp = error_response(401, "invalid_request_error", "", "Invalid API Key provided.");
+    } else if (!reachable) {
+        // Stripe's answer to a Stripe-Account the key cannot act for (unknown, not connected, malformed).
+        resp = error_response(403, "invalid_request_error", "account_invalid",
+                              "The provided key '" + std::string(auth.substr(7, 8)) +
+                                  "***' does not have access to account '" + account +
+                                  "' (or that account does not exist). Application access may have been "
+                                  "revoked.");
     } else if (admitted != limiter::verdict::ok) {
         // Rate limiting runs before idempotency: nothing is saved, the same key may be sent again.
         resp = error_response(
@@ -552,6 +605,9 @@ asio::awaitable<http::response> fake_stripe::api(http::request& req) {
 
 asio::awaitable<http::response> fake_stripe::post(http::request& req, std::string rid) {
     std::string key(req.headers.get("Idempotency-Key").value_or(""));
+    const std::string account = account_of(req);
+    // Idempotency keys are per account: the same key on two accounts is two requests.
+    const std::string idem_key = account.empty() ? key : account + "\n" + key;
     if (!key.empty()) ++posts_[key];
     if (key.size() > 255)
         co_return error_response(400, "invalid_request_error", "",
@@ -572,7 +628,7 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     std::string fp = fingerprint(path, p);
 
     if (!key.empty()) {
-        auto it = idem_.find(key);
+        auto it = idem_.find(idem_key);
         if (it != idem_.end() && now() - it->second.created >= 24 * 3600) {
             idem_.erase(it);  // pruned: the key starts a new request
             it = idem_.end();
@@ -611,7 +667,14 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     }
     // Validation failures are not saved: the same key may be used again with fixed parameters.
     if (auto bad = validate(path, p)) co_return std::move(*bad);
-    if (!key.empty()) idem_[key] = idem_rec{fp, true, 0, {}, rid, now()};
+    if (!account.empty() && (path == "/v1/charges" || path == "/v1/payment_intents")) {
+        // A connected account has only its own customers (the platform's are not shared).
+        const auto& known = accounts_[account];
+        if (std::find(known.begin(), known.end(), param(p, "customer")) == known.end())
+            co_return error_response(400, "invalid_request_error", "resource_missing",
+                                     "No such customer: '" + param(p, "customer") + "'", "customer");
+    }
+    if (!key.empty()) idem_[idem_key] = idem_rec{fp, true, 0, {}, rid, now()};
 
     co_await delay(true, path);
     int status = 0;
@@ -619,6 +682,7 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     bool created = false;
     cur_request_id_ = rid;
     cur_idem_key_ = key;
+    cur_account_ = account;
     if (path == "/v1/charges")
         create_charge(p, status, body, created);
     else if (path == "/v1/payment_intents")
@@ -629,6 +693,7 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
         cancel_intent(cancelled_intent_id(path), p, status, body);
     cur_request_id_.clear();
     cur_idem_key_.clear();
+    cur_account_.clear();
     if (created && faults_.fail_after_create > 0 && faults_.targets(path)) {
         --faults_.fail_after_create;
         ++fault_hits_["fail_after_create " + path];
@@ -642,7 +707,7 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     }
     if (!key.empty()) {
         // Saved once the endpoint executed, success or failure, 500s included. (reset() may have run.)
-        if (auto it = idem_.find(key);
+        if (auto it = idem_.find(idem_key);
             it != idem_.end() && it->second.executing && it->second.request_id == rid) {
             it->second.executing = false;
             it->second.status = status;
@@ -663,6 +728,7 @@ charge_rec& fake_stripe::new_charge(const params& p, const decline_rule* decline
     c.status = declined ? "failed" : "succeeded";
     if (declined) c.failure_code = declined->code;
     c.seq = ++seq_;
+    c.account = cur_account_;
     charges_.push_back(std::move(c));
     return charges_.back();
 }
@@ -690,6 +756,7 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
     read_payment_params(pi, p);
     pi.payment_method = param(p, "payment_method");
     pi.created = now();
+    pi.account = cur_account_;
     created = true;
     // A 200 with the intent left in `now_status`, announced by `event`.
     auto answer_unfinished = [&](const char* now_status, const char* event) {
@@ -758,7 +825,8 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
 
 // POST /v1/payment_intents/{id}/cancel: any status but succeeded or canceled → canceled (Stripe's rule).
 void fake_stripe::cancel_intent(const std::string& id, const params& p, int& status, std::string& body) {
-    auto it = std::find_if(intents_.begin(), intents_.end(), [&](const intent_rec& r) { return r.id == id; });
+    auto it = std::find_if(intents_.begin(), intents_.end(),
+                           [&](const intent_rec& r) { return r.id == id && r.account == cur_account_; });
     if (it == intents_.end()) {
         status = 404;
         body = error_body("invalid_request_error", "resource_missing", "No such payment_intent: '" + id + "'",
@@ -802,15 +870,17 @@ void fake_stripe::emit(const std::string& type, const std::string& object_json, 
     e.id = new_id("evt_");
     e.type = type;
     e.object_id = object_id;
+    e.account = cur_account_;
     e.created = now();
     std::string request =
         cur_request_id_.empty()
             ? std::string(R"({"id":null,"idempotency_key":null})")
             : json_obj().str("id", cur_request_id_).str_or_null("idempotency_key", cur_idem_key_).done();
-    e.body = pretty_json(json_obj()
-                             .str("id", e.id)
-                             .str("object", "event")
-                             .str("api_version", "2024-06-20")
+    json_obj head;
+    head.str("id", e.id).str("object", "event");
+    // A connected account's event names it, as Stripe's Connect events do.
+    if (!e.account.empty()) head.str("account", e.account);
+    e.body = pretty_json(head.str("api_version", "2024-06-20")
                              .num("created", e.created)
                              .raw("data", json_obj().raw("object", object_json).done())
                              .boolean("livemode", false)
@@ -847,6 +917,7 @@ bool fake_stripe::settle(const std::string& intent_id, const std::string& outcom
     if (!pi || pi->status != "processing") return false;
     auto* c = find_charge(pi->latest_charge);
     if (!c) return false;
+    account_scope in_account(cur_account_, pi->account);
     if (outcome == "failed") {
         auto code = failure_code.empty() ? std::string("insufficient_funds") : failure_code;
         c->status = "failed";
@@ -872,7 +943,9 @@ std::string fake_stripe::open_dispute(const std::string& charge_id, const std::s
                                       std::int64_t amount) {
     auto* c = find_charge(charge_id);
     if (!c || c->status != "succeeded" || c->disputed) return {};
+    account_scope in_account(cur_account_, c->account);
     dispute_rec d;
+    d.account = c->account;
     d.id = new_id("dp_");
     d.charge = c->id;
     d.payment_intent = c->payment_intent;
@@ -892,6 +965,7 @@ bool fake_stripe::close_dispute(const std::string& dispute_id, const std::string
         if (d.id != dispute_id) continue;
         if (d.status == "won" || d.status == "lost" || (status != "won" && status != "lost")) return false;
         d.status = status;
+        account_scope in_account(cur_account_, d.account);
         emit("charge.dispute.closed", dispute_json(d), d.id,
              d.payment_intent.empty() ? d.charge : d.payment_intent);
         return true;
@@ -910,6 +984,7 @@ bool fake_stripe::end_refund(const std::string& refund_id, const std::string& st
             c->amount_refunded = std::max<std::int64_t>(0, c->amount_refunded - r.amount);
         const std::string group = r.payment_intent.empty() ? r.charge : r.payment_intent;
         const auto body = refund_json(r);
+        account_scope in_account(cur_account_, r.account);
         emit("refund.updated", body, r.id, group);
         if (status == "failed") emit("refund.failed", body, r.id, group);
         emit("charge.refund.updated", body, r.id, group);
@@ -929,10 +1004,11 @@ void fake_stripe::create_refund(const params& p, int& status, std::string& body,
     auto charge_id = param(p, "charge"), pi_id = param(p, "payment_intent");
     if (!charge_id.empty()) {
         c = find_charge(charge_id);
-        if (!c) return refuse("resource_missing", "No such charge: '" + charge_id + "'", "charge");
+        if (!c || c->account != cur_account_)
+            return refuse("resource_missing", "No such charge: '" + charge_id + "'", "charge");
     } else {
         auto* pi = find_intent(pi_id);
-        if (!pi)
+        if (!pi || pi->account != cur_account_)
             return refuse("resource_missing", "No such payment_intent: '" + pi_id + "'", "payment_intent");
         c = find_charge(pi->latest_charge);
         if (!c || c->status != "succeeded")
@@ -964,6 +1040,7 @@ void fake_stripe::create_refund(const params& p, int& status, std::string& body,
     r.reason = param(p, "reason");
     r.created = now();
     r.metadata = metadata_of(p);
+    r.account = cur_account_;
     c->amount_refunded += amount;
     created = true;
     status = 200;
@@ -975,10 +1052,11 @@ void fake_stripe::create_refund(const params& p, int& status, std::string& body,
 
 http::response fake_stripe::get(const http::request& req) {
     std::string path(req.path());
+    const std::string account = account_of(req);  // objects of another account are "No such …"
     if (path == "/v1/charges") return list(req, charges_, charge_json);
     if (path == "/v1/payment_intents") return list(req, intents_, intent_json);
     if (path.starts_with("/v1/charges/"))
-        return by_id(path, "/v1/charges/", "charge", "id", charges_, charge_json);
+        return by_id(path, "/v1/charges/", "charge", "id", account, charges_, charge_json);
     if (path == "/v1/events") {
         auto type = http::query_param(req.query(), "type");
         int limit = std::clamp(qint(req, "limit", 10), 1, 100);
@@ -986,7 +1064,7 @@ http::response fake_stripe::get(const http::request& req) {
         int n = 0;
         std::size_t matching = 0;
         for (auto it = events_.rbegin(); it != events_.rend(); ++it) {
-            if (type && it->type != *type) continue;
+            if (it->account != account || (type && it->type != *type)) continue;
             ++matching;
             if (n >= limit) continue;
             data += (n++ ? "," : "") + it->body;
@@ -999,13 +1077,14 @@ http::response fake_stripe::get(const http::request& req) {
                                       .done());
     }
     if (path.starts_with("/v1/events/"))
-        return by_id(path, "/v1/events/", "event", "id", events_, [](const event_rec& e) { return e.body; });
+        return by_id(path, "/v1/events/", "event", "id", account, events_,
+                     [](const event_rec& e) { return e.body; });
     if (path.starts_with("/v1/refunds/"))
-        return by_id(path, "/v1/refunds/", "refund", "id", refunds_, refund_json);
+        return by_id(path, "/v1/refunds/", "refund", "id", account, refunds_, refund_json);
     if (path.starts_with("/v1/disputes/"))
-        return by_id(path, "/v1/disputes/", "dispute", "id", disputes_, dispute_json);
+        return by_id(path, "/v1/disputes/", "dispute", "id", account, disputes_, dispute_json);
     if (path.starts_with("/v1/payment_intents/"))
-        return by_id(path, "/v1/payment_intents/", "payment_intent", "intent", intents_, intent_json);
+        return by_id(path, "/v1/payment_intents/", "payment_intent", "intent", account, intents_, intent_json);
     return error_response(404, "invalid_request_error", "", "Unrecognized request URL (GET: " + path + ")");
 }
 
@@ -1063,6 +1142,19 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
     if (path == "/_admin/clock" && req.method == "POST") {
         if (auto v = to_int(param(p, "advance_s"))) advance_clock(std::chrono::seconds(*v));
         co_return json_response(200, json_obj().num("now", now()).done());
+    }
+    if (path == "/_admin/accounts" && req.method == "POST") {
+        std::vector<std::string> customers;
+        const auto list = param(p, "customers");
+        for (std::size_t pos = 0; pos < list.size();) {
+            auto comma = std::min(list.find(',', pos), list.size());
+            if (comma > pos) customers.push_back(list.substr(pos, comma - pos));
+            pos = comma + 1;
+        }
+        if (!well_formed_account(param(p, "account")))
+            co_return error_response(400, "invalid_request_error", "", "account must look like acct_…");
+        add_account(param(p, "account"), customers);
+        co_return json_response(200, "{}");
     }
     if (path == "/_admin/declines" && req.method == "POST") {
         decline_rule rule;

@@ -19,6 +19,15 @@
 // through /_admin/disputes. Every state change makes a Stripe event (GET /v1/events) that the webhook sender
 // (webhooks.hpp) delivers, signed, to the configured endpoint.
 //
+// Stripe Connect: a request with `Stripe-Account: acct_…` acts in that connected account, as Stripe scopes
+// it. Objects created there are visible (listed, retrieved, refunded, cancelled) only with the same header,
+// and the platform's only without one; idempotency keys are per account; a connected account knows only the
+// customers registered in it (add_account, POST /_admin/accounts): another is Stripe's 400 resource_missing
+// "No such customer" (param customer, not saved). A header naming no account the platform reaches (unknown
+// or malformed) is 403 `account_invalid`, before anything else runs. Events about a connected account's
+// objects carry `"account": "acct_…"` (Connect webhooks); the platform's carry none. The platform keeps
+// accepting any cus_… as before.
+//
 // Everything runs on the executor given to the constructor; the accessors below must be called there
 // too (tests run the fake on their own io_context thread and read state between co_awaits).
 #pragma once
@@ -74,6 +83,7 @@ struct charge_rec {
     std::int64_t created = 0;
     std::vector<std::pair<std::string, std::string>> metadata;
     std::uint64_t seq = 0;  // creation order (newest first in lists)
+    std::string account;    // the connected account it lives in; empty: the platform
 };
 
 struct intent_rec {
@@ -87,21 +97,25 @@ struct intent_rec {
     std::string cancellation_reason;  // after POST /v1/payment_intents/{id}/cancel
     std::int64_t created = 0;
     std::vector<std::pair<std::string, std::string>> metadata;
+    std::string account;  // the connected account it lives in; empty: the platform
 };
 
 struct refund_rec {
     std::string id, charge, payment_intent, currency, reason, status = "succeeded";
     std::int64_t amount = 0, created = 0;
     std::vector<std::pair<std::string, std::string>> metadata;
+    std::string account;
 };
 
 struct dispute_rec {
     std::string id, charge, payment_intent, currency, reason = "fraudulent", status = "needs_response";
     std::int64_t amount = 0, created = 0;
+    std::string account;
 };
 
 struct event_rec {
     std::string id, type, object_id;
+    std::string account;  // "account" of a connected account's event; empty: the platform's
     std::int64_t created = 0;
     std::string body;  // as delivered (pretty-printed)
 };
@@ -121,10 +135,19 @@ class fake_stripe {
         return faults_;
     }
     void decline(std::string customer, decline_rule rule = {});
+    // Connects an account (acct_…) to the platform with these customers (more on a later call). Same as
+    // POST /_admin/accounts (account=…, customers=cus_a,cus_b).
+    void add_account(const std::string& account, const std::vector<std::string>& customers);
     // Stripe's rate and concurrency limits (off by default): refused requests get 429 rate_limit with
     // Stripe-Should-Retry: true, before idempotency (nothing saved). Same as POST /_admin/limits.
     void set_limits(const limits& l);
     const fake::limiter& limiter() const noexcept { return limiter_; }
+    // A connected account's own limiter (Stripe limits each account separately); null before its first
+    // request.
+    const fake::limiter* account_limiter(const std::string& account) const {
+        auto it = account_limiters_.find(account);
+        return it == account_limiters_.end() ? nullptr : &it->second;
+    }
     void advance_clock(std::chrono::seconds by) noexcept { clock_offset_ += by; }
     std::int64_t now() const;  // unix seconds on the fake clock
     const std::vector<charge_rec>& charges() const noexcept { return charges_; }
@@ -204,6 +227,7 @@ class fake_stripe {
     logger log_;
     struct faults faults_;
     fake::limiter limiter_;
+    std::map<std::string, fake::limiter> account_limiters_;
     std::map<std::string, decline_rule> declines_;
     std::vector<charge_rec> charges_;
     std::vector<intent_rec> intents_;
@@ -217,6 +241,10 @@ class fake_stripe {
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     std::map<std::string, std::pair<std::string, std::string>> bank_outcomes_;  // customer → outcome, code
     std::string cur_request_id_, cur_idem_key_;  // the POST being executed (an event's `request`)
+    // The account the request (or admin step) being executed acts in: objects made now live there, events
+    // emitted now carry it. Set and cleared without a suspension in between.
+    std::string cur_account_;
+    std::map<std::string, std::vector<std::string>> accounts_;  // connected account → its customers
     std::map<std::string, idem_rec> idem_;
     std::map<std::string, int> posts_;
     std::map<std::string, int> fault_hits_;

@@ -733,6 +733,23 @@ BOOST_FIXTURE_TEST_CASE(explain_answers_for_every_ledger_state, ops) {
         BOOST_TEST(co_await run_cmd(c, explain("x-declined", s)) == 2, c->err());
         BOOST_TEST(parse_explained(c->out()).stripe_charge.empty());
         BOOST_TEST(c->err().find(stripe_key) == std::string::npos);
+
+        // Stripe Connect: a connected account's row is found by its own key (the account hashed in), with
+        // --stripe-account; without it the platform's key names no row, and the customer and period alone do
+        // not find another account's row.
+        const std::string connect_key = billing::base_key(key_namespace, "x-conn", p, "acct_1Ops");
+        co_await query(
+            "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+            "stripe_customer_id, stripe_account, status, last_error) VALUES ('" +
+            connect_key + "', 'x-conn', '" + p +
+            "', 1300, 'usd', 'cus_y', 'acct_1Ops', 'declined', 'card_declined')");
+        const std::vector<std::string> for_account{"--stripe-account", "acct_1Ops"};
+        BOOST_TEST(co_await run_cmd(c, explain("x-conn", for_account)) == 2, c->err());
+        auto in_account = parse_explained(c->out());
+        BOOST_TEST(in_account.state == "declined");
+        BOOST_TEST(c->out().find(connect_key) != std::string::npos, c->out());
+        BOOST_TEST(co_await run_cmd(c, explain("x-conn")) == 2, c->err());
+        BOOST_TEST(parse_explained(c->out()).state == "never_seen");
     });
 }
 
