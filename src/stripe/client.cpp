@@ -24,9 +24,9 @@ struct client::state {
     client_config cfg;
     logger log;
     std::unique_ptr<http::client> http;
-    std::unique_ptr<client_metrics> metrics;      // null: no registry given
-    std::shared_ptr<pacer> pace;                  // null: no rate control
-    std::unique_ptr<net::admission> calls;        // null: no bound on logical calls at once (cfg.max_calls)
+    std::unique_ptr<client_metrics> metrics;  // null: no registry given
+    std::shared_ptr<pacer> pace;              // null: no rate control
+    std::unique_ptr<net::admission> calls;    // null: no bound on logical calls at once (cfg.max_calls)
     // Stripe limits each connected account on its own: one pacer per Stripe-Account, made on first use
     // (only with rate control on). Used only on the http client's strand.
     std::map<std::string, std::shared_ptr<pacer>, std::less<>> account_pace;

@@ -1084,7 +1084,8 @@ http::response fake_stripe::get(const http::request& req) {
     if (path.starts_with("/v1/disputes/"))
         return by_id(path, "/v1/disputes/", "dispute", "id", account, disputes_, dispute_json);
     if (path.starts_with("/v1/payment_intents/"))
-        return by_id(path, "/v1/payment_intents/", "payment_intent", "intent", account, intents_, intent_json);
+        return by_id(path, "/v1/payment_intents/", "payment_intent", "intent", account, intents_,
+                     intent_json);
     return error_response(404, "invalid_request_error", "", "Unrecognized request URL (GET: " + path + ")");
 }
 

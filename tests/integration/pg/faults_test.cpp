@@ -376,7 +376,8 @@ struct cluster_waiting_for_a_standby : test::pg_server_ctl {
         std::system(("rm -rf \"" + dir + "\"").c_str());
     }
     int run(const std::string& what, const std::string& extra = "") const {
-        return std::system(("\"" + ctl + "\" " + what + " \"" + dir + "\" " + extra + " >/dev/null 2>&1").c_str());
+        return std::system(
+            ("\"" + ctl + "\" " + what + " \"" + dir + "\" " + extra + " >/dev/null 2>&1").c_str());
     }
     std::string dsn() const {
         return "host=127.0.0.1 port=" + std::to_string(port) + " dbname=chargeguard_test user=postgres";
@@ -433,7 +434,8 @@ net::awaitable<void> unconfirmed_commits(pg_fixture& f, const cluster_waiting_fo
 BOOST_AUTO_TEST_CASE(commit_unconfirmed_by_the_synchronous_standby_is_an_error) {
     pg_fixture f;
     cluster_waiting_for_a_standby srv;
-    cg::test::run_async(f.io, [&] { return unconfirmed_commits(f, srv); }, 60s);
+    cg::test::run_async(
+        f.io, [&] { return unconfirmed_commits(f, srv); }, 60s);
     // What the server did with them: committed locally, which is why success would be a lie a failover
     // exposes. A read does not wait for the standby.
     BOOST_TEST(srv.exec("SELECT count(*) FROM t WHERE id >= 1000") == "2");
