@@ -136,9 +136,10 @@ error connection::result_error(const pg_result* r, const op& o) {
 // (the outcome is unknown to the caller), never as success, so nothing is acknowledged — a FIN, a webhook's
 // 2xx — on the strength of a commit a failover can lose. A retry finds the local commit if the server stays.
 error connection::unconfirmed_commit() const {
-    return error(errc::timeout,
-                 "the synchronous standby did not confirm the commit (its wait was cancelled): committed on this "
-                 "server only, which a failover may lose");
+    return error(
+        errc::timeout,
+        "the synchronous standby did not confirm the commit (its wait was cancelled): committed on this "
+        "server only, which a failover may lose");
 }
 
 std::string connection::conn_message() const {
