@@ -133,10 +133,12 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
                                        std::max(cfg_.indeterminate_delay, cfg_.new_key_quiet / 10),
                                        "waiting for quiet before a new key");
         }
-        co_return co_await run_move(j, correction_move{m.part, m.kind, m.amount_cents, m.refund_of,
-                                                       m.key_generation + 1, "pending", std::nullopt,
-                                                       m.stripe_attempts, std::nullopt, std::nullopt,
-                                                       m.since_last_attempt});
+        // A named copy: g++ 12 destroys a temporary argument of a co_awaited call twice.
+        correction_move next = m;
+        next.key_generation = m.key_generation + 1;
+        next.first_stripe_attempt_at.reset();
+        next.indeterminate_since.reset();
+        co_return co_await run_move(j, next);
     }
 
     auto att = co_await store_.record_attempt(j.key, m.part, j.epoch, cfg_.lease);

@@ -13,33 +13,33 @@ namespace {
 using simdjson::dom::element;
 using simdjson::dom::object;
 
-std::string str(object o, std::string_view key) {
+std::string rf_str(object o, std::string_view key) {
     std::string_view s;
     if (o[key].get_string().get(s)) return {};
     return std::string(s);
 }
 
-std::string id_or_object(object o, std::string_view key) {
+std::string rf_id_or_object(object o, std::string_view key) {
     element e;
     if (o[key].get(e)) return {};
     std::string_view s;
     if (!e.get_string().get(s)) return std::string(s);
     object inner;
-    if (!e.get_object().get(inner)) return str(inner, "id");
+    if (!e.get_object().get(inner)) return rf_str(inner, "id");
     return {};
 }
 
-result<refund> to_refund(object o) {
+result<refund> rf_to_refund(object o) {
     refund r;
-    r.id = str(o, "id");
-    if (r.id.empty() || str(o, "object") != "refund") return error(errc::bad_response, "not a refund object");
+    r.id = rf_str(o, "id");
+    if (r.id.empty() || rf_str(o, "object") != "refund") return error(errc::bad_response, "not a refund object");
     std::int64_t n = 0;
     if (!o["amount"].get_int64().get(n)) r.amount = n;
     if (!o["created"].get_int64().get(n)) r.created = n;
-    r.charge = id_or_object(o, "charge");
-    r.payment_intent = id_or_object(o, "payment_intent");
-    r.currency = str(o, "currency");
-    r.status = str(o, "status");
+    r.charge = rf_id_or_object(o, "charge");
+    r.payment_intent = rf_id_or_object(o, "payment_intent");
+    r.currency = rf_str(o, "currency");
+    r.status = rf_str(o, "status");
     object m;
     if (!o["metadata"].get_object().get(m))
         for (auto field : m) {
@@ -49,7 +49,7 @@ result<refund> to_refund(object o) {
     return r;
 }
 
-result<object> parse_object(simdjson::dom::parser& p, std::string_view body) {
+result<object> rf_parse_object(simdjson::dom::parser& p, std::string_view body) {
     element doc;
     if (auto e = p.parse(body.data(), body.size()).get(doc); e)
         return error(errc::bad_response, std::string("JSON: ") + simdjson::error_message(e));
@@ -58,7 +58,7 @@ result<object> parse_object(simdjson::dom::parser& p, std::string_view body) {
     return o;
 }
 
-errc errc_for(outcome_class c) {
+errc rf_errc_for(outcome_class c) {
     switch (c) {
         case outcome_class::succeeded:
             return errc::ok;
@@ -84,16 +84,16 @@ errc errc_for(outcome_class c) {
 
 result<refund> parse_refund(std::string_view body) {
     simdjson::dom::parser p;
-    auto o = parse_object(p, body);
+    auto o = rf_parse_object(p, body);
     if (!o) return o.err();
-    return to_refund(*o);
+    return rf_to_refund(*o);
 }
 
 result<refund_page> parse_refund_page(std::string_view body) {
     simdjson::dom::parser p;
-    auto o = parse_object(p, body);
+    auto o = rf_parse_object(p, body);
     if (!o) return o.err();
-    if (str(*o, "object") != "list") return error(errc::bad_response, "not a list object");
+    if (rf_str(*o, "object") != "list") return error(errc::bad_response, "not a list object");
     refund_page page;
     bool more = false;
     if (!(*o)["has_more"].get_bool().get(more)) page.has_more = more;
@@ -102,7 +102,7 @@ result<refund_page> parse_refund_page(std::string_view body) {
     for (element e : data) {
         object io;
         if (e.get_object().get(io)) return error(errc::bad_response, "list item is not an object");
-        auto one = to_refund(io);
+        auto one = rf_to_refund(io);
         if (!one) return one.err();
         page.data.push_back(std::move(*one));
     }
@@ -145,7 +145,7 @@ net::awaitable<result<std::optional<refund>>> find_refund_by_metadata(client& c,
         std::string target = "/v1/refunds?limit=100&charge=" + http::url_encode(charge);
         if (!after.empty()) target += "&starting_after=" + http::url_encode(after);
         auto r = co_await c.call("GET", std::move(target), {}, {});
-        if (r.cls != outcome_class::succeeded) co_return error(errc_for(r.cls), std::move(r.message));
+        if (r.cls != outcome_class::succeeded) co_return error(rf_errc_for(r.cls), std::move(r.message));
         auto page = parse_refund_page(r.http.resp.body);
         if (!page) co_return page.err();
         for (auto& one : page->data)
