@@ -56,9 +56,10 @@ class correction_ledger {
     explicit correction_ledger(std::shared_ptr<pg::pool> pool) : pool_(std::move(pool)) {}
 
     // One admit step for the revision `key` of the period `base` (cg_correction_admit).
-    net::awaitable<result<correction_admission>> admit(std::string key, std::string base, std::int32_t revision,
-                                                       std::int64_t total_cents, std::string currency,
-                                                       std::string body, std::string message_id,
+    net::awaitable<result<correction_admission>> admit(std::string key, std::string base,
+                                                       std::int32_t revision, std::int64_t total_cents,
+                                                       std::string currency, std::string body,
+                                                       std::string message_id,
                                                        std::chrono::milliseconds lease);
 
     // The revision's moves, by part.
@@ -85,7 +86,8 @@ class correction_ledger {
     // key_generation + 1 for a move a search found nowhere at Stripe, while we hold the lease and once no
     // attempt under the old generation is younger than `quiet`. true: bumped; false: not yet (or not ours).
     net::awaitable<result<bool>> bump_generation(std::string key, std::int32_t part, std::int64_t epoch,
-                                                 std::int32_t from_generation, std::chrono::milliseconds quiet);
+                                                 std::int32_t from_generation,
+                                                 std::chrono::milliseconds quiet);
 
     // The revision's end: applied, declined or failed (from pending), the lease dropped.
     net::awaitable<result<void>> finish(std::string key, std::string status, std::string note);

@@ -28,7 +28,8 @@ namespace {
 
 // What every Stripe object of a move carries: its own key (what the search looks for), the original key it
 // corrects, the revision, and the period's names.
-stripe::metadata move_metadata(const billing_event& ev, const std::string& base, const std::string& move_key) {
+stripe::metadata move_metadata(const billing_event& ev, const std::string& base,
+                               const std::string& move_key) {
     return {{"billing_key", move_key},
             {"corrects", base},
             {"revision", std::to_string(ev.revision)},
@@ -44,19 +45,23 @@ corrections::corrections(const pipeline_config& cfg, billing::ledger& ledger, st
 verdict corrections::postgres_failed(job& j, const error& e, std::string_view step) {
     auto delay = backoff_delay(cfg_.postgres_backoff, j.d.attempts);
     j.log.warn("postgres failed; requeueing", {{"step", step}, {"error", e.describe()}});
-    return verdict::requeue(verdict_reason::requeued_postgres, delay, std::string(step) + ": " + e.describe());
+    return verdict::requeue(verdict_reason::requeued_postgres, delay,
+                            std::string(step) + ": " + e.describe());
 }
 
-// A correction never gives up on a predecessor that has not arrived yet: that would move its money zero times.
+// A correction never gives up on a predecessor that has not arrived yet: that would move its money zero
+// times.
 verdict corrections::waiting(std::string detail) {
     double unit = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
     auto base = std::min(cfg_.correction_wait_delay, cfg_.max_requeue_delay);
-    auto jitter = std::chrono::milliseconds(static_cast<std::int64_t>(static_cast<double>(base.count()) * unit / 10));
+    auto jitter =
+        std::chrono::milliseconds(static_cast<std::int64_t>(static_cast<double>(base.count()) * unit / 10));
     return verdict::requeue(verdict_reason::requeued_waiting, std::min(base + jitter, cfg_.max_requeue_delay),
                             std::move(detail));
 }
 
-net::awaitable<verdict> corrections::handle(const delivery& d, billing_event ev, std::string base, logger log) {
+net::awaitable<verdict> corrections::handle(const delivery& d, billing_event ev, std::string base,
+                                            logger log) {
     job j{d, std::move(ev), std::move(base), {}, std::move(log)};
     j.key = correction_key(j.base, j.ev.revision);
     j.log = j.log.with({{"correction_key", j.key}, {"revision", j.ev.revision}});
@@ -68,10 +73,11 @@ net::awaitable<verdict> corrections::handle(const delivery& d, billing_event ev,
     if (act == "wait_predecessor") co_return waiting("waiting for revision " + a->detail);
     if (act == "lease_held") {
         double unit = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
-        co_return verdict::requeue(verdict_reason::requeued_lease_held,
-                                   lease_held_requeue_delay(a->lease_remaining, cfg_.lease, cfg_.lease_held_delay,
-                                                            cfg_.max_requeue_delay, unit),
-                                   "correction " + a->detail);
+        co_return verdict::requeue(
+            verdict_reason::requeued_lease_held,
+            lease_held_requeue_delay(a->lease_remaining, cfg_.lease, cfg_.lease_held_delay,
+                                     cfg_.max_requeue_delay, unit),
+            "correction " + a->detail);
     }
     if (act == "final")
         co_return verdict::finish(verdict_reason::duplicate_prevented, "revision " + a->detail + " already");
@@ -102,7 +108,8 @@ net::awaitable<verdict> corrections::run_moves(job& j) {
             if (v) co_return std::move(*v);
             continue;  // done now
         }
-        if (m.status != "done")  // declined or failed: the revision ended with it (finish below raced a crash)
+        if (m.status !=
+            "done")  // declined or failed: the revision ended with it (finish below raced a crash)
             co_return verdict::finish(verdict_reason::duplicate_prevented, "move " + m.status);
     }
     auto again = co_await store_.moves(j.key);
@@ -124,7 +131,8 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
         auto s = co_await search_move(j, m);
         if (s) co_return s;
         // Nothing at Stripe under the key: a new generation, once no call under the old one can still land.
-        auto b = co_await store_.bump_generation(j.key, m.part, j.epoch, m.key_generation, cfg_.new_key_quiet);
+        auto b =
+            co_await store_.bump_generation(j.key, m.part, j.epoch, m.key_generation, cfg_.new_key_quiet);
         if (!b) co_return postgres_failed(j, b.err(), "correction new key");
         if (!*b) {
             auto r = co_await store_.release(j.key, m.part, j.epoch, "waiting for quiet before a new key");
@@ -143,7 +151,8 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
 
     auto att = co_await store_.record_attempt(j.key, m.part, j.epoch, cfg_.lease);
     if (!att) co_return postgres_failed(j, att.err(), "correction record attempt");
-    if (!*att) co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay, "correction");
+    if (!*att)
+        co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay, "correction");
     j.epoch = **att;
 
     auto move_key = correction_move_key(j.base, j.ev.revision, m.part);
@@ -151,8 +160,9 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
     stripe::outcome_class cls;
     std::string object_id, intent_id, message;
     bool declined_charge = false;
-    j.log.debug("calling Stripe for a correction",
-                {{"kind", m.kind}, {"part", m.part}, {"amount", m.amount_cents}, {"generation", m.key_generation}});
+    j.log.debug(
+        "calling Stripe for a correction",
+        {{"kind", m.kind}, {"part", m.part}, {"amount", m.amount_cents}, {"generation", m.key_generation}});
     if (m.is_refund()) {
         stripe::refund_request req{*m.refund_of, m.amount_cents, move_metadata(j.ev, j.base, move_key), idem};
         auto out = co_await stripe::create_refund(stripe_, std::move(req));
@@ -204,12 +214,14 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
             co_return verdict::finish(verdict_reason::declined, message);
         }
         case outcome_class::cap_exceeded:
-            co_return co_await fail_with_letter(j, m, "spend cap exceeded", message, verdict_reason::cap_blocked);
+            co_return co_await fail_with_letter(j, m, "spend cap exceeded", message,
+                                                verdict_reason::cap_blocked);
         case outcome_class::idempotency_conflict:
             co_return co_await fail_with_letter(j, m, "stripe idempotency_error", message,
                                                 verdict_reason::dead_lettered);
         case outcome_class::rejected:
-            co_return co_await fail_with_letter(j, m, "stripe rejected", message, verdict_reason::dead_lettered);
+            co_return co_await fail_with_letter(j, m, "stripe rejected", message,
+                                                verdict_reason::dead_lettered);
         case outcome_class::retry_same_key:
         case outcome_class::setup_error: {
             auto r = co_await store_.release(j.key, m.part, j.epoch, message);
@@ -247,7 +259,8 @@ net::awaitable<std::optional<verdict>> corrections::search_move(job& j, const co
         since = std::chrono::duration_cast<std::chrono::seconds>(
                     (*m.first_stripe_attempt_at - cfg_.search_slack).time_since_epoch())
                     .count();
-    auto found = co_await stripe_.find_charge_by_metadata(j.ev.stripe_customer_id, "billing_key", move_key, since);
+    auto found =
+        co_await stripe_.find_charge_by_metadata(j.ev.stripe_customer_id, "billing_key", move_key, since);
     if (!found) co_return co_await search_failed(j, m.part, found.err());
     if (!*found) co_return std::nullopt;
     const auto& ch = **found;
@@ -265,8 +278,8 @@ net::awaitable<std::optional<verdict>> corrections::search_move(job& j, const co
         if (!f) co_return postgres_failed(j, f.err(), "correction declined");
         co_return verdict::finish(verdict_reason::declined, "charge " + ch.id + " failed");
     }
-    auto r = co_await store_.move_done(j.key, m.part, ch.id,
-                                       ch.payment_intent.empty() ? std::nullopt : std::optional(ch.payment_intent));
+    auto r = co_await store_.move_done(
+        j.key, m.part, ch.id, ch.payment_intent.empty() ? std::nullopt : std::optional(ch.payment_intent));
     if (!r) co_return postgres_failed(j, r.err(), "correction move done");
     co_return co_await run_moves(j);
 }

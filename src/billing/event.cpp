@@ -52,8 +52,8 @@ result<void> validate(const billing_event& e) {
         return bad("billing_period: must be 1..64 characters of [A-Za-z0-9_.-]");
     // A correction's amount is the period's new total, which may be nothing at all (a full refund).
     if (e.amount_cents < (e.is_correction() ? 0 : 1) || e.amount_cents > max_amount)
-        return bad("amount_cents: must be an integer in " + std::string(e.is_correction() ? "0" : "1") + ".." +
-                   std::to_string(max_amount));
+        return bad("amount_cents: must be an integer in " + std::string(e.is_correction() ? "0" : "1") +
+                   ".." + std::to_string(max_amount));
     if (e.currency.size() != 3 ||
         !std::all_of(e.currency.begin(), e.currency.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
         return bad("currency: must be a three-letter ISO 4217 code");

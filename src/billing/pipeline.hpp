@@ -162,10 +162,12 @@ class pipeline {
     logger log_;
     std::unique_ptr<metrics_set> metrics_;
     std::unique_ptr<settlement_store> settlements_;  // on ledger_'s pool
-    std::unique_ptr<billing::corrections> corrections_;  // events with a revision (corrections.hpp)
     std::mt19937_64 rng_{std::random_device{}()};    // requeue jitter; used on the pipeline's executor only
     double stripe_time_avg_us_ = 0;                  // exponential average of Stripe call times (µs)
     net::turn_budget* turns_ = nullptr;  // the main loop's (net/turn_budget.hpp), found on first use
+
+    // Events with a revision (corrections.hpp); after cfg_ and ledger_, which it refers to.
+    std::unique_ptr<billing::corrections> corrections_;
 };
 
 }  // namespace cg::billing

@@ -32,7 +32,8 @@ std::string rf_id_or_object(object o, std::string_view key) {
 result<refund> rf_to_refund(object o) {
     refund r;
     r.id = rf_str(o, "id");
-    if (r.id.empty() || rf_str(o, "object") != "refund") return error(errc::bad_response, "not a refund object");
+    if (r.id.empty() || rf_str(o, "object") != "refund")
+        return error(errc::bad_response, "not a refund object");
     std::int64_t n = 0;
     if (!o["amount"].get_int64().get(n)) r.amount = n;
     if (!o["created"].get_int64().get(n)) r.created = n;
@@ -44,7 +45,8 @@ result<refund> rf_to_refund(object o) {
     if (!o["metadata"].get_object().get(m))
         for (auto field : m) {
             std::string_view v;
-            if (!field.value.get_string().get(v)) r.metadata.emplace_back(std::string(field.key), std::string(v));
+            if (!field.value.get_string().get(v))
+                r.metadata.emplace_back(std::string(field.key), std::string(v));
         }
     return r;
 }
@@ -139,7 +141,7 @@ net::awaitable<refund_outcome> create_refund(client& c, refund_request req) {
 }
 
 net::awaitable<result<std::optional<refund>>> find_refund_by_metadata(client& c, std::string charge,
-                                                                     std::string name, std::string value) {
+                                                                      std::string name, std::string value) {
     std::string after;
     for (;;) {
         std::string target = "/v1/refunds?limit=100&charge=" + http::url_encode(charge);

@@ -66,6 +66,6 @@ net::awaitable<refund_outcome> create_refund(client& c, refund_request req);
 // Pages through the refunds of `charge` (newest first) for the first whose metadata[name] is `value`;
 // nullopt when there is none. Errors carry stripe::errc. Same executor and lifetime rules.
 net::awaitable<result<std::optional<refund>>> find_refund_by_metadata(client& c, std::string charge,
-                                                                     std::string name, std::string value);
+                                                                      std::string name, std::string value);
 
 }  // namespace cg::stripe

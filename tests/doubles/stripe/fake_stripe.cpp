@@ -402,7 +402,8 @@ http::response list_refunds(const http::request& req, const std::vector<refund_r
     auto after = http::query_param(req.query(), "starting_after").value_or("");
     std::vector<const refund_rec*> all;
     for (auto it = recs.rbegin(); it != recs.rend(); ++it)
-        if ((!charge || it->charge == *charge) && (!intent || it->payment_intent == *intent)) all.push_back(&*it);
+        if ((!charge || it->charge == *charge) && (!intent || it->payment_intent == *intent))
+            all.push_back(&*it);
     std::size_t start = 0;
     if (!after.empty()) {
         auto pos = std::find_if(all.begin(), all.end(), [&](const refund_rec* r) { return r->id == after; });

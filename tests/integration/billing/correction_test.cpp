@@ -52,14 +52,16 @@ std::int64_t net_at_stripe(const fixture& f) {
 }
 
 std::string status_of(fixture& f, const std::string& correction_key) {
-    auto r = f.run(f.query("SELECT status FROM billing_corrections WHERE key = $1", pg::params(correction_key)));
+    auto r =
+        f.run(f.query("SELECT status FROM billing_corrections WHERE key = $1", pg::params(correction_key)));
     BOOST_TEST_REQUIRE(r.has_value());
     if (r->size() == 0) return "absent";
     return r->get<std::string>(0, 0);
 }
 
 // Charges the original (1000) and returns its charge id.
-std::string charge_original(fixture& f, billing::pipeline& p, const std::string& customer, std::int64_t amount = 1000) {
+std::string charge_original(fixture& f, billing::pipeline& p, const std::string& customer,
+                            std::int64_t amount = 1000) {
     auto v = f.handle(p, delivery_of(event_json(customer, "2026-11", amount), customer + "-orig"));
     BOOST_TEST_REQUIRE(reason(v) == "charged", v.detail);
     return v.detail;
@@ -83,7 +85,8 @@ void dead_worker(fixture& f, const std::string& customer, std::int64_t total, in
     BOOST_TEST_REQUIRE((att.has_value() && att->has_value()));
     if (call_stripe) {
         BOOST_TEST_REQUIRE(m.is_refund());
-        stripe::refund_request req{*m.refund_of, m.amount_cents,
+        stripe::refund_request req{*m.refund_of,
+                                   m.amount_cents,
                                    {{"billing_key", key},
                                     {"corrects", base},
                                     {"revision", std::to_string(rev)},
@@ -93,8 +96,9 @@ void dead_worker(fixture& f, const std::string& customer, std::int64_t total, in
         auto out = f.run(stripe::create_refund(*f.stripe, std::move(req)));
         BOOST_TEST_REQUIRE((out.cls == stripe::outcome_class::succeeded), out.message);
     }
-    auto r = f.run(f.query("UPDATE billing_corrections SET lease_until = now() - interval '1 s' WHERE key = $1",
-                           pg::params(key)));
+    auto r =
+        f.run(f.query("UPDATE billing_corrections SET lease_until = now() - interval '1 s' WHERE key = $1",
+                      pg::params(key)));
     BOOST_TEST_REQUIRE(r.has_value());
 }
 
@@ -135,9 +139,10 @@ BOOST_AUTO_TEST_CASE(charge_then_refund_spanning_payments) {
     BOOST_TEST(status_of(f, base + "-r1") == "applied");
     BOOST_TEST(status_of(f, base + "-r2") == "applied");
     BOOST_TEST(f.scalar("SELECT delta_cents FROM billing_corrections WHERE key = $1", base + "-r2") == -800);
-    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_correction_moves WHERE correction_key = $1 AND status = "
-                        "'done' AND stripe_object_id LIKE 're\\_%'",
-                        base + "-r2") == 2);
+    BOOST_TEST(
+        f.scalar("SELECT count(*) FROM billing_correction_moves WHERE correction_key = $1 AND status = "
+                 "'done' AND stripe_object_id LIKE 're\\_%'",
+                 base + "-r2") == 2);
     BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", base) == 700);
 }
 
