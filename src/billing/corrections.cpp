@@ -108,9 +108,14 @@ net::awaitable<verdict> corrections::run_moves(job& j) {
             if (v) co_return std::move(*v);
             continue;  // done now
         }
-        if (m.status !=
-            "done")  // declined or failed: the revision ended with it (finish below raced a crash)
+        if (m.status != "done") {
+            // Declined or failed: the revision ended with it, and a crash came before the revision was
+            // marked.
+            auto f =
+                co_await store_.finish(j.key, m.status, "move " + std::to_string(m.part) + " " + m.status);
+            if (!f) co_return postgres_failed(j, f.err(), "correction ended");
             co_return verdict::finish(verdict_reason::duplicate_prevented, "move " + m.status);
+        }
     }
     auto again = co_await store_.moves(j.key);
     if (!again) co_return postgres_failed(j, again.err(), "correction moves");

@@ -3,6 +3,7 @@
 
 #include "billing/correction_ledger.hpp"
 #include "billing/event.hpp"
+#include "billing/expected_run.hpp"
 #include "billing/key.hpp"
 
 using namespace cg::billing;
@@ -46,4 +47,24 @@ BOOST_AUTO_TEST_CASE(correction_keys_derive_from_the_original_key) {
     BOOST_TEST(stripe_idempotency_key(correction_move_key(base, 2, 1), 2) == base + "-r2-g2");
     BOOST_TEST(correction_key(base, 2) != correction_key(base, 12));
     BOOST_TEST(base.size() == 32u);
+}
+
+// The cap a run needs with corrections: the original plus each rise over the total before it, in revision
+// order whatever the line order (1000 → 1500 → 700 → 1200: 1000 + 500 + 0 + 500); a correction of a customer
+// the run does not charge is skipped, said why.
+BOOST_AUTO_TEST_CASE(expected_total_counts_each_rise_of_a_corrected_period) {
+    auto line = [](const std::string& customer, std::int64_t amount, int revision) {
+        std::string b =
+            R"({"customer_id":")" + customer +
+            R"(","billing_period":"2026-11","currency":"usd","stripe_customer_id":"cus_1","amount_cents":)" +
+            std::to_string(amount);
+        if (revision > 0) b += ",\"revision\":" + std::to_string(revision);
+        return b + "}\n";
+    };
+    auto run = line("a", 1200, 3) + line("a", 1000, 0) + line("a", 700, 2) + line("a", 1500, 1) +
+               line("b", 400, 0) + line("z", 999, 1);
+    auto t = sum_expected(run, "2026-11", "usd");
+    BOOST_TEST(t.total_cents == 1000 + 500 + 500 + 400);
+    BOOST_TEST(t.counted == 5u);
+    BOOST_TEST(t.skipped["correction of a customer the run does not charge"] == 1u);
 }
