@@ -160,23 +160,29 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
         co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay, "correction");
     j.epoch = **att;
 
+    auto a = co_await call_move(j, m);
+    j.log.debug("Stripe answered a correction",
+                {{"outcome", stripe::to_string(a.cls)}, {"object", a.object_id}});
+    co_return co_await settle_move(j, m, std::move(a));
+}
+
+// The move's Stripe call under its key and generation, its answer read the way the ledger needs it.
+net::awaitable<corrections::move_answer> corrections::call_move(job& j, const correction_move& m) {
+    move_answer a;
     auto move_key = correction_move_key(j.base, j.ev.revision, m.part);
     auto idem = stripe_idempotency_key(move_key, m.key_generation);
-    stripe::outcome_class cls;
-    std::string object_id, intent_id, message;
-    bool declined_charge = false;
     j.log.debug(
         "calling Stripe for a correction",
         {{"kind", m.kind}, {"part", m.part}, {"amount", m.amount_cents}, {"generation", m.key_generation}});
     if (m.is_refund()) {
         stripe::refund_request req{*m.refund_of, m.amount_cents, move_metadata(j.ev, j.base, move_key), idem};
         auto out = co_await stripe::create_refund(stripe_, std::move(req));
-        cls = out.cls;
-        message = out.message;
+        a.cls = out.cls;
+        a.message = out.message;
         if (out.refund) {
-            object_id = out.refund->id;
+            a.object_id = out.refund->id;
             // A refund that failed at once moved nothing: a new try needs a new key, as after a search.
-            if (stripe::refund_undone(out.refund->status)) cls = stripe::outcome_class::indeterminate;
+            if (stripe::refund_undone(out.refund->status)) a.cls = stripe::outcome_class::indeterminate;
         }
     } else {
         billing_event charge_ev = j.ev;
@@ -191,27 +197,34 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
             ch.metadata = move_metadata(j.ev, j.base, move_key);
             out = co_await stripe_.create_charge(std::move(ch));
         }
-        cls = out.cls;
-        message = out.message;
-        object_id = out.charge_id;
-        intent_id = out.payment_intent_id;
-        declined_charge = cls == stripe::outcome_class::declined;
+        a.cls = out.cls;
+        a.message = out.message;
+        a.object_id = out.charge_id;
+        a.intent_id = out.payment_intent_id;
+        a.declined_charge = a.cls == stripe::outcome_class::declined;
         // In flight (a bank debit) or no charge id: not settled, follow it up by the search later.
-        if (cls == stripe::outcome_class::succeeded && (!out.in_flight_status.empty() || object_id.empty()))
-            cls = stripe::outcome_class::indeterminate;
+        if (a.cls == stripe::outcome_class::succeeded &&
+            (!out.in_flight_status.empty() || a.object_id.empty()))
+            a.cls = stripe::outcome_class::indeterminate;
     }
-    j.log.debug("Stripe answered a correction", {{"outcome", stripe::to_string(cls)}, {"object", object_id}});
+    co_return a;
+}
 
+// What the answer makes of the move (and, when it ends the revision, of the revision). nullopt: done, go on.
+net::awaitable<std::optional<verdict>> corrections::settle_move(job& j, const correction_move& m,
+                                                                move_answer a) {
+    auto cls = a.cls;
+    const auto& message = a.message;
     using stripe::outcome_class;
     switch (cls) {
         case outcome_class::succeeded: {
-            auto r = co_await store_.move_done(j.key, m.part, object_id,
-                                               intent_id.empty() ? std::nullopt : std::optional(intent_id));
+            auto r = co_await store_.move_done(
+                j.key, m.part, a.object_id, a.intent_id.empty() ? std::nullopt : std::optional(a.intent_id));
             if (!r) co_return postgres_failed(j, r.err(), "correction move done");
             co_return std::nullopt;
         }
         case outcome_class::declined: {
-            if (!declined_charge) break;
+            if (!a.declined_charge) break;
             auto r = co_await store_.move_ended(j.key, m.part, "declined", message);
             if (!r) co_return postgres_failed(j, r.err(), "correction move declined");
             auto f = co_await store_.finish(j.key, "declined", message);

@@ -21,6 +21,7 @@
 #include "billing/outcome.hpp"
 #include "core/log.hpp"
 #include "net/tokens.hpp"
+#include "stripe/outcome.hpp"
 
 namespace cg::stripe {
 class client;
@@ -45,8 +46,17 @@ class corrections {
 
   private:
     struct job;
+    struct move_answer {
+        stripe::outcome_class cls = stripe::outcome_class::indeterminate;
+        std::string object_id;  // the charge (ch_…) or the refund (re_…)
+        std::string intent_id;
+        std::string message;
+        bool declined_charge = false;
+    };
     net::awaitable<verdict> run_moves(job& j);
     net::awaitable<std::optional<verdict>> run_move(job& j, const correction_move& m);
+    net::awaitable<move_answer> call_move(job& j, const correction_move& m);
+    net::awaitable<std::optional<verdict>> settle_move(job& j, const correction_move& m, move_answer a);
     net::awaitable<std::optional<verdict>> search_move(job& j, const correction_move& m);
     net::awaitable<std::optional<verdict>> search_failed(job& j, std::int32_t part, error e);
     net::awaitable<verdict> fail_with_letter(job& j, const correction_move& m, std::string reason,

@@ -86,7 +86,7 @@ result<std::vector<expected_event>> parse_jsonl(std::string_view text) {
             failed = line_error(line_no, describe_event_error(ev.err()));
             return false;
         }
-        out.push_back({std::move(*ev), std::string(line), line_no});
+        out.push_back({std::move(*ev), std::string(line), line_no, std::nullopt, 0});
         return true;
     });
     if (failed) return *failed;
@@ -152,7 +152,7 @@ result<std::vector<expected_event>> parse_csv(std::string_view text) {
         json += "}";
         auto ev = parse_event(json);
         if (!ev) return line_error(line_no, describe_event_error(ev.err()));
-        out.push_back({std::move(*ev), std::move(json), line_no});
+        out.push_back({std::move(*ev), std::move(json), line_no, std::nullopt, 0});
     }
     if (header) return error(core_errc::invalid_argument, "CSV without a header line");
     return out;

@@ -40,7 +40,7 @@ charge_fact charge(std::string id, std::string status = "succeeded", std::int64_
 recon_facts facts() {
     recon_facts f;
     f.key = "k";
-    f.expected = expected_event{event(), event_json(event()), 1};
+    f.expected = expected_event{event(), event_json(event()), 1, std::nullopt, 0};
     return f;
 }
 
