@@ -87,6 +87,7 @@ BOOST_AUTO_TEST_CASE(a_correction_counts_against_the_cap_and_a_refund_returns_no
     }(f.fake.get()));
     BOOST_TEST(refunded == 900);
     BOOST_TEST(f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'") == 1400);
+    f.flush_audit();
     BOOST_TEST(
         f.count("SELECT count(*) FROM vault_audit WHERE path = '/v1/refunds' AND outcome = 'refund'") == 1);
 }

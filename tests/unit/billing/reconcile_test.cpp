@@ -356,13 +356,13 @@ BOOST_AUTO_TEST_CASE(corrected_totals_are_compared_with_the_money_moved) {
     BOOST_TEST(to_string(classify(f).cls) == "ok");
     f.corrected_net = 1500;
     auto v = classify(f);
-    BOOST_TEST(to_string(v.cls) == "mismatch");
+    BOOST_TEST(to_string(v.cls) == "amount_currency_mismatch");
     BOOST_TEST(v.detail.find("700") != std::string::npos, v.detail);
     f.correction_open = true;
     BOOST_TEST(to_string(classify(f).cls) == "pending");
     // The run lists no correction, the ledger applied one: the money moved differs from the run.
     auto g = charged_ok();
     g.corrected_net = 500;
-    BOOST_TEST(to_string(classify(g).cls) == "mismatch");
+    BOOST_TEST(to_string(classify(g).cls) == "amount_currency_mismatch");
     BOOST_TEST(to_string(classify(charged_ok()).cls) == "ok");
 }
