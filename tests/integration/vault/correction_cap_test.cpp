@@ -64,7 +64,8 @@ BOOST_AUTO_TEST_SUITE(corrections_and_the_cap)
 
 // Cap 1500: the original (1000) and revision 1 (+400) fit; revision 2 (+600, to 2000) is refused by the proxy
 // before Stripe (cap_blocked, dead letter, the revision failed); revision 3 (to 500) refunds 900 through the
-// proxy — and the cap keeps its 1400 committed, since the key's policy does not reopen room for refunds.
+// proxy in two refunds (revision 1's 400, then 500 of the original) — and the cap keeps its 1400 committed,
+// since the key's policy does not reopen room for refunds.
 BOOST_AUTO_TEST_CASE(a_correction_counts_against_the_cap_and_a_refund_returns_no_room_by_default) {
     vault_fixture f;
     auto k = f.issue(1500, std::string(vault::default_allow) + ",refunds.create,refunds.read");
@@ -89,7 +90,7 @@ BOOST_AUTO_TEST_CASE(a_correction_counts_against_the_cap_and_a_refund_returns_no
     BOOST_TEST(f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'") == 1400);
     f.flush_audit();
     BOOST_TEST(
-        f.count("SELECT count(*) FROM vault_audit WHERE path = '/v1/refunds' AND outcome = 'refund'") == 1);
+        f.count("SELECT count(*) FROM vault_audit WHERE path = '/v1/refunds' AND outcome = 'refund'") == 2);
 }
 
 // A key issued without refunds: the proxy refuses the refund (403), which is our setup, not the event — the
