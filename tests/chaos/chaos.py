@@ -1168,6 +1168,9 @@ def main():
                 f"{w.get('duplicates', '?')} duplicated, {w.get('reordered', '?')} reordered, "
                 f"{w.get('given_up', '?')} given up), {w.get('recorded', '?')} recorded; receiver killed "
                 f"{w.get('receiver_kills', 0)} times")
+        if r.get("corrections"):
+            log(f"   corrections: {r['corrections']} periods corrected twice, {r.get('correction_refunds', '?')} "
+                f"refunds, {r.get('corrections_moved_twice', '?')} moved twice")
         for msg in r["failures"][:20]:
             log(f"   FAIL {msg}")
         if not r["ok"]:
