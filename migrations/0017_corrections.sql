@@ -11,7 +11,7 @@
 -- reaching one of them is an ordinary payload conflict, as before).
 
 CREATE TABLE billing_corrections (
-    -- base_key || '-r' || revision (billing/correction_key.hpp): the key of its first money move.
+    -- base_key || '-r' || revision (billing/correction_ledger.hpp): the key of its first money move.
     key               text        PRIMARY KEY CHECK (key <> ''),
     -- The original's billing_records key. No foreign key (as dead_letters.billing_key): benches and the lab
     -- truncate billing_records on their own; cg_correction_admit locks the original row itself.
