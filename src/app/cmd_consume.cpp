@@ -41,6 +41,7 @@ struct pipeline_flags {
     std::string lease_held_delay = "10s";
     std::string retry_same_key_delay = "5s";
     std::string indeterminate_delay = "30s";
+    std::string correction_wait_delay = "30s";
     std::string search_failed_delay = "30s";
     std::string new_key_quiet = "5m";
     std::string group_commit_linger_max = "2ms";
@@ -100,6 +101,9 @@ void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
     cmd.add_option("--indeterminate-delay", f.indeterminate_delay,
                    "REQ delay after a 5xx or a timeout, before recovery searches Stripe")
         ->capture_default_str();
+    cmd.add_option("--correction-wait-delay", f.correction_wait_delay,
+                   "requeue delay of a correction whose previous revision (or original charge) has not ended")
+        ->capture_default_str();
     cmd.add_option("--search-failed-delay", f.search_failed_delay,
                    "REQ delay when the recovery search of the customer's charges failed")
         ->capture_default_str();
@@ -142,6 +146,7 @@ billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
     c.lease_held_delay = duration_in_range("--lease-held-delay", f.lease_held_delay, 0ms, 1h);
     c.retry_same_key_delay = duration_in_range("--retry-same-key-delay", f.retry_same_key_delay, 0ms, 1h);
     c.indeterminate_delay = duration_in_range("--indeterminate-delay", f.indeterminate_delay, 0ms, 1h);
+    c.correction_wait_delay = duration_in_range("--correction-wait-delay", f.correction_wait_delay, 0ms, 1h);
     c.stripe_unavailable_delay = duration_in_range("--search-failed-delay", f.search_failed_delay, 0ms, 1h);
     // A call in flight shows life every renewal interval: a quiet period shorter than two of them could
     // mistake a live call for a dead one.

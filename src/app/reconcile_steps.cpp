@@ -29,6 +29,12 @@ std::string row_select(std::string_view where) {
 }
 const std::string rows_sql = row_select("billing_period = $1::text");
 const std::string one_row_sql = row_select("key = $1::text");
+// The periods with corrections (docs/design.md §4a): the money moved, and whether a revision is under way.
+const std::string corrections_sql =
+    "SELECT c.base_key, cg_correction_net_cents(c.base_key), bool_or(c.status IN ('waiting', 'pending')) "
+    "FROM billing_corrections c JOIN billing_records b ON b.key = c.base_key WHERE b.billing_period = "
+    "$1::text "
+    "GROUP BY c.base_key";
 const std::string letters_sql =
     "SELECT id, reason, billing_key, raw_body FROM dead_letters WHERE replayed_at IS NULL ORDER BY id";
 
@@ -81,6 +87,18 @@ net::awaitable<bool> load_ledger(reconcile_run& run, std::int64_t& earliest) {
         it.lease_expired = row.lease_expired;
         it.payment_intent = row.payment_intent;
         it.facts.record = std::move(row.rec);
+    }
+    auto corrections = co_await run.query(corrections_sql, pg::params(run.f.period));
+    if (!corrections) {
+        run.failure = "reading the corrections: " + corrections.err().describe();
+        co_return false;
+    }
+    for (std::size_t i = 0; i < corrections->size(); ++i) {
+        auto who = run.by_key.find(corrections->get<std::string>(i, 0));
+        if (who == run.by_key.end()) continue;
+        auto& it = run.at(who->second, who->first);
+        it.facts.corrected_net = corrections->get<std::int64_t>(i, 1);
+        it.facts.correction_open = corrections->get<bool>(i, 2);
     }
     auto letters = co_await run.query(letters_sql, pg::params());
     if (!letters) {

@@ -33,6 +33,7 @@ bool id_chars(std::string_view s, std::string_view extra) {
 }
 
 constexpr std::int64_t max_amount = 99'999'999;
+constexpr std::int64_t max_revision = 1'000'000;
 
 result<void> validate_payment_method(const billing_event& e) {
     const auto& pm = e.payment_method;
@@ -57,8 +58,10 @@ result<void> validate(const billing_event& e) {
         return bad("customer_id: must be 1..255 characters of [A-Za-z0-9_.@-]");
     if (e.billing_period.empty() || e.billing_period.size() > 64 || !id_chars(e.billing_period, "_.-"))
         return bad("billing_period: must be 1..64 characters of [A-Za-z0-9_.-]");
-    if (e.amount_cents < 1 || e.amount_cents > max_amount)
-        return bad("amount_cents: must be an integer in 1.." + std::to_string(max_amount));
+    // A correction's amount is the period's new total, which may be nothing at all (a full refund).
+    if (e.amount_cents < (e.is_correction() ? 0 : 1) || e.amount_cents > max_amount)
+        return bad("amount_cents: must be an integer in " + std::string(e.is_correction() ? "0" : "1") +
+                   ".." + std::to_string(max_amount));
     if (e.currency.size() != 3 ||
         !std::all_of(e.currency.begin(), e.currency.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
         return bad("currency: must be a three-letter ISO 4217 code");
@@ -134,6 +137,12 @@ result<billing_event> parse_event(std::string_view body) {
             if (value.get_bool().get(e.off_session))
                 return error(event_errc::bad_field, "off_session: must be true or false");
             off_session_given = true;
+        } else if (key == "revision") {
+            std::int64_t v = 0;
+            if (!value.is_int64() || value.get_int64().get(v) || v < 0 || v > max_revision)
+                return error(event_errc::bad_field,
+                             "revision: must be an integer in 0.." + std::to_string(max_revision));
+            e.revision = static_cast<std::int32_t>(v);
         } else if (key == "amount_cents") {
             // Integers only: 19.99 or "1999" are rejected rather than guessed at (money is never a float).
             std::int64_t v = 0;
@@ -181,6 +190,7 @@ std::string to_json(const billing_event& e) {
         out += ",\"stripe_account\":";
         append_json_string(out, e.stripe_account);
     }
+    if (e.revision > 0) out += ",\"revision\":" + std::to_string(e.revision);
     out += '}';
     return out;
 }

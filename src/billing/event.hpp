@@ -29,8 +29,12 @@ struct billing_event {
     std::string stripe_account{};
 
     bool connected() const noexcept { return !stripe_account.empty(); }
+    // 0 (or absent): the period's charge. N > 0: a correction, amount_cents the period's new total
+    // (0 .. 99 999 999): billing/corrections.hpp.
+    std::int32_t revision = 0;
 
     bool uses_payment_intent() const noexcept { return !payment_method.empty(); }
+    bool is_correction() const noexcept { return revision > 0; }
 };
 
 enum class event_errc { ok = 0, too_large, not_json, missing_field, bad_field };

@@ -1,5 +1,6 @@
 #include "billing/expected_run.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "billing/event.hpp"
@@ -29,6 +30,8 @@ void for_each_event_line(std::string_view text, const event_line_fn& f) {
 expected_total sum_expected(std::string_view jsonl, const std::string& period, const std::string& currency) {
     expected_total out;
     std::map<std::string, std::int64_t> seen;  // customer_id → amount counted
+    // customer_id → revision → new total: the period's corrections (docs/design.md §4a).
+    std::map<std::string, std::map<std::int32_t, std::int64_t>> corrections;
     for_each_event_line(jsonl, [&](std::size_t, std::string_view, result<billing_event>& ev) {
         ++out.lines;
         if (!ev) {
@@ -46,6 +49,13 @@ expected_total sum_expected(std::string_view jsonl, const std::string& period, c
             ++out.skipped["currency " + ev->currency + ", not " + currency];
             return true;
         }
+        if (ev->is_correction()) {
+            auto [r, fresh] = corrections[ev->customer_id].emplace(ev->revision, ev->amount_cents);
+            if (!fresh)
+                ++out.skipped[r->second == ev->amount_cents ? "duplicate of an earlier line"
+                                                            : "conflicting duplicate (other amount)"];
+            return true;
+        }
         auto [it, fresh] = seen.emplace(ev->customer_id, ev->amount_cents);
         if (!fresh) {
             // The ledger charges a (customer, period) once: a repeat is a duplicate delivery, and one with
@@ -58,6 +68,21 @@ expected_total sum_expected(std::string_view jsonl, const std::string& period, c
         ++out.counted;
         return true;
     });
+    // A correction charges what its total adds to the one before it; a refund returns no cap room by default
+    // (vault.md), so what the period spends against the cap is the original plus every rise, in order.
+    for (const auto& [customer, by_rev] : corrections) {
+        auto original = seen.find(customer);
+        if (original == seen.end()) {
+            out.skipped["correction of a customer the run does not charge"] += by_rev.size();
+            continue;
+        }
+        std::int64_t prev = original->second;
+        for (const auto& [rev, total] : by_rev) {
+            out.total_cents += std::max<std::int64_t>(0, total - prev);
+            prev = total;
+            ++out.counted;
+        }
+    }
     return out;
 }
 

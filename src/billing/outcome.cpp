@@ -33,6 +33,12 @@ std::string_view to_string(verdict_reason r) noexcept {
             return "requeued_lease_lost";
         case verdict_reason::processing:
             return "processing";
+        case verdict_reason::refunded:
+            return "refunded";
+        case verdict_reason::correction_noop:
+            return "correction_noop";
+        case verdict_reason::requeued_waiting:
+            return "requeued_waiting";
     }
     return "?";
 }

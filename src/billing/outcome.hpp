@@ -29,8 +29,11 @@ enum class verdict_reason {
     requeued_stripe_unavailable,  // the charge search failed
     requeued_lease_lost,          // our lease was taken over before Stripe was called
     processing,                   // Stripe answered processing: the row waits for the bank's answer; FIN
+    refunded,                     // a correction's refunds made (or found made at Stripe); FIN
+    correction_noop,              // a correction with nothing to do: superseded, nothing to move, …; FIN
+    requeued_waiting,             // a correction waits for its predecessor (or the original charge)
 };
-inline constexpr std::size_t verdict_reason_count = 12;
+inline constexpr std::size_t verdict_reason_count = 15;
 std::string_view to_string(verdict_reason r) noexcept;
 
 struct verdict {

@@ -37,6 +37,7 @@ pipeline::pipeline(pipeline_config cfg, billing::ledger& ledger, stripe::client&
       log_(std::move(log)),
       metrics_(reg ? std::make_unique<metrics_set>(*reg) : nullptr),
       settlements_(std::make_unique<settlement_store>(ledger.pool())) {
+    corrections_ = std::make_unique<billing::corrections>(cfg_, ledger_, stripe_);
     if (!valid_key_namespace(cfg_.key_namespace)) throw std::invalid_argument("invalid key namespace");
     if (cfg_.lease_renew_interval <= std::chrono::milliseconds(0) || cfg_.lease_renew_interval >= cfg_.lease)
         throw std::invalid_argument("lease_renew_interval must be positive and shorter than the lease");
@@ -95,6 +96,8 @@ net::awaitable<verdict> pipeline::process(run& r) {
     r.log = r.log.with(
         {{"billing_key", r.key}, {"customer_id", r.ev.customer_id}, {"period", r.ev.billing_period}});
     if (r.ev.connected()) r.log = r.log.with({{"stripe_account", r.ev.stripe_account}});
+    // A correction (revision > 0) is a job of its own, keyed from the original's key.
+    if (r.ev.is_correction()) co_return co_await corrections_->handle(r.d, r.ev, r.key, r.log);
 
     new_record row{r.key, r.ev, r.d.message_id, r.d.attempts, cfg_.key_namespace};
     auto pf = co_await ledger_.preflight(std::move(row), cfg_.lease);

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "billing/corrections.hpp"
 #include "billing/decision.hpp"
 #include "billing/ledger.hpp"
 #include "billing/outcome.hpp"
@@ -67,6 +68,8 @@ struct pipeline_config {
     std::chrono::milliseconds retry_same_key_delay{5'000};       // Stripe said "nothing happened, try again"
     std::chrono::milliseconds indeterminate_delay{30'000};       // 5xx / timeout: resolve by search later
     std::chrono::milliseconds stripe_unavailable_delay{30'000};  // the charge search failed
+    // A correction whose predecessor (or original charge) has not ended yet waits this long (plus jitter).
+    std::chrono::milliseconds correction_wait_delay{30'000};
     // A new key generation waits until no call under the old one has shown life (its attempt recorded, a
     // lease renewal, an in-flight note) for this long: a search can only see the charges of calls that have
     // finished, and Stripe may still be executing a request our client gave up on.
@@ -163,6 +166,9 @@ class pipeline {
     std::mt19937_64 rng_{std::random_device{}()};    // requeue jitter; used on the pipeline's executor only
     double stripe_time_avg_us_ = 0;                  // exponential average of Stripe call times (µs)
     net::turn_budget* turns_ = nullptr;  // the main loop's (net/turn_budget.hpp), found on first use
+
+    // Events with a revision (corrections.hpp); after cfg_ and ledger_, which it refers to.
+    std::unique_ptr<billing::corrections> corrections_;
 };
 
 }  // namespace cg::billing

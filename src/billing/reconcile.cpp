@@ -86,7 +86,7 @@ result<std::vector<expected_event>> parse_jsonl(std::string_view text) {
             failed = line_error(line_no, describe_event_error(ev.err()));
             return false;
         }
-        out.push_back({std::move(*ev), std::string(line), line_no});
+        out.push_back({std::move(*ev), std::string(line), line_no, std::nullopt, 0});
         return true;
     });
     if (failed) return *failed;
@@ -152,7 +152,7 @@ result<std::vector<expected_event>> parse_csv(std::string_view text) {
         json += "}";
         auto ev = parse_event(json);
         if (!ev) return line_error(line_no, describe_event_error(ev.err()));
-        out.push_back({std::move(*ev), std::move(json), line_no});
+        out.push_back({std::move(*ev), std::move(json), line_no, std::nullopt, 0});
     }
     if (header) return error(core_errc::invalid_argument, "CSV without a header line");
     return out;
@@ -178,7 +178,21 @@ result<std::vector<expected_event>> parse_expected(std::string_view text) {
     std::map<std::pair<std::string, std::string>, std::size_t> seen;
     std::vector<expected_event> out;
     out.reserve(parsed->size());
+    // Corrections of each (customer, period): revision → its line's index in `parsed`.
+    std::map<std::pair<std::string, std::string>, std::map<std::int32_t, std::size_t>> revisions;
+    for (std::size_t i = 0; i < parsed->size(); ++i) {
+        auto& e = (*parsed)[i];
+        if (!e.event.is_correction()) continue;
+        auto& by_rev = revisions[{e.event.customer_id, e.event.billing_period}];
+        auto [r, fresh] = by_rev.emplace(e.event.revision, i);
+        if (!fresh && !same_payload((*parsed)[r->second].event, e.event))
+            return line_error(e.line, "customer " + e.event.customer_id + " period " +
+                                          e.event.billing_period + " revision " +
+                                          std::to_string(e.event.revision) + " is listed on line " +
+                                          std::to_string((*parsed)[r->second].line) + " with another total");
+    }
     for (auto& e : *parsed) {
+        if (e.event.is_correction()) continue;
         auto k = std::make_pair(e.event.customer_id, e.event.billing_period);
         auto it = seen.find(k);
         if (it == seen.end()) {
@@ -190,6 +204,14 @@ result<std::vector<expected_event>> parse_expected(std::string_view text) {
                                           std::to_string(out[it->second].line) +
                                           " with another amount, currency or Stripe customer");
         }
+    }
+    for (const auto& [k, by_rev] : revisions) {
+        auto it = seen.find(k);
+        if (it == seen.end())
+            continue;  // a correction of a period the run does not charge: nothing to compare
+        const auto& last = (*parsed)[by_rev.rbegin()->second].event;
+        out[it->second].corrected_total = last.amount_cents;
+        out[it->second].corrected_revision = last.revision;
     }
     return out;
 }
@@ -295,8 +317,24 @@ recon_verdict classify(const recon_facts& f) {
                 "expected " + ev.stripe_customer_id + " " + money(ev.amount_cents, ev.currency) +
                     ", ledger " + rec.stripe_customer_id + " " + money(rec.amount_cents, rec.currency)};
     switch (rec.status) {
-        case record_status::charged:
-            return {recon_class::ok, rec.charge_id.value_or("")};
+        case record_status::charged: {
+            const auto& exp = *f.expected;
+            if (!exp.corrected_total && !f.corrected_net)
+                return {recon_class::ok, rec.charge_id.value_or("")};
+            // Corrections: the money moved for the period against the run's corrected total.
+            std::int64_t want = exp.corrected_total.value_or(rec.amount_cents);
+            std::int64_t moved = f.corrected_net.value_or(rec.amount_cents);
+            if (want == moved)
+                return {recon_class::ok,
+                        rec.charge_id.value_or("") + ", corrected to " + money(moved, rec.currency)};
+            if (f.correction_open)
+                return {recon_class::pending, "a correction is under way: moved " +
+                                                  money(moved, rec.currency) + ", expected " +
+                                                  money(want, rec.currency)};
+            return {recon_class::mismatch, "expected corrected total " + money(want, rec.currency) +
+                                               " (revision " + std::to_string(exp.corrected_revision) +
+                                               "), the ledger moved " + money(moved, rec.currency)};
+        }
         case record_status::pending: {
             std::string d =
                 "still pending after " + std::to_string(rec.stripe_attempts) + " Stripe attempt(s)";

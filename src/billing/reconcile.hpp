@@ -22,6 +22,10 @@ struct expected_event {
     billing_event event;
     std::string body;
     std::size_t line = 0;
+    // The run also lists corrections of this (customer, period) (docs/design.md §4a): the new total of its
+    // highest revision, which the money moved for the period must equal. `event` stays the original charge.
+    std::optional<std::int64_t> corrected_total;
+    std::int32_t corrected_revision = 0;
 };
 
 // JSONL (one event per line; blank lines skipped) or CSV with a header naming at least customer_id,
@@ -29,7 +33,7 @@ struct expected_event {
 // (true/false) optional; columns in any order;
 // double-quoted fields with "" escapes). The format is told by the first non-blank character: '{' → JSONL.
 // Fails on the first invalid line, naming it ("line 7: amount_cents: …"), or on a (customer, period) listed
-// twice with different payloads.
+// twice with different payloads under one revision; lines with a revision are the period's corrections.
 result<std::vector<expected_event>> parse_expected(std::string_view text);
 
 // The event as the JSON object `consume` reads.
@@ -58,6 +62,11 @@ struct recon_facts {
     std::optional<charge_fact> recorded_charge;
     // An open (not replayed) dead letter for this event.
     std::optional<std::string> dead_letter_reason;
+    // With corrections recorded for the row: the money the ledger moved for the period (the original charge,
+    // plus correction charges, less correction refunds: cg_correction_net_cents), and whether a revision is
+    // still under way. Unset: no corrections (the original's amount is the period's).
+    std::optional<std::int64_t> corrected_net;
+    bool correction_open = false;
 };
 
 enum class recon_class {

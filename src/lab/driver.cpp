@@ -11,6 +11,14 @@ std::string event_body(const scenario& s, int i) {
            R"(","description":"lab )" + s.name + R"("})";
 }
 
+// Event `i`'s correction: revision 1, the period's total 500 lower.
+std::string correction_body(const scenario& s, int i) {
+    return R"({"customer_id":"cust-)" + std::to_string(i) + R"(","billing_period":")" + billing_period +
+           R"(","amount_cents":)" + std::to_string(500 + i) +
+           R"(,"currency":"usd","stripe_customer_id":"cus_lab)" + std::to_string(i) +
+           R"(","description":"lab )" + s.name + R"(","revision":1})";
+}
+
 std::string stripe_customer(int i) {
     return "cus_lab" + std::to_string(i);
 }
@@ -92,6 +100,8 @@ net::awaitable<row> lab::run_variant(const scenario& s, variant which) {
     v->crashes_left = v->two_brokers ? 0 : s.crashes;
     v->data_dir = opts_.work_dir + "/nsqd-" + v->topic;
     for (int i = 1; i <= s.events; ++i) v->bodies.push_back(event_body(s, i));
+    if (s.correction)
+        for (int i = 1; i <= s.events; ++i) v->bodies.push_back(correction_body(s, i));
     log_.info("lab: running",
               {{"scenario", s.name}, {"variant", std::string(name_of(which))}, {"real_nsqd", v->real}});
 
@@ -125,7 +135,9 @@ net::awaitable<void> lab::prepare(variant_run& v) {
     std::string faults = "latency_ms=" + std::to_string(s.stripe_latency_ms) +
                          "&fail_after_create=" + std::to_string(s.fail_after_create);
     need(co_await admin("POST", "/_admin/faults", faults), "fake-stripe faults");
-    co_await sql("TRUNCATE billing_records, dead_letters, vault_audit, vault_spend, vault_keys");
+    co_await sql(
+        "TRUNCATE billing_records, billing_correction_moves, billing_corrections, dead_letters, vault_audit, "
+        "vault_spend, vault_keys");
     for (int i = 0; i < (v.two_brokers ? 2 : 1); ++i)
         v.brokers.push_back(need(co_await start_broker(v.real, v.data_dir), "broker"));
     for (auto& b : v.brokers) {

@@ -49,6 +49,7 @@ inline void need(result<void> r, const std::string& what) {
 
 // Event `i` (1-based) of `s`: customer cust-i, Stripe customer cus_labi, 1000 + i cents of the lab's period.
 std::string event_body(const scenario& s, int i);
+std::string correction_body(const scenario& s, int i);
 std::string stripe_customer(int i);
 std::string_view name_of(variant w);
 // The run's topic: the scenario's name (made safe for nsqd) and the variant.
@@ -143,6 +144,8 @@ struct lab::variant_run {
 };
 
 using run_t = lab::variant_run;
+// Whether the scenario's crashes hit the delivery of `body` (a correction scenario crashes corrections only).
+bool crash_applies(const run_t* v, std::string_view body);
 
 // Counts a handler as running for its whole life, so a run ends only once every handler — including those
 // of a crashed consumer — has returned and nothing refers to the run any more.

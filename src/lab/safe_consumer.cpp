@@ -15,8 +15,9 @@ net::awaitable<billing::verdict> pipeline_verdict(run_t* v, nsq::message& m, boo
 // The safe consumer: what `chargeguard consume` runs — the pipeline, with the message TOUCHed throughout.
 net::awaitable<nsq::disposition> safe_handle(run_t* v, nsq::message& m) {
     running_guard g(v);
+    const bool crashable = crash_applies(v, m.body());  // before the pipeline takes the body
     auto verdict = co_await pipeline_verdict(v, m, false);
-    if (co_await maybe_crash(v)) co_return nsq::disposition::finish();
+    if (crashable && co_await maybe_crash(v)) co_return nsq::disposition::finish();
     co_await after_delivery(v);
     co_return billing::to_disposition(verdict);
 }
@@ -38,6 +39,7 @@ billing::pipeline_config lab_pipeline_config(std::string ns) {
     c.stripe_unavailable_delay = 500ms;
     c.new_key_quiet = 1s;  // two renewal intervals
     c.postgres_backoff = {100ms, 1s};
+    c.correction_wait_delay = 300ms;
     return c;
 }
 

@@ -106,6 +106,13 @@ const std::vector<scenario>& all_scenarios() {
          .max_attempts = 10,
          .crashes = 20,  // every first and second delivery of the 10 messages
          .spend_cap = true},
+        {.name = "correction-refund",
+         .what = "a correction refunds 500 of a charge; the unsafe consumer keys the refund on NSQ Attempts, "
+                 "crash after Stripe answered, before FIN",
+         .unsafe_key = key_policy::attempts,
+         .events = 1,
+         .crashes = 1,
+         .correction = true},
         {.name = "settle-later",
          .what = "a bank debit answers processing, then fails: counted as charged vs followed to its end "
                  "(dead letter, alert, replay once topped up)",

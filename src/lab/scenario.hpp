@@ -42,6 +42,9 @@ struct scenario {
     bool spend_cap = false;
     // A bank debit that answers processing and fails later (src/lab/settle_later.cpp runs it).
     bool settles_later = false;
+    // Each event is followed by its correction (revision 1, the total 500 lower): the crashes hit the
+    // corrections only, and the count's duplicates and uncharged are of refunds (one per customer is right).
+    bool correction = false;
 };
 
 // One run of a scenario: which consumer, and whether it reaches Stripe through the vault proxy.

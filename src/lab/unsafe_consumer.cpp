@@ -7,6 +7,7 @@
 #include "lab/keys.hpp"
 #include "lab/run_state.hpp"
 #include "nsq/connection.hpp"
+#include "stripe/refunds.hpp"
 
 namespace cg::lab {
 
@@ -111,7 +112,45 @@ net::awaitable<nsq::disposition> ledger_naive(run_t* v, nsq::message& m, billing
     co_return nsq::disposition::finish();
 }
 
+// A correction without the ledger: the customer's charge found at Stripe, the difference refunded under a key
+// salted like the scenario's charges (NSQ Attempts) — so a redelivery refunds again.
+net::awaitable<nsq::disposition> unsafe_correction(run_t* v, nsq::message& m, billing::billing_event ev) {
+    stripe::list_charges_request req;
+    req.customer = ev.stripe_customer_id;
+    req.limit = 10;
+    auto page = co_await v->stripe->list_charges(req);
+    if (!page) co_return nsq::disposition::requeue(300ms);
+    const stripe::charge* original = nullptr;
+    for (const auto& c : page->data)
+        if (c.status == "succeeded") {
+            original = &c;
+            break;
+        }
+    if (!original) co_return nsq::disposition::requeue(300ms);  // not charged yet
+    auto key = make_key(v->sc->unsafe_key, inputs_for(v, m, ev)) + "-refund";
+    v->keys.insert(key);
+    stripe::refund_request r{
+        original->id,
+        original->amount - ev.amount_cents,
+        {{"billing_key", key}, {"customer_id", ev.customer_id}, {"billing_period", ev.billing_period}},
+        key,
+        ev.stripe_account};
+    auto out = co_await stripe::create_refund(*v->stripe, std::move(r));
+    if (co_await maybe_crash(v)) co_return nsq::disposition::finish();
+    using oc = stripe::outcome_class;
+    if (out.cls == oc::retry_same_key || out.cls == oc::indeterminate)
+        co_return nsq::disposition::requeue(300ms);
+    co_return nsq::disposition::finish();
+}
+
 }  // namespace
+
+// In a correction scenario only the corrections crash: the charge before them goes through untouched.
+bool crash_applies(const run_t* v, std::string_view body) {
+    if (!v->sc->correction) return true;
+    auto ev = billing::parse_event(body);
+    return ev && ev->is_correction();
+}
 
 // The unsafe consumer: the real NSQ consumer and Stripe client, no ledger, and one of the bad keys.
 net::awaitable<nsq::disposition> unsafe_handle(run_t* v, nsq::message& m) {
@@ -119,6 +158,7 @@ net::awaitable<nsq::disposition> unsafe_handle(run_t* v, nsq::message& m) {
     auto ev = billing::parse_event(m.body());
     if (!ev) co_return nsq::disposition::finish();
     if (v->sc->call == unsafe_call::ledger_naive_key) co_return co_await ledger_naive(v, m, std::move(*ev));
+    if (ev->is_correction()) co_return co_await unsafe_correction(v, m, std::move(*ev));
     std::optional<nsq::keepalive> alive;
     if (v->sc->call == unsafe_call::offloaded_touch) alive.emplace(m);
     auto key = make_key(v->sc->unsafe_key, inputs_for(v, m, *ev));
@@ -134,7 +174,7 @@ net::awaitable<nsq::disposition> unsafe_handle(run_t* v, nsq::message& m) {
         out = co_await v->stripe->create_charge(charge_for(v, *ev, std::move(key)));
     }
     alive.reset();
-    if (co_await maybe_crash(v)) co_return nsq::disposition::finish();
+    if (crash_applies(v, m.body()) && co_await maybe_crash(v)) co_return nsq::disposition::finish();
     co_await after_delivery(v);
     co_return after_stripe(out);
 }

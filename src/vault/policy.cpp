@@ -71,22 +71,25 @@ operation operation_for(std::string_view method, std::string_view path) {
             return 1;
         return -1;
     };
-    int c = under("/v1/charges"), p = under("/v1/payment_intents");
+    int c = under("/v1/charges"), p = under("/v1/payment_intents"), r = under("/v1/refunds");
     if (method == "POST") {
         if (c == 0) return {std::string(op_charges_create), true};
         if (p == 0) return {std::string(op_intents_create), true};
+        if (r == 0) return {std::string(op_refunds_create), false, true};
         return {};
     }
     if (method == "GET") {
         if (c >= 0) return {std::string(op_charges_read), false};
         if (p >= 0) return {std::string(op_intents_read), false};
+        if (r >= 0) return {std::string(op_refunds_read), false};
     }
     return {};
 }
 
 result<std::vector<std::string>> parse_allow_list(std::string_view csv) {
-    static constexpr std::array<std::string_view, 4> known{op_charges_create, op_intents_create,
-                                                           op_charges_read, op_intents_read};
+    static constexpr std::array<std::string_view, 6> known{op_charges_create, op_intents_create,
+                                                           op_charges_read,   op_intents_read,
+                                                           op_refunds_create, op_refunds_read};
     std::vector<std::string> out;
     while (!csv.empty()) {
         auto comma = csv.find(',');
@@ -97,7 +100,9 @@ result<std::vector<std::string>> parse_allow_list(std::string_view csv) {
         if (item.empty()) continue;
         if (std::find(known.begin(), known.end(), item) == known.end())
             return error(core_errc::invalid_argument, "unknown operation '" + std::string(item) +
-                                                          "' (known: " + std::string(default_allow) + ")");
+                                                          "' (known: " + std::string(default_allow) + "," +
+                                                          std::string(op_refunds_create) + "," +
+                                                          std::string(op_refunds_read) + ")");
         if (std::find(out.begin(), out.end(), item) == out.end()) out.emplace_back(item);
     }
     if (out.empty()) return error(core_errc::invalid_argument, "the allow list is empty");

@@ -21,15 +21,22 @@ inline constexpr std::string_view op_charges_read = "charges.read";
 inline constexpr std::string_view op_intents_read = "payment_intents.read";
 inline constexpr std::string_view default_allow =
     "charges.create,payment_intents.create,charges.read,payment_intents.read";
+// Refunds: only on keys issued (or set) with them, never by default — a refund spends nothing against the
+// cap, but a leaked key that may refund can give a period's money away. The corrections of a billing run
+// (docs/design.md §4a) need both: POST /v1/refunds, and GET /v1/refunds for the search.
+inline constexpr std::string_view op_refunds_create = "refunds.create";
+inline constexpr std::string_view op_refunds_read = "refunds.read";
 
 struct operation {
     std::string name;      // one of the op_* names; empty when the endpoint is not one the vault governs
     bool creates = false;  // a POST that moves money: needs Idempotency-Key, amount, currency; is capped
+    bool refund = false;   // POST /v1/refunds: needs Idempotency-Key; forwarded as sent, not capped
 };
 
 // The operation of `method path` (path without the query). POST /v1/charges and POST /v1/payment_intents
-// create; GET of those collections, of one object (/v1/charges/ch_…), and /v1/charges/search read. Anything
-// else under /v1 has an empty name (→ 403); the caller answers 404 outside /v1.
+// create; GET of those collections, of one object (/v1/charges/ch_…), and /v1/charges/search read; POST
+// /v1/refunds refunds and GET /v1/refunds (or one refund) reads refunds. Anything else under /v1 has an empty
+// name (→ 403); the caller answers 404 outside /v1.
 operation operation_for(std::string_view method, std::string_view path);
 
 // "charges.create, charges.read" → the names, validated and deduplicated, in order. Empty input → error.

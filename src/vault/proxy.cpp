@@ -105,6 +105,22 @@ net::awaitable<http::response> forward_read(state_ptr st, http::request& req, le
     co_return finish(*st, l, "read", relay(r.resp));
 }
 
+// A refund the key may make: forwarded as sent under its Idempotency-Key (required, as for a create), never
+// counted against the cap — it moves money back. What it gives back to the cap is the key's policy's, applied
+// when Stripe reports the refund (webhooks, refunds_reopen_cap).
+net::awaitable<http::response> forward_refund(state_ptr st, http::request& req, ledger_line& l) {
+    if (req.body.size() > st->cfg.max_body_bytes)
+        co_return finish(*st, l, "too_large",
+                         refuse(*st, refusals::too_large(st->cfg.max_body_bytes), false));
+    auto idem = req.headers.get("Idempotency-Key").value_or("");
+    if (idem.empty() || idem.size() > 255)
+        co_return finish(*st, l, "bad_request", refuse(*st, refusals::idempotency_key_required(), false));
+    l.row.idempotency_key = std::string(idem);
+    auto r = co_await forward(st, upstream_request(*st, req, req.body), l);
+    if (!r.ok()) co_return finish(*st, l, "upstream_failed", transport_failure(*st, r));
+    co_return finish(*st, l, "refund", relay(r.resp));
+}
+
 // After a create came back: what happens to the reservation, queued to be written with the key's next batch
 // (the client does not wait for it). Only the request that made (or re-made) the reservation owns it; a retry
 // of a row still in flight or unresolved only settles it on a 2xx (the same answer the owner gets from
@@ -203,6 +219,7 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
             *st, l, "forbidden",
             refuse(*st, refusals::account_forbidden(presented_account.value_or(""), (*key)->stripe_account),
                    false));
+    if (op.refund) co_return co_await forward_refund(st, req, l);
     if (!op.creates) co_return co_await forward_read(st, req, l);
     co_return co_await forward_create(st, req, l, **key);
 }

@@ -326,6 +326,20 @@ class Stripe:
     def fault_hits(self):
         return self.admin("GET", "/_admin/stats").get("fault_hits", {})
 
+    def refunds(self):
+        """Every refund, through the API (GET /v1/refunds, newest first, paged)."""
+        out, after = [], None
+        while True:
+            path = "/v1/refunds?limit=100" + (f"&starting_after={after}" if after else "")
+            req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}",
+                                         headers={"Authorization": "Bearer sk_test_chaos"})
+            with urllib.request.urlopen(req, timeout=10, context=self.ctx) as r:
+                page = json.load(r)
+            out += page["data"]
+            if not page.get("has_more") or not page["data"]:
+                return out
+            after = page["data"][-1]["id"]
+
     def posts_for(self, key):
         return self.admin("GET", f"/_admin/posts?key={key}")["count"]
 
@@ -406,6 +420,7 @@ class Consumers:
                 "--lease-renew-interval", d(p["renew"]), "--lease-held-delay", d(p["held"]),
                 "--retry-same-key-delay", d(p["retry"]), "--indeterminate-delay", d(p["indeterminate"]),
                 "--search-failed-delay", d(p["search"]), "--stripe-request-timeout", "20",
+                "--correction-wait-delay", "1s",
                 "--new-key-quiet", d(NEW_KEY_QUIET_S),
                 *(["--processing-poll-after", d(POLL_AFTER_S)] if self.bank else []),
                 "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10",
@@ -535,7 +550,8 @@ def connect_twins(valid, connect_share):
     return twins
 
 
-def make_run(rng, n_events, pi_share=0.3, async_share=0.0, connect_share=0.0):
+def make_run(rng, n_events, pi_share=0.3, async_share=0.0, connect_share=0.0, correction_share=0.0,
+             corrections=None):
     """Valid events (5 % for declined customers, 20 % with a second or third copy; `pi_share` of them with a
     payment_method, a fifth of those for customers whose card needs authentication; `async_share` of them a
     bank debit that answers processing and settles later, a third of those failing after processing) and 3 %
@@ -577,6 +593,18 @@ def make_run(rng, n_events, pi_share=0.3, async_share=0.0, connect_share=0.0):
         copies = 1 + (rng.random() < 0.2) + (rng.random() < 0.1)
         for one in evs:
             bodies += [one.body] * copies
+        # Corrections (docs/design.md §4a) of card charges: revision 1 raises the total (a charge of the
+        # difference), revision 2 sets a new one anywhere from 0 to it (refunds, often over both payments).
+        # Published like the rest, in any order (revision 2 waits for 1, 1 for the charge). No draw when the
+        # share is 0, so the seeds of runs without corrections replay as before. Platform events only.
+        if correction_share > 0 and expect == "charged" and not pi and not evs[0].acct and \
+                rng.random() < correction_share:
+            t1 = ev["amount_cents"] + 1 + rng.randrange(5000)
+            t2 = rng.randrange(0, t1 + 1)
+            corrections[cust] = (ev["amount_cents"], t1, t2)
+            for rev, total in ((1, t1), (2, t2)):
+                cev = dict(ev, amount_cents=total, revision=rev)
+                bodies += [json.dumps(cev)] * (1 + (rng.random() < 0.3))
     invalid = []
     for i in range(max(1, n_events * 3 // 100)):
         invalid.append(rng.choice([
@@ -632,8 +660,9 @@ def run_seed(args, seed, profile_name):
     t_start = time.monotonic()
     pg = nsqd = stripe = cons = standby = hooks = None
     try:
+        corrections = {}  # customer → (original, revision 1's total, revision 2's total)
         valid, declined, auth, invalid, bodies = make_run(rng, args.events, args.pi_share, args.async_share,
-                                                          args.connect_share)
+                                                          args.connect_share, args.correction_share, corrections)
         bank = args.async_share > 0
         pg = Postgres(work)
         nsqd = Nsqd(work, args.build, args.nsqd_bin)
@@ -812,7 +841,8 @@ def run_seed(args, seed, profile_name):
                     if c.get("status") == "succeeded" or
                     (c.get("payment_method_details") or {}).get("type") == "us_bank_account"}
             have = {r[0] for r in pg.query("SELECT key FROM billing_records")}
-            return not (want - {None} - have)
+            # A correction's payments carry their move's key (base-r<N>…), which names no billing_records row.
+            return not {k for k in want if k and len(k) == 32} - have
 
         def healed():
             if not lost:
@@ -840,7 +870,7 @@ def run_seed(args, seed, profile_name):
         if hooks:
             stripe.webhooks_idle(15)
             hooks.stop()
-        check(report, valid, invalid, pg, stripe, declined_and_finished(work))
+        check(report, valid, invalid, pg, stripe, declined_and_finished(work), corrections)
         report["backfilled"] = sum(1 for name in os.listdir(work) if name.startswith("consume-")
                                    for ln in read_log(os.path.join(work, name))
                                    if ln.get("component") == "backfill" and ln.get("alert"))
@@ -918,7 +948,7 @@ def same_event(body, ev):
                                                    "stripe_customer_id", "payment_method", "stripe_account"))
 
 
-def check(report, valid, invalid, pg, stripe, declined_finished=frozenset()):
+def check(report, valid, invalid, pg, stripe, declined_finished=frozenset(), corrections=None):
     f = report["failures"]
     charges = stripe.charges()
     intents = stripe.intents()
@@ -1053,7 +1083,10 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset()):
             else:
                 f.append(f"invalid line not dead-lettered: {body[:60]}")
     report["dead_letters_lost"] = len(lost_letters)
-    stray = [k for k in by_key if k not in valid_keys] + [k for k in intents_by_key if k not in valid_keys]
+    check_corrections(report, corrections or {}, by_key, charge_by_id, pg, stripe)
+    correction_keys = {billing_key(c) + "-r1" for c in (corrections or {})}
+    stray = [k for k in by_key if k not in valid_keys and k not in correction_keys] + \
+        [k for k in intents_by_key if k not in valid_keys]
     if stray:
         f.append(f"charges or intents for unknown keys: {stray[:5]}")
     report["charges"] = sum(len(v) for v in by_key.values())
@@ -1069,6 +1102,43 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset()):
     report["bank_failed"] = bank_failed
     report["connect_charged"] = sum(1 for ev in valid if ev.acct and ev.expect == "charged" and
                                     len(by_key.get(billing_key(ev.cust, ev.acct), [])) == 1)
+
+
+def check_corrections(report, corrections, by_key, charge_by_id, pg, stripe):
+    """Each corrected period's money moved exactly once: revision 1's difference charged once under base-r1,
+    revision 2's refunds made once each (one refund per planned move, by its metadata key), and the money at
+    Stripe for the customer — charges less refunds — equal to revision 2's total; both revisions applied."""
+    f = report["failures"]
+    refunds = stripe.refunds()
+    by_corrects = collections.defaultdict(list)
+    for r in refunds:
+        md = r.get("metadata") or {}
+        if r.get("status") not in ("failed", "canceled"):
+            by_corrects[md.get("corrects")].append(r)
+    status = {(r[0], int(r[1])): r[2] for r in pg.query(
+        "SELECT base_key, revision, status FROM billing_corrections")}
+    moved_twice = 0
+    for cust, (orig, t1, t2) in corrections.items():
+        key = billing_key(cust)
+        up = by_key.get(key + "-r1", [])
+        if len(up) != 1 or charge_by_id[up[0]]["amount"] != t1 - orig:
+            f.append(f"{cust}: revision 1 charges {up}, want one of {t1 - orig}")
+            moved_twice += len(up) > 1
+        mine = by_corrects.get(key, [])
+        per_move = collections.Counter((r.get("metadata") or {}).get("billing_key") for r in mine)
+        if any(n > 1 for n in per_move.values()):
+            moved_twice += 1
+            f.append(f"{cust}: a refund made twice: {dict(per_move)}")
+        charged = sum(charge_by_id[c]["amount"] for c in by_key.get(key, []) + up)
+        net = charged - sum(r["amount"] for r in mine)
+        if net != t2:
+            f.append(f"{cust}: {net} at Stripe after corrections, want revision 2's total {t2}")
+        for rev in (1, 2):
+            if status.get((key, rev)) != "applied":
+                f.append(f"{cust}: revision {rev} is {status.get((key, rev))}, want applied")
+    report["corrections"] = len(corrections)
+    report["correction_refunds"] = sum(len(v) for v in by_corrects.values())
+    report["corrections_moved_twice"] = moved_twice
 
 
 def check_webhooks(report, pg, stripe):
@@ -1114,6 +1184,8 @@ def main():
     ap.add_argument("--webhook-duplicate-pct", type=int, default=20, help="events fake-stripe delivers twice")
     ap.add_argument("--webhook-reorder-pct", type=int, default=20,
                     help="events held back behind a later event about the same payment")
+    ap.add_argument("--correction-share", type=float, default=0.0,
+                    help="card-charged events followed by two corrections (a rise, then a new total)")
     ap.add_argument("--consumers", type=int, default=3)
     ap.add_argument("--max-in-flight", type=int, default=50)
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of chaos per seed")
@@ -1192,6 +1264,9 @@ def main():
                 f"{w.get('duplicates', '?')} duplicated, {w.get('reordered', '?')} reordered, "
                 f"{w.get('given_up', '?')} given up), {w.get('recorded', '?')} recorded; receiver killed "
                 f"{w.get('receiver_kills', 0)} times")
+        if r.get("corrections"):
+            log(f"   corrections: {r['corrections']} periods corrected twice, {r.get('correction_refunds', '?')} "
+                f"refunds, {r.get('corrections_moved_twice', '?')} moved twice")
         for msg in r["failures"][:20]:
             log(f"   FAIL {msg}")
         if not r["ok"]:

@@ -453,6 +453,38 @@ http::response list(const http::request& req, const std::vector<Rec>& recs, Json
                                   .done());
 }
 
+// GET /v1/refunds: Stripe's filters `charge` and `payment_intent` (the account's refunds without either),
+// newest first, limit 1..100, starting_after, has_more.
+http::response list_refunds(const http::request& req, const std::vector<refund_rec>& recs) {
+    const auto account = account_of(req);  // another account's refunds are not listed
+    auto charge = http::query_param(req.query(), "charge");
+    auto intent = http::query_param(req.query(), "payment_intent");
+    int limit = std::clamp(qint(req, "limit", 10), 1, 100);
+    auto after = http::query_param(req.query(), "starting_after").value_or("");
+    std::vector<const refund_rec*> all;
+    for (auto it = recs.rbegin(); it != recs.rend(); ++it)
+        if (it->account == account && (!charge || it->charge == *charge) &&
+            (!intent || it->payment_intent == *intent))
+            all.push_back(&*it);
+    std::size_t start = 0;
+    if (!after.empty()) {
+        auto pos = std::find_if(all.begin(), all.end(), [&](const refund_rec* r) { return r->id == after; });
+        if (pos == all.end())
+            return error_response(400, "invalid_request_error", "resource_missing",
+                                  "No such refund: '" + std::string(after) + "'", "starting_after");
+        start = static_cast<std::size_t>(pos - all.begin()) + 1;
+    }
+    std::string data = "[";
+    std::size_t end = std::min(all.size(), start + static_cast<std::size_t>(limit));
+    for (std::size_t i = start; i < end; ++i) data += (i > start ? "," : "") + refund_json(*all[i]);
+    return json_response(200, json_obj()
+                                  .str("object", "list")
+                                  .raw("data", data + "]")
+                                  .boolean("has_more", end < all.size())
+                                  .str("url", "/v1/refunds")
+                                  .done());
+}
+
 }  // namespace
 
 fake_stripe::fake_stripe(asio::any_io_executor ex, std::shared_ptr<asio::ssl::context> tls, logger log,
@@ -1055,6 +1087,7 @@ http::response fake_stripe::get(const http::request& req) {
     const std::string account = account_of(req);  // objects of another account are "No such …"
     if (path == "/v1/charges") return list(req, charges_, charge_json);
     if (path == "/v1/payment_intents") return list(req, intents_, intent_json);
+    if (path == "/v1/refunds") return list_refunds(req, refunds_);
     if (path.starts_with("/v1/charges/"))
         return by_id(path, "/v1/charges/", "charge", "id", account, charges_, charge_json);
     if (path == "/v1/events") {

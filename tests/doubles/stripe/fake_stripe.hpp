@@ -14,7 +14,8 @@
 // `requires_payment_method` with a failed charge (`_processing` stays until cancelled or settled by hand;
 // `_dispute` succeeds, then its charge is disputed). Refunds: POST /v1/refunds (charge or payment_intent,
 // partial or full, idempotent like every POST; amount_too_large, charge_already_refunded, charge_disputed,
-// charge_not_refundable as Stripe answers them; charge.refunded and refund.created on creation; end_refund
+// charge_not_refundable as Stripe answers them; listed by GET /v1/refunds?charge=…|payment_intent=…, newest
+// first, with their metadata; charge.refunded and refund.created on creation; end_refund
 // fails or cancels one: refund.updated, refund.failed, charge.refund.updated). Disputes: opened and closed
 // through /_admin/disputes. Every state change makes a Stripe event (GET /v1/events) that the webhook sender
 // (webhooks.hpp) delivers, signed, to the configured endpoint.

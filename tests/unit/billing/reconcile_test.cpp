@@ -40,7 +40,7 @@ charge_fact charge(std::string id, std::string status = "succeeded", std::int64_
 recon_facts facts() {
     recon_facts f;
     f.key = "k";
-    f.expected = expected_event{event(), event_json(event()), 1};
+    f.expected = expected_event{event(), event_json(event()), 1, std::nullopt, 0};
     return f;
 }
 
@@ -323,4 +323,46 @@ BOOST_AUTO_TEST_CASE(pacer_allows_a_burst_then_the_rate) {
     }
     BOOST_TEST(sent <= 5 + 10);
     BOOST_TEST(sent >= 14);
+}
+
+// A run with corrections: the original line is the expected event, the highest revision its corrected total;
+// the same revision twice with another total is refused, a repeat is not.
+BOOST_AUTO_TEST_CASE(reads_corrections_as_the_periods_corrected_total) {
+    const std::string head =
+        R"({"customer_id":"acme","billing_period":"2026-11","currency":"usd","stripe_customer_id":"cus_1",)";
+    auto run = head + R"("amount_cents":1000})" + "\n" + head + R"("amount_cents":700,"revision":2})" + "\n" +
+               head + R"("amount_cents":1500,"revision":1})" + "\n" + head +
+               R"("amount_cents":1500,"revision":1})";
+    auto r = parse_expected(run);
+    BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+    BOOST_TEST_REQUIRE(r->size() == 1u);
+    BOOST_TEST((*r)[0].event.amount_cents == 1000);
+    BOOST_TEST(!(*r)[0].event.is_correction());
+    BOOST_TEST((*r)[0].corrected_total.value_or(-1) == 700);
+    BOOST_TEST((*r)[0].corrected_revision == 2);
+    auto bad = parse_expected(head + R"("amount_cents":1000})" + "\n" + head +
+                              R"("amount_cents":700,"revision":1})" + "\n" + head +
+                              R"("amount_cents":800,"revision":1})");
+    BOOST_TEST(!bad.has_value());
+}
+
+// Reconcile compares the money moved for a corrected period with the corrected total: equal is ok; a
+// revision under way is pending; otherwise a mismatch naming both. Without corrections nothing changes.
+BOOST_AUTO_TEST_CASE(corrected_totals_are_compared_with_the_money_moved) {
+    auto f = charged_ok();
+    f.expected->corrected_total = 700;
+    f.expected->corrected_revision = 2;
+    f.corrected_net = 700;
+    BOOST_TEST(to_string(classify(f).cls) == "ok");
+    f.corrected_net = 1500;
+    auto v = classify(f);
+    BOOST_TEST(to_string(v.cls) == "amount_currency_mismatch");
+    BOOST_TEST(v.detail.find("700") != std::string::npos, v.detail);
+    f.correction_open = true;
+    BOOST_TEST(to_string(classify(f).cls) == "pending");
+    // The run lists no correction, the ledger applied one: the money moved differs from the run.
+    auto g = charged_ok();
+    g.corrected_net = 500;
+    BOOST_TEST(to_string(classify(g).cls) == "amount_currency_mismatch");
+    BOOST_TEST(to_string(classify(charged_ok()).cls) == "ok");
 }

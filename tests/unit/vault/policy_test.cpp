@@ -23,9 +23,16 @@ BOOST_AUTO_TEST_CASE(operations_of_requests) {
                    row{"POST", "/v1/charges/ch_1", "", false},  // update: not governed
                    row{"POST", "/v1/charges/ch_1/capture", "", false},
                    row{"POST", "/v1/payment_intents/pi_1/confirm", "", false},
-                   row{"POST", "/v1/refunds", "", false}, row{"GET", "/v1/customers", "", false},
-                   row{"DELETE", "/v1/charges", "", false}, row{"GET", "/v1/chargesX", "", false},
-                   row{"GET", "/v1/charges/", "", false}, row{"GET", "/v1/charges/a/b", "", false}}) {
+                   row{"POST", "/v1/refunds", "refunds.create", false},
+                   row{"GET", "/v1/refunds", "refunds.read", false},
+                   row{"GET", "/v1/refunds/re_1", "refunds.read", false},
+                   row{"POST", "/v1/refunds/re_1", "", false},  // update: not governed
+                   row{"POST", "/v1/refunds/re_1/cancel", "", false},
+                   row{"GET", "/v1/customers", "", false},
+                   row{"DELETE", "/v1/charges", "", false},
+                   row{"GET", "/v1/chargesX", "", false},
+                   row{"GET", "/v1/charges/", "", false},
+                   row{"GET", "/v1/charges/a/b", "", false}}) {
         auto op = operation_for(r.method, r.path);
         BOOST_TEST(op.name == r.op, r.method << " " << r.path);
         BOOST_TEST(op.creates == r.creates, r.method << " " << r.path);
@@ -40,7 +47,14 @@ BOOST_AUTO_TEST_CASE(allow_lists) {
     BOOST_TEST_REQUIRE(one.has_value());
     BOOST_TEST(one->size() == 1u);
     BOOST_TEST(!parse_allow_list("").has_value());
-    BOOST_TEST(!parse_allow_list("refunds.create").has_value());
+    // Refunds only when asked for: never in the default list.
+    BOOST_TEST(std::string(default_allow).find("refunds") == std::string::npos);
+    auto refunds = parse_allow_list("charges.create,refunds.create,refunds.read");
+    BOOST_TEST_REQUIRE(refunds.has_value());
+    BOOST_TEST(refunds->size() == 3u);
+    BOOST_TEST(operation_for("POST", "/v1/refunds").refund);
+    BOOST_TEST(!operation_for("POST", "/v1/charges").refund);
+    BOOST_TEST(!parse_allow_list("refunds.update").has_value());
     BOOST_TEST(!parse_allow_list("POST /v1/charges").has_value());
 }
 

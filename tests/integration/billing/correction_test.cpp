@@ -1,0 +1,320 @@
+// Corrections (docs/design.md §4a) end to end: real PostgreSQL (migrations applied), fake-stripe over TLS,
+// the real stripe::client and the pipeline. Each test names the failure it would catch. g++ 12 -O2 false
+// positive on Asio coroutine frames (GCC bug 109224).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+#include <boost/test/unit_test.hpp>
+
+#include "billing/correction_ledger.hpp"
+#include "billing/outcome.hpp"
+#include "fixture.hpp"
+#include "stripe/refunds.hpp"
+#include "stripe/types.hpp"
+
+using namespace std::chrono_literals;
+using namespace cg;
+using cg::test::delivery_of;
+using cg::test::event_json;
+using cg::test::key_of;
+using cg::test::reason;
+
+namespace {
+
+using fixture = test::billing_fixture;
+
+// A correction: the period's new total as revision N.
+std::string correction_json(const std::string& customer, const std::string& period, std::int64_t total,
+                            int revision) {
+    auto body = event_json(customer, period, total);
+    body.pop_back();
+    return body + ",\"revision\":" + std::to_string(revision) + "}";
+}
+
+std::string meta(const std::vector<std::pair<std::string, std::string>>& m, const std::string& k) {
+    stripe::metadata md(m.begin(), m.end());
+    return std::string(stripe::metadata_value(md, k).value_or(""));
+}
+
+// The sum of the fake's refunds that stand (not failed or canceled) on one charge.
+std::int64_t refunded_on(const fixture& f, const std::string& charge) {
+    std::int64_t sum = 0;
+    for (const auto& r : f.fake->refunds())
+        if (r.charge == charge && !stripe::refund_undone(r.status)) sum += r.amount;
+    return sum;
+}
+
+// Net money at Stripe for a customer: charges that succeeded less refunds that stand.
+std::int64_t net_at_stripe(const fixture& f) {
+    std::int64_t sum = 0;
+    for (const auto& c : f.fake->charges())
+        if (c.status == "succeeded") sum += c.amount - c.amount_refunded;
+    return sum;
+}
+
+std::string status_of(fixture& f, const std::string& correction_key) {
+    auto r =
+        f.run(f.query("SELECT status FROM billing_corrections WHERE key = $1", pg::params(correction_key)));
+    BOOST_TEST_REQUIRE(r.has_value());
+    if (r->size() == 0) return "absent";
+    return r->get<std::string>(0, 0);
+}
+
+// Charges the original (1000) and returns its charge id.
+std::string charge_original(fixture& f, billing::pipeline& p, const std::string& customer,
+                            std::int64_t amount = 1000) {
+    auto v = f.handle(p, delivery_of(event_json(customer, "2026-11", amount), customer + "-orig"));
+    BOOST_TEST_REQUIRE(reason(v) == "charged", v.detail);
+    return v.detail;
+}
+
+// A worker that started revision `rev` (moves planned, lease taken, the first move's attempt recorded), made
+// its Stripe call for the first move when `call_stripe`, and died before recording the answer: its lease is
+// then expired so a redelivery recovers the revision.
+void dead_worker(fixture& f, const std::string& customer, std::int64_t total, int rev, bool call_stripe) {
+    billing::correction_ledger store(f.pg);
+    auto base = key_of(customer, "2026-11");
+    auto key = billing::correction_key(base, rev);
+    auto a = f.run(store.admit(key, base, rev, total, "usd", correction_json(customer, "2026-11", total, rev),
+                               "dead", 60s));
+    BOOST_TEST_REQUIRE(a.has_value(), (a ? "" : a.err().describe()));
+    BOOST_TEST_REQUIRE(a->action == "run", a->action + " " + a->detail);
+    auto ms = f.run(store.moves(key));
+    BOOST_TEST_REQUIRE(ms.has_value());
+    const auto& m = ms->front();
+    auto att = f.run(store.record_attempt(key, m.part, a->epoch, 60s));
+    BOOST_TEST_REQUIRE((att.has_value() && att->has_value()));
+    if (call_stripe) {
+        BOOST_TEST_REQUIRE(m.is_refund());
+        stripe::refund_request req{*m.refund_of,
+                                   m.amount_cents,
+                                   {{"billing_key", key},
+                                    {"corrects", base},
+                                    {"revision", std::to_string(rev)},
+                                    {"customer_id", customer},
+                                    {"billing_period", "2026-11"}},
+                                   key,
+                                   {}};
+        auto out = f.run(stripe::create_refund(*f.stripe, std::move(req)));
+        BOOST_TEST_REQUIRE((out.cls == stripe::outcome_class::succeeded), out.message);
+    }
+    auto r =
+        f.run(f.query("UPDATE billing_corrections SET lease_until = now() - interval '1 s' WHERE key = $1",
+                      pg::params(key)));
+    BOOST_TEST_REQUIRE(r.has_value());
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(billing_corrections)
+
+// Revision 1 raises the total: the difference is charged under base-r1 with metadata naming the original;
+// revision 2 lowers it below the original: 800 refunded, the newest payment first (revision 1's 500 whole,
+// then 300 of the original), under base-r2 and base-r2-p2. The ledger keeps each revision and its moves.
+BOOST_AUTO_TEST_CASE(charge_then_refund_spanning_payments) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-1", "2026-11");
+    auto orig = charge_original(f, *p, "cor-1");
+
+    auto v1 = f.handle(*p, delivery_of(correction_json("cor-1", "2026-11", 1500, 1), "c101"));
+    BOOST_TEST(reason(v1) == "charged", v1.detail);
+    BOOST_TEST_REQUIRE(f.fake->charges().size() == 2u);
+    const auto& ch1 = f.fake->charges()[1];
+    BOOST_TEST(ch1.amount == 500);
+    BOOST_TEST(meta(ch1.metadata, "billing_key") == base + "-r1");
+    BOOST_TEST(meta(ch1.metadata, "corrects") == base);
+    BOOST_TEST(meta(ch1.metadata, "revision") == "1");
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 1);
+    BOOST_TEST(f.fake->posts_for(base) == 1);  // the original's key is untouched
+
+    auto v2 = f.handle(*p, delivery_of(correction_json("cor-1", "2026-11", 700, 2), "c102"));
+    BOOST_TEST(reason(v2) == "refunded", v2.detail);
+    BOOST_TEST_REQUIRE(f.fake->refunds().size() == 2u);
+    BOOST_TEST(refunded_on(f, ch1.id) == 500);
+    BOOST_TEST(refunded_on(f, orig) == 300);
+    BOOST_TEST(f.fake->posts_for(base + "-r2") == 1);
+    BOOST_TEST(f.fake->posts_for(base + "-r2-p2") == 1);
+    BOOST_TEST(meta(f.fake->refunds()[0].metadata, "billing_key") == base + "-r2");
+    BOOST_TEST(net_at_stripe(f) == 700);
+
+    BOOST_TEST(status_of(f, base + "-r1") == "applied");
+    BOOST_TEST(status_of(f, base + "-r2") == "applied");
+    BOOST_TEST(f.scalar("SELECT delta_cents FROM billing_corrections WHERE key = $1", base + "-r2") == -800);
+    BOOST_TEST(
+        f.scalar("SELECT count(*) FROM billing_correction_moves WHERE correction_key = $1 AND status = "
+                 "'done' AND stripe_object_id LIKE 're\\_%'",
+                 base + "-r2") == 2);
+    BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", base) == 700);
+}
+
+// Revision 2 before revision 1, and a revision before the original: each waits (requeued, never
+// dead-lettered, no Stripe call) and applies once its predecessor has; the money ends at the last total.
+BOOST_AUTO_TEST_CASE(revisions_out_of_order_wait_for_their_predecessor) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-2", "2026-11");
+    auto early = f.handle(*p, delivery_of(correction_json("cor-2", "2026-11", 1200, 1), "c200"));
+    BOOST_TEST(reason(early) == "requeued_waiting", early.detail);
+    BOOST_TEST(!early.finished());
+    BOOST_TEST(f.fake->requests() == 0u);
+
+    charge_original(f, *p, "cor-2");
+    auto w = f.handle(*p, delivery_of(correction_json("cor-2", "2026-11", 400, 2), "c202"));
+    BOOST_TEST(reason(w) == "requeued_waiting", w.detail);
+    BOOST_TEST(w.detail == "waiting for revision 1");
+    BOOST_TEST(w.delay >= f.config_for_pipeline().correction_wait_delay);
+    BOOST_TEST(f.fake->refunds().empty());
+    BOOST_TEST(f.fake->charges().size() == 1u);
+    BOOST_TEST(f.dead_letters("c202") == 0);
+
+    BOOST_TEST(reason(f.handle(*p, delivery_of(correction_json("cor-2", "2026-11", 1200, 1), "c200", 2))) ==
+               "charged");
+    BOOST_TEST(reason(f.handle(*p, delivery_of(correction_json("cor-2", "2026-11", 400, 2), "c202", 2))) ==
+               "refunded");
+    BOOST_TEST(net_at_stripe(f) == 400);
+    // Revision 2 refunded 800: revision 1's 200 and 600 of the original.
+    BOOST_TEST(f.fake->refunds().size() == 2u);
+    BOOST_TEST(f.scalar("SELECT delta_cents FROM billing_corrections WHERE key = $1", base + "-r2") == -800);
+}
+
+// Duplicates and stale revisions move nothing: the same revision redelivered (and re-published under another
+// message id) is a prevented duplicate; an older revision with another total after a newer one started is
+// superseded; the latest revision with another total is a conflict (dead-lettered); a total equal to the
+// money moved is applied with nothing to move.
+BOOST_AUTO_TEST_CASE(duplicate_stale_and_conflicting_revisions_are_no_ops) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-3", "2026-11");
+    charge_original(f, *p, "cor-3");
+    BOOST_TEST(reason(f.handle(*p, delivery_of(correction_json("cor-3", "2026-11", 1300, 1), "c301"))) ==
+               "charged");
+    auto dup = f.handle(*p, delivery_of(correction_json("cor-3", "2026-11", 1300, 1), "c301", 2));
+    BOOST_TEST(reason(dup) == "duplicate_prevented", dup.detail);
+    auto republished = f.handle(*p, delivery_of(correction_json("cor-3", "2026-11", 1300, 1), "c399"));
+    BOOST_TEST(reason(republished) == "duplicate_prevented");
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 1);
+
+    BOOST_TEST(reason(f.handle(*p, delivery_of(correction_json("cor-3", "2026-11", 1100, 2), "c302"))) ==
+               "refunded");
+    auto stale = f.handle(*p, delivery_of(correction_json("cor-3", "2026-11", 9999, 1), "c398"));
+    BOOST_TEST(reason(stale) == "correction_noop", stale.detail);
+    BOOST_TEST(stale.detail.find("superseded") == 0u, stale.detail);
+    auto conflict = f.handle(*p, delivery_of(correction_json("cor-3", "2026-11", 1000, 2), "c397"));
+    BOOST_TEST(reason(conflict) == "dead_lettered");
+    BOOST_TEST(f.dead_letters("c397") == 1);
+
+    auto same = f.handle(*p, delivery_of(correction_json("cor-3", "2026-11", 1100, 3), "c303"));
+    BOOST_TEST(reason(same) == "correction_noop", same.detail);
+    BOOST_TEST(status_of(f, base + "-r3") == "applied");
+    BOOST_TEST(f.fake->charges().size() == 2u);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(net_at_stripe(f) == 1100);
+}
+
+// A worker recorded the refund's attempt, Stripe made the refund, the worker died before the ledger heard:
+// the redelivery (inside Stripe's window) re-sends the same key and Stripe replays the refund: one refund.
+BOOST_AUTO_TEST_CASE(crash_between_ledger_and_stripe_refunds_once) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-4", "2026-11");
+    auto orig = charge_original(f, *p, "cor-4");
+    dead_worker(f, "cor-4", 250, 1, true);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(status_of(f, base + "-r1") == "pending");
+
+    auto v = f.handle(*p, delivery_of(correction_json("cor-4", "2026-11", 250, 1), "c401", 2));
+    BOOST_TEST(reason(v) == "refunded", v.detail);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(refunded_on(f, orig) == 750);
+    BOOST_TEST(v.detail == f.fake->refunds()[0].id);
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 2);  // the dead worker's and the replayed one
+    BOOST_TEST(status_of(f, base + "-r1") == "applied");
+}
+
+// The same crash found 25 h later, after Stripe forgot the key: the redelivery searches the charge's refunds
+// for the key and records the refund it finds — no second refund, no new key.
+BOOST_AUTO_TEST_CASE(crashed_refund_past_24h_is_found_by_search) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-5", "2026-11");
+    auto orig = charge_original(f, *p, "cor-5");
+    dead_worker(f, "cor-5", 600, 1, true);
+    f.clock_offset = 25h;
+    f.fake->advance_clock(25h);
+    auto v = f.handle(*p, delivery_of(correction_json("cor-5", "2026-11", 600, 1), "c501", 3));
+    BOOST_TEST(reason(v) == "refunded", v.detail);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(refunded_on(f, orig) == 400);
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 1);     // only the dead worker's
+    BOOST_TEST(f.fake->posts_for(base + "-r1-g2") == 0);  // never a new key beside a refund that exists
+}
+
+// The other side of the boundary: the attempt was recorded but the call never reached Stripe, and 25 h
+// passed. The search finds nothing, so the refund is made under a new key generation — once.
+BOOST_AUTO_TEST_CASE(unsent_refund_past_24h_is_made_under_a_new_key) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-6", "2026-11");
+    auto orig = charge_original(f, *p, "cor-6");
+    dead_worker(f, "cor-6", 100, 1, false);
+    f.clock_offset = 25h;
+    f.fake->advance_clock(25h);
+    auto v = f.handle(*p, delivery_of(correction_json("cor-6", "2026-11", 100, 1), "c601", 2));
+    BOOST_TEST(reason(v) == "refunded", v.detail);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(refunded_on(f, orig) == 900);
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 0);
+    BOOST_TEST(f.fake->posts_for(base + "-r1-g2") == 1);
+    auto again = f.handle(*p, delivery_of(correction_json("cor-6", "2026-11", 100, 1), "c601", 3));
+    BOOST_TEST(reason(again) == "duplicate_prevented");
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+}
+
+// Stripe answers a refund with a 500 after making it (saved and replayed for the key): the revision stays
+// pending, and the redelivery's search finds the refund by its metadata — one refund.
+BOOST_AUTO_TEST_CASE(refund_answered_500_is_resolved_by_search) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto orig = charge_original(f, *p, "cor-7");
+    f.fake->faults().fail_after_create = 1;
+    f.fake->faults().fault_path = "/v1/refunds";
+    auto v = f.handle(*p, delivery_of(correction_json("cor-7", "2026-11", 300, 1), "c701"));
+    BOOST_TEST(reason(v) == "requeued_indeterminate", v.detail);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    auto v2 = f.handle(*p, delivery_of(correction_json("cor-7", "2026-11", 300, 1), "c701", 2));
+    BOOST_TEST(reason(v2) == "refunded", v2.detail);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(refunded_on(f, orig) == 700);
+}
+
+// A refund Stripe refuses as sent (the charge was refunded outside the ledger, in the dashboard): the
+// revision fails with a dead letter "stripe rejected" instead of retrying for ever or guessing.
+BOOST_AUTO_TEST_CASE(refund_of_an_already_refunded_charge_is_dead_lettered) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-8", "2026-11");
+    auto orig = charge_original(f, *p, "cor-8");
+    stripe::refund_request outside{orig, 1000, {}, "dashboard-refund", {}};
+    auto out = f.run(stripe::create_refund(*f.stripe, std::move(outside)));
+    BOOST_TEST_REQUIRE((out.cls == stripe::outcome_class::succeeded), out.message);
+    auto v = f.handle(*p, delivery_of(correction_json("cor-8", "2026-11", 500, 1), "c801"));
+    BOOST_TEST(reason(v) == "dead_lettered", v.detail);
+    BOOST_TEST(v.detail.find("charge_already_refunded") != std::string::npos, v.detail);
+    BOOST_TEST(f.dead_letters("c801") == 1);
+    BOOST_TEST(status_of(f, base + "-r1") == "failed");
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+}
+
+// A correction of a period whose original was declined moves nothing (nothing was charged to correct).
+BOOST_AUTO_TEST_CASE(correction_of_a_declined_charge_is_a_no_op) {
+    fixture f;
+    auto p = f.make_pipeline();
+    f.fake->decline("cus_ok");
+    auto v0 = f.handle(*p, delivery_of(event_json("cor-9", "2026-11", 1000), "c900"));
+    BOOST_TEST_REQUIRE(reason(v0) == "declined");
+    auto v = f.handle(*p, delivery_of(correction_json("cor-9", "2026-11", 1500, 1), "c901"));
+    BOOST_TEST(reason(v) == "correction_noop", v.detail);
+    BOOST_TEST(f.fake->refunds().empty());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
