@@ -46,7 +46,7 @@ struct refund_request {
     std::int64_t amount = 0;
     stripe::metadata metadata;
     std::string idempotency_key;  // required (≤ 255 chars)
-    std::string stripe_account;   // the charge's Connect account (sent as Stripe-Account); empty: the platform
+    std::string stripe_account;  // the charge's Connect account (sent as Stripe-Account); empty: the platform
 };
 
 // What one refund call came to, after the client's own bounded retries. Classified as creates are
