@@ -279,9 +279,8 @@ net::awaitable<std::optional<verdict>> corrections::search_move(job& j, const co
         since = std::chrono::duration_cast<std::chrono::seconds>(
                     (*m.first_stripe_attempt_at - cfg_.search_slack).time_since_epoch())
                     .count();
-    auto found =
-        co_await stripe_.find_charge_by_metadata(j.ev.stripe_customer_id, "billing_key", move_key, since, 100,
-                                                 j.ev.stripe_account);
+    auto found = co_await stripe_.find_charge_by_metadata(j.ev.stripe_customer_id, "billing_key", move_key,
+                                                          since, 100, j.ev.stripe_account);
     if (!found) co_return co_await search_failed(j, m.part, found.err());
     if (!*found) co_return std::nullopt;
     const auto& ch = **found;
