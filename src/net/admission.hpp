@@ -7,10 +7,8 @@
 //
 // Thread-safe: callers may enter from any executor and a ticket may be dropped on any thread; a waiter is
 // resumed on its own executor (the associated executor of its completion handler). A waiter is not
-// cancellable: it is admitted when a ticket is dropped. Tickets share the admission's state, so a ticket may
-// outlive the admission (a coroutine frame destroyed at shutdown after the object that owned the admission):
-// dropping it then does nothing. Destroying the admission destroys the waiters' handlers without running
-// them, so it must outlive every caller that may still be waiting.
+// cancellable: it is admitted when a ticket is dropped. Destroying the admission destroys the waiters'
+// handlers without running them, so it must outlive every caller that may still be waiting.
 #pragma once
 
 #include <asio/async_result.hpp>
@@ -25,66 +23,57 @@
 namespace cg::net {
 
 class admission {
-    struct core;
-
   public:
     // A held place; dropping it (destructor) admits the oldest waiter, or frees the place.
     class ticket {
       public:
         ticket() = default;
-        ticket(ticket&& o) noexcept = default;
+        explicit ticket(admission* a) noexcept : a_(a) {}
+        ticket(ticket&& o) noexcept : a_(o.a_) { o.a_ = nullptr; }
         ticket& operator=(ticket&& o) noexcept {
             if (this != &o) {
                 release();
-                c_ = std::move(o.c_);
+                a_ = o.a_;
+                o.a_ = nullptr;
             }
             return *this;
         }
         ticket(const ticket&) = delete;
         ticket& operator=(const ticket&) = delete;
         ~ticket() { release(); }
-        bool held() const noexcept { return c_ != nullptr; }
+        bool held() const noexcept { return a_ != nullptr; }
         void release() noexcept {
-            if (c_) c_->leave();
-            c_.reset();
+            if (a_) a_->leave();
+            a_ = nullptr;
         }
 
       private:
-        friend class admission;
-        explicit ticket(std::shared_ptr<core> c) noexcept : c_(std::move(c)) {}
-        std::shared_ptr<core> c_;
+        admission* a_ = nullptr;
     };
 
     // capacity 0 counts as 1.
-    explicit admission(std::size_t capacity) : c_(std::make_shared<core>(capacity ? capacity : 1)) {}
+    explicit admission(std::size_t capacity) : free_(capacity ? capacity : 1), capacity_(free_) {}
     admission(const admission&) = delete;
     admission& operator=(const admission&) = delete;
-    ~admission() {
-        std::deque<std::unique_ptr<waiter_base>> dropped;  // destroyed outside the lock
-        std::lock_guard lk(c_->m);
-        c_->closed = true;
-        dropped.swap(c_->waiters);
-    }
 
     // Returns a held ticket: at once when a place is free, else once a ticket is dropped and this caller is
     // the oldest waiter (resumed through its executor's queue). Not cancellable.
     awaitable<ticket> enter() {
-        if (c_->try_take()) co_return ticket(c_);
-        auto c = c_;
+        if (try_take()) co_return ticket(this);
         co_await asio::async_initiate<decltype(asio::use_awaitable), void()>(
-            [c](auto handler) { c->queue(std::move(handler)); }, asio::use_awaitable);
-        co_return ticket(std::move(c));  // the place was handed over by leave()
+            [this](auto handler) { queue(std::move(handler)); }, asio::use_awaitable);
+        co_return ticket(this);  // the place was handed over by leave()
     }
 
-    std::size_t capacity() const noexcept { return c_->capacity; }
+    std::size_t capacity() const noexcept { return capacity_; }
     // Holders and waiters now (for metrics and tests; a snapshot under the lock).
     std::size_t held() const {
-        std::lock_guard lk(c_->m);
-        return c_->capacity - c_->free;
+        std::lock_guard lk(m_);
+        return capacity_ - free_;
     }
     std::size_t waiting() const {
-        std::lock_guard lk(c_->m);
-        return c_->waiters.size();
+        std::lock_guard lk(m_);
+        return waiters_.size();
     }
 
   private:
@@ -99,52 +88,44 @@ class admission {
         Handler handler;
     };
 
-    // What the admission and its tickets share.
-    struct core {
-        explicit core(std::size_t cap) : free(cap), capacity(cap) {}
-        mutable std::mutex m;
-        std::size_t free;
-        const std::size_t capacity;
-        bool closed = false;  // the admission is gone: tickets dropped later admit nobody
-        std::deque<std::unique_ptr<waiter_base>> waiters;
+    bool try_take() {
+        std::lock_guard lk(m_);
+        if (free_ == 0 || !waiters_.empty()) return false;
+        --free_;
+        return true;
+    }
 
-        bool try_take() {
-            std::lock_guard lk(m);
-            if (free == 0 || !waiters.empty()) return false;
-            --free;
-            return true;
+    template <typename Handler>
+    void queue(Handler h) {
+        std::unique_lock lk(m_);
+        if (free_ > 0 && waiters_.empty()) {  // a place came free since try_take()
+            --free_;
+            lk.unlock();
+            asio::post(std::move(h));
+            return;
         }
+        waiters_.push_back(std::make_unique<waiter<Handler>>(std::move(h)));
+    }
 
-        template <typename Handler>
-        void queue(Handler h) {
-            std::unique_lock lk(m);
-            if (free > 0 && waiters.empty()) {  // a place came free since try_take()
-                --free;
-                lk.unlock();
-                asio::post(std::move(h));
+    // A holder leaves: its place goes straight to the oldest waiter, else back to the free count.
+    void leave() noexcept {
+        std::unique_ptr<waiter_base> next;
+        {
+            std::lock_guard lk(m_);
+            if (waiters_.empty()) {
+                ++free_;
                 return;
             }
-            waiters.push_back(std::make_unique<waiter<Handler>>(std::move(h)));
+            next = std::move(waiters_.front());
+            waiters_.pop_front();
         }
+        next->resume();
+    }
 
-        // A holder leaves: its place goes straight to the oldest waiter, else back to the free count.
-        void leave() noexcept {
-            std::unique_ptr<waiter_base> next;
-            {
-                std::lock_guard lk(m);
-                if (closed) return;
-                if (waiters.empty()) {
-                    ++free;
-                    return;
-                }
-                next = std::move(waiters.front());
-                waiters.pop_front();
-            }
-            next->resume();
-        }
-    };
-
-    std::shared_ptr<core> c_;
+    mutable std::mutex m_;
+    std::size_t free_;
+    std::size_t capacity_;
+    std::deque<std::unique_ptr<waiter_base>> waiters_;
 };
 
 }  // namespace cg::net
