@@ -414,6 +414,7 @@ if command -v node >/dev/null && [ -d "$src/tests/deploy/node_modules/yaml" ]; t
   for f in "$kube"/secret-*.yaml; do [ -e "$f" ] || continue; podman kube play "$f" >/dev/null 2>&1 || fail "kube play $f"; done
   for f in "$kube"/secret-*.json; do
     n=${f##*/secret-}
+    podman secret rm "${n%.json}" >/dev/null 2>&1 || true  # left by a run killed before its cleanup
     podman secret create "${n%.json}" "$f" >/dev/null || fail "secret create $f"
   done
   podman kube play "$kube/play.yaml" >"$kube/play.log" 2>&1 || {
