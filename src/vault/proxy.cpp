@@ -1,6 +1,7 @@
 #include "vault/proxy.hpp"
 
 #include <array>
+#include <optional>
 
 #include "net/tls.hpp"
 #include "vault/proxy_state.hpp"
@@ -105,17 +106,24 @@ net::awaitable<http::response> forward_read(state_ptr st, http::request& req, le
     co_return finish(*st, l, "read", relay(r.resp));
 }
 
+// What every request that moves money must be, refunds and creates alike: a body within the bound and an
+// Idempotency-Key Stripe accepts, which the audit line records. The refusal, or nullopt to go on.
+std::optional<http::response> refuse_unkeyed_write(proxy::state& s, const http::request& req,
+                                                   ledger_line& l) {
+    if (req.body.size() > s.cfg.max_body_bytes)
+        return finish(s, l, "too_large", refuse(s, refusals::too_large(s.cfg.max_body_bytes), false));
+    auto idem = req.headers.get("Idempotency-Key").value_or("");
+    if (idem.empty() || idem.size() > 255)
+        return finish(s, l, "bad_request", refuse(s, refusals::idempotency_key_required(), false));
+    l.row.idempotency_key = std::string(idem);
+    return std::nullopt;
+}
+
 // A refund the key may make: forwarded as sent under its Idempotency-Key (required, as for a create), never
 // counted against the cap — it moves money back. What it gives back to the cap is the key's policy's, applied
 // when Stripe reports the refund (webhooks, refunds_reopen_cap).
 net::awaitable<http::response> forward_refund(state_ptr st, http::request& req, ledger_line& l) {
-    if (req.body.size() > st->cfg.max_body_bytes)
-        co_return finish(*st, l, "too_large",
-                         refuse(*st, refusals::too_large(st->cfg.max_body_bytes), false));
-    auto idem = req.headers.get("Idempotency-Key").value_or("");
-    if (idem.empty() || idem.size() > 255)
-        co_return finish(*st, l, "bad_request", refuse(*st, refusals::idempotency_key_required(), false));
-    l.row.idempotency_key = std::string(idem);
+    if (auto refused = refuse_unkeyed_write(*st, req, l)) co_return std::move(*refused);
     auto r = co_await forward(st, upstream_request(*st, req, req.body), l);
     if (!r.ok()) co_return finish(*st, l, "upstream_failed", transport_failure(*st, r));
     co_return finish(*st, l, "refund", relay(r.resp));
@@ -127,13 +135,7 @@ net::awaitable<http::response> forward_refund(state_ptr st, http::request& req, 
 
 net::awaitable<http::response> forward_create(state_ptr st, http::request& req, ledger_line& l,
                                               const key_record& key) {
-    if (req.body.size() > st->cfg.max_body_bytes)
-        co_return finish(*st, l, "too_large",
-                         refuse(*st, refusals::too_large(st->cfg.max_body_bytes), false));
-    auto idem = req.headers.get("Idempotency-Key").value_or("");
-    if (idem.empty() || idem.size() > 255)
-        co_return finish(*st, l, "bad_request", refuse(*st, refusals::idempotency_key_required(), false));
-    l.row.idempotency_key = std::string(idem);
+    if (auto refused = refuse_unkeyed_write(*st, req, l)) co_return std::move(*refused);
     // Only the body is counted, stored and replayed: a query string or another encoding would make what
     // Stripe executes differ from what the vault reserved.
     if (auto bad = check_create_envelope(req.query(), req.headers.get("Content-Type")))
@@ -143,6 +145,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
         co_return finish(*st, l, "bad_request", refuse(*st, *bad, false));
     auto& p = std::get<create_params>(parsed);
     l.row.amount_cents = p.amount;
+    const std::string idem = *l.row.idempotency_key;  // checked and recorded by refuse_unkeyed_write
     std::string body = with_vault_tag(req.body, idem);
 
     reserve_request rq;
