@@ -51,28 +51,6 @@ void end_call(const client::state& st, operation op, outcome_class cls, steady::
     st.metrics->sync(st.http->stats());
 }
 
-errc errc_for(outcome_class c) {
-    switch (c) {
-        case outcome_class::succeeded:
-            return errc::ok;
-        case outcome_class::declined:
-            return errc::declined;
-        case outcome_class::cap_exceeded:
-            return errc::cap_exceeded;
-        case outcome_class::idempotency_conflict:
-            return errc::idempotency_conflict;
-        case outcome_class::retry_same_key:
-            return errc::retry_same_key;
-        case outcome_class::indeterminate:
-            return errc::indeterminate;
-        case outcome_class::rejected:
-            return errc::rejected;
-        case outcome_class::setup_error:
-            return errc::setup_error;
-    }
-    return errc::indeterminate;
-}
-
 std::optional<std::chrono::seconds> retry_after(const http::response& r) {
     auto h = r.headers.get("Retry-After");
     if (!h) return std::nullopt;

@@ -36,4 +36,26 @@ const std::error_category& category() noexcept {
     return cat;
 }
 
+errc errc_for(outcome_class c) noexcept {
+    switch (c) {
+        case outcome_class::succeeded:
+            return errc::ok;
+        case outcome_class::declined:
+            return errc::declined;
+        case outcome_class::cap_exceeded:
+            return errc::cap_exceeded;
+        case outcome_class::idempotency_conflict:
+            return errc::idempotency_conflict;
+        case outcome_class::retry_same_key:
+            return errc::retry_same_key;
+        case outcome_class::indeterminate:
+            return errc::indeterminate;
+        case outcome_class::rejected:
+            return errc::rejected;
+        case outcome_class::setup_error:
+            return errc::setup_error;
+    }
+    return errc::indeterminate;
+}
+
 }  // namespace cg::stripe

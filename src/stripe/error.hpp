@@ -4,6 +4,8 @@
 
 #include <system_error>
 
+#include "stripe/outcome.hpp"
+
 namespace cg::stripe {
 
 enum class errc {
@@ -20,6 +22,9 @@ enum class errc {
 };
 
 const std::error_category& category() noexcept;
+
+// The error a call that ended in `c` fails with (ok for succeeded).
+errc errc_for(outcome_class c) noexcept;
 inline std::error_code make_error_code(errc e) noexcept {
     return {static_cast<int>(e), category()};
 }

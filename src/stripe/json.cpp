@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include "stripe/error.hpp"
+#include "stripe/refunds.hpp"
 
 namespace cg::stripe {
 namespace {
@@ -97,6 +98,20 @@ result<payment_intent> to_intent(object o) {
     return p;
 }
 
+result<refund> to_refund(object o) {
+    refund r;
+    r.id = str(o, "id");
+    if (r.id.empty() || str(o, "object") != "refund") return error(errc::bad_response, "not a refund object");
+    r.amount = num(o, "amount");
+    r.created = num(o, "created");
+    r.charge = id_or_object(o, "charge");
+    r.payment_intent = id_or_object(o, "payment_intent");
+    r.currency = str(o, "currency");
+    r.status = str(o, "status");
+    r.metadata = meta(o);
+    return r;
+}
+
 // A list object ({"object":"list","data":[…],"has_more":…}) of items read by `item`.
 template <typename Page, typename Item>
 result<Page> parse_page(std::string_view body, Item item) {
@@ -144,6 +159,16 @@ result<charge_page> parse_charge_page(std::string_view body) {
 
 result<payment_intent_page> parse_payment_intent_page(std::string_view body) {
     return parse_page<payment_intent_page>(body, to_intent);
+}
+
+result<refund> parse_refund(std::string_view body) {
+    auto o = parse_object(body);
+    if (!o) return o.err();
+    return to_refund(*o);
+}
+
+result<refund_page> parse_refund_page(std::string_view body) {
+    return parse_page<refund_page>(body, to_refund);
 }
 
 std::optional<api_error> parse_error(std::string_view body) {

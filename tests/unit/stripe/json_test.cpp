@@ -3,6 +3,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "stripe/error.hpp"
+#include "stripe/refunds.hpp"
 
 using namespace cg::stripe;
 
@@ -64,6 +65,31 @@ BOOST_AUTO_TEST_CASE(rejects_wrong_shapes) {
                make_error_code(errc::bad_response));
     BOOST_TEST(parse_charge("[1,2]").code() == make_error_code(errc::bad_response));
     BOOST_TEST(!parse_charge_page(R"({"object":"list"})").has_value());
+}
+
+BOOST_AUTO_TEST_CASE(parses_refunds_and_their_list) {
+    auto r = parse_refund(R"({"id":"re_1","object":"refund","amount":700,"currency":"usd","status":"pending",
+        "charge":{"id":"ch_3","object":"charge"},"payment_intent":"pi_3","created":1700000100,
+        "metadata":{"billing_key":"k-r2-p1"}})");
+    BOOST_TEST_REQUIRE(r.has_value());
+    BOOST_TEST(r->id == "re_1");
+    BOOST_TEST(r->amount == 700);
+    BOOST_TEST(r->charge == "ch_3");
+    BOOST_TEST(r->payment_intent == "pi_3");
+    BOOST_TEST(r->status == "pending");
+    BOOST_TEST(r->created == 1700000100);
+    BOOST_TEST(metadata_value(r->metadata, "billing_key").value_or("") == "k-r2-p1");
+    BOOST_TEST(!parse_refund(R"({"id":"ch_1","object":"charge"})").has_value());
+    auto l = parse_refund_page(R"({"object":"list","has_more":false,"data":[
+        {"id":"re_2","object":"refund","amount":1,"charge":"ch_3","status":"succeeded"},
+        {"id":"re_3","object":"refund","amount":2,"charge":"ch_3","status":"failed"}]})");
+    BOOST_TEST_REQUIRE(l.has_value());
+    BOOST_TEST(l->data.size() == 2u);
+    BOOST_TEST(!l->has_more);
+    BOOST_TEST(l->data[1].status == "failed");
+    auto bad = parse_refund_page(R"({"object":"list","data":[{"id":"ch_1","object":"charge"}]})");
+    BOOST_TEST_REQUIRE(!bad.has_value());
+    BOOST_TEST(bad.code() == errc::bad_response);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
