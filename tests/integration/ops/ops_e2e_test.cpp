@@ -21,6 +21,7 @@
 
 #include "billing/key.hpp"
 #include "http/client.hpp"
+#include "nsq/http_get.hpp"
 #include "support/chargeguard_e2e.hpp"
 #include "support/pg_main.hpp"
 #include "support/run_async.hpp"
@@ -830,6 +831,24 @@ BOOST_FIXTURE_TEST_CASE(configmap_environment_tools_beside_consume_take_no_billi
             };
             // consume first, configured on its command line (the ConfigMap is not exported yet).
             auto& consumer = spawn_consume(real.tcp_address());
+            // Publish only once consume's SUB has created its channel: nsqd hands a topic's messages
+            // published before any channel exists to the first channel created — tail's own, below, if
+            // consume were still starting — and consume's channel would never see them.
+            // (Arguments built before the co_await: g++ 12 mishandles temporaries in a co_await's arguments,
+            // docs/contributing.md "Toolchain facts".)
+            net::host_port stats_at;
+            stats_at.host = "127.0.0.1";
+            stats_at.port = real.http;
+            const std::string stats_target = "/stats?format=json&topic=" + topic + "&channel=" + channel;
+            bool subscribed = false;
+            for (int i = 0; i < 600 && !subscribed; ++i) {
+                auto stats = co_await nsq::http_get(stats_at, stats_target, "application/json", seconds(2));
+                subscribed = stats && stats->status == 200 &&
+                             stats->body.find("\"channel_name\":\"" + channel + "\"") != std::string::npos &&
+                             stats->body.find("\"client_count\":0") == std::string::npos;
+                if (!subscribed) co_await net::sleep_for(milliseconds(100));
+            }
+            BOOST_TEST_REQUIRE(subscribed, consumer.err());
             child* c = nullptr;
             auto first = batch(20);
             bool ok = false;
