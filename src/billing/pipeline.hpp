@@ -19,6 +19,7 @@
 
 #include "billing/corrections.hpp"
 #include "billing/decision.hpp"
+#include "billing/lease_keeper.hpp"
 #include "billing/ledger.hpp"
 #include "billing/outcome.hpp"
 #include "billing/recovery.hpp"
@@ -128,11 +129,11 @@ class pipeline {
     // rules as handle().
     net::awaitable<verdict> resume(delivery d, billing_event ev, ledger_record rec);
 
+
     const pipeline_config& config() const noexcept { return cfg_; }
 
   private:
     struct run;
-    struct lease_keeper;
     struct metrics_set;
 
     net::awaitable<verdict> process(run& r);
@@ -150,9 +151,7 @@ class pipeline {
     net::awaitable<void> test_pause();
     net::awaitable<verdict> settle(run& r, const stripe::charge_outcome& out);
     net::awaitable<verdict> dead_letter_finish(run& r, std::string reason, std::optional<std::string> key);
-    void arm_renewal(run& r, const std::shared_ptr<lease_keeper>& k);
-    net::awaitable<void> renew_once(run& r, std::shared_ptr<lease_keeper> k);
-    void renewal_ended(run& r, const std::shared_ptr<lease_keeper>& k);
+    net::awaitable<void> renew_once(run& r, lease_keeper& k);
     verdict postgres_failed(run& r, const error& e, std::string_view step);
     verdict count(verdict v);
     void note_stripe_time(std::chrono::steady_clock::duration took);

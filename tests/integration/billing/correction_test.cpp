@@ -3,6 +3,9 @@
 // positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/this_coro.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "billing/correction_ledger.hpp"
@@ -17,6 +20,7 @@ using cg::test::delivery_of;
 using cg::test::event_json;
 using cg::test::key_of;
 using cg::test::reason;
+using cg::test::run_async;
 
 namespace {
 
@@ -101,6 +105,24 @@ void dead_worker(fixture& f, const std::string& customer, std::int64_t total, in
         f.run(f.query("UPDATE billing_corrections SET lease_until = now() - interval '1 s' WHERE key = $1",
                       pg::params(key)));
     BOOST_TEST_REQUIRE(r.has_value());
+}
+
+// A redelivery of `d` through `p` once the fake has received more than `seen` requests (the first
+// pipeline's Stripe call has arrived) and `after` more has passed; its verdict into *out, then `done`
+// cancelled. The fake answers on this io_context and tells nobody of an arrival: its request count is read
+// every 5 ms.
+net::awaitable<void> redeliver_during_call(fixture* f, billing::pipeline* p, billing::delivery d,
+                                           std::size_t seen, std::chrono::milliseconds after,
+                                           std::optional<billing::verdict>* out, net::steady_timer* done) {
+    net::steady_timer t(co_await asio::this_coro::executor);
+    while (f->fake->requests() <= seen) {
+        t.expires_after(5ms);
+        co_await t.async_wait();
+    }
+    t.expires_after(after);
+    co_await t.async_wait();
+    *out = co_await p->handle(std::move(d));
+    done->cancel();
 }
 
 }  // namespace
@@ -315,6 +337,46 @@ BOOST_AUTO_TEST_CASE(correction_of_a_declined_charge_is_a_no_op) {
     auto v = f.handle(*p, delivery_of(correction_json("cor-9", "2026-11", 1500, 1), "c901"));
     BOOST_TEST(reason(v) == "correction_noop", v.detail);
     BOOST_TEST(f.fake->refunds().empty());
+}
+
+// Stripe slower than the lease on a refund: the revision's lease is renewed while the call is awaited (and the
+// message touched), so a second pipeline handling a redelivery 1.4 s into the call — past the 1 s lease
+// the attempt took — finds it held and sends nothing. Without the renewal it takes the expired lease and
+// sends the same refund again (409 in use here; after Stripe's 24 h, a search and a new key beside a refund
+// still in flight).
+BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_refund) {
+    fixture f;
+    auto cfg = f.config_for_pipeline();
+    cfg.lease = 1000ms;
+    cfg.lease_renew_interval = 200ms;
+    auto a = f.make_pipeline(cfg);
+    auto b = f.make_pipeline(cfg);
+    auto base = key_of("cor-10", "2026-11");
+    auto orig = charge_original(f, *a, "cor-10");
+    auto body = correction_json("cor-10", "2026-11", 400, 1);
+    f.fake->faults().latency_ms = 3000;
+
+    std::optional<billing::verdict> vb;
+    net::steady_timer b_done(f.io, std::chrono::steady_clock::time_point::max());
+    int touches = 0;
+    billing::touch_fn touch = [&] { ++touches; };
+    asio::co_spawn(f.io,
+                   redeliver_during_call(&f, b.get(), delivery_of(body, "ca01", 2), f.fake->requests(), 1400ms,
+                                         &vb, &b_done),
+                   asio::detached);
+    auto va = run_async(f.io, [&]() -> net::awaitable<billing::verdict> {
+        auto v = co_await a->handle(delivery_of(body, "ca01", 1), touch);
+        if (!vb) co_await b_done.async_wait();  // cancelled when b finishes
+        co_return v;
+    });
+    BOOST_TEST_REQUIRE(vb.has_value());
+    BOOST_TEST(reason(*vb) == "requeued_lease_held", vb->detail);
+    BOOST_TEST(reason(va) == "refunded", va.detail);
+    BOOST_TEST(touches >= 7);  // every 200 ms of a 3 s call
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 1);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(refunded_on(f, orig) == 600);
+    BOOST_TEST(status_of(f, base + "-r1") == "applied");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
