@@ -80,13 +80,17 @@ const std::string indeterminate_sql =
     "WITH mv AS (UPDATE billing_correction_moves SET indeterminate_since = coalesce(indeterminate_since, "
     "now()), "
     "last_error = $4 WHERE correction_key = $1 AND part = $2::int AND status = 'pending' RETURNING 1) "
-    "UPDATE billing_corrections SET lease_until = NULL, lease_epoch = lease_epoch + 1 WHERE key = $1 "
+    "UPDATE billing_corrections SET lease_until = now() - interval '1 ms', lease_epoch = lease_epoch + 1 "
+    "WHERE key = $1 "
     "AND lease_epoch = $3::bigint AND status = 'pending'";
 
+// A released lease is set just in the past (as the ledger's release_sql): expired for the next admit, and the
+// time of the release kept as the revision's last activity for the sweeper.
 const std::string release_sql =
     "WITH mv AS (UPDATE billing_correction_moves SET last_error = $4 WHERE correction_key = $1 "
     "AND part = $2::int RETURNING 1) "
-    "UPDATE billing_corrections SET lease_until = NULL, lease_epoch = lease_epoch + 1 WHERE key = $1 "
+    "UPDATE billing_corrections SET lease_until = now() - interval '1 ms', lease_epoch = lease_epoch + 1 "
+    "WHERE key = $1 "
     "AND lease_epoch = $3::bigint AND status = 'pending'";
 
 const std::string bump_sql =

@@ -72,6 +72,16 @@ net::awaitable<verdict> pipeline::resume(delivery d, billing_event ev, ledger_re
     co_return co_await on_existing(r, std::move(rec));
 }
 
+net::awaitable<verdict> pipeline::resume_correction(delivery d, billing_event ev, std::string base) {
+    run r(std::move(d), {}, log_);
+    r.ev = std::move(ev);
+    r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
+    if (!r.ev.is_correction() || r.key != base)
+        throw std::invalid_argument("resume_correction: revision of " + base + " is not this pipeline's");
+    r.log = r.log.with({{"billing_key", r.key}, {"swept", true}});
+    co_return co_await corrections_->handle(r.d, {}, r.ev, r.key, r.log);
+}
+
 net::awaitable<verdict> pipeline::finish_run(run& r, bool past_max_attempts) {
     // Debug lines mark each step of a delivery (received, row written, Stripe called, Stripe answered, then
     // the verdict): enough to tell, after a crash, which step a delivery had reached.

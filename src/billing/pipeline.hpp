@@ -129,6 +129,14 @@ class pipeline {
     // rules as handle().
     net::awaitable<verdict> resume(delivery d, billing_event ev, ledger_record rec);
 
+    // For a correction revision left pending that no delivery works on any more (the sweeper): the
+    // corrections machine (corrections.hpp) for `ev` exactly as a redelivery of its message runs it — the
+    // revision's expired lease taken in cg_correction_admit (a live delivery or another sweeper holding it
+    // makes this a lease-held requeue verdict), then each pending move by the same-key / search rules. `d`
+    // stands in for the message (its body is the revision's raw_body). `ev` must be a correction whose base
+    // key under this pipeline's namespace is `base` (std::invalid_argument otherwise). Not counted in
+    // chargeguard_billing_messages_total. Same executor and lifetime rules as handle().
+    net::awaitable<verdict> resume_correction(delivery d, billing_event ev, std::string base);
 
     const pipeline_config& config() const noexcept { return cfg_; }
 

@@ -10,6 +10,7 @@
 
 #include "billing/correction_ledger.hpp"
 #include "billing/outcome.hpp"
+#include "billing/sweeper.hpp"
 #include "fixture.hpp"
 #include "stripe/refunds.hpp"
 #include "stripe/types.hpp"
@@ -123,6 +124,28 @@ net::awaitable<void> redeliver_during_call(fixture* f, billing::pipeline* p, bil
     co_await t.async_wait();
     *out = co_await p->handle(std::move(d));
     done->cancel();
+}
+
+billing::sweeper_config sweep_now() {
+    billing::sweeper_config c;
+    c.after = 0ms;  // any pending revision whose lease has expired counts as abandoned
+    c.interval = 1h;
+    return c;
+}
+
+void set_lease(fixture& f, const std::string& correction_key, const std::string& interval) {
+    auto r = f.run(f.query("UPDATE billing_corrections SET lease_until = now() + $2::interval WHERE key = $1",
+                           pg::params(correction_key, interval)));
+    BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+}
+
+std::string move_object(fixture& f, const std::string& correction_key) {
+    auto r = f.run(f.query("SELECT coalesce(stripe_object_id, '') FROM billing_correction_moves "
+                           "WHERE correction_key = $1 AND part = 1",
+                           pg::params(correction_key)));
+    BOOST_TEST_REQUIRE(r.has_value());
+    BOOST_TEST_REQUIRE(r->size() == 1u);
+    return r->get<std::string>(0, 0);
 }
 
 }  // namespace
@@ -377,6 +400,65 @@ BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_refund) {
     BOOST_TEST(f.fake->refunds().size() == 1u);
     BOOST_TEST(refunded_on(f, orig) == 600);
     BOOST_TEST(status_of(f, base + "-r1") == "applied");
+}
+
+// The revision's message is gone (FINed before a failover lost the revision's last write, or dropped) after a
+// worker made its refund at Stripe and died before the ledger heard. The sweeper leaves it while its lease
+// is live; once the lease expired it resolves it without any redelivery: inside Stripe's 24 h it re-sends the
+// same key, Stripe replays the refund, and the revision is applied with it — one refund.
+BOOST_AUTO_TEST_CASE(sweeper_resolves_an_abandoned_refund_under_its_key_within_24h) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-s1", "2026-11");
+    auto orig = charge_original(f, *p, "cor-s1");
+    dead_worker(f, "cor-s1", 250, 1, true);
+    BOOST_TEST_REQUIRE(f.fake->refunds().size() == 1u);
+    billing::sweeper s(sweep_now(), *p, f.pg, logger());
+
+    set_lease(f, base + "-r1", "1 minute");  // a live worker's lease: not the sweeper's to take
+    auto live = f.run(s.sweep_once());
+    BOOST_TEST_REQUIRE(live.has_value(), (live ? "" : live.err().describe()));
+    BOOST_TEST(live->corrections_found == 0u);
+    BOOST_TEST(status_of(f, base + "-r1") == "pending");
+
+    set_lease(f, base + "-r1", "-1 second");
+    auto rep = f.run(s.sweep_once());
+    BOOST_TEST_REQUIRE(rep.has_value(), (rep ? "" : rep.err().describe()));
+    BOOST_TEST(rep->corrections_found == 1u);
+    BOOST_TEST(rep->count(billing::verdict_reason::refunded) == 1u);
+    BOOST_TEST(status_of(f, base + "-r1") == "applied");
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 2);  // the dead worker's and the sweeper's, replayed
+    BOOST_TEST(move_object(f, base + "-r1") == f.fake->refunds()[0].id);
+    BOOST_TEST(refunded_on(f, orig) == 750);
+    auto again = f.run(s.sweep_once());
+    BOOST_TEST_REQUIRE(again.has_value());
+    BOOST_TEST(again->corrections_found == 0u);
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 2);
+}
+
+// The same abandoned refund found 25 h later, after Stripe forgot the key: the sweeper searches the charge's
+// refunds by metadata[billing_key] and records the refund it finds — no second refund, no new key — again
+// with no redelivery.
+BOOST_AUTO_TEST_CASE(sweeper_finds_an_abandoned_refund_by_metadata_past_24h) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-s2", "2026-11");
+    auto orig = charge_original(f, *p, "cor-s2");
+    dead_worker(f, "cor-s2", 600, 1, true);
+    f.clock_offset = 25h;
+    f.fake->advance_clock(25h);
+    billing::sweeper s(sweep_now(), *p, f.pg, logger());
+    auto rep = f.run(s.sweep_once());
+    BOOST_TEST_REQUIRE(rep.has_value(), (rep ? "" : rep.err().describe()));
+    BOOST_TEST(rep->corrections_found == 1u);
+    BOOST_TEST(rep->count(billing::verdict_reason::refunded) == 1u);
+    BOOST_TEST(status_of(f, base + "-r1") == "applied");
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(move_object(f, base + "-r1") == f.fake->refunds()[0].id);
+    BOOST_TEST(refunded_on(f, orig) == 400);
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 1);     // only the dead worker's
+    BOOST_TEST(f.fake->posts_for(base + "-r1-g2") == 0);  // never a new key beside a refund that exists
 }
 
 BOOST_AUTO_TEST_SUITE_END()
