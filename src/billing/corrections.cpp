@@ -265,8 +265,11 @@ net::awaitable<std::optional<verdict>> corrections::settle_move(job& j, const co
     using stripe::outcome_class;
     switch (cls) {
         case outcome_class::succeeded: {
-            auto r = co_await store_.move_done(
-                j.key, m.part, a.object_id, a.intent_id.empty() ? std::nullopt : std::optional(a.intent_id));
+            // Named first: g++ 12 destroys a conditional's temporary in a co_await's arguments twice (a
+            // PaymentIntent's id is a heap string: a double free).
+            std::optional<std::string> intent;
+            if (!a.intent_id.empty()) intent = a.intent_id;
+            auto r = co_await store_.move_done(j.key, m.part, a.object_id, std::move(intent));
             if (!r) co_return postgres_failed(j, r.err(), "correction move done");
             co_return std::nullopt;
         }
@@ -344,8 +347,9 @@ net::awaitable<std::optional<verdict>> corrections::search_move(job& j, const co
         if (!f) co_return postgres_failed(j, f.err(), "correction declined");
         co_return verdict::finish(verdict_reason::declined, "charge " + ch.id + " failed");
     }
-    auto r = co_await store_.move_done(
-        j.key, m.part, ch.id, ch.payment_intent.empty() ? std::nullopt : std::optional(ch.payment_intent));
+    std::optional<std::string> intent;  // named: see settle_move
+    if (!ch.payment_intent.empty()) intent = ch.payment_intent;
+    auto r = co_await store_.move_done(j.key, m.part, ch.id, std::move(intent));
     if (!r) co_return postgres_failed(j, r.err(), "correction move done");
     co_return co_await run_moves(j);
 }

@@ -10,6 +10,7 @@
 
 #include "billing/correction_ledger.hpp"
 #include "billing/outcome.hpp"
+#include "billing/settlement_poller.hpp"
 #include "billing/sweeper.hpp"
 #include "fixture.hpp"
 #include "stripe/refunds.hpp"
@@ -33,6 +34,16 @@ std::string correction_json(const std::string& customer, const std::string& peri
     auto body = event_json(customer, period, total);
     body.pop_back();
     return body + ",\"revision\":" + std::to_string(revision) + "}";
+}
+
+// The same event paid with a payment method (a PaymentIntent, confirmed off-session); revision 0 is the
+// original.
+std::string intent_json(const std::string& customer, std::int64_t total, int revision, const std::string& pm) {
+    auto body = event_json(customer, "2026-11", total);
+    body.pop_back();
+    body += R"(,"payment_method":")" + pm + "\"";
+    if (revision > 0) body += ",\"revision\":" + std::to_string(revision);
+    return body + "}";
 }
 
 std::string meta(const std::vector<std::pair<std::string, std::string>>& m, const std::string& k) {
@@ -459,6 +470,99 @@ BOOST_AUTO_TEST_CASE(sweeper_finds_an_abandoned_refund_by_metadata_past_24h) {
     BOOST_TEST(refunded_on(f, orig) == 400);
     BOOST_TEST(f.fake->posts_for(base + "-r1") == 1);     // only the dead worker's
     BOOST_TEST(f.fake->posts_for(base + "-r1-g2") == 0);  // never a new key beside a refund that exists
+}
+
+// A period paid through PaymentIntents: revision 1 raises it (its difference confirmed as a PaymentIntent
+// of its own, under base-r1), revision 2 lowers it below the original. The refunds go to the intents'
+// charges — newest first: revision 1's intent whole, then part of the original's — so Stripe records each
+// refund against its PaymentIntent, and the ledger's moves name the intents.
+BOOST_AUTO_TEST_CASE(payment_intent_period_is_corrected_against_its_intents) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-pi", "2026-11");
+    auto v0 = f.handle(*p, delivery_of(intent_json("cor-pi", 1000, 0, "pm_card_visa"), "cp00"));
+    BOOST_TEST_REQUIRE(reason(v0) == "charged", v0.detail);
+    BOOST_TEST_REQUIRE(f.fake->intents().size() == 1u);
+    auto pi0 = f.fake->intents()[0];
+
+    auto v1 = f.handle(*p, delivery_of(intent_json("cor-pi", 1300, 1, "pm_card_visa"), "cp01"));
+    BOOST_TEST(reason(v1) == "charged", v1.detail);
+    BOOST_TEST_REQUIRE(f.fake->intents().size() == 2u);
+    auto pi1 = f.fake->intents()[1];
+    BOOST_TEST(pi1.amount == 300);
+    BOOST_TEST(pi1.status == "succeeded");
+    BOOST_TEST(meta(pi1.metadata, "billing_key") == base + "-r1");
+    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_correction_moves WHERE correction_key = $1 AND "
+                        "payment_intent_id = '" + pi1.id + "' AND stripe_object_id = '" + pi1.latest_charge + "'",
+                        base + "-r1") == 1);
+
+    auto v2 = f.handle(*p, delivery_of(intent_json("cor-pi", 500, 2, "pm_card_visa"), "cp02"));
+    BOOST_TEST(reason(v2) == "refunded", v2.detail);
+    BOOST_TEST_REQUIRE(f.fake->refunds().size() == 2u);
+    const auto& r1 = f.fake->refunds()[0];
+    const auto& r2 = f.fake->refunds()[1];
+    BOOST_TEST(r1.charge == pi1.latest_charge);
+    BOOST_TEST(r1.payment_intent == pi1.id);
+    BOOST_TEST(r1.amount == 300);
+    BOOST_TEST(r2.charge == pi0.latest_charge);
+    BOOST_TEST(r2.payment_intent == pi0.id);
+    BOOST_TEST(r2.amount == 500);
+    BOOST_TEST(net_at_stripe(f) == 500);
+    BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", base) == 500);
+    BOOST_TEST(status_of(f, base + "-r2") == "applied");
+}
+
+// A bank debit settles later: while the original is processing no money has moved, so a correction neither
+// counts it as charged nor refunds it — it waits (requeued, never dead-lettered, no Stripe call). Once the
+// debit succeeds (here found by the processing poll) the correction refunds against it; a debit that fails
+// instead leaves its correction waiting with nothing moved (a replay of the failure charges the original
+// again under a new key, and the correction applies after that).
+BOOST_AUTO_TEST_CASE(correction_of_a_processing_bank_debit_waits_until_it_settles) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-bank", "2026-11");
+    auto fail_base = key_of("cor-bank-x", "2026-11");
+    const std::string pm = "pm_usBankAccount_processing";  // processing until settled by hand
+    BOOST_TEST_REQUIRE(reason(f.handle(*p, delivery_of(intent_json("cor-bank", 1000, 0, pm), "cb00"))) ==
+                       "processing");
+    BOOST_TEST_REQUIRE(reason(f.handle(*p, delivery_of(intent_json("cor-bank-x", 1000, 0, pm), "cbx0"))) ==
+                       "processing");
+    BOOST_TEST_REQUIRE(f.fake->intents().size() == 2u);
+    auto pi = f.fake->intents()[0];
+    auto pi_x = f.fake->intents()[1];
+
+    auto before = f.fake->requests();
+    auto w = f.handle(*p, delivery_of(intent_json("cor-bank", 600, 1, pm), "cb01"));
+    BOOST_TEST(reason(w) == "requeued_waiting", w.detail);
+    BOOST_TEST(w.detail.find("processing") != std::string::npos, w.detail);
+    BOOST_TEST(!w.finished());
+    BOOST_TEST(f.fake->requests() == before);  // nothing asked of Stripe, nothing refunded
+    BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", base) == 0);
+    BOOST_TEST(f.dead_letters("cb01") == 0);
+
+    BOOST_TEST_REQUIRE(f.fake->settle(pi.id, "succeeded"));
+    BOOST_TEST_REQUIRE(f.fake->settle(pi_x.id, "failed", "insufficient_funds"));
+    billing::poller_config pc;
+    pc.poll_after = 0ms;
+    pc.rate_per_second = 100;
+    billing::settlement_poller poller(pc, f.pg, *f.stripe, logger());
+    auto polled = f.run(poller.poll_once());
+    BOOST_TEST_REQUIRE(polled.has_value(), (polled ? "" : polled.err().describe()));
+    BOOST_TEST_REQUIRE(billing::to_string(f.row(base)->status) == "charged");
+    BOOST_TEST_REQUIRE(billing::to_string(f.row(fail_base)->status) == "failed_after_processing");
+
+    auto v = f.handle(*p, delivery_of(intent_json("cor-bank", 600, 1, pm), "cb01", 2));
+    BOOST_TEST(reason(v) == "refunded", v.detail);
+    BOOST_TEST_REQUIRE(f.fake->refunds().size() == 1u);
+    BOOST_TEST(f.fake->refunds()[0].payment_intent == pi.id);
+    BOOST_TEST(f.fake->refunds()[0].amount == 400);
+    BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", base) == 600);
+
+    auto wx = f.handle(*p, delivery_of(intent_json("cor-bank-x", 600, 1, pm), "cbx1"));
+    BOOST_TEST(reason(wx) == "requeued_waiting", wx.detail);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", fail_base) == 0);
+    BOOST_TEST(status_of(f, fail_base + "-r1") == "absent");  // recorded once its original is charged
 }
 
 BOOST_AUTO_TEST_SUITE_END()
