@@ -53,8 +53,8 @@ const std::string attempt_sql =
     "RETURNING 1) SELECT (SELECT lease_epoch FROM rev) WHERE EXISTS (SELECT 1 FROM mv)";
 
 // A renewal while the call is awaited: the lease as record_attempt extends it, the move's last attempt time
-// moved on (what bump_sql's quiet waits for), under the deadline $5 (ledger_sql.hpp take_sql). The late flag is
-// the second column.
+// moved on (what bump_sql's quiet waits for), under the deadline $5 (ledger_sql.hpp take_sql). The late flag
+// is the second column.
 const std::string renew_sql =
     "WITH rev AS (UPDATE billing_corrections SET lease_until = now() + $4::bigint * interval '1 ms', "
     "lease_epoch = lease_epoch + 1 WHERE key = $1 AND status = 'pending' AND lease_epoch = $3::bigint "
@@ -169,7 +169,8 @@ net::awaitable<result<std::optional<std::int64_t>>> correction_ledger::record_at
 net::awaitable<result<std::optional<std::int64_t>>> correction_ledger::renew_lease(
     std::string key, std::int32_t part, std::int64_t epoch, std::chrono::milliseconds lease) {
     auto r = co_await ledger_detail::exec_with_deadline(
-        pool_, correction_sql::renew_sql, pg::params(key, part, epoch, correction_sql::corr_millis(lease)), 1);
+        pool_, correction_sql::renew_sql, pg::params(key, part, epoch, correction_sql::corr_millis(lease)),
+        1);
     if (!r) co_return r.err();
     co_return r->get<std::optional<std::int64_t>>(0, 0);
 }

@@ -175,8 +175,8 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
 net::awaitable<corrections::move_answer> corrections::call_move_kept(job& j, const correction_move& m) {
     auto ex = co_await asio::this_coro::executor;
     auto keeper = std::make_shared<lease_keeper>(
-        ex, cfg_.lease_renew_interval,
-        [this, &j, &m](lease_keeper& k) { return renew_once(j, m, k); }, j.log);
+        ex, cfg_.lease_renew_interval, [this, &j, &m](lease_keeper& k) { return renew_once(j, m, k); },
+        j.log);
     keeper->start();
     move_answer a;
     std::exception_ptr failed;
@@ -197,7 +197,8 @@ net::awaitable<void> corrections::renew_once(job& j, const correction_move& m, l
     if (j.touch) j.touch();
     if (k.lost()) {
         auto noted = co_await store_.note_in_flight(j.key, m.part, m.key_generation);
-        if (!noted) j.log.warn("cannot note the correction's call in flight", {{"error", noted.err().describe()}});
+        if (!noted)
+            j.log.warn("cannot note the correction's call in flight", {{"error", noted.err().describe()}});
         co_return;
     }
     auto renewed = co_await store_.renew_lease(j.key, m.part, j.epoch, cfg_.lease);
@@ -206,7 +207,8 @@ net::awaitable<void> corrections::renew_once(job& j, const correction_move& m, l
                    {{"error", renewed.err().describe()}});
     } else if (!*renewed) {
         k.mark_lost();
-        j.log.error("correction lease lost while Stripe was called: another worker may recover this revision");
+        j.log.error(
+            "correction lease lost while Stripe was called: another worker may recover this revision");
     } else {
         j.epoch = **renewed;
     }

@@ -4,8 +4,8 @@
 
 namespace cg::billing {
 
-lease_keeper::lease_keeper(const asio::any_io_executor& ex, std::chrono::milliseconds interval, renew_fn renew,
-                           logger log)
+lease_keeper::lease_keeper(const asio::any_io_executor& ex, std::chrono::milliseconds interval,
+                           renew_fn renew, logger log)
     : timer_(ex),
       joined_(ex, std::chrono::steady_clock::time_point::max()),
       interval_(interval),

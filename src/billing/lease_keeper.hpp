@@ -17,9 +17,9 @@ namespace cg::billing {
 
 class lease_keeper : public std::enable_shared_from_this<lease_keeper> {
   public:
-    // One renewal. It reads lost() and calls mark_lost() when the lease turned out not to be ours any more; it
-    // must not throw for database failures (a renewal that fails is retried at the next interval). Whatever it
-    // refers to must outlive stop().
+    // One renewal. It reads lost() and calls mark_lost() when the lease turned out not to be ours any more;
+    // it must not throw for database failures (a renewal that fails is retried at the next interval).
+    // Whatever it refers to must outlive stop().
     using renew_fn = std::function<net::awaitable<void>(lease_keeper&)>;
 
     // Create with std::make_shared (the timer's handler holds the keeper too). Every handler runs on `ex`,
@@ -29,8 +29,8 @@ class lease_keeper : public std::enable_shared_from_this<lease_keeper> {
 
     // Arms the first renewal, `interval` from now.
     void start();
-    // The call returned: no renewal starts any more; completes, on the keeper's executor, once a renewal under
-    // way has ended (it may refer to the caller's frame).
+    // The call returned: no renewal starts any more; completes, on the keeper's executor, once a renewal
+    // under way has ended (it may refer to the caller's frame).
     net::awaitable<void> stop();
 
     bool lost() const noexcept { return lost_; }

@@ -232,7 +232,8 @@ net::awaitable<void> pipeline::renew_once(run& r, lease_keeper& k) {
     }
     auto renewed = co_await ledger_.renew_lease(r.key, r.lease, cfg_.lease);
     if (!renewed) {
-        r.log.warn("lease renewal failed; retrying at the next interval", {{"error", renewed.err().describe()}});
+        r.log.warn("lease renewal failed; retrying at the next interval",
+                   {{"error", renewed.err().describe()}});
     } else if (!*renewed) {
         k.mark_lost();
         if (metrics_) metrics_->lease_lost->Increment();

@@ -209,7 +209,8 @@ net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_repor
     };
     std::vector<found_revision> found;
     for (std::size_t i = 0; i < rows->size(); ++i)
-        found.push_back({rows->get<std::string>(i, 0), rows->get<std::string>(i, 1), rows->get<std::string>(i, 2)});
+        found.push_back(
+            {rows->get<std::string>(i, 0), rows->get<std::string>(i, 1), rows->get<std::string>(i, 2)});
     for (auto& c : found) {
         if (st->task.stopping()) break;
         auto log = st->log.with({{"billing_key", c.base}, {"correction_key", c.key}});
@@ -219,8 +220,9 @@ net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_repor
             correction_key(c.base, ev->revision) != c.key) {
             ++rep.foreign;
             st->count(foreign_slot);
-            log.warn("abandoned correction's body does not give its keys under this sidecar's namespace: left "
-                     "alone");
+            log.warn(
+                "abandoned correction's body does not give its keys under this sidecar's namespace: left "
+                "alone");
             continue;
         }
         delivery d;
@@ -229,8 +231,9 @@ net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_repor
         d.message_id = "swept-" + c.key;
         d.attempts = 1;
         d.body = std::move(c.body);
-        log.warn("sweeping an abandoned pending correction: no delivery has worked on it within the sweep bound",
-                 {{"sweep_after_ms", static_cast<std::int64_t>(cfg.after.count())}});
+        log.warn(
+            "sweeping an abandoned pending correction: no delivery has worked on it within the sweep bound",
+            {{"sweep_after_ms", static_cast<std::int64_t>(cfg.after.count())}});
         auto v = co_await st->p->resume_correction(std::move(d), std::move(*ev), c.base);
         count_verdict(*st, rep, v, log);
     }

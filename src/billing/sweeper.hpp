@@ -80,7 +80,7 @@ struct sweeper_config {
 
 // What one sweep did.
 struct sweep_report {
-    std::size_t found = 0;    // abandoned rows the query returned
+    std::size_t found = 0;              // abandoned rows the query returned
     std::size_t corrections_found = 0;  // abandoned correction revisions (pending) the second query returned
     std::size_t foreign = 0;  // rows (or revisions) whose key this sidecar would not compute (left alone)
     std::array<std::size_t, verdict_reason_count> by_reason{};  // the verdicts of the rows run

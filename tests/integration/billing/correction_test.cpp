@@ -38,7 +38,8 @@ std::string correction_json(const std::string& customer, const std::string& peri
 
 // The same event paid with a payment method (a PaymentIntent, confirmed off-session); revision 0 is the
 // original.
-std::string intent_json(const std::string& customer, std::int64_t total, int revision, const std::string& pm) {
+std::string intent_json(const std::string& customer, std::int64_t total, int revision,
+                        const std::string& pm) {
     auto body = event_json(customer, "2026-11", total);
     body.pop_back();
     body += R"(,"payment_method":")" + pm + "\"";
@@ -151,9 +152,10 @@ void set_lease(fixture& f, const std::string& correction_key, const std::string&
 }
 
 std::string move_object(fixture& f, const std::string& correction_key) {
-    auto r = f.run(f.query("SELECT coalesce(stripe_object_id, '') FROM billing_correction_moves "
-                           "WHERE correction_key = $1 AND part = 1",
-                           pg::params(correction_key)));
+    auto r =
+        f.run(f.query("SELECT coalesce(stripe_object_id, '') FROM billing_correction_moves "
+                      "WHERE correction_key = $1 AND part = 1",
+                      pg::params(correction_key)));
     BOOST_TEST_REQUIRE(r.has_value());
     BOOST_TEST_REQUIRE(r->size() == 1u);
     return r->get<std::string>(0, 0);
@@ -373,8 +375,8 @@ BOOST_AUTO_TEST_CASE(correction_of_a_declined_charge_is_a_no_op) {
     BOOST_TEST(f.fake->refunds().empty());
 }
 
-// Stripe slower than the lease on a refund: the revision's lease is renewed while the call is awaited (and the
-// message touched), so a second pipeline handling a redelivery 1.4 s into the call — past the 1 s lease
+// Stripe slower than the lease on a refund: the revision's lease is renewed while the call is awaited (and
+// the message touched), so a second pipeline handling a redelivery 1.4 s into the call — past the 1 s lease
 // the attempt took — finds it held and sends nothing. Without the renewal it takes the expired lease and
 // sends the same refund again (409 in use here; after Stripe's 24 h, a search and a new key beside a refund
 // still in flight).
@@ -395,8 +397,8 @@ BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_refund) {
     int touches = 0;
     billing::touch_fn touch = [&] { ++touches; };
     asio::co_spawn(f.io,
-                   redeliver_during_call(&f, b.get(), delivery_of(body, "ca01", 2), f.fake->requests(), 1400ms,
-                                         &vb, &b_done),
+                   redeliver_during_call(&f, b.get(), delivery_of(body, "ca01", 2), f.fake->requests(),
+                                         1400ms, &vb, &b_done),
                    asio::detached);
     auto va = run_async(f.io, [&]() -> net::awaitable<billing::verdict> {
         auto v = co_await a->handle(delivery_of(body, "ca01", 1), touch);
@@ -493,7 +495,8 @@ BOOST_AUTO_TEST_CASE(payment_intent_period_is_corrected_against_its_intents) {
     BOOST_TEST(pi1.status == "succeeded");
     BOOST_TEST(meta(pi1.metadata, "billing_key") == base + "-r1");
     BOOST_TEST(f.scalar("SELECT count(*) FROM billing_correction_moves WHERE correction_key = $1 AND "
-                        "payment_intent_id = '" + pi1.id + "' AND stripe_object_id = '" + pi1.latest_charge + "'",
+                        "payment_intent_id = '" +
+                            pi1.id + "' AND stripe_object_id = '" + pi1.latest_charge + "'",
                         base + "-r1") == 1);
 
     auto v2 = f.handle(*p, delivery_of(intent_json("cor-pi", 500, 2, "pm_card_visa"), "cp02"));
