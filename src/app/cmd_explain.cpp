@@ -9,8 +9,10 @@
 // too), the key's dead letters, its vault spend reservations when the vault tables exist, and with --stripe
 // the live Stripe objects carrying metadata[billing_key] — the same list-and-metadata search recovery uses
 // (stripe::client::find_charge_by_billing_key / find_payment_intent_by_billing_key). Read-only: it changes
-// nothing anywhere. Ends with a one-line verdict; exit 0 when the event is charged once, 2 otherwise, 1 when
-// PostgreSQL or Stripe could not be asked.
+// nothing anywhere. Corrections (docs/design.md §4a): every revision of the period with its total and state,
+// and each of its money moves with its Stripe object (charge, refund, PaymentIntent); a correction's key
+// (base-rN…) given to --key shows its period. Ends with a one-line verdict; exit 0 when the event is charged
+// once, 2 otherwise, 1 when PostgreSQL or Stripe could not be asked.
 #include <unistd.h>
 
 #include <asio/co_spawn.hpp>
@@ -148,6 +150,68 @@ net::awaitable<result<void>> load_spend(pg::pool& pool, explanation& x, const st
     co_return result<void>{};
 }
 
+// The period's correction revisions and their money moves (migration 0018), by the original's key, and the
+// money the ledger has moved for the period. Nothing when the tables do not exist (a schema before 0018).
+net::awaitable<result<void>> load_corrections(pg::pool& pool, explanation& x, const std::string& base) {
+    auto t = co_await run_query(pool, "SELECT to_regclass('billing_corrections') IS NOT NULL", pg::params());
+    if (!t) co_return t.err();
+    if (t->text(0, 0) != "t") co_return result<void>{};
+    auto r = co_await run_query(pool,
+                                "SELECT key, revision::text, total_cents::text, currency, status, "
+                                "delta_cents::text, note, started_at::text, finished_at::text "
+                                "FROM billing_corrections WHERE base_key = $1::text ORDER BY revision",
+                                pg::params(base));
+    if (!r) co_return r.err();
+    std::vector<revision_view> revs;
+    for (std::size_t i = 0; i < r->size(); ++i)
+        revs.push_back({std::string(r->text(i, 0)),
+                        std::string(r->text(i, 1)),
+                        std::string(r->text(i, 2)),
+                        std::string(r->text(i, 3)),
+                        std::string(r->text(i, 4)),
+                        opt_text(*r, i, 5),
+                        opt_text(*r, i, 6),
+                        opt_text(*r, i, 7),
+                        opt_text(*r, i, 8),
+                        {}});
+    auto m =
+        co_await run_query(pool,
+                           "SELECT m.correction_key, m.part::text, m.kind, m.amount_cents::text, m.status, "
+                           "m.key_generation::text, m.refund_of, m.stripe_object_id, m.payment_intent_id, "
+                           "m.last_error FROM billing_correction_moves m JOIN billing_corrections c "
+                           "ON c.key = m.correction_key WHERE c.base_key = $1::text "
+                           "ORDER BY c.revision, m.part",
+                           pg::params(base));
+    if (!m) co_return m.err();
+    for (std::size_t i = 0; i < m->size(); ++i)
+        for (auto& rev : revs)
+            if (rev.key == m->text(i, 0))
+                rev.moves.push_back({std::string(m->text(i, 1)), std::string(m->text(i, 2)),
+                                     std::string(m->text(i, 3)), std::string(m->text(i, 4)),
+                                     std::string(m->text(i, 5)), opt_text(*m, i, 6), opt_text(*m, i, 7),
+                                     opt_text(*m, i, 8), opt_text(*m, i, 9)});
+    if (!revs.empty()) {
+        auto n = co_await run_query(pool, "SELECT cg_correction_net_cents($1::text)::text", pg::params(base));
+        if (!n) co_return n.err();
+        x.net_cents = std::string(n->text(0, 0));
+    }
+    x.corrections = std::move(revs);
+    co_return result<void>{};
+}
+
+// "; corrected to 700 cents by revision 2 (applied); net moved 700 cents", and any revision still open.
+std::string corrections_summary(const explanation& x) {
+    if (!x.corrections || x.corrections->empty()) return "";
+    const auto& last = x.corrections->back();
+    std::string out = "; corrected to " + last.total_cents + " cents by revision " + last.revision + " (" +
+                      last.status + ")";
+    for (const auto& rev : *x.corrections)
+        if (rev.status == "pending" || rev.status == "waiting")
+            out += "; revision " + rev.revision + " " + rev.status;
+    if (x.net_cents) out += "; net moved " + *x.net_cents + " cents";
+    return out;
+}
+
 // The recovery search (stripe::client), read-only.
 net::awaitable<result<void>> load_stripe(stripe::client& client, explanation& x, const std::string& cus,
                                          const std::string& key, const std::string& account) {
@@ -234,6 +298,7 @@ void decide(explanation& x) {
     } else {
         x.verdict = status + ": " + err;
     }
+    x.verdict += corrections_summary(x);
     if (r.str("key") != x.key)
         x.verdict += " (the row's key " + r.str("key") + " is not the computed one: another --key-namespace)";
 }
@@ -252,6 +317,7 @@ net::awaitable<int> run_explain(const explain_flags* fp, std::shared_ptr<pg::poo
     if (auto r = co_await load_letters(*pool, x, key); !r) co_return fail("reading dead letters", r.err());
     if (auto r = co_await load_spend(*pool, x, key); !r)
         co_return fail("reading vault reservations", r.err());
+    if (auto r = co_await load_corrections(*pool, x, key); !r) co_return fail("reading corrections", r.err());
     if (!client) {
         x.stripe.skipped = "not asked (--stripe searches it)";
     } else {
@@ -276,8 +342,17 @@ void resolve_subject(explain_flags& f) {
     bool by_customer = !f.customer.empty() || !f.period.empty();
     if (by_customer && !f.key.empty()) throw usage_error("give --key or --customer with --period, not both");
     if (!f.key.empty()) {
-        bool hex = f.key.size() == 32 && f.key.find_first_not_of("0123456789abcdef") == std::string::npos;
-        if (!hex) bad_value("--key", f.key, "not a billing key (32 lower-case hex digits)");
+        // A key as logs and Stripe's metadata show it may carry a correction's or a generation's suffix
+        // (base-r2, base-r2-p2, base-g2): the period is the base key's.
+        auto base = f.key.substr(0, 32);
+        auto suffix = f.key.size() > 32 ? f.key.substr(32) : std::string();
+        bool hex = base.size() == 32 && base.find_first_not_of("0123456789abcdef") == std::string::npos;
+        bool suffix_ok = suffix.empty() || (suffix.size() >= 3 && suffix[0] == '-' &&
+                                            suffix.find_first_not_of("-rpg0123456789") == std::string::npos);
+        if (!hex || !suffix_ok)
+            bad_value("--key", f.key,
+                      "not a billing key (32 lower-case hex digits, maybe -r<N>, -p<N>, -g<N>)");
+        f.key = base;
         return;
     }
     if (by_customer) {
@@ -347,7 +422,9 @@ void register_explain(CLI::App& app, command_main& selected) {
     auto f = std::make_shared<explain_flags>();
     cmd->add_option("--customer", f->customer, "the billing system's customer id (with --period)");
     cmd->add_option("--period", f->period, "the billing period, as in the events (e.g. 2026-11)");
-    cmd->add_option("--key", f->key, "a billing key (the ledger's key, logs' billing_key)");
+    cmd->add_option(
+        "--key", f->key,
+        "a billing key (the ledger's key, logs' billing_key; a correction's base-rN shows its period)");
     cmd->add_option(
         "--stripe-account", f->stripe_account,
         "the connected account (acct_…) of a Stripe Connect event (with --customer and --period)");

@@ -6,6 +6,37 @@
 
 namespace cg::app::explain_impl {
 
+const char* or_dash(const std::optional<std::string>& v) {
+    return v ? v->c_str() : "-";
+}
+
+// Each revision with its total and state, then its money moves with their Stripe objects.
+void print_corrections_text(const explanation& x) {
+    if (!x.corrections) {
+        std::printf("corrections:  no corrections tables\n");
+        return;
+    }
+    if (x.corrections->empty()) {
+        std::printf("corrections:  none\n");
+        return;
+    }
+    std::printf("corrections:  %zu revision(s); net moved for the period: %s cents\n", x.corrections->size(),
+                or_dash(x.net_cents));
+    for (const auto& r : *x.corrections) {
+        std::printf("revision %s (%s): total %s %s, difference %s, %s%s%s\n", r.revision.c_str(),
+                    r.key.c_str(), r.total_cents.c_str(), r.currency.c_str(), or_dash(r.delta_cents),
+                    r.status.c_str(), r.note ? ": " : "", r.note ? r.note->c_str() : "");
+        for (const auto& m : r.moves) {
+            std::string what = m.kind == "refund" ? "refund of " + m.refund_of.value_or("?") : "charge";
+            std::printf("  move %s: %s %s cents, %s, stripe %s%s%s (generation %s)%s%s\n", m.part.c_str(),
+                        what.c_str(), m.amount_cents.c_str(), m.status.c_str(), or_dash(m.stripe_object_id),
+                        m.payment_intent_id ? " intent " : "",
+                        m.payment_intent_id ? m.payment_intent_id->c_str() : "", m.key_generation.c_str(),
+                        m.last_error ? "; last error: " : "", m.last_error ? m.last_error->c_str() : "");
+        }
+    }
+}
+
 void print_text(const explanation& x) {
     std::printf("key:          %s\n", x.key.c_str());
     if (!x.customer.empty())
@@ -32,6 +63,7 @@ void print_text(const explanation& x) {
         std::printf("vault %s: %s %s cents under %s (reserved %s, object %s)\n", s.vault_key_id.c_str(),
                     s.state.c_str(), s.amount_cents.c_str(), s.idempotency_key.c_str(), s.reserved_at.c_str(),
                     s.stripe_object_id.value_or("-").c_str());
+    print_corrections_text(x);
     if (!x.stripe.asked) {
         std::printf("stripe:       %s\n", x.stripe.skipped.c_str());
     } else {
@@ -109,6 +141,43 @@ void print_json(const explanation& x) {
         }
         o += ']';
     }
+    o += ",\"corrections\":";
+    if (!x.corrections) {
+        o += "null";
+    } else {
+        o += '[';
+        for (std::size_t i = 0; i < x.corrections->size(); ++i) {
+            const auto& r = (*x.corrections)[i];
+            o += i ? ",{" : "{";
+            json_field(o, "key", r.key, false);
+            json_field(o, "revision", r.revision);
+            json_field(o, "total_cents", r.total_cents);
+            json_field(o, "currency", r.currency);
+            json_field(o, "delta_cents", r.delta_cents);
+            json_field(o, "status", r.status);
+            json_field(o, "note", r.note);
+            json_field(o, "started_at", r.started_at);
+            json_field(o, "finished_at", r.finished_at);
+            o += ",\"moves\":[";
+            for (std::size_t k = 0; k < r.moves.size(); ++k) {
+                const auto& m = r.moves[k];
+                o += k ? ",{" : "{";
+                json_field(o, "part", m.part, false);
+                json_field(o, "kind", m.kind);
+                json_field(o, "amount_cents", m.amount_cents);
+                json_field(o, "refund_of", m.refund_of);
+                json_field(o, "status", m.status);
+                json_field(o, "stripe_object_id", m.stripe_object_id);
+                json_field(o, "payment_intent_id", m.payment_intent_id);
+                json_field(o, "key_generation", m.key_generation);
+                json_field(o, "last_error", m.last_error);
+                o += '}';
+            }
+            o += "]}";
+        }
+        o += ']';
+    }
+    json_field(o, "net_cents", x.net_cents);
     o += ",\"stripe\":";
     if (!x.stripe.asked) {
         o += "null";

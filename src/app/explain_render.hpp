@@ -37,6 +37,19 @@ struct spend_view {
     std::optional<std::string> stripe_object_id;
 };
 
+// One Stripe call a correction revision makes (billing_correction_moves), every column as text.
+struct move_view {
+    std::string part, kind, amount_cents, status, key_generation;
+    std::optional<std::string> refund_of, stripe_object_id, payment_intent_id, last_error;
+};
+
+// One revision of the period (billing_corrections, docs/design.md §4a) and its money moves.
+struct revision_view {
+    std::string key, revision, total_cents, currency, status;
+    std::optional<std::string> delta_cents, note, started_at, finished_at;
+    std::vector<move_view> moves;
+};
+
 struct stripe_view {
     bool asked = false;
     std::string skipped;  // why not asked
@@ -48,7 +61,9 @@ struct explanation {
     std::string key, customer, period, key_namespace;
     std::optional<ledger_view> row;
     std::vector<letter_view> letters;
-    std::optional<std::vector<spend_view>> spend;  // nullopt: no vault tables
+    std::optional<std::vector<spend_view>> spend;           // nullopt: no vault tables
+    std::optional<std::vector<revision_view>> corrections;  // nullopt: no corrections tables (before 0018)
+    std::optional<std::string> net_cents;  // the money the ledger has moved for the period (with corrections)
     stripe_view stripe;
     std::string
         state;  // charged | pending | declined | cap_blocked | failed | conflict | dead_lettered | never_seen

@@ -1,5 +1,6 @@
 #include "billing/correction_ledger.hpp"
 
+#include "billing/ledger_runners.hpp"
 #include "pg/rows.hpp"
 
 namespace cg::billing {
@@ -51,6 +52,21 @@ const std::string attempt_sql =
     "WHERE correction_key = $1 AND part = $2::int AND status = 'pending' AND EXISTS (SELECT 1 FROM rev) "
     "RETURNING 1) SELECT (SELECT lease_epoch FROM rev) WHERE EXISTS (SELECT 1 FROM mv)";
 
+// A renewal while the call is awaited: the lease as record_attempt extends it, the move's last attempt time
+// moved on (what bump_sql's quiet waits for), under the deadline $5 (ledger_sql.hpp take_sql). The late flag
+// is the second column.
+const std::string renew_sql =
+    "WITH rev AS (UPDATE billing_corrections SET lease_until = now() + $4::bigint * interval '1 ms', "
+    "lease_epoch = lease_epoch + 1 WHERE key = $1 AND status = 'pending' AND lease_epoch = $3::bigint "
+    "AND clock_timestamp() < $5::timestamptz RETURNING lease_epoch), "
+    "mv AS (UPDATE billing_correction_moves SET last_stripe_attempt_at = now() WHERE correction_key = $1 "
+    "AND part = $2::int AND status = 'pending' AND EXISTS (SELECT 1 FROM rev) RETURNING 1) "
+    "SELECT (SELECT lease_epoch FROM rev), clock_timestamp() >= $5::timestamptz";
+
+const std::string in_flight_sql =
+    "UPDATE billing_correction_moves SET last_stripe_attempt_at = now() WHERE correction_key = $1 "
+    "AND part = $2::int AND status = 'pending' AND key_generation = $3::int";
+
 const std::string done_sql =
     "UPDATE billing_correction_moves SET status = 'done', stripe_object_id = $3, payment_intent_id = $4, "
     "indeterminate_since = NULL, last_error = NULL WHERE correction_key = $1 AND part = $2::int "
@@ -64,13 +80,17 @@ const std::string indeterminate_sql =
     "WITH mv AS (UPDATE billing_correction_moves SET indeterminate_since = coalesce(indeterminate_since, "
     "now()), "
     "last_error = $4 WHERE correction_key = $1 AND part = $2::int AND status = 'pending' RETURNING 1) "
-    "UPDATE billing_corrections SET lease_until = NULL, lease_epoch = lease_epoch + 1 WHERE key = $1 "
+    "UPDATE billing_corrections SET lease_until = now() - interval '1 ms', lease_epoch = lease_epoch + 1 "
+    "WHERE key = $1 "
     "AND lease_epoch = $3::bigint AND status = 'pending'";
 
+// A released lease is set just in the past (as the ledger's release_sql): expired for the next admit, and the
+// time of the release kept as the revision's last activity for the sweeper.
 const std::string release_sql =
     "WITH mv AS (UPDATE billing_correction_moves SET last_error = $4 WHERE correction_key = $1 "
     "AND part = $2::int RETURNING 1) "
-    "UPDATE billing_corrections SET lease_until = NULL, lease_epoch = lease_epoch + 1 WHERE key = $1 "
+    "UPDATE billing_corrections SET lease_until = now() - interval '1 ms', lease_epoch = lease_epoch + 1 "
+    "WHERE key = $1 "
     "AND lease_epoch = $3::bigint AND status = 'pending'";
 
 const std::string bump_sql =
@@ -144,6 +164,21 @@ net::awaitable<result<std::optional<std::int64_t>>> correction_ledger::record_at
     if (!r) co_return r.err();
     if (r->size() != 1) co_return std::optional<std::int64_t>();
     co_return r->get<std::optional<std::int64_t>>(0, 0);
+}
+
+net::awaitable<result<std::optional<std::int64_t>>> correction_ledger::renew_lease(
+    std::string key, std::int32_t part, std::int64_t epoch, std::chrono::milliseconds lease) {
+    auto r = co_await ledger_detail::exec_with_deadline(
+        pool_, correction_sql::renew_sql, pg::params(key, part, epoch, correction_sql::corr_millis(lease)),
+        1);
+    if (!r) co_return r.err();
+    co_return r->get<std::optional<std::int64_t>>(0, 0);
+}
+
+net::awaitable<result<void>> correction_ledger::note_in_flight(std::string key, std::int32_t part,
+                                                               std::int32_t generation) {
+    co_return co_await correction_sql::corr_exec_void(pool_, correction_sql::in_flight_sql,
+                                                      pg::params(key, part, generation));
 }
 
 net::awaitable<result<void>> correction_ledger::move_done(std::string key, std::int32_t part,

@@ -71,6 +71,17 @@ class correction_ledger {
                                                                        std::int64_t epoch,
                                                                        std::chrono::milliseconds lease);
 
+    // While a move's Stripe call is awaited (lease_keeper.hpp): the revision's lease extended and the move's
+    // last attempt time moved on (a call in flight holds back a new key generation), only while we hold the
+    // lease (`epoch`) — with the statement's deadline the database checks, as the ledger's renewals. The new
+    // epoch, or nullopt: not ours any more. errc::timeout when the database saw it past its deadline.
+    net::awaitable<result<std::optional<std::int64_t>>> renew_lease(std::string key, std::int32_t part,
+                                                                    std::int64_t epoch,
+                                                                    std::chrono::milliseconds lease);
+    // After the lease was lost, while our call under `generation` is still awaited: the move's last attempt
+    // time moved on (no lease needed; it only holds back a new key generation).
+    net::awaitable<result<void>> note_in_flight(std::string key, std::int32_t part, std::int32_t generation);
+
     // A move's end as Stripe (or the search) told it. Only from pending; they do not need the lease (an
     // answer from Stripe is a fact worth recording).
     net::awaitable<result<void>> move_done(std::string key, std::int32_t part, std::string object_id,

@@ -1,8 +1,10 @@
 #include "billing/corrections.hpp"
 
+#include <asio/this_coro.hpp>
 #include <stdexcept>
 
 #include "billing/key.hpp"
+#include "billing/lease_keeper.hpp"
 #include "billing/ledger.hpp"
 #include "billing/pipeline.hpp"
 #include "stripe/client.hpp"
@@ -12,6 +14,7 @@ namespace cg::billing {
 
 struct corrections::job {
     const delivery& d;
+    std::function<void()> touch;
     billing_event ev;
     std::string base;
     std::string key;  // correction_key(base, revision)
@@ -60,9 +63,9 @@ verdict corrections::waiting(std::string detail) {
                             std::move(detail));
 }
 
-net::awaitable<verdict> corrections::handle(const delivery& d, billing_event ev, std::string base,
-                                            logger log) {
-    job j{d, std::move(ev), std::move(base), {}, std::move(log)};
+net::awaitable<verdict> corrections::handle(const delivery& d, std::function<void()> touch, billing_event ev,
+                                            std::string base, logger log) {
+    job j{d, std::move(touch), std::move(ev), std::move(base), {}, std::move(log)};
     j.key = correction_key(j.base, j.ev.revision);
     j.log = j.log.with({{"correction_key", j.key}, {"revision", j.ev.revision}});
     auto a = co_await store_.admit(j.key, j.base, j.ev.revision, j.ev.amount_cents, j.ev.currency, d.body,
@@ -160,10 +163,55 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
         co_return verdict::requeue(verdict_reason::requeued_lease_lost, cfg_.lease_held_delay, "correction");
     j.epoch = **att;
 
-    auto a = co_await call_move(j, m);
+    auto a = co_await call_move_kept(j, m);
     j.log.debug("Stripe answered a correction",
                 {{"outcome", stripe::to_string(a.cls)}, {"object", a.object_id}});
     co_return co_await settle_move(j, m, std::move(a));
+}
+
+// The move's Stripe call with the revision's lease kept alive beside it, as a charge's is (pipeline.cpp): a
+// redelivery, or a sweeper, that comes while Stripe is slow finds the lease held instead of sending the same
+// move again.
+net::awaitable<corrections::move_answer> corrections::call_move_kept(job& j, const correction_move& m) {
+    auto ex = co_await asio::this_coro::executor;
+    auto keeper = std::make_shared<lease_keeper>(
+        ex, cfg_.lease_renew_interval, [this, &j, &m](lease_keeper& k) { return renew_once(j, m, k); },
+        j.log);
+    keeper->start();
+    move_answer a;
+    std::exception_ptr failed;
+    try {
+        a = co_await call_move(j, m);
+    } catch (...) {
+        failed = std::current_exception();
+    }
+    co_await keeper->stop();
+    if (failed) std::rethrow_exception(failed);
+    co_return a;
+}
+
+// One renewal while a move's call is awaited: the message touched, the revision's lease extended — or, once
+// it was taken over, the call noted in flight, so whoever holds the revision now takes no new key generation
+// while this call can still move money.
+net::awaitable<void> corrections::renew_once(job& j, const correction_move& m, lease_keeper& k) {
+    if (j.touch) j.touch();
+    if (k.lost()) {
+        auto noted = co_await store_.note_in_flight(j.key, m.part, m.key_generation);
+        if (!noted)
+            j.log.warn("cannot note the correction's call in flight", {{"error", noted.err().describe()}});
+        co_return;
+    }
+    auto renewed = co_await store_.renew_lease(j.key, m.part, j.epoch, cfg_.lease);
+    if (!renewed) {
+        j.log.warn("correction lease renewal failed; retrying at the next interval",
+                   {{"error", renewed.err().describe()}});
+    } else if (!*renewed) {
+        k.mark_lost();
+        j.log.error(
+            "correction lease lost while Stripe was called: another worker may recover this revision");
+    } else {
+        j.epoch = **renewed;
+    }
 }
 
 // The move's Stripe call under its key and generation, its answer read the way the ledger needs it.
@@ -219,8 +267,11 @@ net::awaitable<std::optional<verdict>> corrections::settle_move(job& j, const co
     using stripe::outcome_class;
     switch (cls) {
         case outcome_class::succeeded: {
-            auto r = co_await store_.move_done(
-                j.key, m.part, a.object_id, a.intent_id.empty() ? std::nullopt : std::optional(a.intent_id));
+            // Named first: g++ 12 destroys a conditional's temporary in a co_await's arguments twice (a
+            // PaymentIntent's id is a heap string: a double free).
+            std::optional<std::string> intent;
+            if (!a.intent_id.empty()) intent = a.intent_id;
+            auto r = co_await store_.move_done(j.key, m.part, a.object_id, std::move(intent));
             if (!r) co_return postgres_failed(j, r.err(), "correction move done");
             co_return std::nullopt;
         }
@@ -298,8 +349,9 @@ net::awaitable<std::optional<verdict>> corrections::search_move(job& j, const co
         if (!f) co_return postgres_failed(j, f.err(), "correction declined");
         co_return verdict::finish(verdict_reason::declined, "charge " + ch.id + " failed");
     }
-    auto r = co_await store_.move_done(
-        j.key, m.part, ch.id, ch.payment_intent.empty() ? std::nullopt : std::optional(ch.payment_intent));
+    std::optional<std::string> intent;  // named: see settle_move
+    if (!ch.payment_intent.empty()) intent = ch.payment_intent;
+    auto r = co_await store_.move_done(j.key, m.part, ch.id, std::move(intent));
     if (!r) co_return postgres_failed(j, r.err(), "correction move done");
     co_return co_await run_moves(j);
 }

@@ -12,6 +12,7 @@
 // life for new_key_quiet, takes a new key generation.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -32,6 +33,7 @@ namespace cg::billing {
 struct delivery;
 struct pipeline_config;
 class ledger;
+class lease_keeper;
 
 class corrections {
   public:
@@ -41,8 +43,11 @@ class corrections {
     // The whole machine for one delivery of a correction `ev` of the period whose original key is `base`:
     // FIN (applied, a no-op with its reason, dead-lettered) or REQ with a delay (waiting for its
     // predecessor, lease held, Stripe's answer open, PostgreSQL failed). Never throws for database, Stripe or
-    // payload failures. Call and complete on the ledger pool's executor; `d` and `log` are copied.
-    net::awaitable<verdict> handle(const delivery& d, billing_event ev, std::string base, logger log);
+    // payload failures. Call and complete on the ledger pool's executor; `d` must outlive the call. While a
+    // move's Stripe call is awaited the revision's lease is renewed every lease_renew_interval
+    // (lease_keeper.hpp) and `touch` (may be empty) is called, as for a charge.
+    net::awaitable<verdict> handle(const delivery& d, std::function<void()> touch, billing_event ev,
+                                   std::string base, logger log);
 
   private:
     struct job;
@@ -56,6 +61,8 @@ class corrections {
     net::awaitable<verdict> run_moves(job& j);
     net::awaitable<std::optional<verdict>> run_move(job& j, const correction_move& m);
     net::awaitable<move_answer> call_move(job& j, const correction_move& m);
+    net::awaitable<move_answer> call_move_kept(job& j, const correction_move& m);
+    net::awaitable<void> renew_once(job& j, const correction_move& m, lease_keeper& k);
     net::awaitable<std::optional<verdict>> settle_move(job& j, const correction_move& m, move_answer a);
     net::awaitable<std::optional<verdict>> search_move(job& j, const correction_move& m);
     net::awaitable<std::optional<verdict>> search_failed(job& j, std::int32_t part, error e);

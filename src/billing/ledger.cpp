@@ -59,6 +59,10 @@ std::int64_t millis(ms d) {
     return static_cast<std::int64_t>(d.count());
 }
 
+}  // namespace
+
+namespace ledger_detail {
+
 // One lease-extending statement: as exec(), with the statement's deadline appended as the last parameter
 // (see take_sql). The deadline is taken after the connection is acquired, right before sending, from the
 // same timeout the connection enforces. Returns the single row the statement always produces, or
@@ -85,6 +89,10 @@ net::awaitable<result<pg::rows>> exec_with_deadline(std::shared_ptr<pg::pool> po
                         "(a stalled connection, or the database clock ahead of ours)");
     co_return r;
 }
+
+}  // namespace ledger_detail
+
+namespace {
 
 // One atomic batch (pipeline mode, one sync): the first failing statement's error, or every result.
 net::awaitable<result<std::vector<pg::rows>>> exec_batch(std::shared_ptr<pg::pool> pool, pg::pipeline batch) {

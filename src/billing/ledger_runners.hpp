@@ -1,6 +1,6 @@
 // The ledger's batched statements (billing/ledger_batch.hpp runs them): a group-commit runner each for the
 // pre-flight insert and the settle update, and the one-row statements they fall back to. Internal to the
-// ledger (billing/ledger.cpp).
+// ledger (billing/ledger.cpp) and the corrections ledger (billing/correction_ledger.cpp).
 #pragma once
 
 #include <memory>
@@ -20,6 +20,13 @@ ledger_record decode_record(const pg::rows& r, std::size_t i);
 
 // One statement on a pooled connection. `sql` is one of ledger_sql's statics (it outlives the call).
 net::awaitable<result<pg::rows>> exec(std::shared_ptr<pg::pool> pool, const std::string& sql, pg::params p);
+
+// One lease-extending statement (ledger_sql.hpp take_sql says why): as exec(), with the statement's deadline
+// appended as the last parameter; the statement returns one row whose column `late_col` says whether the
+// database saw it after that deadline. Returns that row, or errc::timeout when it came late and changed
+// nothing (its first column NULL). Also the corrections ledger's (correction_ledger.cpp).
+net::awaitable<result<pg::rows>> exec_with_deadline(std::shared_ptr<pg::pool> pool, const std::string& sql,
+                                                    pg::params p, int late_col);
 
 struct preflight_req {
     new_record rec;

@@ -72,6 +72,16 @@ net::awaitable<verdict> pipeline::resume(delivery d, billing_event ev, ledger_re
     co_return co_await on_existing(r, std::move(rec));
 }
 
+net::awaitable<verdict> pipeline::resume_correction(delivery d, billing_event ev, std::string base) {
+    run r(std::move(d), {}, log_);
+    r.ev = std::move(ev);
+    r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
+    if (!r.ev.is_correction() || r.key != base)
+        throw std::invalid_argument("resume_correction: revision of " + base + " is not this pipeline's");
+    r.log = r.log.with({{"billing_key", r.key}, {"swept", true}});
+    co_return co_await corrections_->handle(r.d, {}, r.ev, r.key, r.log);
+}
+
 net::awaitable<verdict> pipeline::finish_run(run& r, bool past_max_attempts) {
     // Debug lines mark each step of a delivery (received, row written, Stripe called, Stripe answered, then
     // the verdict): enough to tell, after a crash, which step a delivery had reached.
@@ -97,7 +107,7 @@ net::awaitable<verdict> pipeline::process(run& r) {
         {{"billing_key", r.key}, {"customer_id", r.ev.customer_id}, {"period", r.ev.billing_period}});
     if (r.ev.connected()) r.log = r.log.with({{"stripe_account", r.ev.stripe_account}});
     // A correction (revision > 0) is a job of its own, keyed from the original's key.
-    if (r.ev.is_correction()) co_return co_await corrections_->handle(r.d, r.ev, r.key, r.log);
+    if (r.ev.is_correction()) co_return co_await corrections_->handle(r.d, r.touch, r.ev, r.key, r.log);
 
     new_record row{r.key, r.ev, r.d.message_id, r.d.attempts, cfg_.key_namespace};
     auto pf = co_await ledger_.preflight(std::move(row), cfg_.lease);
@@ -165,13 +175,14 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
 
     stripe::charge_outcome out;
     auto ex = co_await asio::this_coro::executor;
-    auto keeper = std::make_shared<lease_keeper>(ex);
+    auto keeper = std::make_shared<lease_keeper>(
+        ex, cfg_.lease_renew_interval, [this, &r](lease_keeper& k) { return renew_once(r, k); }, r.log);
     auto began = std::chrono::steady_clock::now();
     r.log.debug("calling Stripe", {{"generation", r.generation}});
-    // The call is awaited here, the lease kept by a timer beside it (arm_renewal). A delivery waits for its
+    // The call is awaited here, the lease kept by a timer beside it (lease_keeper). A delivery waits for its
     // turn among the client's calls before it builds its request: meanwhile it holds this frame and a
     // timer, neither the request nor the client's coroutines.
-    arm_renewal(r, keeper);
+    keeper->start();
     std::exception_ptr failed;
     try {
         auto turn = co_await stripe_.turn();
@@ -185,10 +196,7 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
     } catch (...) {
         failed = std::current_exception();
     }
-    keeper->done = true;
-    keeper->timer.cancel();
-    // A renewal under way refers to `r`: it ends before this frame does.
-    if (keeper->renewing) co_await keeper->joined.async_wait();
+    co_await keeper->stop();
     if (failed) std::rethrow_exception(failed);
     r.log.debug("Stripe answered", {{"outcome", stripe::to_string(out.cls)}, {"charge_id", out.charge_id}});
     co_await test_pause();  // between Stripe's answer and the ledger update
@@ -211,53 +219,28 @@ void pipeline::note_stripe_time(std::chrono::steady_clock::duration took) {
         std::chrono::microseconds(static_cast<std::int64_t>(std::min(cap, stripe_time_avg_us_ / 100.0))));
 }
 
-// Every renew interval while Stripe is awaited: tell the transport we are alive and extend the lease, so a
-// redelivery elsewhere sees "lease held" instead of recovering a row whose call is still in flight. The
-// timer's handler owns the keeper with the caller; once the call has returned (`done`) it does nothing.
-void pipeline::arm_renewal(run& r, const std::shared_ptr<lease_keeper>& k) {
-    k->timer.expires_after(cfg_.lease_renew_interval);
-    k->timer.async_wait([this, &r, k](std::error_code ec) {
-        if (ec || k->done) return;
-        k->renewing = true;
-        asio::co_spawn(k->timer.get_executor(), renew_once(r, k), [this, &r, k](std::exception_ptr e) {
-            if (!e) return;
-            // A broken invariant in the renewal: the call goes on unrenewed, and is not left waiting.
-            r.log.error("lease renewal failed unexpectedly", {{"error", describe_exception(e)}});
-            renewal_ended(r, k);
-        });
-    });
-}
-
-net::awaitable<void> pipeline::renew_once(run& r, std::shared_ptr<lease_keeper> k) {
+// One renewal while Stripe is awaited (lease_keeper): tell the transport we are alive and extend the lease,
+// so a redelivery elsewhere sees "lease held" instead of recovering a row whose call is still in flight.
+net::awaitable<void> pipeline::renew_once(run& r, lease_keeper& k) {
     if (r.touch) r.touch();
-    if (k->lost) {
+    if (k.lost()) {
         // Not ours any more, but our call under this generation is still awaited: say so, so that
         // whoever holds the row now does not take a new generation while it can still charge.
         auto noted = co_await ledger_.note_in_flight(r.key, r.generation);
         if (!noted) r.log.warn("cannot note the call in flight", {{"error", noted.err().describe()}});
-    } else {
-        auto renewed = co_await ledger_.renew_lease(r.key, r.lease, cfg_.lease);
-        if (!renewed) {
-            r.log.warn("lease renewal failed; retrying at the next interval",
-                       {{"error", renewed.err().describe()}});
-        } else if (!*renewed) {
-            k->lost = true;
-            if (metrics_) metrics_->lease_lost->Increment();
-            r.log.error("lease lost while Stripe was called: another worker may recover this row");
-        } else {
-            r.lease = **renewed;
-        }
+        co_return;
     }
-    renewal_ended(r, k);
-}
-
-// The next renewal while the call is awaited; once it has returned, wake it (it waits for this renewal).
-void pipeline::renewal_ended(run& r, const std::shared_ptr<lease_keeper>& k) {
-    k->renewing = false;
-    if (k->done)
-        k->joined.cancel();
-    else
-        arm_renewal(r, k);
+    auto renewed = co_await ledger_.renew_lease(r.key, r.lease, cfg_.lease);
+    if (!renewed) {
+        r.log.warn("lease renewal failed; retrying at the next interval",
+                   {{"error", renewed.err().describe()}});
+    } else if (!*renewed) {
+        k.mark_lost();
+        if (metrics_) metrics_->lease_lost->Increment();
+        r.log.error("lease lost while Stripe was called: another worker may recover this row");
+    } else {
+        r.lease = **renewed;
+    }
 }
 
 net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& out) {

@@ -19,6 +19,7 @@
 
 #include "billing/corrections.hpp"
 #include "billing/decision.hpp"
+#include "billing/lease_keeper.hpp"
 #include "billing/ledger.hpp"
 #include "billing/outcome.hpp"
 #include "billing/recovery.hpp"
@@ -128,11 +129,19 @@ class pipeline {
     // rules as handle().
     net::awaitable<verdict> resume(delivery d, billing_event ev, ledger_record rec);
 
+    // For a correction revision left pending that no delivery works on any more (the sweeper): the
+    // corrections machine (corrections.hpp) for `ev` exactly as a redelivery of its message runs it — the
+    // revision's expired lease taken in cg_correction_admit (a live delivery or another sweeper holding it
+    // makes this a lease-held requeue verdict), then each pending move by the same-key / search rules. `d`
+    // stands in for the message (its body is the revision's raw_body). `ev` must be a correction whose base
+    // key under this pipeline's namespace is `base` (std::invalid_argument otherwise). Not counted in
+    // chargeguard_billing_messages_total. Same executor and lifetime rules as handle().
+    net::awaitable<verdict> resume_correction(delivery d, billing_event ev, std::string base);
+
     const pipeline_config& config() const noexcept { return cfg_; }
 
   private:
     struct run;
-    struct lease_keeper;
     struct metrics_set;
 
     net::awaitable<verdict> process(run& r);
@@ -150,9 +159,7 @@ class pipeline {
     net::awaitable<void> test_pause();
     net::awaitable<verdict> settle(run& r, const stripe::charge_outcome& out);
     net::awaitable<verdict> dead_letter_finish(run& r, std::string reason, std::optional<std::string> key);
-    void arm_renewal(run& r, const std::shared_ptr<lease_keeper>& k);
-    net::awaitable<void> renew_once(run& r, std::shared_ptr<lease_keeper> k);
-    void renewal_ended(run& r, const std::shared_ptr<lease_keeper>& k);
+    net::awaitable<void> renew_once(run& r, lease_keeper& k);
     verdict postgres_failed(run& r, const error& e, std::string_view step);
     verdict count(verdict v);
     void note_stripe_time(std::chrono::steady_clock::duration took);

@@ -1,4 +1,4 @@
-// The pipeline's per-delivery state, lease keeper and metrics (billing/pipeline.cpp, billing/recovery.cpp).
+// The pipeline's per-delivery state and metrics (billing/pipeline.cpp, billing/recovery.cpp).
 // Internal to the pipeline.
 #pragma once
 
@@ -30,17 +30,6 @@ struct pipeline::run {
         return {d.topic, d.channel,         d.message_id,          d.attempts,
                 d.body,  std::move(reason), std::move(billing_key)};
     }
-};
-
-// Shared by the Stripe call and the renewals beside it (all on the pipeline's executor).
-struct pipeline::lease_keeper {
-    explicit lease_keeper(const asio::any_io_executor& ex)
-        : timer(ex), joined(ex, std::chrono::steady_clock::time_point::max()) {}
-    net::steady_timer timer;   // the next renewal
-    net::steady_timer joined;  // cancelled when a renewal ends after the call returned
-    bool done = false;         // the Stripe call returned
-    bool lost = false;         // a renewal found the lease taken over
-    bool renewing = false;     // a renewal is under way
 };
 
 struct pipeline::metrics_set {

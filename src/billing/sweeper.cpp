@@ -4,6 +4,7 @@
 #include <asio/co_spawn.hpp>
 #include <vector>
 
+#include "billing/correction_ledger.hpp"
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
 #include "billing/pending_age.hpp"
@@ -44,6 +45,25 @@ const std::string& abandoned_sql() {
         "AND greatest(updated_at, coalesce(lease_until, updated_at)) < now() - $2::bigint * interval "
         "'1 millisecond' "
         "ORDER BY greatest(updated_at, coalesce(lease_until, updated_at)) LIMIT $3::bigint";
+    return sql;
+}
+
+// Correction revisions (billing_corrections, migration 0018) left pending by the same kind of loss: their
+// lease expired (or was released) and no sign of life — planned (started_at), leased or released
+// (lease_until; a release sets it just in the past), a move's Stripe attempt or renewal
+// (last_stripe_attempt_at) — for longer than $2 ms; of originals in this key namespace. The revision's raw
+// body is its event.
+const std::string& abandoned_corrections_sql() {
+    static const std::string sql =
+        "SELECT c.key, c.base_key, c.raw_body FROM billing_corrections c "
+        "JOIN billing_records r ON r.key = c.base_key "
+        "CROSS JOIN LATERAL (SELECT max(m.last_stripe_attempt_at) AS last_attempt "
+        "FROM billing_correction_moves m WHERE m.correction_key = c.key) mv "
+        "WHERE c.status = 'pending' AND r.key_namespace = $1::text "
+        "AND (c.lease_until IS NULL OR c.lease_until < now()) "
+        "AND greatest(c.started_at, c.lease_until, mv.last_attempt) < now() - $2::bigint * interval "
+        "'1 millisecond' "
+        "ORDER BY greatest(c.started_at, c.lease_until, mv.last_attempt) LIMIT $3::bigint";
     return sql;
 }
 
@@ -117,6 +137,9 @@ namespace {
 
 using sweeper_state_ptr = std::shared_ptr<sweeper::state>;
 
+void count_verdict(sweeper::state& st, sweep_report& rep, const verdict& v, const logger& log);
+net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_report& rep);
+
 net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st) {
     auto& cfg = st->cfg;
     const auto& ns = st->p->config().key_namespace;
@@ -153,13 +176,68 @@ net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st) {
                   {"stripe_attempts", a.rec.stripe_attempts},
                   {"generation", a.rec.key_generation}});
         auto v = co_await st->p->resume(std::move(d), std::move(a.ev), std::move(a.rec));
-        ++rep.by_reason[static_cast<std::size_t>(v.reason)];
-        st->count(static_cast<std::size_t>(v.reason));
-        std::array<log_field, 2> fields{log_field("reason", to_string(v.reason)),
-                                        log_field("detail", v.detail)};
-        log.log(v.finished() ? log_level::info : log_level::warn, "swept row", fields);
+        count_verdict(*st, rep, v, log);
+    }
+    if (st->task.stopping()) co_return rep;
+    auto corrected = co_await sweep_corrections(st, rep);
+    if (!corrected) {
+        if (st->errors) st->errors->Increment();
+        co_return corrected.err();
     }
     co_return rep;
+}
+
+void count_verdict(sweeper::state& st, sweep_report& rep, const verdict& v, const logger& log) {
+    ++rep.by_reason[static_cast<std::size_t>(v.reason)];
+    st.count(static_cast<std::size_t>(v.reason));
+    std::array<log_field, 2> fields{log_field("reason", to_string(v.reason)), log_field("detail", v.detail)};
+    log.log(v.finished() ? log_level::info : log_level::warn, "swept row", fields);
+}
+
+// The abandoned correction revisions, each through the corrections machine as a redelivery of its message
+// would run it (pipeline::resume_correction): the same key inside Stripe's window, the search after it.
+net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_report& rep) {
+    auto& cfg = st->cfg;
+    const auto& ns = st->p->config().key_namespace;
+    auto rows = co_await pg::exec_pooled(
+        st->pool, abandoned_corrections_sql(),
+        pg::params(ns, static_cast<std::int64_t>(cfg.after.count()), static_cast<std::int64_t>(cfg.batch)));
+    if (!rows) co_return rows.err();
+    rep.corrections_found = rows->size();
+    struct found_revision {
+        std::string key, base, body;
+    };
+    std::vector<found_revision> found;
+    for (std::size_t i = 0; i < rows->size(); ++i)
+        found.push_back(
+            {rows->get<std::string>(i, 0), rows->get<std::string>(i, 1), rows->get<std::string>(i, 2)});
+    for (auto& c : found) {
+        if (st->task.stopping()) break;
+        auto log = st->log.with({{"billing_key", c.base}, {"correction_key", c.key}});
+        auto ev = parse_event(c.body);
+        if (!ev || !ev->is_correction() ||
+            base_key(ns, ev->customer_id, ev->billing_period, ev->stripe_account) != c.base ||
+            correction_key(c.base, ev->revision) != c.key) {
+            ++rep.foreign;
+            st->count(foreign_slot);
+            log.warn(
+                "abandoned correction's body does not give its keys under this sidecar's namespace: left "
+                "alone");
+            continue;
+        }
+        delivery d;
+        d.topic = cfg.topic;
+        d.channel = cfg.channel;
+        d.message_id = "swept-" + c.key;
+        d.attempts = 1;
+        d.body = std::move(c.body);
+        log.warn(
+            "sweeping an abandoned pending correction: no delivery has worked on it within the sweep bound",
+            {{"sweep_after_ms", static_cast<std::int64_t>(cfg.after.count())}});
+        auto v = co_await st->p->resume_correction(std::move(d), std::move(*ev), c.base);
+        count_verdict(*st, rep, v, log);
+    }
+    co_return result<void>{};
 }
 
 net::awaitable<void> sweep_loop(sweeper_state_ptr st) {
@@ -170,9 +248,10 @@ net::awaitable<void> sweep_loop(sweeper_state_ptr st) {
         if (!rep)
             st->log.warn("sweep failed; trying again at the next interval",
                          {{"error", rep.err().describe()}});
-        else if (rep->found > 0)
+        else if (rep->found + rep->corrections_found > 0)
             st->log.info("sweep done",
                          {{"found", static_cast<std::int64_t>(rep->found)},
+                          {"corrections_found", static_cast<std::int64_t>(rep->corrections_found)},
                           {"charged", static_cast<std::int64_t>(rep->count(verdict_reason::charged))}});
     }
 }

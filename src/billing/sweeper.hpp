@@ -12,6 +12,13 @@
 // holds (migration 0011), rather than re-published: a re-published event is one more message that can race
 // its original and has to be handled by the same machine anyway, while the row already is the event.
 //
+// Correction revisions (docs/design.md §4a) are swept the same way: a revision left `pending` whose lease
+// expired and which has shown no life (planned, leased, released, a move's attempt or renewal) within the
+// bound runs through the corrections machine as its redelivery would (pipeline::resume_correction) — its
+// lease taken in cg_correction_admit, each pending money move re-sent under its key inside Stripe's 24 h
+// window, searched for by metadata after it (a charge among the customer's charges, a refund among its
+// charge's refunds). The revision's raw body is its event.
+//
 // Rows of another key namespace are left to their own sidecars (selected by key_namespace, and the key is
 // recomputed and compared before anything runs); rows written before migration 0011 have no namespace and
 // are left to `reconcile`.
@@ -73,8 +80,9 @@ struct sweeper_config {
 
 // What one sweep did.
 struct sweep_report {
-    std::size_t found = 0;    // abandoned rows the query returned
-    std::size_t foreign = 0;  // rows whose key this sidecar would not compute (left alone)
+    std::size_t found = 0;              // abandoned rows the query returned
+    std::size_t corrections_found = 0;  // abandoned correction revisions (pending) the second query returned
+    std::size_t foreign = 0;  // rows (or revisions) whose key this sidecar would not compute (left alone)
     std::array<std::size_t, verdict_reason_count> by_reason{};  // the verdicts of the rows run
 
     std::size_t count(verdict_reason r) const noexcept { return by_reason[static_cast<std::size_t>(r)]; }
@@ -93,7 +101,8 @@ class sweeper {
     sweeper& operator=(const sweeper&) = delete;
 
     // One sweep: reads up to `batch` abandoned rows and runs each through pipeline::resume, one after the
-    // other. Returns what it did, or the query's error (rows already run stay counted in the metrics).
+    // other; then up to `batch` abandoned correction revisions, each through pipeline::resume_correction.
+    // Returns what it did, or a query's error (rows already run stay counted in the metrics).
     // Completes on the pool's executor; not cancellable while a row is at Stripe (the client's timeouts bound
     // it). Stops between rows once stop() was called.
     net::awaitable<result<sweep_report>> sweep_once();

@@ -3,10 +3,15 @@
 // positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/this_coro.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "billing/correction_ledger.hpp"
 #include "billing/outcome.hpp"
+#include "billing/settlement_poller.hpp"
+#include "billing/sweeper.hpp"
 #include "fixture.hpp"
 #include "stripe/refunds.hpp"
 #include "stripe/types.hpp"
@@ -17,6 +22,7 @@ using cg::test::delivery_of;
 using cg::test::event_json;
 using cg::test::key_of;
 using cg::test::reason;
+using cg::test::run_async;
 
 namespace {
 
@@ -28,6 +34,17 @@ std::string correction_json(const std::string& customer, const std::string& peri
     auto body = event_json(customer, period, total);
     body.pop_back();
     return body + ",\"revision\":" + std::to_string(revision) + "}";
+}
+
+// The same event paid with a payment method (a PaymentIntent, confirmed off-session); revision 0 is the
+// original.
+std::string intent_json(const std::string& customer, std::int64_t total, int revision,
+                        const std::string& pm) {
+    auto body = event_json(customer, "2026-11", total);
+    body.pop_back();
+    body += R"(,"payment_method":")" + pm + "\"";
+    if (revision > 0) body += ",\"revision\":" + std::to_string(revision);
+    return body + "}";
 }
 
 std::string meta(const std::vector<std::pair<std::string, std::string>>& m, const std::string& k) {
@@ -101,6 +118,47 @@ void dead_worker(fixture& f, const std::string& customer, std::int64_t total, in
         f.run(f.query("UPDATE billing_corrections SET lease_until = now() - interval '1 s' WHERE key = $1",
                       pg::params(key)));
     BOOST_TEST_REQUIRE(r.has_value());
+}
+
+// A redelivery of `d` through `p` once the fake has received more than `seen` requests (the first
+// pipeline's Stripe call has arrived) and `after` more has passed; its verdict into *out, then `done`
+// cancelled. The fake answers on this io_context and tells nobody of an arrival: its request count is read
+// every 5 ms.
+net::awaitable<void> redeliver_during_call(fixture* f, billing::pipeline* p, billing::delivery d,
+                                           std::size_t seen, std::chrono::milliseconds after,
+                                           std::optional<billing::verdict>* out, net::steady_timer* done) {
+    net::steady_timer t(co_await asio::this_coro::executor);
+    while (f->fake->requests() <= seen) {
+        t.expires_after(5ms);
+        co_await t.async_wait();
+    }
+    t.expires_after(after);
+    co_await t.async_wait();
+    *out = co_await p->handle(std::move(d));
+    done->cancel();
+}
+
+billing::sweeper_config sweep_now() {
+    billing::sweeper_config c;
+    c.after = 0ms;  // any pending revision whose lease has expired counts as abandoned
+    c.interval = 1h;
+    return c;
+}
+
+void set_lease(fixture& f, const std::string& correction_key, const std::string& interval) {
+    auto r = f.run(f.query("UPDATE billing_corrections SET lease_until = now() + $2::interval WHERE key = $1",
+                           pg::params(correction_key, interval)));
+    BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+}
+
+std::string move_object(fixture& f, const std::string& correction_key) {
+    auto r =
+        f.run(f.query("SELECT coalesce(stripe_object_id, '') FROM billing_correction_moves "
+                      "WHERE correction_key = $1 AND part = 1",
+                      pg::params(correction_key)));
+    BOOST_TEST_REQUIRE(r.has_value());
+    BOOST_TEST_REQUIRE(r->size() == 1u);
+    return r->get<std::string>(0, 0);
 }
 
 }  // namespace
@@ -315,6 +373,199 @@ BOOST_AUTO_TEST_CASE(correction_of_a_declined_charge_is_a_no_op) {
     auto v = f.handle(*p, delivery_of(correction_json("cor-9", "2026-11", 1500, 1), "c901"));
     BOOST_TEST(reason(v) == "correction_noop", v.detail);
     BOOST_TEST(f.fake->refunds().empty());
+}
+
+// Stripe slower than the lease on a refund: the revision's lease is renewed while the call is awaited (and
+// the message touched), so a second pipeline handling a redelivery 1.4 s into the call — past the 1 s lease
+// the attempt took — finds it held and sends nothing. Without the renewal it takes the expired lease and
+// sends the same refund again (409 in use here; after Stripe's 24 h, a search and a new key beside a refund
+// still in flight).
+BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_refund) {
+    fixture f;
+    auto cfg = f.config_for_pipeline();
+    cfg.lease = 1000ms;
+    cfg.lease_renew_interval = 200ms;
+    auto a = f.make_pipeline(cfg);
+    auto b = f.make_pipeline(cfg);
+    auto base = key_of("cor-10", "2026-11");
+    auto orig = charge_original(f, *a, "cor-10");
+    auto body = correction_json("cor-10", "2026-11", 400, 1);
+    f.fake->faults().latency_ms = 3000;
+
+    std::optional<billing::verdict> vb;
+    net::steady_timer b_done(f.io, std::chrono::steady_clock::time_point::max());
+    int touches = 0;
+    billing::touch_fn touch = [&] { ++touches; };
+    asio::co_spawn(f.io,
+                   redeliver_during_call(&f, b.get(), delivery_of(body, "ca01", 2), f.fake->requests(),
+                                         1400ms, &vb, &b_done),
+                   asio::detached);
+    auto va = run_async(f.io, [&]() -> net::awaitable<billing::verdict> {
+        auto v = co_await a->handle(delivery_of(body, "ca01", 1), touch);
+        if (!vb) co_await b_done.async_wait();  // cancelled when b finishes
+        co_return v;
+    });
+    BOOST_TEST_REQUIRE(vb.has_value());
+    BOOST_TEST(reason(*vb) == "requeued_lease_held", vb->detail);
+    BOOST_TEST(reason(va) == "refunded", va.detail);
+    BOOST_TEST(touches >= 7);  // every 200 ms of a 3 s call
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 1);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(refunded_on(f, orig) == 600);
+    BOOST_TEST(status_of(f, base + "-r1") == "applied");
+}
+
+// The revision's message is gone (FINed before a failover lost the revision's last write, or dropped) after a
+// worker made its refund at Stripe and died before the ledger heard. The sweeper leaves it while its lease
+// is live; once the lease expired it resolves it without any redelivery: inside Stripe's 24 h it re-sends the
+// same key, Stripe replays the refund, and the revision is applied with it — one refund.
+BOOST_AUTO_TEST_CASE(sweeper_resolves_an_abandoned_refund_under_its_key_within_24h) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-s1", "2026-11");
+    auto orig = charge_original(f, *p, "cor-s1");
+    dead_worker(f, "cor-s1", 250, 1, true);
+    BOOST_TEST_REQUIRE(f.fake->refunds().size() == 1u);
+    billing::sweeper s(sweep_now(), *p, f.pg, logger());
+
+    set_lease(f, base + "-r1", "1 minute");  // a live worker's lease: not the sweeper's to take
+    auto live = f.run(s.sweep_once());
+    BOOST_TEST_REQUIRE(live.has_value(), (live ? "" : live.err().describe()));
+    BOOST_TEST(live->corrections_found == 0u);
+    BOOST_TEST(status_of(f, base + "-r1") == "pending");
+
+    set_lease(f, base + "-r1", "-1 second");
+    auto rep = f.run(s.sweep_once());
+    BOOST_TEST_REQUIRE(rep.has_value(), (rep ? "" : rep.err().describe()));
+    BOOST_TEST(rep->corrections_found == 1u);
+    BOOST_TEST(rep->count(billing::verdict_reason::refunded) == 1u);
+    BOOST_TEST(status_of(f, base + "-r1") == "applied");
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 2);  // the dead worker's and the sweeper's, replayed
+    BOOST_TEST(move_object(f, base + "-r1") == f.fake->refunds()[0].id);
+    BOOST_TEST(refunded_on(f, orig) == 750);
+    auto again = f.run(s.sweep_once());
+    BOOST_TEST_REQUIRE(again.has_value());
+    BOOST_TEST(again->corrections_found == 0u);
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 2);
+}
+
+// The same abandoned refund found 25 h later, after Stripe forgot the key: the sweeper searches the charge's
+// refunds by metadata[billing_key] and records the refund it finds — no second refund, no new key — again
+// with no redelivery.
+BOOST_AUTO_TEST_CASE(sweeper_finds_an_abandoned_refund_by_metadata_past_24h) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-s2", "2026-11");
+    auto orig = charge_original(f, *p, "cor-s2");
+    dead_worker(f, "cor-s2", 600, 1, true);
+    f.clock_offset = 25h;
+    f.fake->advance_clock(25h);
+    billing::sweeper s(sweep_now(), *p, f.pg, logger());
+    auto rep = f.run(s.sweep_once());
+    BOOST_TEST_REQUIRE(rep.has_value(), (rep ? "" : rep.err().describe()));
+    BOOST_TEST(rep->corrections_found == 1u);
+    BOOST_TEST(rep->count(billing::verdict_reason::refunded) == 1u);
+    BOOST_TEST(status_of(f, base + "-r1") == "applied");
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(move_object(f, base + "-r1") == f.fake->refunds()[0].id);
+    BOOST_TEST(refunded_on(f, orig) == 400);
+    BOOST_TEST(f.fake->posts_for(base + "-r1") == 1);     // only the dead worker's
+    BOOST_TEST(f.fake->posts_for(base + "-r1-g2") == 0);  // never a new key beside a refund that exists
+}
+
+// A period paid through PaymentIntents: revision 1 raises it (its difference confirmed as a PaymentIntent
+// of its own, under base-r1), revision 2 lowers it below the original. The refunds go to the intents'
+// charges — newest first: revision 1's intent whole, then part of the original's — so Stripe records each
+// refund against its PaymentIntent, and the ledger's moves name the intents.
+BOOST_AUTO_TEST_CASE(payment_intent_period_is_corrected_against_its_intents) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-pi", "2026-11");
+    auto v0 = f.handle(*p, delivery_of(intent_json("cor-pi", 1000, 0, "pm_card_visa"), "cp00"));
+    BOOST_TEST_REQUIRE(reason(v0) == "charged", v0.detail);
+    BOOST_TEST_REQUIRE(f.fake->intents().size() == 1u);
+    auto pi0 = f.fake->intents()[0];
+
+    auto v1 = f.handle(*p, delivery_of(intent_json("cor-pi", 1300, 1, "pm_card_visa"), "cp01"));
+    BOOST_TEST(reason(v1) == "charged", v1.detail);
+    BOOST_TEST_REQUIRE(f.fake->intents().size() == 2u);
+    auto pi1 = f.fake->intents()[1];
+    BOOST_TEST(pi1.amount == 300);
+    BOOST_TEST(pi1.status == "succeeded");
+    BOOST_TEST(meta(pi1.metadata, "billing_key") == base + "-r1");
+    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_correction_moves WHERE correction_key = $1 AND "
+                        "payment_intent_id = '" +
+                            pi1.id + "' AND stripe_object_id = '" + pi1.latest_charge + "'",
+                        base + "-r1") == 1);
+
+    auto v2 = f.handle(*p, delivery_of(intent_json("cor-pi", 500, 2, "pm_card_visa"), "cp02"));
+    BOOST_TEST(reason(v2) == "refunded", v2.detail);
+    BOOST_TEST_REQUIRE(f.fake->refunds().size() == 2u);
+    const auto& r1 = f.fake->refunds()[0];
+    const auto& r2 = f.fake->refunds()[1];
+    BOOST_TEST(r1.charge == pi1.latest_charge);
+    BOOST_TEST(r1.payment_intent == pi1.id);
+    BOOST_TEST(r1.amount == 300);
+    BOOST_TEST(r2.charge == pi0.latest_charge);
+    BOOST_TEST(r2.payment_intent == pi0.id);
+    BOOST_TEST(r2.amount == 500);
+    BOOST_TEST(net_at_stripe(f) == 500);
+    BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", base) == 500);
+    BOOST_TEST(status_of(f, base + "-r2") == "applied");
+}
+
+// A bank debit settles later: while the original is processing no money has moved, so a correction neither
+// counts it as charged nor refunds it — it waits (requeued, never dead-lettered, no Stripe call). Once the
+// debit succeeds (here found by the processing poll) the correction refunds against it; a debit that fails
+// instead leaves its correction waiting with nothing moved (a replay of the failure charges the original
+// again under a new key, and the correction applies after that).
+BOOST_AUTO_TEST_CASE(correction_of_a_processing_bank_debit_waits_until_it_settles) {
+    fixture f;
+    auto p = f.make_pipeline();
+    auto base = key_of("cor-bank", "2026-11");
+    auto fail_base = key_of("cor-bank-x", "2026-11");
+    const std::string pm = "pm_usBankAccount_processing";  // processing until settled by hand
+    BOOST_TEST_REQUIRE(reason(f.handle(*p, delivery_of(intent_json("cor-bank", 1000, 0, pm), "cb00"))) ==
+                       "processing");
+    BOOST_TEST_REQUIRE(reason(f.handle(*p, delivery_of(intent_json("cor-bank-x", 1000, 0, pm), "cbx0"))) ==
+                       "processing");
+    BOOST_TEST_REQUIRE(f.fake->intents().size() == 2u);
+    auto pi = f.fake->intents()[0];
+    auto pi_x = f.fake->intents()[1];
+
+    auto before = f.fake->requests();
+    auto w = f.handle(*p, delivery_of(intent_json("cor-bank", 600, 1, pm), "cb01"));
+    BOOST_TEST(reason(w) == "requeued_waiting", w.detail);
+    BOOST_TEST(w.detail.find("processing") != std::string::npos, w.detail);
+    BOOST_TEST(!w.finished());
+    BOOST_TEST(f.fake->requests() == before);  // nothing asked of Stripe, nothing refunded
+    BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", base) == 0);
+    BOOST_TEST(f.dead_letters("cb01") == 0);
+
+    BOOST_TEST_REQUIRE(f.fake->settle(pi.id, "succeeded"));
+    BOOST_TEST_REQUIRE(f.fake->settle(pi_x.id, "failed", "insufficient_funds"));
+    billing::poller_config pc;
+    pc.poll_after = 0ms;
+    pc.rate_per_second = 100;
+    billing::settlement_poller poller(pc, f.pg, *f.stripe, logger());
+    auto polled = f.run(poller.poll_once());
+    BOOST_TEST_REQUIRE(polled.has_value(), (polled ? "" : polled.err().describe()));
+    BOOST_TEST_REQUIRE(billing::to_string(f.row(base)->status) == "charged");
+    BOOST_TEST_REQUIRE(billing::to_string(f.row(fail_base)->status) == "failed_after_processing");
+
+    auto v = f.handle(*p, delivery_of(intent_json("cor-bank", 600, 1, pm), "cb01", 2));
+    BOOST_TEST(reason(v) == "refunded", v.detail);
+    BOOST_TEST_REQUIRE(f.fake->refunds().size() == 1u);
+    BOOST_TEST(f.fake->refunds()[0].payment_intent == pi.id);
+    BOOST_TEST(f.fake->refunds()[0].amount == 400);
+    BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", base) == 600);
+
+    auto wx = f.handle(*p, delivery_of(intent_json("cor-bank-x", 600, 1, pm), "cbx1"));
+    BOOST_TEST(reason(wx) == "requeued_waiting", wx.detail);
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", fail_base) == 0);
+    BOOST_TEST(status_of(f, fail_base + "-r1") == "absent");  // recorded once its original is charged
 }
 
 BOOST_AUTO_TEST_SUITE_END()

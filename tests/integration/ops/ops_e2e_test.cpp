@@ -911,3 +911,100 @@ BOOST_FIXTURE_TEST_CASE(configmap_environment_tools_beside_consume_take_no_billi
         },
         seconds(180));
 }
+
+// `explain` for a corrected period, from a ledger `consume` wrote: the original (1000, charged), revision 1
+// (to 1500: a charge of 500) and revision 2 (to 700: refunds of 500 and 300, newest payment first). The
+// JSON lists each revision with its total, difference and state and each money move with its Stripe
+// object, and the money moved for the period; the verdict names the last total; the text shows the same,
+// and a correction's key given to --key finds its period.
+BOOST_FIXTURE_TEST_CASE(explain_shows_a_periods_corrections_and_their_stripe_objects, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-07";
+        const auto base = key_of("x-corr", p);
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        const std::int64_t totals[] = {1000, 1500, 700};
+        for (int rev = 0; rev < 3; ++rev) {
+            auto body = event_json("x-corr", p, totals[rev], "cus_x");
+            if (rev > 0) {
+                body.pop_back();
+                body += ",\"revision\":" + std::to_string(rev) + "}";
+            }
+            nsqd->publish(topic, body);
+            auto want = static_cast<std::size_t>(rev + 1);
+            BOOST_TEST_REQUIRE(
+                co_await eventually([&] { return nsqd->channel(topic, channel).finish_count == want; },
+                                    seconds(40)),
+                consumer.err());
+        }
+        co_await stop_cleanly(consumer);
+        BOOST_TEST_REQUIRE(fake->charges().size() == 2u);
+        BOOST_TEST_REQUIRE(fake->refunds().size() == 2u);
+        const auto original = fake->charges()[0].id;
+        const auto r1_charge = fake->charges()[1].id;
+        const auto refund1 = fake->refunds()[0].id;
+        const auto refund2 = fake->refunds()[1].id;
+
+        child* c = nullptr;
+        BOOST_TEST(
+            co_await run_cmd(c, argv("explain", "--customer", "x-corr", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn(), "--json")) == 0,
+            c->err());
+        simdjson::dom::parser parser;
+        simdjson::dom::element doc;
+        BOOST_TEST_REQUIRE(parser.parse(c->out()).get(doc) == simdjson::SUCCESS, c->out());
+        auto text = [](simdjson::dom::element e, const char* k) {
+            auto v = e[k];
+            return v.is_null() ? std::string("null") : std::string(v.get_string().value());
+        };
+        BOOST_TEST(text(doc, "state") == "charged");
+        BOOST_TEST(text(doc, "verdict")
+                           .find("; corrected to 700 cents by revision 2 (applied); net moved 700 "
+                                 "cents") != std::string::npos,
+                   text(doc, "verdict"));
+        BOOST_TEST(text(doc, "net_cents") == "700");
+        simdjson::dom::array revs = doc["corrections"].get_array().value();
+        BOOST_TEST_REQUIRE(revs.size() == 2u, c->out());
+        simdjson::dom::element r1 = revs.at(0).value(), r2 = revs.at(1).value();
+        BOOST_TEST(text(r1, "key") == base + "-r1");
+        BOOST_TEST(text(r1, "revision") == "1");
+        BOOST_TEST(text(r1, "total_cents") == "1500");
+        BOOST_TEST(text(r1, "delta_cents") == "500");
+        BOOST_TEST(text(r1, "status") == "applied");
+        simdjson::dom::array m1 = r1["moves"].get_array().value();
+        BOOST_TEST_REQUIRE(m1.size() == 1u);
+        BOOST_TEST(text(m1.at(0).value(), "kind") == "charge");
+        BOOST_TEST(text(m1.at(0).value(), "amount_cents") == "500");
+        BOOST_TEST(text(m1.at(0).value(), "status") == "done");
+        BOOST_TEST(text(m1.at(0).value(), "stripe_object_id") == r1_charge);
+        BOOST_TEST(text(r2, "total_cents") == "700");
+        BOOST_TEST(text(r2, "delta_cents") == "-800");
+        BOOST_TEST(text(r2, "status") == "applied");
+        simdjson::dom::array m2 = r2["moves"].get_array().value();
+        BOOST_TEST_REQUIRE(m2.size() == 2u);
+        BOOST_TEST(text(m2.at(0).value(), "kind") == "refund");
+        BOOST_TEST(text(m2.at(0).value(), "refund_of") == r1_charge);
+        BOOST_TEST(text(m2.at(0).value(), "amount_cents") == "500");
+        BOOST_TEST(text(m2.at(0).value(), "stripe_object_id") == refund1);
+        BOOST_TEST(text(m2.at(1).value(), "refund_of") == original);
+        BOOST_TEST(text(m2.at(1).value(), "amount_cents") == "300");
+        BOOST_TEST(text(m2.at(1).value(), "stripe_object_id") == refund2);
+
+        // The text, asked by a correction's key as the logs print it.
+        BOOST_TEST(co_await run_cmd(c, argv("explain", "--key", base + "-r2", "--pg-dsn", dsn())) == 0,
+                   c->err());
+        const auto& out = c->out();
+        BOOST_TEST(
+            out.find("corrections:  2 revision(s); net moved for the period: 700 cents") != std::string::npos,
+            out);
+        BOOST_TEST(out.find("revision 2 (" + base + "-r2): total 700 usd, difference -800, applied") !=
+                       std::string::npos,
+                   out);
+        BOOST_TEST(out.find("  move 1: charge 500 cents, done, stripe " + r1_charge) != std::string::npos,
+                   out);
+        BOOST_TEST(out.find("  move 2: refund of " + original + " 300 cents, done, stripe " + refund2) !=
+                       std::string::npos,
+                   out);
+    });
+}

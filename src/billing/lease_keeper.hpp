@@ -1,0 +1,53 @@
+// Keeps a ledger lease alive while a Stripe call is awaited (docs/design.md §4 CHARGE, §4a MOVES): a timer
+// beside the call runs one renewal every interval — the caller's, which touches the message and extends the
+// lease, or, once the lease was found taken over, notes that the call is still in flight — never two at once
+// and none after the call returned. One mechanism for the charge path (pipeline.cpp) and the corrections'
+// money moves (corrections.cpp); what a renewal writes is theirs.
+#pragma once
+
+#include <asio/any_io_executor.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+
+#include "core/log.hpp"
+#include "net/tokens.hpp"
+
+namespace cg::billing {
+
+class lease_keeper : public std::enable_shared_from_this<lease_keeper> {
+  public:
+    // One renewal. It reads lost() and calls mark_lost() when the lease turned out not to be ours any more;
+    // it must not throw for database failures (a renewal that fails is retried at the next interval).
+    // Whatever it refers to must outlive stop().
+    using renew_fn = std::function<net::awaitable<void>(lease_keeper&)>;
+
+    // Create with std::make_shared (the timer's handler holds the keeper too). Every handler runs on `ex`,
+    // the executor the call is awaited on.
+    lease_keeper(const asio::any_io_executor& ex, std::chrono::milliseconds interval, renew_fn renew,
+                 logger log);
+
+    // Arms the first renewal, `interval` from now.
+    void start();
+    // The call returned: no renewal starts any more; completes, on the keeper's executor, once a renewal
+    // under way has ended (it may refer to the caller's frame).
+    net::awaitable<void> stop();
+
+    bool lost() const noexcept { return lost_; }
+    void mark_lost() noexcept { lost_ = true; }
+
+  private:
+    void arm();
+    void ended();
+
+    net::steady_timer timer_;   // the next renewal
+    net::steady_timer joined_;  // cancelled when a renewal ends after the call returned
+    std::chrono::milliseconds interval_;
+    renew_fn renew_;
+    logger log_;
+    bool done_ = false;      // the call returned
+    bool lost_ = false;      // a renewal found the lease taken over
+    bool renewing_ = false;  // a renewal is under way
+};
+
+}  // namespace cg::billing
