@@ -834,15 +834,18 @@ BOOST_FIXTURE_TEST_CASE(configmap_environment_tools_beside_consume_take_no_billi
             // Publish only once consume's SUB has created its channel: nsqd hands a topic's messages
             // published before any channel exists to the first channel created — tail's own, below, if
             // consume were still starting — and consume's channel would never see them.
-            // (Arguments built before the co_await: g++ 12 mishandles temporaries in a co_await's arguments,
-            // docs/contributing.md "Toolchain facts".)
+            // (Every argument named before the co_await: g++ 12 destroys some temporaries in a co_await's
+            // arguments twice — a heap-allocated string's a double free; docs/contributing.md "Toolchain
+            // facts".)
             net::host_port stats_at;
             stats_at.host = "127.0.0.1";
             stats_at.port = real.http;
             const std::string stats_target = "/stats?format=json&topic=" + topic + "&channel=" + channel;
+            const std::string json_type = "application/json";
+            const milliseconds stats_limit = seconds(2);
             bool subscribed = false;
             for (int i = 0; i < 600 && !subscribed; ++i) {
-                auto stats = co_await nsq::http_get(stats_at, stats_target, "application/json", seconds(2));
+                auto stats = co_await nsq::http_get(stats_at, stats_target, json_type, stats_limit);
                 subscribed = stats && stats->status == 200 &&
                              stats->body.find("\"channel_name\":\"" + channel + "\"") != std::string::npos &&
                              stats->body.find("\"client_count\":0") == std::string::npos;
