@@ -376,21 +376,21 @@ BOOST_AUTO_TEST_CASE(correction_of_a_declined_charge_is_a_no_op) {
 }
 
 // Stripe slower than the lease on a refund: the revision's lease is renewed while the call is awaited (and
-// the message touched), so a second pipeline handling a redelivery 1.4 s into the call — past the 1 s lease
+// the message touched), so a second pipeline handling a redelivery 2.8 s into the call — past the 2 s lease
 // the attempt took — finds it held and sends nothing. Without the renewal it takes the expired lease and
 // sends the same refund again (409 in use here; after Stripe's 24 h, a search and a new key beside a refund
 // still in flight).
 BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_refund) {
     fixture f;
     auto cfg = f.config_for_pipeline();
-    cfg.lease = 1000ms;
+    cfg.lease = 2000ms;  // renewals 200 ms apart: holds through a 1.8 s stall of a loaded machine
     cfg.lease_renew_interval = 200ms;
     auto a = f.make_pipeline(cfg);
     auto b = f.make_pipeline(cfg);
     auto base = key_of("cor-10", "2026-11");
     auto orig = charge_original(f, *a, "cor-10");
     auto body = correction_json("cor-10", "2026-11", 400, 1);
-    f.fake->faults().latency_ms = 3000;
+    f.fake->faults().latency_ms = 5000;
 
     std::optional<billing::verdict> vb;
     net::steady_timer b_done(f.io, std::chrono::steady_clock::time_point::max());
@@ -398,7 +398,7 @@ BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_refund) {
     billing::touch_fn touch = [&] { ++touches; };
     asio::co_spawn(f.io,
                    redeliver_during_call(&f, b.get(), delivery_of(body, "ca01", 2), f.fake->requests(),
-                                         1400ms, &vb, &b_done),
+                                         2800ms, &vb, &b_done),
                    asio::detached);
     auto va = run_async(f.io, [&]() -> net::awaitable<billing::verdict> {
         auto v = co_await a->handle(delivery_of(body, "ca01", 1), touch);
@@ -408,7 +408,7 @@ BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_refund) {
     BOOST_TEST_REQUIRE(vb.has_value());
     BOOST_TEST(reason(*vb) == "requeued_lease_held", vb->detail);
     BOOST_TEST(reason(va) == "refunded", va.detail);
-    BOOST_TEST(touches >= 7);  // every 200 ms of a 3 s call
+    BOOST_TEST(touches >= 7);  // every 200 ms of a 5 s call
     BOOST_TEST(f.fake->posts_for(base + "-r1") == 1);
     BOOST_TEST(f.fake->refunds().size() == 1u);
     BOOST_TEST(refunded_on(f, orig) == 600);
