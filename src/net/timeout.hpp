@@ -178,9 +178,13 @@ inline asio::awaitable<std::tuple<std::size_t, bool>> run_group(
     std::vector<asio::awaitable<void>> branches, group_end end,
     std::optional<std::chrono::steady_clock::duration> timeout) {
     auto ex = co_await asio::this_coro::executor;
-    co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&,
-                                            void(std::exception_ptr, std::size_t, bool)>(
-        initiate_group{ex, end}, asio::use_awaitable, std::move(branches), timeout);
+    // Named, not a temporary in the co_await: g++ 12 destroys an aggregate temporary inside a co_await
+    // expression twice, and a strand's executor releases its shared state on destruction.
+    const initiate_group init{ex, end};
+    auto r = co_await asio::async_initiate<const asio::use_awaitable_t<>&,
+                                           void(std::exception_ptr, std::size_t, bool)>(
+        init, asio::use_awaitable, std::move(branches), timeout);
+    co_return r;
 }
 
 template <typename... A>
