@@ -267,6 +267,54 @@ BOOST_AUTO_TEST_CASE(backfill_restores_lost_rows_in_their_accounts) {
     BOOST_TEST(f.fake->charges().size() == 3u);
 }
 
+// A failover lost every row of account A: the ledger no longer names A, so a backfill that searches only the
+// platform and the accounts the ledger knows finds nothing of A (the platform's row of the same customer id
+// is whole). With A configured (consume --connect-accounts) the backfill searches it too and restores the row
+// in A with A's charge; the platform's row and B's are left as they were.
+BOOST_AUTO_TEST_CASE(backfill_searches_configured_accounts_the_ledger_lost) {
+    fixture f;
+    connect_accounts(f);
+    auto p = f.make_pipeline();
+    for (const auto& [customer, account] : std::vector<std::pair<std::string, std::string>>{
+             {"shop-7", ""}, {"shop-7", acct_a}, {"shop-6", acct_b}}) {
+        auto v = f.handle(*p, delivery_of(connect_event(customer, account), "c7" + customer + account));
+        BOOST_TEST_REQUIRE(reason(v) == "charged", v.detail);
+    }
+    const auto lost = connect_key("shop-7", acct_a);
+    auto gone = f.run(f.query("DELETE FROM billing_records WHERE stripe_account = $1", pg::params(acct_a)));
+    BOOST_TEST_REQUIRE(gone.has_value());
+    billing::backfill_config bc;
+    bc.key_namespace = test::key_namespace;
+    bc.window = 1h;
+    bc.topic = "billing";
+    bc.channel = "chargeguard";
+    {
+        billing::backfill unaware(bc, f.pg, *f.stripe, logger());
+        auto rep = f.run(unaware.run_once());
+        BOOST_TEST_REQUIRE(rep.has_value(), (rep ? "" : rep.err().describe()));
+        BOOST_TEST(rep->inserted == 0u);
+        BOOST_TEST(!f.row(lost).has_value());
+    }
+    bc.connect_accounts = {acct_b, acct_a};  // B the ledger knows too: searched once
+    billing::backfill b(bc, f.pg, *f.stripe, logger());
+    auto rep = f.run(b.run_once());
+    BOOST_TEST_REQUIRE(rep.has_value(), (rep ? "" : rep.err().describe()));
+    BOOST_TEST(rep->inserted == 1u);
+    BOOST_TEST(rep->listed == 3u);  // one charge in each of the platform, B and A
+    auto rec = f.row(lost);
+    BOOST_TEST_REQUIRE(rec.has_value());
+    BOOST_TEST(billing::to_string(rec->status) == "charged");
+    BOOST_TEST(rec->stripe_account == acct_a);
+    auto in_a = charges_in(f, acct_a);
+    BOOST_TEST_REQUIRE(in_a.size() == 1u);
+    BOOST_TEST(rec->charge_id.value_or("") == in_a[0]->id);
+    BOOST_TEST(f.fake->charges().size() == 3u);
+    auto platform = f.row(connect_key("shop-7", ""));
+    BOOST_TEST_REQUIRE(platform.has_value());
+    BOOST_TEST(platform->stripe_account == "");
+    BOOST_TEST(platform->charge_id.value_or("") == charges_in(f, "")[0]->id);
+}
+
 // fake-stripe scopes as Stripe does: an account the platform does not reach is 403 account_invalid (our
 // setup: the row stays pending, nothing is dead-lettered); a customer the account does not have is 400
 // resource_missing (the request as sent is refused: failed + dead letter); an idempotency key is per account
