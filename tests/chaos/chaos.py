@@ -326,16 +326,19 @@ class Stripe:
     def fault_hits(self):
         return self.admin("GET", "/_admin/stats").get("fault_hits", {})
 
-    def refunds(self):
-        """Every refund, through the API (GET /v1/refunds, newest first, paged)."""
+    def refunds(self, account=None):
+        """Every refund of the platform, or of a connected account (Stripe-Account), through the API (GET
+        /v1/refunds, newest first, paged); each tagged with the account it was listed in ("_account")."""
         out, after = [], None
+        headers = {"Authorization": "Bearer sk_test_chaos"}
+        if account:
+            headers["Stripe-Account"] = account
         while True:
             path = "/v1/refunds?limit=100" + (f"&starting_after={after}" if after else "")
-            req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}",
-                                         headers={"Authorization": "Bearer sk_test_chaos"})
+            req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", headers=headers)
             with urllib.request.urlopen(req, timeout=10, context=self.ctx) as r:
                 page = json.load(r)
-            out += page["data"]
+            out += [dict(one, _account=account or "") for one in page["data"]]
             if not page.get("has_more") or not page["data"]:
                 return out
             after = page["data"][-1]["id"]
@@ -596,15 +599,17 @@ def make_run(rng, n_events, pi_share=0.3, async_share=0.0, connect_share=0.0, co
         # Corrections (docs/design.md §4a) of card charges: revision 1 raises the total (a charge of the
         # difference), revision 2 sets a new one anywhere from 0 to it (refunds, often over both payments).
         # Published like the rest, in any order (revision 2 waits for 1, 1 for the charge). No draw when the
-        # share is 0, so the seeds of runs without corrections replay as before. Platform events only.
-        if correction_share > 0 and expect == "charged" and not pi and not evs[0].acct and \
-                rng.random() < correction_share:
-            t1 = ev["amount_cents"] + 1 + rng.randrange(5000)
-            t2 = rng.randrange(0, t1 + 1)
-            corrections[cust] = (ev["amount_cents"], t1, t2)
-            for rev, total in ((1, t1), (2, t2)):
-                cev = dict(ev, amount_cents=total, revision=rev)
-                bodies += [json.dumps(cev)] * (1 + (rng.random() < 0.3))
+        # share is 0, so the seeds of runs without corrections replay as before. A Connect customer's events
+        # (the same customer id on both accounts) are each drawn on their own: one account's period may be
+        # corrected while the other's, with the same customer id and period, must stay untouched.
+        for one in evs:
+            if correction_share > 0 and expect == "charged" and not pi and rng.random() < correction_share:
+                t1 = one.amount + 1 + rng.randrange(5000)
+                t2 = rng.randrange(0, t1 + 1)
+                corrections[(cust, one.acct or "")] = (one.amount, t1, t2)
+                for rev, total in ((1, t1), (2, t2)):
+                    cev = dict(json.loads(one.body), amount_cents=total, revision=rev)
+                    bodies += [json.dumps(cev)] * (1 + (rng.random() < 0.3))
     invalid = []
     for i in range(max(1, n_events * 3 // 100)):
         invalid.append(rng.choice([
@@ -660,7 +665,8 @@ def run_seed(args, seed, profile_name):
     t_start = time.monotonic()
     pg = nsqd = stripe = cons = standby = hooks = None
     try:
-        corrections = {}  # customer → (original, revision 1's total, revision 2's total)
+        # (customer, account or "") → (original, revision 1's total, revision 2's total)
+        corrections = {}
         valid, declined, auth, invalid, bodies = make_run(rng, args.events, args.pi_share, args.async_share,
                                                           args.connect_share, args.correction_share, corrections)
         bank = args.async_share > 0
@@ -1084,8 +1090,8 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset(), cor
                 f.append(f"invalid line not dead-lettered: {body[:60]}")
     report["dead_letters_lost"] = len(lost_letters)
     if corrections:  # the partition run shares check() and has no corrections (nor a refund listing)
-        check_corrections(report, corrections, by_key, charge_by_id, pg, stripe)
-    correction_keys = {billing_key(c) + "-r1" for c in (corrections or {})}
+        check_corrections(report, corrections, by_key, charge_by_id, pg, stripe, valid)
+    correction_keys = {billing_key(c, a) + "-r1" for c, a in (corrections or {})}
     stray = [k for k in by_key if k not in valid_keys and k not in correction_keys] + \
         [k for k in intents_by_key if k not in valid_keys]
     if stray:
@@ -1105,12 +1111,17 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset(), cor
                                     len(by_key.get(billing_key(ev.cust, ev.acct), [])) == 1)
 
 
-def check_corrections(report, corrections, by_key, charge_by_id, pg, stripe):
-    """Each corrected period's money moved exactly once: revision 1's difference charged once under base-r1,
-    revision 2's refunds made once each (one refund per planned move, by its metadata key), and the money at
-    Stripe for the customer — charges less refunds — equal to revision 2's total; both revisions applied."""
+def check_corrections(report, corrections, by_key, charge_by_id, pg, stripe, valid):
+    """Each corrected period's money moved exactly once, per (customer, period, account): revision 1's
+    difference charged once under base-r1 in the event's account, revision 2's refunds made once each (one
+    refund per planned move, by its metadata key) in that account, and the money at Stripe for the entry —
+    charges less refunds — equal to revision 2's total; both revisions applied. Every entry not corrected
+    (the platform's or the other account's of a corrected customer id among them) keeps its charge whole:
+    no refund, no correction charge, no correction row."""
     f = report["failures"]
     refunds = stripe.refunds()
+    for account in CONNECT_ACCOUNTS:
+        refunds += stripe.refunds(account)
     by_corrects = collections.defaultdict(list)
     for r in refunds:
         md = r.get("metadata") or {}
@@ -1119,25 +1130,44 @@ def check_corrections(report, corrections, by_key, charge_by_id, pg, stripe):
     status = {(r[0], int(r[1])): r[2] for r in pg.query(
         "SELECT base_key, revision, status FROM billing_corrections")}
     moved_twice = 0
-    for cust, (orig, t1, t2) in corrections.items():
-        key = billing_key(cust)
+    for (cust, acct), (orig, t1, t2) in corrections.items():
+        who = cust if not acct else f"{cust}@{acct}"
+        key = billing_key(cust, acct)
         up = by_key.get(key + "-r1", [])
         if len(up) != 1 or charge_by_id[up[0]]["amount"] != t1 - orig:
-            f.append(f"{cust}: revision 1 charges {up}, want one of {t1 - orig}")
+            f.append(f"{who}: revision 1 charges {up}, want one of {t1 - orig}")
             moved_twice += len(up) > 1
         mine = by_corrects.get(key, [])
+        outside = [c for c in up if charge_by_id[c].get("account", "") != acct] + \
+            [r["id"] for r in mine if r["_account"] != acct]
+        if outside:
+            f.append(f"{who}: correction payments outside account {acct or 'platform'}: {outside}")
         per_move = collections.Counter((r.get("metadata") or {}).get("billing_key") for r in mine)
         if any(n > 1 for n in per_move.values()):
             moved_twice += 1
-            f.append(f"{cust}: a refund made twice: {dict(per_move)}")
+            f.append(f"{who}: a refund made twice: {dict(per_move)}")
         charged = sum(charge_by_id[c]["amount"] for c in by_key.get(key, []) + up)
         net = charged - sum(r["amount"] for r in mine)
         if net != t2:
-            f.append(f"{cust}: {net} at Stripe after corrections, want revision 2's total {t2}")
+            f.append(f"{who}: {net} at Stripe after corrections, want revision 2's total {t2}")
         for rev in (1, 2):
             if status.get((key, rev)) != "applied":
-                f.append(f"{cust}: revision {rev} is {status.get((key, rev))}, want applied")
+                f.append(f"{who}: revision {rev} is {status.get((key, rev))}, want applied")
+    corrected = {billing_key(c, a) for c, a in corrections}
+    untouched = 0
+    for ev in valid:
+        key = billing_key(ev.cust, ev.acct)
+        if key in corrected or ev.expect != "charged":
+            continue
+        who = ev.cust if not ev.acct else f"{ev.cust}@{ev.acct}"
+        moved = [r["id"] for r in by_corrects.get(key, [])] + by_key.get(key + "-r1", []) + \
+            [f"row r{rev}" for (k, rev) in status if k == key]
+        if moved:
+            f.append(f"{who}: not corrected, yet money moved for it: {moved}")
+        untouched += (ev.cust, "") in corrections or any((ev.cust, a) in corrections for a in CONNECT_ACCOUNTS)
     report["corrections"] = len(corrections)
+    report["connect_corrections"] = sum(1 for _, a in corrections if a)
+    report["corrected_twins_untouched"] = untouched
     report["correction_refunds"] = sum(len(v) for v in by_corrects.values())
     report["corrections_moved_twice"] = moved_twice
 
@@ -1267,7 +1297,9 @@ def main():
                 f"{w.get('receiver_kills', 0)} times")
         if r.get("corrections"):
             log(f"   corrections: {r['corrections']} periods corrected twice, {r.get('correction_refunds', '?')} "
-                f"refunds, {r.get('corrections_moved_twice', '?')} moved twice")
+                f"refunds, {r.get('corrections_moved_twice', '?')} moved twice; "
+                f"{r.get('connect_corrections', 0)} of them of Connect events, "
+                f"{r.get('corrected_twins_untouched', 0)} entries of corrected customer ids left whole")
         for msg in r["failures"][:20]:
             log(f"   FAIL {msg}")
         if not r["ok"]:
