@@ -427,8 +427,9 @@ class Consumers:
                 "--new-key-quiet", d(NEW_KEY_QUIET_S),
                 *(["--processing-poll-after", d(POLL_AFTER_S)] if self.bank else []),
                 "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10",
-                # The sweep bound is derived from the flags above; the backfill runs often enough to be seen.
-                "--backfill-interval", "5s",
+                # The sweep bound is derived from the flags above; the backfill runs often enough to be seen,
+                # and searches both connected accounts even when a failover lost every row of one.
+                "--backfill-interval", "5s", "--connect-accounts", ",".join(CONNECT_ACCOUNTS),
                 *(["--pg-dsn", self.dsn] if self.dsn else []),
                 # Consumer 1 runs its Stripe requests on the event loop (handshakes on the offload pool), the
                 # others all on the offload pool: both placements under the same chaos.
@@ -827,6 +828,17 @@ def run_seed(args, seed, profile_name):
                      f"lease_until = now() WHERE key IN ({keys(lost[:half])})")
             pg.query(f"DELETE FROM billing_records WHERE key IN ({keys(lost[half:])})")
             log(f"   lost commits: {half} settles reverted to pending, {len(lost) - half} rows deleted")
+            if args.lose_account:
+                # Every row of the second connected account lost: the ledger no longer names the account,
+                # so only the backfill's --connect-accounts search can bring its charged rows back.
+                gone = pg.query("WITH d AS (DELETE FROM billing_records WHERE stripe_account = "
+                                f"'{CONNECT_ACCOUNTS[1]}' RETURNING key, status) SELECT key, status FROM d")
+                lost += [k for k, st in gone if st == "charged" and k not in lost]
+                report["account_rows_lost"] = [k for k, _ in gone]
+                # Their dead letters (bank debits failed after processing) went with them: the backfill
+                # writes the letter again when it restores such a row.
+                pg.query(f"DELETE FROM dead_letters WHERE billing_key IN ({keys([k for k, _ in gone])})")
+                log(f"   lost account {CONNECT_ACCOUNTS[1]}: all its {len(gone)} rows deleted")
             bound += sweep_bound(prof) + 30
         t_chaos_end = time.monotonic()
 
@@ -989,7 +1001,8 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset(), cor
         its = intents_by_key.get(key, [])
         # An asynchronous failover can lose a row whose delivery was already finished: its insert and every
         # later commit were in the WAL the standby never received, and the message will not come back.
-        row_lost = status is None and report.get("failover") == "async"
+        row_lost = status is None and (report.get("failover") == "async" or
+                                       key in report.get("account_rows_lost", ()))
         # Per account: every payment carrying the key lives in the event's account, and so does its row.
         want_account = ev.acct or ""
         elsewhere = [c for c in any_by_key.get(key, []) if charge_by_id[c].get("account", "") != want_account]
@@ -1010,7 +1023,7 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset(), cor
                 f.append(f"{cust}: ledger payment_intent_id {intent_id!r}, Stripe intent {it['id']}")
         elif its:
             f.append(f"{cust}: /v1/charges event has payment intents {[p['id'] for p in its]}")
-        if ev.expect == "declined" and row_lost and cust in declined_finished:
+        if ev.expect == "declined" and row_lost and ev.cust in declined_finished:
             # The decline was settled and finished before the failover lost its row. The backfill restores
             # rows whose money moved (or may still move) only; a lost decline is left to a redelivery or
             # reconcile (docs/operating/ha-postgres.md). Counted, not hidden; nothing may have been charged.
@@ -1224,6 +1237,8 @@ def main():
     ap.add_argument("--profile", choices=["short", "scaled", "both"], default="both",
                     help="timings; 'both' alternates by seed")
     ap.add_argument("--nsqd-bin", default=os.environ.get("NSQD_BIN", ""))
+    ap.add_argument("--lose-account", action="store_true",
+                    help="with --lose-commits: also delete every ledger row of the second Connect account")
     ap.add_argument("--lose-commits", type=int, default=0,
                     help="after the chaos, drop this many settled rows' last commits (half back to pending, half "
                          "deleted), as an asynchronous-replication failover would; the sweeper and the backfill "
@@ -1307,6 +1322,7 @@ def main():
                 f"--profile {profile} --duration {args.duration:g} --async-share {args.async_share:g}"
                 + (f" --failover {args.failover}" if args.failover != "none" else "")
                 + (f" --lose-commits {args.lose_commits}" if args.lose_commits else "")
+                + (" --lose-account" if args.lose_account else "")
                 + f"   (work dir kept: {r['work']})")
             totals["failed"].append(seed)
         if args.json:
