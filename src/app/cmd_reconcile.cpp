@@ -2,16 +2,19 @@
 //
 //  1. reads the expected events (JSONL or CSV) of period P;
 //  2. reads the ledger rows and the open dead letters of P;
-//  3. lists the account's charges created since the period's first ledger row (less a day), page by page,
-//     keeping those whose metadata carries billing_period P;
+//  3. lists the charges created since the period's first ledger row (less a day), page by page, in the
+//     platform and in every connected account the expected run or the ledger names (with its Stripe-Account),
+//     keeping those whose metadata carries billing_period P; each entry is a (customer, period, account), so
+//     a charge made in another account than the run's is reported under that account, and the run's entry
+//     as missing;
 //  4. resolves every `pending` row with the pipeline's own recovery search (billing/recovery.hpp: the
 //     customer's charges, then for a PaymentIntent event its intents, matched on metadata[billing_key]): a
 //     payment found settled or declined settles the row (charged / declined); one still moving, or none,
 //     leaves it to the pipeline;
 //  5. checks each charged row's charge id against Stripe (a retrieve when the scan did not see it);
-//  6. classifies every (customer, period) (billing/reconcile.hpp) and, with --publish, re-publishes the
-//     events whose message was lost (missing, or pending with no charge and an expired lease): the content
-//     key makes that safe even if the original was only delayed.
+//  6. classifies every (customer, period, account) (billing/reconcile.hpp) and, with --publish, re-publishes
+//     the events whose message was lost (missing, or pending with no charge and an expired lease): the
+//     content key makes that safe even if the original was only delayed.
 // Every Stripe request waits for the pacer (--stripe-rate), so a reconcile never starves `consume` of the
 // account's rate limit. With --customer C only C's items are classified and reported (the rest of the
 // account is not flagged). Exit status (cli.hpp): 0 when nothing is unexplained, 2 when something is — or
@@ -69,9 +72,14 @@ result<std::vector<billing::expected_event>> read_expected(const std::string& pa
 
 std::string json_item(const item& it) {
     std::string o = "{\"customer_id\":";
-    append_json_string(o, it.who.first);
+    append_json_string(o, it.who.customer);
     o += ",\"billing_period\":";
-    append_json_string(o, it.who.second);
+    append_json_string(o, it.who.period);
+    o += ",\"stripe_account\":";
+    if (it.who.account.empty())
+        o += "null";
+    else
+        append_json_string(o, it.who.account);
     o += ",\"key\":";
     append_json_string(o, it.facts.key);
     o += ",\"class\":";
@@ -131,10 +139,12 @@ void print_report(const reconcile_run& run, std::size_t expected, std::size_t re
         std::printf("%-26s %8zu%s\n", std::string(billing::to_string(c)).c_str(), counts[i],
                     billing::is_explained(c) || counts[i] == 0 ? "" : "  (unexplained)");
     }
-    std::printf("\n%-24s %-12s %-26s %-40s %s\n", "CUSTOMER", "PERIOD", "CLASS", "DETAIL", "ACTION");
+    std::printf("\n%-24s %-12s %-22s %-26s %-40s %s\n", "CUSTOMER", "PERIOD", "ACCOUNT", "CLASS", "DETAIL",
+                "ACTION");
     for (const auto& [who, it] : run.items) {
         if (it.verdict.cls == billing::recon_class::ok && !run.f.show_ok) continue;
-        std::printf("%-24s %-12s %-26s %-40s %s\n", who.first.c_str(), who.second.c_str(),
+        std::printf("%-24s %-12s %-22s %-26s %-40s %s\n", who.customer.c_str(), who.period.c_str(),
+                    who.account.empty() ? "-" : who.account.c_str(),
                     std::string(billing::to_string(it.verdict.cls)).c_str(), it.verdict.detail.c_str(),
                     it.action.c_str());
     }
@@ -164,10 +174,11 @@ net::awaitable<int> run_reconcile(const reconcile_flags* fp, std::shared_ptr<pg:
                                   stripe::client* stripe, nsq::producer* producer,
                                   std::vector<billing::expected_event> expected, logger log) {
     const auto& f = *fp;
-    reconcile_run run{f, *pool, *stripe, log, billing::request_pacer(f.stripe_rate, 5), {}, {}, 0, {}};
+    reconcile_run run{f, *pool, *stripe, log, billing::request_pacer(f.stripe_rate, 5), {}, {}, {}, 0, {}};
     for (auto& e : expected) {
-        auto who = ident(e.event.customer_id, e.event.billing_period);
-        auto key = billing::base_key(f.key_namespace, who.first, who.second);
+        ident who{e.event.customer_id, e.event.billing_period, e.event.stripe_account};
+        auto key = billing::base_key(f.key_namespace, who.customer, who.period, who.account);
+        if (!who.account.empty()) run.accounts.insert(who.account);
         run.at(who, key).facts.expected = std::move(e);
     }
     std::int64_t earliest = -1;
@@ -186,7 +197,7 @@ net::awaitable<int> run_reconcile(const reconcile_flags* fp, std::shared_ptr<pg:
     }
     // --customer: the rest of the account is neither resolved nor reported.
     if (!f.customer.empty())
-        std::erase_if(run.items, [&](const auto& kv) { return kv.first.first != f.customer; });
+        std::erase_if(run.items, [&](const auto& kv) { return kv.first.customer != f.customer; });
     billing::ledger ledger(pool);
     for (auto& [who, it] : run.items) {
         if (!it.facts.record) continue;

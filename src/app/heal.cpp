@@ -1,9 +1,13 @@
 #include "app/heal.hpp"
 
 #include <asio/co_spawn.hpp>
+#include <fstream>
+#include <set>
+#include <sstream>
 
 #include "app/nsq_flags.hpp"
 #include "billing/backfill.hpp"
+#include "billing/event.hpp"
 #include "billing/sweeper.hpp"
 #include "metrics/registry.hpp"
 #include "net/timeout.hpp"
@@ -33,6 +37,52 @@ void add_heal_flags(CLI::App& cmd, heal_flags& f) {
     cmd.add_option("--backfill-interval", f.backfill_interval,
                    "time between backfill runs (the first soon after start)")
         ->capture_default_str();
+    cmd.add_option("--connect-accounts", f.connect_accounts,
+                   "Stripe Connect accounts (acct_…, comma-separated) the backfill always searches, besides "
+                   "those the ledger has rows for: an account whose every row a failover lost is found only "
+                   "so");
+    cmd.add_option("--connect-accounts-file", f.connect_accounts_file,
+                   "a file of such accounts, one or more a line ('#' starts a comment); adds to "
+                   "--connect-accounts");
+}
+
+std::vector<std::string> connect_accounts_of(const heal_flags& f) {
+    std::vector<std::string> out;
+    std::set<std::string> seen;
+    auto add_all = [&](const char* flag, const std::string& text) {
+        std::string word;
+        bool comment = false;
+        auto flush = [&] {
+            if (word.empty()) return;
+            if (!billing::valid_stripe_account(word))
+                throw CLI::ValidationError(flag, "'" + word + "' is not a Stripe account id (acct_…)");
+            if (seen.insert(word).second) out.push_back(word);
+            word.clear();
+        };
+        for (char c : text) {
+            if (c == '\n') comment = false;
+            if (comment) continue;
+            if (c == '#') {
+                flush();
+                comment = true;
+            } else if (c == ',' || c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+                flush();
+            } else {
+                word += c;
+            }
+        }
+        flush();
+    };
+    add_all("--connect-accounts", f.connect_accounts);
+    if (!f.connect_accounts_file.empty()) {
+        std::ifstream in(f.connect_accounts_file);
+        if (!in)
+            throw CLI::ValidationError("--connect-accounts-file", "cannot read " + f.connect_accounts_file);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        add_all("--connect-accounts-file", ss.str());
+    }
+    return out;
 }
 
 namespace {
@@ -84,6 +134,7 @@ void start_ledger_healing(runtime& rt, billing::pipeline& p, std::shared_ptr<pg:
         throw CLI::ValidationError("--backfill-window", f.backfill_window + " is out of range: 0 .. 720h");
     if (window.count() > 0 && backfill_every < std::chrono::seconds(1))
         throw CLI::ValidationError("--backfill-interval", f.backfill_interval + " must be at least 1s");
+    auto connect_accounts = connect_accounts_of(f);
     billing::sweeper_config sc;
     sc.topic = ncfg.topic;
     sc.channel = ncfg.channel;
@@ -105,6 +156,7 @@ void start_ledger_healing(runtime& rt, billing::pipeline& p, std::shared_ptr<pg:
         bc.interval = backfill_every;
         bc.topic = ncfg.topic;
         bc.channel = ncfg.channel;
+        bc.connect_accounts = std::move(connect_accounts);
         auto b = std::make_shared<billing::backfill>(bc, pool, stripe, rt.log(), &rt.metrics());
         b->start(rt.io().get_executor());
         rt.on_shutdown([b]() { return b->stop(); });

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "app/runtime.hpp"
 #include "billing/pipeline.hpp"
@@ -26,9 +27,18 @@ struct heal_flags {
     std::string sweep_interval = "auto";  // auto: a quarter of the bound within [1 s, 60 s]
     std::string backfill_window = "1h";   // 0: no backfill
     std::string backfill_interval = "10m";
+    // Connected accounts the backfill always searches: a list (acct_…, separated by commas or blanks) and a
+    // file of them (one or more a line, '#' starts a comment).
+    std::string connect_accounts;
+    std::string connect_accounts_file;
 };
 
-// --sweep, --sweep-after, --sweep-interval, --backfill-window, --backfill-interval.
+// The accounts of --connect-accounts and --connect-accounts-file, in order, each once. Throws
+// CLI::ValidationError naming the flag on a name that is not acct_… or a file that cannot be read.
+std::vector<std::string> connect_accounts_of(const heal_flags& f);
+
+// --sweep, --sweep-after, --sweep-interval, --backfill-window, --backfill-interval, --connect-accounts,
+// --connect-accounts-file.
 void add_heal_flags(CLI::App& cmd, heal_flags& f);
 
 // Starts the sweeper (unless --sweep=false), the backfill (unless --backfill-window=0) and the replication

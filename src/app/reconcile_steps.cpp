@@ -60,14 +60,15 @@ billing::charge_fact fact_of(const stripe::charge& c) {
             c.status,   std::string(stripe::metadata_value(c.metadata, "billing_key").value_or(""))};
 }
 
-// Loose read of a dead letter's body: the customer and period, even when another field is invalid.
+// Loose read of a dead letter's body: the customer, period and account, even when another field is invalid.
 std::optional<ident> letter_ident(const std::string& body, simdjson::dom::parser& p) {
     simdjson::dom::element doc;
     if (p.parse(body).get(doc) != simdjson::SUCCESS) return std::nullopt;
-    std::string_view c, per;
+    std::string_view c, per, acct;
     if (doc["customer_id"].get(c) != simdjson::SUCCESS || doc["billing_period"].get(per) != simdjson::SUCCESS)
         return std::nullopt;
-    return ident(std::string(c), std::string(per));
+    if (doc["stripe_account"].get(acct) != simdjson::SUCCESS) acct = {};
+    return ident{std::string(c), std::string(per), std::string(acct)};
 }
 
 }  // namespace
@@ -81,7 +82,9 @@ net::awaitable<bool> load_ledger(reconcile_run& run, std::int64_t& earliest) {
     for (std::size_t i = 0; i < rows->size(); ++i) {
         auto row = decode_row(*rows, i);
         earliest = earliest < 0 ? row.created : std::min(earliest, row.created);
-        auto& it = run.at({row.rec.customer_id, row.rec.billing_period}, row.rec.key);
+        ident who{row.rec.customer_id, row.rec.billing_period, row.rec.stripe_account};
+        if (!who.account.empty()) run.accounts.insert(who.account);
+        auto& it = run.at(who, row.rec.key);
         it.facts.key = row.rec.key;  // the ledger's key wins (another namespace may have written it)
         run.by_key[row.rec.key] = it.who;
         it.lease_expired = row.lease_expired;
@@ -109,8 +112,8 @@ net::awaitable<bool> load_ledger(reconcile_run& run, std::int64_t& earliest) {
     for (std::size_t i = 0; i < letters->size(); ++i) {
         auto body = letters->get<bytes>(i, 3);
         auto who = letter_ident(std::string(body.begin(), body.end()), p);
-        if (!who || who->second != run.f.period) continue;
-        auto key = billing::base_key(run.f.key_namespace, who->first, who->second);
+        if (!who || who->period != run.f.period) continue;
+        auto key = billing::base_key(run.f.key_namespace, who->customer, who->period, who->account);
         auto& it = run.at(*who, key);
         if (!it.facts.dead_letter_reason)
             it.facts.dead_letter_reason =
@@ -119,19 +122,22 @@ net::awaitable<bool> load_ledger(reconcile_run& run, std::int64_t& earliest) {
     co_return true;
 }
 
-// Every charge created since `since`, newest first, 100 per page; keeps those of this period (or carrying a
-// key we know).
-net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since) {
+namespace {
+
+// One account's charges (account empty: the platform's). A charge is filed under the account it lives in: one
+// carrying a key the run knows for another account is reported apart, under this account.
+net::awaitable<bool> scan_account(reconcile_run& run, std::int64_t since, const std::string& account) {
     stripe::list_charges_request req;
     req.created_gte = since;
     req.limit = 100;
+    req.stripe_account = account;
     for (;;) {
         co_await run.pace();
         auto page = co_await run.stripe.list_charges(req);
         if (!page) {
             // A failed call says how it ended; a body that is not a list says what is wrong with it.
             const auto& e = page.err();
-            run.failure = "listing Stripe charges: " +
+            run.failure = "listing Stripe charges" + (account.empty() ? "" : " in " + account) + ": " +
                           (e.code == stripe::errc::bad_response ? e.describe() : e.message);
             co_return false;
         }
@@ -139,19 +145,39 @@ net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since) {
             auto key = stripe::metadata_value(c.metadata, "billing_key");
             if (!key) continue;
             auto known = run.by_key.find(std::string(*key));
-            if (known != run.by_key.end()) {
+            if (known != run.by_key.end() && known->second.account == account) {
                 run.items[known->second].facts.charges.push_back(fact_of(c));
                 continue;
             }
             auto period = stripe::metadata_value(c.metadata, "billing_period");
-            if (period != run.f.period) continue;
-            ident who(std::string(stripe::metadata_value(c.metadata, "customer_id").value_or("?")),
-                      run.f.period);
+            if (known == run.by_key.end() && period != run.f.period) continue;
+            ident who{std::string(stripe::metadata_value(c.metadata, "customer_id").value_or("?")),
+                      std::string(period.value_or(run.f.period)), account};
+            if (known != run.by_key.end()) {
+                // Our key, in an account its entry is not charged in: money the ledger does not account for
+                // there, whatever the entry's own state.
+                auto& it = run.items[who];
+                it.who = who;
+                if (it.facts.key.empty()) it.facts.key = std::string(*key);
+                it.facts.charges.push_back(fact_of(c));
+                continue;
+            }
             run.at(who, std::string(*key)).facts.charges.push_back(fact_of(c));
         }
         if (!page->has_more || page->data.empty()) co_return true;
         req.starting_after = page->data.back().id;
     }
+}
+
+}  // namespace
+
+// The platform first, then each connected account (Stripe Connect: an account's charges are listed only with
+// its Stripe-Account).
+net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since) {
+    if (!co_await scan_account(run, since, "")) co_return false;
+    for (const auto& account : run.accounts)
+        if (!co_await scan_account(run, since, account)) co_return false;
+    co_return true;
 }
 
 // The pipeline's recovery search (billing/recovery.hpp) for a pending row: what it finds settled or declined
@@ -215,7 +241,7 @@ net::awaitable<void> check_recorded(reconcile_run& run, item& it) {
             co_return;
         }
     co_await run.pace();
-    auto got = co_await run.stripe.retrieve_charge_if_any(id);
+    auto got = co_await run.stripe.retrieve_charge_if_any(id, it.facts.record->stripe_account);
     if (got) {
         it.facts.recorded_charge_known = true;
         if (*got) it.facts.recorded_charge = fact_of(**got);

@@ -1,11 +1,13 @@
 // `chargeguard reconcile`'s run state and the steps that read the ledger and Stripe (app/cmd_reconcile.cpp
-// drives them): the ledger rows and dead letters of the period, the account's charges of the period, the
-// recovery of pending rows and the check of each charged row's charge. Internal to reconcile.
+// drives them): the ledger rows and dead letters of the period, the charges of the period in the platform and
+// in every connected account the run or the ledger names, the recovery of pending rows and the check of each
+// charged row's charge. Internal to reconcile.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -35,7 +37,12 @@ struct reconcile_flags {
     std::int64_t created_since = -1;  // unix seconds; -1: derived from the ledger
 };
 
-using ident = std::pair<std::string, std::string>;  // customer_id, billing_period
+// One entry of the run: the ledger's (customer_id, billing_period, stripe_account); account empty for the
+// platform's own.
+struct ident {
+    std::string customer, period, account;
+    auto operator<=>(const ident&) const = default;
+};
 
 struct item {
     billing::recon_facts facts;
@@ -54,6 +61,8 @@ struct reconcile_run {
     billing::request_pacer pacer;
     std::map<ident, item> items;
     std::map<std::string, ident> by_key;
+    // The connected accounts the expected run or the ledger names: each one's charges are listed too.
+    std::set<std::string> accounts;
     std::int64_t stripe_requests = 0;
     std::string failure;
 
@@ -81,8 +90,8 @@ struct reconcile_run {
 // The ledger rows and open dead letters of the period; `earliest` becomes the first row's creation (unix
 // seconds). False (run.failure set) when PostgreSQL fails.
 net::awaitable<bool> load_ledger(reconcile_run& run, std::int64_t& earliest);
-// Every charge created since `since`, newest first, 100 per page; keeps those of this period (or carrying a
-// key we know).
+// Every charge created since `since` in the platform and in each of run.accounts (with its Stripe-Account),
+// newest first, 100 per page; keeps those of this period (or carrying a key we know).
 net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since);
 // The pipeline's recovery search for a pending row (billing/recovery.hpp): a payment found settled or
 // declined settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile

@@ -326,14 +326,19 @@ const std::string ledger_accounts_sql =
 
 net::awaitable<result<backfill_report>> backfill_run(backfill_state_ptr st) {
     backfill_report rep;
-    // The platform first, then every connected account the ledger knows (Stripe Connect: each account has
-    // its own charges, listed with its Stripe-Account). An account none of whose rows survived is not
-    // known here: reconcile finds those.
+    // The platform first, then every connected account the ledger knows, then those configured that it
+    // does not (Stripe Connect: each account has its own charges, listed with its Stripe-Account). An
+    // account none of whose rows survived is known only from the configuration.
     std::vector<std::string> accounts{""};
     auto known = co_await pg::exec_pooled(st->pool, ledger_accounts_sql, pg::params(),
                                           pg::acquire_mode::wait_for_server);
     if (!known) co_return known.err();
-    for (std::size_t i = 0; i < known->size(); ++i) accounts.push_back(known->get<std::string>(i, 0));
+    std::set<std::string> listed;
+    for (std::size_t i = 0; i < known->size(); ++i)
+        if (listed.insert(known->get<std::string>(i, 0)).second)
+            accounts.push_back(known->get<std::string>(i, 0));
+    for (const auto& account : st->cfg.connect_accounts)
+        if (!account.empty() && listed.insert(account).second) accounts.push_back(account);
     for (auto& account : accounts) {
         if (st->task.stopping()) break;
         auto done = co_await backfill_account(st, std::move(account), rep);

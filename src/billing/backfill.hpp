@@ -1,8 +1,9 @@
 // The backfill: ledger rows lost entirely (docs/operating/ha-postgres.md). A PostgreSQL failover with
 // asynchronous replication can lose a pre-flight insert whose charge Stripe then made; no sweep can find a
 // row that does not exist. Periodically (and once soon after startup) the backfill lists the charges created
-// within a recent window — the platform's, then each Stripe Connect account's the ledger has rows for (with
-// its Stripe-Account; the rows recovered there record the account) — keeps the succeeded ones whose metadata
+// within a recent window — the platform's, then each Stripe Connect account's the ledger has rows for or the
+// operator names (backfill_config::connect_accounts), with its Stripe-Account; the rows recovered there
+// record the account — keeps the succeeded ones whose metadata
 // makes them this sidecar's — metadata[billing_key] equals base_key(our namespace, metadata[customer_id],
 // metadata[billing_period]), which proves the namespace without carrying it — and inserts every such row the
 // ledger lacks as `charged` with the charge id (and its PaymentIntent), marked recovered (recovered_at,
@@ -31,6 +32,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/log.hpp"
 #include "core/result.hpp"
@@ -55,6 +57,9 @@ struct backfill_config {
     std::size_t max_pages = 1000;  // per run: a bound on Stripe calls
     // The consumer's topic and channel: a recovered bank debit's dead letter re-publishes its event there.
     std::string topic, channel;
+    // Connected accounts (acct_…) searched in every run besides those the ledger has rows for: an account
+    // every row of which a failover lost is known only from here (consume --connect-accounts).
+    std::vector<std::string> connect_accounts;
 };
 
 struct backfill_report {

@@ -29,9 +29,11 @@ void for_each_event_line(std::string_view text, const event_line_fn& f) {
 
 expected_total sum_expected(std::string_view jsonl, const std::string& period, const std::string& currency) {
     expected_total out;
-    std::map<std::string, std::int64_t> seen;  // customer_id → amount counted
-    // customer_id → revision → new total: the period's corrections (docs/design.md §4a).
-    std::map<std::string, std::map<std::int32_t, std::int64_t>> corrections;
+    // (customer_id, stripe_account) → amount counted: one charge each, as the ledger has one row each.
+    using entry = std::pair<std::string, std::string>;
+    std::map<entry, std::int64_t> seen;
+    // (customer_id, stripe_account) → revision → new total: the period's corrections (docs/design.md §4a).
+    std::map<entry, std::map<std::int32_t, std::int64_t>> corrections;
     for_each_event_line(jsonl, [&](std::size_t, std::string_view, result<billing_event>& ev) {
         ++out.lines;
         if (!ev) {
@@ -50,13 +52,14 @@ expected_total sum_expected(std::string_view jsonl, const std::string& period, c
             return true;
         }
         if (ev->is_correction()) {
-            auto [r, fresh] = corrections[ev->customer_id].emplace(ev->revision, ev->amount_cents);
+            auto [r, fresh] =
+                corrections[{ev->customer_id, ev->stripe_account}].emplace(ev->revision, ev->amount_cents);
             if (!fresh)
                 ++out.skipped[r->second == ev->amount_cents ? "duplicate of an earlier line"
                                                             : "conflicting duplicate (other amount)"];
             return true;
         }
-        auto [it, fresh] = seen.emplace(ev->customer_id, ev->amount_cents);
+        auto [it, fresh] = seen.emplace(entry{ev->customer_id, ev->stripe_account}, ev->amount_cents);
         if (!fresh) {
             // The ledger charges a (customer, period) once: a repeat is a duplicate delivery, and one with
             // another amount is dead-lettered as a conflict. Neither adds to the period's spend.
@@ -70,8 +73,8 @@ expected_total sum_expected(std::string_view jsonl, const std::string& period, c
     });
     // A correction charges what its total adds to the one before it; a refund returns no cap room by default
     // (vault.md), so what the period spends against the cap is the original plus every rise, in order.
-    for (const auto& [customer, by_rev] : corrections) {
-        auto original = seen.find(customer);
+    for (const auto& [who, by_rev] : corrections) {
+        auto original = seen.find(who);
         if (original == seen.end()) {
             out.skipped["correction of a customer the run does not charge"] += by_rev.size();
             continue;

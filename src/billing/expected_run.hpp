@@ -1,9 +1,9 @@
 // The expected total of one billing period, from the JSONL billing run that `publish` takes: what
 // `vault issue --expected-file` caps a key at, and what the lab's spend-cap runs cap theirs at. Every line is
-// validated with billing::parse_event, exactly as `consume` would; each (customer, period) counts once, as
-// the ledger charges it once, plus what each of its corrections (lines with a revision, in revision order)
-// raises the total by — the charges they make; their refunds give the cap no room back by default. Pure
-// (reads an istream or a string).
+// validated with billing::parse_event, exactly as `consume` would; each (customer, period, stripe_account)
+// counts once, as the ledger charges it once, plus what each of its corrections (lines with a revision, in
+// revision order) raises the total by — the charges they make; their refunds give the cap no room back by
+// default. Pure (reads an istream or a string).
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include "billing/expected_run.hpp"
 #include "core/log.hpp"
@@ -142,6 +143,10 @@ result<std::vector<expected_event>> parse_csv(std::string_view text) {
             json += ",\"payment_method\":";
             append_json_string(json, pm);
         }
+        if (auto acct = field("stripe_account"); !acct.empty()) {
+            json += ",\"stripe_account\":";
+            append_json_string(json, acct);  // validated by the parser below
+        }
         if (auto os = field("off_session"); !os.empty()) {
             json += ",\"off_session\":";
             if (os == "true" || os == "false")
@@ -163,6 +168,11 @@ bool same_payload(const billing_event& a, const billing_event& b) {
            a.stripe_customer_id == b.stripe_customer_id;
 }
 
+// " account acct_…" for a Connect event, "" for the platform's: how an error names the run's entry.
+std::string on_account(const billing_event& ev) {
+    return ev.connected() ? " account " + ev.stripe_account : std::string();
+}
+
 std::string money(std::int64_t cents, const std::string& currency) {
     return std::to_string(cents) + " " + currency;
 }
@@ -174,34 +184,35 @@ result<std::vector<expected_event>> parse_expected(std::string_view text) {
     if (first == std::string_view::npos) return std::vector<expected_event>{};
     auto parsed = text[first] == '{' ? parse_jsonl(text) : parse_csv(text);
     if (!parsed) return parsed;
-    // One entry per (customer, period): an exact repeat is dropped, a different payload is an error.
-    std::map<std::pair<std::string, std::string>, std::size_t> seen;
+    // One entry per (customer, period, account): an exact repeat is dropped, a different payload is an error.
+    using run_key = std::tuple<std::string, std::string, std::string>;
+    std::map<run_key, std::size_t> seen;
     std::vector<expected_event> out;
     out.reserve(parsed->size());
-    // Corrections of each (customer, period): revision → its line's index in `parsed`.
-    std::map<std::pair<std::string, std::string>, std::map<std::int32_t, std::size_t>> revisions;
+    // Corrections of each (customer, period, account): revision → its line's index in `parsed`.
+    std::map<run_key, std::map<std::int32_t, std::size_t>> revisions;
     for (std::size_t i = 0; i < parsed->size(); ++i) {
         auto& e = (*parsed)[i];
         if (!e.event.is_correction()) continue;
-        auto& by_rev = revisions[{e.event.customer_id, e.event.billing_period}];
+        auto& by_rev = revisions[{e.event.customer_id, e.event.billing_period, e.event.stripe_account}];
         auto [r, fresh] = by_rev.emplace(e.event.revision, i);
         if (!fresh && !same_payload((*parsed)[r->second].event, e.event))
             return line_error(e.line, "customer " + e.event.customer_id + " period " +
-                                          e.event.billing_period + " revision " +
+                                          e.event.billing_period + on_account(e.event) + " revision " +
                                           std::to_string(e.event.revision) + " is listed on line " +
                                           std::to_string((*parsed)[r->second].line) + " with another total");
     }
     for (auto& e : *parsed) {
         if (e.event.is_correction()) continue;
-        auto k = std::make_pair(e.event.customer_id, e.event.billing_period);
+        run_key k{e.event.customer_id, e.event.billing_period, e.event.stripe_account};
         auto it = seen.find(k);
         if (it == seen.end()) {
             seen.emplace(k, out.size());
             out.push_back(std::move(e));
         } else if (!same_payload(out[it->second].event, e.event)) {
             return line_error(e.line, "customer " + e.event.customer_id + " period " +
-                                          e.event.billing_period + " is listed on line " +
-                                          std::to_string(out[it->second].line) +
+                                          e.event.billing_period + on_account(e.event) +
+                                          " is listed on line " + std::to_string(out[it->second].line) +
                                           " with another amount, currency or Stripe customer");
         }
     }
@@ -228,6 +239,10 @@ std::string event_json(const billing_event& ev) {
     if (!ev.description.empty()) {
         json += ",\"description\":";
         append_json_string(json, ev.description);
+    }
+    if (ev.connected()) {
+        json += ",\"stripe_account\":";
+        append_json_string(json, ev.stripe_account);
     }
     return json + "}";
 }

@@ -29,11 +29,13 @@ struct expected_event {
 };
 
 // JSONL (one event per line; blank lines skipped) or CSV with a header naming at least customer_id,
-// billing_period, amount_cents, currency, stripe_customer_id (description, payment_method and off_session
-// (true/false) optional; columns in any order;
+// billing_period, amount_cents, currency, stripe_customer_id (description, payment_method, off_session
+// (true/false) and stripe_account (acct_…; empty: the platform) optional; columns in any order;
 // double-quoted fields with "" escapes). The format is told by the first non-blank character: '{' → JSONL.
 // Fails on the first invalid line, naming it ("line 7: amount_cents: …"), or on a (customer, period) listed
 // twice with different payloads under one revision; lines with a revision are the period's corrections.
+// An entry is a (customer, period, stripe_account): the same customer and period on the platform and on a
+// connected account are two charges, as they are two ledger rows.
 result<std::vector<expected_event>> parse_expected(std::string_view text);
 
 // The event as the JSON object `consume` reads.

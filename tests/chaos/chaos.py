@@ -326,16 +326,19 @@ class Stripe:
     def fault_hits(self):
         return self.admin("GET", "/_admin/stats").get("fault_hits", {})
 
-    def refunds(self):
-        """Every refund, through the API (GET /v1/refunds, newest first, paged)."""
+    def refunds(self, account=None):
+        """Every refund of the platform, or of a connected account (Stripe-Account), through the API (GET
+        /v1/refunds, newest first, paged); each tagged with the account it was listed in ("_account")."""
         out, after = [], None
+        headers = {"Authorization": "Bearer sk_test_chaos"}
+        if account:
+            headers["Stripe-Account"] = account
         while True:
             path = "/v1/refunds?limit=100" + (f"&starting_after={after}" if after else "")
-            req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}",
-                                         headers={"Authorization": "Bearer sk_test_chaos"})
+            req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", headers=headers)
             with urllib.request.urlopen(req, timeout=10, context=self.ctx) as r:
                 page = json.load(r)
-            out += page["data"]
+            out += [dict(one, _account=account or "") for one in page["data"]]
             if not page.get("has_more") or not page["data"]:
                 return out
             after = page["data"][-1]["id"]
@@ -424,8 +427,9 @@ class Consumers:
                 "--new-key-quiet", d(NEW_KEY_QUIET_S),
                 *(["--processing-poll-after", d(POLL_AFTER_S)] if self.bank else []),
                 "--health-listen", "127.0.0.1:0", "--shutdown-timeout", "10",
-                # The sweep bound is derived from the flags above; the backfill runs often enough to be seen.
-                "--backfill-interval", "5s",
+                # The sweep bound is derived from the flags above; the backfill runs often enough to be seen,
+                # and searches both connected accounts even when a failover lost every row of one.
+                "--backfill-interval", "5s", "--connect-accounts", ",".join(CONNECT_ACCOUNTS),
                 *(["--pg-dsn", self.dsn] if self.dsn else []),
                 # Consumer 1 runs its Stripe requests on the event loop (handshakes on the offload pool), the
                 # others all on the offload pool: both placements under the same chaos.
@@ -596,15 +600,17 @@ def make_run(rng, n_events, pi_share=0.3, async_share=0.0, connect_share=0.0, co
         # Corrections (docs/design.md §4a) of card charges: revision 1 raises the total (a charge of the
         # difference), revision 2 sets a new one anywhere from 0 to it (refunds, often over both payments).
         # Published like the rest, in any order (revision 2 waits for 1, 1 for the charge). No draw when the
-        # share is 0, so the seeds of runs without corrections replay as before. Platform events only.
-        if correction_share > 0 and expect == "charged" and not pi and not evs[0].acct and \
-                rng.random() < correction_share:
-            t1 = ev["amount_cents"] + 1 + rng.randrange(5000)
-            t2 = rng.randrange(0, t1 + 1)
-            corrections[cust] = (ev["amount_cents"], t1, t2)
-            for rev, total in ((1, t1), (2, t2)):
-                cev = dict(ev, amount_cents=total, revision=rev)
-                bodies += [json.dumps(cev)] * (1 + (rng.random() < 0.3))
+        # share is 0, so the seeds of runs without corrections replay as before. A Connect customer's events
+        # (the same customer id on both accounts) are each drawn on their own: one account's period may be
+        # corrected while the other's, with the same customer id and period, must stay untouched.
+        for one in evs:
+            if correction_share > 0 and expect == "charged" and not pi and rng.random() < correction_share:
+                t1 = one.amount + 1 + rng.randrange(5000)
+                t2 = rng.randrange(0, t1 + 1)
+                corrections[(cust, one.acct or "")] = (one.amount, t1, t2)
+                for rev, total in ((1, t1), (2, t2)):
+                    cev = dict(json.loads(one.body), amount_cents=total, revision=rev)
+                    bodies += [json.dumps(cev)] * (1 + (rng.random() < 0.3))
     invalid = []
     for i in range(max(1, n_events * 3 // 100)):
         invalid.append(rng.choice([
@@ -660,7 +666,8 @@ def run_seed(args, seed, profile_name):
     t_start = time.monotonic()
     pg = nsqd = stripe = cons = standby = hooks = None
     try:
-        corrections = {}  # customer → (original, revision 1's total, revision 2's total)
+        # (customer, account or "") → (original, revision 1's total, revision 2's total)
+        corrections = {}
         valid, declined, auth, invalid, bodies = make_run(rng, args.events, args.pi_share, args.async_share,
                                                           args.connect_share, args.correction_share, corrections)
         bank = args.async_share > 0
@@ -821,6 +828,17 @@ def run_seed(args, seed, profile_name):
                      f"lease_until = now() WHERE key IN ({keys(lost[:half])})")
             pg.query(f"DELETE FROM billing_records WHERE key IN ({keys(lost[half:])})")
             log(f"   lost commits: {half} settles reverted to pending, {len(lost) - half} rows deleted")
+            if args.lose_account:
+                # Every row of the second connected account lost: the ledger no longer names the account,
+                # so only the backfill's --connect-accounts search can bring its charged rows back.
+                gone = pg.query("WITH d AS (DELETE FROM billing_records WHERE stripe_account = "
+                                f"'{CONNECT_ACCOUNTS[1]}' RETURNING key, status) SELECT key, status FROM d")
+                lost += [k for k, st in gone if st == "charged" and k not in lost]
+                report["account_rows_lost"] = [k for k, _ in gone]
+                # Their dead letters (bank debits failed after processing) went with them: the backfill
+                # writes the letter again when it restores such a row.
+                pg.query(f"DELETE FROM dead_letters WHERE billing_key IN ({keys([k for k, _ in gone])})")
+                log(f"   lost account {CONNECT_ACCOUNTS[1]}: all its {len(gone)} rows deleted")
             bound += sweep_bound(prof) + 30
         t_chaos_end = time.monotonic()
 
@@ -983,7 +1001,8 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset(), cor
         its = intents_by_key.get(key, [])
         # An asynchronous failover can lose a row whose delivery was already finished: its insert and every
         # later commit were in the WAL the standby never received, and the message will not come back.
-        row_lost = status is None and report.get("failover") == "async"
+        row_lost = status is None and (report.get("failover") == "async" or
+                                       key in report.get("account_rows_lost", ()))
         # Per account: every payment carrying the key lives in the event's account, and so does its row.
         want_account = ev.acct or ""
         elsewhere = [c for c in any_by_key.get(key, []) if charge_by_id[c].get("account", "") != want_account]
@@ -1004,7 +1023,7 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset(), cor
                 f.append(f"{cust}: ledger payment_intent_id {intent_id!r}, Stripe intent {it['id']}")
         elif its:
             f.append(f"{cust}: /v1/charges event has payment intents {[p['id'] for p in its]}")
-        if ev.expect == "declined" and row_lost and cust in declined_finished:
+        if ev.expect == "declined" and row_lost and ev.cust in declined_finished:
             # The decline was settled and finished before the failover lost its row. The backfill restores
             # rows whose money moved (or may still move) only; a lost decline is left to a redelivery or
             # reconcile (docs/operating/ha-postgres.md). Counted, not hidden; nothing may have been charged.
@@ -1084,8 +1103,8 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset(), cor
                 f.append(f"invalid line not dead-lettered: {body[:60]}")
     report["dead_letters_lost"] = len(lost_letters)
     if corrections:  # the partition run shares check() and has no corrections (nor a refund listing)
-        check_corrections(report, corrections, by_key, charge_by_id, pg, stripe)
-    correction_keys = {billing_key(c) + "-r1" for c in (corrections or {})}
+        check_corrections(report, corrections, by_key, charge_by_id, pg, stripe, valid)
+    correction_keys = {billing_key(c, a) + "-r1" for c, a in (corrections or {})}
     stray = [k for k in by_key if k not in valid_keys and k not in correction_keys] + \
         [k for k in intents_by_key if k not in valid_keys]
     if stray:
@@ -1105,12 +1124,17 @@ def check(report, valid, invalid, pg, stripe, declined_finished=frozenset(), cor
                                     len(by_key.get(billing_key(ev.cust, ev.acct), [])) == 1)
 
 
-def check_corrections(report, corrections, by_key, charge_by_id, pg, stripe):
-    """Each corrected period's money moved exactly once: revision 1's difference charged once under base-r1,
-    revision 2's refunds made once each (one refund per planned move, by its metadata key), and the money at
-    Stripe for the customer — charges less refunds — equal to revision 2's total; both revisions applied."""
+def check_corrections(report, corrections, by_key, charge_by_id, pg, stripe, valid):
+    """Each corrected period's money moved exactly once, per (customer, period, account): revision 1's
+    difference charged once under base-r1 in the event's account, revision 2's refunds made once each (one
+    refund per planned move, by its metadata key) in that account, and the money at Stripe for the entry —
+    charges less refunds — equal to revision 2's total; both revisions applied. Every entry not corrected
+    (the platform's or the other account's of a corrected customer id among them) keeps its charge whole:
+    no refund, no correction charge, no correction row."""
     f = report["failures"]
     refunds = stripe.refunds()
+    for account in CONNECT_ACCOUNTS:
+        refunds += stripe.refunds(account)
     by_corrects = collections.defaultdict(list)
     for r in refunds:
         md = r.get("metadata") or {}
@@ -1119,25 +1143,44 @@ def check_corrections(report, corrections, by_key, charge_by_id, pg, stripe):
     status = {(r[0], int(r[1])): r[2] for r in pg.query(
         "SELECT base_key, revision, status FROM billing_corrections")}
     moved_twice = 0
-    for cust, (orig, t1, t2) in corrections.items():
-        key = billing_key(cust)
+    for (cust, acct), (orig, t1, t2) in corrections.items():
+        who = cust if not acct else f"{cust}@{acct}"
+        key = billing_key(cust, acct)
         up = by_key.get(key + "-r1", [])
         if len(up) != 1 or charge_by_id[up[0]]["amount"] != t1 - orig:
-            f.append(f"{cust}: revision 1 charges {up}, want one of {t1 - orig}")
+            f.append(f"{who}: revision 1 charges {up}, want one of {t1 - orig}")
             moved_twice += len(up) > 1
         mine = by_corrects.get(key, [])
+        outside = [c for c in up if charge_by_id[c].get("account", "") != acct] + \
+            [r["id"] for r in mine if r["_account"] != acct]
+        if outside:
+            f.append(f"{who}: correction payments outside account {acct or 'platform'}: {outside}")
         per_move = collections.Counter((r.get("metadata") or {}).get("billing_key") for r in mine)
         if any(n > 1 for n in per_move.values()):
             moved_twice += 1
-            f.append(f"{cust}: a refund made twice: {dict(per_move)}")
+            f.append(f"{who}: a refund made twice: {dict(per_move)}")
         charged = sum(charge_by_id[c]["amount"] for c in by_key.get(key, []) + up)
         net = charged - sum(r["amount"] for r in mine)
         if net != t2:
-            f.append(f"{cust}: {net} at Stripe after corrections, want revision 2's total {t2}")
+            f.append(f"{who}: {net} at Stripe after corrections, want revision 2's total {t2}")
         for rev in (1, 2):
             if status.get((key, rev)) != "applied":
-                f.append(f"{cust}: revision {rev} is {status.get((key, rev))}, want applied")
+                f.append(f"{who}: revision {rev} is {status.get((key, rev))}, want applied")
+    corrected = {billing_key(c, a) for c, a in corrections}
+    untouched = 0
+    for ev in valid:
+        key = billing_key(ev.cust, ev.acct)
+        if key in corrected or ev.expect != "charged":
+            continue
+        who = ev.cust if not ev.acct else f"{ev.cust}@{ev.acct}"
+        moved = [r["id"] for r in by_corrects.get(key, [])] + by_key.get(key + "-r1", []) + \
+            [f"row r{rev}" for (k, rev) in status if k == key]
+        if moved:
+            f.append(f"{who}: not corrected, yet money moved for it: {moved}")
+        untouched += (ev.cust, "") in corrections or any((ev.cust, a) in corrections for a in CONNECT_ACCOUNTS)
     report["corrections"] = len(corrections)
+    report["connect_corrections"] = sum(1 for _, a in corrections if a)
+    report["corrected_twins_untouched"] = untouched
     report["correction_refunds"] = sum(len(v) for v in by_corrects.values())
     report["corrections_moved_twice"] = moved_twice
 
@@ -1194,6 +1237,8 @@ def main():
     ap.add_argument("--profile", choices=["short", "scaled", "both"], default="both",
                     help="timings; 'both' alternates by seed")
     ap.add_argument("--nsqd-bin", default=os.environ.get("NSQD_BIN", ""))
+    ap.add_argument("--lose-account", action="store_true",
+                    help="with --lose-commits: also delete every ledger row of the second Connect account")
     ap.add_argument("--lose-commits", type=int, default=0,
                     help="after the chaos, drop this many settled rows' last commits (half back to pending, half "
                          "deleted), as an asynchronous-replication failover would; the sweeper and the backfill "
@@ -1267,7 +1312,9 @@ def main():
                 f"{w.get('receiver_kills', 0)} times")
         if r.get("corrections"):
             log(f"   corrections: {r['corrections']} periods corrected twice, {r.get('correction_refunds', '?')} "
-                f"refunds, {r.get('corrections_moved_twice', '?')} moved twice")
+                f"refunds, {r.get('corrections_moved_twice', '?')} moved twice; "
+                f"{r.get('connect_corrections', 0)} of them of Connect events, "
+                f"{r.get('corrected_twins_untouched', 0)} entries of corrected customer ids left whole")
         for msg in r["failures"][:20]:
             log(f"   FAIL {msg}")
         if not r["ok"]:
@@ -1275,6 +1322,7 @@ def main():
                 f"--profile {profile} --duration {args.duration:g} --async-share {args.async_share:g}"
                 + (f" --failover {args.failover}" if args.failover != "none" else "")
                 + (f" --lose-commits {args.lose_commits}" if args.lose_commits else "")
+                + (" --lose-account" if args.lose_account else "")
                 + f"   (work dir kept: {r['work']})")
             totals["failed"].append(seed)
         if args.json:

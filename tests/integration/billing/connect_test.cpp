@@ -267,6 +267,106 @@ BOOST_AUTO_TEST_CASE(backfill_restores_lost_rows_in_their_accounts) {
     BOOST_TEST(f.fake->charges().size() == 3u);
 }
 
+// A failover lost every row of account A: the ledger no longer names A, so a backfill that searches only the
+// platform and the accounts the ledger knows finds nothing of A (the platform's row of the same customer id
+// is whole). With A configured (consume --connect-accounts) the backfill searches it too and restores the row
+// in A with A's charge; the platform's row and B's are left as they were.
+BOOST_AUTO_TEST_CASE(backfill_searches_configured_accounts_the_ledger_lost) {
+    fixture f;
+    connect_accounts(f);
+    auto p = f.make_pipeline();
+    for (const auto& [customer, account] : std::vector<std::pair<std::string, std::string>>{
+             {"shop-7", ""}, {"shop-7", acct_a}, {"shop-6", acct_b}}) {
+        auto v = f.handle(*p, delivery_of(connect_event(customer, account), "c7" + customer + account));
+        BOOST_TEST_REQUIRE(reason(v) == "charged", v.detail);
+    }
+    const auto lost = connect_key("shop-7", acct_a);
+    auto gone = f.run(f.query("DELETE FROM billing_records WHERE stripe_account = $1", pg::params(acct_a)));
+    BOOST_TEST_REQUIRE(gone.has_value());
+    billing::backfill_config bc;
+    bc.key_namespace = test::key_namespace;
+    bc.window = 1h;
+    bc.topic = "billing";
+    bc.channel = "chargeguard";
+    {
+        billing::backfill unaware(bc, f.pg, *f.stripe, logger());
+        auto rep = f.run(unaware.run_once());
+        BOOST_TEST_REQUIRE(rep.has_value(), (rep ? "" : rep.err().describe()));
+        BOOST_TEST(rep->inserted == 0u);
+        BOOST_TEST(!f.row(lost).has_value());
+    }
+    bc.connect_accounts = {acct_b, acct_a};  // B the ledger knows too: searched once
+    billing::backfill b(bc, f.pg, *f.stripe, logger());
+    auto rep = f.run(b.run_once());
+    BOOST_TEST_REQUIRE(rep.has_value(), (rep ? "" : rep.err().describe()));
+    BOOST_TEST(rep->inserted == 1u);
+    BOOST_TEST(rep->listed == 3u);  // one charge in each of the platform, B and A
+    auto rec = f.row(lost);
+    BOOST_TEST_REQUIRE(rec.has_value());
+    BOOST_TEST(billing::to_string(rec->status) == "charged");
+    BOOST_TEST(rec->stripe_account == acct_a);
+    auto in_a = charges_in(f, acct_a);
+    BOOST_TEST_REQUIRE(in_a.size() == 1u);
+    BOOST_TEST(rec->charge_id.value_or("") == in_a[0]->id);
+    BOOST_TEST(f.fake->charges().size() == 3u);
+    auto platform = f.row(connect_key("shop-7", ""));
+    BOOST_TEST_REQUIRE(platform.has_value());
+    BOOST_TEST(platform->stripe_account == "");
+    BOOST_TEST(platform->charge_id.value_or("") == charges_in(f, "")[0]->id);
+}
+
+// Corrections of a Connect event: revision 1 raises account A's total (the difference charged in A, under
+// A's base key + "-r1"), revision 2 lowers it below the original (refunded in A, newest payment first). The
+// platform's charge of the same customer id and period, and B's, are untouched: no refund, no correction
+// row, no second charge. A correction with the platform's (or another account's) scope would charge or
+// refund the wrong account's payment, or be refused by Stripe for a charge it cannot see.
+BOOST_AUTO_TEST_CASE(corrections_of_a_connect_event_move_money_in_its_account_only) {
+    fixture f;
+    connect_accounts(f);
+    auto p = f.make_pipeline();
+    for (const auto& account : {std::string(), acct_a, acct_b}) {
+        auto v = f.handle(*p, delivery_of(connect_event("shop-5", account, 1000), "c5o" + account));
+        BOOST_TEST_REQUIRE(reason(v) == "charged", v.detail);
+    }
+    const auto base = connect_key("shop-5", acct_a), platform_base = connect_key("shop-5", "");
+    const auto orig_a = f.row(base)->charge_id.value_or("");
+    const auto orig_platform = f.row(platform_base)->charge_id.value_or("");
+    const auto orig_b = f.row(connect_key("shop-5", acct_b))->charge_id.value_or("");
+
+    auto v1 = f.handle(*p, delivery_of(connect_event("shop-5", acct_a, 1500, R"(,"revision":1)"), "c5r1"));
+    BOOST_TEST(reason(v1) == "charged", v1.detail);
+    auto in_a = charges_in(f, acct_a);
+    BOOST_TEST_REQUIRE(in_a.size() == 2u);
+    const fake::charge_rec* rise = in_a[0]->id == orig_a ? in_a[1] : in_a[0];
+    BOOST_TEST(rise->amount == 500);
+    stripe::metadata md(rise->metadata.begin(), rise->metadata.end());
+    BOOST_TEST(stripe::metadata_value(md, "billing_key").value_or("") == base + "-r1");
+    BOOST_TEST(stripe::metadata_value(md, "corrects").value_or("") == base);
+
+    auto v2 = f.handle(*p, delivery_of(connect_event("shop-5", acct_a, 700, R"(,"revision":2)"), "c5r2"));
+    BOOST_TEST(reason(v2) == "refunded", v2.detail);
+    std::int64_t refunded_a = 0;
+    for (const auto& r : f.fake->refunds()) {
+        BOOST_TEST(r.account == acct_a, r.id);
+        BOOST_TEST((r.charge == orig_a || r.charge == rise->id), r.charge);
+        refunded_a += r.amount;
+    }
+    BOOST_TEST(refunded_a == 800);  // 1500 → 700: the rise's 500 whole, then 300 of the original
+    BOOST_TEST(f.scalar("SELECT cg_correction_net_cents($1)", base) == 700);
+
+    // The platform and B: one charge each, of 1000, nothing refunded, no correction recorded.
+    for (const auto& [account, id] : {std::pair{std::string(), orig_platform}, std::pair{acct_b, orig_b}}) {
+        auto in = charges_in(f, account);
+        BOOST_TEST_REQUIRE(in.size() == 1u, account);
+        BOOST_TEST(in[0]->id == id);
+        BOOST_TEST(in[0]->amount == 1000);
+        BOOST_TEST(in[0]->amount_refunded == 0);
+    }
+    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_corrections WHERE base_key <> $1", base) == 0);
+    BOOST_TEST(f.fake->posts_for(platform_base + "-r1") == 0);
+    BOOST_TEST(billing::to_string(f.row(platform_base)->status) == "charged");
+}
+
 // fake-stripe scopes as Stripe does: an account the platform does not reach is 403 account_invalid (our
 // setup: the row stays pending, nothing is dead-lettered); a customer the account does not have is 400
 // resource_missing (the request as sent is refused: failed + dead letter); an idempotency key is per account

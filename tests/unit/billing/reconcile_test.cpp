@@ -3,6 +3,9 @@
 #include "billing/reconcile.hpp"
 
 #include <boost/test/unit_test.hpp>
+#include <map>
+
+#include "billing/expected_run.hpp"
 
 using namespace cg::billing;
 using namespace std::chrono_literals;
@@ -365,4 +368,60 @@ BOOST_AUTO_TEST_CASE(corrected_totals_are_compared_with_the_money_moved) {
     g.corrected_net = 500;
     BOOST_TEST(to_string(classify(g).cls) == "amount_currency_mismatch");
     BOOST_TEST(to_string(classify(charged_ok()).cls) == "ok");
+}
+
+// Stripe Connect: an entry of the run is a (customer, period, stripe_account). The same customer and period
+// on the platform and on two accounts are three entries, in JSONL and in CSV (an optional stripe_account
+// column, empty for the platform), each with its own corrections; a conflicting repeat within one account is
+// refused naming the account. The expected sum counts each entry once, and each one's corrections against its
+// own original.
+BOOST_AUTO_TEST_CASE(an_entry_is_a_customer_period_and_account) {
+    const std::string head =
+        R"({"customer_id":"acme","billing_period":"2026-11","currency":"usd","stripe_customer_id":"cus_1",)";
+    auto jsonl = head + R"("amount_cents":1000})" + "\n" + head +
+                 R"("amount_cents":2000,"stripe_account":"acct_A"})" + "\n" + head +
+                 R"("amount_cents":3000,"stripe_account":"acct_B"})" + "\n" + head +
+                 R"("amount_cents":2500,"stripe_account":"acct_A","revision":1})" + "\n";
+    auto r = parse_expected(jsonl);
+    BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+    BOOST_TEST_REQUIRE(r->size() == 3u);
+    std::map<std::string, const expected_event*> by_account;
+    for (const auto& e : *r) by_account[e.event.stripe_account] = &e;
+    BOOST_TEST_REQUIRE(by_account.size() == 3u);
+    BOOST_TEST(by_account[""]->event.amount_cents == 1000);
+    BOOST_TEST(!by_account[""]->corrected_total.has_value());  // acct_A's correction is not the platform's
+    BOOST_TEST(by_account["acct_A"]->corrected_total.value_or(-1) == 2500);
+    BOOST_TEST(by_account["acct_B"]->event.amount_cents == 3000);
+    BOOST_TEST(!by_account["acct_B"]->corrected_total.has_value());
+    auto sum = sum_expected(jsonl, "2026-11", "usd");
+    BOOST_TEST(sum.total_cents == 1000 + 2500 + 3000);
+    BOOST_TEST(sum.skipped_total() == 0u);
+
+    auto csv = parse_expected(
+        "customer_id,billing_period,amount_cents,currency,stripe_customer_id,stripe_account\n"
+        "acme,2026-11,1000,usd,cus_1,\n"
+        "acme,2026-11,2000,usd,cus_1,acct_A\n");
+    BOOST_TEST_REQUIRE(csv.has_value(), (csv ? "" : csv.err().describe()));
+    BOOST_TEST_REQUIRE(csv->size() == 2u);
+    BOOST_TEST((*csv)[0].event.stripe_account == "");
+    BOOST_TEST((*csv)[1].event.stripe_account == "acct_A");
+    auto again = parse_event((*csv)[1].body);  // the body re-published for it keeps the account
+    BOOST_TEST_REQUIRE(again.has_value());
+    BOOST_TEST(again->stripe_account == "acct_A");
+    auto back = parse_event(event_json(again.value()));
+    BOOST_TEST_REQUIRE(back.has_value());
+    BOOST_TEST(back->stripe_account == "acct_A");
+
+    auto bad_account = parse_expected(
+        "customer_id,billing_period,amount_cents,currency,stripe_customer_id,stripe_account\n"
+        "acme,2026-11,1000,usd,cus_1,shop\n");
+    BOOST_TEST_REQUIRE(!bad_account.has_value());
+    BOOST_TEST(bad_account.err().message.find("stripe_account") != std::string::npos,
+               bad_account.err().message);
+    auto conflict = parse_expected(head + R"("amount_cents":2000,"stripe_account":"acct_A"})" + "\n" + head +
+                                   R"("amount_cents":2001,"stripe_account":"acct_A"})" + "\n");
+    BOOST_TEST_REQUIRE(!conflict.has_value());
+    BOOST_TEST(conflict.err().message.find("line 2: customer acme period 2026-11 account acct_A is listed on "
+                                           "line 1") == 0u,
+               conflict.err().message);
 }
