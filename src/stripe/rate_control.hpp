@@ -194,6 +194,13 @@ class rate_control {
     std::uint64_t decreases_ = 0;
 };
 
+// What one process's pacer of an account tells its peers.
+struct pacer_report {
+    peer_load load;
+    double account_limit = 0;    // the account's limit its law is at
+    std::uint64_t episodes = 0;  // 429 episodes started by its own 429s
+};
+
 // One peer of an account as an exchange read it (billing/pace_peers.hpp).
 struct peer_view {
     peer_load load;
