@@ -57,7 +57,7 @@ struct consume_flags {
     runtime_flags rt;
     std::string stripe_io = "offload";
     bool pace_peers = true;
-    unsigned pace_peers_interval_ms = 250;
+    unsigned pace_peers_interval_ms = 100;
     std::string processing_poll_after = "1h";
     double processing_poll_rate = 5;
 };
@@ -321,8 +321,9 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     const auto& rate = (*stripe)->config().rate;
     if (f.pace_peers && rate.adaptive) {
         auto every = std::chrono::milliseconds(f.pace_peers_interval_ms);
-        auto peers =
-            billing::pace_peers_loop::start(rt.io().get_executor(), pool, **stripe, log, every, 8 * every);
+        auto peers = billing::pace_peers_loop::start(
+            rt.io().get_executor(), pool, **stripe, log, every,
+            std::max<std::chrono::milliseconds>(8 * every, std::chrono::seconds(2)));
         rt.on_shutdown([peers]() { return peers->stop(); });
     }
     log.info("processing poll", {{"after_ms", static_cast<std::int64_t>(pollcfg.poll_after.count())},
@@ -367,8 +368,8 @@ void register_consume(CLI::App& app, command_main& selected) {
         ->capture_default_str()
         ->group(group_stripe);
     cmd->add_option("--stripe-pace-peers-interval-ms", f->pace_peers_interval_ms,
-                    "how often the sidecars exchange their pacing state (a peer silent for 8 intervals is "
-                    "forgotten)")
+                    "how often the sidecars exchange their pacing state (a peer silent for 8 intervals, at "
+                    "least 2 s, is forgotten)")
         ->check(CLI::Range(50u, 5000u))
         ->capture_default_str()
         ->group(group_stripe);

@@ -42,16 +42,13 @@ void apply_peers(rate_control& rc, const peer_view* peers, std::size_t n, std::s
         if (leader == n && peers[i].load.pressed) leader = i;
     }
     if (leader == n) leader = 0;
-    if (leader == self) {
-        rc.lead(now);
-        for (std::size_t i = 0; i < n; ++i) {
-            if (i == self) continue;
-            if (peers[i].load.pressed) rc.note_peer_pressed();
-            if (peers[i].throttled_since) rc.on_peer_throttled(now);
-        }
-    } else {
-        rc.follow(peers[leader].account_limit, now);
+    if (leader == self) rc.lead(now);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (i == self) continue;
+        if (leader == self && peers[i].load.pressed) rc.note_peer_pressed();
+        if (peers[i].throttled_since) rc.on_peer_throttled(now);
     }
+    if (leader != self) rc.follow(peers[leader].account_limit, now);
     rc.set_share(peer_share(loads.data(), n, self, rc.account_limit()), now);
 }
 
@@ -70,7 +67,22 @@ rate_control::rate_control(rate_config cfg, time_point now)
 
 double rate_control::limit() const noexcept {
     double ceiling = cfg_.max_rps > 0 ? cfg_.max_rps : unlimited;
-    return cfg_.adaptive ? std::min(ceiling, adaptive_ * share_) : ceiling;
+    return cfg_.adaptive ? std::min(ceiling, own_part()) : ceiling;
+}
+
+// This process's part of the account's limit: its share, and while the followers hold (follow_limit) all of
+// the climb above what they hold at, so the account's rate is the law's as for one sidecar.
+double rate_control::own_part() const noexcept {
+    double f = follow_limit();
+    if (share_ < 1 && f < adaptive_) return f * share_ + (adaptive_ - f);
+    return adaptive_ * share_;
+}
+
+// What one of this process's requests counts for in the account's rate.
+double rate_control::weight() const noexcept {
+    double own = own_part();
+    if (own > 0 && !std::isinf(own) && !std::isinf(adaptive_)) return adaptive_ / own;
+    return 1 / share_;
 }
 
 void rate_control::set_share(double share, time_point now) {
@@ -80,7 +92,11 @@ void rate_control::set_share(double share, time_point now) {
 }
 
 void rate_control::on_peer_throttled(time_point now) {
-    if (!cfg_.adaptive || following_) return;
+    if (!cfg_.adaptive) return;
+    if (following_) {  // the leader decreases for the account; the slow start is over for everyone
+        slow_start_ = false;
+        return;
+    }
     if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold) return;
     decrease(now);
 }
@@ -88,7 +104,7 @@ void rate_control::on_peer_throttled(time_point now) {
 void rate_control::follow(double account_limit, time_point now) {
     if (!cfg_.adaptive || !(account_limit > 0)) return;
     following_ = true;
-    slow_start_ = false;
+    followed_ = account_limit;
     if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold) return;  // the leader may not know yet
     refill(now);
     adaptive_ = std::max(cfg_.min_rps, account_limit);
@@ -96,17 +112,26 @@ void rate_control::follow(double account_limit, time_point now) {
     last_increase_ = now;
 }
 
+double rate_control::follow_limit() const noexcept {
+    if (!reclaiming_ || following_ || !(estimate_ > 0)) return adaptive_;
+    double hold = 1.0 / (cfg_.reclaim_budget * estimate_);
+    if (curve_s_ >= hold + seconds(cfg_.reclaim)) return adaptive_;
+    return std::min(adaptive_, std::max(cfg_.min_rps, estimate_ * cfg_.reclaim_hold_factor));
+}
+
 void rate_control::lead(time_point now) {
     if (!following_) return;
     following_ = false;
-    // Continue from the followed limit as from an estimate just reached: the probe past it, slow at first.
     if (std::isinf(adaptive_)) return;
+    // The account still in its slow start (no 429 episode heard of yet): keep doubling from the followed
+    // limit. Otherwise continue from it as from an estimate just reached: the probe past it, slow at first.
+    last_increase_ = now;
+    if (slow_start_) return;
     estimate_ = adaptive_;
     dip_from_ = adaptive_;
     calibrating_ = false;
     reclaiming_ = false;
     curve_s_ = seconds(cfg_.recover);
-    last_increase_ = now;
 }
 
 void rate_control::refill(time_point now) {
@@ -127,9 +152,9 @@ bool rate_control::try_take(time_point now) {
         return false;
     }
     if (!std::isinf(limit())) tokens_ -= 1;
-    sent_.add(now, 1 / share_);
+    sent_.add(now, weight());
     own_sent_.add(now, 1);
-    recent_sent_.add(now, 1 / share_);
+    recent_sent_.add(now, weight());
     return true;
 }
 
@@ -198,6 +223,8 @@ void rate_control::decrease(time_point now) {
     // lowered limit. One such episode lowers the estimate by at most `victim_step`, so a sidecar does not
     // give up its share each time another one probes; a lowered limit brings episodes close together
     // (below).
+    // Sharing the account with its peers (share < 1) the leader hears every peer's 429: none is another
+    // sender's probe.
     bool victim = decreased_once_ && !slow_start_ && !calibrating_ && accepted_since_ > 0 &&
                   adaptive_ <= estimate_ * 1.001;
     double before = estimate_;
@@ -280,17 +307,29 @@ void rate_control::grow(time_point now) {
 void rate_control::on_response(time_point now, bool throttled, time_point sent_at) {
     if (!cfg_.adaptive) return;
     if (!throttled) {
-        accepted_.add(now, 1 / share_);
-        recent_accepted_.add(now, 1 / share_);
-        accepted_since_ += 1 / share_;
-        run_accepted_ += 1 / share_;
+        double w = weight();
+        accepted_.add(now, w);
+        recent_accepted_.add(now, w);
+        accepted_since_ += w;
+        run_accepted_ += w;
     }
     if (throttled) {
         // A request sent before the last decrease belongs to the episode that caused it; one sent since says
         // the decreased limit is still too high.
         if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold && sent_at <= last_decrease_) return;
-        decrease(now);
         ++own_episodes_;
+        if (following_) {
+            // The leader measures the account's rate (it hears of this episode); meanwhile the decreased
+            // limit, and the leader's figure ignored for `decrease_hold`.
+            refill(now);
+            adaptive_ = std::max(cfg_.min_rps, std::min(adaptive_, followed_ * cfg_.decrease_factor));
+            last_decrease_ = now;
+            decreased_once_ = true;
+            slow_start_ = false;
+            ++decreases_;
+            return;
+        }
+        decrease(now);
         return;
     }
     if (following_ || std::isinf(adaptive_) || now <= last_increase_) return;
