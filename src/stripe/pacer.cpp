@@ -55,7 +55,7 @@ net::awaitable<void> pacer::dispatch(std::shared_ptr<pacer> self) {
 pacer_report pacer::take_report() {
     auto now = std::chrono::steady_clock::now();
     bool pressed = rc_.take_pressed() || !waiting_.empty();
-    return {{pressed, rc_.own_sent_rate(now)}, rc_.follow_limit(), rc_.throttled_episodes()};
+    return {{pressed, rc_.own_sent_rate(now)}, rc_.account_limit(), rc_.throttled_episodes()};
 }
 
 void pacer::apply_peers(const peer_view* peers, std::size_t n, std::size_t self) {

@@ -67,22 +67,7 @@ rate_control::rate_control(rate_config cfg, time_point now)
 
 double rate_control::limit() const noexcept {
     double ceiling = cfg_.max_rps > 0 ? cfg_.max_rps : unlimited;
-    return cfg_.adaptive ? std::min(ceiling, own_part()) : ceiling;
-}
-
-// This process's part of the account's limit: its share, and while the followers hold (follow_limit) all of
-// the climb above what they hold at, so the account's rate is the law's as for one sidecar.
-double rate_control::own_part() const noexcept {
-    double f = follow_limit();
-    if (share_ < 1 && f < adaptive_) return f * share_ + (adaptive_ - f);
-    return adaptive_ * share_;
-}
-
-// What one of this process's requests counts for in the account's rate.
-double rate_control::weight() const noexcept {
-    double own = own_part();
-    if (own > 0 && !std::isinf(own) && !std::isinf(adaptive_)) return adaptive_ / own;
-    return 1 / share_;
+    return cfg_.adaptive ? std::min(ceiling, adaptive_ * share_) : ceiling;
 }
 
 void rate_control::set_share(double share, time_point now) {
@@ -104,19 +89,11 @@ void rate_control::on_peer_throttled(time_point now) {
 void rate_control::follow(double account_limit, time_point now) {
     if (!cfg_.adaptive || !(account_limit > 0)) return;
     following_ = true;
-    followed_ = account_limit;
     if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold) return;  // the leader may not know yet
     refill(now);
     adaptive_ = std::max(cfg_.min_rps, account_limit);
     if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
     last_increase_ = now;
-}
-
-double rate_control::follow_limit() const noexcept {
-    if (!reclaiming_ || following_ || !(estimate_ > 0)) return adaptive_;
-    double hold = 1.0 / (cfg_.reclaim_budget * estimate_);
-    if (curve_s_ >= hold + seconds(cfg_.reclaim)) return adaptive_;
-    return std::min(adaptive_, std::max(cfg_.min_rps, estimate_ * cfg_.reclaim_hold_factor));
 }
 
 void rate_control::lead(time_point now) {
@@ -152,9 +129,9 @@ bool rate_control::try_take(time_point now) {
         return false;
     }
     if (!std::isinf(limit())) tokens_ -= 1;
-    sent_.add(now, weight());
+    sent_.add(now, 1 / share_);
     own_sent_.add(now, 1);
-    recent_sent_.add(now, weight());
+    recent_sent_.add(now, 1 / share_);
     return true;
 }
 
@@ -223,8 +200,6 @@ void rate_control::decrease(time_point now) {
     // lowered limit. One such episode lowers the estimate by at most `victim_step`, so a sidecar does not
     // give up its share each time another one probes; a lowered limit brings episodes close together
     // (below).
-    // Sharing the account with its peers (share < 1) the leader hears every peer's 429: none is another
-    // sender's probe.
     bool victim = decreased_once_ && !slow_start_ && !calibrating_ && accepted_since_ > 0 &&
                   adaptive_ <= estimate_ * 1.001;
     double before = estimate_;
@@ -307,7 +282,7 @@ void rate_control::grow(time_point now) {
 void rate_control::on_response(time_point now, bool throttled, time_point sent_at) {
     if (!cfg_.adaptive) return;
     if (!throttled) {
-        double w = weight();
+        double w = 1 / share_;
         accepted_.add(now, w);
         recent_accepted_.add(now, w);
         accepted_since_ += w;
@@ -317,19 +292,8 @@ void rate_control::on_response(time_point now, bool throttled, time_point sent_a
         // A request sent before the last decrease belongs to the episode that caused it; one sent since says
         // the decreased limit is still too high.
         if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold && sent_at <= last_decrease_) return;
-        ++own_episodes_;
-        if (following_) {
-            // The leader measures the account's rate (it hears of this episode); meanwhile the decreased
-            // limit, and the leader's figure ignored for `decrease_hold`.
-            refill(now);
-            adaptive_ = std::max(cfg_.min_rps, std::min(adaptive_, followed_ * cfg_.decrease_factor));
-            last_decrease_ = now;
-            decreased_once_ = true;
-            slow_start_ = false;
-            ++decreases_;
-            return;
-        }
         decrease(now);
+        ++own_episodes_;
         return;
     }
     if (following_ || std::isinf(adaptive_) || now <= last_increase_) return;

@@ -126,11 +126,6 @@ class rate_control {
     }
     // The account-wide limit the law is at (limit() is this process's part of it).
     double account_limit() const noexcept { return adaptive_; }
-    // The account-wide limit followers take from this process while it leads: its own, except while it
-    // reclaims a remembered rate (a limit Stripe lowered): then the followers hold at the estimate and the
-    // leader alone sends the climb above it, so an attempt at a limit still lowered ends at the leader's own
-    // 429 as for one sidecar; past the remembered rate without a 429 (raised again) they follow it up.
-    double follow_limit() const noexcept;
     // Requests/s this process itself sent lately (not weighted).
     double own_sent_rate(time_point now) const noexcept { return own_sent_.rate(now); }
 
@@ -170,8 +165,6 @@ class rate_control {
     void refill(time_point now);
     void decrease(time_point now);
     void grow(time_point now);
-    double own_part() const noexcept;
-    double weight() const noexcept;
 
     rate_config cfg_;
     double adaptive_ = unlimited;
@@ -194,8 +187,7 @@ class rate_control {
     double run_accepted_ = 0;    // answers without a 429 since then (weighted)
     double share_ = 1;
     bool following_ = false;
-    double followed_ = unlimited;  // the leader's figure last followed
-    bool pressed_since_ = false;   // for take_pressed()
+    bool pressed_since_ = false;  // for take_pressed()
     std::uint64_t own_episodes_ = 0;
     rate_window sent_, accepted_, own_sent_;
     recent recent_sent_, recent_accepted_;
