@@ -22,6 +22,7 @@
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
 #include "billing/nsq_delivery.hpp"
+#include "billing/pace_peers.hpp"
 #include "billing/pending_age.hpp"
 #include "billing/pipeline.hpp"
 #include "billing/settlement_poller.hpp"
@@ -55,6 +56,8 @@ struct consume_flags {
     heal_flags heal;
     runtime_flags rt;
     std::string stripe_io = "offload";
+    bool pace_peers = true;
+    unsigned pace_peers_interval_ms = 100;
     std::string processing_poll_after = "1h";
     double processing_poll_rate = 5;
 };
@@ -314,6 +317,15 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto pending_age = billing::start_pending_age_monitor(rt.io().get_executor(), pool, rt.metrics(), log);
     rt.on_shutdown([pending_age]() { return pending_age->stop(); });
     start_ledger_healing(rt, pipeline, pool, **stripe, f.heal, ncfg, pending_age.get());
+    // Shared pacing between the sidecars of this ledger (billing/pace_peers.hpp); charging never waits on it.
+    const auto& rate = (*stripe)->config().rate;
+    if (f.pace_peers && rate.adaptive) {
+        auto every = std::chrono::milliseconds(f.pace_peers_interval_ms);
+        auto peers = billing::pace_peers_loop::start(
+            rt.io().get_executor(), pool, **stripe, log, every,
+            std::max<std::chrono::milliseconds>(8 * every, std::chrono::seconds(2)));
+        rt.on_shutdown([peers]() { return peers->stop(); });
+    }
     log.info("processing poll", {{"after_ms", static_cast<std::int64_t>(pollcfg.poll_after.count())},
                                  {"rate_per_second", pollcfg.rate_per_second},
                                  {"interval_ms", static_cast<std::int64_t>(pollcfg.interval.count())}});
@@ -347,6 +359,18 @@ void register_consume(CLI::App& app, command_main& selected) {
                     "where Stripe HTTPS requests run: loop (the event loop; each new connection's connect "
                     "and TLS handshake on the offload pool) or offload (all on the offload pool)")
         ->check(CLI::IsMember({"loop", "offload"}))
+        ->capture_default_str()
+        ->group(group_stripe);
+    cmd->add_option("--stripe-pace-peers", f->pace_peers,
+                    "share the Stripe rate control with the other consume sidecars of this ledger through "
+                    "PostgreSQL (table stripe_pace_peers): one rate law per Stripe account, each sidecar its "
+                    "share; off: each paces alone")
+        ->capture_default_str()
+        ->group(group_stripe);
+    cmd->add_option("--stripe-pace-peers-interval-ms", f->pace_peers_interval_ms,
+                    "how often the sidecars exchange their pacing state (a peer silent for 8 intervals, at "
+                    "least 2 s, is forgotten)")
+        ->check(CLI::Range(50u, 5000u))
         ->capture_default_str()
         ->group(group_stripe);
     cmd->add_option("--processing-poll-after", f->processing_poll_after,

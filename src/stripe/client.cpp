@@ -425,6 +425,37 @@ result<std::unique_ptr<client>> client::create(asio::any_io_executor offload, cl
 }
 
 client::client(std::shared_ptr<state> st) : st_(std::move(st)) {}
+
+namespace {
+
+net::awaitable<std::vector<client::pace_report>> reports_on_strand(state_ptr st) {
+    std::vector<client::pace_report> out;
+    if (!st->pace) co_return out;
+    out.push_back({"", st->pace->take_report()});
+    for (auto& [account, p] : st->account_pace) out.push_back({account, p->take_report()});
+    co_return out;
+}
+
+net::awaitable<void> apply_on_strand(state_ptr st, std::vector<client::pace_view> views) {
+    if (!st->pace) co_return;
+    auto apply = [&](const std::string& account, pacer& p) {
+        for (auto& v : views)
+            if (v.account == account) return p.apply_peers(v.peers.data(), v.peers.size(), v.self);
+        p.apply_peers(nullptr, 0, 0);
+    };
+    apply("", *st->pace);
+    for (auto& [account, p] : st->account_pace) apply(account, *p);
+}
+
+}  // namespace
+
+net::awaitable<std::vector<client::pace_report>> client::pace_reports() {
+    co_return co_await on_strand(st_, reports_on_strand(st_));
+}
+
+net::awaitable<void> client::apply_pace(std::vector<pace_view> views) {
+    co_await on_strand(st_, apply_on_strand(st_, std::move(views)));
+}
 client::~client() = default;
 
 net::awaitable<client::call_turn> client::turn() {

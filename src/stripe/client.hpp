@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/log.hpp"
 #include "core/result.hpp"
@@ -115,6 +116,21 @@ class client {
     // is required for POST. Auth and Stripe-Version are added. Retries as described above.
     net::awaitable<call_result> call(std::string method, std::string target, std::string body,
                                      std::string idempotency_key, std::string stripe_account = {});
+
+    // Shared pacing between sidecars (billing/pace_peers.hpp): one report per pacer (the platform's, account
+    // ""; each connected account's), and one exchange's view of each account's peers (an account missing
+    // from `views`, or with no peers, paces alone). Empty without rate control. From any executor.
+    struct pace_report {
+        std::string account;
+        pacer_report report;
+    };
+    struct pace_view {
+        std::string account;
+        std::vector<peer_view> peers;  // by peer id, this process among them
+        std::size_t self = 0;
+    };
+    net::awaitable<std::vector<pace_report>> pace_reports();
+    net::awaitable<void> apply_pace(std::vector<pace_view> views);
 
     const client_config& config() const noexcept;
     // Callers waiting for their turn (client_config::max_calls) now; 0 without a bound. Any thread.

@@ -52,6 +52,16 @@ net::awaitable<void> pacer::dispatch(std::shared_ptr<pacer> self) {
     self->dispatching_ = false;
 }
 
+pacer_report pacer::take_report() {
+    auto now = std::chrono::steady_clock::now();
+    bool pressed = rc_.take_pressed() || !waiting_.empty();
+    return {{pressed, rc_.own_sent_rate(now)}, rc_.account_limit(), rc_.throttled_episodes()};
+}
+
+void pacer::apply_peers(const peer_view* peers, std::size_t n, std::size_t self) {
+    stripe::apply_peers(rc_, peers, n, self, std::chrono::steady_clock::now());
+}
+
 void pacer::on_response(bool throttled, std::chrono::steady_clock::time_point sent_at) {
     rc_.on_response(std::chrono::steady_clock::now(), throttled, sent_at);
 }

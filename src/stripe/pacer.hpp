@@ -26,6 +26,10 @@ class pacer : public std::enable_shared_from_this<pacer> {
     void on_response(bool throttled, std::chrono::steady_clock::time_point sent_at = {});
 
     double limit() const noexcept { return rc_.limit(); }
+    // Shared pacing (rate_control.hpp): what this pacer tells its peers (resets `pressed`), and one
+    // exchange's view of the peers (empty: none, pace alone).
+    pacer_report take_report();
+    void apply_peers(const peer_view* peers, std::size_t n, std::size_t self);
     std::size_t waiting() const noexcept { return waiting_.size(); }
 
   private:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace cg::stripe {
 namespace {
@@ -12,8 +13,47 @@ double seconds(rate_control::clock::duration d) {
 
 }  // namespace
 
+double peer_share(const peer_load* peers, std::size_t n, std::size_t self, double account_limit,
+                  double idle_weight) {
+    if (n <= 1 || self >= n) return 1;
+    bool even = !(account_limit > 0) || std::isinf(account_limit);
+    double fair = account_limit / static_cast<double>(n);
+    auto weight = [&](const peer_load& p) {
+        if (even || p.pressed) return 1.0;
+        return std::clamp(p.sent_rps / fair, idle_weight, 1.0);
+    };
+    double total = 0;
+    for (std::size_t i = 0; i < n; ++i) total += weight(peers[i]);
+    return weight(peers[self]) / total;
+}
+
+void apply_peers(rate_control& rc, const peer_view* peers, std::size_t n, std::size_t self,
+                 rate_control::time_point now) {
+    if (n == 0 || self >= n) {
+        rc.set_share(1, now);
+        rc.lead(now);
+        return;
+    }
+    std::vector<peer_load> loads;
+    loads.reserve(n);
+    std::size_t leader = n;
+    for (std::size_t i = 0; i < n; ++i) {
+        loads.push_back(peers[i].load);
+        if (leader == n && peers[i].load.pressed) leader = i;
+    }
+    if (leader == n) leader = 0;
+    if (leader == self) rc.lead(now);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (i == self) continue;
+        if (leader == self && peers[i].load.pressed) rc.note_peer_pressed();
+        if (peers[i].throttled_since) rc.on_peer_throttled(now);
+    }
+    if (leader != self) rc.follow(peers[leader].account_limit, now);
+    rc.set_share(peer_share(loads.data(), n, self, rc.account_limit()), now);
+}
+
 rate_control::rate_control(rate_config cfg, time_point now)
-    : cfg_(cfg), refilled_(now), last_increase_(now), sent_{now}, accepted_{now} {
+    : cfg_(cfg), refilled_(now), last_increase_(now), sent_{now}, accepted_{now}, own_sent_{now} {
     cfg_.min_rps = std::max(cfg_.min_rps, 0.001);
     cfg_.decrease_factor = std::clamp(cfg_.decrease_factor, 0.01, 0.99);
     cfg_.burst_s = std::max(cfg_.burst_s, 0.0);
@@ -27,7 +67,48 @@ rate_control::rate_control(rate_config cfg, time_point now)
 
 double rate_control::limit() const noexcept {
     double ceiling = cfg_.max_rps > 0 ? cfg_.max_rps : unlimited;
-    return cfg_.adaptive ? std::min(ceiling, adaptive_) : ceiling;
+    return cfg_.adaptive ? std::min(ceiling, adaptive_ * share_) : ceiling;
+}
+
+void rate_control::set_share(double share, time_point now) {
+    refill(now);  // tokens earned at the old share count at the old share
+    share_ = std::clamp(share, 0.01, 1.0);
+    refill(now);
+}
+
+void rate_control::on_peer_throttled(time_point now) {
+    if (!cfg_.adaptive) return;
+    if (following_) {  // the leader decreases for the account; the slow start is over for everyone
+        slow_start_ = false;
+        return;
+    }
+    if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold) return;
+    decrease(now);
+}
+
+void rate_control::follow(double account_limit, time_point now) {
+    if (!cfg_.adaptive || !(account_limit > 0)) return;
+    following_ = true;
+    if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold) return;  // the leader may not know yet
+    refill(now);
+    adaptive_ = std::max(cfg_.min_rps, account_limit);
+    if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
+    last_increase_ = now;
+}
+
+void rate_control::lead(time_point now) {
+    if (!following_) return;
+    following_ = false;
+    if (std::isinf(adaptive_)) return;
+    // The account still in its slow start (no 429 episode heard of yet): keep doubling from the followed
+    // limit. Otherwise continue from it as from an estimate just reached: the probe past it, slow at first.
+    last_increase_ = now;
+    if (slow_start_) return;
+    estimate_ = adaptive_;
+    dip_from_ = adaptive_;
+    calibrating_ = false;
+    reclaiming_ = false;
+    curve_s_ = seconds(cfg_.recover);
 }
 
 void rate_control::refill(time_point now) {
@@ -44,11 +125,13 @@ bool rate_control::try_take(time_point now) {
     refill(now);
     if (!std::isinf(limit()) && tokens_ < 1) {
         pressed_ = true;
+        pressed_since_ = true;
         return false;
     }
     if (!std::isinf(limit())) tokens_ -= 1;
-    sent_.add(now);
-    recent_sent_.add(now);
+    sent_.add(now, 1 / share_);
+    own_sent_.add(now, 1);
+    recent_sent_.add(now, 1 / share_);
     return true;
 }
 
@@ -60,22 +143,22 @@ rate_control::clock::duration rate_control::until_next(time_point now) {
     return std::max(std::chrono::duration_cast<clock::duration>(wait), clock::duration(1));
 }
 
-void rate_control::rate_window::add(time_point now) {
+void rate_control::rate_window::add(time_point now, double weight) {
     if (now - start >= std::chrono::seconds(1)) {
-        last = static_cast<double>(count) / seconds(now - start);
+        last = count / seconds(now - start);
         start = now;
         count = 0;
     }
-    ++count;
+    count += weight;
 }
 
 double rate_control::rate_window::rate(time_point now) const noexcept {
     if (last >= 0 && now - start < std::chrono::seconds(2)) return last;
-    if (now - start >= std::chrono::seconds(1)) return static_cast<double>(count) / seconds(now - start);
-    return static_cast<double>(count) / std::max(seconds(now - start), 0.1);
+    if (now - start >= std::chrono::seconds(1)) return count / seconds(now - start);
+    return count / std::max(seconds(now - start), 0.1);
 }
 
-void rate_control::recent::add(time_point now) {
+void rate_control::recent::add(time_point now, double weight) {
     auto bin = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() / 100;
     if (first_bin < 0) first_bin = bin;
     int i = static_cast<int>(bin % bins);
@@ -83,20 +166,20 @@ void rate_control::recent::add(time_point now) {
         bin_of_[i] = bin;
         count_[i] = 0;
     }
-    ++count_[i];
+    count_[i] += weight;
 }
 
 double rate_control::recent::rate(time_point now) const noexcept {
     if (first_bin < 0) return 0;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
     auto bin = ms / 100;
-    std::uint64_t n = 0;
+    double n = 0;
     for (int i = 0; i < bins; ++i)
         if (bin_of_[i] > bin - bins && bin_of_[i] <= bin) n += count_[i];
     // The current bin is as long as it has lasted; a process younger than a second is measured over its age.
     auto full = std::min<std::int64_t>(bins - 1, bin - first_bin);
     double span = 0.1 * static_cast<double>(full) + 0.001 * static_cast<double>(ms % 100 + 1);
-    return static_cast<double>(n) / std::max(span, 0.1);
+    return n / std::max(span, 0.1);
 }
 
 void rate_control::decrease(time_point now) {
@@ -110,9 +193,9 @@ void rate_control::decrease(time_point now) {
     if (recent_sent_.first_bin >= 0) accepted = std::min(accepted, recent_sent_.rate(now));
     bool long_cycle = decreased_once_ && since >= seconds(cfg_.long_cycle);
     if (long_cycle)
-        accepted = static_cast<double>(accepted_since_) / since;
+        accepted = accepted_since_ / since;
     else if (decreased_once_ && since >= 1.0)
-        accepted = std::min(accepted, static_cast<double>(accepted_since_) / since);
+        accepted = std::min(accepted, accepted_since_ / since);
     // Not probing (the limit at or below the estimate) and answered since: another sender's probe, or a
     // lowered limit. One such episode lowers the estimate by at most `victim_step`, so a sidecar does not
     // give up its share each time another one probes; a lowered limit brings episodes close together
@@ -127,7 +210,7 @@ void rate_control::decrease(time_point now) {
     if (decreased_once_ && since < 2 * seconds(cfg_.decrease_hold)) {
         double run = seconds(now - run_from_);
         if (run >= 0.5 && !slow_start_)
-            estimate_ = std::max(cfg_.min_rps, std::min(estimate_, static_cast<double>(run_accepted_) / run));
+            estimate_ = std::max(cfg_.min_rps, std::min(estimate_, run_accepted_ / run));
     } else {
         run_from_ = now;
         run_accepted_ = 0;
@@ -199,19 +282,21 @@ void rate_control::grow(time_point now) {
 void rate_control::on_response(time_point now, bool throttled, time_point sent_at) {
     if (!cfg_.adaptive) return;
     if (!throttled) {
-        accepted_.add(now);
-        recent_accepted_.add(now);
-        ++accepted_since_;
-        ++run_accepted_;
+        double w = 1 / share_;
+        accepted_.add(now, w);
+        recent_accepted_.add(now, w);
+        accepted_since_ += w;
+        run_accepted_ += w;
     }
     if (throttled) {
         // A request sent before the last decrease belongs to the episode that caused it; one sent since says
         // the decreased limit is still too high.
         if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold && sent_at <= last_decrease_) return;
         decrease(now);
+        ++own_episodes_;
         return;
     }
-    if (std::isinf(adaptive_) || now <= last_increase_) return;
+    if (following_ || std::isinf(adaptive_) || now <= last_increase_) return;
     if (!pressed_) {  // demand did not reach the limit: nothing learned, nothing to grow
         last_increase_ = now;
         return;

@@ -34,6 +34,14 @@
 // against one account's limit, steady and changing; the test states the bounds it holds them to).
 // Admission is a token bucket refilled at the current limit holding `burst_s` seconds of it (at least one
 // token), so pacing stays smooth and a lowered limit takes effect at once.
+//
+// Shared pacing: sidecars that know each other (billing/pace_peers.hpp) run the law above once for the
+// account instead of one loop each fighting the others. One peer leads: it runs the law for the account's
+// limit, admits `share` of it (set_share) and counts each of its own answers as 1 / share of the account's
+// (so what it measures is the account's rate); the 429 episodes of the others reach it (on_peer_throttled)
+// and their demand lets it grow (note_peer_pressed). The others follow its limit (follow) and admit their
+// own share of it. The account probes and backs off as one sidecar would, with one sidecar's 429 share.
+// Share 1 and leading (the default, no peers) is the law above unchanged.
 #pragma once
 
 #include <chrono>
@@ -66,6 +74,17 @@ struct rate_config {
     double regrow = 0.2;        // past the remembered rate: + this × it per second
 };
 
+// What a peer sharing an account says of itself (billing/pace_peers.hpp carries it between processes).
+struct peer_load {
+    bool pressed = false;  // a request of its had to wait lately (it could send more)
+    double sent_rps = 0;   // what it sent lately, requests/s
+};
+// The share of the account's rate for `peers[self]`: peers whose demand reaches their admission weigh 1;
+// one sending less weighs what it uses of an even split of `account_limit` (at least `idle_weight`), so
+// what an idle peer leaves goes to those with a backlog. Even shares when the limit is not finite.
+double peer_share(const peer_load* peers, std::size_t n, std::size_t self, double account_limit,
+                  double idle_weight = 0.02);
+
 class rate_control {
   public:
     using clock = std::chrono::steady_clock;
@@ -82,12 +101,40 @@ class rate_control {
     // admitted, if known (a 429 to a request sent after the last decrease decreases again at once; unknown,
     // it counts as sent before).
     void on_response(time_point now, bool throttled, time_point sent_at = {});
+    // This process's share of the account's rate (0 < share ≤ 1; 1 without peers). Takes effect at once.
+    void set_share(double share, time_point now);
+    double share() const noexcept { return share_; }
+    // A peer sharing the account had a 429 episode: decrease as if it were ours, unless ours came within
+    // `decrease_hold` (the same episode). Only while leading.
+    void on_peer_throttled(time_point now);
+    // A peer's demand reaches its admission: the account's limit may grow (the leader's own demand may not).
+    void note_peer_pressed() noexcept { pressed_ = true; }
+    // Follow the account's limit the leading peer runs the law for (its own 429s still decrease at once, and
+    // the leader's figure is ignored for `decrease_hold` after one, until the leader has heard of it).
+    void follow(double account_limit, time_point now);
+    // Run the law for the account (again): from a followed limit, it continues probing from there.
+    void lead(time_point now);
+    bool following() const noexcept { return following_; }
+    // 429 episodes started by this process's own 429s (what peers hear of; a decrease a peer's episode
+    // caused is not repeated back to it).
+    std::uint64_t throttled_episodes() const noexcept { return own_episodes_; }
+    // A request had to wait since the last call (demand reached this process's admission).
+    bool take_pressed() noexcept {
+        bool p = pressed_since_;
+        pressed_since_ = false;
+        return p;
+    }
+    // The account-wide limit the law is at (limit() is this process's part of it).
+    double account_limit() const noexcept { return adaptive_; }
+    // Requests/s this process itself sent lately (not weighted).
+    double own_sent_rate(time_point now) const noexcept { return own_sent_.rate(now); }
 
-    // The limit in force (requests/s), `unlimited` when nothing limits.
+    // The limit in force for this process (requests/s: its share of the account's), `unlimited` when
+    // nothing limits.
     double limit() const noexcept;
     bool in_slow_start() const noexcept { return slow_start_; }
     // Requests/s this process sent lately, and answers/s without a 429 (the last full second, else the
-    // current partial one, at least 100 ms long).
+    // current partial one, at least 100 ms long), counted in the account's terms (each as 1 / share).
     double sent_rate(time_point now) const noexcept { return sent_.rate(now); }
     double accepted_rate(time_point now) const noexcept { return accepted_.rate(now); }
     // The rate the last 429 episode said was Stripe's share for this process (0 before the first one).
@@ -101,18 +148,18 @@ class rate_control {
     // Events per second over one-second windows.
     struct rate_window {
         time_point start;
-        std::uint64_t count = 0;
+        double count = 0;
         double last = -1;  // -1: no full window yet
-        void add(time_point now);
+        void add(time_point now, double weight);
         double rate(time_point now) const noexcept;
     };
     // Counts over the last second in 100 ms bins (the decrease reads what Stripe accepted lately).
     struct recent {
         static constexpr int bins = 10;
         std::int64_t bin_of_[bins] = {};
-        std::uint32_t count_[bins] = {};
+        double count_[bins] = {};
         std::int64_t first_bin = -1;  // the first bin ever counted
-        void add(time_point now);
+        void add(time_point now, double weight);
         double rate(time_point now) const noexcept;  // per second over the last second (or since the first)
     };
     void refill(time_point now);
@@ -131,16 +178,40 @@ class rate_control {
     bool decreased_once_ = false;
     time_point last_increase_;
     double estimate_ = 0;
-    double recalled_ = 0;               // the highest estimate of the last `recall`
-    time_point recalled_at_{};          // when an estimate last came within reach of it
-    double curve_s_ = 0;                // seconds of pressed demand since the last decrease
-    double dip_from_ = 0;               // the limit right after the last decrease
-    std::uint64_t accepted_since_ = 0;  // answers without a 429 since the last decrease
-    time_point run_from_{};             // the first of the last run of close episodes
-    std::uint64_t run_accepted_ = 0;    // answers without a 429 since then
-    rate_window sent_, accepted_;
+    double recalled_ = 0;        // the highest estimate of the last `recall`
+    time_point recalled_at_{};   // when an estimate last came within reach of it
+    double curve_s_ = 0;         // seconds of pressed demand since the last decrease
+    double dip_from_ = 0;        // the limit right after the last decrease
+    double accepted_since_ = 0;  // answers without a 429 since the last decrease (weighted)
+    time_point run_from_{};      // the first of the last run of close episodes
+    double run_accepted_ = 0;    // answers without a 429 since then (weighted)
+    double share_ = 1;
+    bool following_ = false;
+    bool pressed_since_ = false;  // for take_pressed()
+    std::uint64_t own_episodes_ = 0;
+    rate_window sent_, accepted_, own_sent_;
     recent recent_sent_, recent_accepted_;
     std::uint64_t decreases_ = 0;
 };
+
+// What one process's pacer of an account tells its peers.
+struct pacer_report {
+    peer_load load;
+    double account_limit = 0;    // the account's limit its law is at
+    std::uint64_t episodes = 0;  // 429 episodes started by its own 429s
+};
+
+// One peer of an account as an exchange read it (billing/pace_peers.hpp).
+struct peer_view {
+    peer_load load;
+    double account_limit = 0;      // the limit its law is at (what followers take from the leader)
+    bool throttled_since = false;  // it had a 429 episode of its own since this process last read it
+};
+// Applies one exchange to `rc`: `peers` are the account's live peers in one fixed order (by id) that every
+// peer sees, `self` this process among them. The first peer whose demand reaches its admission leads (the
+// first of all when none does); this process takes its share (peer_share) and either leads (hearing the
+// others' 429 episodes and demand) or follows the leader's limit.
+void apply_peers(rate_control& rc, const peer_view* peers, std::size_t n, std::size_t self,
+                 rate_control::time_point now);
 
 }  // namespace cg::stripe
