@@ -105,8 +105,8 @@ BOOST_AUTO_TEST_CASE(a_ticket_dropped_after_its_admission_is_harmless) {
 }
 
 // The shapes stripe::client takes a ticket through (admit(), create_charge()): a wrapper that co_returns the
-// awaited enter(), a defaulted by-value ticket parameter assigned from it inside an if, then a co_return of an
-// awaited inner coroutine. The ticket here is won by waiting, the path whose initiation g++ 12 miscompiled
+// awaited enter(), a defaulted by-value ticket parameter assigned from it inside an if, then a co_return of
+// an awaited inner coroutine. The ticket here is won by waiting, the path whose initiation g++ 12 miscompiled
 // when it captured the shared state by value (the closure destroyed twice: one reference released twice).
 namespace {
 asio::awaitable<net::admission::ticket> admit_like_the_client(net::admission* a) {
@@ -186,9 +186,9 @@ BOOST_AUTO_TEST_CASE(a_ticket_won_by_waiting_through_the_clients_call_shapes_is_
     kept.clear();  // must not touch the freed admission
 }
 
-// A coroutine suspended while it holds a ticket is destroyed by its io_context's destructor; in `consume` that
-// happens after the Stripe client (and its admission) are gone. So is a waiter's: the admission's destructor
-// drops its handler, and Asio hands the frames' destruction to the executor.
+// A coroutine suspended while it holds a ticket is destroyed by its io_context's destructor; in `consume`
+// that happens after the Stripe client (and its admission) are gone. So is a waiter's: the admission's
+// destructor drops its handler, and Asio hands the frames' destruction to the executor.
 namespace {
 struct note_destroyed {
     bool* gone;
