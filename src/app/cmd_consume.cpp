@@ -232,13 +232,15 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto scfg = to_stripe_config(f.stripe);
     // By default the pool follows --max-in-flight up to what Stripe's rate limit can use
     // (consume_stripe_connections, stripe_flags.hpp; past --stripe-eager-connections only while Stripe keeps
-    // its pace); --stripe-connection-cap bounds it whatever is asked. Deliveries past the pool wait for a
-    // connection in the HTTP client. The client's entry bound (max_calls) stays off: a ticket held by a
-    // coroutine frame that the main loop's shutdown destroys can outlive the client that owns the bound.
+    // its pace); --stripe-connection-cap bounds it whatever is asked. Deliveries past the pool wait for
+    // their call at the client's entry (max_calls), before their request and its coroutines exist. A call's
+    // place (net::admission::ticket) may be dropped after the client is gone (a frame destroyed with the main
+    // loop at exit): it shares the admission's state, so that is harmless.
     if (f.stripe.max_connections == 0)
         scfg.max_connections =
             std::min<std::size_t>({f.stripe.connection_cap, consume_stripe_connections,
                                    std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight))});
+    scfg.max_calls = scfg.max_connections;
     // Pipelines at once while deliveries wait for their turn at Stripe: four times the Stripe calls (a
     // delivery in its pre-flight statement, at Stripe, waiting its turn, settling), at least 512. The other
     // deliveries in flight then wait in the consumer's queue with only their message (4 KiB bodies: ~4 KiB
@@ -247,7 +249,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     // they share group-commit statements as large as --max-in-flight allows. held_up is set once the
     // Stripe client exists.
     ncfg.max_handlers = static_cast<unsigned>(
-        std::min<std::size_t>(ncfg.max_in_flight, std::max<std::size_t>(512, 4 * scfg.max_connections)));
+        std::min<std::size_t>(ncfg.max_in_flight, std::max<std::size_t>(512, 4 * scfg.max_calls)));
     auto bcfg = to_pipeline_config(f.billing);
     auto pollcfg = to_poller_config(f);
     auto opts = to_runtime_options(f.rt);

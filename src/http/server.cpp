@@ -132,6 +132,10 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
         bool got = co_await read_request(stream, parser, buf, timeout);
         self->between = false;
         if (!got) co_return;
+        // The message is parsed out of the read buffer; when nothing of a next request is left in it, its
+        // memory goes back now rather than being held while the handler runs (a proxied call may take
+        // seconds, across thousands of connections).
+        if (buf.empty()) std::string().swap(buf);
         self->served = true;
         response resp;
         bool head = false;

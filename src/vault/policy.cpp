@@ -193,9 +193,14 @@ std::variant<create_params, refusal> parse_create(std::string_view body, std::st
 }
 
 std::string with_vault_tag(std::string_view body, std::string_view idempotency_key) {
-    std::string out(body);
+    auto tag = "metadata[" + std::string(vault_tag_key) + "]=" + http::url_encode(idempotency_key);
+    // Sized once: this copy of the body is held for the whole upstream call, and growing it by appending
+    // would double its capacity.
+    std::string out;
+    out.reserve(body.size() + 1 + tag.size());
+    out.append(body);
     if (!out.empty()) out += '&';
-    out += "metadata[" + std::string(vault_tag_key) + "]=" + http::url_encode(idempotency_key);
+    out += tag;
     return out;
 }
 

@@ -147,6 +147,9 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
     l.row.amount_cents = p.amount;
     const std::string idem = *l.row.idempotency_key;  // checked and recorded by refuse_unkeyed_write
     std::string body = with_vault_tag(req.body, idem);
+    // Nothing reads the client's body past here (the tagged copy is what is reserved and forwarded): its
+    // memory goes back now rather than being held for the whole upstream call.
+    std::string().swap(req.body);
 
     reserve_request rq;
     rq.key_id = key.id;
@@ -174,7 +177,8 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
         default:
             break;
     }
-    auto r = co_await forward(st, upstream_request(*st, req, body), l);
+    // The tagged body moves into the upstream request: one copy held during the call, not two.
+    auto r = co_await forward(st, upstream_request(*st, req, std::move(body)), l);
     std::string outcome = account(st, *res, key.id, std::string(idem), r);
     if (!r.ok()) co_return finish(*st, l, outcome, transport_failure(*st, r));
     co_return finish(*st, l, outcome, relay(r.resp));

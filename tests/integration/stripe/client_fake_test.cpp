@@ -256,6 +256,26 @@ BOOST_AUTO_TEST_CASE(max_calls_bounds_the_calls_under_way_and_the_rest_wait_thei
     BOOST_TEST(c->http_stats().requests == 6u);
 }
 
+// A call's turn may be dropped after its client is gone (in `consume`, a coroutine frame destroyed with the
+// main loop at exit, after the Stripe client): dropping it touches nothing of the client (before, it locked
+// the freed admission's mutex: an abort at exit, or a use-after-free under ASan), and a client made after it
+// is unaffected.
+BOOST_AUTO_TEST_CASE(a_turn_dropped_after_its_client_is_gone_is_harmless) {
+    fixture f;
+    auto cfg = f.config();
+    cfg.max_calls = 1;
+    auto c = f.client(cfg);
+    auto turn = run_async(
+        f.io, [&]() -> asio::awaitable<stripe::client::call_turn> { co_return co_await c->turn(); });
+    BOOST_TEST_REQUIRE(turn.held());
+    c.reset();
+    turn.release();
+    BOOST_TEST(!turn.held());
+    auto again = f.client(cfg);
+    auto o = run_async(f.io, [&]() { return again->create_charge(charge_req("after-1")); });
+    BOOST_TEST(cls(o.cls) == "succeeded", o.message);
+}
+
 BOOST_AUTO_TEST_CASE(server_error_after_create_is_indeterminate_and_replayed) {
     fixture f;
     f.fake->faults().fail_after_create = 1;

@@ -168,6 +168,15 @@ BOOST_AUTO_TEST_CASE(vault_tag_is_always_added_and_deterministically) {
     BOOST_TEST(carries_vault_tag(once, "key 1/ü"));
 }
 
+// The tagged body is held for the whole upstream call (thousands at once behind a slow Stripe): it is sized
+// once, not grown to twice the body by appending.
+BOOST_AUTO_TEST_CASE(the_tagged_body_holds_no_more_memory_than_its_size) {
+    std::string body = "amount=1999&currency=usd&description=" + std::string(4000, 'x');
+    auto tagged = with_vault_tag(body, "k-1");
+    BOOST_TEST(tagged == body + "&metadata[cg_vault_idempotency_key]=k-1");
+    BOOST_TEST(tagged.capacity() < tagged.size() + 64);
+}
+
 BOOST_AUTO_TEST_CASE(a_body_is_tagged_only_by_the_decoded_pair_with_its_own_key) {
     struct row {
         const char* body;
