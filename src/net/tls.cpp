@@ -45,6 +45,17 @@ int on_new_session(SSL* ssl, SSL_SESSION* s) {
     return 0;
 }
 
+// OpenSSL fills a certificate's extension cache (its key identifiers, CA and usage flags) the first time a
+// verification needs it, and a verification on another thread may read the cache without the lock that
+// filled it. The trusted certificates loaded now are shared by every connection's verification, on
+// whichever thread the handshake runs: fill their caches here, while the context is still this thread's
+// alone. (Certificates OpenSSL loads later from a hashed directory are not covered.)
+void warm_trusted_certificates(SSL_CTX* ctx) {
+    STACK_OF(X509_OBJECT)* objects = X509_STORE_get0_objects(SSL_CTX_get_cert_store(ctx));
+    for (int i = 0; i < sk_X509_OBJECT_num(objects); ++i)
+        if (X509* x = X509_OBJECT_get0_X509(sk_X509_OBJECT_value(objects, i))) (void)X509_get_extension_flags(x);
+}
+
 }  // namespace
 
 tls_session_cache::~tls_session_cache() {
@@ -86,6 +97,7 @@ result<std::shared_ptr<asio::ssl::context>> make_tls_client_context(const tls_cl
     }
     ctx->set_verify_mode(asio::ssl::verify_peer, ec);
     if (ec) return error(errc::tls_setup_failed, ec.message());
+    warm_trusted_certificates(ctx->native_handle());
     // Sessions go to the stream's tls_session_cache (if it has one) through the callback, never to
     // OpenSSL's own context-wide store (which would not know which origin a session belongs to).
     SSL_CTX_set_session_cache_mode(ctx->native_handle(),

@@ -97,7 +97,9 @@ struct vault_fixture : fake_stripe_fixture {
         pg::pool_options o;
         o.server = std::move(cfg);
         o.size = size;
-        o.server.connect_timeout = std::chrono::seconds(2);
+        // Generous: a connect is a round trip to the test's own server, which a loaded machine (or the
+        // ThreadSanitizer tree) can hold up for seconds; no vault test waits on a connect that times out.
+        o.server.connect_timeout = std::chrono::seconds(15);
         return pg::pool::create(io.get_executor(), pool.get_executor(), std::move(o), log);
     }
 
