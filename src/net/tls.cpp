@@ -53,7 +53,8 @@ int on_new_session(SSL* ssl, SSL_SESSION* s) {
 void warm_trusted_certificates(SSL_CTX* ctx) {
     STACK_OF(X509_OBJECT)* objects = X509_STORE_get0_objects(SSL_CTX_get_cert_store(ctx));
     for (int i = 0; i < sk_X509_OBJECT_num(objects); ++i)
-        if (X509* x = X509_OBJECT_get0_X509(sk_X509_OBJECT_value(objects, i))) (void)X509_get_extension_flags(x);
+        if (X509* x = X509_OBJECT_get0_X509(sk_X509_OBJECT_value(objects, i)))
+            (void)X509_get_extension_flags(x);
 }
 
 }  // namespace
