@@ -3,7 +3,6 @@
 #include <simdjson.h>
 
 #include "stripe/error.hpp"
-#include "stripe/refunds.hpp"
 
 namespace cg::stripe {
 namespace {

@@ -140,4 +140,25 @@ struct charge_outcome {
     std::string in_flight_status;
 };
 
+struct refund {
+    std::string id;  // re_…
+    std::int64_t amount = 0;
+    std::string charge;
+    std::string payment_intent;
+    std::string currency;
+    std::string status;  // pending | requires_action | succeeded | failed | canceled
+    std::int64_t created = 0;
+    stripe::metadata metadata;
+};
+
+// A refund that failed or was canceled gave its money back to the charge: it moved nothing.
+inline bool refund_undone(std::string_view status) noexcept {
+    return status == "failed" || status == "canceled";
+}
+
+struct refund_page {
+    std::vector<refund> data;
+    bool has_more = false;
+};
+
 }  // namespace cg::stripe

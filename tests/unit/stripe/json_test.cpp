@@ -3,7 +3,6 @@
 #include <boost/test/unit_test.hpp>
 
 #include "stripe/error.hpp"
-#include "stripe/refunds.hpp"
 
 using namespace cg::stripe;
 
