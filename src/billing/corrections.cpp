@@ -207,6 +207,7 @@ net::awaitable<void> corrections::renew_once(job& j, const correction_move& m, l
                    {{"error", renewed.err().describe()}});
     } else if (!*renewed) {
         k.mark_lost();
+        if (lease_lost_) lease_lost_->Increment();
         j.log.error(
             "correction lease lost while Stripe was called: another worker may recover this revision");
     } else {

@@ -21,6 +21,7 @@
 #include "billing/event.hpp"
 #include "billing/outcome.hpp"
 #include "core/log.hpp"
+#include "metrics/registry.hpp"
 #include "net/tokens.hpp"
 #include "stripe/outcome.hpp"
 
@@ -49,6 +50,10 @@ class corrections {
     net::awaitable<verdict> handle(const delivery& d, std::function<void()> touch, billing_event ev,
                                    std::string base, logger log);
 
+    // Where a revision's lease found taken over during a move's Stripe call is counted (the charges' counter,
+    // chargeguard_billing_lease_lost_total); null counts nothing.
+    void count_lease_lost_in(metrics::Counter* c) { lease_lost_ = c; }
+
   private:
     struct job;
     struct move_answer {
@@ -75,6 +80,7 @@ class corrections {
     billing::ledger& ledger_;
     correction_ledger store_;
     stripe::client& stripe_;
+    metrics::Counter* lease_lost_ = nullptr;
     std::mt19937_64 rng_{std::random_device{}()};
 };
 

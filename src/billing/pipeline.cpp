@@ -38,6 +38,7 @@ pipeline::pipeline(pipeline_config cfg, billing::ledger& ledger, stripe::client&
       metrics_(reg ? std::make_unique<metrics_set>(*reg) : nullptr),
       settlements_(std::make_unique<settlement_store>(ledger.pool())) {
     corrections_ = std::make_unique<billing::corrections>(cfg_, ledger_, stripe_);
+    if (metrics_) corrections_->count_lease_lost_in(metrics_->lease_lost);
     if (!valid_key_namespace(cfg_.key_namespace)) throw std::invalid_argument("invalid key namespace");
     if (cfg_.lease_renew_interval <= std::chrono::milliseconds(0) || cfg_.lease_renew_interval >= cfg_.lease)
         throw std::invalid_argument("lease_renew_interval must be positive and shorter than the lease");

@@ -54,7 +54,8 @@ struct pipeline::metrics_set {
                                          "instead of being dropped (a message that keeps coming back)")
                                  .Add({});
         lease_lost = &reg.counter("chargeguard_billing_lease_lost_total",
-                                  "Leases found taken over by another worker while Stripe was being called")
+                                  "Leases (of a charge or a correction) found taken over by another worker "
+                                  "while Stripe was being called")
                           .Add({});
         requires_capture =
             &reg.counter("chargeguard_billing_requires_capture_total",

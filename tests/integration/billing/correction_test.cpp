@@ -15,6 +15,7 @@
 #include "fixture.hpp"
 #include "stripe/refunds.hpp"
 #include "stripe/types.hpp"
+#include "support/prom_text.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;
@@ -143,6 +144,13 @@ billing::sweeper_config sweep_now() {
     c.after = 0ms;  // any pending revision whose lease has expired counts as abandoned
     c.interval = 1h;
     return c;
+}
+
+double lease_lost(metrics::registry& reg) {
+    auto fams = test::parse_prometheus(reg.render());
+    auto it = fams.find("chargeguard_billing_lease_lost_total");
+    if (it == fams.end() || it->second.samples.size() != 1) return -1;
+    return it->second.samples[0].value;
 }
 
 void set_lease(fixture& f, const std::string& correction_key, const std::string& interval) {
@@ -413,6 +421,41 @@ BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_refund) {
     BOOST_TEST(f.fake->refunds().size() == 1u);
     BOOST_TEST(refunded_on(f, orig) == 600);
     BOOST_TEST(status_of(f, base + "-r1") == "applied");
+}
+
+// The revision's lease taken over while a refund is awaited is counted with the charges' lost leases, and the
+// refund is still made once.
+BOOST_AUTO_TEST_CASE(a_revisions_lease_taken_over_during_a_refund_is_counted) {
+    fixture f;
+    metrics::registry reg;
+    auto cfg = f.config_for_pipeline();
+    cfg.lease = 5000ms;
+    cfg.lease_renew_interval = 200ms;
+    auto p = f.make_pipeline(cfg, &reg);
+    auto base = key_of("cor-lost", "2026-11");
+    auto orig = charge_original(f, *p, "cor-lost");
+    auto body = correction_json("cor-lost", "2026-11", 400, 1);
+    f.fake->faults().latency_ms = 3000;
+
+    int touches = 0;
+    bool taken = false;
+    billing::touch_fn touch = [&] {
+        if (++touches != 2) return;
+        asio::co_spawn(
+            f.io,
+            [&]() -> net::awaitable<void> {
+                auto r = co_await f.query(
+                    "UPDATE billing_corrections SET lease_epoch = lease_epoch + 1 WHERE key = $1",
+                    pg::params(base + "-r1"));
+                taken = r.has_value();
+            },
+            asio::detached);
+    };
+    auto v = run_async(f.io, [&]() { return p->handle(delivery_of(body, "cl01", 1), touch); });
+    BOOST_TEST_REQUIRE(taken);
+    BOOST_TEST(lease_lost(reg) == 1.0, reason(v));
+    BOOST_TEST(f.fake->refunds().size() == 1u);
+    BOOST_TEST(refunded_on(f, orig) == 600);
 }
 
 // The revision's message is gone (FINed before a failover lost the revision's last write, or dropped) after a

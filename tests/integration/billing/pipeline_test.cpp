@@ -369,6 +369,40 @@ BOOST_AUTO_TEST_CASE(lease_is_renewed_during_a_slow_stripe_call) {
     BOOST_TEST(f.fake->charges().size() == 1u);
 }
 
+// Another worker takes the row's lease while Stripe is still answering (its epoch moves): the next renewal
+// finds it gone, counts it, and notes the call in flight instead of renewing; the one charge is still made.
+BOOST_AUTO_TEST_CASE(a_lease_taken_over_during_the_call_is_counted) {
+    fixture f;
+    metrics::registry reg;
+    auto cfg = f.config_for_pipeline();
+    cfg.lease = 5000ms;
+    cfg.lease_renew_interval = 200ms;
+    auto p = f.make_pipeline(cfg, &reg);
+    f.fake->faults().latency_ms = 3000;
+    auto body = event_json("acme-lost", "2026-11", 1450);
+    auto key = key_of("acme-lost", "2026-11");
+
+    int touches = 0;
+    bool taken = false;
+    billing::touch_fn touch = [&] {
+        if (++touches != 2) return;
+        asio::co_spawn(
+            f.io,
+            [&]() -> net::awaitable<void> {
+                auto r = co_await f.query(
+                    "UPDATE billing_records SET lease_epoch = lease_epoch + 1 WHERE key = $1",
+                    pg::params(key));
+                taken = r.has_value();
+            },
+            asio::detached);
+    };
+    auto v = run_async(f.io, [&]() { return p->handle(delivery_of(body, "1451", 1), touch); });
+    BOOST_TEST_REQUIRE(taken);
+    BOOST_TEST(unlabelled(reg, "chargeguard_billing_lease_lost_total") == 1.0);
+    BOOST_TEST(f.fake->posts_for(key) == 1, reason(v));
+    BOOST_TEST(f.fake->charges().size() == 1u);
+}
+
 // Past max attempts a valid event is not poison: it goes through the machine like any delivery and is
 // charged — never dead-lettered "max attempts exceeded" — and the delivery is counted so an operator sees it.
 BOOST_AUTO_TEST_CASE(give_up_charges_a_valid_event_instead_of_dead_lettering_it) {
