@@ -9,16 +9,25 @@
 namespace cg::billing {
 
 namespace {
-// Milliseconds, so the value decodes as int8; min(created_at) is NULL without pending rows.
-// $1: the sweep bound in ms, NULL before watch_abandoned(); an abandoned row is what the sweeper selects.
+// Milliseconds, so the value decodes as int8; min(since) is NULL without pending rows. Charges' rows and
+// correction revisions both: the sweeper takes up both. $1: the sweep bound in ms, NULL before
+// watch_abandoned(); an abandoned row or revision is what the sweeper selects (sweeper.cpp): no live lease
+// and no sign of life — a row's update or lease, a revision's start, lease or move's Stripe attempt — for
+// longer than the bound.
 const std::string age_sql =
-    "SELECT count(*), coalesce((extract(epoch FROM now() - min(created_at)) * 1000)::bigint, 0), "
+    "SELECT count(*), coalesce((extract(epoch FROM now() - min(since)) * 1000)::bigint, 0), "
     "count(*) FILTER (WHERE abandoned), "
     "coalesce((extract(epoch FROM now() - min(active) FILTER (WHERE abandoned)) * 1000)::bigint, 0) "
-    "FROM (SELECT created_at, greatest(updated_at, coalesce(lease_until, updated_at)) AS active, "
-    "$1::bigint IS NOT NULL AND (lease_until IS NULL OR lease_until < now()) AND "
-    "greatest(updated_at, coalesce(lease_until, updated_at)) < now() - $1::bigint * interval '1 millisecond' "
-    "AS abandoned FROM billing_records WHERE status = 'pending') AS p";
+    "FROM (SELECT since, active, $1::bigint IS NOT NULL AND unleased "
+    "AND active < now() - $1::bigint * interval '1 millisecond' AS abandoned FROM ("
+    "SELECT created_at AS since, greatest(updated_at, coalesce(lease_until, updated_at)) AS active, "
+    "(lease_until IS NULL OR lease_until < now()) AS unleased FROM billing_records WHERE status = 'pending' "
+    "UNION ALL "
+    "SELECT coalesce(c.started_at, c.created_at), greatest(c.started_at, c.lease_until, mv.last_attempt), "
+    "(c.lease_until IS NULL OR c.lease_until < now()) FROM billing_corrections c "
+    "CROSS JOIN LATERAL (SELECT max(m.last_stripe_attempt_at) AS last_attempt "
+    "FROM billing_correction_moves m WHERE m.correction_key = c.key) mv WHERE c.status = 'pending') AS u) AS "
+    "p";
 }  // namespace
 
 struct pending_age_monitor::state {
@@ -77,18 +86,21 @@ pending_age_monitor::pending_age_monitor(std::shared_ptr<pg::pool> pool, metrics
     st_->pool = std::move(pool);
     st_->log = std::move(log);
     st_->interval = interval;
-    st_->age = &reg.gauge("chargeguard_billing_oldest_pending_age_seconds",
-                          "Age of the oldest pending billing record (0 when none is pending)")
-                    .Add({});
-    st_->count =
-        &reg.gauge("chargeguard_billing_pending_records", "Billing records in state pending").Add({});
-    st_->abandoned_count = &reg.gauge("chargeguard_billing_abandoned_records",
-                                      "Pending billing records with no live lease and no activity for longer "
-                                      "than the sweep bound (what the sweeper takes up)")
-                                .Add({});
+    st_->age =
+        &reg.gauge("chargeguard_billing_oldest_pending_age_seconds",
+                   "Age of the oldest pending billing record or correction revision (0 when none is pending)")
+             .Add({});
+    st_->count = &reg.gauge("chargeguard_billing_pending_records",
+                            "Billing records and correction revisions in state pending")
+                      .Add({});
+    st_->abandoned_count =
+        &reg.gauge("chargeguard_billing_abandoned_records",
+                   "Pending billing records and correction revisions with no live lease and "
+                   "no activity for longer than the sweep bound (what the sweeper takes up)")
+             .Add({});
     st_->abandoned_age = &reg.gauge("chargeguard_billing_oldest_abandoned_age_seconds",
                                     "Time since the last activity of the least recently active abandoned "
-                                    "billing record (0 when none)")
+                                    "billing record or correction revision (0 when none)")
                               .Add({});
     st_->errors = &reg.counter("chargeguard_billing_pending_age_errors_total",
                                "Failed queries of the oldest pending billing record")

@@ -10,6 +10,7 @@
 
 #include "billing/correction_ledger.hpp"
 #include "billing/outcome.hpp"
+#include "billing/pending_age.hpp"
 #include "billing/settlement_poller.hpp"
 #include "billing/sweeper.hpp"
 #include "fixture.hpp"
@@ -456,6 +457,41 @@ BOOST_AUTO_TEST_CASE(a_revisions_lease_taken_over_during_a_refund_is_counted) {
     BOOST_TEST(lease_lost(reg) == 1.0, reason(v));
     BOOST_TEST(f.fake->refunds().size() == 1u);
     BOOST_TEST(refunded_on(f, orig) == 600);
+}
+
+// The pending-age gauges count correction revisions beside ledger rows: a revision left pending by a dead
+// worker is pending, and abandoned once its lease expired — as the sweeper will find it.
+BOOST_AUTO_TEST_CASE(pending_age_counts_a_pending_revision_and_its_abandonment) {
+    fixture f;
+    auto p = f.make_pipeline();
+    charge_original(f, *p, "cor-age");
+    dead_worker(f, "cor-age", 250, 1, false);
+    set_lease(f, key_of("cor-age", "2026-11") + "-r1", "-1 second");
+    f.dead_workers_row(event_json("cor-age-2", "2026-11", 100), "ag02", 30s);  // a leased ledger row
+    metrics::registry reg;
+    billing::pending_age_monitor m(f.pg, reg, logger(), 20ms);
+    m.watch_abandoned(0ms);
+    auto value = [&](const std::string& family) {
+        auto fams = test::parse_prometheus(reg.render());
+        auto it = fams.find(family);
+        return it == fams.end() || it->second.samples.empty() ? -1.0 : it->second.samples[0].value;
+    };
+    // The monitor has no completion event of its own: look after each of its periods until it has reported
+    // the ledger row, then for as many periods again (the revision comes from the same statement).
+    run_async(f.io, [&]() -> net::awaitable<void> {
+        m.start(f.io.get_executor());
+        net::steady_timer t(f.io);
+        int after = 0;
+        while (value("chargeguard_billing_pending_records") < 2.0 && after < 50) {
+            if (value("chargeguard_billing_pending_records") >= 1.0) ++after;
+            t.expires_after(20ms);
+            co_await t.async_wait();
+        }
+        co_await m.stop();
+    });
+    BOOST_TEST(value("chargeguard_billing_pending_records") == 2.0);
+    BOOST_TEST(value("chargeguard_billing_abandoned_records") == 1.0);
+    BOOST_TEST(value("chargeguard_billing_oldest_abandoned_age_seconds") >= 0.0);
 }
 
 // The revision's message is gone (FINed before a failover lost the revision's last write, or dropped) after a
