@@ -111,9 +111,11 @@ std::int64_t expected_of(const issue_flags& f) {
     }
     std::ifstream in(f.expected_file);
     if (!in) throw CLI::ValidationError("--expected-file", "cannot read '" + f.expected_file + "'");
-    auto t = sum_expected(in, f.period, f.currency);
-    std::fprintf(stderr, "%s: %zu lines, %zu events of period %s summed to %s; %zu skipped\n",
+    // The key acts in one account (the platform's own without --stripe-account): only its events count.
+    auto t = sum_expected(in, f.period, f.currency, f.stripe_account);
+    std::fprintf(stderr, "%s: %zu lines, %zu events of period %s in %s summed to %s; %zu skipped\n",
                  f.expected_file.c_str(), t.lines, t.counted, f.period.c_str(),
+                 f.stripe_account.empty() ? "the platform's own account" : f.stripe_account.c_str(),
                  money(t.total_cents, f.currency).c_str(), t.skipped_total());
     for (const auto& [why, n] : t.skipped) std::fprintf(stderr, "  skipped %zu × %s\n", n, why.c_str());
     if (t.counted == 0) throw CLI::ValidationError("--expected-file", "no valid event of period " + f.period);

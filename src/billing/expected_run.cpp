@@ -27,7 +27,8 @@ void for_each_event_line(std::string_view text, const event_line_fn& f) {
     }
 }
 
-expected_total sum_expected(std::string_view jsonl, const std::string& period, const std::string& currency) {
+expected_total sum_expected(std::string_view jsonl, const std::string& period, const std::string& currency,
+                            const std::optional<std::string>& account) {
     expected_total out;
     // (customer_id, stripe_account) → amount counted: one charge each, as the ledger has one row each.
     using entry = std::pair<std::string, std::string>;
@@ -49,6 +50,12 @@ expected_total sum_expected(std::string_view jsonl, const std::string& period, c
         }
         if (ev->currency != currency) {
             ++out.skipped["currency " + ev->currency + ", not " + currency];
+            return true;
+        }
+        if (account && ev->stripe_account != *account) {
+            ++out.skipped["other Stripe account " + (ev->stripe_account.empty()
+                                                         ? std::string("(the platform's own)")
+                                                         : ev->stripe_account)];
             return true;
         }
         if (ev->is_correction()) {
@@ -89,10 +96,11 @@ expected_total sum_expected(std::string_view jsonl, const std::string& period, c
     return out;
 }
 
-expected_total sum_expected(std::istream& in, const std::string& period, const std::string& currency) {
+expected_total sum_expected(std::istream& in, const std::string& period, const std::string& currency,
+                            const std::optional<std::string>& account) {
     std::ostringstream all;
     all << in.rdbuf();
-    return sum_expected(all.str(), period, currency);
+    return sum_expected(all.str(), period, currency, account);
 }
 
 }  // namespace cg::billing

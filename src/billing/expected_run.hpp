@@ -10,6 +10,7 @@
 #include <functional>
 #include <istream>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -36,7 +37,11 @@ struct expected_total {
     std::size_t skipped_total() const;
 };
 
-expected_total sum_expected(std::istream& in, const std::string& period, const std::string& currency);
-expected_total sum_expected(std::string_view jsonl, const std::string& period, const std::string& currency);
+// `account`, when given, sums only the events of that Stripe account ("" the platform's own, as a vault key
+// acts in exactly one); the others are skipped as "other Stripe account". Without it every account counts.
+expected_total sum_expected(std::istream& in, const std::string& period, const std::string& currency,
+                            const std::optional<std::string>& account = std::nullopt);
+expected_total sum_expected(std::string_view jsonl, const std::string& period, const std::string& currency,
+                            const std::optional<std::string>& account = std::nullopt);
 
 }  // namespace cg::billing

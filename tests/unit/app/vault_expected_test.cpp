@@ -43,4 +43,24 @@ BOOST_AUTO_TEST_CASE(sums_each_customer_of_the_period_once_and_says_what_it_skip
     BOOST_TEST(invalid == 3u);
 }
 
+// A vault key acts in one Stripe account: the platform's own, or one connected account. Its expected total
+// counts that account's events only — the same customer elsewhere is another account's charge.
+BOOST_AUTO_TEST_CASE(counts_only_the_keys_own_stripe_account) {
+    auto in_account = [](const std::string& customer, const std::string& amount, const std::string& account) {
+        auto e = ev(customer, "2026-11", amount);
+        return e.substr(0, e.size() - 1) + R"(,"stripe_account":")" + account + R"("})";
+    };
+    std::string run = ev("a", "2026-11", "1000") + "\n" + in_account("a", "2000", "acct_A") + "\n" +
+                      in_account("b", "3000", "acct_A") + "\n" + in_account("a", "4000", "acct_B") + "\n";
+    auto platform = sum_expected(run, "2026-11", "usd", std::string());
+    BOOST_TEST(platform.total_cents == 1000);
+    BOOST_TEST(platform.skipped["other Stripe account acct_A"] == 2u);
+    BOOST_TEST(platform.skipped["other Stripe account acct_B"] == 1u);
+    auto a = sum_expected(run, "2026-11", "usd", std::string("acct_A"));
+    BOOST_TEST(a.total_cents == 5000);
+    BOOST_TEST(a.counted == 2u);
+    BOOST_TEST(a.skipped["other Stripe account (the platform's own)"] == 1u);
+    BOOST_TEST(sum_expected(run, "2026-11", "usd").total_cents == 10000);  // no account: every one
+}
+
 BOOST_AUTO_TEST_SUITE_END()
