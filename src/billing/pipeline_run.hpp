@@ -14,13 +14,13 @@
 
 namespace cg::billing {
 
-// One delivery's working state, owned by handle()'s frame.
+// One delivery's working state, owned by the frame of handle_delivery() (resume(), resume_correction()).
 struct pipeline::run {
     // The delivery's logger: the pipeline's, with the delivery's context (message id and attempts, then once
     // the event is known its billing key, customer and period, or for a swept row the key and "swept"). The
-    // context is rendered on the first line actually written: most deliveries write none at the level
-    // production runs (a replay's duplicates none at all). Used like a logger; converts to one where a
-    // logger is passed on (which renders the context).
+    // context is rendered on the first line actually written: at warn a delivery that ends well (a charge, a
+    // duplicate) writes none and renders none; at info its finish line renders it once. Used like a logger;
+    // converts to one where a logger is passed on (which renders the context).
     class delivery_log {
       public:
         enum class context { delivery, event, swept };
