@@ -162,15 +162,16 @@ billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
 }
 
 // The message handler and the give-up handler (attempts > --max-attempts), as billing/nsq_delivery.hpp
-// runs a delivery. The consumer keeps `m` and the pipeline alive until each completes.
+// runs a delivery (its coroutine, not one of their own). The consumer keeps `m` and the pipeline alive until
+// each completes.
 net::awaitable<nsq::disposition> handle_message(billing::pipeline* p, const nsq::consumer_config* cfg,
                                                 nsq::message& m) {
-    co_return billing::to_disposition(co_await billing::run_delivery(*p, m, cfg->topic, cfg->channel, false));
+    return billing::run_delivery_disposition(*p, m, cfg->topic, cfg->channel, false);
 }
 
 net::awaitable<nsq::disposition> give_up_message(billing::pipeline* p, const nsq::consumer_config* cfg,
                                                  nsq::message& m) {
-    co_return billing::to_disposition(co_await billing::run_delivery(*p, m, cfg->topic, cfg->channel, true));
+    return billing::run_delivery_disposition(*p, m, cfg->topic, cfg->channel, true);
 }
 
 // Once the database is ready (start_when_ready), the consumer starts; a consumer that cannot start stops the

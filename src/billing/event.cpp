@@ -90,8 +90,10 @@ result<billing_event> parse_event(std::string_view body) {
     if (body.size() > max_event_bytes)
         return error(event_errc::too_large,
                      std::to_string(body.size()) + " bytes, limit " + std::to_string(max_event_bytes));
-    // The DOM parser validates the whole document (trailing garbage included) before we read it.
-    simdjson::dom::parser parser;
+    // The DOM parser validates the whole document (trailing garbage included) before we read it. One parser
+    // per thread, kept: its buffers (sized for the largest event so far, at most max_event_bytes) are reused
+    // instead of allocated for every message. The document is only read before this function returns.
+    thread_local simdjson::dom::parser parser;
     simdjson::dom::object obj;
     if (auto err = parser.parse(body.data(), body.size()).get(obj))
         return error(event_errc::not_json,

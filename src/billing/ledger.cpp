@@ -153,26 +153,25 @@ ledger_batch_counters ledger::batch_counters() const {
 }
 
 net::awaitable<result<preflight_result>> ledger::preflight(new_record rec, std::chrono::milliseconds lease) {
-    // Kept for the conflict path: the request moves into the batch.
-    std::string key = rec.key, customer = rec.event.customer_id, period = rec.event.billing_period,
-                account = rec.event.stripe_account;
     preflight_req q{std::move(rec), millis(lease)};
     // (No co_await inside a conditional expression: g++ 12 miscompiles it.)
     result<preflight_out> ins = error(pg::errc::protocol_error, "not run");
     if (batch_)
-        ins = co_await batch_->preflight->submit(std::move(q));
+        ins = co_await batch_->preflight->submit(std::move(q));  // a conflict left unread gives q back
     else
         ins = co_await preflight_insert_one(pool_, q);
     if (!ins) co_return ins.err();
     if (ins->inserted) co_return preflight_result{true, std::move(*ins->row)};
     if (ins->row) co_return preflight_result{false, std::move(*ins->row)};
+    if (ins->unread) q.rec = std::move(*ins->unread);
+    auto& r = q.rec;
     auto existing =
         co_await exec(pool_, preflight_existing_sql,
-                      pg::params(key, std::move(customer), std::move(period), std::move(account)));
+                      pg::params(r.key, r.event.customer_id, r.event.billing_period, r.event.stripe_account));
     if (!existing) co_return existing.err();
     // Rows are never deleted, so the conflicting row is there; if not, something outside the design did it.
     if (existing->empty())
-        co_return error(pg::errc::protocol_error, "pre-flight conflicted but no row matches key " + key);
+        co_return error(pg::errc::protocol_error, "pre-flight conflicted but no row matches key " + r.key);
     co_return preflight_result{false, decode_record(*existing, 0)};
 }
 

@@ -21,6 +21,7 @@
 // the caller, as for a cancelled single statement).
 #pragma once
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 #include <asio/this_coro.hpp>
@@ -35,7 +36,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_set>
 #include <vector>
 
 #include "core/log.hpp"
@@ -128,7 +128,7 @@ class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, 
     }
 
     struct waiter {
-        waiter(asio::any_io_executor ex, Req r)
+        waiter(const asio::any_io_executor& ex, Req&& r)
             : req(std::move(r)), wake(ex, net::steady_timer::time_point::max()) {}
         Req req;
         std::optional<result<Res>> out;
@@ -137,17 +137,48 @@ class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, 
     };
     using waiter_ptr = std::shared_ptr<waiter>;
 
+    // The keys of one batch: open addressing over views of the requests' keys, sized for max_rows once
+    // (a node per key in a std::unordered_set would be an allocation per row).
+    class key_set {
+      public:
+        void reset(std::size_t max_rows) {
+            std::size_t n = 16;
+            while (n < 2 * max_rows) n *= 2;
+            if (slots_.size() != n) slots_.assign(n, std::nullopt);
+            for (auto i : used_) slots_[i].reset();
+            used_.clear();
+        }
+        bool insert(std::string_view k) {
+            auto mask = slots_.size() - 1;
+            auto hash = std::hash<std::string_view>{}(k);
+            for (auto i = hash & mask;; i = (i + 1) & mask) {
+                if (!slots_[i]) {
+                    slots_[i] = k;
+                    used_.push_back(i);
+                    return true;
+                }
+                if (*slots_[i] == k) return false;
+            }
+        }
+
+      private:
+        std::vector<std::optional<std::string_view>> slots_;
+        std::vector<std::size_t> used_;
+    };
+
     // The next batch: queued callers in arrival order, skipping abandoned ones and leaving a key already in
     // the batch for the next one.
     std::vector<waiter_ptr> take_batch() {
         std::vector<waiter_ptr> batch;
-        std::unordered_set<std::string_view> keys;
+        batch.reserve(std::min(queue_.size(), opts_.max_rows));
+        auto& keys = batch_keys_;
+        keys.reset(opts_.max_rows);
         std::deque<waiter_ptr> later;
         while (!queue_.empty() && batch.size() < opts_.max_rows) {
             auto w = std::move(queue_.front());
             queue_.pop_front();
             if (w->abandoned) continue;
-            if (!keys.insert(Runner::key(w->req)).second) {
+            if (!keys.insert(Runner::key(w->req))) {
                 later.push_back(std::move(w));
                 continue;
             }
@@ -203,6 +234,7 @@ class group_commit : public std::enable_shared_from_this<group_commit<Req, Res, 
     std::shared_ptr<net::steady_timer> lingering_;  // the slot waiting for company, if any
     batch_counters counters_;
     net::turn_budget* budget_ = nullptr;  // the main loop's, found on first use
+    key_set batch_keys_;                  // take_batch()'s, kept between batches
 };
 
 }  // namespace cg::billing

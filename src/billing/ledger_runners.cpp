@@ -49,6 +49,19 @@ std::optional<std::string> text_or_null(const std::string& v) {
     if (v.empty()) return std::nullopt;
     return v;
 }
+std::optional<std::string_view> view_or_null(const std::string& v) {
+    if (v.empty()) return std::nullopt;
+    return std::string_view(v);
+}
+
+// `n` results, each `e`.
+template <typename T>
+std::vector<result<T>> failed_all(std::size_t n, const error& e) {
+    std::vector<result<T>> out;
+    out.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) out.emplace_back(e);
+    return out;
+}
 
 }  // namespace
 
@@ -75,11 +88,21 @@ net::awaitable<result<preflight_out>> preflight_insert_one(std::shared_ptr<pg::p
                                  text_or_null(q.rec.key_namespace), text_or_null(e.stripe_account)));
     if (!ins) co_return ins.err();
     if (ins->empty()) co_return preflight_out();
-    co_return preflight_out{true, decode_record(*ins, 0)};
+    co_return preflight_out{true, std::make_unique<ledger_record>(decode_record(*ins, 0)), std::nullopt};
 }
 
 net::awaitable<std::vector<result<preflight_out>>> preflight_runner::run(std::shared_ptr<pg::pool> pool,
                                                                          std::vector<preflight_req>& reqs) {
+    auto outs = co_await run_statements(std::move(pool), reqs);
+    // A conflict whose row was not read gets its request back for the caller's own read (the batch is done
+    // with it): the caller keeps no copy of its own meanwhile.
+    for (std::size_t i = 0; i < outs.size() && i < reqs.size(); ++i)
+        if (outs[i] && !outs[i]->inserted && !outs[i]->row) outs[i]->unread = std::move(reqs[i].rec);
+    co_return outs;
+}
+
+net::awaitable<std::vector<result<preflight_out>>> preflight_runner::run_statements(
+    std::shared_ptr<pg::pool> pool, std::vector<preflight_req>& reqs) {
     std::vector<result<preflight_out>> outs;
     outs.reserve(reqs.size());
     if (reqs.size() == 1) {
@@ -87,9 +110,11 @@ net::awaitable<std::vector<result<preflight_out>>> preflight_runner::run(std::sh
         co_return outs;
     }
     auto order = key_order(reqs, key);
-    std::vector<std::string> keys, customers, periods, currencies, stripe_customers, message_ids;
-    std::vector<std::string> descriptions, off_sessions;
-    std::vector<std::optional<std::string>> payment_methods, namespaces, accounts;
+    // The columns as views of the requests (which outlive the statement): one literal per column, no copy
+    // per element.
+    std::vector<std::string_view> keys, customers, periods, currencies, stripe_customers, message_ids;
+    std::vector<std::string_view> descriptions, off_sessions;
+    std::vector<std::optional<std::string_view>> payment_methods, namespaces, accounts;
     std::vector<std::int64_t> amounts, leases, attempts;
     for (auto* v : {&keys, &customers, &periods, &currencies, &stripe_customers, &message_ids, &descriptions,
                     &off_sessions})
@@ -100,20 +125,20 @@ net::awaitable<std::vector<result<preflight_out>>> preflight_runner::run(std::sh
     for (auto* v : {&amounts, &leases, &attempts}) v->reserve(reqs.size());
     for (auto i : order) {
         const auto& q = reqs[i];
-        keys.push_back(q.rec.key);
-        customers.push_back(q.rec.event.customer_id);
-        periods.push_back(q.rec.event.billing_period);
+        keys.emplace_back(q.rec.key);
+        customers.emplace_back(q.rec.event.customer_id);
+        periods.emplace_back(q.rec.event.billing_period);
         amounts.push_back(q.rec.event.amount_cents);
-        currencies.push_back(q.rec.event.currency);
-        stripe_customers.push_back(q.rec.event.stripe_customer_id);
+        currencies.emplace_back(q.rec.event.currency);
+        stripe_customers.emplace_back(q.rec.event.stripe_customer_id);
         leases.push_back(q.lease_ms);
-        message_ids.push_back(q.rec.nsq_message_id);
+        message_ids.emplace_back(q.rec.nsq_message_id);
         attempts.push_back(q.rec.nsq_attempts);
-        descriptions.push_back(q.rec.event.description);
-        payment_methods.push_back(text_or_null(q.rec.event.payment_method));
+        descriptions.emplace_back(q.rec.event.description);
+        payment_methods.push_back(view_or_null(q.rec.event.payment_method));
         off_sessions.emplace_back(q.rec.event.off_session ? "t" : "f");
-        namespaces.push_back(text_or_null(q.rec.key_namespace));
-        accounts.push_back(text_or_null(q.rec.event.stripe_account));
+        namespaces.push_back(view_or_null(q.rec.key_namespace));
+        accounts.push_back(view_or_null(q.rec.event.stripe_account));
     }
     pg::params p;
     p.reserve(14);
@@ -139,13 +164,13 @@ net::awaitable<std::vector<result<preflight_out>>> preflight_runner::run(std::sh
         auto k = r->get<std::string_view>(row, 0);
         auto at = std::lower_bound(keys.begin(), keys.end(), k);
         if (at == keys.end() || *at != k)
-            co_return std::vector<result<preflight_out>>(
+            co_return failed_all<preflight_out>(
                 reqs.size(), error(pg::errc::protocol_error, "pre-flight batch returned an unknown key"));
         auto i = order[static_cast<std::size_t>(at - keys.begin())];
-        auto rec = decode_stored_record_columns(*r, row);
-        rec.lease_epoch = r->get<std::int64_t>(row, preflight_batch_epoch_column);
-        rec.lease_remaining = ms(reqs[i].lease_ms);
-        rows[i] = preflight_out{true, std::move(rec)};
+        auto rec = std::make_unique<ledger_record>(decode_stored_record_columns(*r, row));
+        rec->lease_epoch = r->get<std::int64_t>(row, preflight_batch_epoch_column);
+        rec->lease_remaining = ms(reqs[i].lease_ms);
+        rows[i] = preflight_out{true, std::move(rec), std::nullopt};
     }
     co_await read_conflicts(pool, reqs, rows);
     for (auto& one : rows) outs.push_back(std::move(one));
@@ -156,14 +181,16 @@ net::awaitable<void> preflight_runner::read_conflicts(std::shared_ptr<pg::pool> 
                                                       const std::vector<preflight_req>& reqs,
                                                       std::vector<preflight_out>& rows) {
     std::vector<std::size_t> at;
-    std::vector<std::string> keys, customers, periods, accounts;
+    std::vector<std::string_view> keys, customers, periods, accounts;
+    at.reserve(reqs.size());
+    for (auto* v : {&keys, &customers, &periods, &accounts}) v->reserve(reqs.size());
     for (std::size_t i = 0; i < reqs.size(); ++i) {
         if (rows[i].inserted) continue;
         at.push_back(i);
-        keys.push_back(reqs[i].rec.key);
-        customers.push_back(reqs[i].rec.event.customer_id);
-        periods.push_back(reqs[i].rec.event.billing_period);
-        accounts.push_back(reqs[i].rec.event.stripe_account);
+        keys.emplace_back(reqs[i].rec.key);
+        customers.emplace_back(reqs[i].rec.event.customer_id);
+        periods.emplace_back(reqs[i].rec.event.billing_period);
+        accounts.emplace_back(reqs[i].rec.event.stripe_account);
     }
     if (at.empty()) co_return;
     pg::params p;
@@ -176,7 +203,8 @@ net::awaitable<void> preflight_runner::read_conflicts(std::shared_ptr<pg::pool> 
     for (std::size_t row = 0; row < r->size(); ++row) {
         auto i = r->get<std::int64_t>(row, index_column);
         if (i < 1 || static_cast<std::size_t>(i) > at.size()) continue;
-        rows[at[static_cast<std::size_t>(i - 1)]].row = decode_record(*r, row);
+        rows[at[static_cast<std::size_t>(i - 1)]].row =
+            std::make_unique<ledger_record>(decode_record(*r, row));
     }
 }
 

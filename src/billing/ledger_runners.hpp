@@ -35,7 +35,10 @@ struct preflight_req {
 struct preflight_out {
     bool inserted = false;
     // inserted: the new row; a conflict: the existing row when the batch read it (else the caller reads it).
-    std::optional<ledger_record> row;
+    // Held by pointer: the result passes through several hands (runner, batch, caller) on its way.
+    std::unique_ptr<ledger_record> row;
+    // A conflict the batch did not read the row of: the request, given back for the caller's own read.
+    std::optional<new_record> unread;
 };
 
 net::awaitable<result<preflight_out>> preflight_insert_one(std::shared_ptr<pg::pool> pool,
@@ -45,6 +48,10 @@ struct preflight_runner {
     static std::string_view key(const preflight_req& q) noexcept { return q.rec.key; }
     static net::awaitable<std::vector<result<preflight_out>>> run(std::shared_ptr<pg::pool> pool,
                                                                   std::vector<preflight_req>& reqs);
+    // run() but for the requests given back (the insert, or the single-row statements, and the batch's
+    // conflict read).
+    static net::awaitable<std::vector<result<preflight_out>>> run_statements(
+        std::shared_ptr<pg::pool> pool, std::vector<preflight_req>& reqs);
     // The existing rows of the batch's conflicts, one statement for all of them (a replayed run is all
     // conflicts: one read per row would be the path's cost). A failed read leaves them to the callers' own.
     static net::awaitable<void> read_conflicts(std::shared_ptr<pg::pool> pool,

@@ -24,4 +24,13 @@ net::awaitable<verdict> run_delivery(pipeline& p, nsq::message& m, const std::st
     co_return co_await p.handle(delivery_of(m, topic, channel), [&m] { m.touch(); });
 }
 
+net::awaitable<nsq::disposition> run_delivery_disposition(pipeline& p, nsq::message& m,
+                                                          const std::string& topic,
+                                                          const std::string& channel, bool give_up) {
+    nsq::keepalive alive(m);
+    if (give_up)
+        co_return to_disposition(co_await p.give_up(delivery_of(m, topic, channel), [&m] { m.touch(); }));
+    co_return to_disposition(co_await p.handle(delivery_of(m, topic, channel), [&m] { m.touch(); }));
+}
+
 }  // namespace cg::billing

@@ -29,4 +29,10 @@ nsq::disposition to_disposition(const verdict& v);
 net::awaitable<verdict> run_delivery(pipeline& p, nsq::message& m, const std::string& topic,
                                      const std::string& channel, bool give_up);
 
+// run_delivery's verdict as the message's disposition (to_disposition), in the same coroutine: what a
+// consumer's handler returns.
+net::awaitable<nsq::disposition> run_delivery_disposition(pipeline& p, nsq::message& m,
+                                                          const std::string& topic,
+                                                          const std::string& channel, bool give_up);
+
 }  // namespace cg::billing

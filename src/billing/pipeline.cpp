@@ -51,16 +51,13 @@ verdict pipeline::count(verdict v) {
     return v;
 }
 
+// handle() and give_up() are the one coroutine (one frame per delivery fewer than a coroutine each).
 net::awaitable<verdict> pipeline::handle(delivery d, touch_fn touch) {
-    run r(std::move(d), std::move(touch), log_);
-    co_return co_await finish_run(r, false);
+    return handle_delivery(std::move(d), std::move(touch), false);
 }
 
 net::awaitable<verdict> pipeline::give_up(delivery d, touch_fn touch) {
-    run r(std::move(d), std::move(touch), log_);
-    if (metrics_) metrics_->past_max_attempts->Increment();
-    r.log.error("message past max attempts: still processed, never dropped while the ledger can settle it");
-    co_return co_await finish_run(r, true);
+    return handle_delivery(std::move(d), std::move(touch), true);
 }
 
 net::awaitable<verdict> pipeline::resume(delivery d, billing_event ev, ledger_record rec) {
@@ -69,8 +66,8 @@ net::awaitable<verdict> pipeline::resume(delivery d, billing_event ev, ledger_re
     r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
     if (r.key != rec.key)
         throw std::invalid_argument("resume: row " + rec.key + " is not this pipeline's key");
-    r.log = r.log.with({{"billing_key", r.key}, {"swept", true}});
-    co_return co_await on_existing(r, std::move(rec));
+    r.log.add(run::delivery_log::context::swept);
+    co_return co_await on_existing(r, rec);
 }
 
 net::awaitable<verdict> pipeline::resume_correction(delivery d, billing_event ev, std::string base) {
@@ -79,16 +76,22 @@ net::awaitable<verdict> pipeline::resume_correction(delivery d, billing_event ev
     r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
     if (!r.ev.is_correction() || r.key != base)
         throw std::invalid_argument("resume_correction: revision of " + base + " is not this pipeline's");
-    r.log = r.log.with({{"billing_key", r.key}, {"swept", true}});
+    r.log.add(run::delivery_log::context::swept);
     co_return co_await corrections_->handle(r.d, {}, r.ev, r.key, r.log);
 }
 
-net::awaitable<verdict> pipeline::finish_run(run& r, bool past_max_attempts) {
+net::awaitable<verdict> pipeline::handle_delivery(delivery d, touch_fn touch, bool past_max_attempts) {
+    run r(std::move(d), std::move(touch), log_);
+    if (past_max_attempts) {
+        if (metrics_) metrics_->past_max_attempts->Increment();
+        r.log.error(
+            "message past max attempts: still processed, never dropped while the ledger can settle it");
+    }
     // Debug lines mark each step of a delivery (received, row written, Stripe called, Stripe answered, then
     // the verdict): enough to tell, after a crash, which step a delivery had reached.
     r.log.debug("billing delivery received");
     auto v = co_await process(r);
-    co_await test_pause();  // between the ledger update and FIN
+    if (cfg_.test_step_pause.count() > 0) co_await test_pause();  // between the ledger update and FIN
     auto level = v.finished() ? log_level::info : past_max_attempts ? log_level::error : log_level::warn;
     r.log.log(
         level, v.finished() ? "billing message finished" : "billing message requeued",
@@ -104,9 +107,7 @@ net::awaitable<verdict> pipeline::process(run& r) {
     if (!ev) co_return co_await dead_letter_finish(r, invalid_reason(ev.err()), std::nullopt);
     r.ev = std::move(*ev);
     r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
-    r.log = r.log.with(
-        {{"billing_key", r.key}, {"customer_id", r.ev.customer_id}, {"period", r.ev.billing_period}});
-    if (r.ev.connected()) r.log = r.log.with({{"stripe_account", r.ev.stripe_account}});
+    r.log.add(run::delivery_log::context::event);
     // A correction (revision > 0) is a job of its own, keyed from the original's key.
     if (r.ev.is_correction()) co_return co_await corrections_->handle(r.d, r.touch, r.ev, r.key, r.log);
 
@@ -122,7 +123,13 @@ net::awaitable<verdict> pipeline::process(run& r) {
         r.first_attempt = pf->record.first_stripe_attempt_at;
         co_return co_await charge(r, true);
     }
-    co_return co_await on_existing(r, std::move(pf->record));
+    // A row already final with this event's payload — every delivery of a replay — is a duplicate: finished
+    // here, without on_existing's coroutine (which decides the same).
+    const auto& rec = pf->record;
+    if (rec.key == r.key &&
+        decide_existing(rec, r.ev, cfg_.now(), cfg_.same_key_window) == existing_action::duplicate_finish)
+        co_return verdict::finish(verdict_reason::duplicate_prevented, std::string(to_string(rec.status)));
+    co_return co_await on_existing(r, rec);
 }
 
 net::awaitable<void> pipeline::test_pause() {
@@ -139,7 +146,7 @@ verdict pipeline::lease_held(std::optional<std::chrono::milliseconds> remaining,
     return verdict::requeue(verdict_reason::requeued_lease_held, delay, std::move(detail));
 }
 
-net::awaitable<verdict> pipeline::on_existing(run& r, ledger_record rec) {
+net::awaitable<verdict> pipeline::on_existing(run& r, const ledger_record& rec) {
     // Same customer and period under another key (another key namespace produced it): never a second charge.
     if (rec.key != r.key) {
         r.log.warn("customer and period already recorded under another key", {{"other_key", rec.key}});

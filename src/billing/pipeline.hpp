@@ -145,8 +145,8 @@ class pipeline {
     struct metrics_set;
 
     net::awaitable<verdict> process(run& r);
-    net::awaitable<verdict> finish_run(run& r, bool past_max_attempts);
-    net::awaitable<verdict> on_existing(run& r, ledger_record rec);
+    net::awaitable<verdict> handle_delivery(delivery d, touch_fn touch, bool past_max_attempts);
+    net::awaitable<verdict> on_existing(run& r, const ledger_record& rec);  // `rec` lives until it completes
     net::awaitable<verdict> recover(run& r);
     net::awaitable<verdict> search(run& r);
     net::awaitable<verdict> search_failed(run& r, const error& e);

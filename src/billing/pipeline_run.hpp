@@ -3,6 +3,10 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
+#include <optional>
+#include <span>
+#include <string_view>
 
 #include "billing/pipeline.hpp"
 #include "metrics/registry.hpp"
@@ -10,16 +14,81 @@
 
 namespace cg::billing {
 
-// One delivery's working state, owned by handle()'s frame.
+// One delivery's working state, owned by the frame of handle_delivery() (resume(), resume_correction()).
 struct pipeline::run {
+    // The delivery's logger: the pipeline's, with the delivery's context (message id and attempts, then once
+    // the event is known its billing key, customer and period, or for a swept row the key and "swept"). The
+    // context is rendered on the first line actually written: at warn a delivery that ends well (a charge, a
+    // duplicate) writes none and renders none; at info its finish line renders it once. Used like a logger;
+    // converts to one where a logger is passed on (which renders the context).
+    class delivery_log {
+      public:
+        enum class context { delivery, event, swept };
+
+        delivery_log(const logger& base, const run& r) : base_(&base), r_(&r) {}
+        delivery_log(const delivery_log&) = delete;
+        delivery_log& operator=(const delivery_log&) = delete;
+
+        // The event's fields (`event`: billing key, customer, period and a connected account; `swept`: the
+        // key and swept=true) join the context from now on; the run's key and event must be set.
+        void add(context c) {
+            ctx_ = c;
+            if (built_) append(*built_, c);
+        }
+
+        const logger& get() const {
+            if (!built_) {
+                built_ = base_->with({{"message_id", r_->d.message_id}, {"attempts", r_->d.attempts}});
+                if (ctx_ != context::delivery) append(*built_, ctx_);
+            }
+            return *built_;
+        }
+        operator const logger&() const { return get(); }
+
+        bool enabled(log_level l) const noexcept { return base_->enabled(l); }
+        void log(log_level l, std::string_view m, std::span<const log_field> f = {}) const {
+            if (enabled(l)) get().log(l, m, f);
+        }
+        void debug(std::string_view m, std::initializer_list<log_field> f = {}) const {
+            log(log_level::debug, m, std::span(f.begin(), f.size()));
+        }
+        void info(std::string_view m, std::initializer_list<log_field> f = {}) const {
+            log(log_level::info, m, std::span(f.begin(), f.size()));
+        }
+        void warn(std::string_view m, std::initializer_list<log_field> f = {}) const {
+            log(log_level::warn, m, std::span(f.begin(), f.size()));
+        }
+        void error(std::string_view m, std::initializer_list<log_field> f = {}) const {
+            log(log_level::error, m, std::span(f.begin(), f.size()));
+        }
+
+      private:
+        void append(logger& l, context c) const {
+            if (c == context::swept) {
+                l = l.with({{"billing_key", r_->key}, {"swept", true}});
+                return;
+            }
+            l = l.with({{"billing_key", r_->key},
+                        {"customer_id", r_->ev.customer_id},
+                        {"period", r_->ev.billing_period}});
+            if (r_->ev.connected()) l = l.with({{"stripe_account", r_->ev.stripe_account}});
+        }
+
+        const logger* base_;
+        const run* r_;
+        context ctx_ = context::delivery;
+        mutable std::optional<logger> built_;
+    };
+
     run(delivery del, touch_fn t, const logger& base)
-        : d(std::move(del)),
-          touch(std::move(t)),
-          log(base.with({{"message_id", d.message_id}, {"attempts", d.attempts}})) {}
+        : d(std::move(del)), touch(std::move(t)), log(base, *this) {}
+    // `log` refers to this run.
+    run(const run&) = delete;
+    run& operator=(const run&) = delete;
 
     delivery d;
     touch_fn touch;
-    logger log;
+    delivery_log log;
     billing_event ev;
     std::string key;
     lease_token lease{};  // valid once the row is leased to us

@@ -24,8 +24,8 @@ turn_budget& turn_budget::of(const asio::any_io_executor& ex) {
     return b;
 }
 
-void turn_budget::enqueue(std::function<void()> step) {
-    waiting_.push_back(std::move(step));
+void turn_budget::enqueue(std::unique_ptr<step> s) {
+    waiting_.push_back(std::move(s));
     ++deferred_;
     if (on_defer_) on_defer_();
     if (!drain_posted_) {
@@ -44,9 +44,9 @@ void turn_budget::drain() {
     // drains a turn would each spend a budget, and each would post another).
     turn_start_ = last_ask_ = clock::now();
     while (!waiting_.empty() && clock::now() - turn_start_ < budget_) {
-        auto step = std::move(waiting_.front());
+        auto next = std::move(waiting_.front());
         waiting_.pop_front();
-        step();  // resumes the step's coroutine here, until its next suspension
+        next->resume();  // resumes the step's coroutine here, until its next suspension
     }
     if (waiting_.empty())
         drain_posted_ = false;

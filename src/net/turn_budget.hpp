@@ -67,8 +67,7 @@ class turn_budget {
     awaitable<void> next_turn() {
         return asio::async_initiate<decltype(asio::use_awaitable), void()>(
             [this](auto handler) {
-                auto h = std::make_shared<decltype(handler)>(std::move(handler));
-                enqueue([h] { (*h)(); });
+                enqueue(std::make_unique<step_of<decltype(handler)>>(std::move(handler)));
             },
             asio::use_awaitable);
     }
@@ -78,9 +77,21 @@ class turn_budget {
     std::size_t waiting() const noexcept { return waiting_.size(); }
 
   private:
+    // A step waiting for its turn: its completion handler (move-only), in one allocation.
+    struct step {
+        virtual ~step() = default;
+        virtual void resume() = 0;
+    };
+    template <typename Handler>
+    struct step_of final : step {
+        explicit step_of(Handler&& h) : handler(std::move(h)) {}
+        void resume() override { std::move(handler)(); }
+        Handler handler;
+    };
+
     friend class turn_budget_service;
     turn_budget() = default;
-    void enqueue(std::function<void()> step);
+    void enqueue(std::unique_ptr<step> s);
     void post_drain();
     void drain();
     void shutdown() { waiting_.clear(); }
@@ -88,7 +99,7 @@ class turn_budget {
     asio::any_io_executor ex_;
     std::chrono::microseconds budget_{0};
     clock::time_point turn_start_{}, last_ask_{};
-    std::deque<std::function<void()>> waiting_;
+    std::deque<std::unique_ptr<step>> waiting_;
     bool drain_posted_ = false;
     std::uint64_t deferred_ = 0;
     std::function<void()> on_defer_;

@@ -1,44 +1,27 @@
 #include "pg/array_literal.hpp"
 
+#include <charconv>
 #include <string_view>
 
 namespace cg::pg {
 namespace {
 
-// One element, always quoted: backslash and double quote escaped, everything else as is (array_in reads
-// any byte inside quotes literally once unescaped).
-void append_quoted(std::string& out, std::string_view v) {
-    out.push_back('"');
-    for (char c : v) {
-        if (c == '"' || c == '\\') out.push_back('\\');
-        out.push_back(c);
-    }
-    out.push_back('"');
-}
-
-void append(std::string& out, const std::string& v) {
-    append_quoted(out, v);
-}
-void append(std::string& out, const std::optional<std::string>& v) {
-    if (v)
-        append_quoted(out, *v);
-    else
-        out += "NULL";
-}
 void append(std::string& out, std::int64_t v) {
-    out += std::to_string(v);
+    char buf[24];
+    auto r = std::to_chars(buf, buf + sizeof buf, v);
+    out.append(buf, r.ptr);
 }
 void append(std::string& out, const std::optional<std::int64_t>& v) {
     if (v)
-        out += std::to_string(*v);
+        append(out, *v);
     else
         out += "NULL";
 }
 
 template <typename T>
-std::string literal(std::span<const T> values, std::size_t reserve = 0) {
+std::string int_literal(std::span<const T> values) {
     std::string out;
-    out.reserve(reserve);
+    out.reserve(2 + 12 * values.size());
     out.push_back('{');
     for (std::size_t i = 0; i < values.size(); ++i) {
         if (i) out.push_back(',');
@@ -48,24 +31,90 @@ std::string literal(std::span<const T> values, std::size_t reserve = 0) {
     return out;
 }
 
+// Text elements are always quoted: backslash and double quote escaped, everything else as is (array_in reads
+// any byte inside quotes literally once unescaped). Written at the literal's exact length (escapes counted
+// first), element by element.
+std::string_view view_of(std::string_view v) {
+    return v;
+}
+std::string_view view_of(const std::string& v) {
+    return v;
+}
+std::optional<std::string_view> view_of(const std::optional<std::string>& v) {
+    if (!v) return std::nullopt;
+    return std::string_view(*v);
+}
+std::optional<std::string_view> view_of(const std::optional<std::string_view>& v) {
+    return v;
+}
+
+std::size_t escapes(std::string_view v) {
+    std::size_t n = 0;
+    for (char c : v) n += (c == '"' || c == '\\') ? 1 : 0;
+    return n;
+}
+
+std::size_t text_size(std::string_view v) {
+    return v.size() + 2 + escapes(v);
+}
+std::size_t text_size(const std::optional<std::string_view>& v) {
+    return v ? text_size(*v) : 4;
+}
+
+char* put_text(char* p, std::string_view v) {
+    *p++ = '"';
+    for (char c : v) {
+        if (c == '"' || c == '\\') *p++ = '\\';
+        *p++ = c;
+    }
+    *p++ = '"';
+    return p;
+}
+char* put_text(char* p, const std::optional<std::string_view>& v) {
+    if (v) return put_text(p, *v);
+    for (char c : std::string_view("NULL")) *p++ = c;
+    return p;
+}
+
+template <typename T>
+std::string text_literal(std::span<const T> values) {
+    std::size_t size = 2 + (values.empty() ? 0 : values.size() - 1);
+    for (const auto& v : values) size += text_size(view_of(v));
+    std::string out(size, '\0');
+    char* p = out.data();
+    *p++ = '{';
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        if (i) *p++ = ',';
+        p = put_text(p, view_of(values[i]));
+    }
+    *p++ = '}';
+    return out;
+}
+
 }  // namespace
 
 std::string text_array_literal(std::span<const std::optional<std::string>> values) {
-    return literal(values);
+    return text_literal(values);
 }
 
 std::string text_array_literal(std::span<const std::string> values) {
-    std::size_t size = 2;
-    for (const auto& v : values) size += v.size() + 3;
-    return literal(values, size);
+    return text_literal(values);
+}
+
+std::string text_array_literal(std::span<const std::optional<std::string_view>> values) {
+    return text_literal(values);
+}
+
+std::string text_array_literal(std::span<const std::string_view> values) {
+    return text_literal(values);
 }
 
 std::string int_array_literal(std::span<const std::int64_t> values) {
-    return literal(values);
+    return int_literal(values);
 }
 
 std::string int_array_literal(std::span<const std::optional<std::int64_t>> values) {
-    return literal(values);
+    return int_literal(values);
 }
 
 }  // namespace cg::pg

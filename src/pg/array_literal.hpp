@@ -7,11 +7,15 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace cg::pg {
 
 std::string text_array_literal(std::span<const std::optional<std::string>> values);
 std::string text_array_literal(std::span<const std::string> values);
+// The same from views (a batch's columns read in place from its requests, no copy per element).
+std::string text_array_literal(std::span<const std::optional<std::string_view>> values);
+std::string text_array_literal(std::span<const std::string_view> values);
 std::string int_array_literal(std::span<const std::int64_t> values);
 std::string int_array_literal(std::span<const std::optional<std::int64_t>> values);
 

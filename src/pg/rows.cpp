@@ -51,13 +51,17 @@ bool rows::is_null(std::size_t row, int col) const {
 
 std::string_view rows::text(std::size_t row, int col) const {
     if (is_null(row, col)) return {};
-    return {PQgetvalue(res_.get(), static_cast<int>(row), col),
-            static_cast<std::size_t>(PQgetlength(res_.get(), static_cast<int>(row), col))};
+    return value(row, col);
 }
 
 std::string_view rows::text_checked(std::size_t r, int c) const {
     if (is_null(r, c)) fail(r, c, "is NULL (read it as std::optional)");
-    return text(r, c);
+    return value(r, c);
+}
+
+std::string_view rows::value(std::size_t r, int c) const {
+    return {PQgetvalue(res_.get(), static_cast<int>(r), c),
+            static_cast<std::size_t>(PQgetlength(res_.get(), static_cast<int>(r), c))};
 }
 
 void rows::fail(std::size_t r, int c, const char* what) const {

@@ -103,6 +103,8 @@ class rows {
 
     // The value's text; throws on NULL or a bad index.
     std::string_view text_checked(std::size_t r, int c) const;
+    // The value's text, index and NULL already checked.
+    std::string_view value(std::size_t r, int c) const;
     void expect_type(int c, std::initializer_list<unsigned> oids, const char* what) const;
     // text_checked, expect_type(oids, type_name), then `parse` (text → optional value); `bad` when it fails.
     template <typename Parse>

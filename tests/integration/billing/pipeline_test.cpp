@@ -105,6 +105,54 @@ BOOST_AUTO_TEST_CASE(redelivery_is_a_prevented_duplicate) {
     BOOST_TEST(metric(reg, "chargeguard_billing_messages_total", "duplicate_prevented") == 2.0);
 }
 
+// Every line of a delivery carries its context: the message id and attempts, then once the event is parsed
+// its billing key, customer and period — whether a line was written before the event was known (debug: the
+// context is rendered for "billing delivery received", then extended) or none was (info: rendered for the
+// finish line only). At warn a charge and a duplicate write no line at all.
+BOOST_AUTO_TEST_CASE(delivery_lines_carry_the_delivery_and_event_context) {
+    fixture f;
+    auto body = event_json("acme-log", "2026-11", 700);
+    auto key = key_of("acme-log", "2026-11");
+    auto context = [&](std::string_view id, int attempts) {
+        return "\"message_id\":\"" + std::string(id) + "\",\"attempts\":" + std::to_string(attempts) +
+               ",\"billing_key\":\"" + key + "\",\"customer_id\":\"acme-log\",\"period\":\"2026-11\"";
+    };
+    auto line_with = [](const memory_sink& sink, std::string_view msg) {
+        for (const auto& l : sink.lines())
+            if (l.find("\"msg\":\"" + std::string(msg) + "\"") != std::string::npos) return l;
+        return std::string();
+    };
+    struct step {
+        log_level level;
+        const char* id;
+        const char* outcome;
+    };
+    const step steps[] = {{log_level::debug, "0e01", "charged"},
+                          {log_level::debug, "0e02", "duplicate_prevented"},
+                          {log_level::info, "0e03", "duplicate_prevented"}};
+    for (const auto& s : steps) {
+        auto sink = std::make_shared<memory_sink>();
+        billing::pipeline p(f.config_for_pipeline(), *f.ledger, *f.stripe, logger(sink, s.level));
+        auto v = f.handle(p, delivery_of(body, s.id, 2));
+        BOOST_TEST(reason(v) == s.outcome);
+        auto finished = line_with(*sink, "billing message finished");
+        BOOST_TEST(finished.find(context(s.id, 2) + ",\"reason\":\"" + s.outcome + "\"") != std::string::npos,
+                   finished);
+        if (s.level == log_level::debug) {
+            auto received = line_with(*sink, "billing delivery received");
+            BOOST_TEST(received.find("\"message_id\":\"" + std::string(s.id) + "\",\"attempts\":2}") !=
+                           std::string::npos,
+                       received);
+        }
+    }
+    auto quiet = std::make_shared<memory_sink>();
+    billing::pipeline p(f.config_for_pipeline(), *f.ledger, *f.stripe, logger(quiet, log_level::warn));
+    BOOST_TEST(reason(f.handle(p, delivery_of(body, "0e04"))) == "duplicate_prevented");
+    BOOST_TEST(reason(f.handle(p, delivery_of(event_json("acme-log2", "2026-11", 700), "0e05"))) ==
+               "charged");
+    BOOST_TEST(quiet->lines().empty());
+}
+
 // Same customer and period, another amount: dead-lettered "conflict", the recorded row untouched, one charge;
 // a redelivery of the conflicting message adds no second letter.
 BOOST_AUTO_TEST_CASE(payload_conflict_is_dead_lettered_and_ledger_untouched) {
