@@ -17,6 +17,8 @@
 
 namespace cg::vault {
 
+struct forward_waiter;  // proxy.cpp
+
 struct proxy::state {
     asio::any_io_executor main;
     asio::any_io_executor offload;
@@ -54,6 +56,13 @@ struct proxy::state {
     int running = 0;                           // background tasks not yet finished
     net::steady_timer* all_stopped = nullptr;  // stop() waits on it until `running` is 0
     std::uint64_t next_request_id = 0;
+    // Requests that passed their checks and go on to the reservation and the upstream: at most
+    // `forwarding_capacity` at once (proxy_config::max_forwarding); the others wait in `forward_waiters`,
+    // oldest first, each holding only its request and a small frame, until a place comes free or their
+    // upstream deadline passes (proxy.cpp).
+    std::size_t forwarding = 0;
+    std::size_t forwarding_capacity = 1;
+    std::deque<forward_waiter*> forward_waiters;
     struct cached_key {
         key_record key;
         std::chrono::steady_clock::time_point fetched;

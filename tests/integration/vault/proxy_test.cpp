@@ -350,6 +350,81 @@ BOOST_AUTO_TEST_CASE(an_upstream_stall_past_the_timeout_is_uncertain) {
     BOOST_TEST(f.fake_charges() == 1u);
 }
 
+// A checked request past proxy_config::max_forwarding waits for a place before it reserves or sends
+// anything. Here the one place is held by a create whose reservation waits on its key's row lock (another
+// transaction holds it): a second create is answered once its request timeout passes, as a request that
+// found no upstream connection in time is — 502, Stripe-Should-Retry: true — with nothing reserved and
+// nothing sent for it; the first goes on once the lock is released, and the second's retry is charged.
+BOOST_AUTO_TEST_CASE(a_create_past_the_forwarding_bound_waits_unreserved_and_times_out_as_502_retry) {
+    vault_fixture f(false);
+    auto c = f.proxy_config();
+    c.max_forwarding = 1;
+    c.request_timeout = 1000ms;
+    f.start(c);
+    auto k = f.issue(100'000);
+    auto locker = f.pool_for(f.db.config(), 1);
+    auto lock = f.run([](std::shared_ptr<pg::pool> p,
+                         std::string id) -> net::awaitable<result<pg::pooled_connection>> {
+        auto conn = co_await p->acquire();
+        if (!conn) co_return conn.err();
+        if (auto b = co_await (**conn).query("BEGIN"); !b) co_return b.err();
+        if (auto l = co_await (**conn).query("SELECT id FROM vault_keys WHERE id = $1 FOR UPDATE", id); !l)
+            co_return l.err();
+        co_return std::move(*conn);
+    }(locker, k.id));
+    BOOST_TEST_REQUIRE(lock.has_value(), (lock ? "" : lock.err().describe()));
+
+    struct answer {
+        http::response resp;
+        bool done = false;
+    };
+    auto send = [&f](http::request q) {
+        auto a = std::make_shared<answer>();
+        asio::co_spawn(f.io, vault_fixture::one(f.caller.get(), std::move(q)),
+                       [a](std::exception_ptr e, http::client_result r) {
+                           a->resp = e || !r.ok() ? http::response{} : std::move(r.resp);
+                           a->done = true;
+                       });
+        return a;
+    };
+    auto first = send(f.post(k.secret, "/v1/charges", f.charge_body(500), "holds-the-place"));
+    // The first create's reservation waits on the lock (seen from another connection): it holds the place.
+    auto until = std::chrono::steady_clock::now() + 15s;
+    while (f.count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = "
+                   "current_database()") == 0 &&
+           std::chrono::steady_clock::now() < until)
+        f.pause(5ms);
+    BOOST_TEST_REQUIRE(!first->done);
+    auto second = send(f.post(k.secret, "/v1/charges", f.charge_body(700), "waits-for-a-place"));
+    run_until_done(f.io, second->done, 20s);
+    BOOST_TEST_REQUIRE(second->done);
+    BOOST_TEST(second->resp.status == 502, second->resp.status << " " << second->resp.body);
+    BOOST_TEST(second->resp.headers.get("Stripe-Should-Retry").value_or("") == "true");
+    BOOST_TEST(!first->done);
+    BOOST_TEST(f.fake_requests() == 0u);
+
+    auto released = f.run([](pg::pooled_connection* conn) -> net::awaitable<bool> {
+        auto r = co_await (**conn).query("ROLLBACK");
+        conn->release();
+        co_return r.has_value();
+    }(&*lock));
+    BOOST_TEST(released);
+    run_until_done(f.io, first->done, 20s);
+    BOOST_TEST_REQUIRE(first->done);
+    BOOST_TEST(first->resp.status == 200, first->resp.status << " " << first->resp.body);
+    f.settle_now();
+    BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'waits-for-a-place'") == 0);
+    BOOST_TEST(f.fake_charges() == 1u);
+    // The client retries as told: charged and counted once.
+    auto again = f.send(f.post(k.secret, "/v1/charges", f.charge_body(700), "waits-for-a-place"));
+    BOOST_TEST(again.status == 200, again.status << " " << again.body);
+    f.settle_now();
+    BOOST_TEST(f.count("SELECT coalesce(sum(amount_cents), 0) FROM vault_spend WHERE state = 'settled'") ==
+               1200);
+    BOOST_TEST(f.fake_charges() == 2u);
+    f.run(locker->close());
+}
+
 BOOST_AUTO_TEST_CASE(postgres_unreachable_gives_503_and_stripe_sees_nothing) {
     vault_fixture f(false);
     auto k = f.issue(10'000);
