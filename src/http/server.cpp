@@ -204,6 +204,21 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
     }
 }
 
+// A TLS connection: handshake, requests, close_notify. A coroutine of its own, so a plain connection's frame
+// has no room for the TLS stream.
+asio::awaitable<void> serve_tls(std::shared_ptr<server::state> st, net::tcp_socket& sock, conn_it self,
+                                clock::time_point first_deadline) {
+    net::tls_stream tls(std::move(sock), *st->opts.tls);
+    self->sock = &tls.next_layer();
+    if (self->shed) co_return;
+    auto hs = co_await net::with_timeout(tls.async_handshake(asio::ssl::stream_base::server),
+                                         std::min(st->opts.handshake_timeout, st->opts.read_timeout));
+    if (!hs || std::get<0>(*hs) || self->shed) co_return;
+    co_await serve(st, tls, self, first_deadline - clock::now());
+    // Best-effort close_notify, bounded so a silent peer cannot hold the coroutine.
+    (void)co_await net::with_timeout(tls.async_shutdown(net::nothrow), std::chrono::seconds(1));
+}
+
 asio::awaitable<void> run_connection(std::shared_ptr<server::state> st, net::tcp_socket sock) {
     const auto accepted = clock::now();
     auto self = st->conns.insert(st->conns.end(), server::state::conn{&sock});
@@ -225,15 +240,7 @@ asio::awaitable<void> run_connection(std::shared_ptr<server::state> st, net::tcp
         sock.shutdown(net::tcp::socket::shutdown_both, ignored);
         co_return;
     }
-    net::tls_stream tls(std::move(sock), *st->opts.tls);
-    self->sock = &tls.next_layer();
-    if (self->shed) co_return;
-    auto hs = co_await net::with_timeout(tls.async_handshake(asio::ssl::stream_base::server),
-                                         std::min(st->opts.handshake_timeout, st->opts.read_timeout));
-    if (!hs || std::get<0>(*hs) || self->shed) co_return;
-    co_await serve(st, tls, self, first_deadline - clock::now());
-    // Best-effort close_notify, bounded so a silent peer cannot hold the coroutine.
-    (void)co_await net::with_timeout(tls.async_shutdown(net::nothrow), std::chrono::seconds(1));
+    co_await serve_tls(st, sock, self, first_deadline);
 }
 
 asio::awaitable<void> accept_loop(std::shared_ptr<server::state> st) {
