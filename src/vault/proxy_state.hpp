@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "net/tokens.hpp"
 #include "vault/proxy.hpp"
@@ -69,6 +70,14 @@ struct proxy::state {
     };
     std::unordered_map<std::string, cached_key> keys;  // by id; only keys that exist
     std::set<std::string> keys_refreshing;             // ids whose row is being re-read in the background
+    // Reads of a key's row in flight for requests that found no usable cached row: a request for the same
+    // key meanwhile waits for that read's answer instead of sending its own (a burst on a cold cache makes
+    // one read per key, not one per request).
+    struct key_read {
+        std::optional<result<std::optional<key_record>>> out;
+        std::vector<net::steady_timer*> waiters;
+    };
+    std::unordered_map<std::string, std::shared_ptr<key_read>> key_reads;
     // Per key: creates waiting for the next cg_vault_step batch, and the settlements (answers already sent
     // to clients) that go with it (see drain_key in reservation_batcher.cpp). One drain per key at a time.
     struct pending_reserve {

@@ -425,6 +425,59 @@ BOOST_AUTO_TEST_CASE(a_create_past_the_forwarding_bound_waits_unreserved_and_tim
     f.run(locker->close());
 }
 
+// Requests for a key whose row is not cached share one read of it: with the proxy's only PostgreSQL
+// connection held elsewhere, a burst of reads of an uncached key queues one acquire at the pool, not one per
+// request, and every request gets the answer once the connection is free.
+BOOST_AUTO_TEST_CASE(a_burst_on_an_uncached_key_reads_its_row_once) {
+    vault_fixture f(false);
+    auto k = f.issue(100'000);
+    pg::pool_options o;
+    o.server = f.db.config();
+    o.size = 1;
+    o.acquire_timeout = 30s;  // the test holds the connection while the burst arrives
+    o.server.connect_timeout = 15s;
+    auto one_conn = pg::pool::create(f.io.get_executor(), f.pool.get_executor(), std::move(o), f.log);
+    auto c = f.proxy_config();
+    c.gauge_interval = 1h;  // no background statement queues behind the held connection
+    f.start(c, one_conn);
+    auto held = f.run([](std::shared_ptr<pg::pool> p) -> net::awaitable<result<pg::pooled_connection>> {
+        co_return co_await p->acquire();
+    }(one_conn));
+    BOOST_TEST_REQUIRE(held.has_value(), (held ? "" : held.err().describe()));
+    // The proxy's background tasks' first statements (resolver, gauges) queue behind it too.
+    f.pause(300ms);
+    const auto background = one_conn->state().waiting;
+    std::vector<http::request> qs;
+    for (int i = 0; i < 6; ++i) qs.push_back(f.get(k.secret, "/v1/charges/ch_missing_" + std::to_string(i)));
+    struct shared {
+        std::vector<int> statuses;
+        std::size_t left = 6;
+        bool done = false;
+    };
+    auto st = std::make_shared<shared>();
+    st->statuses.resize(6);
+    for (std::size_t i = 0; i < qs.size(); ++i)
+        asio::co_spawn(f.io, vault_fixture::one(f.caller.get(), std::move(qs[i])),
+                       [st, i](std::exception_ptr e, http::client_result r) {
+                           st->statuses[i] = e || !r.ok() ? 0 : r.resp.status;
+                           if (--st->left == 0) st->done = true;
+                       });
+    auto until = std::chrono::steady_clock::now() + 15s;
+    while (one_conn->state().waiting == background && std::chrono::steady_clock::now() < until) f.pause(5ms);
+    BOOST_TEST_REQUIRE(one_conn->state().waiting > background);
+    f.pause(300ms);  // the rest of the burst arrives
+    BOOST_TEST(one_conn->state().waiting == background + 1);
+    BOOST_TEST(!st->done);
+    held->release();
+    run_until_done(f.io, st->done, 20s);
+    BOOST_TEST_REQUIRE(st->done);
+    for (int status : st->statuses) BOOST_TEST(status == 404);  // fake-stripe: no such charge
+    f.server->stop();
+    f.run([](vault::proxy* p) -> net::awaitable<void> { co_await p->stop(); }(f.proxy.get()));
+    f.proxy.reset();
+    f.run(one_conn->close());
+}
+
 BOOST_AUTO_TEST_CASE(postgres_unreachable_gives_503_and_stripe_sees_nothing) {
     vault_fixture f(false);
     auto k = f.issue(10'000);
