@@ -241,15 +241,15 @@ int run_consume(const consume_flags& f, const global_flags& g) {
             std::min<std::size_t>({f.stripe.connection_cap, consume_stripe_connections,
                                    std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight))});
     scfg.max_calls = scfg.max_connections;
-    // Pipelines at once while deliveries wait for their turn at Stripe: twice the Stripe calls (one at
-    // Stripe, one in its pre-flight statement, waiting its turn or settling), at least 256. The other
+    // Pipelines at once while deliveries wait for their turn at Stripe: four times the Stripe calls (a
+    // delivery in its pre-flight statement, at Stripe, waiting its turn, settling), at least 512. The other
     // deliveries in flight then wait in the consumer's queue with only their message (4 KiB bodies: ~4 KiB
     // each instead of a pipeline's ~14 KiB of state and coroutine frames), TOUCHed from receipt. With no
     // delivery waiting for Stripe (a replay's duplicates never call it) every delivery in flight runs, so
     // they share group-commit statements as large as --max-in-flight allows. held_up is set once the
     // Stripe client exists.
     ncfg.max_handlers = static_cast<unsigned>(
-        std::min<std::size_t>(ncfg.max_in_flight, std::max<std::size_t>(256, 2 * scfg.max_calls)));
+        std::min<std::size_t>(ncfg.max_in_flight, std::max<std::size_t>(512, 4 * scfg.max_calls)));
     auto bcfg = to_pipeline_config(f.billing);
     auto pollcfg = to_poller_config(f);
     auto opts = to_runtime_options(f.rt);
