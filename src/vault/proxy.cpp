@@ -198,8 +198,8 @@ net::awaitable<http::response> forward_refund(state_ptr st, http::request& req, 
 
 // A create that passed check_request (`p`: its parameters): reserved, then forwarded.
 net::awaitable<http::response> forward_create(state_ptr st, http::request& req, ledger_line& l,
-                                              const key_record& key, const create_params& p,
-                                              clock::duration budget) {
+                                              const std::string& key_id, const std::string& currency,
+                                              const create_params& p, clock::duration budget) {
     const std::string idem = *l.row.idempotency_key;  // checked and recorded by refuse_unkeyed_write
     std::string body = with_vault_tag(req.body, idem);
     // Nothing reads the client's body past here (the tagged copy is what is reserved and forwarded): its
@@ -207,7 +207,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
     std::string().swap(req.body);
 
     reserve_request rq;
-    rq.key_id = key.id;
+    rq.key_id = key_id;
     rq.idempotency_key = std::string(idem);
     rq.amount_cents = p.amount;
     rq.path = std::string(req.path());
@@ -222,8 +222,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
         case reserve_outcome::cap_exceeded:
             co_return finish(
                 *st, l, "cap_exceeded",
-                refuse(*st, refusals::cap_exceeded(res->cap_cents, res->committed_cents, key.currency),
-                       false));
+                refuse(*st, refusals::cap_exceeded(res->cap_cents, res->committed_cents, currency), false));
         case reserve_outcome::amount_mismatch:
             co_return finish(*st, l, "bad_request", refuse(*st, refusals::amount_mismatch(), false));
         case reserve_outcome::key_expired:
@@ -234,7 +233,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
     }
     // The tagged body moves into the upstream request: one copy held during the call, not two.
     auto r = co_await forward(st, upstream_request(*st, req, std::move(body)), l, budget);
-    std::string outcome = account(st, *res, key.id, std::string(idem), r);
+    std::string outcome = account(st, *res, key_id, std::string(idem), r);
     if (!r.ok()) co_return finish(*st, l, outcome, transport_failure(*st, r));
     co_return finish(*st, l, outcome, relay(r.resp));
 }
@@ -249,14 +248,15 @@ std::string presented_secret(const http::request& req) {
 // What a request that passed every check made before forwarding goes on with.
 struct checked {
     operation op;
-    key_record key;
-    create_params create;  // a create's parameters
+    std::string key_id, key_currency;  // the key's, not its whole row: a waiting request holds this
+    create_params create;              // a create's parameters
 };
 
 // Every check that needs neither a reservation nor the upstream: the path, the key and its scope, and for a
 // write its Idempotency-Key and body. The refusal (finished), or what the request goes on with.
-net::awaitable<std::variant<http::response, checked>> check_request(state_ptr st, http::request& req,
-                                                                    ledger_line& l) {
+// Fills `c` and returns nullopt when the request goes on.
+net::awaitable<std::optional<http::response>> check_request(state_ptr st, http::request& req, ledger_line& l,
+                                                            checked& c) {
     l.row.method = req.method.empty() ? "?" : req.method;
     l.row.path = req.path().empty() ? "/" : std::string(req.path());
     if (!l.row.path.starts_with("/v1/"))
@@ -267,6 +267,7 @@ net::awaitable<std::variant<http::response, checked>> check_request(state_ptr st
     auto unauth = refusals::unauthenticated(secret);
     if (!id) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
     auto op = operation_for(req.method, req.path());
+    if (st->cfg.key_cache_ttl.count() > 0 && st->key_reads.contains(*id)) co_await await_key_read(st, *id);
     auto key = co_await find_key(st, *id, op.creates);
     if (!key) co_return unavailable(*st, l, key.err());
     if (!*key) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
@@ -292,7 +293,6 @@ net::awaitable<std::variant<http::response, checked>> check_request(state_ptr st
                    false));
     if (op.refund || op.creates)
         if (auto refused = refuse_unkeyed_write(*st, req, l)) co_return std::move(*refused);
-    checked c;
     if (op.creates) {
         // Only the body is counted, stored and replayed: a query string or another encoding would make what
         // Stripe executes differ from what the vault reserved.
@@ -305,8 +305,9 @@ net::awaitable<std::variant<http::response, checked>> check_request(state_ptr st
         l.row.amount_cents = c.create.amount;
     }
     c.op = std::move(op);
-    c.key = std::move(**key);
-    co_return std::move(c);
+    c.key_id = (*key)->id;
+    c.key_currency = (*key)->currency;
+    co_return std::nullopt;
 }
 
 // The request in two halves with a wait between them: the checks (check_request, whose state is gone once
@@ -315,9 +316,8 @@ net::awaitable<std::variant<http::response, checked>> check_request(state_ptr st
 // no pooled connection in time: 502, nothing sent, Stripe-Should-Retry: true (and nothing reserved).
 net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     ledger_line l;
-    auto outcome = co_await check_request(st, req, l);
-    if (auto* done = std::get_if<http::response>(&outcome)) co_return std::move(*done);
-    auto& c = std::get<checked>(outcome);
+    checked c;
+    if (auto done = co_await check_request(st, req, l, c)) co_return std::move(*done);
     const auto deadline = clock::now() + st->cfg.request_timeout;
     auto place = co_await enter_forwarding(st, deadline);
     if (!place.held())
@@ -328,7 +328,7 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     const auto budget = deadline - clock::now();
     if (c.op.refund) co_return co_await forward_refund(st, req, l, budget);
     if (!c.op.creates) co_return co_await forward_read(st, req, l, budget);
-    co_return co_await forward_create(st, req, l, c.key, c.create, budget);
+    co_return co_await forward_create(st, req, l, c.key_id, c.key_currency, c.create, budget);
 }
 
 }  // namespace

@@ -159,6 +159,9 @@ http::response transport_failure(proxy::state& st, const http::client_result& r)
 
 // The key's row, from the cache under the rule of key_cache.hpp, else read (and cached).
 net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id, bool creates);
+// Returns once the read of `id`'s row in flight (proxy::state::key_reads), if any, has its answer: a burst on
+// a cold cache waits here, in a frame far smaller than find_key's, and then finds the row cached.
+net::awaitable<void> await_key_read(state_ptr st, std::string id);
 
 // --- reservation_batcher.cpp -------------------------------------------------------------------------------
 
