@@ -280,12 +280,13 @@ net::awaitable<client_result> attempt(std::shared_ptr<client::state> st, const r
     co_return out;
 }
 
-net::awaitable<client_result> run_request(std::shared_ptr<client::state> st, request req) {
+net::awaitable<client_result> run_request(std::shared_ptr<client::state> st, request req,
+                                          clock::time_point until) {
     ++st->requests;
     if (!req.headers.has("Host")) req.headers.add("Host", st->origin.host_header());
     bool sent = false;
     auto dl = std::make_shared<deadline>();
-    net::steady_timer timer(st->strand, st->opts.request_timeout);
+    net::steady_timer timer(st->strand, until);
     timer.async_wait([dl](std::error_code ec) {
         if (!ec) dl->expire();
     });
@@ -330,9 +331,13 @@ client::~client() {
 }
 
 net::awaitable<client_result> client::request(http::request req) {
+    return request(std::move(req), clock::now() + st_->opts.request_timeout);
+}
+
+net::awaitable<client_result> client::request(http::request req, clock::time_point deadline) {
     // Already on the strand (the Stripe layer's retry loop runs there): no hop through co_spawn's post.
-    if (st_->strand.running_in_this_thread()) co_return co_await run_request(st_, std::move(req));
-    co_return co_await net::offload(st_->strand, run_request(st_, std::move(req)));
+    if (st_->strand.running_in_this_thread()) co_return co_await run_request(st_, std::move(req), deadline);
+    co_return co_await net::offload(st_->strand, run_request(st_, std::move(req), deadline));
 }
 
 const http::origin& client::target() const noexcept {

@@ -86,6 +86,9 @@ class client {
     // Runs on the client's strand and completes on the caller's executor. Cancelling the caller does
     // not stop the request: it is bounded by request_timeout. The client must outlive the call.
     net::awaitable<client_result> request(http::request req);
+    // The same, bounded by `deadline` instead of now + request_timeout: a caller that waited for its turn
+    // before calling counts that wait against the same bound.
+    net::awaitable<client_result> request(http::request req, std::chrono::steady_clock::time_point deadline);
 
     const http::origin& target() const noexcept;
     const client_options& options() const noexcept;

@@ -12,6 +12,16 @@ router& router::add_prefix(std::string method, std::string prefix, handler h) {
     return *this;
 }
 
+namespace {
+
+asio::awaitable<response> answer(response r) {
+    co_return r;
+}
+
+}  // namespace
+
+// Not a coroutine: the handler's own coroutine is what the server awaits, so a request being handled holds
+// no frame of the router's.
 asio::awaitable<response> router::dispatch(request& req) const {
     auto path = req.path();
     std::string allow;
@@ -20,16 +30,16 @@ asio::awaitable<response> router::dispatch(request& req) const {
         if (!path_ok) continue;
         bool method_ok =
             r.method.empty() || r.method == req.method || (req.method == "HEAD" && r.method == "GET");
-        if (method_ok) co_return co_await r.h(req);
+        if (method_ok) return r.h(req);
         if (!allow.empty()) allow += ", ";
         allow += r.method;
     }
     if (!allow.empty()) {
         auto resp = make_response(405, "method not allowed\n");
         resp.headers.add("Allow", allow);
-        co_return resp;
+        return answer(std::move(resp));
     }
-    co_return make_response(404, "not found\n");
+    return answer(make_response(404, "not found\n"));
 }
 
 }  // namespace cg::http

@@ -8,6 +8,7 @@
 #include <asio/write.hpp>
 #include <cerrno>
 #include <list>
+#include <optional>
 
 #include "net/error.hpp"
 #include "net/timeout.hpp"
@@ -40,6 +41,43 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
+// Up to `max` bytes of what is there to read (at least one byte is asked for, so a closed peer reads as EOF),
+// appended to `buf`: 0 bytes and no error when nothing is there yet. The socket is non-blocking.
+std::size_t read_ready(net::tcp_socket& s, std::string& buf, std::size_t max, std::error_code& ec) {
+    std::size_t want = std::clamp<std::size_t>(s.available(ec), 1, max);
+    if (ec) return 0;
+    auto old = buf.size();
+    buf.resize(old + want);
+    auto n = s.read_some(asio::buffer(buf.data() + old, want), ec);
+    buf.resize(old + n);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) ec.clear();
+    return n;
+}
+
+// One read of what the peer sent, appended to `buf`, within `left`: nullopt on timeout. A plain socket waits
+// for readability without a buffer and then reads what is there straight into `buf`, so a connection waiting
+// for (the rest of) a request holds no read buffer in its frame; a TLS stream reads through a chunk.
+asio::awaitable<std::optional<std::error_code>> read_more(net::tcp_socket& s, std::string& buf,
+                                                          clock::duration left) {
+    auto r = co_await net::with_timeout(s.async_wait(net::tcp::socket::wait_read, net::nothrow), left);
+    if (!r) co_return std::nullopt;
+    auto [ec] = *r;
+    if (ec) co_return ec;
+    std::error_code rec;
+    read_ready(s, buf, 16 * 1024, rec);  // nothing there: reads EOF if the peer closed, else waits again
+    co_return rec;
+}
+
+asio::awaitable<std::optional<std::error_code>> read_more(net::tls_stream& s, std::string& buf,
+                                                          clock::duration left) {
+    char chunk[8192];
+    auto r = co_await net::with_timeout(s.async_read_some(asio::buffer(chunk), net::nothrow), left);
+    if (!r) co_return std::nullopt;
+    auto [ec, n] = *r;
+    if (!ec) buf.append(chunk, n);
+    co_return ec;
+}
+
 // Reads until the parser has a full message or fails. Returns false on EOF/timeout/error before any
 // byte of a message, or after a transport failure.
 template <typename Stream>
@@ -52,12 +90,11 @@ asio::awaitable<bool> read_request(Stream& stream, request_parser& parser, std::
             buf.erase(0, used);
             if (parser.state() != parse_state::need_more) co_return true;
         }
-        char chunk[8192];
         auto left = deadline - clock::now();
         if (left <= clock::duration::zero()) co_return false;
-        auto r = co_await net::with_timeout(stream.async_read_some(asio::buffer(chunk), net::nothrow), left);
+        auto r = co_await read_more(stream, buf, left);
         if (!r) co_return false;
-        auto [ec, n] = *r;
+        auto ec = *r;
         if (ec) {
             if (parser.started()) {
                 parser.feed_eof();
@@ -65,7 +102,6 @@ asio::awaitable<bool> read_request(Stream& stream, request_parser& parser, std::
             }
             co_return false;
         }
-        buf.append(chunk, n);
     }
 }
 
@@ -168,6 +204,21 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
     }
 }
 
+// A TLS connection: handshake, requests, close_notify. A coroutine of its own, so a plain connection's frame
+// has no room for the TLS stream.
+asio::awaitable<void> serve_tls(std::shared_ptr<server::state> st, net::tcp_socket& sock, conn_it self,
+                                clock::time_point first_deadline) {
+    net::tls_stream tls(std::move(sock), *st->opts.tls);
+    self->sock = &tls.next_layer();
+    if (self->shed) co_return;
+    auto hs = co_await net::with_timeout(tls.async_handshake(asio::ssl::stream_base::server),
+                                         std::min(st->opts.handshake_timeout, st->opts.read_timeout));
+    if (!hs || std::get<0>(*hs) || self->shed) co_return;
+    co_await serve(st, tls, self, first_deadline - clock::now());
+    // Best-effort close_notify, bounded so a silent peer cannot hold the coroutine.
+    (void)co_await net::with_timeout(tls.async_shutdown(net::nothrow), std::chrono::seconds(1));
+}
+
 asio::awaitable<void> run_connection(std::shared_ptr<server::state> st, net::tcp_socket sock) {
     const auto accepted = clock::now();
     auto self = st->conns.insert(st->conns.end(), server::state::conn{&sock});
@@ -183,20 +234,13 @@ asio::awaitable<void> run_connection(std::shared_ptr<server::state> st, net::tcp
     auto first_deadline = accepted + std::min(st->opts.first_request_timeout, st->opts.read_timeout);
 
     if (!st->opts.tls) {
-        co_await serve(st, sock, self, first_deadline - clock::now());
         std::error_code ignored;
+        sock.non_blocking(true, ignored);  // read_more reads what a readiness wait found there
+        co_await serve(st, sock, self, first_deadline - clock::now());
         sock.shutdown(net::tcp::socket::shutdown_both, ignored);
         co_return;
     }
-    net::tls_stream tls(std::move(sock), *st->opts.tls);
-    self->sock = &tls.next_layer();
-    if (self->shed) co_return;
-    auto hs = co_await net::with_timeout(tls.async_handshake(asio::ssl::stream_base::server),
-                                         std::min(st->opts.handshake_timeout, st->opts.read_timeout));
-    if (!hs || std::get<0>(*hs) || self->shed) co_return;
-    co_await serve(st, tls, self, first_deadline - clock::now());
-    // Best-effort close_notify, bounded so a silent peer cannot hold the coroutine.
-    (void)co_await net::with_timeout(tls.async_shutdown(net::nothrow), std::chrono::seconds(1));
+    co_await serve_tls(st, sock, self, first_deadline);
 }
 
 asio::awaitable<void> accept_loop(std::shared_ptr<server::state> st) {

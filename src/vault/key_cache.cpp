@@ -36,6 +36,20 @@ net::awaitable<void> refresh_key(state_ptr st, std::string id) {
 
 }  // namespace
 
+net::awaitable<void> await_key_read(state_ptr st, std::string id) {
+    auto it = st->key_reads.find(id);
+    if (it == st->key_reads.end()) co_return;
+    auto read = it->second;
+    net::steady_timer wake(st->main, clock::time_point::max());
+    read->waiters.push_back(&wake);
+    struct leave {  // also when this frame is destroyed while it waits (the loop's shutdown)
+        proxy::state::key_read& read;
+        net::steady_timer* wake;
+        ~leave() { std::erase(read.waiters, wake); }
+    } left{*read, &wake};
+    co_await wake.async_wait();  // cancelled once the read's answer is there
+}
+
 net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id, bool creates) {
     auto now = clock::now();
     if (auto it = st->keys.find(id); it != st->keys.end()) {
@@ -53,8 +67,22 @@ net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::st
                 break;
         }
     }
+    const bool shared = st->cfg.key_cache_ttl.count() > 0;  // zero: every request reads the row itself
+    if (auto it = st->key_reads.find(id); shared && it != st->key_reads.end()) {
+        // Another request's read of this row is in flight (it started after this request's cache check
+        // would have started its own): its answer is this request's.
+        auto read = it->second;
+        co_await await_key_read(st, id);
+        if (read->out) co_return *read->out;
+        co_return error(core_errc::io_error, "key read abandoned");
+    }
+    auto read = std::make_shared<proxy::state::key_read>();
+    if (shared) st->key_reads.emplace(id, read);
     auto r = co_await st->store.find_key(id);
+    if (shared) st->key_reads.erase(id);
     if (r && *r && st->cfg.key_cache_ttl.count() > 0) cache_key(*st, id, **r, now);
+    read->out = r;
+    for (auto* w : read->waiters) w->cancel();
     co_return r;
 }
 

@@ -1,7 +1,9 @@
 #include "vault/proxy.hpp"
 
+#include <algorithm>
 #include <array>
 #include <optional>
+#include <variant>
 
 #include "net/tls.hpp"
 #include "vault/proxy_state.hpp"
@@ -10,9 +12,67 @@
 
 namespace cg::vault {
 
+using clock = std::chrono::steady_clock;
+
+// A request waiting for a place to forward (proxy::state::forward_waiters): woken by the place handed
+// over, or by its deadline. Leaves the queue with its frame if neither came (the loop's shutdown).
+struct forward_waiter {
+    forward_waiter(proxy::state& s, clock::time_point deadline) : st(s), timer(s.main, deadline) {}
+    forward_waiter(const forward_waiter&) = delete;
+    forward_waiter& operator=(const forward_waiter&) = delete;
+    ~forward_waiter() {
+        if (admitted) return;
+        auto& q = st.forward_waiters;
+        if (auto it = std::find(q.begin(), q.end(), this); it != q.end()) q.erase(it);
+    }
+    proxy::state& st;
+    net::steady_timer timer;
+    bool admitted = false;  // taken off the queue with the place of a request that left
+};
+
 namespace {
 
-using clock = std::chrono::steady_clock;
+// A place among the requests going on to the reservation and the upstream (proxy_config::max_forwarding).
+// Dropping it hands it to the oldest waiter, else frees it.
+class forward_place {
+  public:
+    forward_place() = default;
+    explicit forward_place(std::shared_ptr<proxy::state> st) : st_(std::move(st)) {}
+    forward_place(forward_place&& o) noexcept = default;
+    forward_place& operator=(forward_place&&) = delete;
+    forward_place(const forward_place&) = delete;
+    forward_place& operator=(const forward_place&) = delete;
+    ~forward_place() {
+        if (!st_) return;
+        auto& q = st_->forward_waiters;
+        if (q.empty()) {
+            --st_->forwarding;
+            return;
+        }
+        forward_waiter* w = q.front();
+        q.pop_front();
+        w->admitted = true;  // the place passes to it: `forwarding` stays
+        w->timer.cancel();
+    }
+    bool held() const noexcept { return st_ != nullptr; }
+
+  private:
+    std::shared_ptr<proxy::state> st_;
+};
+
+// A place at once when one is free and nobody waits, else the oldest waiter's turn; an empty place when
+// `deadline` passed first.
+net::awaitable<forward_place> enter_forwarding(std::shared_ptr<proxy::state> st, clock::time_point deadline) {
+    if (st->forwarding < st->forwarding_capacity && st->forward_waiters.empty()) {
+        ++st->forwarding;
+        co_return forward_place(std::move(st));
+    }
+    forward_waiter w(*st, deadline);
+    st->forward_waiters.push_back(&w);
+    co_await w.timer.async_wait();  // cancelled when admitted; else the deadline
+    if (!w.admitted) co_return forward_place();
+    co_return forward_place(std::move(st));
+}
 
 double seconds_since(clock::time_point t) {
     return std::chrono::duration<double>(clock::now() - t).count();
@@ -85,11 +145,13 @@ http::response relay(const http::response& up) {
 
 // A transport failure as the client sees it: 502 when nothing reached Stripe (safe to retry), 504 when the
 
-net::awaitable<http::client_result> forward(state_ptr st, http::request up, ledger_line& l) {
+// `budget`: the upstream timeout less what the request waited for its place (enter_forwarding).
+net::awaitable<http::client_result> forward(state_ptr st, http::request up, ledger_line& l,
+                                            clock::duration budget) {
     auto t0 = clock::now();
     l.up_sent = t0;
     auto* client = st->upstreams[st->next_upstream++ % st->upstreams.size()].get();
-    auto r = co_await client->request(std::move(up));
+    auto r = co_await client->request(std::move(up), t0 + budget);
     l.up_done = clock::now();
     l.upstream_seconds = std::chrono::duration<double>(l.up_done - t0).count();
     if (r.ok()) {
@@ -100,8 +162,9 @@ net::awaitable<http::client_result> forward(state_ptr st, http::request up, ledg
 }
 
 // A GET the key may make: forwarded as it is, no accounting.
-net::awaitable<http::response> forward_read(state_ptr st, http::request& req, ledger_line& l) {
-    auto r = co_await forward(st, upstream_request(*st, req, {}), l);
+net::awaitable<http::response> forward_read(state_ptr st, http::request& req, ledger_line& l,
+                                            clock::duration budget) {
+    auto r = co_await forward(st, upstream_request(*st, req, {}), l, budget);
     if (!r.ok()) co_return finish(*st, l, "upstream_failed", transport_failure(*st, r));
     co_return finish(*st, l, "read", relay(r.resp));
 }
@@ -119,12 +182,12 @@ std::optional<http::response> refuse_unkeyed_write(proxy::state& s, const http::
     return std::nullopt;
 }
 
-// A refund the key may make: forwarded as sent under its Idempotency-Key (required, as for a create), never
-// counted against the cap — it moves money back. What it gives back to the cap is the key's policy's, applied
-// when Stripe reports the refund (webhooks, refunds_reopen_cap).
-net::awaitable<http::response> forward_refund(state_ptr st, http::request& req, ledger_line& l) {
-    if (auto refused = refuse_unkeyed_write(*st, req, l)) co_return std::move(*refused);
-    auto r = co_await forward(st, upstream_request(*st, req, req.body), l);
+// A refund the key may make (its body and Idempotency-Key checked as a create's, by check_request):
+// forwarded as sent, never counted against the cap — it moves money back. What it gives back to the cap is
+// the key's policy's, applied when Stripe reports the refund (webhooks, refunds_reopen_cap).
+net::awaitable<http::response> forward_refund(state_ptr st, http::request& req, ledger_line& l,
+                                              clock::duration budget) {
+    auto r = co_await forward(st, upstream_request(*st, req, req.body), l, budget);
     if (!r.ok()) co_return finish(*st, l, "upstream_failed", transport_failure(*st, r));
     co_return finish(*st, l, "refund", relay(r.resp));
 }
@@ -133,18 +196,10 @@ net::awaitable<http::response> forward_refund(state_ptr st, http::request& req, 
 // (the client does not wait for it). Only the request that made (or re-made) the reservation owns it; a retry
 // of a row still in flight or unresolved only settles it on a 2xx (the same answer the owner gets from
 
+// A create that passed check_request (`p`: its parameters): reserved, then forwarded.
 net::awaitable<http::response> forward_create(state_ptr st, http::request& req, ledger_line& l,
-                                              const key_record& key) {
-    if (auto refused = refuse_unkeyed_write(*st, req, l)) co_return std::move(*refused);
-    // Only the body is counted, stored and replayed: a query string or another encoding would make what
-    // Stripe executes differ from what the vault reserved.
-    if (auto bad = check_create_envelope(req.query(), req.headers.get("Content-Type")))
-        co_return finish(*st, l, "bad_request", refuse(*st, *bad, false));
-    auto parsed = parse_create(req.body, key.currency);
-    if (auto* bad = std::get_if<refusal>(&parsed))
-        co_return finish(*st, l, "bad_request", refuse(*st, *bad, false));
-    auto& p = std::get<create_params>(parsed);
-    l.row.amount_cents = p.amount;
+                                              const std::string& key_id, const std::string& currency,
+                                              const create_params& p, clock::duration budget) {
     const std::string idem = *l.row.idempotency_key;  // checked and recorded by refuse_unkeyed_write
     std::string body = with_vault_tag(req.body, idem);
     // Nothing reads the client's body past here (the tagged copy is what is reserved and forwarded): its
@@ -152,7 +207,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
     std::string().swap(req.body);
 
     reserve_request rq;
-    rq.key_id = key.id;
+    rq.key_id = key_id;
     rq.idempotency_key = std::string(idem);
     rq.amount_cents = p.amount;
     rq.path = std::string(req.path());
@@ -167,8 +222,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
         case reserve_outcome::cap_exceeded:
             co_return finish(
                 *st, l, "cap_exceeded",
-                refuse(*st, refusals::cap_exceeded(res->cap_cents, res->committed_cents, key.currency),
-                       false));
+                refuse(*st, refusals::cap_exceeded(res->cap_cents, res->committed_cents, currency), false));
         case reserve_outcome::amount_mismatch:
             co_return finish(*st, l, "bad_request", refuse(*st, refusals::amount_mismatch(), false));
         case reserve_outcome::key_expired:
@@ -178,8 +232,8 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
             break;
     }
     // The tagged body moves into the upstream request: one copy held during the call, not two.
-    auto r = co_await forward(st, upstream_request(*st, req, std::move(body)), l);
-    std::string outcome = account(st, *res, key.id, std::string(idem), r);
+    auto r = co_await forward(st, upstream_request(*st, req, std::move(body)), l, budget);
+    std::string outcome = account(st, *res, key_id, std::string(idem), r);
     if (!r.ok()) co_return finish(*st, l, outcome, transport_failure(*st, r));
     co_return finish(*st, l, outcome, relay(r.resp));
 }
@@ -191,8 +245,18 @@ std::string presented_secret(const http::request& req) {
     return {};
 }
 
-net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
-    ledger_line l;
+// What a request that passed every check made before forwarding goes on with.
+struct checked {
+    operation op;
+    std::string key_id, key_currency;  // the key's, not its whole row: a waiting request holds this
+    create_params create;              // a create's parameters
+};
+
+// Every check that needs neither a reservation nor the upstream: the path, the key and its scope, and for a
+// write its Idempotency-Key and body. The refusal (finished), or what the request goes on with.
+// Fills `c` and returns nullopt when the request goes on.
+net::awaitable<std::optional<http::response>> check_request(state_ptr st, http::request& req, ledger_line& l,
+                                                            checked& c) {
     l.row.method = req.method.empty() ? "?" : req.method;
     l.row.path = req.path().empty() ? "/" : std::string(req.path());
     if (!l.row.path.starts_with("/v1/"))
@@ -203,6 +267,7 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     auto unauth = refusals::unauthenticated(secret);
     if (!id) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
     auto op = operation_for(req.method, req.path());
+    if (st->cfg.key_cache_ttl.count() > 0 && st->key_reads.contains(*id)) co_await await_key_read(st, *id);
     auto key = co_await find_key(st, *id, op.creates);
     if (!key) co_return unavailable(*st, l, key.err());
     if (!*key) co_return finish(*st, l, "unauthenticated", refuse(*st, unauth, false));
@@ -226,9 +291,44 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
             *st, l, "forbidden",
             refuse(*st, refusals::account_forbidden(presented_account.value_or(""), (*key)->stripe_account),
                    false));
-    if (op.refund) co_return co_await forward_refund(st, req, l);
-    if (!op.creates) co_return co_await forward_read(st, req, l);
-    co_return co_await forward_create(st, req, l, **key);
+    if (op.refund || op.creates)
+        if (auto refused = refuse_unkeyed_write(*st, req, l)) co_return std::move(*refused);
+    if (op.creates) {
+        // Only the body is counted, stored and replayed: a query string or another encoding would make what
+        // Stripe executes differ from what the vault reserved.
+        if (auto bad = check_create_envelope(req.query(), req.headers.get("Content-Type")))
+            co_return finish(*st, l, "bad_request", refuse(*st, *bad, false));
+        auto parsed = parse_create(req.body, (*key)->currency);
+        if (auto* bad = std::get_if<refusal>(&parsed))
+            co_return finish(*st, l, "bad_request", refuse(*st, *bad, false));
+        c.create = std::move(std::get<create_params>(parsed));
+        l.row.amount_cents = c.create.amount;
+    }
+    c.op = std::move(op);
+    c.key_id = (*key)->id;
+    c.key_currency = (*key)->currency;
+    co_return std::nullopt;
+}
+
+// The request in two halves with a wait between them: the checks (check_request, whose state is gone once
+// it returns), then — once a place among proxy_config::max_forwarding is free — the reservation and the
+// upstream call. A request that finds no place within the upstream timeout is answered as one that found
+// no pooled connection in time: 502, nothing sent, Stripe-Should-Retry: true (and nothing reserved).
+net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
+    ledger_line l;
+    checked c;
+    if (auto done = co_await check_request(st, req, l, c)) co_return std::move(*done);
+    const auto deadline = clock::now() + st->cfg.request_timeout;
+    auto place = co_await enter_forwarding(st, deadline);
+    if (!place.held())
+        co_return finish(*st, l, c.op.creates ? "upstream_unreachable" : "upstream_failed",
+                         refuse(*st, refusals::upstream_failure(false), true));
+    // The wait counts against the upstream timeout, as a wait for a pooled connection does; a create's
+    // reservation, as before, does not.
+    const auto budget = deadline - clock::now();
+    if (c.op.refund) co_return co_await forward_refund(st, req, l, budget);
+    if (!c.op.creates) co_return co_await forward_read(st, req, l, budget);
+    co_return co_await forward_create(st, req, l, c.key_id, c.key_currency, c.create, budget);
 }
 
 }  // namespace
@@ -250,6 +350,8 @@ result<std::unique_ptr<proxy>> proxy::create(asio::any_io_executor main, asio::a
     if (auto why = same_key_window_problem(cfg.same_key_window))
         return error(core_errc::invalid_argument, "same_key_window " + *why);
     auto st = std::make_shared<state>(main, offload, cfg, std::move(pool), log);
+    st->forwarding_capacity =
+        cfg.max_forwarding ? cfg.max_forwarding : 2 * std::max<std::size_t>(1, cfg.max_connections);
     http::client_options o;
     std::size_t n = std::max<std::size_t>(1, cfg.upstream_clients);
     o.max_connections = std::max<std::size_t>(1, cfg.max_connections / n);

@@ -49,6 +49,13 @@ struct proxy_config {
     bool upstream_on_main = false;
     std::chrono::milliseconds connect_timeout{5000};
     std::chrono::milliseconds request_timeout{30000};
+    // Requests going on to the reservation and the upstream at once; past it a checked request waits for a
+    // place, oldest first, within its request_timeout (which counts from the start of that wait and covers
+    // the pool wait and the exchange after it), else is answered 502 with Stripe-Should-Retry: true and
+    // nothing reserved or sent. Each request past this point holds a reservation, a tagged body and the
+    // HTTP client's state (~17 KiB with a 4 KiB body); one waiting holds its request and ~1 KiB. 0: twice
+    // max_connections (room for a reservation batch behind every busy connection).
+    std::size_t max_forwarding = 0;
     std::size_t max_body_bytes = 64 * 1024;  // larger create bodies → 413
     // A retry under a key first used longer ago than this is refused (Stripe may have pruned the key).
     std::chrono::seconds same_key_window{23 * 3600};

@@ -11,11 +11,14 @@
 #include <optional>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "net/tokens.hpp"
 #include "vault/proxy.hpp"
 
 namespace cg::vault {
+
+struct forward_waiter;  // proxy.cpp
 
 struct proxy::state {
     asio::any_io_executor main;
@@ -54,12 +57,27 @@ struct proxy::state {
     int running = 0;                           // background tasks not yet finished
     net::steady_timer* all_stopped = nullptr;  // stop() waits on it until `running` is 0
     std::uint64_t next_request_id = 0;
+    // Requests that passed their checks and go on to the reservation and the upstream: at most
+    // `forwarding_capacity` at once (proxy_config::max_forwarding); the others wait in `forward_waiters`,
+    // oldest first, each holding only its request and a small frame, until a place comes free or their
+    // upstream deadline passes (proxy.cpp).
+    std::size_t forwarding = 0;
+    std::size_t forwarding_capacity = 1;
+    std::deque<forward_waiter*> forward_waiters;
     struct cached_key {
         key_record key;
         std::chrono::steady_clock::time_point fetched;
     };
     std::unordered_map<std::string, cached_key> keys;  // by id; only keys that exist
     std::set<std::string> keys_refreshing;             // ids whose row is being re-read in the background
+    // Reads of a key's row in flight for requests that found no usable cached row: a request for the same
+    // key meanwhile waits for that read's answer instead of sending its own (a burst on a cold cache makes
+    // one read per key, not one per request).
+    struct key_read {
+        std::optional<result<std::optional<key_record>>> out;
+        std::vector<net::steady_timer*> waiters;
+    };
+    std::unordered_map<std::string, std::shared_ptr<key_read>> key_reads;
     // Per key: creates waiting for the next cg_vault_step batch, and the settlements (answers already sent
     // to clients) that go with it (see drain_key in reservation_batcher.cpp). One drain per key at a time.
     struct pending_reserve {
@@ -141,6 +159,9 @@ http::response transport_failure(proxy::state& st, const http::client_result& r)
 
 // The key's row, from the cache under the rule of key_cache.hpp, else read (and cached).
 net::awaitable<result<std::optional<key_record>>> find_key(state_ptr st, std::string id, bool creates);
+// Returns once the read of `id`'s row in flight (proxy::state::key_reads), if any, has its answer: a burst on
+// a cold cache waits here, in a frame far smaller than find_key's, and then finds the row cached.
+net::awaitable<void> await_key_read(state_ptr st, std::string id);
 
 // --- reservation_batcher.cpp -------------------------------------------------------------------------------
 
