@@ -97,8 +97,8 @@ void rate_control::on_peer_throttled(time_point now) {
 void rate_control::follow(double account_limit, time_point now) {
     if (!cfg_.adaptive || !(account_limit > 0)) return;
     following_ = true;
-    // Within decrease_hold of its own decrease the leader may not have heard of it yet: its figure counts only
-    // if it is lower (a decrease of its own, deeper than this one).
+    // Within decrease_hold of its own decrease the leader may not have heard of it yet: its figure counts
+    // only if it is lower (a decrease of its own, deeper than this one).
     if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold) {
         if (account_limit < adaptive_) {
             refill(now);

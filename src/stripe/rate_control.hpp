@@ -26,6 +26,10 @@
 //   requests in 429s, then climbs to the remembered rate in `reclaim` and past it by `regrow` × it per
 //   second: a limit raised back is found within a few seconds, one raised above anything seen within the
 //   last `recall` at the slow probe's pace.
+//   An episode that comes while demand did not reach the limit within `decrease_hold` before it (an injected
+//   or transient 429, another sender, a limit lowered below the demand) was not this process's rate emptying
+//   Stripe's bucket: the limit drops as for any other, then doubles back under pressure as in the slow start
+//   (`rebound`) until the next 429 measures the rate.
 //   The limit only moves while demand presses on it (a request had to wait): an idle process does not wake
 //   up with a limit it never tried. Sidecars sharing one Stripe account converge on shares of its limit
 //   without talking to each other; a 429 reaches one of them, not always the one probing, so N sidecars
@@ -40,7 +44,10 @@
 // limit, admits `share` of it (set_share) and counts each of its own answers as 1 / share of the account's
 // (so what it measures is the account's rate); the 429 episodes of the others reach it (on_peer_throttled)
 // and their demand lets it grow (note_peer_pressed). The others follow its limit (follow) and admit their
-// own share of it. The account probes and backs off as one sidecar would, with one sidecar's 429 share.
+// own share of it; a follower within `decrease_hold` of its own 429 keeps its decrease unless the leader's
+// figure is lower. The account's floor is `min_rps` for each peer (set_peers), as N sidecars pacing alone
+// never go below N × min_rps together: after a storm of 429s the probe climbs back from there as fast as
+// theirs. The account probes and backs off as one sidecar would, with one sidecar's 429 share.
 // Share 1 and leading (the default, no peers) is the law above unchanged.
 #pragma once
 

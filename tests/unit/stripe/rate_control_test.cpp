@@ -528,7 +528,8 @@ BOOST_AUTO_TEST_CASE(a_follower_takes_a_lower_leader_limit_within_its_hold) {
 // faults) for 30 s, then a backlog of `backlog` requests each; a 429'd request is sent again 1 s later. The
 // seconds from the storm's end until every request is answered, sharing their state every `exchange`
 // (zero: each alone). No limit at Stripe: every 429 is a fault.
-double drain_after_a_storm(std::chrono::milliseconds exchange, unsigned seed, double rate = 3, int backlog = 60) {
+double drain_after_a_storm(std::chrono::milliseconds exchange, unsigned seed, double rate = 3,
+                           int backlog = 60) {
     std::mt19937 rng(seed);
     auto uniform = [&] { return static_cast<double>(rng() >> 8) / 16777216.0; };
     const int n = 3;
