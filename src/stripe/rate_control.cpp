@@ -31,6 +31,7 @@ void apply_peers(rate_control& rc, const peer_view* peers, std::size_t n, std::s
                  rate_control::time_point now) {
     if (n == 0 || self >= n) {
         rc.set_share(1, now);
+        rc.set_peers(1);
         rc.lead(now);
         return;
     }
@@ -45,11 +46,12 @@ void apply_peers(rate_control& rc, const peer_view* peers, std::size_t n, std::s
     if (leader == self) rc.lead(now);
     for (std::size_t i = 0; i < n; ++i) {
         if (i == self) continue;
-        if (leader == self && peers[i].load.pressed) rc.note_peer_pressed();
+        if (leader == self && peers[i].load.pressed) rc.note_peer_pressed(now);
         if (peers[i].throttled_since) rc.on_peer_throttled(now);
     }
     if (leader != self) rc.follow(peers[leader].account_limit, now);
     rc.set_share(peer_share(loads.data(), n, self, rc.account_limit()), now);
+    rc.set_peers(n);
 }
 
 rate_control::rate_control(rate_config cfg, time_point now)
@@ -62,7 +64,13 @@ rate_control::rate_control(rate_config cfg, time_point now)
         if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
         slow_start_ = true;
     }
+    floor_ = cfg_.min_rps;
     refill(now);
+}
+
+void rate_control::set_peers(std::size_t n) noexcept {
+    floor_ = cfg_.min_rps * static_cast<double>(std::max<std::size_t>(n, 1));
+    if (cfg_.adaptive && !std::isinf(adaptive_)) adaptive_ = std::max(adaptive_, floor_);
 }
 
 double rate_control::limit() const noexcept {
@@ -89,9 +97,17 @@ void rate_control::on_peer_throttled(time_point now) {
 void rate_control::follow(double account_limit, time_point now) {
     if (!cfg_.adaptive || !(account_limit > 0)) return;
     following_ = true;
-    if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold) return;  // the leader may not know yet
+    // Within decrease_hold of its own decrease the leader may not have heard of it yet: its figure counts
+    // only if it is lower (a decrease of its own, deeper than this one).
+    if (decreased_once_ && now - last_decrease_ < cfg_.decrease_hold) {
+        if (account_limit < adaptive_) {
+            refill(now);
+            adaptive_ = std::max(floor_, account_limit);
+        }
+        return;
+    }
     refill(now);
-    adaptive_ = std::max(cfg_.min_rps, account_limit);
+    adaptive_ = std::max(floor_, account_limit);
     if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
     last_increase_ = now;
 }
@@ -107,6 +123,7 @@ void rate_control::lead(time_point now) {
     estimate_ = adaptive_;
     dip_from_ = adaptive_;
     calibrating_ = false;
+    rebound_ = false;
     reclaiming_ = false;
     curve_s_ = seconds(cfg_.recover);
 }
@@ -126,6 +143,8 @@ bool rate_control::try_take(time_point now) {
     if (!std::isinf(limit()) && tokens_ < 1) {
         pressed_ = true;
         pressed_since_ = true;
+        pressed_at_ = now;
+        pressed_seen_ = true;
         return false;
     }
     if (!std::isinf(limit())) tokens_ -= 1;
@@ -203,14 +222,14 @@ void rate_control::decrease(time_point now) {
     bool victim = decreased_once_ && !slow_start_ && !calibrating_ && accepted_since_ > 0 &&
                   adaptive_ <= estimate_ * 1.001;
     double before = estimate_;
-    estimate_ = std::max(cfg_.min_rps, std::min(adaptive_, accepted));
+    estimate_ = std::max(floor_, std::min(adaptive_, accepted));
     if (victim && cfg_.victim_step > 0) estimate_ = std::max(estimate_, before * (1 - cfg_.victim_step));
     // Episodes close together: Stripe's bucket has been empty since the first of them, so what it accepted
     // since then, per second, is its rate (a lowered limit, found within a second).
     if (decreased_once_ && since < 2 * seconds(cfg_.decrease_hold)) {
         double run = seconds(now - run_from_);
         if (run >= 0.5 && !slow_start_)
-            estimate_ = std::max(cfg_.min_rps, std::min(estimate_, run_accepted_ / run));
+            estimate_ = std::max(floor_, std::min(estimate_, run_accepted_ / run));
     } else {
         run_from_ = now;
         run_accepted_ = 0;
@@ -228,15 +247,21 @@ void rate_control::decrease(time_point now) {
             recalled_at_ = now;
         }
     }
+    // Demand did not reach the limit within `decrease_hold` before this episode: the account was not sending
+    // at its limit, so the 429 did not come from its own rate emptying Stripe's bucket (an injected or
+    // transient 429, another sender, or a limit lowered below the demand). The limit still drops, but climbs
+    // back by doubling under pressure, as in the slow start, until the next 429 measures the rate.
+    bool limited = pressed_seen_ && now - pressed_at_ <= cfg_.decrease_hold;
+    rebound_ = cfg_.rebound && decreased_once_ && !slow_start_ && !limited;
     calibrating_ = slow_start_;
     reclaiming_ = !slow_start_ && recalled_ > 0 && estimate_ < cfg_.reclaim_below * recalled_;
     if (slow_start_) {
-        estimate_ = std::max(cfg_.min_rps, estimate_ * cfg_.slow_start_exit);
+        estimate_ = std::max(floor_, estimate_ * cfg_.slow_start_exit);
         adaptive_ = estimate_;
     } else if (reclaiming_) {
-        adaptive_ = std::max(cfg_.min_rps, estimate_ * cfg_.reclaim_hold_factor);
+        adaptive_ = std::max(floor_, estimate_ * cfg_.reclaim_hold_factor);
     } else {
-        adaptive_ = std::max(cfg_.min_rps, estimate_ * cfg_.decrease_factor);
+        adaptive_ = std::max(floor_, estimate_ * cfg_.decrease_factor);
     }
     if (cfg_.max_rps > 0) adaptive_ = std::min(adaptive_, cfg_.max_rps);
     dip_from_ = adaptive_;
@@ -301,7 +326,7 @@ void rate_control::on_response(time_point now, bool throttled, time_point sent_a
         last_increase_ = now;
         return;
     }
-    if (slow_start_) {
+    if (slow_start_ || rebound_) {
         // One doubling per step and per round trip: the answer must be to a request sent at the limit in
         // force.
         if (now - last_increase_ < cfg_.slow_start_step) return;

@@ -26,6 +26,10 @@
 //   requests in 429s, then climbs to the remembered rate in `reclaim` and past it by `regrow` × it per
 //   second: a limit raised back is found within a few seconds, one raised above anything seen within the
 //   last `recall` at the slow probe's pace.
+//   An episode that comes while demand did not reach the limit within `decrease_hold` before it (an injected
+//   or transient 429, another sender, a limit lowered below the demand) was not this process's rate emptying
+//   Stripe's bucket: the limit drops as for any other, then doubles back under pressure as in the slow start
+//   (`rebound`) until the next 429 measures the rate.
 //   The limit only moves while demand presses on it (a request had to wait): an idle process does not wake
 //   up with a limit it never tried. Sidecars sharing one Stripe account converge on shares of its limit
 //   without talking to each other; a 429 reaches one of them, not always the one probing, so N sidecars
@@ -40,7 +44,10 @@
 // limit, admits `share` of it (set_share) and counts each of its own answers as 1 / share of the account's
 // (so what it measures is the account's rate); the 429 episodes of the others reach it (on_peer_throttled)
 // and their demand lets it grow (note_peer_pressed). The others follow its limit (follow) and admit their
-// own share of it. The account probes and backs off as one sidecar would, with one sidecar's 429 share.
+// own share of it; a follower within `decrease_hold` of its own 429 keeps its decrease unless the leader's
+// figure is lower. The account's floor is `min_rps` for each peer (set_peers), as N sidecars pacing alone
+// never go below N × min_rps together: after a storm of 429s the probe climbs back from there as fast as
+// theirs. The account probes and backs off as one sidecar would, with one sidecar's 429 share.
 // Share 1 and leading (the default, no peers) is the law above unchanged.
 #pragma once
 
@@ -72,6 +79,7 @@ struct rate_config {
     std::chrono::milliseconds long_cycle{2000};  // 429s this far apart: the rate between them
     double victim_step = 0.05;  // a 429 while not probing lowers the estimate at most by this
     double regrow = 0.2;        // past the remembered rate: + this × it per second
+    bool rebound = true;        // an episode while demand did not reach the limit: double back under pressure
 };
 
 // What a peer sharing an account says of itself (billing/pace_peers.hpp carries it between processes).
@@ -104,11 +112,18 @@ class rate_control {
     // This process's share of the account's rate (0 < share ≤ 1; 1 without peers). Takes effect at once.
     void set_share(double share, time_point now);
     double share() const noexcept { return share_; }
+    // How many processes share the account (1 without peers): the account's limit never goes below min_rps
+    // for each, as N sidecars pacing alone never go below N × min_rps together.
+    void set_peers(std::size_t n) noexcept;
     // A peer sharing the account had a 429 episode: decrease as if it were ours, unless ours came within
     // `decrease_hold` (the same episode). Only while leading.
     void on_peer_throttled(time_point now);
     // A peer's demand reaches its admission: the account's limit may grow (the leader's own demand may not).
-    void note_peer_pressed() noexcept { pressed_ = true; }
+    void note_peer_pressed(time_point now) noexcept {
+        pressed_ = true;
+        pressed_at_ = now;
+        pressed_seen_ = true;
+    }
     // Follow the account's limit the leading peer runs the law for (its own 429s still decrease at once, and
     // the leader's figure is ignored for `decrease_hold` after one, until the leader has heard of it).
     void follow(double account_limit, time_point now);
@@ -133,6 +148,8 @@ class rate_control {
     // nothing limits.
     double limit() const noexcept;
     bool in_slow_start() const noexcept { return slow_start_; }
+    // Doubling back after a 429 episode that came while demand did not reach the limit (until the next one).
+    bool rebounding() const noexcept { return rebound_; }
     // Requests/s this process sent lately, and answers/s without a 429 (the last full second, else the
     // current partial one, at least 100 ms long), counted in the account's terms (each as 1 / share).
     double sent_rate(time_point now) const noexcept { return sent_.rate(now); }
@@ -172,6 +189,9 @@ class rate_control {
     bool pressed_ = false;      // a request had to wait since the limit last grew
     bool calibrating_ = false;  // since the slow start ended, until the next 429
     bool reclaiming_ = false;   // the last estimate was well below the remembered one
+    bool rebound_ = false;      // the last episode came while demand did not reach the limit
+    time_point pressed_at_{};   // when demand last reached the limit (this process's, or a peer's)
+    bool pressed_seen_ = false;
     double tokens_ = 1;
     time_point refilled_;
     time_point last_decrease_{};
@@ -186,6 +206,7 @@ class rate_control {
     time_point run_from_{};      // the first of the last run of close episodes
     double run_accepted_ = 0;    // answers without a 429 since then (weighted)
     double share_ = 1;
+    double floor_ = 0;  // the account's lowest limit: min_rps × peers
     bool following_ = false;
     bool pressed_since_ = false;  // for take_pressed()
     std::uint64_t own_episodes_ = 0;

@@ -411,6 +411,7 @@ class Consumers:
         self.max_in_flight = max_in_flight
         self.dsn = None  # --failover: both hosts, the writable one wins
         self.bank = False  # bank debits in the run: poll the rows left processing
+        self.extra = []  # --consume-arg
 
     def args(self, i=0):
         p = self.prof
@@ -433,7 +434,7 @@ class Consumers:
                 *(["--pg-dsn", self.dsn] if self.dsn else []),
                 # Consumer 1 runs its Stripe requests on the event loop (handshakes on the offload pool), the
                 # others all on the offload pool: both placements under the same chaos.
-                "--stripe-io", "loop" if i == 1 else "offload"]
+                "--stripe-io", "loop" if i == 1 else "offload", *self.extra]
 
     def start(self, i):
         self.incarnation[i] += 1
@@ -684,6 +685,7 @@ def run_seed(args, seed, profile_name):
         # Realistic latency so kills land during calls too.
         stripe.faults(latency_ms=40, latency_jitter_ms=160)
         cons = Consumers(work, args.build, nsqd, pg, stripe, prof, args.consumers, args.max_in_flight)
+        cons.extra = list(args.consume_arg)
         cons.bank = bank
         standby = None
         if args.failover != "none":
@@ -1247,6 +1249,7 @@ def main():
                     help="instead of the PostgreSQL restart: a streaming standby (pg_basebackup), the consumers "
                          "on a two-host DSN, the standby held behind for 2 s, the primary SIGKILLed and the "
                          "standby promoted; sync makes the primary wait for the standby")
+    ap.add_argument("--consume-arg", action="append", default=[], help="extra argument for every consume")
     ap.add_argument("--keep", action="store_true", help="keep the work directories of passing seeds")
     ap.add_argument("--json", action="store_true", help="print the per-seed reports as JSON lines on stdout")
     args = ap.parse_args()

@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <deque>
+#include <random>
 #include <tuple>
 #include <vector>
 
@@ -495,6 +496,101 @@ BOOST_AUTO_TEST_CASE(apply_peers_leads_or_follows) {
     BOOST_TEST(!follow_rc.following());
 }
 
+// A follower within decrease_hold of its own 429 keeps its decrease against the leader's figure, which may
+// not count that 429 yet, but takes a lower one at once (the leader's own decrease, deeper).
+BOOST_AUTO_TEST_CASE(a_follower_takes_a_lower_leader_limit_within_its_hold) {
+    rate_config c;
+    c.initial_rps = 30;
+    rate_control rc(c, t0);
+    peer_view peers[] = {{{true, 10}, 30, false}, {{true, 10}, 30, false}};
+    apply_peers(rc, peers, 2, 1, t0);
+    BOOST_TEST_REQUIRE(rc.following());
+    for (int i = 0; i < 30; ++i) {  // 15/s of its own accepted for 2 s: 30/s of the account's
+        auto t = t0 + std::chrono::milliseconds(66 * i);
+        rc.on_response(t, false, t);
+    }
+    auto t1 = t0 + 2s;
+    rc.on_response(t1, true, t1);
+    double own = rc.account_limit();
+    BOOST_TEST_REQUIRE(own > 4.0);
+    BOOST_TEST_REQUIRE(own < 30.0);
+    peers[0].account_limit = own * 2;  // the leader has not heard of it yet: ignored
+    apply_peers(rc, peers, 2, 1, t1 + 200ms);
+    BOOST_TEST(rc.account_limit() == own);
+    peers[0].account_limit = own / 2;  // lower: taken within the hold
+    apply_peers(rc, peers, 2, 1, t1 + 400ms);
+    BOOST_TEST(rc.account_limit() == own / 2, boost::test_tools::tolerance(1e-9));
+    BOOST_TEST(rc.limit() == own / 4, boost::test_tools::tolerance(1e-9));
+}
+
+// Three sidecars with a light demand (about `rate` requests/s each, answers in 40–200 ms) under a storm of
+// injected 429s (one request answered 429 on 60 % of the seconds, whatever the rate, as the chaos test's
+// faults) for 30 s, then a backlog of `backlog` requests each; a 429'd request is sent again 1 s later. The
+// seconds from the storm's end until every request is answered, sharing their state every `exchange`
+// (zero: each alone). No limit at Stripe: every 429 is a fault.
+double drain_after_a_storm(std::chrono::milliseconds exchange, unsigned seed, double rate = 3,
+                           int backlog = 60) {
+    std::mt19937 rng(seed);
+    auto uniform = [&] { return static_cast<double>(rng() >> 8) / 16777216.0; };
+    const int n = 3;
+    peer_exchange peers;
+    peers.every = exchange;
+    peers.init(n);
+    std::vector<rate_control> rcs;
+    for (int i = 0; i < n; ++i) rcs.emplace_back(rate_config{}, t0);
+    std::vector<std::deque<tp>> queue(n);
+    std::vector<std::deque<std::tuple<tp, bool, tp>>> pending(n);
+    int inject = 0;
+    auto next_fault = t0;
+    const auto storm_end = t0 + 30s;
+    for (auto t = t0; t < t0 + 600s; t += 1ms) {
+        if (t < storm_end) {
+            for (int i = 0; i < n; ++i)
+                if (uniform() < rate / 1000) queue[i].push_back(t);
+            if (t >= next_fault) {
+                if (uniform() < 0.6) inject = 1;
+                next_fault += 1s;
+            }
+        } else if (t == storm_end) {
+            for (int i = 0; i < n; ++i) queue[i].insert(queue[i].end(), static_cast<std::size_t>(backlog), t);
+        }
+        peers.tick(rcs, t, t0);
+        std::size_t left = 0;
+        for (int i = 0; i < n; ++i) {
+            auto& p = pending[i];
+            for (; !p.empty() && std::get<0>(p.front()) <= t; p.pop_front()) {
+                bool ok = std::get<1>(p.front());
+                rcs[i].on_response(t, !ok, std::get<2>(p.front()));
+                if (!ok) queue[i].push_back(t + 1s);
+            }
+            while (!queue[i].empty() && queue[i].front() <= t && rcs[i].try_take(t)) {
+                queue[i].pop_front();
+                bool ok = inject == 0;
+                if (!ok) --inject;
+                p.emplace_back(t + std::chrono::milliseconds(40 + static_cast<int>(uniform() * 160)), ok, t);
+            }
+            left += queue[i].size() + p.size();
+        }
+        if (t > storm_end && left == 0) return std::chrono::duration<double>(t - storm_end).count();
+    }
+    return 1e9;
+}
+
+// After a storm of injected 429s, three sidecars sharing their pacing drain the backlog no slower than
+// three pacing alone (over four seeds): the account's floor is min_rps for each peer, as it is for each
+// sidecar alone, so the probe that climbs back from it grows as three do. With one min_rps for the account
+// split three ways, the shared drain took 263 s of simulated time where alone took 179 s.
+BOOST_AUTO_TEST_CASE(sharing_sidecars_drain_a_backlog_after_a_429_storm_as_fast_as_alone) {
+    double alone = 0, shared = 0;
+    for (unsigned seed = 1; seed <= 4; ++seed) {
+        double a = drain_after_a_storm(0ms, seed), s = drain_after_a_storm(100ms, seed);
+        BOOST_TEST_MESSAGE("storm seed " << seed << ": drained " << a << " s alone, " << s << " s sharing");
+        alone += a;
+        shared += s;
+    }
+    BOOST_TEST(shared <= alone);
+}
+
 // One controller against `account` with a demand far past any limit (`per_ms` requests waiting every
 // 1 ms step: finite, since an unlimited controller admits all of them), answers after 5 ms, from `from`
 // for `span`. Returns what was accepted and refused.
@@ -565,6 +661,37 @@ BOOST_AUTO_TEST_CASE(a_429_while_not_probing_lowers_the_estimate_by_a_step) {
     double before = rc.estimate();
     rc.on_response(t + 1ms, true, t);
     BOOST_TEST(rc.estimate() == before * (1 - c.victim_step), boost::test_tools::tolerance(0.001));
+}
+
+// A 429 episode while demand did not reach the limit (an injected or transient 429, another sender) was not
+// this process's rate emptying Stripe's bucket: the limit drops as for any episode, then doubles back under
+// pressure every slow_start_step, as in the slow start, instead of climbing back over `recover` and probing
+// past an estimate measured at the demand's rate.
+BOOST_AUTO_TEST_CASE(a_429_while_demand_was_below_the_limit_doubles_back_under_pressure) {
+    rate_config c;
+    c.initial_rps = 0;
+    rate_control rc(c, t0);
+    server_bucket account{25, 25, 25, t0};
+    (void)drive(rc, account, t0, 30s);  // pressed at Stripe's 25/s
+    BOOST_TEST_REQUIRE(!rc.rebounding());
+    auto t = t0 + 30s + 250ms;
+    for (int i = 0; i < 20; ++i, t += 250ms) {  // 4/s for 5 s: below the limit, nothing waits
+        BOOST_TEST_REQUIRE(rc.try_take(t));
+        rc.on_response(t + 5ms, false, t);
+    }
+    BOOST_TEST_REQUIRE(rc.try_take(t));
+    rc.on_response(t + 5ms, true, t);
+    BOOST_TEST(rc.rebounding());
+    double dipped = rc.limit();
+    server_bucket open{1000, 1000, 1000, t + 10ms};
+    (void)drive(rc, open, t + 10ms, 1000ms);  // a backlog, nothing refused: four doublings in a second
+    BOOST_TEST(rc.limit() >= 8 * dipped);
+    // Pressed when the next 429 comes: an ordinary episode again.
+    t += 2s;
+    while (rc.try_take(t)) {
+    }
+    rc.on_response(t + 5ms, true, t);
+    BOOST_TEST(!rc.rebounding());
 }
 
 // A limit Stripe lowers: the 429s come close together and what Stripe accepted since the first of them is
