@@ -35,6 +35,7 @@ struct proxy_flags {
     double upstream_connect_timeout_s = 5;
     double upstream_timeout_s = 30;
     unsigned upstream_max_connections = 64;
+    unsigned max_forwarding = 0;
     std::size_t max_body_bytes = 64 * 1024;
     listener_flags listener;
     std::string same_key_window = "23h";
@@ -61,6 +62,7 @@ vault::proxy_config to_proxy_config(const proxy_flags& f) {
     c.connect_timeout = seconds_flag(f.upstream_connect_timeout_s);
     c.request_timeout = seconds_flag(f.upstream_timeout_s);
     c.max_connections = f.upstream_max_connections;
+    c.max_forwarding = f.max_forwarding;
     c.upstream_clients = f.rt.offload_threads;  // one HTTPS client (strand) per offload thread
     c.upstream_on_main = f.upstream_on_main;
     if (c.upstream_on_main) c.upstream_clients = 1;
@@ -174,6 +176,11 @@ void register_proxy(CLI::App& app, command_main& selected) {
                         "time for one forwarded request; past it the reservation is uncertain", 0.001, 600.0);
     cmd->add_option("--upstream-max-connections", f->upstream_max_connections, "pooled connections to Stripe")
         ->check(CLI::Range(1u, 4096u))
+        ->capture_default_str();
+    cmd->add_option("--max-forwarding", f->max_forwarding,
+                    "requests reserved and forwarded at once; past it a checked request waits, unreserved, "
+                    "within --upstream-timeout (0: twice --upstream-max-connections)")
+        ->check(CLI::Range(0u, 65536u))
         ->capture_default_str();
     cmd->add_option("--max-body-bytes", f->max_body_bytes, "largest create body accepted (larger: 413)")
         ->check(CLI::Range(std::size_t{256}, std::size_t{16 * 1024 * 1024}))

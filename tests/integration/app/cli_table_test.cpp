@@ -318,6 +318,18 @@ BOOST_AUTO_TEST_CASE(sanity_limits) {
          64,
          "--read-timeout x: not a duration",
          ""},
+        {"a proxy forwarding bound past its range",
+         {"proxy", "--max-forwarding", "70000"},
+         stripe_key,
+         64,
+         "--max-forwarding: Value 70000 not in range",
+         ""},
+        {"a proxy forwarding bound from the environment, past its range",
+         {"proxy"},
+         with(stripe_key, {{"CHARGEGUARD_MAX_FORWARDING", "-1"}}),
+         64,
+         "--max-forwarding: Value -1 not in range",
+         ""},
     });
     if (::geteuid() != 0) {
         auto locked = write_file("locked-secret", "s3cret\n");
