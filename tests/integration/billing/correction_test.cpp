@@ -22,9 +22,11 @@ using namespace std::chrono_literals;
 using namespace cg;
 using cg::test::delivery_of;
 using cg::test::event_json;
+using cg::test::first_sample;
 using cg::test::key_of;
 using cg::test::reason;
 using cg::test::run_async;
+using cg::test::watch_pending_age;
 
 namespace {
 
@@ -145,13 +147,6 @@ billing::sweeper_config sweep_now() {
     c.after = 0ms;  // any pending revision whose lease has expired counts as abandoned
     c.interval = 1h;
     return c;
-}
-
-double lease_lost(metrics::registry& reg) {
-    auto fams = test::parse_prometheus(reg.render());
-    auto it = fams.find("chargeguard_billing_lease_lost_total");
-    if (it == fams.end() || it->second.samples.size() != 1) return -1;
-    return it->second.samples[0].value;
 }
 
 void set_lease(fixture& f, const std::string& correction_key, const std::string& interval) {
@@ -438,23 +433,11 @@ BOOST_AUTO_TEST_CASE(a_revisions_lease_taken_over_during_a_refund_is_counted) {
     auto body = correction_json("cor-lost", "2026-11", 400, 1);
     f.fake->faults().latency_ms = 3000;
 
-    int touches = 0;
     bool taken = false;
-    billing::touch_fn touch = [&] {
-        if (++touches != 2) return;
-        asio::co_spawn(
-            f.io,
-            [&]() -> net::awaitable<void> {
-                auto r = co_await f.query(
-                    "UPDATE billing_corrections SET lease_epoch = lease_epoch + 1 WHERE key = $1",
-                    pg::params(base + "-r1"));
-                taken = r.has_value();
-            },
-            asio::detached);
-    };
+    auto touch = f.take_lease_at_second_touch("billing_corrections", base + "-r1", &taken);
     auto v = run_async(f.io, [&]() { return p->handle(delivery_of(body, "cl01", 1), touch); });
     BOOST_TEST_REQUIRE(taken);
-    BOOST_TEST(lease_lost(reg) == 1.0, reason(v));
+    BOOST_TEST(first_sample(reg, "chargeguard_billing_lease_lost_total") == 1.0, reason(v));
     BOOST_TEST(f.fake->refunds().size() == 1u);
     BOOST_TEST(refunded_on(f, orig) == 600);
 }
@@ -471,24 +454,12 @@ BOOST_AUTO_TEST_CASE(pending_age_counts_a_pending_revision_and_its_abandonment) 
     metrics::registry reg;
     billing::pending_age_monitor m(f.pg, reg, logger(), 20ms);
     m.watch_abandoned(0ms);
-    auto value = [&](const std::string& family) {
-        auto fams = test::parse_prometheus(reg.render());
-        auto it = fams.find(family);
-        return it == fams.end() || it->second.samples.empty() ? -1.0 : it->second.samples[0].value;
-    };
-    // The monitor has no completion event of its own: look after each of its periods until it has reported
-    // the ledger row, then for as many periods again (the revision comes from the same statement).
-    run_async(f.io, [&]() -> net::awaitable<void> {
-        m.start(f.io.get_executor());
-        net::steady_timer t(f.io);
-        int after = 0;
-        while (value("chargeguard_billing_pending_records") < 2.0 && after < 50) {
-            if (value("chargeguard_billing_pending_records") >= 1.0) ++after;
-            t.expires_after(20ms);
-            co_await t.async_wait();
-        }
-        co_await m.stop();
-    });
+    auto value = [&](const std::string& family) { return first_sample(reg, family); };
+    // The revision comes from the same statement as the ledger row: once the row is counted, a few more
+    // periods are ample.
+    watch_pending_age(
+        f, m, [&] { return value("chargeguard_billing_pending_records") >= 2.0; },
+        [&] { return value("chargeguard_billing_pending_records") >= 1.0; }, 50);
     BOOST_TEST(value("chargeguard_billing_pending_records") == 2.0);
     BOOST_TEST(value("chargeguard_billing_abandoned_records") == 1.0);
     BOOST_TEST(value("chargeguard_billing_oldest_abandoned_age_seconds") >= 0.0);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <memory>
@@ -12,10 +13,13 @@
 
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
+#include "billing/pending_age.hpp"
 #include "billing/pipeline.hpp"
+#include "metrics/registry.hpp"
 #include "net/boxed.hpp"
 #include "pg/migrations.hpp"
 #include "pg/pool.hpp"
+#include "support/prom_text.hpp"
 #include "support/run_async.hpp"
 #include "tests/integration/pg/support.hpp"
 #include "tests/integration/stripe/fake_fixture.hpp"
@@ -165,7 +169,50 @@ struct billing_fixture : fake_stripe_fixture {
     std::int64_t dead_letters(const std::string& message_id) {
         return scalar("SELECT count(*) FROM dead_letters WHERE nsq_message_id = $1", message_id);
     }
+
+    // Another worker taking a lease while this one's Stripe call is awaited: a touch function that, at its
+    // second call (the first renewal after the call began), moves the lease epoch of `table`'s row `key`.
+    // `*taken` is set once that statement has succeeded.
+    billing::touch_fn take_lease_at_second_touch(std::string table, std::string key, bool* taken) {
+        auto touches = std::make_shared<int>(0);
+        return [this, touches, table = std::move(table), key = std::move(key), taken] {
+            if (++*touches != 2) return;
+            asio::co_spawn(
+                io,
+                [this, sql = "UPDATE " + table + " SET lease_epoch = lease_epoch + 1 WHERE key = $1", key,
+                 taken]() -> net::awaitable<void> {
+                    auto r = co_await query(sql, pg::params(key));
+                    *taken = r.has_value();
+                },
+                asio::detached);
+        };
+    }
 };
+
+// The value of a metric family with one series (its first sample); -1 when it has none.
+inline double first_sample(metrics::registry& reg, const std::string& family) {
+    auto fams = test::parse_prometheus(reg.render());
+    auto it = fams.find(family);
+    return it == fams.end() || it->second.samples.empty() ? -1.0 : it->second.samples[0].value;
+}
+
+// Runs the pending-age monitor `m` (period ~20 ms) until `done()` holds, or for `periods` more periods after
+// `started()` first held: it has no completion event of its own, so the test looks after each period.
+template <typename Done, typename Started>
+void watch_pending_age(billing_fixture& f, billing::pending_age_monitor& m, Done done, Started started,
+                       int periods) {
+    run_async(f.io, [&]() -> net::awaitable<void> {
+        m.start(f.io.get_executor());
+        net::steady_timer t(f.io);
+        int after = 0;
+        while (!done() && after < periods) {
+            if (started()) ++after;
+            t.expires_after(std::chrono::milliseconds(20));
+            co_await t.async_wait();
+        }
+        co_await m.stop();
+    });
+}
 
 // A verdict's reason as its wire name ("ok", "declined", …), for readable assertions.
 inline std::string reason(const billing::verdict& v) {

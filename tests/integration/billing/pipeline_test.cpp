@@ -16,9 +16,11 @@ using namespace cg;
 using billing::verdict_reason;
 using cg::test::delivery_of;
 using cg::test::event_json;
+using cg::test::first_sample;
 using cg::test::key_of;
 using cg::test::reason;
 using cg::test::run_async;
+using cg::test::watch_pending_age;
 
 namespace {
 
@@ -430,20 +432,8 @@ BOOST_AUTO_TEST_CASE(a_lease_taken_over_during_the_call_is_counted) {
     auto body = event_json("acme-lost", "2026-11", 1450);
     auto key = key_of("acme-lost", "2026-11");
 
-    int touches = 0;
     bool taken = false;
-    billing::touch_fn touch = [&] {
-        if (++touches != 2) return;
-        asio::co_spawn(
-            f.io,
-            [&]() -> net::awaitable<void> {
-                auto r = co_await f.query(
-                    "UPDATE billing_records SET lease_epoch = lease_epoch + 1 WHERE key = $1",
-                    pg::params(key));
-                taken = r.has_value();
-            },
-            asio::detached);
-    };
+    auto touch = f.take_lease_at_second_touch("billing_records", key, &taken);
     auto v = run_async(f.io, [&]() { return p->handle(delivery_of(body, "1451", 1), touch); });
     BOOST_TEST_REQUIRE(taken);
     BOOST_TEST(unlabelled(reg, "chargeguard_billing_lease_lost_total") == 1.0);

@@ -18,9 +18,11 @@ using namespace cg;
 using billing::verdict_reason;
 using cg::test::delivery_of;
 using cg::test::event_json;
+using cg::test::first_sample;
 using cg::test::key_of;
 using cg::test::reason;
 using cg::test::run_async;
+using cg::test::watch_pending_age;
 
 namespace {
 
@@ -276,21 +278,9 @@ BOOST_AUTO_TEST_CASE(pending_age_reports_abandoned_rows_by_the_sweep_bound) {
     metrics::registry reg;
     billing::pending_age_monitor m(f.pg, reg, logger(), 20ms);
     m.watch_abandoned(0ms);
-    auto value = [&](const std::string& family) {
-        auto fams = test::parse_prometheus(reg.render());
-        auto it = fams.find(family);
-        return it == fams.end() || it->second.samples.empty() ? -1.0 : it->second.samples[0].value;
-    };
-    // The monitor has no completion event of its own: look after each of its periods until it has reported.
-    run_async(f.io, [&]() -> net::awaitable<void> {
-        m.start(f.io.get_executor());
-        net::steady_timer t(f.io);
-        while (value("chargeguard_billing_pending_records") != 2.0) {
-            t.expires_after(20ms);
-            co_await t.async_wait();
-        }
-        co_await m.stop();
-    });
+    auto value = [&](const std::string& family) { return first_sample(reg, family); };
+    auto both = [&] { return value("chargeguard_billing_pending_records") == 2.0; };
+    watch_pending_age(f, m, both, both, 1000);  // until the monitor has reported both rows
     BOOST_TEST(value("chargeguard_billing_abandoned_records") == 1.0);
     BOOST_TEST(value("chargeguard_billing_oldest_abandoned_age_seconds") >= 0.0);
 }
