@@ -21,7 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(size <= max_event_bytes);
     FUZZ_CHECK(!e->customer_id.empty() && e->customer_id.size() <= 255);
     FUZZ_CHECK(!e->billing_period.empty() && e->billing_period.size() <= 64);
-    FUZZ_CHECK(e->amount_cents >= 1 && e->amount_cents <= 99'999'999);
+    // A correction carries the period's new total, which may be 0 (everything refunded); a charge moves money.
+    FUZZ_CHECK(e->amount_cents >= (e->is_correction() ? 0 : 1) && e->amount_cents <= 99'999'999);
     FUZZ_CHECK(e->currency.size() == 3);
     for (char c : e->currency) FUZZ_CHECK(c >= 'a' && c <= 'z');
     FUZZ_CHECK(e->stripe_customer_id.starts_with("cus_"));
@@ -32,6 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(again->customer_id == e->customer_id && again->billing_period == e->billing_period &&
                again->amount_cents == e->amount_cents && again->currency == e->currency &&
                again->stripe_customer_id == e->stripe_customer_id && again->description == e->description &&
-               again->payment_method == e->payment_method && again->off_session == e->off_session);
+               again->payment_method == e->payment_method && again->off_session == e->off_session &&
+               again->stripe_account == e->stripe_account && again->revision == e->revision);
     return 0;
 }
