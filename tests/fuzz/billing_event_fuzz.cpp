@@ -21,7 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(size <= max_event_bytes);
     FUZZ_CHECK(!e->customer_id.empty() && e->customer_id.size() <= 255);
     FUZZ_CHECK(!e->billing_period.empty() && e->billing_period.size() <= 64);
-    // A correction carries the period's new total, which may be 0 (everything refunded); a charge moves money.
+    // A correction carries the period's new total, which may be 0 (everything refunded); a charge moves
+    // money.
     FUZZ_CHECK(e->amount_cents >= (e->is_correction() ? 0 : 1) && e->amount_cents <= 99'999'999);
     FUZZ_CHECK(e->currency.size() == 3);
     for (char c : e->currency) FUZZ_CHECK(c >= 'a' && c <= 'z');
