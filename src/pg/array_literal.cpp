@@ -32,8 +32,7 @@ std::string int_literal(std::span<const T> values) {
 }
 
 // Text elements are always quoted: backslash and double quote escaped, everything else as is (array_in reads
-// any byte inside quotes literally once unescaped). Written at the literal's exact length (escapes counted
-// first), element by element.
+// any byte inside quotes literally once unescaped); NULL is bare.
 std::string_view view_of(std::string_view v) {
     return v;
 }
@@ -48,46 +47,41 @@ std::optional<std::string_view> view_of(const std::optional<std::string_view>& v
     return v;
 }
 
-std::size_t escapes(std::string_view v) {
-    std::size_t n = 0;
-    for (char c : v) n += (c == '"' || c == '\\') ? 1 : 0;
-    return n;
+std::size_t unescaped_size(std::string_view v) {
+    return v.size() + 2;
+}
+std::size_t unescaped_size(const std::optional<std::string_view>& v) {
+    return v ? unescaped_size(*v) : 4;
 }
 
-std::size_t text_size(std::string_view v) {
-    return v.size() + 2 + escapes(v);
-}
-std::size_t text_size(const std::optional<std::string_view>& v) {
-    return v ? text_size(*v) : 4;
-}
-
-char* put_text(char* p, std::string_view v) {
-    *p++ = '"';
+void append_text(std::string& out, std::string_view v) {
+    out.push_back('"');
     for (char c : v) {
-        if (c == '"' || c == '\\') *p++ = '\\';
-        *p++ = c;
+        if (c == '"' || c == '\\') out.push_back('\\');
+        out.push_back(c);
     }
-    *p++ = '"';
-    return p;
+    out.push_back('"');
 }
-char* put_text(char* p, const std::optional<std::string_view>& v) {
-    if (v) return put_text(p, *v);
-    for (char c : std::string_view("NULL")) *p++ = c;
-    return p;
+void append_text(std::string& out, const std::optional<std::string_view>& v) {
+    if (v)
+        append_text(out, *v);
+    else
+        out += "NULL";
 }
 
+// Reserved for the elements and their separators without escapes (rare: a literal with some grows once).
 template <typename T>
 std::string text_literal(std::span<const T> values) {
-    std::size_t size = 2 + (values.empty() ? 0 : values.size() - 1);
-    for (const auto& v : values) size += text_size(view_of(v));
-    std::string out(size, '\0');
-    char* p = out.data();
-    *p++ = '{';
+    std::size_t size = 2 + values.size();
+    for (const auto& v : values) size += unescaped_size(view_of(v));
+    std::string out;
+    out.reserve(size);
+    out.push_back('{');
     for (std::size_t i = 0; i < values.size(); ++i) {
-        if (i) *p++ = ',';
-        p = put_text(p, view_of(values[i]));
+        if (i) out.push_back(',');
+        append_text(out, view_of(values[i]));
     }
-    *p++ = '}';
+    out.push_back('}');
     return out;
 }
 
