@@ -2,6 +2,7 @@
 
 #include <asio/co_spawn.hpp>
 
+#include "billing/abandoned_sql.hpp"
 #include "metrics/registry.hpp"
 #include "net/stoppable_task.hpp"
 #include "net/timeout.hpp"
@@ -14,20 +15,23 @@ namespace {
 // watch_abandoned(); an abandoned row or revision is what the sweeper selects (sweeper.cpp): no live lease
 // and no sign of life — a row's update or lease, a revision's start, lease or move's Stripe attempt — for
 // longer than the bound.
-const std::string age_sql =
-    "SELECT count(*), coalesce((extract(epoch FROM now() - min(since)) * 1000)::bigint, 0), "
-    "count(*) FILTER (WHERE abandoned), "
-    "coalesce((extract(epoch FROM now() - min(active) FILTER (WHERE abandoned)) * 1000)::bigint, 0) "
-    "FROM (SELECT since, active, $1::bigint IS NOT NULL AND unleased "
-    "AND active < now() - $1::bigint * interval '1 millisecond' AS abandoned FROM ("
-    "SELECT created_at AS since, greatest(updated_at, coalesce(lease_until, updated_at)) AS active, "
-    "(lease_until IS NULL OR lease_until < now()) AS unleased FROM billing_records WHERE status = 'pending' "
-    "UNION ALL "
-    "SELECT coalesce(c.started_at, c.created_at), greatest(c.started_at, c.lease_until, mv.last_attempt), "
-    "(c.lease_until IS NULL OR c.lease_until < now()) FROM billing_corrections c "
-    "CROSS JOIN LATERAL (SELECT max(m.last_stripe_attempt_at) AS last_attempt "
-    "FROM billing_correction_moves m WHERE m.correction_key = c.key) mv WHERE c.status = 'pending') AS u) AS "
-    "p";
+const std::string& age_sql() {
+    using namespace abandoned_sql;
+    static const std::string sql =
+        "SELECT count(*), coalesce((extract(epoch FROM now() - min(since)) * 1000)::bigint, 0), "
+        "count(*) FILTER (WHERE abandoned), "
+        "coalesce((extract(epoch FROM now() - min(active) FILTER (WHERE abandoned)) * 1000)::bigint, 0) "
+        "FROM (SELECT since, active, $1::bigint IS NOT NULL AND unleased "
+        "AND active < now() - $1::bigint * interval '1 millisecond' AS abandoned FROM ("
+        "SELECT created_at AS since, " +
+        record_active + " AS active, " + record_unleased +
+        " AS unleased FROM billing_records WHERE status = 'pending' "
+        "UNION ALL "
+        "SELECT coalesce(c.started_at, c.created_at), " +
+        revision_active + ", " + revision_unleased + " FROM billing_corrections c " + revision_moves_join +
+        " WHERE c.status = 'pending') AS u) AS p";
+    return sql;
+}
 }  // namespace
 
 struct pending_age_monitor::state {
@@ -54,7 +58,7 @@ net::awaitable<void> query_once(state_ptr st) {
         st->log.warn("pending age query: no connection", {{"error", c.err().describe()}});
         co_return;
     }
-    auto r = co_await (*c)->query(age_sql, st->abandoned_after_ms);
+    auto r = co_await (*c)->query(age_sql(), st->abandoned_after_ms);
     if (!r) {
         st->errors->Increment();
         st->log.warn("pending age query failed", {{"error", r.err().describe()}});

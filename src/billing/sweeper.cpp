@@ -4,6 +4,7 @@
 #include <asio/co_spawn.hpp>
 #include <vector>
 
+#include "billing/abandoned_sql.hpp"
 #include "billing/correction_ledger.hpp"
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
@@ -36,15 +37,14 @@ namespace {
 // whole-row statements read them (stored columns, remaining lease, lease epoch) plus the event's other
 // fields. The partial index billing_records_pending_lease_idx holds the pending rows.
 const std::string& abandoned_sql() {
+    using namespace abandoned_sql;
     static const std::string sql =
         "SELECT " + stored_record_columns() +
         ", greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch, "
         "description, payment_method, off_session "
-        "FROM billing_records WHERE status = 'pending' AND key_namespace = $1::text "
-        "AND (lease_until IS NULL OR lease_until < now()) "
-        "AND greatest(updated_at, coalesce(lease_until, updated_at)) < now() - $2::bigint * interval "
-        "'1 millisecond' "
-        "ORDER BY greatest(updated_at, coalesce(lease_until, updated_at)) LIMIT $3::bigint";
+        "FROM billing_records WHERE status = 'pending' AND key_namespace = $1::text AND " +
+        record_unleased + " AND " + record_active +
+        " < now() - $2::bigint * interval '1 millisecond' ORDER BY " + record_active + " LIMIT $3::bigint";
     return sql;
 }
 
@@ -54,16 +54,13 @@ const std::string& abandoned_sql() {
 // (last_stripe_attempt_at) — for longer than $2 ms; of originals in this key namespace. The revision's raw
 // body is its event.
 const std::string& abandoned_corrections_sql() {
+    using namespace abandoned_sql;
     static const std::string sql =
         "SELECT c.key, c.base_key, c.raw_body FROM billing_corrections c "
-        "JOIN billing_records r ON r.key = c.base_key "
-        "CROSS JOIN LATERAL (SELECT max(m.last_stripe_attempt_at) AS last_attempt "
-        "FROM billing_correction_moves m WHERE m.correction_key = c.key) mv "
-        "WHERE c.status = 'pending' AND r.key_namespace = $1::text "
-        "AND (c.lease_until IS NULL OR c.lease_until < now()) "
-        "AND greatest(c.started_at, c.lease_until, mv.last_attempt) < now() - $2::bigint * interval "
-        "'1 millisecond' "
-        "ORDER BY greatest(c.started_at, c.lease_until, mv.last_attempt) LIMIT $3::bigint";
+        "JOIN billing_records r ON r.key = c.base_key " +
+        revision_moves_join + " WHERE c.status = 'pending' AND r.key_namespace = $1::text AND " +
+        revision_unleased + " AND " + revision_active +
+        " < now() - $2::bigint * interval '1 millisecond' ORDER BY " + revision_active + " LIMIT $3::bigint";
     return sql;
 }
 

@@ -1,0 +1,24 @@
+// What makes a pending ledger row or correction revision abandoned, as SQL fragments: the sweeper selects by
+// it (sweeper.cpp) and the pending-age gauges count by it (pending_age.cpp), so both use these.
+#pragma once
+
+#include <string>
+
+namespace cg::billing::abandoned_sql {
+
+// A pending billing_records row's last sign of life: its last update, or the end of its lease.
+inline const std::string record_active = "greatest(updated_at, coalesce(lease_until, updated_at))";
+// The row holds no live lease (it expired, was released or was never taken).
+inline const std::string record_unleased = "(lease_until IS NULL OR lease_until < now())";
+
+// The newest Stripe attempt or renewal among the moves of revision `c`, as mv.last_attempt: joined after
+// `FROM billing_corrections c`.
+inline const std::string revision_moves_join =
+    "CROSS JOIN LATERAL (SELECT max(m.last_stripe_attempt_at) AS last_attempt "
+    "FROM billing_correction_moves m WHERE m.correction_key = c.key) mv";
+// A pending revision's last sign of life: planned (started_at), leased or released (lease_until; a release
+// sets it just in the past), or a move's Stripe attempt or renewal.
+inline const std::string revision_active = "greatest(c.started_at, c.lease_until, mv.last_attempt)";
+inline const std::string revision_unleased = "(c.lease_until IS NULL OR c.lease_until < now())";
+
+}  // namespace cg::billing::abandoned_sql
