@@ -2,6 +2,8 @@
 
 #include <asio/co_spawn.hpp>
 
+#include "core/error.hpp"
+
 namespace cg::billing {
 
 lease_keeper::lease_keeper(const asio::any_io_executor& ex, std::chrono::milliseconds interval,
