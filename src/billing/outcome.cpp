@@ -39,6 +39,8 @@ std::string_view to_string(verdict_reason r) noexcept {
             return "correction_noop";
         case verdict_reason::requeued_waiting:
             return "requeued_waiting";
+        case verdict_reason::needs_authentication:
+            return "needs_authentication";
     }
     return "?";
 }
@@ -48,6 +50,11 @@ std::chrono::milliseconds backoff_delay(const backoff& b, std::int32_t attempts)
     auto first = std::max(b.initial, std::chrono::milliseconds(1));
     return net::backoff_delay({first, b.max, net::jitter::none},
                               static_cast<std::uint64_t>(std::max(attempts, 1)));
+}
+
+bool needs_authentication(const stripe::charge_outcome& out) noexcept {
+    return out.error.code == "authentication_required" ||
+           (out.intent && out.intent->status == "requires_action");
 }
 
 charge_step step_for(stripe::outcome_class c) noexcept {

@@ -32,8 +32,9 @@ enum class verdict_reason {
     refunded,                     // a correction's refunds made (or found made at Stripe); FIN
     correction_noop,              // a correction with nothing to do: superseded, nothing to move, …; FIN
     requeued_waiting,             // a correction waits for its predecessor (or the original charge)
+    needs_authentication,         // declined until retried: the customer must authenticate the payment
 };
-inline constexpr std::size_t verdict_reason_count = 15;
+inline constexpr std::size_t verdict_reason_count = 16;
 std::string_view to_string(verdict_reason r) noexcept;
 
 struct verdict {
@@ -75,6 +76,12 @@ charge_step step_for(stripe::outcome_class c) noexcept;
 // The step for a whole outcome: a success whose payment is still in flight is mark_processing.
 charge_step step_for(const stripe::charge_outcome& out) noexcept;
 std::string_view to_string(charge_step s) noexcept;
+
+// A decline that only the customer can lift by authenticating (3-D Secure and the like): Stripe's 402
+// authentication_required on an off-session confirmation, or an intent left requires_action by an on-session
+// one. The row is declined like any decline; the verdict, its metric and its log line tell it apart, because
+// the way out is the customer's authentication and then a retry of the key, not a new card.
+bool needs_authentication(const stripe::charge_outcome& out) noexcept;
 
 // POST /v1/charges for an event: Idempotency-Key = stripe_idempotency_key(base, generation); metadata always
 // carries the base key (so a search finds a charge of any generation), customer_id and billing_period.

@@ -276,6 +276,11 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
             if (!out.charge_id.empty()) id = out.charge_id;
             auto m = co_await ledger_.mark_declined(r.key, id, out.message, intent_of(out));
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
+            if (needs_authentication(out)) {
+                r.log.warn("declined until the customer authenticates the payment and the key is retried",
+                           {{"payment_intent_id", out.payment_intent_id}});
+                co_return verdict::finish(verdict_reason::needs_authentication, out.message);
+            }
             co_return verdict::finish(verdict_reason::declined, out.message);
         }
         case charge_step::mark_cap_blocked: {

@@ -193,8 +193,13 @@ net::awaitable<verdict> pipeline::settle_found(run& r, const recovery_found& f) 
             auto m = co_await ledger_.mark_declined(
                 r.key, f.charge_id, "declined (found by search): " + f.decline, f.payment_intent_id);
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
+            const bool authenticate = f.intent && (f.intent->status == "requires_action" ||
+                                                   f.intent->last_error_code == "authentication_required");
+            if (authenticate)
+                r.log.warn("declined until the customer authenticates the payment and the key is retried",
+                           {{"payment_intent_id", f.intent->id}});
             co_return verdict::finish(
-                verdict_reason::declined,
+                authenticate ? verdict_reason::needs_authentication : verdict_reason::declined,
                 f.intent ? "found " + f.decline : "found declined charge " + f.charge->id);
         }
         case found_step::still_open: {

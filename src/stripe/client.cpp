@@ -300,10 +300,20 @@ std::string charge_form(const charge_request& req) {
     return create_form(req.amount, req.currency, req.customer, {}, req.description, req.metadata);
 }
 
+// Since API version 2023-08-16 an intent created without `payment_method_types` accepts the payment methods
+// enabled in the Dashboard, redirect-based ones included, and Stripe refuses to confirm it without a
+// `return_url`. A server-side confirmation has no page to return to, so it enables automatic payment methods
+// with redirects never allowed: every method that can be charged without the customer present (cards and the
+// bank debits: us_bank_account, sepa_debit, bacs_debit, acss_debit, au_becs_debit, link) stays accepted, on
+// the pinned version and on older ones alike, and nothing that needs a redirect can be confirmed.
 std::string intent_form(const payment_intent_request& req) {
     form_map extra;
     if (!req.payment_method.empty()) extra.emplace_back("payment_method", req.payment_method);
-    if (req.confirm) extra.emplace_back("confirm", "true");
+    if (req.confirm) {
+        extra.emplace_back("automatic_payment_methods",
+                           form_map{{"enabled", "true"}, {"allow_redirects", "never"}});
+        extra.emplace_back("confirm", "true");
+    }
     if (req.off_session) extra.emplace_back("off_session", "true");
     return create_form(req.amount, req.currency, req.customer, std::move(extra), req.description,
                        req.metadata);

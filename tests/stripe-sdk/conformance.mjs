@@ -61,8 +61,9 @@ async function check(name, fn) {
 
 try {
   const port = await portOf(child);
+  // chargeguard's pinned API version (--stripe-version): objects are read and requests checked in it.
   const stripe = new Stripe('sk_test_conformance', {
-    host: '127.0.0.1', port, protocol: 'https', maxNetworkRetries: 0, telemetry: false,
+    host: '127.0.0.1', port, protocol: 'https', maxNetworkRetries: 0, telemetry: false, apiVersion: '2024-06-20',
   });
   const params = {
     amount: 4200, currency: 'usd', customer: 'cus_sdk', description: 'conformance',
@@ -137,9 +138,28 @@ try {
       (e) => e instanceof Stripe.errors.StripeInvalidRequestError && e.statusCode === 404);
   });
 
+  await check('a confirmation that may redirect needs a return_url on the pinned version', async () => {
+    const request = {
+      amount: 1400, currency: 'usd', customer: 'cus_sdk', payment_method: 'pm_card_visa',
+      confirm: true, off_session: true, metadata: { billing_key: 'bk-sdk-pi-0' },
+    };
+    await assert.rejects(stripe.paymentIntents.create(request, { idempotencyKey: 'sdk-key-pi-0' }),
+      (e) => {
+        assert.ok(e instanceof Stripe.errors.StripeInvalidRequestError, `got ${e.constructor.name}`);
+        assert.equal(e.statusCode, 400);
+        assert.match(e.message, /return_url/);
+        return true;
+      });
+    // An account on a version before automatic payment methods became the default takes the same request.
+    const older = await stripe.paymentIntents.create(request,
+      { idempotencyKey: 'sdk-key-pi-0-old', apiVersion: '2023-02-16' });
+    assert.equal(older.status, 'succeeded');
+  });
+
   await check('off-session PaymentIntent confirms into a charge', async () => {
     const pi = await stripe.paymentIntents.create({
       amount: 1500, currency: 'usd', customer: 'cus_sdk', payment_method: 'pm_card_visa',
+      automatic_payment_methods: { enabled: true, allow_redirects: 'never' },
       confirm: true, off_session: true, metadata: { billing_key: 'bk-sdk-pi' },
     }, { idempotencyKey: 'sdk-key-5' });
     assert.match(pi.id, /^pi_/);
@@ -154,6 +174,7 @@ try {
     await assert.rejects(
       stripe.paymentIntents.create({
         amount: 1600, currency: 'usd', customer: 'cus_sca', payment_method: 'pm_card_authenticationRequired',
+        automatic_payment_methods: { enabled: true, allow_redirects: 'never' },
         confirm: true, off_session: true, metadata: { billing_key: 'bk-sdk-sca' },
       }, { idempotencyKey: 'sdk-key-6' }),
       (e) => {
@@ -171,6 +192,7 @@ try {
   await check('on-session PaymentIntent needing authentication stops at requires_action', async () => {
     const pi = await stripe.paymentIntents.create({
       amount: 1700, currency: 'usd', customer: 'cus_sca', payment_method: 'pm_card_authenticationRequired',
+      automatic_payment_methods: { enabled: true, allow_redirects: 'never' },
       confirm: true, metadata: { billing_key: 'bk-sdk-sca-2' },
     }, { idempotencyKey: 'sdk-key-7' });
     assert.equal(pi.status, 'requires_action');
@@ -265,6 +287,7 @@ try {
   await check('a failing bank debit ends payment_failed with the bank code', async () => {
     const pi = await stripe.paymentIntents.create({
       amount: 2600, currency: 'usd', customer: 'cus_sdk', payment_method: 'pm_usBankAccount_insufficientFunds',
+      automatic_payment_methods: { enabled: true, allow_redirects: 'never' },
       confirm: true, off_session: true, metadata: { billing_key: 'bk-sdk-ach-nsf' },
     }, { idempotencyKey: 'sdk-key-ach-nsf' });
     assert.equal(pi.status, 'processing');
@@ -305,6 +328,7 @@ try {
   await check('a dispute opened on a charge blocks its refund', async () => {
     const pi = await stripe.paymentIntents.create({
       amount: 2700, currency: 'usd', customer: 'cus_sdk', payment_method: 'pm_card_visa',
+      automatic_payment_methods: { enabled: true, allow_redirects: 'never' },
       confirm: true, off_session: true, metadata: { billing_key: 'bk-sdk-dispute' },
     }, { idempotencyKey: 'sdk-key-dispute' });
     const dp = await adminPost(port, '/_admin/disputes', { charge: pi.latest_charge });

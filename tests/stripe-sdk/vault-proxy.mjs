@@ -87,7 +87,7 @@ try {
   await check('paymentIntents.create (off-session, confirmed) through the proxy', async () => {
     const pi = await stripe.paymentIntents.create({
       amount: 4000, currency: 'usd', customer: 'cus_sdk_vault', payment_method: 'pm_card_visa',
-      confirm: true, off_session: true,
+      automatic_payment_methods: { enabled: true, allow_redirects: 'never' }, confirm: true, off_session: true,
     }, { idempotencyKey: 'vault-sdk-pi' });
     assert.match(pi.id, /^pi_/);
     assert.equal(pi.status, 'succeeded');

@@ -309,7 +309,93 @@ std::string cancelled_intent_id(const std::string& path) {
     return id.find('/') == std::string::npos ? id : std::string();
 }
 
-std::optional<http::response> validate(const std::string& path, const params& p) {
+// The payment method types a PaymentIntent create accepts, per Stripe's rules for `version`: an explicit
+// `payment_method_types[]`; else automatic payment methods when asked for, and by default from API version
+// 2023-08-16 on; else (an older version, nothing asked) ["card"]. Only what the fake can tell apart matters:
+// whether a bank debit is allowed and whether redirect-based methods are (automatic, allow_redirects not
+// never).
+struct intent_methods {
+    bool automatic = false;
+    bool redirects = false;
+    std::vector<std::string> types;  // explicit or the ["card"] default; empty when automatic
+};
+
+intent_methods methods_of(const params& p, std::string_view version) {
+    intent_methods m;
+    for (const auto& [k, v] : p)
+        if (k.starts_with("payment_method_types[")) m.types.push_back(v);
+    auto enabled = p.find("automatic_payment_methods[enabled]");
+    if (enabled != p.end())
+        m.automatic = enabled->second == "true";
+    else
+        m.automatic = m.types.empty() && version >= "2023-08-16";
+    if (m.automatic) {
+        m.redirects = param(p, "automatic_payment_methods[allow_redirects]") != "never";
+        m.types.clear();
+    } else if (m.types.empty()) {
+        m.types.push_back("card");
+    }
+    return m;
+}
+
+std::optional<http::response> validate_intent(const params& p, std::string_view version) {
+    auto bad = validate_common(
+        p, {"amount", "currency", "customer", "description", "metadata", "expand", "payment_method",
+            "confirm", "off_session", "payment_method_types", "automatic_payment_methods", "return_url"});
+    if (bad) return bad;
+    const bool confirm = param(p, "confirm") == "true";
+    if (p.count("off_session") && !confirm)
+        return error_response(400, "invalid_request_error", "parameter_invalid",
+                              "off_session can only be used when confirm=true", "off_session");
+    if (confirm && param(p, "payment_method").empty())
+        return error_response(400, "invalid_request_error", "parameter_missing",
+                              "A payment method is required to confirm this PaymentIntent", "payment_method");
+    const bool has_types = std::any_of(
+        p.begin(), p.end(), [](const auto& kv) { return kv.first.starts_with("payment_method_types["); });
+    if (has_types && param(p, "automatic_payment_methods[enabled]") == "true")
+        return error_response(400, "invalid_request_error", "",
+                              "You may only specify one of these parameters: automatic_payment_methods, "
+                              "payment_method_types.");
+    auto redirects = p.find("automatic_payment_methods[allow_redirects]");
+    if (redirects != p.end() && redirects->second != "always" && redirects->second != "never")
+        return error_response(
+            400, "invalid_request_error", "parameter_invalid",
+            "Invalid automatic_payment_methods[allow_redirects]: must be one of always or never",
+            "automatic_payment_methods[allow_redirects]");
+    if (p.count("return_url") && !confirm)
+        return error_response(
+            400, "invalid_request_error", "",
+            "The parameter `return_url` cannot be passed when creating a PaymentIntent unless "
+            "`confirm` is set to true.",
+            "return_url");
+    const auto methods = methods_of(p, version);
+    const std::string pm_type = async_method_of(param(p, "payment_method")) ? "us_bank_account" : "card";
+    if (!methods.automatic && !param(p, "payment_method").empty() &&
+        std::find(methods.types.begin(), methods.types.end(), pm_type) == methods.types.end()) {
+        std::string allowed;
+        for (const auto& t : methods.types) allowed += (allowed.empty() ? "" : ", ") + t;
+        return error_response(
+            400, "invalid_request_error", "payment_intent_incompatible_payment_method",
+            "The PaymentMethod provided (" + pm_type +
+                ") is not allowed for this PaymentIntent. Please attach a PaymentMethod of one "
+                "of the following types: " +
+                allowed + ".",
+            "payment_method");
+    }
+    if (confirm && param(p, "return_url").empty() && methods.redirects)
+        return error_response(
+            400, "invalid_request_error", "",
+            "A `return_url` must be specified because this Payment Intent is configured to automatically "
+            "accept "
+            "the payment methods enabled in the Dashboard, some of which may require a full page redirect to "
+            "succeed. If you do not want to accept redirect-based payment methods, set "
+            "`automatic_payment_methods[enabled]` to `true` and `automatic_payment_methods[allow_redirects]` "
+            "to "
+            "`never` when creating Setup Intents and Payment Intents.");
+    return std::nullopt;
+}
+
+std::optional<http::response> validate(const std::string& path, const params& p, std::string_view version) {
     if (!cancelled_intent_id(path).empty()) {
         for (const auto& [k, v] : p) {
             auto top = k.substr(0, k.find('['));
@@ -349,19 +435,7 @@ std::optional<http::response> validate(const std::string& path, const params& p)
     if (path == "/v1/charges")
         return validate_common(p, {"amount", "currency", "customer", "description", "metadata", "expand",
                                    "capture", "statement_descriptor", "receipt_email", "source"});
-    if (path == "/v1/payment_intents") {
-        auto bad = validate_common(p, {"amount", "currency", "customer", "description", "metadata", "expand",
-                                       "payment_method", "confirm", "off_session", "payment_method_types"});
-        if (bad) return bad;
-        if (p.count("off_session") && param(p, "confirm") != "true")
-            return error_response(400, "invalid_request_error", "parameter_invalid",
-                                  "off_session can only be used when confirm=true", "off_session");
-        if (param(p, "confirm") == "true" && param(p, "payment_method").empty())
-            return error_response(400, "invalid_request_error", "parameter_missing",
-                                  "A payment method is required to confirm this PaymentIntent",
-                                  "payment_method");
-        return std::nullopt;
-    }
+    if (path == "/v1/payment_intents") return validate_intent(p, version);
     return error_response(404, "invalid_request_error", "resource_missing",
                           "Unrecognized request URL (POST: " + path + ")");
 }
@@ -698,7 +772,10 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
         }
     }
     // Validation failures are not saved: the same key may be used again with fixed parameters.
-    if (auto bad = validate(path, p)) co_return std::move(*bad);
+    // The API version the request is rendered and validated in: its Stripe-Version, else the account's
+    // default.
+    const std::string version(req.headers.get("Stripe-Version").value_or(default_api_version_));
+    if (auto bad = validate(path, p, version)) co_return std::move(*bad);
     if (!account.empty() && (path == "/v1/charges" || path == "/v1/payment_intents")) {
         // A connected account has only its own customers (the platform's are not shared).
         const auto& known = accounts_[account];

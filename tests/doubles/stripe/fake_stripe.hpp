@@ -149,6 +149,8 @@ class fake_stripe {
         auto it = account_limiters_.find(account);
         return it == account_limiters_.end() ? nullptr : &it->second;
     }
+    // The API version of requests that send no Stripe-Version (an account's default version).
+    void set_default_api_version(std::string v) { default_api_version_ = std::move(v); }
     void advance_clock(std::chrono::seconds by) noexcept { clock_offset_ += by; }
     std::int64_t now() const;  // unix seconds on the fake clock
     const std::vector<charge_rec>& charges() const noexcept { return charges_; }
@@ -245,6 +247,7 @@ class fake_stripe {
     // The account the request (or admin step) being executed acts in: objects made now live there, events
     // emitted now carry it. Set and cleared without a suspension in between.
     std::string cur_account_;
+    std::string default_api_version_ = "2024-06-20";
     std::map<std::string, std::vector<std::string>> accounts_;  // connected account → its customers
     std::map<std::string, idem_rec> idem_;
     std::map<std::string, int> posts_;

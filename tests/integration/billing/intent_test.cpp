@@ -79,7 +79,7 @@ BOOST_AUTO_TEST_CASE(authentication_required_off_session_is_a_final_decline) {
     auto body = intent_event("pi-2", "2026-11", 500, "cus_sca");
     auto v = f.handle(*p, delivery_of(body, "2a02"));
     BOOST_TEST(v.finished());
-    BOOST_TEST(reason(v) == "declined", v.detail);
+    BOOST_TEST(reason(v) == "needs_authentication", v.detail);
     BOOST_TEST(v.detail.find("authentication_required") != std::string::npos, v.detail);
     BOOST_TEST_REQUIRE(f.fake->intents().size() == 1u);
     auto rec = f.row(key);
@@ -99,7 +99,7 @@ BOOST_AUTO_TEST_CASE(requires_action_on_session_is_a_decline) {
     auto key = key_of("pi-3", "2026-11");
     auto v = f.handle(
         *p, delivery_of(intent_event("pi-3", "2026-11", 600, "cus_sca", R"(,"off_session":false)"), "2a03"));
-    BOOST_TEST(reason(v) == "declined", v.detail);
+    BOOST_TEST(reason(v) == "needs_authentication", v.detail);
     BOOST_TEST(v.detail.find("requires_action") != std::string::npos, v.detail);
     BOOST_TEST(f.fake->charges().empty());
     BOOST_TEST_REQUIRE(f.fake->intents().size() == 1u);
@@ -125,7 +125,7 @@ BOOST_AUTO_TEST_CASE(recovery_finds_an_intent_that_made_no_charge) {
     BOOST_TEST(f.fake->charges().empty());
 
     auto v2 = f.handle(*p, delivery_of(body, "2a04", 2));
-    BOOST_TEST(reason(v2) == "declined", v2.detail);
+    BOOST_TEST(reason(v2) == "needs_authentication", v2.detail);
     BOOST_TEST(v2.detail.find("requires_action") != std::string::npos, v2.detail);
     BOOST_TEST(f.fake->intents().size() == 1u);
     BOOST_TEST(f.fake->posts_for(key + "-g2") == 0);

@@ -402,6 +402,54 @@ BOOST_AUTO_TEST_CASE(payment_intent_and_retrieval) {
     });
 }
 
+// Since API version 2023-08-16 an intent without payment_method_types accepts the Dashboard's payment
+// methods, redirect-based ones included, and Stripe refuses to confirm it without a return_url. The request
+// chargeguard sent before (confirm + off_session + payment_method only) is refused on the pinned version and
+// taken on an older one; the request it sends now (automatic payment methods, redirects never) is taken on
+// both, for a card and for a bank debit.
+BOOST_AUTO_TEST_CASE(a_confirmed_intent_needs_no_return_url_on_the_pinned_version) {
+    fixture f;
+    auto pinned = f.client();
+    auto old_cfg = f.config();
+    old_cfg.stripe_version = "2023-02-16";
+    auto older = f.client(old_cfg);
+    run_async(f.io, [&]() -> asio::awaitable<void> {
+        const std::string before =
+            "amount=900&currency=usd&customer=cus_ok&payment_method=pm_card_visa&confirm=true&off_session="
+            "true";
+        auto refused = co_await pinned->call("POST", "/v1/payment_intents", before, "pi-before-pinned");
+        BOOST_TEST(refused.http.resp.status == 400);
+        BOOST_TEST_REQUIRE(refused.error.has_value());
+        BOOST_TEST(refused.error->type == "invalid_request_error");
+        BOOST_TEST(refused.error->message.find("return_url") != std::string::npos, refused.error->message);
+        auto taken = co_await older->call("POST", "/v1/payment_intents", before, "pi-before-older");
+        BOOST_TEST(taken.http.resp.status == 200, taken.message);
+
+        for (auto* c : {pinned.get(), older.get()}) {
+            for (const char* pm : {"pm_card_visa", "pm_usBankAccount_success"}) {
+                stripe::payment_intent_request p;
+                p.amount = 1100;
+                p.currency = "usd";
+                p.customer = "cus_ok";
+                p.payment_method = pm;
+                p.idempotency_key = std::string("pi-now-") + pm + (c == pinned.get() ? "-pinned" : "-older");
+                auto o = co_await c->create_payment_intent(p);
+                BOOST_TEST(cls(o.cls) == "succeeded", pm << ": " << o.message);
+                BOOST_TEST(o.payment_intent_id.starts_with("pi_"), pm);
+            }
+        }
+        // A bank debit under an explicit card-only list is refused as Stripe refuses it.
+        auto card_only = co_await pinned->call(
+            "POST", "/v1/payment_intents",
+            "amount=900&currency=usd&customer=cus_ok&payment_method=pm_usBankAccount_success"
+            "&payment_method_types[]=card&confirm=true&off_session=true",
+            "pi-card-only");
+        BOOST_TEST(card_only.http.resp.status == 400);
+        BOOST_TEST_REQUIRE(card_only.error.has_value());
+        BOOST_TEST(card_only.error->code == "payment_intent_incompatible_payment_method");
+    });
+}
+
 BOOST_AUTO_TEST_CASE(list_pages_and_find_by_billing_key) {
     fixture f;
     auto c = f.client();

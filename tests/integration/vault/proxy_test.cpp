@@ -498,9 +498,11 @@ BOOST_AUTO_TEST_CASE(postgres_unreachable_gives_503_and_stripe_sees_nothing) {
 BOOST_AUTO_TEST_CASE(reads_pass_through_without_accounting_and_payment_intents_are_capped_too) {
     vault_fixture f;
     auto k = f.issue(5000);
-    auto pi = f.send(
-        f.post(k.secret, "/v1/payment_intents",
-               f.charge_body(3000) + "&payment_method=pm_card_visa&confirm=true&off_session=true", "pi-1"));
+    auto pi = f.send(f.post(
+        k.secret, "/v1/payment_intents",
+        f.charge_body(3000) + "&payment_method=pm_card_visa&confirm=true&off_session=true&automatic_payment_"
+                              "methods[enabled]=true&automatic_payment_methods[allow_redirects]=never",
+        "pi-1"));
     BOOST_TEST(pi.status == 200);
     auto pi_id = vault::object_id(pi.body).value_or("");
     BOOST_TEST(pi_id.starts_with("pi_"));

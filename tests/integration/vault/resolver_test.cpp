@@ -135,8 +135,10 @@ BOOST_AUTO_TEST_CASE(the_search_finds_payment_intents_that_made_no_charge_and_re
                           f.charge_body(1000, "cus_3ds") + "&payment_method=pm_card_visa" + extra, idem));
         BOOST_TEST(r.status == 500, idem);
     };
-    pi("pi-action", "&confirm=true");  // on-session: stops at requires_action
-    pi("pi-open", "");                 // not confirmed: requires_confirmation
+    pi("pi-action",
+       "&automatic_payment_methods[enabled]=true&automatic_payment_methods[allow_redirects]=never&confirm="
+       "true");         // on-session: stops at requires_action
+    pi("pi-open", "");  // not confirmed: requires_confirmation
     pi("pi-cancel", "");
     f.settle_now();
     BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE state = 'uncertain'") == 3);
@@ -178,9 +180,11 @@ BOOST_AUTO_TEST_CASE(a_payment_that_fails_after_processing_releases_its_reservat
         co_return;
     }(f.fake.get()));
     auto create = [&](const std::string& idem, const std::string& customer) {
-        auto r =
-            f.send(f.post(k.secret, "/v1/payment_intents",
-                          f.charge_body(1500, customer) + "&payment_method=pm_card_visa&confirm=true", idem));
+        auto r = f.send(f.post(k.secret, "/v1/payment_intents",
+                               f.charge_body(1500, customer) +
+                                   "&payment_method=pm_card_visa&confirm=true&automatic_payment_methods["
+                                   "enabled]=true&automatic_payment_methods[allow_redirects]=never",
+                               idem));
         BOOST_TEST(r.status == 200, idem << ": " << r.body);
     };
     create("late-fail", "cus_3ds");  // on-session: requires_action, which the test takes for "in flight"
@@ -317,9 +321,12 @@ BOOST_AUTO_TEST_CASE(a_bank_debit_through_the_proxy_is_held_while_processing_the
     }(f.fake.get()));
     auto k = f.issue(5000);
     auto debit = [&](const std::string& idem, std::int64_t amount) {
-        auto r = f.send(
-            f.post(k.secret, "/v1/payment_intents",
-                   f.charge_body(amount) + "&payment_method=pm_usBankAccount_processing&confirm=true", idem));
+        auto r =
+            f.send(f.post(k.secret, "/v1/payment_intents",
+                          f.charge_body(amount) +
+                              "&payment_method=pm_usBankAccount_processing&confirm=true&automatic_payment_"
+                              "methods[enabled]=true&automatic_payment_methods[allow_redirects]=never",
+                          idem));
         BOOST_TEST_REQUIRE(r.status == 200, idem << ": " << r.body);
         BOOST_TEST(r.body.find("\"processing\"") != std::string::npos, r.body);
     };
