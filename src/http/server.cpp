@@ -201,8 +201,10 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
         self->between = false;
         if (got == read_outcome::closed) co_return;
         if (got == read_outcome::over_budget) {
-            // Shed: what this connection read goes back now, and the client is told to come back later.
+            // Shed: what this connection read goes back now (the body's memory too, not only its charge:
+            // the linger below holds the connection for a while), and the client is told to come back later.
             ++st->over_budget_total;
+            std::string().swap(parser.message().body);
             parser.reset();
             std::string().swap(buf);
             charge.settle(0);
@@ -248,6 +250,9 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
             co_return;
         }
         if (!resp.keep_alive()) co_return;
+        // The body's memory goes back with its charge: a reset keeps a string's capacity, and a kept-alive
+        // connection would otherwise hold its largest body uncounted until it closes.
+        std::string().swap(parser.message().body);
         parser.reset();
         charge.settle(buf.size());
     }
