@@ -104,6 +104,54 @@ std::string value_origin(const std::string& flag, const std::string& value) {
     return from_env ? name + "=" + value : flag + " " + value;
 }
 
+namespace {
+
+constexpr std::string_view secret_prefixes[] = {"whsec_", "sk_live_", "sk_test_", "rk_live_", "rk_test_"};
+
+bool secret_char(char c) noexcept {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+}
+
+// The start of the next secret-looking token at or after `from` (a prefix and at least one character of
+// key material), or npos; `end` is set past its key material.
+std::size_t next_secret(std::string_view text, std::size_t from, std::size_t& end) noexcept {
+    std::size_t best = std::string_view::npos;
+    for (auto p : secret_prefixes) {
+        for (auto at = text.find(p, from); at != std::string_view::npos; at = text.find(p, at + 1)) {
+            const auto body = at + p.size();
+            if (body < text.size() && secret_char(text[body])) {
+                if (at < best) {
+                    best = at;
+                    end = body;
+                    while (end < text.size() && secret_char(text[end])) ++end;
+                }
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+}  // namespace
+
+bool looks_like_secret(std::string_view text) noexcept {
+    std::size_t end = 0;
+    return next_secret(text, 0, end) != std::string_view::npos;
+}
+
+std::string redact_secrets(std::string_view text) {
+    std::string out;
+    std::size_t pos = 0, end = 0;
+    for (auto at = next_secret(text, 0, end); at != std::string_view::npos;
+         at = next_secret(text, pos, end)) {
+        out.append(text.substr(pos, at - pos));
+        out.append("[redacted]");
+        pos = end;
+    }
+    out.append(text.substr(pos));
+    return out;
+}
+
 void bad_value(const std::string& flag, const std::string& value, const std::string& why) {
     auto origin = value_origin(flag, value);
     if (origin.rfind("CHARGEGUARD_", 0) == 0) throw config_error(origin + ": " + why);

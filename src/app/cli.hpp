@@ -66,6 +66,14 @@ std::string value_origin(const std::string& flag, const std::string& value);
 // Throws config_error (value from the environment) or usage_error: "<value_origin>: <why>".
 [[noreturn]] void bad_value(const std::string& flag, const std::string& value, const std::string& why);
 
+// Whether `text` holds what looks like a Stripe secret (whsec_, sk_live_, sk_test_, rk_live_ or rk_test_
+// followed by key material): an operator who typed one where a path or a flag belongs. Messages name the
+// flag instead.
+bool looks_like_secret(std::string_view text) noexcept;
+// `text` with every such token (the prefix and its letters, digits and underscores) replaced by
+// "[redacted]": the last guard on what main() prints, whatever message carried an operator's argument.
+std::string redact_secrets(std::string_view text);
+
 // One duration syntax for every time flag and variable: Go-style ("250ms", "30s", "1m30s", "2h", "1.5s");
 // a bare number means seconds ("30", "0.5"). Adds `name` storing seconds into `seconds`, refusing values
 // outside [min_s, max_s] with bad_value.

@@ -8,6 +8,9 @@
 // during a rotation) or CHARGEGUARD_WEBHOOK_SECRET (the same format); never argv.
 // Executors: the listener, the handler and the PostgreSQL pool all run on the runtime's main io_context.
 // SIGTERM: the listener stops, the pool closes, exit 0.
+#include <malloc.h>
+
+#include <algorithm>
 #include <memory>
 
 #include "app/cli.hpp"
@@ -27,8 +30,11 @@ struct webhooks_flags {
     std::string listen = "127.0.0.1:8440";
     std::string path = "/stripe/webhooks";
     std::string secret_file;
+    std::string secret_in_argv;  // never used: --webhook-secret is refused (see register_webhooks)
     std::string tolerance = "5m";
     std::size_t max_body_bytes = 256 * 1024;
+    std::size_t max_buffered_bytes = 64 * 1024 * 1024;
+    std::size_t max_in_flight = 64;
     listener_flags listener;
     pg_flags pg;
     runtime_flags rt;
@@ -62,8 +68,10 @@ webhook_receiver_config to_receiver_config(const webhooks_flags& f) {
     c.path = f.path;
     const char* env_secret = std::getenv("CHARGEGUARD_WEBHOOK_SECRET");
     if (!f.secret_file.empty())
-        c.secrets = parse_webhook_secrets("--webhook-secret-file " + f.secret_file,
-                                          read_secret_file("--webhook-secret-file", f.secret_file));
+        c.secrets =
+            parse_webhook_secrets(looks_like_secret(f.secret_file) ? std::string("--webhook-secret-file")
+                                                                   : "--webhook-secret-file " + f.secret_file,
+                                  read_secret_file("--webhook-secret-file", f.secret_file));
     else if (env_secret && *env_secret)
         c.secrets = parse_webhook_secrets("CHARGEGUARD_WEBHOOK_SECRET", env_secret);
     else
@@ -74,6 +82,7 @@ webhook_receiver_config to_receiver_config(const webhooks_flags& f) {
         bad_value("--tolerance", f.tolerance, "must be between 1s and 24h");
     c.tolerance = std::chrono::duration_cast<std::chrono::seconds>(tol);
     c.max_body_bytes = f.max_body_bytes;
+    c.max_in_flight = f.max_in_flight;
     return c;
 }
 
@@ -84,8 +93,15 @@ net::awaitable<void> stop_receiving(http::server* server) {
 
 int run_webhooks(const webhooks_flags& f, const global_flags& g) {
     auto cfg = to_receiver_config(f);
+    // Request bodies of 64 KiB and more get pages of their own, given back to the kernel when freed, and
+    // resident only as far as they were written: glibc's default (a threshold that rises as large blocks
+    // are freed) would keep a flood's freed bodies in the heap, and the RSS far above what
+    // --max-buffered-bytes holds at any one time.
+    mallopt(M_MMAP_THRESHOLD, 64 * 1024);
     // The receiver answers bodies over --max-body-bytes with a counted 413.
     auto sopts = to_listener_options(f.listener, f.max_body_bytes, "chargeguard-webhooks");
+    // The listener's memory bound, whatever clients send (docs/operating/webhooks.md has the figures).
+    sopts.max_buffered_bytes = std::max(f.max_buffered_bytes, 4 * f.max_body_bytes);
     auto [listen, opts, ms, log] = prepare_listener_service(f.listen, f.rt, f.pg, g.level());
     log.info("webhooks starting",
              {{"listen", f.listen},
@@ -95,6 +111,9 @@ int run_webhooks(const webhooks_flags& f, const global_flags& g) {
               {"secret_from", f.secret_file.empty() ? "CHARGEGUARD_WEBHOOK_SECRET" : "--webhook-secret-file"},
               {"tolerance_s", static_cast<std::int64_t>(cfg.tolerance.count())},
               {"max_body_bytes", cfg.max_body_bytes},
+              {"max_buffered_bytes", sopts.max_buffered_bytes},
+              {"max_in_flight", cfg.max_in_flight},
+              {"api_version", cfg.api_version},
               {"pg", to_pg_config(f.pg).describe()},
               {"health_listen", f.rt.health_listen}});
 
@@ -134,16 +153,35 @@ void register_webhooks(CLI::App& app, command_main& selected) {
     cmd->add_option("--webhook-secret-file", f->secret_file,
                     "file with the endpoint secret (whsec_…), and the previous one on a second line during "
                     "a rotation (else CHARGEGUARD_WEBHOOK_SECRET)");
+    // Refused by name, its value never read back: CLI11 would otherwise list the value among the arguments
+    // it did not expect. Not mirrored: CHARGEGUARD_WEBHOOK_SECRET is the secret itself (read above).
+    auto* in_argv = env(cmd->add_option("--webhook-secret", f->secret_in_argv)->group("")->expected(0, 1),
+                        env_scope::never);
     cmd->add_option("--tolerance", f->tolerance,
                     "refuse deliveries signed longer ago (or further ahead) than this; 1s to 24h")
         ->capture_default_str();
     cmd->add_option("--max-body-bytes", f->max_body_bytes, "largest event body accepted (larger: 413)")
         ->check(CLI::Range(std::size_t{1024}, std::size_t{16 * 1024 * 1024}))
         ->capture_default_str();
+    cmd->add_option("--max-buffered-bytes", f->max_buffered_bytes,
+                    "bytes of requests read and not yet answered across every connection; a read over it "
+                    "is answered 503 and its connection closed (at least 4 x --max-body-bytes)")
+        ->check(CLI::Range(std::size_t{1024 * 1024}, std::size_t{4096} * 1024 * 1024))
+        ->capture_default_str();
+    cmd->add_option("--max-in-flight", f->max_in_flight,
+                    "deliveries being recorded at once; beyond, 503 with Retry-After (Stripe retries)")
+        ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
+        ->capture_default_str();
     add_listener_flags(*cmd, f->listener);
     add_pg_flags(*cmd, f->pg, true);
     add_runtime_flags(*cmd, f->rt);
-    cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_webhooks(*f, g); }; });
+    cmd->callback([&selected, f, in_argv] {
+        if (in_argv->count() > 0)
+            throw usage_error(
+                "--webhook-secret is not accepted: a secret on the command line is visible to every local "
+                "user; use --webhook-secret-file or CHARGEGUARD_WEBHOOK_SECRET");
+        selected = [f](const global_flags& g) { return run_webhooks(*f, g); };
+    });
 }
 
 }  // namespace cg::app

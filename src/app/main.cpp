@@ -12,7 +12,8 @@ namespace {
 int report(CLI::App& app, const CLI::Error& e) {
     int code = e.get_exit_code();
     if (code == 0) return app.exit(e);
-    std::fprintf(stderr, "chargeguard: %s\n", e.what());
+    // An operator's argument may be a secret typed in the wrong place: never echoed.
+    std::fprintf(stderr, "chargeguard: %s\n", cg::app::redact_secrets(e.what()).c_str());
     if (code == cg::app::exit_config) return code;
     std::fprintf(stderr, "Run with --help for more information.\n");
     return cg::app::exit_usage;
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
     } catch (const CLI::Error& e) {
         return report(app, e);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "chargeguard: %s\n", e.what());
+        std::fprintf(stderr, "chargeguard: %s\n", redact_secrets(e.what()).c_str());
         return exit_failure;
     }
 }

@@ -84,10 +84,16 @@ void add_nsq_security_flags(CLI::App& cmd, nsq_security_flags& f) {
 }
 
 void bad_secret_file(const std::string& flag, const std::string& path, const std::string& why) {
+    // A path that looks like a secret is one typed where its file's path belongs: named by flag only.
+    if (looks_like_secret(path)) throw config_error(flag + ": " + why);
     throw config_error(value_origin(flag, path) + ": " + why);
 }
 
 std::string read_secret_file(const std::string& flag, const std::string& path) {
+    if (looks_like_secret(path))
+        bad_secret_file(flag, path,
+                        "the value is a secret, not the path of a file holding one (a secret on the command "
+                        "line is visible to every local user; write it to a file)");
     // Startup only, before any event loop runs: plain blocking reads are fine here.
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {

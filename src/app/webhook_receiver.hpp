@@ -4,13 +4,20 @@
 // committed (docs/operating/webhooks.md has the status table).
 //
 //   oversized body → 413 · unsigned, bad or malformed signature → 400 · stale or future → 400 ·
-//   not a JSON event → 400 · PostgreSQL unavailable or failing → 500 (Stripe retries) ·
+//   not a JSON event → 400 · an event no table can hold (poison) → recorded as refused, 400 once, then
+//   200 to its redeliveries · rendered in another API version than the receiver reads → recorded as
+//   refused, 400 · more than max_in_flight being recorded, or no pooled connection free in time while
+//   PostgreSQL is up → 503 + Retry-After (busy) · PostgreSQL unavailable or failing → 500 (Stripe retries) ·
 //   recorded → 200 · already recorded → 200 (ignored) · other methods → 405 (the router)
 //
-// Metrics: chargeguard_webhook_deliveries_total{outcome} (recorded, duplicate, bad_signature, stale,
-// malformed, too_large, error), chargeguard_webhook_lag_seconds (received − the event's `created`),
+// A recorded event moves a ledger row only when it is provably that row's payment (billing::link_payment):
+// one about another payment is recorded, counted (other_payment) and logged at warn with both ids.
+//
+// Metrics: chargeguard_webhook_deliveries_total{outcome} (recorded, duplicate, other_payment,
+// bad_signature, stale, malformed, poison, wrong_api_version, too_large, busy, error),
+// chargeguard_webhook_lag_seconds (received − the event's `created`),
 // chargeguard_webhook_events_total{result} (what a recorded event did to the ledger: applied, no_change,
-// deferred, other_payment, unknown_type, unknown_object, unreadable),
+// deferred, other_payment, unconfirmed, unknown_type, unknown_object, unreadable),
 // chargeguard_billing_failed_after_processing_total and chargeguard_billing_settlement_anomalies_total.
 //
 // A refund event (charge.refunded, refund.created, refund.updated, refund.failed, charge.refund.updated)
@@ -33,6 +40,7 @@
 #include "http/router.hpp"
 #include "metrics/registry.hpp"
 #include "pg/pool.hpp"
+#include "stripe/webhook_event.hpp"
 #include "stripe/webhook_signature.hpp"
 #include "vault/store.hpp"
 
@@ -43,6 +51,13 @@ struct webhook_receiver_config {
     std::vector<std::string> secrets;  // current first, then the previous one during a rotation
     std::chrono::seconds tolerance = stripe::default_webhook_tolerance;
     std::size_t max_body_bytes = 256 * 1024;
+    // The API version the receiver reads objects in (the endpoint must be created with it): the same
+    // default as --stripe-version.
+    std::string api_version = "2024-06-20";
+    // Deliveries past the signature check being recorded at once; beyond, 503 with Retry-After (Stripe
+    // retries), so callers never queue on the PostgreSQL pool past its waiter bound.
+    std::size_t max_in_flight = 64;
+    std::chrono::seconds retry_after{5};
 };
 
 class webhook_receiver {
@@ -59,6 +74,12 @@ class webhook_receiver {
 
   private:
     http::response refuse(int status, std::string_view outcome, std::string_view why);
+    http::response busy(std::string_view why);
+    // A genuinely signed event refused for its content (poison, wrong_api_version): recorded in
+    // stripe_webhook_refusals with its reason; `once`: its redeliveries are acknowledged.
+    asio::awaitable<http::response> refuse_event(const stripe::webhook_event& ev, const std::string& body,
+                                                 std::string_view outcome, std::string reason, bool once);
+    bool pool_busy_not_down() const;
     asio::awaitable<http::response> record(const http::request& req, std::int64_t received_unix);
     // The refund an event reports, applied to the vault reservation it settled (see above); false: failed.
     asio::awaitable<bool> refund_vault(const stripe::webhook_event& ev, const billing::payment_fact& f);
@@ -74,6 +95,7 @@ class webhook_receiver {
     metrics::Counter& failed_after_processing_;
     metrics::Counter& anomalies_;
     metrics::Counter& vault_refunds_;
+    std::size_t in_flight_ = 0;  // deliveries past the signature check (touched only on the executor)
 };
 
 }  // namespace cg::app

@@ -212,7 +212,7 @@ net::awaitable<result<std::size_t>> insert_in_flight(
     p.add(text_array_literal(intents)).add(text_array_literal(descriptions)).add(text_array_literal(methods));
     p.add(int_array_literal(created)).add(int_array_literal(generations)).add(text_array_literal(bodies));
     p.add(st->cfg.key_namespace).add(st->cfg.topic).add(st->cfg.channel).add(text_array_literal(statuses));
-    p.add(std::move(account));
+    p.add(account);
     auto r = co_await pg::exec_pooled(st->pool, backfill_in_flight_sql, std::move(p),
                                       pg::acquire_mode::wait_for_server);
     if (!r) co_return r.err();
@@ -234,6 +234,7 @@ net::awaitable<result<std::size_t>> insert_in_flight(
             f.payment_intent_id = c.ch.payment_intent;
             f.status = c.ch.status;
             f.failure = c.ch.failure_code;
+            f.account = account;  // listed in the row's account
             f.created = std::chrono::duration_cast<std::chrono::seconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();

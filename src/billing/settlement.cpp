@@ -43,8 +43,22 @@ std::string_view to_string(settle_result r) noexcept {
             return "deferred";
         case settle_result::other_payment:
             return "other_payment";
+        case settle_result::unconfirmed:
+            return "unconfirmed";
         case settle_result::unknown_type:
             return "unknown_type";
+    }
+    return "?";
+}
+
+std::string_view to_string(payment_link l) noexcept {
+    switch (l) {
+        case payment_link::same:
+            return "same";
+        case payment_link::other:
+            return "other";
+        case payment_link::unproven:
+            return "unproven";
     }
     return "?";
 }
@@ -121,6 +135,7 @@ result<payment_fact> parse_event_fact(std::string_view body) {
     f.source = std::string(str(ev, "type"));
     f.kind = fact_kind_for_event(f.source);
     f.created = int_of(ev, "created");
+    f.account = std::string(str(ev, "account"));
     auto kind = str(obj, "object");
     f.status = std::string(str(obj, "status"));
     simdjson::dom::object md;
@@ -179,22 +194,26 @@ std::tuple<int, std::string_view> dispute_rank(std::string_view s) {
     return {1, s};  // needs_response, warning_needs_response, a status added later
 }
 
-// Does the fact concern the row's own payment? A PaymentIntent may make several charges (a retried
-// attempt), so the same intent is enough; otherwise any id that both name must agree.
-bool same_payment(const settlement_row& row, const payment_fact& f) {
-    bool pi_both = row.payment_intent_id && !f.payment_intent_id.empty();
-    if (pi_both) return *row.payment_intent_id == f.payment_intent_id;
-    bool ch_both = row.charge_id && !f.charge_id.empty();
-    if (ch_both) return *row.charge_id == f.charge_id;
-    return true;
-}
-
 bool proves_success(fact_kind k) noexcept {
     return k == fact_kind::succeeded || k == fact_kind::refunded || k == fact_kind::refund_update ||
            k == fact_kind::dispute_opened || k == fact_kind::dispute_closed;
 }
 
 }  // namespace
+
+// A PaymentIntent may make several charges (a retried attempt), so the same intent is enough; a charge,
+// refund or dispute naming no intent reaches the row through its charge. An id the fact does not name
+// proves nothing, and neither does metadata: a charge made by hand or by another integration may carry
+// the row's billing_key.
+payment_link link_payment(const settlement_row& row, const payment_fact& f) noexcept {
+    if (row.stripe_account != f.account) return payment_link::other;
+    if (!row.payment_intent_id && !row.charge_id) return payment_link::unproven;
+    if (row.payment_intent_id && !f.payment_intent_id.empty())
+        return *row.payment_intent_id == f.payment_intent_id ? payment_link::same : payment_link::other;
+    if (row.charge_id && !f.charge_id.empty())
+        return *row.charge_id == f.charge_id ? payment_link::same : payment_link::other;
+    return payment_link::other;
+}
 
 std::string join_dispute_status(std::string_view a, std::string_view b) {
     return std::string(std::max(dispute_rank(a), dispute_rank(b)) == dispute_rank(a) ? a : b);
@@ -208,14 +227,23 @@ settlement_change apply_fact(const settlement_row& row, const payment_fact& f) {
         c.note = "event type not acted on";
         return c;
     }
-    if (!same_payment(row, f)) {
+    const auto link = link_payment(row, f);
+    if (link == payment_link::other) {
         c.result = settle_result::other_payment;
-        c.note = "names another payment than the row's";
+        c.note = row.stripe_account != f.account ? "comes from another Stripe account than the row's"
+                                                 : "names another payment than the row's";
         return c;
     }
+    // A pending row's ids are the pipeline's to record (Stripe's answer, or its recovery's retrieve); the
+    // recorded fact is applied then, by those ids.
     if (row.status == record_status::pending) {
         c.result = settle_result::deferred;
         c.note = "row pending: applied once the pipeline settles it";
+        return c;
+    }
+    if (link == payment_link::unproven) {
+        c.result = settle_result::unconfirmed;
+        c.note = "found by metadata only: the row holds no Stripe id to prove it";
         return c;
     }
     settlement_row& n = c.row;
@@ -236,7 +264,7 @@ settlement_change apply_fact(const settlement_row& row, const payment_fact& f) {
             return c;
         }
     }
-    // Ids the row lacks are filled from the fact (never overwritten: same_payment checked they agree).
+    // Ids the row lacks are filled from the fact (never overwritten: link_payment checked they agree).
     if (!n.payment_intent_id && !f.payment_intent_id.empty()) n.payment_intent_id = f.payment_intent_id;
     if (proves_success(f.kind) && !n.charge_id && !f.charge_id.empty()) n.charge_id = f.charge_id;
     if (proves_success(f.kind)) {

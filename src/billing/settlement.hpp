@@ -61,6 +61,8 @@ struct payment_fact {
     std::int64_t dispute_amount = 0;
     std::string failure;       // last_payment_error.code, failure_code or cancellation_reason
     std::int64_t created = 0;  // unix seconds: the event's creation, or when it was retrieved
+    std::string account;       // acct_… the event came from (Connect), or the account retrieved in; empty:
+                               // the platform's own
 };
 
 // A webhook event's body (already verified) as a fact: data.object read as a PaymentIntent, a charge or a
@@ -76,6 +78,7 @@ struct settlement_row {
     std::int64_t refunded_cents = 0;
     std::int64_t disputed_cents = 0;
     std::optional<std::string> dispute_status;
+    std::string stripe_account{};  // the connected account the row charged in; empty: the platform
 
     bool operator==(const settlement_row&) const = default;
 };
@@ -84,7 +87,11 @@ enum class settle_result {
     applied,        // the row changed
     no_change,      // a fact the row already holds (a duplicate, a stale processing, a lower amount)
     deferred,       // the row is pending: the pipeline applies it after settling the row
-    other_payment,  // the fact names another PaymentIntent or charge than the row's (an earlier attempt)
+    other_payment,  // the fact is not provably the row's payment: another PaymentIntent or charge (an
+                    // earlier attempt, another integration's charge carrying the same metadata), ids that
+                    // reach none the row holds, or another Stripe account
+    unconfirmed,    // found by metadata only, the row holding no Stripe id yet: never applied on metadata;
+                    // the row's own ids, once recorded, decide (apply_recorded)
     unknown_type,   // counted, ignored
 };
 std::string_view to_string(settle_result r) noexcept;
@@ -97,6 +104,18 @@ struct settlement_change {
     bool anomaly = false;      // Stripe said something chargeguard never asks for: alert
     std::string note;          // one line for the log
 };
+
+// Whether a fact is the row's payment. A fact moves a row only when the ids Stripe links (a PaymentIntent's
+// id and latest_charge, a charge's id and payment_intent, a refund's charge and payment_intent, a
+// dispute's charge and payment_intent) reach an id the row holds, in the row's Stripe account (the event's
+// `account`; none on both sides for the platform). Metadata (billing_key) only finds a candidate row.
+enum class payment_link {
+    same,      // an id the row holds is linked by the fact, and the accounts agree
+    other,     // another account, or the row holds ids and the fact links none of them
+    unproven,  // the row holds no Stripe id: nothing but metadata can have found it
+};
+std::string_view to_string(payment_link l) noexcept;
+payment_link link_payment(const settlement_row& row, const payment_fact& f) noexcept;
 
 // The step. Pure and total.
 settlement_change apply_fact(const settlement_row& row, const payment_fact& f);

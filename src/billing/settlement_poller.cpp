@@ -44,8 +44,10 @@ net::awaitable<std::optional<payment_fact>> retrieve_fact(stripe::client& stripe
                       {"error", pi.err().describe()}});
             co_return std::nullopt;
         }
-        co_return retrieved_fact(fact_kind_for_intent_status(pi->status), "retrieve payment_intent", pi->id,
-                                 pi->latest_charge, pi->status, pi->last_error_code);
+        auto f = retrieved_fact(fact_kind_for_intent_status(pi->status), "retrieve payment_intent", pi->id,
+                                pi->latest_charge, pi->status, pi->last_error_code);
+        f.account = row.stripe_account;  // retrieved in the row's account
+        co_return f;
     }
     auto ch = co_await stripe.retrieve_charge(row.charge_id.value_or(""), row.stripe_account);
     if (!ch) {
@@ -54,8 +56,10 @@ net::awaitable<std::optional<payment_fact>> retrieve_fact(stripe::client& stripe
                                                               {"error", ch.err().describe()}});
         co_return std::nullopt;
     }
-    co_return retrieved_fact(fact_kind_for_charge_status(ch->status), "retrieve charge", ch->payment_intent,
-                             ch->id, ch->status, ch->failure_code);
+    auto f = retrieved_fact(fact_kind_for_charge_status(ch->status), "retrieve charge", ch->payment_intent,
+                            ch->id, ch->status, ch->failure_code);
+    f.account = row.stripe_account;  // retrieved in the row's account
+    co_return f;
 }
 
 }  // namespace

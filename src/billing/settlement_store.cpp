@@ -13,12 +13,13 @@ namespace {
 
 #define CG_SETTLE_COLUMNS                                                                       \
     "key, status, amount_cents, charge_id, payment_intent_id, refunded_cents, disputed_cents, " \
-    "dispute_status"
+    "dispute_status, stripe_account"
 
 const std::string row_by_key_sql =
     "SELECT " CG_SETTLE_COLUMNS " FROM billing_records WHERE key = $1 FOR UPDATE";
 
-// By the charge first, then the PaymentIntent, then the key the object's metadata carries.
+// By the charge first, then the PaymentIntent, then the key the object's metadata carries. This only
+// finds a candidate: apply_fact moves it only when the fact's ids reach the row's, in its account.
 const std::string row_by_ids_sql =
     "SELECT " CG_SETTLE_COLUMNS
     " FROM billing_records WHERE charge_id = $1::text OR payment_intent_id = $2::text OR key = $3::text "
@@ -124,6 +125,7 @@ settlement_row decode_row(const pg::rows& r) {
     row.refunded_cents = r.get<std::int64_t>(0, 5);
     row.disputed_cents = r.get<std::int64_t>(0, 6);
     row.dispute_status = r.get<std::optional<std::string>>(0, 7);
+    row.stripe_account = r.get<std::optional<std::string>>(0, 8).value_or("");
     return row;
 }
 
@@ -320,7 +322,7 @@ net::awaitable<result<std::optional<row_settlement>>> settlement_store::apply_re
         settlement_change change;
         fold_one(acc, *f, change);
         auto was = events->get<std::optional<std::string>>(i, 2);
-        if (!was || *was == "deferred" || *was == "unknown_object")
+        if (!was || *was == "deferred" || *was == "unknown_object" || *was == "unconfirmed")
             outcomes.emplace_back(events->get<std::string>(i, 0), std::string(to_string(change.result)));
     }
     if (auto sr = co_await settle_refunds(c, acc); !sr) co_return sr.err();

@@ -18,10 +18,13 @@
 // recorded all the same: the vault reads them (vault::store::apply_refund_by_object).
 //
 // The row is found by the ids the event names: charge_id, then payment_intent_id, then metadata
-// [billing_key]; an event naming no row is recorded and counted (unknown_object). The row is locked
-// (FOR UPDATE) while the step runs, so concurrent events for one row apply one after the other. A row that
-// becomes failed_after_processing gets its dead letter in the same transaction, from the delivery that left
-// it processing (billing_records.nsq_topic, nsq_channel, raw_body), once per delivery.
+// [billing_key]; an event naming no row is recorded and counted (unknown_object). Finding is not proving:
+// the fact moves the row only when its ids reach an id the row holds, in the row's Stripe account
+// (billing::link_payment); a fact about another payment is other_payment, and one that found a row holding
+// no Stripe id by metadata alone is unconfirmed (applied by the row's ids once the pipeline records them).
+// The row is locked (FOR UPDATE) while the step runs, so concurrent events for one row apply one after the
+// other. A row that becomes failed_after_processing gets its dead letter in the same transaction, from the
+// delivery that left it processing (billing_records.nsq_topic, nsq_channel, raw_body), once per delivery.
 //
 // Each coroutine acquires a pooled connection and gives it back (rolled back by the pool if the
 // transaction did not commit); errors are pg errors passed through. Completes on the pool's executor; the
@@ -60,7 +63,7 @@ struct row_settlement {
 
 struct event_record_result {
     bool duplicate = false;  // already recorded: nothing was done
-    // What the event came to: applied, no_change, deferred, other_payment, unknown_type, or
+    // What the event came to: applied, no_change, deferred, other_payment, unconfirmed, unknown_type, or
     // "unknown_object" (no ledger row names its payment), "unreadable" (a type acted on whose object is
     // not the one expected: recorded, not applied).
     std::string outcome;

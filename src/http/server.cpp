@@ -32,6 +32,8 @@ struct server::state {
     std::list<conn> conns;  // in accept order (oldest first); touched only on ex
     std::size_t shed_pending = 0;
     std::uint64_t shed_total = 0, refused_total = 0;
+    std::size_t buffered = 0;  // bytes of requests read and not yet answered (max_buffered_bytes)
+    std::uint64_t over_budget_total = 0;
 
     state(asio::any_io_executor e, router r, server_options o, logger l)
         : ex(e), routes(std::move(r)), opts(std::move(o)), log(std::move(l)), acceptor(e) {}
@@ -78,29 +80,58 @@ asio::awaitable<std::optional<std::error_code>> read_more(net::tls_stream& s, st
     co_return ec;
 }
 
-// Reads until the parser has a full message or fails. Returns false on EOF/timeout/error before any
-// byte of a message, or after a transport failure.
+// What one connection holds of server::state::buffered: charged as bytes are read, given back when the
+// request they belong to has been answered, or when the connection ends.
+struct buffer_charge {
+    server::state& st;
+    std::size_t held = 0;
+    explicit buffer_charge(server::state& s) : st(s) {}
+    ~buffer_charge() { st.buffered -= held; }
+    buffer_charge(const buffer_charge&) = delete;
+    buffer_charge& operator=(const buffer_charge&) = delete;
+    void add(std::size_t n) {
+        held += n;
+        st.buffered += n;
+    }
+    // The request was answered: what is still in the read buffer (a pipelined next request) stays charged.
+    void settle(std::size_t still_read) {
+        st.buffered -= held;
+        held = 0;
+        add(still_read);
+    }
+    bool over() const { return st.opts.max_buffered_bytes > 0 && st.buffered > st.opts.max_buffered_bytes; }
+};
+
+enum class read_outcome { message, closed, over_budget };
+
+// Reads until the parser has a full message or fails. `closed` on EOF/timeout/error before any byte of a
+// message, or after a transport failure; `over_budget` when a read took the server over
+// max_buffered_bytes.
 template <typename Stream>
-asio::awaitable<bool> read_request(Stream& stream, request_parser& parser, std::string& buf,
-                                   clock::duration timeout) {
+asio::awaitable<read_outcome> read_request(Stream& stream, request_parser& parser, std::string& buf,
+                                           clock::duration timeout, buffer_charge& charge) {
     auto deadline = clock::now() + timeout;
     for (;;) {
         if (!buf.empty()) {
             auto used = parser.feed(buf);
             buf.erase(0, used);
-            if (parser.state() != parse_state::need_more) co_return true;
+            if (parser.state() != parse_state::need_more) co_return read_outcome::message;
         }
         auto left = deadline - clock::now();
-        if (left <= clock::duration::zero()) co_return false;
+        if (left <= clock::duration::zero()) co_return read_outcome::closed;
+        const auto before = buf.size();
         auto r = co_await read_more(stream, buf, left);
-        if (!r) co_return false;
+        if (!r) co_return read_outcome::closed;
+        charge.add(buf.size() - before);
+        if (charge.over()) co_return read_outcome::over_budget;
         auto ec = *r;
         if (ec) {
             if (parser.started()) {
                 parser.feed_eof();
-                co_return parser.state() != parse_state::need_more;
+                co_return parser.state() != parse_state::need_more ? read_outcome::message
+                                                                   : read_outcome::closed;
             }
-            co_return false;
+            co_return read_outcome::closed;
         }
     }
 }
@@ -162,12 +193,31 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
                             clock::duration first_timeout) {
     request_parser parser(st->opts.limits);
     std::string buf, out;
+    buffer_charge charge(*st);
     while (!st->stopped) {
         auto timeout = self->served ? st->opts.read_timeout : first_timeout;
         self->between = self->served;
-        bool got = co_await read_request(stream, parser, buf, timeout);
+        auto got = co_await read_request(stream, parser, buf, timeout, charge);
         self->between = false;
-        if (!got) co_return;
+        if (got == read_outcome::closed) co_return;
+        if (got == read_outcome::over_budget) {
+            // Shed: what this connection read goes back now (the body's memory too, not only its charge:
+            // the linger below holds the connection for a while), and the client is told to come back later.
+            ++st->over_budget_total;
+            std::string().swap(parser.message().body);
+            parser.reset();
+            std::string().swap(buf);
+            charge.settle(0);
+            auto resp = make_response(503, "server busy: too many bytes in flight\n");
+            resp.headers.set("Connection", "close");
+            resp.headers.set("Retry-After", "5");
+            resp.headers.add("Server", st->opts.server_name);
+            out.clear();
+            serialize(resp, out, false);
+            auto [ec, n] = co_await asio::async_write(stream, asio::buffer(out), net::nothrow);
+            if (!ec) co_await linger(stream);
+            co_return;
+        }
         // The message is parsed out of the read buffer; when nothing of a next request is left in it, its
         // memory goes back now rather than being held while the handler runs (a proxied call may take
         // seconds, across thousands of connections).
@@ -200,7 +250,11 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
             co_return;
         }
         if (!resp.keep_alive()) co_return;
+        // The body's memory goes back with its charge: a reset keeps a string's capacity, and a kept-alive
+        // connection would otherwise hold its largest body uncounted until it closes.
+        std::string().swap(parser.message().body);
         parser.reset();
+        charge.settle(buf.size());
     }
 }
 
@@ -330,6 +384,14 @@ std::uint64_t server::shed_connections() const {
 
 std::uint64_t server::refused_connections() const {
     return st_->refused_total;
+}
+
+std::size_t server::buffered_bytes() const {
+    return st_->buffered;
+}
+
+std::uint64_t server::over_budget_requests() const {
+    return st_->over_budget_total;
 }
 
 }  // namespace cg::http

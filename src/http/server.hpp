@@ -30,6 +30,11 @@ struct server_options {
     // lock well-behaved clients out: it can only displace itself. The same shedding frees a descriptor when
     // accept fails with EMFILE/ENFILE.
     std::size_t max_connections = 512;
+    // Bytes of requests read but not yet answered, across every connection (0: no global budget). A read
+    // that takes the total over it is answered 503 (Retry-After) and its connection closed, whatever the
+    // per-request limits allow, so memory is bounded by this and max_connections, not by what clients
+    // send. The body strings grow by doubling, so the heap they take is up to twice this.
+    std::size_t max_buffered_bytes = 0;
     // Serve TLS when set (test doubles use it for HTTPS).
     std::shared_ptr<asio::ssl::context> tls;
     std::string server_name = "chargeguard";
@@ -56,6 +61,10 @@ class server {
     std::uint64_t shed_connections() const;
     // New connections refused because every open one had completed a request.
     std::uint64_t refused_connections() const;
+    // Bytes of requests read and not yet answered now, and requests refused for max_buffered_bytes since
+    // start.
+    std::size_t buffered_bytes() const;
+    std::uint64_t over_budget_requests() const;
 
     struct state;  // shared with connection coroutines; opaque
 

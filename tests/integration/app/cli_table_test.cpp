@@ -516,3 +516,65 @@ BOOST_AUTO_TEST_CASE(webhooks_takes_its_secrets_from_a_file_or_the_environment_o
         {"no secret flag on the command line", {"webhooks", "--webhook-secret", "whsec_x"}, {}, 64, "", ""},
     });
 }
+
+// Whatever an operator types where the secret's file belongs, or as a flag of its own, no message repeats
+// the secret: every wrong form names the flag instead.
+BOOST_AUTO_TEST_CASE(no_message_repeats_a_webhook_secret_typed_in_the_wrong_place) {
+    const std::string s = "whsec_SuperSecretValue0123456789";
+    auto one = write_file("hooks-ok", "whsec_only_one_secret\n");
+    auto with_secret_line = write_file("hooks-bad-line", "not-a-secret " + s + "\n");
+    check({
+        {"--webhook-secret VALUE", {"webhooks", "--webhook-secret", s}, {}, 64, "--webhook-secret", s},
+        {"--webhook-secret=VALUE", {"webhooks", "--webhook-secret=" + s}, {}, 64, "--webhook-secret", s},
+        {"--webhook-secret with a valid file too",
+         {"webhooks", "--webhook-secret-file", one, "--webhook-secret", s},
+         {},
+         64,
+         "is not accepted",
+         s},
+        {"--webhook-secret-file VALUE",
+         {"webhooks", "--webhook-secret-file", s},
+         {},
+         78,
+         "--webhook-secret-file: the value is a secret",
+         s},
+        {"--webhook-secret-file=VALUE",
+         {"webhooks", "--webhook-secret-file=" + s},
+         {},
+         78,
+         "--webhook-secret-file: the value is a secret",
+         s},
+        {"a path ending in the secret",
+         {"webhooks", "--webhook-secret-file", "/run/secrets/" + s},
+         {},
+         78,
+         "--webhook-secret-file",
+         s},
+        {"CHARGEGUARD_WEBHOOK_SECRET_FILE=VALUE",
+         {"webhooks"},
+         {{"CHARGEGUARD_WEBHOOK_SECRET_FILE", s}},
+         78,
+         "the value is a secret",
+         s},
+        {"the secret as a bare argument", {"webhooks", s}, {}, 64, "[redacted]", s},
+        {"the secret after an unknown flag", {"webhooks", "--secret", s}, {}, 64, "", s},
+        {"the secret as another flag's value",
+         {"webhooks", "--webhook-secret-file", one, "--tolerance", s},
+         {},
+         64,
+         "--tolerance [redacted]",
+         s},
+        {"a file whose line holds it",
+         {"webhooks", "--webhook-secret-file", with_secret_line},
+         {},
+         78,
+         "is not a Stripe endpoint secret",
+         s},
+        {"the environment variable malformed around it",
+         {"webhooks"},
+         {{"CHARGEGUARD_WEBHOOK_SECRET", "x " + s}},
+         78,
+         "CHARGEGUARD_WEBHOOK_SECRET: line 1",
+         s},
+    });
+}

@@ -3,13 +3,19 @@
 // the table and the metrics read back. The last case stops and restarts the shared server (not parallel).
 #define BOOST_TEST_MODULE webhooks
 #define BOOST_TEST_NO_MAIN
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
+#include <limits>
 
 #include "app/webhook_receiver.hpp"
 #include "integration/pg/support.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
+#include "net/tokens.hpp"
 #include "pg/migrations.hpp"
 #include "stripe/webhook_signature.hpp"
 #include "support/pg_main.hpp"
@@ -34,9 +40,9 @@ std::int64_t now_unix() {
 
 std::string event_body(const std::string& id, std::int64_t created,
                        const std::string& type = "charge.refunded") {
-    return R"({"id":")" + id + R"(","object":"event","type":")" + type + R"(","created":)" +
-           std::to_string(created) + R"(,"livemode":false,"data":{"object":{"id":"ch_)" + id +
-           R"(","object":"charge","amount_refunded":500}}})";
+    return R"({"id":")" + id + R"(","object":"event","api_version":"2024-06-20","type":")" + type +
+           R"(","created":)" + std::to_string(created) + R"(,"livemode":false,"data":{"object":{"id":"ch_)" +
+           id + R"(","object":"charge","amount_refunded":500}}})";
 }
 
 http::request delivery(const std::string& body, const std::string& secret, std::int64_t t) {
@@ -64,6 +70,7 @@ struct webhooks_fixture {
         o.server = db.config();
         o.server.connect_timeout = 2s;
         o.size = 2;
+        o.server_wait = 300ms;  // how long a delivery waits for a pooled connection before 503 (busy)
         o.backoff_max = 200ms;
         pool = pg::pool::create(io.get_executor(), offload.get_executor(), std::move(o), logger());
         // The migration's error, or empty (result<T> has no default constructor, which co_spawn needs).
@@ -103,6 +110,49 @@ struct webhooks_fixture {
             BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
             co_return std::stoll(std::string(r->text(0, 0)));
         });
+    }
+
+    // The first cell of `text`'s result, as text ("" for NULL).
+    std::string sql(const std::string& text) {
+        return run_async(io, [&]() -> net::awaitable<std::string> {
+            auto c = co_await pool->acquire();
+            BOOST_TEST_REQUIRE(c.has_value(), (c ? "" : c.err().describe()));
+            auto r = co_await (*c)->query_with(text, pg::params(), 5s);
+            BOOST_TEST_REQUIRE(r.has_value(), (r ? "" : r.err().describe()));
+            if (r->empty()) co_return std::string();
+            co_return std::string(r->text(0, 0));
+        });
+    }
+
+    // A row processing: Stripe answered with its PaymentIntent `pi` (no charge yet), in `account` (empty:
+    // the platform), with the delivery a dead letter would carry.
+    void seed_processing(const std::string& key, const std::string& customer, const std::string& pi,
+                         const std::string& account = {}) {
+        auto seeded = run_async(io, [&]() -> net::awaitable<std::string> {
+            auto c = co_await pool->acquire();
+            if (!c) co_return c.err().describe();
+            auto r = co_await (*c)->query_with(
+                "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+                "stripe_customer_id, status, payment_intent_id, processing_since, raw_body, nsq_topic, "
+                "nsq_channel, nsq_message_id, stripe_account) VALUES ($1, $2, '2026-12', 1999, 'usd', "
+                "'cus_1', 'processing', $3, now(), convert_to('{}', 'UTF8'), 'billing', 'chargeguard', "
+                "'m-' || $1, NULLIF($4, ''))",
+                pg::params(key, customer, pi, account), 5s);
+            co_return r ? std::string() : r.err().describe();
+        });
+        BOOST_TEST_REQUIRE(seeded.empty(), seeded);
+    }
+
+    double events_result(const std::string& res) {
+        auto fams = test::parse_prometheus(reg.render());
+        for (const auto& smp : fams.at("chargeguard_webhook_events_total").samples)
+            if (smp.labels.at("result") == res) return smp.value;
+        BOOST_FAIL("no result " + res);
+        return -1;
+    }
+
+    double counter(const std::string& name) {
+        return test::parse_prometheus(reg.render()).at(name).samples.at(0).value;
     }
 
     double outcome(const std::string& o) {
@@ -163,7 +213,7 @@ BOOST_AUTO_TEST_CASE(a_delivery_settles_the_ledger_row_it_names) {
     });
     BOOST_TEST_REQUIRE(seeded.empty(), seeded);
     const std::string failed =
-        R"({"id":"evt_fail_1","object":"event","type":"payment_intent.payment_failed","created":)" +
+        R"({"id":"evt_fail_1","object":"event","api_version":"2024-06-20","type":"payment_intent.payment_failed","created":)" +
         std::to_string(now_unix()) +
         R"(,"livemode":false,"data":{"object":{"id":"pi_hook","object":"payment_intent",)"
         R"("status":"requires_payment_method","latest_charge":"ch_hook","metadata":{"billing_key":")" +
@@ -282,7 +332,8 @@ BOOST_AUTO_TEST_CASE(a_refund_reopens_vault_cap_room_only_under_the_keys_policy_
     BOOST_TEST_REQUIRE(committed("vk_reopen") == 1000);
     auto refunded = [](const std::string& evt, std::int64_t created, const std::string& charge,
                        const std::string& intent, std::int64_t amount) {
-        return R"({"id":")" + evt + R"(","object":"event","type":"charge.refunded","created":)" +
+        return R"({"id":")" + evt +
+               R"(","object":"event","api_version":"2024-06-20","type":"charge.refunded","created":)" +
                std::to_string(created) + R"(,"livemode":false,"data":{"object":{"id":")" + charge +
                R"(","object":"charge","status":"succeeded","amount":1000,"payment_intent":")" + intent +
                R"(","amount_refunded":)" + std::to_string(amount) + "}}}";
@@ -357,15 +408,17 @@ BOOST_AUTO_TEST_CASE(refund_events_reach_the_vault_once_by_refund_id_and_failure
     int seq = 0;
     auto refund = [&](const std::string& type, const std::string& re, std::int64_t amount,
                       const std::string& status, std::int64_t at) {
-        return R"({"id":"evt_vre_)" + std::to_string(++seq) + R"(","object":"event","type":")" + type +
-               R"(","created":)" + std::to_string(at) + R"(,"livemode":false,"data":{"object":{"id":")" + re +
+        return R"({"id":"evt_vre_)" + std::to_string(++seq) +
+               R"(","object":"event","api_version":"2024-06-20","type":")" + type + R"(","created":)" +
+               std::to_string(at) + R"(,"livemode":false,"data":{"object":{"id":")" + re +
                R"(","object":"refund","amount":)" + std::to_string(amount) +
                R"(,"charge":"ch_vre","payment_intent":"pi_vre","currency":"usd","status":")" + status +
                R"(","metadata":{}}}})";
     };
     auto charge_refunded = [&](std::int64_t cumulative, std::int64_t at) {
         return R"({"id":"evt_vre_)" + std::to_string(++seq) +
-               R"(","object":"event","type":"charge.refunded","created":)" + std::to_string(at) +
+               R"(","object":"event","api_version":"2024-06-20","type":"charge.refunded","created":)" +
+               std::to_string(at) +
                R"(,"livemode":false,"data":{"object":{"id":"ch_vre","object":"charge","status":"succeeded",)"
                R"("amount":1000,"payment_intent":"pi_vre","amount_refunded":)" +
                std::to_string(cumulative) + "}}}";
@@ -411,6 +464,230 @@ BOOST_AUTO_TEST_CASE(refund_events_reach_the_vault_once_by_refund_id_and_failure
     BOOST_TEST(sql("SELECT string_agg(id || ':' || status, ',' ORDER BY id) FROM stripe_refunds") ==
                "re_v1:canceled,re_v2:failed,re_v3:succeeded");
     BOOST_TEST(outcome("error") == 0);
+}
+
+namespace {
+
+// A charge event: `pi` empty for a charge made without a PaymentIntent (by hand, /v1/charges); the row's key
+// in its metadata, as another integration or a support agent copying it would leave it.
+std::string charge_event(const std::string& evt, const std::string& type, const std::string& charge,
+                         const std::string& pi, const std::string& status, const std::string& key) {
+    return R"({"id":")" + evt + R"(","object":"event","api_version":"2024-06-20","type":")" + type +
+           R"(","created":)" + std::to_string(now_unix()) + R"(,"livemode":false,"data":{"object":{"id":")" +
+           charge + R"(","object":"charge","status":")" + status + R"(","payment_intent":)" +
+           (pi.empty() ? std::string("null") : "\"" + pi + "\"") +
+           R"(,"failure_code":"card_declined","metadata":{"billing_key":")" + key + R"("}}}})";
+}
+
+// A PaymentIntent event, from `account` (Connect; empty: the platform's own, no "account" field).
+std::string intent_event(const std::string& evt, const std::string& type, const std::string& pi,
+                         const std::string& status, const std::string& key, const std::string& account = {}) {
+    return R"({"id":")" + evt + R"(","object":"event","api_version":"2024-06-20","type":")" + type +
+           R"(","created":)" + std::to_string(now_unix()) + R"(,"livemode":false,)" +
+           (account.empty() ? std::string() : R"("account":")" + account + R"(",)") +
+           R"("data":{"object":{"id":")" + pi + R"(","object":"payment_intent","status":")" + status +
+           R"(","latest_charge":"ch_)" + pi + R"(","last_payment_error":{"code":"insufficient_funds"},)" +
+           R"("metadata":{"billing_key":")" + key + R"("}}}})";
+}
+
+}  // namespace
+
+// A charge.failed for a charge that carries the row's billing_key but is not its PaymentIntent's (made by
+// hand, no PaymentIntent; or another integration's, another one): recorded, other_payment, the processing
+// row untouched and no dead letter (a replay would charge again while the real debit may still succeed).
+BOOST_AUTO_TEST_CASE(a_foreign_charge_failed_moves_nothing_and_writes_no_letter) {
+    const std::string key = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0";
+    seed_processing(key, "c-foreign-1", "pi_own_1");
+    auto r = send(delivery(charge_event("evt_ff_1", "charge.failed", "ch_by_hand", "", "failed", key),
+                           current_secret, now_unix()));
+    BOOST_TEST(r.status == 200, r.body);
+    r = send(delivery(charge_event("evt_ff_2", "charge.failed", "ch_other_integration",
+                                   "pi_other_integration", "failed", key),
+                      current_secret, now_unix()));
+    BOOST_TEST(r.status == 200, r.body);
+    BOOST_TEST(sql("SELECT status || '/' || coalesce(charge_id, '-') FROM billing_records WHERE key = '" +
+                   key + "'") == "processing/-");
+    BOOST_TEST(sql("SELECT count(*) FROM dead_letters") == "0");
+    BOOST_TEST(count_rows("id IN ('evt_ff_1', 'evt_ff_2') AND outcome = 'other_payment' AND applied_to = '" +
+                          key + "'") == 2);
+    BOOST_TEST(outcome("other_payment") == 2);
+    BOOST_TEST(outcome("recorded") == 0);
+    BOOST_TEST(events_result("other_payment") == 2);
+    BOOST_TEST(counter("chargeguard_billing_failed_after_processing_total") == 0);
+}
+
+// A charge.succeeded of such a foreign charge does not mark the row charged; the row's own
+// payment_intent.payment_failed afterwards applies: failed_after_processing, its dead letter.
+BOOST_AUTO_TEST_CASE(a_foreign_charge_succeeded_does_not_mark_the_row_paid) {
+    const std::string key = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
+    seed_processing(key, "c-foreign-2", "pi_own_2");
+    auto r =
+        send(delivery(charge_event("evt_fs_1", "charge.succeeded", "ch_foreign_ok", "", "succeeded", key),
+                      current_secret, now_unix()));
+    BOOST_TEST(r.status == 200, r.body);
+    BOOST_TEST(sql("SELECT status || '/' || coalesce(charge_id, '-') FROM billing_records WHERE key = '" +
+                   key + "'") == "processing/-");
+    BOOST_TEST(count_rows("id = 'evt_fs_1' AND outcome = 'other_payment'") == 1);
+    r = send(delivery(
+        intent_event("evt_fs_2", "payment_intent.payment_failed", "pi_own_2", "requires_payment_method", key),
+        current_secret, now_unix()));
+    BOOST_TEST(r.status == 200, r.body);
+    BOOST_TEST(count_rows("id = 'evt_fs_2' AND outcome = 'applied'") == 1);
+    BOOST_TEST(sql("SELECT status FROM billing_records WHERE key = '" + key + "'") ==
+               "failed_after_processing");
+    BOOST_TEST(sql("SELECT count(*) FROM dead_letters WHERE billing_key = '" + key + "'") == "1");
+    BOOST_TEST(counter("chargeguard_billing_failed_after_processing_total") == 1);
+}
+
+// A Connect endpoint receives every connected account's events: an event from another account, or the
+// platform's, naming the row's very PaymentIntent id, moves nothing; the row's own account's applies.
+BOOST_AUTO_TEST_CASE(an_event_from_another_account_moves_nothing) {
+    const std::string key = "c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2";
+    seed_processing(key, "c-connect-1", "pi_connect_1", "acct_Rowsown");
+    auto status = [&] { return sql("SELECT status FROM billing_records WHERE key = '" + key + "'"); };
+    auto r = send(delivery(intent_event("evt_xa_1", "payment_intent.payment_failed", "pi_connect_1",
+                                        "requires_payment_method", key, "acct_Someoneelse"),
+                           current_secret, now_unix()));
+    BOOST_TEST(r.status == 200, r.body);
+    r = send(
+        delivery(intent_event("evt_xa_2", "payment_intent.succeeded", "pi_connect_1", "succeeded", key, ""),
+                 current_secret, now_unix()));
+    BOOST_TEST(r.status == 200, r.body);
+    BOOST_TEST(status() == "processing");
+    BOOST_TEST(count_rows("id IN ('evt_xa_1', 'evt_xa_2') AND outcome = 'other_payment'") == 2);
+    BOOST_TEST(sql("SELECT count(*) FROM dead_letters") == "0");
+    r = send(delivery(intent_event("evt_xa_3", "payment_intent.succeeded", "pi_connect_1", "succeeded", key,
+                                   "acct_Rowsown"),
+                      current_secret, now_unix()));
+    BOOST_TEST(r.status == 200, r.body);
+    BOOST_TEST(status() == "charged");
+    BOOST_TEST(outcome("other_payment") == 2);
+    BOOST_TEST(outcome("recorded") == 1);
+}
+
+// Genuinely signed events no table can hold: answered 400 once with the refusal recorded (reason, body),
+// then acknowledged (Stripe would otherwise redeliver for three days, each a 500 paging as an error).
+BOOST_AUTO_TEST_CASE(poison_events_are_refused_once_and_recorded_with_their_reason) {
+    const std::string head = R"({"object":"event","api_version":"2024-06-20","type":"charge.succeeded",)";
+    const std::string int64_max = std::to_string(std::numeric_limits<std::int64_t>::max());
+    const std::vector<std::pair<std::string, std::string>> poison = {
+        {"evt_poison_time", R"({"id":"evt_poison_time",)" + head.substr(1) + R"("created":)" + int64_max +
+                                R"(,"data":{"object":{"id":"ch_p1","object":"charge"}}})"},
+        {"evt_poison_nul",
+         R"({"id":"evt_poison_nul",)" + head.substr(1) + R"("created":)" + std::to_string(now_unix()) +
+             R"(,"data":{"object":{"id":"ch_p2","object":"charge","metadata":{"note":"a\u0000b"}}}})"},
+        {"evt_poison_dup",
+         R"({"id":"evt_poison_dup",)" + head.substr(1) + R"("created":)" + std::to_string(now_unix()) +
+             R"(,"id":"evt_poison_other","data":{"object":{"id":"ch_p3","object":"charge"}}})"},
+    };
+    for (const auto& [id, body] : poison) {
+        BOOST_TEST_CONTEXT(id) {
+            auto r = send(delivery(body, current_secret, now_unix()));
+            BOOST_TEST(r.status == 400, r.body);
+            r = send(delivery(body, current_secret, now_unix()));  // Stripe's retry
+            BOOST_TEST(r.status == 200, r.body);
+            BOOST_TEST(r.body.find("refused") != std::string::npos, r.body);
+            BOOST_TEST(sql("SELECT deliveries || ' ' || encode(body, 'hex') FROM stripe_webhook_refusals "
+                           "WHERE event_id = '" +
+                           id + "' AND reason LIKE 'unstorable: %'") == "2 " + to_hex(body));
+        }
+    }
+    BOOST_TEST(sql("SELECT reason FROM stripe_webhook_refusals WHERE event_id = 'evt_poison_dup'") ==
+               "unstorable: the key \"id\" twice in $");
+    BOOST_TEST(sql("SELECT reason FROM stripe_webhook_refusals WHERE event_id = 'evt_poison_time'")
+                   .find("outside the years 1970 to 9999") != std::string::npos);
+    BOOST_TEST(count_rows() == 0);
+    BOOST_TEST(outcome("poison") == 3);
+    BOOST_TEST(outcome("duplicate") == 3);
+    BOOST_TEST(outcome("error") == 0);
+}
+
+// The receiver reads one API version: an event rendered in another (or naming none) is refused, every
+// delivery, with the version to create the endpoint with; nothing of it reaches the ledger.
+BOOST_AUTO_TEST_CASE(an_event_in_another_api_version_is_refused) {
+    const std::string key = "b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3";
+    seed_processing(key, "c-version-1", "pi_version_1");
+    auto old = intent_event("evt_v_old", "payment_intent.payment_failed", "pi_version_1",
+                            "requires_payment_method", key);
+    const std::string current = R"("api_version":"2024-06-20")";
+    old.replace(old.find(current), current.size(), R"("api_version":"2022-08-01")");
+    auto r = send(delivery(old, current_secret, now_unix()));
+    BOOST_TEST(r.status == 400, r.body);
+    BOOST_TEST(send(delivery(old, current_secret, now_unix())).status == 400);  // every delivery
+    auto none = intent_event("evt_v_none", "payment_intent.payment_failed", "pi_version_1",
+                             "requires_payment_method", key);
+    none.replace(none.find(current + ","), current.size() + 1, "");
+    BOOST_TEST(send(delivery(none, current_secret, now_unix())).status == 400);
+    BOOST_TEST(sql("SELECT deliveries || ' ' || reason FROM stripe_webhook_refusals WHERE event_id = "
+                   "'evt_v_old'") ==
+               "2 api_version 2022-08-01, the receiver reads 2024-06-20: create the endpoint with "
+               "api_version 2024-06-20");
+    BOOST_TEST(sql("SELECT api_version IS NULL FROM stripe_webhook_refusals WHERE event_id = 'evt_v_none'") ==
+               "t");
+    BOOST_TEST(sql("SELECT status FROM billing_records WHERE key = '" + key + "'") == "processing");
+    BOOST_TEST(count_rows() == 0);
+    BOOST_TEST(outcome("wrong_api_version") == 3);
+}
+
+// No pooled connection within the bound while PostgreSQL is up: 503 with Retry-After, counted busy (not
+// error); and past max_in_flight deliveries being recorded, 503 at once. The delivery that waited is
+// recorded once the connections come back.
+BOOST_AUTO_TEST_CASE(a_busy_pool_answers_503_with_retry_after_counted_apart_from_errors) {
+    app::webhook_receiver_config cfg;
+    cfg.secrets = {current_secret};
+    cfg.max_in_flight = 1;
+    metrics::registry reg1;
+    app::webhook_receiver one(cfg, pool, logger(), reg1);
+    auto one_routes = one.routes();
+    auto waited = delivery(event_body("evt_busy_wait", now_unix()), current_secret, now_unix());
+    auto gated = delivery(event_body("evt_busy_gate", now_unix()), current_secret, now_unix());
+    auto timed_out = delivery(event_body("evt_busy_pool", now_unix()), current_secret, now_unix());
+    struct answers {
+        int waited = 0, gated = 0, timed_out = 0;
+        std::string retry_after;
+    };
+    auto a = run_async(io, [&]() -> net::awaitable<answers> {
+        answers out;
+        // Every pooled connection taken.
+        auto c1 = co_await pool->acquire();
+        auto c2 = co_await pool->acquire();
+        BOOST_TEST_REQUIRE((c1.has_value() && c2.has_value()));
+        // The pool's bound passes: busy.
+        auto t = co_await routes.dispatch(timed_out);
+        out.timed_out = t.status;
+        out.retry_after = t.headers.get("Retry-After").value_or("");
+        // One delivery waits for a connection in the receiver admitting one at a time...
+        asio::steady_timer done(io, std::chrono::steady_clock::time_point::max());
+        asio::co_spawn(
+            io,
+            [&]() -> net::awaitable<void> {
+                auto w = co_await one_routes.dispatch(waited);
+                out.waited = w.status;
+                done.cancel();
+            },
+            asio::detached);
+        co_await asio::post(io, asio::use_awaitable);
+        // ...so the next is turned away at once.
+        out.gated = (co_await one_routes.dispatch(gated)).status;
+        c1->release();
+        c2->release();
+        if (out.waited == 0) co_await done.async_wait(net::nothrow);
+        co_return out;
+    });
+    BOOST_TEST(a.timed_out == 503);
+    BOOST_TEST(a.retry_after == "5");
+    BOOST_TEST(a.gated == 503);
+    BOOST_TEST(a.waited == 200);
+    BOOST_TEST(outcome("busy") == 1);
+    BOOST_TEST(outcome("error") == 0);
+    auto fams = test::parse_prometheus(reg1.render());
+    for (const auto& smp : fams.at("chargeguard_webhook_deliveries_total").samples) {
+        if (smp.labels.at("outcome") == "busy") BOOST_TEST(smp.value == 1);
+        if (smp.labels.at("outcome") == "recorded") BOOST_TEST(smp.value == 1);
+        if (smp.labels.at("outcome") == "error") BOOST_TEST(smp.value == 0);
+    }
+    BOOST_TEST(count_rows("id = 'evt_busy_wait'") == 1);
+    BOOST_TEST(count_rows("id IN ('evt_busy_gate', 'evt_busy_pool')") == 0);
 }
 
 BOOST_AUTO_TEST_CASE(postgres_down_answers_500_and_the_redelivery_after_restart_is_recorded) {

@@ -1,5 +1,6 @@
 // http::server over real sockets: slow clients are cut off, handler failures become 500s, a handler can
-// drop the connection, and the connection limit holds (shedding idle connections, never a running request).
+// drop the connection, the connection limit holds (shedding idle connections, never a running request), and
+// the budget of bytes buffered across connections sheds the read that would exceed it.
 #define BOOST_TEST_MODULE http_server
 #include "http/server.hpp"
 
@@ -51,6 +52,7 @@ struct running_server {
         r.add("GET", "/drop", drop_handler);
         r.add("GET", "/slow", slow_handler);
         r.add("GET", "/hold", hold_handler);
+        r.add("POST", "/hold", hold_handler);
         srv = std::make_unique<http::server>(io.get_executor(), std::move(r), std::move(o),
                                              logger(sink, log_level::debug));
         auto ep = srv->listen({"127.0.0.1", 0});
@@ -121,4 +123,28 @@ BOOST_AUTO_TEST_CASE(connection_limit_sheds_the_oldest_idle_keep_alive) {
     BOOST_TEST(c.get("/slow").status == 200);
     BOOST_TEST(a.closed_by_peer());            // the oldest idle one made room
     BOOST_TEST(b.get("/slow").status == 200);  // the other still works
+}
+
+// Bytes read and not yet answered count against one budget across connections: a body held by a running
+// handler leaves no room for another that would exceed it (503, Retry-After, closed), and its answer gives
+// the room back.
+BOOST_AUTO_TEST_CASE(the_buffered_bytes_budget_sheds_the_read_over_it) {
+    http::server_options o;
+    o.max_buffered_bytes = 64 * 1024;
+    running_server s(o);
+    const std::string post =
+        "POST /hold HTTP/1.1\r\nHost: x\r\nContent-Length: 40960\r\n\r\n" + std::string(40960, 'b');
+    test::raw_http a(s.port);
+    a.exchange_partial(post);
+    while (holding.load() < 1) std::this_thread::yield();  // its 40 KiB are held by the handler
+    test::raw_http b(s.port);
+    auto shed = b.exchange(post);
+    BOOST_TEST(shed.status == 503);
+    BOOST_TEST(shed.headers.get("Retry-After").value_or("") == "5");
+    BOOST_TEST(b.closed_by_peer());
+    BOOST_TEST(a.read_response().body == "held");
+    // Answered: the room is back, for the same connection and for another.
+    BOOST_TEST(a.exchange(post).status == 200);
+    test::raw_http c(s.port);
+    BOOST_TEST(c.exchange(post).status == 200);
 }

@@ -55,3 +55,55 @@ BOOST_AUTO_TEST_CASE(refuses_what_is_not_an_event) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(webhook_event_unstorable)
+
+BOOST_AUTO_TEST_CASE(what_no_table_can_hold_is_named) {
+    struct row_case {
+        const char* body;
+        const char* why;  // a phrase of the reason; empty: storable
+    };
+    const row_case cases[] = {
+        {R"({"id":"evt_1","object":"event","type":"t","created":1700000000,"data":{"object":{"id":"ch_1"}}})",
+         ""},
+        {R"({"id":"evt_1","object":"event","type":"t","created":9223372036854775807,"data":{"object":{}}})",
+         "outside the years 1970 to 9999"},
+        {R"({"id":"evt_1","object":"event","type":"t","created":-1,"data":{"object":{}}})",
+         "outside the years 1970 to 9999"},
+        {R"({"id":"evt_1","object":"event","type":"t","created":1,"data":{"object":{"metadata":{"k":"a\u0000b"}}}})",
+         "NUL character in the string at $.data.object.metadata.k"},
+        {R"({"id":"evt_1","object":"event","type":"t","created":1,"data":{"object":{"list":["x","\u0000"]}}})",
+         "NUL character in the string at $.data.object.list[1]"},
+        {R"({"id":"evt_1","object":"event","type":"t","created":1,"data":{"object":{"a\u0000":1}}})",
+         "NUL character in a key"},
+        // An escaped backslash before u0000 is six ordinary characters.
+        {R"({"id":"evt_1","object":"event","type":"t","created":1,"data":{"object":{"k":"\\u0000"}}})", ""},
+        {R"({"id":"evt_1","object":"event","type":"t","created":1,"id":"evt_2","data":{"object":{}}})",
+         "the key \"id\" twice in $"},
+        {R"({"id":"evt_1","object":"event","type":"t","created":1,"data":{"object":{"amount":1,"amount":2}}})",
+         "the key \"amount\" twice in $.data.object"},
+    };
+    for (const auto& c : cases) {
+        BOOST_TEST_CONTEXT(c.body) {
+            auto ev = parse_webhook_event(c.body);
+            BOOST_TEST_REQUIRE(ev.has_value(), (ev ? std::string() : ev.err().describe()));
+            if (*c.why == '\0')
+                BOOST_TEST(ev->unstorable.empty(), ev->unstorable);
+            else
+                BOOST_TEST(ev->unstorable.find(c.why) != std::string::npos, ev->unstorable);
+        }
+    }
+    // A NUL in the id leaves nothing to record the refusal under: not an event.
+    BOOST_TEST(!parse_webhook_event(
+                    R"({"id":"evt_\u0000","object":"event","type":"t","created":1,"data":{"object":{}}})")
+                    .has_value());
+}
+
+BOOST_AUTO_TEST_CASE(the_api_version_is_read) {
+    auto ev = parse_webhook_event(
+        R"({"id":"evt_1","object":"event","api_version":"2022-08-01","type":"t","created":1,"data":{"object":{}}})");
+    BOOST_TEST_REQUIRE(ev.has_value());
+    BOOST_TEST(ev->api_version == "2022-08-01");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
