@@ -1,5 +1,7 @@
 #include "app/cli.hpp"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -246,6 +248,15 @@ runtime_options to_runtime_options(const runtime_flags& f) {
     o.lag_interval = from_seconds(f.loop_lag_interval_s);
     o.turn_budget = std::chrono::microseconds(std::llround(f.loop_turn_budget_s * 1e6));
     return o;
+}
+
+std::string default_operator() {
+    const char* u = std::getenv("USER");
+    if (!u || !*u) u = std::getenv("LOGNAME");
+    std::string who = u && *u ? u : "unknown";
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0 && host[0]) who += std::string("@") + host;
+    return who;
 }
 
 logger make_stderr_logger(log_level level) {
