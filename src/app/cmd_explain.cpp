@@ -23,6 +23,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <tuple>
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
@@ -374,6 +375,14 @@ void decide(explanation& x) {
         if (letter) {
             x.state = "dead_lettered";
             x.verdict = "dead-lettered: " + letter->reason + replay_hint(x);
+        } else if (!x.letters.empty()) {
+            // Every letter closed, and still no row: a dismissal, or a replay whose event has not arrived.
+            const auto& l = x.letters.back();
+            x.state = "dead_lettered";
+            x.verdict = "dead-lettered: " + l.reason + " (letter " + l.id + " " +
+                        (l.dismissed_at ? "dismissed at " + *l.dismissed_at
+                                        : "replayed at " + l.replayed_at.value_or("?")) +
+                        "; no ledger row since)";
         } else {
             x.state = "never_seen";
             x.verdict = "never seen: no ledger row and no dead letter for key " + x.key +
@@ -458,6 +467,9 @@ void decide_stripe_customer(explanation& x) {
                     x.period + " (" + std::to_string(c.rows.size()) + " ledger row(s))";
         return;
     }
+    std::sort(paid.begin(), paid.end(), [](const auto& a, const auto& b) {
+        return std::tie(a.second, a.first) < std::tie(b.second, b.first);  // by customer id, then charge
+    });
     std::string list;
     std::vector<std::string> ids;
     for (const auto& [charge, customer] : paid) {

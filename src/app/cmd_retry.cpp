@@ -126,17 +126,15 @@ net::awaitable<bool> settle_open_intent(retry_ctx& x, const billing::retry_candi
     co_return false;
 }
 
-// A row reopened by a retry and still pending: its event is published again (a crash may have come between
-// the reopen and the publish). True when it was.
-net::awaitable<result<bool>> pending_by_retry(retry_ctx& x, const billing::retry_candidate& c) {
+// The retry that reopened a pending row, if one did (the row's generation is that retry's): its event is
+// published again, since a crash may have come between the reopen and the publish.
+net::awaitable<result<std::optional<billing::retry_record>>> pending_by_retry(
+    retry_ctx& x, const billing::retry_candidate& c) {
     auto retries = co_await x.store.retries_of(c.key);
     if (!retries) co_return retries.err();
-    if (retries->empty() || retries->back().generation != c.key_generation) co_return false;
-    const auto& last = retries->back();
-    std::printf("%s: retry #%lld by %s at %s is under way (generation %d): ", who(c).c_str(),
-                static_cast<long long>(last.id), last.requested_by.c_str(), last.requested_at.c_str(),
-                last.generation);
-    co_return true;
+    if (retries->empty() || retries->back().generation != c.key_generation)
+        co_return std::optional<billing::retry_record>();
+    co_return std::optional<billing::retry_record>(retries->back());
 }
 
 // One row. False: nsqd refused a publish (the caller stops).
@@ -172,7 +170,9 @@ net::awaitable<bool> retry_one(retry_ctx& x, const billing::retry_candidate& c) 
             ++x.n.not_declined;
             co_return true;
         }
-        done = "published again";
+        const auto& last = **p;
+        done = "retry #" + std::to_string(last.id) + " by " + last.requested_by + " at " + last.requested_at +
+               " is under way (generation " + std::to_string(last.generation) + "): published again";
         publish = true;
     } else if (c.status == billing::record_status::charged) {
         std::printf("%s: charged (%s): nothing to retry\n", who(c).c_str(),

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -1097,6 +1098,60 @@ BOOST_FIXTURE_TEST_CASE(explain_shows_a_periods_corrections_and_their_stripe_obj
 
 namespace {
 
+std::string squeeze(const std::string& text) {
+    std::string out;
+    for (char ch : text) {
+        bool space = ch == ' ' || ch == '\n' || ch == '\t';
+        if (space && (out.empty() || out.back() == ' ')) continue;
+        out += space ? ' ' : ch;
+    }
+    return out;
+}
+
+// The runbook's "Incidents, walked" (docs/operating/runbook.md) shows each command with what it prints: the
+// `#   ` lines under the `nth` occurrence of `command` in that section (… stands for anything; a line wrapped
+// in the doc is matched piece by piece). Empty when `output` holds every one of them (whitespace runs read as
+// one space), else what is missing: the doc's outputs are this test's, and cannot drift from the binary's.
+std::string runbook_mismatch(const std::string& command, const std::string& output, int nth = 0) {
+    const char* root = std::getenv("CG_SOURCE_ROOT");
+    if (!root) return "CG_SOURCE_ROOT is not set (run through meson test)";
+    std::ifstream in(std::string(root) + "/docs/operating/runbook.md");
+    std::string line;
+    bool in_section = false, collecting = false;
+    int seen = 0;
+    std::vector<std::string> want;
+    while (std::getline(in, line)) {
+        if (line.rfind("## ", 0) == 0) in_section = line == "## Incidents, walked";
+        if (!in_section) continue;
+        if (collecting) {
+            if (line.rfind("#   ", 0) != 0) break;
+            want.push_back(squeeze(line.substr(4)));
+            continue;
+        }
+        if (line == command && seen++ == nth) collecting = true;
+    }
+    if (!collecting) return "the runbook does not show `" + command + "`";
+    if (want.empty()) return "the runbook shows no output for `" + command + "`";
+    const auto out = squeeze(output);
+    for (const auto& w : want) {
+        // The line as a regular expression: every character literal but "…", which stands for anything.
+        std::string re;
+        for (std::size_t k = 0; k < w.size(); ++k) {
+            if (w.compare(k, std::string_view("…").size(), "…") == 0) {
+                re += ".*?";
+                k += std::string_view("…").size() - 1;
+            } else if (std::string_view("\\^$.|?*+()[]{}").find(w[k]) != std::string_view::npos) {
+                re += std::string("\\") + w[k];
+            } else {
+                re += w[k];
+            }
+        }
+        if (!std::regex_search(out, std::regex(re)))
+            return "the runbook shows `" + w + "` for `" + command + "`, the output is:\n" + output;
+    }
+    return "";
+}
+
 // The succeeded charges Stripe holds for a key (metadata[billing_key]), and every charge for it.
 std::pair<std::vector<std::string>, std::size_t> charges_for(const fake::fake_stripe& s,
                                                              const std::string& key) {
@@ -1170,8 +1225,14 @@ BOOST_FIXTURE_TEST_CASE(retry_declined_charges_once_after_the_card_is_fixed, ops
             a.insert(a.end(), s.begin(), s.end());
             return a;
         };
-        // Still declined: the retry charges under generation 2 and is declined again.
         child* c = nullptr;
+        const std::string explain_d1 = "chargeguard explain --customer d1 --period 2026-07";
+        BOOST_TEST_REQUIRE(
+            co_await run_cmd(c, argv("explain", "--customer", "d1", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn())) == 2,
+            c->err());
+        BOOST_TEST(runbook_mismatch(explain_d1, c->out(), 0) == "");
+        // Still declined: the retry charges under generation 2 and is declined again.
         BOOST_TEST_REQUIRE(co_await run_cmd(c, retry(argv("--customer", "d1", "--period", p))) == 0,
                            c->err());
         BOOST_TEST(c->out().find("retry #1 by alice: reopened under generation 2") != std::string::npos,
@@ -1187,6 +1248,10 @@ BOOST_FIXTURE_TEST_CASE(retry_declined_charges_once_after_the_card_is_fixed, ops
         BOOST_TEST_REQUIRE(co_await run_cmd(c, retry(argv("--customer", "d1", "--period", p))) == 0,
                            c->err());
         BOOST_TEST(c->out().find("reopened under generation 3") != std::string::npos, c->out());
+        BOOST_TEST(
+            runbook_mismatch("chargeguard retry-declined --customer d1 --period 2026-07 --reason 'card "
+                             "updated' --by alice --nsqd-tcp-address nsqd:4150",
+                             c->out()) == "");
         BOOST_TEST_REQUIRE(co_await run_cmd(c, retry(argv("--key", key_of("d2", p)))) == 0, c->err());
         BOOST_TEST(c->out().find("reopened under generation 2") != std::string::npos, c->out());
         // Every row still declined in the period: d3, and d4 whose open intent is cancelled first.
@@ -1195,6 +1260,10 @@ BOOST_FIXTURE_TEST_CASE(retry_declined_charges_once_after_the_card_is_fixed, ops
         BOOST_TEST(
             c->out().find("2 retried, 0 charged already, 0 not declined, 0 failed") != std::string::npos,
             c->out());
+        BOOST_TEST(
+            runbook_mismatch("chargeguard retry-declined --period 2026-07 --all --reason 'card updated' "
+                             "--by alice --nsqd-tcp-address nsqd:4150",
+                             c->out()) == "");
         BOOST_TEST_REQUIRE(
             co_await eventually([&] { return nsqd->channel(topic, channel).finish_count == 10u; },
                                 seconds(40)),
@@ -1243,6 +1312,7 @@ BOOST_FIXTURE_TEST_CASE(retry_declined_charges_once_after_the_card_is_fixed, ops
                    out);
         BOOST_TEST(out.find("verdict: charged once: ") != std::string::npos, out);
         BOOST_TEST(out.find("3 attempts (2 retried after a decline)") != std::string::npos, out);
+        BOOST_TEST(runbook_mismatch(explain_d1, out, 1) == "");
         co_await stop_cleanly(consumer);
     });
 }
@@ -1348,7 +1418,15 @@ BOOST_FIXTURE_TEST_CASE(a_crash_mid_retry_still_charges_once, ops) {
         BOOST_TEST(gen.text(0, 0) == "3");  // a new generation once the search found nothing of generation 2
 
         // k2: consume is killed while the retry's charge is inside Stripe; the restarted consume finishes it.
+        // The retry is run twice, as after a crash of the command between its reopen and its publish: the
+        // second run finds the row reopened by the first and publishes the event again.
         BOOST_TEST_REQUIRE(co_await run_cmd(c, retry("k2")) == 0, c->err());
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, retry("k2")) == 0, c->err());
+        BOOST_TEST(c->out().find("retry #2 by ") != std::string::npos, c->out());
+        BOOST_TEST(
+            c->out().find("is under way (generation 2): published again; event published to billing") !=
+                std::string::npos,
+            c->out());
         fake->faults().stall_ms = 3000;
         fake->faults().stall_count = 1;
         {
@@ -1399,33 +1477,34 @@ BOOST_FIXTURE_TEST_CASE(every_dead_letter_can_be_closed, ops) {
         BOOST_TEST_REQUIRE(co_await eventually(
                                [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
                            consumer.err());
-        // The same customer and period with another amount; an invalid amount (a decimal) for c-21; a test
-        // event nobody should charge.
-        nsqd->publish(topic, event_json("x1", p, 2500, "cus_x1"));
+        // An invalid amount (a decimal) for c-21; the same customer and period as x1 with another amount; a
+        // test event nobody should charge. One after the other: letters 1, 2 and 3, as the runbook shows
+        // them.
         const std::string invalid =
             R"({"customer_id":"c-21","billing_period":")" + p +
             R"(","amount_cents":19.99,"currency":"usd","stripe_customer_id":"cus_c21"})";
-        nsqd->publish(topic, invalid);
-        nsqd->publish(topic, R"({"customer_id":"smoke-test"})");
-        BOOST_TEST_REQUIRE(co_await eventually(
-                               [&] { return nsqd->channel(topic, channel).finish_count == 4u; }, seconds(40)),
-                           consumer.err());
+        const std::string bodies[] = {invalid, event_json("x1", p, 2500, "cus_x1"),
+                                      R"({"customer_id":"smoke-test"})"};
+        for (std::size_t i = 0; i < std::size(bodies); ++i) {
+            nsqd->publish(topic, bodies[i]);
+            BOOST_TEST_REQUIRE(
+                co_await eventually([&] { return nsqd->channel(topic, channel).finish_count == 2u + i; },
+                                    seconds(40)),
+                consumer.err());
+        }
         // Dead letters are logged at warn.
         BOOST_TEST(consumer.err().find("\"level\":\"warn\",\"msg\":\"billing message finished\"") !=
                        std::string::npos,
                    consumer.err());
-        // (The three arrive in any order.)
-        auto ids = co_await query(
-            "SELECT (SELECT id FROM dead_letters WHERE reason = 'conflict'), (SELECT id FROM dead_letters "
-            "WHERE "
-            "starts_with(reason, 'event field is invalid')), (SELECT id FROM dead_letters WHERE "
-            "starts_with(reason, 'event lacks')), (SELECT count(*) FROM dead_letters)");
-        BOOST_TEST_REQUIRE(ids.text(0, 3) == "3");
-        BOOST_TEST_REQUIRE(!ids.is_null(0, 0));
-        BOOST_TEST_REQUIRE(!ids.is_null(0, 1));
-        BOOST_TEST_REQUIRE(!ids.is_null(0, 2));
-        const auto conflict_id = std::string(ids.text(0, 0)), invalid_id = std::string(ids.text(0, 1)),
-                   smoke_id = std::string(ids.text(0, 2));
+        auto ids =
+            co_await query("SELECT string_agg(id || ' ' || reason, '; ' ORDER BY id) FROM dead_letters");
+        BOOST_TEST_REQUIRE(
+            std::string(ids.text(0, 0)).rfind("1 event field is invalid: amount_cents", 0) == 0u,
+            ids.text(0, 0));
+        BOOST_TEST_REQUIRE(
+            std::string(ids.text(0, 0)).find("; 2 conflict; 3 event lacks") != std::string::npos,
+            ids.text(0, 0));
+        const std::string invalid_id = "1", conflict_id = "2", smoke_id = "3";
 
         // The gauge: open letters by reason class.
         std::optional<unsigned short> port;
@@ -1469,6 +1548,8 @@ BOOST_FIXTURE_TEST_CASE(every_dead_letter_can_be_closed, ops) {
         BOOST_TEST(
             c->out().find("0 replayed, 0 skipped (closed already), 1 refused, 0 failed") != std::string::npos,
             c->out());
+        BOOST_TEST(runbook_mismatch("chargeguard dead-letters replay 2 --nsqd-tcp-address nsqd:4150",
+                                    c->out()) == "");
         BOOST_TEST(nsqd->topic_message_count(topic) == 4u);
         // A letter whose event was charged meanwhile: superseded, nothing published.
         auto stale =
@@ -1485,6 +1566,13 @@ BOOST_FIXTURE_TEST_CASE(every_dead_letter_can_be_closed, ops) {
         // The invalid letter as it is: refused. explain finds it by its body, not "never seen".
         BOOST_TEST(co_await run_cmd(c, replay(argv(invalid_id))) == 1);
         BOOST_TEST(c->out().find("the body is not a valid billing event") != std::string::npos, c->out());
+        BOOST_TEST(runbook_mismatch("chargeguard dead-letters replay 1 --nsqd-tcp-address nsqd:4150",
+                                    c->out()) == "");
+        BOOST_TEST_REQUIRE(
+            co_await run_cmd(c, argv("explain", "--customer", "c-21", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn())) == 2,
+            c->err());
+        BOOST_TEST(runbook_mismatch("chargeguard explain --customer c-21 --period 2026-04", c->out()) == "");
         BOOST_TEST(co_await run_cmd(c, argv("explain", "--customer", "c-21", "--period", p, "--key-namespace",
                                             key_namespace, "--pg-dsn", dsn(), "--json")) == 2,
                    c->err());
@@ -1504,6 +1592,9 @@ BOOST_FIXTURE_TEST_CASE(every_dead_letter_can_be_closed, ops) {
                                  ": replayed with the corrected event to topic billing by alice") !=
                        std::string::npos,
                    c->out());
+        BOOST_TEST(runbook_mismatch("chargeguard dead-letters replay 1 --event fixed.json --by alice "
+                                    "--nsqd-tcp-address nsqd:4150",
+                                    c->out()) == "");
         BOOST_TEST_REQUIRE(co_await eventually(
                                [&] { return nsqd->channel(topic, channel).finish_count == 5u; }, seconds(40)),
                            consumer.err());
@@ -1525,6 +1616,10 @@ BOOST_FIXTURE_TEST_CASE(every_dead_letter_can_be_closed, ops) {
                                                     "--by", "bob", "--pg-dsn", dsn())) == 0,
                            c->err());
         BOOST_TEST(c->out().find("2 dismissed, 0 not open, 0 failed") != std::string::npos, c->out());
+        BOOST_TEST(
+            runbook_mismatch("chargeguard dead-letters dismiss 2 3 --reason '2500 was a publisher bug; smoke "
+                             "test' --by bob",
+                             c->out()) == "");
         BOOST_TEST(co_await run_cmd(c, argv("dead-letters", "dismiss", smoke_id, "--reason", "again",
                                             "--pg-dsn", dsn())) == 0);
         BOOST_TEST(c->out().find("not open (dismissed by bob)") != std::string::npos, c->out());
@@ -1533,6 +1628,7 @@ BOOST_FIXTURE_TEST_CASE(every_dead_letter_can_be_closed, ops) {
         BOOST_TEST(nsqd->topic_message_count(topic) == 5u);
         BOOST_TEST_REQUIRE(co_await run_cmd(c, argv("dead-letters", "list", "--pg-dsn", dsn())) == 0);
         BOOST_TEST(c->out().find("0 letter(s) open") != std::string::npos, c->out());
+        BOOST_TEST(runbook_mismatch("chargeguard dead-letters list", c->out()) == "");
         auto letters = co_await query("SELECT count(*) FROM dead_letters");
         BOOST_TEST(letters.text(0, 0) == "4");  // no refusal made a new letter
         co_await stop_cleanly(consumer);
@@ -1550,6 +1646,21 @@ BOOST_FIXTURE_TEST_CASE(every_dead_letter_can_be_closed, ops) {
         BOOST_TEST(scraped(metrics, "chargeguard_dead_letters_open{reason=\"invalid\"}") == 0);
         BOOST_TEST(scraped(metrics, "chargeguard_dead_letters_open{reason=\"conflict\"}") == 0);
         co_await stop_cleanly(next);
+
+        // explain on an event whose only letter was dismissed: not "never seen".
+        auto gone = co_await add_letter(event_json("x-gone", p, 700, "cus_g"), "stripe rejected: test");
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, argv("dead-letters", "dismiss", std::to_string(gone),
+                                                    "--reason", "cancelled order", "--pg-dsn", dsn())) == 0);
+        BOOST_TEST(
+            co_await run_cmd(c, argv("explain", "--customer", "x-gone", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn(), "--json")) == 2,
+            c->err());
+        auto closed = parse_explained(c->out());
+        BOOST_TEST(closed.state == "dead_lettered");
+        BOOST_TEST(closed.verdict.rfind("dead-lettered: stripe rejected: test (letter " +
+                                            std::to_string(gone) + " dismissed at ",
+                                        0) == 0u,
+                   closed.verdict);
     });
 }
 
@@ -1623,6 +1734,12 @@ BOOST_FIXTURE_TEST_CASE(explain_verdicts_by_table_and_by_stripe_customer, ops) {
              c05b = charges_for(*fake, key_of("c-05", p)).first;
         BOOST_TEST_REQUIRE(c05.size() == 1u);
         BOOST_TEST_REQUIRE(c05b.size() == 1u);
+        // Each key alone is charged once.
+        BOOST_TEST_REQUIRE(
+            co_await run_cmd(c, argv("explain", "--customer", "c-05", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn())) == 0,
+            c->err());
+        BOOST_TEST(runbook_mismatch("chargeguard explain --customer c-05 --period 2026-03", c->out()) == "");
         // The double charge, from Stripe and from the ledger alone: one verdict line.
         BOOST_TEST(co_await run_cmd(c, by_cus("cus_05", true)) == 2, c->err());
         BOOST_TEST(c->out().find("verdict: charged twice: Stripe holds 2 payments of cus_05 for period " + p +
@@ -1633,6 +1750,8 @@ BOOST_FIXTURE_TEST_CASE(explain_verdicts_by_table_and_by_stripe_customer, ops) {
         BOOST_TEST(c->out().find("  ledger " + key_of("C-05", p) + ": customer C-05, charged 900 usd") !=
                        std::string::npos,
                    c->out());
+        BOOST_TEST(runbook_mismatch("chargeguard explain --stripe-customer cus_05 --period 2026-03 --stripe",
+                                    c->out()) == "");
         BOOST_TEST(co_await run_cmd(c, by_cus("cus_05", false)) == 2, c->err());
         BOOST_TEST(c->out().find("verdict: charged twice: the ledger records 2 payments of cus_05") !=
                        std::string::npos,
