@@ -17,9 +17,10 @@ namespace cg::app {
 const char* const exit_code_table =
     "Exit codes (every subcommand):\n"
     "  0   ok (explain: charged once; reconcile: everything explained)\n"
-    "  1   runtime failure (NSQ, PostgreSQL or Stripe unreachable, I/O error)\n"
+    "  1   runtime failure (NSQ, PostgreSQL or Stripe unreachable, I/O error; dead-letters replay: a letter\n"
+    "      refused or not published; retry-declined: a row that could not be retried)\n"
     "  2   a check found a problem (explain: not charged once; reconcile: unexplained items or nothing to\n"
-    "      check; dead-letters show: no such letter)\n"
+    "      check; dead-letters show: no such letter; retry-declined: a row not declined)\n"
     "  64  usage error: a bad flag, value or argument on the command line\n"
     "  78  configuration error: a bad CHARGEGUARD_* variable, or an unreadable/malformed secret file\n";
 

@@ -284,13 +284,15 @@ void register_retry_declined(CLI::App& app, command_main& selected) {
         "retry-declined",
         "charge declined keys again once the payment method is fixed (once each, recorded)");
     cmd->footer(
-        "Examples:\n"
-        "  chargeguard retry-declined --customer acme-42 --period 2026-11 --reason 'card updated' "
-        "--nsqd-tcp-address nsqd:4150\n"
-        "  chargeguard retry-declined --period 2026-11 --all --reason 'dunning run' --nsqd-tcp-address "
-        "nsqd:4150\n"
-        "What is retried, --reason and --by come from the command line only, never from CHARGEGUARD_* "
-        "variables.\n");
+        std::string(
+            "Examples:\n"
+            "  chargeguard retry-declined --customer acme-42 --period 2026-11 --reason 'card updated' "
+            "--nsqd-tcp-address nsqd:4150\n"
+            "  chargeguard retry-declined --period 2026-11 --all --reason 'dunning run' "
+            "--nsqd-tcp-address nsqd:4150\n"
+            "What is retried, --reason, --by and --topic come from the command line only, never from "
+            "CHARGEGUARD_* variables.\n") +
+        exit_code_table);
     auto f = std::make_shared<retry_flags>();
     env(cmd->add_option("--customer", f->customer, "the billing system's customer id (with --period)"),
         env_scope::never);
@@ -307,10 +309,11 @@ void register_retry_declined(CLI::App& app, command_main& selected) {
             ->required()
             ->group(group_nsq),
         env_scope::connection);
+    // Where the event goes: the command line only, as every replay's --topic.
     env(cmd->add_option("--topic", f->topic, "the topic consume reads")
             ->capture_default_str()
             ->group(group_nsq),
-        env_scope::connection);
+        env_scope::never);
     add_pg_flags(*cmd, f->pg, false);
     add_stripe_flags(*cmd, f->stripe);
     cmd->callback([&selected, f] {
