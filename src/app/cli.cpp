@@ -1,5 +1,7 @@
 #include "app/cli.hpp"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -15,9 +17,10 @@ namespace cg::app {
 const char* const exit_code_table =
     "Exit codes (every subcommand):\n"
     "  0   ok (explain: charged once; reconcile: everything explained)\n"
-    "  1   runtime failure (NSQ, PostgreSQL or Stripe unreachable, I/O error)\n"
+    "  1   runtime failure (NSQ, PostgreSQL or Stripe unreachable, I/O error; dead-letters replay: a letter\n"
+    "      refused or not published; retry-declined: a row that could not be retried)\n"
     "  2   a check found a problem (explain: not charged once; reconcile: unexplained items or nothing to\n"
-    "      check; dead-letters show: no such letter)\n"
+    "      check; dead-letters show: no such letter; retry-declined: a row not declined)\n"
     "  64  usage error: a bad flag, value or argument on the command line\n"
     "  78  configuration error: a bad CHARGEGUARD_* variable, or an unreadable/malformed secret file\n";
 
@@ -294,6 +297,15 @@ runtime_options to_runtime_options(const runtime_flags& f) {
     o.lag_interval = from_seconds(f.loop_lag_interval_s);
     o.turn_budget = std::chrono::microseconds(std::llround(f.loop_turn_budget_s * 1e6));
     return o;
+}
+
+std::string default_operator() {
+    const char* u = std::getenv("USER");
+    if (!u || !*u) u = std::getenv("LOGNAME");
+    std::string who = u && *u ? u : "unknown";
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0 && host[0]) who += std::string("@") + host;
+    return who;
 }
 
 logger make_stderr_logger(log_level level) {

@@ -109,4 +109,8 @@ runtime_options to_runtime_options(const runtime_flags& f);
 // Logger writing JSON lines to stderr at the level given by --log-level.
 logger make_stderr_logger(log_level level);
 
+// Who runs an operator command, for the records it writes (a replay, a dismissal, a retry) when --by is not
+// given: $USER (or $LOGNAME) @ the host name.
+std::string default_operator();
+
 }  // namespace cg::app

@@ -1,22 +1,30 @@
-// `chargeguard dead-letters list|show ID|replay ID…|replay --reason R`: inspect the messages the pipeline
-// could not process and re-drive them once their cause is fixed (the customer's card, the ledger row in
-// conflict, the producer's data).
+// `chargeguard dead-letters list|show ID|replay ID…|replay --reason R|dismiss ID…`: inspect the messages the
+// pipeline could not process, re-drive them once their cause is fixed (the customer's card, the ledger row
+// in conflict, the producer's data), or close them with a reason. A letter is open until it is replayed or
+// dismissed.
 //
-// A replay first reopens the letter's ledger row when it is `failed` (Stripe refused the request as sent),
+// A replay first checks the ledger row the event would meet (by customer, period and account, as the
+// pipeline's pre-flight does). A row holding another payload would dead-letter the event again as a
+// conflict; a charged, processing or declined row would finish it as a duplicate: such a replay is refused
+// and publishes nothing, so it creates no new letter and says why (a corrected event, `dismiss`, or
+// `retry-declined` is the way on). A row that is `failed` (Stripe refused the request as sent),
 // `cap_blocked` (the vault refused it) or `failed_after_processing` (the bank debit failed days later; the
-// row goes straight to a new key generation, since Stripe said how the old payment ended): back to pending,
-// to be searched for (or, after a late failure, charged under the new key) by the redelivery —
-// without that the replayed message would meet a final row and be finished as a duplicate, uncharged. It
-// then publishes the stored raw body to the letter's topic with the ordinary NSQ producer, and marks the
-// letter replayed (who, when). Publish first, mark second: a crash in between leaves the letter unmarked and
-// a second replay publishes it again, which the content-keyed charge makes harmless; the other order could
-// lose the event. A letter already replayed is skipped unless --force (idempotent by default).
+// row goes straight to a new key generation, since Stripe said how the old payment ended) is reopened: back
+// to pending, to be searched for (or, after a late failure, charged under the new key) by the redelivery. It
+// then publishes the stored raw body — or the operator's corrected event (`--event FILE`, validated, kept
+// beside the original) — to the letter's topic with the ordinary NSQ producer, and marks the letter replayed
+// (who, when). Publish first, mark second: a crash in between leaves the letter unmarked and a second replay
+// publishes it again, which the content-keyed charge makes harmless; the other order could lose the event.
+// A letter already closed is skipped unless --force (idempotent by default).
 #include <unistd.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include <cctype>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
@@ -24,6 +32,7 @@
 #include "billing/dead_letter_store.hpp"
 #include "billing/event.hpp"
 #include "billing/ledger.hpp"
+#include "billing/retry_store.hpp"
 #include "net/address.hpp"
 #include "net/offload.hpp"
 #include "nsq/producer.hpp"
@@ -59,16 +68,16 @@ struct letters_replay_flags {
     std::string by;
     bool force = false;
     bool no_validate = false;
+    std::string event_file;  // a corrected event to publish instead of the stored body (one letter)
+    std::string event;       // its contents
 };
 
-std::string default_operator() {
-    const char* u = std::getenv("USER");
-    if (!u || !*u) u = std::getenv("LOGNAME");
-    std::string who = u && *u ? u : "unknown";
-    char host[256] = {};
-    if (::gethostname(host, sizeof host - 1) == 0 && host[0]) who += std::string("@") + host;
-    return who;
-}
+struct letters_dismiss_flags {
+    pg_flags pg;
+    std::vector<std::int64_t> ids;
+    std::string reason;
+    std::string by;
+};
 
 // A short, printable preview of a body for the table.
 std::string preview(const std::string& body, std::size_t max = 60) {
@@ -123,14 +132,18 @@ net::awaitable<int> run_list(letters_list_flags f, std::shared_ptr<pg::pool> poo
         for (const auto& l : *r) std::printf("%s\n", billing::to_json(l, false).c_str());
         co_return 0;
     }
-    std::printf("%-8s %-29s %-12s %-8s %-29s %-40s %s\n", "ID", "RECEIVED", "TOPIC", "ATTEMPTS", "REPLAYED",
+    std::printf("%-8s %-29s %-12s %-8s %-39s %-40s %s\n", "ID", "RECEIVED", "TOPIC", "ATTEMPTS", "CLOSED",
                 "REASON", "BODY");
-    for (const auto& l : *r)
-        std::printf("%-8lld %-29s %-12s %-8d %-29s %-40s %s\n", static_cast<long long>(l.id),
+    for (const auto& l : *r) {
+        std::string closed = l.dismissed_at  ? "dismissed " + timestamp_or_dash(l.dismissed_at)
+                             : l.replayed_at ? "replayed " + timestamp_or_dash(l.replayed_at)
+                                             : "-";
+        std::printf("%-8lld %-29s %-12s %-8d %-39s %-40s %s\n", static_cast<long long>(l.id),
                     pg::format_timestamptz(l.received_at).c_str(), l.topic.c_str(), l.attempts,
-                    timestamp_or_dash(l.replayed_at).c_str(), preview(l.reason, 40).c_str(),
-                    preview(l.raw_body).c_str());
-    std::printf("%zu letter(s)%s\n", r->size(), f.all ? "" : " not replayed yet (--all for every letter)");
+                    closed.c_str(), preview(l.reason, 40).c_str(), preview(l.raw_body).c_str());
+    }
+    std::printf("%zu letter(s)%s\n", r->size(),
+                f.all ? "" : " open: neither replayed nor dismissed (--all for every letter)");
     co_return 0;
 }
 
@@ -154,91 +167,150 @@ net::awaitable<int> run_show(letters_show_flags f, std::shared_ptr<pg::pool> poo
     std::printf(
         "id:             %lld\nreceived_at:    %s\ntopic:          %s\nchannel:        %s\n"
         "nsq_message_id: %s\nattempts:       %d\nreason:         %s\nbilling_key:    %s\n"
-        "replayed_at:    %s\nreplayed_by:    %s\nreplay_count:   %d\nbody (%zu bytes):\n%s\n",
+        "replayed_at:    %s\nreplayed_by:    %s\nreplay_count:   %d\ndismissed_at:   %s\ndismissed_by:   %s\n"
+        "dismiss_reason: %s\nbody (%zu bytes):\n%s\n",
         static_cast<long long>(l.id), pg::format_timestamptz(l.received_at).c_str(), l.topic.c_str(),
         l.channel.c_str(), l.nsq_message_id.c_str(), l.attempts, l.reason.c_str(),
         l.billing_key.value_or("-").c_str(), timestamp_or_dash(l.replayed_at).c_str(),
-        l.replayed_by.value_or("-").c_str(), l.replay_count, l.raw_body.size(), l.raw_body.c_str());
+        l.replayed_by.value_or("-").c_str(), l.replay_count, timestamp_or_dash(l.dismissed_at).c_str(),
+        l.dismissed_by.value_or("-").c_str(), l.dismiss_reason.value_or("-").c_str(), l.raw_body.size(),
+        l.raw_body.c_str());
+    if (l.corrected_body)
+        std::printf("corrected event published by the replay (%zu bytes):\n%s\n", l.corrected_body->size(),
+                    l.corrected_body->c_str());
     co_return 0;
 }
 
 struct replay_counts {
-    int replayed = 0, skipped = 0, failed = 0;
+    int replayed = 0, skipped = 0, refused = 0, failed = 0;
 };
 
-// One letter: skip if replayed (unless --force), refuse a body `consume` would dead-letter again (unless
-// --no-validate), publish, mark. Returns false when publishing failed (the caller stops: nsqd is unwell).
-// The letter's ledger row, reopened when a replay can charge it only that way; says what it found. False
-// when PostgreSQL failed (the letter is not published).
-net::awaitable<bool> reopen_row(const letters_replay_flags& f, billing::ledger& led,
-                                const billing::stored_letter& l) {
-    if (!l.billing_key) co_return true;
+// The ledger row a replayed event would meet, reopened when a replay can charge it only that way; says what
+// it found. Returns whether to publish; false also when PostgreSQL failed (counted) or the replay was refused
+// (counted): a replay that can only be dead-lettered again, or finished as a duplicate, publishes nothing
+// and so creates no new letter.
+net::awaitable<bool> check_row(const letters_replay_flags& f, billing::ledger& led,
+                               billing::retry_store& rows, const billing::stored_letter& l,
+                               const billing::billing_event& ev, replay_counts& n) {
     auto id = static_cast<long long>(l.id);
+    auto found = co_await rows.by_customer(ev.customer_id, ev.billing_period, ev.stripe_account);
+    if (!found) {
+        std::fprintf(stderr, "letter %lld: reading the ledger failed: %s (not published)\n", id,
+                     found.err().describe().c_str());
+        ++n.failed;
+        co_return false;
+    }
+    if (!*found) co_return true;  // a first delivery: charged as any event
+    const auto& row = **found;
+    const auto& had = row.event;
+    auto refuse = [&](const std::string& why) {
+        std::printf("letter %lld: refused, nothing published: %s\n", id, why.c_str());
+        ++n.refused;
+        return false;
+    };
+    if (had.amount_cents != ev.amount_cents || had.currency != ev.currency ||
+        had.stripe_customer_id != ev.stripe_customer_id)
+        co_return refuse(
+            "ledger row " + row.key + " holds " + std::to_string(had.amount_cents) + " " + had.currency +
+            " for " + had.stripe_customer_id + ", this event says " + std::to_string(ev.amount_cents) + " " +
+            ev.currency + " for " + ev.stripe_customer_id +
+            ": it would be dead-lettered again as a conflict (give a corrected event with --event "
+            "FILE, or close the letter: dead-letters dismiss " +
+            std::to_string(l.id) + " --reason R)");
+    auto status = std::string(billing::to_string(row.status));
+    switch (row.status) {
+        case billing::record_status::charged:
+        case billing::record_status::processing:
+            co_return refuse("superseded: ledger row " + row.key + " is " + status + " (" +
+                             row.charge_id.value_or(row.payment_intent_id.value_or("-")) +
+                             "): the event would be finished as a duplicate (close the letter: dead-letters "
+                             "dismiss " +
+                             std::to_string(l.id) + " --reason R)");
+        case billing::record_status::declined:
+            co_return refuse("ledger row " + row.key +
+                             " is declined: the event would be finished as a duplicate (once the payment "
+                             "method is fixed: chargeguard retry-declined --key " +
+                             row.key + " --reason R)");
+        case billing::record_status::conflict:
+            co_return refuse("ledger row " + row.key + " is in conflict (" + row.last_error.value_or("-") +
+                             "): resolved by hand, see docs/operating/dead-letters.md");
+        case billing::record_status::pending:
+            co_return true;  // the pipeline is on it: one more delivery is harmless
+        case billing::record_status::failed:
+        case billing::record_status::cap_blocked:
+        case billing::record_status::failed_after_processing:
+            break;
+    }
     auto why = "reopened by the replay of dead letter " + std::to_string(l.id) + " by " + f.by;
-    auto reopened = co_await led.reopen_for_replay(*l.billing_key, why);
+    auto reopened = co_await led.reopen_for_replay(row.key, why);
     if (!reopened) {
         std::fprintf(stderr, "letter %lld: cannot reopen ledger row %s: %s (not published)\n", id,
-                     l.billing_key->c_str(), reopened.err().describe().c_str());
+                     row.key.c_str(), reopened.err().describe().c_str());
+        ++n.failed;
         co_return false;
     }
     if (*reopened) {
         const bool late = **reopened == billing::record_status::failed_after_processing;
-        std::printf("letter %lld: ledger row %s reopened (was %s): the replay %s\n", id,
-                    l.billing_key->c_str(), std::string(billing::to_string(**reopened)).c_str(),
+        std::printf("letter %lld: ledger row %s reopened (was %s): the replay %s\n", id, row.key.c_str(),
+                    std::string(billing::to_string(**reopened)).c_str(),
                     late ? "charges again under a new key generation" : "searches Stripe, then charges");
-        co_return true;
     }
-    auto row = co_await led.find(*l.billing_key);
-    if (row && *row && billing::is_final((*row)->status))
-        std::printf(
-            "letter %lld: ledger row %s is %s: the replayed message will be finished as a duplicate "
-            "(a conflict is resolved by hand, see README \"Dead letters\")\n",
-            id, l.billing_key->c_str(), std::string(billing::to_string((*row)->status)).c_str());
     co_return true;
 }
 
+// One letter: skip if closed (unless --force), refuse a body `consume` would dead-letter again (unless
+// --no-validate) or one the ledger would only finish as a duplicate or a conflict, publish, mark. Returns
+// false when publishing failed (the caller stops: nsqd is unwell).
 net::awaitable<bool> replay_one(const letters_replay_flags& f, billing::dead_letter_store& store,
-                                billing::ledger& led, nsq::producer& prod, const billing::stored_letter& l,
-                                replay_counts& n) {
-    if (l.replayed_at && !f.force) {
-        std::printf("letter %lld: already replayed by %s at %s; skipped (--force publishes it again)\n",
-                    static_cast<long long>(l.id), l.replayed_by.value_or("?").c_str(),
-                    timestamp_or_dash(l.replayed_at).c_str());
+                                billing::ledger& led, billing::retry_store& rows, nsq::producer& prod,
+                                const billing::stored_letter& l, replay_counts& n) {
+    auto id = static_cast<long long>(l.id);
+    if (!l.open() && !f.force) {
+        if (l.dismissed_at)
+            std::printf("letter %lld: dismissed by %s at %s (%s); skipped (--force publishes it)\n", id,
+                        l.dismissed_by.value_or("?").c_str(), timestamp_or_dash(l.dismissed_at).c_str(),
+                        l.dismiss_reason.value_or("-").c_str());
+        else
+            std::printf("letter %lld: already replayed by %s at %s; skipped (--force publishes it again)\n",
+                        id, l.replayed_by.value_or("?").c_str(), timestamp_or_dash(l.replayed_at).c_str());
         ++n.skipped;
         co_return true;
     }
-    if (!f.no_validate) {
-        if (auto ev = billing::parse_event(l.raw_body); !ev) {
+    const bool corrected = !f.event.empty();
+    const std::string& body = corrected ? f.event : l.raw_body;
+    if (corrected || !f.no_validate) {
+        auto ev = billing::parse_event(body);
+        if (!ev) {
             std::printf(
-                "letter %lld: body is still not a valid billing event (%s); fix the data first, or "
-                "--no-validate\n",
-                static_cast<long long>(l.id), ev.err().describe().c_str());
-            ++n.failed;
+                "letter %lld: refused, nothing published: %s is not a valid billing event (%s); %s\n", id,
+                corrected ? "the corrected event" : "the body", ev.err().describe().c_str(),
+                corrected ? "fix the file" : "give a corrected event with --event FILE, or --no-validate");
+            ++n.refused;
             co_return true;
         }
-    }
-    if (!co_await reopen_row(f, led, l)) {
-        ++n.failed;
-        co_return true;
+        if (!co_await check_row(f, led, rows, l, *ev, n)) co_return true;
     }
     const std::string& topic = f.topic.empty() ? l.topic : f.topic;
-    auto pub = co_await prod.publish(topic, l.raw_body);
+    auto pub = co_await prod.publish(topic, body);
     if (!pub) {
-        std::fprintf(stderr, "letter %lld: publish to %s failed: %s (the letter stays unmarked)\n",
-                     static_cast<long long>(l.id), topic.c_str(), pub.err().describe().c_str());
+        std::fprintf(stderr, "letter %lld: publish to %s failed: %s (the letter stays open)\n", id,
+                     topic.c_str(), pub.err().describe().c_str());
         ++n.failed;
         co_return false;
     }
-    auto marked = co_await store.mark_replayed(l.id, f.by, f.force);
+    std::optional<std::string> fixed;
+    if (corrected) fixed = body;
+    auto marked = co_await store.mark_replayed(l.id, f.by, f.force, std::move(fixed));
     if (!marked) {
         // Published but not marked: a second replay publishes again, which the content key makes harmless.
-        std::fprintf(stderr, "letter %lld: published to %s, but marking it replayed failed: %s\n",
-                     static_cast<long long>(l.id), topic.c_str(), marked.err().describe().c_str());
+        std::fprintf(stderr, "letter %lld: published to %s, but marking it replayed failed: %s\n", id,
+                     topic.c_str(), marked.err().describe().c_str());
         ++n.failed;
         co_return true;
     }
-    std::printf("letter %lld: replayed to topic %s by %s%s\n", static_cast<long long>(l.id), topic.c_str(),
-                f.by.c_str(), *marked ? "" : " (another replay marked it first)");
+    std::printf("letter %lld: replayed%s to topic %s by %s%s\n", id,
+                corrected ? " with the corrected event" : "", topic.c_str(), f.by.c_str(),
+                *marked ? "" : " (another replay marked it first)");
     ++n.replayed;
     co_return true;
 }
@@ -247,6 +319,7 @@ net::awaitable<int> run_replay(letters_replay_flags f, std::shared_ptr<pg::pool>
                                nsq::producer* producer) {
     billing::dead_letter_store store(pool);
     billing::ledger led(pool);
+    billing::retry_store rows(pool);
     nsq::producer& prod = *producer;
     replay_counts n;
     bool go_on = true;
@@ -263,7 +336,7 @@ net::awaitable<int> run_replay(letters_replay_flags f, std::shared_ptr<pg::pool>
             ++n.failed;
             continue;
         }
-        go_on = co_await replay_one(f, store, led, prod, **r, n);
+        go_on = co_await replay_one(f, store, led, rows, prod, **r, n);
     }
     if (!f.reason.empty()) {
         billing::letter_filter flt;
@@ -278,7 +351,7 @@ net::awaitable<int> run_replay(letters_replay_flags f, std::shared_ptr<pg::pool>
                 break;
             }
             for (const auto& l : *page) {
-                go_on = co_await replay_one(f, store, led, prod, l, n);
+                go_on = co_await replay_one(f, store, led, rows, prod, l, n);
                 if (!go_on) break;
             }
             if (page->size() < static_cast<std::size_t>(flt.limit)) break;
@@ -286,8 +359,45 @@ net::awaitable<int> run_replay(letters_replay_flags f, std::shared_ptr<pg::pool>
         }
     }
     co_await prod.close();
-    std::printf("%d replayed, %d skipped (already replayed), %d failed\n", n.replayed, n.skipped, n.failed);
-    co_return n.failed > 0 ? 1 : 0;
+    std::printf("%d replayed, %d skipped (closed already), %d refused, %d failed\n", n.replayed, n.skipped,
+                n.refused, n.failed);
+    co_return n.failed > 0 || n.refused > 0 ? 1 : 0;
+}
+
+net::awaitable<int> run_dismiss(letters_dismiss_flags f, std::shared_ptr<pg::pool> pool) {
+    billing::dead_letter_store store(pool);
+    int dismissed = 0, skipped = 0, failed = 0;
+    for (auto id : f.ids) {
+        auto ll = static_cast<long long>(id);
+        auto r = co_await store.dismiss(id, f.by, f.reason);
+        if (!r) {
+            std::fprintf(stderr, "letter %lld: %s\n", ll, r.err().describe().c_str());
+            ++failed;
+            break;
+        }
+        if (*r) {
+            std::printf("letter %lld: dismissed by %s: %s\n", ll, f.by.c_str(), f.reason.c_str());
+            ++dismissed;
+            continue;
+        }
+        auto l = co_await store.find(id);
+        if (!l) {
+            std::fprintf(stderr, "letter %lld: %s\n", ll, l.err().describe().c_str());
+            ++failed;
+            break;
+        }
+        if (!*l) {
+            std::fprintf(stderr, "letter %lld: no such dead letter\n", ll);
+            ++failed;
+        } else {
+            std::printf("letter %lld: not open (%s): left as it is\n", ll,
+                        (*l)->dismissed_at ? ("dismissed by " + (*l)->dismissed_by.value_or("?")).c_str()
+                                           : ("replayed by " + (*l)->replayed_by.value_or("?")).c_str());
+            ++skipped;
+        }
+    }
+    std::printf("%d dismissed, %d not open, %d failed\n", dismissed, skipped, failed);
+    co_return failed > 0 ? exit_failure : 0;
 }
 
 // Selects `run(flags, pool)` (a subcommand without a producer) to run on a one-shot loop.
@@ -303,24 +413,26 @@ void select_one_shot(command_main& selected, std::shared_ptr<Flags> f, Run run) 
 }  // namespace
 
 void register_dead_letters(CLI::App& app, command_main& selected) {
-    auto* dl =
-        app.add_subcommand("dead-letters", "inspect dead letters and replay them once their cause is fixed");
+    auto* dl = app.add_subcommand(
+        "dead-letters", "inspect dead letters; replay them once their cause is fixed, or dismiss them");
     dl->require_subcommand(1);
     dl->footer(
         "Examples:\n"
         "  chargeguard dead-letters list --reason stripe\n"
         "  chargeguard dead-letters show 17\n"
-        "  chargeguard dead-letters replay 17 --nsqd-tcp-address nsqd:4150\n");
+        "  chargeguard dead-letters replay 17 --nsqd-tcp-address nsqd:4150\n"
+        "  chargeguard dead-letters dismiss 17 --reason 'duplicate of an event already charged'\n");
 
     auto lf = std::make_shared<letters_list_flags>();
-    auto* list = dl->add_subcommand("list", "list dead letters not replayed yet (oldest first)");
+    auto* list =
+        dl->add_subcommand("list", "list open dead letters: neither replayed nor dismissed (oldest first)");
     add_pg_flags(*list, lf->pg, false);
     list->footer(
         "Examples:\n"
         "  chargeguard dead-letters list\n"
         "  chargeguard dead-letters list --reason stripe --all --json\n");
     list->add_option("--reason", lf->reason, "only letters whose reason starts with this");
-    list->add_flag("--all", lf->all, "include letters already replayed");
+    list->add_flag("--all", lf->all, "include letters already replayed or dismissed");
     list->add_option("--limit", lf->limit, "at most this many")
         ->check(CLI::Range(1, 1000000))
         ->capture_default_str();
@@ -359,13 +471,31 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
     env(replay->add_flag("--no-validate", rf->no_validate,
                          "publish bodies that are not valid billing events"),
         env_scope::never);
+    env(replay->add_option("--event", rf->event_file,
+                           "a file holding the corrected billing event to publish instead of the stored body "
+                           "(one letter; validated; kept with the letter)"),
+        env_scope::never);
     replay->footer(
         "Examples:\n"
         "  chargeguard dead-letters replay 17 18 --nsqd-tcp-address nsqd:4150\n"
         "  chargeguard dead-letters replay --reason stripe_declined --nsqd-tcp-address nsqd:4150\n"
-        "Ids, --reason and --topic come from the command line only, never from CHARGEGUARD_* variables.\n");
+        "  chargeguard dead-letters replay 17 --event fixed.json --nsqd-tcp-address nsqd:4150\n"
+        "Ids, --reason, --event and --topic come from the command line only, never from CHARGEGUARD_* "
+        "variables.\n");
     replay->callback([&selected, rf] {
         if (rf->ids.empty() && rf->reason.empty()) throw usage_error("replay: give letter IDs or --reason R");
+        if (!rf->event_file.empty()) {
+            if (rf->ids.size() != 1 || !rf->reason.empty())
+                throw usage_error("replay --event: give exactly one letter ID (and no --reason)");
+            std::ifstream in(rf->event_file, std::ios::binary);
+            if (!in) bad_value("--event", rf->event_file, "cannot be read");
+            std::ostringstream text;
+            text << in.rdbuf();
+            rf->event = text.str();
+            while (!rf->event.empty() && std::isspace(static_cast<unsigned char>(rf->event.back())))
+                rf->event.pop_back();
+            if (rf->event.empty()) bad_value("--event", rf->event_file, "is empty");
+        }
         if (auto hp = net::parse_host_port(rf->nsqd_tcp_address); !hp)
             bad_value("--nsqd-tcp-address", rf->nsqd_tcp_address, hp.err().code.message());
         if (!rf->topic.empty() && !nsq::proto::valid_topic_name(rf->topic))
@@ -379,6 +509,23 @@ void register_dead_letters(CLI::App& app, command_main& selected) {
                 },
                 rf->nsqd_tcp_address);
         };
+    });
+
+    auto xf = std::make_shared<letters_dismiss_flags>();
+    auto* dismiss =
+        dl->add_subcommand("dismiss", "close open dead letters without a replay (who and why recorded)");
+    add_pg_flags(*dismiss, xf->pg, false);
+    env(dismiss->add_option("ID", xf->ids, "dead letter ids")->required(), env_scope::never);
+    env(dismiss->add_option("--reason", xf->reason, "why the letter needs no replay (recorded)")->required(),
+        env_scope::never);
+    env(dismiss->add_option("--by", xf->by, "who dismisses (recorded; default user@host)"), env_scope::never);
+    dismiss->footer(
+        "Examples:\n"
+        "  chargeguard dead-letters dismiss 17 --reason 'test event from staging'\n");
+    dismiss->callback([&selected, xf] {
+        if (xf->reason.empty()) throw usage_error("dismiss: --reason must not be empty");
+        if (xf->by.empty()) xf->by = default_operator();
+        select_one_shot(selected, xf, run_dismiss);
     });
 }
 

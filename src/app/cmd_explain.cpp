@@ -13,14 +13,17 @@
 // and each of its money moves with its Stripe object (charge, refund, PaymentIntent); a correction's key
 // (base-rN…) given to --key shows its period. Ends with a one-line verdict; exit 0 when the event is charged
 // once, 2 otherwise, 1 when PostgreSQL or Stripe could not be asked.
+#include <simdjson.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <tuple>
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
@@ -29,9 +32,11 @@
 #include "app/stripe_flags.hpp"
 #include "billing/event.hpp"
 #include "billing/key.hpp"
+#include "billing/retry_store.hpp"
 #include "net/offload.hpp"
 #include "pg/rows.hpp"
 #include "stripe/client.hpp"
+#include "stripe/types.hpp"
 
 // g++ 12 at -O2 reports a false positive on Asio's coroutine frame allocator (GCC bug 109224), as the
 // billing library does with -Wno-mismatched-new-delete.
@@ -49,7 +54,8 @@ struct explain_flags {
     std::string key_namespace = "chargeguard";
     bool with_stripe = false;
     bool json = false;
-    std::string stripe_customer;  // from a stdin event
+    std::string stripe_customer;     // from a stdin event
+    std::string by_stripe_customer;  // --stripe-customer cus_…: every key and charge of it in --period
 };
 
 // Every column as text (NULL stays NULL), in this order.
@@ -117,16 +123,94 @@ net::awaitable<result<void>> load_ledger(pg::pool& pool, explanation& x, const s
     co_return result<void>{};
 }
 
-net::awaitable<result<void>> load_letters(pg::pool& pool, explanation& x, const std::string& key) {
+// The string value of "name" in a JSON text that may not be a valid billing event (an invalid event's
+// letter), or nothing: the document's own field when it parses as JSON, else the first `"name":"…"` in the
+// bytes.
+std::optional<std::string> loose_field(const std::string& body, const char* name) {
+    simdjson::dom::parser p;
+    simdjson::dom::element doc;
+    if (p.parse(body).get(doc) == simdjson::SUCCESS) {
+        std::string_view v;
+        if (doc[name].get_string().get(v) == simdjson::SUCCESS) return std::string(v);
+        return std::nullopt;
+    }
+    auto at = body.find("\"" + std::string(name) + "\"");
+    if (at == std::string::npos) return std::nullopt;
+    at = body.find_first_not_of(" \t\r\n:", at + std::string_view(name).size() + 2);
+    if (at == std::string::npos || body[at] != '"') return std::nullopt;
+    auto end = body.find('"', at + 1);
+    if (end == std::string::npos) return std::nullopt;
+    return body.substr(at + 1, end - at - 1);
+}
+
+// The key's dead letters (billing_key), and the letters whose body names the customer and period — an
+// invalid event's letter has no key, but what can be read of its body still says whose it was.
+net::awaitable<result<void>> load_letters(pg::pool& pool, explanation& x, const std::string& key,
+                                          const std::string& customer, const std::string& period,
+                                          const std::string& account) {
+    auto r = co_await run_query(
+        pool,
+        "SELECT id::text, reason, received_at::text, replayed_at::text, dismissed_at::text, "
+        "billing_key = $1::text, raw_body FROM dead_letters WHERE billing_key = $1::text OR ($2::text <> '' "
+        "AND position(convert_to($2::text, 'UTF8') IN raw_body) > 0) ORDER BY id",
+        pg::params(key, customer));
+    if (!r) co_return r.err();
+    for (std::size_t i = 0; i < r->size(); ++i) {
+        bool by_key = r->text(i, 5) == "t";
+        if (!by_key) {
+            auto body = r->get<bytes>(i, 6);
+            std::string text(body.begin(), body.end());
+            if (loose_field(text, "customer_id") != customer ||
+                loose_field(text, "billing_period") != period ||
+                loose_field(text, "stripe_account").value_or("") != account)
+                continue;
+        }
+        letter_view l{std::string(r->text(i, 0)), std::string(r->text(i, 1)), std::string(r->text(i, 2)),
+                      opt_text(*r, i, 3),         opt_text(*r, i, 4),         by_key ? "key" : "body"};
+        x.letters.push_back(std::move(l));
+    }
+    co_return result<void>{};
+}
+
+// --stripe-customer: every ledger row of that Stripe customer in the period (whatever customer id it came
+// under), and with `client` every charge Stripe holds for it whose metadata names the period.
+net::awaitable<result<void>> load_by_stripe_customer(pg::pool& pool, stripe::client* client, explanation& x,
+                                                     const std::string& cus, const std::string& account) {
+    stripe_customer_view v;
+    v.stripe_customer = cus;
     auto r =
         co_await run_query(pool,
-                           "SELECT id::text, reason, received_at::text, replayed_at::text FROM dead_letters "
-                           "WHERE billing_key = $1::text ORDER BY id",
-                           pg::params(key));
+                           "SELECT key, customer_id, status, amount_cents::text, currency, charge_id "
+                           "FROM billing_records WHERE stripe_customer_id = $1::text AND billing_period = "
+                           "$2::text AND stripe_account IS NOT DISTINCT FROM nullif($3::text, '') "
+                           "ORDER BY customer_id, key",
+                           pg::params(cus, x.period, account));
     if (!r) co_return r.err();
     for (std::size_t i = 0; i < r->size(); ++i)
-        x.letters.push_back({std::string(r->text(i, 0)), std::string(r->text(i, 1)),
-                             std::string(r->text(i, 2)), opt_text(*r, i, 3)});
+        v.rows.push_back({std::string(r->text(i, 0)), std::string(r->text(i, 1)), std::string(r->text(i, 2)),
+                          std::string(r->text(i, 3)), std::string(r->text(i, 4)), opt_text(*r, i, 5)});
+    if (client) {
+        v.stripe_asked = true;
+        stripe::list_charges_request q;
+        q.customer = cus;
+        q.stripe_account = account;
+        for (;;) {
+            auto page = co_await client->list_charges(q);
+            if (!page) co_return page.err();
+            for (const auto& ch : page->data) {
+                if (stripe::metadata_value(ch.metadata, "billing_period") !=
+                    std::optional<std::string_view>(x.period))
+                    continue;
+                v.charges.push_back(
+                    {ch.id, ch.status,
+                     std::string(stripe::metadata_value(ch.metadata, "customer_id").value_or("-")),
+                     std::to_string(ch.amount), ch.currency});
+            }
+            if (!page->has_more || page->data.empty()) break;
+            q.starting_after = page->data.back().id;
+        }
+    }
+    x.by_stripe_customer = std::move(v);
     co_return result<void>{};
 }
 
@@ -199,6 +283,53 @@ net::awaitable<result<void>> load_corrections(pg::pool& pool, explanation& x, co
     co_return result<void>{};
 }
 
+// How an attempt ended, from what the ledger recorded of it.
+std::string attempt_outcome(const std::string& status, const std::optional<std::string>& error,
+                            const std::optional<std::string>& charge,
+                            const std::optional<std::string>& intent) {
+    std::string out = status;
+    if (error && status != "charged") out += ": " + *error;
+    if (charge) out += " (charge " + *charge + ")";
+    if (intent) out += " (payment intent " + *intent + ")";
+    return out;
+}
+
+// Each attempt at the key's charge (migration 0022): the first delivery, then every retry of a decline,
+// each with how it ended — the next retry's record of it, or the row for the last. Nothing when never
+// retried, or on a schema without the table.
+net::awaitable<result<void>> load_attempts(std::shared_ptr<pg::pool> pool, explanation& x,
+                                           const std::string& key) {
+    auto t = co_await run_query(*pool, "SELECT to_regclass('billing_retries') IS NOT NULL", pg::params());
+    if (!t) co_return t.err();
+    if (t->text(0, 0) != "t" || !x.row) co_return result<void>{};
+    auto r = co_await billing::retry_store(pool).retries_of(key);
+    if (!r) co_return r.err();
+    if (r->empty()) co_return result<void>{};
+    const auto& row = *x.row;
+    for (std::size_t i = 0; i <= r->size(); ++i) {
+        attempt_view a;
+        if (i == 0) {
+            a.generation = std::to_string((*r)[0].generation - 1);
+            a.started = "first delivery";
+        } else {
+            const auto& k = (*r)[i - 1];
+            a.generation = std::to_string(k.generation);
+            a.started = "retry #" + std::to_string(k.id) + " by " + k.requested_by + " at " + k.requested_at +
+                        ": " + k.reason;
+        }
+        if (i < r->size()) {
+            const auto& next = (*r)[i];
+            a.outcome = attempt_outcome(next.previous_status, next.previous_error, next.previous_charge_id,
+                                        next.previous_payment_intent_id);
+        } else {
+            a.outcome = attempt_outcome(row.str("status"), row.get("last_error"), row.get("charge_id"),
+                                        row.get("payment_intent_id"));
+        }
+        x.attempts.push_back(std::move(a));
+    }
+    co_return result<void>{};
+}
+
 // "; corrected to 700 cents by revision 2 (applied); net moved 700 cents", and any revision still open.
 std::string corrections_summary(const explanation& x) {
     if (!x.corrections || x.corrections->empty()) return "";
@@ -227,13 +358,13 @@ net::awaitable<result<void>> load_stripe(stripe::client& client, explanation& x,
 
 std::string replay_hint(const explanation& x) {
     for (const auto& l : x.letters)
-        if (!l.replayed_at) return "; replay with chargeguard dead-letters replay " + l.id;
+        if (l.open()) return "; replay with chargeguard dead-letters replay " + l.id;
     return "";
 }
 
 const letter_view* open_letter(const explanation& x) {
     for (const auto& l : x.letters)
-        if (!l.replayed_at) return &l;
+        if (l.open()) return &l;
     return nullptr;
 }
 
@@ -244,6 +375,14 @@ void decide(explanation& x) {
         if (letter) {
             x.state = "dead_lettered";
             x.verdict = "dead-lettered: " + letter->reason + replay_hint(x);
+        } else if (!x.letters.empty()) {
+            // Every letter closed, and still no row: a dismissal, or a replay whose event has not arrived.
+            const auto& l = x.letters.back();
+            x.state = "dead_lettered";
+            x.verdict = "dead-lettered: " + l.reason + " (letter " + l.id + " " +
+                        (l.dismissed_at ? "dismissed at " + *l.dismissed_at
+                                        : "replayed at " + l.replayed_at.value_or("?")) +
+                        "; no ledger row since)";
         } else {
             x.state = "never_seen";
             x.verdict = "never seen: no ledger row and no dead letter for key " + x.key +
@@ -289,7 +428,9 @@ void decide(explanation& x) {
             x.verdict += "; Stripe already holds " + x.stripe.charge->id + " (" + x.stripe.charge->status +
                          ") for this key: recovery records it";
     } else if (status == "declined") {
-        x.verdict = "declined: " + err + replay_hint(x);
+        x.verdict = "declined: " + err +
+                    "; once the payment method is fixed: chargeguard retry-declined --key " + r.str("key") +
+                    " --reason R";
     } else if (status == "cap_blocked") {
         x.verdict = "cap-blocked: " + err + replay_hint(x);
     } else if (letter) {
@@ -298,9 +439,54 @@ void decide(explanation& x) {
     } else {
         x.verdict = status + ": " + err;
     }
+    if (!x.attempts.empty())
+        x.verdict += "; " + std::to_string(x.attempts.size()) + " attempts (" +
+                     std::to_string(x.attempts.size() - 1) + " retried after a decline)";
     x.verdict += corrections_summary(x);
     if (r.str("key") != x.key)
         x.verdict += " (the row's key " + r.str("key") + " is not the computed one: another --key-namespace)";
+}
+
+// --stripe-customer: how many times the Stripe customer paid for the period, whatever customer ids the
+// events came under. Stripe's succeeded charges when Stripe was asked (the money), else the ledger's charged
+// rows.
+void decide_stripe_customer(explanation& x) {
+    const auto& c = *x.by_stripe_customer;
+    std::vector<std::pair<std::string, std::string>> paid;  // (charge, customer id)
+    if (c.stripe_asked) {
+        for (const auto& ch : c.charges)
+            if (ch.status == "succeeded") paid.emplace_back(ch.id, ch.customer_id);
+    } else {
+        for (const auto& r : c.rows)
+            if (r.status == "charged") paid.emplace_back(r.charge_id.value_or("-"), r.customer_id);
+    }
+    std::string where = c.stripe_asked ? "Stripe holds " : "the ledger records ";
+    if (paid.empty()) {
+        x.state = c.rows.empty() ? "never_seen" : "not_charged";
+        x.verdict = "not charged: " + where + "no payment of " + c.stripe_customer + " for period " +
+                    x.period + " (" + std::to_string(c.rows.size()) + " ledger row(s))";
+        return;
+    }
+    std::sort(paid.begin(), paid.end(), [](const auto& a, const auto& b) {
+        return std::tie(a.second, a.first) < std::tie(b.second, b.first);  // by customer id, then charge
+    });
+    std::string list;
+    std::vector<std::string> ids;
+    for (const auto& [charge, customer] : paid) {
+        list += (list.empty() ? "" : ", ") + customer + ": " + charge;
+        if (std::find(ids.begin(), ids.end(), customer) == ids.end()) ids.push_back(customer);
+    }
+    if (paid.size() == 1) {
+        x.state = "charged";
+        x.verdict = "charged once: " + where + paid[0].first + " (customer id " + paid[0].second + ")";
+        return;
+    }
+    x.state = "charged_more_than_once";
+    x.verdict = (paid.size() == 2 ? std::string("charged twice")
+                                  : "charged " + std::to_string(paid.size()) + " times") +
+                ": " + where + std::to_string(paid.size()) + " payments of " + c.stripe_customer +
+                " for period " + x.period + " under " + std::to_string(ids.size()) + " customer id(s) (" +
+                list + ")";
 }
 
 net::awaitable<int> run_explain(const explain_flags* fp, std::shared_ptr<pg::pool> pool,
@@ -310,14 +496,32 @@ net::awaitable<int> run_explain(const explain_flags* fp, std::shared_ptr<pg::poo
         std::fprintf(stderr, "chargeguard explain: %s: %s\n", what, e.describe().c_str());
         return exit_failure;
     };
+    if (!f.by_stripe_customer.empty()) {
+        if (auto r =
+                co_await load_by_stripe_customer(*pool, client, x, f.by_stripe_customer, f.stripe_account);
+            !r)
+            co_return fail("reading the Stripe customer's rows and charges", r.err());
+        decide_stripe_customer(x);
+        if (f.json)
+            print_json(x);
+        else
+            print_text(x);
+        co_return x.state == "charged" ? exit_ok : exit_problem;
+    }
     if (auto r = co_await load_ledger(*pool, x, f.stripe_account); !r)
         co_return fail("reading the ledger", r.err());
     // A row found by customer and period under another key: its dead letters and spend carry that key.
     std::string key = x.row ? x.row->str("key") : x.key;
-    if (auto r = co_await load_letters(*pool, x, key); !r) co_return fail("reading dead letters", r.err());
+    // The row's own customer and period when found by key.
+    std::string customer = x.row ? x.row->str("customer_id") : x.customer;
+    std::string period = x.row ? x.row->str("billing_period") : x.period;
+    std::string letter_account = x.row ? x.row->str("stripe_account") : f.stripe_account;
+    if (auto r = co_await load_letters(*pool, x, key, customer, period, letter_account); !r)
+        co_return fail("reading dead letters", r.err());
     if (auto r = co_await load_spend(*pool, x, key); !r)
         co_return fail("reading vault reservations", r.err());
     if (auto r = co_await load_corrections(*pool, x, key); !r) co_return fail("reading corrections", r.err());
+    if (auto r = co_await load_attempts(pool, x, key); !r) co_return fail("reading retries", r.err());
     if (!client) {
         x.stripe.skipped = "not asked (--stripe searches it)";
     } else {
@@ -339,6 +543,14 @@ net::awaitable<int> run_explain(const explain_flags* fp, std::shared_ptr<pg::poo
 
 // Fills customer/period/key from the flags or an event line on stdin; throws usage_error.
 void resolve_subject(explain_flags& f) {
+    if (!f.by_stripe_customer.empty()) {
+        if (!f.customer.empty() || !f.key.empty())
+            throw usage_error("--stripe-customer goes with --period only (it finds every customer id)");
+        if (f.period.empty()) throw usage_error("--stripe-customer needs --period");
+        if (f.by_stripe_customer.rfind("cus_", 0) != 0)
+            bad_value("--stripe-customer", f.by_stripe_customer, "not a Stripe customer id (cus_…)");
+        return;
+    }
     bool by_customer = !f.customer.empty() || !f.period.empty();
     if (by_customer && !f.key.empty()) throw usage_error("give --key or --customer with --period, not both");
     if (!f.key.empty()) {
@@ -382,8 +594,9 @@ int explain_main(explain_flags f, const global_flags& g) {
     x.period = f.period;
     if (!f.stripe_account.empty() && !billing::valid_stripe_account(f.stripe_account))
         bad_value("--stripe-account", f.stripe_account, "not acct_ followed by letters and digits");
-    x.key =
-        f.key.empty() ? billing::base_key(f.key_namespace, f.customer, f.period, f.stripe_account) : f.key;
+    if (f.by_stripe_customer.empty())
+        x.key = f.key.empty() ? billing::base_key(f.key_namespace, f.customer, f.period, f.stripe_account)
+                              : f.key;
     std::optional<stripe::client_config> scfg;
     if (f.with_stripe) scfg = to_stripe_config(f.stripe);
     auto opts = to_pool_options(f.pg);
@@ -415,6 +628,7 @@ void register_explain(CLI::App& app, command_main& selected) {
     cmd->footer(std::string("Examples:\n"
                             "  chargeguard explain --customer acme-42 --period 2026-11\n"
                             "  chargeguard explain --key 0f3c9a7e5b1d2c4f6a8b0c1d2e3f4a5b --stripe --json\n"
+                            "  chargeguard explain --stripe-customer cus_N3x --period 2026-11 --stripe\n"
                             "  echo '{\"customer_id\":\"acme-42\",\"billing_period\":\"2026-11\",…}' | "
                             "chargeguard explain\n") +
                 exit_code_table);
@@ -432,6 +646,10 @@ void register_explain(CLI::App& app, command_main& selected) {
             ->capture_default_str()
             ->group(group_pipeline),
         env_scope::connection);
+    cmd->add_option(
+        "--stripe-customer", f->by_stripe_customer,
+        "a Stripe customer (cus_…): every ledger key and, with --stripe, every Stripe charge of it "
+        "in --period, whatever customer ids its events came under");
     cmd->add_flag("--stripe", f->with_stripe,
                   "also search Stripe for charges and PaymentIntents carrying the key (as recovery does)")
         ->group(group_stripe);

@@ -26,6 +26,7 @@ void register_consume(CLI::App& app, command_main& selected);
 void register_dead_letters(CLI::App& app, command_main& selected);
 void register_reconcile(CLI::App& app, command_main& selected);
 void register_explain(CLI::App& app, command_main& selected);
+void register_retry_declined(CLI::App& app, command_main& selected);
 void register_probe(CLI::App& app, command_main& selected);
 void register_vault(CLI::App& app, command_main& selected);
 void register_proxy(CLI::App& app, command_main& selected);

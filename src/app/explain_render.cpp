@@ -38,6 +38,22 @@ void print_corrections_text(const explanation& x) {
 }
 
 void print_text(const explanation& x) {
+    if (const auto& c = x.by_stripe_customer) {
+        std::printf("stripe customer %s, period %s: %zu ledger row(s)\n", c->stripe_customer.c_str(),
+                    x.period.c_str(), c->rows.size());
+        for (const auto& r : c->rows)
+            std::printf("  ledger %s: customer %s, %s %s %s, charge %s\n", r.key.c_str(),
+                        r.customer_id.c_str(), r.status.c_str(), r.amount_cents.c_str(), r.currency.c_str(),
+                        or_dash(r.charge_id));
+        if (c->stripe_asked) {
+            std::printf("  stripe: %zu charge(s) for the period\n", c->charges.size());
+            for (const auto& ch : c->charges)
+                std::printf("  stripe %s: %s %s %s, customer %s\n", ch.id.c_str(), ch.status.c_str(),
+                            ch.amount.c_str(), ch.currency.c_str(), ch.customer_id.c_str());
+        }
+        std::printf("verdict: %s\n", x.verdict.c_str());
+        return;
+    }
     std::printf("key:          %s\n", x.key.c_str());
     if (!x.customer.empty())
         std::printf("computed from namespace %s, customer %s, period %s\n", x.key_namespace.c_str(),
@@ -51,10 +67,13 @@ void print_text(const explanation& x) {
         std::printf("  %-24s %s\n", "lease_live", x.row->lease_live ? "yes" : "no");
     }
     if (x.letters.empty()) std::printf("dead letters: none\n");
-    for (const auto& l : x.letters)
-        std::printf("dead letter %s: %s (received %s, %s)\n", l.id.c_str(), l.reason.c_str(),
-                    l.received_at.c_str(),
-                    l.replayed_at ? ("replayed " + *l.replayed_at).c_str() : "not replayed");
+    for (const auto& l : x.letters) {
+        std::string state = l.dismissed_at  ? "dismissed " + *l.dismissed_at
+                            : l.replayed_at ? "replayed " + *l.replayed_at
+                                            : "open";
+        std::printf("dead letter %s: %s (received %s, %s; found by its %s)\n", l.id.c_str(), l.reason.c_str(),
+                    l.received_at.c_str(), state.c_str(), l.found_by == "key" ? "billing key" : "body");
+    }
     if (!x.spend)
         std::printf("vault:        no vault tables\n");
     else if (x.spend->empty())
@@ -64,6 +83,12 @@ void print_text(const explanation& x) {
                     s.state.c_str(), s.amount_cents.c_str(), s.idempotency_key.c_str(), s.reserved_at.c_str(),
                     s.stripe_object_id.value_or("-").c_str());
     print_corrections_text(x);
+    if (!x.attempts.empty()) std::printf("attempts:     %zu (retried after a decline)\n", x.attempts.size());
+    for (std::size_t i = 0; i < x.attempts.size(); ++i) {
+        const auto& a = x.attempts[i];
+        std::printf("attempt %zu (generation %s): %s -> %s\n", i + 1, a.generation.c_str(), a.started.c_str(),
+                    a.outcome.c_str());
+    }
     if (!x.stripe.asked) {
         std::printf("stripe:       %s\n", x.stripe.skipped.c_str());
     } else {
@@ -121,6 +146,8 @@ void print_json(const explanation& x) {
         json_field(o, "reason", l.reason);
         json_field(o, "received_at", l.received_at);
         json_field(o, "replayed_at", l.replayed_at);
+        json_field(o, "dismissed_at", l.dismissed_at);
+        json_field(o, "found_by", l.found_by);
         o += '}';
     }
     o += "],\"vault_spend\":";
@@ -178,6 +205,53 @@ void print_json(const explanation& x) {
         o += ']';
     }
     json_field(o, "net_cents", x.net_cents);
+    o += ",\"attempts\":[";
+    for (std::size_t i = 0; i < x.attempts.size(); ++i) {
+        const auto& a = x.attempts[i];
+        o += i ? ",{" : "{";
+        json_field(o, "generation", a.generation, false);
+        json_field(o, "started", a.started);
+        json_field(o, "outcome", a.outcome);
+        o += '}';
+    }
+    o += ']';
+    o += ",\"stripe_customer\":";
+    if (const auto& c = x.by_stripe_customer) {
+        o += '{';
+        json_field(o, "id", c->stripe_customer, false);
+        o += ",\"ledger\":[";
+        for (std::size_t i = 0; i < c->rows.size(); ++i) {
+            const auto& r = c->rows[i];
+            o += i ? ",{" : "{";
+            json_field(o, "key", r.key, false);
+            json_field(o, "customer_id", r.customer_id);
+            json_field(o, "status", r.status);
+            json_field(o, "amount_cents", r.amount_cents);
+            json_field(o, "currency", r.currency);
+            json_field(o, "charge_id", r.charge_id);
+            o += '}';
+        }
+        o += "],\"charges\":";
+        if (!c->stripe_asked) {
+            o += "null";
+        } else {
+            o += '[';
+            for (std::size_t i = 0; i < c->charges.size(); ++i) {
+                const auto& ch = c->charges[i];
+                o += i ? ",{" : "{";
+                json_field(o, "id", ch.id, false);
+                json_field(o, "status", ch.status);
+                json_field(o, "customer_id", ch.customer_id);
+                json_field(o, "amount", ch.amount);
+                json_field(o, "currency", ch.currency);
+                o += '}';
+            }
+            o += ']';
+        }
+        o += '}';
+    } else {
+        o += "null";
+    }
     o += ",\"stripe\":";
     if (!x.stripe.asked) {
         o += "null";

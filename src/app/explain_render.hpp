@@ -30,6 +30,24 @@ struct ledger_view {
 struct letter_view {
     std::string id, reason, received_at;
     std::optional<std::string> replayed_at;
+    std::optional<std::string> dismissed_at;
+    std::string found_by = "key";  // "key" (its billing_key), or "body" (the customer and period inside it)
+    bool open() const { return !replayed_at && !dismissed_at; }
+};
+
+// --stripe-customer: one row of the ledger, or one Stripe charge, of that Stripe customer in the period.
+struct customer_row_view {
+    std::string key, customer_id, status, amount_cents, currency;
+    std::optional<std::string> charge_id;
+};
+struct customer_charge_view {
+    std::string id, status, customer_id, amount, currency;  // customer_id: its metadata[customer_id]
+};
+struct stripe_customer_view {
+    std::string stripe_customer;
+    std::vector<customer_row_view> rows;
+    bool stripe_asked = false;
+    std::vector<customer_charge_view> charges;  // metadata[billing_period] = the period
 };
 
 struct spend_view {
@@ -50,6 +68,14 @@ struct revision_view {
     std::vector<move_view> moves;
 };
 
+// One attempt at the key's charge: the first delivery, then each `retry-declined` (billing_retries), with
+// how it ended (the next retry's record of it, or the row for the last one).
+struct attempt_view {
+    std::string generation;
+    std::string started;  // "first delivery", or "retry #3 by alice at …: card updated"
+    std::string outcome;  // "declined: card_declined (charge ch_…)", "charged ch_…", "pending"
+};
+
 struct stripe_view {
     bool asked = false;
     std::string skipped;  // why not asked
@@ -64,6 +90,8 @@ struct explanation {
     std::optional<std::vector<spend_view>> spend;           // nullopt: no vault tables
     std::optional<std::vector<revision_view>> corrections;  // nullopt: no corrections tables (before 0018)
     std::optional<std::string> net_cents;  // the money the ledger has moved for the period (with corrections)
+    std::vector<attempt_view> attempts;    // empty: never retried (the row is the one attempt)
+    std::optional<stripe_customer_view> by_stripe_customer;  // --stripe-customer
     stripe_view stripe;
     std::string
         state;  // charged | pending | declined | cap_blocked | failed | conflict | dead_lettered | never_seen

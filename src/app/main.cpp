@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
     register_dead_letters(app, selected);
     register_reconcile(app, selected);
     register_explain(app, selected);
+    register_retry_declined(app, selected);
     register_probe(app, selected);
     register_vault(app, selected);
     register_proxy(app, selected);

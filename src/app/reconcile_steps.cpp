@@ -6,6 +6,7 @@
 
 #include "billing/key.hpp"
 #include "billing/recovery.hpp"
+#include "billing/retry_store.hpp"
 #include "pg/rows.hpp"
 #include "stripe/error.hpp"
 
@@ -188,6 +189,15 @@ net::awaitable<void> resolve_pending(reconcile_run& run, billing::ledger& ledger
     auto& rec = *it.facts.record;
     billing::recovery_query q{rec.stripe_customer_id,        rec.key,           rec.first_stripe_attempt_at,
                               billing::default_search_slack, it.payment_intent, rec.stripe_account};
+    if (rec.key_generation >= 2) {
+        // A retried declined row: its earlier attempts' payments are not the current generation's answer.
+        auto old = co_await billing::retry_store(ledger.pool()).superseded_payments(rec.key);
+        if (!old) {
+            it.action = "reading the row's retries failed: " + old.err().describe();
+            co_return;
+        }
+        q.superseded = std::move(*old);
+    }
     auto found =
         co_await billing::search_by_key(run.stripe, std::move(q), run.log, [&run] { return run.pace(); });
     if (!found) {

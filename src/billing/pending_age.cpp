@@ -1,8 +1,11 @@
 #include "billing/pending_age.hpp"
 
 #include <asio/co_spawn.hpp>
+#include <map>
+#include <string>
 
 #include "billing/abandoned_sql.hpp"
+#include "billing/dead_letter_store.hpp"
 #include "metrics/registry.hpp"
 #include "net/stoppable_task.hpp"
 #include "net/timeout.hpp"
@@ -32,6 +35,22 @@ const std::string& age_sql() {
         " WHERE c.status = 'pending') AS u) AS p";
     return sql;
 }
+
+// The outage numbers beside the ages: open dead letters by reason class (dead_letter_store.hpp) and letters
+// dismissed so far (the rows processing are the settlement poller's gauge). The open letters sit in the
+// partial index dead_letters_unresolved_idx (migration 0022).
+const std::string& backlog_sql() {
+    static const std::string sql =
+        std::string("SELECT 'open:' || ") + letter_reason_class_sql +
+        ", count(*) FROM dead_letters WHERE replayed_at IS NULL AND dismissed_at IS NULL GROUP BY 1 "
+        "UNION ALL SELECT 'dismissed', count(*) FROM dead_letters WHERE dismissed_at IS NOT NULL";
+    return sql;
+}
+
+// The reason classes letter_reason_class_sql yields: each is exported, 0 when no letter of it is open.
+constexpr const char* letter_classes[] = {
+    "conflict",           "stripe_rejected",         "stripe_idempotency_error",
+    "spend_cap_exceeded", "failed_after_processing", "invalid"};
 }  // namespace
 
 struct pending_age_monitor::state {
@@ -43,6 +62,8 @@ struct pending_age_monitor::state {
     metrics::Counter* errors = nullptr;
     metrics::Gauge* abandoned_age = nullptr;
     metrics::Gauge* abandoned_count = nullptr;
+    std::map<std::string, metrics::Gauge*> open_letters;  // by reason class
+    metrics::Gauge* dismissed_letters = nullptr;
     std::optional<std::int64_t> abandoned_after_ms;  // the sweep bound, once watched
     net::stoppable_task task;
 };
@@ -70,6 +91,22 @@ net::awaitable<void> query_once(state_ptr st) {
     st->age->Set(static_cast<double>(ms) / 1000.0);
     st->abandoned_count->Set(static_cast<double>(abandoned));
     st->abandoned_age->Set(static_cast<double>(abandoned_ms) / 1000.0);
+    auto b = co_await (*c)->query(backlog_sql());
+    if (!b) {
+        st->errors->Increment();
+        st->log.warn("dead letter and backlog query failed", {{"error", b.err().describe()}});
+        co_return;
+    }
+    std::map<std::string, double> open;
+    for (std::size_t i = 0; i < b->size(); ++i) {
+        std::string what(b->text(i, 0));
+        auto n_rows = static_cast<double>(b->get<std::int64_t>(i, 1));
+        if (what == "dismissed")
+            st->dismissed_letters->Set(n_rows);
+        else if (what.rfind("open:", 0) == 0)
+            open[what.substr(5)] = n_rows;
+    }
+    for (auto& [cls, gauge] : st->open_letters) gauge->Set(open.count(cls) ? open[cls] : 0.0);
 }
 
 net::awaitable<void> loop(state_ptr st) {
@@ -106,6 +143,14 @@ pending_age_monitor::pending_age_monitor(std::shared_ptr<pg::pool> pool, metrics
                                     "Time since the last activity of the least recently active abandoned "
                                     "billing record or correction revision (0 when none)")
                               .Add({});
+    auto& open = reg.gauge("chargeguard_dead_letters_open",
+                           "Dead letters neither replayed nor dismissed, by reason class (conflict, "
+                           "stripe_rejected, stripe_idempotency_error, spend_cap_exceeded, "
+                           "failed_after_processing, invalid)");
+    for (const char* cls : letter_classes) st_->open_letters[cls] = &open.Add({{"reason", cls}});
+    st_->dismissed_letters =
+        &reg.gauge("chargeguard_dead_letters_dismissed", "Dead letters closed by dead-letters dismiss")
+             .Add({});
     st_->errors = &reg.counter("chargeguard_billing_pending_age_errors_total",
                                "Failed queries of the oldest pending billing record")
                        .Add({});

@@ -12,6 +12,9 @@
 //   chargeguard_billing_oldest_abandoned_age_seconds  time since the least recent activity of one, 0 when
 //   none
 // A sweeper that heals keeps the age under bound + its interval + the time to resolve a row.
+// The same round also exports what an operator reads after an outage (docs/operating/runbook.md):
+//   chargeguard_dead_letters_open{reason}          letters neither replayed nor dismissed, by reason class
+//   chargeguard_dead_letters_dismissed             letters closed by `dead-letters dismiss`
 // A failed query keeps the previous values and counts in chargeguard_billing_pending_age_errors_total.
 #pragma once
 

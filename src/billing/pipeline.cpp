@@ -92,7 +92,14 @@ net::awaitable<verdict> pipeline::handle_delivery(delivery d, touch_fn touch, bo
     r.log.debug("billing delivery received");
     auto v = co_await process(r);
     if (cfg_.test_step_pause.count() > 0) co_await test_pause();  // between the ledger update and FIN
-    auto level = v.finished() ? log_level::info : past_max_attempts ? log_level::error : log_level::warn;
+    // A decline, a dead letter or a blocked charge is finished but wants a person (a retry once the card is
+    // fixed, a replay or a dismissal): warn, as a requeue is.
+    const bool needs_a_person =
+        v.reason == verdict_reason::declined || v.reason == verdict_reason::needs_authentication ||
+        v.reason == verdict_reason::dead_lettered || v.reason == verdict_reason::cap_blocked;
+    auto level = past_max_attempts && !v.finished() ? log_level::error
+                 : v.finished() && !needs_a_person  ? log_level::info
+                                                    : log_level::warn;
     r.log.log(
         level, v.finished() ? "billing message finished" : "billing message requeued",
         std::array<log_field, 4>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail),
@@ -276,11 +283,8 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
             if (!out.charge_id.empty()) id = out.charge_id;
             auto m = co_await ledger_.mark_declined(r.key, id, out.message, intent_of(out));
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
-            if (needs_authentication(out)) {
-                r.log.warn("declined until the customer authenticates the payment and the key is retried",
-                           {{"payment_intent_id", out.payment_intent_id}});
+            if (needs_authentication(out))
                 co_return verdict::finish(verdict_reason::needs_authentication, out.message);
-            }
             co_return verdict::finish(verdict_reason::declined, out.message);
         }
         case charge_step::mark_cap_blocked: {

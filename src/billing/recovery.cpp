@@ -2,9 +2,11 @@
 // searched for and settled from what carries its key.
 #include "billing/recovery.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "billing/pipeline_run.hpp"
+#include "billing/retry_store.hpp"
 #include "stripe/client.hpp"
 
 namespace cg::billing {
@@ -18,8 +20,11 @@ std::int64_t unix_seconds(sys_time t) {
 // skew allowed), belongs to an earlier life of the row: the payment that failed after processing, which a
 // replay superseded (reopening restarts the attempt window). It says nothing about the current generation
 // and is never read as this row's decline; a success is always believed.
-bool superseded_failure(const std::optional<sys_time>& first_attempt, std::int64_t created) {
-    return first_attempt && created < unix_seconds(*first_attempt) - 300;
+// A retried declined row (retry_store.hpp) names the payments its earlier attempts made: those are never this
+// generation's answer either, however recent.
+bool superseded_failure(const recovery_query& q, const std::string& id, std::int64_t created) {
+    if (std::find(q.superseded.begin(), q.superseded.end(), id) != q.superseded.end()) return true;
+    return q.first_attempt && created < unix_seconds(*q.first_attempt) - 300;
 }
 
 // What a charge carrying the key makes of the row. A bank debit that failed while the answer to its create
@@ -81,7 +86,7 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
     auto found =
         co_await stripe.find_charge_by_billing_key(q.stripe_customer_id, q.key, since, 100, q.stripe_account);
     if (!found) co_return found.err();
-    if (*found && (**found).status == "failed" && superseded_failure(q.first_attempt, (**found).created)) {
+    if (*found && (**found).status == "failed" && superseded_failure(q, (**found).id, (**found).created)) {
         log.info("a failed charge from before the replay carries the key: not this generation's answer",
                  {{"charge_id", (**found).id}});
         found->reset();
@@ -93,7 +98,7 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
                                                                  q.stripe_account);
     if (!pi) co_return pi.err();
     if (*pi && step_for_found_intent(**pi) == found_intent_step::mark_declined &&
-        superseded_failure(q.first_attempt, (**pi).created)) {
+        superseded_failure(q, (**pi).id, (**pi).created)) {
         log.info("a failed payment intent from before the replay carries the key: not this generation's",
                  {{"payment_intent", (**pi).id}});
         pi->reset();
@@ -139,6 +144,12 @@ net::awaitable<verdict> pipeline::search(run& r) {
     recovery_query q{
         r.ev.stripe_customer_id, r.key, r.first_attempt, cfg_.search_slack, r.ev.uses_payment_intent(),
         r.ev.stripe_account};
+    if (r.generation >= 2) {
+        // Maybe a retried declined row: its earlier attempts' payments are not this generation's answer.
+        auto old = co_await retry_store(ledger_.pool()).superseded_payments(r.key);
+        if (!old) co_return postgres_failed(r, old.err(), "read retries");
+        q.superseded = std::move(*old);
+    }
     auto found = co_await search_by_key(stripe_, std::move(q), r.log);
     if (!found) co_return co_await search_failed(r, found.err());
     if (found->step != found_step::none) co_return co_await settle_found(r, *found);
@@ -195,9 +206,6 @@ net::awaitable<verdict> pipeline::settle_found(run& r, const recovery_found& f) 
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
             const bool authenticate = f.intent && (f.intent->status == "requires_action" ||
                                                    f.intent->last_error_code == "authentication_required");
-            if (authenticate)
-                r.log.warn("declined until the customer authenticates the payment and the key is retried",
-                           {{"payment_intent_id", f.intent->id}});
             co_return verdict::finish(
                 authenticate ? verdict_reason::needs_authentication : verdict_reason::declined,
                 f.intent ? "found " + f.decline : "found declined charge " + f.charge->id);

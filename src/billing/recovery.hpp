@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "billing/decision.hpp"
 #include "core/log.hpp"
@@ -35,6 +36,9 @@ struct recovery_query {
     // The connected account the row charges on behalf of (empty: the platform): the search lists that
     // account's objects only, so another account's payment carrying the same metadata is never adopted.
     std::string stripe_account{};
+    // The payments earlier attempts of a retried row made (retry_store::superseded_payments): a failure
+    // among them is never read as this generation's answer, however recent.
+    std::vector<std::string> superseded{};
 };
 
 // What the payment found makes of the row.

@@ -1268,6 +1268,10 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         co_return json_response(200, "{}");
     }
     if (path == "/_admin/declines" && req.method == "POST") {
+        if (param(p, "clear") == "true") {
+            clear_decline(param(p, "customer"));
+            co_return json_response(200, "{}");
+        }
         decline_rule rule;
         if (p.count("code")) rule.code = param(p, "code");
         if (p.count("decline_code")) rule.decline_code = param(p, "decline_code");

@@ -136,6 +136,9 @@ class fake_stripe {
         return faults_;
     }
     void decline(std::string customer, decline_rule rule = {});
+    // The customer fixed the payment method: its charges succeed again. Same as POST /_admin/declines with
+    // customer=… and clear=true.
+    void clear_decline(const std::string& customer) { declines_.erase(customer); }
     // Connects an account (acct_…) to the platform with these customers (more on a later call). Same as
     // POST /_admin/accounts (account=…, customers=cus_a,cus_b).
     void add_account(const std::string& account, const std::vector<std::string>& customers);

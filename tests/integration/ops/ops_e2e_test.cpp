@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -298,7 +299,7 @@ BOOST_FIXTURE_TEST_CASE(dead_letters_list_show_replay_then_charged_once, ops) {
         BOOST_TEST(twice.text(0, 0) == "2");
 
         BOOST_TEST_REQUIRE(co_await run_cmd(c, argv("dead-letters", "list", "--pg-dsn", dsn())) == 0);
-        BOOST_TEST(c->out().find("1 letter(s) not replayed yet") != std::string::npos, c->out());
+        BOOST_TEST(c->out().find("1 letter(s) open") != std::string::npos, c->out());
         BOOST_TEST(c->out().find("billing_period: missing") != std::string::npos, c->out());
 
         // The replayed raw bodies are billing events: charged once each, the forced duplicate prevented.
@@ -1092,5 +1093,674 @@ BOOST_FIXTURE_TEST_CASE(explain_shows_a_periods_corrections_and_their_stripe_obj
         BOOST_TEST(out.find("  move 2: refund of " + original + " 300 cents, done, stripe " + refund2) !=
                        std::string::npos,
                    out);
+    });
+}
+
+namespace {
+
+std::string squeeze(const std::string& text) {
+    std::string out;
+    for (char ch : text) {
+        bool space = ch == ' ' || ch == '\n' || ch == '\t';
+        if (space && (out.empty() || out.back() == ' ')) continue;
+        out += space ? ' ' : ch;
+    }
+    return out;
+}
+
+// The runbook's "Incidents, walked" (docs/operating/runbook.md) shows each command with what it prints: the
+// `#   ` lines under the `nth` occurrence of `command` in that section (… stands for anything; a line wrapped
+// in the doc is matched piece by piece). Empty when `output` holds every one of them (whitespace runs read as
+// one space), else what is missing: the doc's outputs are this test's, and cannot drift from the binary's.
+std::string runbook_mismatch(const std::string& command, const std::string& output, int nth = 0) {
+    const char* root = std::getenv("CG_SOURCE_ROOT");
+    if (!root) return "CG_SOURCE_ROOT is not set (run through meson test)";
+    std::ifstream in(std::string(root) + "/docs/operating/runbook.md");
+    std::string line;
+    bool in_section = false, collecting = false;
+    int seen = 0;
+    std::vector<std::string> want;
+    while (std::getline(in, line)) {
+        if (line.rfind("## ", 0) == 0) in_section = line == "## Incidents, walked";
+        if (!in_section) continue;
+        if (collecting) {
+            if (line.rfind("#   ", 0) != 0) break;
+            want.push_back(squeeze(line.substr(4)));
+            continue;
+        }
+        if (line == command && seen++ == nth) collecting = true;
+    }
+    if (!collecting) return "the runbook does not show `" + command + "`";
+    if (want.empty()) return "the runbook shows no output for `" + command + "`";
+    const auto out = squeeze(output);
+    for (const auto& w : want) {
+        // The line as a regular expression: every character literal but "…", which stands for anything.
+        std::string re;
+        for (std::size_t k = 0; k < w.size(); ++k) {
+            if (w.compare(k, std::string_view("…").size(), "…") == 0) {
+                re += ".*?";
+                k += std::string_view("…").size() - 1;
+            } else if (std::string_view("\\^$.|?*+()[]{}").find(w[k]) != std::string_view::npos) {
+                re += std::string("\\") + w[k];
+            } else {
+                re += w[k];
+            }
+        }
+        if (!std::regex_search(out, std::regex(re)))
+            return "the runbook shows `" + w + "` for `" + command + "`, the output is:\n" + output;
+    }
+    return "";
+}
+
+// The succeeded charges Stripe holds for a key (metadata[billing_key]), and every charge for it.
+std::pair<std::vector<std::string>, std::size_t> charges_for(const fake::fake_stripe& s,
+                                                             const std::string& key) {
+    std::vector<std::string> ok;
+    std::size_t all = 0;
+    for (const auto& ch : s.charges())
+        for (const auto& [k, v] : ch.metadata)
+            if (k == "billing_key" && v == key) {
+                ++all;
+                if (ch.status == "succeeded") ok.push_back(ch.id);
+            }
+    return {ok, all};
+}
+
+std::string intent_event(const std::string& customer, const std::string& period, std::int64_t amount,
+                         const std::string& stripe_customer) {
+    return R"({"customer_id":")" + customer + R"(","billing_period":")" + period + R"(","amount_cents":)" +
+           std::to_string(amount) + R"(,"currency":"usd","stripe_customer_id":")" + stripe_customer +
+           R"(","payment_method":"pm_card_visa","off_session":false})";
+}
+
+}  // namespace
+
+// The issue's first incident: a customer's card is declined; re-publishing the event changes nothing (the
+// row is final). Once the card is fixed, `retry-declined` — by customer and period, by key, and for every
+// declined row of a period — charges each key exactly once under a new key generation, records who and why,
+// and `explain` shows each attempt. A retry while the card is still declined is declined again (a second
+// generation), and the next retry still charges once. A PaymentIntent left requires_action (3-D Secure on
+// session) is cancelled first, so it can never succeed beside the retry's payment.
+BOOST_FIXTURE_TEST_CASE(retry_declined_charges_once_after_the_card_is_fixed, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-07";
+        fake::decline_rule auth;
+        auth.code = "authentication_required";
+        for (const char* cus : {"cus_d1", "cus_d2", "cus_d3"}) fake->decline(cus);
+        fake->decline("cus_d4", auth);
+        nsqd->publish(topic, event_json("d1", p, 1100, "cus_d1"));
+        nsqd->publish(topic, event_json("d2", p, 1200, "cus_d2"));
+        nsqd->publish(topic, event_json("d3", p, 1300, "cus_d3"));
+        nsqd->publish(topic, intent_event("d4", p, 1400, "cus_d4"));
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        auto status_count = [&](const std::string& status) -> net::awaitable<std::int64_t> {
+            auto r = co_await query("SELECT count(*) FROM billing_records WHERE billing_period = '" + p +
+                                    "' AND status = '" + status + "'");
+            co_return r.get<std::int64_t>(0, 0);
+        };
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 4u; }, seconds(40)),
+                           consumer.err());
+        BOOST_TEST_REQUIRE(co_await status_count("declined") == 4);
+        BOOST_TEST_REQUIRE(fake->intents().size() == 1u);
+        BOOST_TEST(fake->intents()[0].status == "requires_action");
+        // Declines are logged at warn: someone should look.
+        BOOST_TEST(consumer.err().find("\"level\":\"warn\",\"msg\":\"billing message finished\"") !=
+                       std::string::npos,
+                   consumer.err());
+
+        // Re-publishing the event is finished as a duplicate: no new charge.
+        nsqd->publish(topic, event_json("d1", p, 1100, "cus_d1"));
+        BOOST_TEST_REQUIRE(co_await eventually(
+            [&] { return nsqd->channel(topic, channel).finish_count == 5u; }, seconds(20)));
+        BOOST_TEST(charges_for(*fake, key_of("d1", p)).second == 1u);
+
+        auto retry = [&](std::vector<std::string> how) {
+            auto a = argv("retry-declined", "--pg-dsn", dsn(), "--nsqd-tcp-address", nsqd->tcp_address(),
+                          "--by", "alice", "--reason", "card updated");
+            a.insert(a.end(), how.begin(), how.end());
+            auto s = stripe_args();
+            a.insert(a.end(), s.begin(), s.end());
+            return a;
+        };
+        child* c = nullptr;
+        const std::string explain_d1 = "chargeguard explain --customer d1 --period 2026-07";
+        BOOST_TEST_REQUIRE(
+            co_await run_cmd(c, argv("explain", "--customer", "d1", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn())) == 2,
+            c->err());
+        BOOST_TEST(runbook_mismatch(explain_d1, c->out(), 0) == "");
+        // Still declined: the retry charges under generation 2 and is declined again.
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, retry(argv("--customer", "d1", "--period", p))) == 0,
+                           c->err());
+        BOOST_TEST(c->out().find("retry #1 by alice: reopened under generation 2") != std::string::npos,
+                   c->out());
+        BOOST_TEST_REQUIRE(co_await eventually(
+            [&] { return charges_for(*fake, key_of("d1", p)).second == 2u; }, seconds(20)));
+        BOOST_TEST_REQUIRE(co_await eventually(
+            [&] { return nsqd->channel(topic, channel).finish_count == 6u; }, seconds(20)));
+        BOOST_TEST(co_await status_count("declined") == 4);
+
+        // The customers fix their cards.
+        for (const char* cus : {"cus_d1", "cus_d2", "cus_d3", "cus_d4"}) fake->clear_decline(cus);
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, retry(argv("--customer", "d1", "--period", p))) == 0,
+                           c->err());
+        BOOST_TEST(c->out().find("reopened under generation 3") != std::string::npos, c->out());
+        BOOST_TEST(
+            runbook_mismatch("chargeguard retry-declined --customer d1 --period 2026-07 --reason 'card "
+                             "updated' --by alice --nsqd-tcp-address nsqd:4150",
+                             c->out()) == "");
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, retry(argv("--key", key_of("d2", p)))) == 0, c->err());
+        BOOST_TEST(c->out().find("reopened under generation 2") != std::string::npos, c->out());
+        // Every row still declined in the period: d3, and d4 whose open intent is cancelled first.
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, retry(argv("--period", p, "--all"))) == 0, c->err());
+        BOOST_TEST(c->out().find("was requires_action: cancelled") != std::string::npos, c->out());
+        BOOST_TEST(
+            c->out().find("2 retried, 0 charged already, 0 not declined, 0 failed") != std::string::npos,
+            c->out());
+        BOOST_TEST(
+            runbook_mismatch("chargeguard retry-declined --period 2026-07 --all --reason 'card updated' "
+                             "--by alice --nsqd-tcp-address nsqd:4150",
+                             c->out()) == "");
+        BOOST_TEST_REQUIRE(
+            co_await eventually([&] { return nsqd->channel(topic, channel).finish_count == 10u; },
+                                seconds(40)),
+            consumer.err());
+        BOOST_TEST(co_await status_count("charged") == 4);
+        for (const char* who : {"d1", "d2", "d3", "d4"}) {
+            BOOST_TEST_CONTEXT(who) {
+                auto key = key_of(who, p);
+                auto [ok, all] = charges_for(*fake, key);
+                BOOST_TEST_REQUIRE(ok.size() == 1u);
+                auto row = co_await query(
+                    "SELECT charge_id, key_generation FROM billing_records WHERE key = '" + key + "'");
+                BOOST_TEST(row.text(0, 0) == ok[0]);
+                BOOST_TEST(row.text(0, 1) == (std::string(who) == "d1" ? "3" : "2"));
+                BOOST_TEST(all == (std::string(who) == "d1" ? 3u : std::string(who) == "d4" ? 1u : 2u));
+            }
+        }
+        BOOST_TEST_REQUIRE(fake->intents().size() == 2u);
+        BOOST_TEST(fake->intents()[0].status == "canceled");
+        BOOST_TEST(fake->intents()[1].status == "succeeded");
+        auto recorded = co_await query(
+            "SELECT count(*), count(*) FILTER (WHERE requested_by = 'alice' AND reason = 'card updated') "
+            "FROM billing_retries");
+        BOOST_TEST(recorded.text(0, 0) == "5");
+        BOOST_TEST(recorded.text(0, 1) == "5");
+
+        // A retry of a charged key charges nothing.
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, retry(argv("--customer", "d1", "--period", p))) == 0,
+                           c->err());
+        BOOST_TEST(c->out().find("charged (ch_") != std::string::npos, c->out());
+        BOOST_TEST(nsqd->topic_message_count(topic) == 10u);
+
+        // explain: each attempt and how it ended.
+        BOOST_TEST_REQUIRE(
+            co_await run_cmd(c, argv("explain", "--customer", "d1", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn())) == 0,
+            c->err());
+        const auto& out = c->out();
+        BOOST_TEST(out.find("attempts:     3 (retried after a decline)") != std::string::npos, out);
+        BOOST_TEST(out.find("attempt 1 (generation 1): first delivery -> declined: ") != std::string::npos,
+                   out);
+        BOOST_TEST(out.find("attempt 2 (generation 2): retry #1 by alice at ") != std::string::npos, out);
+        BOOST_TEST(out.find("attempt 3 (generation 3): retry #2 by alice at ") != std::string::npos, out);
+        BOOST_TEST(out.find(": card updated -> charged (charge " +
+                            charges_for(*fake, key_of("d1", p)).first[0]) != std::string::npos,
+                   out);
+        BOOST_TEST(out.find("verdict: charged once: ") != std::string::npos, out);
+        BOOST_TEST(out.find("3 attempts (2 retried after a decline)") != std::string::npos, out);
+        BOOST_TEST(runbook_mismatch(explain_d1, out, 1) == "");
+        co_await stop_cleanly(consumer);
+    });
+}
+
+// Two retries of one declined key at once, racing a re-publication of the original event: one retry
+// reopens the row (one billing_retries record), every delivery goes through the ledger's lease, and Stripe
+// holds exactly one succeeded charge for the key.
+BOOST_FIXTURE_TEST_CASE(two_retries_at_once_and_a_republication_charge_once, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-06", body = event_json("r1", p, 2100, "cus_r1");
+        fake->decline("cus_r1");
+        nsqd->publish(topic, body);
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
+                           consumer.err());
+        fake->clear_decline("cus_r1");
+        auto retry = [&](const char* by) {
+            return argv("retry-declined", "--pg-dsn", dsn(), "--nsqd-tcp-address", nsqd->tcp_address(),
+                        "--by", by, "--reason", "card updated", "--customer", "r1", "--period", p);
+        };
+        auto& a = spawn(retry("alice"));
+        auto& b = spawn(retry("bob"));
+        nsqd->publish(topic, body);
+        BOOST_TEST(co_await wait_exit(a, seconds(30)) == 0, a.err());
+        BOOST_TEST(co_await wait_exit(b, seconds(30)) == 0, b.err());
+        auto key = key_of("r1", p);
+        auto charged = [&]() -> net::awaitable<bool> {
+            auto r = co_await query("SELECT status FROM billing_records WHERE key = '" + key + "'");
+            co_return r.text(0, 0) == "charged";
+        };
+        for (int i = 0; i < 400 && !co_await charged(); ++i) co_await net::sleep_for(milliseconds(50));
+        BOOST_TEST_REQUIRE(co_await charged(), consumer.err());
+        // Every message published (the original, the re-publication, one or two retries) is finished.
+        BOOST_TEST_REQUIRE(co_await eventually(
+            [&] { return nsqd->channel(topic, channel).finish_count == nsqd->topic_message_count(topic); },
+            seconds(30)));
+        co_await stop_cleanly(consumer);
+        auto [ok, all] = charges_for(*fake, key);
+        BOOST_TEST(ok.size() == 1u);
+        BOOST_TEST(all == 2u);  // the decline and the one success
+        auto recorded = co_await query("SELECT count(*) FROM billing_retries WHERE key = '" + key + "'");
+        BOOST_TEST(recorded.text(0, 0) == "1");
+        auto outs = a.out() + b.out();
+        BOOST_TEST(outs.find("reopened under generation 2") != std::string::npos, outs);
+    });
+}
+
+// A crash in the middle of a retry: the new generation's call is left without an answer (indeterminate)
+// while Stripe holds only the old generation's fresh decline. The redelivery searches and must not read
+// that decline as the new generation's answer (its id is recorded with the retry): it finds nothing, takes
+// a new generation once the old call is quiet, and charges once. Then `consume` is killed while the charge
+// of another retried key is inside Stripe, and the restarted consume still charges that key once.
+BOOST_FIXTURE_TEST_CASE(a_crash_mid_retry_still_charges_once, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        // nsqd requeues a killed consumer's messages at once (as it does once their timeout passes).
+        test::nsq::fake_nsqd_options o;
+        o.requeue_on_disconnect = true;
+        start_nsqd(o);
+        co_await migrate();
+        const std::string p = "2026-05";
+        fake->decline("cus_k1");
+        fake->decline("cus_k2");
+        nsqd->publish(topic, event_json("k1", p, 3100, "cus_k1"));
+        nsqd->publish(topic, event_json("k2", p, 3200, "cus_k2"));
+        {
+            auto& consumer = spawn_consume(nsqd->tcp_address());
+            BOOST_TEST_REQUIRE(
+                co_await eventually([&] { return nsqd->channel(topic, channel).finish_count == 2u; },
+                                    seconds(40)),
+                consumer.err());
+            co_await stop_cleanly(consumer);
+        }
+        fake->clear_decline("cus_k1");
+        fake->clear_decline("cus_k2");
+        auto retry = [&](const char* customer) {
+            return argv("retry-declined", "--pg-dsn", dsn(), "--nsqd-tcp-address", nsqd->tcp_address(),
+                        "--reason", "card updated", "--customer", customer, "--period", p);
+        };
+        auto k1 = key_of("k1", p), k2 = key_of("k2", p);
+        auto charged = [&](const std::string& key) -> net::awaitable<bool> {
+            auto r = co_await query("SELECT status FROM billing_records WHERE key = '" + key + "'");
+            co_return r.text(0, 0) == "charged";
+        };
+
+        // k1: the retry's generation-2 call "was sent and never answered" (the row says so) and Stripe made
+        // nothing: the search sees only the decline of moments ago.
+        child* c = nullptr;
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, retry("k1")) == 0, c->err());
+        co_await query(
+            "UPDATE billing_records SET indeterminate_since = now(), stripe_attempts = stripe_attempts + 1 "
+            "WHERE key = '" +
+            k1 + "'");
+        {
+            auto& consumer = spawn_consume(nsqd->tcp_address());
+            for (int i = 0; i < 400 && !co_await charged(k1); ++i) co_await net::sleep_for(milliseconds(50));
+            BOOST_TEST_REQUIRE(co_await charged(k1), consumer.err());
+            co_await stop_cleanly(consumer);
+        }
+        auto gen = co_await query("SELECT key_generation FROM billing_records WHERE key = '" + k1 + "'");
+        BOOST_TEST(gen.text(0, 0) == "3");  // a new generation once the search found nothing of generation 2
+
+        // k2: consume is killed while the retry's charge is inside Stripe; the restarted consume finishes it.
+        // The retry is run twice, as after a crash of the command between its reopen and its publish: the
+        // second run finds the row reopened by the first and publishes the event again.
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, retry("k2")) == 0, c->err());
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, retry("k2")) == 0, c->err());
+        BOOST_TEST(c->out().find("retry #2 by ") != std::string::npos, c->out());
+        BOOST_TEST(
+            c->out().find("is under way (generation 2): published again; event published to billing") !=
+                std::string::npos,
+            c->out());
+        fake->faults().stall_ms = 3000;
+        fake->faults().stall_count = 1;
+        {
+            auto& consumer = spawn_consume(nsqd->tcp_address());
+            BOOST_TEST_REQUIRE(co_await eventually([&] { return !fake->fault_hits().empty(); }, seconds(20)),
+                               consumer.err());
+            ::kill(consumer.pid, SIGKILL);
+            co_await wait_exit(consumer, seconds(10));
+        }
+        auto& again = spawn_consume(nsqd->tcp_address());
+        for (int i = 0; i < 600 && !co_await charged(k2); ++i) co_await net::sleep_for(milliseconds(50));
+        BOOST_TEST_REQUIRE(co_await charged(k2), again.err());
+        co_await stop_cleanly(again);
+        for (const auto& key : {k1, k2}) {
+            BOOST_TEST_CONTEXT(key) {
+                auto [ok, all] = charges_for(*fake, key);
+                BOOST_TEST_REQUIRE(ok.size() == 1u);
+                BOOST_TEST(all == 2u);  // the decline and the one success
+                auto row = co_await query("SELECT charge_id FROM billing_records WHERE key = '" + key + "'");
+                BOOST_TEST(row.text(0, 0) == ok[0]);
+            }
+        }
+    });
+}
+
+namespace {
+
+// A gauge's value in Prometheus text ("name{labels} value" or "name value"); -1 when absent.
+double scraped(const std::string& text, const std::string& series) {
+    auto at = text.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 2));
+}
+
+}  // namespace
+
+// The issue's third incident: every dead letter can be closed. A conflict letter's replay is refused — it
+// would only be dead-lettered again — and publishes nothing (no new letter); an invalid event's letter is
+// refused as it is, `explain` finds it by the customer and period in its body, and its replay with a
+// corrected event charges once and keeps the correction beside the original; the rest are dismissed with a
+// reason. The open-letters gauge counts them by reason while open and drops to 0 once closed.
+BOOST_FIXTURE_TEST_CASE(every_dead_letter_can_be_closed, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-04";
+        nsqd->publish(topic, event_json("x1", p, 1500, "cus_x1"));
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
+                           consumer.err());
+        // An invalid amount (a decimal) for c-21; the same customer and period as x1 with another amount; a
+        // test event nobody should charge. One after the other: letters 1, 2 and 3, as the runbook shows
+        // them.
+        const std::string invalid =
+            R"({"customer_id":"c-21","billing_period":")" + p +
+            R"(","amount_cents":19.99,"currency":"usd","stripe_customer_id":"cus_c21"})";
+        const std::string bodies[] = {invalid, event_json("x1", p, 2500, "cus_x1"),
+                                      R"({"customer_id":"smoke-test"})"};
+        for (std::size_t i = 0; i < std::size(bodies); ++i) {
+            nsqd->publish(topic, bodies[i]);
+            BOOST_TEST_REQUIRE(
+                co_await eventually([&] { return nsqd->channel(topic, channel).finish_count == 2u + i; },
+                                    seconds(40)),
+                consumer.err());
+        }
+        // Dead letters are logged at warn.
+        BOOST_TEST(consumer.err().find("\"level\":\"warn\",\"msg\":\"billing message finished\"") !=
+                       std::string::npos,
+                   consumer.err());
+        auto ids =
+            co_await query("SELECT string_agg(id || ' ' || reason, '; ' ORDER BY id) FROM dead_letters");
+        BOOST_TEST_REQUIRE(
+            std::string(ids.text(0, 0)).rfind("1 event field is invalid: amount_cents", 0) == 0u,
+            ids.text(0, 0));
+        BOOST_TEST_REQUIRE(
+            std::string(ids.text(0, 0)).find("; 2 conflict; 3 event lacks") != std::string::npos,
+            ids.text(0, 0));
+        const std::string invalid_id = "1", conflict_id = "2", smoke_id = "3";
+
+        // The gauge: open letters by reason class.
+        std::optional<unsigned short> port;
+        BOOST_TEST_REQUIRE(
+            co_await eventually([&] { return (port = consumer.logged_port()).has_value(); }, seconds(20)));
+        auto scrape = [&](unsigned short at) -> net::awaitable<std::string> {
+            auto cl = http::client::create(io.get_executor(), "http://127.0.0.1:" + std::to_string(at), {},
+                                           logger());
+            BOOST_TEST_REQUIRE(cl.has_value());
+            http::request req;
+            req.target = "/metrics";
+            auto r = co_await (*cl)->request(std::move(req));
+            BOOST_TEST_REQUIRE(r.ok());
+            co_return r.resp.body;
+        };
+        std::string metrics;
+        for (int i = 0; i < 400; ++i) {
+            metrics = co_await scrape(*port);
+            if (scraped(metrics, "chargeguard_dead_letters_open{reason=\"invalid\"}") == 2) break;
+            co_await net::sleep_for(milliseconds(50));
+        }
+        BOOST_TEST(scraped(metrics, "chargeguard_dead_letters_open{reason=\"invalid\"}") == 2, metrics);
+        BOOST_TEST(scraped(metrics, "chargeguard_dead_letters_open{reason=\"conflict\"}") == 1);
+        BOOST_TEST(scraped(metrics, "chargeguard_dead_letters_open{reason=\"stripe_rejected\"}") == 0);
+        BOOST_TEST(scraped(metrics, "chargeguard_dead_letters_dismissed") == 0);
+
+        auto replay = [&](std::vector<std::string> extra) {
+            auto a = argv("dead-letters", "replay", "--pg-dsn", dsn(), "--nsqd-tcp-address",
+                          nsqd->tcp_address(), "--by", "alice");
+            a.insert(a.end(), extra.begin(), extra.end());
+            return a;
+        };
+        child* c = nullptr;
+        // The conflict letter: refused, truthfully, and nothing published (no new letter).
+        BOOST_TEST(co_await run_cmd(c, replay(argv(conflict_id))) == 1, c->err());
+        BOOST_TEST(
+            c->out().find("refused, nothing published: ledger row " + key_of("x1", p) +
+                          " holds 1500 usd for cus_x1, this event says 2500 usd for cus_x1: it would be "
+                          "dead-lettered again as a conflict") != std::string::npos,
+            c->out());
+        BOOST_TEST(
+            c->out().find("0 replayed, 0 skipped (closed already), 1 refused, 0 failed") != std::string::npos,
+            c->out());
+        BOOST_TEST(runbook_mismatch("chargeguard dead-letters replay 2 --nsqd-tcp-address nsqd:4150",
+                                    c->out()) == "");
+        BOOST_TEST(nsqd->topic_message_count(topic) == 4u);
+        // A letter whose event was charged meanwhile: superseded, nothing published.
+        auto stale =
+            co_await add_letter(event_json("x1", p, 1500, "cus_x1"), "stripe rejected: No such customer");
+        BOOST_TEST(co_await run_cmd(c, replay(argv(std::to_string(stale)))) == 1, c->err());
+        BOOST_TEST(c->out().find("refused, nothing published: superseded: ledger row " + key_of("x1", p) +
+                                 " is charged (ch_") != std::string::npos,
+                   c->out());
+        BOOST_TEST(nsqd->topic_message_count(topic) == 4u);
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, argv("dead-letters", "dismiss", std::to_string(stale),
+                                                    "--reason", "charged meanwhile", "--pg-dsn", dsn())) ==
+                           0);
+
+        // The invalid letter as it is: refused. explain finds it by its body, not "never seen".
+        BOOST_TEST(co_await run_cmd(c, replay(argv(invalid_id))) == 1);
+        BOOST_TEST(c->out().find("the body is not a valid billing event") != std::string::npos, c->out());
+        BOOST_TEST(runbook_mismatch("chargeguard dead-letters replay 1 --nsqd-tcp-address nsqd:4150",
+                                    c->out()) == "");
+        BOOST_TEST_REQUIRE(
+            co_await run_cmd(c, argv("explain", "--customer", "c-21", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn())) == 2,
+            c->err());
+        BOOST_TEST(runbook_mismatch("chargeguard explain --customer c-21 --period 2026-04", c->out()) == "");
+        BOOST_TEST(co_await run_cmd(c, argv("explain", "--customer", "c-21", "--period", p, "--key-namespace",
+                                            key_namespace, "--pg-dsn", dsn(), "--json")) == 2,
+                   c->err());
+        auto x = parse_explained(c->out());
+        BOOST_TEST(x.state == "dead_lettered");
+        BOOST_TEST(x.verdict.rfind("dead-lettered: event field is invalid: amount_cents", 0) == 0u,
+                   x.verdict);
+        BOOST_TEST(x.verdict.find("dead-letters replay " + invalid_id) != std::string::npos, x.verdict);
+        BOOST_TEST(x.letters == 1u);
+
+        // Replayed with the corrected event: charged once, the correction kept with the letter.
+        const std::string fixed = event_json("c-21", p, 1999, "cus_c21");
+        auto file = write_file("fixed.json", fixed + "\n");
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, replay(argv(invalid_id, "--event", file))) == 0,
+                           c->out() + c->err());
+        BOOST_TEST(c->out().find("letter " + invalid_id +
+                                 ": replayed with the corrected event to topic billing by alice") !=
+                       std::string::npos,
+                   c->out());
+        BOOST_TEST(runbook_mismatch("chargeguard dead-letters replay 1 --event fixed.json --by alice "
+                                    "--nsqd-tcp-address nsqd:4150",
+                                    c->out()) == "");
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 5u; }, seconds(40)),
+                           consumer.err());
+        BOOST_TEST(charges_for(*fake, key_of("c-21", p)).first.size() == 1u);
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, argv("dead-letters", "show", invalid_id, "--pg-dsn", dsn())) ==
+                           0);
+        BOOST_TEST(c->out().find("corrected event published by the replay") != std::string::npos, c->out());
+        BOOST_TEST(c->out().find(fixed) != std::string::npos, c->out());
+        BOOST_TEST(c->out().find("19.99") != std::string::npos, c->out());  // the original is kept too
+        // A corrected event that is itself invalid is refused.
+        auto bad = write_file("bad.json", R"({"customer_id":"x"})");
+        BOOST_TEST(co_await run_cmd(c, replay(argv(smoke_id, "--event", bad))) == 1);
+        BOOST_TEST(c->out().find("the corrected event is not a valid billing event") != std::string::npos,
+                   c->out());
+
+        // The rest are dismissed with a reason; a dismissed letter is not replayed.
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, argv("dead-letters", "dismiss", conflict_id, smoke_id,
+                                                    "--reason", "2500 was a publisher bug; smoke test",
+                                                    "--by", "bob", "--pg-dsn", dsn())) == 0,
+                           c->err());
+        BOOST_TEST(c->out().find("2 dismissed, 0 not open, 0 failed") != std::string::npos, c->out());
+        BOOST_TEST(
+            runbook_mismatch("chargeguard dead-letters dismiss 2 3 --reason '2500 was a publisher bug; smoke "
+                             "test' --by bob",
+                             c->out()) == "");
+        BOOST_TEST(co_await run_cmd(c, argv("dead-letters", "dismiss", smoke_id, "--reason", "again",
+                                            "--pg-dsn", dsn())) == 0);
+        BOOST_TEST(c->out().find("not open (dismissed by bob)") != std::string::npos, c->out());
+        BOOST_TEST(co_await run_cmd(c, replay(argv(conflict_id))) == 0);
+        BOOST_TEST(c->out().find("dismissed by bob") != std::string::npos, c->out());
+        BOOST_TEST(nsqd->topic_message_count(topic) == 5u);
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, argv("dead-letters", "list", "--pg-dsn", dsn())) == 0);
+        BOOST_TEST(c->out().find("0 letter(s) open") != std::string::npos, c->out());
+        BOOST_TEST(runbook_mismatch("chargeguard dead-letters list", c->out()) == "");
+        auto letters = co_await query("SELECT count(*) FROM dead_letters");
+        BOOST_TEST(letters.text(0, 0) == "4");  // no refusal made a new letter
+        co_await stop_cleanly(consumer);
+
+        // A consume started now exports every class at 0 and the dismissals.
+        auto& next = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(
+            co_await eventually([&] { return (port = next.logged_port()).has_value(); }, seconds(20)));
+        for (int i = 0; i < 400; ++i) {
+            metrics = co_await scrape(*port);
+            if (scraped(metrics, "chargeguard_dead_letters_dismissed") == 3) break;
+            co_await net::sleep_for(milliseconds(50));
+        }
+        BOOST_TEST(scraped(metrics, "chargeguard_dead_letters_dismissed") == 3, metrics);
+        BOOST_TEST(scraped(metrics, "chargeguard_dead_letters_open{reason=\"invalid\"}") == 0);
+        BOOST_TEST(scraped(metrics, "chargeguard_dead_letters_open{reason=\"conflict\"}") == 0);
+        co_await stop_cleanly(next);
+
+        // explain on an event whose only letter was dismissed: not "never seen".
+        auto gone = co_await add_letter(event_json("x-gone", p, 700, "cus_g"), "stripe rejected: test");
+        BOOST_TEST_REQUIRE(co_await run_cmd(c, argv("dead-letters", "dismiss", std::to_string(gone),
+                                                    "--reason", "cancelled order", "--pg-dsn", dsn())) == 0);
+        BOOST_TEST(
+            co_await run_cmd(c, argv("explain", "--customer", "x-gone", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn(), "--json")) == 2,
+            c->err());
+        auto closed = parse_explained(c->out());
+        BOOST_TEST(closed.state == "dead_lettered");
+        BOOST_TEST(closed.verdict.rfind("dead-lettered: stripe rejected: test (letter " +
+                                            std::to_string(gone) + " dismissed at ",
+                                        0) == 0u,
+                   closed.verdict);
+    });
+}
+
+// explain's verdict table (docs/operating/cli.md), the rows explain_answers_for_every_ledger_state leaves
+// out: processing, failed after processing, pending with its lease expired, failed and conflict without an
+// open letter; and --stripe-customer on the issue's second incident — one Stripe customer billed under
+// `C-05` and `c-05` is charged twice, which per key looks like two single charges.
+BOOST_FIXTURE_TEST_CASE(explain_verdicts_by_table_and_by_stripe_customer, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-03";
+        nsqd->publish(topic, event_json("C-05", p, 900, "cus_05"));
+        nsqd->publish(topic, event_json("c-05", p, 900, "cus_05"));
+        nsqd->publish(topic, event_json("c-06", p, 900, "cus_06"));
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 3u; }, seconds(40)),
+                           consumer.err());
+        co_await stop_cleanly(consumer);
+        auto insert = [&](const std::string& customer, const std::string& cols, const std::string& values) {
+            return query(
+                "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+                "stripe_customer_id, status" +
+                cols + ") VALUES ('" + key_of(customer, p) + "', '" + customer + "', '" + p +
+                "', 1300, 'usd', 'cus_t'" + values + ")");
+        };
+        co_await insert(
+            "t-processing",
+            ", charge_id, stripe_status, stripe_status_at, processing_since, raw_body, nsq_topic, "
+            "nsq_channel",
+            ", 'processing', 'py_t1', 'processing', now(), now(), '\\x7b7d', 'billing', 'chargeguard'");
+        co_await insert("t-late", ", last_error", ", 'failed_after_processing', 'insufficient_funds'");
+        co_await insert("t-expired", ", lease_until, stripe_attempts, first_stripe_attempt_at",
+                        ", 'pending', now() - interval '1 minute', 1, now()");
+        co_await insert("t-failed", ", last_error", ", 'failed', 'No such customer'");
+        co_await insert("t-conflict", ", last_error", ", 'conflict', 'Keys for idempotent requests'");
+        struct want {
+            std::string customer, state, verdict_prefix;
+        };
+        const std::vector<want> table = {
+            {"t-processing", "processing", "processing since "},
+            {"t-late", "failed_after_processing", "failed after processing: insufficient_funds"},
+            {"t-expired", "pending", "pending: lease expired; the next delivery resumes it"},
+            {"t-failed", "failed", "failed: No such customer"},
+            {"t-conflict", "conflict", "conflict: Keys for idempotent requests"},
+            {"c-05", "charged", "charged once: ch_"},
+        };
+        child* c = nullptr;
+        for (const auto& w : table) {
+            BOOST_TEST_CONTEXT(w.customer) {
+                BOOST_TEST(co_await run_cmd(c, argv("explain", "--customer", w.customer, "--period", p,
+                                                    "--key-namespace", key_namespace, "--pg-dsn", dsn(),
+                                                    "--json")) == (w.state == "charged" ? 0 : 2),
+                           c->err());
+                auto x = parse_explained(c->out());
+                BOOST_TEST(x.state == w.state);
+                BOOST_TEST(x.verdict.rfind(w.verdict_prefix, 0) == 0u, x.verdict);
+            }
+        }
+        auto by_cus = [&](const std::string& cus, bool stripe) {
+            auto a = argv("explain", "--stripe-customer", cus, "--period", p, "--pg-dsn", dsn());
+            if (stripe) {
+                a.push_back("--stripe");
+                auto s = stripe_args();
+                a.insert(a.end(), s.begin(), s.end());
+            }
+            return a;
+        };
+        auto c05 = charges_for(*fake, key_of("C-05", p)).first,
+             c05b = charges_for(*fake, key_of("c-05", p)).first;
+        BOOST_TEST_REQUIRE(c05.size() == 1u);
+        BOOST_TEST_REQUIRE(c05b.size() == 1u);
+        // Each key alone is charged once.
+        BOOST_TEST_REQUIRE(
+            co_await run_cmd(c, argv("explain", "--customer", "c-05", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn())) == 0,
+            c->err());
+        BOOST_TEST(runbook_mismatch("chargeguard explain --customer c-05 --period 2026-03", c->out()) == "");
+        // The double charge, from Stripe and from the ledger alone: one verdict line.
+        BOOST_TEST(co_await run_cmd(c, by_cus("cus_05", true)) == 2, c->err());
+        BOOST_TEST(c->out().find("verdict: charged twice: Stripe holds 2 payments of cus_05 for period " + p +
+                                 " under 2 customer id(s) (") != std::string::npos,
+                   c->out());
+        BOOST_TEST(c->out().find("C-05: " + c05[0]) != std::string::npos, c->out());
+        BOOST_TEST(c->out().find("c-05: " + c05b[0]) != std::string::npos, c->out());
+        BOOST_TEST(c->out().find("  ledger " + key_of("C-05", p) + ": customer C-05, charged 900 usd") !=
+                       std::string::npos,
+                   c->out());
+        BOOST_TEST(runbook_mismatch("chargeguard explain --stripe-customer cus_05 --period 2026-03 --stripe",
+                                    c->out()) == "");
+        BOOST_TEST(co_await run_cmd(c, by_cus("cus_05", false)) == 2, c->err());
+        BOOST_TEST(c->out().find("verdict: charged twice: the ledger records 2 payments of cus_05") !=
+                       std::string::npos,
+                   c->out());
+        BOOST_TEST(co_await run_cmd(c, by_cus("cus_06", true)) == 0, c->err());
+        BOOST_TEST(c->out().find("verdict: charged once: Stripe holds ch_") != std::string::npos, c->out());
+        BOOST_TEST(co_await run_cmd(c, by_cus("cus_none", true)) == 2, c->err());
+        BOOST_TEST(
+            c->out().find("verdict: not charged: Stripe holds no payment of cus_none") != std::string::npos,
+            c->out());
     });
 }
