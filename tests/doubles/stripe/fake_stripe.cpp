@@ -521,12 +521,15 @@ std::optional<http::response> validate_intent(const params& p, std::string_view 
 
 std::optional<http::response> validate(const std::string& path, const params& p, std::string_view version) {
     if (!cancelled_intent_id(path).empty()) {
-        for (const auto& [k, v] : p) {
-            auto top = k.substr(0, k.find('['));
-            if (top != "cancellation_reason" && top != "expand")
-                return error_response(400, "invalid_request_error", "parameter_unknown",
-                                      "Received unknown parameter: " + k, k);
-        }
+        if (auto bad = only_known(p, {"cancellation_reason", "expand"})) return bad;
+        if (auto bad = no_empty_strings(p)) return bad;
+        auto reason = param(p, "cancellation_reason");
+        if (p.count("cancellation_reason") && reason != "abandoned" && reason != "duplicate" &&
+            reason != "fraudulent" && reason != "requested_by_customer")
+            return error_response(400, "invalid_request_error", "",
+                                  "Invalid cancellation_reason: must be one of abandoned, duplicate, "
+                                  "fraudulent, or requested_by_customer",
+                                  "cancellation_reason");
         return std::nullopt;
     }
     if (path == "/v1/refunds") {
@@ -538,6 +541,7 @@ std::optional<http::response> validate(const std::string& path, const params& p,
                 return error_response(400, "invalid_request_error", "parameter_unknown",
                                       "Received unknown parameter: " + k, k);
         }
+        if (auto bad = no_empty_strings(p)) return bad;
         if (param(p, "charge").empty() && param(p, "payment_intent").empty())
             return error_response(400, "invalid_request_error", "parameter_missing",
                                   "One of the following params should be provided for this request: "

@@ -599,6 +599,8 @@ std::vector<refusal_row> refusals(const std::string& charge) {
         {"POST", "/v1/charges",
          "amount=100&currency=usd&customer=cus_ok&description=", "parameter_invalid_empty", "description"},
         {"POST", "/v1/refunds", "charge=" + charge + "&amount=x", "parameter_invalid_integer", "amount"},
+        {"POST", "/v1/refunds", "charge=" + charge + "&reason=", "parameter_invalid_empty", "reason"},
+        {"POST", "/v1/payment_intents/pi_1Missing/cancel", "reason=abandoned", "parameter_unknown", "reason"},
     };
 }
 
