@@ -20,7 +20,7 @@
 // deferred, other_payment, unconfirmed, unknown_type, unknown_object, unreadable),
 // chargeguard_billing_failed_after_processing_total and chargeguard_billing_settlement_anomalies_total.
 //
-// A refund event (charge.refunded, refund.created, refund.updated, refund.failed, charge.refund.updated)
+// A refund event (charge.refunded, refund.created, refund.updated, charge.refund.updated)
 // also reaches the vault: the reservation that settled the charge or its PaymentIntent takes the payment's
 // refunded amount as recorded — each refund once by its id, a failed or canceled one given back
 // (vault::store::apply_refund_by_object; the cap room comes back only under the key's refunds_reopen_cap).

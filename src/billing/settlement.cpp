@@ -70,11 +70,17 @@ fact_kind fact_kind_for_event(std::string_view type) noexcept {
         type == "charge.failed")
         return fact_kind::failed;
     if (type == "charge.refunded") return fact_kind::refunded;
-    if (type == "refund.created" || type == "refund.updated" || type == "refund.failed" ||
-        type == "charge.refund.updated")
+    // A refund's failure or cancellation arrives as refund.updated and charge.refund.updated with the refund
+    // in its new status: the pinned API version has no refund.failed event.
+    if (type == "refund.created" || type == "refund.updated" || type == "charge.refund.updated")
         return fact_kind::refund_update;
-    if (type == "charge.dispute.created") return fact_kind::dispute_opened;
-    if (type == "charge.dispute.closed") return fact_kind::dispute_closed;
+    // Every dispute event carries the dispute in its status as of then (under_review comes by
+    // charge.dispute.updated; funds_withdrawn and funds_reinstated accompany the opening and the win).
+    if (type == "charge.dispute.created" || type == "charge.dispute.updated" ||
+        type == "charge.dispute.funds_withdrawn")
+        return fact_kind::dispute_opened;
+    if (type == "charge.dispute.closed" || type == "charge.dispute.funds_reinstated")
+        return fact_kind::dispute_closed;
     return fact_kind::unknown_type;
 }
 
@@ -185,13 +191,24 @@ int payment_rank(record_status s) noexcept {
     }
 }
 
+// Stripe's dispute statuses in the order a dispute can pass them: an inquiry (warning_*) first, since an
+// inquiry may escalate into a chargeback and never the other way; a chargeback's end beats its review.
 std::tuple<int, std::string_view> dispute_rank(std::string_view s) {
     if (s.empty()) return {0, s};
-    if (s == "lost") return {5, s};
-    if (s == "won") return {4, s};
-    if (s == "warning_closed" || s == "charge_refunded") return {3, s};
-    if (s == "under_review" || s == "warning_under_review") return {2, s};
-    return {1, s};  // needs_response, warning_needs_response, a status added later
+    if (s == "lost") return {8, s};
+    if (s == "won") return {7, s};
+    if (s == "under_review") return {6, s};
+    if (s == "needs_response") return {5, s};
+    if (s == "warning_closed") return {4, s};
+    if (s == "warning_under_review") return {3, s};
+    if (s == "warning_needs_response") return {2, s};
+    return {1, s};  // a status added later
+}
+
+// An inquiry (warning_needs_response, warning_under_review, warning_closed) withdraws no money: it is
+// recorded as the dispute's status but does not count as disputed money.
+bool inquiry(std::string_view status) noexcept {
+    return status.starts_with("warning_");
 }
 
 bool proves_success(fact_kind k) noexcept {
@@ -284,8 +301,9 @@ settlement_change apply_fact(const settlement_row& row, const payment_fact& f) {
         n.refunded_cents =
             std::max(n.refunded_cents, std::clamp<std::int64_t>(f.amount_refunded, 0, n.amount_cents));
     if (f.kind == fact_kind::dispute_opened || f.kind == fact_kind::dispute_closed) {
-        n.disputed_cents =
-            std::max(n.disputed_cents, std::clamp<std::int64_t>(f.dispute_amount, 0, n.amount_cents));
+        if (!inquiry(f.status))
+            n.disputed_cents =
+                std::max(n.disputed_cents, std::clamp<std::int64_t>(f.dispute_amount, 0, n.amount_cents));
         std::string s =
             f.status.empty() ? (f.kind == fact_kind::dispute_closed ? "closed" : "needs_response") : f.status;
         n.dispute_status = join_dispute_status(n.dispute_status.value_or(""), s);

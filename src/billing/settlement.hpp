@@ -5,11 +5,14 @@
 //
 //   payment:  processing < failed_after_processing < charged   (a success is a fact that beats a failure
 //             report: money that moved is recorded; a stale `processing` never undoes either)
-//   refunded_cents, disputed_cents: the maximum seen (Stripe reports cumulative amounts); a refund event
+//   refunded_cents, disputed_cents: the maximum seen (Stripe reports cumulative amounts; an inquiry, a
+//             dispute in a warning_* status, withdraws nothing and moves no disputed amount); a refund event
 //             (refund_update) proves the charge but moves no amount here: the store sets refunded_cents
 //             from every refund recorded by id (settlement_store.hpp), since a refund that fails gives its
 //             amount back
-//   dispute_status: the highest by (open < closed; lost over won over warning_closed), then by name
+//   dispute_status: the furthest a dispute can go: warning_needs_response < warning_under_review <
+//             warning_closed < needs_response < under_review < won < lost (an inquiry may escalate into a
+//             chargeback, never back); a status Stripe adds later ranks lowest
 //
 // so applying the same facts in any order, any number of times, ends in the same row. A refund or a dispute
 // proves the charge succeeded. A `pending` row belongs to the pipeline (a worker may hold its lease and be
@@ -34,9 +37,9 @@ enum class fact_kind {
     succeeded,       // payment_intent.succeeded, charge.succeeded
     failed,          // payment_intent.payment_failed, payment_intent.canceled, charge.failed
     refunded,        // charge.refunded (amount_refunded is cumulative)
-    refund_update,   // refund.created, refund.updated, refund.failed, charge.refund.updated (one refund)
-    dispute_opened,  // charge.dispute.created
-    dispute_closed,  // charge.dispute.closed (won, lost, warning_closed)
+    refund_update,   // refund.created, refund.updated, charge.refund.updated (one refund)
+    dispute_opened,  // charge.dispute.created, .updated, .funds_withdrawn (a dispute under way)
+    dispute_closed,  // charge.dispute.closed (won, lost, warning_closed), .funds_reinstated (won)
     no_news,         // a known object in a status that moves nothing (requires_action, …): noted only
     unknown_type,    // an event type chargeguard does not act on: counted, ignored
 };

@@ -11,7 +11,7 @@
 //
 // Refunds are recorded by what they name, in the event's transaction (migration 0016): charge.refunded's
 // cumulative amount_refunded per charge, and each refund object (refund.created, refund.updated,
-// refund.failed, charge.refund.updated) by its id (re_…) with the furthest status it reached. A charged
+// charge.refund.updated) by its id (re_…) with the furthest status it reached. A charged
 // row's refunded_cents is then set from them (cg_refunded_cents) on every write, so one refund reported by
 // its charge's event and by its own, in any order, duplicated or not, counts once, and a refund that ends
 // failed or canceled gives its amount back. Refund facts naming no ledger row (a vault-only payment) are

@@ -34,11 +34,12 @@ struct charge {
 };
 
 // A bank debit (Stripe's delayed-notification methods): its charge is pending until the bank answers, so a
-// failed one failed after processing, whether or not chargeguard saw it processing.
+// failed one failed after processing, whether or not chargeguard saw it processing. A Charges-API debit of
+// a bank account source reports `ach_debit`; a PaymentIntent's, `us_bank_account`.
 inline bool bank_debit(std::string_view payment_method_type) noexcept {
-    return payment_method_type == "us_bank_account" || payment_method_type == "sepa_debit" ||
-           payment_method_type == "bacs_debit" || payment_method_type == "acss_debit" ||
-           payment_method_type == "au_becs_debit";
+    return payment_method_type == "us_bank_account" || payment_method_type == "ach_debit" ||
+           payment_method_type == "sepa_debit" || payment_method_type == "bacs_debit" ||
+           payment_method_type == "acss_debit" || payment_method_type == "au_becs_debit";
 }
 
 struct payment_intent {

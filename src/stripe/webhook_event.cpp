@@ -23,7 +23,8 @@ std::string unstorable_in(simdjson::dom::element el, const std::string& where) {
         }
         case simdjson::dom::element_type::ARRAY: {
             std::size_t i = 0;
-            for (auto item : el.get_array().value_unsafe()) {
+            simdjson::dom::array items = el.get_array().value_unsafe();  // named: g++ -O2 -Wdangling-pointer
+            for (auto item : items) {
                 auto why = unstorable_in(item, where + "[" + std::to_string(i++) + "]");
                 if (!why.empty()) return why;
             }
@@ -31,7 +32,8 @@ std::string unstorable_in(simdjson::dom::element el, const std::string& where) {
         }
         case simdjson::dom::element_type::OBJECT: {
             std::vector<std::string_view> keys;
-            for (auto field : el.get_object().value_unsafe()) {
+            simdjson::dom::object fields = el.get_object().value_unsafe();
+            for (auto field : fields) {
                 if (field.key.find('\0') != std::string_view::npos)
                     return "a NUL character in a key of " + where;
                 keys.push_back(field.key);

@@ -16,20 +16,23 @@ refusal not_found(std::string_view method, std::string_view path) {
             {}};
 }
 
+// Stripe's error object has four types (api_error, card_error, idempotency_error, invalid_request_error):
+// a key Stripe does not accept, or one outside its grant, is 401 / 403 invalid_request_error, and the SDKs
+// pick StripeAuthenticationError / StripePermissionError from the status.
 refusal unauthenticated(std::string_view presented) {
-    return {401, "authentication_error", "", "Invalid vault key provided: " + redact_secret(presented), {}};
+    return {401, "invalid_request_error", "", "Invalid vault key provided: " + redact_secret(presented), {}};
 }
 
 refusal key_unusable() {
     return {401,
-            "authentication_error",
+            "invalid_request_error",
             "api_key_expired",
             "This vault key has been revoked or has expired.",
             {}};
 }
 
 refusal forbidden(std::string_view what) {
-    return {403, "permission_error", "", "This vault key does not allow " + std::string(what) + ".", {}};
+    return {403, "invalid_request_error", "", "This vault key does not allow " + std::string(what) + ".", {}};
 }
 
 refusal account_forbidden(std::string_view presented, std::string_view scoped_to) {
@@ -41,7 +44,7 @@ refusal account_forbidden(std::string_view presented, std::string_view scoped_to
                                                 " only: send Stripe-Account: " + std::string(scoped_to) + "."
                                           : "This vault key acts in " + std::string(scoped_to) +
                                                 " only, not in " + std::string(presented) + ".";
-    return {403, "permission_error", "account_not_allowed", std::move(msg), {}};
+    return {403, "invalid_request_error", "account_not_allowed", std::move(msg), {}};
 }
 
 refusal too_large(std::size_t max_body_bytes) {

@@ -20,7 +20,7 @@ refusal key_unusable();
 // The key's allow list does not name `what` (an operation, or "METHOD path" when none matches).
 refusal forbidden(std::string_view what);
 // A Stripe-Account the key may not act in: `presented` (empty: none sent) against the key's own account
-// (empty: the platform's). 403 permission_error, as Stripe answers a restricted key outside its grant.
+// (empty: the platform's). 403 invalid_request_error, as Stripe answers a restricted key outside its grant.
 refusal account_forbidden(std::string_view presented, std::string_view scoped_to);
 refusal too_large(std::size_t max_body_bytes);
 refusal idempotency_key_required();

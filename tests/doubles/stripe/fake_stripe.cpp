@@ -7,10 +7,16 @@
 #include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <type_traits>
 
+#include "core/error.hpp"
 #include "http/proto/message.hpp"
 #include "net/timeout.hpp"
 #include "stripe/form.hpp"
@@ -77,6 +83,37 @@ const async_method* async_method_of(std::string_view pm) {
     return nullptr;
 }
 
+// What Stripe reports of the method that paid: a card, a PaymentIntent's US bank account, or a Charges-API
+// bank debit (a `ba_…` source: type ach_debit).
+std::string payment_method_details(const charge_rec& c) {
+    if (c.payment_method.empty()) return "null";
+    if (c.payment_method.starts_with("ba_"))
+        return json_obj()
+            .str("type", "ach_debit")
+            .raw("ach_debit", json_obj()
+                                  .str("account_holder_type", "individual")
+                                  .str("bank_name", "STRIPE TEST BANK")
+                                  .str("country", "US")
+                                  .str("fingerprint", "fakeAchFingerprint")
+                                  .str("last4", "6789")
+                                  .str("routing_number", "110000000")
+                                  .done())
+            .done();
+    if (async_method_of(c.payment_method))
+        return json_obj()
+            .str("type", "us_bank_account")
+            .raw("us_bank_account", json_obj()
+                                        .str("account_holder_type", "individual")
+                                        .str("account_type", "checking")
+                                        .str("bank_name", "STRIPE TEST BANK")
+                                        .str("fingerprint", "fakeUsBankFingerprint")
+                                        .str("last4", "6789")
+                                        .str("routing_number", "110000000")
+                                        .done())
+            .done();
+    return json_obj().str("type", "card").done();
+}
+
 std::string charge_json(const charge_rec& c) {
     bool ok = c.status == "succeeded";
     bool captured = c.status != "failed";  // a bank debit's pending charge is captured, not yet paid
@@ -88,6 +125,7 @@ std::string charge_json(const charge_rec& c) {
         .num("amount", c.amount)
         .num("amount_captured", captured ? c.amount : 0)
         .num("amount_refunded", c.amount_refunded)
+        .raw("billing_details", R"({"address":null,"email":null,"name":null,"phone":null})")
         .boolean("captured", captured)
         .num("created", c.created)
         .str("currency", c.currency)
@@ -101,12 +139,7 @@ std::string charge_json(const charge_rec& c) {
         .boolean("paid", ok)
         .str_or_null("payment_intent", c.payment_intent)
         .str_or_null("payment_method", c.payment_method)
-        .raw("payment_method_details",
-             c.payment_method.empty()
-                 ? std::string("null")
-                 : json_obj()
-                       .str("type", async_method_of(c.payment_method) ? "us_bank_account" : "card")
-                       .done())
+        .raw("payment_method_details", payment_method_details(c))
         .boolean("refunded", c.amount > 0 && c.amount_refunded == c.amount)
         .str("status", c.status)
         .done();
@@ -132,10 +165,19 @@ std::string dispute_json(const dispute_rec& d) {
         .str("id", d.id)
         .str("object", "dispute")
         .num("amount", d.amount)
+        .raw("balance_transactions", "[]")
         .str("charge", d.charge)
         .num("created", d.created)
         .str("currency", d.currency)
-        .boolean("is_charge_refundable", false)
+        .raw("evidence", R"({"customer_name":null,"product_description":null,"uncategorized_text":null})")
+        .raw("evidence_details", json_obj()
+                                     .num("due_by", d.created + 7 * 24 * 3600)
+                                     .boolean("has_evidence", false)
+                                     .boolean("past_due", false)
+                                     .num("submission_count", 0)
+                                     .done())
+        // An inquiry withdraws nothing and the payment can still be refunded; a chargeback cannot.
+        .boolean("is_charge_refundable", d.inquiry())
         .boolean("livemode", false)
         .raw("metadata", "{}")
         .str_or_null("payment_intent", d.payment_intent)
@@ -167,7 +209,14 @@ std::string money(std::int64_t minor, std::string_view currency) {
     return std::string(digits) + " " + std::string(currency);
 }
 
-std::string intent_json(const intent_rec& p) {
+// The first API version whose PaymentIntent has `latest_charge`; before it, the intent carried its charges as
+// an embedded list `charges` instead.
+constexpr std::string_view latest_charge_version = "2022-11-15";
+
+// A PaymentIntent as API `version` renders it; `charges` are the fake's charges (an older version lists the
+// intent's own, newest first).
+std::string intent_json(const intent_rec& p, std::string_view version,
+                        const std::vector<charge_rec>& charges) {
     std::string last_error = "null";
     if (!p.last_error_code.empty())
         last_error = json_obj()
@@ -179,24 +228,51 @@ std::string intent_json(const intent_rec& p) {
     std::string next_action = "null";
     if (p.status == "requires_action")
         next_action = json_obj().str("type", "use_stripe_sdk").raw("use_stripe_sdk", "{}").done();
-    return json_obj()
-        .str("id", p.id)
-        .str("object", "payment_intent")
-        .num("amount", p.amount)
+    std::string latest_charge = "null";
+    if (!p.latest_charge.empty()) append_json_string(latest_charge = {}, p.latest_charge);
+    const bool embeds_charges = version < latest_charge_version;
+    json_obj o;
+    o.str("id", p.id).str("object", "payment_intent");
+    if (embeds_charges) {
+        std::string data = "[";
+        std::int64_t n = 0;
+        for (auto it = charges.rbegin(); it != charges.rend(); ++it)
+            if (it->payment_intent == p.id) data += (n++ ? "," : "") + charge_json(*it);
+        o.raw("charges", json_obj()
+                             .str("object", "list")
+                             .raw("data", data + "]")
+                             .boolean("has_more", false)
+                             .num("total_count", n)
+                             .str("url", "/v1/charges?payment_intent=" + p.id)
+                             .done());
+    }
+    std::string automatic = "null";
+    if (p.automatic)
+        automatic =
+            json_obj().boolean("enabled", true).str_or_null("allow_redirects", p.allow_redirects).done();
+    std::string types = "[";
+    for (std::size_t i = 0; i < p.payment_method_types.size(); ++i) {
+        if (i) types += ',';
+        append_json_string(types, p.payment_method_types[i]);
+    }
+    o.num("amount", p.amount)
         .num("amount_received", p.status == "succeeded" ? p.amount : 0)
+        .raw("automatic_payment_methods", automatic)
         .str_or_null("cancellation_reason", p.cancellation_reason)
+        .str("capture_method", "automatic")
         .str("client_secret", p.id + "_secret_fake")
         .str("confirmation_method", "automatic")
         .num("created", p.created)
         .str("currency", p.currency)
         .str_or_null("customer", p.customer)
         .str_or_null("description", p.description)
-        .raw("last_payment_error", last_error)
-        .str_or_null("latest_charge", p.latest_charge)
-        .boolean("livemode", false)
+        .raw("last_payment_error", last_error);
+    if (!embeds_charges) o.raw("latest_charge", latest_charge);
+    return o.boolean("livemode", false)
         .raw("metadata", meta_json(p.metadata))
         .raw("next_action", next_action)
         .str_or_null("payment_method", p.payment_method)
+        .raw("payment_method_types", types + "]")
         .str("status", p.status)
         .done();
 }
@@ -263,38 +339,86 @@ struct account_scope {
     account_scope& operator=(const account_scope&) = delete;
 };
 
-// Stripe's parameter checks shared by both creating endpoints; nullopt when valid.
-std::optional<http::response> validate_common(const params& p, const std::vector<std::string>& allowed) {
+// Stripe's published error codes for a parameter it refuses: `parameter_unknown`, `parameter_missing`,
+// `parameter_invalid_empty` (an empty string: Stripe takes it for an attempt to unset the parameter),
+// `parameter_invalid_integer`, `amount_too_large`. A value outside an enum or a malformed currency has no
+// code, as at Stripe: only the type, the message and the param.
+http::response unknown_parameter(const std::string& k) {
+    return error_response(400, "invalid_request_error", "parameter_unknown",
+                          "Received unknown parameter: " + k, k);
+}
+
+std::optional<http::response> only_known(const params& p, const std::vector<std::string>& allowed) {
     for (const auto& [k, v] : p) {
         auto top = k.substr(0, k.find('['));
-        if (std::find(allowed.begin(), allowed.end(), top) == allowed.end())
-            return error_response(400, "invalid_request_error", "parameter_unknown",
-                                  "Received unknown parameter: " + k, k);
+        if (std::find(allowed.begin(), allowed.end(), top) == allowed.end()) return unknown_parameter(k);
     }
-    auto amount = to_int(param(p, "amount"));
+    return std::nullopt;
+}
+
+std::optional<http::response> no_empty_strings(const params& p) {
+    for (const auto& [k, v] : p)
+        if (v.empty() && !k.starts_with("metadata["))
+            return error_response(
+                400, "invalid_request_error", "parameter_invalid_empty",
+                "You passed an empty string for '" + k +
+                    "'. We assume empty values are an attempt to unset a parameter; however '" + k +
+                    "' cannot be unset. You should remove '" + k +
+                    "' from your request or supply a non-empty value.",
+                k);
+    return std::nullopt;
+}
+
+// An integer parameter within [lo, hi] (Stripe's messages for a value that is not one, or out of range).
+std::optional<http::response> check_integer(std::string_view name, std::string_view value, std::int64_t lo,
+                                            std::int64_t hi) {
+    auto n = to_int(value);
+    if (!n)
+        return error_response(400, "invalid_request_error", "parameter_invalid_integer",
+                              "Invalid integer: " + std::string(value), name);
+    if (*n < lo)
+        return error_response(400, "invalid_request_error", "parameter_invalid_integer",
+                              "This value must be greater than or equal to " + std::to_string(lo) + ".",
+                              name);
+    if (*n > hi)
+        return error_response(400, "invalid_request_error", "parameter_invalid_integer",
+                              "This value must be less than or equal to " + std::to_string(hi) + ".", name);
+    return std::nullopt;
+}
+
+// Stripe's parameter checks shared by both creating endpoints; nullopt when valid.
+std::optional<http::response> validate_common(const params& p, const std::vector<std::string>& allowed) {
+    if (auto bad = only_known(p, allowed)) return bad;
+    if (auto bad = no_empty_strings(p)) return bad;
     if (!p.count("amount"))
         return error_response(400, "invalid_request_error", "parameter_missing",
                               "Missing required param: amount.", "amount");
-    if (!amount || *amount <= 0 || *amount > 99999999)
-        return error_response(400, "invalid_request_error", "amount_too_small", "Invalid positive integer",
+    if (auto bad = check_integer("amount", param(p, "amount"), 1, std::numeric_limits<std::int64_t>::max()))
+        return bad;
+    if (*to_int(param(p, "amount")) > 99999999)
+        return error_response(400, "invalid_request_error", "amount_too_large",
+                              "Amount must be no more than 99999999 in the currency's smallest unit.",
                               "amount");
+    if (!p.count("currency"))
+        return error_response(400, "invalid_request_error", "parameter_missing",
+                              "Missing required param: currency.", "currency");
     auto cur = param(p, "currency");
     if (cur.size() != 3 || !std::all_of(cur.begin(), cur.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
-        return error_response(400, "invalid_request_error", "parameter_invalid", "Invalid currency: " + cur,
-                              "currency");
+        return error_response(400, "invalid_request_error", "", "Invalid currency: " + cur, "currency");
     if (!param(p, "customer").starts_with("cus_"))
         return error_response(400, "invalid_request_error", "resource_missing",
                               "No such customer: '" + param(p, "customer") + "'", "customer");
     auto meta = metadata_of(p);
     if (meta.size() > 50)
-        return error_response(400, "invalid_request_error", "parameter_invalid",
-                              "Metadata can have at most 50 keys", "metadata");
+        return error_response(400, "invalid_request_error", "",
+                              "You can only specify up to 50 metadata keys.", "metadata");
     for (const auto& [k, v] : meta) {
         if (k.empty() || k.size() > 40 || k.find_first_of("[]") != std::string::npos)
-            return error_response(400, "invalid_request_error", "parameter_invalid",
-                                  "Invalid metadata key: " + k, "metadata");
+            return error_response(400, "invalid_request_error", "",
+                                  "Metadata keys can have up to 40 characters and no square brackets: " + k,
+                                  "metadata");
         if (v.size() > 500)
-            return error_response(400, "invalid_request_error", "parameter_invalid",
+            return error_response(400, "invalid_request_error", "",
                                   "Metadata values can have up to 500 characters", "metadata[" + k + "]");
     }
     return std::nullopt;
@@ -345,7 +469,7 @@ std::optional<http::response> validate_intent(const params& p, std::string_view 
     if (bad) return bad;
     const bool confirm = param(p, "confirm") == "true";
     if (p.count("off_session") && !confirm)
-        return error_response(400, "invalid_request_error", "parameter_invalid",
+        return error_response(400, "invalid_request_error", "",
                               "off_session can only be used when confirm=true", "off_session");
     if (confirm && param(p, "payment_method").empty())
         return error_response(400, "invalid_request_error", "parameter_missing",
@@ -359,7 +483,7 @@ std::optional<http::response> validate_intent(const params& p, std::string_view 
     auto redirects = p.find("automatic_payment_methods[allow_redirects]");
     if (redirects != p.end() && redirects->second != "always" && redirects->second != "never")
         return error_response(
-            400, "invalid_request_error", "parameter_invalid",
+            400, "invalid_request_error", "",
             "Invalid automatic_payment_methods[allow_redirects]: must be one of always or never",
             "automatic_payment_methods[allow_redirects]");
     if (p.count("return_url") && !confirm)
@@ -397,12 +521,15 @@ std::optional<http::response> validate_intent(const params& p, std::string_view 
 
 std::optional<http::response> validate(const std::string& path, const params& p, std::string_view version) {
     if (!cancelled_intent_id(path).empty()) {
-        for (const auto& [k, v] : p) {
-            auto top = k.substr(0, k.find('['));
-            if (top != "cancellation_reason" && top != "expand")
-                return error_response(400, "invalid_request_error", "parameter_unknown",
-                                      "Received unknown parameter: " + k, k);
-        }
+        if (auto bad = only_known(p, {"cancellation_reason", "expand"})) return bad;
+        if (auto bad = no_empty_strings(p)) return bad;
+        auto reason = param(p, "cancellation_reason");
+        if (p.count("cancellation_reason") && reason != "abandoned" && reason != "duplicate" &&
+            reason != "fraudulent" && reason != "requested_by_customer")
+            return error_response(400, "invalid_request_error", "",
+                                  "Invalid cancellation_reason: must be one of abandoned, duplicate, "
+                                  "fraudulent, or requested_by_customer",
+                                  "cancellation_reason");
         return std::nullopt;
     }
     if (path == "/v1/refunds") {
@@ -414,6 +541,7 @@ std::optional<http::response> validate(const std::string& path, const params& p,
                 return error_response(400, "invalid_request_error", "parameter_unknown",
                                       "Received unknown parameter: " + k, k);
         }
+        if (auto bad = no_empty_strings(p)) return bad;
         if (param(p, "charge").empty() && param(p, "payment_intent").empty())
             return error_response(400, "invalid_request_error", "parameter_missing",
                                   "One of the following params should be provided for this request: "
@@ -428,7 +556,7 @@ std::optional<http::response> validate(const std::string& path, const params& p,
         if (p.count("reason") && reason != "duplicate" && reason != "fraudulent" &&
             reason != "requested_by_customer")
             return error_response(
-                400, "invalid_request_error", "parameter_invalid",
+                400, "invalid_request_error", "",
                 "Invalid reason: must be one of duplicate, fraudulent, or requested_by_customer", "reason");
         return std::nullopt;
     }
@@ -490,72 +618,220 @@ http::response admin_list(const std::vector<Rec>& recs, Json to_json) {
         200, json_obj().raw("data", data + "]").num("count", static_cast<std::int64_t>(recs.size())).done());
 }
 
-// GET /v1/charges or /v1/payment_intents: customer and created[gte] filters, newest first, limit 1..100,
-// starting_after an id of the list (400 resource_missing otherwise), has_more.
-template <typename Rec, typename Json>
-http::response list(const http::request& req, const std::vector<Rec>& recs, Json to_json) {
-    const auto account = account_of(req);
-    auto customer = http::query_param(req.query(), "customer");
-    auto gte = http::query_param(req.query(), "created[gte]");
-    std::int64_t since = gte ? to_int(*gte).value_or(0) : 0;
-    int limit = std::clamp(qint(req, "limit", 10), 1, 100);
-    auto after = http::query_param(req.query(), "starting_after").value_or("");
-    std::vector<const Rec*> all;
-    for (auto it = recs.rbegin(); it != recs.rend(); ++it)  // newest first
-        if (it->account == account && (!customer || it->customer == *customer) && it->created >= since)
-            all.push_back(&*it);
-    std::size_t start = 0;
-    if (!after.empty()) {
-        auto pos = std::find_if(all.begin(), all.end(), [&](const Rec* c) { return c->id == after; });
-        if (pos == all.end())
-            return error_response(400, "invalid_request_error", "resource_missing",
-                                  "No such object: '" + std::string(after) + "'", "starting_after");
-        start = static_cast<std::size_t>(pos - all.begin()) + 1;
+// A GET's query, decoded, or Stripe's refusal of it: a parameter the endpoint does not take (400
+// parameter_unknown), `limit` outside 1..100 or not an integer, a `created` bound that is not an integer (400
+// parameter_invalid_integer). `allowed` names the endpoint's parameters besides `expand`; `created` takes
+// created[gt|gte|lt|lte] and `types` types[].
+struct query {
+    params p;
+    std::vector<std::string> types;  // types[] (GET /v1/events), in order
+    std::optional<http::response> bad;
+};
+
+query read_query(const http::request& req, std::initializer_list<std::string_view> allowed) {
+    query q;
+    auto decoded = stripe::decode_form(req.query());
+    if (!decoded) {
+        q.bad = error_response(400, "invalid_request_error", "", "Invalid query string");
+        return q;
     }
-    std::string data = "[";
-    std::size_t end = std::min(all.size(), start + static_cast<std::size_t>(limit));
-    for (std::size_t i = start; i < end; ++i) {
-        if (i > start) data += ',';
-        data += to_json(*all[i]);
+    for (const auto& [k, v] : *decoded) {
+        const std::string top = k.substr(0, k.find('['));
+        bool known = top == "expand" || std::find(allowed.begin(), allowed.end(), top) != allowed.end();
+        if (known && k != top) {
+            const std::string sub = k.substr(top.size());
+            known =
+                top == "expand" || (top == "types" && sub == "[]") ||
+                (top == "created" && (sub == "[gt]" || sub == "[gte]" || sub == "[lt]" || sub == "[lte]"));
+        }
+        if (!known) {
+            q.bad = unknown_parameter(k);
+            return q;
+        }
+        if (top == "created") q.bad = check_integer(k, v, 0, std::numeric_limits<std::int64_t>::max());
+        if (k == "limit") q.bad = check_integer("limit", v, 1, 100);
+        if (q.bad) return q;
+        if (k == "types[]")
+            q.types.push_back(v);
+        else
+            q.p[k] = v;
     }
-    data += "]";
-    return json_response(200, json_obj()
-                                  .str("object", "list")
-                                  .raw("data", data)
-                                  .boolean("has_more", end < all.size())
-                                  .str("url", req.path())
-                                  .done());
+    return q;
 }
 
-// GET /v1/refunds: Stripe's filters `charge` and `payment_intent` (the account's refunds without either),
-// newest first, limit 1..100, starting_after, has_more.
-http::response list_refunds(const http::request& req, const std::vector<refund_rec>& recs) {
-    const auto account = account_of(req);  // another account's refunds are not listed
-    auto charge = http::query_param(req.query(), "charge");
-    auto intent = http::query_param(req.query(), "payment_intent");
-    int limit = std::clamp(qint(req, "limit", 10), 1, 100);
-    auto after = http::query_param(req.query(), "starting_after").value_or("");
-    std::vector<const refund_rec*> all;
-    for (auto it = recs.rbegin(); it != recs.rend(); ++it)
-        if (it->account == account && (!charge || it->charge == *charge) &&
-            (!intent || it->payment_intent == *intent))
-            all.push_back(&*it);
-    std::size_t start = 0;
-    if (!after.empty()) {
-        auto pos = std::find_if(all.begin(), all.end(), [&](const refund_rec* r) { return r->id == after; });
+// The `created` filter of a list (exact, or any of gt, gte, lt, lte).
+bool created_matches(const params& q, std::int64_t created) {
+    auto bound = [&](const char* k) -> std::optional<std::int64_t> {
+        auto it = q.find(k);
+        if (it == q.end()) return std::nullopt;
+        return to_int(it->second);
+    };
+    if (auto v = bound("created"); v && created != *v) return false;
+    if (auto v = bound("created[gt]"); v && created <= *v) return false;
+    if (auto v = bound("created[gte]"); v && created < *v) return false;
+    if (auto v = bound("created[lt]"); v && created >= *v) return false;
+    if (auto v = bound("created[lte]"); v && created > *v) return false;
+    return true;
+}
+
+// One page of a list endpoint, newest first: `limit` (default 10), starting_after or ending_before (an id
+// of the list; 400 resource_missing otherwise), has_more. `all` holds the records that match, newest first.
+template <typename Rec, typename Json>
+http::response list_page(const params& q, std::string_view url, const std::vector<const Rec*>& all,
+                         Json to_json) {
+    const std::size_t limit = static_cast<std::size_t>(to_int(param(q, "limit")).value_or(10));
+    auto after = param(q, "starting_after"), before = param(q, "ending_before");
+    if (!after.empty() && !before.empty())
+        return error_response(400, "invalid_request_error", "",
+                              "You may only specify one of these parameters: ending_before, starting_after.");
+    auto position = [&](const std::string& id) {
+        return std::find_if(all.begin(), all.end(), [&](const Rec* r) { return r->id == id; });
+    };
+    std::size_t start = 0, end = 0;
+    bool more = false;
+    if (!before.empty()) {
+        auto pos = position(before);
         if (pos == all.end())
             return error_response(400, "invalid_request_error", "resource_missing",
-                                  "No such refund: '" + std::string(after) + "'", "starting_after");
-        start = static_cast<std::size_t>(pos - all.begin()) + 1;
+                                  "No such object: '" + before + "'", "ending_before");
+        end = static_cast<std::size_t>(pos - all.begin());
+        start = end > limit ? end - limit : 0;
+        more = start > 0;
+    } else {
+        if (!after.empty()) {
+            auto pos = position(after);
+            if (pos == all.end())
+                return error_response(400, "invalid_request_error", "resource_missing",
+                                      "No such object: '" + after + "'", "starting_after");
+            start = static_cast<std::size_t>(pos - all.begin()) + 1;
+        }
+        end = std::min(all.size(), start + limit);
+        more = end < all.size();
     }
     std::string data = "[";
-    std::size_t end = std::min(all.size(), start + static_cast<std::size_t>(limit));
-    for (std::size_t i = start; i < end; ++i) data += (i > start ? "," : "") + refund_json(*all[i]);
+    for (std::size_t i = start; i < end; ++i) data += (i > start ? "," : "") + to_json(*all[i]);
     return json_response(200, json_obj()
                                   .str("object", "list")
                                   .raw("data", data + "]")
+                                  .boolean("has_more", more)
+                                  .str("url", url)
+                                  .done());
+}
+
+// Stripe's search query language, the part chargeguard and the vault proxy's callers use: clauses joined
+// by AND, each `field:'value'` (exact match) or `metadata['key']:'value'`. Anything else (OR, negation,
+// comparisons, substring `~`) is refused with the clause named.
+struct search_clause {
+    std::string field, key, value;  // key: the metadata key when field == "metadata"
+};
+
+std::optional<std::string> parse_quoted(std::string_view& s) {
+    if (s.empty() || (s.front() != '\'' && s.front() != '"')) return std::nullopt;
+    const char quote = s.front();
+    std::string out;
+    for (std::size_t i = 1; i < s.size(); ++i) {
+        if (s[i] == '\\' && i + 1 < s.size()) {
+            out += s[++i];
+        } else if (s[i] == quote) {
+            s.remove_prefix(i + 1);
+            return out;
+        } else {
+            out += s[i];
+        }
+    }
+    return std::nullopt;
+}
+
+result<std::vector<search_clause>> parse_search(std::string_view q) {
+    std::vector<search_clause> out;
+    auto bad = [&](std::string why) {
+        return result<std::vector<search_clause>>(core_errc::invalid_argument, why);
+    };
+    while (true) {
+        while (!q.empty() && q.front() == ' ') q.remove_prefix(1);
+        search_clause c;
+        if (q.starts_with("metadata[")) {
+            q.remove_prefix(9);
+            auto key = parse_quoted(q);
+            if (!key || !q.starts_with("]")) return bad("a metadata clause is metadata['key']:'value'");
+            q.remove_prefix(1);
+            c.field = "metadata";
+            c.key = *key;
+        } else {
+            std::size_t n = 0;
+            while (n < q.size() && (std::isalnum(static_cast<unsigned char>(q[n])) || q[n] == '_')) ++n;
+            if (n == 0) return bad("expected a field name at '" + std::string(q) + "'");
+            c.field = std::string(q.substr(0, n));
+            q.remove_prefix(n);
+        }
+        if (!q.starts_with(":")) return bad("only exact matches (field:'value') are supported");
+        q.remove_prefix(1);
+        auto value = parse_quoted(q);
+        if (!value) return bad("a value is quoted: field:'value'");
+        c.value = *value;
+        out.push_back(std::move(c));
+        while (!q.empty() && q.front() == ' ') q.remove_prefix(1);
+        if (q.empty()) return out;
+        if (!q.starts_with("AND ")) return bad("clauses are joined by AND");
+        q.remove_prefix(4);
+    }
+}
+
+template <typename Rec>
+bool metadata_has(const Rec& r, const std::string& k, const std::string& v) {
+    return std::any_of(r.metadata.begin(), r.metadata.end(),
+                       [&](const auto& kv) { return kv.first == k && kv.second == v; });
+}
+
+// GET /v1/<resource>/search: `query` (required), `limit` 1..100, `page` (the next_page of the previous
+// answer); Stripe's search_result, newest first. `field_of(rec, name)` reads a searchable field; nullopt for
+// a field the resource cannot be searched by.
+template <typename Rec, typename Json, typename Field>
+http::response search_page(const http::request& req, std::string_view resource, const std::vector<Rec>& recs,
+                           const std::string& account, Json to_json, Field field_of) {
+    auto q = read_query(req, {"query", "limit", "page"});
+    if (q.bad) return std::move(*q.bad);
+    if (!q.p.count("query"))
+        return error_response(400, "invalid_request_error", "parameter_missing",
+                              "Missing required param: query.", "query");
+    auto clauses = parse_search(param(q.p, "query"));
+    if (!clauses)
+        return error_response(400, "invalid_request_error", "",
+                              "Invalid search query: " + clauses.err().message, "query");
+    for (const auto& c : *clauses)
+        if (c.field != "metadata" && !field_of(recs.empty() ? Rec{} : recs.front(), c.field))
+            return error_response(400, "invalid_request_error", "",
+                                  "Field `" + c.field + "` is an unsupported search field for resource `" +
+                                      std::string(resource) + "`.",
+                                  "query");
+    std::vector<const Rec*> all;
+    for (auto it = recs.rbegin(); it != recs.rend(); ++it) {
+        if (it->account != account) continue;
+        bool ok = std::all_of(clauses->begin(), clauses->end(), [&](const search_clause& c) {
+            return c.field == "metadata" ? metadata_has(*it, c.key, c.value)
+                                         : field_of(*it, c.field) == c.value;
+        });
+        if (ok) all.push_back(&*it);
+    }
+    const std::size_t limit = static_cast<std::size_t>(to_int(param(q.p, "limit")).value_or(10));
+    std::size_t start = 0;
+    if (auto page = param(q.p, "page"); !page.empty()) {
+        auto n = page.starts_with("page_") ? to_int(std::string_view(page).substr(5)) : std::nullopt;
+        if (!n || *n < 0)
+            return error_response(400, "invalid_request_error", "", "Invalid page: " + page, "page");
+        start = std::min(all.size(), static_cast<std::size_t>(*n));
+    }
+    const std::size_t end = std::min(all.size(), start + limit);
+    std::string data = "[";
+    for (std::size_t i = start; i < end; ++i) data += (i > start ? "," : "") + to_json(*all[i]);
+    std::string next = "null";
+    if (end < all.size()) append_json_string(next = {}, "page_" + std::to_string(end));
+    return json_response(200, json_obj()
+                                  .str("object", "search_result")
+                                  .raw("data", data + "]")
                                   .boolean("has_more", end < all.size())
-                                  .str("url", "/v1/refunds")
+                                  .raw("next_page", next)
+                                  .str("url", "/v1/" + std::string(resource) + "/search")
                                   .done());
 }
 
@@ -622,6 +898,7 @@ void fake_stripe::reset() {
     refunds_.clear();
     disputes_.clear();
     bank_outcomes_.clear();
+    default_sources_.clear();
     events_.clear();
     webhooks_->reset();
     ++settle_gen_;
@@ -706,6 +983,10 @@ asio::awaitable<http::response> fake_stripe::api(http::request& req) {
         resp = get(req);
     }
     resp.headers.add("Request-Id", rid);
+    if (record_requests_)
+        request_log_.push_back({req.method, std::string(req.path()), std::string(req.query()), req.body,
+                                std::string(req.headers.get("Stripe-Version").value_or("")), account,
+                                resp.status, resp.body});
     co_return resp;
 }
 
@@ -792,6 +1073,7 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     cur_request_id_ = rid;
     cur_idem_key_ = key;
     cur_account_ = account;
+    cur_version_ = version;
     if (path == "/v1/charges")
         create_charge(p, status, body, created);
     else if (path == "/v1/payment_intents")
@@ -803,6 +1085,7 @@ asio::awaitable<http::response> fake_stripe::post(http::request& req, std::strin
     cur_request_id_.clear();
     cur_idem_key_.clear();
     cur_account_.clear();
+    cur_version_ = default_api_version_;
     if (created && faults_.fail_after_create > 0 && faults_.targets(path)) {
         --faults_.fail_after_create;
         ++fault_hits_["fail_after_create " + path];
@@ -843,6 +1126,29 @@ charge_rec& fake_stripe::new_charge(const params& p, const decline_rule* decline
 }
 
 void fake_stripe::create_charge(const params& p, int& status, std::string& body, bool& created) {
+    // A bank debit through the Charges API: a `ba_…` source named, or the customer's default source is a
+    // bank account. Stripe answers 200 with a `pending` charge (payment_method_details.type ach_debit) that
+    // succeeds or fails days later (charge.succeeded / charge.failed).
+    std::string source = param(p, "source");
+    if (source.empty())
+        if (auto ds = default_sources_.find(param(p, "customer")); ds != default_sources_.end())
+            source = ds->second;
+    if (source.starts_with("ba_")) {
+        auto& c = new_charge(p, nullptr);
+        c.status = "pending";
+        c.payment_method = source;
+        c.settles_to = "succeeded";
+        if (auto o = bank_outcomes_.find(c.customer); o != bank_outcomes_.end()) {
+            c.settles_to = o->second.first;
+            c.settle_failure_code = o->second.second;
+        }
+        created = true;
+        status = 200;
+        body = charge_json(c);
+        emit("charge.pending", body, c.id, c.id);
+        schedule_charge_settlement(c.id);
+        return;
+    }
     auto d = declines_.find(param(p, "customer"));
     const decline_rule* rule = d == declines_.end() ? nullptr : &d->second;
     auto& c = new_charge(p, rule);
@@ -864,6 +1170,15 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
     pi.id = new_id("pi_");
     read_payment_params(pi, p);
     pi.payment_method = param(p, "payment_method");
+    const auto methods = methods_of(p, cur_version_);
+    pi.automatic = methods.automatic;
+    if (methods.automatic) {
+        pi.allow_redirects = param(p, "automatic_payment_methods[allow_redirects]");
+        if (pi.allow_redirects.empty()) pi.allow_redirects = "always";
+        pi.payment_method_types = {"card", "us_bank_account"};
+    } else {
+        pi.payment_method_types = methods.types;
+    }
     pi.created = now();
     pi.account = cur_account_;
     created = true;
@@ -871,14 +1186,14 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
     auto answer_unfinished = [&](const char* now_status, const char* event) {
         pi.status = now_status;
         status = 200;
-        body = intent_json(pi);
-        emit(event, body, pi.id, pi.id);
+        body = intent_json(pi, cur_version_, charges_);
+        emit(event, intent_view(pi), pi.id, pi.id);
         intents_.push_back(std::move(pi));
     };
     if (param(p, "confirm") != "true")
         return answer_unfinished("requires_confirmation", "payment_intent.created");
     pi.status = "requires_payment_method";
-    emit("payment_intent.created", intent_json(pi), pi.id, pi.id);
+    emit("payment_intent.created", intent_view(pi), pi.id, pi.id);
     if (const auto* m = async_method_of(pi.payment_method)) {
         // A bank debit: processing now, its pending charge settles later (or never, for _processing).
         auto& c = new_charge(p, nullptr);
@@ -894,8 +1209,8 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
             pi.settle_failure_code = o->second.second;
         }
         status = 200;
-        body = intent_json(pi);
-        emit("payment_intent.processing", body, pi.id, pi.id);
+        body = intent_json(pi, cur_version_, charges_);
+        emit("payment_intent.processing", intent_view(pi), pi.id, pi.id);
         emit("charge.pending", charge_json(c), c.id, pi.id);
         auto id = pi.id;
         bool settles = !pi.settles_to.empty();
@@ -916,13 +1231,14 @@ void fake_stripe::create_intent(const params& p, int& status, std::string& body,
     pi.status = rule ? "requires_payment_method" : "succeeded";
     if (rule) pi.last_error_code = rule->code;
     emit(rule ? "charge.failed" : "charge.succeeded", charge_json(c), c.id, pi.id);
-    emit(rule ? "payment_intent.payment_failed" : "payment_intent.succeeded", intent_json(pi), pi.id, pi.id);
+    emit(rule ? "payment_intent.payment_failed" : "payment_intent.succeeded", intent_view(pi), pi.id, pi.id);
     if (!rule) {
         status = 200;
-        body = intent_json(pi);
+        body = intent_json(pi, cur_version_, charges_);
     } else {
         status = 402;
-        std::string fields = "\"charge\":\"" + c.id + "\",\"payment_intent\":" + intent_json(pi);
+        std::string fields =
+            "\"charge\":\"" + c.id + "\",\"payment_intent\":" + intent_json(pi, cur_version_, charges_);
         if (rule->code == "card_declined") fields += ",\"decline_code\":\"" + rule->decline_code + "\"";
         std::string msg = rule->code == "authentication_required"
                               ? "Your card was declined. This transaction requires authentication."
@@ -957,8 +1273,8 @@ void fake_stripe::cancel_intent(const std::string& id, const params& p, int& sta
     if (was_processing)
         if (auto* c = find_charge(it->latest_charge); c && c->status == "pending") c->status = "failed";
     status = 200;
-    body = intent_json(*it);
-    emit("payment_intent.canceled", body, it->id, it->id);
+    body = intent_json(*it, cur_version_, charges_);
+    emit("payment_intent.canceled", intent_view(*it), it->id, it->id);
 }
 
 charge_rec* fake_stripe::find_charge(const std::string& id) {
@@ -973,7 +1289,20 @@ intent_rec* fake_stripe::find_intent(const std::string& id) {
     return nullptr;
 }
 
+fake_stripe::render_fn fake_stripe::intent_view(const intent_rec& pi) const {
+    return [this, pi](std::string_view version) { return intent_json(pi, version, charges_); };
+}
+
 void fake_stripe::emit(const std::string& type, const std::string& object_json, const std::string& object_id,
+                       const std::string& group) {
+    emit(
+        type, [&](std::string_view) { return object_json; }, object_id, group);
+}
+
+// An event is made once, in the account's default API version (what GET /v1/events shows); the webhook
+// endpoint gets it rendered in its own API version when it has one, as Stripe renders each endpoint's
+// events: `api_version` and the object's shape both follow it.
+void fake_stripe::emit(const std::string& type, const render_fn& object, const std::string& object_id,
                        const std::string& group) {
     event_rec e;
     e.id = new_id("evt_");
@@ -985,19 +1314,26 @@ void fake_stripe::emit(const std::string& type, const std::string& object_json, 
         cur_request_id_.empty()
             ? std::string(R"({"id":null,"idempotency_key":null})")
             : json_obj().str("id", cur_request_id_).str_or_null("idempotency_key", cur_idem_key_).done();
-    json_obj head;
-    head.str("id", e.id).str("object", "event");
-    // A connected account's event names it, as Stripe's Connect events do.
-    if (!e.account.empty()) head.str("account", e.account);
-    e.body = pretty_json(head.str("api_version", "2024-06-20")
-                             .num("created", e.created)
-                             .raw("data", json_obj().raw("object", object_json).done())
-                             .boolean("livemode", false)
-                             .num("pending_webhooks", webhooks_->enabled(type) ? 1 : 0)
-                             .raw("request", request)
-                             .str("type", type)
-                             .done());
-    webhooks_->send({e.id, e.type, group, e.body});
+    auto render = [&](std::string_view version) {
+        json_obj head;
+        head.str("id", e.id).str("object", "event");
+        // A connected account's event names it, as Stripe's Connect events do.
+        if (!e.account.empty()) head.str("account", e.account);
+        return pretty_json(head.str("api_version", version)
+                               .num("created", e.created)
+                               .raw("data", json_obj().raw("object", object(version)).done())
+                               .boolean("livemode", false)
+                               .num("pending_webhooks", webhooks_->enabled(type) ? 1 : 0)
+                               .raw("request", request)
+                               .str("type", type)
+                               .done());
+    };
+    e.body = render(default_api_version_);
+    const auto& endpoint_version = webhooks_->endpoint().api_version;
+    webhooks_->send({e.id, e.type, group,
+                     endpoint_version.empty() || endpoint_version == default_api_version_
+                         ? e.body
+                         : render(endpoint_version)});
     events_.push_back(std::move(e));
     webhooks_->notify();
 }
@@ -1020,6 +1356,38 @@ void fake_stripe::schedule_settlement(const std::string& intent_id) {
     asio::co_spawn(ex_, body(this, alive_, settle_gen_, intent_id, settle_after_), asio::detached);
 }
 
+void fake_stripe::schedule_charge_settlement(const std::string& charge_id) {
+    ++pending_settle_;
+    auto body = [](fake_stripe* self, std::shared_ptr<bool> alive, std::uint64_t gen, std::string id,
+                   std::chrono::milliseconds after) -> asio::awaitable<void> {
+        co_await net::sleep_for(after);
+        if (!*alive || gen != self->settle_gen_) co_return;
+        --self->pending_settle_;
+        auto* c = self->find_charge(id);
+        if (c && c->status == "pending") self->settle_charge(id, c->settles_to, c->settle_failure_code);
+        self->webhooks_->notify();
+    };
+    asio::co_spawn(ex_, body(this, alive_, settle_gen_, charge_id, settle_after_), asio::detached);
+}
+
+bool fake_stripe::settle_charge(const std::string& charge_id, const std::string& outcome,
+                                const std::string& failure_code) {
+    auto* c = find_charge(charge_id);
+    if (!c || c->status != "pending" || !c->payment_intent.empty()) return false;
+    account_scope in_account(cur_account_, c->account);
+    if (outcome == "failed") {
+        auto code = failure_code.empty() ? std::string("insufficient_funds") : failure_code;
+        c->status = "failed";
+        c->failure_code = code;
+        c->failure_message = bank_failure_message(code);
+        emit("charge.failed", charge_json(*c), c->id, c->id);
+        return true;
+    }
+    c->status = "succeeded";
+    emit("charge.succeeded", charge_json(*c), c->id, c->id);
+    return true;
+}
+
 bool fake_stripe::settle(const std::string& intent_id, const std::string& outcome,
                          const std::string& failure_code) {
     auto* pi = find_intent(intent_id);
@@ -1037,19 +1405,19 @@ bool fake_stripe::settle(const std::string& intent_id, const std::string& outcom
         pi->last_error_type = "invalid_request_error";
         pi->last_error_message = c->failure_message;
         emit("charge.failed", charge_json(*c), c->id, pi->id);
-        emit("payment_intent.payment_failed", intent_json(*pi), pi->id, pi->id);
+        emit("payment_intent.payment_failed", intent_view(*pi), pi->id, pi->id);
         return true;
     }
     c->status = "succeeded";
     pi->status = "succeeded";
     emit("charge.succeeded", charge_json(*c), c->id, pi->id);
-    emit("payment_intent.succeeded", intent_json(*pi), pi->id, pi->id);
+    emit("payment_intent.succeeded", intent_view(*pi), pi->id, pi->id);
     if (outcome == "dispute") open_dispute(c->id);
     return true;
 }
 
 std::string fake_stripe::open_dispute(const std::string& charge_id, const std::string& reason,
-                                      std::int64_t amount) {
+                                      std::int64_t amount, bool inquiry) {
     auto* c = find_charge(charge_id);
     if (!c || c->status != "succeeded" || c->disputed) return {};
     account_scope in_account(cur_account_, c->account);
@@ -1061,25 +1429,47 @@ std::string fake_stripe::open_dispute(const std::string& charge_id, const std::s
     d.currency = c->currency;
     d.amount = amount > 0 ? amount : c->amount - c->amount_refunded;
     if (!reason.empty()) d.reason = reason;
+    d.status = inquiry ? "warning_needs_response" : "needs_response";
     d.created = now();
     c->disputed = true;
-    emit("charge.dispute.created", dispute_json(d), d.id,
-         c->payment_intent.empty() ? c->id : c->payment_intent);
+    const auto group = c->payment_intent.empty() ? c->id : c->payment_intent;
+    emit("charge.dispute.created", dispute_json(d), d.id, group);
+    if (!inquiry) emit("charge.dispute.funds_withdrawn", dispute_json(d), d.id, group);
     disputes_.push_back(d);
     return d.id;
 }
 
-bool fake_stripe::close_dispute(const std::string& dispute_id, const std::string& status) {
-    for (auto& d : disputes_) {
-        if (d.id != dispute_id) continue;
-        if (d.status == "won" || d.status == "lost" || (status != "won" && status != "lost")) return false;
-        d.status = status;
-        account_scope in_account(cur_account_, d.account);
-        emit("charge.dispute.closed", dispute_json(d), d.id,
-             d.payment_intent.empty() ? d.charge : d.payment_intent);
-        return true;
+// Stripe's dispute lifecycle: which status may follow which, and the events each step makes.
+bool fake_stripe::update_dispute(const std::string& dispute_id, const std::string& status) {
+    auto d = std::find_if(disputes_.begin(), disputes_.end(),
+                          [&](const dispute_rec& x) { return x.id == dispute_id; });
+    if (d == disputes_.end() || d->closed()) return false;
+    const std::string& from = d->status;
+    const bool allowed =
+        (from == "warning_needs_response" &&
+         (status == "warning_under_review" || status == "warning_closed" || status == "needs_response")) ||
+        (from == "warning_under_review" && (status == "warning_closed" || status == "needs_response")) ||
+        (from == "needs_response" && (status == "under_review" || status == "won" || status == "lost")) ||
+        (from == "under_review" && (status == "won" || status == "lost"));
+    if (!allowed) return false;
+    const bool escalated = d->inquiry() && status == "needs_response";
+    d->status = status;
+    account_scope in_account(cur_account_, d->account);
+    const auto group = d->payment_intent.empty() ? d->charge : d->payment_intent;
+    const auto body = dispute_json(*d);
+    if (d->closed()) {
+        emit("charge.dispute.closed", body, d->id, group);
+        if (status == "won") emit("charge.dispute.funds_reinstated", body, d->id, group);
+    } else {
+        emit("charge.dispute.updated", body, d->id, group);
+        if (escalated) emit("charge.dispute.funds_withdrawn", body, d->id, group);
     }
-    return false;
+    return true;
+}
+
+bool fake_stripe::close_dispute(const std::string& dispute_id, const std::string& status) {
+    if (status != "won" && status != "lost" && status != "warning_closed") return false;
+    return update_dispute(dispute_id, status);
 }
 
 bool fake_stripe::end_refund(const std::string& refund_id, const std::string& status) {
@@ -1095,7 +1485,6 @@ bool fake_stripe::end_refund(const std::string& refund_id, const std::string& st
         const auto body = refund_json(r);
         account_scope in_account(cur_account_, r.account);
         emit("refund.updated", body, r.id, group);
-        if (status == "failed") emit("refund.failed", body, r.id, group);
         emit("charge.refund.updated", body, r.id, group);
         return true;
     }
@@ -1125,7 +1514,10 @@ void fake_stripe::create_refund(const params& p, int& status, std::string& body,
                           "This PaymentIntent does not have a successful charge to refund.",
                           "payment_intent");
     }
-    if (c->disputed)
+    const bool chargeback = std::any_of(disputes_.begin(), disputes_.end(), [&](const dispute_rec& d) {
+        return d.charge == c->id && !d.inquiry();
+    });
+    if (chargeback)
         return refuse("charge_disputed",
                       "Charge " + c->id + " has been charged back; cannot issue a refund.");
     if (c->status != "succeeded")
@@ -1162,30 +1554,106 @@ void fake_stripe::create_refund(const params& p, int& status, std::string& body,
 http::response fake_stripe::get(const http::request& req) {
     std::string path(req.path());
     const std::string account = account_of(req);  // objects of another account are "No such …"
-    if (path == "/v1/charges") return list(req, charges_, charge_json);
-    if (path == "/v1/payment_intents") return list(req, intents_, intent_json);
-    if (path == "/v1/refunds") return list_refunds(req, refunds_);
+    const std::string version(req.headers.get("Stripe-Version").value_or(default_api_version_));
+    auto intent_in = [&](const intent_rec& r) { return intent_json(r, version, charges_); };
+    // Objects of the request's account that `match`, newest first.
+    auto mine = [&](const auto& recs, auto match) {
+        using rec = std::decay_t<decltype(recs.front())>;
+        std::vector<const rec*> all;
+        for (auto it = recs.rbegin(); it != recs.rend(); ++it)
+            if (it->account == account && match(*it)) all.push_back(&*it);
+        return all;
+    };
+    auto eq = [](const params& q, const char* k, const std::string& v) {
+        auto it = q.find(k);
+        return it == q.end() || it->second == v;
+    };
+    if (path == "/v1/charges") {
+        auto q = read_query(req, {"customer", "created", "limit", "starting_after", "ending_before",
+                                  "payment_intent", "transfer_group"});
+        if (q.bad) return std::move(*q.bad);
+        return list_page(q.p, path,
+                         mine(charges_,
+                              [&](const charge_rec& c) {
+                                  return eq(q.p, "customer", c.customer) &&
+                                         eq(q.p, "payment_intent", c.payment_intent) &&
+                                         !q.p.count("transfer_group") && created_matches(q.p, c.created);
+                              }),
+                         charge_json);
+    }
+    if (path == "/v1/payment_intents") {
+        auto q = read_query(req, {"customer", "created", "limit", "starting_after", "ending_before"});
+        if (q.bad) return std::move(*q.bad);
+        return list_page(q.p, path,
+                         mine(intents_,
+                              [&](const intent_rec& r) {
+                                  return eq(q.p, "customer", r.customer) && created_matches(q.p, r.created);
+                              }),
+                         intent_in);
+    }
+    if (path == "/v1/refunds") {
+        auto q = read_query(
+            req, {"charge", "payment_intent", "created", "limit", "starting_after", "ending_before"});
+        if (q.bad) return std::move(*q.bad);
+        return list_page(q.p, path,
+                         mine(refunds_,
+                              [&](const refund_rec& r) {
+                                  return eq(q.p, "charge", r.charge) &&
+                                         eq(q.p, "payment_intent", r.payment_intent) &&
+                                         created_matches(q.p, r.created);
+                              }),
+                         refund_json);
+    }
+    if (path == "/v1/disputes") {
+        auto q = read_query(
+            req, {"charge", "payment_intent", "created", "limit", "starting_after", "ending_before"});
+        if (q.bad) return std::move(*q.bad);
+        return list_page(q.p, path,
+                         mine(disputes_,
+                              [&](const dispute_rec& d) {
+                                  return eq(q.p, "charge", d.charge) &&
+                                         eq(q.p, "payment_intent", d.payment_intent) &&
+                                         created_matches(q.p, d.created);
+                              }),
+                         dispute_json);
+    }
+    if (path == "/v1/events") {
+        auto q = read_query(req, {"type", "types", "created", "delivery_success", "limit", "starting_after",
+                                  "ending_before"});
+        if (q.bad) return std::move(*q.bad);
+        if (q.p.count("type") && !q.types.empty())
+            return error_response(400, "invalid_request_error", "",
+                                  "You may only specify one of these parameters: type, types.");
+        return list_page(q.p, path,
+                         mine(events_,
+                              [&](const event_rec& e) {
+                                  bool typed = q.types.empty() || std::find(q.types.begin(), q.types.end(),
+                                                                            e.type) != q.types.end();
+                                  return typed && eq(q.p, "type", e.type) && created_matches(q.p, e.created);
+                              }),
+                         [](const event_rec& e) { return e.body; });
+    }
+    if (path == "/v1/charges/search")
+        return search_page(req, "charges", charges_, account, charge_json,
+                           [](const charge_rec& c, const std::string& f) -> std::optional<std::string> {
+                               if (f == "customer") return c.customer;
+                               if (f == "status") return c.status;
+                               if (f == "payment_intent") return c.payment_intent;
+                               if (f == "currency") return c.currency;
+                               return std::nullopt;
+                           });
+    if (path == "/v1/payment_intents/search")
+        return search_page(req, "payment_intents", intents_, account, intent_in,
+                           [](const intent_rec& r, const std::string& f) -> std::optional<std::string> {
+                               if (f == "customer") return r.customer;
+                               if (f == "status") return r.status;
+                               if (f == "currency") return r.currency;
+                               return std::nullopt;
+                           });
+    // One object: only `expand` besides the id.
+    if (auto q = read_query(req, {}); q.bad) return std::move(*q.bad);
     if (path.starts_with("/v1/charges/"))
         return by_id(path, "/v1/charges/", "charge", "id", account, charges_, charge_json);
-    if (path == "/v1/events") {
-        auto type = http::query_param(req.query(), "type");
-        int limit = std::clamp(qint(req, "limit", 10), 1, 100);
-        std::string data = "[";
-        int n = 0;
-        std::size_t matching = 0;
-        for (auto it = events_.rbegin(); it != events_.rend(); ++it) {
-            if (it->account != account || (type && it->type != *type)) continue;
-            ++matching;
-            if (n >= limit) continue;
-            data += (n++ ? "," : "") + it->body;
-        }
-        return json_response(200, json_obj()
-                                      .str("object", "list")
-                                      .raw("data", data + "]")
-                                      .boolean("has_more", matching > static_cast<std::size_t>(n))
-                                      .str("url", "/v1/events")
-                                      .done());
-    }
     if (path.starts_with("/v1/events/"))
         return by_id(path, "/v1/events/", "event", "id", account, events_,
                      [](const event_rec& e) { return e.body; });
@@ -1194,8 +1662,7 @@ http::response fake_stripe::get(const http::request& req) {
     if (path.starts_with("/v1/disputes/"))
         return by_id(path, "/v1/disputes/", "dispute", "id", account, disputes_, dispute_json);
     if (path.starts_with("/v1/payment_intents/"))
-        return by_id(path, "/v1/payment_intents/", "payment_intent", "intent", account, intents_,
-                     intent_json);
+        return by_id(path, "/v1/payment_intents/", "payment_intent", "intent", account, intents_, intent_in);
     return error_response(404, "invalid_request_error", "", "Unrecognized request URL (GET: " + path + ")");
 }
 
@@ -1207,7 +1674,9 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         if (auto v = p.find(k); v != p.end()) field = static_cast<int>(to_int(v->second).value_or(field));
     };
     if (path == "/_admin/charges") co_return admin_list(charges_, charge_json);
-    if (path == "/_admin/intents") co_return admin_list(intents_, intent_json);
+    if (path == "/_admin/intents")
+        co_return admin_list(
+            intents_, [this](const intent_rec& r) { return intent_json(r, default_api_version_, charges_); });
     if (path == "/_admin/posts") {
         auto key = http::query_param(req.query(), "key").value_or("");
         co_return json_response(200, json_obj().str("key", key).num("count", posts_for(key)).done());
@@ -1296,6 +1765,7 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         if (p.count("secrets")) e.secrets = split(param(p, "secrets"));
         if (p.count("enabled_events")) e.enabled_events = split(param(p, "enabled_events"));
         if (p.count("ca_file")) e.ca_file = param(p, "ca_file");
+        if (p.count("api_version")) e.api_version = param(p, "api_version");
         num("retry_base_ms", e.retry_base_ms);
         num("retry_max_ms", e.retry_max_ms);
         num("max_attempts", e.max_attempts);
@@ -1382,21 +1852,38 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         bank_outcome(param(p, "customer"), param(p, "outcome"), param(p, "failure_code"));
         co_return json_response(200, "{}");
     }
+    if (path == "/_admin/settle" && req.method == "POST" && p.count("charge")) {
+        if (!settle_charge(param(p, "charge"), param(p, "outcome"), param(p, "failure_code")))
+            co_return json_response(409, R"({"error":"no such Charges-API debit pending"})");
+        co_return json_response(200, charge_json(*find_charge(param(p, "charge"))));
+    }
+    if (path == "/_admin/customers" && req.method == "POST") {
+        default_source(param(p, "customer"), param(p, "default_source"));
+        co_return json_response(200, "{}");
+    }
     if (path == "/_admin/settle" && req.method == "POST") {
         bool ok = settle(param(p, "payment_intent"), param(p, "outcome"), param(p, "failure_code"));
         if (!ok) co_return json_response(409, R"({"error":"no such payment intent processing"})");
-        co_return json_response(200, intent_json(*find_intent(param(p, "payment_intent"))));
+        co_return json_response(
+            200, intent_json(*find_intent(param(p, "payment_intent")), default_api_version_, charges_));
     }
     if (path == "/_admin/disputes" && req.method == "POST") {
         auto id = open_dispute(param(p, "charge"), p.count("reason") ? param(p, "reason") : "fraudulent",
-                               to_int(param(p, "amount")).value_or(0));
+                               to_int(param(p, "amount")).value_or(0), param(p, "inquiry") == "true");
         if (id.empty())
             co_return json_response(409, R"({"error":"charge missing, not succeeded or disputed"})");
         co_return json_response(200, dispute_json(disputes_.back()));
     }
     if (path == "/_admin/disputes/close" && req.method == "POST") {
         if (!close_dispute(param(p, "dispute"), param(p, "status")))
-            co_return json_response(409, R"({"error":"no such open dispute, or status not won|lost"})");
+            co_return json_response(
+                409, R"({"error":"no such open dispute, or status not won|lost|warning_closed"})");
+        for (const auto& d : disputes_)
+            if (d.id == param(p, "dispute")) co_return json_response(200, dispute_json(d));
+    }
+    if (path == "/_admin/disputes/update" && req.method == "POST") {
+        if (!update_dispute(param(p, "dispute"), param(p, "status")))
+            co_return json_response(409, R"({"error":"no such open dispute, or not a step Stripe takes"})");
         for (const auto& d : disputes_)
             if (d.id == param(p, "dispute")) co_return json_response(200, dispute_json(d));
     }

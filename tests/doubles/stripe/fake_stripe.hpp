@@ -37,6 +37,7 @@
 #include <asio/ssl/context.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -79,6 +80,7 @@ struct charge_rec {
     std::int64_t amount = 0;
     std::string currency, customer, description, status, failure_code, payment_intent;
     std::string payment_method, failure_message;
+    std::string settles_to, settle_failure_code;  // a pending Charges-API bank debit
     std::int64_t amount_refunded = 0;
     bool disputed = false;
     std::int64_t created = 0;
@@ -96,6 +98,9 @@ struct intent_rec {
     std::string settles_to;           // asynchronous methods: succeeded | failed | dispute | (empty: never)
     std::string settle_failure_code;  // when settles_to is failed
     std::string cancellation_reason;  // after POST /v1/payment_intents/{id}/cancel
+    bool automatic = false;           // automatic_payment_methods[enabled]
+    std::string allow_redirects;      // automatic_payment_methods[allow_redirects] (empty: null)
+    std::vector<std::string> payment_method_types;  // as Stripe reports them
     std::int64_t created = 0;
     std::vector<std::pair<std::string, std::string>> metadata;
     std::string account;  // the connected account it lives in; empty: the platform
@@ -108,10 +113,23 @@ struct refund_rec {
     std::string account;
 };
 
+// A dispute: an inquiry (warning_needs_response → warning_under_review → warning_closed, or escalated to a
+// chargeback) withdraws nothing; a chargeback (needs_response → under_review → won | lost) withdraws the
+// amount when opened and reinstates it when won.
 struct dispute_rec {
     std::string id, charge, payment_intent, currency, reason = "fraudulent", status = "needs_response";
     std::int64_t amount = 0, created = 0;
     std::string account;
+    bool inquiry() const { return status.starts_with("warning_"); }
+    bool closed() const { return status == "won" || status == "lost" || status == "warning_closed"; }
+};
+
+// One /v1 request and its answer (record_requests): what the conformance check validates against Stripe's
+// published API description.
+struct request_rec {
+    std::string method, path, query, body, stripe_version, account;
+    int status = 0;
+    std::string response;
 };
 
 struct event_rec {
@@ -168,21 +186,41 @@ class fake_stripe {
     // insufficient_funds, account_closed, …). False when no such intent is processing.
     bool settle(const std::string& intent_id, const std::string& outcome,
                 const std::string& failure_code = {});
-    // Opens a dispute on a succeeded charge (the whole amount when 0); empty when the charge cannot be
-    // disputed.
+    // Opens a dispute on a succeeded charge (the whole amount when 0): a chargeback (needs_response, events
+    // charge.dispute.created and charge.dispute.funds_withdrawn) or an inquiry (warning_needs_response,
+    // charge.dispute.created only). Empty when the charge cannot be disputed. POST /_admin/disputes.
     std::string open_dispute(const std::string& charge_id, const std::string& reason = "fraudulent",
-                             std::int64_t amount = 0);
-    // Closes an open dispute as "won" or "lost"; false when there is none open with that id.
+                             std::int64_t amount = 0, bool inquiry = false);
+    // Moves a dispute along Stripe's lifecycle: warning_needs_response → warning_under_review →
+    // warning_closed, an inquiry escalated to needs_response (charge.dispute.updated, funds_withdrawn);
+    // needs_response → under_review (charge.dispute.updated) → won (charge.dispute.closed, then
+    // charge.dispute.funds_reinstated) or lost (charge.dispute.closed). False for any other step or a closed
+    // dispute. POST /_admin/disputes/update.
+    bool update_dispute(const std::string& dispute_id, const std::string& status);
+    // update_dispute to "won", "lost" or "warning_closed" only. POST /_admin/disputes/close.
     bool close_dispute(const std::string& dispute_id, const std::string& status);
     // Ends a refund that has not ended: "failed" (the bank returned it) or "canceled". Its amount goes back
-    // to the charge (amount_refunded drops); events refund.updated, refund.failed (when failed) and
-    // charge.refund.updated, as Stripe sends them. False when there is no such refund still standing.
+    // to the charge (amount_refunded drops); events refund.updated and charge.refund.updated, as Stripe
+    // sends them on the pinned API version (which has no refund.failed). False when there is no such refund
+    // still standing.
     bool end_refund(const std::string& refund_id, const std::string& status);
+    // Settles a pending Charges-API bank debit now ("succeeded", or "failed" with a bank failure code).
+    // POST /_admin/settle with charge=…. False when no such charge is pending.
+    bool settle_charge(const std::string& charge_id, const std::string& outcome,
+                       const std::string& failure_code = {});
+    // The customer's default source (a `ba_…` bank account: their Charges-API charges are ACH debits that
+    // answer `pending` and settle after `settle_after`). POST /_admin/customers.
+    void default_source(std::string customer, std::string source) {
+        default_sources_[std::move(customer)] = std::move(source);
+    }
     int pending_settlements() const noexcept { return pending_settle_; }
     // From now on, the customer's bank debits settle this way ("succeeded", or "failed" with `failure_code`),
     // whatever the test payment method says: the customer topped up the account, or closed it.
     // POST /_admin/bank.
     void bank_outcome(std::string customer, std::string outcome, std::string failure_code = {});
+    // Keeps every /v1 request and its answer from now on (off by default).
+    void record_requests(bool on) noexcept { record_requests_ = on; }
+    const std::vector<request_rec>& request_log() const noexcept { return request_log_; }
     int posts_for(const std::string& key) const;
     int max_concurrent() const noexcept { return max_active_; }
     std::uint64_t requests() const noexcept { return requests_; }
@@ -222,10 +260,16 @@ class fake_stripe {
     charge_rec& new_charge(const std::map<std::string, std::string>& p, const decline_rule* declined);
     charge_rec* find_charge(const std::string& id);
     intent_rec* find_intent(const std::string& id);
-    // Records an event about `object_json` and hands it to the webhook sender.
+    // An object rendered in an API version (the shape differs between versions).
+    using render_fn = std::function<std::string(std::string_view version)>;
+    render_fn intent_view(const intent_rec& pi) const;
+    // Records an event about the object and hands it to the webhook sender.
     void emit(const std::string& type, const std::string& object_json, const std::string& object_id,
               const std::string& group);
+    void emit(const std::string& type, const render_fn& object, const std::string& object_id,
+              const std::string& group);
     void schedule_settlement(const std::string& intent_id);
+    void schedule_charge_settlement(const std::string& charge_id);
     std::string new_id(const char* prefix);
 
     asio::any_io_executor ex_;
@@ -246,15 +290,19 @@ class fake_stripe {
     std::uint64_t settle_gen_ = 0;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     std::map<std::string, std::pair<std::string, std::string>> bank_outcomes_;  // customer → outcome, code
+    std::map<std::string, std::string> default_sources_;                        // customer → ba_…
     std::string cur_request_id_, cur_idem_key_;  // the POST being executed (an event's `request`)
     // The account the request (or admin step) being executed acts in: objects made now live there, events
     // emitted now carry it. Set and cleared without a suspension in between.
     std::string cur_account_;
     std::string default_api_version_ = "2024-06-20";
+    std::string cur_version_ = "2024-06-20";  // the API version the request being executed is rendered in
     std::map<std::string, std::vector<std::string>> accounts_;  // connected account → its customers
     std::map<std::string, idem_rec> idem_;
     std::map<std::string, int> posts_;
     std::map<std::string, int> fault_hits_;
+    bool record_requests_ = false;
+    std::vector<request_rec> request_log_;
     std::chrono::seconds clock_offset_{0};
     std::mt19937_64 rng_{20240601};
     std::uint64_t seq_ = 0, requests_ = 0, next_req_ = 0;

@@ -40,6 +40,8 @@ struct webhook_endpoint {
     int retry_max_ms = 60000;                 // …up to this
     int max_attempts = 10;                    // then the event is given up
     int timeout_ms = 10000;                   // one attempt: connect, send, read the answer
+    // The endpoint's API version: events are rendered in it (empty: the account's default version).
+    std::string api_version;
 };
 
 struct webhook_faults {

@@ -325,7 +325,7 @@ BOOST_AUTO_TEST_CASE(refunds_and_disputes_in_every_order) {
     (void)seed;
 }
 
-// A refund object event (refund.created, refund.updated, refund.failed, charge.refund.updated) about refund
+// A refund object event (refund.created, refund.updated, charge.refund.updated) about refund
 // `re` of `pi`'s charge.
 std::string refund_event(settle_fixture& f, const std::string& type, const async_intent& pi,
                          const std::string& re, std::int64_t amount, const std::string& status,
@@ -344,7 +344,7 @@ std::int64_t refunded_of(settle_fixture& f, const std::string& key) {
 
 // One refund reported by its charge (charge.refunded, cumulative) and by itself (refund.created, then
 // refund.updated succeeded), in every order, each delivered twice: it counts once. The same with the
-// refund ending failed (refund.failed): in every order it gives its amount back, whatever came after.
+// refund ending failed (refund.updated): in every order it gives its amount back, whatever came after.
 BOOST_AUTO_TEST_CASE(one_refund_by_its_charge_and_by_its_id_counts_once_in_every_order) {
     settle_fixture f;
     auto p = f.async_pipeline();
@@ -362,7 +362,7 @@ BOOST_AUTO_TEST_CASE(one_refund_by_its_charge_and_by_its_id_counts_once_in_every
                 f.event("charge.refunded", pi, "succeeded", 600, 1700000050),
                 refund_event(f, "refund.created", pi, re, 600, "pending", 1700000050),
                 refund_event(f, "refund.updated", pi, re, 600, "succeeded", 1700000060),
-                refund_event(f, "refund.failed", pi, re, 600, "failed", 1700000070),
+                refund_event(f, "refund.updated", pi, re, 600, "failed", 1700000070),
             };
             for (int i : idx) {
                 auto first = f.deliver(events[static_cast<std::size_t>(i)]);
@@ -379,7 +379,7 @@ BOOST_AUTO_TEST_CASE(one_refund_by_its_charge_and_by_its_id_counts_once_in_every
 }
 
 // Several refunds of one charge, their events interleaved and late: each counts once by its id; one that
-// fails (refund.failed) or is canceled (charge.refund.updated) gives its amount back, and a late
+// fails (refund.updated) or is canceled (charge.refund.updated) gives its amount back, and a late
 // charge.refunded with the higher cumulative amount, or a late refund.created of the failed refund, does not
 // bring it back. A refund.created arriving before its charge.refunded counts at once.
 BOOST_AUTO_TEST_CASE(several_refunds_their_failures_and_late_events) {
@@ -400,7 +400,7 @@ BOOST_AUTO_TEST_CASE(several_refunds_their_failures_and_late_events) {
     f.deliver(f.event("charge.refunded", pi, "succeeded", 800, 1700000200));
     BOOST_TEST(refunded_of(f, key) == 800);
     // re_b fails: its 300 comes back.
-    f.deliver(refund_event(f, "refund.failed", pi, "re_b", 300, "failed", 1700000300));
+    f.deliver(refund_event(f, "refund.updated", pi, "re_b", 300, "failed", 1700000300));
     BOOST_TEST(refunded_of(f, key) == 500);
     // Late: charge.refunded at 800 again (a new event), re_b's refund.updated pending, a refund.created.
     f.deliver(f.event("charge.refunded", pi, "succeeded", 800, 1700000210));

@@ -1,7 +1,7 @@
 // A vault key scoped to one Stripe Connect account, through the proxy: a request carrying exactly that
 // Stripe-Account is reserved and forwarded with it (the charge lands in that account); another account, or
-// none, is refused in Stripe's 403 permission_error shape and never forwarded. A key without an account acts
-// in the platform's own account only: a Stripe-Account through it is refused, never dropped (dropping it
+// none, is refused in Stripe's 403 invalid_request_error shape and never forwarded. A key without an account
+// acts in the platform's own account only: a Stripe-Account through it is refused, never dropped (dropping it
 // would charge the platform for a connected account's customer). g++ 12 -O2 false positive on Asio
 // coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
@@ -81,7 +81,7 @@ BOOST_AUTO_TEST_CASE(a_key_scoped_to_one_account_acts_there_only) {
     for (auto& q : refused) {
         auto r = f.send(q);
         BOOST_TEST(r.status == 403, q.method << " " << q.target);
-        BOOST_TEST(connect_refusal_of(r) == "permission_error/account_not_allowed", r.body);
+        BOOST_TEST(connect_refusal_of(r) == "invalid_request_error/account_not_allowed", r.body);
     }
     BOOST_TEST(f.fake_requests() == before);  // nothing refused reached Stripe
     BOOST_TEST(charges_in_account(f, acct_b) == 0u);
@@ -102,7 +102,7 @@ BOOST_AUTO_TEST_CASE(a_platform_key_refuses_any_stripe_account) {
     auto r =
         f.send(with_stripe_account(f.post(k.secret, "/v1/charges", f.charge_body(500), "connect"), acct_a));
     BOOST_TEST(r.status == 403, r.body);
-    BOOST_TEST(connect_refusal_of(r) == "permission_error/account_not_allowed", r.body);
+    BOOST_TEST(connect_refusal_of(r) == "invalid_request_error/account_not_allowed", r.body);
     BOOST_TEST(f.fake_requests() == before);
     BOOST_TEST(f.fake->charges().empty());
     auto ok = f.send(f.post(k.secret, "/v1/charges", f.charge_body(500), "platform"));

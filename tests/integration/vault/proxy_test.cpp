@@ -114,7 +114,7 @@ BOOST_AUTO_TEST_CASE(revoked_and_expired_keys_get_401_and_nothing_is_forwarded) 
     auto before = f.fake_requests();
     auto replay = f.send(q);  // the same request, now with a revoked key
     BOOST_TEST(replay.status == 401);
-    BOOST_TEST(error_type_of(replay) == "authentication_error");
+    BOOST_TEST(error_type_of(replay) == "invalid_request_error");
     // Reads use the proxy's key cache (1 s): refused once it has expired.
     f.pause(1100ms);
     auto read = f.send(f.get(k.secret, "/v1/charges?customer=cus_vault"));
@@ -128,7 +128,7 @@ BOOST_AUTO_TEST_CASE(revoked_and_expired_keys_get_401_and_nothing_is_forwarded) 
         e.id + "' RETURNING id");
     auto expired = f.send(f.post(e.secret, "/v1/charges", f.charge_body(500), "expired"));
     BOOST_TEST(expired.status == 401);
-    BOOST_TEST(error_type_of(expired) == "authentication_error");
+    BOOST_TEST(error_type_of(expired) == "invalid_request_error");
     BOOST_TEST(f.fake_requests() == before);
 }
 
@@ -141,7 +141,7 @@ BOOST_AUTO_TEST_CASE(unknown_wrong_and_missing_secrets_get_401) {
     for (const std::string& s : {wrong, other->secret, std::string("sk_test_direct"), std::string()}) {
         auto r = f.send(f.post(s, "/v1/charges", f.charge_body(500), "k"));
         BOOST_TEST(r.status == 401, s);
-        BOOST_TEST(error_type_of(r) == "authentication_error");
+        BOOST_TEST(error_type_of(r) == "invalid_request_error");
     }
     BOOST_TEST(f.fake_requests() == 0u);
 }
@@ -155,7 +155,7 @@ BOOST_AUTO_TEST_CASE(endpoints_outside_the_allow_list_get_403) {
           f.post(k.secret, "/v1/charges/ch_1/capture", "", "capture"), f.get(k.secret, "/v1/customers")}) {
         auto r = f.send(q);
         BOOST_TEST(r.status == 403, q.method << " " << q.target);
-        BOOST_TEST(error_type_of(r) == "permission_error");
+        BOOST_TEST(error_type_of(r) == "invalid_request_error");
     }
     BOOST_TEST(f.fake_requests() == 0u);
 }

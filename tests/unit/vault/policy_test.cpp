@@ -259,7 +259,7 @@ BOOST_AUTO_TEST_CASE(settlement_of_a_replay) {
                    row{429, false, true, "invalid_request_error", a::defer},
                    row{429, false, std::nullopt, "invalid_request_error", a::defer},
                    row{401, false, std::nullopt, "invalid_request_error", a::defer},
-                   row{403, false, std::nullopt, "permission_error", a::defer},
+                   row{403, false, std::nullopt, "invalid_request_error", a::defer},
                    row{409, false, true, "idempotency_error", a::defer},
                    row{409, false, std::nullopt, "idempotency_error", a::defer},
                    row{400, false, true, "invalid_request_error", a::defer},

@@ -16,9 +16,9 @@ BOOST_AUTO_TEST_CASE(each_refusal_has_stripes_status_type_and_code) {
     };
     const row rows[] = {
         {refusals::not_found("GET", "/x"), 404, "invalid_request_error", ""},
-        {refusals::unauthenticated("cgvk_abc_secret"), 401, "authentication_error", ""},
-        {refusals::key_unusable(), 401, "authentication_error", "api_key_expired"},
-        {refusals::forbidden("charges.create"), 403, "permission_error", ""},
+        {refusals::unauthenticated("cgvk_abc_secret"), 401, "invalid_request_error", ""},
+        {refusals::key_unusable(), 401, "invalid_request_error", "api_key_expired"},
+        {refusals::forbidden("charges.create"), 403, "invalid_request_error", ""},
         {refusals::too_large(65536), 413, "invalid_request_error", "request_too_large"},
         {refusals::idempotency_key_required(), 400, "invalid_request_error", "idempotency_key_required"},
         {refusals::cap_exceeded(1100, 1000, "usd"), 402, "invalid_request_error", "spend_cap_exceeded"},
