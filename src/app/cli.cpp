@@ -104,6 +104,27 @@ std::string value_origin(const std::string& flag, const std::string& value) {
     return from_env ? name + "=" + value : flag + " " + value;
 }
 
+std::pair<std::string, bool> attribute_to_environment(const std::string& what) {
+    auto at = what.find("--");
+    if (at == std::string::npos) return {what, false};
+    auto end = at + 2;
+    while (end < what.size() && (std::isalnum(static_cast<unsigned char>(what[end])) || what[end] == '-'))
+        ++end;
+    std::string flag = what.substr(at, end - at);
+    if (flag.size() <= 2) return {what, false};
+    auto name = env_name_for("CHARGEGUARD_", flag.substr(2));
+    const char* e = std::getenv(name.c_str());
+    if (!e || (registry().argv_recorded && on_command_line(flag))) return {what, false};
+    std::string out = what;
+    for (auto p = out.find(flag); p != std::string::npos; p = out.find(flag, p + name.size())) {
+        auto after = p + flag.size();
+        bool whole = after == out.size() ||
+                     !(std::isalnum(static_cast<unsigned char>(out[after])) || out[after] == '-');
+        if (whole) out.replace(p, flag.size(), name);
+    }
+    return {out, true};
+}
+
 void bad_value(const std::string& flag, const std::string& value, const std::string& why) {
     auto origin = value_origin(flag, value);
     if (origin.rfind("CHARGEGUARD_", 0) == 0) throw config_error(origin + ": " + why);

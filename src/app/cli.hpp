@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "app/runtime.hpp"
 #include "core/log.hpp"
@@ -63,6 +64,10 @@ void record_command_line(int argc, const char* const* argv);
 // "CHARGEGUARD_SHUTDOWN_TIMEOUT=abc" when `flag`'s (e.g. "--shutdown-timeout") value `value` came from its
 // environment variable, else "--shutdown-timeout abc".
 std::string value_origin(const std::string& flag, const std::string& value);
+// A CLI11 error about an option ("Could not convert: --max-in-flight = abc", "--x: Value 0 not in range …")
+// whose value came from its CHARGEGUARD_<FLAG> variable, not the command line: the message naming the
+// variable instead of the flag, and true (a configuration error). Otherwise the message as it was, and false.
+std::pair<std::string, bool> attribute_to_environment(const std::string& what);
 // Throws config_error (value from the environment) or usage_error: "<value_origin>: <why>".
 [[noreturn]] void bad_value(const std::string& flag, const std::string& value, const std::string& why);
 

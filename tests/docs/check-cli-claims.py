@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""What docs/operating/cli.md (and configuration.md, runbook.md) say about the CLI, asserted on the binary:
+- the exit-code table of cli.md is the one `chargeguard --help` prints;
+- a bad value names where it came from: the flag on the command line (exit 64), the CHARGEGUARD_* variable
+  from the environment (exit 78), also for CLI11's own conversion errors;
+- an unreadable, missing or malformed Stripe key file is a configuration error (exit 78) naming its source
+  (the flag or CHARGEGUARD_STRIPE_KEY_FILE) and, when permissions are the cause, the uid the process runs as;
+- `--msg-timeout` outside 0 and 1s..15m is refused;
+- `probe` prints the status and the whole body and exits 0 on 2xx, 1 otherwise; a bare path asks the
+  listener CHARGEGUARD_HEALTH_LISTEN names.
+usage: check-cli-claims.py SOURCE_ROOT CHARGEGUARD_EXE"""
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+root, exe = sys.argv[1], sys.argv[2]
+fail = []
+base = ["consume", "--topic", "t", "--channel", "c", "--nsqd-tcp-address", "127.0.0.1:1",
+        "--pg-startup-timeout", "1s"]
+clean_env = {k: v for k, v in os.environ.items()
+             if not k.startswith("CHARGEGUARD_") and k not in ("STRIPE_API_KEY",)}
+clean_env["PGHOST"], clean_env["PGPORT"] = "127.0.0.1", "1"
+clean_env["STRIPE_API_KEY"] = "sk_test_cli_claims"
+
+
+def run(args, env=None, user=None):
+    e = dict(clean_env, **(env or {}))
+    cmd = [exe, *args]
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=30)
+    return p.returncode, p.stdout + p.stderr
+
+
+def expect(what, got, code, *needles, absent=()):
+    rc, out = got
+    if rc != code:
+        fail.append(f"{what}: exit {rc}, documented {code}: {out.strip()[:300]}")
+    for n in needles:
+        if n not in out:
+            fail.append(f"{what}: output lacks {n!r}: {out.strip()[:300]}")
+    for n in absent:
+        if n in out:
+            fail.append(f"{what}: output has {n!r}: {out.strip()[:300]}")
+
+
+# The exit-code table.
+cli_md = open(os.path.join(root, "docs/operating/cli.md")).read()
+doc_codes = set(re.findall(r"^\| (\d+) \|", cli_md.split("## Exit codes")[1].split("\n## ")[0], re.M))
+help_codes = set(re.findall(r"^  (\d+) ", run(["--help"])[1], re.M))
+if doc_codes != help_codes or not doc_codes:
+    fail.append(f"cli.md's exit codes {sorted(doc_codes)} are not --help's {sorted(help_codes)}")
+
+# Where a bad value came from.
+expect("CHARGEGUARD_MAX_IN_FLIGHT=abc", run(base, {"CHARGEGUARD_MAX_IN_FLIGHT": "abc"}), 78,
+       "CHARGEGUARD_MAX_IN_FLIGHT", absent=("--max-in-flight",))
+expect("--max-in-flight abc", run(base + ["--max-in-flight", "abc"]), 64, "--max-in-flight")
+expect("CHARGEGUARD_SHUTDOWN_TIMEOUT=abc", run(base, {"CHARGEGUARD_SHUTDOWN_TIMEOUT": "abc"}), 78,
+       "CHARGEGUARD_SHUTDOWN_TIMEOUT=abc: not a duration")
+expect("--shutdown-timeout abc", run(base + ["--shutdown-timeout", "abc"]), 64, "--shutdown-timeout abc: not a duration")
+expect("--msg-timeout 500ms", run(base + ["--msg-timeout", "500ms"]), 64, "--msg-timeout 500ms: out of range")
+expect("CHARGEGUARD_MSG_TIMEOUT=16m", run(base, {"CHARGEGUARD_MSG_TIMEOUT": "16m"}), 78, "CHARGEGUARD_MSG_TIMEOUT=16m")
+
+# The Stripe key file.
+tmp = tempfile.mkdtemp()
+try:
+    missing = os.path.join(tmp, "missing")
+    expect("CHARGEGUARD_STRIPE_KEY_FILE missing", run(base, {"CHARGEGUARD_STRIPE_KEY_FILE": missing}), 78,
+           f"CHARGEGUARD_STRIPE_KEY_FILE '{missing}'", "No such file", absent=("--stripe-key-file",))
+    expect("--stripe-key-file missing", run(base + ["--stripe-key-file", missing]), 78,
+           f"--stripe-key-file '{missing}'")
+    bad = os.path.join(tmp, "bad")
+    open(bad, "w").write("hello_not_a_key\n")
+    expect("a key file holding no key", run(base + ["--stripe-key-file", bad]), 78, "is not a Stripe secret",
+           absent=("hello_not_a_key",))
+    if os.getuid() == 0 and shutil.which("setpriv"):
+        os.chmod(tmp, 0o755)
+        key = os.path.join(tmp, "key")
+        open(key, "w").write("sk_test_cli_claims\n")
+        os.chmod(key, 0o400)  # root's, as a host file mounted into the container without a mode change
+        expect("a key file the user cannot read", run(base, {"CHARGEGUARD_STRIPE_KEY_FILE": key}, user=10001), 78,
+               "Permission denied (this process runs as uid 10001)")
+finally:
+    shutil.rmtree(tmp)
+
+
+# probe: the whole body, exit by status, a bare path on the configured listener.
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"ok postgres: connected\nFAIL nsq: no subscribed connection\nok startup: started\n"
+        self.send_response(503 if self.path == "/readyz" else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+srv = http.server.HTTPServer(("127.0.0.1", 0), Health)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+port = srv.server_address[1]
+expect("probe /readyz (503)", run(["probe", "/readyz"], {"CHARGEGUARD_HEALTH_LISTEN": f"0.0.0.0:{port}"}), 1,
+       f"127.0.0.1:{port}/readyz: 503", "ok postgres: connected", "FAIL nsq: no subscribed connection", "ok startup")
+expect("probe URL (200)", run(["probe", f"http://127.0.0.1:{port}/healthz"]), 0, "200", "FAIL nsq")
+srv.shutdown()
+
+for f in fail:
+    print("FAIL:", f)
+if fail:
+    sys.exit(1)
+print("ok: exit codes, value origins, key-file errors, --msg-timeout bounds and probe behave as documented")
