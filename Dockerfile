@@ -3,8 +3,8 @@
 # api.stripe.com when no --stripe-ca-file is given), exactly the shared libraries that executable links (ldd),
 # a non-root user, and chargeguard as PID 1 (it handles SIGTERM: RDY 0, drain, CLS, exit 0).
 #
-#   podman build --format docker -t chargeguard .          # --format docker keeps HEALTHCHECK
-#   docker build -t chargeguard .
+#   podman build --format docker --build-arg REVISION="$(git rev-parse HEAD)" -t chargeguard .
+#   docker build --build-arg REVISION="$(git rev-parse HEAD)" -t chargeguard .   # (--format docker keeps HEALTHCHECK)
 #   docker build --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
 #                --build-arg SOURCE=https://<where the repository lives> -t chargeguard:0.1.0 .
 #
@@ -87,9 +87,11 @@ USER 10001:10001
 ENV CHARGEGUARD_HEALTH_LISTEN=0.0.0.0:9180 \
     CHARGEGUARD_LOG_LEVEL=info
 EXPOSE 9180
-# No curl in the image: chargeguard probes itself. /healthz fails when the event loop lags.
+# No curl in the image: chargeguard probes itself. /healthz fails when the event loop lags. A bare path asks
+# the listener CHARGEGUARD_HEALTH_LISTEN names (0.0.0.0 asked on 127.0.0.1), so a container run with
+# another listener stays healthy without a --health-cmd of its own.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
-    CMD ["/usr/local/bin/chargeguard", "probe", "--timeout", "2", "http://127.0.0.1:9180/healthz"]
+    CMD ["/usr/local/bin/chargeguard", "probe", "--timeout", "2", "/healthz"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/chargeguard"]
 CMD ["consume"]

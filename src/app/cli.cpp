@@ -1,5 +1,6 @@
 #include "app/cli.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -19,7 +20,9 @@ const char* const exit_code_table =
     "  2   a check found a problem (explain: not charged once; reconcile: unexplained items or nothing to\n"
     "      check; dead-letters show: no such letter)\n"
     "  64  usage error: a bad flag, value or argument on the command line\n"
-    "  78  configuration error: a bad CHARGEGUARD_* variable, or an unreadable/malformed secret file\n";
+    "  78  configuration error: a bad CHARGEGUARD_* variable, or an unreadable/malformed secret file\n"
+    "  129 a service drained after SIGHUP (it reloads nothing: its supervisor restarts it)\n"
+    "  130 a second signal during a drain stopped it at once\n";
 
 // In the library, not main.cpp: every subcommand calls it, and the tests link the subcommands without main.
 log_level global_flags::level() const {
@@ -102,6 +105,50 @@ std::string value_origin(const std::string& flag, const std::string& value) {
     const char* e = std::getenv(name.c_str());
     bool from_env = e && value == e && (!registry().argv_recorded || !on_command_line(flag));
     return from_env ? name + "=" + value : flag + " " + value;
+}
+
+namespace {
+
+void long_names(const CLI::App& app, std::unordered_set<std::string>& out) {
+    for (const CLI::Option* opt : app.get_options())
+        for (const auto& n : opt->get_lnames()) out.insert("--" + n);
+    for (const CLI::App* sub : app.get_subcommands({})) long_names(*sub, out);
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+        std::size_t diag = row[0];
+        row[0] = i;
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+            std::size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            diag = up;
+        }
+    }
+    return row[b.size()];
+}
+
+}  // namespace
+
+std::string unknown_flag_message(const CLI::App& app) {
+    std::unordered_set<std::string> known;
+    long_names(app, known);
+    for (const auto& a : registry().argv) {
+        if (a == "--") break;
+        if (a.rfind("--", 0) != 0 || a.size() <= 2) continue;
+        std::string flag = a.substr(0, a.find('='));
+        if (known.count(flag)) continue;
+        std::string best;
+        std::size_t best_d = 3;  // suggest only a near miss: a typo, a transposition, a missing letter
+        for (const auto& k : known) {
+            auto d = edit_distance(flag, k);
+            if (d < best_d || (d == best_d && !best.empty() && k < best)) best_d = d, best = k;
+        }
+        return "unknown flag " + flag + (best.empty() ? "" : " (did you mean " + best + "?)");
+    }
+    return {};
 }
 
 std::pair<std::string, bool> attribute_to_environment(const std::string& what) {

@@ -68,6 +68,11 @@ std::string value_origin(const std::string& flag, const std::string& value);
 // whose value came from its CHARGEGUARD_<FLAG> variable, not the command line: the message naming the
 // variable instead of the flag, and true (a configuration error). Otherwise the message as it was, and false.
 std::pair<std::string, bool> attribute_to_environment(const std::string& what);
+// "unknown flag --topci (did you mean --topic?)" for the first `--flag` of the recorded command line that no
+// option of `app` or its subcommands has, the nearest known one suggested; empty when every flag is known.
+// CLI11 reports a missing required option before an unexpected one, so a typo of a required flag would
+// otherwise be reported as the flag it meant being missing.
+std::string unknown_flag_message(const CLI::App& app);
 // Throws config_error (value from the environment) or usage_error: "<value_origin>: <why>".
 [[noreturn]] void bad_value(const std::string& flag, const std::string& value, const std::string& why);
 

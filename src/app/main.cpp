@@ -14,6 +14,10 @@ namespace {
 int report(CLI::App& app, const CLI::Error& e) {
     int code = e.get_exit_code();
     if (code == 0) return app.exit(e);
+    if (auto unknown = cg::app::unknown_flag_message(app); !unknown.empty()) {
+        std::fprintf(stderr, "chargeguard: %s\nRun with --help for more information.\n", unknown.c_str());
+        return cg::app::exit_usage;
+    }
     auto [what, from_env] = cg::app::attribute_to_environment(e.what());
     std::fprintf(stderr, "chargeguard: %s\n", what.c_str());
     if (code == cg::app::exit_config || from_env) return cg::app::exit_config;

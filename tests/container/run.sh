@@ -415,6 +415,34 @@ doc_run env-key STRIPE_API_KEY
 doc_run secret-file /run/secrets/stripe_api_key
 podman untag "$trusting" "$doc_tag" >/dev/null 2>&1
 
+# --- key file modes (deployment.md "File modes") -------------------------------------------------------
+# The image's user (10001) must be able to read the mounted key: root's file at 0400 stops consume at once
+# with exit 78 naming the file and the uid; the same file owned by 10001 (or at 0444, above) is read. No
+# PostgreSQL here (port 1): the readable case gets past the key and then fails to connect (exit 1).
+mkdir -p "$work/modes"
+chmod 755 "$work/modes"
+printf 'sk_test_container_never_logged\n' >"$work/modes/root-0400"
+chmod 400 "$work/modes/root-0400"
+cp -p "$work/modes/root-0400" "$work/modes/user-0400"
+chown 10001:10001 "$work/modes/user-0400"
+key_mode_run() {
+  podman run --rm --network none --read-only -v "$work/modes/$1:/run/secrets/stripe_api_key:ro" \
+    -e CHARGEGUARD_TOPIC=billing -e CHARGEGUARD_CHANNEL=chargeguard -e CHARGEGUARD_NSQD_TCP_ADDRESS=127.0.0.1:1 \
+    -e CHARGEGUARD_PG_DSN="host=127.0.0.1 port=1 dbname=x" -e CHARGEGUARD_PG_STARTUP_TIMEOUT=1s \
+    "$image" consume >"$work/modes/$1.out" 2>&1
+}
+key_mode_run root-0400
+code=$?
+[ "$code" = 78 ] || fail "a root-owned 0400 key file: exit $code, not 78: $(tail -2 "$work/modes/root-0400.out")"
+grep -q "cannot read the default secret file '/run/secrets/stripe_api_key': Permission denied (this process runs as uid 10001)" \
+  "$work/modes/root-0400.out" || fail "a root-owned 0400 key file: $(tail -2 "$work/modes/root-0400.out")"
+key_mode_run user-0400
+code=$?
+grep -q '"stripe_key_from":"/run/secrets/stripe_api_key"' "$work/modes/user-0400.out" && [ "$code" != 78 ] ||
+  fail "a 0400 key file owned by 10001 was not read (exit $code): $(tail -2 "$work/modes/user-0400.out")"
+if grep -q sk_test_container_never_logged "$work/modes/"*.out; then fail "the Stripe key was printed"; fi
+step "key file modes: root's 0400 refused with exit 78 naming uid 10001; 10001's 0400 read"
+
 # --- the Kubernetes manifest under `podman kube play` ----------------------------------------------------
 # deploy/kubernetes/chargeguard.yaml as it is (tests/deploy/kube-play-prep.mjs: replicas 1, container ports on
 # free host ports, the native sidecar as an ordinary container since podman 4.3 runs init containers to

@@ -5,7 +5,7 @@
   from the environment (exit 78), also for CLI11's own conversion errors;
 - an unreadable, missing or malformed Stripe key file is a configuration error (exit 78) naming its source
   (the flag or CHARGEGUARD_STRIPE_KEY_FILE) and, when permissions are the cause, the uid the process runs as;
-- `--msg-timeout` outside 0 and 1s..15m is refused;
+- `--msg-timeout` outside 0 and 1s..15m is refused; a misspelled flag is named with a suggestion;
 - `probe` prints the status and the whole body and exits 0 on 2xx, 1 otherwise; a bare path asks the
   listener CHARGEGUARD_HEALTH_LISTEN names.
 usage: check-cli-claims.py SOURCE_ROOT CHARGEGUARD_EXE"""
@@ -65,6 +65,10 @@ expect("CHARGEGUARD_SHUTDOWN_TIMEOUT=abc", run(base, {"CHARGEGUARD_SHUTDOWN_TIME
 expect("--shutdown-timeout abc", run(base + ["--shutdown-timeout", "abc"]), 64, "--shutdown-timeout abc: not a duration")
 expect("--msg-timeout 500ms", run(base + ["--msg-timeout", "500ms"]), 64, "--msg-timeout 500ms: out of range")
 expect("CHARGEGUARD_MSG_TIMEOUT=16m", run(base, {"CHARGEGUARD_MSG_TIMEOUT": "16m"}), 78, "CHARGEGUARD_MSG_TIMEOUT=16m")
+
+# A misspelled flag is named, with the nearest real one, before any "required" complaint it causes.
+expect("--topci", run(["consume", "--topci", "billing", "--channel", "c"]), 64,
+       "unknown flag --topci (did you mean --topic?)", absent=("--topic is required",))
 
 # The Stripe key file.
 tmp = tempfile.mkdtemp()
