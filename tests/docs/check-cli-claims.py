@@ -6,6 +6,7 @@
 - an unreadable, missing or malformed Stripe key file is a configuration error (exit 78) naming its source
   (the flag or CHARGEGUARD_STRIPE_KEY_FILE) and, when permissions are the cause, the uid the process runs as;
 - `--msg-timeout` outside 0 and 1s..15m is refused; a misspelled flag is named with a suggestion;
+- `consume --validate` reaches PostgreSQL, nsqd and Stripe once: exit 0, or 78 naming what failed;
 - `probe` prints the status and the whole body and exits 0 on 2xx, 1 otherwise; a bare path asks the
   listener CHARGEGUARD_HEALTH_LISTEN names.
 usage: check-cli-claims.py SOURCE_ROOT CHARGEGUARD_EXE"""
@@ -24,7 +25,7 @@ base = ["consume", "--topic", "t", "--channel", "c", "--nsqd-tcp-address", "127.
         "--pg-startup-timeout", "1s"]
 clean_env = {k: v for k, v in os.environ.items()
              if not k.startswith("CHARGEGUARD_") and k not in ("STRIPE_API_KEY",)}
-clean_env["PGHOST"], clean_env["PGPORT"] = "127.0.0.1", "1"
+clean_env.update({"PGHOST": "127.0.0.1", "PGPORT": "1"})
 clean_env["STRIPE_API_KEY"] = "sk_test_cli_claims"
 
 
@@ -113,6 +114,37 @@ expect("probe /readyz (503)", run(["probe", "/readyz"], {"CHARGEGUARD_HEALTH_LIS
        f"127.0.0.1:{port}/readyz: 503", "ok postgres: connected", "FAIL nsq: no subscribed connection", "ok startup")
 expect("probe URL (200)", run(["probe", f"http://127.0.0.1:{port}/healthz"]), 0, "200", "FAIL nsq")
 srv.shutdown()
+
+# consume --validate: every dependency reached once, exit 0; any unreachable one named, exit 78. Needs the
+# PostgreSQL server the suite runs with (PGHOST) and fake-stripe; nsqd is a plain TCP listener here.
+fake, certs = os.environ.get("FAKE_STRIPE_EXE"), os.environ.get("CG_TEST_CERTS")
+if os.environ.get("PGHOST") and fake and certs:
+    import socket
+    nsqd = socket.socket()
+    nsqd.bind(("127.0.0.1", 0))
+    nsqd.listen(4)
+    fs = subprocess.Popen([fake, "--listen", "127.0.0.1:0", "--cert", f"{certs}/server.pem", "--key",
+                           f"{certs}/server.key"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in fs.stdout:
+            m = re.search(r"listening on [0-9.]+:(\d+)", line)
+            if m:
+                port = m.group(1)
+                break
+        args = ["consume", "--topic", "billing", "--channel", "c", "--stripe-api-base", f"https://127.0.0.1:{port}",
+                "--stripe-ca-file", f"{certs}/ca.pem", "--validate"]
+        pg = {k: os.environ[k] for k in ("PGHOST", "PGPORT", "PGUSER", "PGDATABASE") if k in os.environ}
+        expect("consume --validate", run(args + ["--nsqd-tcp-address", f"127.0.0.1:{nsqd.getsockname()[1]}"], pg),
+               0, "ok   postgres", "ok   nsqd", "ok   stripe", '"msg":"consume starting"', absent=("sk_test_cli_claims",))
+        expect("consume --validate, nothing reachable",
+               run(args + ["--nsqd-tcp-address", "127.0.0.1:1"], dict(pg, PGPORT="1")), 78,
+               "FAIL postgres", "FAIL nsqd 127.0.0.1:1: connecting: Connection refused", "ok   stripe")
+    finally:
+        fs.kill()
+        nsqd.close()
+else:
+    print("consume --validate part skipped: PGHOST, FAKE_STRIPE_EXE or CG_TEST_CERTS not set")
 
 for f in fail:
     print("FAIL:", f)
