@@ -151,7 +151,24 @@ std::string unknown_flag_message(const CLI::App& app) {
     return {};
 }
 
-std::pair<std::string, bool> attribute_to_environment(const std::string& what) {
+namespace {
+
+// Whether option `flag` of `app` or of the subcommand being run (the parsed ones) reads environment
+// variable `name`: a variable that is set but never read for that option (another subcommand's, or a
+// selector that comes from the command line only) must not take the blame.
+bool reads_variable(const CLI::App& app, const std::string& flag, const std::string& name) {
+    for (const CLI::Option* opt : app.get_options())
+        if (opt->get_envname() == name)
+            for (const auto& n : opt->get_lnames())
+                if ("--" + n == flag) return true;
+    for (const CLI::App* sub : app.get_subcommands())
+        if (reads_variable(*sub, flag, name)) return true;
+    return false;
+}
+
+}  // namespace
+
+std::pair<std::string, bool> attribute_to_environment(const CLI::App& app, const std::string& what) {
     auto at = what.find("--");
     if (at == std::string::npos) return {what, false};
     auto end = at + 2;
@@ -161,7 +178,8 @@ std::pair<std::string, bool> attribute_to_environment(const std::string& what) {
     if (flag.size() <= 2) return {what, false};
     auto name = env_name_for("CHARGEGUARD_", flag.substr(2));
     const char* e = std::getenv(name.c_str());
-    if (!e || (registry().argv_recorded && on_command_line(flag))) return {what, false};
+    if (!e || (registry().argv_recorded && on_command_line(flag)) || !reads_variable(app, flag, name))
+        return {what, false};
     std::string out = what;
     for (auto p = out.find(flag); p != std::string::npos; p = out.find(flag, p + name.size())) {
         auto after = p + flag.size();

@@ -65,9 +65,10 @@ void record_command_line(int argc, const char* const* argv);
 // environment variable, else "--shutdown-timeout abc".
 std::string value_origin(const std::string& flag, const std::string& value);
 // A CLI11 error about an option ("Could not convert: --max-in-flight = abc", "--x: Value 0 not in range …")
-// whose value came from its CHARGEGUARD_<FLAG> variable, not the command line: the message naming the
-// variable instead of the flag, and true (a configuration error). Otherwise the message as it was, and false.
-std::pair<std::string, bool> attribute_to_environment(const std::string& what);
+// whose value came from its CHARGEGUARD_<FLAG> variable (one an option of `app` reads), not the command
+// line: the message naming the variable instead of the flag, and true (a configuration error). Otherwise
+// the message as it was, and false.
+std::pair<std::string, bool> attribute_to_environment(const CLI::App& app, const std::string& what);
 // "unknown flag --topci (did you mean --topic?)" for the first `--flag` of the recorded command line that no
 // option of `app` or its subcommands has, the nearest known one suggested; empty when every flag is known.
 // CLI11 reports a missing required option before an unexpected one, so a typo of a required flag would

@@ -18,7 +18,7 @@ int report(CLI::App& app, const CLI::Error& e) {
         std::fprintf(stderr, "chargeguard: %s\nRun with --help for more information.\n", unknown.c_str());
         return cg::app::exit_usage;
     }
-    auto [what, from_env] = cg::app::attribute_to_environment(e.what());
+    auto [what, from_env] = cg::app::attribute_to_environment(app, e.what());
     std::fprintf(stderr, "chargeguard: %s\n", what.c_str());
     if (code == cg::app::exit_config || from_env) return cg::app::exit_config;
     std::fprintf(stderr, "Run with --help for more information.\n");
