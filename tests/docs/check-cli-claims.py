@@ -7,6 +7,7 @@
   (the flag or CHARGEGUARD_STRIPE_KEY_FILE) and, when permissions are the cause, the uid the process runs as;
 - `--msg-timeout` outside 0 and 1s..15m is refused; a misspelled flag is named with a suggestion;
 - `consume --validate` reaches PostgreSQL, nsqd and Stripe once: exit 0, or 78 naming what failed;
+- `/readyz` never says "ok startup" while `/startupz` waits; SIGHUP drains and exits 129;
 - `probe` prints the status and the whole body and exits 0 on 2xx, 1 otherwise; a bare path asks the
   listener CHARGEGUARD_HEALTH_LISTEN names.
 usage: check-cli-claims.py SOURCE_ROOT CHARGEGUARD_EXE"""
@@ -140,6 +141,61 @@ if os.environ.get("PGHOST") and fake and certs:
         expect("consume --validate, nothing reachable",
                run(args + ["--nsqd-tcp-address", "127.0.0.1:1"], dict(pg, PGPORT="1")), 78,
                "FAIL postgres", "FAIL nsqd 127.0.0.1:1: connecting: Connection refused", "ok   stripe")
+        # /readyz never says "ok startup" while /startupz still waits: PostgreSQL reached, nsqd not. Then
+        # SIGHUP: the drain, and exit 129 (process.md "Signals"), not 0.
+        db = f"cg_doc_claims_{os.getpid()}"
+        pgenv = dict(os.environ, **pg)
+        subprocess.run(["psql", "-q", "-d", "postgres", "-c", f"CREATE DATABASE {db}"], env=pgenv, check=True)
+        try:
+            hs = socket.socket()
+            hs.bind(("127.0.0.1", 0))
+            hport = hs.getsockname()[1]
+            hs.close()
+            import signal
+            import time
+            import urllib.error
+            import urllib.request
+
+            def get(path):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{hport}{path}", timeout=2) as r:
+                        return r.status, r.read().decode()
+                except urllib.error.HTTPError as e:
+                    return e.code, e.read().decode()
+                except OSError:
+                    return 0, ""
+
+            proc = subprocess.Popen(
+                [exe, "consume", "--topic", "billing", "--channel", "c", "--nsqd-tcp-address", "127.0.0.1:1",
+                 "--migrate", "--health-listen", f"127.0.0.1:{hport}", "--stripe-api-base",
+                 f"https://127.0.0.1:{port}", "--stripe-ca-file", f"{certs}/ca.pem"],
+                env={**clean_env, **pg, "PGDATABASE": db}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            ready = (0, "")
+            for _ in range(200):
+                ready = get("/readyz")
+                if "ok postgres" in ready[1]:
+                    break
+                time.sleep(0.1)
+            if "ok postgres" not in ready[1]:
+                fail.append(f"consume never reached PostgreSQL: /readyz {ready}")
+            started = get("/startupz")
+            if started[0] != 503 or "WAIT nsq" not in started[1]:
+                fail.append(f"/startupz with nsqd unreachable: {started}")
+            ready = get("/readyz")
+            if ready[0] != 503 or "FAIL startup" not in ready[1] or "ok startup" in ready[1]:
+                fail.append(f"/readyz while /startupz waits for nsq says: {ready}")
+            proc.send_signal(signal.SIGHUP)
+            try:
+                code = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = None
+            err = proc.stderr.read()
+            if code != 129 or '"reason":"SIGHUP"' not in err:
+                fail.append(f"consume after SIGHUP: exit {code}, documented 129: {err[-300:]}")
+        finally:
+            subprocess.run(["psql", "-q", "-d", "postgres", "-c", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"],
+                           env=pgenv)
     finally:
         fs.kill()
         nsqd.close()
