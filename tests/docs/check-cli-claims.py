@@ -8,6 +8,7 @@
 - `--msg-timeout` outside 0 and 1s..15m is refused; a misspelled flag is named with a suggestion;
 - `consume --validate` reaches PostgreSQL, nsqd and Stripe once: exit 0, or 78 naming what failed;
 - `/readyz` never says "ok startup" while `/startupz` waits; SIGHUP drains and exits 129;
+- the runbook's psql confirm queries run on the migrated schema;
 - `probe` prints the status and the whole body and exits 0 on 2xx, 1 otherwise; a bare path asks the
   listener CHARGEGUARD_HEALTH_LISTEN names.
 usage: check-cli-claims.py SOURCE_ROOT CHARGEGUARD_EXE"""
@@ -193,6 +194,16 @@ if os.environ.get("PGHOST") and fake and certs:
             err = proc.stderr.read()
             if code != 129 or '"reason":"SIGHUP"' not in err:
                 fail.append(f"consume after SIGHUP: exit {code}, documented 129: {err[-300:]}")
+            # The runbook's ledger queries (its `psql -c "…"` confirm steps), run as written against the
+            # schema consume just migrated: a renamed column or table fails here.
+            runbook = open(os.path.join(root, "docs/operating/runbook.md")).read()
+            queries = re.findall(r"`(psql (?:-c \"[^\"]+\" ?)+)`", runbook.replace("\n", " "))
+            if len(queries) < 3:
+                fail.append(f"runbook.md: expected its psql confirm steps, found {len(queries)}")
+            for q in queries:
+                r = subprocess.run(["bash", "-c", q], env={**pgenv, "PGDATABASE": db}, capture_output=True, text=True)
+                if r.returncode != 0 or "ERROR" in r.stderr:
+                    fail.append(f"runbook.md's `{q[:60]}…` fails on the migrated schema: {r.stderr.strip()[:200]}")
         finally:
             subprocess.run(["psql", "-q", "-d", "postgres", "-c", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"],
                            env=pgenv)
