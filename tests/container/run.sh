@@ -1,7 +1,8 @@
 #!/bin/bash
 # The sidecar image, built and run for real with podman (../../../shared/specs/containers.md): a debootstrapped
-# local base image (cached under the build dir), `podman build --format docker` of the top-level Dockerfile,
-# then:
+# local base image (cached under the build dir), `podman build --format docker` of the top-level Dockerfile
+# (deployment.md's documented build with CHARGEGUARD_CONTAINER_BUILD=source, its --version carrying this
+# checkout's revision; else the runtime stage around this build's executable, see below), then:
 # - the image's labels (OCI version, revision, licenses), its user, HEALTHCHECK, and a non-empty system CA
 #   bundle (/etc/ssl/certs/ca-certificates.crt from Debian's ca-certificates);
 # - trust only through the system store: a derived image adds the test CA the Debian way
@@ -13,7 +14,9 @@
 #   within the grace period;
 # - the container commands of docs/operating/deployment.md, extracted from the document and run as written
 #   (the Stripe key from STRIPE_API_KEY, then from the default secret file), each charging its events;
-# - deploy/kubernetes/chargeguard.yaml under `podman kube play`.
+# - the key file's modes: root's 0400 refused (exit 78, naming uid 10001), 10001's 0400 read;
+# - deploy/kubernetes/chargeguard.yaml under `podman kube play`, with the Secrets and CA that deployment.md's
+#   `kubectl create` lines make, and the runbook's `chargeguard probe` commands run in the sidecar.
 # Prints the image size.
 #
 # usage: run.sh SOURCE_ROOT BUILD_DIR      (meson passes both; env: PGHOST…, NSQD_BIN, CG_TEST_CERTS,
