@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -22,7 +23,9 @@ const char* const exit_code_table =
     "  2   a check found a problem (explain: not charged once; reconcile: unexplained items or nothing to\n"
     "      check; dead-letters show: no such letter; retry-declined: a row not declined)\n"
     "  64  usage error: a bad flag, value or argument on the command line\n"
-    "  78  configuration error: a bad CHARGEGUARD_* variable, or an unreadable/malformed secret file\n";
+    "  78  configuration error: a bad CHARGEGUARD_* variable, or an unreadable/malformed secret file\n"
+    "  129 a service drained after SIGHUP (it reloads nothing: its supervisor restarts it)\n"
+    "  130 a second signal during a drain stopped it at once\n";
 
 // In the library, not main.cpp: every subcommand calls it, and the tests link the subcommands without main.
 log_level global_flags::level() const {
@@ -135,6 +138,27 @@ std::size_t next_secret(std::string_view text, std::size_t from, std::size_t& en
     return best;
 }
 
+void long_names(const CLI::App& app, std::unordered_set<std::string>& out) {
+    for (const CLI::Option* opt : app.get_options())
+        for (const auto& n : opt->get_lnames()) out.insert("--" + n);
+    for (const CLI::App* sub : app.get_subcommands({})) long_names(*sub, out);
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+        std::size_t diag = row[0];
+        row[0] = i;
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+            std::size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            diag = up;
+        }
+    }
+    return row[b.size()];
+}
+
 }  // namespace
 
 bool looks_like_secret(std::string_view text) noexcept {
@@ -153,6 +177,64 @@ std::string redact_secrets(std::string_view text) {
     }
     out.append(text.substr(pos));
     return out;
+}
+
+std::string unknown_flag_message(const CLI::App& app) {
+    std::unordered_set<std::string> known;
+    long_names(app, known);
+    for (const auto& a : registry().argv) {
+        if (a == "--") break;
+        if (a.rfind("--", 0) != 0 || a.size() <= 2) continue;
+        std::string flag = a.substr(0, a.find('='));
+        if (known.count(flag)) continue;
+        std::string best;
+        std::size_t best_d = 3;  // suggest only a near miss: a typo, a transposition, a missing letter
+        for (const auto& k : known) {
+            auto d = edit_distance(flag, k);
+            if (d < best_d || (d == best_d && !best.empty() && k < best)) best_d = d, best = k;
+        }
+        return "unknown flag " + flag + (best.empty() ? "" : " (did you mean " + best + "?)");
+    }
+    return {};
+}
+
+namespace {
+
+// Whether option `flag` of `app` or of the subcommand being run (the parsed ones) reads environment
+// variable `name`: a variable that is set but never read for that option (another subcommand's, or a
+// selector that comes from the command line only) must not take the blame.
+bool reads_variable(const CLI::App& app, const std::string& flag, const std::string& name) {
+    for (const CLI::Option* opt : app.get_options())
+        if (opt->get_envname() == name)
+            for (const auto& n : opt->get_lnames())
+                if ("--" + n == flag) return true;
+    for (const CLI::App* sub : app.get_subcommands())
+        if (reads_variable(*sub, flag, name)) return true;
+    return false;
+}
+
+}  // namespace
+
+std::pair<std::string, bool> attribute_to_environment(const CLI::App& app, const std::string& what) {
+    auto at = what.find("--");
+    if (at == std::string::npos) return {what, false};
+    auto end = at + 2;
+    while (end < what.size() && (std::isalnum(static_cast<unsigned char>(what[end])) || what[end] == '-'))
+        ++end;
+    std::string flag = what.substr(at, end - at);
+    if (flag.size() <= 2) return {what, false};
+    auto name = env_name_for("CHARGEGUARD_", flag.substr(2));
+    const char* e = std::getenv(name.c_str());
+    if (!e || (registry().argv_recorded && on_command_line(flag)) || !reads_variable(app, flag, name))
+        return {what, false};
+    std::string out = what;
+    for (auto p = out.find(flag); p != std::string::npos; p = out.find(flag, p + name.size())) {
+        auto after = p + flag.size();
+        bool whole = after == out.size() ||
+                     !(std::isalnum(static_cast<unsigned char>(out[after])) || out[after] == '-');
+        if (whole) out.replace(p, flag.size(), name);
+    }
+    return {out, true};
 }
 
 void bad_value(const std::string& flag, const std::string& value, const std::string& why) {

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "app/runtime.hpp"
 #include "core/log.hpp"
@@ -63,6 +64,16 @@ void record_command_line(int argc, const char* const* argv);
 // "CHARGEGUARD_SHUTDOWN_TIMEOUT=abc" when `flag`'s (e.g. "--shutdown-timeout") value `value` came from its
 // environment variable, else "--shutdown-timeout abc".
 std::string value_origin(const std::string& flag, const std::string& value);
+// A CLI11 error about an option ("Could not convert: --max-in-flight = abc", "--x: Value 0 not in range …")
+// whose value came from its CHARGEGUARD_<FLAG> variable (one an option of `app` reads), not the command
+// line: the message naming the variable instead of the flag, and true (a configuration error). Otherwise
+// the message as it was, and false.
+std::pair<std::string, bool> attribute_to_environment(const CLI::App& app, const std::string& what);
+// "unknown flag --topci (did you mean --topic?)" for the first `--flag` of the recorded command line that no
+// option of `app` or its subcommands has, the nearest known one suggested; empty when every flag is known.
+// CLI11 reports a missing required option before an unexpected one, so a typo of a required flag would
+// otherwise be reported as the flag it meant being missing.
+std::string unknown_flag_message(const CLI::App& app);
 // Throws config_error (value from the environment) or usage_error: "<value_origin>: <why>".
 [[noreturn]] void bad_value(const std::string& flag, const std::string& value, const std::string& why);
 

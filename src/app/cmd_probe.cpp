@@ -1,10 +1,15 @@
-// `chargeguard probe URL`: a tiny HTTP GET for container HEALTHCHECKs (the image has no curl). Exit 0 on a
-// 2xx answer within --timeout, 1 otherwise (connection refused, timeout, any other status), printing one
-// line.
+// `chargeguard probe URL`: a tiny HTTP GET for container HEALTHCHECKs and runbooks (the image has no curl).
+// Exit 0 on a 2xx answer within --timeout, 1 otherwise (connection refused, timeout, any other status). It
+// prints the status line and then the whole body: a health answer names every check, and the failing one
+// may be on any line. URL may be a bare path ("/healthz"): the origin is then the consume health listener
+// this container is configured with (CHARGEGUARD_HEALTH_LISTEN, else 127.0.0.1:9180), so a HEALTHCHECK
+// follows the configured listener instead of repeating its port.
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
@@ -50,14 +55,28 @@ net::awaitable<int> probe_once(std::string origin, std::string target, std::chro
         co_return 1;
     }
     bool ok = r.resp.status >= 200 && r.resp.status < 300;
-    std::string first = r.resp.body.substr(0, r.resp.body.find('\n'));
-    std::printf("probe: %s%s: %d %s\n", origin.c_str(), target.c_str(), r.resp.status, first.c_str());
+    std::printf("probe: %s%s: %d\n", origin.c_str(), target.c_str(), r.resp.status);
+    std::fwrite(r.resp.body.data(), 1, r.resp.body.size(), stdout);
+    if (!r.resp.body.empty() && r.resp.body.back() != '\n') std::fputc('\n', stdout);
     co_return ok ? 0 : 1;
+}
+
+// The origin of the configured health listener: a wildcard host (0.0.0.0, ::, empty) is reached on loopback.
+std::string health_origin() {
+    const char* env = std::getenv("CHARGEGUARD_HEALTH_LISTEN");
+    std::string listen = env && *env ? env : "127.0.0.1:9180";
+    auto colon = listen.rfind(':');
+    if (colon == std::string::npos) return "http://" + listen;
+    std::string host = listen.substr(0, colon), port = listen.substr(colon + 1);
+    if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+    if (host == "[::]" || host == "::") host = "[::1]";
+    return "http://" + host + ":" + port;
 }
 
 int run_probe(const probe_flags& f) {
     std::string origin, target;
-    if (!split_url(f.url, origin, target)) {
+    std::string url = !f.url.empty() && f.url[0] == '/' ? health_origin() + f.url : f.url;
+    if (!split_url(url, origin, target)) {
         std::printf("probe: '%s' is not an http:// URL\n", f.url.c_str());
         return 1;
     }
@@ -83,13 +102,18 @@ int run_probe(const probe_flags& f) {
 
 void register_probe(CLI::App& app, command_main& selected) {
     auto f = std::make_shared<probe_flags>();
-    auto* cmd =
-        app.add_subcommand("probe", "HTTP GET URL; exit 0 on 2xx, 1 otherwise (for container HEALTHCHECKs)");
+    auto* cmd = app.add_subcommand(
+        "probe", "HTTP GET URL, print the status and the whole body; exit 0 on 2xx, 1 otherwise");
     cmd->footer(
         "Examples:\n"
+        "  chargeguard probe /healthz          # the listener CHARGEGUARD_HEALTH_LISTEN names (default "
+        "127.0.0.1:9180)\n"
         "  chargeguard probe http://127.0.0.1:9180/healthz\n"
-        "  chargeguard probe --timeout 500ms http://127.0.0.1:9180/readyz\n");
-    cmd->add_option("URL", f->url, "e.g. http://127.0.0.1:9180/healthz")->required();
+        "  chargeguard probe --timeout 500ms /readyz\n");
+    cmd->add_option(
+           "URL", f->url,
+           "http://host:port/path, or a path on the configured health listener (CHARGEGUARD_HEALTH_LISTEN)")
+        ->required();
     add_duration_option(*cmd, "--timeout", f->timeout_s, "time for connect + answer", 0.01, 600.0);
     cmd->callback([&selected, f] { selected = [f](const global_flags&) { return run_probe(*f); }; });
 }

@@ -9,12 +9,20 @@ namespace {
 
 // Every CLI error becomes one of the exit codes of cli.hpp: help is 0, our own errors carry 64 or 78, and
 // CLI11's codes (100+: a missing, unknown or malformed argument) are usage errors.
+// A CLI11 error about a value that came from CHARGEGUARD_<FLAG> names that variable and is a configuration
+// error, like the project's own checks (docs/operating/cli.md "Exit codes").
 int report(CLI::App& app, const CLI::Error& e) {
     int code = e.get_exit_code();
     if (code == 0) return app.exit(e);
+    if (auto unknown = cg::app::unknown_flag_message(app); !unknown.empty()) {
+        std::fprintf(stderr, "chargeguard: %s\nRun with --help for more information.\n",
+                     cg::app::redact_secrets(unknown).c_str());
+        return cg::app::exit_usage;
+    }
+    auto [what, from_env] = cg::app::attribute_to_environment(app, e.what());
     // An operator's argument may be a secret typed in the wrong place: never echoed.
-    std::fprintf(stderr, "chargeguard: %s\n", cg::app::redact_secrets(e.what()).c_str());
-    if (code == cg::app::exit_config) return code;
+    std::fprintf(stderr, "chargeguard: %s\n", cg::app::redact_secrets(what).c_str());
+    if (code == cg::app::exit_config || from_env) return cg::app::exit_config;
     std::fprintf(stderr, "Run with --help for more information.\n");
     return cg::app::exit_usage;
 }

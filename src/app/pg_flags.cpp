@@ -159,10 +159,15 @@ net::awaitable<result<void>> wait_for_postgres(runtime& rt, pg::pool& p, const p
                                                const std::vector<pg::migration>& ms) {
     using namespace std::chrono;
     auto st = std::make_shared<startup_state>();
-    rt.health().add_readiness("startup", [st]() -> metrics::check_status {
-        std::lock_guard lk(st->mu);
-        if (st->done) return {true, "started", "started"};
-        return {false, "waiting for " + st->waiting_for, "waiting for PostgreSQL"};
+    // Past PostgreSQL, "started" only once /startupz is: a /readyz that says "ok startup" while /startupz
+    // still waits (for NSQ, say) would tell an operator the opposite of the startup probe.
+    rt.health().add_readiness("startup", [st, s = &rt.startup()]() -> metrics::check_status {
+        {
+            std::lock_guard lk(st->mu);
+            if (!st->done) return {false, "waiting for " + st->waiting_for, "waiting for PostgreSQL"};
+        }
+        if (s->started()) return {true, "started", "started"};
+        return {false, "waiting for /startupz", "waiting for /startupz"};
     });
     auto finish = [&st] {
         std::lock_guard lk(st->mu);

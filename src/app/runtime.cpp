@@ -141,7 +141,11 @@ void runtime::wait_signal() {
     signals_.async_wait([this](std::error_code ec, int sig) {
         if (ec) return;
         if (!stopping_) {
-            request_stop(signal_name(sig));
+            // SIGHUP drains like SIGTERM but ends non-zero (129, 128 + SIGHUP): nothing is reloaded in place
+            // (docs/operating/process.md "Signals"), so a supervisor that restarts only on failure
+            // (systemd Restart=on-failure, docker --restart on-failure) must start it again to pick up the
+            // new configuration, where exit 0 would leave the sidecar down.
+            request_stop(signal_name(sig), sig == SIGHUP ? exit_hangup : 0);
             wait_signal();
         } else {
             log_.warn("second signal: stopping at once", {{"signal", sig}});

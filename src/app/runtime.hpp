@@ -23,6 +23,10 @@
 
 namespace cg::app {
 
+// The exit status after a drain that SIGHUP started (128 + SIGHUP): non-zero, so a supervisor restarting on
+// failure starts the service again with its new configuration.
+inline constexpr int exit_hangup = 129;
+
 struct runtime_options {
     net::host_port health_listen{"127.0.0.1", 9180};
     unsigned offload_threads = 2;

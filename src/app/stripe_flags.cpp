@@ -1,6 +1,7 @@
 #include "app/stripe_flags.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
 
 #include "app/cli.hpp"
 #include "http/origin.hpp"
@@ -151,7 +153,13 @@ std::string stripe_key_source(const std::string& key_file, const char* env_value
 
 std::string stripe_key_source_for_messages(const std::string& key_file, const char* env_value,
                                            const std::string& default_file) {
-    if (!key_file.empty()) return "--stripe-key-file '" + key_file + "'";
+    // Named as the operator wrote it: the flag, or CHARGEGUARD_STRIPE_KEY_FILE when the value came from
+    // there.
+    if (!key_file.empty())
+        return (value_origin("--stripe-key-file", key_file).rfind("CHARGEGUARD_", 0) == 0
+                    ? "CHARGEGUARD_STRIPE_KEY_FILE '"
+                    : "--stripe-key-file '") +
+               key_file + "'";
     auto source = stripe_key_source(key_file, env_value, default_file);
     return source == default_file ? "the default secret file '" + default_file + "'" : source;
 }
@@ -168,7 +176,13 @@ result<std::string> read_stripe_key(const std::string& flag_file, const char* en
         if (S_ISDIR(sb.st_mode))
             return error(core_errc::invalid_argument, what + " is a directory, not the file holding the key");
         std::ifstream in(key_file);
-        if (!in) return error(core_errc::io_error, "cannot read " + what + ": " + std::strerror(errno));
+        if (!in) {
+            int e = errno;
+            std::string why = std::strerror(e);
+            // The image runs as a non-root user: say which, so the fix (the file's mode or owner) is plain.
+            if (e == EACCES) why += " (this process runs as uid " + std::to_string(::getuid()) + ")";
+            return error(core_errc::io_error, "cannot read " + what + ": " + why);
+        }
         std::stringstream ss;
         ss << in.rdbuf();
         key = ss.str();
@@ -186,12 +200,12 @@ result<std::string> read_stripe_key(const std::string& flag_file, const char* en
 }
 
 std::string read_checked_stripe_key(const std::string& key_file, key_kinds kinds) {
+    // A key that cannot be read, or is not a key, is a configuration error (exit 78) wherever it came from:
+    // the message names the source (flag, variable or default file), never the key.
     auto key = read_stripe_key(key_file, std::getenv("STRIPE_API_KEY"));
-    if (!key) throw CLI::ValidationError("--stripe-key-file", key.err().message);
+    if (!key) throw config_error(key.err().message);
     auto source = stripe_key_source_for_messages(key_file, std::getenv("STRIPE_API_KEY"));
-    if (auto shape = check_key_shape(*key, source, kinds); !shape)
-        throw CLI::ValidationError(key_file.empty() ? "STRIPE_API_KEY" : "--stripe-key-file",
-                                   shape.err().message);
+    if (auto shape = check_key_shape(*key, source, kinds); !shape) throw config_error(shape.err().message);
     return std::move(*key);
 }
 

@@ -90,9 +90,8 @@ asio::awaitable<error> connection::handshake(std::vector<net::tcp::endpoint> eps
         }
         co_return error(errc::bad_response, "unexpected reply to SUB");
     }
-    log_.info("subscribed", {{"topic", cfg_.topic},
-                             {"channel", cfg_.channel},
-                             {"msg_timeout_ms", negotiated_.msg_timeout},
+    // topic and channel are already fields of the consumer's logger this one derives from.
+    log_.info("subscribed", {{"msg_timeout_ms", negotiated_.msg_timeout},
                              {"max_rdy_count", negotiated_.max_rdy_count},
                              {"tls", io_.tls()},
                              {"compression", io_.compression()},

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The sidecar image, built and run for real with podman (../../../shared/specs/containers.md): a debootstrapped
-# local base image (cached under the build dir), `podman build --format docker` of the top-level Dockerfile,
-# then:
+# local base image (cached under the build dir), `podman build --format docker` of the top-level Dockerfile
+# (deployment.md's documented build with CHARGEGUARD_CONTAINER_BUILD=source, its --version carrying this
+# checkout's revision; else the runtime stage around this build's executable, see below), then:
 # - the image's labels (OCI version, revision, licenses), its user, HEALTHCHECK, and a non-empty system CA
 #   bundle (/etc/ssl/certs/ca-certificates.crt from Debian's ca-certificates);
 # - trust only through the system store: a derived image adds the test CA the Debian way
@@ -13,7 +14,9 @@
 #   within the grace period;
 # - the container commands of docs/operating/deployment.md, extracted from the document and run as written
 #   (the Stripe key from STRIPE_API_KEY, then from the default secret file), each charging its events;
-# - deploy/kubernetes/chargeguard.yaml under `podman kube play`.
+# - the key file's modes: root's 0400 refused (exit 78, naming uid 10001), 10001's 0400 read;
+# - deploy/kubernetes/chargeguard.yaml under `podman kube play`, with the Secrets and CA that deployment.md's
+#   `kubectl create` lines make, and the runbook's `chargeguard probe` commands run in the sidecar.
 # Prints the image size.
 #
 # usage: run.sh SOURCE_ROOT BUILD_DIR      (meson passes both; env: PGHOST…, NSQD_BIN, CG_TEST_CERTS,
@@ -67,6 +70,18 @@ base=localhost/debian:bookworm-slim
 fake_pid=
 doc_cids=
 
+# The fenced block after "<!-- container-test: NAME -->" in FILE, as written.
+doc_block_in() {
+  python3 - "$1" "$2" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"<!-- container-test: " + re.escape(sys.argv[2]) + r" -->\s*```\w*\n(.*?)```", text, re.S)
+if not m:
+    sys.exit(sys.argv[1] + " has no container-test block " + sys.argv[2])
+print(m.group(1), end="")
+PY
+}
+
 cleanup() {
   podman pod rm -f "$pod" >/dev/null 2>&1
   for c in $doc_cids; do podman rm -f "$c" >/dev/null 2>&1; done
@@ -108,10 +123,15 @@ if ! podman image exists "$base"; then
 fi
 
 # --- the image ------------------------------------------------------------------------------------------
-# CHARGEGUARD_CONTAINER_BUILD=source compiles chargeguard inside the image (the Dockerfile's default, ~12 min
-# cold on 2 cores); otherwise (CI) the image takes the executable this build made on the same Debian release,
-# stripped, with the shared libraries ldd finds for it (the Dockerfile's BUILD=context), so CI tests the
-# runtime image — libraries, user, HEALTHCHECK, PID 1, SIGTERM — in a minute.
+# CHARGEGUARD_CONTAINER_BUILD=source runs docs/operating/deployment.md's "container-test: build" block as
+# written (podman build of the top-level Dockerfile, compiling chargeguard in the builder stage, then
+# `podman run --rm chargeguard --version`), with two additions a machine without a registry needs: the local
+# base (--build-arg BASE) and a compiler cache kept under the build dir (-v …:/ccache). The version line
+# must carry this checkout's revision. =context (or unset) builds the same runtime stage around the
+# executable this build made (stripped, with the shared libraries ldd finds for it): the builder stage is
+# replaced by one that copies those files, so the runtime image — libraries, user, HEALTHCHECK, PID 1,
+# SIGTERM — is tested in a minute. The source build takes minutes of both cores (docs/testing.md gives the
+# figures), which is why CI runs it only when CHARGEGUARD_CONTAINER_BUILD=source is set.
 mkdir -p "$cache/ccache"
 # OCI labels: the project's version, this checkout's commit.
 version=$(sed -n "s/^ *version : '\([^']*\)'.*/\1/p" "$src/meson.build" | head -1)
@@ -119,14 +139,35 @@ revision=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)
 labels=(--build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "SOURCE=file://chargeguard")
 t0=$(date +%s)
 if [ "${CHARGEGUARD_CONTAINER_BUILD:-context}" = source ]; then
-  step "podman build BUILD=source (the builder compiles only the chargeguard executable)"
-  podman build --format docker --build-arg BASE="$base" "${labels[@]}" -v "$cache/ccache:/ccache" -t "$image" \
-    -f "$src/Dockerfile" "$src" >"$work/build.log" 2>&1 || {
+  step "the documented build (podman build of the Dockerfile, chargeguard compiled in the builder stage)"
+  doc_block_in "$src/docs/operating/deployment.md" build >"$work/doc-build.sh" || fail "no 'build' block in deployment.md"
+  # podman as the block calls it, plus the local base, the labels and the compiler cache on `podman build`.
+  {
+    echo 'podman() {'
+    echo '  if [ "$1" = build ]; then'
+    echo '    shift'
+    printf '    command podman build --build-arg BASE=%q --build-arg VERSION=%q --build-arg SOURCE=file://chargeguard -v %q "$@"\n' \
+      "$base" "$version" "$cache/ccache:/ccache"
+    echo '  else'
+    echo '    command podman "$@"'
+    echo '  fi'
+    echo '}'
+  } >"$work/podman-wrap.sh"
+  (cd "$src" && bash -euo pipefail -c "source '$work/podman-wrap.sh'; source '$work/doc-build.sh'") \
+    >"$work/build.log" 2>&1 || {
     tail -40 "$work/build.log"
-    fail "podman build"
+    fail "the documented podman build"
   }
+  podman tag "$doc_tag" "$image" && podman untag "$image" "$doc_tag" >/dev/null 2>&1
+  podman image exists "$image" || fail "tag $image"
+  # The block's last command printed the version line: the revision passed to the build is in the binary.
+  grep -q "^chargeguard $version (revision $revision, release)\$" "$work/build.log" || {
+    tail -5 "$work/build.log"
+    fail "the image's --version does not carry revision $revision"
+  }
+  echo "image --version: $(grep '^chargeguard ' "$work/build.log" | tail -1)"
 else
-  step "podman build BUILD=context (the executable this build made, stripped, and its libraries)"
+  step "podman build of the runtime stage around this build's executable"
   ctx=$work/context
   mkdir -p "$ctx/prebuilt/usr/local/bin" "$ctx/prebuilt/usr/lib"
   strip -o "$ctx/prebuilt/usr/local/bin/chargeguard" "$CHARGEGUARD_EXE" || fail "strip"
@@ -134,8 +175,12 @@ else
   ldd "$CHARGEGUARD_EXE" | awk '/=> \// {print $3}' |
     grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libssl|libcrypto)\.so' |
     xargs -I{} cp -L {} "$ctx/prebuilt/usr/lib/" || fail "collecting shared libraries"
-  cp "$src/Dockerfile" "$ctx/Dockerfile"
-  podman build --format docker --build-arg BASE="$base" --build-arg BUILD=context "${labels[@]}" -t "$image" "$ctx" \
+  # The Dockerfile with its builder stage (from `FROM ${BASE} AS build` to the next FROM) replaced.
+  awk '/^FROM .* AS build$/ {print "FROM scratch AS build"; print "COPY prebuilt/ /out/"; skip = 1; next}
+       skip && /^FROM / {skip = 0}
+       !skip' "$src/Dockerfile" >"$ctx/Dockerfile"
+  grep -q '^COPY prebuilt/' "$ctx/Dockerfile" || fail "the Dockerfile has no 'FROM \${BASE} AS build' stage"
+  podman build --format docker --build-arg BASE="$base" "${labels[@]}" -t "$image" "$ctx" \
     >"$work/build.log" 2>&1 || {
     tail -40 "$work/build.log"
     fail "podman build"
@@ -169,11 +214,11 @@ certs=$(podman run --rm --entrypoint /bin/sh "$image" -c \
 echo "system CA bundle: $certs certificates"
 # A derived image trusting the test CA the Debian way; chargeguard gets no CA file anywhere below, so a
 # verified connection to fake-stripe proves the system store is what Stripe TLS uses.
+# It is deployment.md's "Private CAs" Dockerfile as written, FROM this image, with the test CA as my-ca.crt.
 mkdir -p "$work/trust"
-cp "$CG_TEST_CERTS/ca.pem" "$work/trust/chargeguard-test-ca.crt" || fail "no test CA in $CG_TEST_CERTS"
-printf '%s\n' "FROM $image" "USER root" \
-  "COPY chargeguard-test-ca.crt /usr/local/share/ca-certificates/chargeguard-test-ca.crt" \
-  "RUN update-ca-certificates" "USER 10001:10001" >"$work/trust/Containerfile"
+cp "$CG_TEST_CERTS/ca.pem" "$work/trust/my-ca.crt" || fail "no test CA in $CG_TEST_CERTS"
+doc_block_in "$src/docs/operating/deployment.md" trusting-image | sed "1s|^FROM .*|FROM $image|" \
+  >"$work/trust/Containerfile" || fail "no 'trusting-image' block in deployment.md"
 podman build -q --format docker -t "$trusting" -f "$work/trust/Containerfile" "$work/trust" >"$work/trust/build.log" 2>&1 || {
   cat "$work/trust/build.log"
   fail "derived image with the test CA"
@@ -215,7 +260,6 @@ podman run -d --pod "$pod" --name "$id-cg" --read-only \
   -e CHARGEGUARD_HEALTH_LISTEN=127.0.0.1:$health \
   -e CHARGEGUARD_KEY_NAMESPACE=container \
   -e CHARGEGUARD_SHUTDOWN_TIMEOUT=20 \
-  --health-cmd "/usr/local/bin/chargeguard probe --timeout 2 http://127.0.0.1:$health/healthz" \
   "$trusting" consume >/dev/null 2>"$work/run-cg.err" || {
   cat "$work/run-cg.err"
   fail "chargeguard container"
@@ -307,16 +351,7 @@ step "pod stopped in ${took}s, chargeguard exit 0"
 # (CHARGEGUARD_STRIPE_API_BASE in containers.conf's env list), so the commands need no test-only flag. Each
 # must start chargeguard, read the key from the source the document names, charge its events, and stop with
 # exit 0.
-doc_block() {
-  python3 - "$src/docs/operating/deployment.md" "$1" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-m = re.search(r"<!-- container-test: " + re.escape(sys.argv[2]) + r" -->\s*```sh\n(.*?)```", text, re.S)
-if not m:
-    sys.exit("docs/operating/deployment.md has no container-test block " + sys.argv[2])
-print(m.group(1), end="")
-PY
-}
+doc_block() { doc_block_in "$src/docs/operating/deployment.md" "$1"; }
 podman tag "$trusting" "$doc_tag" || fail "tag $doc_tag"
 psql -q -d postgres -c "CREATE DATABASE ${db}_doc" || fail "create database ${db}_doc"
 docdir=$work/doc
@@ -383,6 +418,34 @@ doc_run env-key STRIPE_API_KEY
 doc_run secret-file /run/secrets/stripe_api_key
 podman untag "$trusting" "$doc_tag" >/dev/null 2>&1
 
+# --- key file modes (deployment.md "File modes") -------------------------------------------------------
+# The image's user (10001) must be able to read the mounted key: root's file at 0400 stops consume at once
+# with exit 78 naming the file and the uid; the same file owned by 10001 (or at 0444, above) is read. No
+# PostgreSQL here (port 1): the readable case gets past the key and then fails to connect (exit 1).
+mkdir -p "$work/modes"
+chmod 755 "$work/modes"
+printf 'sk_test_container_never_logged\n' >"$work/modes/root-0400"
+chmod 400 "$work/modes/root-0400"
+cp -p "$work/modes/root-0400" "$work/modes/user-0400"
+chown 10001:10001 "$work/modes/user-0400"
+key_mode_run() {
+  podman run --rm --network none --read-only -v "$work/modes/$1:/run/secrets/stripe_api_key:ro" \
+    -e CHARGEGUARD_TOPIC=billing -e CHARGEGUARD_CHANNEL=chargeguard -e CHARGEGUARD_NSQD_TCP_ADDRESS=127.0.0.1:1 \
+    -e CHARGEGUARD_PG_DSN="host=127.0.0.1 port=1 dbname=x" -e CHARGEGUARD_PG_STARTUP_TIMEOUT=1s \
+    "$image" consume >"$work/modes/$1.out" 2>&1
+}
+key_mode_run root-0400
+code=$?
+[ "$code" = 78 ] || fail "a root-owned 0400 key file: exit $code, not 78: $(tail -2 "$work/modes/root-0400.out")"
+grep -q "cannot read the default secret file '/run/secrets/stripe_api_key': Permission denied (this process runs as uid 10001)" \
+  "$work/modes/root-0400.out" || fail "a root-owned 0400 key file: $(tail -2 "$work/modes/root-0400.out")"
+key_mode_run user-0400
+code=$?
+grep -q '"stripe_key_from":"/run/secrets/stripe_api_key"' "$work/modes/user-0400.out" && [ "$code" != 78 ] ||
+  fail "a 0400 key file owned by 10001 was not read (exit $code): $(tail -2 "$work/modes/user-0400.out")"
+if grep -q sk_test_container_never_logged "$work/modes/"*.out; then fail "the Stripe key was printed"; fi
+step "key file modes: root's 0400 refused with exit 78 naming uid 10001; 10001's 0400 read"
+
 # --- the Kubernetes manifest under `podman kube play` ----------------------------------------------------
 # deploy/kubernetes/chargeguard.yaml as it is (tests/deploy/kube-play-prep.mjs: replicas 1, container ports on
 # free host ports, the native sidecar as an ordinary container since podman 4.3 runs init containers to
@@ -394,8 +457,11 @@ if command -v node >/dev/null && [ -d "$src/tests/deploy/node_modules/yaml" ]; t
   step "podman kube play deploy/kubernetes/chargeguard.yaml"
   kube=$work/kube
   mkdir -p "$kube"
-  node "$src/tests/deploy/kube-play-prep.mjs" "$src/deploy/kubernetes/chargeguard.yaml" "$kube" \
-    health="$(free_port)" http="$(free_port)" || fail "kube-play-prep"
+  printf 'sk_test_kube_play_never_logged\n' >"$kube/stripe_api_key"
+  node "$src/tests/deploy/kube-play-prep.mjs" "$src/deploy/kubernetes/chargeguard.yaml" \
+    "$src/docs/operating/deployment.md" "$kube" health="$(free_port)" http="$(free_port)" \
+    "file:./stripe_api_key=$kube/stripe_api_key" "file:./postgres-ca.crt=$CG_TEST_CERTS/ca.pem" \
+    env:PGPASSWORD=kube-play-password || fail "kube-play-prep"
   cg_image=$(sed -n 's/^ *image: \(.*chargeguard:.*\)$/\1/p' "$kube/play.yaml" | head -1)
   app_image=$(sed -n 's/^ *image: \(.*billing-app:.*\)$/\1/p' "$kube/play.yaml" | head -1)
   podman tag "$image" "$cg_image" || fail "tag $cg_image"
@@ -446,7 +512,32 @@ if command -v node >/dev/null && [ -d "$src/tests/deploy/node_modules/yaml" ]; t
     head -3 "$kube/cg.log"
     fail "kube play: the Stripe key file is not the Secret's"
   }
-  if grep -q sk_test_REPLACE_ME "$kube/cg.log"; then fail "kube play: the Stripe key was logged"; fi
+  if grep -q sk_test_kube_play_never_logged "$kube/cg.log"; then fail "kube play: the Stripe key was logged"; fi
+  # The runbook's confirm commands, as an operator runs them (`kubectl exec … -c chargeguard -- CMD`, here
+  # `podman exec`): only what the image and the CLI provide. This sidecar is live and not ready.
+  runbook=$src/docs/operating/runbook.md
+  grep -qE "curl +(-|http|localhost|127)" "$runbook" && fail "runbook.md runs curl, which the image does not have"
+  while read -r cmd; do
+    out=$(podman exec "$cg" $cmd 2>&1)
+    rc=$?
+    case "$cmd" in
+      *"probe /healthz"*) [ $rc = 0 ] || fail "runbook '$cmd' exited $rc: $out" ;;
+      *"probe /readyz"*)
+        [ $rc = 1 ] || fail "runbook '$cmd' exited $rc on a sidecar that is not ready: $out"
+        # The whole body: every check, the failing ones included, not just the first line.
+        [ "$(printf '%s\n' "$out" | grep -c '^\(ok\|FAIL\) ')" -ge 2 ] || fail "probe printed only part of /readyz: $out"
+        printf '%s\n' "$out" | grep -q '^FAIL ' || fail "probe /readyz names no failing check: $out"
+        # /readyz never says the startup passed while /startupz still waits.
+        if printf '%s\n' "$out" | grep -q '^ok startup'; then fail "/readyz says 'ok startup' while /startupz is 503: $out"; fi ;;
+      *"probe /metrics"*)
+        [ $rc = 0 ] || fail "runbook '$cmd' exited $rc"
+        printf '%s\n' "$out" | grep -q '^chargeguard_build_info{' || fail "probe /metrics printed no metrics" ;;
+    esac
+    echo "runbook: '$cmd' exit $rc"
+  done < <(grep -o 'kubectl exec -n $NS $POD -c chargeguard -- chargeguard probe [^ `|]*' "$runbook" |
+    sed 's/.* -- //' | sort -u)
+  # The image's HEALTHCHECK follows CHARGEGUARD_HEALTH_LISTEN (the manifest's 0.0.0.0:9180 here).
+  podman exec "$cg" chargeguard probe --timeout 2 /healthz >/dev/null || fail "kube play: probe /healthz"
   podman kube down "$kube/play.yaml" >/dev/null 2>&1 || fail "podman kube down"
   step "kube play: sidecar live, not ready without its dependencies, key from the Secret file, read-only, non-root"
 else

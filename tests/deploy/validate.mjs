@@ -66,6 +66,45 @@ if (cg) {
   check(ann["prometheus.io/scrape"] === "true" && ann["prometheus.io/port"] === String(port) &&
     ann["prometheus.io/path"] === "/metrics", "prometheus.io scrape annotations on the health port");
 }
+// Applying the manifest again (every release) must never overwrite a real key: it holds no Secret, and each
+// Secret and ConfigMap it refers to but does not hold is created by a documented `kubectl create` command
+// naming the same keys (docs/operating/deployment.md).
+check(byKind("Secret").length === 0, "no Secret in the applied manifests (they would overwrite the real key)");
+const guide = readFileSync(join(dir, "../../docs/operating/deployment.md"), "utf8");
+const created = {};
+for (const m of guide.matchAll(/^kubectl create (secret generic|configmap) (\S+)(.*)$/gm)) {
+  created[m[2]] = [...m[3].matchAll(/--from-(?:file|literal)=([^=\s]+)=/g)].map((k) => k[1]);
+}
+const held = new Set(byKind("ConfigMap").map((c) => c.metadata.name));
+const refs = [];
+for (const v of pod.volumes ?? []) {
+  if (v.secret) refs.push([v.secret.secretName, null]);
+  if (v.configMap) refs.push([v.configMap.name, null]);
+}
+for (const c of all) {
+  for (const e of c.env ?? []) {
+    const r = e.valueFrom?.secretKeyRef ?? e.valueFrom?.configMapKeyRef;
+    if (r) refs.push([r.name, r.key]);
+  }
+  for (const e of c.envFrom ?? []) refs.push([(e.secretRef ?? e.configMapRef).name, null]);
+}
+for (const [name, key] of refs) {
+  if (held.has(name)) continue;
+  check(created[name], `${name}: referenced by the Deployment, created by no \`kubectl create\` in deployment.md`);
+  if (created[name] && key) check(created[name].includes(key), `${name}: deployment.md creates it without key ${key}`);
+}
+check(pod.automountServiceAccountToken === false, "automountServiceAccountToken: false (no API token in the pod)");
+if (cg) {
+  check(config.PGSSLMODE === "verify-full", "PGSSLMODE verify-full (require does not verify the server)");
+  const ca = config.PGSSLROOTCERT ?? "";
+  const caMount = (cg.volumeMounts ?? []).find((m) => ca.startsWith(m.mountPath + "/"));
+  check(caMount?.readOnly && (pod.volumes ?? []).some((v) => v.name === caMount.name && (v.configMap || v.secret)),
+    "PGSSLROOTCERT lies in a read-only ConfigMap or Secret mount");
+  const keyVol = (pod.volumes ?? []).find((v) => v.secret);
+  const mode = keyVol?.secret?.defaultMode;
+  check(mode !== undefined && ((mode & 0o040) !== 0 && pod.securityContext?.fsGroup === 10001 || (mode & 0o004) !== 0),
+    "the Stripe key file is readable by the image's user (group-readable with fsGroup 10001)");
+}
 const podLabels = deployment?.spec?.template?.metadata?.labels ?? {};
 const selects = (sel) => Object.entries(sel?.matchLabels ?? {}).length > 0 &&
   Object.entries(sel.matchLabels).every(([k, v]) => podLabels[k] === v);

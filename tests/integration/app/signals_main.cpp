@@ -81,15 +81,17 @@ BOOST_AUTO_TEST_CASE(second_signal_stops_at_once) {
     BOOST_TEST(sink->contains("second signal"));
 }
 
-// SIGHUP drains exactly like SIGTERM (no reload): the drains run and the exit code is 0, not 129.
-BOOST_AUTO_TEST_CASE(sighup_drains_like_sigterm) {
+// SIGHUP drains exactly like SIGTERM (no reload): the drains run, and the exit code is 129, not 0, so a
+// supervisor restarting on failure (systemd Restart=on-failure) brings the service back.
+BOOST_AUTO_TEST_CASE(sighup_drains_like_sigterm_and_exits_non_zero) {
     auto sink = std::make_shared<memory_sink>();
     app::runtime rt(opts(5000ms), logger(sink, log_level::info));
     bool drained = false;
     rt.on_shutdown([&drained] { return drain_quickly(&drained); });
     BOOST_REQUIRE(rt.start().has_value());
     raise_from_loop(rt, SIGHUP);
-    BOOST_TEST(rt.run() == 0);
+    BOOST_TEST(rt.run() == app::exit_hangup);
+    BOOST_TEST(app::exit_hangup == 129);
     BOOST_TEST(drained);
     BOOST_TEST(sink->contains("\"reason\":\"SIGHUP\""));
     BOOST_TEST(sink->contains("\"msg\":\"shutdown complete\""));

@@ -76,7 +76,7 @@ BOOST_AUTO_TEST_CASE(two_peers_split_the_rate_and_a_silent_one_is_forgotten) {
     auto silent_from = std::chrono::steady_clock::now();
     std::size_t seen = 2;
     while (seen == 2 && std::chrono::steady_clock::now() - silent_from < 20s) {
-        run_async(io, []() -> net::awaitable<void> { co_await net::sleep_for(100ms); });
+        test::run_async(io, []() -> net::awaitable<void> { co_await net::sleep_for(100ms); });
         va = run(a.exchange({pace_row(true, 20, 0)}));
         BOOST_TEST_REQUIRE(va.has_value());
         seen = (*va)[0].peers.size();
