@@ -6,6 +6,7 @@
 
 #include "billing/pipeline_run.hpp"
 #include "stripe/client.hpp"
+#include "stripe/fact.hpp"
 
 namespace cg::billing {
 namespace {
@@ -30,14 +31,19 @@ recovery_found found_charge(stripe::charge ch) {
     f.charge_id = ch.id;
     if (!ch.payment_intent.empty()) f.payment_intent_id = ch.payment_intent;
     f.status = ch.status;
-    if (stripe::charge_in_flight(ch.status) ||
-        (ch.status == "failed" && stripe::bank_debit(ch.payment_method_type))) {
+    auto fact = stripe::read(ch);
+    if (fact.moved == stripe::movement::in_flight ||
+        (fact.moved == stripe::movement::failed && fact.bank_debit)) {
         f.step = found_step::mark_processing;
-    } else if (ch.status == "failed") {
+    } else if (fact.moved == stripe::movement::failed) {
         f.step = found_step::mark_declined;
         f.decline = ch.failure_code;
-    } else {
+    } else if (fact.moved == stripe::movement::charged) {
         f.step = found_step::mark_charged;
+    } else {
+        // A status the pinned API version does not define: the charge exists, what it did is unknown; look
+        // again later, never charge beside it.
+        f.step = found_step::still_open;
     }
     f.charge = std::move(ch);
     return f;
@@ -81,7 +87,8 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
     auto found =
         co_await stripe.find_charge_by_billing_key(q.stripe_customer_id, q.key, since, 100, q.stripe_account);
     if (!found) co_return found.err();
-    if (*found && (**found).status == "failed" && superseded_failure(q.first_attempt, (**found).created)) {
+    if (*found && stripe::charge_movement((**found).status) == stripe::movement::failed &&
+        superseded_failure(q.first_attempt, (**found).created)) {
         log.info("a failed charge from before the replay carries the key: not this generation's answer",
                  {{"charge_id", (**found).id}});
         found->reset();
@@ -198,14 +205,14 @@ net::awaitable<verdict> pipeline::settle_found(run& r, const recovery_found& f) 
                 f.intent ? "found " + f.decline : "found declined charge " + f.charge->id);
         }
         case found_step::still_open: {
-            // Succeeding but no charge yet: the intent is ours and moving; look again later, never recharge.
-            const auto& pi = *f.intent;
-            auto rel =
-                co_await ledger_.release_lease(r.key, r.lease, "payment intent " + pi.id + " still open");
+            // Succeeding but no charge yet (or a status Stripe's pinned version does not define): the payment
+            // is ours and moving; look again later, never recharge.
+            const std::string what = f.intent ? "payment intent " + f.intent->id : "charge " + f.charge->id;
+            const std::string status = f.intent ? f.intent->status : f.charge->status;
+            auto rel = co_await ledger_.release_lease(r.key, r.lease, what + " still open");
             if (!rel) co_return postgres_failed(r, rel.err(), "release lease");
-            co_return verdict::requeue(
-                verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
-                "payment intent " + pi.id + " is " + pi.status + " without a charge yet");
+            co_return verdict::requeue(verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
+                                       what + " is " + status + " without a settled charge yet");
         }
         case found_step::mark_processing:
             co_return co_await leave_processing(r, f.charge_id, f.payment_intent_id, f.status);

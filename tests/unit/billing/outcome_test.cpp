@@ -115,6 +115,8 @@ BOOST_AUTO_TEST_CASE(found_intent_step_table) {
         {"requires_action", "", found_intent_step::mark_declined},
         {"requires_confirmation", "", found_intent_step::not_charged},
         {"canceled", "", found_intent_step::mark_declined},
+        // A status the pinned API version does not define: the intent exists; never declined or recharged.
+        {"requires_source", "", found_intent_step::still_open},
     };
     for (const auto& r : rows) {
         cg::stripe::payment_intent pi;
