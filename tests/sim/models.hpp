@@ -3,6 +3,8 @@
 // source. Times are simulated milliseconds. Header-only, no Asio.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
