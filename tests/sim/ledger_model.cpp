@@ -67,11 +67,13 @@ void world::in_flight_note(const std::string& key, std::int32_t gen) {
     if (r && r->pending() && r->rec.key_generation == gen) r->last_life = now_;
 }
 
-bool world::settle(const std::string& key, record_status s, const std::string& charge_id) {
+bool world::settle(const std::string& key, record_status s, const std::string& charge_id,
+                   const std::string& payment_intent) {
     row* r = find_row(key);
     if (!r || !r->pending()) return false;
     set_status(*r, s);
     if (!charge_id.empty() && !r->rec.charge_id) r->rec.charge_id = charge_id;
+    if (!payment_intent.empty() && !r->payment_intent_id) r->payment_intent_id = payment_intent;
     if (s == record_status::processing) r->processing_since = now_;
     r->lease_until = -1;
     ++r->epoch;
@@ -97,12 +99,16 @@ void world::release(const std::string& key, std::int64_t epoch) {
 }
 
 // The events recorded while the row was pending are applied once the pipeline settled it.
+// They were recorded by the key, the PaymentIntent or the charge they named.
 void world::left_pending(row& r) {
-    auto it = stashed_.find(r.rec.key);
-    if (it == stashed_.end()) return;
-    auto facts = std::move(it->second);
-    stashed_.erase(it);
-    for (const auto& [f, foreign] : facts) apply_to_row(r, f, foreign);
+    std::string names[] = {r.rec.key, r.payment_intent_id.value_or(""), r.rec.charge_id.value_or("")};
+    for (const auto& name : names) {
+        auto it = name.empty() ? stashed_.end() : stashed_.find(name);
+        if (it == stashed_.end()) continue;
+        auto facts = std::move(it->second);
+        stashed_.erase(it);
+        for (const auto& [f, foreign] : facts) apply_to_row(r, f, foreign);
+    }
 }
 
 }  // namespace cg::sim::detail

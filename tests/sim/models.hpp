@@ -78,7 +78,10 @@ struct row {
 // A charge as Stripe holds it.
 struct stripe_charge {
     std::string id;
-    std::string billing_key;  // metadata[billing_key]
+    std::string
+        billing_key;    // metadata[billing_key]; empty for a PaymentIntent's charge (Stripe does not copy it)
+    std::string owner;  // the key it was made for (the invariants' bookkeeping, not visible to the flow)
+    std::string payment_intent;
     std::string idempotency_key;
     std::int64_t amount = 0;
     std::string status;  // succeeded | pending | failed
@@ -87,11 +90,23 @@ struct stripe_charge {
     ms_t visible_at = 0;  // list lag: the list shows it from then on
 };
 
+// A PaymentIntent as Stripe holds it (created with confirm=true).
+struct stripe_intent {
+    std::string id;
+    std::string billing_key;     // metadata[billing_key]
+    std::string status;          // succeeded | processing | requires_payment_method | requires_confirmation
+    int charge = -1;             // latest_charge
+    std::string created_status;  // its status when the create answered (the body Stripe saved)
+    ms_t created = 0;
+    ms_t visible_at = 0;
+};
+
 // What Stripe saved for an idempotency key: the answer it replays for 24 h.
 struct saved_answer {
     ms_t first = 0;
     int http = 0;
     int charge = -1;  // index into the charges
+    int intent = -1;  // index into the intents
 };
 
 }  // namespace cg::sim

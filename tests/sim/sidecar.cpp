@@ -4,6 +4,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "billing/decision.hpp"
 #include "billing/key.hpp"
@@ -141,7 +142,10 @@ void world::send(int id, int c, int attempt) {
     q.delivery = id;
     q.call = c;
     q.attempt = attempt;
-    q.idempotency_key = billing::stripe_idempotency_key(d.key, d.gen);
+    // The request the event becomes (billing::build_request): a charge, or a confirmed PaymentIntent.
+    auto made = billing::build_request(d.ev, d.key, d.gen);
+    q.intent = std::holds_alternative<stripe::payment_intent_request>(made);
+    q.idempotency_key = std::visit([](const auto& r) { return r.idempotency_key; }, made);
     q.billing_key = d.key;
     q.amount = d.ev.amount_cents;
     q.event = messages_[d.msg].event;
@@ -197,7 +201,35 @@ void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
         at(now_ + backoff, [this, id, c, attempt] { send(id, c, attempt + 1); });
         return;
     }
-    if (!timed_out && (q.http == 200 || q.http == 402)) {
+    std::string intent;
+    if (!timed_out && q.intent && q.intent_idx >= 0 && (q.http == 200 || q.http == 402)) {
+        // The intent in the body Stripe saved, read as stripe/client.cpp's read_intent reads it.
+        const stripe_intent& pi = intents_[q.intent_idx];
+        stripe::payment_intent p;
+        p.id = pi.id;
+        p.status = pi.created_status;
+        if (pi.charge >= 0) p.latest_charge = charges_[pi.charge].id;
+        intent = pi.id;
+        charge = pi.charge;
+        out.payment_intent_id = pi.id;
+        out.charge_id = p.latest_charge;
+        switch (stripe::read(p).moved) {
+            case stripe::movement::charged:
+                break;
+            case stripe::movement::in_flight:
+            case stripe::movement::authorised:
+                if (has(safeguard::in_flight_not_charged)) out.in_flight_status = p.status;
+                break;
+            case stripe::movement::failed:
+            case stripe::movement::needs_customer:
+            case stripe::movement::canceled:
+                out.cls = stripe::outcome_class::declined;
+                break;
+            default:
+                out.cls = stripe::outcome_class::indeterminate;
+                break;
+        }
+    } else if (!timed_out && !q.intent && (q.http == 200 || q.http == 402)) {
         // The create's 2xx body or its 402 (which names the failed charge), read as stripe/client.cpp reads
         // it: through the fact. The body is the one Stripe saved: the charge as it was when created.
         charge = q.charge;
@@ -218,10 +250,10 @@ void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
     note("answer " + std::string(stripe::to_string(out.cls)) +
          (out.in_flight_status.empty() ? "" : " in flight"));
     d.calling = false;
-    finish_call(id, out, charge);
+    finish_call(id, out, charge, intent);
 }
 
-void world::finish_call(int id, const stripe::charge_outcome& out, int charge) {
+void world::finish_call(int id, const stripe::charge_outcome& out, int charge, const std::string& intent) {
     delivery& d = deliveries_[id];
     if (!d.row_written) {
         // write_before_call removed: the row is written only now, its first attempt now.
@@ -231,18 +263,18 @@ void world::finish_call(int id, const stripe::charge_outcome& out, int charge) {
     }
     auto step = billing::step_for(out);
     std::string ch = charge >= 0 ? charges_[charge].id : std::string();
-    at(now_ + pg(), [this, id, step, ch] {
+    at(now_ + pg(), [this, id, step, ch, intent] {
         if (!alive(id)) return;
         delivery& d = deliveries_[id];
         switch (step) {
             case billing::charge_step::mark_charged:
-                settle(d.key, record_status::charged, ch);
+                settle(d.key, record_status::charged, ch, intent);
                 return fin(d);
             case billing::charge_step::mark_processing:
-                settle(d.key, record_status::processing, ch);
+                settle(d.key, record_status::processing, ch, intent);
                 return fin(d);
             case billing::charge_step::mark_declined:
-                settle(d.key, record_status::declined, ch);
+                settle(d.key, record_status::declined, ch, intent);
                 return fin(d);
             case billing::charge_step::release_requeue:
                 release(d.key, d.epoch);
@@ -276,6 +308,7 @@ void world::search(int id) {
         if (!found || (found->status == "failed" && c.status != "failed")) found = &c;
     }
     if (found && found->status == "failed" && found->created < r.first_attempt - 300 * sec) found = nullptr;
+    if (!found && d.ev.uses_payment_intent()) return search_intents(id);
     if (!found) {
         note("search " + d.key + " none");
         at(now_ + pg(), [this, id] { bump(id); });
@@ -303,6 +336,57 @@ void world::search(int id) {
         if (!alive(id)) return;
         delivery& d = deliveries_[id];
         settle(d.key, s, ch);
+        fin(d);
+    });
+}
+
+// Then, for an event charged through a PaymentIntent, the customer's PaymentIntents carrying the key
+// (recovery.cpp found_intent: billing::step_for_found_intent decides).
+void world::search_intents(int id) {
+    delivery& d = deliveries_[id];
+    const row& r = *find_row(d.key);
+    const stripe_intent* found = nullptr;
+    for (auto it = intents_.rbegin(); it != intents_.rend() && !found; ++it)
+        if (it->billing_key == d.key && it->visible_at <= now_ && it->created >= r.first_attempt - 24 * hour)
+            found = &*it;
+    stripe::payment_intent p;
+    if (found) {
+        p.id = found->id;
+        p.status = found->status;
+        if (found->charge >= 0) p.latest_charge = charges_[found->charge].id;
+    }
+    auto step = found ? billing::step_for_found_intent(p) : billing::found_intent_step::not_charged;
+    if (found && step == billing::found_intent_step::mark_declined &&
+        found->created < r.first_attempt - 300 * sec)
+        step = billing::found_intent_step::not_charged;  // a failure from an earlier life of the key
+    if (step == billing::found_intent_step::not_charged && found && !has(safeguard::not_tried_not_declined))
+        step = billing::found_intent_step::mark_declined;  // the reading create used to have
+    if (step == billing::found_intent_step::mark_processing && !has(safeguard::in_flight_not_charged))
+        step = billing::found_intent_step::mark_charged;
+    note("search intents " + d.key + " " + (found ? p.id + " " + p.status : std::string("none")));
+    record_status s = record_status::charged;
+    switch (step) {
+        case billing::found_intent_step::not_charged:
+            at(now_ + pg(), [this, id] { bump(id); });
+            return;
+        case billing::found_intent_step::still_open:
+            release(d.key, d.epoch);
+            return req(d, p_.indeterminate_delay);
+        case billing::found_intent_step::mark_charged:
+            s = record_status::charged;
+            break;
+        case billing::found_intent_step::mark_declined:
+            s = record_status::declined;
+            break;
+        case billing::found_intent_step::mark_processing:
+            s = record_status::processing;
+            break;
+    }
+    std::string ch = p.latest_charge, pi = p.id;
+    at(now_ + pg(), [this, id, s, ch, pi] {
+        if (!alive(id)) return;
+        delivery& d = deliveries_[id];
+        settle(d.key, s, ch, pi);
         fin(d);
     });
 }

@@ -24,6 +24,8 @@ std::string_view to_string(safeguard s) noexcept {
             return "same_payment";
         case safeguard::in_flight_not_charged:
             return "in_flight_not_charged";
+        case safeguard::not_tried_not_declined:
+            return "not_tried_not_declined";
     }
     return "?";
 }
@@ -36,7 +38,7 @@ void world::check_final() {
         const row* r = find_row(e.key);
         std::vector<const stripe_charge*> moved;
         for (const auto& c : charges_)
-            if (c.billing_key == e.key && c.status != "failed") moved.push_back(&c);
+            if (c.owner == e.key && c.status != "failed") moved.push_back(&c);
         if (!r) {
             violation("event " + std::to_string(i) + " has no ledger row once faults stopped");
             continue;
@@ -53,6 +55,9 @@ void world::check_final() {
             violation("ledger != Stripe: " + e.key + " charged " + r->rec.charge_id.value_or("?") +
                       ", Stripe has " + std::to_string(moved.size()) + " payment(s)" +
                       (moved.empty() ? "" : " (" + moved[0]->id + " " + moved[0]->status + ")"));
+        // Never zero times: only a customer whose payment method declines ends declined.
+        if (s == rs::declined && !e.declines)
+            violation("event " + std::to_string(i) + " declined though its customer's payment method pays");
         if (s != rs::charged && !moved.empty())
             violation("ledger != Stripe: " + e.key + " " + std::string(billing::to_string(s)) +
                       ", Stripe has " + moved[0]->id + " " + moved[0]->status);
@@ -73,6 +78,8 @@ run_result world::run() {
         e.key = billing::base_key("sim", e.ev.customer_id, e.ev.billing_period);
         e.declines = rnd_.chance(0.1);
         e.debit = !e.declines && rnd_.chance(0.2);
+        // A third of the events name a payment method: charged through a confirmed PaymentIntent.
+        if (rnd_.chance(0.33)) e.ev.payment_method = e.debit ? "pm_usBankAccount" : "pm_card_visa";
         events_.push_back(std::move(e));
     }
     for (int i = 0; i < cfg_.events; ++i) {

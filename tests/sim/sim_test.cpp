@@ -95,7 +95,7 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
 
 // Each safeguard switched off alone: some seed within the budget must break an invariant.
 BOOST_AUTO_TEST_CASE(each_removed_safeguard_is_caught) {
-    const std::uint64_t budget = env_number("CHARGEGUARD_SIM_TEETH_BUDGET", 3000);
+    const std::uint64_t budget = env_number("CHARGEGUARD_SIM_TEETH_BUDGET", 5000);
     for (auto g : all_safeguards) {
         std::uint64_t found = 0;
         std::string what;

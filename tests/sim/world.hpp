@@ -79,6 +79,8 @@ struct request {
     int event = 0;
     int http = 0;  // Stripe's answer, set when it executes; 0: not yet (or never: not sent)
     int charge = -1;
+    bool intent = false;  // POST /v1/payment_intents (confirm=true) rather than /v1/charges
+    int intent_idx = -1;
 };
 
 struct sidecar {
@@ -92,6 +94,10 @@ struct event_spec {
     bool declines = false;
     bool debit = false;
 };
+
+// A Stripe webhook event about a PaymentIntent.
+std::string intent_event_json(const std::string& evt, const std::string& type, ms_t created,
+                              const stripe_intent& pi, const std::string& latest_charge);
 
 struct action {
     ms_t at;
@@ -144,7 +150,8 @@ class world {
     std::optional<attempted> attempt(const std::string& key, std::int64_t epoch);
     std::optional<std::int64_t> renew(const std::string& key, std::int64_t epoch);
     void in_flight_note(const std::string& key, std::int32_t gen);
-    bool settle(const std::string& key, record_status s, const std::string& charge_id);
+    bool settle(const std::string& key, record_status s, const std::string& charge_id,
+                const std::string& payment_intent = {});
     void indeterminate(const std::string& key, std::int64_t epoch);
     void release(const std::string& key, std::int64_t epoch);
 
@@ -152,6 +159,8 @@ class world {
     void stripe_execute(int req);
     void money_check(const std::string& billing_key);
     void emit_webhook(int charge);
+    void emit_intent_webhook(int intent);
+    void create_intent(request& q, const event_spec& e);
     void settle_debit(int charge);
     void receive_webhook(const billing::payment_fact& f, bool foreign);
     std::optional<billing::payment_fact> read_webhook(const std::string& body);
@@ -178,8 +187,9 @@ class world {
     void send(int id, int call, int attempt);
     void transmit(int id, int call, int attempt, int req);
     void answered(int id, int call, int attempt, int req, bool timed_out);
-    void finish_call(int id, const stripe::charge_outcome& out, int charge);
+    void finish_call(int id, const stripe::charge_outcome& out, int charge, const std::string& intent);
     void search(int id);
+    void search_intents(int id);
     void bump(int id);
     void renew_tick(int id, int call);
 
@@ -201,6 +211,7 @@ class world {
     std::unordered_map<std::string, std::vector<std::pair<billing::payment_fact, bool>>>
         stashed_;  // for pending rows
     std::vector<stripe_charge> charges_;
+    std::vector<stripe_intent> intents_;
     std::unordered_map<std::string, saved_answer> saved_;
     std::unordered_map<std::string, int> live_;  // succeeded or pending charges by billing key
     std::vector<request> requests_;
@@ -214,6 +225,7 @@ class world {
 
 // A Stripe webhook event about a charge, as Stripe sends it.
 std::string charge_event_json(const std::string& evt, const std::string& type, ms_t created,
-                              const std::string& id, const std::string& status, const std::string& key);
+                              const std::string& id, const std::string& status, const std::string& key,
+                              const std::string& payment_intent = {});
 
 }  // namespace cg::sim::detail
