@@ -146,7 +146,13 @@ create_request build_request(const billing_event& ev, std::string_view base, std
 
 found_intent_step step_for_found_intent(const stripe::payment_intent& pi) noexcept {
     using stripe::movement;
-    switch (stripe::intent_movement(pi.status)) {
+    const auto fact = stripe::read(pi);
+    // A bank debit that failed while the answer to its create was lost failed after processing (as
+    // recovery's found charge reads it): processing first, then the recorded failure or the poll makes the
+    // row failed_after_processing with its dead letter, whose replay charges again. Declined would end it
+    // uncharged for good.
+    if (fact.moved == movement::failed && fact.bank_debit) return found_intent_step::mark_processing;
+    switch (fact.moved) {
         case movement::charged:
             return pi.latest_charge.empty() ? found_intent_step::still_open : found_intent_step::mark_charged;
         // Not charged yet: the row waits as processing for a webhook or the poll.

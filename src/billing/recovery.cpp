@@ -99,8 +99,12 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
     auto pi = co_await stripe.find_payment_intent_by_billing_key(q.stripe_customer_id, q.key, since, 100,
                                                                  q.stripe_account);
     if (!pi) co_return pi.err();
-    if (*pi && step_for_found_intent(**pi) == found_intent_step::mark_declined &&
-        superseded_failure(q.first_attempt, (**pi).created)) {
+    const auto failed_attempt = [](const stripe::payment_intent& p) {
+        auto m = stripe::read(p).moved;
+        return m == stripe::movement::failed || m == stripe::movement::needs_customer ||
+               m == stripe::movement::canceled;
+    };
+    if (*pi && failed_attempt(**pi) && superseded_failure(q.first_attempt, (**pi).created)) {
         log.info("a failed payment intent from before the replay carries the key: not this generation's",
                  {{"payment_intent", (**pi).id}});
         pi->reset();

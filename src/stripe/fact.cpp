@@ -233,7 +233,10 @@ fact read(const payment_intent& p, std::string_view account) {
     f.amount = p.amount;
     f.currency = p.currency;
     f.status = p.status;
+    f.bank_debit = bank_debit_type(p.payment_method_type);
     f.reason = reason_in(intent_statuses, "payment_intent", p.status);
+    if (f.bank_debit && f.moved == movement::failed)
+        f.reason = "a " + p.payment_method_type + " debit failed: it failed after processing";
     if (!p.last_error_code.empty()) f.reason += " (" + p.last_error_code + ")";
     return f;
 }

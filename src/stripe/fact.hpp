@@ -45,8 +45,9 @@ struct fact {
     // No later status of this object can change `moved` without someone acting again (a new confirm, a new
     // refund). A succeeded refund is not final: Stripe may still report it failed.
     bool final = false;
-    // The charge was made by a bank debit: it is pending until the bank answers, so a failed one failed
-    // after processing, whether or not chargeguard saw it pending.
+    // The charge (or the intent's failed attempt, by last_payment_error.payment_method.type) was a bank
+    // debit: pending until the bank answers, so a failed one failed after processing, whether or not
+    // chargeguard saw it pending.
     bool bank_debit = false;
     std::string id;                 // the object's own id (ch_…, pi_…, re_…, dp_…)
     std::string charge_id;          // the charge: the object itself, an intent's latest_charge, a refund's or

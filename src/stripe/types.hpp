@@ -47,6 +47,9 @@ struct payment_intent {
     std::string latest_charge;
     std::int64_t created = 0;
     std::string last_error_code;  // last_payment_error.code (authentication_required, card_declined, …)
+    // last_payment_error.payment_method.type: the method whose attempt failed (us_bank_account for a debit
+    // that failed after processing); empty when Stripe did not say.
+    std::string payment_method_type;
     stripe::metadata metadata;
 };
 

@@ -97,6 +97,7 @@ struct stripe_intent {
     std::string status;          // succeeded | processing | requires_payment_method | requires_confirmation
     int charge = -1;             // latest_charge
     std::string created_status;  // its status when the create answered (the body Stripe saved)
+    std::string failed_method;   // last_payment_error.payment_method.type
     ms_t created = 0;
     ms_t visible_at = 0;
 };

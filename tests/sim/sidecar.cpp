@@ -321,7 +321,9 @@ void world::search(int id) {
     auto f = stripe::read(sc);
     note("search " + d.key + " found " + sc.id + " " + std::string(stripe::to_string(f.moved)));
     record_status s;
-    if (f.moved == stripe::movement::in_flight || (f.moved == stripe::movement::failed && f.bank_debit))
+    const bool debit_failed =
+        f.moved == stripe::movement::failed && f.bank_debit && has(safeguard::failed_debit_processing);
+    if (f.moved == stripe::movement::in_flight || debit_failed)
         s = has(safeguard::in_flight_not_charged) || f.moved == stripe::movement::failed
                 ? record_status::processing
                 : record_status::charged;
@@ -353,6 +355,8 @@ void world::search_intents(int id) {
     if (found) {
         p.id = found->id;
         p.status = found->status;
+        // Without the safeguard the intent is read as its status alone: a failed debit looks declined.
+        if (has(safeguard::failed_debit_processing)) p.payment_method_type = found->failed_method;
         if (found->charge >= 0) p.latest_charge = charges_[found->charge].id;
     }
     auto step = found ? billing::step_for_found_intent(p) : billing::found_intent_step::not_charged;

@@ -26,6 +26,8 @@ std::string_view to_string(safeguard s) noexcept {
             return "in_flight_not_charged";
         case safeguard::not_tried_not_declined:
             return "not_tried_not_declined";
+        case safeguard::failed_debit_processing:
+            return "failed_debit_processing";
     }
     return "?";
 }

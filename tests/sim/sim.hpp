@@ -18,19 +18,21 @@ namespace cg::sim {
 
 // The safeguards of the charge flow, each removable to show the simulator catches its absence.
 enum class safeguard {
-    write_before_call,       // the row and its first attempt are committed before Stripe is called
-    lease_renewal,           // the lease is renewed (or the call noted in flight) while a call is awaited
-    search_before_new_key,   // a new key generation only after a search found no payment with the key
-    same_key_window,         // the same key is re-sent only within 23 h of the first attempt
-    quiet_period,            // a new generation only once no call under the old one showed life for a while
-    same_payment,            // a fact moves a row only when its ids are the row's (settlement's rule)
-    in_flight_not_charged,   // a pending charge is processing, never charged, until Stripe says it settled
-    not_tried_not_declined,  // a PaymentIntent Stripe never tried (requires_confirmation) is no decline
+    write_before_call,        // the row and its first attempt are committed before Stripe is called
+    lease_renewal,            // the lease is renewed (or the call noted in flight) while a call is awaited
+    search_before_new_key,    // a new key generation only after a search found no payment with the key
+    same_key_window,          // the same key is re-sent only within 23 h of the first attempt
+    quiet_period,             // a new generation only once no call under the old one showed life for a while
+    same_payment,             // a fact moves a row only when its ids are the row's (settlement's rule)
+    in_flight_not_charged,    // a pending charge is processing, never charged, until Stripe says it settled
+    not_tried_not_declined,   // a PaymentIntent Stripe never tried (requires_confirmation) is no decline
+    failed_debit_processing,  // a debit found failed goes processing (then failed_after_processing), not
+                              // declined
 };
 inline constexpr safeguard all_safeguards[] = {
     safeguard::write_before_call,     safeguard::lease_renewal,          safeguard::search_before_new_key,
     safeguard::same_key_window,       safeguard::quiet_period,           safeguard::same_payment,
-    safeguard::in_flight_not_charged, safeguard::not_tried_not_declined,
+    safeguard::in_flight_not_charged, safeguard::not_tried_not_declined, safeguard::failed_debit_processing,
 };
 std::string_view to_string(safeguard s) noexcept;
 

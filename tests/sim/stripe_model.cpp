@@ -100,6 +100,7 @@ void world::create_intent(request& q, const event_spec& e) {
     pi.status = pi.created_status = e.declines ? "requires_payment_method"
                                     : e.debit  ? "processing"
                                                : "succeeded";
+    if (e.declines) pi.failed_method = ch.payment_method_type;
     intents_.push_back(pi);
     q.charge = idx;
     q.http = e.declines ? 402 : 200;
@@ -124,6 +125,7 @@ void world::settle_debit(int idx) {
         if (intents_[i].charge == idx) {
             // A failed debit returns its intent to requires_payment_method.
             intents_[i].status = ch.status == "succeeded" ? "succeeded" : "requires_payment_method";
+            if (ch.status == "failed") intents_[i].failed_method = ch.payment_method_type;
             emit_intent_webhook(i);
         }
 }

@@ -7,6 +7,8 @@
 #include <sstream>
 #include <string>
 
+#include "stripe/json.hpp"
+
 using namespace cg::stripe;
 
 namespace {
@@ -179,4 +181,23 @@ BOOST_AUTO_TEST_CASE(bank_debits_by_payment_method_type) {
         BOOST_TEST(f.reason.find("debit_not_authorized") != std::string::npos);
     }
     BOOST_TEST_MESSAGE("\n" << table.str());
+}
+
+// A PaymentIntent whose debit failed after processing says which method failed in last_payment_error: the
+// fact reads it as a bank debit's failure, not a decline.
+BOOST_AUTO_TEST_CASE(an_intent_names_the_method_of_its_failed_attempt) {
+    auto p = parse_payment_intent(
+        R"({"id":"pi_1","object":"payment_intent","status":"requires_payment_method","latest_charge":"ch_1",)"
+        R"("last_payment_error":{"code":"insufficient_funds","payment_method":{"id":"pm_1","type":"us_bank_account"}}})");
+    BOOST_TEST_REQUIRE(static_cast<bool>(p));
+    BOOST_TEST(p->payment_method_type == "us_bank_account");
+    auto f = read(*p);
+    BOOST_TEST(f.bank_debit);
+    BOOST_TEST((f.moved == movement::failed));
+    BOOST_TEST(f.reason.find("after processing") != std::string::npos, f.reason);
+    auto card = parse_payment_intent(
+        R"({"id":"pi_2","object":"payment_intent","status":"requires_payment_method",)"
+        R"("last_payment_error":{"code":"card_declined","payment_method":{"id":"pm_2","type":"card"}}})");
+    BOOST_TEST_REQUIRE(static_cast<bool>(card));
+    BOOST_TEST(!read(*card).bank_debit);
 }
