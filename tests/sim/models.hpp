@@ -70,8 +70,15 @@ struct row {
         return r;
     }
     billing::settlement_row settlement() const {
-        return {rec.status,     rec.amount_cents, rec.charge_id, payment_intent_id,
-                refunded_cents, disputed_cents,   dispute_status};
+        billing::settlement_row s;
+        s.status = rec.status;
+        s.amount_cents = rec.amount_cents;
+        s.charge_id = rec.charge_id;
+        s.payment_intent_id = payment_intent_id;
+        s.refunded_cents = refunded_cents;
+        s.disputed_cents = disputed_cents;
+        s.dispute_status = dispute_status;
+        return s;
     }
 };
 
