@@ -13,6 +13,7 @@
 #include "metrics/registry.hpp"
 #include "net/stoppable_task.hpp"
 #include "stripe/client.hpp"
+#include "stripe/fact.hpp"
 
 namespace cg::billing {
 
@@ -290,14 +291,17 @@ net::awaitable<result<void>> backfill_account(backfill_state_ptr st, std::string
             ++rep.listed;
             auto o = owner_of(ch, st->cfg.key_namespace, account);
             if (!o) continue;
-            if (ch.status == "succeeded") {
+            auto fact = stripe::read(ch, account);
+            if (fact.moved == stripe::movement::charged) {
                 ++rep.ours;
                 charged_keys.insert(o->key);
                 add_charged(ch, *o, m);
-            } else if (follow_in_flight && stripe::bank_debit(ch.payment_method_type) &&
-                       (stripe::charge_in_flight(ch.status) || ch.status == "failed")) {
+            } else if (follow_in_flight && fact.bank_debit &&
+                       (fact.moved == stripe::movement::in_flight ||
+                        fact.moved == stripe::movement::failed)) {
                 ++rep.ours;
-                in_flight.push_back({ch, o->key, o->customer, o->period, ch.status == "failed", rep.listed});
+                bool failed = fact.moved == stripe::movement::failed;
+                in_flight.push_back({ch, o->key, o->customer, o->period, failed, rep.listed});
             }
         }
         if (!m.empty()) {

@@ -8,6 +8,7 @@
 #include "billing/ledger.hpp"
 #include "billing/pipeline.hpp"
 #include "stripe/client.hpp"
+#include "stripe/fact.hpp"
 #include "stripe/refunds.hpp"
 
 namespace cg::billing {
@@ -337,13 +338,16 @@ net::awaitable<std::optional<verdict>> corrections::search_move(job& j, const co
     if (!*found) co_return std::nullopt;
     const auto& ch = **found;
     j.log.info("correction charge found at Stripe", {{"charge", ch.id}, {"status", ch.status}});
-    if (stripe::charge_in_flight(ch.status)) {
+    // Read through the fact: in flight (or a status the pinned API version does not define) waits; failed
+    // declines the revision; only a charge that moved the money is the move done.
+    const auto moved = stripe::read(ch, j.ev.stripe_account).moved;
+    if (moved != stripe::movement::charged && moved != stripe::movement::failed) {
         auto r = co_await store_.release(j.key, m.part, j.epoch, "charge " + ch.id + " is " + ch.status);
         if (!r) co_return postgres_failed(j, r.err(), "release lease");
         co_return verdict::requeue(verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
                                    "charge " + ch.id + " is " + ch.status);
     }
-    if (ch.status == "failed") {
+    if (moved == stripe::movement::failed) {
         auto r = co_await store_.move_ended(j.key, m.part, "declined", "charge " + ch.id + " failed");
         if (!r) co_return postgres_failed(j, r.err(), "correction move declined");
         auto f = co_await store_.finish(j.key, "declined", "charge " + ch.id + " failed: " + ch.failure_code);

@@ -11,6 +11,7 @@
 #include "net/timeout.hpp"
 #include "net/turn_budget.hpp"
 #include "stripe/client.hpp"
+#include "stripe/fact.hpp"
 
 namespace cg::billing {
 namespace {
@@ -350,7 +351,7 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
 net::awaitable<verdict> pipeline::leave_processing(run& r, std::optional<std::string> charge_id,
                                                    std::optional<std::string> payment_intent_id,
                                                    std::string status) {
-    if (status == "requires_capture") {
+    if (stripe::intent_movement(status) == stripe::movement::authorised) {
         if (metrics_) metrics_->requires_capture->Increment();
         r.log.error(
             "alert: Stripe left the payment intent requires_capture, an authorisation chargeguard never "

@@ -7,6 +7,7 @@
 
 #include "billing/expected_run.hpp"
 #include "core/log.hpp"
+#include "stripe/fact.hpp"
 
 namespace cg::billing {
 namespace {
@@ -278,10 +279,19 @@ bool is_explained(recon_class c) noexcept {
            c == recon_class::cap_blocked || c == recon_class::processing;
 }
 
+namespace {
+
+// The charge moved the money, as the fact function reads its status.
+bool succeeded_at_stripe(const charge_fact& ch) noexcept {
+    return stripe::charge_movement(ch.status) == stripe::movement::charged;
+}
+
+}  // namespace
+
 recon_verdict classify(const recon_facts& f) {
     const charge_fact* succeeded = nullptr;
     for (const auto& ch : f.charges)
-        if (ch.status == "succeeded" && (!f.record || f.record->charge_id != ch.id)) {
+        if (succeeded_at_stripe(ch) && (!f.record || f.record->charge_id != ch.id)) {
             succeeded = &ch;
             break;
         }
@@ -310,7 +320,7 @@ recon_verdict classify(const recon_facts& f) {
                     "charge " + id + " is " + ch.customer + " " + money(ch.amount, ch.currency) +
                         " at Stripe; the ledger says " + rec.stripe_customer_id + " " +
                         money(rec.amount_cents, rec.currency) + also};
-        if (ch.status != "succeeded")
+        if (!succeeded_at_stripe(ch))
             return {recon_class::absent_at_stripe, "charge " + id + " is " + ch.status + " at Stripe" + also};
     }
     // A second successful charge for one key: money taken that the ledger does not account for.
@@ -354,7 +364,7 @@ recon_verdict classify(const recon_facts& f) {
             std::string d =
                 "still pending after " + std::to_string(rec.stripe_attempts) + " Stripe attempt(s)";
             for (const auto& ch : f.charges)
-                if (ch.status == "succeeded")
+                if (succeeded_at_stripe(ch))
                     d += "; charge " + ch.id + " carries the key (recovery will settle it)";
             return {recon_class::pending, d};
         }

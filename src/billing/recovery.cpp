@@ -8,6 +8,7 @@
 #include "billing/pipeline_run.hpp"
 #include "billing/retry_store.hpp"
 #include "stripe/client.hpp"
+#include "stripe/fact.hpp"
 
 namespace cg::billing {
 namespace {
@@ -35,14 +36,19 @@ recovery_found found_charge(stripe::charge ch) {
     f.charge_id = ch.id;
     if (!ch.payment_intent.empty()) f.payment_intent_id = ch.payment_intent;
     f.status = ch.status;
-    if (stripe::charge_in_flight(ch.status) ||
-        (ch.status == "failed" && stripe::bank_debit(ch.payment_method_type))) {
+    auto fact = stripe::read(ch);
+    if (fact.moved == stripe::movement::in_flight ||
+        (fact.moved == stripe::movement::failed && fact.bank_debit)) {
         f.step = found_step::mark_processing;
-    } else if (ch.status == "failed") {
+    } else if (fact.moved == stripe::movement::failed) {
         f.step = found_step::mark_declined;
         f.decline = ch.failure_code;
-    } else {
+    } else if (fact.moved == stripe::movement::charged) {
         f.step = found_step::mark_charged;
+    } else {
+        // A status the pinned API version does not define: the charge exists, what it did is unknown; look
+        // again later, never charge beside it.
+        f.step = found_step::still_open;
     }
     f.charge = std::move(ch);
     return f;
@@ -86,7 +92,8 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
     auto found =
         co_await stripe.find_charge_by_billing_key(q.stripe_customer_id, q.key, since, 100, q.stripe_account);
     if (!found) co_return found.err();
-    if (*found && (**found).status == "failed" && superseded_failure(q, (**found).id, (**found).created)) {
+    if (*found && stripe::charge_movement((**found).status) == stripe::movement::failed &&
+        superseded_failure(q, (**found).id, (**found).created)) {
         log.info("a failed charge from before the replay carries the key: not this generation's answer",
                  {{"charge_id", (**found).id}});
         found->reset();
@@ -97,8 +104,12 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
     auto pi = co_await stripe.find_payment_intent_by_billing_key(q.stripe_customer_id, q.key, since, 100,
                                                                  q.stripe_account);
     if (!pi) co_return pi.err();
-    if (*pi && step_for_found_intent(**pi) == found_intent_step::mark_declined &&
-        superseded_failure(q, (**pi).id, (**pi).created)) {
+    const auto failed_attempt = [](const stripe::payment_intent& p) {
+        auto m = stripe::read(p).moved;
+        return m == stripe::movement::failed || m == stripe::movement::needs_customer ||
+               m == stripe::movement::canceled;
+    };
+    if (*pi && failed_attempt(**pi) && superseded_failure(q, (**pi).id, (**pi).created)) {
         log.info("a failed payment intent from before the replay carries the key: not this generation's",
                  {{"payment_intent", (**pi).id}});
         pi->reset();
@@ -204,21 +215,22 @@ net::awaitable<verdict> pipeline::settle_found(run& r, const recovery_found& f) 
             auto m = co_await ledger_.mark_declined(
                 r.key, f.charge_id, "declined (found by search): " + f.decline, f.payment_intent_id);
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
-            const bool authenticate = f.intent && (f.intent->status == "requires_action" ||
-                                                   f.intent->last_error_code == "authentication_required");
+            const bool authenticate =
+                f.intent && (stripe::read(*f.intent).moved == stripe::movement::needs_customer ||
+                             f.intent->last_error_code == "authentication_required");
             co_return verdict::finish(
                 authenticate ? verdict_reason::needs_authentication : verdict_reason::declined,
                 f.intent ? "found " + f.decline : "found declined charge " + f.charge->id);
         }
         case found_step::still_open: {
-            // Succeeding but no charge yet: the intent is ours and moving; look again later, never recharge.
-            const auto& pi = *f.intent;
-            auto rel =
-                co_await ledger_.release_lease(r.key, r.lease, "payment intent " + pi.id + " still open");
+            // Succeeding but no charge yet (or a status Stripe's pinned version does not define): the payment
+            // is ours and moving; look again later, never recharge.
+            const std::string what = f.intent ? "payment intent " + f.intent->id : "charge " + f.charge->id;
+            const std::string status = f.intent ? f.intent->status : f.charge->status;
+            auto rel = co_await ledger_.release_lease(r.key, r.lease, what + " still open");
             if (!rel) co_return postgres_failed(r, rel.err(), "release lease");
-            co_return verdict::requeue(
-                verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
-                "payment intent " + pi.id + " is " + pi.status + " without a charge yet");
+            co_return verdict::requeue(verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
+                                       what + " is " + status + " without a settled charge yet");
         }
         case found_step::mark_processing:
             co_return co_await leave_processing(r, f.charge_id, f.payment_intent_id, f.status);

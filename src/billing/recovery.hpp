@@ -47,7 +47,8 @@ enum class found_step {
     mark_charged,     // it succeeded
     mark_declined,    // it failed at once
     mark_processing,  // the money has not moved yet: the row waits for Stripe's final answer
-    still_open,       // an intent succeeding without a charge yet: look again later, never recharge
+    still_open,       // an intent succeeding without a charge yet, or a status the pinned API version
+                      // does not define: look again later, never recharge
 };
 
 struct recovery_found {

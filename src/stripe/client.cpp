@@ -14,6 +14,7 @@
 #include "net/tls.hpp"
 #include "stripe/client_metrics.hpp"
 #include "stripe/error.hpp"
+#include "stripe/fact.hpp"
 #include "stripe/form.hpp"
 #include "stripe/json.hpp"
 #include "stripe/pacer.hpp"
@@ -225,38 +226,60 @@ form_map meta_form(const metadata& m) {
     return out;
 }
 
-// The outcome of POST /v1/charges: a 200 whose charge failed is a decline.
+// The outcome of POST /v1/charges, read through the fact (stripe/fact.hpp): a 200 whose charge failed is a
+// decline; a pending one is in flight; a status the pinned API version does not define says nothing certain,
+// so the row is left for the search (indeterminate) rather than recorded as charged.
 void read_charge(charge_outcome& o, const std::string& body) {
     auto c = parse_charge(body);
     if (!c) return unreadable(o, c.err());
     o.charge_id = c->id;
     o.payment_intent_id = c->payment_intent;
-    if (c->status == "failed") {
+    auto f = read(*c);
+    if (f.moved == movement::failed) {
         o.cls = outcome_class::declined;
         o.message = "charge " + c->id + " failed: " + c->failure_code;
-    } else if (charge_in_flight(c->status)) {
+    } else if (f.moved == movement::in_flight) {
         o.in_flight_status = c->status;
         o.message = "charge " + c->id + " is " + c->status;
+    } else if (f.moved != movement::charged) {
+        o.cls = outcome_class::indeterminate;
+        o.message = "charge " + c->id + ": " + f.reason;
     }
     o.charge = std::move(*c);
 }
 
-// The outcome of a confirmed POST /v1/payment_intents: the charge recorded is the intent's latest_charge.
-// succeeded settled; processing and requires_capture are in flight (in_flight_status: not a charge yet).
-// Anything else means the customer would have to act (requires_action after an on-session
-// confirm; requires_payment_method): a final decline for a billing run.
+// The outcome of a confirmed POST /v1/payment_intents, read through the fact: the charge recorded is the
+// intent's latest_charge. succeeded settled; processing and requires_capture are in flight (in_flight_status:
+// not a charge yet). requires_payment_method, requires_action and canceled mean the customer would have to
+// act: a final decline for a billing run. requires_confirmation (Stripe never tried the payment method: the
+// confirm did not run) and a status the pinned version does not define are not an answer: indeterminate, so
+// the recovery search reads the intent again (where requires_confirmation is "not charged": a new key
+// generation).
 void read_intent(charge_outcome& o, const std::string& body) {
     auto p = parse_payment_intent(body);
     if (!p) return unreadable(o, p.err());
     o.payment_intent_id = p->id;
     o.charge_id = p->latest_charge;
-    if (intent_in_flight(p->status)) {
-        o.in_flight_status = p->status;
-        o.message = "payment intent " + p->id + " is " + p->status;
-    } else if (!intent_succeeded(p->status)) {
-        o.cls = outcome_class::declined;
-        o.message = "payment intent " + p->id + " is " + p->status;
-        if (!p->last_error_code.empty()) o.message += ": " + p->last_error_code;
+    auto f = read(*p);
+    switch (f.moved) {
+        case movement::charged:
+            break;
+        case movement::in_flight:
+        case movement::authorised:
+            o.in_flight_status = p->status;
+            o.message = "payment intent " + p->id + " is " + p->status;
+            break;
+        case movement::failed:
+        case movement::needs_customer:
+        case movement::canceled:
+            o.cls = outcome_class::declined;
+            o.message = "payment intent " + p->id + " is " + p->status;
+            if (!p->last_error_code.empty()) o.message += ": " + p->last_error_code;
+            break;
+        default:
+            o.cls = outcome_class::indeterminate;
+            o.message = "payment intent " + p->id + " is " + p->status + ": " + f.reason;
+            break;
     }
     o.intent = std::move(*p);
 }

@@ -92,7 +92,11 @@ result<payment_intent> to_intent(object o) {
     p.latest_charge = id_or_object(o, "latest_charge");
     p.created = num(o, "created");
     object last;
-    if (!o["last_payment_error"].get_object().get(last)) p.last_error_code = str(last, "code");
+    if (!o["last_payment_error"].get_object().get(last)) {
+        p.last_error_code = str(last, "code");
+        object pm;
+        if (!last["payment_method"].get_object().get(pm)) p.payment_method_type = str(pm, "type");
+    }
     p.metadata = meta(o);
     return p;
 }

@@ -35,12 +35,9 @@ struct charge {
 
 // A bank debit (Stripe's delayed-notification methods): its charge is pending until the bank answers, so a
 // failed one failed after processing, whether or not chargeguard saw it processing. A Charges-API debit of
-// a bank account source reports `ach_debit`; a PaymentIntent's, `us_bank_account`.
-inline bool bank_debit(std::string_view payment_method_type) noexcept {
-    return payment_method_type == "us_bank_account" || payment_method_type == "ach_debit" ||
-           payment_method_type == "sepa_debit" || payment_method_type == "bacs_debit" ||
-           payment_method_type == "acss_debit" || payment_method_type == "au_becs_debit";
-}
+// a bank account source reports `ach_debit`; a PaymentIntent's, `us_bank_account`. Read by stripe/fact.cpp,
+// like the status helpers below.
+bool bank_debit(std::string_view payment_method_type) noexcept;
 
 struct payment_intent {
     std::string id;  // pi_…
@@ -51,23 +48,21 @@ struct payment_intent {
     std::string latest_charge;
     std::int64_t created = 0;
     std::string last_error_code;  // last_payment_error.code (authentication_required, card_declined, …)
+    // last_payment_error.payment_method.type: the method whose attempt failed (us_bank_account for a debit
+    // that failed after processing); empty when Stripe did not say.
+    std::string payment_method_type;
     stripe::metadata metadata;
 };
 
-// A PaymentIntent that succeeded holds the customer's money: the billing event is charged.
-inline bool intent_succeeded(std::string_view status) noexcept {
-    return status == "succeeded";
-}
+// The status helpers below are the fact function's readings (stripe/fact.hpp), for callers holding only a
+// status. A PaymentIntent that succeeded holds the customer's money: the billing event is charged.
+bool intent_succeeded(std::string_view status) noexcept;
 // Money may still move, but has not: `processing` (a bank debit the bank has not answered; it can still
 // fail days later) and `requires_capture` (an authorisation: chargeguard never asks for manual capture, so
 // an intent there is an anomaly, and one nobody captures lapses). Neither is a charge.
-inline bool intent_in_flight(std::string_view status) noexcept {
-    return status == "processing" || status == "requires_capture";
-}
+bool intent_in_flight(std::string_view status) noexcept;
 // A charge `pending` (an ACH debit made through /v1/charges) is in flight the same way.
-inline bool charge_in_flight(std::string_view status) noexcept {
-    return status == "pending";
-}
+bool charge_in_flight(std::string_view status) noexcept;
 
 struct charge_page {
     std::vector<charge> data;
@@ -153,9 +148,7 @@ struct refund {
 };
 
 // A refund that failed or was canceled gave its money back to the charge: it moved nothing.
-inline bool refund_undone(std::string_view status) noexcept {
-    return status == "failed" || status == "canceled";
-}
+bool refund_undone(std::string_view status) noexcept;
 
 struct refund_page {
     std::vector<refund> data;

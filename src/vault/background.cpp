@@ -9,6 +9,7 @@
 #include "net/backoff.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
+#include "stripe/fact.hpp"
 #include "vault/proxy_state.hpp"
 
 namespace cg::vault {
@@ -61,9 +62,13 @@ net::awaitable<void> defer(state_ptr st, const spend_row& row, std::string why) 
 // found nothing carrying the tag.
 enum class looked { resolved, none };
 
-// The customer's PaymentIntents (a /v1/payment_intents row): the intent carrying the tag. Found and not
-// canceled → settled with the intent's id (requires_action, requires_confirmation or
-// requires_payment_method can still move money, so it keeps counting); canceled → released.
+// The customer's PaymentIntents (a /v1/payment_intents row): the intent carrying the tag, read through the
+// fact (stripe/fact.hpp). Money that moved or may still move without a new request keeps counting: settled
+// with the intent (succeeded, processing, requires_capture, requires_action, requires_confirmation). Nothing
+// moved and nothing will under this request → released: canceled, and requires_payment_method (the attempt
+// was declined: the same state a 402 leaves, which the replay releases, and the state a failed debit
+// returns to, which check_in_flight releases; only a new confirm with a new payment method, a request the
+// cap does not govern, could move money).
 net::awaitable<looked> search_intents(state_ptr st, const spend_row& row) {
     auto found = co_await st->stripe->find_payment_intent_by_metadata(
         row.customer, std::string(vault_tag_key), row.idempotency_key, row.reserved_at_unix - 300, 100,
@@ -74,10 +79,10 @@ net::awaitable<looked> search_intents(state_ptr st, const spend_row& row) {
     }
     if (!*found) co_return looked::none;
     const auto& pi = **found;
-    if (pi.status == "canceled") {
+    if (!stripe::money_may_move(stripe::read(pi).moved)) {
         auto r = co_await st->store.release(row.key_id, row.idempotency_key,
-                                            "search: PaymentIntent " + pi.id + " canceled");
-        if (r) resolved(*st, row, "released", "search found canceled PaymentIntent " + pi.id);
+                                            "search: PaymentIntent " + pi.id + " " + pi.status);
+        if (r) resolved(*st, row, "released", "search found " + pi.status + " PaymentIntent " + pi.id);
         co_return looked::resolved;
     }
     auto r = co_await st->store.settle(row.key_id, row.idempotency_key, pi.id);
@@ -98,7 +103,7 @@ net::awaitable<looked> search_charges(state_ptr st, const spend_row& row) {
     }
     if (!*found) co_return looked::none;
     const auto& c = **found;
-    if (c.status == "failed") {
+    if (stripe::read(c).moved == stripe::movement::failed) {
         auto r =
             co_await st->store.release(row.key_id, row.idempotency_key, "search: charge " + c.id + " failed");
         if (r) resolved(*st, row, "released", "search found failed charge " + c.id);
@@ -208,9 +213,9 @@ net::awaitable<void> check_in_flight(state_ptr st, store::in_flight_row row) {
         auto pi = co_await st->stripe->retrieve_payment_intent(row.object_id, row.stripe_account);
         if (!pi) {
             why = pi.err().describe();
-        } else if (stripe::intent_succeeded(pi->status)) {
+        } else if (auto f = stripe::read(*pi); f.moved == stripe::movement::charged) {
             how = end::succeeded;
-        } else if (pi->status == "requires_payment_method" || pi->status == "canceled") {
+        } else if (f.moved == stripe::movement::failed || f.moved == stripe::movement::canceled) {
             how = end::failed;
             why = "PaymentIntent " + pi->id + " " + pi->status + " after " + row.settled_status;
             if (!pi->last_error_code.empty()) why += ": " + pi->last_error_code;
@@ -219,9 +224,9 @@ net::awaitable<void> check_in_flight(state_ptr st, store::in_flight_row row) {
         auto ch = co_await st->stripe->retrieve_charge(row.object_id, row.stripe_account);
         if (!ch) {
             why = ch.err().describe();
-        } else if (ch->status == "succeeded") {
+        } else if (auto f = stripe::read(*ch); f.moved == stripe::movement::charged) {
             how = end::succeeded;
-        } else if (ch->status == "failed") {
+        } else if (f.moved == stripe::movement::failed) {
             how = end::failed;
             why = "charge " + ch->id + " failed after " + row.settled_status + ": " + ch->failure_code;
         }

@@ -167,6 +167,36 @@ BOOST_AUTO_TEST_CASE(the_search_finds_payment_intents_that_made_no_charge_and_re
     BOOST_TEST(again.http.resp.status == 400);
 }
 
+// An off-session PaymentIntent that was declined (requires_payment_method, the state a 402 leaves) moved
+// nothing, and only a new confirm with another payment method — a request the cap does not govern — could:
+// found by the search it is released, as the replay releases a 402 and as the ledger's settlement reads it
+// (stripe/fact.hpp: failed).
+BOOST_AUTO_TEST_CASE(the_search_releases_a_declined_payment_intent) {
+    vault_fixture f;
+    auto k = f.issue(100'000);
+    f.run([](fake::fake_stripe* fk) -> net::awaitable<void> {
+        fk->decline("cus_broke", {"card_declined", "insufficient_funds"});
+        fk->faults().fail_after_create = 1;
+        fk->faults().fault_path = "/v1/payment_intents";
+        co_return;
+    }(f.fake.get()));
+    auto r = f.send(f.post(k.secret, "/v1/payment_intents",
+                           f.charge_body(1000, "cus_broke") + "&payment_method=pm_card_visa&confirm=true",
+                           "pi-declined"));
+    BOOST_TEST(r.status == 500);
+    f.settle_now();
+    BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE state = 'uncertain'") == 1);
+    auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
+        co_return fk->intents();
+    }(f.fake.get()));
+    BOOST_TEST_REQUIRE(intents.size() == 1u);
+    BOOST_TEST(intents[0].status == "requires_payment_method");
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 1u);
+    BOOST_TEST(row_of(f, "pi-declined") == "released:");
+    BOOST_TEST(f.sink.contains("search found requires_payment_method PaymentIntent " + intents[0].id));
+    BOOST_TEST(f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'") == 0);
+}
+
 // Payments that settle later: a reservation settled while its PaymentIntent was still in flight keeps
 // counting until Stripe says how it ended. The intent canceled (the authorisation lapsed; a failed bank debit
 // returns it to requires_payment_method alike) → released, the cap room back exactly once; succeeded →

@@ -115,7 +115,20 @@ BOOST_AUTO_TEST_CASE(found_intent_step_table) {
         {"requires_action", "", found_intent_step::mark_declined},
         {"requires_confirmation", "", found_intent_step::not_charged},
         {"canceled", "", found_intent_step::mark_declined},
+        // A status the pinned API version does not define: the intent exists; never declined or recharged.
+        {"requires_source", "", found_intent_step::still_open},
     };
+    // A bank debit whose attempt failed (last_payment_error.payment_method.type) failed after processing.
+    {
+        cg::stripe::payment_intent pi;
+        pi.id = "pi_1";
+        pi.status = "requires_payment_method";
+        pi.latest_charge = "ch_1";
+        pi.payment_method_type = "us_bank_account";
+        BOOST_TEST((step_for_found_intent(pi) == found_intent_step::mark_processing));
+        pi.payment_method_type = "card";
+        BOOST_TEST((step_for_found_intent(pi) == found_intent_step::mark_declined));
+    }
     for (const auto& r : rows) {
         cg::stripe::payment_intent pi;
         pi.id = "pi_1";

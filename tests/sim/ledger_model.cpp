@@ -1,0 +1,114 @@
+// The ledger: billing_records and the semantics of ledger_sql.hpp's statements, one row per key.
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "world.hpp"
+
+namespace cg::sim::detail {
+
+void world::set_status(row& r, record_status to) {
+    using rs = record_status;
+    const rs from = r.rec.status;
+    bool ok = (from == rs::pending && (to == rs::charged || to == rs::declined || to == rs::processing)) ||
+              (from == rs::processing && (to == rs::charged || to == rs::failed_after_processing));
+    if (!ok)
+        violation("state order: " + r.rec.key + " " + std::string(billing::to_string(from)) + " -> " +
+                  std::string(billing::to_string(to)));
+    r.rec.status = to;
+}
+
+bool world::insert(const delivery& d) {
+    if (rows_.count(d.key)) return false;
+    row r;
+    r.rec.key = d.key;
+    r.rec.customer_id = d.ev.customer_id;
+    r.rec.billing_period = d.ev.billing_period;
+    r.rec.amount_cents = d.ev.amount_cents;
+    r.rec.currency = d.ev.currency;
+    r.rec.stripe_customer_id = d.ev.stripe_customer_id;
+    r.rec.stripe_attempts = 1;
+    r.lease_until = now_ + p_.lease;
+    r.epoch = 1;
+    r.first_attempt = now_;
+    r.last_life = now_;
+    rows_.emplace(d.key, std::move(r));
+    return true;
+}
+
+std::optional<std::int64_t> world::take(const std::string& key) {
+    row* r = find_row(key);
+    if (!r || !r->pending() || (r->lease_until >= 0 && r->lease_until >= now_)) return std::nullopt;
+    r->lease_until = now_ + p_.lease;
+    return ++r->epoch;
+}
+
+std::optional<world::attempted> world::attempt(const std::string& key, std::int64_t epoch) {
+    row* r = find_row(key);
+    if (!r || !r->pending() || r->epoch != epoch) return std::nullopt;
+    ++r->rec.stripe_attempts;
+    if (r->first_attempt < 0) r->first_attempt = now_;
+    r->last_life = now_;
+    r->lease_until = now_ + p_.lease;
+    return attempted{r->rec.key_generation, ++r->epoch};
+}
+
+std::optional<std::int64_t> world::renew(const std::string& key, std::int64_t epoch) {
+    row* r = find_row(key);
+    if (!r || !r->pending() || r->epoch != epoch) return std::nullopt;
+    r->lease_until = now_ + p_.lease;
+    r->last_life = now_;
+    return ++r->epoch;
+}
+
+void world::in_flight_note(const std::string& key, std::int32_t gen) {
+    row* r = find_row(key);
+    if (r && r->pending() && r->rec.key_generation == gen) r->last_life = now_;
+}
+
+bool world::settle(const std::string& key, record_status s, const std::string& charge_id,
+                   const std::string& payment_intent) {
+    row* r = find_row(key);
+    if (!r || !r->pending()) return false;
+    set_status(*r, s);
+    if (!charge_id.empty() && !r->rec.charge_id) r->rec.charge_id = charge_id;
+    if (!payment_intent.empty() && !r->payment_intent_id) r->payment_intent_id = payment_intent;
+    if (s == record_status::processing) r->processing_since = now_;
+    r->lease_until = -1;
+    ++r->epoch;
+    left_pending(*r);
+    return true;
+}
+
+void world::indeterminate(const std::string& key, std::int64_t epoch) {
+    row* r = find_row(key);
+    if (!r || !r->pending()) return;
+    if (r->indeterminate_since < 0) r->indeterminate_since = now_;
+    if (r->epoch == epoch) {
+        r->lease_until = now_ - 1;
+        ++r->epoch;
+    }
+}
+
+void world::release(const std::string& key, std::int64_t epoch) {
+    row* r = find_row(key);
+    if (!r || !r->pending() || r->epoch != epoch) return;
+    r->lease_until = now_ - 1;
+    ++r->epoch;
+}
+
+// The events recorded while the row was pending are applied once the pipeline settled it.
+// They were recorded by the key, the PaymentIntent or the charge they named.
+void world::left_pending(row& r) {
+    std::string names[] = {r.rec.key, r.payment_intent_id.value_or(""), r.rec.charge_id.value_or("")};
+    for (const auto& name : names) {
+        auto it = name.empty() ? stashed_.end() : stashed_.find(name);
+        if (it == stashed_.end()) continue;
+        auto facts = std::move(it->second);
+        stashed_.erase(it);
+        for (const auto& [f, foreign] : facts) apply_to_row(r, f, foreign);
+    }
+}
+
+}  // namespace cg::sim::detail

@@ -1,0 +1,135 @@
+#include "sim.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "billing/key.hpp"
+#include "world.hpp"
+
+namespace cg::sim {
+
+std::string_view to_string(safeguard s) noexcept {
+    switch (s) {
+        case safeguard::write_before_call:
+            return "write_before_call";
+        case safeguard::lease_renewal:
+            return "lease_renewal";
+        case safeguard::search_before_new_key:
+            return "search_before_new_key";
+        case safeguard::same_key_window:
+            return "same_key_window";
+        case safeguard::quiet_period:
+            return "quiet_period";
+        case safeguard::same_payment:
+            return "same_payment";
+        case safeguard::in_flight_not_charged:
+            return "in_flight_not_charged";
+        case safeguard::not_tried_not_declined:
+            return "not_tried_not_declined";
+        case safeguard::failed_debit_processing:
+            return "failed_debit_processing";
+    }
+    return "?";
+}
+
+namespace detail {
+
+void world::check_final() {
+    for (int i = 0; i < static_cast<int>(events_.size()); ++i) {
+        const auto& e = events_[i];
+        const row* r = find_row(e.key);
+        std::vector<const stripe_charge*> moved;
+        for (const auto& c : charges_)
+            if (c.owner == e.key && c.status != "failed") moved.push_back(&c);
+        if (!r) {
+            violation("event " + std::to_string(i) + " has no ledger row once faults stopped");
+            continue;
+        }
+        using rs = record_status;
+        const rs s = r->rec.status;
+        if (s != rs::charged && s != rs::declined && s != rs::failed_after_processing) {
+            violation("event " + std::to_string(i) +
+                      " not final once faults stopped: " + std::string(billing::to_string(s)));
+            continue;
+        }
+        if (s == rs::charged && (moved.size() != 1 || moved[0]->id != r->rec.charge_id.value_or("") ||
+                                 moved[0]->status != "succeeded"))
+            violation("ledger != Stripe: " + e.key + " charged " + r->rec.charge_id.value_or("?") +
+                      ", Stripe has " + std::to_string(moved.size()) + " payment(s)" +
+                      (moved.empty() ? "" : " (" + moved[0]->id + " " + moved[0]->status + ")"));
+        // Never zero times: only a customer whose payment method declines ends declined.
+        if (s == rs::declined && !e.declines)
+            violation("event " + std::to_string(i) + " declined though its customer's payment method pays");
+        if (s != rs::charged && !moved.empty())
+            violation("ledger != Stripe: " + e.key + " " + std::string(billing::to_string(s)) +
+                      ", Stripe has " + moved[0]->id + " " + moved[0]->status);
+    }
+    for (std::size_t i = 0; i < messages_.size(); ++i)
+        if (!messages_[i].done) violation("message m" + std::to_string(i) + " never finished");
+}
+
+run_result world::run() {
+    sidecars_.resize(static_cast<std::size_t>(cfg_.sidecars));
+    for (int i = 0; i < cfg_.events; ++i) {
+        event_spec e;
+        e.ev.customer_id = "cust" + std::to_string(i);
+        e.ev.billing_period = "2026-11";
+        e.ev.amount_cents = 100 + static_cast<std::int64_t>(rnd_.next() % 10'000);
+        e.ev.currency = "usd";
+        e.ev.stripe_customer_id = "cus_" + std::to_string(i);
+        e.key = billing::base_key("sim", e.ev.customer_id, e.ev.billing_period);
+        e.declines = rnd_.chance(0.1);
+        e.debit = !e.declines && rnd_.chance(0.2);
+        // A third of the events name a payment method: charged through a confirmed PaymentIntent.
+        if (rnd_.chance(0.33)) e.ev.payment_method = e.debit ? "pm_usBankAccount" : "pm_card_visa";
+        events_.push_back(std::move(e));
+    }
+    for (int i = 0; i < cfg_.events; ++i) {
+        ms_t t = rnd_.range(0, cfg_.fault_ms / 2);
+        at(t, [this, i] { publish(i); });
+        if (rnd_.chance(0.2))  // the producer publishes it again (re-publication, `reconcile`)
+            at(rnd_.range(t, cfg_.fault_ms), [this, i] { publish(i); });
+    }
+    // Faults of the world beside the flow: foreign webhooks, 429 storms, crashes of idle sidecars.
+    for (ms_t t = 0; t < cfg_.fault_ms; t += rnd_.range(5 * minute, 40 * minute)) {
+        at(t, [this] {
+            if (!faults_) return;
+            int i = static_cast<int>(rnd_.next() % events_.size());
+            bool ok = rnd_.chance(0.5);
+            const std::string n = std::to_string(++seq_);
+            std::string body =
+                charge_event_json("evt_f" + n, ok ? "charge.succeeded" : "charge.failed", now_,
+                                  "ch_foreign" + n, ok ? "succeeded" : "failed", events_[i].key);
+            if (auto f = read_webhook(body)) receive_webhook(*f, true);
+        });
+        if (rnd_.chance(0.1)) at(t, [this] { storm_until_ = now_ + rnd_.range(2 * minute, 10 * minute); });
+    }
+    at(cfg_.fault_ms, [this] {
+        faults_ = false;
+        storm_until_ = -1;
+        note("faults stop");
+    });
+    at(p_.poll_every, [this] { poll(); });
+    const ms_t end = cfg_.fault_ms + p_.horizon;
+    while (!queue_.empty()) {
+        action a = queue_.top();
+        queue_.pop();
+        if (a.at > end) break;
+        now_ = std::max(now_, a.at);
+        ++result_.steps;
+        a.fn();
+    }
+    now_ = end;
+    check_final();
+    result_.digest = digest_;
+    return std::move(result_);
+}
+
+}  // namespace detail
+
+run_result run(const config& c) {
+    detail::world w(c);
+    return w.run();
+}
+
+}  // namespace cg::sim

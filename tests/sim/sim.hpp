@@ -1,0 +1,60 @@
+// A deterministic simulator of the charge flow (docs/design.md §4; docs/testing.md "The simulator"): several
+// sidecars run the pipeline's steps against in-memory models of the ledger (its statements' semantics),
+// nsqd (at-least-once, timeouts, requeues, re-publication), Stripe (the 24 h idempotency cache, a 500 saved
+// after the create, 429, stalls, late execution, bank debits pending then succeeded or failed, list lag,
+// webhooks duplicated, reordered, lost and foreign) and the process (a crash between any two steps, lease
+// expiry), driven by one seeded scheduler on a simulated clock. The rules are the project's own pure
+// functions (billing/decision, billing/outcome, billing/settlement, billing/key, billing/event,
+// stripe/outcome, stripe/fact): the simulator only models what they talk to. No Asio, no sockets, no
+// wall clock: a seed replays bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cg::sim {
+
+// The safeguards of the charge flow, each removable to show the simulator catches its absence.
+enum class safeguard {
+    write_before_call,        // the row and its first attempt are committed before Stripe is called
+    lease_renewal,            // the lease is renewed (or the call noted in flight) while a call is awaited
+    search_before_new_key,    // a new key generation only after a search found no payment with the key
+    same_key_window,          // the same key is re-sent only within 23 h of the first attempt
+    quiet_period,             // a new generation only once no call under the old one showed life for a while
+    same_payment,             // a fact moves a row only when its ids are the row's (settlement's rule)
+    in_flight_not_charged,    // a pending charge is processing, never charged, until Stripe says it settled
+    not_tried_not_declined,   // a PaymentIntent Stripe never tried (requires_confirmation) is no decline
+    failed_debit_processing,  // a debit found failed goes processing (then failed_after_processing), not
+                              // declined
+};
+inline constexpr safeguard all_safeguards[] = {
+    safeguard::write_before_call,     safeguard::lease_renewal,          safeguard::search_before_new_key,
+    safeguard::same_key_window,       safeguard::quiet_period,           safeguard::same_payment,
+    safeguard::in_flight_not_charged, safeguard::not_tried_not_declined, safeguard::failed_debit_processing,
+};
+std::string_view to_string(safeguard s) noexcept;
+
+struct config {
+    std::uint64_t seed = 1;
+    int events = 12;                          // billing events (one key each)
+    int sidecars = 3;                         // consume processes
+    std::int64_t fault_ms = 6 * 3600 * 1000;  // faults happen in [0, fault_ms); then the world settles
+    std::vector<safeguard> removed;           // safeguards switched off
+    bool trace = false;                       // keep the schedule (printed for a failing seed)
+};
+
+struct run_result {
+    std::uint64_t seed = 0;
+    std::vector<std::string> violations;  // empty: every invariant held
+    std::uint64_t deliveries = 0;         // NSQ deliveries to a sidecar
+    std::uint64_t steps = 0;              // scheduled actions run
+    std::uint64_t stripe_creates = 0;     // create requests that reached Stripe
+    std::uint64_t digest = 0;             // a hash of the whole schedule: equal digests, equal runs
+    std::vector<std::string> schedule;    // with config::trace
+};
+
+run_result run(const config& c);
+
+}  // namespace cg::sim

@@ -1,0 +1,231 @@
+// The simulator's world (sim.hpp): its parameters, the state of nsqd, the sidecars and their deliveries, and
+// the one class whose members are the models (ledger_model.cpp, stripe_model.cpp, nsqd_model.cpp), the
+// pipeline's steps (sidecar.cpp) and the run with its invariants (sim.cpp). Internal to tests/sim.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <queue>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "billing/event.hpp"
+#include "billing/settlement.hpp"
+#include "models.hpp"
+#include "sim.hpp"
+#include "stripe/types.hpp"
+
+namespace cg::sim::detail {
+
+using billing::record_status;
+
+// The pipeline's defaults (billing/pipeline.hpp pipeline_config, stripe/config.hpp), and the fault model.
+struct params {
+    ms_t lease = 60 * sec;
+    ms_t renew = 15 * sec;
+    ms_t lease_held_floor = 10 * sec;
+    ms_t max_requeue = hour;
+    ms_t retry_same_key_delay = 5 * sec;
+    ms_t indeterminate_delay = 30 * sec;
+    ms_t quiet = 300 * sec;
+    ms_t client_timeout = 30 * sec;  // one request attempt
+    int client_tries = 3;            // 1 + stripe/retry.hpp max_retries: 429 / 409 / not sent, same key
+    ms_t msg_timeout = 60 * sec;     // nsqd --msg-timeout; TOUCH extends it
+    ms_t poll_after = 10 * minute;   // --processing-poll-after
+    ms_t poll_every = 5 * minute;
+    ms_t idempotency_ttl = 24 * hour;
+    // Stripe runs a request at most this long after it was sent, even when our client gave up on it: the
+    // quiet period must exceed it (docs/design.md §4).
+    ms_t max_late_execution = 240 * sec;
+    ms_t horizon = 5 * 24 * hour;  // after the faults stop, how long the world may take to settle
+};
+
+struct message {
+    int event = 0;
+    std::string body;
+    std::optional<billing::billing_event> parsed;  // the body through billing::parse_event, once
+    int attempts = 0;
+    std::uint64_t token = 0;
+    bool inflight = false;
+    bool done = false;
+    ms_t timeout_at = 0;
+};
+
+struct delivery {
+    int msg = 0;
+    std::uint64_t token = 0;
+    int sidecar = 0;
+    std::uint64_t incarnation = 0;
+    billing::billing_event ev;
+    std::string key;
+    std::int64_t epoch = 0;
+    std::int32_t gen = 1;
+    int call = 0;  // which call of this delivery is outstanding (a late answer to an older one is ignored)
+    bool calling = false;
+    bool row_written = true;  // false: write_before_call removed and the call went first
+};
+
+struct request {
+    int delivery = 0;
+    int call = 0;
+    int attempt = 0;
+    std::string idempotency_key;
+    std::string billing_key;
+    std::int64_t amount = 0;
+    int event = 0;
+    int http = 0;  // Stripe's answer, set when it executes; 0: not yet (or never: not sent)
+    int charge = -1;
+    bool intent = false;  // POST /v1/payment_intents (confirm=true) rather than /v1/charges
+    int intent_idx = -1;
+};
+
+struct sidecar {
+    bool up = true;
+    std::uint64_t incarnation = 0;
+};
+
+struct event_spec {
+    billing::billing_event ev;
+    std::string key;
+    bool declines = false;
+    bool debit = false;
+};
+
+// A Stripe webhook event about a PaymentIntent.
+std::string intent_event_json(const std::string& evt, const std::string& type, ms_t created,
+                              const stripe_intent& pi, const std::string& latest_charge);
+
+struct action {
+    ms_t at;
+    std::uint64_t seq;
+    std::function<void()> fn;
+    bool operator>(const action& o) const { return at != o.at ? at > o.at : seq > o.seq; }
+};
+
+class world {
+  public:
+    explicit world(const config& c) : cfg_(c), rnd_{c.seed} {
+        for (auto s : c.removed) removed_.insert(static_cast<int>(s));
+        result_.seed = c.seed;
+        faults_ = true;
+    }
+
+    run_result run();
+
+  private:
+    // ---- scheduling ----
+    void at(ms_t t, std::function<void()> fn) { queue_.push({t, ++seq_, std::move(fn)}); }
+    void note(const std::string& what) {
+        // FNV-1a over the schedule: two runs of one seed agree iff their digests do.
+        for (unsigned char ch : what) digest_ = (digest_ ^ ch) * 0x100000001b3ULL;
+        digest_ = (digest_ ^ static_cast<std::uint64_t>(now_)) * 0x100000001b3ULL;
+        if (cfg_.trace) result_.schedule.push_back(std::to_string(now_) + " " + what);
+    }
+    void violation(const std::string& what) {
+        note("VIOLATION " + what);
+        if (result_.violations.size() < 20)
+            result_.violations.push_back("t=" + std::to_string(now_) + "ms " + what);
+    }
+    bool has(safeguard s) const { return !removed_.count(static_cast<int>(s)); }
+    bool fault(double p) { return faults_ && rnd_.chance(p); }
+    ms_t pg() { return rnd_.range(1, 20); }
+
+    // ---- ledger (ledger_sql.hpp's statements) ----
+    row* find_row(const std::string& key) {
+        auto it = rows_.find(key);
+        return it == rows_.end() ? nullptr : &it->second;
+    }
+    void set_status(row& r, record_status to);
+    void left_pending(row& r);
+    bool insert(const delivery& d);
+    std::optional<std::int64_t> take(const std::string& key);
+    struct attempted {
+        std::int32_t gen;
+        std::int64_t epoch;
+    };
+    std::optional<attempted> attempt(const std::string& key, std::int64_t epoch);
+    std::optional<std::int64_t> renew(const std::string& key, std::int64_t epoch);
+    void in_flight_note(const std::string& key, std::int32_t gen);
+    bool settle(const std::string& key, record_status s, const std::string& charge_id,
+                const std::string& payment_intent = {});
+    void indeterminate(const std::string& key, std::int64_t epoch);
+    void release(const std::string& key, std::int64_t epoch);
+
+    // ---- Stripe ----
+    void stripe_execute(int req);
+    void money_check(const std::string& billing_key);
+    void emit_webhook(int charge);
+    void emit_intent_webhook(int intent);
+    void create_intent(request& q, const event_spec& e);
+    void settle_debit(int charge);
+    void receive_webhook(const billing::payment_fact& f, bool foreign);
+    std::optional<billing::payment_fact> read_webhook(const std::string& body);
+    void apply_to_row(row& r, const billing::payment_fact& f, bool foreign);
+    void poll();
+
+    // ---- nsqd ----
+    void publish(int event);
+    void deliver(int msg);
+    void fin(const delivery& d);
+    void req(const delivery& d, ms_t delay);
+    void touch(const delivery& d);
+    void timeout_check(int msg, std::uint64_t token);
+
+    // ---- the sidecars: one delivery's steps (docs/design.md §4) ----
+    bool alive(int id);
+    void crash(int sc);
+    void start(int id);
+    void preflight(int id);
+    void decide(int id, const row& r);
+    void take_step(int id);
+    void attempt_then_call(int id);
+    void call(int id);
+    void send(int id, int call, int attempt);
+    void transmit(int id, int call, int attempt, int req);
+    void answered(int id, int call, int attempt, int req, bool timed_out);
+    void finish_call(int id, const stripe::charge_outcome& out, int charge, const std::string& intent);
+    void search(int id);
+    void search_intents(int id);
+    void bump(int id);
+    void renew_tick(int id, int call);
+
+    void check_final();
+
+    config cfg_;
+    params p_;
+    rng rnd_;
+    std::unordered_set<int> removed_;
+    bool faults_ = true;
+    ms_t now_ = 0;
+    std::uint64_t seq_ = 0;
+    std::uint64_t digest_ = 0xcbf29ce484222325ULL;
+    std::priority_queue<action, std::vector<action>, std::greater<>> queue_;
+    run_result result_;
+
+    std::vector<event_spec> events_;
+    std::unordered_map<std::string, row> rows_;
+    std::unordered_map<std::string, std::vector<std::pair<billing::payment_fact, bool>>>
+        stashed_;  // for pending rows
+    std::vector<stripe_charge> charges_;
+    std::vector<stripe_intent> intents_;
+    std::unordered_map<std::string, saved_answer> saved_;
+    std::unordered_map<std::string, int> live_;  // succeeded or pending charges by billing key
+    std::vector<request> requests_;
+    std::vector<message> messages_;
+    std::vector<delivery> deliveries_;
+    std::vector<sidecar> sidecars_;
+    std::uint64_t tokens_ = 0;
+    int events_sent_ = 0;
+    ms_t storm_until_ = -1;  // a 429 storm: Stripe refuses most requests, the client waits for its pacer
+};
+
+// A Stripe webhook event about a charge, as Stripe sends it.
+std::string charge_event_json(const std::string& evt, const std::string& type, ms_t created,
+                              const std::string& id, const std::string& status, const std::string& key,
+                              const std::string& payment_intent = {});
+
+}  // namespace cg::sim::detail
