@@ -36,6 +36,7 @@
 #include "net/offload.hpp"
 #include "pg/rows.hpp"
 #include "stripe/client.hpp"
+#include "stripe/fact.hpp"
 #include "stripe/types.hpp"
 
 // g++ 12 at -O2 reports a false positive on Asio's coroutine frame allocator (GCC bug 109224), as the
@@ -455,7 +456,8 @@ void decide_stripe_customer(explanation& x) {
     std::vector<std::pair<std::string, std::string>> paid;  // (charge, customer id)
     if (c.stripe_asked) {
         for (const auto& ch : c.charges)
-            if (ch.status == "succeeded") paid.emplace_back(ch.id, ch.customer_id);
+            if (stripe::charge_movement(ch.status) == stripe::movement::charged)
+                paid.emplace_back(ch.id, ch.customer_id);
     } else {
         for (const auto& r : c.rows)
             if (r.status == "charged") paid.emplace_back(r.charge_id.value_or("-"), r.customer_id);

@@ -31,6 +31,7 @@
 #include "nsq/producer.hpp"
 #include "nsq/proto/commands.hpp"
 #include "stripe/client.hpp"
+#include "stripe/fact.hpp"
 
 // g++ 12 at -O2 reports a false positive on Asio's coroutine frame allocator (GCC bug 109224), as the
 // billing library does with -Wno-mismatched-new-delete.
@@ -103,7 +104,7 @@ net::awaitable<bool> settle_open_intent(retry_ctx& x, const billing::retry_candi
             ++x.n.charged;
             co_return false;
         }
-        if (pi->status == "canceled") co_return true;
+        if (stripe::intent_movement(pi->status) == stripe::movement::canceled) co_return true;
         if (stripe::intent_in_flight(pi->status)) {
             std::printf("%s: payment intent %s is %s (money may still move): not retried\n", who(c).c_str(),
                         id.c_str(), pi->status.c_str());

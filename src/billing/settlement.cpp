@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "stripe/error.hpp"
+#include "stripe/fact.hpp"
 
 namespace cg::billing {
 
@@ -84,20 +85,37 @@ fact_kind fact_kind_for_event(std::string_view type) noexcept {
     return fact_kind::unknown_type;
 }
 
+// The poll's retrieve, read as the event it stands for: the movement is stripe/fact's reading, so a status
+// means the same here as to the create call, the recovery search and the webhook receiver.
 fact_kind fact_kind_for_intent_status(std::string_view status) noexcept {
-    if (status == "succeeded") return fact_kind::succeeded;
-    // requires_capture: an authorisation nobody captures lapses (then canceled): money has not moved yet.
-    if (status == "processing" || status == "requires_capture") return fact_kind::processing;
-    // After processing, a failed debit returns the intent to requires_payment_method.
-    if (status == "requires_payment_method" || status == "canceled") return fact_kind::failed;
-    return fact_kind::no_news;
+    switch (stripe::intent_movement(status)) {
+        case stripe::movement::charged:
+            return fact_kind::succeeded;
+        // requires_capture: an authorisation nobody captures lapses (then canceled): money has not moved yet.
+        case stripe::movement::in_flight:
+        case stripe::movement::authorised:
+            return fact_kind::processing;
+        // After processing, a failed debit returns the intent to requires_payment_method.
+        case stripe::movement::failed:
+        case stripe::movement::canceled:
+            return fact_kind::failed;
+        default:
+            // requires_action, requires_confirmation: nothing moved, and only someone acting moves it.
+            return fact_kind::no_news;
+    }
 }
 
 fact_kind fact_kind_for_charge_status(std::string_view status) noexcept {
-    if (status == "succeeded") return fact_kind::succeeded;
-    if (status == "pending") return fact_kind::processing;
-    if (status == "failed") return fact_kind::failed;
-    return fact_kind::no_news;
+    switch (stripe::charge_movement(status)) {
+        case stripe::movement::charged:
+            return fact_kind::succeeded;
+        case stripe::movement::in_flight:
+            return fact_kind::processing;
+        case stripe::movement::failed:
+            return fact_kind::failed;
+        default:
+            return fact_kind::no_news;
+    }
 }
 
 namespace {
@@ -191,24 +209,16 @@ int payment_rank(record_status s) noexcept {
     }
 }
 
-// Stripe's dispute statuses in the order a dispute can pass them: an inquiry (warning_*) first, since an
-// inquiry may escalate into a chargeback and never the other way; a chargeback's end beats its review.
+// Two readings of a dispute keep the later status in the order a dispute can pass them (stripe/fact).
 std::tuple<int, std::string_view> dispute_rank(std::string_view s) {
-    if (s.empty()) return {0, s};
-    if (s == "lost") return {8, s};
-    if (s == "won") return {7, s};
-    if (s == "under_review") return {6, s};
-    if (s == "needs_response") return {5, s};
-    if (s == "warning_closed") return {4, s};
-    if (s == "warning_under_review") return {3, s};
-    if (s == "warning_needs_response") return {2, s};
-    return {1, s};  // a status added later
+    return {stripe::dispute_order(s), s};
 }
 
 // An inquiry (warning_needs_response, warning_under_review, warning_closed) withdraws no money: it is
 // recorded as the dispute's status but does not count as disputed money.
 bool inquiry(std::string_view status) noexcept {
-    return status.starts_with("warning_");
+    const auto m = stripe::dispute_movement(status);
+    return m == stripe::movement::inquiry || m == stripe::movement::inquiry_closed;
 }
 
 bool proves_success(fact_kind k) noexcept {

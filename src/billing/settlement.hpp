@@ -47,7 +47,7 @@ std::string_view to_string(fact_kind k) noexcept;
 
 // The fact kind of a webhook event type; unknown_type for the rest.
 fact_kind fact_kind_for_event(std::string_view type) noexcept;
-// The fact a retrieved PaymentIntent's or charge's status states (the poll).
+// The fact a retrieved PaymentIntent's or charge's status states (the poll), as stripe/fact reads the status.
 fact_kind fact_kind_for_intent_status(std::string_view status) noexcept;
 fact_kind fact_kind_for_charge_status(std::string_view status) noexcept;
 

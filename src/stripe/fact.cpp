@@ -49,7 +49,7 @@ constexpr std::array refund_statuses{
                    "the refund was canceled: the money stays with the charge"},
 };
 
-// Dispute statuses (API 2024-06-20).
+// Dispute statuses (API 2024-06-20), in the order a dispute can pass them (dispute_order reads it).
 constexpr std::array dispute_statuses{
     status_reading{"warning_needs_response", movement::inquiry, "an inquiry: no funds withdrawn yet"},
     status_reading{"warning_under_review", movement::inquiry,
@@ -156,6 +156,13 @@ movement refund_movement(std::string_view status) noexcept {
 }
 movement dispute_movement(std::string_view status) noexcept {
     return movement_in(dispute_statuses, status);
+}
+
+int dispute_order(std::string_view status) noexcept {
+    if (status.empty()) return 0;
+    for (std::size_t i = 0; i < dispute_statuses.size(); ++i)
+        if (dispute_statuses[i].status == status) return static_cast<int>(i) + 2;
+    return 1;
 }
 
 bool final_movement(object_kind k, movement m) noexcept {

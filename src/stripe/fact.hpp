@@ -67,6 +67,12 @@ movement refund_movement(std::string_view status) noexcept;
 movement dispute_movement(std::string_view status) noexcept;
 bool final_movement(object_kind k, movement m) noexcept;
 
+// Where a dispute status stands in the order a dispute can pass them: an inquiry (warning_*) first, since an
+// inquiry may escalate into a chargeback and never the other way, then the chargeback, whose end beats its
+// review, and a loss beats a win. 0 for no status, 1 for one the pinned API version does not define (below
+// every defined one). Two readings of the same dispute keep the later of the two.
+int dispute_order(std::string_view status) noexcept;
+
 // The payment_method_details.type values Stripe settles later (delayed notification bank debits).
 bool bank_debit_type(std::string_view payment_method_type) noexcept;
 

@@ -24,7 +24,8 @@ void world::search(int id) {
     const stripe_charge* found = nullptr;
     for (auto it = charges_.rbegin(); it != charges_.rend(); ++it) {  // newest first, as Stripe lists
         const auto& c = *it;
-        if (c.billing_key != d.key || c.visible_at > now_ || c.created < r.first_attempt - 24 * hour)
+        if (c.billing_key != d.key || c.visible_at > now_ || c.created < r.first_attempt - 24 * hour ||
+            retried_payments_.count(c.id))
             continue;
         if (!found || (found->status == "failed" && c.status != "failed")) found = &c;
     }
@@ -70,7 +71,8 @@ void world::search_intents(int id) {
     const row& r = *find_row(d.key);
     const stripe_intent* found = nullptr;
     for (auto it = intents_.rbegin(); it != intents_.rend() && !found; ++it)
-        if (it->billing_key == d.key && it->visible_at <= now_ && it->created >= r.first_attempt - 24 * hour)
+        if (it->billing_key == d.key && it->visible_at <= now_ &&
+            it->created >= r.first_attempt - 24 * hour && !retried_payments_.count(it->id))
             found = &*it;
     stripe::payment_intent p;
     if (found) {

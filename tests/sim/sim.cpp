@@ -28,6 +28,8 @@ std::string_view to_string(safeguard s) noexcept {
             return "not_tried_not_declined";
         case safeguard::failed_debit_processing:
             return "failed_debit_processing";
+        case safeguard::cancel_before_retry:
+            return "cancel_before_retry";
     }
     return "?";
 }
@@ -57,9 +59,12 @@ void world::check_final() {
             violation("ledger != Stripe: " + e.key + " charged " + r->rec.charge_id.value_or("?") +
                       ", Stripe has " + std::to_string(moved.size()) + " payment(s)" +
                       (moved.empty() ? "" : " (" + moved[0]->id + " " + moved[0]->status + ")"));
-        // Never zero times: only a customer whose payment method declines ends declined.
-        if (s == rs::declined && !e.declines)
+        // Never zero times: only a customer whose payment method declines (or asks them to authenticate)
+        // ends declined, and not once the operator retried it with the payment method fixed.
+        if (s == rs::declined && !e.declines && !e.needs_auth)
             violation("event " + std::to_string(i) + " declined though its customer's payment method pays");
+        if (s == rs::declined && e.retry)
+            violation("event " + std::to_string(i) + " still declined though the operator retried it");
         if (s != rs::charged && !moved.empty())
             violation("ledger != Stripe: " + e.key + " " + std::string(billing::to_string(s)) +
                       ", Stripe has " + moved[0]->id + " " + moved[0]->status);
@@ -82,6 +87,14 @@ run_result world::run() {
         e.debit = !e.declines && rnd_.chance(0.2);
         // A third of the events name a payment method: charged through a confirmed PaymentIntent.
         if (rnd_.chance(0.33)) e.ev.payment_method = e.debit ? "pm_usBankAccount" : "pm_card_visa";
+        // Some card intents are on-session and stop at requires_action (3-D Secure): declined
+        // (needs_authentication) until the customer authenticates or the operator retries.
+        if (e.ev.uses_payment_intent() && !e.declines && !e.debit && rnd_.chance(0.3)) {
+            e.needs_auth = true;
+            e.ev.off_session = false;
+        }
+        // The operator retries most declines once the customer fixed the payment method.
+        e.retry = (e.declines || e.needs_auth) && rnd_.chance(0.6);
         events_.push_back(std::move(e));
     }
     for (int i = 0; i < cfg_.events; ++i) {
@@ -110,6 +123,7 @@ run_result world::run() {
         note("faults stop");
     });
     at(p_.poll_every, [this] { poll(); });
+    at(rnd_.range(hour, 4 * hour), [this] { operator_run(); });
     const ms_t end = cfg_.fault_ms + p_.horizon;
     while (!queue_.empty()) {
         action a = queue_.top();

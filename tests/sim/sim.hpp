@@ -1,12 +1,12 @@
 // A deterministic simulator of the charge flow (docs/design.md §4; docs/testing.md "The simulator"): several
-// sidecars run the pipeline's steps against in-memory models of the ledger (its statements' semantics),
-// nsqd (at-least-once, timeouts, requeues, re-publication), Stripe (the 24 h idempotency cache, a 500 saved
-// after the create, 429, stalls, late execution, bank debits pending then succeeded or failed, list lag,
-// webhooks duplicated, reordered, lost and foreign) and the process (a crash between any two steps, lease
-// expiry), driven by one seeded scheduler on a simulated clock. The rules are the project's own pure
-// functions (billing/decision, billing/outcome, billing/settlement, billing/key, billing/event,
-// stripe/outcome, stripe/fact): the simulator only models what they talk to. No Asio, no sockets, no
-// wall clock: a seed replays bit for bit.
+// sidecars run the pipeline's steps, and the operator's retry-declined, against in-memory models of the
+// ledger (its statements' semantics), nsqd (at-least-once, timeouts, requeues, re-publication), Stripe (the
+// 24 h idempotency cache, a 500 saved after the create, 429, stalls, late execution, bank debits pending then
+// succeeded or failed, list lag, webhooks duplicated, reordered, lost and foreign) and the process (a crash
+// between any two steps, lease expiry), driven by one seeded scheduler on a simulated clock. The rules are
+// the project's own pure functions (billing/decision, billing/outcome, billing/settlement, billing/key,
+// billing/event, stripe/outcome, stripe/fact): the simulator only models what they talk to. No Asio, no
+// sockets, no wall clock: a seed replays bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -28,11 +28,13 @@ enum class safeguard {
     not_tried_not_declined,   // a PaymentIntent Stripe never tried (requires_confirmation) is no decline
     failed_debit_processing,  // a debit found failed goes processing (then failed_after_processing), not
                               // declined
+    cancel_before_retry,      // retry-declined cancels the intent a decline left open before reopening
 };
 inline constexpr safeguard all_safeguards[] = {
     safeguard::write_before_call,     safeguard::lease_renewal,          safeguard::search_before_new_key,
     safeguard::same_key_window,       safeguard::quiet_period,           safeguard::same_payment,
     safeguard::in_flight_not_charged, safeguard::not_tried_not_declined, safeguard::failed_debit_processing,
+    safeguard::cancel_before_retry,
 };
 std::string_view to_string(safeguard s) noexcept;
 

@@ -51,11 +51,12 @@ void world::stripe_execute(int rq) {
     ch.created = now_;
     ch.visible_at = now_ + (fault(0.3) ? rnd_.range(0, 20 * sec) : 0);
     ch.payment_method_type = e.debit ? (rnd_.chance(0.5) ? "ach_debit" : "sepa_debit") : "card";
-    ch.status = e.declines ? "failed" : e.debit ? "pending" : "succeeded";
+    const bool declines = e.declines && !e.fixed;
+    ch.status = declines ? "failed" : e.debit ? "pending" : "succeeded";
     int idx = static_cast<int>(charges_.size());
     charges_.push_back(ch);
     q.charge = idx;
-    q.http = e.declines ? 402 : 200;
+    q.http = declines ? 402 : 200;
     if (fault(0.03)) q.http = 500;  // the create ran, then Stripe failed: the 500 is saved and replayed
     saved_[q.idempotency_key] = {now_, q.http, idx};
     if (ch.status != "failed") {
@@ -84,6 +85,20 @@ void world::create_intent(request& q, const event_spec& e) {
         emit_intent_webhook(pidx);
         return;
     }
+    if (e.needs_auth && !e.fixed) {
+        // On-session, the card asks for 3-D Secure: the intent waits for the customer, no charge yet (200).
+        pi.status = pi.created_status = "requires_action";
+        intents_.push_back(pi);
+        q.http = 200;
+        saved_[q.idempotency_key] = {now_, q.http, -1, pidx};
+        emit_intent_webhook(pidx);
+        // Some customers the operator retries authenticate the old intent meanwhile (a row nobody retries
+        // learns of it only by its webhook, which the fault model may lose for good).
+        if (e.retry && rnd_.chance(0.3))
+            at(now_ + rnd_.range(minute, 2 * hour), [this, pidx] { authenticate(pidx); });
+        return;
+    }
+    const bool declines = e.declines && !e.fixed;
     stripe_charge ch;
     ch.id = "ch_" + std::to_string(charges_.size() + 1);
     ch.owner = q.billing_key;  // no metadata: Stripe does not copy the intent's to its charge
@@ -93,17 +108,17 @@ void world::create_intent(request& q, const event_spec& e) {
     ch.created = now_;
     ch.visible_at = pi.visible_at;
     ch.payment_method_type = e.debit ? "us_bank_account" : "card";
-    ch.status = e.declines ? "failed" : e.debit ? "pending" : "succeeded";
+    ch.status = declines ? "failed" : e.debit ? "pending" : "succeeded";
     const int idx = static_cast<int>(charges_.size());
     charges_.push_back(ch);
     pi.charge = idx;
-    pi.status = pi.created_status = e.declines ? "requires_payment_method"
-                                    : e.debit  ? "processing"
-                                               : "succeeded";
-    if (e.declines) pi.failed_method = ch.payment_method_type;
+    pi.status = pi.created_status = declines  ? "requires_payment_method"
+                                    : e.debit ? "processing"
+                                              : "succeeded";
+    if (declines) pi.failed_method = ch.payment_method_type;
     intents_.push_back(pi);
     q.charge = idx;
-    q.http = e.declines ? 402 : 200;
+    q.http = declines ? 402 : 200;
     if (fault(0.03)) q.http = 500;
     saved_[q.idempotency_key] = {now_, q.http, idx, pidx};
     if (ch.status != "failed") {
@@ -113,6 +128,33 @@ void world::create_intent(request& q, const event_spec& e) {
     emit_webhook(idx);
     emit_intent_webhook(pidx);
     if (e.debit) at(now_ + rnd_.range(10 * minute, 12 * hour), [this, idx] { settle_debit(idx); });
+}
+
+// The customer completes 3-D Secure on an intent left requires_action (while it is not canceled): it
+// succeeds with a charge of its own.
+void world::authenticate(int pidx) {
+    stripe_intent& pi = intents_[pidx];
+    if (!faults_ || pi.status != "requires_action") return;
+    stripe_charge ch;
+    ch.id = "ch_" + std::to_string(charges_.size() + 1);
+    ch.owner = pi.billing_key;
+    ch.payment_intent = pi.id;
+    ch.idempotency_key = "(customer)";
+    for (const auto& e : events_)
+        if (e.key == pi.billing_key) ch.amount = e.ev.amount_cents;
+    ch.created = now_;
+    ch.visible_at = now_;
+    ch.payment_method_type = "card";
+    ch.status = "succeeded";
+    const int idx = static_cast<int>(charges_.size());
+    charges_.push_back(ch);
+    pi.charge = idx;
+    pi.status = "succeeded";
+    note("customer authenticates " + pi.id);
+    ++live_[ch.owner];
+    money_check(ch.owner);
+    emit_webhook(idx);
+    emit_intent_webhook(pidx);
 }
 
 void world::settle_debit(int idx) {
@@ -181,6 +223,8 @@ void world::emit_intent_webhook(int idx) {
     std::string type = pi.status == "succeeded"                 ? "payment_intent.succeeded"
                        : pi.status == "processing"              ? "payment_intent.processing"
                        : pi.status == "requires_payment_method" ? "payment_intent.payment_failed"
+                       : pi.status == "requires_action"         ? "payment_intent.requires_action"
+                       : pi.status == "canceled"                ? "payment_intent.canceled"
                                                                 : "payment_intent.created";
     std::string body = intent_event_json("evt_" + std::to_string(++seq_), type, now_, pi,
                                          pi.charge >= 0 ? charges_[pi.charge].id : std::string());

@@ -93,6 +93,9 @@ struct event_spec {
     std::string key;
     bool declines = false;
     bool debit = false;
+    bool needs_auth = false;  // an on-session card intent that stops at requires_action
+    bool retry = false;       // the operator runs retry-declined on its declined row
+    bool fixed = false;       // the payment method was fixed (at the retry): it pays from then on
 };
 
 // A Stripe webhook event about a PaymentIntent.
@@ -166,6 +169,12 @@ class world {
     std::optional<billing::payment_fact> read_webhook(const std::string& body);
     void apply_to_row(row& r, const billing::payment_fact& f, bool foreign);
     void poll();
+    void authenticate(int intent);
+
+    // ---- the operator: retry-declined (app/cmd_retry.cpp, billing/retry_store.hpp) ----
+    void operator_run();
+    void retry_look(int event, int round);
+    void reopen(int event);
 
     // ---- nsqd ----
     void publish(int event);
@@ -213,7 +222,8 @@ class world {
     std::vector<stripe_charge> charges_;
     std::vector<stripe_intent> intents_;
     std::unordered_map<std::string, saved_answer> saved_;
-    std::unordered_map<std::string, int> live_;  // succeeded or pending charges by billing key
+    std::unordered_map<std::string, int> live_;         // succeeded or pending charges by billing key
+    std::unordered_set<std::string> retried_payments_;  // billing_retries: the old payments of a retried row
     std::vector<request> requests_;
     std::vector<message> messages_;
     std::vector<delivery> deliveries_;

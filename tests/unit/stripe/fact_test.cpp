@@ -4,6 +4,7 @@
 #include "stripe/fact.hpp"
 
 #include <boost/test/unit_test.hpp>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -140,6 +141,23 @@ BOOST_AUTO_TEST_CASE(status_helpers_are_the_fact_s_readings) {
                    movement::not_tried, movement::unknown})
         BOOST_TEST(money_may_move(m), to_string(m));
     for (auto m : {movement::failed, movement::canceled}) BOOST_TEST(!money_may_move(m), to_string(m));
+}
+
+// The order a dispute passes its statuses: an inquiry before the chargeback it may become, a decision after
+// the review, a loss over a win; a status the version does not define below every defined one.
+BOOST_AUTO_TEST_CASE(dispute_statuses_in_the_order_a_dispute_passes_them) {
+    const char* order[] = {"warning_needs_response",
+                           "warning_under_review",
+                           "warning_closed",
+                           "needs_response",
+                           "under_review",
+                           "won",
+                           "lost"};
+    BOOST_TEST(dispute_order("") == 0);
+    BOOST_TEST(dispute_order("charge_refunded") == 1);
+    BOOST_TEST(dispute_order("charge_refunded") < dispute_order(order[0]));
+    for (std::size_t i = 1; i < std::size(order); ++i)
+        BOOST_TEST(dispute_order(order[i - 1]) < dispute_order(order[i]), order[i - 1] << " < " << order[i]);
 }
 
 // payment_method_details.type: which methods settle later (a failed one failed after processing).
