@@ -137,6 +137,8 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
     schema_gate gate(rt, pool, ms);
     rt.startup().require("upstream", "the upstream (first successful probe)",
                          [px = p->get()] { return px->upstream_reached_once(); });
+    sopts.metrics = &rt.metrics();
+    sopts.listener = "proxy";
     http::server server(rt.io().get_executor(), (*p)->routes(), std::move(sopts), log);
     auto ep = server.listen(listen);
     if (!ep) {

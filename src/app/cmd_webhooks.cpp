@@ -122,6 +122,8 @@ int run_webhooks(const webhooks_flags& f, const global_flags& g) {
     rt.startup().require("postgres", "PostgreSQL (first connection)");
     schema_gate gate(rt, pool, ms);
     webhook_receiver receiver(std::move(cfg), pool, log, rt.metrics());
+    sopts.metrics = &rt.metrics();
+    sopts.listener = "webhooks";
     http::server server(rt.io().get_executor(), receiver.routes(), std::move(sopts), log);
     auto ep = server.listen(listen);
     if (!ep) {

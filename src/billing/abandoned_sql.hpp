@@ -11,6 +11,17 @@ inline const std::string record_active = "greatest(updated_at, coalesce(lease_un
 // The row holds no live lease (it expired, was released or was never taken).
 inline const std::string record_unleased = "(lease_until IS NULL OR lease_until < now())";
 
+// A webhook event found the pending row and was deferred (billing::settle_result::deferred): Stripe holds a
+// payment carrying the row's key while no worker holds its lease, so the worker that made the payment is
+// gone or has let go. The sweeper takes such a row up at its next sweep instead of waiting for the sweep
+// bound: only the pipeline's recovery, under the lease, may settle a pending row (settlement.hpp), and the
+// bound only keeps the sweeper from doing a live message's work, never safety. Found through the event's
+// billing_key (indexed); a pending row holds no Stripe id, so metadata is how such an event found it.
+// `billing_records` is the row's table, unaliased.
+inline const std::string record_has_deferred_fact =
+    "EXISTS (SELECT 1 FROM stripe_webhook_events e WHERE e.billing_key = billing_records.key "
+    "AND e.applied_to = billing_records.key AND e.outcome = 'deferred')";
+
 // The newest Stripe attempt or renewal among the moves of revision `c`, as mv.last_attempt: joined after
 // `FROM billing_corrections c`.
 inline const std::string revision_moves_join =

@@ -261,8 +261,9 @@ settlement_change apply_fact(const settlement_row& row, const payment_fact& f) {
                                                  : "names another payment than the row's";
         return c;
     }
-    // A pending row's ids are the pipeline's to record (Stripe's answer, or its recovery's retrieve); the
-    // recorded fact is applied then, by those ids.
+    // A pending row's ids are the pipeline's to record (Stripe's answer, or its recovery's search, under the
+    // row's lease); the recorded fact is applied then, by those ids. A deferred fact also sends the row to
+    // the sweeper's next sweep once no worker holds its lease (abandoned_sql::record_has_deferred_fact).
     if (row.status == record_status::pending) {
         c.result = settle_result::deferred;
         c.note = "row pending: applied once the pipeline settles it";

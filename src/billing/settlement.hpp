@@ -89,12 +89,15 @@ struct settlement_row {
 enum class settle_result {
     applied,        // the row changed
     no_change,      // a fact the row already holds (a duplicate, a stale processing, a lower amount)
-    deferred,       // the row is pending: the pipeline applies it after settling the row
+    deferred,       // the row is pending: the pipeline applies it after settling the row; a row no worker
+                    // holds the lease of is taken up by the sweeper's next sweep
     other_payment,  // the fact is not provably the row's payment: another PaymentIntent or charge (an
                     // earlier attempt, another integration's charge carrying the same metadata), ids that
                     // reach none the row holds, or another Stripe account
-    unconfirmed,    // found by metadata only, the row holding no Stripe id yet: never applied on metadata;
-                    // the row's own ids, once recorded, decide (apply_recorded)
+    unconfirmed,    // found by metadata only, a row past pending holding no Stripe id (cap_blocked,
+                    // conflict, failed, declined without a charge): never applied. A retrieve would not
+                    // prove it either: a retrieved object does not carry the key generation it was made
+                    // under, and a hand-made charge matches metadata, customer and amount alike
     unknown_type,   // counted, ignored
 };
 std::string_view to_string(settle_result r) noexcept;

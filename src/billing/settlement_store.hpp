@@ -21,7 +21,9 @@
 // [billing_key]; an event naming no row is recorded and counted (unknown_object). Finding is not proving:
 // the fact moves the row only when its ids reach an id the row holds, in the row's Stripe account
 // (billing::link_payment); a fact about another payment is other_payment, and one that found a row holding
-// no Stripe id by metadata alone is unconfirmed (applied by the row's ids once the pipeline records them).
+// no Stripe id by metadata alone is deferred while the row is pending (the pipeline's recovery, under the
+// lease, records the row's ids and the fact is applied by them: the sweeper takes such a row up at its next
+// sweep) and unconfirmed otherwise (changes nothing).
 // The row is locked (FOR UPDATE) while the step runs, so concurrent events for one row apply one after the
 // other. A row that becomes failed_after_processing gets its dead letter in the same transaction, from the
 // delivery that left it processing (billing_records.nsq_topic, nsq_channel, raw_body), once per delivery.

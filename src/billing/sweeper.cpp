@@ -33,7 +33,9 @@ milliseconds sweep_interval(milliseconds bound) noexcept {
 namespace {
 
 // Pending rows of one key namespace whose lease expired (or was released) and whose last activity —
-// greatest(updated_at, lease_until) — is older than $2 ms, least recently active first, as the ledger's
+// greatest(updated_at, lease_until) — is older than $2 ms, or for which a webhook already brought Stripe's
+// word of a payment (a deferred event: see abandoned_sql::record_has_deferred_fact), least recently active
+// first, as the ledger's
 // whole-row statements read them (stored columns, remaining lease, lease epoch) plus the event's other
 // fields. The partial index billing_records_pending_lease_idx holds the pending rows.
 const std::string& abandoned_sql() {
@@ -43,8 +45,8 @@ const std::string& abandoned_sql() {
         ", greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch, "
         "description, payment_method, off_session "
         "FROM billing_records WHERE status = 'pending' AND key_namespace = $1::text AND " +
-        record_unleased + " AND " + record_active +
-        " < now() - $2::bigint * interval '1 millisecond' ORDER BY " + record_active + " LIMIT $3::bigint";
+        record_unleased + " AND (" + record_active + " < now() - $2::bigint * interval '1 millisecond' OR " +
+        record_has_deferred_fact + ") ORDER BY " + record_active + " LIMIT $3::bigint";
     return sql;
 }
 

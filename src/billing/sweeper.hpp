@@ -19,6 +19,11 @@
 // window, searched for by metadata after it (a charge among the customer's charges, a refund among its
 // charge's refunds). The revision's raw body is its event.
 //
+// A pending row with no live lease for which a webhook already brought a payment carrying its key (an event
+// recorded deferred: the worker that called Stripe died before recording the answer) is taken up at the
+// next sweep, without waiting for the bound: the receiver may not settle a pending row, so recovery is the
+// only way its fact gets applied (abandoned_sql::record_has_deferred_fact).
+//
 // Rows of another key namespace are left to their own sidecars (selected by key_namespace, and the key is
 // recomputed and compared before anything runs); rows written before migration 0011 have no namespace and
 // are left to `reconcile`.

@@ -34,9 +34,28 @@ struct server::state {
     std::uint64_t shed_total = 0, refused_total = 0;
     std::size_t buffered = 0;  // bytes of requests read and not yet answered (max_buffered_bytes)
     std::uint64_t over_budget_total = 0;
+    // chargeguard_http_shed_total by reason, when the options name a registry.
+    metrics::Counter* shed_over_budget = nullptr;
+    metrics::Counter* shed_make_room = nullptr;
+    metrics::Counter* shed_refused = nullptr;
 
     state(asio::any_io_executor e, router r, server_options o, logger l)
-        : ex(e), routes(std::move(r)), opts(std::move(o)), log(std::move(l)), acceptor(e) {}
+        : ex(e), routes(std::move(r)), opts(std::move(o)), log(std::move(l)), acceptor(e) {
+        if (!opts.metrics) return;
+        auto& fam = opts.metrics->counter(
+            "chargeguard_http_shed_total",
+            "What an HTTP listener shed, by listener and reason: buffered_bytes (a request answered 503 over "
+            "the budget of bytes buffered across connections), make_room (a connection closed for a new "
+            "one), "
+            "refused (a new connection refused, every open one in a request)");
+        shed_over_budget = &fam.Add({{"listener", opts.listener}, {"reason", "buffered_bytes"}});
+        shed_make_room = &fam.Add({{"listener", opts.listener}, {"reason", "make_room"}});
+        shed_refused = &fam.Add({{"listener", opts.listener}, {"reason", "refused"}});
+    }
+
+    static void count(metrics::Counter* c) {
+        if (c) c->Increment();
+    }
 };
 
 namespace {
@@ -166,6 +185,7 @@ void shed(server::state& st, server::state::conn& c) {
     c.shed = true;
     ++st.shed_pending;
     ++st.shed_total;
+    server::state::count(st.shed_make_room);
     std::error_code ignored;
     c.sock->close(ignored);  // its pending read/handshake completes with operation_aborted
 }
@@ -204,6 +224,7 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
             // Shed: what this connection read goes back now (the body's memory too, not only its charge:
             // the linger below holds the connection for a while), and the client is told to come back later.
             ++st->over_budget_total;
+            server::state::count(st->shed_over_budget);
             std::string().swap(parser.message().body);
             parser.reset();
             std::string().swap(buf);
@@ -315,6 +336,7 @@ asio::awaitable<void> accept_loop(std::shared_ptr<server::state> st) {
         }
         if (st->conns.size() - st->shed_pending >= st->opts.max_connections && !shed_oldest_idle(*st)) {
             ++st->refused_total;
+            server::state::count(st->shed_refused);
             std::error_code ignored;
             sock.close(ignored);
             continue;

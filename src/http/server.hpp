@@ -10,6 +10,7 @@
 #include "core/result.hpp"
 #include "http/proto/parser.hpp"
 #include "http/router.hpp"
+#include "metrics/registry.hpp"
 #include "net/address.hpp"
 #include "net/tokens.hpp"
 
@@ -35,6 +36,12 @@ struct server_options {
     // per-request limits allow, so memory is bounded by this and max_connections, not by what clients
     // send. The body strings grow by doubling, so the heap they take is up to twice this.
     std::size_t max_buffered_bytes = 0;
+    // When set, what the listener sheds is counted in chargeguard_http_shed_total{listener, reason}:
+    // reason buffered_bytes (a request answered 503 over max_buffered_bytes), make_room (a connection closed
+    // to make room for a new one) and refused (a new connection refused). The registry must outlive the
+    // server; `listener` names it (webhooks, proxy).
+    metrics::registry* metrics = nullptr;
+    std::string listener;
     // Serve TLS when set (test doubles use it for HTTPS).
     std::shared_ptr<asio::ssl::context> tls;
     std::string server_name = "chargeguard";

@@ -10,8 +10,12 @@
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "app/webhook_receiver.hpp"
+#include "billing/abandoned_sql.hpp"
 #include "integration/pg/support.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
@@ -537,6 +541,50 @@ BOOST_AUTO_TEST_CASE(a_foreign_charge_succeeded_does_not_mark_the_row_paid) {
                "failed_after_processing");
     BOOST_TEST(sql("SELECT count(*) FROM dead_letters WHERE billing_key = '" + key + "'") == "1");
     BOOST_TEST(counter("chargeguard_billing_failed_after_processing_total") == 1);
+}
+
+// Rows that hold no Stripe id can only be found by metadata. The receiver applies no such fact: a pending
+// row's is deferred and marks the row for the sweeper (abandoned_sql::record_has_deferred_fact); a verdict
+// the pipeline reached without a Stripe object (declined with no charge, cap_blocked, failed) stands, the
+// fact unconfirmed, no alert. Each row is left as it was.
+BOOST_AUTO_TEST_CASE(a_fact_found_by_metadata_only_moves_no_row) {
+    const std::vector<std::pair<std::string, std::string>> rows = {
+        {"pending", "d0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d0"},
+        {"declined", "d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1"},
+        {"cap_blocked", "d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2d2"},
+        {"failed", "d3d3d3d3d3d3d3d3d3d3d3d3d3d3d3d3"},
+    };
+    for (const auto& [status, key] : rows) {
+        auto seeded = run_async(io, [&]() -> net::awaitable<std::string> {
+            auto c = co_await pool->acquire();
+            if (!c) co_return c.err().describe();
+            auto r = co_await (*c)->query_with(
+                "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+                "stripe_customer_id, status) VALUES ($1, 'c-' || $2, '2026-12', 1999, 'usd', 'cus_1', $2)",
+                pg::params(key, status), 5s);
+            co_return r ? std::string() : r.err().describe();
+        });
+        BOOST_TEST_REQUIRE(seeded.empty(), seeded);
+        auto r = send(delivery(
+            charge_event("evt_md_" + status, "charge.succeeded", "ch_md_" + status, "", "succeeded", key),
+            current_secret, now_unix()));
+        BOOST_TEST(r.status == 200, r.body);
+        BOOST_TEST(sql("SELECT status || '/' || coalesce(charge_id, '-') || '/' || "
+                       "coalesce(payment_intent_id, '-') FROM billing_records WHERE key = '" +
+                       key + "'") == status + "/-/-");
+        const std::string want = status == "pending" ? "deferred" : "unconfirmed";
+        BOOST_TEST(count_rows("id = 'evt_md_" + status + "' AND outcome = '" + want + "' AND applied_to = '" +
+                              key + "'") == 1,
+                   status);
+        const std::string marked = sql("SELECT count(*) FROM billing_records WHERE key = '" + key + "' AND " +
+                                       billing::abandoned_sql::record_has_deferred_fact);
+        BOOST_TEST(marked == (status == "pending" ? "1" : "0"), status);
+    }
+    BOOST_TEST(events_result("deferred") == 1);
+    BOOST_TEST(events_result("unconfirmed") == 3);
+    BOOST_TEST(events_result("applied") == 0);
+    BOOST_TEST(counter("chargeguard_billing_settlement_anomalies_total") == 0);
+    BOOST_TEST(sql("SELECT count(*) FROM dead_letters") == "0");
 }
 
 // A Connect endpoint receives every connected account's events: an event from another account, or the

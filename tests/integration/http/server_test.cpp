@@ -7,8 +7,10 @@
 #include <asio/io_context.hpp>
 #include <atomic>
 #include <boost/test/unit_test.hpp>
+#include <string>
 #include <thread>
 
+#include "metrics/registry.hpp"
 #include "net/timeout.hpp"
 #include "support/raw_http.hpp"
 
@@ -37,6 +39,15 @@ asio::awaitable<http::response> hold_handler(http::request&) {
     co_await net::sleep_for(1s);
     --holding;
     co_return http::make_response(200, "held");
+}
+
+// chargeguard_http_shed_total{listener="test",reason=…} as rendered; -1 when the sample is missing.
+double shed_count(const metrics::registry& reg, const std::string& reason) {
+    const std::string text = reg.render();
+    const std::string head = "chargeguard_http_shed_total{listener=\"test\",reason=\"" + reason + "\"} ";
+    auto at = text.find(head);
+    if (at == std::string::npos) return -1;
+    return std::stod(text.substr(at + head.size(), text.find('\n', at) - at - head.size()));
 }
 
 struct running_server {
@@ -97,15 +108,21 @@ BOOST_AUTO_TEST_CASE(slow_client_is_cut_off) {
 // At the limit with every connection in the middle of a request, a new connection is refused; the requests
 // in progress are not cut.
 BOOST_AUTO_TEST_CASE(connection_limit_holds_while_requests_run) {
+    metrics::registry reg;
     http::server_options o;
     o.max_connections = 2;
+    o.metrics = &reg;
+    o.listener = "test";
     running_server s(o);
     test::raw_http a(s.port), b(s.port);
     a.exchange_partial("GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
     b.exchange_partial("GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
     while (holding.load() < 2) std::this_thread::yield();  // both are in their handler
-    test::raw_http c(s.port);                              // accepted by the kernel, closed by the server
+    BOOST_TEST(shed_count(reg, "refused") == 0.0);
+    test::raw_http c(s.port);  // accepted by the kernel, closed by the server
     BOOST_TEST(c.closed_by_peer());
+    BOOST_TEST(shed_count(reg, "refused") == 1.0);
+    BOOST_TEST(shed_count(reg, "make_room") == 0.0);
     BOOST_TEST(a.read_response().body == "held");
     BOOST_TEST(b.read_response().body == "held");
 }
@@ -113,15 +130,20 @@ BOOST_AUTO_TEST_CASE(connection_limit_holds_while_requests_run) {
 // At the limit with kept-alive connections idle between requests, a new connection sheds the oldest of them
 // (its client would reconnect) instead of being refused.
 BOOST_AUTO_TEST_CASE(connection_limit_sheds_the_oldest_idle_keep_alive) {
+    metrics::registry reg;
     http::server_options o;
     o.max_connections = 2;
+    o.metrics = &reg;
+    o.listener = "test";
     running_server s(o);
     test::raw_http a(s.port), b(s.port);
     BOOST_TEST(a.get("/slow").status == 200);
     BOOST_TEST(b.get("/slow").status == 200);
     test::raw_http c(s.port);
     BOOST_TEST(c.get("/slow").status == 200);
-    BOOST_TEST(a.closed_by_peer());            // the oldest idle one made room
+    BOOST_TEST(a.closed_by_peer());  // the oldest idle one made room
+    BOOST_TEST(shed_count(reg, "make_room") == 1.0);
+    BOOST_TEST(shed_count(reg, "refused") == 0.0);
     BOOST_TEST(b.get("/slow").status == 200);  // the other still works
 }
 
@@ -129,8 +151,11 @@ BOOST_AUTO_TEST_CASE(connection_limit_sheds_the_oldest_idle_keep_alive) {
 // handler leaves no room for another that would exceed it (503, Retry-After, closed), and its answer gives
 // the room back.
 BOOST_AUTO_TEST_CASE(the_buffered_bytes_budget_sheds_the_read_over_it) {
+    metrics::registry reg;
     http::server_options o;
     o.max_buffered_bytes = 64 * 1024;
+    o.metrics = &reg;
+    o.listener = "test";
     running_server s(o);
     const std::string post =
         "POST /hold HTTP/1.1\r\nHost: x\r\nContent-Length: 40960\r\n\r\n" + std::string(40960, 'b');
@@ -138,8 +163,13 @@ BOOST_AUTO_TEST_CASE(the_buffered_bytes_budget_sheds_the_read_over_it) {
     a.exchange_partial(post);
     while (holding.load() < 1) std::this_thread::yield();  // its 40 KiB are held by the handler
     test::raw_http b(s.port);
+    BOOST_TEST(shed_count(reg, "buffered_bytes") == 0.0);
     auto shed = b.exchange(post);
     BOOST_TEST(shed.status == 503);
+    // Counted before the answer is written, once per request shed, and apart from connection shedding.
+    BOOST_TEST(shed_count(reg, "buffered_bytes") == 1.0);
+    BOOST_TEST(shed_count(reg, "make_room") == 0.0);
+    BOOST_TEST(shed_count(reg, "refused") == 0.0);
     BOOST_TEST(shed.headers.get("Retry-After").value_or("") == "5");
     BOOST_TEST(b.closed_by_peer());
     BOOST_TEST(a.read_response().body == "held");
@@ -147,4 +177,5 @@ BOOST_AUTO_TEST_CASE(the_buffered_bytes_budget_sheds_the_read_over_it) {
     BOOST_TEST(a.exchange(post).status == 200);
     test::raw_http c(s.port);
     BOOST_TEST(c.exchange(post).status == 200);
+    BOOST_TEST(shed_count(reg, "buffered_bytes") == 1.0);
 }
