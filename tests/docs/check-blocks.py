@@ -2,6 +2,8 @@
 """Every fenced block of README.md and docs/operating/*.md is accounted for: the line before it is a marker
   <!-- container-test: NAME -->  run as written by tests/container/run.sh (doc_run/doc_block NAME),
   <!-- kube-test: NAME -->       read and applied by tests/deploy/kube-play-prep.mjs under podman kube play,
+  <!-- ops-test: runbook -->     an incident's commands and outputs, each compared line by line with the real
+                                 command's output by tests/integration/ops (runbook_mismatch);
   <!-- not-run: REASON -->       not runnable on a test machine, and why;
 and every `chargeguard SUBCOMMAND …` command the docs show, in a block or in running text, names flags that
 subcommand takes (`chargeguard SUBCOMMAND --help`, the binary's own registry), so a renamed or removed flag
@@ -16,6 +18,7 @@ import sys
 root, exe = sys.argv[1], sys.argv[2]
 runsh = open(os.path.join(root, "tests/container/run.sh")).read()
 prep = open(os.path.join(root, "tests/deploy/kube-play-prep.mjs")).read()
+ops_tests = "".join(open(f).read() for f in glob.glob(os.path.join(root, "tests/integration/ops/*.cpp")))
 helps = {}
 
 
@@ -81,7 +84,13 @@ for doc in docs:
         where = f"{rel}:{start}"
         m = re.fullmatch(r"<!-- (container-test|kube-test): ([\w-]+) -->", prev)
         n = re.fullmatch(r"<!-- not-run: (.+?) -->", prev)
-        if m:
+        o = re.fullmatch(r"<!-- ops-test: runbook -->", prev)
+        if o:
+            for cmd in (l for l in body if l.startswith("chargeguard ")):
+                if cmd[:30] not in ops_tests:
+                    fail.append(f"{where}: marked ops-test, but tests/integration/ops never compares '{cmd}'")
+            inventory.append(f"run  {where} ({lang or 'text'}): ops-test runbook")
+        elif m:
             kind, name = m.groups()
             if kind == "container-test" and not re.search(r"doc_(run|block|block_in)\b[^\n]*\b" + re.escape(name) + r"\b", runsh):
                 fail.append(f"{where}: marked container-test {name}, which tests/container/run.sh never runs")
