@@ -181,7 +181,9 @@ BOOST_AUTO_TEST_CASE(the_search_releases_a_declined_payment_intent) {
         co_return;
     }(f.fake.get()));
     auto r = f.send(f.post(k.secret, "/v1/payment_intents",
-                           f.charge_body(1000, "cus_broke") + "&payment_method=pm_card_visa&confirm=true",
+                           f.charge_body(1000, "cus_broke") +
+                               "&payment_method=pm_card_visa&automatic_payment_methods[enabled]=true"
+                               "&automatic_payment_methods[allow_redirects]=never&confirm=true",
                            "pi-declined"));
     BOOST_TEST(r.status == 500);
     f.settle_now();
