@@ -931,7 +931,8 @@ def settled_then_redelivered(work, killed_logs):
     settled = set()
     for path in killed_logs:
         for ln in read_log(path):
-            if ln.get("msg") == "billing message finished" and ln.get("reason") in ("charged", "declined"):
+            if ln.get("msg") == "billing message finished" and \
+                    ln.get("reason") in ("charged", "declined", "needs_authentication"):
                 settled.add(ln.get("message_id"))
     n = 0
     for name in sorted(os.listdir(work)):
@@ -949,12 +950,14 @@ def settled_then_redelivered(work, killed_logs):
 
 def declined_and_finished(work):
     """Customers whose delivery some consumer finished as declined (logged after the row's settle
-    committed, just before the FIN): a decline the ledger once held."""
+    committed, just before the FIN; a decline that asks for authentication is one too): a decline the ledger
+    once held."""
     out = set()
     for name in sorted(os.listdir(work)):
         if name.startswith("consume-"):
             for ln in read_log(os.path.join(work, name)):
-                if ln.get("msg") == "billing message finished" and ln.get("reason") == "declined":
+                if ln.get("msg") == "billing message finished" and \
+                        ln.get("reason") in ("declined", "needs_authentication"):
                     out.add(ln.get("customer_id"))
     return out
 
