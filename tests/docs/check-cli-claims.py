@@ -195,7 +195,12 @@ if os.environ.get("PGHOST") and fake and certs:
             if code != 129 or '"reason":"SIGHUP"' not in err:
                 fail.append(f"consume after SIGHUP: exit {code}, documented 129: {err[-300:]}")
             # The runbook's ledger queries (its `psql -c "…"` confirm steps), run as written against the
-            # schema consume just migrated: a renamed column or table fails here.
+            # migrated schema: a renamed column or table fails here. `migrate` first: /readyz reports
+            # PostgreSQL reached before consume's own --migrate has finished, and SIGHUP may stop it there.
+            mig = subprocess.run([exe, "migrate"], env={**clean_env, **pg, "PGDATABASE": db},
+                                 capture_output=True, text=True)
+            if mig.returncode != 0:
+                fail.append(f"chargeguard migrate: exit {mig.returncode}: {mig.stderr.strip()[-300:]}")
             runbook = open(os.path.join(root, "docs/operating/runbook.md")).read()
             queries = re.findall(r"`(psql (?:-c \"[^\"]+\" ?)+)`", runbook.replace("\n", " "))
             if len(queries) < 3:
