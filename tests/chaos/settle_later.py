@@ -8,8 +8,18 @@
   2. every event delivered twice and held back behind the next one about the same payment: the same ends;
   3. no webhook at all (the endpoint's events filtered out): the poll of rows left processing ends them;
   4. the create call's answer lost (500 after creating) and the bank already answered when the pipeline
-     searches: a failed debit still ends failed_after_processing, not declined.
-Each phase awaits conditions (the ledger, fake-stripe's delivery log), never a fixed sleep.
+     searches: a failed debit still ends failed_after_processing, not declined;
+  5. a Charges-API bank debit (a customer whose default source is a bank account: payment_method_details
+     ach_debit) answered `pending`: the row is `processing` holding the charge, then the bank's answer,
+     delivered as charge.succeeded / charge.failed, is applied by the receiver: `charged` with that charge,
+     or `failed_after_processing` with one dead letter; one charge at Stripe either way;
+  6. disputes on charged rows, step by step through Stripe's lifecycle: an inquiry (warning_needs_response,
+     warning_under_review, warning_closed) withdraws nothing; a chargeback (needs_response with
+     funds_withdrawn, under_review by charge.dispute.updated, won with funds_reinstated, or lost) records
+     the disputed amount; an inquiry escalated to a chargeback starts counting then. Every dispute event
+     reaches the receiver and is acted on; the row stays `charged` with its one charge.
+Each phase awaits conditions (the ledger, fake-stripe's delivery log), never a fixed sleep. nsqd is the real
+daemon when NSQD_BIN names it, else fake-nsqd.
 
 Usage: settle_later.py --build DIR [--keep]. Exit 0 when every phase held, 1 otherwise, 77 when it cannot run.
 """
@@ -59,7 +69,7 @@ def main():
     t0 = time.monotonic()
     try:
         pg = chaos.Postgres(work)
-        nsqd = chaos.Nsqd(work, args.build, "")
+        nsqd = chaos.Nsqd(work, args.build, os.environ.get("NSQD_BIN", ""))
         hooks = chaos.Webhooks(work, args.build, pg)
         stripe = chaos.Stripe(work, args.build, [], (), hooks.url(), (0, 0))
         cons = chaos.Consumers(work, args.build, nsqd, pg, stripe, chaos.PROFILES["short"], 1, 10)
@@ -148,12 +158,139 @@ def main():
         if hits != 2:
             failures.append(f"the lost answers did not happen: {hits} fail_after_create hits")
 
+        # 5. A Charges-API bank debit: the customer's default source is a bank account, so /v1/charges answers
+        #    a `pending` charge (ach_debit). The bank answers only when told to, so the row is seen processing
+        #    first; the answer then comes as charge.succeeded / charge.failed, and the receiver applies it.
+        stripe.admin("POST", "/_admin/async", {"settle_after_ms": "3600000"})
+        ach = {"ach-ok": ("cus_achok5", "succeeded", 2100), "ach-fail": ("cus_achfail5", "failed", 2200)}
+        for cust, (scus, _, _) in ach.items():
+            stripe.admin("POST", "/_admin/customers", {"customer": scus, "default_source": "ba_1" + scus})
+        nsqd.publish([chaos.json.dumps({"customer_id": c, "billing_period": chaos.PERIOD, "amount_cents": amt,
+                                        "currency": "usd", "stripe_customer_id": scus,
+                                        "description": "settle later (charges api)"})
+                      for c, (scus, _, amt) in ach.items()])
+        keys = {c: chaos.billing_key(c) for c in ach}
+
+        def ach_charges(key):
+            return [x for x in stripe.charges() if (x.get("metadata") or {}).get("billing_key") == key]
+
+        if not chaos.wait_until(lambda: all(v[0] == "processing" and v[1] for v in rows(list(ach)).values())
+                                and len(rows(list(ach))) == 2, bound, step=0.1):
+            failures.append(f"charges api debit: not processing within {bound} s: {rows(list(ach))}")
+        else:
+            held = rows(list(ach))
+            for c, key in keys.items():
+                status, charge_id, intent_id = held[key]
+                mine = ach_charges(key)
+                if intent_id or [x["id"] for x in mine] != [charge_id] or mine[0]["status"] != "pending" or \
+                        (mine[0].get("payment_method_details") or {}).get("type") != "ach_debit":
+                    failures.append(f"charges api debit {c}: row {held[key]}, charges at Stripe {mine}")
+            for c, (scus, outcome, _) in ach.items():
+                form = {"charge": held[keys[c]][1], "outcome": outcome}
+                if outcome == "failed":
+                    form["failure_code"] = "insufficient_funds"
+                stripe.admin("POST", "/_admin/settle", form)
+            if not chaos.wait_until(lambda: final(list(ach)), bound, step=0.1):
+                failures.append(f"charges api debit: not settled within {bound} s: {rows(list(ach))}")
+            got = rows(list(ach))
+            letters = pg.query("SELECT coalesce(billing_key, ''), reason FROM dead_letters")
+            for c, (scus, outcome, _) in ach.items():
+                key = keys[c]
+                charge_id = held[key][1]
+                want = "charged" if outcome == "succeeded" else "failed_after_processing"
+                mine = ach_charges(key)
+                if got[key] != [want, charge_id, ""]:
+                    failures.append(f"charges api debit {c}: ledger {got[key]}, want {want} with {charge_id}")
+                if [(x["id"], x["status"]) for x in mine] != [(charge_id, outcome)]:
+                    failures.append(f"charges api debit {c}: charges at Stripe {mine}, want {charge_id} {outcome}")
+                # The receiver applied the bank's answer (not the poll): the event moved this row.
+                applied = pg.query("SELECT outcome, coalesce(applied_to, '') FROM stripe_webhook_events "
+                                   f"WHERE type = 'charge.{outcome}' AND object_id = '{charge_id}'")
+                if applied != [["applied", key]]:
+                    failures.append(f"charges api debit {c}: charge.{outcome} recorded as {applied}")
+                n_letters = len([r for k, r in letters if k == key])
+                if n_letters != (1 if outcome == "failed" else 0):
+                    failures.append(f"charges api debit {c}: {n_letters} dead letters")
+            chaos.log("   charges api debit: " + ", ".join(f"{c} {got[keys[c]][0]}" for c in ach))
+        stripe.admin("POST", "/_admin/async", {"settle_after_ms": str(chaos.SETTLE_AFTER_MS)})
+
+        # 6. Disputes on charged card rows, one step at a time, each step awaited in the ledger as the docs
+        #    say it reads: (status, disputed_cents) after it, and the events it makes.
+        lifecycles = {
+            "inquiry": (True, [("warning_under_review", 0, ["charge.dispute.updated"]),
+                               ("warning_closed", 0, ["charge.dispute.closed"])]),
+            "won": (False, [("under_review", 1, ["charge.dispute.updated"]),
+                            ("won", 1, ["charge.dispute.closed", "charge.dispute.funds_reinstated"])]),
+            "lost": (False, [("under_review", 1, ["charge.dispute.updated"]),
+                             ("lost", 1, ["charge.dispute.closed"])]),
+            "escalated": (True, [("needs_response", 1,
+                                  ["charge.dispute.updated", "charge.dispute.funds_withdrawn"]),
+                                 ("lost", 1, ["charge.dispute.closed"])]),
+        }
+        dcust = {name: f"disp-{name}" for name in lifecycles}
+        amounts = {name: 3000 + 100 * i for i, name in enumerate(lifecycles)}
+        nsqd.publish([chaos.json.dumps({"customer_id": dcust[n], "billing_period": chaos.PERIOD,
+                                        "amount_cents": amounts[n], "currency": "usd",
+                                        "stripe_customer_id": "cus_disp" + n, "description": "disputed"})
+                      for n in lifecycles])
+
+        def dispute_row(name):
+            r = pg.query("SELECT status, coalesce(charge_id, ''), disputed_cents, coalesce(dispute_status, '') "
+                         f"FROM billing_records WHERE key = '{chaos.billing_key(dcust[name])}'")
+            return r[0] if r else None
+
+        def dispute_events(dispute_id):
+            return pg.query("SELECT type, coalesce(outcome, '') FROM stripe_webhook_events "
+                            f"WHERE object_id = '{dispute_id}' ORDER BY created, received_at")
+
+        def step_to(name, dispute_id, status, withdrawn, n_events):
+            want = ["charged", charged[name], str(amounts[name] if withdrawn else 0), status]
+            ok = chaos.wait_until(lambda: dispute_row(name) == want and len(dispute_events(dispute_id)) == n_events
+                                  and all(o for _, o in dispute_events(dispute_id)), 20, step=0.1)
+            if not ok:
+                failures.append(f"dispute {name}: at {status} the row is {dispute_row(name)}, want {want}; "
+                                f"events {dispute_events(dispute_id)}, want {n_events}")
+            return ok
+
+        charged = {}
+        if not chaos.wait_until(lambda: all((dispute_row(n) or [""])[0] == "charged" for n in lifecycles), bound,
+                                step=0.1):
+            failures.append(f"disputes: rows not charged: {[dispute_row(n) for n in lifecycles]}")
+        else:
+            charged = {n: dispute_row(n)[1] for n in lifecycles}
+            for name, (inquiry, steps) in lifecycles.items():
+                form = {"charge": charged[name]}
+                if inquiry:
+                    form["inquiry"] = "true"
+                dp = stripe.admin("POST", "/_admin/disputes", form)["id"]
+                want_types = ["charge.dispute.created"] + ([] if inquiry else ["charge.dispute.funds_withdrawn"])
+                if not step_to(name, dp, "warning_needs_response" if inquiry else "needs_response", not inquiry,
+                               len(want_types)):
+                    continue
+                for status, withdrawn, types in steps:
+                    stripe.admin("POST", "/_admin/disputes/update", {"dispute": dp, "status": status})
+                    want_types += types
+                    if not step_to(name, dp, status, withdrawn, len(want_types)):
+                        break
+                got = dispute_events(dp)
+                # Every event of the lifecycle reached the receiver once and was acted on (a status it already
+                # recorded is no_change; never unknown_type).
+                if sorted(t for t, _ in got) != sorted(want_types) or \
+                        any(o not in ("applied", "no_change") for _, o in got):
+                    failures.append(f"dispute {name}: events {got}, want {want_types} acted on")
+                mine = [x for x in stripe.charges()
+                        if (x.get("metadata") or {}).get("billing_key") == chaos.billing_key(dcust[name])]
+                if [x["id"] for x in mine] != [charged[name]]:
+                    failures.append(f"dispute {name}: charges at Stripe {[x['id'] for x in mine]}")
+                chaos.log(f"   dispute {name}: " + " → ".join(t.rsplit('.', 1)[1] for t, _ in got) +
+                          f"; row {dispute_row(name)}")
+
         # The alert: every failure after processing counted once, by whichever process applied it (the
         # receiver for a webhook, the consumer for events recorded before it left the row processing, or
         # its poll).
         alerts = sum(failed_after_processing_metric(p) for p in (hooks.log_path(), cons.logs[0]))
-        if alerts != 4:
-            failures.append(f"chargeguard_billing_failed_after_processing_total sums to {alerts}, want 4")
+        if alerts != 5:
+            failures.append(f"chargeguard_billing_failed_after_processing_total sums to {alerts}, want 5")
     except Exception as e:
         failures.append(f"harness: {type(e).__name__}: {e}")
     finally:
