@@ -44,7 +44,7 @@ refusal account_forbidden(std::string_view presented, std::string_view scoped_to
                                                 " only: send Stripe-Account: " + std::string(scoped_to) + "."
                                           : "This vault key acts in " + std::string(scoped_to) +
                                                 " only, not in " + std::string(presented) + ".";
-    return {403, "invalid_request_error", "account_not_allowed", std::move(msg), {}};
+    return {403, "invalid_request_error", "account_invalid", std::move(msg), {}};
 }
 
 refusal too_large(std::size_t max_body_bytes) {

@@ -20,7 +20,8 @@ refusal key_unusable();
 // The key's allow list does not name `what` (an operation, or "METHOD path" when none matches).
 refusal forbidden(std::string_view what);
 // A Stripe-Account the key may not act in: `presented` (empty: none sent) against the key's own account
-// (empty: the platform's). 403 invalid_request_error, as Stripe answers a restricted key outside its grant.
+// (empty: the platform's). 403 invalid_request_error / account_invalid, Stripe's code for a Stripe-Account
+// the request may not name.
 refusal account_forbidden(std::string_view presented, std::string_view scoped_to);
 refusal too_large(std::size_t max_body_bytes);
 refusal idempotency_key_required();

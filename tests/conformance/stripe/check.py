@@ -9,7 +9,11 @@
     enum the code reads has a row in verdicts.tsv whose verdict is what the code makes of it (asked of the
     code itself through the capture program); event types the code acts on exist in both;
 (c) every object fake-stripe answered or put in an event validates against the schema: no field the schema
-    lacks, every required one present, types, nullability and enums as described.
+    lacks, every required one present, types, nullability and enums as described; every error code it
+    answers with is one of the pinned version's (the SDK's list: the description types code as a string);
+(d) every error code the vault proxy can answer with (read from src/vault: the literals its refusals are
+    built with) is one of the pinned version's, or one of the vault's own listed in vault-codes.tsv, and
+    docs/operating/vault.md names each.
 
 Usage: check.py --capture EXE --certs DIR --root SOURCE_ROOT
 Exit 1 with one line per violation.
@@ -244,6 +248,54 @@ def schema_types(spec, s):
     return {s.get("type", "any")} | ({"null"} if s.get("nullable") else set())
 
 
+# How src/vault builds a refusal's code: bad("code", …) (policy.cpp's refusal bad()), {status, "type", "code", …}
+# (refusals.cpp) and e.code = "code".
+VAULT_CODE_PATTERNS = [
+    re.compile(r'\bbad\(\s*"([a-z_]*)"'),
+    re.compile(r'\{\s*\d{3},\s*"(?:api_error|card_error|idempotency_error|invalid_request_error)",\s*"([a-z_]*)"'),
+    re.compile(r'\.code\s*=\s*"([a-z_]*)"'),
+]
+
+
+def vault_codes(root):
+    """{code: [file:line, …]} of every non-empty error code literal src/vault builds a refusal with."""
+    out = {}
+    vault = os.path.join(root, "src", "vault")
+    for name in sorted(os.listdir(vault)):
+        if not name.endswith(".cpp"):
+            continue
+        text = open(os.path.join(vault, name)).read()
+        for i, pat in enumerate(VAULT_CODE_PATTERNS):
+            if i == 0 and "refusal bad(" not in text:
+                continue  # another file's bad() (cap.cpp's parse errors) builds no refusal
+            for m in pat.finditer(text):
+                if m.group(1):
+                    line = text.count("\n", 0, m.start()) + 1
+                    out.setdefault(m.group(1), []).append(f"src/vault/{name}:{line}")
+    return out
+
+
+def check_vault_codes(root, stripe_codes, errors):
+    own = {r[0]: r[1] for r in read_tsv(os.path.join(HERE, "vault-codes.tsv"))}
+    found = vault_codes(root)
+    if len(found) < 8:
+        errors.append(f"(d) found only {len(found)} vault error codes in src/vault: the scan no longer matches "
+                      "how refusals are built")
+    doc = open(os.path.join(root, "docs", "operating", "vault.md")).read()
+    for code, where in sorted(found.items()):
+        if code not in stripe_codes and code not in own:
+            errors.append(f"(d) the vault answers with code {code!r} ({', '.join(where)}): not one of Stripe's "
+                          "for the pinned version nor the vault's own (vault-codes.tsv)")
+        if f"`{code}`" not in doc:
+            errors.append(f"(d) vault error code {code!r}: not in docs/operating/vault.md")
+    for code in own:
+        if code in stripe_codes:
+            errors.append(f"(d) vault-codes.tsv lists {code!r}, which is Stripe's own: drop the row")
+        if code not in found:
+            errors.append(f"(d) vault-codes.tsv lists {code!r}, which the vault never answers with")
+    return found
+
+
 def read_tsv(path):
     rows = []
     with open(path) as f:
@@ -263,6 +315,7 @@ def main():
     spec = Spec(json.load(open(os.path.join(HERE, "openapi-subset.json"))))
     sdk = json.load(open(os.path.join(HERE, "sdk-2024-06-20.json")))
     pinned = sdk["api_version"]
+    stripe_codes = set(sdk["enums"]["error.code"])
     errors = []
 
     out = subprocess.run([a.capture, a.certs], capture_output=True, text=True, timeout=100)
@@ -296,6 +349,10 @@ def main():
         if op and r["response"] is not None:
             validate(spec, r["response"], response_schema(op, r["status"]),
                      f"(c) {r['method']} {r['path']} → {r['status']}", errors)
+        err = (r["response"] or {}).get("error") if isinstance(r["response"], dict) else None
+        if isinstance(err, dict) and err.get("code") and err["code"] not in stripe_codes:
+            errors.append(f"(c) {r['method']} {r['path']} → {r['status']}: error code {err['code']!r} is not one "
+                          f"of API {pinned}")
     kinds = {"charge", "payment_intent", "refund", "dispute"}
     seen_objects = set()
     for e in events:
@@ -387,8 +444,13 @@ def main():
             errors.append(f"(b) refund.status {v!r}: verdicts.tsv says {table_verdicts[('refund.status', v)]}, "
                           f"cg_refund_status_rank says {rank(v)}")
 
+    # (d) the vault proxy's error codes.
+    vault = check_vault_codes(a.root, stripe_codes, errors)
+
     print(f"{len(own)} requests of chargeguard's, {len(requests) - len(own)} sampled, {len(events)} events, "
           f"{len(read_tsv(os.path.join(HERE, 'reads.tsv')))} fields read, {len(verdict_rows)} verdicts")
+    print("vault error codes: " + ", ".join(f"{c} ({'Stripe' if c in stripe_codes else 'vault'})"
+                                            for c in sorted(vault)))
     print("request table (method, operation, parameters):")
     for m, p, k in sorted(table):
         print(f"  {m} {p}  {k}")

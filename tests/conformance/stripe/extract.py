@@ -53,6 +53,9 @@ SDK_ENUMS = {
     "dispute.status": ("Disputes.d.ts", "Dispute", "Status"),
     "event.type": ("WebhookEndpointsResource.d.ts", "WebhookEndpointCreateParams", "EnabledEvent"),
     "error.type": ("Errors.d.ts", None, "RawErrorType"),
+    # The error codes of the pinned version: the description of 2023-08-16 types api_errors.code as a free
+    # string; the SDK's types for 2024-06-20 list them (the same list types every last_*_error.code).
+    "error.code": ("PaymentIntents.d.ts", "PaymentIntent.LastPaymentError", "Code"),
 }
 
 
@@ -102,13 +105,17 @@ def sdk_enums(tgz):
     with tarfile.open(tgz) as t:
         for name, (fname, ns, tname) in SDK_ENUMS.items():
             text = t.extractfile("package/types/" + fname).read().decode()
-            if ns:  # the type inside `namespace <ns> {` (the resource's own, not a params namespace)
-                start = re.compile(r"\n    namespace " + ns + r" \{").search(text)
+            depth = 0
+            # The type inside `namespace <ns> {` (the resource's own, not a params namespace); a dotted ns
+            # names nested namespaces, each two spaces further in.
+            for part in ns.split(".") if ns else []:
+                start = re.compile(r"\n" + " " * (4 + 2 * depth) + "namespace " + part + r" \{").search(text)
                 if not start:
                     sys.exit(f"{name}: namespace {ns} not found in {fname}")
                 text = text[start.end():]
-            # Directly in the namespace (6 spaces in), not a nested namespace's type of the same name.
-            indent = "      " if ns else "    export "
+                depth += 1
+            # Directly in the innermost namespace, not a nested namespace's type of the same name.
+            indent = " " * (4 + 2 * depth) if ns else "    export "
             m = re.search(r"\n" + indent + "type " + tname + r" =\s*((?:\s*\|?\s*'[^']*')+)\s*;", text)
             if not m:
                 sys.exit(f"{name}: type {tname} not found in {fname}")

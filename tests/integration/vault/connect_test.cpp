@@ -81,7 +81,7 @@ BOOST_AUTO_TEST_CASE(a_key_scoped_to_one_account_acts_there_only) {
     for (auto& q : refused) {
         auto r = f.send(q);
         BOOST_TEST(r.status == 403, q.method << " " << q.target);
-        BOOST_TEST(connect_refusal_of(r) == "invalid_request_error/account_not_allowed", r.body);
+        BOOST_TEST(connect_refusal_of(r) == "invalid_request_error/account_invalid", r.body);
     }
     BOOST_TEST(f.fake_requests() == before);  // nothing refused reached Stripe
     BOOST_TEST(charges_in_account(f, acct_b) == 0u);
@@ -102,7 +102,7 @@ BOOST_AUTO_TEST_CASE(a_platform_key_refuses_any_stripe_account) {
     auto r =
         f.send(with_stripe_account(f.post(k.secret, "/v1/charges", f.charge_body(500), "connect"), acct_a));
     BOOST_TEST(r.status == 403, r.body);
-    BOOST_TEST(connect_refusal_of(r) == "invalid_request_error/account_not_allowed", r.body);
+    BOOST_TEST(connect_refusal_of(r) == "invalid_request_error/account_invalid", r.body);
     BOOST_TEST(f.fake_requests() == before);
     BOOST_TEST(f.fake->charges().empty());
     auto ok = f.send(f.post(k.secret, "/v1/charges", f.charge_body(500), "platform"));

@@ -176,7 +176,7 @@ BOOST_AUTO_TEST_CASE(bad_requests_get_400_or_413_and_nothing_is_forwarded) {
          "currency_mismatch"},
         {f.post(k.secret, "/v1/charges", "amount=abc&currency=usd", "abc"), 400, "parameter_invalid_integer"},
         {f.post(k.secret, "/v1/charges", "currency=usd", "noamount"), 400, "parameter_missing"},
-        {f.post(k.secret, "/v1/charges", "amount=%zz&currency=usd", "badform"), 400, "parameter_invalid"},
+        {f.post(k.secret, "/v1/charges", "amount=%zz&currency=usd", "badform"), 400, ""},
         {f.post(k.secret, "/v1/charges", f.charge_body(500) + "&description=" + std::string(70 * 1024, 'x'),
                 "huge"),
          413, "request_too_large"},
@@ -245,7 +245,11 @@ BOOST_AUTO_TEST_CASE(creates_stripe_could_read_otherwise_than_the_vault_are_refu
         auto resp = f.send(r.q);
         BOOST_TEST(resp.status == 400, what);
         BOOST_TEST(error_type_of(resp) == "invalid_request_error", what);
-        BOOST_TEST(error_code_of(resp) == "parameter_invalid", what);
+        // Stripe's code for parameters it does not take where they were sent; none (Stripe's error object
+        // leaves code out when no code of its list fits) for the rest.
+        BOOST_TEST(
+            error_code_of(resp) == (r.q.target.find('?') != std::string::npos ? "parameter_unknown" : ""),
+            what);
         auto e = stripe::parse_error(resp.body);
         BOOST_TEST((e ? e->param : "(none)") == r.param, what);
     }

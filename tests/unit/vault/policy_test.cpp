@@ -80,12 +80,12 @@ BOOST_AUTO_TEST_CASE(create_bodies) {
                    row{"amount=1e3&currency=usd", "parameter_invalid_integer", "amount"},
                    row{"amount=&currency=usd", "parameter_invalid_integer", "amount"},
                    row{"amount=1234567890123&currency=usd", "parameter_invalid_integer", "amount"},
-                   row{"amount=100&amount=1&currency=usd", "parameter_invalid", "amount"},
+                   row{"amount=100&amount=1&currency=usd", "", "amount"},
                    row{"amount=100&currency=eur", "currency_mismatch", "currency"},
-                   row{"amount=100&currency=usdx", "parameter_invalid", "currency"},
-                   row{"amount=100&currency=usd&currency=usd", "parameter_invalid", "currency"},
-                   row{"amount=100&currency=usd&customer=a&customer=b", "parameter_invalid", "customer"},
-                   row{"amount=%ZZ&currency=usd", "parameter_invalid", ""}}) {
+                   row{"amount=100&currency=usdx", "", "currency"},
+                   row{"amount=100&currency=usd&currency=usd", "", "currency"},
+                   row{"amount=100&currency=usd&customer=a&customer=b", "", "customer"},
+                   row{"amount=%ZZ&currency=usd", "", ""}}) {
         auto out = parse_create(r.body, "usd");
         BOOST_TEST_REQUIRE(std::holds_alternative<refusal>(out), r.body);
         auto& f = std::get<refusal>(out);
@@ -119,7 +119,7 @@ BOOST_AUTO_TEST_CASE(names_rack_would_read_as_amount_currency_or_customer_are_re
         auto& f = std::get<refusal>(out);
         BOOST_TEST(f.status == 400, r.body);
         BOOST_TEST(f.type == "invalid_request_error", r.body);
-        BOOST_TEST(f.code == "parameter_invalid", r.body);
+        BOOST_TEST(f.code == "", r.body);  // Stripe has no code for it
         BOOST_TEST(f.param == r.param, r.body);
     }
     // Names that only start like one of them are other parameters.
@@ -141,7 +141,7 @@ BOOST_AUTO_TEST_CASE(the_vault_tag_cannot_be_sent_and_one_metadata_key_is_left_f
         BOOST_TEST_REQUIRE(std::holds_alternative<refusal>(out), body);
         auto& f = std::get<refusal>(out);
         BOOST_TEST(f.status == 400, body);
-        BOOST_TEST(f.code == "parameter_invalid", body);
+        BOOST_TEST(f.code == "", body);
         BOOST_TEST(f.param == "metadata[cg_vault_idempotency_key]", body);
     }
     auto with_keys = [](int n, bool repeat_one = false) {
@@ -221,6 +221,7 @@ BOOST_AUTO_TEST_CASE(create_envelopes) {
         if (out) {
             BOOST_TEST(out->status == 400);
             BOOST_TEST(out->type == "invalid_request_error");
+            BOOST_TEST(out->code == (*r.query ? "parameter_unknown" : ""));
             BOOST_TEST(out->param == r.param);
         }
     }
