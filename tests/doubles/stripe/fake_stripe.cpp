@@ -1591,32 +1591,23 @@ http::response fake_stripe::get(const http::request& req) {
                               }),
                          intent_in);
     }
-    if (path == "/v1/refunds") {
+    // Refunds and disputes list alike: by the payment they belong to (charge, payment_intent) and created.
+    auto by_payment = [&](const auto& recs, auto to_json) -> http::response {
+        using rec = std::decay_t<decltype(recs.front())>;
         auto q = read_query(
             req, {"charge", "payment_intent", "created", "limit", "starting_after", "ending_before"});
         if (q.bad) return std::move(*q.bad);
         return list_page(q.p, path,
-                         mine(refunds_,
-                              [&](const refund_rec& r) {
+                         mine(recs,
+                              [&](const rec& r) {
                                   return eq(q.p, "charge", r.charge) &&
                                          eq(q.p, "payment_intent", r.payment_intent) &&
                                          created_matches(q.p, r.created);
                               }),
-                         refund_json);
-    }
-    if (path == "/v1/disputes") {
-        auto q = read_query(
-            req, {"charge", "payment_intent", "created", "limit", "starting_after", "ending_before"});
-        if (q.bad) return std::move(*q.bad);
-        return list_page(q.p, path,
-                         mine(disputes_,
-                              [&](const dispute_rec& d) {
-                                  return eq(q.p, "charge", d.charge) &&
-                                         eq(q.p, "payment_intent", d.payment_intent) &&
-                                         created_matches(q.p, d.created);
-                              }),
-                         dispute_json);
-    }
+                         to_json);
+    };
+    if (path == "/v1/refunds") return by_payment(refunds_, refund_json);
+    if (path == "/v1/disputes") return by_payment(disputes_, dispute_json);
     if (path == "/v1/events") {
         auto q = read_query(req, {"type", "types", "created", "delivery_success", "limit", "starting_after",
                                   "ending_before"});
