@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <boost/test/unit_test.hpp>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -42,6 +43,17 @@ net::awaitable<bool> eventually(std::function<bool()> cond, milliseconds limit) 
     co_return true;
 }
 
+// A log file of this run's own, made by mkstemp under $TMPDIR (/tmp by default): never a path another run,
+// or another user, could hold or have planted.
+std::string private_log(const char* stem) {
+    const char* dir = std::getenv("TMPDIR");
+    std::string path = std::string(dir && *dir ? dir : "/tmp") + "/cg-vault-" + stem + "-XXXXXX";
+    int fd = ::mkstemp(path.data());
+    BOOST_TEST_REQUIRE(fd >= 0, "mkstemp " << path);
+    ::close(fd);
+    return path;
+}
+
 std::string event_json(int customer, std::int64_t amount) {
     return R"({"customer_id":"c-)" + std::to_string(customer) +
            R"(","billing_period":"2026-11","amount_cents":)" + std::to_string(amount) +
@@ -66,7 +78,7 @@ BOOST_AUTO_TEST_CASE(consume_through_the_proxy_is_capped_and_blocked_rows_are_ca
     }
     const std::uint64_t published = 40;
 
-    std::string err_path = "/tmp/cg-vault-consume-" + std::to_string(::getpid()) + ".err";
+    const std::string err_path = private_log("consume");
     std::vector<std::string> args{
         exe, "consume", "--topic", "billing", "--channel", "chargeguard", "--nsqd-tcp-address",
         nsqd.tcp_address(), "--heartbeat-interval", "1s", "--pg-dsn", "dbname=" + f.db.name, "--migrate",
@@ -163,7 +175,7 @@ BOOST_AUTO_TEST_CASE(a_retried_decline_is_charged_once_within_the_cap) {
     auto k = f.issue(1000);
     f.fake->decline("cus_7");
     nsqd.publish("billing", event_json(7, 1000));
-    std::string err_path = "/tmp/cg-vault-retry-" + std::to_string(::getpid()) + ".err";
+    const std::string err_path = private_log("retry");
     const std::string dsn = "dbname=" + f.db.name;
     ::setenv("STRIPE_API_KEY", k.secret.c_str(),
              1);  // the vault secret is consume's "Stripe key"; never argv
