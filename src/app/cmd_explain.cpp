@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include <charconv>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -33,6 +34,7 @@
 #include "billing/event.hpp"
 #include "billing/key.hpp"
 #include "billing/retry_store.hpp"
+#include "billing/settlement.hpp"
 #include "net/offload.hpp"
 #include "pg/rows.hpp"
 #include "stripe/client.hpp"
@@ -405,8 +407,12 @@ void decide(explanation& x) {
             x.verdict += refunded == r.str("amount_cents")
                              ? "; refunded in full"
                              : "; refunded " + refunded + " of " + r.str("amount_cents") + " cents";
-        if (auto d = r.get("dispute_status"))
-            x.verdict += "; disputed (" + *d + ", " + r.str("disputed_cents") + " cents)";
+        if (auto d = r.get("dispute_status")) {
+            std::int64_t cents = 0;
+            const auto text = r.str("disputed_cents");
+            std::from_chars(text.data(), text.data() + text.size(), cents);
+            x.verdict += "; " + billing::describe_dispute(*d, cents);
+        }
     } else if (status == "processing") {
         x.verdict = "processing since " + r.str("processing_since") + " (Stripe said " +
                     r.str("stripe_status") + " at " + r.str("stripe_status_at") +

@@ -246,6 +246,23 @@ std::string join_dispute_status(std::string_view a, std::string_view b) {
     return std::string(std::max(dispute_rank(a), dispute_rank(b)) == dispute_rank(a) ? a : b);
 }
 
+std::string describe_dispute(std::string_view status, std::int64_t disputed_cents) {
+    const std::string st(status);
+    const std::string cents = std::to_string(disputed_cents) + " cents";
+    switch (stripe::dispute_movement(status)) {
+        case stripe::movement::inquiry:
+            return "an inquiry (" + st + "): no funds withdrawn";
+        case stripe::movement::inquiry_closed:
+            return "an inquiry closed without a dispute (" + st + "): no funds withdrawn";
+        case stripe::movement::dispute_won:
+            return "dispute won (" + st + "): the " + cents + " withdrawn came back";
+        case stripe::movement::dispute_lost:
+            return "dispute lost (" + st + "): " + cents + " gone";
+        default:
+            return "disputed (" + st + ", " + cents + " withdrawn)";
+    }
+}
+
 settlement_change apply_fact(const settlement_row& row, const payment_fact& f) {
     settlement_change c;
     c.row = row;

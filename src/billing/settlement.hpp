@@ -129,4 +129,8 @@ settlement_change apply_fact(const settlement_row& row, const payment_fact& f);
 // The dispute status that wins between two (see the lattice above); either may be empty.
 std::string join_dispute_status(std::string_view a, std::string_view b);
 
+// A charged row's dispute as an operator reads it (`explain`): an inquiry (warning_*) withdrew nothing and
+// is no dispute; a chargeback names its status and the amount withdrawn, and how it ended.
+std::string describe_dispute(std::string_view status, std::int64_t disputed_cents);
+
 }  // namespace cg::billing

@@ -174,8 +174,11 @@ def main():
         def ach_charges(key):
             return [x for x in stripe.charges() if (x.get("metadata") or {}).get("billing_key") == key]
 
-        if not chaos.wait_until(lambda: all(v[0] == "processing" and v[1] for v in rows(list(ach)).values())
-                                and len(rows(list(ach))) == 2, bound, step=0.1):
+        def ach_processing():
+            got = rows(list(ach))
+            return len(got) == len(ach) and all(v[0] == "processing" and v[1] for v in got.values())
+
+        if not chaos.wait_until(ach_processing, bound, step=0.1):
             failures.append(f"charges api debit: not processing within {bound} s: {rows(list(ach))}")
         else:
             held = rows(list(ach))
@@ -282,8 +285,20 @@ def main():
                         if (x.get("metadata") or {}).get("billing_key") == chaos.billing_key(dcust[name])]
                 if [x["id"] for x in mine] != [charged[name]]:
                     failures.append(f"dispute {name}: charges at Stripe {[x['id'] for x in mine]}")
+                # What an operator reads of it: `explain` calls an inquiry no dispute, and names how a
+                # chargeback ended.
+                x = chaos.subprocess.run([os.path.join(args.build, "src", "app", "chargeguard"), "explain",
+                                          "--key", chaos.billing_key(dcust[name]), "--json"], env=pg.env,
+                                         capture_output=True, text=True, timeout=60)
+                verdict = chaos.json.loads(x.stdout).get("verdict", "") if x.returncode == 0 else x.stderr
+                said = {"inquiry": "an inquiry closed without a dispute (warning_closed): no funds withdrawn",
+                        "won": f"dispute won (won): the {amounts[name]} cents withdrawn came back",
+                        "lost": f"dispute lost (lost): {amounts[name]} cents gone",
+                        "escalated": f"dispute lost (lost): {amounts[name]} cents gone"}[name]
+                if not verdict.startswith("charged once: ") or not verdict.endswith("; " + said):
+                    failures.append(f"dispute {name}: explain says {verdict!r}, want it to end {said!r}")
                 chaos.log(f"   dispute {name}: " + " → ".join(t.rsplit('.', 1)[1] for t, _ in got) +
-                          f"; row {dispute_row(name)}")
+                          f"; row {dispute_row(name)}; explain: …{verdict[-60:]}")
 
         # The alert: every failure after processing counted once, by whichever process applied it (the
         # receiver for a webhook, the consumer for events recorded before it left the row processing, or

@@ -282,6 +282,25 @@ BOOST_AUTO_TEST_CASE(disputes_created_and_closed_in_either_order) {
     BOOST_TEST(join_dispute_status("warning_closed", "won") == "won");
 }
 
+// explain's words for a charged row's dispute: an inquiry is not called disputed and names no amount
+// withdrawn; a chargeback names its status and the amount, and how it ended.
+BOOST_AUTO_TEST_CASE(an_inquiry_is_not_described_as_disputed) {
+    for (const char* s : {"warning_needs_response", "warning_under_review", "warning_closed"}) {
+        auto d = describe_dispute(s, 0);
+        BOOST_TEST(d.find("inquiry") != std::string::npos, d);
+        BOOST_TEST(d.find("disputed") == std::string::npos, d);
+        BOOST_TEST(d.find("no funds withdrawn") != std::string::npos, d);
+        BOOST_TEST(d.find(s) != std::string::npos, d);
+    }
+    BOOST_TEST(describe_dispute("warning_closed", 0).find("closed without a dispute") != std::string::npos);
+    BOOST_TEST(describe_dispute("needs_response", 3000) == "disputed (needs_response, 3000 cents withdrawn)");
+    BOOST_TEST(describe_dispute("under_review", 3000) == "disputed (under_review, 3000 cents withdrawn)");
+    BOOST_TEST(describe_dispute("won", 3000) == "dispute won (won): the 3000 cents withdrawn came back");
+    BOOST_TEST(describe_dispute("lost", 3000) == "dispute lost (lost): 3000 cents gone");
+    // A status the pinned version does not define (or the receiver's "closed" for a status-less close).
+    BOOST_TEST(describe_dispute("closed", 3000) == "disputed (closed, 3000 cents withdrawn)");
+}
+
 // charge.dispute.updated records under_review; an inquiry (warning_*) is recorded as the dispute's status
 // but moves no disputed money, until it escalates into a chargeback.
 BOOST_AUTO_TEST_CASE(under_review_is_recorded_and_an_inquiry_is_not_disputed_money) {
