@@ -16,8 +16,9 @@
   6. disputes on charged rows, step by step through Stripe's lifecycle: an inquiry (warning_needs_response,
      warning_under_review, warning_closed) withdraws nothing; a chargeback (needs_response with
      funds_withdrawn, under_review by charge.dispute.updated, won with funds_reinstated, or lost) records
-     the disputed amount; an inquiry escalated to a chargeback starts counting then. Every dispute event
-     reaches the receiver and is acted on; the row stays `charged` with its one charge.
+     the disputed amount; an inquiry escalated to a chargeback starts counting then; a PaymentIntent's
+     charge disputed likewise. Every dispute event reaches the receiver and is acted on; the row stays
+     `charged` with its one charge, and `explain` says what became of the dispute.
 Each phase awaits conditions (the ledger, fake-stripe's delivery log), never a fixed sleep. nsqd is the real
 daemon when NSQD_BIN names it, else fake-nsqd.
 
@@ -229,12 +230,16 @@ def main():
             "escalated": (True, [("needs_response", 1,
                                   ["charge.dispute.updated", "charge.dispute.funds_withdrawn"]),
                                  ("lost", 1, ["charge.dispute.closed"])]),
+            # Paid by a PaymentIntent: the dispute names the intent as well as its charge.
+            "intent": (False, [("under_review", 1, ["charge.dispute.updated"]),
+                               ("won", 1, ["charge.dispute.closed", "charge.dispute.funds_reinstated"])]),
         }
         dcust = {name: f"disp-{name}" for name in lifecycles}
         amounts = {name: 3000 + 100 * i for i, name in enumerate(lifecycles)}
         nsqd.publish([chaos.json.dumps({"customer_id": dcust[n], "billing_period": chaos.PERIOD,
                                         "amount_cents": amounts[n], "currency": "usd",
-                                        "stripe_customer_id": "cus_disp" + n, "description": "disputed"})
+                                        "stripe_customer_id": "cus_disp" + n, "description": "disputed",
+                                        **({"payment_method": "pm_disputed1"} if n == "intent" else {})})
                       for n in lifecycles])
 
         def dispute_row(name):
@@ -283,8 +288,9 @@ def main():
                     failures.append(f"dispute {name}: events {got}, want {want_types} acted on")
                 mine = [x for x in stripe.charges()
                         if (x.get("metadata") or {}).get("billing_key") == chaos.billing_key(dcust[name])]
-                if [x["id"] for x in mine] != [charged[name]]:
-                    failures.append(f"dispute {name}: charges at Stripe {[x['id'] for x in mine]}")
+                if [x["id"] for x in mine] != [charged[name]] or \
+                        bool(mine[0].get("payment_intent")) != (name == "intent"):
+                    failures.append(f"dispute {name}: charges at Stripe {mine}")
                 # What an operator reads of it: `explain` calls an inquiry no dispute, and names how a
                 # chargeback ended.
                 x = chaos.subprocess.run([os.path.join(args.build, "src", "app", "chargeguard"), "explain",
@@ -294,7 +300,8 @@ def main():
                 said = {"inquiry": "an inquiry closed without a dispute (warning_closed): no funds withdrawn",
                         "won": f"dispute won (won): the {amounts[name]} cents withdrawn came back",
                         "lost": f"dispute lost (lost): {amounts[name]} cents gone",
-                        "escalated": f"dispute lost (lost): {amounts[name]} cents gone"}[name]
+                        "escalated": f"dispute lost (lost): {amounts[name]} cents gone",
+                        "intent": f"dispute won (won): the {amounts[name]} cents withdrawn came back"}[name]
                 if not verdict.startswith("charged once: ") or not verdict.endswith("; " + said):
                     failures.append(f"dispute {name}: explain says {verdict!r}, want it to end {said!r}")
                 chaos.log(f"   dispute {name}: " + " → ".join(t.rsplit('.', 1)[1] for t, _ in got) +
