@@ -416,3 +416,36 @@ BOOST_FIXTURE_TEST_CASE(auth_without_tls_off_loopback_is_refused, fixture) {
     BOOST_TEST(wait_exit(half, seconds(20)) == 64, half.err());
     BOOST_TEST(has(half.err(), "--health-tls-cert-file and --health-tls-key-file go together"), half.err());
 }
+
+// proxy and webhooks serve /config too, each naming its command, with neither the Stripe key, the webhook
+// signing secret nor the PostgreSQL password in it.
+BOOST_FIXTURE_TEST_CASE(proxy_and_webhooks_serve_their_config_without_secrets, fixture) {
+    const std::string webhook_secret = "whsec_health_listener_never_shown_0123";
+    auto secret_file = write("webhook_secret", webhook_secret + "\n");
+    struct service {
+        const char* command;
+        std::vector<std::string> args;
+    };
+    const service services[] = {
+        {"proxy",
+         {"proxy", "--listen", "127.0.0.1:0", "--stripe-key-file", key_file, "--health-listen",
+          "127.0.0.1:0"}},
+        {"webhooks",
+         {"webhooks", "--listen", "127.0.0.1:0", "--webhook-secret-file", secret_file, "--health-listen",
+          "127.0.0.1:0"}},
+    };
+    for (const auto& s : services) {
+        auto& c = spawn(s.args, pg_env());
+        auto cfg = get(origin("http", health_port(c)), "/config");
+        BOOST_TEST_REQUIRE(cfg.ok, cfg.error);
+        BOOST_TEST(cfg.status == 200, s.command);
+        BOOST_TEST(has(cfg.body, std::string(R"({"command":")") + s.command +
+                                     R"(","settings":{"listen":"127.0.0.1:0")"),
+                   cfg.body);
+        BOOST_TEST(has(cfg.body, R"("pg":"host=127.0.0.1:1 dbname=billing user=chargeguard")"), cfg.body);
+        for (const auto& secret : {stripe_key, webhook_secret, pg_password}) {
+            BOOST_TEST(!has(cfg.body, secret), cfg.body);
+            BOOST_TEST(!has(c.err(), secret), c.err());
+        }
+    }
+}
