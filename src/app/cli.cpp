@@ -411,11 +411,14 @@ runtime_options to_runtime_options(const runtime_flags& f) {
         std::error_code ec;
         auto a = asio::ip::make_address(hp->host, ec);
         bool loopback = !ec && a.is_loopback();
+        // 64 from the command line, 78 from CHARGEGUARD_HEALTH_BASIC_AUTH_FILE (bad_value).
         if (!o.health_tls && !loopback && !f.health_basic_auth_over_http)
-            throw usage_error("--health-basic-auth-file on --health-listen " + f.health_listen +
-                              " (not loopback) without --health-tls-cert-file: the password would cross the "
-                              "network in clear text. Give the TLS files, or --health-basic-auth-over-http "
-                              "when a proxy in front terminates TLS");
+            bad_value(
+                "--health-basic-auth-file", f.health_basic_auth_file,
+                "basic auth on --health-listen " + f.health_listen +
+                    " (not loopback) without --health-tls-cert-file: the password would cross the network "
+                    "in clear text. Give the TLS files, or --health-basic-auth-over-http when a proxy in "
+                    "front terminates TLS");
     }
     return o;
 }

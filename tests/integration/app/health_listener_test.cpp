@@ -392,6 +392,14 @@ BOOST_FIXTURE_TEST_CASE(auth_without_tls_off_loopback_is_refused, fixture) {
     BOOST_TEST(has(refused.err(), "clear text"), refused.err());
     BOOST_TEST(has(refused.err(), "--health-basic-auth-over-http"), refused.err());
 
+    // The same settings from the environment, as a ConfigMap gives them: a configuration error, 78.
+    auto& from_env = spawn(consume_args({}), {{"CHARGEGUARD_PG_DSN", pg_env().begin()->second},
+                                              {"CHARGEGUARD_HEALTH_LISTEN", "0.0.0.0:0"},
+                                              {"CHARGEGUARD_HEALTH_BASIC_AUTH_FILE", auth_file}});
+    BOOST_TEST(wait_exit(from_env, seconds(20)) == 78, from_env.err());
+    BOOST_TEST(has(from_env.err(), "CHARGEGUARD_HEALTH_BASIC_AUTH_FILE=" + auth_file), from_env.err());
+    BOOST_TEST(has(from_env.err(), "clear text"), from_env.err());
+
     auto& acknowledged = spawn(consume_args({"--health-listen", "0.0.0.0:0", "--health-basic-auth-file",
                                              auth_file, "--health-basic-auth-over-http"}),
                                pg_env());
