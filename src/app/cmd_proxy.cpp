@@ -114,12 +114,12 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
     effective_config settings("proxy");
     settings.add("listen", f.listen)
         .add("tls", !f.listener.tls_cert.empty())
-        .add("upstream", cfg.upstream)
+        .add_address("upstream", cfg.upstream)
         .add("stripe_key_from", cg::app::stripe_key_source(f.stripe_key_file, std::getenv("STRIPE_API_KEY")))
         .add("max_body_bytes", cfg.max_body_bytes)
         .add("same_key_window_s", static_cast<std::int64_t>(cfg.same_key_window.count()))
         .add("resolve_interval_ms", static_cast<std::int64_t>(cfg.resolve_interval.count()))
-        .add("pg", to_pg_config(f.pg).describe());
+        .add_address("pg", to_pg_config(f.pg).describe());
     add_runtime_settings(settings, f.rt, opts);
     settings.log(log, "proxy starting");
 

@@ -182,8 +182,8 @@ int run_tail(tail_flags f, const global_flags& g) {
     effective_config settings("tail");
     settings.add("topic", cfg.topic)
         .add("channel", cfg.channel)
-        .add("nsqd_tcp_addresses", comma_joined(cfg.nsqd_tcp_addresses))
-        .add("lookupd_http_addresses", comma_joined(cfg.lookupd_http_addresses))
+        .add_address("nsqd_tcp_addresses", comma_joined(cfg.nsqd_tcp_addresses))
+        .add_address("lookupd_http_addresses", comma_joined(cfg.lookupd_http_addresses))
         .add("max_in_flight", cfg.max_in_flight)
         .add("msg_timeout_ms", static_cast<std::int64_t>(cfg.msg_timeout.count()))
         .add("max_messages", f.max_messages);

@@ -114,7 +114,7 @@ int run_webhooks(const webhooks_flags& f, const global_flags& g) {
         .add("max_buffered_bytes", sopts.max_buffered_bytes)
         .add("max_in_flight", cfg.max_in_flight)
         .add("api_version", cfg.api_version)
-        .add("pg", to_pg_config(f.pg).describe());
+        .add_address("pg", to_pg_config(f.pg).describe());
     add_runtime_settings(settings, f.rt, opts);
     settings.log(log, "webhooks starting");
 

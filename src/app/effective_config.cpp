@@ -7,14 +7,20 @@
 namespace cg::app {
 
 effective_config& effective_config::add(std::string key, value v) {
-    settings_.emplace_back(std::move(key), std::move(v));
+    settings_.push_back({std::move(key), std::move(v), false});
+    return *this;
+}
+
+effective_config& effective_config::add_address(std::string key, std::string v) {
+    settings_.push_back({std::move(key), value(std::move(v)), true});
     return *this;
 }
 
 std::vector<log_field> effective_config::fields() const {
     std::vector<log_field> out;
     out.reserve(settings_.size());
-    for (const auto& [k, v] : settings_) std::visit([&out, &k](const auto& x) { out.emplace_back(k, x); }, v);
+    for (const auto& s : settings_)
+        std::visit([&out, &s](const auto& x) { out.emplace_back(s.key, x); }, s.v);
     return out;
 }
 
@@ -23,16 +29,20 @@ void effective_config::log(const logger& log, std::string_view msg) const {
     log.log(log_level::info, msg, f);
 }
 
-std::string effective_config::json() const {
+std::string effective_config::json(bool redact_addresses) const {
     std::string out = "{\"command\":";
     append_json_string(out, command_);
     out += ",\"settings\":{";
     bool first = true;
-    for (const auto& [k, v] : settings_) {
+    for (const auto& s : settings_) {
         if (!first) out += ',';
         first = false;
-        append_json_string(out, k);
+        append_json_string(out, s.key);
         out += ':';
+        if (s.address && redact_addresses) {
+            out += "\"(redacted)\"";
+            continue;
+        }
         std::visit(
             [&out](const auto& x) {
                 using T = std::decay_t<decltype(x)>;
@@ -52,7 +62,7 @@ std::string effective_config::json() const {
                     out += std::to_string(x);
                 }
             },
-            v);
+            s.v);
     }
     out += "}}\n";
     return out;

@@ -35,17 +35,28 @@ class effective_config {
         return add(std::move(key), value(std::string(v)));
     }
 
+    // Appends a setting that names where a dependency lives (a host, a port, a database user): logged and
+    // printed by --validate, but left out of a /config that anyone on the network may read, as /readyz
+    // leaves out the same details there.
+    effective_config& add_address(std::string key, std::string v);
+
     const std::string& command() const noexcept { return command_; }
     // The settings as log fields (views into this object).
     std::vector<log_field> fields() const;
     // Logs `msg` at info with every setting as a field.
     void log(const logger& log, std::string_view msg) const;
-    // {"command":"consume","settings":{"topic":"billing",…}}, one line, with a trailing newline.
-    std::string json() const;
+    // {"command":"consume","settings":{"topic":"billing",…}}, one line, with a trailing newline. With
+    // `redact_addresses`, each add_address value is "(redacted)".
+    std::string json(bool redact_addresses = false) const;
 
   private:
+    struct setting {
+        std::string key;
+        value v;
+        bool address = false;
+    };
     std::string command_;
-    std::vector<std::pair<std::string, value>> settings_;
+    std::vector<setting> settings_;
 };
 
 }  // namespace cg::app

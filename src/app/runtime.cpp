@@ -120,7 +120,11 @@ result<net::tcp::endpoint> runtime::start() {
     http::health_route_options hopts;
     hopts.redact_details = !is_loopback(opts_.health_listen.host);
     http::add_health_routes(routes_, metrics_, health_, startup_, hopts);
-    if (!config_json_.empty()) routes_.add("GET", "/config", [this](http::request&) { return config(this); });
+    // /config off loopback without basic auth: the addresses left out, as /readyz leaves them out there.
+    const std::string* config_json =
+        hopts.redact_details && !opts_.health_basic_auth ? &config_json_redacted_ : &config_json_;
+    if (!config_json_.empty())
+        routes_.add("GET", "/config", [config_json](http::request&) { return config(config_json); });
     http::server_options sopts;
     sopts.tls = opts_.health_tls;
     // With basic auth, the probes' routes stay open (a kubelet's httpGet probe cannot read a secret file,
@@ -152,8 +156,8 @@ result<net::tcp::endpoint> runtime::start() {
     return ep;
 }
 
-asio::awaitable<http::response> runtime::config(const runtime* self) {
-    co_return http::make_response(200, self->config_json_, "application/json");
+asio::awaitable<http::response> runtime::config(const std::string* json) {
+    co_return http::make_response(200, *json, "application/json");
 }
 
 asio::awaitable<http::response> runtime::guarded(runtime* self, http::request& req) {

@@ -64,7 +64,11 @@ class runtime {
     http::router& routes() { return routes_; }
     // GET /config on the health listener: this configuration as JSON (the same list the startup line
     // logs). Call before start().
-    void set_effective_config(const effective_config& c) { config_json_ = c.json(); }
+    // Off loopback without basic auth, the addresses in it are redacted (effective_config::add_address).
+    void set_effective_config(const effective_config& c) {
+        config_json_ = c.json();
+        config_json_redacted_ = c.json(true);
+    }
 
     // A drain step run on the first signal (or request_stop()); all run concurrently, bounded together by
     // shutdown_timeout. Called on the main executor.
@@ -92,7 +96,7 @@ class runtime {
 
   private:
     static asio::awaitable<void> shutdown(runtime* self);
-    static asio::awaitable<http::response> config(const runtime* self);
+    static asio::awaitable<http::response> config(const std::string* json);
     static asio::awaitable<http::response> guarded(runtime* self, http::request& req);
     void wait_signal();
 
@@ -104,7 +108,7 @@ class runtime {
     metrics::health health_;
     metrics::startup startup_;
     http::router routes_;
-    std::string config_json_;
+    std::string config_json_, config_json_redacted_;
     std::unique_ptr<http::server> server_;
     std::shared_ptr<net::lag_probe> probe_;
     asio::signal_set signals_;

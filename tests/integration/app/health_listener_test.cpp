@@ -403,7 +403,20 @@ BOOST_FIXTURE_TEST_CASE(auth_without_tls_off_loopback_is_refused, fixture) {
     auto& acknowledged = spawn(consume_args({"--health-listen", "0.0.0.0:0", "--health-basic-auth-file",
                                              auth_file, "--health-basic-auth-over-http"}),
                                pg_env());
-    BOOST_TEST(health_port(acknowledged) > 0);
+    auto open_port = health_port(acknowledged);
+    auto full = get(origin("http", open_port), "/config", basic(scrape_user, scrape_password));
+    BOOST_TEST(full.status == 200);
+    BOOST_TEST(has(full.body, R"("pg":"host=127.0.0.1:1 dbname=billing user=chargeguard")"), full.body);
+
+    // Off loopback without basic auth /config leaves out where the dependencies live, as /readyz does.
+    auto& unguarded = spawn(consume_args({"--health-listen", "0.0.0.0:0"}), pg_env());
+    auto redacted = get(origin("http", health_port(unguarded)), "/config");
+    BOOST_TEST(redacted.status == 200);
+    BOOST_TEST(has(redacted.body, R"x("pg":"(redacted)")x"), redacted.body);
+    BOOST_TEST(has(redacted.body, R"x("nsqd_tcp_addresses":"(redacted)")x"), redacted.body);
+    BOOST_TEST(!has(redacted.body, "dbname=billing"), redacted.body);
+    BOOST_TEST(!has(redacted.body, "127.0.0.1:1"), redacted.body);
+    BOOST_TEST(has(redacted.body, R"("topic":"billing")"), redacted.body);
     auto& with_tls = spawn(consume_args({"--health-listen", "0.0.0.0:0", "--health-basic-auth-file",
                                          auth_file, "--health-tls-cert-file", test::cert("server.pem"),
                                          "--health-tls-key-file", test::cert("server.key")}),
