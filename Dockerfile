@@ -89,7 +89,9 @@ ENV CHARGEGUARD_HEALTH_LISTEN=0.0.0.0:9180 \
 EXPOSE 9180
 # No curl in the image: chargeguard probes itself. /healthz fails when the event loop lags. A bare path asks
 # the listener CHARGEGUARD_HEALTH_LISTEN names (0.0.0.0 asked on 127.0.0.1), so a container run with
-# another listener stays healthy without a --health-cmd of its own.
+# another listener stays healthy without a --health-cmd of its own; over https when
+# CHARGEGUARD_HEALTH_TLS_CERT_FILE is set (then CHARGEGUARD_HEALTH_CA_FILE names the CA that signed it).
+# /healthz never asks for credentials, with --health-basic-auth-file or without.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
     CMD ["/usr/local/bin/chargeguard", "probe", "--timeout", "2", "/healthz"]
 STOPSIGNAL SIGTERM

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <asio/ip/address.hpp>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "app/commands.hpp"
+#include "net/tls.hpp"
 
 namespace cg::app {
 
@@ -360,6 +362,23 @@ void add_runtime_flags(CLI::App& cmd, runtime_flags& f) {
         "next turn, behind sockets and timers (bounds the loop's lag under load; 0 = unbounded)",
         0.0, 0.1)
         ->group(group_runtime);
+    cmd.add_option("--health-tls-cert-file", f.health_tls_cert_file,
+                   "PEM certificate chain: serve the health listener over HTTPS (with --health-tls-key-file)")
+        ->group(group_runtime);
+    cmd.add_option("--health-tls-key-file", f.health_tls_key_file,
+                   "PEM private key for --health-tls-cert-file")
+        ->group(group_runtime);
+    cmd.add_option("--health-basic-auth-file", f.health_basic_auth_file,
+                   "file of user:hash lines (bcrypt, yescrypt or SHA-crypt, e.g. `htpasswd -nB USER`): "
+                   "/metrics and /config then need basic-auth credentials; /healthz, /readyz and "
+                   "/startupz stay open")
+        ->group(group_runtime);
+    // An acknowledgement: never from the environment.
+    env(cmd.add_flag("--health-basic-auth-over-http", f.health_basic_auth_over_http,
+                     "allow --health-basic-auth-file on a non-loopback --health-listen without TLS (only "
+                     "behind something that terminates TLS: the password otherwise crosses in clear text)")
+            ->group(group_runtime),
+        env_scope::never);
 }
 
 namespace {
@@ -378,7 +397,43 @@ runtime_options to_runtime_options(const runtime_flags& f) {
     o.max_loop_lag = from_seconds(f.max_loop_lag_s);
     o.lag_interval = from_seconds(f.loop_lag_interval_s);
     o.turn_budget = std::chrono::microseconds(std::llround(f.loop_turn_budget_s * 1e6));
+    if (f.health_tls_cert_file.empty() != f.health_tls_key_file.empty())
+        throw usage_error("--health-tls-cert-file and --health-tls-key-file go together");
+    if (!f.health_tls_cert_file.empty()) {
+        auto tls = net::make_tls_server_context({f.health_tls_cert_file, f.health_tls_key_file});
+        if (!tls) throw config_error("--health-tls-cert-file/--health-tls-key-file: " + tls.err().message);
+        o.health_tls = *tls;
+    }
+    if (!f.health_basic_auth_file.empty()) {
+        auto auth = health_auth::load(f.health_basic_auth_file);
+        if (!auth) throw config_error("--health-basic-auth-file: " + auth.err().message);
+        o.health_basic_auth = *auth;
+        std::error_code ec;
+        auto a = asio::ip::make_address(hp->host, ec);
+        bool loopback = !ec && a.is_loopback();
+        // 64 from the command line, 78 from CHARGEGUARD_HEALTH_BASIC_AUTH_FILE (bad_value).
+        if (!o.health_tls && !loopback && !f.health_basic_auth_over_http)
+            bad_value(
+                "--health-basic-auth-file", f.health_basic_auth_file,
+                "basic auth on --health-listen " + f.health_listen +
+                    " (not loopback) without --health-tls-cert-file: the password would cross the network "
+                    "in clear text. Give the TLS files, or --health-basic-auth-over-http when a proxy in "
+                    "front terminates TLS");
+    }
     return o;
+}
+
+void add_runtime_settings(effective_config& c, const runtime_flags& f, const runtime_options& o) {
+    c.add("health_listen", f.health_listen)
+        .add("health_tls", o.health_tls != nullptr)
+        .add("health_tls_cert_file", f.health_tls_cert_file)
+        .add("health_basic_auth_file", f.health_basic_auth_file)
+        .add("health_basic_auth_users", o.health_basic_auth ? o.health_basic_auth->users() : std::size_t{0})
+        .add("offload_threads", o.offload_threads)
+        .add("shutdown_timeout_s", f.shutdown_timeout_s)
+        .add("max_loop_lag_s", f.max_loop_lag_s)
+        .add("loop_lag_interval_s", f.loop_lag_interval_s)
+        .add("loop_turn_budget_us", static_cast<std::int64_t>(o.turn_budget.count()));
 }
 
 std::string default_operator() {

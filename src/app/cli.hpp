@@ -112,10 +112,15 @@ struct runtime_flags {
     double max_loop_lag_s = 0.2;
     double loop_lag_interval_s = 0.05;
     double loop_turn_budget_s = 0.0005;
+    std::string health_tls_cert_file, health_tls_key_file;  // HTTPS on --health-listen
+    std::string health_basic_auth_file;                     // user:hash lines guarding /metrics and /config
+    bool health_basic_auth_over_http = false;               // acknowledgement: auth without TLS off loopback
 };
 void add_runtime_flags(CLI::App& cmd, runtime_flags& f);
 // Validates and converts; throws usage_error/config_error with a clear message.
 runtime_options to_runtime_options(const runtime_flags& f);
+// The runtime flags' part of a service's effective configuration (files named, never read out).
+void add_runtime_settings(effective_config& c, const runtime_flags& f, const runtime_options& o);
 
 // Logger writing JSON lines to stderr at the level given by --log-level.
 logger make_stderr_logger(log_level level);

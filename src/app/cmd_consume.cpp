@@ -207,35 +207,45 @@ std::string joined(const std::vector<std::string>& v) {
     return out;
 }
 
-void log_effective_config(const logger& log, const consume_flags& f, const nsq::consumer_config& n,
-                          const pg::config& pgc, const stripe::client_config& s,
-                          const billing::pipeline_config& b, const runtime_options& o) {
-    log.info(
-        "consume starting",
-        {{"topic", n.topic},
-         {"channel", n.channel},
-         {"nsqd_tcp_addresses", joined(n.nsqd_tcp_addresses)},
-         {"lookupd_http_addresses", joined(n.lookupd_http_addresses)},
-         {"max_in_flight", n.max_in_flight},
-         {"msg_timeout_ms", n.msg_timeout.count()},
-         {"max_attempts", n.max_attempts},
-         {"pg", pgc.describe()},
-         {"migrate", f.pg.migrate},
-         {"stripe_api_base", s.api_base},
-         {"stripe_max_connections", s.max_connections},
-         {"stripe_eager_connections", s.eager_connections},
-         {"stripe_ca_file", s.ca_file.empty() ? std::string("(system store)") : s.ca_file},
-         {"stripe_key_from", cg::app::stripe_key_source(f.stripe.key_file, std::getenv("STRIPE_API_KEY"))},
-         {"key_namespace", b.key_namespace},
-         {"lease_ms", b.lease.count()},
-         {"lease_renew_interval_ms", b.lease_renew_interval.count()},
-         {"lease_held_delay_ms", b.lease_held_delay.count()},
-         {"new_key_quiet_ms", b.new_key_quiet.count()},
-         {"group_commit_linger_max_us", b.group_commit_linger_max.count()},
-         {"test_step_pause_ms", b.test_step_pause.count()},
-         {"health_listen", f.rt.health_listen},
-         {"offload_threads", o.offload_threads},
-         {"shutdown_timeout_s", f.rt.shutdown_timeout_s}});
+// The effective configuration: the startup line, --validate's first line and GET /config.
+effective_config consume_config(const consume_flags& f, const nsq::consumer_config& n, const pg::config& pgc,
+                                const stripe::client_config& s, const billing::pipeline_config& b,
+                                const billing::poller_config& poll, const runtime_options& o) {
+    effective_config c("consume");
+    c.add("topic", n.topic)
+        .add("channel", n.channel)
+        .add_address("nsqd_tcp_addresses", joined(n.nsqd_tcp_addresses))
+        .add_address("lookupd_http_addresses", joined(n.lookupd_http_addresses))
+        .add("max_in_flight", n.max_in_flight)
+        .add("msg_timeout_ms", static_cast<std::int64_t>(n.msg_timeout.count()))
+        .add("heartbeat_interval_ms", static_cast<std::int64_t>(n.heartbeat_interval.count()))
+        .add("max_attempts", n.max_attempts)
+        .add("nsq_tls", n.security.tls)
+        .add_address("pg", pgc.describe())
+        .add("migrate", f.pg.migrate)
+        .add("pg_pool_size", f.pg.pool_size)
+        .add_address("stripe_api_base", s.api_base)
+        .add("stripe_io", f.stripe_io)
+        .add("stripe_max_connections", s.max_connections)
+        .add("stripe_eager_connections", s.eager_connections)
+        .add("stripe_ca_file", s.ca_file.empty() ? std::string("(system store)") : s.ca_file)
+        .add("stripe_key_from", cg::app::stripe_key_source(f.stripe.key_file, std::getenv("STRIPE_API_KEY")))
+        .add("stripe_pace_peers", f.pace_peers)
+        .add("key_namespace", b.key_namespace)
+        .add("lease_ms", static_cast<std::int64_t>(b.lease.count()))
+        .add("lease_renew_interval_ms", static_cast<std::int64_t>(b.lease_renew_interval.count()))
+        .add("lease_held_delay_ms", static_cast<std::int64_t>(b.lease_held_delay.count()))
+        .add("retry_same_key_delay_ms", static_cast<std::int64_t>(b.retry_same_key_delay.count()))
+        .add("indeterminate_delay_ms", static_cast<std::int64_t>(b.indeterminate_delay.count()))
+        .add("correction_wait_delay_ms", static_cast<std::int64_t>(b.correction_wait_delay.count()))
+        .add("search_failed_delay_ms", static_cast<std::int64_t>(b.stripe_unavailable_delay.count()))
+        .add("new_key_quiet_ms", static_cast<std::int64_t>(b.new_key_quiet.count()))
+        .add("group_commit_linger_max_us", static_cast<std::int64_t>(b.group_commit_linger_max.count()))
+        .add("processing_poll_after_ms", static_cast<std::int64_t>(poll.poll_after.count()))
+        .add("processing_poll_rate", poll.rate_per_second)
+        .add("test_step_pause_ms", static_cast<std::int64_t>(b.test_step_pause.count()));
+    add_runtime_settings(c, f.rt, o);
+    return c;
 }
 
 // --validate: one TCP connection to nsqd, "" when it connected, else why not (within 5 s).
@@ -351,10 +361,15 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     if (!ms)
         throw config_error(value_origin("--migrations-dir", f.pg.migrations_dir) + ": " + ms.err().message);
     auto log = make_stderr_logger(g.level());
-    log_effective_config(log, f, ncfg, pgc, scfg, bcfg, opts);
+    auto settings = consume_config(f, ncfg, pgc, scfg, bcfg, pollcfg, opts);
+    settings.log(log, "consume starting");
     log.info("stripe I/O", {{"stripe_io", f.stripe_io}});
     // Everything above parsed every setting and read the key; the line above is the effective configuration.
-    if (f.validate) return validate_consume(f, ncfg, std::move(scfg), log);
+    if (f.validate) {
+        std::printf("config %s", settings.json().c_str());
+        std::fflush(stdout);
+        return validate_consume(f, ncfg, std::move(scfg), log);
+    }
     if (bcfg.test_step_pause.count() > 0)
         log.warn(
             "test failpoint active: pausing between billing steps (CHARGEGUARD_TEST_STEP_PAUSE_MS); "
@@ -362,6 +377,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
             {{"max_pause_ms", bcfg.test_step_pause.count()}});
 
     runtime rt(opts, log);
+    rt.set_effective_config(settings);
     // --stripe-io loop: requests on kept-alive connections run on the event loop (async TLS I/O, no thread
     // hand-off per call) and only a new connection's connect + TLS handshake runs on the offload pool, so no
     // handshake ever computes on the loop. offload: all of it on the offload pool (two hand-offs per call).

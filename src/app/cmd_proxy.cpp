@@ -111,19 +111,20 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
     auto cfg = to_proxy_config(f);
     auto sopts = to_server_options(f);
     auto [listen, opts, ms, log] = prepare_listener_service(f.listen, f.rt, f.pg, g.level());
-    log.info(
-        "proxy starting",
-        {{"listen", f.listen},
-         {"tls", !f.listener.tls_cert.empty()},
-         {"upstream", cfg.upstream},
-         {"stripe_key_from", cg::app::stripe_key_source(f.stripe_key_file, std::getenv("STRIPE_API_KEY"))},
-         {"max_body_bytes", cfg.max_body_bytes},
-         {"same_key_window_s", static_cast<std::int64_t>(cfg.same_key_window.count())},
-         {"resolve_interval_ms", static_cast<std::int64_t>(cfg.resolve_interval.count())},
-         {"pg", to_pg_config(f.pg).describe()},
-         {"health_listen", f.rt.health_listen}});
+    effective_config settings("proxy");
+    settings.add("listen", f.listen)
+        .add("tls", !f.listener.tls_cert.empty())
+        .add_address("upstream", cfg.upstream)
+        .add("stripe_key_from", cg::app::stripe_key_source(f.stripe_key_file, std::getenv("STRIPE_API_KEY")))
+        .add("max_body_bytes", cfg.max_body_bytes)
+        .add("same_key_window_s", static_cast<std::int64_t>(cfg.same_key_window.count()))
+        .add("resolve_interval_ms", static_cast<std::int64_t>(cfg.resolve_interval.count()))
+        .add_address("pg", to_pg_config(f.pg).describe());
+    add_runtime_settings(settings, f.rt, opts);
+    settings.log(log, "proxy starting");
 
     runtime rt(opts, log);
+    rt.set_effective_config(settings);
     auto pool = start_pool(rt, f.pg, false);
     auto p = vault::proxy::create(rt.io().get_executor(), rt.offload().get_executor(), std::move(cfg), pool,
                                   log, rt.metrics());

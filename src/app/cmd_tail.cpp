@@ -15,6 +15,8 @@
 #include <asio/write.hpp>
 #include <csignal>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
@@ -156,6 +158,12 @@ void check_channel(const tail_flags& f) {
             "leave --channel out");
 }
 
+std::string comma_joined(const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& a : v) out += (out.empty() ? "" : ",") + a;
+    return out;
+}
+
 int run_tail(tail_flags f, const global_flags& g) {
     if (f.nsq.channel.empty()) {
         std::random_device rd;
@@ -171,7 +179,17 @@ int run_tail(tail_flags f, const global_flags& g) {
     auto opts = to_runtime_options(f.rt);
     auto log = make_stderr_logger(g.level());
     std::signal(SIGPIPE, SIG_IGN);
+    effective_config settings("tail");
+    settings.add("topic", cfg.topic)
+        .add("channel", cfg.channel)
+        .add_address("nsqd_tcp_addresses", comma_joined(cfg.nsqd_tcp_addresses))
+        .add_address("lookupd_http_addresses", comma_joined(cfg.lookupd_http_addresses))
+        .add("max_in_flight", cfg.max_in_flight)
+        .add("msg_timeout_ms", static_cast<std::int64_t>(cfg.msg_timeout.count()))
+        .add("max_messages", f.max_messages);
+    add_runtime_settings(settings, f.rt, opts);
     runtime rt(opts, log);
+    rt.set_effective_config(settings);
     auto ex = rt.io().get_executor();
     line_writer out(ex);
     tail_state st{rt, out, f.max_messages};

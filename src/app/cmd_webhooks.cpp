@@ -103,21 +103,23 @@ int run_webhooks(const webhooks_flags& f, const global_flags& g) {
     // The listener's memory bound, whatever clients send (docs/operating/webhooks.md has the figures).
     sopts.max_buffered_bytes = std::max(f.max_buffered_bytes, 4 * f.max_body_bytes);
     auto [listen, opts, ms, log] = prepare_listener_service(f.listen, f.rt, f.pg, g.level());
-    log.info("webhooks starting",
-             {{"listen", f.listen},
-              {"path", cfg.path},
-              {"tls", !f.listener.tls_cert.empty()},
-              {"secrets", static_cast<std::int64_t>(cfg.secrets.size())},
-              {"secret_from", f.secret_file.empty() ? "CHARGEGUARD_WEBHOOK_SECRET" : "--webhook-secret-file"},
-              {"tolerance_s", static_cast<std::int64_t>(cfg.tolerance.count())},
-              {"max_body_bytes", cfg.max_body_bytes},
-              {"max_buffered_bytes", sopts.max_buffered_bytes},
-              {"max_in_flight", cfg.max_in_flight},
-              {"api_version", cfg.api_version},
-              {"pg", to_pg_config(f.pg).describe()},
-              {"health_listen", f.rt.health_listen}});
+    effective_config settings("webhooks");
+    settings.add("listen", f.listen)
+        .add("path", cfg.path)
+        .add("tls", !f.listener.tls_cert.empty())
+        .add("secrets", static_cast<std::int64_t>(cfg.secrets.size()))
+        .add("secret_from", f.secret_file.empty() ? "CHARGEGUARD_WEBHOOK_SECRET" : "--webhook-secret-file")
+        .add("tolerance_s", static_cast<std::int64_t>(cfg.tolerance.count()))
+        .add("max_body_bytes", cfg.max_body_bytes)
+        .add("max_buffered_bytes", sopts.max_buffered_bytes)
+        .add("max_in_flight", cfg.max_in_flight)
+        .add("api_version", cfg.api_version)
+        .add_address("pg", to_pg_config(f.pg).describe());
+    add_runtime_settings(settings, f.rt, opts);
+    settings.log(log, "webhooks starting");
 
     runtime rt(opts, log);
+    rt.set_effective_config(settings);
     auto pool = start_pool(rt, f.pg);
     rt.startup().require("postgres", "PostgreSQL (first connection)");
     schema_gate gate(rt, pool, ms);

@@ -165,11 +165,9 @@ void start_ledger_healing(runtime& rt, billing::pipeline& p, std::shared_ptr<pg:
         rt.log().warn("--sweep=false: abandoned pending ledger rows are not resolved by this sidecar");
         return;
     }
-    // --msg-timeout 0 leaves it to nsqd, whose default is 60 s (an nsqd run with a longer one needs
-    // --msg-timeout or --sweep-after here).
-    auto msg_timeout = ncfg.msg_timeout.count() > 0 ? ncfg.msg_timeout : milliseconds(60'000);
-    auto s = billing::start_sweeper(rt.io().get_executor(), p, std::move(pool), std::move(sc), msg_timeout,
-                                    rt.metrics(), rt.log(), age);
+    // --msg-timeout is always explicit (app/nsq_flags.cpp): the timeout nsqd applies.
+    auto s = billing::start_sweeper(rt.io().get_executor(), p, std::move(pool), std::move(sc),
+                                    ncfg.msg_timeout, rt.metrics(), rt.log(), age);
     rt.on_shutdown([s]() { return s->stop(); });
 }
 

@@ -41,8 +41,7 @@ void add_nsq_consumer_flags(CLI::App& cmd, nsq_consumer_flags& f, bool channel_r
                      "allow --max-in-flight above 2500 (nsqd must run with a --max-rdy-count that high)")
             ->group(group_nsq),
         env_scope::never);
-    env(cmd.add_option("--msg-timeout", f.msg_timeout,
-                       "per-message timeout asked of nsqd (0 = nsqd's default; 1s..15m)")
+    env(cmd.add_option("--msg-timeout", f.msg_timeout, "per-message timeout asked of nsqd (1s..15m)")
             ->capture_default_str()
             ->type_name("DURATION")
             ->group(group_nsq),
@@ -181,10 +180,16 @@ nsq::consumer_config to_consumer_config(const nsq_consumer_flags& f) {
     c.max_in_flight = f.max_in_flight;
     c.max_attempts = f.max_attempts;
     c.msg_timeout = duration_flag("--msg-timeout", f.msg_timeout);
+    // 0 would ask nsqd for its own --msg-timeout, which this process cannot see, while the TOUCH pacing and
+    // the sweeper's bound must know the real one: the value is always explicit.
+    if (c.msg_timeout.count() == 0)
+        bad_value("--msg-timeout", f.msg_timeout,
+                  "0 is not accepted: give the timeout itself, 1s .. 15m (nsqd's default is 60s), so that "
+                  "TOUCH and the sweeper use the value nsqd applies");
     if (!nsq::proto::check_msg_timeout(c.msg_timeout.count()))
         bad_value("--msg-timeout", f.msg_timeout,
-                  "out of range: 0 (nsqd's default) or 1s .. 15m (nsqd's max-msg-timeout); "
-                  "nsqd would refuse IDENTIFY with E_BAD_BODY");
+                  "out of range: 1s .. 15m (nsqd's max-msg-timeout); nsqd would refuse IDENTIFY with "
+                  "E_BAD_BODY");
     c.heartbeat_interval = duration_flag("--heartbeat-interval", f.heartbeat_interval);
     if (c.heartbeat_interval < milliseconds(1000) || c.heartbeat_interval > milliseconds(60000))
         bad_value("--heartbeat-interval", f.heartbeat_interval,

@@ -37,7 +37,7 @@ struct nsq_consumer_flags {
     std::vector<std::string> lookupd_http_addresses;
     unsigned max_in_flight = 200;
     bool max_in_flight_acknowledged = false;  // --max-in-flight-above-nsqd-default
-    std::string msg_timeout = "0";            // 0: nsqd's --msg-timeout
+    std::string msg_timeout = "60s";          // nsqd's own default, asked explicitly
     std::string heartbeat_interval = "30s";
     unsigned max_attempts = 5;  // 0: unlimited
     std::string lookupd_poll_interval = "60s";

@@ -120,7 +120,24 @@ result<net::tcp::endpoint> runtime::start() {
     http::health_route_options hopts;
     hopts.redact_details = !is_loopback(opts_.health_listen.host);
     http::add_health_routes(routes_, metrics_, health_, startup_, hopts);
-    server_ = std::make_unique<http::server>(io_.get_executor(), routes_, http::server_options{}, log_);
+    // /config off loopback without basic auth: the addresses left out, as /readyz leaves them out there.
+    const std::string* config_json =
+        hopts.redact_details && !opts_.health_basic_auth ? &config_json_redacted_ : &config_json_;
+    if (!config_json_.empty())
+        routes_.add("GET", "/config", [config_json](http::request&) { return config(config_json); });
+    http::server_options sopts;
+    sopts.tls = opts_.health_tls;
+    // With basic auth, the probes' routes stay open (a kubelet's httpGet probe cannot read a secret file,
+    // and they say only ok or why not: redacted off loopback); every other route, present or added later,
+    // asks for credentials.
+    http::router served = routes_;
+    if (opts_.health_basic_auth) {
+        served = http::router();
+        for (const char* open : {"/healthz", "/readyz", "/startupz"})
+            served.add("GET", open, [this](http::request& r) { return routes_.dispatch(r); });
+        served.add_prefix("", "/", [this](http::request& r) { return guarded(this, r); });
+    }
+    server_ = std::make_unique<http::server>(io_.get_executor(), std::move(served), std::move(sopts), log_);
     auto ep = server_->listen(opts_.health_listen);
     if (!ep) return ep.err();
     server_->start();
@@ -133,8 +150,34 @@ result<net::tcp::endpoint> runtime::start() {
     log_.info("health server listening", {{"address", ep->address().to_string()},
                                           {"port", ep->port()},
                                           {"redacted", hopts.redact_details},
+                                          {"tls", opts_.health_tls != nullptr},
+                                          {"basic_auth", opts_.health_basic_auth != nullptr},
                                           {"fd_limit", static_cast<std::int64_t>(fd_limit)}});
     return ep;
+}
+
+asio::awaitable<http::response> runtime::config(const std::string* json) {
+    co_return http::make_response(200, *json, "application/json");
+}
+
+asio::awaitable<http::response> runtime::guarded(runtime* self, http::request& req) {
+    // Named, not a temporary of the co_await expression: GCC 12 destroys a conditional's temporary in a
+    // co_await twice.
+    std::string authorization;
+    if (auto header = req.headers.get("Authorization")) authorization = *header;
+    auto check =
+        self->opts_.health_basic_auth->check(std::move(authorization), self->offload_.get_executor());
+    auto v = co_await std::move(check);
+    if (v == health_auth::verdict::allowed) co_return co_await self->routes_.dispatch(req);
+    if (v == health_auth::verdict::busy) {
+        auto r = http::make_response(429, "too many credentials being checked; retry\n");
+        r.headers.add("Retry-After", "1");
+        co_return r;
+    }
+    auto r = http::make_response(401, "unauthorized\n");
+    r.headers.add("WWW-Authenticate",
+                  std::string("Basic realm=\"") + health_auth::realm + "\", charset=\"UTF-8\"");
+    co_return r;
 }
 
 void runtime::wait_signal() {

@@ -10,6 +10,8 @@
 #include <optional>
 #include <vector>
 
+#include "app/effective_config.hpp"
+#include "app/health_auth.hpp"
 #include "core/log.hpp"
 #include "core/result.hpp"
 #include "http/router.hpp"
@@ -39,6 +41,11 @@ struct runtime_options {
     // (net/turn_budget.hpp).
     std::chrono::microseconds turn_budget{500};
     bool handle_signals = true;
+    // HTTPS on the health listener when set (--health-tls-cert-file/--health-tls-key-file).
+    std::shared_ptr<asio::ssl::context> health_tls;
+    // When set, every route but /healthz, /readyz and /startupz (which probes reach without credentials)
+    // answers 401 without valid basic-auth credentials (--health-basic-auth-file).
+    std::shared_ptr<health_auth> health_basic_auth;
 };
 
 class runtime {
@@ -55,6 +62,13 @@ class runtime {
     metrics::startup& startup() { return startup_; }
     // Extra routes for the health server; add them before start().
     http::router& routes() { return routes_; }
+    // GET /config on the health listener: this configuration as JSON (the same list the startup line
+    // logs). Call before start().
+    // Off loopback without basic auth, the addresses in it are redacted (effective_config::add_address).
+    void set_effective_config(const effective_config& c) {
+        config_json_ = c.json();
+        config_json_redacted_ = c.json(true);
+    }
 
     // A drain step run on the first signal (or request_stop()); all run concurrently, bounded together by
     // shutdown_timeout. Called on the main executor.
@@ -82,6 +96,8 @@ class runtime {
 
   private:
     static asio::awaitable<void> shutdown(runtime* self);
+    static asio::awaitable<http::response> config(const std::string* json);
+    static asio::awaitable<http::response> guarded(runtime* self, http::request& req);
     void wait_signal();
 
     runtime_options opts_;
@@ -92,6 +108,7 @@ class runtime {
     metrics::health health_;
     metrics::startup startup_;
     http::router routes_;
+    std::string config_json_, config_json_redacted_;
     std::unique_ptr<http::server> server_;
     std::shared_ptr<net::lag_probe> probe_;
     asio::signal_set signals_;

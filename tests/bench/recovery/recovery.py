@@ -5,7 +5,7 @@ killed sidecar held, plus the others' in-flight rows, which settle within a Stri
 is restarted at once, as an orchestrator would.
 
 Load: --rate events/s published continuously (MPUB every 100 ms), fake-stripe answering in --stripe-ms.
-Sidecars run with chargeguard's defaults (--lease 60s, --msg-timeout = nsqd's 60 s) unless --consume-arg says
+Sidecars run with chargeguard's defaults (--lease 60s) and nsqd's --msg-timeout asked explicitly unless --consume-arg says
 otherwise; the bound printed is --msg-timeout + --lease + 5 s. Real processes: the built chargeguard, NSQD_BIN
 (or fake-nsqd), fake-stripe, PostgreSQL from PG*. At the end: every event charged exactly once.
 
@@ -50,7 +50,7 @@ def main():
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--rate", type=float, default=100)
     ap.add_argument("--stripe-ms", type=int, default=200)
-    ap.add_argument("--msg-timeout", type=int, default=60, help="nsqd's --msg-timeout, seconds (consume asks nsqd's)")
+    ap.add_argument("--msg-timeout", type=int, default=60, help="nsqd's --msg-timeout, seconds (consume asks the same)")
     ap.add_argument("--lease", type=int, default=60, help="consume --lease, seconds")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--consume-arg", action="append", default=[])
@@ -67,7 +67,8 @@ def main():
     try:
         st.fake_stripe(a.stripe_ms)
         st.nsqd(msg_timeout_s=a.msg_timeout)
-        args = ["--max-in-flight", "200", "--stripe-rate-initial", "0", "--lease", f"{a.lease}s", *a.consume_arg]
+        args = ["--max-in-flight", "200", "--stripe-rate-initial", "0", "--lease", f"{a.lease}s",
+                "--msg-timeout", f"{a.msg_timeout}s", *a.consume_arg]
         cs = [st.consume(i, args) for i in range(3)]
         session = H.psql_session(st.db)
         pub = publisher(st, a.rate)

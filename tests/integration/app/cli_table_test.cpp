@@ -189,6 +189,16 @@ BOOST_AUTO_TEST_CASE(durations_take_one_syntax_and_errors_say_where_the_value_ca
          "CHARGEGUARD_MSG_TIMEOUT=500ms: out of range", ""},
         {"an NSQ duration on the command line", consume({"--msg-timeout", "soon"}), stripe_key, 64,
          "--msg-timeout soon: not a duration", ""},
+        // 0 would leave the timeout to nsqd while TOUCH and the sweeper assume one: refused, not documented.
+        {"a zero message timeout on the command line", consume({"--msg-timeout", "0"}), stripe_key, 64,
+         "--msg-timeout 0: 0 is not accepted", ""},
+        {"a zero message timeout as a Go duration", consume({"--msg-timeout", "0s"}), stripe_key, 64,
+         "--msg-timeout 0s: 0 is not accepted", ""},
+        {"a zero message timeout from the environment", consume({}),
+         with(stripe_key, {{"CHARGEGUARD_MSG_TIMEOUT", "0"}}), 78,
+         "CHARGEGUARD_MSG_TIMEOUT=0: 0 is not accepted", ""},
+        {"a message timeout above nsqd's maximum", consume({"--msg-timeout", "16m"}), stripe_key, 64,
+         "--msg-timeout 16m: out of range: 1s .. 15m", ""},
         // Go durations for runtime/PostgreSQL/Stripe flags and bare seconds for NSQ ones are accepted: the
         // run gets as far as the bad --health-listen, checked last.
         {"both syntaxes accepted everywhere",
