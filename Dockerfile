@@ -31,7 +31,7 @@ FROM ${BASE} AS build
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       meson ninja-build g++ pkg-config python3 libasio-dev libssl-dev libpq-dev libsimdjson-dev \
-      libboost-test-dev libhttp-parser-dev libcli11-dev prometheus-cpp-dev libsnappy-dev zlib1g-dev ccache \
+      libboost-test-dev libcrypt-dev libhttp-parser-dev libcli11-dev prometheus-cpp-dev libsnappy-dev zlib1g-dev ccache \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY meson.build meson_options.txt ./

@@ -3,7 +3,7 @@
 # Debian packages the build, the tests and the demo need (docs/design.md §7, plus openssl for test
 # certificates and clang for the fuzz target).
 CG_PACKAGES="meson ninja-build g++ pkg-config libasio-dev libssl-dev libpq-dev libsimdjson-dev
-  libboost-test-dev libhttp-parser-dev libcli11-dev prometheus-cpp-dev postgresql
+  libboost-test-dev libcrypt-dev libhttp-parser-dev libcli11-dev prometheus-cpp-dev postgresql
   postgresql-contrib openssl ca-certificates python3 procps clang clang-format libclang-rt-14-dev prometheus libsnappy-dev zlib1g-dev
   nftables iproute2 python3-yaml"
 
