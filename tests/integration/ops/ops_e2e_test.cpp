@@ -111,6 +111,11 @@ struct ops : test::chargeguard_e2e<> {
         auto s = stripe_args();
         a.insert(a.end(), s.begin(), s.end());
         a.insert(a.end(), extra.begin(), extra.end());
+        // Discovery through nsqlookupd instead (the two exclude each other).
+        if (std::find(extra.begin(), extra.end(), "--lookupd-http-address") != extra.end()) {
+            auto at = std::find(a.begin(), a.end(), "--nsqd-tcp-address");
+            a.erase(at, at + 2);
+        }
         return spawn(a);
     }
 
@@ -2047,9 +2052,11 @@ double channel_depth(const std::string& metrics, const std::string& nsqd_http) {
     return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + 1 + series.size()));
 }
 
-// An nsqd either way: its addresses, and the steps the test takes on it.
+// An nsqd either way: its addresses, and the steps the test takes on it. `lookupd`: consume is given no
+// --nsqd-http-address, and finds the nsqd's HTTP address through this nsqlookupd's /lookup
+// (broadcast_address and http_port).
 struct depth_nsqd {
-    std::string tcp, http;
+    std::string tcp, http, lookupd;
     std::function<net::awaitable<void>(bool)> pause;  // the consume's channel paused, or not
     std::function<net::awaitable<void>(std::string)> publish;
 };
@@ -2060,8 +2067,11 @@ net::awaitable<void> depth_follows_stats(ops& t, depth_nsqd n) {
     co_await n.pause(true);
     for (int i = 0; i < 3; ++i)
         co_await n.publish(event_json("depth-" + std::to_string(i), "2026-09", 100 + i));
-    auto& consumer =
-        t.spawn_consume(n.tcp, {"--nsqd-http-address", n.http, "--channel-depth-interval", "1s"});
+    auto& consumer = t.spawn_consume(
+        n.tcp, n.lookupd.empty()
+                   ? std::vector<std::string>{"--nsqd-http-address", n.http, "--channel-depth-interval", "1s"}
+                   : std::vector<std::string>{"--lookupd-http-address", n.lookupd, "--lookupd-poll-interval",
+                                              "1s", "--channel-depth-interval", "1s"});
     std::optional<unsigned short> port;
     BOOST_TEST_REQUIRE(
         co_await eventually([&] { return (port = consumer.logged_port()).has_value(); }, seconds(20)),
@@ -2092,6 +2102,7 @@ net::awaitable<void> depth_follows_stats(ops& t, depth_nsqd n) {
     }
     BOOST_TEST(d == 0);
     co_await t.stop_cleanly(consumer);
+    if (!n.lookupd.empty()) co_return;
     auto& blind = t.spawn_consume(n.tcp);
     BOOST_TEST(co_await eventually(
                    [&] {
@@ -2123,6 +2134,31 @@ BOOST_FIXTURE_TEST_CASE(channel_depth_gauge_reads_fake_nsqd_stats, ops) {
             co_return;
         };
         co_await depth_follows_stats(*this, n);
+    });
+}
+
+// The nsqd's HTTP address as fake-nsqlookupd lists it, with no --nsqd-http-address.
+BOOST_FIXTURE_TEST_CASE(channel_depth_gauge_finds_nsqd_through_lookupd, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        test::nsq::fake_nsqlookupd lookupd(io.get_executor());
+        BOOST_TEST_REQUIRE(lookupd.start().has_value());
+        lookupd.add_producer(topic, nsqd->producer());
+        depth_nsqd n;
+        n.tcp = nsqd->tcp_address();
+        n.http = "127.0.0.1:" + std::to_string(nsqd->http_port());
+        n.lookupd = lookupd.http_address();
+        n.pause = [this](bool on) -> net::awaitable<void> {
+            nsqd->pause_channel(topic, channel, on);
+            co_return;
+        };
+        n.publish = [this](std::string body) -> net::awaitable<void> {
+            nsqd->publish(topic, std::move(body));
+            co_return;
+        };
+        co_await depth_follows_stats(*this, n);
+        BOOST_TEST(lookupd.lookups() > 0u);
     });
 }
 
