@@ -2012,6 +2012,64 @@ BOOST_FIXTURE_TEST_CASE(a_redelivered_event_never_retries_a_row_twice, ops) {
     });
 }
 
+// A Connect event names its account: the customer's card changed there, so only the rows of that account are
+// retried — the same customer id's declined row on the platform is another customer's, and stays declined.
+BOOST_FIXTURE_TEST_CASE(a_card_change_retries_only_the_rows_of_its_account, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-08", acct = "acct_1CardW5";
+        fake->add_account(acct, {"cus_w5"});
+        fake->decline("cus_w5");
+        nsqd->publish(topic, event_json("w5", p, 1500, "cus_w5"));
+        auto connected = event_json("w5", p, 1501, "cus_w5");
+        connected.pop_back();
+        nsqd->publish(topic, connected + R"(,"stripe_account":")" + acct + "\"}");
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 2u; }, seconds(40)),
+                           consumer.err());
+        child* receiver = co_await start_receiver(*this, true);
+        fake->attach_payment_method("cus_w5", acct);
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] {
+                                   for (const auto& ch : fake->charges())
+                                       if (ch.status == "succeeded") return true;
+                                   return false;
+                               },
+                               seconds(40)),
+                           receiver->err() + consumer.err());
+        BOOST_TEST_REQUIRE(co_await eventually([&] { return all_acked(*this); }, seconds(20)),
+                           receiver->err());
+        bool settled = false;
+        pg::rows rows;
+        for (int i = 0; i < 400 && !settled; ++i) {
+            rows = co_await query(
+                "SELECT coalesce(stripe_account, ''), status, key_generation FROM billing_records "
+                "WHERE customer_id = 'w5' ORDER BY 1");
+            settled = rows.size() == 2u && rows.text(1, 1) == "charged";
+            if (!settled) co_await net::sleep_for(milliseconds(50));
+        }
+        BOOST_TEST_REQUIRE(settled);
+        BOOST_TEST(rows.text(0, 0) == "");
+        BOOST_TEST(rows.text(0, 1) == "declined");
+        BOOST_TEST(rows.text(0, 2) == "1");
+        BOOST_TEST(rows.text(1, 0) == acct);
+        BOOST_TEST(rows.text(1, 2) == "2");
+        auto retries = co_await query("SELECT count(*) FROM billing_retries");
+        BOOST_TEST(retries.text(0, 0) == "1");
+        std::size_t succeeded = 0;
+        for (const auto& ch : fake->charges())
+            if (ch.status == "succeeded") {
+                ++succeeded;
+                BOOST_TEST(ch.account == acct);
+            }
+        BOOST_TEST(succeeded == 1u);
+        co_await stop_cleanly(*receiver);
+        co_await stop_cleanly(consumer);
+    });
+}
+
 // Without --retry-declined-on-payment-method-change the same event is recorded and nothing is retried.
 BOOST_FIXTURE_TEST_CASE(without_the_flag_a_card_change_retries_nothing, ops) {
     run(*this, [this]() -> net::awaitable<void> {
