@@ -10,7 +10,7 @@
 // hours, so the same key would only be declined again. Why this is still at most one success: only a
 // `declined` row is reopened (a row lock decides between two retries at once: the second finds it pending
 // and reopens nothing), the old generation's payment already ended (a failed charge; an intent still open
-// is cancelled by the command first, see cmd_retry.cpp), and the new generation is charged by the lease
+// is cancelled first, see app/declined_retry.hpp), and the new generation is charged by the lease
 // protocol every other charge goes through. The old payment's ids leave the row (its late events then name
 // another payment) and stay here; the recovery search skips them (superseded_payments), so a crash after the
 // new call never reads the old decline as the new generation's answer.
