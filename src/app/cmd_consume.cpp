@@ -36,6 +36,7 @@
 #include "net/address.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
+#include "nsq/channel_depth.hpp"
 #include "nsq/consumer.hpp"
 #include "pg/pool.hpp"
 #include "stripe/client.hpp"
@@ -72,6 +73,8 @@ struct consume_flags {
     std::string processing_poll_after = "1h";
     double processing_poll_rate = 5;
     bool validate = false;  // --validate: check the configuration and the dependencies once, then exit
+    std::vector<std::string> nsqd_http_addresses;  // for chargeguard_nsq_channel_depth
+    std::string channel_depth_interval = "30s";
 };
 
 // Rows left processing are retrieved from Stripe by id once they have waited --processing-poll-after, at
@@ -93,6 +96,36 @@ billing::poller_config to_poller_config(const consume_flags& f) {
 net::awaitable<void> stop_poller(std::shared_ptr<billing::settlement_poller> p) {
     p->stop();
     co_return;
+}
+
+net::awaitable<void> stop_channel_depth(std::shared_ptr<nsq::channel_depth_monitor> m) {
+    m->stop();
+    co_return;
+}
+
+// chargeguard_nsq_channel_depth (nsq/channel_depth.hpp): the nsqds nsqlookupd lists, and those given with
+// --nsqd-tcp-address whose HTTP address --nsqd-http-address names. Stopped on shutdown.
+void start_channel_depth(runtime& rt, const consume_flags& f, const nsq::consumer_config& ncfg) {
+    nsq::channel_depth_config c;
+    c.topic = ncfg.topic;
+    c.channel = ncfg.channel;
+    c.lookupd_http_addresses = ncfg.lookupd_http_addresses;
+    c.nsqd_http_addresses = f.nsqd_http_addresses;
+    c.interval = duration_flag("--channel-depth-interval", f.channel_depth_interval);
+    if (!ncfg.nsqd_tcp_addresses.empty() && f.nsqd_http_addresses.empty())
+        rt.log().info(
+            "chargeguard_nsq_channel_depth is not read for the nsqds given with --nsqd-tcp-address: give "
+            "their HTTP addresses with --nsqd-http-address",
+            {{"nsqd_tcp_addresses", static_cast<std::int64_t>(ncfg.nsqd_tcp_addresses.size())}});
+    if (c.lookupd_http_addresses.empty() && c.nsqd_http_addresses.empty()) return;
+    rt.log().info("channel depth read from nsqd's /stats",
+                  {{"interval_ms", static_cast<std::int64_t>(c.interval.count())},
+                   {"nsqd_http_addresses", static_cast<std::int64_t>(c.nsqd_http_addresses.size())},
+                   {"lookupd_http_addresses", static_cast<std::int64_t>(c.lookupd_http_addresses.size())}});
+    auto m = std::make_shared<nsq::channel_depth_monitor>(rt.io().get_executor(), std::move(c), rt.metrics(),
+                                                          rt.log());
+    m->start();
+    rt.on_shutdown([m]() { return stop_channel_depth(m); });
 }
 
 void add_pipeline_flags(CLI::App& cmd, pipeline_flags& f) {
@@ -446,6 +479,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
         if (e) log.error("processing poll stopped", {{"error", describe_exception(e)}});
     });
     rt.on_shutdown([poller]() { return stop_poller(poller); });
+    start_channel_depth(rt, f, ncfg);
     return rt.start_and_run(start_when_ready(&rt, pool.get(), &f.pg, std::move(*ms), &gate,
                                              [&rt, &consumer] { start_consumer(&rt, &consumer); }));
 }
@@ -494,13 +528,29 @@ void register_consume(CLI::App& app, command_main& selected) {
                     "most retrieves per second the processing poll sends to Stripe")
         ->capture_default_str()
         ->group(group_pipeline);
+    cmd->add_option("--nsqd-http-address", f->nsqd_http_addresses,
+                    "HTTP address host:port of the nsqds given with --nsqd-tcp-address (repeatable), where "
+                    "chargeguard_nsq_channel_depth is read; nsqlookupd names the others' itself")
+        ->group(group_nsq);
+    cmd->add_option("--channel-depth-interval", f->channel_depth_interval,
+                    "how often chargeguard_nsq_channel_depth is read from nsqd's /stats (1s to 1h)")
+        ->capture_default_str()
+        ->group(group_nsq);
     env(cmd->add_flag(
             "--validate", f->validate,
             "check and exit: parse every setting, read the Stripe key, log the effective configuration "
             "(no secret), reach PostgreSQL, each nsqd or nsqlookupd and Stripe once; exit 0, or 78 "
             "naming what failed"),
         env_scope::never);
-    cmd->callback([&selected, f] { selected = [f](const global_flags& g) { return run_consume(*f, g); }; });
+    cmd->callback([&selected, f] {
+        for (const auto& a : f->nsqd_http_addresses)
+            if (auto hp = net::parse_host_port(a); !hp)
+                bad_value("--nsqd-http-address", a, hp.err().code.message());
+        auto every = duration_flag("--channel-depth-interval", f->channel_depth_interval);
+        if (every < std::chrono::seconds(1) || every > std::chrono::hours(1))
+            bad_value("--channel-depth-interval", f->channel_depth_interval, "must be between 1s and 1h");
+        selected = [f](const global_flags& g) { return run_consume(*f, g); };
+    });
 }
 
 }  // namespace cg::app

@@ -8,6 +8,12 @@
 // during a rotation) or CHARGEGUARD_WEBHOOK_SECRET (the same format); never argv.
 // Executors: the listener, the handler and the PostgreSQL pool all run on the runtime's main io_context.
 // SIGTERM: the listener stops, the pool closes, exit 0.
+//
+// --retry-declined-on-payment-method-change (off by default): an event saying a customer's payment method
+// changed retries that customer's declined rows (app/webhook_receiver.hpp), so this process then also
+// needs the Stripe key (an open PaymentIntent of the decline is cancelled first, as retry-declined does)
+// and nsqd (the retried event is published to --topic for `consume` to charge). Without the flag neither
+// is read nor reached. The Stripe client's HTTPS work runs on the offload pool, never on the event loop.
 #include <malloc.h>
 
 #include <algorithm>
@@ -20,8 +26,13 @@
 #include "app/pg_flags.hpp"
 #include "app/runtime.hpp"
 #include "app/schema_gate.hpp"
+#include "app/stripe_flags.hpp"
 #include "app/webhook_receiver.hpp"
 #include "http/server.hpp"
+#include "net/address.hpp"
+#include "nsq/producer.hpp"
+#include "nsq/proto/commands.hpp"
+#include "stripe/client.hpp"
 
 namespace cg::app {
 namespace {
@@ -38,6 +49,9 @@ struct webhooks_flags {
     listener_flags listener;
     pg_flags pg;
     runtime_flags rt;
+    bool retry_declined = false;
+    std::string nsqd_tcp_address, topic = "billing";
+    stripe_flags stripe;
 };
 
 // One or two secrets, one a line (surrounding whitespace and blank lines ignored), each `whsec_…`.
@@ -124,6 +138,22 @@ int run_webhooks(const webhooks_flags& f, const global_flags& g) {
     rt.startup().require("postgres", "PostgreSQL (first connection)");
     schema_gate gate(rt, pool, ms);
     webhook_receiver receiver(std::move(cfg), pool, log, rt.metrics());
+    std::unique_ptr<stripe::client> stripe;
+    std::unique_ptr<nsq::producer> producer;
+    if (f.retry_declined) {
+        auto c = stripe::client::create(rt.offload().get_executor(), to_stripe_config(f.stripe), log,
+                                        &rt.metrics());
+        if (!c) {
+            log.error("cannot create the Stripe client", {{"error", c.err().describe()}});
+            return 1;
+        }
+        stripe = std::move(*c);
+        producer = std::make_unique<nsq::producer>(rt.io().get_executor(), f.nsqd_tcp_address,
+                                                   nsq::producer_config{}, log);
+        receiver.retry_declined_with(*producer, *stripe, f.topic);
+        log.info("declined rows are retried when a customer's payment method changes",
+                 {{"nsqd_tcp_address", f.nsqd_tcp_address}, {"topic", f.topic}});
+    }
     sopts.metrics = &rt.metrics();
     sopts.listener = "webhooks";
     http::server server(rt.io().get_executor(), receiver.routes(), std::move(sopts), log);
@@ -133,6 +163,8 @@ int run_webhooks(const webhooks_flags& f, const global_flags& g) {
         return 1;
     }
     rt.on_shutdown([&server]() { return stop_receiving(&server); });
+    // After the listener: a delivery still being handled may publish a retried event until then.
+    if (producer) rt.on_shutdown([p = producer.get()]() { return p->close(); });
     // PostgreSQL (and --migrate), then the schema gate; only then does the listener accept.
     return rt.start_and_run(
         start_when_ready(&rt, pool.get(), &f.pg, std::move(ms), &gate, [&rt, &server, ep = *ep] {
@@ -176,6 +208,18 @@ void register_webhooks(CLI::App& app, command_main& selected) {
                     "deliveries being recorded at once; beyond, 503 with Retry-After (Stripe retries)")
         ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
         ->capture_default_str();
+    cmd->add_flag("--retry-declined-on-payment-method-change", f->retry_declined,
+                  "when Stripe says a customer's payment method changed (payment_method.attached, or "
+                  "customer.updated with a new invoice_settings.default_payment_method), retry that "
+                  "customer's declined keys as retry-declined does (needs --nsqd-tcp-address and the Stripe "
+                  "key)");
+    cmd->add_option("--nsqd-tcp-address", f->nsqd_tcp_address,
+                    "nsqd TCP address host:port the retried events are published to (with "
+                    "--retry-declined-on-payment-method-change)");
+    cmd->add_option("--topic", f->topic,
+                    "the topic consume reads (with --retry-declined-on-payment-method-change)")
+        ->capture_default_str();
+    add_stripe_flags(*cmd, f->stripe);
     add_listener_flags(*cmd, f->listener);
     add_pg_flags(*cmd, f->pg, true);
     add_runtime_flags(*cmd, f->rt);
@@ -184,6 +228,15 @@ void register_webhooks(CLI::App& app, command_main& selected) {
             throw usage_error(
                 "--webhook-secret is not accepted: a secret on the command line is visible to every local "
                 "user; use --webhook-secret-file or CHARGEGUARD_WEBHOOK_SECRET");
+        if (f->retry_declined) {
+            if (f->nsqd_tcp_address.empty())
+                throw usage_error("--retry-declined-on-payment-method-change needs --nsqd-tcp-address");
+            if (auto hp = net::parse_host_port(f->nsqd_tcp_address); !hp)
+                bad_value("--nsqd-tcp-address", f->nsqd_tcp_address, hp.err().code.message());
+            if (!nsq::proto::valid_topic_name(f->topic))
+                bad_value("--topic", f->topic, "not a valid topic name");
+            (void)to_stripe_config(f->stripe);  // reads and checks the key before anything starts
+        }
         selected = [f](const global_flags& g) { return run_webhooks(*f, g); };
     });
 }

@@ -118,6 +118,21 @@ void json_field(std::string& out, std::string_view name, const std::optional<std
         out += "null";
 }
 
+// `[{…},{…}]`: one object per item, its fields written by `fields(out, item)`, the first one without a
+// comma before it (json_field's `comma` = false).
+template <typename Items, typename Fields>
+void json_array(std::string& out, const Items& items, Fields fields) {
+    out += '[';
+    bool first = true;
+    for (const auto& item : items) {
+        out += first ? "{" : ",{";
+        first = false;
+        fields(out, item);
+        out += '}';
+    }
+    out += ']';
+}
+
 void print_json(const explanation& x) {
     std::string o = "{";
     json_field(o, "key", x.key, false);
@@ -138,115 +153,87 @@ void print_json(const explanation& x) {
     } else {
         o += "null";
     }
-    o += ",\"dead_letters\":[";
-    for (std::size_t i = 0; i < x.letters.size(); ++i) {
-        const auto& l = x.letters[i];
-        o += i ? ",{" : "{";
-        json_field(o, "id", l.id, false);
-        json_field(o, "reason", l.reason);
-        json_field(o, "received_at", l.received_at);
-        json_field(o, "replayed_at", l.replayed_at);
-        json_field(o, "dismissed_at", l.dismissed_at);
-        json_field(o, "found_by", l.found_by);
-        o += '}';
-    }
-    o += "],\"vault_spend\":";
+    o += ",\"dead_letters\":";
+    json_array(o, x.letters, [](std::string& out, const auto& l) {
+        json_field(out, "id", l.id, false);
+        json_field(out, "reason", l.reason);
+        json_field(out, "received_at", l.received_at);
+        json_field(out, "replayed_at", l.replayed_at);
+        json_field(out, "dismissed_at", l.dismissed_at);
+        json_field(out, "found_by", l.found_by);
+    });
+    o += ",\"vault_spend\":";
     if (!x.spend) {
         o += "null";
     } else {
-        o += '[';
-        for (std::size_t i = 0; i < x.spend->size(); ++i) {
-            const auto& s = (*x.spend)[i];
-            o += i ? ",{" : "{";
-            json_field(o, "vault_key_id", s.vault_key_id, false);
-            json_field(o, "idempotency_key", s.idempotency_key);
-            json_field(o, "amount_cents", s.amount_cents);
-            json_field(o, "state", s.state);
-            json_field(o, "stripe_object_id", s.stripe_object_id);
-            json_field(o, "reserved_at", s.reserved_at);
-            o += '}';
-        }
-        o += ']';
+        json_array(o, *x.spend, [](std::string& out, const auto& s) {
+            json_field(out, "vault_key_id", s.vault_key_id, false);
+            json_field(out, "idempotency_key", s.idempotency_key);
+            json_field(out, "amount_cents", s.amount_cents);
+            json_field(out, "state", s.state);
+            json_field(out, "stripe_object_id", s.stripe_object_id);
+            json_field(out, "reserved_at", s.reserved_at);
+        });
     }
     o += ",\"corrections\":";
     if (!x.corrections) {
         o += "null";
     } else {
-        o += '[';
-        for (std::size_t i = 0; i < x.corrections->size(); ++i) {
-            const auto& r = (*x.corrections)[i];
-            o += i ? ",{" : "{";
-            json_field(o, "key", r.key, false);
-            json_field(o, "revision", r.revision);
-            json_field(o, "total_cents", r.total_cents);
-            json_field(o, "currency", r.currency);
-            json_field(o, "delta_cents", r.delta_cents);
-            json_field(o, "status", r.status);
-            json_field(o, "note", r.note);
-            json_field(o, "started_at", r.started_at);
-            json_field(o, "finished_at", r.finished_at);
-            o += ",\"moves\":[";
-            for (std::size_t k = 0; k < r.moves.size(); ++k) {
-                const auto& m = r.moves[k];
-                o += k ? ",{" : "{";
-                json_field(o, "part", m.part, false);
-                json_field(o, "kind", m.kind);
-                json_field(o, "amount_cents", m.amount_cents);
-                json_field(o, "refund_of", m.refund_of);
-                json_field(o, "status", m.status);
-                json_field(o, "stripe_object_id", m.stripe_object_id);
-                json_field(o, "payment_intent_id", m.payment_intent_id);
-                json_field(o, "key_generation", m.key_generation);
-                json_field(o, "last_error", m.last_error);
-                o += '}';
-            }
-            o += "]}";
-        }
-        o += ']';
+        json_array(o, *x.corrections, [](std::string& out, const auto& r) {
+            json_field(out, "key", r.key, false);
+            json_field(out, "revision", r.revision);
+            json_field(out, "total_cents", r.total_cents);
+            json_field(out, "currency", r.currency);
+            json_field(out, "delta_cents", r.delta_cents);
+            json_field(out, "status", r.status);
+            json_field(out, "note", r.note);
+            json_field(out, "started_at", r.started_at);
+            json_field(out, "finished_at", r.finished_at);
+            out += ",\"moves\":";
+            json_array(out, r.moves, [](std::string& mo, const auto& m) {
+                json_field(mo, "part", m.part, false);
+                json_field(mo, "kind", m.kind);
+                json_field(mo, "amount_cents", m.amount_cents);
+                json_field(mo, "refund_of", m.refund_of);
+                json_field(mo, "status", m.status);
+                json_field(mo, "stripe_object_id", m.stripe_object_id);
+                json_field(mo, "payment_intent_id", m.payment_intent_id);
+                json_field(mo, "key_generation", m.key_generation);
+                json_field(mo, "last_error", m.last_error);
+            });
+        });
     }
     json_field(o, "net_cents", x.net_cents);
-    o += ",\"attempts\":[";
-    for (std::size_t i = 0; i < x.attempts.size(); ++i) {
-        const auto& a = x.attempts[i];
-        o += i ? ",{" : "{";
-        json_field(o, "generation", a.generation, false);
-        json_field(o, "started", a.started);
-        json_field(o, "outcome", a.outcome);
-        o += '}';
-    }
-    o += ']';
+    o += ",\"attempts\":";
+    json_array(o, x.attempts, [](std::string& out, const auto& a) {
+        json_field(out, "generation", a.generation, false);
+        json_field(out, "started", a.started);
+        json_field(out, "outcome", a.outcome);
+    });
     o += ",\"stripe_customer\":";
     if (const auto& c = x.by_stripe_customer) {
         o += '{';
         json_field(o, "id", c->stripe_customer, false);
-        o += ",\"ledger\":[";
-        for (std::size_t i = 0; i < c->rows.size(); ++i) {
-            const auto& r = c->rows[i];
-            o += i ? ",{" : "{";
-            json_field(o, "key", r.key, false);
-            json_field(o, "customer_id", r.customer_id);
-            json_field(o, "status", r.status);
-            json_field(o, "amount_cents", r.amount_cents);
-            json_field(o, "currency", r.currency);
-            json_field(o, "charge_id", r.charge_id);
-            o += '}';
-        }
-        o += "],\"charges\":";
+        o += ",\"ledger\":";
+        json_array(o, c->rows, [](std::string& out, const auto& r) {
+            json_field(out, "key", r.key, false);
+            json_field(out, "customer_id", r.customer_id);
+            json_field(out, "status", r.status);
+            json_field(out, "amount_cents", r.amount_cents);
+            json_field(out, "currency", r.currency);
+            json_field(out, "charge_id", r.charge_id);
+        });
+        o += ",\"charges\":";
         if (!c->stripe_asked) {
             o += "null";
         } else {
-            o += '[';
-            for (std::size_t i = 0; i < c->charges.size(); ++i) {
-                const auto& ch = c->charges[i];
-                o += i ? ",{" : "{";
-                json_field(o, "id", ch.id, false);
-                json_field(o, "status", ch.status);
-                json_field(o, "customer_id", ch.customer_id);
-                json_field(o, "amount", ch.amount);
-                json_field(o, "currency", ch.currency);
-                o += '}';
-            }
-            o += ']';
+            json_array(o, c->charges, [](std::string& out, const auto& ch) {
+                json_field(out, "id", ch.id, false);
+                json_field(out, "status", ch.status);
+                json_field(out, "customer_id", ch.customer_id);
+                json_field(out, "amount", ch.amount);
+                json_field(out, "currency", ch.currency);
+            });
         }
         o += '}';
     } else {

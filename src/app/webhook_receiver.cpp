@@ -1,9 +1,11 @@
 #include "app/webhook_receiver.hpp"
 
 #include <algorithm>
+#include <array>
 
 #include "core/bytes.hpp"
 #include "pg/rows.hpp"
+#include "stripe/payment_method_change.hpp"
 #include "stripe/webhook_event.hpp"
 
 namespace cg::app {
@@ -64,6 +66,7 @@ webhook_receiver::webhook_receiver(webhook_receiver_config cfg, std::shared_ptr<
       log_(std::move(log)),
       settlements_(pool_),
       vault_(pool_),
+      retries_(pool_),
       deliveries_(reg.counter(
           "chargeguard_webhook_deliveries_total",
           "Stripe webhook deliveries by outcome (recorded, duplicate, other_payment, bad_signature, "
@@ -95,6 +98,13 @@ webhook_receiver::webhook_receiver(webhook_receiver_config cfg, std::shared_ptr<
     for (const char* o : {"recorded", "duplicate", "other_payment", "bad_signature", "stale", "malformed",
                           "poison", "wrong_api_version", "too_large", "busy", "error"})
         deliveries_.Add({{"outcome", o}});
+}
+
+void webhook_receiver::retry_declined_with(nsq::producer& producer, stripe::client& stripe,
+                                           std::string topic) {
+    retry_producer_ = &producer;
+    retry_stripe_ = &stripe;
+    retry_topic_ = std::move(topic);
 }
 
 http::router webhook_receiver::routes() {
@@ -204,6 +214,11 @@ asio::awaitable<http::response> webhook_receiver::record(const http::request& re
         deliveries_.Add({{"outcome", "error"}}).Increment();
         co_return webhook_json(500, R"({"error":{"message":"refund not applied to the vault, retry"}})");
     }
+    bool retried = co_await retry_declined(*ev, req.body);
+    if (!retried) {
+        deliveries_.Add({{"outcome", "error"}}).Increment();
+        co_return webhook_json(500, R"({"error":{"message":"declined rows not all retried, retry"}})");
+    }
     if (rec->duplicate) {
         deliveries_.Add({{"outcome", "duplicate"}}).Increment();
         log_.info("webhook duplicate ignored", {{"event", ev->id}, {"type", ev->type}});
@@ -266,6 +281,44 @@ asio::awaitable<bool> webhook_receiver::refund_vault(const stripe::webhook_event
                                                  {"reopened_cents", a.reopened_cents}});
     }
     co_return true;
+}
+
+asio::awaitable<bool> webhook_receiver::retry_declined(const stripe::webhook_event& ev,
+                                                       const std::string& body) {
+    if (!retry_producer_ || !stripe::names_payment_method_change(ev.type)) co_return true;
+    auto change = stripe::read_payment_method_change(body);
+    if (change.customer.empty()) {
+        log_.debug("webhook event changes no payment method", {{"event", ev.id}, {"reason", change.why_not}});
+        co_return true;
+    }
+    const std::string by = "webhook:" + ev.id;
+    auto rows = co_await retries_.declined_of_stripe_customer(change.customer, change.account, by);
+    if (!rows) {
+        log_.error(
+            "declined rows of a customer not read",
+            {{"event", ev.id}, {"stripe_customer", change.customer}, {"error", rows.err().describe()}});
+        co_return false;
+    }
+    if (rows->empty()) co_return true;
+    declined_retry x{retries_,
+                     *retry_producer_,
+                     retry_topic_,
+                     retry_stripe_,
+                     {},
+                     by,
+                     ev.type,
+                     true,
+                     [&](std::string_view line, bool problem) {
+                         std::array<log_field, 4> fields{
+                             log_field("event", ev.id), log_field("stripe_customer", change.customer),
+                             log_field("payment_method", change.payment_method), log_field("result", line)};
+                         log_.log(problem ? log_level::warn : log_level::info,
+                                  "declined row retried on a payment method change", fields);
+                     },
+                     {}};
+    for (const auto& c : *rows)
+        if (!co_await retry_declined_row(x, c)) break;
+    co_return x.n.failed == 0;
 }
 
 }  // namespace cg::app

@@ -28,6 +28,16 @@
 // it is idempotent (cumulative, never below what it was), so a crash or error between the two leaves the
 // event recorded and unacknowledged (500), and Stripe's redelivery, a duplicate, applies it then.
 // chargeguard_webhook_vault_refunds_total counts the reservations it touched.
+//
+// With a declined-row retrier set (`--retry-declined-on-payment-method-change`), an event saying a Stripe
+// customer's payment method changed (stripe/payment_method_change.hpp: payment_method.attached, or
+// customer.updated whose invoice_settings.default_payment_method changed) retries that customer's declined
+// rows in the event's account through the path `retry-declined` takes (app/declined_retry.hpp), recorded
+// with who = "webhook:<event id>" and why = the event type. It runs after the event's commit and before the
+// 2xx, on the first delivery and on every duplicate: a row this event retried before is never reopened by it
+// again (the retry statement's once-per-requester guard), a pending row it reopened is published again (its
+// publish may have failed), and a failure answers 500 so that Stripe's redelivery finishes the work. Another
+// event while a retry is under way finds the row pending, not declined: nothing is retried twice.
 #pragma once
 
 #include <chrono>
@@ -35,6 +45,8 @@
 #include <string>
 #include <vector>
 
+#include "app/declined_retry.hpp"
+#include "billing/retry_store.hpp"
 #include "billing/settlement_store.hpp"
 #include "core/log.hpp"
 #include "http/router.hpp"
@@ -66,6 +78,10 @@ class webhook_receiver {
     webhook_receiver(webhook_receiver_config cfg, std::shared_ptr<pg::pool> pool, logger log,
                      metrics::registry& reg);
 
+    // Retries declined rows when a customer's payment method changes (above): events published to `topic`
+    // through `producer`, open intents cancelled through `stripe`; both must outlive the receiver.
+    void retry_declined_with(nsq::producer& producer, stripe::client& stripe, std::string topic);
+
     // POST <path> → handle(). The receiver must outlive the router (the handler holds `this`).
     http::router routes();
     // Verifies, records and answers one delivery (the table above). Completes on the pool's executor;
@@ -83,12 +99,19 @@ class webhook_receiver {
     asio::awaitable<http::response> record(const http::request& req, std::int64_t received_unix);
     // The refund an event reports, applied to the vault reservation it settled (see above); false: failed.
     asio::awaitable<bool> refund_vault(const stripe::webhook_event& ev, const billing::payment_fact& f);
+    // The declined rows of the customer whose payment method the event changed, retried (see above); false:
+    // a retry failed (answer 500).
+    asio::awaitable<bool> retry_declined(const stripe::webhook_event& ev, const std::string& body);
 
     webhook_receiver_config cfg_;
     std::shared_ptr<pg::pool> pool_;
     logger log_;
     billing::settlement_store settlements_;
     vault::store vault_;
+    billing::retry_store retries_;
+    nsq::producer* retry_producer_ = nullptr;  // null: no automatic retry
+    stripe::client* retry_stripe_ = nullptr;
+    std::string retry_topic_;
     metrics::family<metrics::Counter>& deliveries_;
     metrics::Histogram& lag_;
     metrics::family<metrics::Counter>& events_;

@@ -22,15 +22,25 @@ const std::string retry_declined_in_period_sql =
     "SELECT " CG_RETRY_COLUMNS
     "FROM billing_records WHERE billing_period = $1::text AND status = 'declined' "
     "ORDER BY key";
+// Declined rows by Stripe customer: billing_records_declined_stripe_customer_idx (migration 0023).
+const std::string retry_declined_of_stripe_customer_sql =
+    "SELECT " CG_RETRY_COLUMNS
+    "FROM billing_records b WHERE stripe_customer_id = $1::text "
+    "AND stripe_account IS NOT DISTINCT FROM nullif($2::text, '') AND status IN ('declined', 'pending') "
+    "AND (status = 'declined' OR "
+    "(status = 'pending' AND EXISTS (SELECT 1 FROM billing_retries r WHERE r.key = b.key "
+    "AND r.generation = b.key_generation AND r.requested_by = $3::text))) ORDER BY key";
 
 #undef CG_RETRY_COLUMNS
 
 // One statement: the row lock taken by `prev` makes a concurrent retry wait, then find the row pending and
-// reopen nothing. The attempt window restarts (first_stripe_attempt_at) and no answer is open, so the
-// redelivery charges under the new key at once rather than searching.
+// reopen nothing. $5 (once per requester): a row `by` ever retried is not reopened by it again. The attempt
+// window restarts (first_stripe_attempt_at) and no answer is open, so the redelivery charges under the new
+// key at once rather than searching.
 const std::string reopen_declined_sql =
     "WITH prev AS (SELECT key, status, key_generation, charge_id, payment_intent_id, last_error "
-    "FROM billing_records WHERE key = $1::text AND status = 'declined' FOR UPDATE), "
+    "FROM billing_records WHERE key = $1::text AND status = 'declined' AND NOT ($5::bool AND EXISTS "
+    "(SELECT 1 FROM billing_retries r WHERE r.key = $1::text AND r.requested_by = $2::text)) FOR UPDATE), "
     "reopened AS (UPDATE billing_records b SET status = 'pending', key_generation = b.key_generation + 1, "
     "indeterminate_since = NULL, charge_id = NULL, payment_intent_id = NULL, stripe_status = NULL, "
     "stripe_status_at = NULL, first_stripe_attempt_at = now(), lease_until = NULL, "
@@ -121,12 +131,25 @@ net::awaitable<result<std::vector<retry_candidate>>> retry_store::declined_in_pe
     co_return out;
 }
 
+net::awaitable<result<std::vector<retry_candidate>>> retry_store::declined_of_stripe_customer(
+    std::string stripe_customer, std::string stripe_account, std::string by) {
+    auto r = co_await pg::exec_pooled(
+        pool_, retry_declined_of_stripe_customer_sql,
+        pg::params(std::move(stripe_customer), std::move(stripe_account), std::move(by)));
+    if (!r) co_return r.err();
+    std::vector<retry_candidate> out;
+    for (std::size_t i = 0; i < r->size(); ++i) out.push_back(decode_candidate(*r, i));
+    co_return out;
+}
+
 net::awaitable<result<std::optional<retry_record>>> retry_store::reopen_declined(std::string key,
                                                                                  std::string by,
-                                                                                 std::string reason) {
+                                                                                 std::string reason,
+                                                                                 bool once_per_requester) {
     std::string why = "retry by " + by + ": " + reason;
-    auto r = co_await pg::exec_pooled(pool_, reopen_declined_sql,
-                                      pg::params(std::move(key), std::move(by), std::move(reason), why));
+    auto r = co_await pg::exec_pooled(
+        pool_, reopen_declined_sql,
+        pg::params(std::move(key), std::move(by), std::move(reason), why, once_per_requester));
     if (!r) co_return r.err();
     if (r->empty()) co_return std::optional<retry_record>();
     co_return std::optional<retry_record>(decode_retry(*r, 0));

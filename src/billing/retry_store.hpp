@@ -10,7 +10,7 @@
 // hours, so the same key would only be declined again. Why this is still at most one success: only a
 // `declined` row is reopened (a row lock decides between two retries at once: the second finds it pending
 // and reopens nothing), the old generation's payment already ended (a failed charge; an intent still open
-// is cancelled by the command first, see cmd_retry.cpp), and the new generation is charged by the lease
+// is cancelled first, see app/declined_retry.hpp), and the new generation is charged by the lease
 // protocol every other charge goes through. The old payment's ids leave the row (its late events then name
 // another payment) and stay here; the recovery search skips them (superseded_payments), so a crash after the
 // new call never reads the old decline as the new generation's answer.
@@ -71,13 +71,20 @@ class retry_store {
                                                                        std::string stripe_account);
     // Every declined row of the period, by key.
     net::awaitable<result<std::vector<retry_candidate>>> declined_in_period(std::string period);
+    // Every declined row of a Stripe customer (stripe_customer_id, in the account; empty: the platform's),
+    // every period, by key; and its pending rows whose current generation `by` reopened (a retry whose
+    // publish may not have happened: published again).
+    net::awaitable<result<std::vector<retry_candidate>>> declined_of_stripe_customer(
+        std::string stripe_customer, std::string stripe_account, std::string by);
 
     // Reopens a `declined` row: pending, key_generation + 1, no lease, no open answer, the attempt window
     // restarted (the redelivery charges under the new key at once), the old payment's ids cleared; and
     // records the retry. nullopt: the row is not declined (any more: another retry reopened it first, or it
-    // was never declined) and nothing was written.
+    // was never declined) and nothing was written. `once_per_requester`: nor when `by` retried the row
+    // before (a webhook event retries a row once, however often it is delivered).
     net::awaitable<result<std::optional<retry_record>>> reopen_declined(std::string key, std::string by,
-                                                                        std::string reason);
+                                                                        std::string reason,
+                                                                        bool once_per_requester = false);
     // The declined row's open PaymentIntent succeeded after all (the customer authenticated it): the row is
     // charged by it. Only while the row is declined with exactly this intent. False: it was not.
     net::awaitable<result<bool>> charged_by_its_intent(std::string key, std::string payment_intent_id,

@@ -1,7 +1,7 @@
-// The operator's `retry-declined` (app/cmd_retry.cpp, billing/retry_store.hpp, docs/design.md "Retrying a
-// decline"): once the customer fixed the payment method, a declined row's open PaymentIntent is read through
-// the fact and cancelled (one that succeeded meanwhile makes the row charged instead), then the row is
-// reopened under a new key generation with its old payments recorded, and the event is published again.
+// The operator's `retry-declined` (app/declined_retry.cpp, billing/retry_store.hpp, docs/design.md "Retrying
+// a decline"): once the customer fixed the payment method, a declined row's open PaymentIntent is read
+// through the fact and cancelled (one that succeeded meanwhile makes the row charged instead), then the row
+// is reopened under a new key generation with its old payments recorded, and the event is published again.
 #include <functional>
 #include <optional>
 #include <string>
@@ -27,7 +27,8 @@ void world::operator_run() {
         at(now_ + rnd_.range(2 * hour, 8 * hour), [this] { operator_run(); });
 }
 
-// The declined row's open intent, retrieved and read through the fact (two rounds, as cmd_retry.cpp).
+// The declined row's open intent, retrieved and read through the fact (two rounds, as
+// app/declined_retry.cpp).
 void world::retry_look(int event, int round) {
     const row* r = find_row(events_[event].key);
     if (!r || r->rec.status != record_status::declined) return;  // moved meanwhile

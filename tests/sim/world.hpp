@@ -171,7 +171,7 @@ class world {
     void poll();
     void authenticate(int intent);
 
-    // ---- the operator: retry-declined (app/cmd_retry.cpp, billing/retry_store.hpp) ----
+    // ---- the operator: retry-declined (app/declined_retry.cpp, billing/retry_store.hpp) ----
     void operator_run();
     void retry_look(int event, int round);
     void reopen(int event);

@@ -230,6 +230,11 @@ int main(int argc, char** argv) {
             fake.update_dispute(dq, "warning_under_review");
             fake.update_dispute(dq, "warning_closed");
             if (refund.refund) fake.end_refund(refund.refund->id, "failed");
+            // A customer's card changes: payment_method.attached, then customer.updated naming the old
+            // default in previous_attributes (what `webhooks --retry-declined-on-payment-method-change`
+            // reads).
+            auto pm = fake.attach_payment_method("cus_ok");
+            fake.set_default_payment_method("cus_ok", pm);
             const auto reads = sample_reads(base, debit.charge_id, dp, dq);
             for (const auto& target : reads) {
                 auto r = co_await c.call("GET", target, "", "");

@@ -360,6 +360,9 @@ def main():
         obj = e.get("data", {}).get("object", {})
         if obj.get("object") in kinds:
             seen_objects.add(obj["object"])
+        # Every object with a schema of the subset (customer and payment_method are named stubs there:
+        # their envelope and event types are checked, their fields are not).
+        if obj.get("object") in spec.schemas:
             validate(spec, obj, {"$ref": "#/components/schemas/" + obj["object"]},
                      f"(c) event {e.get('type')} data.object", errors)
         for source, types in (("2023-08-16", spec.doc["x-chargeguard-event-types"]),

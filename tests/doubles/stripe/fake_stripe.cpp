@@ -898,6 +898,7 @@ void fake_stripe::reset() {
     refunds_.clear();
     disputes_.clear();
     bank_outcomes_.clear();
+    default_methods_.clear();
     default_sources_.clear();
     events_.clear();
     webhooks_->reset();
@@ -1303,7 +1304,7 @@ void fake_stripe::emit(const std::string& type, const std::string& object_json, 
 // endpoint gets it rendered in its own API version when it has one, as Stripe renders each endpoint's
 // events: `api_version` and the object's shape both follow it.
 void fake_stripe::emit(const std::string& type, const render_fn& object, const std::string& object_id,
-                       const std::string& group) {
+                       const std::string& group, const std::string& previous_attributes) {
     event_rec e;
     e.id = new_id("evt_");
     e.type = type;
@@ -1321,7 +1322,12 @@ void fake_stripe::emit(const std::string& type, const render_fn& object, const s
         if (!e.account.empty()) head.str("account", e.account);
         return pretty_json(head.str("api_version", version)
                                .num("created", e.created)
-                               .raw("data", json_obj().raw("object", object(version)).done())
+                               .raw("data", previous_attributes.empty()
+                                                ? json_obj().raw("object", object(version)).done()
+                                                : json_obj()
+                                                      .raw("object", object(version))
+                                                      .raw("previous_attributes", previous_attributes)
+                                                      .done())
                                .boolean("livemode", false)
                                .num("pending_webhooks", webhooks_->enabled(type) ? 1 : 0)
                                .raw("request", request)
@@ -1336,6 +1342,107 @@ void fake_stripe::emit(const std::string& type, const render_fn& object, const s
                          : render(endpoint_version)});
     events_.push_back(std::move(e));
     webhooks_->notify();
+}
+
+namespace {
+
+// A card PaymentMethod attached to `customer`, as API version 2024-06-20 renders it.
+std::string card_payment_method_json(const std::string& id, const std::string& customer,
+                                     std::int64_t created) {
+    const std::string address =
+        R"({"city":null,"country":null,"line1":null,"line2":null,"postal_code":null,"state":null})";
+    return json_obj()
+        .str("id", id)
+        .str("object", "payment_method")
+        .str("allow_redisplay", "unspecified")
+        .raw("billing_details", json_obj()
+                                    .raw("address", address)
+                                    .raw("email", "null")
+                                    .raw("name", "null")
+                                    .raw("phone", "null")
+                                    .done())
+        .raw("card", json_obj()
+                         .str("brand", "visa")
+                         .raw("checks", R"({"address_line1_check":null,"address_postal_code_check":null,)"
+                                        R"("cvc_check":"pass"})")
+                         .str("country", "US")
+                         .str("display_brand", "visa")
+                         .num("exp_month", 12)
+                         .num("exp_year", 2034)
+                         .str("fingerprint", "Xt5EWLLDS7FJjR1c")
+                         .str("funding", "credit")
+                         .raw("generated_from", "null")
+                         .str("last4", "4242")
+                         .raw("networks", R"({"available":["visa"],"preferred":null})")
+                         .raw("three_d_secure_usage", R"({"supported":true})")
+                         .raw("wallet", "null")
+                         .done())
+        .num("created", created)
+        .str("customer", customer)
+        .boolean("livemode", false)
+        .raw("metadata", "{}")
+        .str("type", "card")
+        .done();
+}
+
+// A Customer as API version 2024-06-20 renders it, with its invoice_settings.default_payment_method.
+std::string customer_json(const std::string& id, const std::string& default_method, std::int64_t created) {
+    return json_obj()
+        .str("id", id)
+        .str("object", "customer")
+        .raw("address", "null")
+        .num("balance", 0)
+        .num("created", created)
+        .raw("currency", "null")
+        .raw("default_source", "null")
+        .boolean("delinquent", false)
+        .raw("description", "null")
+        .raw("discount", "null")
+        .raw("email", "null")
+        .str("invoice_prefix", "CG0FAKE1")
+        .raw("invoice_settings", json_obj()
+                                     .raw("custom_fields", "null")
+                                     .str_or_null("default_payment_method", default_method)
+                                     .raw("footer", "null")
+                                     .raw("rendering_options", "null")
+                                     .done())
+        .boolean("livemode", false)
+        .raw("metadata", "{}")
+        .raw("name", "null")
+        .num("next_invoice_sequence", 1)
+        .raw("phone", "null")
+        .raw("preferred_locales", "[]")
+        .raw("shipping", "null")
+        .str("tax_exempt", "none")
+        .raw("test_clock", "null")
+        .done();
+}
+
+}  // namespace
+
+std::string fake_stripe::attach_payment_method(const std::string& customer, const std::string& account) {
+    declines_.erase(customer);
+    const std::string id = new_id("pm_");
+    const std::string object = card_payment_method_json(id, customer, now());
+    cur_account_ = account;
+    emit("payment_method.attached", object, id, id);
+    cur_account_.clear();
+    return id;
+}
+
+void fake_stripe::set_default_payment_method(const std::string& customer, const std::string& payment_method,
+                                             const std::string& account) {
+    auto& current = default_methods_[customer];
+    const std::string previous =
+        json_obj()
+            .raw("invoice_settings", json_obj().str_or_null("default_payment_method", current).done())
+            .done();
+    current = payment_method;
+    const std::string object = customer_json(customer, payment_method, now());
+    cur_account_ = account;
+    emit(
+        "customer.updated", [&](std::string_view) { return object; }, customer, customer, previous);
+    cur_account_.clear();
 }
 
 void fake_stripe::bank_outcome(std::string customer, std::string outcome, std::string failure_code) {
@@ -1847,6 +1954,14 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         if (!settle_charge(param(p, "charge"), param(p, "outcome"), param(p, "failure_code")))
             co_return json_response(409, R"({"error":"no such Charges-API debit pending"})");
         co_return json_response(200, charge_json(*find_charge(param(p, "charge"))));
+    }
+    if (path == "/_admin/payment_methods/attach" && req.method == "POST") {
+        auto id = attach_payment_method(param(p, "customer"), param(p, "account"));
+        co_return json_response(200, json_obj().str("id", id).done());
+    }
+    if (path == "/_admin/customers/default" && req.method == "POST") {
+        set_default_payment_method(param(p, "customer"), param(p, "payment_method"), param(p, "account"));
+        co_return json_response(200, "{}");
     }
     if (path == "/_admin/customers" && req.method == "POST") {
         default_source(param(p, "customer"), param(p, "default_source"));

@@ -157,6 +157,16 @@ class fake_stripe {
     // The customer fixed the payment method: its charges succeed again. Same as POST /_admin/declines with
     // customer=… and clear=true.
     void clear_decline(const std::string& customer) { declines_.erase(customer); }
+    // The customer attached a new card (a Dashboard, Checkout or SetupIntent step chargeguard never makes):
+    // its decline rule is cleared (its charges succeed again) and `payment_method.attached` is sent, the
+    // PaymentMethod rendered as Stripe renders it. `account`: a connected account's customer. Returns the
+    // new pm_…. POST /_admin/payment_methods/attach (customer=…, account=…).
+    std::string attach_payment_method(const std::string& customer, const std::string& account = {});
+    // The customer's invoice_settings.default_payment_method becomes `payment_method` (attach one first):
+    // `customer.updated` with data.previous_attributes naming the old default. POST /_admin/customers/default
+    // (customer=…, payment_method=…, account=…).
+    void set_default_payment_method(const std::string& customer, const std::string& payment_method,
+                                    const std::string& account = {});
     // Connects an account (acct_…) to the platform with these customers (more on a later call). Same as
     // POST /_admin/accounts (account=…, customers=cus_a,cus_b).
     void add_account(const std::string& account, const std::vector<std::string>& customers);
@@ -267,7 +277,7 @@ class fake_stripe {
     void emit(const std::string& type, const std::string& object_json, const std::string& object_id,
               const std::string& group);
     void emit(const std::string& type, const render_fn& object, const std::string& object_id,
-              const std::string& group);
+              const std::string& group, const std::string& previous_attributes = {});
     void schedule_settlement(const std::string& intent_id);
     void schedule_charge_settlement(const std::string& charge_id);
     std::string new_id(const char* prefix);
@@ -291,6 +301,8 @@ class fake_stripe {
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
     std::map<std::string, std::pair<std::string, std::string>> bank_outcomes_;  // customer → outcome, code
     std::map<std::string, std::string> default_sources_;                        // customer → ba_…
+    std::map<std::string, std::string>
+        default_methods_;                        // customer → invoice_settings.default_payment_method
     std::string cur_request_id_, cur_idem_key_;  // the POST being executed (an event's `request`)
     // The account the request (or admin step) being executed acts in: objects made now live there, events
     // emitted now carry it. Set and cleared without a suspension in between.

@@ -111,6 +111,11 @@ struct ops : test::chargeguard_e2e<> {
         auto s = stripe_args();
         a.insert(a.end(), s.begin(), s.end());
         a.insert(a.end(), extra.begin(), extra.end());
+        // Discovery through nsqlookupd instead (the two exclude each other).
+        if (std::find(extra.begin(), extra.end(), "--lookupd-http-address") != extra.end()) {
+            auto at = std::find(a.begin(), a.end(), "--nsqd-tcp-address");
+            a.erase(at, at + 2);
+        }
         return spawn(a);
     }
 
@@ -1763,5 +1768,501 @@ BOOST_FIXTURE_TEST_CASE(explain_verdicts_by_table_and_by_stripe_customer, ops) {
         BOOST_TEST(
             c->out().find("verdict: not charged: Stripe holds no payment of cus_none") != std::string::npos,
             c->out());
+    });
+}
+
+namespace {
+
+const std::string webhook_secret = "whsec_ops_payment_method_change";
+
+// `chargeguard webhooks` beside consume, fake-stripe delivering its events to it (signed with the secret,
+// which reaches the child through the environment, never argv). `retry`: with
+// --retry-declined-on-payment-method-change. Returns the receiver once it listens.
+net::awaitable<child*> start_receiver(ops& t, bool retry) {
+    ::setenv("CHARGEGUARD_WEBHOOK_SECRET", webhook_secret.c_str(), 1);
+    auto a = argv("webhooks", "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0", "--pg-dsn",
+                  t.dsn(), "--shutdown-timeout", "10");
+    if (retry) {
+        auto more = argv("--retry-declined-on-payment-method-change", "--nsqd-tcp-address",
+                         t.nsqd->tcp_address(), "--topic", topic);
+        a.insert(a.end(), more.begin(), more.end());
+        auto s = t.stripe_args();
+        a.insert(a.end(), s.begin(), s.end());
+    }
+    child& r = t.spawn(a);
+    const std::regex listening(R"("msg":"webhook receiver listening"[^\n]*"port":([0-9]+))");
+    std::smatch m;
+    std::string log;
+    BOOST_TEST_REQUIRE(co_await eventually(
+                           [&] {
+                               log = r.err();
+                               return std::regex_search(log, m, listening);
+                           },
+                           seconds(30)),
+                       r.err());
+    fake::webhook_endpoint e;
+    e.url = "http://127.0.0.1:" + m[1].str() + "/stripe/webhooks";
+    e.secrets = {webhook_secret};
+    e.retry_base_ms = 200;
+    e.retry_max_ms = 1000;
+    t.fake->webhooks().configure(e);
+    co_return &r;
+}
+
+// Every event fake-stripe made has been answered 2xx by the receiver (each copy of a duplicated one).
+bool all_acked(ops& t) {
+    const auto st = t.fake->webhooks().stats();
+    return st.outstanding == 0 && st.acked_events == st.events;
+}
+
+}  // namespace
+
+// The automatic retry: a declined customer attaches a new card; Stripe's payment_method.attached reaches
+// `chargeguard webhooks --retry-declined-on-payment-method-change`, which retries the customer's declined
+// row through retry-declined's path (recorded by webhook:<event id>, why the event type) and `consume`
+// charges it, once. The retry shows in `explain`.
+BOOST_FIXTURE_TEST_CASE(a_card_attached_at_stripe_retries_the_declined_key_once, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-08";
+        fake->decline("cus_w1");
+        fake->decline("cus_w9");  // another customer: never retried
+        nsqd->publish(topic, event_json("w1", p, 1500, "cus_w1"));
+        nsqd->publish(topic, event_json("w9", p, 1900, "cus_w9"));
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 2u; }, seconds(40)),
+                           consumer.err());
+        child* receiver = co_await start_receiver(*this, true);
+        const std::string pm = fake->attach_payment_method("cus_w1");
+        const std::string event_id = fake->events().back().id;
+        BOOST_TEST_REQUIRE(
+            co_await eventually([&] { return charges_for(*fake, key_of("w1", p)).first.size() == 1u; },
+                                seconds(40)),
+            receiver->err() + consumer.err());
+        BOOST_TEST_REQUIRE(co_await eventually([&] { return all_acked(*this); }, seconds(20)),
+                           receiver->err());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 3u; }, seconds(20)),
+                           consumer.err());
+        auto row =
+            co_await query("SELECT status, key_generation, charge_id FROM billing_records WHERE key = '" +
+                           key_of("w1", p) + "'");
+        BOOST_TEST(row.text(0, 0) == "charged");
+        BOOST_TEST(row.text(0, 1) == "2");
+        BOOST_TEST(row.text(0, 2) == charges_for(*fake, key_of("w1", p)).first[0]);
+        BOOST_TEST(charges_for(*fake, key_of("w1", p)).second == 2u);  // the decline, then the retry
+        auto retries = co_await query("SELECT key, requested_by, reason FROM billing_retries");
+        BOOST_TEST_REQUIRE(retries.size() == 1u);
+        BOOST_TEST(retries.text(0, 0) == key_of("w1", p));
+        BOOST_TEST(retries.text(0, 1) == "webhook:" + event_id);
+        BOOST_TEST(retries.text(0, 2) == "payment_method.attached");
+        auto other =
+            co_await query("SELECT status FROM billing_records WHERE key = '" + key_of("w9", p) + "'");
+        BOOST_TEST(other.text(0, 0) == "declined");
+        BOOST_TEST(receiver->err().find(pm) != std::string::npos, receiver->err());
+        child* c = nullptr;
+        BOOST_TEST_REQUIRE(
+            co_await run_cmd(c, argv("explain", "--customer", "w1", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn())) == 0,
+            c->err());
+        BOOST_TEST(c->out().find("attempt 2 (generation 2): retry #1 by webhook:" + event_id + " at ") !=
+                       std::string::npos,
+                   c->out());
+        BOOST_TEST(c->out().find(": payment_method.attached -> charged (charge ") != std::string::npos,
+                   c->out());
+        // The same as JSON: each attempt an object of the array, the retry's requester in it.
+        BOOST_TEST_REQUIRE(
+            co_await run_cmd(c, argv("explain", "--customer", "w1", "--period", p, "--key-namespace",
+                                     key_namespace, "--pg-dsn", dsn(), "--json")) == 0,
+            c->err());
+        {
+            simdjson::dom::parser jp;
+            simdjson::dom::element doc;
+            const std::string json = c->out();
+            BOOST_TEST_REQUIRE(jp.parse(json).get(doc) == simdjson::SUCCESS, json);
+            simdjson::dom::array attempts, letters;
+            BOOST_TEST_REQUIRE(doc["attempts"].get(attempts) == simdjson::SUCCESS, json);
+            BOOST_TEST_REQUIRE(attempts.size() == 2u, json);
+            std::string_view started, generation;
+            BOOST_TEST_REQUIRE(attempts.at(1)["started"].get(started) == simdjson::SUCCESS, json);
+            BOOST_TEST(std::string(started).find("retry #1 by webhook:" + event_id) != std::string::npos,
+                       json);
+            BOOST_TEST_REQUIRE(attempts.at(1)["generation"].get(generation) == simdjson::SUCCESS, json);
+            BOOST_TEST(generation == "2");
+            BOOST_TEST_REQUIRE(doc["dead_letters"].get(letters) == simdjson::SUCCESS, json);
+            BOOST_TEST(letters.size() == 0u);
+        }
+        co_await stop_cleanly(*receiver);
+        co_await stop_cleanly(consumer);
+    });
+}
+
+// The same event delivered twice, and a second event (customer.updated: the new card made the default)
+// close behind it, each delivered twice: one retry, one charge.
+BOOST_FIXTURE_TEST_CASE(a_duplicated_event_and_a_second_event_retry_once, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-08";
+        fake->decline("cus_w2");
+        nsqd->publish(topic, event_json("w2", p, 1600, "cus_w2"));
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
+                           consumer.err());
+        child* receiver = co_await start_receiver(*this, true);
+        fake->webhooks().faults().duplicate = 2;
+        const std::string pm = fake->attach_payment_method("cus_w2");
+        const std::string attached = fake->events().back().id;
+        fake->set_default_payment_method("cus_w2", pm);
+        BOOST_TEST_REQUIRE(
+            co_await eventually([&] { return charges_for(*fake, key_of("w2", p)).first.size() == 1u; },
+                                seconds(40)),
+            receiver->err() + consumer.err());
+        BOOST_TEST_REQUIRE(
+            co_await eventually([&] { return all_acked(*this) && fake->webhooks().stats().duplicates == 2u; },
+                                seconds(20)),
+            receiver->err());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count >= 2u; }, seconds(20)),
+                           consumer.err());
+        auto retries = co_await query("SELECT count(*), min(requested_by) FROM billing_retries");
+        BOOST_TEST(retries.text(0, 0) == "1");
+        BOOST_TEST(retries.text(0, 1) == "webhook:" + attached);
+        auto [ok, all] = charges_for(*fake, key_of("w2", p));
+        BOOST_TEST(ok.size() == 1u);
+        BOOST_TEST(all == 2u);
+        auto row = co_await query("SELECT status, key_generation FROM billing_records WHERE key = '" +
+                                  key_of("w2", p) + "'");
+        BOOST_TEST(row.text(0, 0) == "charged");
+        BOOST_TEST(row.text(0, 1) == "2");
+        co_await stop_cleanly(*receiver);
+        co_await stop_cleanly(consumer);
+    });
+}
+
+// The new card is declined too: the event's retry is declined again. Stripe redelivering that event (same id,
+// same body) retries nothing more — the retry statement skips a row this event retried before — while a new
+// event (the card made the default) is a new request and retries once more.
+BOOST_FIXTURE_TEST_CASE(a_redelivered_event_never_retries_a_row_twice, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-08", key = key_of("w4", p);
+        fake->decline("cus_w4");
+        nsqd->publish(topic, event_json("w4", p, 1800, "cus_w4"));
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
+                           consumer.err());
+        child* receiver = co_await start_receiver(*this, true);
+        const std::string pm = fake->attach_payment_method("cus_w4");
+        const auto attached = fake->events().back();
+        fake->decline("cus_w4");  // the new card is declined as well
+        auto row_is = [&](const std::string& status, const std::string& generation) -> net::awaitable<bool> {
+            auto r = co_await query("SELECT status, key_generation FROM billing_records WHERE key = '" + key +
+                                    "'");
+            co_return r.text(0, 0) == status&& r.text(0, 1) == generation;
+        };
+        bool declined_again = false;
+        for (int i = 0; i < 400 && !declined_again; ++i) {
+            // g++ 12: no co_await inside a conditional expression (docs/contributing.md).
+            declined_again = co_await row_is("declined", "2");
+            declined_again = declined_again && charges_for(*fake, key).second == 2u;
+            if (!declined_again) co_await net::sleep_for(milliseconds(50));
+        }
+        BOOST_TEST_REQUIRE(declined_again, receiver->err() + consumer.err());
+        BOOST_TEST_REQUIRE(co_await eventually([&] { return all_acked(*this); }, seconds(20)),
+                           receiver->err());
+        // Stripe delivers the same event again.
+        const auto acked_before = fake->webhooks().stats().acked;
+        fake->webhooks().send({attached.id, attached.type, attached.object_id, attached.body});
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] {
+                                   // A copy sent again is counted as one more event, not one more distinct
+                                   // event.
+                                   const auto st = fake->webhooks().stats();
+                                   return st.outstanding == 0 && st.acked > acked_before;
+                               },
+                               seconds(20)),
+                           receiver->err());
+        auto retries = co_await query("SELECT count(*) FROM billing_retries WHERE key = '" + key + "'");
+        BOOST_TEST(retries.text(0, 0) == "1");
+        BOOST_TEST(co_await row_is("declined", "2"));
+        BOOST_TEST(charges_for(*fake, key).second == 2u);
+        BOOST_TEST(receiver->err().find(" retried it before") != std::string::npos, receiver->err());
+        // A new event is a new request: one more retry, declined again, and still no success.
+        fake->set_default_payment_method("cus_w4", pm);
+        BOOST_TEST_REQUIRE(
+            co_await eventually([&] { return charges_for(*fake, key).second == 3u; }, seconds(40)),
+            receiver->err() + consumer.err());
+        bool settled = false;
+        for (int i = 0; i < 400 && !settled; ++i) {
+            settled = co_await row_is("declined", "3");
+            if (!settled) co_await net::sleep_for(milliseconds(50));
+        }
+        BOOST_TEST(settled);
+        auto both = co_await query("SELECT string_agg(reason, ',' ORDER BY generation) FROM billing_retries");
+        BOOST_TEST(both.text(0, 0) == "payment_method.attached,customer.updated");
+        BOOST_TEST(charges_for(*fake, key).first.empty());
+        co_await stop_cleanly(*receiver);
+        co_await stop_cleanly(consumer);
+    });
+}
+
+// A Connect event names its account: the customer's card changed there, so only the rows of that account are
+// retried — the same customer id's declined row on the platform is another customer's, and stays declined.
+BOOST_FIXTURE_TEST_CASE(a_card_change_retries_only_the_rows_of_its_account, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-08", acct = "acct_1CardW5";
+        fake->add_account(acct, {"cus_w5"});
+        fake->decline("cus_w5");
+        nsqd->publish(topic, event_json("w5", p, 1500, "cus_w5"));
+        auto connected = event_json("w5", p, 1501, "cus_w5");
+        connected.pop_back();
+        nsqd->publish(topic, connected + R"(,"stripe_account":")" + acct + "\"}");
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 2u; }, seconds(40)),
+                           consumer.err());
+        child* receiver = co_await start_receiver(*this, true);
+        fake->attach_payment_method("cus_w5", acct);
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] {
+                                   for (const auto& ch : fake->charges())
+                                       if (ch.status == "succeeded") return true;
+                                   return false;
+                               },
+                               seconds(40)),
+                           receiver->err() + consumer.err());
+        BOOST_TEST_REQUIRE(co_await eventually([&] { return all_acked(*this); }, seconds(20)),
+                           receiver->err());
+        bool settled = false;
+        pg::rows rows;
+        for (int i = 0; i < 400 && !settled; ++i) {
+            rows = co_await query(
+                "SELECT coalesce(stripe_account, ''), status, key_generation FROM billing_records "
+                "WHERE customer_id = 'w5' ORDER BY 1");
+            settled = rows.size() == 2u && rows.text(1, 1) == "charged";
+            if (!settled) co_await net::sleep_for(milliseconds(50));
+        }
+        BOOST_TEST_REQUIRE(settled);
+        BOOST_TEST(rows.text(0, 0) == "");
+        BOOST_TEST(rows.text(0, 1) == "declined");
+        BOOST_TEST(rows.text(0, 2) == "1");
+        BOOST_TEST(rows.text(1, 0) == acct);
+        BOOST_TEST(rows.text(1, 2) == "2");
+        auto retries = co_await query("SELECT count(*) FROM billing_retries");
+        BOOST_TEST(retries.text(0, 0) == "1");
+        std::size_t succeeded = 0;
+        for (const auto& ch : fake->charges())
+            if (ch.status == "succeeded") {
+                ++succeeded;
+                BOOST_TEST(ch.account == acct);
+            }
+        BOOST_TEST(succeeded == 1u);
+        co_await stop_cleanly(*receiver);
+        co_await stop_cleanly(consumer);
+    });
+}
+
+// Without --retry-declined-on-payment-method-change the same event is recorded and nothing is retried.
+BOOST_FIXTURE_TEST_CASE(without_the_flag_a_card_change_retries_nothing, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        const std::string p = "2026-08";
+        fake->decline("cus_w3");
+        nsqd->publish(topic, event_json("w3", p, 1700, "cus_w3"));
+        auto& consumer = spawn_consume(nsqd->tcp_address());
+        BOOST_TEST_REQUIRE(co_await eventually(
+                               [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
+                           consumer.err());
+        child* receiver = co_await start_receiver(*this, false);
+        const std::string pm = fake->attach_payment_method("cus_w3");
+        fake->set_default_payment_method("cus_w3", pm);
+        BOOST_TEST_REQUIRE(co_await eventually([&] { return all_acked(*this); }, seconds(20)),
+                           receiver->err());
+        auto recorded = co_await query("SELECT count(*) FROM stripe_webhook_events");
+        BOOST_TEST(recorded.text(0, 0) == "2");
+        auto retries = co_await query("SELECT count(*) FROM billing_retries");
+        BOOST_TEST(retries.text(0, 0) == "0");
+        auto row = co_await query("SELECT status FROM billing_records WHERE key = '" + key_of("w3", p) + "'");
+        BOOST_TEST(row.text(0, 0) == "declined");
+        BOOST_TEST(charges_for(*fake, key_of("w3", p)).second == 1u);
+        BOOST_TEST(nsqd->topic_message_count(topic) == 1u);
+        co_await stop_cleanly(*receiver);
+        co_await stop_cleanly(consumer);
+    });
+}
+
+namespace {
+
+// chargeguard_nsq_channel_depth's value for this nsqd in a /metrics text; -1 when the series is absent.
+double channel_depth(const std::string& metrics, const std::string& nsqd_http) {
+    const std::string series = "chargeguard_nsq_channel_depth{channel=\"" + channel + "\",nsqd=\"" +
+                               nsqd_http + "\",topic=\"" + topic + "\"} ";
+    auto at = metrics.find("\n" + series);
+    return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + 1 + series.size()));
+}
+
+// An nsqd either way: its addresses, and the steps the test takes on it. `lookupd`: consume is given no
+// --nsqd-http-address, and finds the nsqd's HTTP address through this nsqlookupd's /lookup
+// (broadcast_address and http_port).
+struct depth_nsqd {
+    std::string tcp, http, lookupd;
+    std::function<net::awaitable<void>(bool)> pause;  // the consume's channel paused, or not
+    std::function<net::awaitable<void>(std::string)> publish;
+};
+
+// Three events wait in a paused channel: consume reads depth 3 from nsqd's /stats; unpaused, it charges
+// them and the depth falls to 0. A consume without --nsqd-http-address says why it has no series.
+net::awaitable<void> depth_follows_stats(ops& t, depth_nsqd n) {
+    co_await n.pause(true);
+    for (int i = 0; i < 3; ++i)
+        co_await n.publish(event_json("depth-" + std::to_string(i), "2026-09", 100 + i));
+    auto& consumer = t.spawn_consume(
+        n.tcp, n.lookupd.empty()
+                   ? std::vector<std::string>{"--nsqd-http-address", n.http, "--channel-depth-interval", "1s"}
+                   : std::vector<std::string>{"--lookupd-http-address", n.lookupd, "--lookupd-poll-interval",
+                                              "1s", "--channel-depth-interval", "1s"});
+    std::optional<unsigned short> port;
+    BOOST_TEST_REQUIRE(
+        co_await eventually([&] { return (port = consumer.logged_port()).has_value(); }, seconds(20)),
+        consumer.err());
+    auto cl =
+        http::client::create(t.io.get_executor(), "http://127.0.0.1:" + std::to_string(*port), {}, logger());
+    BOOST_TEST_REQUIRE(cl.has_value());
+    auto depth = [&]() -> net::awaitable<double> {
+        http::request req;
+        req.target = "/metrics";
+        auto r = co_await (*cl)->request(std::move(req));
+        BOOST_TEST_REQUIRE(r.ok());
+        co_return channel_depth(r.resp.body, n.http);
+    };
+    double d = -1;
+    for (int i = 0; i < 300 && d != 3; ++i) {
+        d = co_await depth();
+        if (d != 3) co_await net::sleep_for(milliseconds(50));
+    }
+    BOOST_TEST_REQUIRE(d == 3, consumer.err());
+    BOOST_TEST(t.fake->charges().empty());
+    co_await n.pause(false);
+    BOOST_TEST_REQUIRE(co_await eventually([&] { return t.fake->charges().size() == 3u; }, seconds(40)),
+                       consumer.err());
+    for (int i = 0; i < 300 && d != 0; ++i) {
+        d = co_await depth();
+        if (d != 0) co_await net::sleep_for(milliseconds(50));
+    }
+    BOOST_TEST(d == 0);
+    co_await t.stop_cleanly(consumer);
+    if (!n.lookupd.empty()) co_return;
+    auto& blind = t.spawn_consume(n.tcp);
+    BOOST_TEST(co_await eventually(
+                   [&] {
+                       return blind.err().find(
+                                  "chargeguard_nsq_channel_depth is not read for the nsqds given "
+                                  "with --nsqd-tcp-address") != std::string::npos;
+                   },
+                   seconds(20)),
+               blind.err());
+    co_await t.stop_cleanly(blind);
+}
+
+}  // namespace
+
+// The gauge against fake-nsqd, whose /stats answers as nsqd 1.3.0's does.
+BOOST_FIXTURE_TEST_CASE(channel_depth_gauge_reads_fake_nsqd_stats, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        depth_nsqd n;
+        n.tcp = nsqd->tcp_address();
+        n.http = "127.0.0.1:" + std::to_string(nsqd->http_port());
+        n.pause = [this](bool on) -> net::awaitable<void> {
+            nsqd->pause_channel(topic, channel, on);
+            co_return;
+        };
+        n.publish = [this](std::string body) -> net::awaitable<void> {
+            nsqd->publish(topic, std::move(body));
+            co_return;
+        };
+        co_await depth_follows_stats(*this, n);
+    });
+}
+
+// The nsqd's HTTP address as fake-nsqlookupd lists it, with no --nsqd-http-address.
+BOOST_FIXTURE_TEST_CASE(channel_depth_gauge_finds_nsqd_through_lookupd, ops) {
+    run(*this, [this]() -> net::awaitable<void> {
+        start_nsqd();
+        co_await migrate();
+        test::nsq::fake_nsqlookupd lookupd(io.get_executor());
+        BOOST_TEST_REQUIRE(lookupd.start().has_value());
+        lookupd.add_producer(topic, nsqd->producer());
+        depth_nsqd n;
+        n.tcp = nsqd->tcp_address();
+        n.http = "127.0.0.1:" + std::to_string(nsqd->http_port());
+        n.lookupd = lookupd.http_address();
+        n.pause = [this](bool on) -> net::awaitable<void> {
+            nsqd->pause_channel(topic, channel, on);
+            co_return;
+        };
+        n.publish = [this](std::string body) -> net::awaitable<void> {
+            nsqd->publish(topic, std::move(body));
+            co_return;
+        };
+        co_await depth_follows_stats(*this, n);
+        BOOST_TEST(lookupd.lookups() > 0u);
+    });
+}
+
+// The same against the real nsqd 1.3.0, driven over its HTTP API.
+BOOST_FIXTURE_TEST_CASE(channel_depth_gauge_reads_real_nsqd_stats, ops) {
+    const char* bin = std::getenv("NSQD_BIN");
+    if (!bin) {
+        BOOST_TEST_MESSAGE("skipped: NSQD_BIN is not set (the real nsqd 1.3.0 is not on this machine)");
+        return;
+    }
+    real_nsqd real(bin);
+    run(*this, [&]() -> net::awaitable<void> {
+        co_await migrate();
+        const std::string http_address = "127.0.0.1:" + std::to_string(real.http);
+        auto cl = http::client::create(io.get_executor(), "http://" + http_address, {}, logger());
+        BOOST_TEST_REQUIRE(cl.has_value());
+        auto post = [&](std::string target, std::string body) -> net::awaitable<bool> {
+            http::request req;
+            req.method = "POST";
+            req.target = std::move(target);
+            req.body = std::move(body);
+            auto r = co_await (*cl)->request(std::move(req));
+            co_return r.ok() && r.resp.status == 200;
+        };
+        // nsqd is up once it answers.
+        bool up = false;
+        for (int i = 0; i < 100 && !up; ++i) {
+            up = co_await post("/topic/create?topic=" + topic, "");
+            if (!up) co_await net::sleep_for(milliseconds(100));
+        }
+        BOOST_TEST_REQUIRE(up);
+        bool created = co_await post("/channel/create?topic=" + topic + "&channel=" + channel, "");
+        BOOST_TEST_REQUIRE(created);
+        depth_nsqd n;
+        n.tcp = real.tcp_address();
+        n.http = http_address;
+        n.pause = [&](bool on) -> net::awaitable<void> {
+            bool ok = co_await post(std::string(on ? "/channel/pause" : "/channel/unpause") +
+                                        "?topic=" + topic + "&channel=" + channel,
+                                    "");
+            BOOST_TEST_REQUIRE(ok);
+        };
+        n.publish = [&](std::string body) -> net::awaitable<void> {
+            bool ok = co_await post("/pub?topic=" + topic, std::move(body));
+            BOOST_TEST_REQUIRE(ok);
+        };
+        co_await depth_follows_stats(*this, n);
     });
 }

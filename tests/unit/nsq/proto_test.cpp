@@ -12,6 +12,7 @@
 #include "nsq/proto/lookup.hpp"
 #include "nsq/proto/message.hpp"
 #include "nsq/proto/server_codec.hpp"
+#include "nsq/proto/stats.hpp"
 
 using namespace cg::nsq::proto;
 namespace errc_ns = cg::nsq;
@@ -322,6 +323,39 @@ BOOST_AUTO_TEST_CASE(lookup_golden_reply) {
     BOOST_TEST(!parse_lookup_response(R"({"message":"TOPIC_NOT_FOUND"})").has_value());
     BOOST_TEST(
         !parse_lookup_response(R"({"producers":[{"broadcast_address":"h","tcp_port":0}]})").has_value());
+}
+
+// nsqd 1.3.0's /stats?format=json&topic=golden reply (docs: the golden transcript), trimmed as there.
+BOOST_AUTO_TEST_CASE(channel_depth_from_the_golden_stats_reply) {
+    const std::string golden =
+        R"({"version":"1.3.0","health":"OK","start_time":1795976580,"topics":[{"topic_name":"golden",)"
+        R"("channels":[{"channel_name":"c","depth":2,"backend_depth":0,"in_flight_count":0,)"
+        R"("deferred_count":0,"message_count":3,"requeue_count":0,"timeout_count":0,"client_count":0,)"
+        R"("clients":[],"paused":false,"e2e_processing_latency":{"count":0,"percentiles":null}}],)"
+        R"("depth":0,"backend_depth":0,"message_count":3,"message_bytes":15,"paused":false,)"
+        R"("e2e_processing_latency":{"count":0,"percentiles":null}}],"memory":{"heap_objects":2337},)"
+        R"("producers":[]})";
+    auto d = parse_channel_depth(golden, "golden", "c");
+    BOOST_REQUIRE(d.has_value());
+    BOOST_REQUIRE(d->has_value());
+    BOOST_TEST(**d == 2);
+    // Another channel or topic: not there (yet), not an error.
+    auto other = parse_channel_depth(golden, "golden", "d");
+    BOOST_REQUIRE(other.has_value());
+    BOOST_TEST(!other->has_value());
+    BOOST_TEST(!parse_channel_depth(golden, "other", "c")->has_value());
+    // Pre-1.0 nsqd wrapped the same object in data.
+    auto old =
+        parse_channel_depth(R"({"status_code":200,"status_txt":"OK","data":{"topics":[{"topic_name":"t",)"
+                            R"("channels":[{"channel_name":"c","depth":7}]}]}})",
+                            "t", "c");
+    BOOST_REQUIRE(old.has_value());
+    BOOST_TEST(**old == 7);
+    BOOST_TEST(!parse_channel_depth("not json", "t", "c").has_value());
+    BOOST_TEST(!parse_channel_depth(R"({"health":"OK"})", "t", "c").has_value());
+    BOOST_TEST(
+        !parse_channel_depth(R"({"topics":[{"topic_name":"t","channels":[{"channel_name":"c"}]}]})", "t", "c")
+             .has_value());
 }
 
 BOOST_AUTO_TEST_CASE(server_side_command_parsing) {
