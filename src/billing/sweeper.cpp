@@ -34,6 +34,13 @@ milliseconds failover_sweep_interval(milliseconds lease) noexcept {
     return std::clamp(lease / 30, milliseconds(1'000), milliseconds(5'000));
 }
 
+void derive_failover_sweeps(sweeper_config& c, const pipeline_config& p) noexcept {
+    if (c.failover_interval.count() <= 0) c.failover_interval = failover_sweep_interval(p.lease);
+    if (c.failover_grace.count() < 0) c.failover_grace = 2 * p.lease_renew_interval + c.failover_interval;
+    if (c.failover_window.count() <= 0)
+        c.failover_window = std::max(p.lease, c.failover_grace) + 2 * c.failover_interval;
+}
+
 namespace {
 
 // Pending rows of one key namespace whose lease expired (or was released) and whose last activity —
@@ -121,9 +128,10 @@ struct sweeper::state {
     std::array<metrics::Counter*, verdict_reason_count + 1> swept{};
     metrics::Counter* errors = nullptr;
     net::stoppable_task task;
-    // after_failover: a sweep is due at once; failover sweeps run until failover_until; since failover_at.
-    bool failover_pending = false;
-    std::chrono::steady_clock::time_point failover_at{}, failover_until{};
+    // after_failover: seen at failover_at; failover sweeps from failover_from (the first at once, then every
+    // failover_interval) until failover_until.
+    std::chrono::steady_clock::time_point failover_at{}, failover_from{}, failover_until{};
+    bool failover_swept = true;  // the first failover sweep is done (or none is due)
 
     void count(std::size_t slot) {
         if (swept[slot]) swept[slot]->Increment();
@@ -271,26 +279,33 @@ net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_repor
     co_return result<void>{};
 }
 
-// How long ago the failover was seen, while failover sweeps are due (after_failover); else nothing.
-std::optional<milliseconds> failover_sweep_due(sweeper::state& st) {
-    const auto now = std::chrono::steady_clock::now();
-    if (!st.failover_pending && now >= st.failover_until) return std::nullopt;
-    st.failover_pending = false;
-    return std::chrono::duration_cast<milliseconds>(now - st.failover_at);
+using steady = std::chrono::steady_clock;
+
+// How long to sleep before the next sweep: the regular interval, or less while failover sweeps are due.
+steady::duration next_sweep_in(const sweeper::state& st) {
+    const auto now = steady::now();
+    steady::duration wait = st.cfg.interval;
+    if (now < st.failover_from) return std::min(wait, st.failover_from - now);
+    if (now >= st.failover_until) return wait;
+    if (!st.failover_swept) return steady::duration::zero();
+    return std::min<steady::duration>({wait, st.cfg.failover_interval, st.failover_until - now});
 }
 
 net::awaitable<void> sweep_loop(sweeper_state_ptr st) {
     while (!st->task.stopping()) {
-        if (!st->failover_pending) {
-            auto wait = std::chrono::steady_clock::duration(st->cfg.interval);
-            const auto now = std::chrono::steady_clock::now();
-            if (now < st->failover_until)
-                wait = std::min<std::chrono::steady_clock::duration>(
-                    {wait, st->cfg.failover_interval, st->failover_until - now});
+        if (auto wait = next_sweep_in(*st); wait > steady::duration::zero())
             co_await st->task.sleep(wait);  // after_failover ends it early
-        }
         if (st->task.stopping()) break;
-        auto rep = co_await sweep_rows(st, failover_sweep_due(*st));
+        const auto now = steady::now();
+        // Woken by a failover whose grace has not passed: the failover sweeps come after it (they cover every
+        // row a regular sweep would take meanwhile).
+        if (now < st->failover_from) continue;
+        std::optional<milliseconds> since_failover;
+        if (now < st->failover_until) {
+            since_failover = std::chrono::duration_cast<milliseconds>(now - st->failover_at);
+            st->failover_swept = true;
+        }
+        auto rep = co_await sweep_rows(st, since_failover);
         if (!rep)
             st->log.warn("sweep failed; trying again at the next interval",
                          {{"error", rep.err().describe()}});
@@ -310,18 +325,17 @@ net::awaitable<result<sweep_report>> sweeper::sweep_once(std::optional<milliseco
 
 void sweeper::after_failover() {
     auto& st = *st_;
-    if (st.cfg.failover_interval.count() <= 0)
-        st.cfg.failover_interval = failover_sweep_interval(st.p->config().lease);
-    if (st.cfg.failover_window.count() <= 0)
-        st.cfg.failover_window = st.p->config().lease + 2 * st.cfg.failover_interval;
-    const auto now = std::chrono::steady_clock::now();
+    derive_failover_sweeps(st.cfg, st.p->config());
+    const auto now = steady::now();
     st.failover_at = now;
+    st.failover_from = now + st.cfg.failover_grace;
     st.failover_until = now + st.cfg.failover_window;
-    st.failover_pending = true;
+    st.failover_swept = false;
     st.log.warn(
-        "PostgreSQL failed over: sweeping pending rows written before it with no live lease now, then "
-        "as their leases expire",
-        {{"failover_window_ms", static_cast<std::int64_t>(st.cfg.failover_window.count())},
+        "PostgreSQL failed over: sweeping the pending rows written before it with no live lease after "
+        "the grace, then as their leases expire",
+        {{"failover_grace_ms", static_cast<std::int64_t>(st.cfg.failover_grace.count())},
+         {"failover_window_ms", static_cast<std::int64_t>(st.cfg.failover_window.count())},
          {"failover_interval_ms", static_cast<std::int64_t>(st.cfg.failover_interval.count())}});
     st.task.wake();
 }
@@ -341,12 +355,12 @@ std::shared_ptr<sweeper> start_sweeper(asio::any_io_executor ex, pipeline& p, st
                                        logger log, pending_age_monitor* age) {
     if (cfg.after.count() <= 0) cfg.after = sweep_bound(p.config(), msg_timeout);
     if (cfg.interval.count() <= 0) cfg.interval = sweep_interval(cfg.after);
-    if (cfg.failover_interval.count() <= 0) cfg.failover_interval = failover_sweep_interval(p.config().lease);
-    if (cfg.failover_window.count() <= 0) cfg.failover_window = p.config().lease + 2 * cfg.failover_interval;
+    derive_failover_sweeps(cfg, p.config());
     log.info("sweeper for abandoned pending rows",
              {{"sweep_after_ms", static_cast<std::int64_t>(cfg.after.count())},
               {"sweep_interval_ms", static_cast<std::int64_t>(cfg.interval.count())},
               {"msg_timeout_ms", static_cast<std::int64_t>(msg_timeout.count())},
+              {"failover_grace_ms", static_cast<std::int64_t>(cfg.failover_grace.count())},
               {"failover_window_ms", static_cast<std::int64_t>(cfg.failover_window.count())},
               {"failover_interval_ms", static_cast<std::int64_t>(cfg.failover_interval.count())}});
     if (age) age->watch_abandoned(cfg.after);
