@@ -735,7 +735,7 @@ def run_seed(args, seed, profile_name):
         killed_logs = []
         events = ["pg", "nsqd", "stall"]
         held_at = None  # --failover: when the standby was held behind
-        # --failover async: the rows the promoted standby shows pending though Stripe had charged them at the
+        # --failover: the rows the promoted standby shows pending though Stripe had charged them at the
         # failover (settles it lost, and deliveries between their answer and their settle), and when each was
         # seen settled: the heal time after a failover.
         fo = dict(at=None, keys=[], next_check=0.0)
