@@ -30,6 +30,17 @@ milliseconds sweep_interval(milliseconds bound) noexcept {
     return std::clamp(bound / 4, milliseconds(1'000), milliseconds(60'000));
 }
 
+milliseconds failover_sweep_interval(milliseconds lease) noexcept {
+    return std::clamp(lease / 30, milliseconds(1'000), milliseconds(5'000));
+}
+
+void derive_failover_sweeps(sweeper_config& c, const pipeline_config& p) noexcept {
+    if (c.failover_interval.count() <= 0) c.failover_interval = failover_sweep_interval(p.lease);
+    if (c.failover_grace.count() < 0) c.failover_grace = 2 * p.lease_renew_interval + c.failover_interval;
+    if (c.failover_window.count() <= 0)
+        c.failover_window = std::max(p.lease, c.failover_grace) + 2 * c.failover_interval;
+}
+
 namespace {
 
 // Pending rows of one key namespace whose lease expired (or was released) and whose last activity —
@@ -47,6 +58,21 @@ const std::string& abandoned_sql() {
         "FROM billing_records WHERE status = 'pending' AND key_namespace = $1::text AND " +
         record_unleased + " AND (" + record_active + " < now() - $2::bigint * interval '1 millisecond' OR " +
         record_has_deferred_fact + ") ORDER BY " + record_active + " LIMIT $3::bigint";
+    return sql;
+}
+
+// After a failover: pending rows of one key namespace with no live lease whose last write (updated_at, kept
+// by a trigger on every update) is older than $2 ms — the moment the failover was seen — whatever their age.
+// A row a live delivery or an earlier sweep wrote since is left to them. Same columns as abandoned_sql().
+const std::string& failed_over_sql() {
+    using namespace abandoned_sql;
+    static const std::string sql =
+        "SELECT " + stored_record_columns() +
+        ", greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch, "
+        "description, payment_method, off_session "
+        "FROM billing_records WHERE status = 'pending' AND key_namespace = $1::text AND " +
+        record_unleased + " AND updated_at < now() - $2::bigint * interval '1 millisecond' ORDER BY " +
+        record_active + " LIMIT $3::bigint";
     return sql;
 }
 
@@ -102,6 +128,10 @@ struct sweeper::state {
     std::array<metrics::Counter*, verdict_reason_count + 1> swept{};
     metrics::Counter* errors = nullptr;
     net::stoppable_task task;
+    // after_failover: seen at failover_at; failover sweeps from failover_from (the first at once, then every
+    // failover_interval) until failover_until.
+    std::chrono::steady_clock::time_point failover_at{}, failover_from{}, failover_until{};
+    bool failover_swept = true;  // the first failover sweep is done (or none is due)
 
     void count(std::size_t slot) {
         if (swept[slot]) swept[slot]->Increment();
@@ -139,12 +169,14 @@ using sweeper_state_ptr = std::shared_ptr<sweeper::state>;
 void count_verdict(sweeper::state& st, sweep_report& rep, const verdict& v, const logger& log);
 net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_report& rep);
 
-net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st) {
+net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st,
+                                                std::optional<milliseconds> since_failover) {
     auto& cfg = st->cfg;
     const auto& ns = st->p->config().key_namespace;
+    const auto age = since_failover ? std::max(*since_failover, milliseconds(0)) : cfg.after;
     auto rows = co_await pg::exec_pooled(
-        st->pool, abandoned_sql(),
-        pg::params(ns, static_cast<std::int64_t>(cfg.after.count()), static_cast<std::int64_t>(cfg.batch)));
+        st->pool, since_failover ? failed_over_sql() : abandoned_sql(),
+        pg::params(ns, static_cast<std::int64_t>(age.count()), static_cast<std::int64_t>(cfg.batch)));
     if (!rows) {
         if (st->errors) st->errors->Increment();
         co_return rows.err();
@@ -170,10 +202,18 @@ net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st) {
         d.message_id = "swept-" + a.rec.key;
         d.attempts = 1;
         d.body = to_json(a.ev);
-        log.warn("sweeping an abandoned pending row: no delivery has worked on it within the sweep bound",
-                 {{"sweep_after_ms", static_cast<std::int64_t>(cfg.after.count())},
-                  {"stripe_attempts", a.rec.stripe_attempts},
-                  {"generation", a.rec.key_generation}});
+        if (since_failover)
+            log.warn(
+                "sweeping a pending row after a PostgreSQL failover: its last write predates the failover "
+                "and no lease is live",
+                {{"since_failover_ms", static_cast<std::int64_t>(age.count())},
+                 {"stripe_attempts", a.rec.stripe_attempts},
+                 {"generation", a.rec.key_generation}});
+        else
+            log.warn("sweeping an abandoned pending row: no delivery has worked on it within the sweep bound",
+                     {{"sweep_after_ms", static_cast<std::int64_t>(cfg.after.count())},
+                      {"stripe_attempts", a.rec.stripe_attempts},
+                      {"generation", a.rec.key_generation}});
         auto v = co_await st->p->resume(std::move(d), std::move(a.ev), std::move(a.rec));
         count_verdict(*st, rep, v, log);
     }
@@ -239,11 +279,33 @@ net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_repor
     co_return result<void>{};
 }
 
+using steady = std::chrono::steady_clock;
+
+// How long to sleep before the next sweep: the regular interval, or less while failover sweeps are due.
+steady::duration next_sweep_in(const sweeper::state& st) {
+    const auto now = steady::now();
+    steady::duration wait = st.cfg.interval;
+    if (now < st.failover_from) return std::min(wait, st.failover_from - now);
+    if (now >= st.failover_until) return wait;
+    if (!st.failover_swept) return steady::duration::zero();
+    return std::min<steady::duration>({wait, st.cfg.failover_interval, st.failover_until - now});
+}
+
 net::awaitable<void> sweep_loop(sweeper_state_ptr st) {
     while (!st->task.stopping()) {
-        co_await st->task.sleep(st->cfg.interval);
+        if (auto wait = next_sweep_in(*st); wait > steady::duration::zero())
+            co_await st->task.sleep(wait);  // after_failover ends it early
         if (st->task.stopping()) break;
-        auto rep = co_await sweep_rows(st);
+        const auto now = steady::now();
+        // Woken by a failover whose grace has not passed: the failover sweeps come after it (they cover every
+        // row a regular sweep would take meanwhile).
+        if (now < st->failover_from) continue;
+        std::optional<milliseconds> since_failover;
+        if (now < st->failover_until) {
+            since_failover = std::chrono::duration_cast<milliseconds>(now - st->failover_at);
+            st->failover_swept = true;
+        }
+        auto rep = co_await sweep_rows(st, since_failover);
         if (!rep)
             st->log.warn("sweep failed; trying again at the next interval",
                          {{"error", rep.err().describe()}});
@@ -257,8 +319,25 @@ net::awaitable<void> sweep_loop(sweeper_state_ptr st) {
 
 }  // namespace
 
-net::awaitable<result<sweep_report>> sweeper::sweep_once() {
-    co_return co_await sweep_rows(st_);
+net::awaitable<result<sweep_report>> sweeper::sweep_once(std::optional<milliseconds> since_failover) {
+    co_return co_await sweep_rows(st_, since_failover);
+}
+
+void sweeper::after_failover() {
+    auto& st = *st_;
+    derive_failover_sweeps(st.cfg, st.p->config());
+    const auto now = steady::now();
+    st.failover_at = now;
+    st.failover_from = now + st.cfg.failover_grace;
+    st.failover_until = now + st.cfg.failover_window;
+    st.failover_swept = false;
+    st.log.warn(
+        "PostgreSQL failed over: sweeping the pending rows written before it with no live lease after "
+        "the grace, then as their leases expire",
+        {{"failover_grace_ms", static_cast<std::int64_t>(st.cfg.failover_grace.count())},
+         {"failover_window_ms", static_cast<std::int64_t>(st.cfg.failover_window.count())},
+         {"failover_interval_ms", static_cast<std::int64_t>(st.cfg.failover_interval.count())}});
+    st.task.wake();
 }
 
 void sweeper::start(asio::any_io_executor ex) {
@@ -276,12 +355,19 @@ std::shared_ptr<sweeper> start_sweeper(asio::any_io_executor ex, pipeline& p, st
                                        logger log, pending_age_monitor* age) {
     if (cfg.after.count() <= 0) cfg.after = sweep_bound(p.config(), msg_timeout);
     if (cfg.interval.count() <= 0) cfg.interval = sweep_interval(cfg.after);
+    derive_failover_sweeps(cfg, p.config());
     log.info("sweeper for abandoned pending rows",
              {{"sweep_after_ms", static_cast<std::int64_t>(cfg.after.count())},
               {"sweep_interval_ms", static_cast<std::int64_t>(cfg.interval.count())},
-              {"msg_timeout_ms", static_cast<std::int64_t>(msg_timeout.count())}});
+              {"msg_timeout_ms", static_cast<std::int64_t>(msg_timeout.count())},
+              {"failover_grace_ms", static_cast<std::int64_t>(cfg.failover_grace.count())},
+              {"failover_window_ms", static_cast<std::int64_t>(cfg.failover_window.count())},
+              {"failover_interval_ms", static_cast<std::int64_t>(cfg.failover_interval.count())}});
     if (age) age->watch_abandoned(cfg.after);
-    auto s = std::make_shared<sweeper>(std::move(cfg), p, std::move(pool), std::move(log), &reg);
+    auto s = std::make_shared<sweeper>(std::move(cfg), p, pool, std::move(log), &reg);
+    pool->on_failover([w = std::weak_ptr<sweeper>(s)](const pg::failover_event&) {
+        if (auto live = w.lock()) live->after_failover();
+    });
     s->start(std::move(ex));
     return s;
 }

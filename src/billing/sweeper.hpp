@@ -24,6 +24,22 @@
 // next sweep, without waiting for the bound: the receiver may not settle a pending row, so recovery is the
 // only way its fact gets applied (abandoned_sql::record_has_deferred_fact).
 //
+// After a failover (pg::pool::on_failover: a new connection reached a promoted standby, another cluster or
+// another address) the sweeper does not wait for the bound: commits the old primary acknowledged may be lost,
+// and a row whose `charged` commit was lost after its message was FINed has no delivery left. So it sweeps
+// soon (after failover_grace, below), and again every failover_interval for failover_window, the pending rows
+// of its namespace with no live lease whose last write is older than the failover — whatever their age. A row
+// written since (by a live delivery, or by a sweep that left it pending) is not taken again in that window;
+// its message or the regular bound brings it back. A row whose lease the new primary still shows (the lease
+// was taken before the failover) is left alone until that lease expires — its holder may still be working;
+// the window outlasts a lease taken at the failover's last moment, so such a row is swept within one interval
+// of its lease's end. The first failover sweep waits a grace of two lease renewals: a delivery whose lease
+// take was itself among the lost commits is invisible to the lease rules, but by then its Stripe call has
+// returned or its lease keeper, finding the lease not its own, has noted the call in flight — a write after
+// the failover, which keeps the row out of these sweeps. The lease and the recovery are the same as for any
+// swept row: a live delivery is never raced into a second Stripe call, and a row whose attempt was lost too
+// is settled by the same key or the charge search.
+//
 // Rows of another key namespace are left to their own sidecars (selected by key_namespace, and the key is
 // recomputed and compared before anything runs); rows written before migration 0011 have no namespace and
 // are left to `reconcile`.
@@ -34,6 +50,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "billing/outcome.hpp"
@@ -81,7 +98,20 @@ struct sweeper_config {
     std::chrono::milliseconds after{0};
     std::chrono::milliseconds interval{0};
     std::size_t batch = 100;  // rows per sweep at most, least recently active first
+    // After a failover (after_failover): wait failover_grace, then sweep at once and every failover_interval
+    // until failover_window (from the failover) has passed. derive_failover_sweeps fills unset ones.
+    std::chrono::milliseconds failover_grace{-1};
+    std::chrono::milliseconds failover_window{0};
+    std::chrono::milliseconds failover_interval{0};
 };
+
+// How often to sweep after a failover for a lease: a thirtieth of it, within [1 s, 5 s] (2 s by default).
+std::chrono::milliseconds failover_sweep_interval(std::chrono::milliseconds lease) noexcept;
+
+// Fills the failover settings left unset (a zero interval or window, a negative grace) from the pipeline's:
+// interval failover_sweep_interval(lease); grace 2 × lease_renew_interval + interval (32 s by default);
+// window max(lease, grace) + 2 × interval (64 s by default).
+void derive_failover_sweeps(sweeper_config& c, const pipeline_config& p) noexcept;
 
 // What one sweep did.
 struct sweep_report {
@@ -108,9 +138,17 @@ class sweeper {
     // One sweep: reads up to `batch` abandoned rows and runs each through pipeline::resume, one after the
     // other; then up to `batch` abandoned correction revisions, each through pipeline::resume_correction.
     // Returns what it did, or a query's error (rows already run stay counted in the metrics).
+    // `since_failover` (after a failover): instead of the bound, the unleased pending rows last written
+    // before that long ago, whatever their age.
     // Completes on the pool's executor; not cancellable while a row is at Stripe (the client's timeouts bound
     // it). Stops between rows once stop() was called.
-    net::awaitable<result<sweep_report>> sweep_once();
+    net::awaitable<result<sweep_report>> sweep_once(
+        std::optional<std::chrono::milliseconds> since_failover = std::nullopt);
+
+    // PostgreSQL failed over (pg::pool::on_failover): after failover_grace sweep at once, then every
+    // failover_interval until failover_window has passed, the rows last written before the failover (see
+    // above). On the sweeper's executor.
+    void after_failover();
 
     // Sweeps every `interval` on `ex` (the pool's executor) until stop().
     void start(asio::any_io_executor ex);
@@ -127,9 +165,10 @@ class sweeper {
 };
 
 // For consume: a sweeper with the bound derived from the pipeline's config and --msg-timeout (a non-zero
-// cfg.after / cfg.interval overrides it), started on `ex`, stopped on the runtime's shutdown by the caller
-// (sweeper::stop), kept alive by the returned pointer. When `age` is given it also reports the oldest
-// abandoned row by the same bound (pending_age_monitor::watch_abandoned).
+// cfg.after / cfg.interval overrides it), started on `ex`, told of `pool`'s failovers (after_failover: the
+// pool must be created with pool_options::watch_failover to see them), stopped on the runtime's shutdown by
+// the caller (sweeper::stop), kept alive by the returned pointer. When `age` is given it also reports the
+// oldest abandoned row by the same bound (pending_age_monitor::watch_abandoned).
 std::shared_ptr<sweeper> start_sweeper(asio::any_io_executor ex, pipeline& p, std::shared_ptr<pg::pool> pool,
                                        sweeper_config cfg, std::chrono::milliseconds msg_timeout,
                                        metrics::registry& reg, logger log,

@@ -38,6 +38,10 @@ awaitable<void> stoppable_task::sleep(std::chrono::steady_clock::duration d) {
     co_await timer_->async_wait();
 }
 
+void stoppable_task::wake() noexcept {
+    if (timer_) timer_->cancel();
+}
+
 void stoppable_task::request_stop() noexcept {
     stopping_ = true;
     if (timer_) timer_->cancel();

@@ -23,6 +23,8 @@ class stoppable_task {
     bool stopping() const noexcept { return stopping_; }
     // Sleeps `d` unless stopped; a stop ends the sleep early (stopping() then says so).
     awaitable<void> sleep(std::chrono::steady_clock::duration d);
+    // Ends a sleep in progress early without stopping (the loop decides what its early wake means).
+    void wake() noexcept;
     // Asks the loop to stop and wakes its sleep, without waiting (for destructors).
     void request_stop() noexcept;
     // Asks, then waits until the loop has ended (at once if it never started or already ended).

@@ -11,15 +11,23 @@
 //  * bounded: when every connection is busy, acquire() waits at most `acquire_timeout`, and at most
 //    `max_waiters` callers wait; beyond either it returns errc::unavailable;
 //  * a connection given back inside a transaction is rolled back before reuse (dropped if that fails); one
-//    given back broken or mid-operation is dropped.
+//    given back broken or mid-operation is dropped;
+//  * failover (pool_options::watch_failover): every new connection reads the identity of the server it
+//    reached (server_identity); one that differs from the last seen in a way only another server explains
+//    (failover_cause) is a failover: counted, logged, and told to the listeners (on_failover). A failover
+//    with asynchronous replication may have lost the last commits, which only a sweep of the ledger heals.
 #pragma once
 
 #include <asio/any_io_executor.hpp>
 #include <chrono>
+#include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/log.hpp"
 #include "core/result.hpp"
@@ -46,6 +54,32 @@ struct pool_options {
     std::chrono::milliseconds backoff_initial{100};
     std::chrono::milliseconds backoff_max{5000};
     std::string name = "main";  // metrics label
+    // Read each new connection's server identity and report a change of server (on_failover). One more
+    // statement per connect; consume sets it (its sweeper heals what a failover lost).
+    bool watch_failover = false;
+};
+
+// The server a connection reached, as it describes itself.
+struct server_identity {
+    // pg_control_system(): the cluster's identifier — the same on a physical standby as on its primary, so a
+    // promotion keeps it; a different one is another cluster altogether.
+    std::string system_identifier;
+    // The WAL timeline a primary writes on (from its current WAL file name): a promotion starts a new one.
+    // 0 on a standby (in recovery), which is not written to.
+    std::int64_t timeline = 0;
+    bool in_recovery = false;  // pg_is_in_recovery(): a standby
+    std::string address;       // inet_server_addr():inet_server_port() ("local" over a Unix socket)
+};
+
+// Why a connection that reached `now` after one reached `before` is on a server that may not hold every
+// commit the earlier one acknowledged: another cluster, a primary on another timeline (a promotion), a
+// standby that became a primary, or another address. Empty when nothing says so, and when `now` is a standby
+// (not where commits go). Pure; table-tested.
+std::string failover_cause(const server_identity& before, const server_identity& now);
+
+struct failover_event {
+    server_identity before, now;
+    std::string cause;  // failover_cause
 };
 
 // What acquire() does while the pool believes PostgreSQL is down (a connect failed, reconnect backoff).
@@ -108,6 +142,12 @@ class pool : public std::enable_shared_from_this<pool> {
     // As acquire(mode), with an explicit deadline instead of acquire_timeout / server_wait.
     net::awaitable<result<pooled_connection>> acquire_until(acquire_mode mode, clock::time_point deadline);
 
+    // Called on the pool's executor, after the connection that saw it was opened, for every failover seen
+    // (pool_options::watch_failover). The first connection only sets what later ones are compared with.
+    void on_failover(std::function<void(const failover_event&)> f);
+    // The identity of the server the last new connection reached (empty before, or without watch_failover).
+    const std::optional<server_identity>& server() const noexcept { return identity_; }
+
     // Registers a readiness check "postgres" that reads the pool's cached view (no query per request).
     void add_readiness_check(metrics::health& h, std::string name = "postgres");
 
@@ -144,6 +184,7 @@ class pool : public std::enable_shared_from_this<pool> {
     bool may_connect() const;
     std::string down_message() const;
     void update_gauges();
+    net::awaitable<void> note_identity(connection& c);
     static net::awaitable<void> rollback_and_return(std::shared_ptr<pool> self,
                                                     std::unique_ptr<connection> c);
     static net::awaitable<void> ping(std::shared_ptr<pool> self, std::unique_ptr<connection> c);
@@ -172,6 +213,8 @@ class pool : public std::enable_shared_from_this<pool> {
     clock::time_point demand_retry_at_{};
     std::minstd_rand rng_;
     std::unique_ptr<net::steady_timer> maint_timer_;
+    std::optional<server_identity> identity_;
+    std::vector<std::function<void(const failover_event&)>> failover_listeners_;
 };
 
 // One statement on a connection from `pool` (acquired with `mode`), under the connection's query timeout;

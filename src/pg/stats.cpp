@@ -18,6 +18,11 @@ stats::stats(metrics::registry& reg, const std::string& pool_name, std::size_t p
       acquire_failures(reg.counter("chargeguard_pg_pool_acquire_failures_total",
                                    "Acquisitions that failed (PostgreSQL down or the pool exhausted)")
                            .Add({{"pool", pool_name}})),
+      failovers(reg.counter("chargeguard_pg_failovers_detected_total",
+                            "New connections that reached another PostgreSQL server than the last one (a "
+                            "promoted standby, another cluster or address): a failover that may have lost "
+                            "the last commits")
+                    .Add({{"pool", pool_name}})),
       reg_(reg),
       pool_(pool_name),
       latency_(reg.histogram("chargeguard_pg_query_duration_seconds", "Statement or pipeline batch latency")

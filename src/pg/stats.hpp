@@ -25,6 +25,7 @@ class stats {
     metrics::Gauge& up;                  // 1 while PostgreSQL answers, as last seen by the pool
     metrics::Counter& waits;             // acquisitions that had to wait for a connection to come back
     metrics::Counter& acquire_failures;  // acquisitions that ended in errc::unavailable
+    metrics::Counter& failovers;         // new connections that reached another server (pool::on_failover)
 
   private:
     metrics::registry& reg_;

@@ -735,6 +735,23 @@ def run_seed(args, seed, profile_name):
         killed_logs = []
         events = ["pg", "nsqd", "stall"]
         held_at = None  # --failover: when the standby was held behind
+        # --failover: the rows the promoted standby shows pending though Stripe had charged them at the
+        # failover (settles it lost, and deliveries between their answer and their settle), and when each was
+        # seen settled: the heal time after a failover.
+        fo = dict(at=None, keys=[], next_check=0.0)
+
+        def failover_settled():
+            if fo["at"] is None or "failover_heal_s" in report or time.monotonic() < fo["next_check"]:
+                return
+            fo["next_check"] = time.monotonic() + 0.5
+            keys = ",".join(f"'{k}'" for k in fo["keys"]) or "''"
+            try:
+                left = pg.query(f"SELECT count(*) FROM billing_records WHERE status = 'pending' AND key IN ({keys})",
+                                retries=3)[0][0]
+            except RuntimeError:
+                return  # the next look tells
+            if left == "0":
+                report["failover_heal_s"] = round(time.monotonic() - fo["at"], 1)
         while True:
             now = time.monotonic() - t0
             if now >= dur and not publishes:
@@ -770,6 +787,12 @@ def run_seed(args, seed, profile_name):
                 events.remove("promote")
                 lost_wal = standby.fail_over()
                 report["wal_lost_bytes"] = lost_wal
+                fo["at"] = time.monotonic()
+                paid = {(c.get("metadata") or {}).get("billing_key") for c in stripe.charges()
+                        if c.get("status") == "succeeded"}
+                fo["keys"] = [r[0] for r in pg.query("SELECT key FROM billing_records WHERE status = 'pending'")
+                              if r[0] in paid]
+                report["failover_pending_paid"] = len(fo["keys"])
                 log(f"   [{now:5.1f}s] primary SIGKILLed, standby promoted ({lost_wal} bytes of WAL not received)")
             if "pg" in events and now >= pg_restart_at:
                 events.remove("pg")
@@ -792,6 +815,7 @@ def run_seed(args, seed, profile_name):
                               fault_path="/v1/payment_intents" if to_intents else "")
                 armings += 1
                 next_fault = now + 1.0
+            failover_settled()
             for i, rc in cons.crashed():
                 if i not in [r[1] for r in restarts]:
                     report["failures"].append(f"consumer {i} exited by itself with status {rc} "
@@ -871,7 +895,8 @@ def run_seed(args, seed, profile_name):
                          ",".join(f"'{k}'" for k in lost) + ")")[0][0]
             return int(n) == len(lost)
 
-        reached = wait_until(lambda: quiet() and healed() and restored(), bound, step=0.25)
+        reached = wait_until(lambda: (failover_settled(), quiet() and healed() and restored())[1], bound, step=0.25)
+        failover_settled()
         report["quiescence_s"] = round(time.monotonic() - t_chaos_end, 1)
         if lost:
             report["lost_commits"] = len(lost)
@@ -1292,6 +1317,8 @@ def main():
             f"(bound {r.get('quiescence_bound_s', '?')} s); nsqd restart {r.get('nsqd_restart', '?')}; "
             f"{r['kill_count']} kills caught deliveries at: {kills}")
         if r.get("failover"):
+            log(f"   failover ({r['failover']}): {r.get('failover_pending_paid', '?')} rows pending though paid at the "
+                f"failover, all settled {r.get('failover_heal_s', '?')} s after it")
             log(f"   failover ({r['failover']}): {r.get('wal_lost_bytes', '?')} bytes of WAL lost; ledger agreed "
                 f"with Stripe {r.get('quiescence_s', '?')} s after the chaos; {r.get('backfilled', 0)} rows "
                 "restored by the backfill; "

@@ -20,3 +20,36 @@ BOOST_AUTO_TEST_CASE(sweep_bound_follows_its_formula) {
     BOOST_TEST(billing::sweep_interval(8s).count() == std::chrono::milliseconds(2s).count());
     BOOST_TEST(billing::sweep_interval(1s).count() == std::chrono::milliseconds(1s).count());
 }
+
+// After a failover (sweeper.hpp): the interval is a thirtieth of the lease within [1 s, 5 s], the grace two
+// lease renewals and an interval, the window the longer of the lease and the grace plus two intervals; set
+// values are kept.
+BOOST_AUTO_TEST_CASE(failover_sweeps_follow_the_lease) {
+    using std::chrono::milliseconds;
+    billing::pipeline_config p;  // lease 60 s, renewed every 15 s
+    billing::sweeper_config c;
+    billing::derive_failover_sweeps(c, p);
+    BOOST_TEST(c.failover_interval.count() == milliseconds(2s).count());
+    BOOST_TEST(c.failover_grace.count() == milliseconds(32s).count());
+    BOOST_TEST(c.failover_window.count() == milliseconds(64s).count());
+    p.lease = 6s;  // the chaos profiles
+    p.lease_renew_interval = 1500ms;
+    billing::sweeper_config s;
+    billing::derive_failover_sweeps(s, p);
+    BOOST_TEST(s.failover_interval.count() == milliseconds(1s).count());
+    BOOST_TEST(s.failover_grace.count() == milliseconds(4s).count());
+    BOOST_TEST(s.failover_window.count() == milliseconds(8s).count());
+    p.lease = 300s;
+    p.lease_renew_interval = 200s;  // a grace longer than the lease stretches the window
+    billing::sweeper_config l;
+    billing::derive_failover_sweeps(l, p);
+    BOOST_TEST(l.failover_interval.count() == milliseconds(5s).count());
+    BOOST_TEST(l.failover_grace.count() == milliseconds(405s).count());
+    BOOST_TEST(l.failover_window.count() == milliseconds(415s).count());
+    billing::sweeper_config set;
+    set.failover_grace = 0ms;  // no grace, as asked
+    set.failover_interval = 3s;
+    billing::derive_failover_sweeps(set, p);
+    BOOST_TEST(set.failover_grace.count() == 0);
+    BOOST_TEST(set.failover_interval.count() == milliseconds(3s).count());
+}

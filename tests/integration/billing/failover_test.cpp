@@ -1,0 +1,230 @@
+// A PostgreSQL failover that lost the last commits (billing/sweeper.hpp, pg::pool::on_failover), on a primary
+// and a streaming standby of the test's own (ci/pg-cluster start / standby / crash / promote): the consume's
+// pool sees the promoted standby on its next connection (a new timeline, another address) and the sweeper,
+// with the default sweep settings, settles the rows the failover returned to `pending` after a short grace —
+// a row whose lease the new primary still shows only once that lease has expired — each by the payment Stripe
+// already made under its key, never by a second one. Without the detection those rows wait out the sweep
+// bound (430 s with the defaults). Needs CHARGEGUARD_TEST_PG_CTL (ci/lib.sh) and pg_basebackup; leaves the
+// shared server alone. g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#define BOOST_TEST_MODULE billing_failover
+#define BOOST_TEST_NO_MAIN
+#include <libpq-fe.h>
+#include <unistd.h>
+
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "billing/sweeper.hpp"
+#include "fixture.hpp"
+#include "net/timeout.hpp"
+#include "support/pg_main.hpp"
+#include "support/pg_server_ctl.hpp"
+
+using namespace std::chrono_literals;
+using namespace cg;
+using cg::test::delivery_of;
+using cg::test::event_json;
+using cg::test::key_of;
+using cg::test::run_async;
+
+namespace {
+
+using fixture = test::billing_fixture;
+using clock_type = std::chrono::steady_clock;
+
+// A primary and its streaming standby in a scratch directory, both on loopback ports of their own.
+struct cluster_pair {
+    std::string ctl, root, primary, standby;
+    unsigned short primary_port = 0, standby_port = 0;
+
+    cluster_pair() {
+        test::pg_server_ctl srv("create a primary and its standby");
+        ctl = srv.ctl;
+        root = "/tmp/cg-failover-" + std::to_string(::getpid());
+        primary = root + "/primary";
+        standby = root + "/standby";
+        primary_port = test::closed_port();
+        do standby_port = test::closed_port();
+        while (standby_port == primary_port);
+        shell("rm -rf '" + root + "'");
+        sh("start '" + primary + "' " + std::to_string(primary_port));
+        sh("standby '" + standby + "' " + std::to_string(standby_port) + " '" + primary + "'");
+    }
+    ~cluster_pair() {
+        shell("'" + ctl + "' stop '" + primary + "' >/dev/null 2>&1");
+        shell("'" + ctl + "' stop '" + standby + "' >/dev/null 2>&1");
+        shell("rm -rf '" + root + "'");
+    }
+    static int shell(const std::string& cmd) { return std::system(cmd.c_str()); }
+    // pg_ctl waits: never while the loop has work (the test calls it between runs of the loop).
+    void sh(const std::string& args) const {
+        int rc = shell("'" + ctl + "' " + args + " >/dev/null");
+        BOOST_TEST_REQUIRE(rc == 0, "ci/pg-cluster " << args);
+    }
+    // As the consumers of a failover deployment are configured: both hosts, the writable one wins.
+    pg::config both() const {
+        return test::server_config("host=127.0.0.1,127.0.0.1 port=" + std::to_string(primary_port) + "," +
+                                   std::to_string(standby_port) +
+                                   " dbname=chargeguard_test user=postgres target_session_attrs=read-write");
+    }
+    // One value by libpq's synchronous API on `port` (setting up and checking, never on the loop).
+    static std::string value(unsigned short port, const std::string& sql) {
+        auto dsn = "host=127.0.0.1 port=" + std::to_string(port) + " dbname=chargeguard_test user=postgres";
+        PGconn* c = PQconnectdb(dsn.c_str());
+        std::string out, err;
+        if (PQstatus(c) != CONNECTION_OK) {
+            err = PQerrorMessage(c);
+        } else {
+            PGresult* r = PQexec(c, sql.c_str());
+            if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+                out = PQgetvalue(r, 0, 0);
+            else
+                err = PQresultErrorMessage(r);
+            PQclear(r);
+        }
+        PQfinish(c);
+        BOOST_TEST_REQUIRE(err.empty(), sql << ": " << err);
+        return out;
+    }
+};
+
+double failovers_seen(metrics::registry& reg) {
+    return test::first_sample(reg, "chargeguard_pg_failovers_detected_total");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(billing_failover)
+
+// Two rows charged at Stripe whose `charged` commits the failover lost (their messages FINed, gone): one with
+// no live lease on the new primary, one whose lease there still runs for 50 s (taken just before the
+// failover; its holder may still be working). The first is charged once the failover grace (two lease
+// renewals and an interval) has passed; the second is left alone (no write, no Stripe call) while its lease
+// runs and charged within one failover interval of its end; both within 60 s of the failover, by the payment
+// made under their key (one payment each at Stripe).
+BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_minute_and_charged_once) {
+    if (::access("/usr/lib/postgresql/15/bin/pg_basebackup", X_OK) != 0) {
+        BOOST_TEST_MESSAGE("skipped: no pg_basebackup (ci/pg-cluster standby needs it)");
+        return;
+    }
+    cluster_pair cl;
+    metrics::registry reg;  // outlives the pool, whose metrics it holds
+    fixture f;
+    // The ledger on the pair, through a pool that watches for failovers as consume's does.
+    run_async(f.io, [&]() -> net::awaitable<void> { co_await f.pg->close(); });
+    pg::pool_options o;
+    o.server = cl.both();
+    o.server.connect_timeout = 2s;
+    o.size = 4;
+    o.watch_failover = true;
+    f.pg = pg::pool::create(f.io.get_executor(), f.pool.get_executor(), std::move(o), logger(), &reg);
+    f.pg->start();
+    f.ledger = std::make_unique<billing::ledger>(f.pg);
+    auto migrated = f.run(f.boxed_migrate());
+    BOOST_TEST_REQUIRE(migrated.has_value(), (migrated ? "" : migrated.err().describe()));
+
+    billing::pipeline_config pc;  // the defaults: a 60 s lease
+    pc.key_namespace = test::key_namespace;
+    auto p = f.make_pipeline(pc);
+    const auto free_key = key_of("fo-1", "2026-11");
+    const auto leased_key = key_of("fo-2", "2026-11");
+    for (auto [customer, id] : {std::pair{"fo-1", "f001"}, std::pair{"fo-2", "f002"}}) {
+        auto v = f.handle(*p, delivery_of(event_json(customer, "2026-11", 1999), id));
+        BOOST_TEST_REQUIRE(billing::to_string(v.reason) == "charged", v.detail);
+    }
+    BOOST_TEST_REQUIRE(f.fake->charges().size() == 2u);
+    // What the standby holds when the settles were lost: the rows pending without Stripe ids, the first with
+    // its lease released, the second still leased (as just after its pre-flight).
+    auto lost = f.run(f.query(
+        "UPDATE billing_records SET status = 'pending', charge_id = NULL, payment_intent_id = NULL, "
+        "lease_until = CASE WHEN key = $1 THEN now() - interval '1 s' ELSE now() + interval '50 s' END "
+        "WHERE key IN ($1, $2) RETURNING lease_epoch",
+        pg::params(free_key, leased_key)));
+    BOOST_TEST_REQUIRE(lost.has_value(), (lost ? "" : lost.err().describe()));
+    const auto leased_epoch =
+        cl.value(cl.primary_port, "SELECT lease_epoch FROM billing_records WHERE key = '" + leased_key + "'");
+    // The standby has it all before the primary fails.
+    const auto lsn = cl.value(cl.primary_port, "SELECT pg_current_wal_lsn()");
+    for (int i = 0;
+         i < 200 && cl.value(cl.standby_port, "SELECT pg_last_wal_replay_lsn() >= '" + lsn + "'") != "t"; ++i)
+        std::this_thread::sleep_for(50ms);
+    BOOST_TEST_REQUIRE(cl.value(cl.standby_port, "SELECT pg_last_wal_replay_lsn() >= '" + lsn + "'") == "t");
+
+    // The sweeper as consume starts it: default bound (2 × 60 s + 300.1 s + 10 s) and interval (60 s).
+    auto s =
+        billing::start_sweeper(f.io.get_executor(), *p, f.pg, billing::sweeper_config{}, 60s, reg, logger());
+    BOOST_TEST_REQUIRE(s->config().after > 400s);
+    BOOST_TEST(failovers_seen(reg) == 0.0);
+
+    cl.sh("crash '" + cl.primary + "'");
+    cl.sh("promote '" + cl.standby + "'");
+    const auto failed_over = clock_type::now();
+
+    // Watches the ledger (through the same pool: its broken connections are replaced on the promoted
+    // standby) until both rows are charged or 60 s have passed; notes when each was first seen charged and
+    // what the leased row looked like when the free one was.
+    std::optional<clock_type::duration> free_at, leased_at;
+    std::string leased_when_free_charged;
+    int leased_posts_when_free_charged = -1;
+    run_async(
+        f.io,
+        [&]() -> net::awaitable<void> {
+            while (clock_type::now() - failed_over < 60s && !(free_at && leased_at)) {
+                auto r = co_await f.query(
+                    "SELECT key, status, lease_epoch::text FROM billing_records WHERE key IN ($1, $2) ORDER "
+                    "BY key",
+                    pg::params(free_key, leased_key));
+                if (r && r->size() == 2) {
+                    for (std::size_t i = 0; i < 2; ++i) {
+                        const auto key = r->get<std::string>(i, 0);
+                        const bool charged = r->get<std::string>(i, 1) == "charged";
+                        if (key == free_key && charged && !free_at) {
+                            free_at = clock_type::now() - failed_over;
+                            for (std::size_t j = 0; j < 2; ++j)
+                                if (r->get<std::string>(j, 0) == leased_key)
+                                    leased_when_free_charged =
+                                        r->get<std::string>(j, 1) + "/" + r->get<std::string>(j, 2);
+                            leased_posts_when_free_charged = f.fake->posts_for(leased_key);
+                        }
+                        if (key == leased_key && charged && !leased_at)
+                            leased_at = clock_type::now() - failed_over;
+                    }
+                }
+                co_await net::sleep_for(100ms);
+            }
+        },
+        75s);
+    using std::chrono::duration_cast;
+    using std::chrono::milliseconds;
+    BOOST_TEST_REQUIRE(free_at.has_value(), "the row with no live lease was not charged within 60 s");
+    BOOST_TEST_MESSAGE("row with no live lease charged " << duration_cast<milliseconds>(*free_at).count()
+                                                         << " ms after the failover");
+    // Not before the grace (two lease renewals and an interval: 32 s), within a few seconds after it.
+    BOOST_TEST(*free_at >= 31s);
+    BOOST_TEST(*free_at < 40s);
+    // The leased row was left alone while its lease ran: still pending, its lease epoch unmoved, no call.
+    BOOST_TEST(leased_when_free_charged == "pending/" + leased_epoch);
+    BOOST_TEST(leased_posts_when_free_charged == 1);
+    BOOST_TEST_REQUIRE(leased_at.has_value(), "the leased row was not charged within 60 s of the failover");
+    BOOST_TEST_MESSAGE("row whose lease ran 50 s more charged "
+                       << duration_cast<milliseconds>(*leased_at).count() << " ms after the failover");
+    BOOST_TEST(*leased_at >= 45s);  // not before its lease (50 s from a moment before the failover) ended
+    BOOST_TEST(*leased_at < 60s);
+    // Charged by the payments made before the failover: one each at Stripe, the rows holding their ids.
+    BOOST_TEST(f.fake->charges().size() == 2u);
+    for (const auto& key : {free_key, leased_key}) {
+        auto row = f.row(key);
+        BOOST_TEST_REQUIRE(row.has_value());
+        BOOST_TEST(row->charge_id.has_value());
+    }
+    BOOST_TEST(failovers_seen(reg) == 1.0);
+    BOOST_TEST(cl.value(cl.standby_port, "SELECT pg_is_in_recovery()::text") == "false");
+
+    run_async(f.io, [&]() -> net::awaitable<void> { co_await s->stop(); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
