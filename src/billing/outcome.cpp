@@ -53,9 +53,15 @@ std::chrono::milliseconds backoff_delay(const backoff& b, std::int32_t attempts)
                               static_cast<std::uint64_t>(std::max(attempts, 1)));
 }
 
+bool needs_authentication(std::string_view error_code, const stripe::fact* intent) noexcept {
+    return error_code == "authentication_required" ||
+           (intent && intent->moved == stripe::movement::needs_customer);
+}
+
 bool needs_authentication(const stripe::charge_outcome& out) noexcept {
-    return out.error.code == "authentication_required" ||
-           (out.intent && stripe::read(*out.intent).moved == stripe::movement::needs_customer);
+    if (!out.intent) return needs_authentication(out.error.code, nullptr);
+    const auto fact = stripe::read(*out.intent);
+    return needs_authentication(out.error.code, &fact);
 }
 
 charge_step step_for(stripe::outcome_class c) noexcept {

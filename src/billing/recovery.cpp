@@ -215,9 +215,11 @@ net::awaitable<verdict> pipeline::settle_found(run& r, const recovery_found& f) 
             auto m = co_await ledger_.mark_declined(
                 r.key, f.charge_id, "declined (found by search): " + f.decline, f.payment_intent_id);
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
-            const bool authenticate =
-                f.intent && (stripe::read(*f.intent).moved == stripe::movement::needs_customer ||
-                             f.intent->last_error_code == "authentication_required");
+            bool authenticate = false;
+            if (f.intent) {
+                const auto fact = stripe::read(*f.intent);
+                authenticate = needs_authentication(f.intent->last_error_code, &fact);
+            }
             co_return verdict::finish(
                 authenticate ? verdict_reason::needs_authentication : verdict_reason::declined,
                 f.intent ? "found " + f.decline : "found declined charge " + f.charge->id);
