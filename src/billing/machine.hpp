@@ -66,6 +66,10 @@ std::span<const std::string_view> states(table t) noexcept;
 
 // The transition table as docs/design.md shows it (markdown, one row per transition).
 std::string markdown();
+// The outputs for every answer the Stripe client can give (markdown, one row per answer): for a charge the
+// ledger command, its state, FIN or REQ, the verdict, the dead letter and the alert; for a correction's move
+// the move's command and states. docs/design.md prints it beside the transitions.
+std::string answers_markdown();
 
 // What the pipeline does with the answer to a pending row's create call: the ledger command (its statement
 // moves the row to `to`, or keeps it pending for the requeue commands), FIN or REQ, the verdict, the dead

@@ -2,7 +2,7 @@
 // decisions against the table, and docs/design.md's copy of the table against the code.
 //
 // CHARGEGUARD_SOURCE_ROOT (set by meson) is the checkout whose src/billing, migrations and docs/design.md
-// are read. CHARGEGUARD_WRITE_DESIGN_TABLE=1 rewrites the table in docs/design.md from the code instead of
+// are read. CHARGEGUARD_WRITE_DESIGN_TABLE=1 rewrites the tables in docs/design.md from the code instead of
 // comparing (then the comparison passes).
 #include "billing/machine.hpp"
 
@@ -457,19 +457,21 @@ BOOST_AUTO_TEST_CASE(a_failed_statement_requeues_with_the_postgres_backoff) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// docs/design.md holds the table between its markers, exactly as the code prints it.
-BOOST_AUTO_TEST_CASE(design_md_holds_the_machine_table) {
+namespace {
+
+// docs/design.md holds `generated` between the markers of `block`, or (CHARGEGUARD_WRITE_DESIGN_TABLE=1) is
+// rewritten to.
+void design_md_holds(const std::string& block, const std::string& generated) {
     const auto path = source_root() / "docs" / "design.md";
     std::string doc = slurp(path);
     const std::string begin =
-        "<!-- begin: money machine transitions (generated: tests/unit/billing/machine_test.cpp) -->\n";
-    const std::string end = "<!-- end: money machine transitions -->";
+        "<!-- begin: " + block + " (generated: tests/unit/billing/machine_test.cpp) -->\n";
+    const std::string end = "<!-- end: " + block + " -->";
     auto b = doc.find(begin);
     auto e = doc.find(end);
     BOOST_TEST_REQUIRE(b != std::string::npos, "docs/design.md lacks the begin marker: " << begin);
-    BOOST_TEST_REQUIRE(e != std::string::npos, "docs/design.md lacks the end marker");
+    BOOST_TEST_REQUIRE(e != std::string::npos, "docs/design.md lacks the end marker: " << end);
     BOOST_TEST_REQUIRE(b < e);
-    const std::string generated = machine::markdown();
     const std::string held = doc.substr(b + begin.size(), e - b - begin.size());
     const char* write = std::getenv("CHARGEGUARD_WRITE_DESIGN_TABLE");
     if (write && std::string(write) == "1" && held != generated) {
@@ -477,7 +479,16 @@ BOOST_AUTO_TEST_CASE(design_md_holds_the_machine_table) {
         std::ofstream(path, std::ios::binary | std::ios::trunc) << doc;
         return;
     }
-    BOOST_TEST(held == generated,
-               "docs/design.md's transition table differs from machine::transitions(); rewrite it with "
-               "CHARGEGUARD_WRITE_DESIGN_TABLE=1 test_billing --run_test=design_md_holds_the_machine_table");
+    BOOST_TEST(held == generated, "docs/design.md's " << block
+                                                      << " differ from the code; rewrite them with "
+                                                         "CHARGEGUARD_WRITE_DESIGN_TABLE=1 test_billing "
+                                                         "--run_test=design_md_holds_the_machine_table");
+}
+
+}  // namespace
+
+// docs/design.md holds the tables between their markers, exactly as the code prints them.
+BOOST_AUTO_TEST_CASE(design_md_holds_the_machine_table) {
+    design_md_holds("money machine transitions", machine::markdown());
+    design_md_holds("money machine answers", machine::answers_markdown());
 }
