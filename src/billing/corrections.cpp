@@ -47,10 +47,7 @@ corrections::corrections(const pipeline_config& cfg, billing::ledger& ledger, st
     : cfg_(cfg), ledger_(ledger), store_(ledger.pool()), stripe_(stripe) {}
 
 verdict corrections::postgres_failed(job& j, const error& e, std::string_view step) {
-    auto delay = backoff_delay(cfg_.postgres_backoff, j.d.attempts);
-    j.log.warn("postgres failed; requeueing", {{"step", step}, {"error", e.describe()}});
-    return verdict::requeue(verdict_reason::requeued_postgres, delay,
-                            std::string(step) + ": " + e.describe());
+    return billing::postgres_failed(cfg_, j.d.attempts, j.log, e, step);
 }
 
 // A correction never gives up on a predecessor that has not arrived yet: that would move its money zero
@@ -166,7 +163,7 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
 
     auto a = co_await call_move_kept(j, m);
     j.log.debug("Stripe answered a correction",
-                {{"outcome", stripe::to_string(a.cls)}, {"object", a.object_id}});
+                {{"step", machine::to_string(a.plan.command)}, {"object", a.object_id}});
     co_return co_await settle_move(j, m, std::move(a));
 }
 
@@ -195,25 +192,12 @@ net::awaitable<corrections::move_answer> corrections::call_move_kept(job& j, con
 // it was taken over, the call noted in flight, so whoever holds the revision now takes no new key generation
 // while this call can still move money.
 net::awaitable<void> corrections::renew_once(job& j, const correction_move& m, lease_keeper& k) {
-    if (j.touch) j.touch();
-    if (k.lost()) {
-        auto noted = co_await store_.note_in_flight(j.key, m.part, m.key_generation);
-        if (!noted)
-            j.log.warn("cannot note the correction's call in flight", {{"error", noted.err().describe()}});
-        co_return;
-    }
-    auto renewed = co_await store_.renew_lease(j.key, m.part, j.epoch, cfg_.lease);
-    if (!renewed) {
-        j.log.warn("correction lease renewal failed; retrying at the next interval",
-                   {{"error", renewed.err().describe()}});
-    } else if (!*renewed) {
-        k.mark_lost();
-        if (lease_lost_) lease_lost_->Increment();
-        j.log.error(
-            "correction lease lost while Stripe was called: another worker may recover this revision");
-    } else {
-        j.epoch = **renewed;
-    }
+    lease_renewal how{
+        j.touch,
+        [this, &j, &m](std::int64_t epoch) { return store_.renew_lease(j.key, m.part, epoch, cfg_.lease); },
+        [this, &j, &m]() { return store_.note_in_flight(j.key, m.part, m.key_generation); }, lease_lost_,
+        "revision"};
+    co_await billing::renew_once(k, how, j.epoch, j.log);
 }
 
 // The move's Stripe call under its key and generation, its answer read the way the ledger needs it.
@@ -228,13 +212,13 @@ net::awaitable<corrections::move_answer> corrections::call_move(job& j, const co
         stripe::refund_request req{*m.refund_of, m.amount_cents, move_metadata(j.ev, j.base, move_key), idem,
                                    j.ev.stripe_account};
         auto out = co_await stripe::create_refund(stripe_, std::move(req));
-        a.cls = out.cls;
         a.message = out.message;
+        std::string status;
         if (out.refund) {
             a.object_id = out.refund->id;
-            // A refund that failed at once moved nothing: a new try needs a new key, as after a search.
-            if (stripe::refund_undone(out.refund->status)) a.cls = stripe::outcome_class::indeterminate;
+            status = out.refund->status;
         }
+        a.plan = machine::on_refund_answer(out.cls, status);
     } else {
         billing_event charge_ev = j.ev;
         charge_ev.amount_cents = m.amount_cents;
@@ -248,27 +232,23 @@ net::awaitable<corrections::move_answer> corrections::call_move(job& j, const co
             ch.metadata = move_metadata(j.ev, j.base, move_key);
             out = co_await stripe_.create_charge(std::move(ch));
         }
-        a.cls = out.cls;
         a.message = out.message;
         a.object_id = out.charge_id;
         a.intent_id = out.payment_intent_id;
-        a.declined_charge = a.cls == stripe::outcome_class::declined;
-        // In flight (a bank debit) or no charge id: not settled, follow it up by the search later.
-        if (a.cls == stripe::outcome_class::succeeded &&
-            (!out.in_flight_status.empty() || a.object_id.empty()))
-            a.cls = stripe::outcome_class::indeterminate;
+        // In flight (a bank debit) or no charge id: not settled, followed up by the search later.
+        a.plan = machine::on_move_answer(out);
     }
     co_return a;
 }
 
-// What the answer makes of the move (and, when it ends the revision, of the revision). nullopt: done, go on.
+// What the answer makes of the move (and, when it ends the revision, of the revision), as the money
+// machine read it (call_move). nullopt: done, go on.
 net::awaitable<std::optional<verdict>> corrections::settle_move(job& j, const correction_move& m,
                                                                 move_answer a) {
-    auto cls = a.cls;
+    const auto& o = a.plan;
     const auto& message = a.message;
-    using stripe::outcome_class;
-    switch (cls) {
-        case outcome_class::succeeded: {
+    switch (o.command) {
+        case machine::move_command::done: {
             // Named first: g++ 12 destroys a conditional's temporary in a co_await's arguments twice (a
             // PaymentIntent's id is a heap string: a double free).
             std::optional<std::string> intent;
@@ -277,35 +257,25 @@ net::awaitable<std::optional<verdict>> corrections::settle_move(job& j, const co
             if (!r) co_return postgres_failed(j, r.err(), "correction move done");
             co_return std::nullopt;
         }
-        case outcome_class::declined: {
-            if (!a.declined_charge) break;
-            auto r = co_await store_.move_ended(j.key, m.part, "declined", message);
+        case machine::move_command::declined: {
+            auto r = co_await store_.move_ended(j.key, m.part, std::string(o.to), message);
             if (!r) co_return postgres_failed(j, r.err(), "correction move declined");
-            auto f = co_await store_.finish(j.key, "declined", message);
+            auto f = co_await store_.finish(j.key, std::string(o.revision_to), message);
             if (!f) co_return postgres_failed(j, f.err(), "correction declined");
-            co_return verdict::finish(verdict_reason::declined, message);
+            co_return verdict::finish(o.reason, message);
         }
-        case outcome_class::cap_exceeded:
-            co_return co_await fail_with_letter(j, m, "spend cap exceeded", message,
-                                                verdict_reason::cap_blocked);
-        case outcome_class::idempotency_conflict:
-            co_return co_await fail_with_letter(j, m, "stripe idempotency_error", message,
-                                                verdict_reason::dead_lettered);
-        case outcome_class::rejected:
-            co_return co_await fail_with_letter(j, m, "stripe rejected", message,
-                                                verdict_reason::dead_lettered);
-        case outcome_class::retry_same_key:
-        case outcome_class::setup_error: {
+        case machine::move_command::failed_dead_letter:
+            co_return co_await fail_with_letter(j, m, std::string(o.letter), message, o.reason);
+        case machine::move_command::release: {
             auto r = co_await store_.release(j.key, m.part, j.epoch, message);
             if (!r) co_return postgres_failed(j, r.err(), "release lease");
-            co_return verdict::requeue(cls == outcome_class::retry_same_key
-                                           ? verdict_reason::requeued_retry_same_key
-                                           : verdict_reason::requeued_stripe_unavailable,
-                                       cls == outcome_class::retry_same_key ? cfg_.retry_same_key_delay
-                                                                            : cfg_.stripe_unavailable_delay,
+            co_return verdict::requeue(o.reason,
+                                       o.reason == verdict_reason::requeued_retry_same_key
+                                           ? cfg_.retry_same_key_delay
+                                           : cfg_.stripe_unavailable_delay,
                                        message);
         }
-        case outcome_class::indeterminate:
+        case machine::move_command::indeterminate:
             break;
     }
     auto r = co_await store_.move_indeterminate(j.key, m.part, j.epoch, message);
@@ -321,7 +291,9 @@ net::awaitable<std::optional<verdict>> corrections::search_move(job& j, const co
         auto found = co_await stripe::find_refund_by_metadata(stripe_, *m.refund_of, "billing_key", move_key,
                                                               j.ev.stripe_account);
         if (!found) co_return co_await search_failed(j, m.part, found.err());
-        if (!*found || stripe::refund_undone((*found)->status)) co_return std::nullopt;
+        if (!*found || machine::on_found(machine::table::move, stripe::read(**found, j.ev.stripe_account)) ==
+                           machine::found_command::none)
+            co_return std::nullopt;
         j.log.info("correction refund found at Stripe", {{"refund", (*found)->id}});
         auto r = co_await store_.move_done(j.key, m.part, (*found)->id, std::nullopt);
         if (!r) co_return postgres_failed(j, r.err(), "correction move done");
@@ -338,16 +310,17 @@ net::awaitable<std::optional<verdict>> corrections::search_move(job& j, const co
     if (!*found) co_return std::nullopt;
     const auto& ch = **found;
     j.log.info("correction charge found at Stripe", {{"charge", ch.id}, {"status", ch.status}});
-    // Read through the fact: in flight (or a status the pinned API version does not define) waits; failed
-    // declines the revision; only a charge that moved the money is the move done.
-    const auto moved = stripe::read(ch, j.ev.stripe_account).moved;
-    if (moved != stripe::movement::charged && moved != stripe::movement::failed) {
+    // Read through the money machine: in flight (or a status the pinned API version does not define)
+    // waits; failed declines the revision; only a charge that moved the money is the move done.
+    const auto found_as = machine::on_found(machine::table::move, stripe::read(ch, j.ev.stripe_account));
+    if (found_as != machine::found_command::mark_charged &&
+        found_as != machine::found_command::mark_declined) {
         auto r = co_await store_.release(j.key, m.part, j.epoch, "charge " + ch.id + " is " + ch.status);
         if (!r) co_return postgres_failed(j, r.err(), "release lease");
         co_return verdict::requeue(verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
                                    "charge " + ch.id + " is " + ch.status);
     }
-    if (moved == stripe::movement::failed) {
+    if (found_as == machine::found_command::mark_declined) {
         auto r = co_await store_.move_ended(j.key, m.part, "declined", "charge " + ch.id + " failed");
         if (!r) co_return postgres_failed(j, r.err(), "correction move declined");
         auto f = co_await store_.finish(j.key, "declined", "charge " + ch.id + " failed: " + ch.failure_code);

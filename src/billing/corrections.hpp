@@ -19,6 +19,7 @@
 
 #include "billing/correction_ledger.hpp"
 #include "billing/event.hpp"
+#include "billing/machine.hpp"
 #include "billing/outcome.hpp"
 #include "core/log.hpp"
 #include "metrics/registry.hpp"
@@ -57,11 +58,10 @@ class corrections {
   private:
     struct job;
     struct move_answer {
-        stripe::outcome_class cls = stripe::outcome_class::indeterminate;
-        std::string object_id;  // the charge (ch_…) or the refund (re_…)
+        machine::move_output plan;  // what the answer means for the move (the money machine's reading)
+        std::string object_id;      // the charge (ch_…) or the refund (re_…)
         std::string intent_id;
         std::string message;
-        bool declined_charge = false;
     };
     net::awaitable<verdict> run_moves(job& j);
     net::awaitable<std::optional<verdict>> run_move(job& j, const correction_move& m);

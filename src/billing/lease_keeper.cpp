@@ -49,4 +49,26 @@ void lease_keeper::ended() {
         arm();
 }
 
+net::awaitable<void> renew_once(lease_keeper& k, const lease_renewal& how, std::int64_t& epoch,
+                                const logger& log) {
+    if (how.touch) how.touch();
+    if (k.lost()) {
+        auto noted = co_await how.note_in_flight();
+        if (!noted) log.warn("cannot note the call in flight", {{"error", noted.err().describe()}});
+        co_return;
+    }
+    auto renewed = co_await how.renew(epoch);
+    if (!renewed) {
+        log.warn("lease renewal failed; retrying at the next interval",
+                 {{"error", renewed.err().describe()}});
+    } else if (!*renewed) {
+        k.mark_lost();
+        if (how.lost) how.lost->Increment();
+        log.error("lease lost while Stripe was called: another worker may recover this " +
+                  std::string(how.row));
+    } else {
+        epoch = **renewed;
+    }
+}
+
 }  // namespace cg::billing

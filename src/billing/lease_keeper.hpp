@@ -9,8 +9,12 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string_view>
 
 #include "core/log.hpp"
+#include "core/result.hpp"
+#include "metrics/registry.hpp"
 #include "net/tokens.hpp"
 
 namespace cg::billing {
@@ -49,5 +53,25 @@ class lease_keeper : public std::enable_shared_from_this<lease_keeper> {
     bool lost_ = false;      // a renewal found the lease taken over
     bool renewing_ = false;  // a renewal is under way
 };
+
+// What one renewal of a charge's or a correction's lease writes (its ledger's statements) and how it is
+// told: one renewal (renew_once) for both.
+struct lease_renewal {
+    std::function<void()> touch;  // the message is alive (TOUCH); may be empty
+    // Extends the lease held under the epoch it was last given: the new epoch, or nullopt when it was
+    // taken over.
+    std::function<net::awaitable<result<std::optional<std::int64_t>>>(std::int64_t epoch)> renew;
+    // Once the lease was taken over: the call under our generation is still in flight.
+    std::function<net::awaitable<result<void>>()> note_in_flight;
+    metrics::Counter* lost = nullptr;  // counts leases lost during a call; null counts nothing
+    std::string_view row = "row";      // what the lease is on, for the log ("row", "revision")
+};
+
+// One renewal while a Stripe call is awaited: TOUCH, then the lease extended (epoch moves on) — or, found
+// taken over, marked lost, counted and logged, so whoever holds the row now does not take a new generation
+// while this call can still move money; once lost, every later renewal notes the call in flight instead.
+// A failed statement is logged and retried at the next interval.
+net::awaitable<void> renew_once(lease_keeper& k, const lease_renewal& how, std::int64_t& epoch,
+                                const logger& log);
 
 }  // namespace cg::billing

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "billing/key.hpp"
+#include "billing/machine.hpp"
 #include "net/backoff.hpp"
 #include "stripe/fact.hpp"
 
@@ -53,9 +54,15 @@ std::chrono::milliseconds backoff_delay(const backoff& b, std::int32_t attempts)
                               static_cast<std::uint64_t>(std::max(attempts, 1)));
 }
 
+bool needs_authentication(std::string_view error_code, const stripe::fact* intent) noexcept {
+    return error_code == "authentication_required" ||
+           (intent && intent->moved == stripe::movement::needs_customer);
+}
+
 bool needs_authentication(const stripe::charge_outcome& out) noexcept {
-    return out.error.code == "authentication_required" ||
-           (out.intent && stripe::read(*out.intent).moved == stripe::movement::needs_customer);
+    if (!out.intent) return needs_authentication(out.error.code, nullptr);
+    const auto fact = stripe::read(*out.intent);
+    return needs_authentication(out.error.code, &fact);
 }
 
 charge_step step_for(stripe::outcome_class c) noexcept {
@@ -152,37 +159,20 @@ create_request build_request(const billing_event& ev, std::string_view base, std
 }
 
 found_intent_step step_for_found_intent(const stripe::payment_intent& pi) noexcept {
-    using stripe::movement;
-    const auto fact = stripe::read(pi);
-    // A bank debit that failed while the answer to its create was lost failed after processing (as
-    // recovery's found charge reads it): processing first, then the recorded failure or the poll makes the
-    // row failed_after_processing with its dead letter, whose replay charges again. Declined would end it
-    // uncharged for good.
-    if (fact.moved == movement::failed && fact.bank_debit) return found_intent_step::mark_processing;
-    switch (fact.moved) {
-        case movement::charged:
-            return pi.latest_charge.empty() ? found_intent_step::still_open : found_intent_step::mark_charged;
-        // Not charged yet: the row waits as processing for a webhook or the poll.
-        case movement::in_flight:
-        case movement::authorised:
-            return found_intent_step::mark_processing;
-        // We always create with confirm=true, so an intent still requires_confirmation is one whose confirm
-        // never ran (a 5xx or a dropped connection inside the call): Stripe has not tried the card, and
-        // declining it would leave the customer uncharged for good. Nobody else can confirm it (its client
-        // secret never left Stripe's answer to us), so a new generation's intent is the only one that can
-        // move money.
-        case movement::not_tried:
-            return found_intent_step::not_charged;
-        // requires_payment_method (a failed off-session attempt), requires_action, canceled: the customer
-        // must act.
-        case movement::failed:
-        case movement::needs_customer:
-        case movement::canceled:
+    // The money machine's reading of a found payment (machine::on_found).
+    switch (machine::on_found(machine::table::charge, stripe::read(pi))) {
+        case machine::found_command::mark_charged:
+            return found_intent_step::mark_charged;
+        case machine::found_command::mark_declined:
             return found_intent_step::mark_declined;
-        default:
-            // A status the pinned API version does not define: the intent exists, what it did is unknown.
-            return found_intent_step::still_open;
+        case machine::found_command::mark_processing:
+            return found_intent_step::mark_processing;
+        case machine::found_command::none:
+            return found_intent_step::not_charged;
+        case machine::found_command::still_open:
+            break;
     }
+    return found_intent_step::still_open;
 }
 
 }  // namespace cg::billing

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "billing/event.hpp"
+#include "stripe/fact.hpp"
 #include "stripe/outcome.hpp"
 #include "stripe/types.hpp"
 
@@ -81,6 +82,10 @@ std::string_view to_string(charge_step s) noexcept;
 // authentication_required on an off-session confirmation, or an intent left requires_action by an on-session
 // one. The row is declined like any decline; the verdict, its metric and its log line tell it apart, because
 // the way out is the customer's authentication and then a retry of the key, not a new card.
+// The one rule, over what Stripe said: the error code of the attempt (a create's 402, or an intent's
+// last_payment_error) and, when there is one, the intent's fact. The create's answer and the recovery
+// search's find both ask here.
+bool needs_authentication(std::string_view error_code, const stripe::fact* intent) noexcept;
 bool needs_authentication(const stripe::charge_outcome& out) noexcept;
 
 // POST /v1/charges for an event: Idempotency-Key = stripe_idempotency_key(base, generation); metadata always

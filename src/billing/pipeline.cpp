@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "billing/key.hpp"
+#include "billing/machine.hpp"
 #include "billing/pipeline_run.hpp"
 #include "metrics/registry.hpp"
 #include "net/timeout.hpp"
@@ -21,6 +22,14 @@ std::string invalid_reason(const error& e) {
     std::string out = e.code.message();
     if (!e.message.empty()) out += ": " + e.message;
     return out;
+}
+
+// The ledger's in-flight note as a lease renewal takes it (lease_renewal::note_in_flight).
+net::awaitable<result<void>> note_in_flight(billing::ledger& ledger, std::string key,
+                                            std::int32_t generation) {
+    auto noted = co_await ledger.note_in_flight(std::move(key), generation);
+    if (!noted) co_return noted.err();
+    co_return result<void>{};
 }
 
 std::optional<std::string> intent_of(const stripe::charge_outcome& out) {
@@ -238,83 +247,60 @@ void pipeline::note_stripe_time(std::chrono::steady_clock::duration took) {
 // One renewal while Stripe is awaited (lease_keeper): tell the transport we are alive and extend the lease,
 // so a redelivery elsewhere sees "lease held" instead of recovering a row whose call is still in flight.
 net::awaitable<void> pipeline::renew_once(run& r, lease_keeper& k) {
-    if (r.touch) r.touch();
-    if (k.lost()) {
-        // Not ours any more, but our call under this generation is still awaited: say so, so that
-        // whoever holds the row now does not take a new generation while it can still charge.
-        auto noted = co_await ledger_.note_in_flight(r.key, r.generation);
-        if (!noted) r.log.warn("cannot note the call in flight", {{"error", noted.err().describe()}});
-        co_return;
-    }
-    auto renewed = co_await ledger_.renew_lease(r.key, r.lease, cfg_.lease);
-    if (!renewed) {
-        r.log.warn("lease renewal failed; retrying at the next interval",
-                   {{"error", renewed.err().describe()}});
-    } else if (!*renewed) {
-        k.mark_lost();
-        if (metrics_) metrics_->lease_lost->Increment();
-        r.log.error("lease lost while Stripe was called: another worker may recover this row");
-    } else {
-        r.lease = **renewed;
-    }
+    lease_renewal how{
+        r.touch, [this, &r](std::int64_t epoch) { return ledger_.renew_lease(r.key, epoch, cfg_.lease); },
+        [this, &r] { return note_in_flight(ledger_, r.key, r.generation); },
+        metrics_ ? metrics_->lease_lost : nullptr, "row"};
+    co_await billing::renew_once(k, how, r.lease, r.log);
 }
 
+// The answer as the money machine reads it (machine.hpp); this runs its ledger command.
 net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& out) {
-    auto step = step_for(out);
-    if (step == charge_step::mark_processing) {
-        std::optional<std::string> id;
-        if (!out.charge_id.empty()) id = out.charge_id;
-        if (!id && !intent_of(out))
-            step = charge_step::mark_indeterminate_requeue;  // nothing to follow
-        else
+    const auto o = machine::on_answer(out);
+    switch (o.command) {
+        case charge_step::mark_processing: {
+            std::optional<std::string> id;
+            if (!out.charge_id.empty()) id = out.charge_id;
             co_return co_await leave_processing(r, id, intent_of(out), out.in_flight_status);
-    }
-    // A success without a charge id cannot be recorded as charged: treat it as "may have happened".
-    if (step == charge_step::mark_charged && out.charge_id.empty())
-        step = charge_step::mark_indeterminate_requeue;
-    switch (step) {
+        }
         case charge_step::mark_charged: {
             auto m = co_await ledger_.mark_charged(r.key, out.charge_id, intent_of(out));
             if (!m) co_return postgres_failed(r, m.err(), "mark charged");
             if (!*m) r.log.warn("row already settled by another worker", {{"charge_id", out.charge_id}});
-            co_return verdict::finish(verdict_reason::charged, out.charge_id);
+            co_return verdict::finish(o.reason, out.charge_id);
         }
         case charge_step::mark_declined: {
             std::optional<std::string> id;
             if (!out.charge_id.empty()) id = out.charge_id;
             auto m = co_await ledger_.mark_declined(r.key, id, out.message, intent_of(out));
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
-            if (needs_authentication(out))
-                co_return verdict::finish(verdict_reason::needs_authentication, out.message);
-            co_return verdict::finish(verdict_reason::declined, out.message);
+            co_return verdict::finish(o.reason, out.message);
         }
         case charge_step::mark_cap_blocked: {
             // With a dead letter: once the cap is raised (or the spend behind it explained), replaying the
             // letter reopens the row and charges it (dead-letters replay).
             auto m =
-                co_await ledger_.mark_cap_blocked(r.key, out.message, r.letter("spend cap exceeded", r.key));
+                co_await ledger_.mark_cap_blocked(r.key, out.message, r.letter(std::string(o.letter), r.key));
             if (!m) co_return postgres_failed(r, m.err(), "mark cap_blocked");
             r.log.warn("alert: spend cap exceeded, charge blocked",
                        {{"alert", true}, {"stripe", out.message}});
-            co_return verdict::finish(verdict_reason::cap_blocked, out.message);
+            co_return verdict::finish(o.reason, out.message);
         }
         case charge_step::mark_conflict_dead_letter: {
-            auto m = co_await ledger_.mark_conflict(r.key, out.message,
-                                                    r.letter("stripe idempotency_error", r.key));
+            auto m =
+                co_await ledger_.mark_conflict(r.key, out.message, r.letter(std::string(o.letter), r.key));
             if (!m) co_return postgres_failed(r, m.err(), "mark conflict");
-            co_return verdict::finish(verdict_reason::dead_lettered,
-                                      "stripe idempotency_error: " + out.message);
+            co_return verdict::finish(o.reason, std::string(o.letter) + ": " + out.message);
         }
         case charge_step::mark_failed_dead_letter: {
-            auto m = co_await ledger_.mark_failed(r.key, out.message, r.letter("stripe rejected", r.key));
+            auto m = co_await ledger_.mark_failed(r.key, out.message, r.letter(std::string(o.letter), r.key));
             if (!m) co_return postgres_failed(r, m.err(), "mark failed");
-            co_return verdict::finish(verdict_reason::dead_lettered, "stripe rejected: " + out.message);
+            co_return verdict::finish(o.reason, std::string(o.letter) + ": " + out.message);
         }
         case charge_step::release_requeue: {
             auto m = co_await ledger_.release_lease(r.key, r.lease, out.message);
             if (!m) co_return postgres_failed(r, m.err(), "release lease");
-            co_return verdict::requeue(verdict_reason::requeued_retry_same_key, cfg_.retry_same_key_delay,
-                                       out.message);
+            co_return verdict::requeue(o.reason, cfg_.retry_same_key_delay, out.message);
         }
         case charge_step::setup_requeue: {
             // Our key, its permissions or the address are wrong (or something in front of Stripe refused):
@@ -325,16 +311,12 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
                 "alert: Stripe refused the request for our setup (API key, permissions or address); "
                 "the event stays pending and is retried",
                 {{"alert", true}, {"stripe", out.message}});
-            co_return verdict::requeue(verdict_reason::requeued_stripe_unavailable,
-                                       cfg_.stripe_unavailable_delay, out.message);
+            co_return verdict::requeue(o.reason, cfg_.stripe_unavailable_delay, out.message);
         }
-        case charge_step::mark_processing:
-            break;  // handled above
         case charge_step::mark_indeterminate_requeue: {
             auto m = co_await ledger_.mark_indeterminate(r.key, r.lease, out.message);
             if (!m) co_return postgres_failed(r, m.err(), "mark indeterminate");
-            co_return verdict::requeue(verdict_reason::requeued_indeterminate, cfg_.indeterminate_delay,
-                                       out.message);
+            co_return verdict::requeue(o.reason, cfg_.indeterminate_delay, out.message);
         }
     }
     throw std::logic_error("unknown charge_step");
@@ -390,11 +372,14 @@ net::awaitable<verdict> pipeline::dead_letter_finish(run& r, std::string reason,
     co_return verdict::finish(verdict_reason::dead_lettered, std::move(reason));
 }
 
+verdict postgres_failed(const pipeline_config& cfg, std::int32_t attempts, const logger& log, const error& e,
+                        std::string_view step) {
+    log.warn("postgres failed; requeueing", {{"step", step}, {"error", e.describe()}});
+    return machine::on_postgres_error(cfg.postgres_backoff, attempts, e, step);
+}
+
 verdict pipeline::postgres_failed(run& r, const error& e, std::string_view step) {
-    auto delay = backoff_delay(cfg_.postgres_backoff, r.d.attempts);
-    r.log.warn("postgres failed; requeueing", {{"step", step}, {"error", e.describe()}});
-    return verdict::requeue(verdict_reason::requeued_postgres, delay,
-                            std::string(step) + ": " + e.describe());
+    return billing::postgres_failed(cfg_, r.d.attempts, r.log, e, step);
 }
 
 }  // namespace cg::billing

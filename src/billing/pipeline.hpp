@@ -59,6 +59,7 @@ struct pipeline_config {
     // How long a pending row stays ours without renewal (database clock), and how often it is renewed (and
     // `touch` called) while Stripe is awaited. The interval must be well under the lease.
     std::chrono::milliseconds lease{60'000};
+
     std::chrono::milliseconds lease_renew_interval{15'000};
     // REQ delays.
     // Another worker holds the row's lease: the requeue waits until that lease can have expired (its
@@ -92,6 +93,11 @@ struct pipeline_config {
     // "Now" for the decision table (tests move it); leases always use the database clock.
     std::function<sys_time()> now = [] { return std::chrono::system_clock::now(); };
 };
+
+// A statement failed: the step and the error logged, then REQ with the PostgreSQL backoff
+// (machine::on_postgres_error). The one rule for a charge and a correction.
+verdict postgres_failed(const pipeline_config& cfg, std::int32_t attempts, const logger& log, const error& e,
+                        std::string_view step);
 
 class pipeline {
   public:

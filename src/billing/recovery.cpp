@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "billing/machine.hpp"
 #include "billing/pipeline_run.hpp"
 #include "billing/retry_store.hpp"
 #include "stripe/client.hpp"
@@ -28,27 +29,30 @@ bool superseded_failure(const recovery_query& q, const std::string& id, std::int
     return q.first_attempt && created < unix_seconds(*q.first_attempt) - 300;
 }
 
-// What a charge carrying the key makes of the row. A bank debit that failed while the answer to its create
-// call was lost failed after processing: the events recorded for it, or the poll, make the row
-// failed_after_processing with its letter, so it goes processing first.
+// What a charge carrying the key makes of the row, as the money machine reads its fact (machine::on_found):
+// a bank debit that failed while the answer to its create call was lost failed after processing, so it goes
+// processing first; a status the pinned API version does not define is looked at again later, never
+// charged beside.
 recovery_found found_charge(stripe::charge ch) {
     recovery_found f;
     f.charge_id = ch.id;
     if (!ch.payment_intent.empty()) f.payment_intent_id = ch.payment_intent;
     f.status = ch.status;
-    auto fact = stripe::read(ch);
-    if (fact.moved == stripe::movement::in_flight ||
-        (fact.moved == stripe::movement::failed && fact.bank_debit)) {
-        f.step = found_step::mark_processing;
-    } else if (fact.moved == stripe::movement::failed) {
-        f.step = found_step::mark_declined;
-        f.decline = ch.failure_code;
-    } else if (fact.moved == stripe::movement::charged) {
-        f.step = found_step::mark_charged;
-    } else {
-        // A status the pinned API version does not define: the charge exists, what it did is unknown; look
-        // again later, never charge beside it.
-        f.step = found_step::still_open;
+    switch (machine::on_found(machine::table::charge, stripe::read(ch))) {
+        case machine::found_command::mark_processing:
+            f.step = found_step::mark_processing;
+            break;
+        case machine::found_command::mark_declined:
+            f.step = found_step::mark_declined;
+            f.decline = ch.failure_code;
+            break;
+        case machine::found_command::mark_charged:
+            f.step = found_step::mark_charged;
+            break;
+        case machine::found_command::still_open:
+        case machine::found_command::none:
+            f.step = found_step::still_open;
+            break;
     }
     f.charge = std::move(ch);
     return f;
@@ -215,9 +219,11 @@ net::awaitable<verdict> pipeline::settle_found(run& r, const recovery_found& f) 
             auto m = co_await ledger_.mark_declined(
                 r.key, f.charge_id, "declined (found by search): " + f.decline, f.payment_intent_id);
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
-            const bool authenticate =
-                f.intent && (stripe::read(*f.intent).moved == stripe::movement::needs_customer ||
-                             f.intent->last_error_code == "authentication_required");
+            bool authenticate = false;
+            if (f.intent) {
+                const auto fact = stripe::read(*f.intent);
+                authenticate = needs_authentication(f.intent->last_error_code, &fact);
+            }
             co_return verdict::finish(
                 authenticate ? verdict_reason::needs_authentication : verdict_reason::declined,
                 f.intent ? "found " + f.decline : "found declined charge " + f.charge->id);

@@ -208,76 +208,62 @@ bool refund_undone(std::string_view status) noexcept {
     return refund_movement(status) == movement::refund_undone;
 }
 
-fact read(const charge& c, std::string_view account) {
+namespace {
+
+// What every reading fills the same way: the object, its movement and whether that is final, its ids,
+// account, amount and status, and the reason its status table gives.
+template <std::size_t N>
+fact common_fact(object_kind kind, movement moved, std::string_view id, std::string_view charge_id,
+                 std::string_view payment_intent_id, std::string_view account, std::int64_t amount,
+                 std::string_view currency, std::string_view status,
+                 const std::array<status_reading, N>& table, std::string_view table_name) {
     fact f;
-    f.object = object_kind::charge;
-    f.moved = charge_movement(c.status);
-    f.final = final_movement(f.object, f.moved);
-    f.bank_debit = bank_debit_type(c.payment_method_type);
-    f.id = c.id;
-    f.charge_id = c.id;
-    f.payment_intent_id = c.payment_intent;
+    f.object = kind;
+    f.moved = moved;
+    f.final = final_movement(kind, moved);
+    f.id = std::string(id);
+    f.charge_id = std::string(charge_id);
+    f.payment_intent_id = std::string(payment_intent_id);
     f.account = std::string(account);
-    f.amount = c.amount;
-    f.currency = c.currency;
-    f.status = c.status;
-    f.reason = reason_in(charge_statuses, "charge", c.status);
+    f.amount = amount;
+    f.currency = std::string(currency);
+    f.status = std::string(status);
+    f.reason = reason_in(table, table_name, status);
+    return f;
+}
+
+// A bank debit's failure is a failure after processing; the error Stripe gave is appended to the reason.
+void note_payment(fact& f, std::string_view payment_method_type, std::string_view error_code) {
+    f.bank_debit = bank_debit_type(payment_method_type);
     if (f.bank_debit && f.moved == movement::failed)
-        f.reason = "a " + c.payment_method_type + " debit failed: it failed after processing";
-    if (!c.failure_code.empty()) f.reason += " (" + c.failure_code + ")";
+        f.reason = "a " + std::string(payment_method_type) + " debit failed: it failed after processing";
+    if (!error_code.empty()) f.reason += " (" + std::string(error_code) + ")";
+}
+
+}  // namespace
+
+fact read(const charge& c, std::string_view account) {
+    auto f = common_fact(object_kind::charge, charge_movement(c.status), c.id, c.id, c.payment_intent,
+                         account, c.amount, c.currency, c.status, charge_statuses, "charge");
+    note_payment(f, c.payment_method_type, c.failure_code);
     return f;
 }
 
 fact read(const payment_intent& p, std::string_view account) {
-    fact f;
-    f.object = object_kind::payment_intent;
-    f.moved = intent_movement(p.status);
-    f.final = final_movement(f.object, f.moved);
-    f.id = p.id;
-    f.charge_id = p.latest_charge;
-    f.payment_intent_id = p.id;
-    f.account = std::string(account);
-    f.amount = p.amount;
-    f.currency = p.currency;
-    f.status = p.status;
-    f.bank_debit = bank_debit_type(p.payment_method_type);
-    f.reason = reason_in(intent_statuses, "payment_intent", p.status);
-    if (f.bank_debit && f.moved == movement::failed)
-        f.reason = "a " + p.payment_method_type + " debit failed: it failed after processing";
-    if (!p.last_error_code.empty()) f.reason += " (" + p.last_error_code + ")";
+    auto f = common_fact(object_kind::payment_intent, intent_movement(p.status), p.id, p.latest_charge, p.id,
+                         account, p.amount, p.currency, p.status, intent_statuses, "payment_intent");
+    note_payment(f, p.payment_method_type, p.last_error_code);
     return f;
 }
 
 fact read(const refund& r, std::string_view account) {
-    fact f;
-    f.object = object_kind::refund;
-    f.moved = refund_movement(r.status);
-    f.final = final_movement(f.object, f.moved);
-    f.id = r.id;
-    f.charge_id = r.charge;
-    f.payment_intent_id = r.payment_intent;
-    f.account = std::string(account);
-    f.amount = r.amount;
-    f.currency = r.currency;
-    f.status = r.status;
-    f.reason = reason_in(refund_statuses, "refund", r.status);
-    return f;
+    return common_fact(object_kind::refund, refund_movement(r.status), r.id, r.charge, r.payment_intent,
+                       account, r.amount, r.currency, r.status, refund_statuses, "refund");
 }
 
 fact read(const dispute& d, std::string_view account) {
-    fact f;
-    f.object = object_kind::dispute;
-    f.moved = dispute_movement(d.status);
-    f.final = final_movement(f.object, f.moved);
-    f.id = d.id;
-    f.charge_id = d.charge;
-    f.payment_intent_id = d.payment_intent;
-    f.account = std::string(account);
-    f.amount = d.amount;
-    f.currency = d.currency;
-    f.status = d.status;
-    f.reason = reason_in(dispute_statuses, "dispute", d.status);
-    return f;
+    return common_fact(object_kind::dispute, dispute_movement(d.status), d.id, d.charge, d.payment_intent,
+                       account, d.amount, d.currency, d.status, dispute_statuses, "dispute");
 }
 
 }  // namespace cg::stripe

@@ -4,19 +4,15 @@
 #include <optional>
 #include <string>
 
+#include "billing/machine.hpp"
 #include "world.hpp"
 
 namespace cg::sim::detail {
 
+// States move only along the money machine's table (billing/machine.hpp), the one docs/design.md prints.
 void world::set_status(row& r, record_status to) {
-    using rs = record_status;
-    const rs from = r.rec.status;
-    bool ok = (from == rs::pending && (to == rs::charged || to == rs::declined || to == rs::processing)) ||
-              (from == rs::processing && (to == rs::charged || to == rs::failed_after_processing)) ||
-              // A declined intent the customer completed later (its webhook, or retry-declined finding it
-              // succeeded); a decline reopened by retry-declined.
-              (from == rs::declined && (to == rs::charged || to == rs::pending));
-    if (!ok)
+    const record_status from = r.rec.status;
+    if (!billing::machine::allowed(from, to))
         violation("state order: " + r.rec.key + " " + std::string(billing::to_string(from)) + " -> " +
                   std::string(billing::to_string(to)));
     r.rec.status = to;

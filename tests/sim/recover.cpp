@@ -1,10 +1,12 @@
 // RECOVER's steps (billing/recovery.cpp, docs/design.md §4): the search by metadata, read through the fact
-// and billing::step_for_found_intent, and a new key generation once the quiet period has passed.
+// and the money machine (billing::machine::on_found, step_for_found_intent), and a new key generation once
+// the quiet period has passed.
 #include <algorithm>
 #include <functional>
 #include <optional>
 #include <string>
 
+#include "billing/machine.hpp"
 #include "billing/outcome.hpp"
 #include "stripe/fact.hpp"
 #include "world.hpp"
@@ -42,19 +44,29 @@ void world::search(int id) {
     sc.payment_method_type = found->payment_method_type;
     auto f = stripe::read(sc);
     note("search " + d.key + " found " + sc.id + " " + std::string(stripe::to_string(f.moved)));
-    record_status s;
-    const bool debit_failed =
-        f.moved == stripe::movement::failed && f.bank_debit && has(safeguard::failed_debit_processing);
-    if (f.moved == stripe::movement::in_flight || debit_failed)
-        s = has(safeguard::in_flight_not_charged) || f.moved == stripe::movement::failed
-                ? record_status::processing
-                : record_status::charged;
-    else if (f.moved == stripe::movement::failed)
-        s = record_status::declined;
-    else if (f.moved == stripe::movement::charged)
-        s = record_status::charged;
-    else
-        return req(d, p_.indeterminate_delay);
+    // The money machine's reading (recovery.cpp found_charge); a removed safeguard restores the reading
+    // from before it.
+    using fc = billing::machine::found_command;
+    auto cmd = billing::machine::on_found(billing::machine::table::charge, f);
+    const bool debit_failed = f.moved == stripe::movement::failed && f.bank_debit;
+    if (debit_failed && !has(safeguard::failed_debit_processing)) cmd = fc::mark_declined;
+    if (cmd == fc::mark_processing && !debit_failed && !has(safeguard::in_flight_not_charged))
+        cmd = fc::mark_charged;
+    record_status s = record_status::charged;
+    switch (cmd) {
+        case fc::mark_processing:
+            s = record_status::processing;
+            break;
+        case fc::mark_declined:
+            s = record_status::declined;
+            break;
+        case fc::mark_charged:
+            s = record_status::charged;
+            break;
+        case fc::still_open:
+        case fc::none:
+            return req(d, p_.indeterminate_delay);
+    }
     std::string ch = sc.id;
     at(now_ + pg(), [this, id, s, ch] {
         if (!alive(id)) return;

@@ -1,5 +1,6 @@
 // The sidecars: one delivery's steps, as billing/pipeline.cpp and recovery.cpp take them (docs/design.md §4),
-// with the project's pure rules deciding: decide_existing, recovery_mode, step_for, stripe::read.
+// with the project's pure rules deciding: decide_existing, recovery_mode, the money machine (machine.hpp),
+// stripe::read.
 #include <algorithm>
 #include <functional>
 #include <optional>
@@ -8,6 +9,7 @@
 
 #include "billing/decision.hpp"
 #include "billing/key.hpp"
+#include "billing/machine.hpp"
 #include "billing/outcome.hpp"
 #include "stripe/fact.hpp"
 #include "stripe/outcome.hpp"
@@ -261,7 +263,8 @@ void world::finish_call(int id, const stripe::charge_outcome& out, int charge, c
         d.row_written = true;
         d.epoch = 1;
     }
-    auto step = billing::step_for(out);
+    // The money machine's reading of the answer, as pipeline.cpp settle takes it.
+    auto step = billing::machine::on_answer(out).command;
     std::string ch = charge >= 0 ? charges_[charge].id : std::string();
     at(now_ + pg(), [this, id, step, ch, intent] {
         if (!alive(id)) return;

@@ -58,5 +58,8 @@ struct run_result {
 };
 
 run_result run(const config& c);
+// A correction revision's flow (tests/sim/corrections.cpp): config::events / 2 charged periods, each
+// corrected once (a partial refund, or an extra charge), with its own random stream.
+run_result run_corrections(const config& c);
 
 }  // namespace cg::sim

@@ -8,6 +8,7 @@
 #define BOOST_TEST_MODULE chargeguard_sim
 #include "sim.hpp"
 
+#include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cstdint>
@@ -117,6 +118,56 @@ BOOST_AUTO_TEST_CASE(each_removed_safeguard_is_caught) {
                             : "no violation in " + std::to_string(tried) + " schedules")
                   << "\n";
         BOOST_TEST(found != 0u, "removing " << to_string(g) << " went unnoticed");
+    }
+}
+
+// A correction revision (a refund or an extra charge) run by the corrections' steps with the money machine
+// deciding: with every safeguard in place no invariant breaks (as many schedules as the charges'); without
+// the search before a new key generation, or without the quiet period, a move is made twice within the
+// budget.
+BOOST_AUTO_TEST_CASE(corrections_hold_and_their_safeguards_are_caught) {
+    const std::uint64_t schedules = env_number("CHARGEGUARD_SIM_SCHEDULES", 2000);
+    const std::uint64_t first = env_number("CHARGEGUARD_SIM_SEED", 1);
+    std::uint64_t deliveries = 0, creates = 0, broken = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    for (std::uint64_t s = first; s < first + schedules; ++s) {
+        config c;
+        c.seed = s;
+        c.trace = schedules == 1;
+        c.removed = removed_by_env();
+        auto r = run_corrections(c);
+        deliveries += r.deliveries;
+        creates += r.stripe_creates;
+        if (schedules == 1)
+            for (const auto& line : r.schedule) std::cout << line << "\n";
+        if (!r.violations.empty() && ++broken <= 3) {
+            std::cout << "corrections: seed " << s << " broke an invariant\n";
+            for (const auto& v : r.violations) std::cout << "  " << v << "\n";
+        }
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cout << "corrections simulator: " << schedules << " schedules, " << deliveries << " deliveries, "
+              << creates << " Stripe creates in " << secs << " s: " << static_cast<double>(schedules) / secs
+              << " schedules/s; " << broken << " broken\n";
+    if (removed_by_env().empty()) BOOST_TEST(broken == 0u);
+    const std::uint64_t budget = env_number("CHARGEGUARD_SIM_TEETH_BUDGET", 5000);
+    for (auto g : {safeguard::search_before_new_key, safeguard::quiet_period}) {
+        std::uint64_t found = 0;
+        std::string what;
+        for (std::uint64_t s = 1; s <= budget && !found; ++s) {
+            config c;
+            c.seed = s;
+            c.removed = {g};
+            auto r = run_corrections(c);
+            if (!r.violations.empty()) {
+                found = s;
+                what = r.violations.front();
+            }
+        }
+        std::cout << "corrections without " << to_string(g) << ": "
+                  << (found ? "seed " + std::to_string(found) + ": " + what : std::string("no violation"))
+                  << "\n";
+        BOOST_TEST(found != 0u, "removing " << to_string(g) << " from the corrections went unnoticed");
     }
 }
 
