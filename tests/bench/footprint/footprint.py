@@ -5,9 +5,9 @@
     the median of --starts later ones (schema there), polled every 5 ms;
   * idle CPU over --idle seconds with its connections open (goal < 0.2 % of a core), with the voluntary
     context switches per second (an idle timer shows there);
-  * peak RSS (VmHWM) at --max-in-flight 2500 with 4 KiB bodies (goal ≤ 48 MiB): consume charging 4 × 2 500
-    events of 4 KiB against fake-stripe answering in 300 ms; the proxy holding 2 500 concurrent 4 KiB
-    POST /v1/charges against fake-stripe answering in 1 s.
+  * peak RSS (VmHWM) at --max-in-flight 2500 with 4 KiB bodies (goal ≤ 40 MiB on every run): consume
+    charging 4 × 2 500 events of 4 KiB against fake-stripe answering in 300 ms; the proxy holding 2 500
+    concurrent 4 KiB POST /v1/charges against fake-stripe answering in 1 s.
 Real processes: the built chargeguard, NSQD_BIN (or fake-nsqd), fake-stripe, PostgreSQL from PG*.
 
 Usage: footprint [--only consume|proxy] [--idle SECONDS] [--starts N] [--build DIR]
@@ -133,8 +133,8 @@ def consume_footprint(build, idle_s, starts):
         m = H.metrics(health)
         conns = H.counter(m, "chargeguard_stripe_tls_handshakes_total")
         rows.append(("consume", f"peak RSS, --max-in-flight {MAX_IN_FLIGHT[0]}, {n} events of {body} B, Stripe 300 ms "
-                     f"({got - 20} charged in {time.time() - t0:.1f} s; {conns:.0f} Stripe TLS handshakes)", f"{peak:.1f} MiB", "≤ 48 MiB",
-                     verdict(peak <= 48)))
+                     f"({got - 20} charged in {time.time() - t0:.1f} s; {conns:.0f} Stripe TLS handshakes)", f"{peak:.1f} MiB", "≤ 40 MiB",
+                     verdict(peak <= 40)))
     finally:
         st.close()
     return rows
@@ -228,7 +228,7 @@ def proxy_footprint(build, idle_s, starts):
         for s in statuses:
             counts[s] = counts.get(s, 0) + 1
         rows.append(("proxy", f"peak RSS, {n} concurrent 4 KiB POSTs, Stripe 1 s ({time.time() - t0:.1f} s; "
-                     f"statuses {counts})", f"{peak:.1f} MiB", "≤ 48 MiB", verdict(peak <= 48)))
+                     f"statuses {counts})", f"{peak:.1f} MiB", "≤ 40 MiB", verdict(peak <= 40)))
     finally:
         st.close()
     return rows
