@@ -38,12 +38,13 @@ COPY meson.build meson_options.txt ./
 COPY src ./src
 COPY migrations ./migrations
 # Only the executable, configured without the tests (-Dtests=false: no tests/, no lab, no Boost.Test; a
-# change to a test leaves this stage's layers cached), at -O2 (what CI's normal tree tests; -O3 compiles
-# about an eighth longer for a sidecar that waits on the network), as a unity build (each library's sources
+# change to a test leaves this stage's layers cached), at -O2 (what CI's normal tree tests; -O3 would only
+# lengthen the compile of a sidecar that waits on the network), as a unity build (each library's sources
 # one translation unit: the headers of Asio and libstdc++ parsed once per library, not once per file).
 # CCACHE_DIR may be a volume the builder mounts (`podman build -v DIR:/ccache …`), so a rebuild of unchanged
-# sources is quick; without one ccache just compiles. The context has no .git: the revision reaches the binary (`chargeguard version`,
-# chargeguard_build_info{revision}) through CHARGEGUARD_REVISION, which src/app/meson.build reads.
+# sources is quick; without one ccache just compiles. The context has no .git: the revision reaches the
+# binary (`chargeguard version`, chargeguard_build_info{revision}) through CHARGEGUARD_REVISION, which
+# src/app/meson.build reads.
 # The runtime gets the libraries the base lacks: everything ldd lists but libc, libstdc++, libgcc and
 # OpenSSL (the runtime stage installs libssl3 with ca-certificates, from the same Debian release).
 ARG CCACHE_DIR=/ccache

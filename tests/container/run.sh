@@ -128,12 +128,13 @@ else
   esac
   [ "$(cat "$built/revision")" = "$revision" ] || fail "the image in $built was built from $(cat "$built/revision"), not $revision"
   podman tag "$(cat "$built/image")" "$image" || fail "no image $(cat "$built/image") from the documented build"
-  # The block's last command printed the version line: the revision passed to the build is in the binary.
-  grep -q "^chargeguard $version (revision $revision, release)\$" "$built/build.log" || {
+  # The block's last command (`podman run --rm chargeguard --version`) printed the log's last line: the
+  # revision passed to the build is in the image's binary.
+  [ "$(tail -n 1 "$built/build.log")" = "chargeguard $version (revision $revision, release)" ] || {
     tail -5 "$built/build.log"
     fail "the image's --version does not carry revision $revision"
   }
-  echo "image --version: $(grep '^chargeguard ' "$built/build.log" | tail -1)"
+  echo "image --version: $(tail -n 1 "$built/build.log")"
 fi
 step "built in $(($(date +%s) - t0)) s"
 size=$(podman image inspect --format '{{.Size}}' "$image")
