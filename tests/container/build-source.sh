@@ -15,8 +15,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$1" && pwd)
 mkdir -p "$2" && out=$(cd "$2" && pwd)
-cache=${3:-$out}
-mkdir -p "$cache/ccache"
+mkdir -p "${3:-$out}/ccache" && cache=$(cd "${3:-$out}" && pwd)
 rm -f "$out/status" "$out/revision" "$out/image" "$out/build.log"
 
 skip() {

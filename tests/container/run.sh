@@ -122,7 +122,8 @@ else
     ok) ;;
     skip:*) skip "${status#skip: }" ;;
     *)
-      tail -40 "$built/build.log" 2>/dev/null
+      # (build-source.sh printed the log's end already when it ran here)
+      [ -n "${CHARGEGUARD_CONTAINER_IMAGE_DIR:-}" ] && tail -40 "$built/build.log" 2>/dev/null
       fail "${status#fail: }"
       ;;
   esac
