@@ -1,8 +1,8 @@
 #!/bin/bash
-# The sidecar image, built and run for real with podman (../../../shared/specs/containers.md): a debootstrapped
-# local base image (cached under the build dir), `podman build --format docker` of the top-level Dockerfile
-# (deployment.md's documented build with CHARGEGUARD_CONTAINER_BUILD=source, its --version carrying this
-# checkout's revision; else the runtime stage around this build's executable, see below), then:
+# The sidecar image, built and run for real with podman (../../../shared/specs/containers.md): a local
+# stand-in for debian:bookworm-slim (debootstrapped, cached under the build dir), the image built from
+# source as deployment.md documents it (build-source.sh; its --version must carry this checkout's revision),
+# then:
 # - the image's labels (OCI version, revision, licenses), its user, HEALTHCHECK, and a non-empty system CA
 #   bundle (/etc/ssl/certs/ca-certificates.crt from Debian's ca-certificates);
 # - trust only through the system store: a derived image adds the test CA the Debian way
@@ -21,6 +21,12 @@
 #
 # usage: run.sh SOURCE_ROOT BUILD_DIR      (meson passes both; env: PGHOST…, NSQD_BIN, CG_TEST_CERTS,
 #                                           CHARGEGUARD_EXE, FAKE_STRIPE_EXE)
+# The image: by default build-source.sh runs here (the builder's apt-get and compile: minutes, see
+# docs/testing.md). CHARGEGUARD_CONTAINER_IMAGE_DIR=DIR takes the result of a build-source.sh run into DIR
+# instead (ci/test starts one early in the background): a failed or skipped build, another revision, or a
+# version line without this revision fails or skips the test just the same.
+# CHARGEGUARD_CONTAINER_BUILD=context builds the runtime stage around this build's executable instead (a
+# developer's quick check of the runtime image; it does not test the documented build).
 # Skips (exit 77, one "skipped: …" line) without PostgreSQL, the real nsqd, or podman/runc/debootstrap; as root
 # in CI (CI or CHARGEGUARD_CI set) it installs those packages first. The documented commands name the image
 # `chargeguard`, so the test tags localhost/chargeguard:latest while they run and removes that tag after.
@@ -36,25 +42,12 @@ fail() {
   echo "FAIL: $*" >&2
   exit 1
 }
-step() { echo "== $(date -u +%T) $*"; }
+# shellcheck source=tests/container/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 [ -n "${PGHOST:-}" ] || skip "PGHOST is not set (the test needs the PostgreSQL server ci/test starts)"
 [ -n "${NSQD_BIN:-}" ] && [ -x "${NSQD_BIN}" ] || skip "NSQD_BIN is not set (the real nsqd 1.3.0 runs in the pod)"
-[ "$(id -u)" = 0 ] || skip "not root: rootful podman with runc is what works on these machines"
-
-have_tools() {
-  command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null &&
-    command -v catatonit >/dev/null
-}
-if ! have_tools; then
-  if [ -n "${CI:-}${CHARGEGUARD_CI:-}" ]; then
-    # catatonit: the pod's infra (pause) process, a podman recommendation --no-install-recommends leaves out.
-    step "installing podman runc debootstrap catatonit"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=300 \
-      podman runc debootstrap catatonit >/dev/null || skip "apt-get install podman runc debootstrap failed"
-  fi
-  have_tools || skip "podman, runc, debootstrap or catatonit is not installed (CI installs them as root)"
-fi
+ensure_tools
 
 cache=$build/container-cache
 mkdir -p "$cache"
@@ -66,21 +59,8 @@ db=cg_container_$$
 image=localhost/chargeguard:test
 trusting=localhost/chargeguard-test-ca:test
 doc_tag=localhost/chargeguard:latest
-base=localhost/debian:bookworm-slim
 fake_pid=
 doc_cids=
-
-# The fenced block after "<!-- container-test: NAME -->" in FILE, as written.
-doc_block_in() {
-  python3 - "$1" "$2" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-m = re.search(r"<!-- container-test: " + re.escape(sys.argv[2]) + r" -->\s*```\w*\n(.*?)```", text, re.S)
-if not m:
-    sys.exit(sys.argv[1] + " has no container-test block " + sys.argv[2])
-print(m.group(1), end="")
-PY
-}
 
 cleanup() {
   podman pod rm -f "$pod" >/dev/null 2>&1
@@ -95,79 +75,22 @@ cleanup() {
 trap cleanup EXIT
 
 # containers.md: runc (crun refuses the hybrid cgroup layout) and lowered default ulimits.
-cat >"$work/containers.conf" <<'EOF'
-[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
-[engine]
-runtime = "runc"
-EOF
-export CONTAINERS_CONF=$work/containers.conf
+use_containers_conf "$work"
 
-# --- base image: debootstrap once, cache the tarball under the build dir ---------------------------------
-if ! podman image exists "$base"; then
-  if [ ! -s "$cache/bookworm-minbase.tar" ]; then
-    mirror=$(sed -n 's/^URIs: *\([^ ]*debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)
-    [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $3 == "bookworm" {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-    [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
-    step "debootstrap bookworm minbase from $mirror"
-    rootfs=$work/rootfs
-    debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 ||
-      skip "debootstrap failed (no Debian mirror reachable?): $(tail -1 "$work/debootstrap.log")"
-    rm -rf "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/* \
-      "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*
-    tar -C "$rootfs" -cf "$cache/bookworm-minbase.tar.tmp" . && mv "$cache/bookworm-minbase.tar.tmp" "$cache/bookworm-minbase.tar"
-    rm -rf "$rootfs"
-  fi
-  step "importing the base image"
-  podman import "$cache/bookworm-minbase.tar" "$base" >/dev/null 2>&1 || fail "podman import"
-fi
+# --- base image: the stand-in for debian:bookworm-slim, its tarball cached under the build dir ---------------
+ensure_base "$cache" "$work"
 
 # --- the image ------------------------------------------------------------------------------------------
-# CHARGEGUARD_CONTAINER_BUILD=source runs docs/operating/deployment.md's "container-test: build" block as
-# written (podman build of the top-level Dockerfile, compiling chargeguard in the builder stage, then
-# `podman run --rm chargeguard --version`), with two additions a machine without a registry needs: the local
-# base (--build-arg BASE) and a compiler cache kept under the build dir (-v …:/ccache). The version line
-# must carry this checkout's revision. =context (or unset) builds the same runtime stage around the
-# executable this build made (stripped, with the shared libraries ldd finds for it): the builder stage is
-# replaced by one that copies those files, so the runtime image — libraries, user, HEALTHCHECK, PID 1,
-# SIGTERM — is tested in a minute. The source build takes minutes of both cores (docs/testing.md gives the
-# figures), which is why CI runs it only when CHARGEGUARD_CONTAINER_BUILD=source is set.
-mkdir -p "$cache/ccache"
 # OCI labels: the project's version, this checkout's commit.
 version=$(sed -n "s/^ *version : '\([^']*\)'.*/\1/p" "$src/meson.build" | head -1)
 revision=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)
 labels=(--build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "SOURCE=file://chargeguard")
 t0=$(date +%s)
-if [ "${CHARGEGUARD_CONTAINER_BUILD:-context}" = source ]; then
-  step "the documented build (podman build of the Dockerfile, chargeguard compiled in the builder stage)"
-  doc_block_in "$src/docs/operating/deployment.md" build >"$work/doc-build.sh" || fail "no 'build' block in deployment.md"
-  # podman as the block calls it, plus the local base, the labels and the compiler cache on `podman build`.
-  {
-    echo 'podman() {'
-    echo '  if [ "$1" = build ]; then'
-    echo '    shift'
-    printf '    command podman build --build-arg BASE=%q --build-arg VERSION=%q --build-arg SOURCE=file://chargeguard -v %q "$@"\n' \
-      "$base" "$version" "$cache/ccache:/ccache"
-    echo '  else'
-    echo '    command podman "$@"'
-    echo '  fi'
-    echo '}'
-  } >"$work/podman-wrap.sh"
-  (cd "$src" && bash -euo pipefail -c "source '$work/podman-wrap.sh'; source '$work/doc-build.sh'") \
-    >"$work/build.log" 2>&1 || {
-    tail -40 "$work/build.log"
-    fail "the documented podman build"
-  }
-  podman tag "$doc_tag" "$image" && podman untag "$image" "$doc_tag" >/dev/null 2>&1
-  podman image exists "$image" || fail "tag $image"
-  # The block's last command printed the version line: the revision passed to the build is in the binary.
-  grep -q "^chargeguard $version (revision $revision, release)\$" "$work/build.log" || {
-    tail -5 "$work/build.log"
-    fail "the image's --version does not carry revision $revision"
-  }
-  echo "image --version: $(grep '^chargeguard ' "$work/build.log" | tail -1)"
-else
-  step "podman build of the runtime stage around this build's executable"
+if [ "${CHARGEGUARD_CONTAINER_BUILD:-source}" = context ]; then
+  # The builder stage replaced by one that copies this build's executable (stripped, with the shared
+  # libraries ldd finds for it): the runtime image (libraries, user, HEALTHCHECK, PID 1, SIGTERM) in a
+  # minute, without the documented build.
+  step "podman build of the runtime stage around this build's executable (not the documented build)"
   ctx=$work/context
   mkdir -p "$ctx/prebuilt/usr/local/bin" "$ctx/prebuilt/usr/lib"
   strip -o "$ctx/prebuilt/usr/local/bin/chargeguard" "$CHARGEGUARD_EXE" || fail "strip"
@@ -185,6 +108,34 @@ else
     tail -40 "$work/build.log"
     fail "podman build"
   }
+else
+  # The documented build from source: here, or already run by ci/test into CHARGEGUARD_CONTAINER_IMAGE_DIR.
+  built=${CHARGEGUARD_CONTAINER_IMAGE_DIR:-}
+  if [ -z "$built" ]; then
+    built=$work/image
+    "$src/tests/container/build-source.sh" "$src" "$built" "$cache"
+  else
+    step "the documented build, run before into $built"
+  fi
+  status=$(cat "$built/status" 2>/dev/null || echo "fail: no build-source.sh result in $built")
+  case $status in
+    ok) ;;
+    skip:*) skip "${status#skip: }" ;;
+    *)
+      # (build-source.sh printed the log's end already when it ran here)
+      [ -n "${CHARGEGUARD_CONTAINER_IMAGE_DIR:-}" ] && tail -40 "$built/build.log" 2>/dev/null
+      fail "${status#fail: }"
+      ;;
+  esac
+  [ "$(cat "$built/revision")" = "$revision" ] || fail "the image in $built was built from $(cat "$built/revision"), not $revision"
+  podman tag "$(cat "$built/image")" "$image" || fail "no image $(cat "$built/image") from the documented build"
+  # The block's last command (`podman run --rm chargeguard --version`) printed the log's last line: the
+  # revision passed to the build is in the image's binary.
+  [ "$(tail -n 1 "$built/build.log")" = "chargeguard $version (revision $revision, release)" ] || {
+    tail -5 "$built/build.log"
+    fail "the image's --version does not carry revision $revision"
+  }
+  echo "image --version: $(tail -n 1 "$built/build.log")"
 fi
 step "built in $(($(date +%s) - t0)) s"
 size=$(podman image inspect --format '{{.Size}}' "$image")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Every fenced block of README.md and docs/operating/*.md is accounted for: the line before it is a marker
-  <!-- container-test: NAME -->  run as written by tests/container/run.sh (doc_run/doc_block NAME),
+  <!-- container-test: NAME -->  run as written by tests/container/run.sh (doc_run/doc_block NAME) or by the
+                                 build-source.sh it runs (the documented image build),
   <!-- kube-test: NAME -->       read and applied by tests/deploy/kube-play-prep.mjs under podman kube play,
   <!-- ops-test: runbook -->     an incident's commands and outputs, each compared line by line with the real
                                  command's output by tests/integration/ops (runbook_mismatch);
@@ -16,7 +17,7 @@ import subprocess
 import sys
 
 root, exe = sys.argv[1], sys.argv[2]
-runsh = open(os.path.join(root, "tests/container/run.sh")).read()
+runsh = "".join(open(os.path.join(root, "tests/container", f)).read() for f in ("run.sh", "build-source.sh"))
 prep = open(os.path.join(root, "tests/deploy/kube-play-prep.mjs")).read()
 ops_tests = "".join(open(f).read() for f in glob.glob(os.path.join(root, "tests/integration/ops/*.cpp")))
 helps = {}
@@ -93,7 +94,7 @@ for doc in docs:
         elif m:
             kind, name = m.groups()
             if kind == "container-test" and not re.search(r"doc_(run|block|block_in)\b[^\n]*\b" + re.escape(name) + r"\b", runsh):
-                fail.append(f"{where}: marked container-test {name}, which tests/container/run.sh never runs")
+                fail.append(f"{where}: marked container-test {name}, which tests/container/run.sh (or build-source.sh) never runs")
             if kind == "kube-test" and f"kube-test: {name}" not in prep:
                 fail.append(f"{where}: marked kube-test {name}, which tests/deploy/kube-play-prep.mjs never reads")
             inventory.append(f"run  {where} ({lang or 'text'}): {kind} {name}")
