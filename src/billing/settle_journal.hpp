@@ -22,6 +22,7 @@
 
 #include "billing/decision.hpp"
 #include "billing/ledger.hpp"
+#include "core/log.hpp"
 #include "core/result.hpp"
 #include "net/tokens.hpp"
 
