@@ -188,6 +188,8 @@ net::awaitable<verdict> pipeline::on_existing(run& r, const ledger_record& rec) 
 // CHARGE: record the attempt (and renew the lease) before Stripe hears of it — unless the pre-flight insert
 // already did; call Stripe while the lease is kept alive; map the outcome onto the ledger.
 net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
+    // The first epoch of the lease this delivery holds: its pre-flight's, or its take's (set by recover()).
+    if (r.attempt_lease == 0) r.attempt_lease = r.lease;
     if (!attempt_recorded) {
         auto att = co_await ledger_.record_attempt(r.key, r.lease, cfg_.lease);
         if (!att) co_return postgres_failed(r, att.err(), "record attempt");
@@ -197,7 +199,6 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
         r.lease = (*att)->lease;
         r.generation = (*att)->key_generation;
     }
-    r.attempt_lease = r.lease;
 
     stripe::charge_outcome out;
     auto ex = co_await asio::this_coro::executor;

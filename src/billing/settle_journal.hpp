@@ -31,8 +31,9 @@ namespace cg::billing {
 struct journal_entry {
     std::string key;
     std::int32_t generation = 1;
-    // The lease epochs the delivery held from its Stripe attempt to its settle (renewals move it by one
-    // each); the new primary may hold any of them, the later renewals lost with the settle.
+    // The lease epochs the delivery held from taking its lease (pre-flight or take) to its settle (its
+    // attempt and renewals move it by one each); the new primary may hold any of them, the later ones lost
+    // with it.
     lease_token first_lease = 0, last_lease = 0;
     record_status status = record_status::charged;  // charged or declined
     std::optional<std::string> charge_id, payment_intent_id, last_error;
