@@ -188,6 +188,8 @@ net::awaitable<verdict> pipeline::on_existing(run& r, const ledger_record& rec) 
 // CHARGE: record the attempt (and renew the lease) before Stripe hears of it — unless the pre-flight insert
 // already did; call Stripe while the lease is kept alive; map the outcome onto the ledger.
 net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
+    // The first epoch of the lease this delivery holds: its pre-flight's, or its take's (set by recover()).
+    if (r.attempt_lease == 0) r.attempt_lease = r.lease;
     if (!attempt_recorded) {
         auto att = co_await ledger_.record_attempt(r.key, r.lease, cfg_.lease);
         if (!att) co_return postgres_failed(r, att.err(), "record attempt");
@@ -266,7 +268,12 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
         case charge_step::mark_charged: {
             auto m = co_await ledger_.mark_charged(r.key, out.charge_id, intent_of(out));
             if (!m) co_return postgres_failed(r, m.err(), "mark charged");
-            if (!*m) r.log.warn("row already settled by another worker", {{"charge_id", out.charge_id}});
+            if (!*m)
+                r.log.warn("row already settled by another worker", {{"charge_id", out.charge_id}});
+            else
+                journal_.note({r.key, r.generation, r.attempt_lease, r.lease, record_status::charged,
+                               out.charge_id, intent_of(out), std::nullopt,
+                               std::chrono::steady_clock::now()});
             co_return verdict::finish(o.reason, out.charge_id);
         }
         case charge_step::mark_declined: {
@@ -274,6 +281,9 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
             if (!out.charge_id.empty()) id = out.charge_id;
             auto m = co_await ledger_.mark_declined(r.key, id, out.message, intent_of(out));
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
+            if (*m)
+                journal_.note({r.key, r.generation, r.attempt_lease, r.lease, record_status::declined, id,
+                               intent_of(out), out.message, std::chrono::steady_clock::now()});
             co_return verdict::finish(o.reason, out.message);
         }
         case charge_step::mark_cap_blocked: {

@@ -23,6 +23,7 @@
 #include "billing/ledger.hpp"
 #include "billing/outcome.hpp"
 #include "billing/recovery.hpp"
+#include "billing/settle_journal.hpp"
 #include "billing/settlement_store.hpp"
 #include "core/log.hpp"
 #include "net/tokens.hpp"
@@ -145,6 +146,9 @@ class pipeline {
     net::awaitable<verdict> resume_correction(delivery d, billing_event ev, std::string base);
 
     const pipeline_config& config() const noexcept { return cfg_; }
+    // The settles this pipeline's deliveries wrote lately (the sweeper re-applies the ones a failover lost).
+    const settle_journal& journal() const noexcept { return journal_; }
+    billing::ledger& ledger_ref() noexcept { return ledger_; }
 
   private:
     struct run;
@@ -179,6 +183,7 @@ class pipeline {
     std::mt19937_64 rng_{std::random_device{}()};    // requeue jitter; used on the pipeline's executor only
     double stripe_time_avg_us_ = 0;                  // exponential average of Stripe call times (µs)
     net::turn_budget* turns_ = nullptr;  // the main loop's (net/turn_budget.hpp), found on first use
+    settle_journal journal_;
 
     // Events with a revision (corrections.hpp); after cfg_ and ledger_, which it refers to.
     std::unique_ptr<billing::corrections> corrections_;

@@ -92,6 +92,9 @@ struct pipeline::run {
     billing_event ev;
     std::string key;
     lease_token lease{};  // valid once the row is leased to us
+    // The lease epoch this delivery's lease started at (its pre-flight or its take; the attempt and renewals
+    // move `lease` on from it): a settle's journal entry (settle_journal.hpp) spans both.
+    lease_token attempt_lease{};
     std::int32_t generation = 1;
     std::optional<sys_time> first_attempt;
 

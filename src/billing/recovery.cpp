@@ -143,6 +143,7 @@ net::awaitable<verdict> pipeline::recover(run& r) {
     }
     ledger_record rec = std::move(**taken);
     r.lease = rec.lease_epoch;
+    r.attempt_lease = r.lease;
     r.generation = rec.key_generation;
     r.first_attempt = rec.first_stripe_attempt_at;
     auto action = recovery_mode(rec, cfg_.now(), cfg_.same_key_window);
@@ -206,6 +207,10 @@ net::awaitable<verdict> pipeline::settle_found(run& r, const recovery_found& f) 
         case found_step::mark_charged: {
             auto m = co_await ledger_.mark_charged(r.key, f.charge_id.value_or(""), f.payment_intent_id);
             if (!m) co_return postgres_failed(r, m.err(), "mark charged");
+            if (*m)
+                journal_.note({r.key, r.generation, r.attempt_lease, r.lease, record_status::charged,
+                               f.charge_id.value_or(""), f.payment_intent_id, std::nullopt,
+                               std::chrono::steady_clock::now()});
             if (f.intent) {
                 if (!*m)
                     r.log.warn("row already settled by another worker", {{"payment_intent", f.intent->id}});
@@ -216,9 +221,13 @@ net::awaitable<verdict> pipeline::settle_found(run& r, const recovery_found& f) 
             co_return verdict::finish(verdict_reason::charged, "found existing charge " + f.charge->id);
         }
         case found_step::mark_declined: {
-            auto m = co_await ledger_.mark_declined(
-                r.key, f.charge_id, "declined (found by search): " + f.decline, f.payment_intent_id);
+            auto why = "declined (found by search): " + f.decline;
+            auto m = co_await ledger_.mark_declined(r.key, f.charge_id, why, f.payment_intent_id);
             if (!m) co_return postgres_failed(r, m.err(), "mark declined");
+            if (*m)
+                journal_.note({r.key, r.generation, r.attempt_lease, r.lease, record_status::declined,
+                               f.charge_id, f.payment_intent_id, std::move(why),
+                               std::chrono::steady_clock::now()});
             bool authenticate = false;
             if (f.intent) {
                 const auto fact = stripe::read(*f.intent);

@@ -9,6 +9,7 @@
 #include "billing/key.hpp"
 #include "billing/ledger.hpp"
 #include "billing/pending_age.hpp"
+#include "billing/settle_journal.hpp"
 #include "metrics/registry.hpp"
 #include "net/stoppable_task.hpp"
 #include "pg/rows.hpp"
@@ -132,6 +133,9 @@ struct sweeper::state {
     // failover_interval) until failover_until.
     std::chrono::steady_clock::time_point failover_at{}, failover_from{}, failover_until{};
     bool failover_swept = true;  // the first failover sweep is done (or none is due)
+    // after_failover: the settles the pipeline remembers are re-applied at once, before the grace.
+    bool reapply_due = false;
+    metrics::Counter* reapplied = nullptr;
 
     void count(std::size_t slot) {
         if (swept[slot]) swept[slot]->Increment();
@@ -153,6 +157,11 @@ sweeper::sweeper(sweeper_config cfg, pipeline& p, std::shared_ptr<pg::pool> pool
     for (std::size_t i = 0; i < verdict_reason_count; ++i)
         st_->swept[i] = &fam.Add({{"outcome", std::string(to_string(static_cast<verdict_reason>(i)))}});
     st_->swept[foreign_slot] = &fam.Add({{"outcome", "foreign_namespace"}});
+    st_->reapplied =
+        &reg->counter("chargeguard_billing_failover_reapplied_total",
+                      "Settles this sidecar wrote that a PostgreSQL failover returned to pending, "
+                      "re-applied from its memory of them without a Stripe call")
+             .Add({});
     st_->errors = &reg->counter("chargeguard_billing_sweep_errors_total",
                                 "Sweeps whose query of abandoned ledger rows failed")
                        .Add({});
@@ -291,10 +300,23 @@ steady::duration next_sweep_in(const sweeper::state& st) {
     return std::min<steady::duration>({wait, st.cfg.failover_interval, st.failover_until - now});
 }
 
+// The settles this sidecar remembers (settle_journal.hpp) whose rows the new primary shows reverted.
+net::awaitable<void> reapply_settles(sweeper_state_ptr st) {
+    st->reapply_due = false;
+    auto rep = co_await reapply_after_failover(st->p->ledger_ref(), st->p->journal(), st->log);
+    if (st->reapplied) st->reapplied->Increment(static_cast<double>(rep.reapplied));
+    st->log.warn("failover: re-applied the settles it lost that this sidecar remembered",
+                 {{"checked", static_cast<std::int64_t>(rep.checked)},
+                  {"reapplied", static_cast<std::int64_t>(rep.reapplied)},
+                  {"errors", static_cast<std::int64_t>(rep.errors)}});
+}
+
 net::awaitable<void> sweep_loop(sweeper_state_ptr st) {
     while (!st->task.stopping()) {
-        if (auto wait = next_sweep_in(*st); wait > steady::duration::zero())
+        if (auto wait = next_sweep_in(*st); wait > steady::duration::zero() && !st->reapply_due)
             co_await st->task.sleep(wait);  // after_failover ends it early
+        if (st->task.stopping()) break;
+        if (st->reapply_due) co_await reapply_settles(st);
         if (st->task.stopping()) break;
         const auto now = steady::now();
         // Woken by a failover whose grace has not passed: the failover sweeps come after it (they cover every
@@ -331,6 +353,7 @@ void sweeper::after_failover() {
     st.failover_from = now + st.cfg.failover_grace;
     st.failover_until = now + st.cfg.failover_window;
     st.failover_swept = false;
+    st.reapply_due = true;
     st.log.warn(
         "PostgreSQL failed over: sweeping the pending rows written before it with no live lease after "
         "the grace, then as their leases expire",

@@ -38,7 +38,9 @@
 // returned or its lease keeper, finding the lease not its own, has noted the call in flight — a write after
 // the failover, which keeps the row out of these sweeps. The lease and the recovery are the same as for any
 // swept row: a live delivery is never raced into a second Stripe call, and a row whose attempt was lost too
-// is settled by the same key or the charge search.
+// is settled by the same key or the charge search. Before the grace, at once, it re-applies the settles this
+// sidecar's own deliveries wrote that the new primary shows reverted under a lease they held
+// (settle_journal.hpp): no Stripe call, and no wait for that lease.
 //
 // Rows of another key namespace are left to their own sidecars (selected by key_namespace, and the key is
 // recomputed and compared before anything runs); rows written before migration 0011 have no namespace and

@@ -1,11 +1,12 @@
 // A PostgreSQL failover that lost the last commits (billing/sweeper.hpp, pg::pool::on_failover), on a primary
 // and a streaming standby of the test's own (ci/pg-cluster start / standby / crash / promote): the consume's
 // pool sees the promoted standby on its next connection (a new timeline, another address) and the sweeper,
-// with the default sweep settings, settles the rows the failover returned to `pending` after a short grace —
-// a row whose lease the new primary still shows only once that lease has expired — each by the payment Stripe
-// already made under its key, never by a second one. Without the detection those rows wait out the sweep
-// bound (430 s with the defaults). Needs CHARGEGUARD_TEST_PG_CTL (ci/lib.sh) and pg_basebackup; leaves the
-// shared server alone. g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
+// with the default sweep settings, settles the rows the failover returned to `pending`: those it settled
+// itself under a lease the new primary still shows as its own at once from its memory of them, the others
+// after a short grace — a row whose lease another holder took only once that lease has expired — each by the
+// payment Stripe already made under its key, never by a second one. Without the detection those rows wait out
+// the sweep bound (430 s with the defaults). Needs CHARGEGUARD_TEST_PG_CTL (ci/lib.sh) and pg_basebackup;
+// leaves the shared server alone. g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #define BOOST_TEST_MODULE billing_failover
 #define BOOST_TEST_NO_MAIN
@@ -100,12 +101,14 @@ double failovers_seen(metrics::registry& reg) {
 
 BOOST_AUTO_TEST_SUITE(billing_failover)
 
-// Two rows charged at Stripe whose `charged` commits the failover lost (their messages FINed, gone): one with
-// no live lease on the new primary, one whose lease there still runs for 50 s (taken just before the
-// failover; its holder may still be working). The first is charged once the failover grace (two lease
-// renewals and an interval) has passed; the second is left alone (no write, no Stripe call) while its lease
-// runs and charged within one failover interval of its end; both within 60 s of the failover, by the payment
-// made under their key (one payment each at Stripe).
+// Three rows charged at Stripe by this sidecar whose `charged` commits the failover lost (their messages
+// FINed, gone), as the new primary shows them: one still leased under the epoch this sidecar's delivery held
+// (its lease write committed, its settle did not); one with no live lease whose epoch another worker moved
+// since; one whose lease another (dead) holder took and still holds there for 50 s. The first is re-applied
+// from the sidecar's memory of its settle within seconds of the detection (settle_journal.hpp). The second
+// is charged once the failover grace (two lease renewals and an interval) has passed; the third is left
+// alone (no write, no Stripe call) while its lease runs and charged within one failover interval of its end;
+// all within 60 s of the failover, by the payment made under their key (one payment each at Stripe).
 BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_minute_and_charged_once) {
     if (::access("/usr/lib/postgresql/15/bin/pg_basebackup", X_OK) != 0) {
         BOOST_TEST_MESSAGE("skipped: no pg_basebackup (ci/pg-cluster standby needs it)");
@@ -130,20 +133,25 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
     billing::pipeline_config pc;  // the defaults: a 60 s lease
     pc.key_namespace = test::key_namespace;
     auto p = f.make_pipeline(pc);
+    const auto own_key = key_of("fo-0", "2026-11");
     const auto free_key = key_of("fo-1", "2026-11");
     const auto leased_key = key_of("fo-2", "2026-11");
-    for (auto [customer, id] : {std::pair{"fo-1", "f001"}, std::pair{"fo-2", "f002"}}) {
+    for (auto [customer, id] :
+         {std::pair{"fo-0", "f000"}, std::pair{"fo-1", "f001"}, std::pair{"fo-2", "f002"}}) {
         auto v = f.handle(*p, delivery_of(event_json(customer, "2026-11", 1999), id));
         BOOST_TEST_REQUIRE(billing::to_string(v.reason) == "charged", v.detail);
     }
-    BOOST_TEST_REQUIRE(f.fake->charges().size() == 2u);
-    // What the standby holds when the settles were lost: the rows pending without Stripe ids, the first with
-    // its lease released, the second still leased (as just after its pre-flight).
+    BOOST_TEST_REQUIRE(f.fake->charges().size() == 3u);
+    BOOST_TEST_REQUIRE(p->journal().size() == 3u);
+    // What the standby holds when the settles were lost: the rows pending without Stripe ids; the own row
+    // leased under the epoch its delivery held (as just after its pre-flight: the settle moved it by one),
+    // the free one released under an epoch another worker wrote, the leased one taken by another holder.
     auto lost = f.run(f.query(
         "UPDATE billing_records SET status = 'pending', charge_id = NULL, payment_intent_id = NULL, "
-        "lease_until = CASE WHEN key = $1 THEN now() - interval '1 s' ELSE now() + interval '50 s' END "
-        "WHERE key IN ($1, $2) RETURNING lease_epoch",
-        pg::params(free_key, leased_key)));
+        "lease_until = CASE WHEN key = $2 THEN now() - interval '1 s' ELSE now() + interval '50 s' END, "
+        "lease_epoch = CASE WHEN key = $1 THEN lease_epoch - 1 ELSE lease_epoch + 1 END "
+        "WHERE key IN ($1, $2, $3) RETURNING lease_epoch",
+        pg::params(own_key, free_key, leased_key)));
     BOOST_TEST_REQUIRE(lost.has_value(), (lost ? "" : lost.err().describe()));
     const auto leased_epoch =
         cl.value(cl.primary_port, "SELECT lease_epoch FROM billing_records WHERE key = '" + leased_key + "'");
@@ -165,26 +173,27 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
     const auto failed_over = clock_type::now();
 
     // Watches the ledger (through the same pool: its broken connections are replaced on the promoted
-    // standby) until both rows are charged or 60 s have passed; notes when each was first seen charged and
+    // standby) until the rows are charged or 60 s have passed; notes when each was first seen charged and
     // what the leased row looked like when the free one was.
-    std::optional<clock_type::duration> free_at, leased_at;
+    std::optional<clock_type::duration> own_at, free_at, leased_at, detected_at;
     std::string leased_when_free_charged;
     int leased_posts_when_free_charged = -1;
     run_async(
         f.io,
         [&]() -> net::awaitable<void> {
-            while (clock_type::now() - failed_over < 60s && !(free_at && leased_at)) {
+            while (clock_type::now() - failed_over < 60s && !(own_at && free_at && leased_at)) {
+                if (!detected_at && failovers_seen(reg) > 0.0) detected_at = clock_type::now() - failed_over;
                 auto r = co_await f.query(
-                    "SELECT key, status, lease_epoch::text FROM billing_records WHERE key IN ($1, $2) ORDER "
-                    "BY key",
-                    pg::params(free_key, leased_key));
-                if (r && r->size() == 2) {
-                    for (std::size_t i = 0; i < 2; ++i) {
+                    "SELECT key, status, lease_epoch::text FROM billing_records WHERE key IN ($1, $2, $3)",
+                    pg::params(own_key, free_key, leased_key));
+                if (r && r->size() == 3) {
+                    for (std::size_t i = 0; i < 3; ++i) {
                         const auto key = r->get<std::string>(i, 0);
                         const bool charged = r->get<std::string>(i, 1) == "charged";
+                        if (key == own_key && charged && !own_at) own_at = clock_type::now() - failed_over;
                         if (key == free_key && charged && !free_at) {
                             free_at = clock_type::now() - failed_over;
-                            for (std::size_t j = 0; j < 2; ++j)
+                            for (std::size_t j = 0; j < 3; ++j)
                                 if (r->get<std::string>(j, 0) == leased_key)
                                     leased_when_free_charged =
                                         r->get<std::string>(j, 1) + "/" + r->get<std::string>(j, 2);
@@ -200,13 +209,25 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
         75s);
     using std::chrono::duration_cast;
     using std::chrono::milliseconds;
+    BOOST_TEST_REQUIRE(detected_at.has_value(), "the failover was not detected");
+    BOOST_TEST_REQUIRE(own_at.has_value(), "the row this sidecar settled was not charged within 60 s");
+    BOOST_TEST_MESSAGE("failover detected " << duration_cast<milliseconds>(*detected_at).count()
+                                            << " ms after it; the row leased by the sidecar that charged it "
+                                               "re-applied "
+                                            << duration_cast<milliseconds>(*own_at).count()
+                                            << " ms after it");
+    // From the sidecar's memory, within seconds of the detection: not after its lease (50 s), nor the grace.
+    BOOST_TEST(*own_at < *detected_at + 5s);
+    BOOST_TEST(*own_at < 15s);
+    BOOST_TEST(test::first_sample(reg, "chargeguard_billing_failover_reapplied_total") == 1.0);
     BOOST_TEST_REQUIRE(free_at.has_value(), "the row with no live lease was not charged within 60 s");
     BOOST_TEST_MESSAGE("row with no live lease charged " << duration_cast<milliseconds>(*free_at).count()
                                                          << " ms after the failover");
     // Not before the grace (two lease renewals and an interval: 32 s), within a few seconds after it.
     BOOST_TEST(*free_at >= 31s);
     BOOST_TEST(*free_at < 40s);
-    // The leased row was left alone while its lease ran: still pending, its lease epoch unmoved, no call.
+    // The row another holder leased was left alone while its lease ran: still pending, its lease epoch
+    // unmoved, no call.
     BOOST_TEST(leased_when_free_charged == "pending/" + leased_epoch);
     BOOST_TEST(leased_posts_when_free_charged == 1);
     BOOST_TEST_REQUIRE(leased_at.has_value(), "the leased row was not charged within 60 s of the failover");
@@ -214,9 +235,12 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
                        << duration_cast<milliseconds>(*leased_at).count() << " ms after the failover");
     BOOST_TEST(*leased_at >= 45s);  // not before its lease (50 s from a moment before the failover) ended
     BOOST_TEST(*leased_at < 60s);
-    // Charged by the payments made before the failover: one each at Stripe, the rows holding their ids.
-    BOOST_TEST(f.fake->charges().size() == 2u);
-    for (const auto& key : {free_key, leased_key}) {
+    // Charged by the payments made before the failover: one each at Stripe (the swept rows' recovery sent
+    // their key again, which Stripe answered with the same payment; the re-applied row called nothing), the
+    // rows holding their ids.
+    BOOST_TEST(f.fake->charges().size() == 3u);
+    BOOST_TEST(f.fake->posts_for(own_key) == 1);
+    for (const auto& key : {own_key, free_key, leased_key}) {
         auto row = f.row(key);
         BOOST_TEST_REQUIRE(row.has_value());
         BOOST_TEST(row->charge_id.has_value());
