@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "billing/report/reconcile.hpp"
+#include "billing/machine/request_pacer.hpp"
 #include "billing/store/settlement_store.hpp"
 #include "core/log.hpp"
 #include "net/tokens.hpp"

@@ -1,6 +1,7 @@
 // The pure part of `chargeguard reconcile`: reading the expected billing run, classifying each (customer,
-// period) against the ledger and Stripe, and pacing Stripe requests. No I/O, no clock: the command gathers
-// the facts (src/app/cmd_reconcile.cpp) and this file decides, so the table is tested without a database.
+// period) against the ledger and Stripe (its Stripe requests paced by billing/machine/request_pacer.hpp). No
+// I/O, no clock: the command gathers the facts (src/app/cmd_reconcile.cpp) and this file decides, so the
+// table is tested without a database.
 #pragma once
 
 #include <chrono>
@@ -12,6 +13,7 @@
 
 #include "billing/machine/decision.hpp"
 #include "billing/machine/event.hpp"
+#include "billing/machine/request_pacer.hpp"
 #include "core/result.hpp"
 
 namespace cg::billing {
@@ -96,20 +98,5 @@ struct recon_verdict {
 };
 
 recon_verdict classify(const recon_facts& f);
-
-// A token bucket for Stripe requests: at most `per_second` on average, bursts of `burst`. delay(now) returns
-// how long to wait before the next request may start and books it. Pure (the caller passes the clock).
-class request_pacer {
-  public:
-    using clock = std::chrono::steady_clock;
-    request_pacer(double per_second, unsigned burst);
-    clock::duration delay(clock::time_point now);
-
-  private:
-    double per_second_;
-    double burst_;
-    double tokens_;
-    std::optional<clock::time_point> last_;
-};
 
 }  // namespace cg::billing
