@@ -25,13 +25,13 @@
 #include "app/runtime.hpp"
 #include "app/schema_gate.hpp"
 #include "app/stripe_flags.hpp"
-#include "billing/key.hpp"
-#include "billing/ledger.hpp"
-#include "billing/nsq_delivery.hpp"
-#include "billing/pace_peers.hpp"
-#include "billing/pending_age.hpp"
-#include "billing/pipeline.hpp"
-#include "billing/settlement_poller.hpp"
+#include "billing/flow/nsq_delivery.hpp"
+#include "billing/flow/pace_peers.hpp"
+#include "billing/flow/pipeline.hpp"
+#include "billing/heal/pending_age.hpp"
+#include "billing/heal/settlement_poller.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/store/ledger.hpp"
 #include "http/client.hpp"
 #include "net/address.hpp"
 #include "net/offload.hpp"
@@ -78,8 +78,8 @@ struct consume_flags {
 };
 
 // Rows left processing are retrieved from Stripe by id once they have waited --processing-poll-after, at
-// most --processing-poll-rate per second (billing/settlement_poller.hpp); a pass runs every quarter of the
-// bound, at most every minute and at least every second.
+// most --processing-poll-rate per second (billing/heal/settlement_poller.hpp); a pass runs every quarter of
+// the bound, at most every minute and at least every second.
 billing::poller_config to_poller_config(const consume_flags& f) {
     billing::poller_config c;
     c.poll_after = duration_flag("--processing-poll-after", f.processing_poll_after);
@@ -206,7 +206,7 @@ billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
     return c;
 }
 
-// The message handler and the give-up handler (attempts > --max-attempts), as billing/nsq_delivery.hpp
+// The message handler and the give-up handler (attempts > --max-attempts), as billing/flow/nsq_delivery.hpp
 // runs a delivery (its coroutine, not one of their own). The consumer keeps `m` and the pipeline alive until
 // each completes.
 net::awaitable<nsq::disposition> handle_message(billing::pipeline* p, const nsq::consumer_config* cfg,
@@ -425,7 +425,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     // Every in-flight delivery waits for at most one connection at a time (plus the pending-age probe): with
     // --max-in-flight above the pool's default waiter bound, a busy pool would otherwise fail deliveries
     // (requeued_postgres) instead of queueing them. Each new connection checks for a failover, which the
-    // sweeper answers at once (billing/sweeper.hpp).
+    // sweeper answers at once (billing/heal/sweeper.hpp).
     auto pool = start_pool(rt, f.pg, false, static_cast<std::size_t>(ncfg.max_in_flight) + 16, true);
     // Group-commit statements by size: how many deliveries shared each pre-flight insert and settle (1 when
     // the database keeps up; large when deliveries queue for a slot).
@@ -463,7 +463,8 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     auto pending_age = billing::start_pending_age_monitor(rt.io().get_executor(), pool, rt.metrics(), log);
     rt.on_shutdown([pending_age]() { return pending_age->stop(); });
     start_ledger_healing(rt, pipeline, pool, **stripe, f.heal, ncfg, pending_age.get());
-    // Shared pacing between the sidecars of this ledger (billing/pace_peers.hpp); charging never waits on it.
+    // Shared pacing between the sidecars of this ledger (billing/flow/pace_peers.hpp); charging never waits
+    // on it.
     const auto& rate = (*stripe)->config().rate;
     if (f.pace_peers && rate.adaptive) {
         auto every = std::chrono::milliseconds(f.pace_peers_interval_ms);

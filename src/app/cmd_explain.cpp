@@ -4,8 +4,8 @@
 //   chargeguard explain --key K
 //   echo '<billing event JSON>' | chargeguard explain
 //
-// Computes the idempotency key as consume does (billing/key.hpp), then shows the ledger row (looked up by
-// key, and by customer and period, which are unique: a row written under another key namespace is found
+// Computes the idempotency key as consume does (billing/machine/key.hpp), then shows the ledger row (looked
+// up by key, and by customer and period, which are unique: a row written under another key namespace is found
 // too), the key's dead letters, its vault spend reservations when the vault tables exist, and with --stripe
 // the live Stripe objects carrying metadata[billing_key] — the same list-and-metadata search recovery uses
 // (stripe::client::find_charge_by_billing_key / find_payment_intent_by_billing_key). Read-only: it changes
@@ -31,10 +31,10 @@
 #include "app/explain_render.hpp"
 #include "app/pg_flags.hpp"
 #include "app/stripe_flags.hpp"
-#include "billing/event.hpp"
-#include "billing/key.hpp"
-#include "billing/retry_store.hpp"
-#include "billing/settlement.hpp"
+#include "billing/machine/event.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/machine/settlement.hpp"
+#include "billing/store/retry_store.hpp"
 #include "net/offload.hpp"
 #include "pg/rows.hpp"
 #include "stripe/client.hpp"
@@ -221,7 +221,8 @@ net::awaitable<result<void>> load_spend(pg::pool& pool, explanation& x, const st
     auto t = co_await run_query(pool, "SELECT to_regclass('vault_spend') IS NOT NULL", pg::params());
     if (!t) co_return t.err();
     if (t->text(0, 0) != "t") co_return result<void>{};
-    // The Stripe idempotency key is the base key, or base-gN for a later generation (billing/key.hpp).
+    // The Stripe idempotency key is the base key, or base-gN for a later generation
+    // (billing/machine/key.hpp).
     auto r = co_await run_query(pool,
                                 "SELECT vault_key_id, idempotency_key, amount_cents::text, state, "
                                 "stripe_object_id, reserved_at::text FROM vault_spend "

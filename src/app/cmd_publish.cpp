@@ -15,7 +15,7 @@
 #include "app/cli.hpp"
 #include "app/commands.hpp"
 #include "app/nsq_flags.hpp"
-#include "billing/event.hpp"
+#include "billing/machine/event.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"
 #include "nsq/producer.hpp"

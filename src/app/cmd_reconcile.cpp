@@ -7,12 +7,13 @@
 //     keeping those whose metadata carries billing_period P; each entry is a (customer, period, account), so
 //     a charge made in another account than the run's is reported under that account, and the run's entry
 //     as missing;
-//  4. resolves every `pending` row with the pipeline's own recovery search (billing/recovery.hpp: the
+//  4. resolves every `pending` row with the pipeline's own recovery search (billing/flow/recovery.hpp: the
 //     customer's charges, then for a PaymentIntent event its intents, matched on metadata[billing_key]): a
 //     payment found settled or declined settles the row (charged / declined); one still moving, or none,
 //     leaves it to the pipeline;
 //  5. checks each charged row's charge id against Stripe (a retrieve when the scan did not see it);
-//  6. classifies every (customer, period, account) (billing/reconcile.hpp) and, with --publish, re-publishes
+//  6. classifies every (customer, period, account) (billing/report/reconcile.hpp) and, with --publish,
+//  re-publishes
 //     the events whose message was lost (missing, or pending with no charge and an expired lease): the
 //     content key makes that safe even if the original was only delayed.
 // Every Stripe request waits for the pacer (--stripe-rate), so a reconcile never starves `consume` of the
@@ -36,9 +37,9 @@
 #include "app/pg_flags.hpp"
 #include "app/reconcile_steps.hpp"
 #include "app/stripe_flags.hpp"
-#include "billing/key.hpp"
-#include "billing/ledger.hpp"
-#include "billing/reconcile.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/report/reconcile.hpp"
+#include "billing/store/ledger.hpp"
 #include "http/proto/message.hpp"
 #include "net/address.hpp"
 #include "net/offload.hpp"
@@ -229,7 +230,7 @@ net::awaitable<int> run_reconcile(const reconcile_flags* fp, std::shared_ptr<pg:
     co_return exit_ok;
 }
 
-// The events' own rule for billing_period (billing/event.cpp): 1..64 of [A-Za-z0-9_.-].
+// The events' own rule for billing_period (billing/machine/event.cpp): 1..64 of [A-Za-z0-9_.-].
 bool period_chars_ok(const std::string& p) {
     if (p.empty() || p.size() > 64) return false;
     for (char c : p)

@@ -12,7 +12,7 @@
 #include "app/commands.hpp"
 #include "app/pg_flags.hpp"
 #include "app/vault_expected.hpp"
-#include "billing/event.hpp"
+#include "billing/machine/event.hpp"
 #include "net/offload.hpp"
 #include "pg/error.hpp"
 #include "vault/cap.hpp"

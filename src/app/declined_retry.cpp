@@ -3,8 +3,8 @@
 #include <optional>
 #include <string>
 
-#include "billing/decision.hpp"
-#include "billing/event.hpp"
+#include "billing/machine/decision.hpp"
+#include "billing/machine/event.hpp"
 #include "nsq/producer.hpp"
 #include "stripe/client.hpp"
 #include "stripe/fact.hpp"

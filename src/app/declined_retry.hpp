@@ -1,6 +1,6 @@
 // One retry of a declined ledger row, as `chargeguard retry-declined` and the webhook receiver's automatic
 // retry (`webhooks --retry-declined-on-payment-method-change`) both run it: one code path, so the same
-// rules hold whoever asks (billing/retry_store.hpp has why a retry is at most one success).
+// rules hold whoever asks (billing/store/retry_store.hpp has why a retry is at most one success).
 //
 // For a declined row: a PaymentIntent the decline left open (requires_action, requires_payment_method,
 // requires_confirmation) is cancelled at Stripe first, so it can never succeed beside the retry — and one
@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-#include "billing/retry_store.hpp"
+#include "billing/store/retry_store.hpp"
 #include "net/tokens.hpp"
 
 namespace cg::nsq {

@@ -6,9 +6,9 @@
 #include <sstream>
 
 #include "app/nsq_flags.hpp"
-#include "billing/backfill.hpp"
-#include "billing/event.hpp"
-#include "billing/sweeper.hpp"
+#include "billing/heal/backfill.hpp"
+#include "billing/heal/sweeper.hpp"
+#include "billing/machine/event.hpp"
 #include "metrics/registry.hpp"
 #include "net/timeout.hpp"
 #include "pg/replication.hpp"

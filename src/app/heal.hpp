@@ -1,5 +1,5 @@
 // consume's self-healing ledger (docs/operating/ha-postgres.md): the sweeper for abandoned pending rows
-// (billing/sweeper.hpp) and the startup check of PostgreSQL's replication settings (pg/replication.hpp).
+// (billing/heal/sweeper.hpp) and the startup check of PostgreSQL's replication settings (pg/replication.hpp).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "app/runtime.hpp"
-#include "billing/pipeline.hpp"
+#include "billing/flow/pipeline.hpp"
 #include "nsq/consumer.hpp"
 #include "pg/pool.hpp"
 

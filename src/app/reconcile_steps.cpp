@@ -4,9 +4,9 @@
 
 #include <optional>
 
-#include "billing/key.hpp"
-#include "billing/recovery.hpp"
-#include "billing/retry_store.hpp"
+#include "billing/flow/recovery.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/store/retry_store.hpp"
 #include "pg/rows.hpp"
 #include "stripe/error.hpp"
 
@@ -181,9 +181,9 @@ net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since) {
     co_return true;
 }
 
-// The pipeline's recovery search (billing/recovery.hpp) for a pending row: what it finds settled or declined
-// settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile wins); a
-// payment still moving is left to the pipeline, which follows it.
+// The pipeline's recovery search (billing/flow/recovery.hpp) for a pending row: what it finds settled or
+// declined settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile
+// wins); a payment still moving is left to the pipeline, which follows it.
 net::awaitable<void> resolve_pending(reconcile_run& run, billing::ledger& ledger, item& it) {
     using billing::found_step;
     auto& rec = *it.facts.record;

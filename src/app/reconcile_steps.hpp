@@ -13,8 +13,8 @@
 
 #include "app/pg_flags.hpp"
 #include "app/stripe_flags.hpp"
-#include "billing/ledger.hpp"
-#include "billing/reconcile.hpp"
+#include "billing/report/reconcile.hpp"
+#include "billing/store/ledger.hpp"
 #include "net/timeout.hpp"
 #include "pg/pool.hpp"
 #include "stripe/client.hpp"
@@ -93,7 +93,7 @@ net::awaitable<bool> load_ledger(reconcile_run& run, std::int64_t& earliest);
 // Every charge created since `since` in the platform and in each of run.accounts (with its Stripe-Account),
 // newest first, 100 per page; keeps those of this period (or carrying a key we know).
 net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since);
-// The pipeline's recovery search for a pending row (billing/recovery.hpp): a payment found settled or
+// The pipeline's recovery search for a pending row (billing/flow/recovery.hpp): a payment found settled or
 // declined settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile
 // wins).
 net::awaitable<void> resolve_pending(reconcile_run& run, billing::ledger& ledger, item& it);

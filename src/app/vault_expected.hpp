@@ -1,7 +1,7 @@
-// `vault issue --expected-file`: the expected total of one billing period (billing/expected_run.hpp).
+// `vault issue --expected-file`: the expected total of one billing period (billing/report/expected_run.hpp).
 #pragma once
 
-#include "billing/expected_run.hpp"
+#include "billing/report/expected_run.hpp"
 
 namespace cg::app {
 

@@ -181,9 +181,9 @@ asio::awaitable<http::response> webhook_receiver::handle(http::request& req) {
     co_return co_await record(req, now);
 }
 
-// Records and applies the event in one transaction (billing/settlement_store.hpp), then answers. Any failure
-// before the commit answers 500 so that Stripe delivers again; nothing of the event is then kept, and the
-// redelivery records and applies it as if it were the first.
+// Records and applies the event in one transaction (billing/store/settlement_store.hpp), then answers. Any
+// failure before the commit answers 500 so that Stripe delivers again; nothing of the event is then kept, and
+// the redelivery records and applies it as if it were the first.
 asio::awaitable<http::response> webhook_receiver::record(const http::request& req,
                                                          std::int64_t received_unix) {
     auto ev = stripe::parse_webhook_event(req.body);

@@ -1,6 +1,6 @@
 // The Stripe webhook endpoint behind `chargeguard webhooks`: verifies each delivery's Stripe-Signature over
 // the raw body, records the event once in stripe_webhook_events and applies it to the ledger row it names in
-// the same transaction (billing/settlement_store.hpp), and answers 2xx only after that transaction
+// the same transaction (billing/store/settlement_store.hpp), and answers 2xx only after that transaction
 // committed (docs/operating/webhooks.md has the status table).
 //
 //   oversized body → 413 · unsigned, bad or malformed signature → 400 · stale or future → 400 ·
@@ -46,8 +46,8 @@
 #include <vector>
 
 #include "app/declined_retry.hpp"
-#include "billing/retry_store.hpp"
-#include "billing/settlement_store.hpp"
+#include "billing/store/retry_store.hpp"
+#include "billing/store/settlement_store.hpp"
 #include "core/log.hpp"
 #include "http/router.hpp"
 #include "metrics/registry.hpp"

@@ -3,8 +3,8 @@
 #include <map>
 #include <set>
 
-#include "billing/correction_ledger.hpp"
-#include "billing/key.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/store/correction_ledger.hpp"
 #include "lab/run_state.hpp"
 #include "stripe/refunds.hpp"
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <random>
 
-#include "billing/key.hpp"
+#include "billing/machine/key.hpp"
 #include "core/enum_names.hpp"
 
 namespace cg::lab {

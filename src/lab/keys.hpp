@@ -1,6 +1,6 @@
 // The idempotency keys the lab's unsafe consumers use — every one a mistake found in real consumers — and
-// the content key the real pipeline uses (billing/key.hpp). Pure: everything a key depends on is passed in,
-// so the table below is what makes each key change (or not) across a redelivery.
+// the content key the real pipeline uses (billing/machine/key.hpp). Pure: everything a key depends on is
+// passed in, so the table below is what makes each key change (or not) across a redelivery.
 //
 //   policy          built from                                  changes when
 //   content         namespace, customer, period                 never (the fix)

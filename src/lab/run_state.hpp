@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "billing/pipeline.hpp"
+#include "billing/flow/pipeline.hpp"
 #include "http/client.hpp"
 #include "http/server.hpp"
 #include "lab/lab.hpp"

@@ -1,4 +1,4 @@
-#include "billing/nsq_delivery.hpp"
+#include "billing/flow/nsq_delivery.hpp"
 #include "lab/keys.hpp"
 #include "lab/run_state.hpp"
 

@@ -24,12 +24,12 @@
 #include <set>
 
 #include "app/webhook_receiver.hpp"
-#include "billing/dead_letter_store.hpp"
-#include "billing/event.hpp"
-#include "billing/key.hpp"
-#include "billing/ledger.hpp"
-#include "billing/nsq_delivery.hpp"
-#include "billing/pipeline.hpp"
+#include "billing/flow/nsq_delivery.hpp"
+#include "billing/flow/pipeline.hpp"
+#include "billing/machine/event.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/store/dead_letter_store.hpp"
+#include "billing/store/ledger.hpp"
 #include "http/server.hpp"
 #include "lab/lab.hpp"
 #include "lab/run_state.hpp"

@@ -1,9 +1,9 @@
 #include <asio/co_spawn.hpp>
 #include <asio/use_future.hpp>
 
-#include "billing/event.hpp"
-#include "billing/key.hpp"
-#include "billing/ledger.hpp"
+#include "billing/machine/event.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/store/ledger.hpp"
 #include "lab/keys.hpp"
 #include "lab/run_state.hpp"
 #include "nsq/connection.hpp"

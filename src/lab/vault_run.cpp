@@ -1,4 +1,4 @@
-#include "billing/expected_run.hpp"
+#include "billing/report/expected_run.hpp"
 #include "lab/run_state.hpp"
 #include "pg/params.hpp"
 #include "vault/cap.hpp"

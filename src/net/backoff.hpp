@@ -1,8 +1,8 @@
 // The one exponential backoff: every retry delay in the tree — PostgreSQL reconnects
 // (pg::pool), NSQ reconnects and handler-failure backoff (nsq/policy), billing's PostgreSQL requeues
-// (billing/outcome) and Stripe retries (stripe/retry) — is base · 2^n capped, then optionally jittered by one
-// of two conventions. Pure and deterministic: the caller draws `unit` (uniform in [0, 1)) from its own random
-// source, so tables test it without one. No Asio.
+// (billing/machine/outcome) and Stripe retries (stripe/retry) — is base · 2^n capped, then optionally
+// jittered by one of two conventions. Pure and deterministic: the caller draws `unit` (uniform in [0, 1))
+// from its own random source, so tables test it without one. No Asio.
 #pragma once
 
 #include <chrono>

@@ -117,7 +117,8 @@ class client {
     net::awaitable<call_result> call(std::string method, std::string target, std::string body,
                                      std::string idempotency_key, std::string stripe_account = {});
 
-    // Shared pacing between sidecars (billing/pace_peers.hpp): one report per pacer (the platform's, account
+    // Shared pacing between sidecars (billing/flow/pace_peers.hpp): one report per pacer (the platform's,
+    // account
     // ""; each connected account's), and one exchange's view of each account's peers (an account missing
     // from `views`, or with no peers, paces alone). Empty without rate control. From any executor.
     struct pace_report {

@@ -39,7 +39,7 @@
 // Admission is a token bucket refilled at the current limit holding `burst_s` seconds of it (at least one
 // token), so pacing stays smooth and a lowered limit takes effect at once.
 //
-// Shared pacing: sidecars that know each other (billing/pace_peers.hpp) run the law above once for the
+// Shared pacing: sidecars that know each other (billing/flow/pace_peers.hpp) run the law above once for the
 // account instead of one loop each fighting the others. One peer leads: it runs the law for the account's
 // limit, admits `share` of it (set_share) and counts each of its own answers as 1 / share of the account's
 // (so what it measures is the account's rate); the 429 episodes of the others reach it (on_peer_throttled)
@@ -82,7 +82,7 @@ struct rate_config {
     bool rebound = true;        // an episode while demand did not reach the limit: double back under pressure
 };
 
-// What a peer sharing an account says of itself (billing/pace_peers.hpp carries it between processes).
+// What a peer sharing an account says of itself (billing/flow/pace_peers.hpp carries it between processes).
 struct peer_load {
     bool pressed = false;  // a request of its had to wait lately (it could send more)
     double sent_rps = 0;   // what it sent lately, requests/s
@@ -222,7 +222,7 @@ struct pacer_report {
     std::uint64_t episodes = 0;  // 429 episodes started by its own 429s
 };
 
-// One peer of an account as an exchange read it (billing/pace_peers.hpp).
+// One peer of an account as an exchange read it (billing/flow/pace_peers.hpp).
 struct peer_view {
     peer_load load;
     double account_limit = 0;      // the limit its law is at (what followers take from the leader)

@@ -1,6 +1,6 @@
 // Refunds: POST /v1/refunds under an idempotency key, and the search of a charge's refunds by metadata (GET
-// /v1/refunds?charge=…), for the corrections job (billing/corrections.hpp). Built on client::call, so every
-// call shares the client's retries, pacing, metrics and executors (see client.hpp).
+// /v1/refunds?charge=…), for the corrections job (billing/flow/corrections.hpp). Built on client::call, so
+// every call shares the client's retries, pacing, metrics and executors (see client.hpp).
 #pragma once
 
 #include <cstdint>

@@ -193,7 +193,7 @@ class store {
     // total for the row; nullopt: no settled row.
     net::awaitable<result<std::optional<std::int64_t>>> apply_refund(std::string key_id, std::string idem,
                                                                      std::int64_t refunded_cents);
-    // The refunds recorded for a payment (billing/settlement_store.hpp: each refund once by its id, a
+    // The refunds recorded for a payment (billing/store/settlement_store.hpp: each refund once by its id, a
     // failed or canceled one given back, the charge's amount_refunded for the rest; cg_refunded_cents),
     // set on the settled reservations whose Stripe object is `charge_id` or `payment_intent_id` (empty ones
     // match nothing; vault_spend_object_idx), with apply_refund's policy rule; a fall in the refunded amount

@@ -52,8 +52,8 @@ const std::string refund_sql =
                             "AND s.idempotency_key = $2 AND s.state = 'settled' RETURNING s.reopened_cents";
 #undef CG_DIRECT_REFUNDED
 
-// Inside a transaction holding the payment's refund lock (billing/settlement_store.cpp takes the same one
-// while it records a refund fact), so the total read includes every refund fact committed before.
+// Inside a transaction holding the payment's refund lock (billing/store/settlement_store.cpp takes the same
+// one while it records a refund fact), so the total read includes every refund fact committed before.
 const std::string refund_lock_sql = "SELECT pg_advisory_xact_lock(hashtextextended('cg-refund:' || $1, 0))";
 #define CG_TOTAL_REFUNDED "least(s.amount_cents, t.total)"
 const std::string refund_by_object_sql =

@@ -81,7 +81,7 @@ def free_port():
 
 
 def billing_key(customer, account=None):
-    """billing/key.cpp: the platform's key, or with ":<account>" hashed in for a Stripe Connect event."""
+    """billing/machine/key.cpp: the platform's key, or with ":<account>" hashed in for a Stripe Connect event."""
     tail = f":{account}" if account else ""
     return hashlib.sha256(f"{NAMESPACE}:{customer}:{PERIOD}{tail}".encode()).hexdigest()[:32]
 
@@ -647,7 +647,7 @@ def quiescence_bound(prof, pg_backoff_cap=60.0):
 
 
 def sweep_bound(prof):
-    """The consumers' derived sweep bound (billing/sweeper.hpp): 2 × msg_timeout + the longest requeue delay
+    """The consumers' derived sweep bound (billing/heal/sweeper.hpp): 2 × msg_timeout + the longest requeue delay
     (the PostgreSQL backoff's 60 s max, or new-key-quiet + 0.1 s) + max(lease-held delay, lease / 10), plus
     one sweep interval (a quarter of it, 1–60 s) and one backfill interval."""
     p = prof

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "billing/event.hpp"
+#include "billing/machine/event.hpp"
 #include "check.hpp"
 
 using namespace cg::billing;

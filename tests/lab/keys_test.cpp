@@ -6,7 +6,7 @@
 #include <boost/test/unit_test.hpp>
 #include <set>
 
-#include "billing/key.hpp"
+#include "billing/machine/key.hpp"
 #include "lab/report.hpp"
 #include "lab/scenario.hpp"
 

@@ -15,8 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "billing/key.hpp"
-#include "billing/machine.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/machine/machine.hpp"
 #include "models.hpp"
 #include "sim.hpp"
 #include "stripe/fact.hpp"

@@ -4,12 +4,13 @@
 #include <optional>
 #include <string>
 
-#include "billing/machine.hpp"
+#include "billing/machine/machine.hpp"
 #include "world.hpp"
 
 namespace cg::sim::detail {
 
-// States move only along the money machine's table (billing/machine.hpp), the one docs/design.md prints.
+// States move only along the money machine's table (billing/machine/machine.hpp), the one docs/design.md
+// prints.
 void world::set_status(row& r, record_status to) {
     const record_status from = r.rec.status;
     if (!billing::machine::allowed(from, to))

@@ -11,8 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "billing/decision.hpp"
-#include "billing/settlement.hpp"
+#include "billing/machine/decision.hpp"
+#include "billing/machine/settlement.hpp"
 
 namespace cg::sim {
 

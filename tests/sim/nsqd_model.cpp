@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "billing/event.hpp"
+#include "billing/machine/event.hpp"
 #include "world.hpp"
 
 namespace cg::sim::detail {

@@ -1,13 +1,13 @@
-// RECOVER's steps (billing/recovery.cpp, docs/design.md §4): the search by metadata, read through the fact
-// and the money machine (billing::machine::on_found, step_for_found_intent), and a new key generation once
-// the quiet period has passed.
+// RECOVER's steps (billing/flow/recovery.cpp, docs/design.md §4): the search by metadata, read through the
+// fact and the money machine (billing::machine::on_found, step_for_found_intent), and a new key generation
+// once the quiet period has passed.
 #include <algorithm>
 #include <functional>
 #include <optional>
 #include <string>
 
-#include "billing/machine.hpp"
-#include "billing/outcome.hpp"
+#include "billing/machine/machine.hpp"
+#include "billing/machine/outcome.hpp"
 #include "stripe/fact.hpp"
 #include "world.hpp"
 

@@ -1,7 +1,8 @@
-// The operator's `retry-declined` (app/declined_retry.cpp, billing/retry_store.hpp, docs/design.md "Retrying
-// a decline"): once the customer fixed the payment method, a declined row's open PaymentIntent is read
-// through the fact and cancelled (one that succeeded meanwhile makes the row charged instead), then the row
-// is reopened under a new key generation with its old payments recorded, and the event is published again.
+// The operator's `retry-declined` (app/declined_retry.cpp, billing/store/retry_store.hpp, docs/design.md
+// "Retrying a decline"): once the customer fixed the payment method, a declined row's open PaymentIntent is
+// read through the fact and cancelled (one that succeeded meanwhile makes the row charged instead), then the
+// row is reopened under a new key generation with its old payments recorded, and the event is published
+// again.
 #include <functional>
 #include <optional>
 #include <string>

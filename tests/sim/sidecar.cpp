@@ -1,16 +1,16 @@
-// The sidecars: one delivery's steps, as billing/pipeline.cpp and recovery.cpp take them (docs/design.md §4),
-// with the project's pure rules deciding: decide_existing, recovery_mode, the money machine (machine.hpp),
-// stripe::read.
+// The sidecars: one delivery's steps, as billing/flow/pipeline.cpp and recovery.cpp take them (docs/design.md
+// §4), with the project's pure rules deciding: decide_existing, recovery_mode, the money machine
+// (machine.hpp), stripe::read.
 #include <algorithm>
 #include <functional>
 #include <optional>
 #include <string>
 #include <variant>
 
-#include "billing/decision.hpp"
-#include "billing/key.hpp"
-#include "billing/machine.hpp"
-#include "billing/outcome.hpp"
+#include "billing/machine/decision.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/machine/machine.hpp"
+#include "billing/machine/outcome.hpp"
 #include "stripe/fact.hpp"
 #include "stripe/outcome.hpp"
 #include "world.hpp"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "billing/key.hpp"
+#include "billing/machine/key.hpp"
 #include "world.hpp"
 
 namespace cg::sim {

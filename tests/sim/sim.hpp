@@ -4,9 +4,9 @@
 // 24 h idempotency cache, a 500 saved after the create, 429, stalls, late execution, bank debits pending then
 // succeeded or failed, list lag, webhooks duplicated, reordered, lost and foreign) and the process (a crash
 // between any two steps, lease expiry), driven by one seeded scheduler on a simulated clock. The rules are
-// the project's own pure functions (billing/decision, billing/outcome, billing/settlement, billing/key,
-// billing/event, stripe/outcome, stripe/fact): the simulator only models what they talk to. No Asio, no
-// sockets, no wall clock: a seed replays bit for bit.
+// the project's own pure functions (billing/machine/decision, billing/machine/outcome,
+// billing/machine/settlement, billing/machine/key, billing/machine/event, stripe/outcome, stripe/fact): the
+// simulator only models what they talk to. No Asio, no sockets, no wall clock: a seed replays bit for bit.
 #pragma once
 
 #include <cstdint>

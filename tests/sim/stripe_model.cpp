@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "billing/key.hpp"
+#include "billing/machine/key.hpp"
 #include "world.hpp"
 
 namespace cg::sim::detail {

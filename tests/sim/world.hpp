@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "billing/event.hpp"
-#include "billing/settlement.hpp"
+#include "billing/machine/event.hpp"
+#include "billing/machine/settlement.hpp"
 #include "models.hpp"
 #include "sim.hpp"
 #include "stripe/types.hpp"
@@ -23,7 +23,8 @@ namespace cg::sim::detail {
 
 using billing::record_status;
 
-// The pipeline's defaults (billing/pipeline.hpp pipeline_config, stripe/config.hpp), and the fault model.
+// The pipeline's defaults (billing/flow/pipeline.hpp pipeline_config, stripe/config.hpp), and the fault
+// model.
 struct params {
     ms_t lease = 60 * sec;
     ms_t renew = 15 * sec;
@@ -171,7 +172,7 @@ class world {
     void poll();
     void authenticate(int intent);
 
-    // ---- the operator: retry-declined (app/declined_retry.cpp, billing/retry_store.hpp) ----
+    // ---- the operator: retry-declined (app/declined_retry.cpp, billing/store/retry_store.hpp) ----
     void operator_run();
     void retry_look(int event, int round);
     void reopen(int event);

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "billing/ledger.hpp"
+#include "billing/store/ledger.hpp"
 #include "net/offload.hpp"
 #include "pg/pool.hpp"
 #include "support/process_usage.hpp"

@@ -23,10 +23,10 @@
 #include <variant>
 #include <vector>
 
-#include "billing/event.hpp"
-#include "billing/key.hpp"
-#include "billing/outcome.hpp"
-#include "billing/settlement.hpp"
+#include "billing/machine/event.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/machine/outcome.hpp"
+#include "billing/machine/settlement.hpp"
 #include "core/log.hpp"
 #include "http/proto/message.hpp"
 #include "net/offload.hpp"

@@ -13,7 +13,7 @@
 #include <set>
 #include <sstream>
 
-#include "billing/key.hpp"
+#include "billing/machine/key.hpp"
 #include "http/client.hpp"
 #include "support/chargeguard_e2e.hpp"
 #include "support/pg_main.hpp"

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "billing/key.hpp"
+#include "billing/machine/key.hpp"
 #include "http/client.hpp"
 #include "pg/migrations.hpp"
 #include "support/chargeguard_e2e.hpp"

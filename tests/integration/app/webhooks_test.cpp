@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "app/webhook_receiver.hpp"
-#include "billing/abandoned_sql.hpp"
+#include "billing/store/abandoned_sql.hpp"
 #include "integration/pg/support.hpp"
 #include "net/offload.hpp"
 #include "net/timeout.hpp"

@@ -1,14 +1,14 @@
-// The backfill (billing/backfill.hpp) against real PostgreSQL and fake-stripe: a ledger row lost entirely
-// (a failover lost its insert) comes back from its Stripe charge, marked recovered. g++ 12 -O2 false
+// The backfill (billing/heal/backfill.hpp) against real PostgreSQL and fake-stripe: a ledger row lost
+// entirely (a failover lost its insert) comes back from its Stripe charge, marked recovered. g++ 12 -O2 false
 // positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include "billing/backfill.hpp"
+#include "billing/heal/backfill.hpp"
 
 #include <boost/test/unit_test.hpp>
 
-#include "billing/outcome.hpp"
-#include "billing/settlement_poller.hpp"
+#include "billing/heal/settlement_poller.hpp"
+#include "billing/machine/outcome.hpp"
 #include "fixture.hpp"
 #include "metrics/registry.hpp"
 

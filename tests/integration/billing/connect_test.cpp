@@ -7,10 +7,10 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "billing/backfill.hpp"
-#include "billing/outcome.hpp"
-#include "billing/settlement_poller.hpp"
-#include "billing/sweeper.hpp"
+#include "billing/heal/backfill.hpp"
+#include "billing/heal/settlement_poller.hpp"
+#include "billing/heal/sweeper.hpp"
+#include "billing/machine/outcome.hpp"
 #include "fixture.hpp"
 #include "stripe/types.hpp"
 

@@ -8,11 +8,11 @@
 #include <asio/this_coro.hpp>
 #include <boost/test/unit_test.hpp>
 
-#include "billing/correction_ledger.hpp"
-#include "billing/outcome.hpp"
-#include "billing/pending_age.hpp"
-#include "billing/settlement_poller.hpp"
-#include "billing/sweeper.hpp"
+#include "billing/heal/pending_age.hpp"
+#include "billing/heal/settlement_poller.hpp"
+#include "billing/heal/sweeper.hpp"
+#include "billing/machine/outcome.hpp"
+#include "billing/store/correction_ledger.hpp"
 #include "fixture.hpp"
 #include "stripe/refunds.hpp"
 #include "stripe/types.hpp"

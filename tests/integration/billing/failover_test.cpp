@@ -1,12 +1,13 @@
-// A PostgreSQL failover that lost the last commits (billing/sweeper.hpp, pg::pool::on_failover), on a primary
-// and a streaming standby of the test's own (ci/pg-cluster start / standby / crash / promote): the consume's
-// pool sees the promoted standby on its next connection (a new timeline, another address) and the sweeper,
-// with the default sweep settings, settles the rows the failover returned to `pending`: those it settled
-// itself under a lease the new primary still shows as its own at once from its memory of them, the others
-// after a short grace — a row whose lease another holder took only once that lease has expired — each by the
-// payment Stripe already made under its key, never by a second one. Without the detection those rows wait out
-// the sweep bound (430 s with the defaults). Needs CHARGEGUARD_TEST_PG_CTL (ci/lib.sh) and pg_basebackup;
-// leaves the shared server alone. g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
+// A PostgreSQL failover that lost the last commits (billing/heal/sweeper.hpp, pg::pool::on_failover), on a
+// primary and a streaming standby of the test's own (ci/pg-cluster start / standby / crash / promote): the
+// consume's pool sees the promoted standby on its next connection (a new timeline, another address) and the
+// sweeper, with the default sweep settings, settles the rows the failover returned to `pending`: those it
+// settled itself under a lease the new primary still shows as its own at once from its memory of them, the
+// others after a short grace — a row whose lease another holder took only once that lease has expired — each
+// by the payment Stripe already made under its key, never by a second one. Without the detection those rows
+// wait out the sweep bound (430 s with the defaults). Needs CHARGEGUARD_TEST_PG_CTL (ci/lib.sh) and
+// pg_basebackup; leaves the shared server alone. g++ 12 -O2 false positive on Asio coroutine frames (GCC bug
+// 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #define BOOST_TEST_MODULE billing_failover
 #define BOOST_TEST_NO_MAIN
@@ -19,7 +20,7 @@
 #include <string>
 #include <thread>
 
-#include "billing/sweeper.hpp"
+#include "billing/heal/sweeper.hpp"
 #include "fixture.hpp"
 #include "net/timeout.hpp"
 #include "support/pg_main.hpp"

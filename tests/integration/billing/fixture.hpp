@@ -11,10 +11,10 @@
 #include <optional>
 #include <string>
 
-#include "billing/key.hpp"
-#include "billing/ledger.hpp"
-#include "billing/pending_age.hpp"
-#include "billing/pipeline.hpp"
+#include "billing/flow/pipeline.hpp"
+#include "billing/heal/pending_age.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/store/ledger.hpp"
 #include "metrics/registry.hpp"
 #include "net/boxed.hpp"
 #include "pg/migrations.hpp"

@@ -6,7 +6,7 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "billing/outcome.hpp"
+#include "billing/machine/outcome.hpp"
 #include "fixture.hpp"
 #include "stripe/types.hpp"
 

@@ -1,7 +1,7 @@
 // billing::pace_peers against a real PostgreSQL: sidecars sharing stripe_pace_peers see each other, split an
 // account's rate (one leads the law, the other follows it), hear each other's 429 episodes, and forget a
 // peer that stopped heartbeating once its rows expire.
-#include "billing/pace_peers.hpp"
+#include "billing/flow/pace_peers.hpp"
 
 #include <boost/test/unit_test.hpp>
 #include <chrono>

@@ -6,7 +6,7 @@
 #include <asio/detached.hpp>
 #include <boost/test/unit_test.hpp>
 
-#include "billing/outcome.hpp"
+#include "billing/machine/outcome.hpp"
 #include "fixture.hpp"
 #include "stripe/types.hpp"
 #include "support/prom_text.hpp"

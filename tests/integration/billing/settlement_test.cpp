@@ -14,8 +14,8 @@
 #include <boost/test/unit_test.hpp>
 #include <map>
 
-#include "billing/settlement_poller.hpp"
-#include "billing/settlement_store.hpp"
+#include "billing/heal/settlement_poller.hpp"
+#include "billing/store/settlement_store.hpp"
 #include "fixture.hpp"
 #include "http/server.hpp"
 #include "metrics/registry.hpp"

@@ -1,16 +1,16 @@
-// The sweeper (billing/sweeper.hpp) against real PostgreSQL and fake-stripe: pending rows whose message is
-// gone are resolved through the pipeline's own machine, under the ledger's lease rules. g++ 12 -O2 false
+// The sweeper (billing/heal/sweeper.hpp) against real PostgreSQL and fake-stripe: pending rows whose message
+// is gone are resolved through the pipeline's own machine, under the ledger's lease rules. g++ 12 -O2 false
 // positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include "billing/sweeper.hpp"
+#include "billing/heal/sweeper.hpp"
 
 #include <asio/detached.hpp>
 #include <boost/test/unit_test.hpp>
 
-#include "billing/outcome.hpp"
-#include "billing/pending_age.hpp"
-#include "billing/settlement_store.hpp"
+#include "billing/heal/pending_age.hpp"
+#include "billing/machine/outcome.hpp"
+#include "billing/store/settlement_store.hpp"
 #include "fixture.hpp"
 #include "stripe/webhook_event.hpp"
 #include "support/prom_text.hpp"

@@ -20,7 +20,7 @@
 #include <set>
 #include <sstream>
 
-#include "billing/key.hpp"
+#include "billing/machine/key.hpp"
 #include "http/client.hpp"
 #include "nsq/http_get.hpp"
 #include "support/chargeguard_e2e.hpp"

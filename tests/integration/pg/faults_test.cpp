@@ -18,8 +18,8 @@
 #include <mutex>
 #include <thread>
 
-#include "billing/key.hpp"
-#include "billing/ledger.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/store/ledger.hpp"
 #include "helpers.hpp"
 #include "net/boxed.hpp"
 #include "net/offload.hpp"

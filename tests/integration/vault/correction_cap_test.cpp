@@ -6,8 +6,8 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "billing/ledger.hpp"
-#include "billing/pipeline.hpp"
+#include "billing/flow/pipeline.hpp"
+#include "billing/store/ledger.hpp"
 #include "tests/integration/vault/fixture.hpp"
 
 using namespace cg;

@@ -5,9 +5,9 @@
 #include <boost/test/unit_test.hpp>
 #include <map>
 
-#include "billing/key.hpp"
-#include "billing/ledger.hpp"
-#include "billing/pipeline.hpp"
+#include "billing/flow/pipeline.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/store/ledger.hpp"
 #include "tests/integration/vault/fixture.hpp"
 
 using namespace cg;

@@ -2,9 +2,9 @@
 // for byte and separates two accounts' charges of one customer id and period.
 #include <boost/test/unit_test.hpp>
 
-#include "billing/event.hpp"
-#include "billing/key.hpp"
-#include "billing/outcome.hpp"
+#include "billing/machine/event.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/machine/outcome.hpp"
 
 using namespace cg::billing;
 

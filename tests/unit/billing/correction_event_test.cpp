@@ -1,10 +1,10 @@
 // Corrections in the event format and their keys (docs/design.md §4a). Pure.
 #include <boost/test/unit_test.hpp>
 
-#include "billing/correction_ledger.hpp"
-#include "billing/event.hpp"
-#include "billing/expected_run.hpp"
-#include "billing/key.hpp"
+#include "billing/machine/event.hpp"
+#include "billing/machine/key.hpp"
+#include "billing/report/expected_run.hpp"
+#include "billing/store/correction_ledger.hpp"
 
 using namespace cg::billing;
 

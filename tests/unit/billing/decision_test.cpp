@@ -1,4 +1,4 @@
-#include "billing/decision.hpp"
+#include "billing/machine/decision.hpp"
 
 #include <boost/test/unit_test.hpp>
 

@@ -1,4 +1,4 @@
-#include "billing/event.hpp"
+#include "billing/machine/event.hpp"
 
 #include <boost/test/unit_test.hpp>
 

@@ -1,4 +1,4 @@
-#include "billing/key.hpp"
+#include "billing/machine/key.hpp"
 
 #include <boost/test/unit_test.hpp>
 

@@ -1,7 +1,7 @@
 // g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include "billing/ledger_batch.hpp"
+#include "billing/store/ledger_batch.hpp"
 
 #include <algorithm>
 #include <asio/co_spawn.hpp>

@@ -1,10 +1,10 @@
-// The money machine (billing/machine.hpp): its table against the statements that move a state, the
+// The money machine (billing/machine/machine.hpp): its table against the statements that move a state, the
 // decisions against the table, and docs/design.md's copy of the table against the code.
 //
 // CHARGEGUARD_SOURCE_ROOT (set by meson) is the checkout whose src/billing, migrations and docs/design.md
 // are read. CHARGEGUARD_WRITE_DESIGN_TABLE=1 rewrites the tables in docs/design.md from the code instead of
 // comparing (then the comparison passes).
-#include "billing/machine.hpp"
+#include "billing/machine/machine.hpp"
 
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "billing/settlement.hpp"
+#include "billing/machine/settlement.hpp"
 
 using namespace cg;
 using namespace cg::billing;
@@ -131,7 +131,7 @@ std::vector<statement> sql_statements(const std::string& file, const std::string
 std::vector<statement> all_statements() {
     std::vector<statement> out;
     const auto root = source_root();
-    for (const auto& e : fs::directory_iterator(root / "src" / "billing")) {
+    for (const auto& e : fs::recursive_directory_iterator(root / "src" / "billing")) {
         auto ext = e.path().extension();
         if (ext != ".cpp" && ext != ".hpp") continue;
         if (e.path().filename() == "machine.cpp") continue;  // the table names statements, it runs none

@@ -1,10 +1,10 @@
 // The pure edges of the pipeline: outcome → ledger step, requeue backoff, the Stripe request of an event.
-#include "billing/outcome.hpp"
+#include "billing/machine/outcome.hpp"
 
 #include <boost/test/unit_test.hpp>
 #include <set>
 
-#include "billing/key.hpp"
+#include "billing/machine/key.hpp"
 
 using namespace cg::billing;
 using namespace std::chrono_literals;

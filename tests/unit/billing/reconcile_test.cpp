@@ -1,11 +1,11 @@
 // reconcile's pure parts: the expected-run reader, the classification table and the Stripe request pacer.
 #define BOOST_TEST_MODULE billing_reconcile
-#include "billing/reconcile.hpp"
+#include "billing/report/reconcile.hpp"
 
 #include <boost/test/unit_test.hpp>
 #include <map>
 
-#include "billing/expected_run.hpp"
+#include "billing/report/expected_run.hpp"
 
 using namespace cg::billing;
 using namespace std::chrono_literals;

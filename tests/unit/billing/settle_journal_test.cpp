@@ -1,5 +1,5 @@
-// The memory of recent settles a failover may lose (billing/settle_journal.hpp), without a database.
-#include "billing/settle_journal.hpp"
+// The memory of recent settles a failover may lose (billing/flow/settle_journal.hpp), without a database.
+#include "billing/flow/settle_journal.hpp"
 
 #include <boost/test/unit_test.hpp>
 

@@ -1,7 +1,7 @@
-// The settlement step (billing/settlement.hpp): the expected row for every (state, fact), and the lattice
-// laws over every ordering of the facts a payment can produce: the same facts in any order, any number of
-// times, end in the same row; the payment rank and the amounts never go down.
-#include "billing/settlement.hpp"
+// The settlement step (billing/machine/settlement.hpp): the expected row for every (state, fact), and the
+// lattice laws over every ordering of the facts a payment can produce: the same facts in any order, any
+// number of times, end in the same row; the payment rank and the amounts never go down.
+#include "billing/machine/settlement.hpp"
 
 #include <algorithm>
 #include <boost/test/unit_test.hpp>

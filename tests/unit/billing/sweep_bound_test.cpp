@@ -1,7 +1,7 @@
-// The sweeper's pure timing (billing/sweeper.hpp), without a database.
+// The sweeper's pure timing (billing/heal/sweeper.hpp), without a database.
 #include <boost/test/unit_test.hpp>
 
-#include "billing/sweeper.hpp"
+#include "billing/heal/sweeper.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;

@@ -1,0 +1,87 @@
+// Corrections of a charged period (docs/design.md §4a): a billing event with "revision": N > 0 carries the
+// period's new total. Revision N applies once N−1 has ended (revision 0 is the original charge); it moves
+// total(N) less the money the ledger has moved for the period so far — a charge when positive, refunds when
+// negative — planned in the ledger before Stripe hears of any of it (migration 0018), each move under a key
+// derived from the original key, the revision and the move's part (correction_ledger.hpp), so a redelivered,
+// re-published or crashed-and-recovered revision moves money once.
+//
+// Each move goes through the machine charges go through: its attempt recorded under the revision's lease
+// before the call; an open answer (5xx, timeout) or a first attempt older than the same-key window sends
+// it to the search — the customer's charges by metadata[billing_key] for a charge, the refunds of the
+// charge for a refund — and only a search that finds nothing, once no call under the old key has shown
+// life for new_key_quiet, takes a new key generation.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "billing/machine/event.hpp"
+#include "billing/machine/machine.hpp"
+#include "billing/machine/outcome.hpp"
+#include "billing/store/correction_ledger.hpp"
+#include "core/log.hpp"
+#include "metrics/registry.hpp"
+#include "net/tokens.hpp"
+#include "stripe/outcome.hpp"
+
+namespace cg::stripe {
+class client;
+}
+
+namespace cg::billing {
+
+struct delivery;
+struct pipeline_config;
+class ledger;
+class lease_keeper;
+
+class corrections {
+  public:
+    // `cfg`, `ledger_` and `stripe` must outlive the object (the pipeline owns it and them).
+    corrections(const pipeline_config& cfg, billing::ledger& ledger, stripe::client& stripe);
+
+    // The whole machine for one delivery of a correction `ev` of the period whose original key is `base`:
+    // FIN (applied, a no-op with its reason, dead-lettered) or REQ with a delay (waiting for its
+    // predecessor, lease held, Stripe's answer open, PostgreSQL failed). Never throws for database, Stripe or
+    // payload failures. Call and complete on the ledger pool's executor; `d` must outlive the call. While a
+    // move's Stripe call is awaited the revision's lease is renewed every lease_renew_interval
+    // (lease_keeper.hpp) and `touch` (may be empty) is called, as for a charge.
+    net::awaitable<verdict> handle(const delivery& d, std::function<void()> touch, billing_event ev,
+                                   std::string base, logger log);
+
+    // Where a revision's lease found taken over during a move's Stripe call is counted (the charges' counter,
+    // chargeguard_billing_lease_lost_total); null counts nothing.
+    void count_lease_lost_in(metrics::Counter* c) { lease_lost_ = c; }
+
+  private:
+    struct job;
+    struct move_answer {
+        machine::move_output plan;  // what the answer means for the move (the money machine's reading)
+        std::string object_id;      // the charge (ch_…) or the refund (re_…)
+        std::string intent_id;
+        std::string message;
+    };
+    net::awaitable<verdict> run_moves(job& j);
+    net::awaitable<std::optional<verdict>> run_move(job& j, const correction_move& m);
+    net::awaitable<move_answer> call_move(job& j, const correction_move& m);
+    net::awaitable<move_answer> call_move_kept(job& j, const correction_move& m);
+    net::awaitable<void> renew_once(job& j, const correction_move& m, lease_keeper& k);
+    net::awaitable<std::optional<verdict>> settle_move(job& j, const correction_move& m, move_answer a);
+    net::awaitable<std::optional<verdict>> search_move(job& j, const correction_move& m);
+    net::awaitable<std::optional<verdict>> search_failed(job& j, std::int32_t part, error e);
+    net::awaitable<verdict> fail_with_letter(job& j, const correction_move& m, std::string reason,
+                                             std::string message, verdict_reason why);
+    verdict postgres_failed(job& j, const error& e, std::string_view step);
+    verdict waiting(std::string detail);
+
+    const pipeline_config& cfg_;
+    billing::ledger& ledger_;
+    correction_ledger store_;
+    stripe::client& stripe_;
+    metrics::Counter* lease_lost_ = nullptr;
+    std::mt19937_64 rng_{std::random_device{}()};
+};
+
+}  // namespace cg::billing
