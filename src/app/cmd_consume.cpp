@@ -234,12 +234,6 @@ net::awaitable<void> drain(nsq::consumer* consumer, std::shared_ptr<pg::pool> po
     co_await pool->close();
 }
 
-std::string joined(const std::vector<std::string>& v) {
-    std::string out;
-    for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
-    return out;
-}
-
 // The effective configuration: the startup line, --validate's first line and GET /config.
 effective_config consume_config(const consume_flags& f, const nsq::consumer_config& n, const pg::config& pgc,
                                 const stripe::client_config& s, const billing::pipeline_config& b,
@@ -247,8 +241,8 @@ effective_config consume_config(const consume_flags& f, const nsq::consumer_conf
     effective_config c("consume");
     c.add("topic", n.topic)
         .add("channel", n.channel)
-        .add_address("nsqd_tcp_addresses", joined(n.nsqd_tcp_addresses))
-        .add_address("lookupd_http_addresses", joined(n.lookupd_http_addresses))
+        .add_address("nsqd_tcp_addresses", n.nsqd_tcp_addresses)
+        .add_address("lookupd_http_addresses", n.lookupd_http_addresses)
         .add("max_in_flight", n.max_in_flight)
         .add("msg_timeout_ms", static_cast<std::int64_t>(n.msg_timeout.count()))
         .add("heartbeat_interval_ms", static_cast<std::int64_t>(n.heartbeat_interval.count()))

@@ -158,12 +158,6 @@ void check_channel(const tail_flags& f) {
             "leave --channel out");
 }
 
-std::string comma_joined(const std::vector<std::string>& v) {
-    std::string out;
-    for (const auto& a : v) out += (out.empty() ? "" : ",") + a;
-    return out;
-}
-
 int run_tail(tail_flags f, const global_flags& g) {
     if (f.nsq.channel.empty()) {
         std::random_device rd;
@@ -182,8 +176,8 @@ int run_tail(tail_flags f, const global_flags& g) {
     effective_config settings("tail");
     settings.add("topic", cfg.topic)
         .add("channel", cfg.channel)
-        .add_address("nsqd_tcp_addresses", comma_joined(cfg.nsqd_tcp_addresses))
-        .add_address("lookupd_http_addresses", comma_joined(cfg.lookupd_http_addresses))
+        .add_address("nsqd_tcp_addresses", cfg.nsqd_tcp_addresses)
+        .add_address("lookupd_http_addresses", cfg.lookupd_http_addresses)
         .add("max_in_flight", cfg.max_in_flight)
         .add("msg_timeout_ms", static_cast<std::int64_t>(cfg.msg_timeout.count()))
         .add("max_messages", f.max_messages);

@@ -16,6 +16,12 @@ effective_config& effective_config::add_address(std::string key, std::string v) 
     return *this;
 }
 
+effective_config& effective_config::add_address(std::string key, const std::vector<std::string>& v) {
+    std::string joined;
+    for (const auto& a : v) joined += (joined.empty() ? "" : ",") + a;
+    return add_address(std::move(key), std::move(joined));
+}
+
 std::vector<log_field> effective_config::fields() const {
     std::vector<log_field> out;
     out.reserve(settings_.size());

@@ -39,6 +39,8 @@ class effective_config {
     // printed by --validate, but left out of a /config that anyone on the network may read, as /readyz
     // leaves out the same details there.
     effective_config& add_address(std::string key, std::string v);
+    // Several such places, comma-joined as they are given on the command line.
+    effective_config& add_address(std::string key, const std::vector<std::string>& v);
 
     const std::string& command() const noexcept { return command_; }
     // The settings as log fields (views into this object).

@@ -44,21 +44,26 @@ void derive_failover_sweeps(sweeper_config& c, const pipeline_config& p) noexcep
 
 namespace {
 
-// Pending rows of one key namespace whose lease expired (or was released) and whose last activity —
-// greatest(updated_at, lease_until) — is older than $2 ms, or for which a webhook already brought Stripe's
-// word of a payment (a deferred event: see abandoned_sql::record_has_deferred_fact), least recently active
-// first, as the ledger's
-// whole-row statements read them (stored columns, remaining lease, lease epoch) plus the event's other
-// fields. The partial index billing_records_pending_lease_idx holds the pending rows.
+// The pending rows of one key namespace ($1) with no live lease that also meet `condition`, least recently
+// active first, at most $3, as the ledger's whole-row statements read them (stored columns, remaining lease,
+// lease epoch) plus the event's other fields. The partial index billing_records_pending_lease_idx holds the
+// pending rows.
+std::string unleased_pending_sql(const std::string& condition) {
+    using namespace abandoned_sql;
+    return "SELECT " + stored_record_columns() +
+           ", greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch, "
+           "description, payment_method, off_session "
+           "FROM billing_records WHERE status = 'pending' AND key_namespace = $1::text AND " +
+           record_unleased + " AND (" + condition + ") ORDER BY " + record_active + " LIMIT $3::bigint";
+}
+
+// Pending rows whose lease expired (or was released) and whose last activity — greatest(updated_at,
+// lease_until) — is older than $2 ms, or for which a webhook already brought Stripe's word of a payment (a
+// deferred event: see abandoned_sql::record_has_deferred_fact).
 const std::string& abandoned_sql() {
     using namespace abandoned_sql;
-    static const std::string sql =
-        "SELECT " + stored_record_columns() +
-        ", greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch, "
-        "description, payment_method, off_session "
-        "FROM billing_records WHERE status = 'pending' AND key_namespace = $1::text AND " +
-        record_unleased + " AND (" + record_active + " < now() - $2::bigint * interval '1 millisecond' OR " +
-        record_has_deferred_fact + ") ORDER BY " + record_active + " LIMIT $3::bigint";
+    static const std::string sql = unleased_pending_sql(
+        record_active + " < now() - $2::bigint * interval '1 millisecond' OR " + record_has_deferred_fact);
     return sql;
 }
 
@@ -66,14 +71,8 @@ const std::string& abandoned_sql() {
 // by a trigger on every update) is older than $2 ms — the moment the failover was seen — whatever their age.
 // A row a live delivery or an earlier sweep wrote since is left to them. Same columns as abandoned_sql().
 const std::string& failed_over_sql() {
-    using namespace abandoned_sql;
     static const std::string sql =
-        "SELECT " + stored_record_columns() +
-        ", greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch, "
-        "description, payment_method, off_session "
-        "FROM billing_records WHERE status = 'pending' AND key_namespace = $1::text AND " +
-        record_unleased + " AND updated_at < now() - $2::bigint * interval '1 millisecond' ORDER BY " +
-        record_active + " LIMIT $3::bigint";
+        unleased_pending_sql("updated_at < now() - $2::bigint * interval '1 millisecond'");
     return sql;
 }
 
