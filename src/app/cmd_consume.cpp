@@ -25,9 +25,9 @@
 #include "app/runtime.hpp"
 #include "app/schema_gate.hpp"
 #include "app/stripe_flags.hpp"
+#include "billing/flow/charge_flow.hpp"
 #include "billing/flow/nsq_delivery.hpp"
 #include "billing/flow/pace_peers.hpp"
-#include "billing/flow/pipeline.hpp"
 #include "billing/heal/pending_age.hpp"
 #include "billing/heal/settlement_poller.hpp"
 #include "billing/machine/key.hpp"
@@ -177,9 +177,9 @@ milliseconds duration_in_range(const char* flag, const std::string& v, milliseco
 }
 
 // Validates and converts; throws CLI::ValidationError naming the flag at fault.
-billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
+billing::charge_flow_config to_pipeline_config(const pipeline_flags& f) {
     using namespace std::chrono_literals;
-    billing::pipeline_config c;
+    billing::charge_flow_config c;
     if (!billing::valid_key_namespace(f.key_namespace))
         bad_value("--key-namespace", f.key_namespace, "not 1-64 characters of [A-Za-z0-9_.-]");
     c.key_namespace = f.key_namespace;
@@ -209,12 +209,12 @@ billing::pipeline_config to_pipeline_config(const pipeline_flags& f) {
 // The message handler and the give-up handler (attempts > --max-attempts), as billing/flow/nsq_delivery.hpp
 // runs a delivery (its coroutine, not one of their own). The consumer keeps `m` and the pipeline alive until
 // each completes.
-net::awaitable<nsq::disposition> handle_message(billing::pipeline* p, const nsq::consumer_config* cfg,
+net::awaitable<nsq::disposition> handle_message(billing::charge_flow* p, const nsq::consumer_config* cfg,
                                                 nsq::message& m) {
     return billing::run_delivery_disposition(*p, m, cfg->topic, cfg->channel, false);
 }
 
-net::awaitable<nsq::disposition> give_up_message(billing::pipeline* p, const nsq::consumer_config* cfg,
+net::awaitable<nsq::disposition> give_up_message(billing::charge_flow* p, const nsq::consumer_config* cfg,
                                                  nsq::message& m) {
     return billing::run_delivery_disposition(*p, m, cfg->topic, cfg->channel, true);
 }
@@ -236,7 +236,7 @@ net::awaitable<void> drain(nsq::consumer* consumer, std::shared_ptr<pg::pool> po
 
 // The effective configuration: the startup line, --validate's first line and GET /config.
 effective_config consume_config(const consume_flags& f, const nsq::consumer_config& n, const pg::config& pgc,
-                                const stripe::client_config& s, const billing::pipeline_config& b,
+                                const stripe::client_config& s, const billing::charge_flow_config& b,
                                 const billing::poller_config& poll, const runtime_options& o) {
     effective_config c("consume");
     c.add("topic", n.topic)
@@ -434,7 +434,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     };
     ncfg.held_up = [s = stripe->get()] { return s->calls_waiting() > 0; };
     billing::ledger ledger(pool, std::move(lopts));
-    billing::pipeline pipeline(std::move(bcfg), ledger, **stripe, log, &rt.metrics());
+    billing::charge_flow pipeline(std::move(bcfg), ledger, **stripe, log, &rt.metrics());
     nsq::consumer consumer(
         rt.io().get_executor(), ncfg,
         [&pipeline, &ncfg](nsq::message& m) { return handle_message(&pipeline, &ncfg, m); }, log,

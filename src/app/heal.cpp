@@ -125,7 +125,7 @@ net::awaitable<void> check_replication(runtime* rt, std::shared_ptr<pg::pool> po
 
 }  // namespace
 
-void start_ledger_healing(runtime& rt, billing::pipeline& p, std::shared_ptr<pg::pool> pool,
+void start_ledger_healing(runtime& rt, billing::charge_flow& p, std::shared_ptr<pg::pool> pool,
                           stripe::client& stripe, const heal_flags& f, const nsq::consumer_config& ncfg,
                           billing::pending_age_monitor* age) {
     auto window = duration_flag("--backfill-window", f.backfill_window);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "app/runtime.hpp"
-#include "billing/flow/pipeline.hpp"
+#include "billing/flow/charge_flow.hpp"
 #include "nsq/consumer.hpp"
 #include "pg/pool.hpp"
 
@@ -46,7 +46,7 @@ void add_heal_flags(CLI::App& cmd, heal_flags& f);
 // runtime's run(). Throws CLI::ValidationError on a bad
 // flag. The check logs a warning and sets chargeguard_pg_async_replication to 1 when commits are
 // asynchronous with standbys attached (0 otherwise); it retries until PostgreSQL answers.
-void start_ledger_healing(runtime& rt, billing::pipeline& p, std::shared_ptr<pg::pool> pool,
+void start_ledger_healing(runtime& rt, billing::charge_flow& p, std::shared_ptr<pg::pool> pool,
                           stripe::client& stripe, const heal_flags& f, const nsq::consumer_config& ncfg,
                           billing::pending_age_monitor* age);
 

@@ -112,8 +112,8 @@ net::awaitable<row> lab::run_variant(const scenario& s, variant which) {
         co_await publish(*v);
         configure_consumer(*v);
         if (safe)
-            v->pipeline =
-                std::make_unique<billing::pipeline>(pipeline_config_for(v.get()), *ledger_, *v->stripe, log_);
+            v->pipeline = std::make_unique<billing::charge_flow>(pipeline_config_for(v.get()), *ledger_,
+                                                                 *v->stripe, log_);
         start_consumer(v.get(), log_);
         co_await drive(*v);
         co_await wind_down(*v);

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "billing/flow/pipeline.hpp"
+#include "billing/flow/charge_flow.hpp"
 #include "http/client.hpp"
 #include "http/server.hpp"
 #include "lab/lab.hpp"
@@ -123,7 +123,7 @@ struct lab::variant_run {
     std::vector<std::string> bodies;
     std::vector<std::unique_ptr<broker>> brokers;
     std::unique_ptr<metrics::registry> reg = std::make_unique<metrics::registry>();
-    std::unique_ptr<billing::pipeline> pipeline;
+    std::unique_ptr<billing::charge_flow> pipeline;
     std::unique_ptr<nsq::consumer> consumer;
     nsq::consumer_config ncfg;
     std::string conn_uuid = random_uuid();
@@ -172,10 +172,10 @@ net::awaitable<nsq::disposition> unsafe_give_up(nsq::message&);
 // The safe consumer's: the pipeline, as `consume` runs it (safe_consumer.cpp).
 net::awaitable<nsq::disposition> safe_handle(run_t* v, nsq::message& m);
 net::awaitable<nsq::disposition> safe_give_up(run_t* v, nsq::message& m);
-billing::pipeline_config pipeline_config_for(run_t* v);
+billing::charge_flow_config pipeline_config_for(run_t* v);
 // The pipeline's timings in the lab (leases of seconds, requeues of a fraction of one) under the key
 // namespace `ns`: what every lab run that charges through the pipeline uses (safe_consumer.cpp).
-billing::pipeline_config lab_pipeline_config(std::string ns);
+billing::charge_flow_config lab_pipeline_config(std::string ns);
 // A new consumer for the run's brokers, with the variant's handlers (safe_consumer.cpp).
 void start_consumer(run_t* v, const logger& log);
 // Every delivery received has been answered (FIN, REQ or dropped with its connection).

@@ -28,8 +28,8 @@ net::awaitable<nsq::disposition> safe_give_up(run_t* v, nsq::message& m) {
     co_return billing::to_disposition(co_await pipeline_verdict(v, m, true));
 }
 
-billing::pipeline_config lab_pipeline_config(std::string ns) {
-    billing::pipeline_config c;
+billing::charge_flow_config lab_pipeline_config(std::string ns) {
+    billing::charge_flow_config c;
     c.key_namespace = std::move(ns);
     c.lease = 2s;
     c.lease_renew_interval = 500ms;
@@ -43,7 +43,7 @@ billing::pipeline_config lab_pipeline_config(std::string ns) {
     return c;
 }
 
-billing::pipeline_config pipeline_config_for(run_t* v) {
+billing::charge_flow_config pipeline_config_for(run_t* v) {
     auto c = lab_pipeline_config(key_namespace);
     // The world's clock: moved with fake-stripe's when a scenario lets a day pass.
     c.now = [v] { return std::chrono::system_clock::now() + v->clock_offset; };

@@ -24,8 +24,8 @@
 #include <set>
 
 #include "app/webhook_receiver.hpp"
+#include "billing/flow/charge_flow.hpp"
 #include "billing/flow/nsq_delivery.hpp"
-#include "billing/flow/pipeline.hpp"
 #include "billing/machine/event.hpp"
 #include "billing/machine/key.hpp"
 #include "billing/store/dead_letter_store.hpp"
@@ -137,9 +137,10 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
     };
 
     std::set<std::string> keys;
-    std::unique_ptr<billing::pipeline> pipeline;
+    std::unique_ptr<billing::charge_flow> pipeline;
     if (safe) {
-        pipeline = std::make_unique<billing::pipeline>(lab_pipeline_config(ns), *L.ledger_, *L.stripe_, log);
+        pipeline =
+            std::make_unique<billing::charge_flow>(lab_pipeline_config(ns), *L.ledger_, *L.stripe_, log);
     }
     int running = 0;  // handlers not yet returned: the run ends only once none refers to it
     struct running_guard {
@@ -150,7 +151,7 @@ net::awaitable<row> run_settle_later(lab& L, const scenario& s, variant which) {
     struct handler_state {
         bool safe;
         std::string topic;
-        billing::pipeline* pipeline;
+        billing::charge_flow* pipeline;
         int* running;
         std::set<std::string>* keys;
         lab* L;

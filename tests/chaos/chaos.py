@@ -441,7 +441,7 @@ class Consumers:
         path = os.path.join(self.work, f"consume-{i}-{self.incarnation[i]}.log")
         self.logs[i] = path
         # The failpoint widens the windows between a delivery's steps to tens of milliseconds, so kills land in
-        # each of them (the Stripe call is already that wide); see pipeline_config::test_step_pause.
+        # each of them (the Stripe call is already that wide); see charge_flow_config::test_step_pause.
         env = dict(self.pg.env, STRIPE_API_KEY="sk_test_chaos", CHARGEGUARD_TEST_STEP_PAUSE_MS="60")
         with open(path, "wb") as f:
             self.procs[i] = subprocess.Popen(self.args(i), stdout=subprocess.DEVNULL, stderr=f, env=env)

@@ -1,6 +1,6 @@
-// The sidecars: one delivery's steps, as billing/flow/pipeline.cpp and recovery.cpp take them (docs/design.md
-// §4), with the project's pure rules deciding: decide_existing, recovery_mode, the money machine
-// (machine.hpp), stripe::read.
+// The sidecars: one delivery's steps, as billing/flow/charge_flow.cpp and recovery.cpp take them
+// (docs/design.md §4), with the project's pure rules deciding: decide_existing, recovery_mode, the money
+// machine (machine.hpp), stripe::read.
 #include <algorithm>
 #include <functional>
 #include <optional>
@@ -263,7 +263,7 @@ void world::finish_call(int id, const stripe::charge_outcome& out, int charge, c
         d.row_written = true;
         d.epoch = 1;
     }
-    // The money machine's reading of the answer, as pipeline.cpp settle takes it.
+    // The money machine's reading of the answer, as charge_flow.cpp settle takes it.
     auto step = billing::machine::on_answer(out).command;
     std::string ch = charge >= 0 ? charges_[charge].id : std::string();
     at(now_ + pg(), [this, id, step, ch, intent] {

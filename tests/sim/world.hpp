@@ -23,7 +23,7 @@ namespace cg::sim::detail {
 
 using billing::record_status;
 
-// The pipeline's defaults (billing/flow/pipeline.hpp pipeline_config, stripe/config.hpp), and the fault
+// The pipeline's defaults (billing/flow/charge_flow.hpp charge_flow_config, stripe/config.hpp), and the fault
 // model.
 struct params {
     ms_t lease = 60 * sec;

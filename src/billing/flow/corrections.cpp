@@ -3,8 +3,8 @@
 #include <asio/this_coro.hpp>
 #include <stdexcept>
 
+#include "billing/flow/charge_flow.hpp"
 #include "billing/flow/lease_keeper.hpp"
-#include "billing/flow/pipeline.hpp"
 #include "billing/machine/key.hpp"
 #include "billing/store/ledger.hpp"
 #include "stripe/client.hpp"
@@ -43,7 +43,7 @@ stripe::metadata move_metadata(const billing_event& ev, const std::string& base,
 
 }  // namespace
 
-corrections::corrections(const pipeline_config& cfg, billing::ledger& ledger, stripe::client& stripe)
+corrections::corrections(const charge_flow_config& cfg, billing::ledger& ledger, stripe::client& stripe)
     : cfg_(cfg), ledger_(ledger), store_(ledger.pool()), stripe_(stripe) {}
 
 verdict corrections::postgres_failed(job& j, const error& e, std::string_view step) {
@@ -167,9 +167,9 @@ net::awaitable<std::optional<verdict>> corrections::run_move(job& j, const corre
     co_return co_await settle_move(j, m, std::move(a));
 }
 
-// The move's Stripe call with the revision's lease kept alive beside it, as a charge's is (pipeline.cpp): a
-// redelivery, or a sweeper, that comes while Stripe is slow finds the lease held instead of sending the same
-// move again.
+// The move's Stripe call with the revision's lease kept alive beside it, as a charge's is (charge_flow.cpp):
+// a redelivery, or a sweeper, that comes while Stripe is slow finds the lease held instead of sending the
+// same move again.
 net::awaitable<corrections::move_answer> corrections::call_move_kept(job& j, const correction_move& m) {
     auto ex = co_await asio::this_coro::executor;
     auto keeper = std::make_shared<lease_keeper>(

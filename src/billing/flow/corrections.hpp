@@ -33,14 +33,14 @@ class client;
 namespace cg::billing {
 
 struct delivery;
-struct pipeline_config;
+struct charge_flow_config;
 class ledger;
 class lease_keeper;
 
 class corrections {
   public:
     // `cfg`, `ledger_` and `stripe` must outlive the object (the pipeline owns it and them).
-    corrections(const pipeline_config& cfg, billing::ledger& ledger, stripe::client& stripe);
+    corrections(const charge_flow_config& cfg, billing::ledger& ledger, stripe::client& stripe);
 
     // The whole machine for one delivery of a correction `ev` of the period whose original key is `base`:
     // FIN (applied, a no-op with its reason, dead-lettered) or REQ with a delay (waiting for its
@@ -76,7 +76,7 @@ class corrections {
     verdict postgres_failed(job& j, const error& e, std::string_view step);
     verdict waiting(std::string detail);
 
-    const pipeline_config& cfg_;
+    const charge_flow_config& cfg_;
     billing::ledger& ledger_;
     correction_ledger store_;
     stripe::client& stripe_;

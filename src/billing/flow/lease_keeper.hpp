@@ -1,7 +1,7 @@
 // Keeps a ledger lease alive while a Stripe call is awaited (docs/design.md §4 CHARGE, §4a MOVES): a timer
 // beside the call runs one renewal every interval — the caller's, which touches the message and extends the
 // lease, or, once the lease was found taken over, notes that the call is still in flight — never two at once
-// and none after the call returned. One mechanism for the charge path (pipeline.cpp) and the corrections'
+// and none after the call returned. One mechanism for the charge path (charge_flow.cpp) and the corrections'
 // money moves (corrections.cpp); what a renewal writes is theirs.
 #pragma once
 

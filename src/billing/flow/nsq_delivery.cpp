@@ -17,14 +17,14 @@ nsq::disposition to_disposition(const verdict& v) {
     return nsq::disposition::requeue_without_backoff(v.delay);
 }
 
-net::awaitable<verdict> run_delivery(pipeline& p, nsq::message& m, const std::string& topic,
+net::awaitable<verdict> run_delivery(charge_flow& p, nsq::message& m, const std::string& topic,
                                      const std::string& channel, bool give_up) {
     nsq::keepalive alive(m);
     if (give_up) co_return co_await p.give_up(delivery_of(m, topic, channel), [&m] { m.touch(); });
     co_return co_await p.handle(delivery_of(m, topic, channel), [&m] { m.touch(); });
 }
 
-net::awaitable<nsq::disposition> run_delivery_disposition(pipeline& p, nsq::message& m,
+net::awaitable<nsq::disposition> run_delivery_disposition(charge_flow& p, nsq::message& m,
                                                           const std::string& topic,
                                                           const std::string& channel, bool give_up) {
     nsq::keepalive alive(m);

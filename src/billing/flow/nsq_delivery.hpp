@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "billing/flow/pipeline.hpp"
+#include "billing/flow/charge_flow.hpp"
 #include "billing/machine/outcome.hpp"
 #include "net/tokens.hpp"
 #include "nsq/message.hpp"
@@ -26,12 +26,12 @@ nsq::disposition to_disposition(const verdict& v);
 // The pipeline's verdict on `m` — past max attempts (`give_up`) the same machine, which dead-letters only
 // what can never succeed, so a valid event is never dropped for being redelivered often — with `m`
 // TOUCHed throughout. The caller keeps `m` and `p` alive until it completes.
-net::awaitable<verdict> run_delivery(pipeline& p, nsq::message& m, const std::string& topic,
+net::awaitable<verdict> run_delivery(charge_flow& p, nsq::message& m, const std::string& topic,
                                      const std::string& channel, bool give_up);
 
 // run_delivery's verdict as the message's disposition (to_disposition), in the same coroutine: what a
 // consumer's handler returns.
-net::awaitable<nsq::disposition> run_delivery_disposition(pipeline& p, nsq::message& m,
+net::awaitable<nsq::disposition> run_delivery_disposition(charge_flow& p, nsq::message& m,
                                                           const std::string& topic,
                                                           const std::string& channel, bool give_up);
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "billing/flow/pipeline_run.hpp"
+#include "billing/flow/charge_flow_run.hpp"
 #include "billing/machine/machine.hpp"
 #include "billing/store/retry_store.hpp"
 #include "stripe/client.hpp"
@@ -127,7 +127,7 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
 
 // RECOVER: take the expired lease (by the database clock), then decide again on the row we now hold — it may
 // have moved since it was read (another worker's attempt, an indeterminate answer).
-net::awaitable<verdict> pipeline::recover(run& r) {
+net::awaitable<verdict> charge_flow::recover(run& r) {
     auto taken = co_await ledger_.take_expired_lease(r.key, cfg_.lease, r.d.message_id, r.d.attempts);
     if (!taken) co_return postgres_failed(r, taken.err(), "take lease");
     if (!*taken) {
@@ -157,7 +157,7 @@ net::awaitable<verdict> pipeline::recover(run& r) {
 
 // The recovery search (billing/flow/recovery.hpp), then its step: found → settle from it; none → new
 // generation.
-net::awaitable<verdict> pipeline::search(run& r) {
+net::awaitable<verdict> charge_flow::search(run& r) {
     recovery_query q{
         r.ev.stripe_customer_id, r.key, r.first_attempt, cfg_.search_slack, r.ev.uses_payment_intent(),
         r.ev.stripe_account};
@@ -195,7 +195,7 @@ net::awaitable<verdict> pipeline::search(run& r) {
 }
 
 // Without an answer from the search nothing may be charged: give the row back for a later try.
-net::awaitable<verdict> pipeline::search_failed(run& r, const error& e) {
+net::awaitable<verdict> charge_flow::search_failed(run& r, const error& e) {
     auto rel = co_await ledger_.release_lease(r.key, r.lease, "charge search failed: " + e.describe());
     if (!rel) r.log.warn("could not release the lease", {{"error", rel.err().describe()}});
     co_return verdict::requeue(verdict_reason::requeued_stripe_unavailable, cfg_.stripe_unavailable_delay,
@@ -203,7 +203,7 @@ net::awaitable<verdict> pipeline::search_failed(run& r, const error& e) {
 }
 
 // A charge or PaymentIntent carrying our key, found by the recovery search.
-net::awaitable<verdict> pipeline::settle_found(run& r, const recovery_found& f) {
+net::awaitable<verdict> charge_flow::settle_found(run& r, const recovery_found& f) {
     switch (f.step) {
         case found_step::mark_charged: {
             auto m = co_await ledger_.mark_charged(r.key, f.charge_id.value_or(""), f.payment_intent_id);

@@ -18,7 +18,7 @@ namespace cg::billing {
 
 using std::chrono::milliseconds;
 
-milliseconds sweep_bound(const pipeline_config& p, milliseconds msg_timeout) noexcept {
+milliseconds sweep_bound(const charge_flow_config& p, milliseconds msg_timeout) noexcept {
     auto longest_requeue =
         std::max({p.lease_held_delay, p.retry_same_key_delay, p.indeterminate_delay,
                   p.stripe_unavailable_delay, p.postgres_backoff.max, p.new_key_quiet + milliseconds(100)});
@@ -35,7 +35,7 @@ milliseconds failover_sweep_interval(milliseconds lease) noexcept {
     return std::clamp(lease / 30, milliseconds(1'000), milliseconds(5'000));
 }
 
-void derive_failover_sweeps(sweeper_config& c, const pipeline_config& p) noexcept {
+void derive_failover_sweeps(sweeper_config& c, const charge_flow_config& p) noexcept {
     if (c.failover_interval.count() <= 0) c.failover_interval = failover_sweep_interval(p.lease);
     if (c.failover_grace.count() < 0) c.failover_grace = 2 * p.lease_renew_interval + c.failover_interval;
     if (c.failover_window.count() <= 0)
@@ -122,7 +122,7 @@ constexpr std::size_t foreign_slot = verdict_reason_count;  // after the verdict
 
 struct sweeper::state {
     sweeper_config cfg;
-    pipeline* p = nullptr;
+    charge_flow* p = nullptr;
     std::shared_ptr<pg::pool> pool;
     logger log;
     std::array<metrics::Counter*, verdict_reason_count + 1> swept{};
@@ -141,7 +141,7 @@ struct sweeper::state {
     }
 };
 
-sweeper::sweeper(sweeper_config cfg, pipeline& p, std::shared_ptr<pg::pool> pool, logger log,
+sweeper::sweeper(sweeper_config cfg, charge_flow& p, std::shared_ptr<pg::pool> pool, logger log,
                  metrics::registry* reg)
     : cfg_(std::move(cfg)), st_(std::make_shared<state>()) {
     st_->cfg = cfg_;
@@ -242,7 +242,7 @@ void count_verdict(sweeper::state& st, sweep_report& rep, const verdict& v, cons
 }
 
 // The abandoned correction revisions, each through the corrections machine as a redelivery of its message
-// would run it (pipeline::resume_correction): the same key inside Stripe's window, the search after it.
+// would run it (charge_flow::resume_correction): the same key inside Stripe's window, the search after it.
 net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_report& rep) {
     auto& cfg = st->cfg;
     const auto& ns = st->p->config().key_namespace;
@@ -372,9 +372,10 @@ net::awaitable<void> sweeper::stop() {
     co_await st->task.stop();
 }
 
-std::shared_ptr<sweeper> start_sweeper(asio::any_io_executor ex, pipeline& p, std::shared_ptr<pg::pool> pool,
-                                       sweeper_config cfg, milliseconds msg_timeout, metrics::registry& reg,
-                                       logger log, pending_age_monitor* age) {
+std::shared_ptr<sweeper> start_sweeper(asio::any_io_executor ex, charge_flow& p,
+                                       std::shared_ptr<pg::pool> pool, sweeper_config cfg,
+                                       milliseconds msg_timeout, metrics::registry& reg, logger log,
+                                       pending_age_monitor* age) {
     if (cfg.after.count() <= 0) cfg.after = sweep_bound(p.config(), msg_timeout);
     if (cfg.interval.count() <= 0) cfg.interval = sweep_interval(cfg.after);
     derive_failover_sweeps(cfg, p.config());

@@ -4,7 +4,7 @@
 // settle that a PostgreSQL failover then lost, or dropped by an operator — would stay pending forever. The
 // sweeper (one per sidecar) periodically looks for pending rows of its own key namespace with no live lease
 // and no activity for longer than the sweep bound (sweep_bound below), and runs each through the pipeline's
-// own machine (pipeline::resume): the lease is taken with the ledger's take-lease statement, so a live
+// own machine (charge_flow::resume): the lease is taken with the ledger's take-lease statement, so a live
 // delivery of the same key or another sidecar's sweeper is excluded by exactly the rules that exclude a
 // second redelivery today; then RECOVER decides as for a redelivery — the same key inside Stripe's 24 h
 // window (Stripe replays a charge that succeeded, or makes the one that never happened), the charge search
@@ -14,7 +14,7 @@
 //
 // Correction revisions (docs/design.md §4a) are swept the same way: a revision left `pending` whose lease
 // expired and which has shown no life (planned, leased, released, a move's attempt or renewal) within the
-// bound runs through the corrections machine as its redelivery would (pipeline::resume_correction) — its
+// bound runs through the corrections machine as its redelivery would (charge_flow::resume_correction) — its
 // lease taken in cg_correction_admit, each pending money move re-sent under its key inside Stripe's 24 h
 // window, searched for by metadata after it (a charge among the customer's charges, a refund among its
 // charge's refunds). The revision's raw body is its event.
@@ -55,7 +55,7 @@
 #include <optional>
 #include <string>
 
-#include "billing/flow/pipeline.hpp"
+#include "billing/flow/charge_flow.hpp"
 #include "billing/machine/outcome.hpp"
 #include "core/log.hpp"
 #include "core/result.hpp"
@@ -85,7 +85,7 @@ class pending_age_monitor;
 //   bound = 2 × msg_timeout + longest requeue + max(lease_held_delay, lease / 10)
 // (defaults: 2 × 60 s + 300.1 s + 10 s = 430.1 s). Safety never depends on it — the lease excludes a live
 // delivery whatever the bound — it only keeps the sweeper from doing a live message's work.
-std::chrono::milliseconds sweep_bound(const pipeline_config& p,
+std::chrono::milliseconds sweep_bound(const charge_flow_config& p,
                                       std::chrono::milliseconds msg_timeout) noexcept;
 
 // How often to sweep for a bound: a quarter of it, within [1 s, 60 s].
@@ -113,7 +113,7 @@ std::chrono::milliseconds failover_sweep_interval(std::chrono::milliseconds leas
 // Fills the failover settings left unset (a zero interval or window, a negative grace) from the pipeline's:
 // interval failover_sweep_interval(lease); grace 2 × lease_renew_interval + interval (32 s by default);
 // window max(lease, grace) + 2 × interval (64 s by default).
-void derive_failover_sweeps(sweeper_config& c, const pipeline_config& p) noexcept;
+void derive_failover_sweeps(sweeper_config& c, const charge_flow_config& p) noexcept;
 
 // What one sweep did.
 struct sweep_report {
@@ -131,14 +131,14 @@ class sweeper {
     // executor (the main loop), like the pipeline. Counts rows swept by outcome in
     // chargeguard_billing_swept_total{outcome} (a verdict reason, or foreign_namespace) and failed sweeps in
     // chargeguard_billing_sweep_errors_total.
-    sweeper(sweeper_config cfg, pipeline& p, std::shared_ptr<pg::pool> pool, logger log,
+    sweeper(sweeper_config cfg, charge_flow& p, std::shared_ptr<pg::pool> pool, logger log,
             metrics::registry* reg = nullptr);
     ~sweeper();
     sweeper(const sweeper&) = delete;
     sweeper& operator=(const sweeper&) = delete;
 
-    // One sweep: reads up to `batch` abandoned rows and runs each through pipeline::resume, one after the
-    // other; then up to `batch` abandoned correction revisions, each through pipeline::resume_correction.
+    // One sweep: reads up to `batch` abandoned rows and runs each through charge_flow::resume, one after the
+    // other; then up to `batch` abandoned correction revisions, each through charge_flow::resume_correction.
     // Returns what it did, or a query's error (rows already run stay counted in the metrics).
     // `since_failover` (after a failover): instead of the bound, the unleased pending rows last written
     // before that long ago, whatever their age.
@@ -171,9 +171,9 @@ class sweeper {
 // pool must be created with pool_options::watch_failover to see them), stopped on the runtime's shutdown by
 // the caller (sweeper::stop), kept alive by the returned pointer. When `age` is given it also reports the
 // oldest abandoned row by the same bound (pending_age_monitor::watch_abandoned).
-std::shared_ptr<sweeper> start_sweeper(asio::any_io_executor ex, pipeline& p, std::shared_ptr<pg::pool> pool,
-                                       sweeper_config cfg, std::chrono::milliseconds msg_timeout,
-                                       metrics::registry& reg, logger log,
-                                       pending_age_monitor* age = nullptr);
+std::shared_ptr<sweeper> start_sweeper(asio::any_io_executor ex, charge_flow& p,
+                                       std::shared_ptr<pg::pool> pool, sweeper_config cfg,
+                                       std::chrono::milliseconds msg_timeout, metrics::registry& reg,
+                                       logger log, pending_age_monitor* age = nullptr);
 
 }  // namespace cg::billing

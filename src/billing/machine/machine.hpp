@@ -5,7 +5,7 @@
 // time, and the same answer or the same found fact means the same thing for both; they differ only in the
 // states their tables name for it (a charge's `charged` is a move's `done`).
 //
-// Pure: no Asio, no database, no clock. The pipeline (pipeline.cpp, recovery.cpp) and the corrections
+// Pure: no Asio, no database, no clock. The pipeline (charge_flow.cpp, recovery.cpp) and the corrections
 // (corrections.cpp) run the commands it gives; the statements that move a row's state are checked against
 // its transitions by tests/unit/billing/machine_test.cpp, and the table is printed into docs/design.md from
 // transitions() (the same test keeps them equal).

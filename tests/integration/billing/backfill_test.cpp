@@ -49,7 +49,7 @@ std::vector<fake::intent_rec> intents_of(fixture& f) {
 
 // The row left processing by the pipeline for a bank debit, then lost entirely (a failover lost its insert
 // and its processing update); the bank holds the debit.
-std::string lose_a_processing_row(fixture& f, billing::pipeline& p, const std::string& customer,
+std::string lose_a_processing_row(fixture& f, billing::charge_flow& p, const std::string& customer,
                                   const std::string& message_id) {
     auto v = f.handle(p, delivery_of(bank_event_json(customer), message_id));
     BOOST_TEST_REQUIRE(reason(v) == "processing", v.detail);

@@ -81,7 +81,7 @@ std::string status_of(fixture& f, const std::string& correction_key) {
 }
 
 // Charges the original (1000) and returns its charge id.
-std::string charge_original(fixture& f, billing::pipeline& p, const std::string& customer,
+std::string charge_original(fixture& f, billing::charge_flow& p, const std::string& customer,
                             std::int64_t amount = 1000) {
     auto v = f.handle(p, delivery_of(event_json(customer, "2026-11", amount), customer + "-orig"));
     BOOST_TEST_REQUIRE(reason(v) == "charged", v.detail);
@@ -128,7 +128,7 @@ void dead_worker(fixture& f, const std::string& customer, std::int64_t total, in
 // pipeline's Stripe call has arrived) and `after` more has passed; its verdict into *out, then `done`
 // cancelled. The fake answers on this io_context and tells nobody of an arrival: its request count is read
 // every 5 ms.
-net::awaitable<void> redeliver_during_call(fixture* f, billing::pipeline* p, billing::delivery d,
+net::awaitable<void> redeliver_during_call(fixture* f, billing::charge_flow* p, billing::delivery d,
                                            std::size_t seen, std::chrono::milliseconds after,
                                            std::optional<billing::verdict>* out, net::steady_timer* done) {
     net::steady_timer t(co_await asio::this_coro::executor);

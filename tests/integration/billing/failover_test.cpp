@@ -131,7 +131,7 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
     auto migrated = f.run(f.boxed_migrate());
     BOOST_TEST_REQUIRE(migrated.has_value(), (migrated ? "" : migrated.err().describe()));
 
-    billing::pipeline_config pc;  // the defaults: a 60 s lease
+    billing::charge_flow_config pc;  // the defaults: a 60 s lease
     pc.key_namespace = test::key_namespace;
     auto p = f.make_pipeline(pc);
     const auto own_key = key_of("fo-0", "2026-11");

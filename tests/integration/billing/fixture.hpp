@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 
-#include "billing/flow/pipeline.hpp"
+#include "billing/flow/charge_flow.hpp"
 #include "billing/heal/pending_age.hpp"
 #include "billing/machine/key.hpp"
 #include "billing/store/ledger.hpp"
@@ -95,9 +95,9 @@ struct billing_fixture : fake_stripe_fixture {
     }
 
     // Short delays so requeue verdicts are easy to compare; the lease is long unless a test shortens it.
-    billing::pipeline_config config_for_pipeline() {
+    billing::charge_flow_config config_for_pipeline() {
         using namespace std::chrono_literals;
-        billing::pipeline_config c;
+        billing::charge_flow_config c;
         c.key_namespace = key_namespace;
         c.lease = 30s;
         c.lease_renew_interval = 5s;
@@ -111,14 +111,14 @@ struct billing_fixture : fake_stripe_fixture {
         return c;
     }
 
-    std::unique_ptr<billing::pipeline> make_pipeline(billing::pipeline_config c,
-                                                     metrics::registry* r = nullptr) {
-        return std::make_unique<billing::pipeline>(std::move(c), *ledger, *stripe, logger(), r);
+    std::unique_ptr<billing::charge_flow> make_pipeline(billing::charge_flow_config c,
+                                                        metrics::registry* r = nullptr) {
+        return std::make_unique<billing::charge_flow>(std::move(c), *ledger, *stripe, logger(), r);
     }
-    std::unique_ptr<billing::pipeline> make_pipeline() { return make_pipeline(config_for_pipeline()); }
+    std::unique_ptr<billing::charge_flow> make_pipeline() { return make_pipeline(config_for_pipeline()); }
 
     // One delivery through `p`, run on the test's io_context.
-    billing::verdict handle(billing::pipeline& p, billing::delivery d) {
+    billing::verdict handle(billing::charge_flow& p, billing::delivery d) {
         return run_async(io, [&]() { return p.handle(std::move(d)); });
     }
 

@@ -27,7 +27,7 @@ namespace {
 using fixture = test::billing_fixture;
 
 // Runs one delivery to completion and wakes `done` (a timer used as an event).
-net::awaitable<void> handle_into(billing::pipeline* p, billing::delivery d,
+net::awaitable<void> handle_into(billing::charge_flow* p, billing::delivery d,
                                  std::optional<billing::verdict>* out, net::steady_timer* done) {
     *out = co_await p->handle(std::move(d));
     done->cancel();
@@ -134,7 +134,7 @@ BOOST_AUTO_TEST_CASE(delivery_lines_carry_the_delivery_and_event_context) {
                           {log_level::info, "0e03", "duplicate_prevented"}};
     for (const auto& s : steps) {
         auto sink = std::make_shared<memory_sink>();
-        billing::pipeline p(f.config_for_pipeline(), *f.ledger, *f.stripe, logger(sink, s.level));
+        billing::charge_flow p(f.config_for_pipeline(), *f.ledger, *f.stripe, logger(sink, s.level));
         auto v = f.handle(p, delivery_of(body, s.id, 2));
         BOOST_TEST(reason(v) == s.outcome);
         auto finished = line_with(*sink, "billing message finished");
@@ -148,7 +148,7 @@ BOOST_AUTO_TEST_CASE(delivery_lines_carry_the_delivery_and_event_context) {
         }
     }
     auto quiet = std::make_shared<memory_sink>();
-    billing::pipeline p(f.config_for_pipeline(), *f.ledger, *f.stripe, logger(quiet, log_level::warn));
+    billing::charge_flow p(f.config_for_pipeline(), *f.ledger, *f.stripe, logger(quiet, log_level::warn));
     BOOST_TEST(reason(f.handle(p, delivery_of(body, "0e04"))) == "duplicate_prevented");
     BOOST_TEST(reason(f.handle(p, delivery_of(event_json("acme-log2", "2026-11", 700), "0e05"))) ==
                "charged");
@@ -336,7 +336,7 @@ BOOST_AUTO_TEST_CASE(postgres_unreachable_requeues_without_calling_stripe) {
     fixture f;
     auto dead_pool = f.pool_for(test::loopback_config(test::closed_port()));
     billing::ledger dead_ledger(dead_pool);
-    billing::pipeline p(f.config_for_pipeline(), dead_ledger, *f.stripe, logger());
+    billing::charge_flow p(f.config_for_pipeline(), dead_ledger, *f.stripe, logger());
     auto body = event_json("acme-10", "2026-11", 1300);
     auto v1 = f.handle(p, delivery_of(body, "1301", 1));
     auto v3 = f.handle(p, delivery_of(body, "1301", 3));
@@ -602,7 +602,7 @@ BOOST_AUTO_TEST_CASE(stripe_refusing_our_key_requeues_and_charges_once_the_key_i
     auto sc = f.config();
     sc.api_key = "bad_key";
     auto bad_client = f.client(sc);
-    billing::pipeline p(f.config_for_pipeline(), *f.ledger, *bad_client, logger());
+    billing::charge_flow p(f.config_for_pipeline(), *f.ledger, *bad_client, logger());
     auto body = event_json("acme-17", "2026-11", 2000);
     auto key = key_of("acme-17", "2026-11");
     auto v = f.handle(p, delivery_of(body, "1901"));

@@ -20,7 +20,7 @@ using cg::test::run_async;
 
 namespace {
 
-net::awaitable<void> handle_into(billing::pipeline* p, billing::delivery d, billing::touch_fn touch,
+net::awaitable<void> handle_into(billing::charge_flow* p, billing::delivery d, billing::touch_fn touch,
                                  std::optional<billing::verdict>* out) {
     *out = co_await p->handle(std::move(d), std::move(touch));
 }
@@ -44,8 +44,8 @@ BOOST_AUTO_TEST_CASE(lease_and_touch_are_kept_while_waiting_for_the_rate_limit) 
     auto cfg = f.config_for_pipeline();
     cfg.lease = 1000ms;
     cfg.lease_renew_interval = 200ms;
-    billing::pipeline a(cfg, *f.ledger, *slow, logger());
-    billing::pipeline b(cfg, *f.ledger, *slow, logger());
+    billing::charge_flow a(cfg, *f.ledger, *slow, logger());
+    billing::charge_flow b(cfg, *f.ledger, *slow, logger());
 
     std::array<std::optional<billing::verdict>, 3> v;
     std::optional<billing::verdict> redelivered;

@@ -152,9 +152,9 @@ struct settle_fixture : test::billing_fixture {
         async_client = client(c);
     }
 
-    std::unique_ptr<billing::pipeline> async_pipeline() {
-        return std::make_unique<billing::pipeline>(config_for_pipeline(), *ledger, *async_client, logger(),
-                                                   &settle_reg);
+    std::unique_ptr<billing::charge_flow> async_pipeline() {
+        return std::make_unique<billing::charge_flow>(config_for_pipeline(), *ledger, *async_client, logger(),
+                                                      &settle_reg);
     }
 
     // A Stripe event as Stripe sends it: `type` about the PaymentIntent / charge / dispute of `pi`.
@@ -190,7 +190,7 @@ struct settle_fixture : test::billing_fixture {
     }
 
     // A row left processing by the pipeline for `customer`, and its intent at the bank.
-    async_intent processing_row(const std::string& customer, billing::pipeline& p) {
+    async_intent processing_row(const std::string& customer, billing::charge_flow& p) {
         bank.next_status = "processing";
         auto v = handle(p, delivery_of(intent_event_body(customer), "m-" + customer));
         BOOST_TEST_REQUIRE(reason(v) == "processing", v.detail);

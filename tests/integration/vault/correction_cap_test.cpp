@@ -6,7 +6,7 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "billing/flow/pipeline.hpp"
+#include "billing/flow/charge_flow.hpp"
 #include "billing/store/ledger.hpp"
 #include "tests/integration/vault/fixture.hpp"
 
@@ -27,7 +27,7 @@ struct through_proxy {
     vault_fixture& f;
     std::unique_ptr<stripe::client> stripe;
     billing::ledger ledger;
-    std::unique_ptr<billing::pipeline> p;
+    std::unique_ptr<billing::charge_flow> p;
 
     through_proxy(vault_fixture& fx, const std::string& secret) : f(fx), ledger(fx.pg) {
         auto c = f.config();
@@ -35,12 +35,12 @@ struct through_proxy {
         c.api_key = secret;
         c.request_timeout = 5s;
         stripe = f.client(c);
-        billing::pipeline_config pc;
+        billing::charge_flow_config pc;
         pc.key_namespace = "cap";
         pc.lease = 30s;
         pc.lease_renew_interval = 5s;
         pc.stripe_unavailable_delay = 104ms;
-        p = std::make_unique<billing::pipeline>(pc, ledger, *stripe, logger());
+        p = std::make_unique<billing::charge_flow>(pc, ledger, *stripe, logger());
     }
 
     billing::verdict deliver(std::int64_t amount, int revision, int attempt = 1) {

@@ -5,7 +5,7 @@
 #include <boost/test/unit_test.hpp>
 #include <map>
 
-#include "billing/flow/pipeline.hpp"
+#include "billing/flow/charge_flow.hpp"
 #include "billing/machine/key.hpp"
 #include "billing/store/ledger.hpp"
 #include "tests/integration/vault/fixture.hpp"
@@ -36,11 +36,11 @@ struct unsafe_consumer {
 
     void deliver(const std::string& body, const std::string& message_id, int attempt) {
         f.scalar("WITH gone AS (DELETE FROM billing_records RETURNING 1) SELECT count(*) FROM gone");
-        billing::pipeline_config c;
+        billing::charge_flow_config c;
         c.key_namespace = "unsafe-" + std::to_string(++delivery);
         c.lease = 30s;
         c.lease_renew_interval = 5s;
-        billing::pipeline p(c, ledger, stripe, logger());
+        billing::charge_flow p(c, ledger, stripe, logger());
         billing::delivery d;
         d.topic = "billing";
         d.channel = "chargeguard";

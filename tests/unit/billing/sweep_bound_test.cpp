@@ -8,7 +8,7 @@ using namespace cg;
 
 // The sweep bound (sweeper.hpp): 2 × msg_timeout + the longest requeue delay + the lease-held jitter.
 BOOST_AUTO_TEST_CASE(sweep_bound_follows_its_formula) {
-    billing::pipeline_config c;  // defaults: new_key_quiet 5 min dominates the requeue delays
+    billing::charge_flow_config c;  // defaults: new_key_quiet 5 min dominates the requeue delays
     BOOST_TEST(billing::sweep_bound(c, 60s).count() == (120s + 300s + 100ms + 10s).count());
     c.new_key_quiet = 1s;
     c.postgres_backoff.max = 45s;  // now the longest requeue
@@ -26,7 +26,7 @@ BOOST_AUTO_TEST_CASE(sweep_bound_follows_its_formula) {
 // values are kept.
 BOOST_AUTO_TEST_CASE(failover_sweeps_follow_the_lease) {
     using std::chrono::milliseconds;
-    billing::pipeline_config p;  // lease 60 s, renewed every 15 s
+    billing::charge_flow_config p;  // lease 60 s, renewed every 15 s
     billing::sweeper_config c;
     billing::derive_failover_sweeps(c, p);
     BOOST_TEST(c.failover_interval.count() == milliseconds(2s).count());

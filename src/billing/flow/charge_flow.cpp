@@ -1,11 +1,11 @@
-#include "billing/flow/pipeline.hpp"
+#include "billing/flow/charge_flow.hpp"
 
 #include <array>
 #include <asio/co_spawn.hpp>
 #include <asio/this_coro.hpp>
 #include <stdexcept>
 
-#include "billing/flow/pipeline_run.hpp"
+#include "billing/flow/charge_flow_run.hpp"
 #include "billing/machine/key.hpp"
 #include "billing/machine/machine.hpp"
 #include "metrics/registry.hpp"
@@ -39,8 +39,8 @@ std::optional<std::string> intent_of(const stripe::charge_outcome& out) {
 
 }  // namespace
 
-pipeline::pipeline(pipeline_config cfg, billing::ledger& ledger, stripe::client& stripe, logger log,
-                   metrics::registry* reg)
+charge_flow::charge_flow(charge_flow_config cfg, billing::ledger& ledger, stripe::client& stripe, logger log,
+                         metrics::registry* reg)
     : cfg_(std::move(cfg)),
       ledger_(ledger),
       stripe_(stripe),
@@ -54,23 +54,23 @@ pipeline::pipeline(pipeline_config cfg, billing::ledger& ledger, stripe::client&
         throw std::invalid_argument("lease_renew_interval must be positive and shorter than the lease");
 }
 
-pipeline::~pipeline() = default;
+charge_flow::~charge_flow() = default;
 
-verdict pipeline::count(verdict v) {
+verdict charge_flow::count(verdict v) {
     if (metrics_) metrics_->outcomes[static_cast<std::size_t>(v.reason)]->Increment();
     return v;
 }
 
 // handle() and give_up() are the one coroutine (one frame per delivery fewer than a coroutine each).
-net::awaitable<verdict> pipeline::handle(delivery d, touch_fn touch) {
+net::awaitable<verdict> charge_flow::handle(delivery d, touch_fn touch) {
     return handle_delivery(std::move(d), std::move(touch), false);
 }
 
-net::awaitable<verdict> pipeline::give_up(delivery d, touch_fn touch) {
+net::awaitable<verdict> charge_flow::give_up(delivery d, touch_fn touch) {
     return handle_delivery(std::move(d), std::move(touch), true);
 }
 
-net::awaitable<verdict> pipeline::resume(delivery d, billing_event ev, ledger_record rec) {
+net::awaitable<verdict> charge_flow::resume(delivery d, billing_event ev, ledger_record rec) {
     run r(std::move(d), {}, log_);
     r.ev = std::move(ev);
     r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
@@ -80,7 +80,7 @@ net::awaitable<verdict> pipeline::resume(delivery d, billing_event ev, ledger_re
     co_return co_await on_existing(r, rec);
 }
 
-net::awaitable<verdict> pipeline::resume_correction(delivery d, billing_event ev, std::string base) {
+net::awaitable<verdict> charge_flow::resume_correction(delivery d, billing_event ev, std::string base) {
     run r(std::move(d), {}, log_);
     r.ev = std::move(ev);
     r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
@@ -90,7 +90,7 @@ net::awaitable<verdict> pipeline::resume_correction(delivery d, billing_event ev
     co_return co_await corrections_->handle(r.d, {}, r.ev, r.key, r.log);
 }
 
-net::awaitable<verdict> pipeline::handle_delivery(delivery d, touch_fn touch, bool past_max_attempts) {
+net::awaitable<verdict> charge_flow::handle_delivery(delivery d, touch_fn touch, bool past_max_attempts) {
     run r(std::move(d), std::move(touch), log_);
     if (past_max_attempts) {
         if (metrics_) metrics_->past_max_attempts->Increment();
@@ -119,7 +119,7 @@ net::awaitable<verdict> pipeline::handle_delivery(delivery d, touch_fn touch, bo
 }
 
 // parse → pre-flight → CHARGE for a new row, or the decision table for an existing one.
-net::awaitable<verdict> pipeline::process(run& r) {
+net::awaitable<verdict> charge_flow::process(run& r) {
     auto ev = parse_event(r.d.body);
     if (!ev) co_return co_await dead_letter_finish(r, invalid_reason(ev.err()), std::nullopt);
     r.ev = std::move(*ev);
@@ -149,21 +149,21 @@ net::awaitable<verdict> pipeline::process(run& r) {
     co_return co_await on_existing(r, rec);
 }
 
-net::awaitable<void> pipeline::test_pause() {
+net::awaitable<void> charge_flow::test_pause() {
     if (cfg_.test_step_pause.count() <= 0) co_return;
     auto ms = std::uniform_int_distribution<std::int64_t>(0, cfg_.test_step_pause.count())(rng_);
     net::steady_timer t(co_await asio::this_coro::executor, std::chrono::milliseconds(ms));
     co_await t.async_wait();
 }
 
-verdict pipeline::lease_held(std::optional<std::chrono::milliseconds> remaining, std::string detail) {
+verdict charge_flow::lease_held(std::optional<std::chrono::milliseconds> remaining, std::string detail) {
     double unit = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
     auto delay =
         lease_held_requeue_delay(remaining, cfg_.lease, cfg_.lease_held_delay, cfg_.max_requeue_delay, unit);
     return verdict::requeue(verdict_reason::requeued_lease_held, delay, std::move(detail));
 }
 
-net::awaitable<verdict> pipeline::on_existing(run& r, const ledger_record& rec) {
+net::awaitable<verdict> charge_flow::on_existing(run& r, const ledger_record& rec) {
     // Same customer and period under another key (another key namespace produced it): never a second charge.
     if (rec.key != r.key) {
         r.log.warn("customer and period already recorded under another key", {{"other_key", rec.key}});
@@ -187,7 +187,7 @@ net::awaitable<verdict> pipeline::on_existing(run& r, const ledger_record& rec) 
 
 // CHARGE: record the attempt (and renew the lease) before Stripe hears of it — unless the pre-flight insert
 // already did; call Stripe while the lease is kept alive; map the outcome onto the ledger.
-net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
+net::awaitable<verdict> charge_flow::charge(run& r, bool attempt_recorded) {
     // The first epoch of the lease this delivery holds: its pre-flight's, or its take's (set by recover()).
     if (r.attempt_lease == 0) r.attempt_lease = r.lease;
     if (!attempt_recorded) {
@@ -237,8 +237,8 @@ net::awaitable<verdict> pipeline::charge(run& r, bool attempt_recorded) {
     co_return co_await settle(r, out);
 }
 
-// The group-commit wait follows Stripe's pace: 1 % of the average call time, capped (pipeline_config).
-void pipeline::note_stripe_time(std::chrono::steady_clock::duration took) {
+// The group-commit wait follows Stripe's pace: 1 % of the average call time, capped (charge_flow_config).
+void charge_flow::note_stripe_time(std::chrono::steady_clock::duration took) {
     double us = std::chrono::duration<double, std::micro>(took).count();
     stripe_time_avg_us_ += (us - stripe_time_avg_us_) / 16.0;
     auto cap = static_cast<double>(cfg_.group_commit_linger_max.count());
@@ -248,7 +248,7 @@ void pipeline::note_stripe_time(std::chrono::steady_clock::duration took) {
 
 // One renewal while Stripe is awaited (lease_keeper): tell the transport we are alive and extend the lease,
 // so a redelivery elsewhere sees "lease held" instead of recovering a row whose call is still in flight.
-net::awaitable<void> pipeline::renew_once(run& r, lease_keeper& k) {
+net::awaitable<void> charge_flow::renew_once(run& r, lease_keeper& k) {
     lease_renewal how{
         r.touch, [this, &r](std::int64_t epoch) { return ledger_.renew_lease(r.key, epoch, cfg_.lease); },
         [this, &r] { return note_in_flight(ledger_, r.key, r.generation); },
@@ -257,7 +257,7 @@ net::awaitable<void> pipeline::renew_once(run& r, lease_keeper& k) {
 }
 
 // The answer as the money machine reads it (machine.hpp); this runs its ledger command.
-net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& out) {
+net::awaitable<verdict> charge_flow::settle(run& r, const stripe::charge_outcome& out) {
     const auto o = machine::on_answer(out);
     switch (o.command) {
         case charge_step::mark_processing: {
@@ -340,9 +340,9 @@ net::awaitable<verdict> pipeline::settle(run& r, const stripe::charge_outcome& o
 // the authorisation is kept as processing (someone may still capture it; if nobody does it lapses, Stripe
 // cancels it, and the row fails after processing with a dead letter whose replay charges again), so the
 // event is neither counted as paid nor charged a second time beside a live authorisation.
-net::awaitable<verdict> pipeline::leave_processing(run& r, std::optional<std::string> charge_id,
-                                                   std::optional<std::string> payment_intent_id,
-                                                   std::string status) {
+net::awaitable<verdict> charge_flow::leave_processing(run& r, std::optional<std::string> charge_id,
+                                                      std::optional<std::string> payment_intent_id,
+                                                      std::string status) {
     if (stripe::intent_movement(status) == stripe::movement::authorised) {
         if (metrics_) metrics_->requires_capture->Increment();
         r.log.error(
@@ -374,21 +374,21 @@ net::awaitable<verdict> pipeline::leave_processing(run& r, std::optional<std::st
     co_return verdict::finish(verdict_reason::processing, std::move(detail));
 }
 
-net::awaitable<verdict> pipeline::dead_letter_finish(run& r, std::string reason,
-                                                     std::optional<std::string> key) {
+net::awaitable<verdict> charge_flow::dead_letter_finish(run& r, std::string reason,
+                                                        std::optional<std::string> key) {
     auto added = co_await ledger_.add_dead_letter(r.letter(reason, std::move(key)));
     if (!added) co_return postgres_failed(r, added.err(), "dead letter");
     if (!*added) r.log.info("dead letter already stored for this message", {{"reason", reason}});
     co_return verdict::finish(verdict_reason::dead_lettered, std::move(reason));
 }
 
-verdict postgres_failed(const pipeline_config& cfg, std::int32_t attempts, const logger& log, const error& e,
-                        std::string_view step) {
+verdict postgres_failed(const charge_flow_config& cfg, std::int32_t attempts, const logger& log,
+                        const error& e, std::string_view step) {
     log.warn("postgres failed; requeueing", {{"step", step}, {"error", e.describe()}});
     return machine::on_postgres_error(cfg.postgres_backoff, attempts, e, step);
 }
 
-verdict pipeline::postgres_failed(run& r, const error& e, std::string_view step) {
+verdict charge_flow::postgres_failed(run& r, const error& e, std::string_view step) {
     return billing::postgres_failed(cfg_, r.d.attempts, r.log, e, step);
 }
 

@@ -55,7 +55,7 @@ struct delivery {
 // executor.
 using touch_fn = std::function<void()>;
 
-struct pipeline_config {
+struct charge_flow_config {
     std::string key_namespace = "chargeguard";
     // How long a pending row stays ours without renewal (database clock), and how often it is renewed (and
     // `touch` called) while Stripe is awaited. The interval must be well under the lease.
@@ -97,18 +97,18 @@ struct pipeline_config {
 
 // A statement failed: the step and the error logged, then REQ with the PostgreSQL backoff
 // (machine::on_postgres_error). The one rule for a charge and a correction.
-verdict postgres_failed(const pipeline_config& cfg, std::int32_t attempts, const logger& log, const error& e,
-                        std::string_view step);
+verdict postgres_failed(const charge_flow_config& cfg, std::int32_t attempts, const logger& log,
+                        const error& e, std::string_view step);
 
-class pipeline {
+class charge_flow {
   public:
     // `ledger_` and `stripe` must outlive the pipeline; `reg` too when given (metrics are optional). The
     // pipeline runs on the ledger pool's executor (the main loop); the Stripe client hops to its own.
-    pipeline(pipeline_config cfg, billing::ledger& ledger, stripe::client& stripe, logger log,
-             metrics::registry* reg = nullptr);
-    ~pipeline();
-    pipeline(const pipeline&) = delete;
-    pipeline& operator=(const pipeline&) = delete;
+    charge_flow(charge_flow_config cfg, billing::ledger& ledger, stripe::client& stripe, logger log,
+                metrics::registry* reg = nullptr);
+    ~charge_flow();
+    charge_flow(const charge_flow&) = delete;
+    charge_flow& operator=(const charge_flow&) = delete;
 
     // Runs the whole §4 machine for one delivery and returns FIN or REQ(delay) with the reason. Never throws
     // for database, Stripe or payload failures (they are verdicts); throws only on broken invariants (a
@@ -145,7 +145,7 @@ class pipeline {
     // chargeguard_billing_messages_total. Same executor and lifetime rules as handle().
     net::awaitable<verdict> resume_correction(delivery d, billing_event ev, std::string base);
 
-    const pipeline_config& config() const noexcept { return cfg_; }
+    const charge_flow_config& config() const noexcept { return cfg_; }
     // The settles this pipeline's deliveries wrote lately (the sweeper re-applies the ones a failover lost).
     const settle_journal& journal() const noexcept { return journal_; }
     billing::ledger& ledger_ref() noexcept { return ledger_; }
@@ -174,7 +174,7 @@ class pipeline {
     verdict count(verdict v);
     void note_stripe_time(std::chrono::steady_clock::duration took);
 
-    pipeline_config cfg_;
+    charge_flow_config cfg_;
     billing::ledger& ledger_;
     stripe::client& stripe_;
     logger log_;

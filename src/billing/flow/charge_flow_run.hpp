@@ -1,4 +1,4 @@
-// The pipeline's per-delivery state and metrics (billing/flow/pipeline.cpp, billing/flow/recovery.cpp).
+// The pipeline's per-delivery state and metrics (billing/flow/charge_flow.cpp, billing/flow/recovery.cpp).
 // Internal to the pipeline.
 #pragma once
 
@@ -8,14 +8,14 @@
 #include <span>
 #include <string_view>
 
-#include "billing/flow/pipeline.hpp"
+#include "billing/flow/charge_flow.hpp"
 #include "metrics/registry.hpp"
 #include "net/timeout.hpp"
 
 namespace cg::billing {
 
 // One delivery's working state, owned by the frame of handle_delivery() (resume(), resume_correction()).
-struct pipeline::run {
+struct charge_flow::run {
     // The delivery's logger: the pipeline's, with the delivery's context (message id and attempts, then once
     // the event is known its billing key, customer and period, or for a swept row the key and "swept"). The
     // context is rendered on the first line actually written: at warn a delivery that ends well (a charge, a
@@ -104,7 +104,7 @@ struct pipeline::run {
     }
 };
 
-struct pipeline::metrics_set {
+struct charge_flow::metrics_set {
     std::array<metrics::Counter*, verdict_reason_count> outcomes{};
     metrics::Histogram* stripe_duration = nullptr;
     metrics::Counter* past_max_attempts = nullptr;
