@@ -15,7 +15,6 @@
 #include "stripe/fact.hpp"
 
 namespace cg::billing {
-namespace {
 
 machine::flow_config fsm_config(const charge_flow_config& c) {
     machine::flow_config f;
@@ -27,14 +26,13 @@ machine::flow_config fsm_config(const charge_flow_config& c) {
     f.indeterminate_delay = c.indeterminate_delay;
     f.stripe_unavailable_delay = c.stripe_unavailable_delay;
     f.new_key_quiet = c.new_key_quiet;
+    f.correction_wait_delay = c.correction_wait_delay;
     f.postgres_backoff = c.postgres_backoff;
     f.same_key_window = c.same_key_window;
     f.search_slack = c.search_slack;
     f.step_pauses = c.test_step_pause.count() > 0;
     return f;
 }
-
-}  // namespace
 
 charge_flow::charge_flow(charge_flow_config cfg, billing::ledger& ledger, stripe::client& stripe, logger log,
                          metrics::registry* reg)

@@ -97,6 +97,9 @@ struct charge_flow_config {
     std::function<sys_time()> now = [] { return std::chrono::system_clock::now(); };
 };
 
+// The decision parameters of `cfg`, as the fsms take them (machine::flow_config).
+machine::flow_config fsm_config(const charge_flow_config& cfg);
+
 // A statement failed: the step and the error logged, then REQ with the PostgreSQL backoff
 // (machine::on_postgres_error). The one rule for a charge and a correction.
 verdict postgres_failed(const charge_flow_config& cfg, std::int32_t attempts, const logger& log,

@@ -51,6 +51,7 @@ struct flow_config {
     std::chrono::milliseconds indeterminate_delay{30'000};
     std::chrono::milliseconds stripe_unavailable_delay{30'000};
     std::chrono::milliseconds new_key_quiet{300'000};
+    std::chrono::milliseconds correction_wait_delay{30'000};
     backoff postgres_backoff{};
     std::chrono::seconds same_key_window{billing::same_key_window};
     std::chrono::seconds search_slack{default_search_slack};
