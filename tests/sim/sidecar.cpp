@@ -87,10 +87,12 @@ void world::exec(int id, billing::machine::command c) {
             return call(id);
         case op::search_charges:
         case op::search_intents:
-            at(now_ + rnd_.range(50, 800), [this, id, c = std::move(c)] {
+            d.pending = std::move(c);
+            at(now_ + rnd_.range(50, 800), [this, id] {
                 if (!alive(id)) return;
-                const bool charges = c.what == op::search_charges;
-                resume(id, charges ? search_charges(id, c.search) : search_intents(id, c.search));
+                const auto& c = deliveries_[id].pending;
+                resume(id, c.what == op::search_charges ? search_charges(id, c.search)
+                                                        : search_intents(id, c.search));
             });
             return;
         case op::pause:
@@ -104,9 +106,11 @@ void world::exec(int id, billing::machine::command c) {
             d.fsm.reset();
             return fin(d);
         default:
-            at(now_ + pg(), [this, id, c = std::move(c)] {
+            // Kept in the delivery, not in the scheduled action: a small action is not allocated.
+            d.pending = std::move(c);
+            at(now_ + pg(), [this, id] {
                 if (!alive(id)) return;
-                ledger_step(id, c);
+                ledger_step(id, deliveries_[id].pending);
             });
             return;
     }

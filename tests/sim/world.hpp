@@ -67,7 +67,8 @@ struct delivery {
     std::optional<billing::machine::charge_fsm> fsm;  // until its verdict
     billing::billing_event ev;                        // the fsm's, once parsed
     std::string key;
-    billing::create_request request;  // the create call under way (its client retries resend it)
+    billing::create_request request;    // the create call under way (its client retries resend it)
+    billing::machine::command pending;  // the statement or list scheduled to run next
     int call = 0;  // which call of this delivery is outstanding (a late answer to an older one is ignored)
     bool calling = false;
     bool row_written = true;  // false: write_before_call removed and the call went first
