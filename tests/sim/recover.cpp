@@ -1,154 +1,102 @@
-// RECOVER's steps (billing/flow/recovery.cpp, docs/design.md §4): the search by metadata, read through the
-// fact and the money machine (billing::machine::on_found, step_for_found_intent), and a new key generation
-// once the quiet period has passed.
+// RECOVER's Stripe lists and the new key generation, as the charge fsm's commands (search_charges,
+// search_intents, bump_generation) find them in the models: the lists as stripe/client.cpp's
+// find_charge_by_billing_key and find_payment_intent_by_billing_key return them, the generation as
+// ledger_sql.hpp's bump statement moves it. The fsm reads what they return (machine::on_found,
+// step_for_found_intent, machine::superseded_failure); a removed safeguard is a list that shows what the
+// code without it would have read.
 #include <algorithm>
-#include <functional>
 #include <optional>
 #include <string>
 
-#include "billing/machine/machine.hpp"
-#include "billing/machine/outcome.hpp"
+#include "billing/machine/charge_fsm.hpp"
 #include "stripe/fact.hpp"
 #include "world.hpp"
 
 namespace cg::sim::detail {
 
-// RECOVER's search: the customer's charges carrying the key in metadata (recovery.cpp found_charge: the
-// fact says what the charge did).
-void world::search(int id) {
-    if (!alive(id)) return;
-    delivery& d = deliveries_[id];
-    if (fault(0.02)) {  // the list failed
-        release(d.key, d.epoch);
-        return req(d, p_.indeterminate_delay);
-    }
-    const row& r = *find_row(d.key);
+namespace in = billing::machine::in;
+
+namespace {
+
+bool listed(ms_t created, ms_t visible_at, ms_t now, const std::optional<std::int64_t>& since) {
+    return visible_at <= now && (!since || created / 1000 >= *since);
+}
+
+}  // namespace
+
+// The customer's charges carrying the key in metadata, newest first, a payment that did not fail preferred
+// (stripe/client.cpp find_charge_by_billing_key).
+billing::machine::fsm_input world::search_charges(int id, const billing::machine::search_query& q) {
+    const delivery& d = deliveries_[id];
+    if (fault(0.02)) return in::failed{error{core_errc::io_error, "the list failed"}};
+    if (!has(safeguard::search_before_new_key)) return in::charge_found{};  // never looked
     const stripe_charge* found = nullptr;
     for (auto it = charges_.rbegin(); it != charges_.rend(); ++it) {  // newest first, as Stripe lists
         const auto& c = *it;
-        if (c.billing_key != d.key || c.visible_at > now_ || c.created < r.first_attempt - 24 * hour ||
-            retried_payments_.count(c.id))
-            continue;
+        if (c.billing_key != q.key || !listed(c.created, c.visible_at, now_, q.since)) continue;
         if (!found || (found->status == "failed" && c.status != "failed")) found = &c;
     }
-    if (found && found->status == "failed" && found->created < r.first_attempt - 300 * sec) found = nullptr;
-    if (!found && d.ev.uses_payment_intent()) return search_intents(id);
     if (!found) {
         note("search " + d.key + " none");
-        at(now_ + pg(), [this, id] { bump(id); });
-        return;
+        return in::charge_found{};
     }
     stripe::charge sc;
     sc.id = found->id;
     sc.status = found->status;
     sc.payment_method_type = found->payment_method_type;
-    auto f = stripe::read(sc);
-    note("search " + d.key + " found " + sc.id + " " + std::string(stripe::to_string(f.moved)));
-    // The money machine's reading (recovery.cpp found_charge); a removed safeguard restores the reading
-    // from before it.
-    using fc = billing::machine::found_command;
-    auto cmd = billing::machine::on_found(billing::machine::table::charge, f);
-    const bool debit_failed = f.moved == stripe::movement::failed && f.bank_debit;
-    if (debit_failed && !has(safeguard::failed_debit_processing)) cmd = fc::mark_declined;
-    if (cmd == fc::mark_processing && !debit_failed && !has(safeguard::in_flight_not_charged))
-        cmd = fc::mark_charged;
-    record_status s = record_status::charged;
-    switch (cmd) {
-        case fc::mark_processing:
-            s = record_status::processing;
-            break;
-        case fc::mark_declined:
-            s = record_status::declined;
-            break;
-        case fc::mark_charged:
-            s = record_status::charged;
-            break;
-        case fc::still_open:
-        case fc::none:
-            return req(d, p_.indeterminate_delay);
-    }
-    std::string ch = sc.id;
-    at(now_ + pg(), [this, id, s, ch] {
-        if (!alive(id)) return;
-        delivery& d = deliveries_[id];
-        settle(d.key, s, ch);
-        fin(d);
-    });
+    sc.payment_intent = found->payment_intent;
+    sc.created = found->created / 1000;
+    const bool debit_failed = sc.status == "failed" && stripe::bank_debit(sc.payment_method_type);
+    // Without the safeguard a failed debit reads as a card's decline; a pending charge as paid.
+    if (debit_failed && !has(safeguard::failed_debit_processing)) sc.payment_method_type = "card";
+    if (sc.status == "pending" && !has(safeguard::in_flight_not_charged)) sc.status = "succeeded";
+    note("search " + d.key + " found " + sc.id + " " + sc.status);
+    return in::charge_found{std::move(sc)};
 }
 
 // Then, for an event charged through a PaymentIntent, the customer's PaymentIntents carrying the key
-// (recovery.cpp found_intent: billing::step_for_found_intent decides).
-void world::search_intents(int id) {
-    delivery& d = deliveries_[id];
-    const row& r = *find_row(d.key);
+// (find_payment_intent_by_billing_key: the newest).
+billing::machine::fsm_input world::search_intents(int id, const billing::machine::search_query& q) {
+    const delivery& d = deliveries_[id];
+    if (!has(safeguard::search_before_new_key)) return in::intent_found{};
     const stripe_intent* found = nullptr;
     for (auto it = intents_.rbegin(); it != intents_.rend() && !found; ++it)
-        if (it->billing_key == d.key && it->visible_at <= now_ &&
-            it->created >= r.first_attempt - 24 * hour && !retried_payments_.count(it->id))
-            found = &*it;
+        if (it->billing_key == q.key && listed(it->created, it->visible_at, now_, q.since)) found = &*it;
+    if (!found) {
+        note("search intents " + d.key + " none");
+        return in::intent_found{};
+    }
     stripe::payment_intent p;
-    if (found) {
-        p.id = found->id;
-        p.status = found->status;
-        // Without the safeguard the intent is read as its status alone: a failed debit looks declined.
-        if (has(safeguard::failed_debit_processing)) p.payment_method_type = found->failed_method;
-        if (found->charge >= 0) p.latest_charge = charges_[found->charge].id;
-    }
-    auto step = found ? billing::step_for_found_intent(p) : billing::found_intent_step::not_charged;
-    if (found && step == billing::found_intent_step::mark_declined &&
-        found->created < r.first_attempt - 300 * sec)
-        step = billing::found_intent_step::not_charged;  // a failure from an earlier life of the key
-    if (step == billing::found_intent_step::not_charged && found && !has(safeguard::not_tried_not_declined))
-        step = billing::found_intent_step::mark_declined;  // the reading create used to have
-    if (step == billing::found_intent_step::mark_processing && !has(safeguard::in_flight_not_charged))
-        step = billing::found_intent_step::mark_charged;
-    note("search intents " + d.key + " " + (found ? p.id + " " + p.status : std::string("none")));
-    record_status s = record_status::charged;
-    switch (step) {
-        case billing::found_intent_step::not_charged:
-            at(now_ + pg(), [this, id] { bump(id); });
-            return;
-        case billing::found_intent_step::still_open:
-            release(d.key, d.epoch);
-            return req(d, p_.indeterminate_delay);
-        case billing::found_intent_step::mark_charged:
-            s = record_status::charged;
-            break;
-        case billing::found_intent_step::mark_declined:
-            s = record_status::declined;
-            break;
-        case billing::found_intent_step::mark_processing:
-            s = record_status::processing;
-            break;
-    }
-    std::string ch = p.latest_charge, pi = p.id;
-    at(now_ + pg(), [this, id, s, ch, pi] {
-        if (!alive(id)) return;
-        delivery& d = deliveries_[id];
-        settle(d.key, s, ch, pi);
-        fin(d);
-    });
+    p.id = found->id;
+    p.status = found->status;
+    p.created = found->created / 1000;
+    // Without the safeguard the intent is read as its status alone: a failed debit looks declined.
+    if (has(safeguard::failed_debit_processing)) p.payment_method_type = found->failed_method;
+    if (found->charge >= 0) p.latest_charge = charges_[found->charge].id;
+    // Without it, an intent never tried reads as declined (the reading create used to have); an intent in
+    // flight as paid.
+    if (p.status == "requires_confirmation" && !has(safeguard::not_tried_not_declined))
+        p.status = "requires_payment_method";
+    if (p.status == "processing" && !has(safeguard::in_flight_not_charged)) p.status = "succeeded";
+    note("search intents " + d.key + " " + p.id + " " + p.status);
+    return in::intent_found{std::move(p)};
 }
 
 // A new key generation, once no call under the current one has shown life for the quiet period.
-void world::bump(int id) {
-    if (!alive(id)) return;
+billing::machine::fsm_input world::bump(int id) {
     delivery& d = deliveries_[id];
+    const auto& f = *d.fsm;
     row* r = find_row(d.key);
-    if (!r || !r->pending() || r->epoch != d.epoch || r->rec.key_generation != d.gen)
-        return req(d, p_.retry_same_key_delay);
+    if (!r || !r->pending() || r->epoch != f.held_lease() || r->rec.key_generation != f.generation())
+        return in::bumped{};
     ms_t quiet = has(safeguard::quiet_period) ? p_.quiet : 0;
     ms_t life = r->last_life >= 0 ? r->last_life : r->first_attempt >= 0 ? r->first_attempt : now_ - quiet;
     ms_t wait = std::max<ms_t>(0, life + quiet - now_);
-    if (wait > 0) {
-        release(d.key, d.epoch);
-        return req(d, std::min(wait, p_.max_requeue));
-    }
+    if (wait > 0) return in::bumped{std::nullopt, std::chrono::milliseconds(std::min(wait, p_.max_requeue))};
     ++r->rec.key_generation;
     r->indeterminate_since = -1;
-    d.gen = r->rec.key_generation;
-    note("bump " + d.key + " g" + std::to_string(d.gen));
-    at(now_ + pg(), [this, id] { attempt_then_call(id); });
+    note("bump " + d.key + " g" + std::to_string(r->rec.key_generation));
+    return in::bumped{r->rec.key_generation};
 }
 
 }  // namespace cg::sim::detail

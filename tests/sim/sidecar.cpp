@@ -1,21 +1,41 @@
-// The sidecars: one delivery's steps, as billing/flow/charge_flow.cpp and recovery.cpp take them
-// (docs/design.md §4), with the project's pure rules deciding: decide_existing, recovery_mode, the money
-// machine (machine.hpp), stripe::read.
+// The sidecars: each delivery is the charge fsm that ships (billing/machine/charge_fsm.hpp, the one
+// billing::charge_flow drives), and this file runs its commands against the models as charge_flow_steps.cpp
+// runs them against PostgreSQL and Stripe: the ledger's statements (ledger_model.cpp), the create call
+// through a client that retries and times out (stripe_model.cpp), FIN and REQ (nsqd_model.cpp). A removed
+// safeguard is a model that misbehaves the way the code without it did (docs/testing.md), never a change to
+// the fsm.
 #include <algorithm>
 #include <functional>
 #include <optional>
 #include <string>
 #include <variant>
 
-#include "billing/machine/decision.hpp"
+#include "billing/machine/charge_fsm.hpp"
 #include "billing/machine/key.hpp"
-#include "billing/machine/machine.hpp"
 #include "billing/machine/outcome.hpp"
 #include "stripe/fact.hpp"
 #include "stripe/outcome.hpp"
 #include "world.hpp"
 
 namespace cg::sim::detail {
+
+namespace in = billing::machine::in;
+using billing::machine::op;
+
+billing::machine::flow_config world::fsm_config() const {
+    billing::machine::flow_config f;
+    f.key_namespace = "sim";
+    f.lease = std::chrono::milliseconds(p_.lease);
+    f.lease_held_delay = std::chrono::milliseconds(p_.lease_held_floor);
+    f.max_requeue_delay = std::chrono::milliseconds(p_.max_requeue);
+    f.retry_same_key_delay = std::chrono::milliseconds(p_.retry_same_key_delay);
+    f.indeterminate_delay = std::chrono::milliseconds(p_.indeterminate_delay);
+    f.stripe_unavailable_delay = std::chrono::milliseconds(p_.indeterminate_delay);
+    f.new_key_quiet = std::chrono::milliseconds(has(safeguard::quiet_period) ? p_.quiet : 0);
+    // Without the window the same key is re-sent however old it is.
+    if (!has(safeguard::same_key_window)) f.same_key_window = std::chrono::hours(24 * 365);
+    return f;
+}
 
 bool world::alive(int id) {
     const delivery& d = deliveries_[id];
@@ -38,100 +58,144 @@ void world::crash(int sc) {
 void world::start(int id) {
     if (!alive(id)) return;
     delivery& d = deliveries_[id];
-    message& m = messages_[d.msg];
-    if (!m.parsed) {
-        auto ev = billing::parse_event(m.body);
-        if (!ev) {
-            violation("a valid event did not parse: " + ev.err().describe());
-            return fin(d);
-        }
-        m.parsed = std::move(*ev);
+    const message& m = messages_[d.msg];
+    d.fsm.emplace(fsm_cfg_);
+    auto c = d.fsm->resume(in::delivery{m.body, {}, m.attempts, at_ms(now_), rnd_.unit()});
+    if (d.fsm->event_known()) {
+        d.ev = d.fsm->event();
+        d.key = d.fsm->key();
     }
-    d.ev = *m.parsed;
-    d.key = billing::base_key("sim", d.ev.customer_id, d.ev.billing_period, d.ev.stripe_account);
-    if (!has(safeguard::write_before_call) && !find_row(d.key)) {
-        d.row_written = false;  // Stripe first, the row after
-        d.gen = 1;
-        return call(id);
-    }
-    at(now_ + pg(), [this, id] { preflight(id); });
+    exec(id, std::move(c));
 }
 
-void world::preflight(int id) {
-    if (!alive(id)) return;
-    delivery& d = deliveries_[id];
-    if (insert(d)) {
-        d.epoch = 1;
-        d.gen = 1;
-        note("insert " + d.key);
-        return call(id);
-    }
-    decide(id, *find_row(d.key));
+void world::resume(int id, const billing::machine::fsm_input& i) {
+    exec(id, deliveries_[id].fsm->resume(i));
 }
 
-void world::decide(int id, const row& r) {
+// One command: a ledger statement a few milliseconds later (the process may die before it), the create call,
+// or the verdict.
+void world::exec(int id, billing::machine::command c) {
     delivery& d = deliveries_[id];
-    const auto window = has(safeguard::same_key_window) ? std::chrono::seconds(billing::same_key_window)
-                                                        : std::chrono::seconds(std::chrono::hours(24 * 365));
-    auto act = billing::decide_existing(r.view(now_), d.ev, at_ms(now_), window);
-    note("decide " + d.key + " " + std::string(billing::to_string(act)));
-    switch (act) {
-        case billing::existing_action::duplicate_finish:
+    switch (c.what) {
+        case op::done:
+            note("verdict " + d.key + " " + std::string(billing::to_string(c.result.reason)));
+            d.fsm.reset();
+            if (c.result.finished()) return fin(d);
+            return req(d, c.result.delay.count());
+        case op::create:
+            d.request = std::move(c.request);
+            return call(id);
+        case op::search_charges:
+        case op::search_intents:
+            d.pending = std::move(c);
+            at(now_ + rnd_.range(50, 800), [this, id] {
+                if (!alive(id)) return;
+                const auto& c = deliveries_[id].pending;
+                resume(id, c.what == op::search_charges ? search_charges(id, c.search)
+                                                        : search_intents(id, c.search));
+            });
+            return;
+        case op::pause:
+            return resume(id, in::resumed{});
+        case op::apply_recorded:  // the ledger model applies them as the row leaves pending
+            return resume(id, in::applied{false});
+        case op::dead_letter:
+        case op::correction:
+            violation("a valid charge event came to " + std::string(billing::machine::to_string(c.what)) +
+                      ": " + c.text);
+            d.fsm.reset();
             return fin(d);
-        case billing::existing_action::payload_conflict:
-            violation("payload conflict for an unchanged event");
-            return fin(d);
-        case billing::existing_action::lease_held_requeue: {
-            auto v = r.view(now_);
-            auto delay =
-                billing::lease_held_requeue_delay(v.lease_remaining, std::chrono::milliseconds(p_.lease),
-                                                  std::chrono::milliseconds(p_.lease_held_floor),
-                                                  std::chrono::milliseconds(p_.max_requeue), rnd_.unit());
-            return req(d, delay.count());
-        }
-        case billing::existing_action::recover_same_key:
-        case billing::existing_action::recover_search:
-            at(now_ + pg(), [this, id] { take_step(id); });
+        default:
+            // Kept in the delivery, not in the scheduled action: a small action is not allocated.
+            d.pending = std::move(c);
+            at(now_ + pg(), [this, id] {
+                if (!alive(id)) return;
+                ledger_step(id, deliveries_[id].pending);
+            });
             return;
     }
 }
 
-void world::take_step(int id) {
-    if (!alive(id)) return;
+// The ledger's statements (ledger_sql.hpp), as ledger_model.cpp holds their semantics.
+void world::ledger_step(int id, const billing::machine::command& c) {
     delivery& d = deliveries_[id];
-    auto e = take(d.key);
-    if (!e) return req(d, p_.retry_same_key_delay);  // requeued_lease_lost
-    d.epoch = *e;
-    const row& r = *find_row(d.key);
-    d.gen = r.rec.key_generation;
-    const auto window = has(safeguard::same_key_window) ? std::chrono::seconds(billing::same_key_window)
-                                                        : std::chrono::seconds(std::chrono::hours(24 * 365));
-    auto mode = billing::recovery_mode(r.view(now_), at_ms(now_), window);
-    note("take " + d.key + " " + std::string(billing::to_string(mode)));
-    if (mode == billing::existing_action::recover_same_key) {
-        at(now_ + pg(), [this, id] { attempt_then_call(id); });
-    } else if (has(safeguard::search_before_new_key)) {
-        at(now_ + rnd_.range(50, 800), [this, id] { search(id); });
-    } else {
-        at(now_ + pg(), [this, id] { bump(id); });
+    auto& f = *d.fsm;
+    switch (c.what) {
+        case op::preflight: {
+            if (!has(safeguard::write_before_call) && !find_row(d.key)) {
+                // Without the safeguard: Stripe first, the row after (finish_call writes it).
+                d.row_written = false;
+                billing::ledger_record rec;
+                rec.key = d.key;
+                rec.lease_epoch = 1;
+                return resume(id, in::preflighted{true, rec, at_ms(now_)});
+            }
+            const bool inserted = insert(d);
+            if (inserted) note("insert " + d.key);
+            return resume(id, in::preflighted{inserted, find_row(d.key)->view(now_), at_ms(now_)});
+        }
+        case op::find: {
+            const row* r = find_row(d.key);
+            return resume(id, in::row{r ? std::optional(r->view(now_)) : std::nullopt, at_ms(now_)});
+        }
+        case op::take_lease: {
+            auto e = take(d.key);
+            note("take " + d.key + (e ? " ok" : " lost"));
+            if (!e) return resume(id, in::row{std::nullopt, at_ms(now_)});
+            return resume(id, in::row{find_row(d.key)->view(now_), at_ms(now_)});
+        }
+        case op::record_attempt: {
+            auto a = attempt(d.key, f.held_lease());
+            if (!a) return resume(id, in::attempted{});
+            return resume(id, in::attempted{a->gen, a->epoch});
+        }
+        case op::superseded_payments:
+            return resume(id, in::superseded{{retried_payments_.begin(), retried_payments_.end()}});
+        case op::bump_generation:
+            return resume(id, bump(id));
+        case op::settle:
+            return settle_step(id, c);
+        default:
+            violation("not a ledger statement: " + std::string(billing::machine::to_string(c.what)));
     }
 }
 
-void world::attempt_then_call(int id) {
-    if (!alive(id)) return;
+void world::settle_step(int id, const billing::machine::command& c) {
     delivery& d = deliveries_[id];
-    auto a = attempt(d.key, d.epoch);
-    if (!a) return req(d, p_.retry_same_key_delay);
-    d.epoch = a->epoch;
-    d.gen = a->gen;
-    call(id);
+    const auto lease = d.fsm->held_lease();
+    const std::string ch = c.charge_id.value_or(""), pi = c.payment_intent_id.value_or("");
+    bool changed = true;
+    switch (c.step) {
+        case billing::charge_step::mark_charged:
+            changed = settle(d.key, record_status::charged, ch, pi);
+            break;
+        case billing::charge_step::mark_declined:
+            changed = settle(d.key, record_status::declined, ch, pi);
+            break;
+        case billing::charge_step::mark_processing:
+            changed = settle(d.key, record_status::processing, ch, pi);
+            break;
+        case billing::charge_step::release_requeue:
+        case billing::charge_step::setup_requeue:
+            release(d.key, lease);
+            break;
+        case billing::charge_step::mark_indeterminate_requeue:
+            indeterminate(d.key, lease);
+            break;
+        default:
+            violation("an answer the simulated Stripe never gives: " +
+                      std::string(billing::to_string(c.step)));
+            break;
+    }
+    note("settle " + d.key + " " + std::string(billing::to_string(c.step)) + (changed ? "" : " (no change)"));
+    resume(id, in::applied{changed});
 }
 
 void world::call(int id) {
     delivery& d = deliveries_[id];
     d.calling = true;
     int c = ++d.call;
-    note("call " + billing::stripe_idempotency_key(d.key, d.gen));
+    note("call " + std::visit([](const auto& r) { return r.idempotency_key; }, d.request));
     at(now_ + p_.renew, [this, id, c] { renew_tick(id, c); });
     send(id, c, 1);
 }
@@ -144,10 +208,9 @@ void world::send(int id, int c, int attempt) {
     q.delivery = id;
     q.call = c;
     q.attempt = attempt;
-    // The request the event becomes (billing::build_request): a charge, or a confirmed PaymentIntent.
-    auto made = billing::build_request(d.ev, d.key, d.gen);
-    q.intent = std::holds_alternative<stripe::payment_intent_request>(made);
-    q.idempotency_key = std::visit([](const auto& r) { return r.idempotency_key; }, made);
+    // The request the fsm built (billing::build_request): a charge, or a confirmed PaymentIntent.
+    q.intent = std::holds_alternative<stripe::payment_intent_request>(d.request);
+    q.idempotency_key = std::visit([](const auto& r) { return r.idempotency_key; }, d.request);
     q.billing_key = d.key;
     q.amount = d.ev.amount_cents;
     q.event = messages_[d.msg].event;
@@ -184,7 +247,6 @@ void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
     const request& q = requests_[rq];
     stripe::charge_outcome out;
     out.attempts = static_cast<unsigned>(attempt);
-    int charge = -1;
     if (timed_out) {
         out.cls = stripe::classify_transport_failure(true);
     } else if (q.http == 0) {
@@ -203,7 +265,6 @@ void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
         at(now_ + backoff, [this, id, c, attempt] { send(id, c, attempt + 1); });
         return;
     }
-    std::string intent;
     if (!timed_out && q.intent && q.intent_idx >= 0 && (q.http == 200 || q.http == 402)) {
         // The intent in the body Stripe saved, read as stripe/client.cpp's read_intent reads it.
         const stripe_intent& pi = intents_[q.intent_idx];
@@ -211,8 +272,6 @@ void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
         p.id = pi.id;
         p.status = pi.created_status;
         if (pi.charge >= 0) p.latest_charge = charges_[pi.charge].id;
-        intent = pi.id;
-        charge = pi.charge;
         out.payment_intent_id = pi.id;
         out.charge_id = p.latest_charge;
         switch (stripe::read(p).moved) {
@@ -234,8 +293,7 @@ void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
     } else if (!timed_out && !q.intent && (q.http == 200 || q.http == 402)) {
         // The create's 2xx body or its 402 (which names the failed charge), read as stripe/client.cpp reads
         // it: through the fact. The body is the one Stripe saved: the charge as it was when created.
-        charge = q.charge;
-        const stripe_charge& ch = charges_[charge];
+        const stripe_charge& ch = charges_[q.charge];
         stripe::charge sc;
         sc.id = ch.id;
         sc.payment_method_type = ch.payment_method_type;
@@ -246,51 +304,25 @@ void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
         auto f = stripe::read(sc);
         if (f.moved == stripe::movement::in_flight && has(safeguard::in_flight_not_charged))
             out.in_flight_status = sc.status;
-    } else {
-        charge = -1;
     }
     note("answer " + std::string(stripe::to_string(out.cls)) +
          (out.in_flight_status.empty() ? "" : " in flight"));
     d.calling = false;
-    finish_call(id, out, charge, intent);
+    finish_call(id, out);
 }
 
-void world::finish_call(int id, const stripe::charge_outcome& out, int charge, const std::string& intent) {
+void world::finish_call(int id, const stripe::charge_outcome& out) {
     delivery& d = deliveries_[id];
     if (!d.row_written) {
         // write_before_call removed: the row is written only now, its first attempt now.
-        if (!insert(d)) return req(d, p_.retry_same_key_delay);
-        d.row_written = true;
-        d.epoch = 1;
-    }
-    // The money machine's reading of the answer, as charge_flow.cpp settle takes it.
-    auto step = billing::machine::on_answer(out).command;
-    std::string ch = charge >= 0 ? charges_[charge].id : std::string();
-    at(now_ + pg(), [this, id, step, ch, intent] {
-        if (!alive(id)) return;
-        delivery& d = deliveries_[id];
-        switch (step) {
-            case billing::charge_step::mark_charged:
-                settle(d.key, record_status::charged, ch, intent);
-                return fin(d);
-            case billing::charge_step::mark_processing:
-                settle(d.key, record_status::processing, ch, intent);
-                return fin(d);
-            case billing::charge_step::mark_declined:
-                settle(d.key, record_status::declined, ch, intent);
-                return fin(d);
-            case billing::charge_step::release_requeue:
-                release(d.key, d.epoch);
-                return req(d, p_.retry_same_key_delay);
-            case billing::charge_step::mark_indeterminate_requeue:
-                indeterminate(d.key, d.epoch);
-                return req(d, p_.indeterminate_delay);
-            default:
-                violation("an answer the simulated Stripe never gives: " +
-                          std::string(billing::to_string(step)));
-                return fin(d);
+        if (!insert(d)) {
+            d.fsm.reset();
+            return req(d, p_.retry_same_key_delay);
         }
-    });
+        d.row_written = true;
+        d.fsm->held_lease() = 1;
+    }
+    resume(id, in::answer{out});
 }
 
 // While a call is awaited: TOUCH the message and renew the lease; a worker whose lease was taken over keeps
@@ -312,10 +344,10 @@ void world::renew_tick(int id, int c) {
         }
     }
     if (has(safeguard::lease_renewal) && d.row_written) {
-        if (auto e = renew(d.key, d.epoch))
-            d.epoch = *e;
+        if (auto e = renew(d.key, d.fsm->held_lease()))
+            d.fsm->held_lease() = *e;
         else
-            in_flight_note(d.key, d.gen);
+            in_flight_note(d.key, d.fsm->generation());
     }
     at(now_ + p_.renew, [this, id, c] { renew_tick(id, c); });
 }

@@ -1,10 +1,11 @@
 // A deterministic simulator of the charge flow (docs/design.md §4; docs/testing.md "The simulator"): several
-// sidecars run the pipeline's steps, and the operator's retry-declined, against in-memory models of the
+// sidecars run the charge fsm that ships (billing/machine/charge_fsm.hpp, the machine billing::charge_flow
+// drives), and the operator's retry-declined, against in-memory models of the
 // ledger (its statements' semantics), nsqd (at-least-once, timeouts, requeues, re-publication), Stripe (the
 // 24 h idempotency cache, a 500 saved after the create, 429, stalls, late execution, bank debits pending then
 // succeeded or failed, list lag, webhooks duplicated, reordered, lost and foreign) and the process (a crash
 // between any two steps, lease expiry), driven by one seeded scheduler on a simulated clock. The rules are
-// the project's own pure functions (billing/machine/decision, billing/machine/outcome,
+// the project's own pure code (billing/machine/charge_fsm, billing/machine/decision, billing/machine/outcome,
 // billing/machine/settlement, billing/machine/key, billing/machine/event, stripe/outcome, stripe/fact): the
 // simulator only models what they talk to. No Asio, no sockets, no wall clock: a seed replays bit for bit.
 #pragma once

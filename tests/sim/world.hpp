@@ -1,6 +1,7 @@
 // The simulator's world (sim.hpp): its parameters, the state of nsqd, the sidecars and their deliveries, and
 // the one class whose members are the models (ledger_model.cpp, stripe_model.cpp, nsqd_model.cpp), the
-// pipeline's steps (sidecar.cpp) and the run with its invariants (sim.cpp). Internal to tests/sim.
+// executor of the charge fsm's commands (sidecar.cpp, recover.cpp) and the run with its invariants (sim.cpp).
+// Internal to tests/sim.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "billing/machine/charge_fsm.hpp"
 #include "billing/machine/event.hpp"
 #include "billing/machine/settlement.hpp"
 #include "models.hpp"
@@ -48,7 +50,6 @@ struct params {
 struct message {
     int event = 0;
     std::string body;
-    std::optional<billing::billing_event> parsed;  // the body through billing::parse_event, once
     int attempts = 0;
     std::uint64_t token = 0;
     bool inflight = false;
@@ -56,15 +57,18 @@ struct message {
     ms_t timeout_at = 0;
 };
 
+// One delivery: the charge fsm that ships (billing/machine/charge_fsm.hpp) deciding, this world running its
+// commands.
 struct delivery {
     int msg = 0;
     std::uint64_t token = 0;
     int sidecar = 0;
     std::uint64_t incarnation = 0;
-    billing::billing_event ev;
+    std::optional<billing::machine::charge_fsm> fsm;  // until its verdict
+    billing::billing_event ev;                        // the fsm's, once parsed
     std::string key;
-    std::int64_t epoch = 0;
-    std::int32_t gen = 1;
+    billing::create_request request;    // the create call under way (its client retries resend it)
+    billing::machine::command pending;  // the statement or list scheduled to run next
     int call = 0;  // which call of this delivery is outstanding (a late answer to an older one is ignored)
     bool calling = false;
     bool row_written = true;  // false: write_before_call removed and the call went first
@@ -114,6 +118,7 @@ class world {
   public:
     explicit world(const config& c) : cfg_(c), rnd_{c.seed} {
         for (auto s : c.removed) removed_.insert(static_cast<int>(s));
+        fsm_cfg_ = fsm_config();
         result_.seed = c.seed;
         faults_ = true;
     }
@@ -185,28 +190,30 @@ class world {
     void touch(const delivery& d);
     void timeout_check(int msg, std::uint64_t token);
 
-    // ---- the sidecars: one delivery's steps (docs/design.md §4) ----
+    // ---- the sidecars: the charge fsm's commands run against the models (sidecar.cpp, recover.cpp) ----
+    billing::machine::flow_config fsm_config() const;
     bool alive(int id);
     void crash(int sc);
     void start(int id);
-    void preflight(int id);
-    void decide(int id, const row& r);
-    void take_step(int id);
-    void attempt_then_call(int id);
+    void resume(int id, const billing::machine::fsm_input& in);
+    void exec(int id, billing::machine::command c);
+    void ledger_step(int id, const billing::machine::command& c);
+    void settle_step(int id, const billing::machine::command& c);
     void call(int id);
     void send(int id, int call, int attempt);
     void transmit(int id, int call, int attempt, int req);
     void answered(int id, int call, int attempt, int req, bool timed_out);
-    void finish_call(int id, const stripe::charge_outcome& out, int charge, const std::string& intent);
-    void search(int id);
-    void search_intents(int id);
-    void bump(int id);
+    void finish_call(int id, const stripe::charge_outcome& out);
+    billing::machine::fsm_input search_charges(int id, const billing::machine::search_query& q);
+    billing::machine::fsm_input search_intents(int id, const billing::machine::search_query& q);
+    billing::machine::fsm_input bump(int id);
     void renew_tick(int id, int call);
 
     void check_final();
 
     config cfg_;
     params p_;
+    billing::machine::flow_config fsm_cfg_;
     rng rnd_;
     std::unordered_set<int> removed_;
     bool faults_ = true;

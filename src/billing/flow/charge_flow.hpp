@@ -1,6 +1,7 @@
-// The per-message billing state machine (DESIGN.md §4): one delivery in, one verdict out (FIN or REQ with a
-// delay). Transport-agnostic: it knows nothing of NSQ sockets; the app maps a `delivery` from an NSQ message,
-// `touch` to TOUCH, and the verdict to FIN / REQ.
+// The per-message billing flow (docs/design.md §4): one delivery in, one verdict out (FIN or REQ with a
+// delay). Every decision is the charge fsm's (billing/machine/charge_fsm.hpp); this is its driver, which
+// runs the fsm's commands against the ledger and Stripe. Transport-agnostic: it knows nothing of NSQ
+// sockets; the app maps a `delivery` from an NSQ message, `touch` to TOUCH, and the verdict to FIN / REQ.
 //
 // Invariants it keeps: Stripe is never called without a committed pending row whose lease this worker holds
 // and whose attempt is recorded; a new key generation is only taken after a list of the customer's charges
@@ -21,6 +22,7 @@
 #include "billing/flow/lease_keeper.hpp"
 #include "billing/flow/recovery.hpp"
 #include "billing/flow/settle_journal.hpp"
+#include "billing/machine/charge_fsm.hpp"
 #include "billing/machine/decision.hpp"
 #include "billing/machine/outcome.hpp"
 #include "billing/store/ledger.hpp"
@@ -95,6 +97,9 @@ struct charge_flow_config {
     std::function<sys_time()> now = [] { return std::chrono::system_clock::now(); };
 };
 
+// The decision parameters of `cfg`, as the fsms take them (machine::flow_config).
+machine::flow_config fsm_config(const charge_flow_config& cfg);
+
 // A statement failed: the step and the error logged, then REQ with the PostgreSQL backoff
 // (machine::on_postgres_error). The one rule for a charge and a correction.
 verdict postgres_failed(const charge_flow_config& cfg, std::int32_t attempts, const logger& log,
@@ -154,27 +159,20 @@ class charge_flow {
     struct run;
     struct metrics_set;
 
-    net::awaitable<verdict> process(run& r);
     net::awaitable<verdict> handle_delivery(delivery d, touch_fn touch, bool past_max_attempts);
-    net::awaitable<verdict> on_existing(run& r, const ledger_record& rec);  // `rec` lives until it completes
-    net::awaitable<verdict> recover(run& r);
-    net::awaitable<verdict> search(run& r);
-    net::awaitable<verdict> search_failed(run& r, const error& e);
-    net::awaitable<verdict> settle_found(run& r, const recovery_found& f);
-    net::awaitable<verdict> leave_processing(run& r, std::optional<std::string> charge_id,
-                                             std::optional<std::string> payment_intent_id,
-                                             std::string status);
-    net::awaitable<verdict> charge(run& r, bool attempt_recorded);
-    verdict lease_held(std::optional<std::chrono::milliseconds> remaining, std::string detail = {});
+    // The driver: runs the fsm's commands (billing/machine/charge_fsm.hpp) until it gives the verdict.
+    net::awaitable<verdict> drive(run& r, const machine::fsm_input& first);
+    net::awaitable<machine::fsm_input> execute(run& r, machine::charge_fsm& fsm, const machine::command& c);
+    net::awaitable<machine::fsm_input> call_stripe(run& r, machine::charge_fsm& fsm,
+                                                   const machine::command& c);
+    net::awaitable<machine::fsm_input> settle(run& r, machine::charge_fsm& fsm, const machine::command& c);
     net::awaitable<void> test_pause();
-    net::awaitable<verdict> settle(run& r, const stripe::charge_outcome& out);
-    net::awaitable<verdict> dead_letter_finish(run& r, std::string reason, std::optional<std::string> key);
-    net::awaitable<void> renew_once(run& r, lease_keeper& k);
-    verdict postgres_failed(run& r, const error& e, std::string_view step);
+    net::awaitable<void> renew_once(run& r, machine::charge_fsm& fsm, lease_keeper& k);
     verdict count(verdict v);
     void note_stripe_time(std::chrono::steady_clock::duration took);
 
     charge_flow_config cfg_;
+    machine::flow_config fsm_cfg_;  // cfg_'s decision parameters, as the fsm takes them
     billing::ledger& ledger_;
     stripe::client& stripe_;
     logger log_;

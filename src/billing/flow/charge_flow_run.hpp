@@ -1,4 +1,4 @@
-// The pipeline's per-delivery state and metrics (billing/flow/charge_flow.cpp, billing/flow/recovery.cpp).
+// The flow's per-delivery state and metrics (billing/flow/charge_flow.cpp, charge_flow_steps.cpp).
 // Internal to the pipeline.
 #pragma once
 
@@ -89,14 +89,8 @@ struct charge_flow::run {
     delivery d;
     touch_fn touch;
     delivery_log log;
-    billing_event ev;
+    billing_event ev;  // once the fsm parsed it (the log's context)
     std::string key;
-    lease_token lease{};  // valid once the row is leased to us
-    // The lease epoch this delivery's lease started at (its pre-flight or its take; the attempt and renewals
-    // move `lease` on from it): a settle's journal entry (settle_journal.hpp) spans both.
-    lease_token attempt_lease{};
-    std::int32_t generation = 1;
-    std::optional<sys_time> first_attempt;
 
     dead_letter letter(std::string reason, std::optional<std::string> billing_key) const {
         return {d.topic, d.channel,         d.message_id,          d.attempts,

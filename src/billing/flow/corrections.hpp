@@ -5,7 +5,9 @@
 // derived from the original key, the revision and the move's part (correction_ledger.hpp), so a redelivered,
 // re-published or crashed-and-recovered revision moves money once.
 //
-// Each move goes through the machine charges go through: its attempt recorded under the revision's lease
+// Every decision is the revision fsm's (billing/machine/revision_fsm.hpp); this class is its driver, running
+// its commands against the corrections ledger and Stripe. Each move goes through the machine charges go
+// through: its attempt recorded under the revision's lease
 // before the call; an open answer (5xx, timeout) or a first attempt older than the same-key window sends
 // it to the search — the customer's charges by metadata[billing_key] for a charge, the refunds of the
 // charge for a refund — and only a search that finds nothing, once no call under the old key has shown
@@ -20,6 +22,7 @@
 #include "billing/machine/event.hpp"
 #include "billing/machine/machine.hpp"
 #include "billing/machine/outcome.hpp"
+#include "billing/machine/revision_fsm.hpp"
 #include "billing/store/correction_ledger.hpp"
 #include "core/log.hpp"
 #include "metrics/registry.hpp"
@@ -57,26 +60,15 @@ class corrections {
 
   private:
     struct job;
-    struct move_answer {
-        machine::move_output plan;  // what the answer means for the move (the money machine's reading)
-        std::string object_id;      // the charge (ch_…) or the refund (re_…)
-        std::string intent_id;
-        std::string message;
-    };
-    net::awaitable<verdict> run_moves(job& j);
-    net::awaitable<std::optional<verdict>> run_move(job& j, const correction_move& m);
-    net::awaitable<move_answer> call_move(job& j, const correction_move& m);
-    net::awaitable<move_answer> call_move_kept(job& j, const correction_move& m);
-    net::awaitable<void> renew_once(job& j, const correction_move& m, lease_keeper& k);
-    net::awaitable<std::optional<verdict>> settle_move(job& j, const correction_move& m, move_answer a);
-    net::awaitable<std::optional<verdict>> search_move(job& j, const correction_move& m);
-    net::awaitable<std::optional<verdict>> search_failed(job& j, std::int32_t part, error e);
-    net::awaitable<verdict> fail_with_letter(job& j, const correction_move& m, std::string reason,
-                                             std::string message, verdict_reason why);
-    verdict postgres_failed(job& j, const error& e, std::string_view step);
-    verdict waiting(std::string detail);
+    // The driver of the revision fsm (billing/machine/revision_fsm.hpp): runs one command.
+    net::awaitable<machine::revision_input> execute(job& j, machine::revision_fsm& fsm,
+                                                    const machine::revision_command& c);
+    net::awaitable<machine::revision_input> call(job& j, machine::revision_fsm& fsm,
+                                                 const machine::revision_command& c);
+    net::awaitable<void> renew_once(job& j, machine::revision_fsm& fsm, lease_keeper& k);
 
     const charge_flow_config& cfg_;
+    machine::flow_config fsm_cfg_;  // cfg_'s decision parameters
     billing::ledger& ledger_;
     correction_ledger store_;
     stripe::client& stripe_;

@@ -1,7 +1,7 @@
-// The recovery search: which payment at Stripe carries a ledger row's base key, and what it makes of the row.
-// One routine for every reader that settles a pending row from Stripe: the pipeline's RECOVER (a redelivery,
-// the sweeper) and `chargeguard reconcile`. Each applies the step to the ledger in its own words (the
-// pipeline as a verdict, reconcile as a report line).
+// The recovery search as one call: which payment at Stripe carries a ledger row's base key, and what it makes
+// of the row, for `chargeguard reconcile` (which applies the step as a report line). The charge flow's
+// RECOVER takes the same two lists as commands of its fsm (billing/machine/charge_fsm.hpp), which reads
+// them with the same rules (machine::on_found, step_for_found_intent, machine::superseded_failure).
 #pragma once
 
 #include <chrono>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "billing/machine/charge_fsm.hpp"
 #include "billing/machine/decision.hpp"
 #include "core/log.hpp"
 #include "core/result.hpp"
@@ -21,9 +22,6 @@ class client;
 }
 
 namespace cg::billing {
-
-// The search starts this long before the row's first Stripe attempt (clock skew with Stripe).
-inline constexpr std::chrono::seconds default_search_slack{std::chrono::hours(24)};
 
 struct recovery_query {
     std::string stripe_customer_id;
