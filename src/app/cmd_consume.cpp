@@ -6,7 +6,6 @@
 // its results come back to the main loop. SIGTERM: the consumer drains first (RDY 0, in-flight pipelines
 // finish, CLS), then the pool closes, then the process exits 0.
 #include <algorithm>
-#include <asio/co_spawn.hpp>
 #include <asio/connect.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/redirect_error.hpp>
@@ -91,11 +90,6 @@ billing::poller_config to_poller_config(const consume_flags& f) {
     c.interval = std::clamp<milliseconds>(c.poll_after / 4, std::chrono::seconds(1), std::chrono::minutes(1));
     c.deferred_after = std::min<milliseconds>(c.interval, std::chrono::minutes(1));
     return c;
-}
-
-net::awaitable<void> stop_poller(std::shared_ptr<billing::settlement_poller> p) {
-    p->stop();
-    co_return;
 }
 
 net::awaitable<void> stop_channel_depth(std::shared_ptr<nsq::channel_depth_monitor> m) {
@@ -471,10 +465,8 @@ int run_consume(const consume_flags& f, const global_flags& g) {
                                  {"rate_per_second", pollcfg.rate_per_second},
                                  {"interval_ms", static_cast<std::int64_t>(pollcfg.interval.count())}});
     auto poller = std::make_shared<billing::settlement_poller>(pollcfg, pool, **stripe, log, &rt.metrics());
-    asio::co_spawn(rt.io(), poller->run(), [poller, log](std::exception_ptr e) {
-        if (e) log.error("processing poll stopped", {{"error", describe_exception(e)}});
-    });
-    rt.on_shutdown([poller]() { return stop_poller(poller); });
+    poller->start(rt.io().get_executor(), poller);
+    rt.on_shutdown([poller]() { return poller->stop(); });
     start_channel_depth(rt, f, ncfg);
     return rt.start_and_run(start_when_ready(&rt, pool.get(), &f.pg, std::move(*ms), &gate,
                                              [&rt, &consumer] { start_consumer(&rt, &consumer); }));

@@ -30,6 +30,7 @@
 #include "app/commands.hpp"
 #include "app/pg_flags.hpp"
 #include "billing/machine/event.hpp"
+#include "billing/machine/machine.hpp"
 #include "billing/store/dead_letter_store.hpp"
 #include "billing/store/ledger.hpp"
 #include "billing/store/retry_store.hpp"
@@ -218,27 +219,24 @@ net::awaitable<bool> check_row(const letters_replay_flags& f, billing::ledger& l
             "FILE, or close the letter: dead-letters dismiss " +
             std::to_string(l.id) + " --reason R)");
     auto status = std::string(billing::to_string(row.status));
-    switch (row.status) {
-        case billing::record_status::charged:
-        case billing::record_status::processing:
+    switch (billing::machine::on_replay(row.status)) {
+        case billing::machine::replay_command::refuse_superseded:
             co_return refuse("superseded: ledger row " + row.key + " is " + status + " (" +
                              row.charge_id.value_or(row.payment_intent_id.value_or("-")) +
                              "): the event would be finished as a duplicate (close the letter: dead-letters "
                              "dismiss " +
                              std::to_string(l.id) + " --reason R)");
-        case billing::record_status::declined:
+        case billing::machine::replay_command::refuse_declined:
             co_return refuse("ledger row " + row.key +
                              " is declined: the event would be finished as a duplicate (once the payment "
                              "method is fixed: chargeguard retry-declined --key " +
                              row.key + " --reason R)");
-        case billing::record_status::conflict:
+        case billing::machine::replay_command::refuse_conflict:
             co_return refuse("ledger row " + row.key + " is in conflict (" + row.last_error.value_or("-") +
                              "): resolved by hand, see docs/operating/dead-letters.md");
-        case billing::record_status::pending:
+        case billing::machine::replay_command::publish:
             co_return true;  // the pipeline is on it: one more delivery is harmless
-        case billing::record_status::failed:
-        case billing::record_status::cap_blocked:
-        case billing::record_status::failed_after_processing:
+        case billing::machine::replay_command::reopen_then_publish:
             break;
     }
     auto why = "reopened by the replay of dead letter " + std::to_string(l.id) + " by " + f.by;
