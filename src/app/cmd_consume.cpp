@@ -413,8 +413,10 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     // Every in-flight delivery waits for at most one connection at a time (plus the pending-age probe): with
     // --max-in-flight above the pool's default waiter bound, a busy pool would otherwise fail deliveries
     // (requeued_postgres) instead of queueing them. Each new connection checks for a failover, which the
-    // sweeper answers at once (billing/heal/sweeper.hpp).
-    auto pool = start_pool(rt, f.pg, false, static_cast<std::size_t>(ncfg.max_in_flight) + 16, true);
+    // sweeper answers at once (billing/heal/sweeper.hpp); the server last seen is recorded under the key
+    // namespace, so a sidecar started only after a failover sees it too.
+    auto pool = start_pool(rt, f.pg, false, static_cast<std::size_t>(ncfg.max_in_flight) + 16, true,
+                           bcfg.key_namespace);
     // Group-commit statements by size: how many deliveries shared each pre-flight insert and settle (1 when
     // the database keeps up; large when deliveries queue for a slot).
     auto& batch_rows = rt.metrics().histogram("chargeguard_ledger_batch_rows",
