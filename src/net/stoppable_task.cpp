@@ -51,7 +51,11 @@ awaitable<void> stoppable_task::job_loop(stoppable_task* self, job_spec spec,
                                   "Passes of a background job that ended in an exception (the job goes on)")
                         .Add({{"job", spec.name}});
     }
-    co_await self->sleep(spec.first_after.count() < 0 ? spec.interval : spec.first_after);
+    // Named waits only in the co_await expressions: g++ 12 evaluates both arms of a conditional operator
+    // there (an empty next_wait would be called).
+    std::chrono::steady_clock::duration wait = spec.interval;
+    if (spec.first_after.count() >= 0) wait = spec.first_after;
+    co_await self->sleep(wait);
     while (!self->stopping()) {
         bool more = true;
         try {
@@ -63,8 +67,9 @@ awaitable<void> stoppable_task::job_loop(stoppable_task* self, job_spec spec,
         }
         if (passes) passes->Increment();
         if (!more || self->stopping()) break;
-        co_await self->sleep(spec.next_wait ? spec.next_wait()
-                                            : std::chrono::steady_clock::duration(spec.interval));
+        wait = spec.interval;
+        if (spec.next_wait) wait = spec.next_wait();
+        co_await self->sleep(wait);
     }
     self->log_.info(spec.name + " stopped", {{"job", spec.name}});
 }

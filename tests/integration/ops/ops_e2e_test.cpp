@@ -2144,7 +2144,7 @@ net::awaitable<void> depth_follows_stats(ops& t, depth_nsqd n) {
         d = co_await depth();
         if (d != 0) co_await net::sleep_for(milliseconds(50));
     }
-    BOOST_TEST(d == 0);
+    BOOST_TEST(d == 0, consumer.err());
     co_await t.stop_cleanly(consumer);
     if (!n.lookupd.empty()) co_return;
     auto& blind = t.spawn_consume(n.tcp);
