@@ -6,11 +6,6 @@
 // its results come back to the main loop. SIGTERM: the consumer drains first (RDY 0, in-flight pipelines
 // finish, CLS), then the pool closes, then the process exits 0.
 #include <algorithm>
-#include <asio/co_spawn.hpp>
-#include <asio/connect.hpp>
-#include <asio/ip/tcp.hpp>
-#include <asio/redirect_error.hpp>
-#include <asio/use_awaitable.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +14,7 @@
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
+#include "app/consume_validate.hpp"
 #include "app/heal.hpp"
 #include "app/nsq_flags.hpp"
 #include "app/pg_flags.hpp"
@@ -32,10 +28,7 @@
 #include "billing/heal/settlement_poller.hpp"
 #include "billing/machine/key.hpp"
 #include "billing/store/ledger.hpp"
-#include "http/client.hpp"
 #include "net/address.hpp"
-#include "net/offload.hpp"
-#include "net/timeout.hpp"
 #include "nsq/channel_depth.hpp"
 #include "nsq/consumer.hpp"
 #include "pg/pool.hpp"
@@ -91,11 +84,6 @@ billing::poller_config to_poller_config(const consume_flags& f) {
     c.interval = std::clamp<milliseconds>(c.poll_after / 4, std::chrono::seconds(1), std::chrono::minutes(1));
     c.deferred_after = std::min<milliseconds>(c.interval, std::chrono::minutes(1));
     return c;
-}
-
-net::awaitable<void> stop_poller(std::shared_ptr<billing::settlement_poller> p) {
-    p->stop();
-    co_return;
 }
 
 net::awaitable<void> stop_channel_depth(std::shared_ptr<nsq::channel_depth_monitor> m) {
@@ -275,85 +263,6 @@ effective_config consume_config(const consume_flags& f, const nsq::consumer_conf
     return c;
 }
 
-// --validate: one TCP connection to nsqd, "" when it connected, else why not (within 5 s).
-net::awaitable<std::string> tcp_reach(std::string address) {
-    auto hp = net::parse_host_port(address);
-    if (!hp) co_return hp.err().describe();
-    auto ex = co_await asio::this_coro::executor;
-    asio::ip::tcp::resolver resolver(ex);
-    std::error_code ec;
-    auto endpoints = co_await resolver.async_resolve(hp->host, std::to_string(hp->port),
-                                                     asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return "resolving " + hp->host + ": " + ec.message();
-    asio::ip::tcp::socket socket(ex);
-    co_await asio::async_connect(socket, endpoints, asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return "connecting: " + ec.message();
-    co_return std::string();
-}
-
-// --validate: nsqlookupd's GET /ping, "" on 200.
-net::awaitable<std::string> lookupd_reach(std::string address) {
-    std::string origin = address.rfind("http", 0) == 0 ? address : "http://" + address;
-    http::client_options o;
-    o.connect_timeout = std::chrono::seconds(5);
-    o.request_timeout = std::chrono::seconds(5);
-    o.max_connections = 1;
-    auto cl = http::client::create(co_await asio::this_coro::executor, origin, o, logger());
-    if (!cl) co_return cl.err().describe();
-    http::request req;
-    req.target = "/ping";
-    auto r = co_await (*cl)->request(std::move(req));
-    if (!r.ok()) co_return r.err.describe();
-    if (r.resp.status != 200) co_return "answered " + std::to_string(r.resp.status);
-    co_return std::string();
-}
-
-void validation_line(int& failed, const std::string& what, const std::string& why) {
-    std::printf("%s %s%s%s\n", why.empty() ? "ok  " : "FAIL", what.c_str(), why.empty() ? "" : ": ",
-                why.c_str());
-    std::fflush(stdout);
-    if (!why.empty()) ++failed;
-}
-
-// Every dependency reached once: a PostgreSQL connection, each nsqd (TCP) or nsqlookupd (/ping), and Stripe
-// with the key (GET /v1/charges?limit=1: read-only, answered 401 for a bad key). Exit 0 when all answered,
-// 78 otherwise: this configuration does not work from here.
-net::awaitable<int> validate_dependencies(const nsq::consumer_config* n, std::shared_ptr<pg::pool> pool,
-                                          stripe::client* stripe) {
-    int failed = 0;
-    auto c = co_await pool->acquire();
-    validation_line(failed, "postgres", c ? std::string() : c.err().describe());
-    if (c) c->release();
-    for (const auto& a : n->nsqd_tcp_addresses) {
-        auto r = co_await net::with_timeout(tcp_reach(a), std::chrono::seconds(5));
-        validation_line(failed, "nsqd " + a, r ? *r : "no connection within 5 s");
-    }
-    for (const auto& a : n->lookupd_http_addresses)
-        validation_line(failed, "nsqlookupd " + a, co_await lookupd_reach(a));
-    auto s = co_await stripe->call("GET", "/v1/charges?limit=1", "", "");
-    validation_line(failed, "stripe", s.cls == stripe::outcome_class::succeeded ? std::string() : s.message);
-    co_return failed == 0 ? exit_ok : exit_config;
-}
-
-int validate_consume(const consume_flags& f, const nsq::consumer_config& ncfg, stripe::client_config scfg,
-                     const logger& log) {
-    asio::io_context io{1};
-    net::offload_pool off{1};
-    auto client = stripe::client::create(off.get_executor(), std::move(scfg), log);
-    if (!client) {
-        std::printf("FAIL stripe: %s\n", client.err().describe().c_str());
-        return exit_config;
-    }
-    auto opts = to_pool_options(f.pg);
-    opts.size = 1;
-    auto pool = pg::pool::create(io.get_executor(), off.get_executor(), std::move(opts), log);
-    int rc = run_then_close_pool(io, pool, validate_dependencies(&ncfg, pool, client->get()),
-                                 "consume --validate");
-    client->reset();
-    off.drain();
-    return rc == exit_failure ? exit_config : rc;
-}
-
 int run_consume(const consume_flags& f, const global_flags& g) {
     // Every validation (and reading the key) happens before anything connects.
     auto ncfg = to_consumer_config(f.nsq);
@@ -395,7 +304,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     if (f.validate) {
         std::printf("config %s", settings.json().c_str());
         std::fflush(stdout);
-        return validate_consume(f, ncfg, std::move(scfg), log);
+        return validate_consume(f.pg, ncfg, std::move(scfg), log);
     }
     if (bcfg.test_step_pause.count() > 0)
         log.warn(
@@ -419,8 +328,10 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     // Every in-flight delivery waits for at most one connection at a time (plus the pending-age probe): with
     // --max-in-flight above the pool's default waiter bound, a busy pool would otherwise fail deliveries
     // (requeued_postgres) instead of queueing them. Each new connection checks for a failover, which the
-    // sweeper answers at once (billing/heal/sweeper.hpp).
-    auto pool = start_pool(rt, f.pg, false, static_cast<std::size_t>(ncfg.max_in_flight) + 16, true);
+    // sweeper answers at once (billing/heal/sweeper.hpp); the server last seen is recorded under the key
+    // namespace, so a sidecar started only after a failover sees it too.
+    auto pool = start_pool(rt, f.pg, false, static_cast<std::size_t>(ncfg.max_in_flight) + 16, true,
+                           bcfg.key_namespace);
     // Group-commit statements by size: how many deliveries shared each pre-flight insert and settle (1 when
     // the database keeps up; large when deliveries queue for a slot).
     auto& batch_rows = rt.metrics().histogram("chargeguard_ledger_batch_rows",
@@ -471,10 +382,8 @@ int run_consume(const consume_flags& f, const global_flags& g) {
                                  {"rate_per_second", pollcfg.rate_per_second},
                                  {"interval_ms", static_cast<std::int64_t>(pollcfg.interval.count())}});
     auto poller = std::make_shared<billing::settlement_poller>(pollcfg, pool, **stripe, log, &rt.metrics());
-    asio::co_spawn(rt.io(), poller->run(), [poller, log](std::exception_ptr e) {
-        if (e) log.error("processing poll stopped", {{"error", describe_exception(e)}});
-    });
-    rt.on_shutdown([poller]() { return stop_poller(poller); });
+    poller->start(rt.io().get_executor(), poller);
+    rt.on_shutdown([poller]() { return poller->stop(); });
     start_channel_depth(rt, f, ncfg);
     return rt.start_and_run(start_when_ready(&rt, pool.get(), &f.pg, std::move(*ms), &gate,
                                              [&rt, &consumer] { start_consumer(&rt, &consumer); }));

@@ -5,6 +5,7 @@
 
 #include "billing/machine/decision.hpp"
 #include "billing/machine/event.hpp"
+#include "billing/machine/machine.hpp"
 #include "nsq/producer.hpp"
 #include "stripe/client.hpp"
 #include "stripe/fact.hpp"
@@ -98,7 +99,8 @@ net::awaitable<bool> retry_declined_row(declined_retry& x, const billing::retry_
     using namespace declined_retry_impl;
     const std::string who = describe_row(c);
     std::string done;
-    if (c.status == billing::record_status::declined) {
+    const auto command = billing::machine::on_retry_declined(c.status);
+    if (command == billing::machine::retry_command::reopen) {
         if (!co_await settle_open_intent(x, c)) co_return true;
         auto r = co_await x.store.reopen_declined(c.key, x.by, x.reason, x.once_per_requester);
         if (!r) {
@@ -118,7 +120,7 @@ net::awaitable<bool> retry_declined_row(declined_retry& x, const billing::retry_
         }
         done = "retry #" + std::to_string((*r)->id) + " by " + x.by + ": reopened under generation " +
                std::to_string((*r)->generation) + " (was declined: " + c.last_error.value_or("-") + ")";
-    } else if (c.status == billing::record_status::pending) {
+    } else if (command == billing::machine::retry_command::follow_pending) {
         auto p = co_await pending_by_retry(x, c);
         if (!p) {
             problem(x, who + ": reading its retries failed: " + p.err().describe());
@@ -132,7 +134,7 @@ net::awaitable<bool> retry_declined_row(declined_retry& x, const billing::retry_
         const auto& last = **p;
         done = "retry #" + std::to_string(last.id) + " by " + last.requested_by + " at " + last.requested_at +
                " is under way (generation " + std::to_string(last.generation) + "): published again";
-    } else if (c.status == billing::record_status::charged) {
+    } else if (command == billing::machine::retry_command::already_charged) {
         x.say(who + ": charged (" + c.charge_id.value_or("-") + "): nothing to retry", false);
         ++x.n.charged;
         co_return true;

@@ -1,6 +1,5 @@
 #include "app/heal.hpp"
 
-#include <asio/co_spawn.hpp>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -10,7 +9,7 @@
 #include "billing/heal/sweeper.hpp"
 #include "billing/machine/event.hpp"
 #include "metrics/registry.hpp"
-#include "net/timeout.hpp"
+#include "net/stoppable_task.hpp"
 #include "pg/replication.hpp"
 
 namespace cg::app {
@@ -95,32 +94,46 @@ milliseconds auto_or_duration(const char* flag, const std::string& v) {
 }
 
 // Until PostgreSQL answers (startup waits for it too), then once: the settings decide the warning and gauge.
-net::awaitable<void> check_replication(runtime* rt, std::shared_ptr<pg::pool> pool, metrics::Gauge* gauge) {
-    auto ex = co_await asio::this_coro::executor;
-    net::steady_timer wait(ex);
-    for (;;) {
-        if (rt->stopping()) co_return;
+struct replication_check {
+    runtime* rt;
+    std::shared_ptr<pg::pool> pool;
+    metrics::Gauge* gauge;
+    net::stoppable_task task;
+
+    // One try: false (done) once the settings were read.
+    net::awaitable<bool> pass() {
         auto s = co_await pg::read_replication_settings(pool);
-        if (s) {
-            auto a = pg::assess_replication(*s);
-            gauge->Set(a.async_with_standbys ? 1 : 0);
-            if (a.async_with_standbys)
-                rt->log().warn(
-                    "PostgreSQL commits asynchronously with standbys attached: a failover can lose the last "
-                    "commits (a settled charge goes back to pending, or its row is lost). The sweeper "
-                    "resolves "
-                    "pending rows; set synchronous_standby_names and synchronous_commit=on or remote_apply "
-                    "to "
-                    "avoid the loss (docs/operating/ha-postgres.md)",
-                    {{"alert", true}, {"settings", a.why}});
-            else
-                rt->log().info("PostgreSQL replication settings", {{"settings", a.why}});
-            co_return;
+        if (!s) {
+            rt->log().debug("replication settings not read yet", {{"error", s.err().describe()}});
+            co_return true;
         }
-        rt->log().debug("replication settings not read yet", {{"error", s.err().describe()}});
-        wait.expires_after(std::chrono::seconds(5));
-        co_await wait.async_wait();
+        auto a = pg::assess_replication(*s);
+        gauge->Set(a.async_with_standbys ? 1 : 0);
+        if (a.async_with_standbys)
+            rt->log().warn(
+                "PostgreSQL commits asynchronously with standbys attached: a failover can lose the last "
+                "commits (a settled charge goes back to pending, or its row is lost). The sweeper resolves "
+                "pending rows; set synchronous_standby_names and synchronous_commit=on or remote_apply to "
+                "avoid the loss (docs/operating/ha-postgres.md)",
+                {{"alert", true}, {"settings", a.why}});
+        else
+            rt->log().info("PostgreSQL replication settings", {{"settings", a.why}});
+        co_return false;
     }
+};
+
+void start_replication_check(runtime& rt, std::shared_ptr<pg::pool> pool, metrics::Gauge* gauge) {
+    auto c = std::make_shared<replication_check>();
+    c->rt = &rt;
+    c->pool = std::move(pool);
+    c->gauge = gauge;
+    net::job_spec job;
+    job.name = "replication check";
+    job.interval = std::chrono::seconds(5);
+    job.first_after = milliseconds(0);
+    c->task.start_job(
+        rt.io().get_executor(), c, std::move(job), [raw = c.get()] { return raw->pass(); }, rt.log());
+    rt.on_shutdown([c]() { return c->task.stop(); });
 }
 
 }  // namespace
@@ -146,9 +159,7 @@ void start_ledger_healing(runtime& rt, billing::charge_flow& p, std::shared_ptr<
                     "1 when PostgreSQL commits asynchronously while standbys are attached (a failover "
                     "can lose the last commits), else 0; read at startup")
              .Add({});
-    asio::co_spawn(rt.io(), check_replication(&rt, pool, gauge), [log = rt.log()](std::exception_ptr e) {
-        if (e) log.error("replication check failed", {{"error", describe_exception(e)}});
-    });
+    start_replication_check(rt, pool, gauge);
     if (window.count() > 0) {
         billing::backfill_config bc;
         bc.key_namespace = p.config().key_namespace;

@@ -87,9 +87,11 @@ result<std::vector<pg::migration>> load_migrations(const pg_flags& f) {
 }
 
 std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f, bool close_on_shutdown,
-                                     std::size_t max_waiters, bool watch_failover) {
+                                     std::size_t max_waiters, bool watch_failover,
+                                     std::string failover_record) {
     auto opts = to_pool_options(f);
     opts.watch_failover = watch_failover;
+    opts.failover_record = std::move(failover_record);
     if (max_waiters > 0) opts.max_waiters = std::max(opts.max_waiters, max_waiters);
     auto p = pg::pool::create(rt.io().get_executor(), rt.offload().get_executor(), std::move(opts), rt.log(),
                               &rt.metrics());

@@ -54,9 +54,11 @@ result<std::vector<pg::migration>> load_migrations(const pg_flags& f);
 // `max_waiters` (0: the pool's default) bounds the callers that may queue for a connection: a command whose
 // concurrency is bounded elsewhere (consume: --max-in-flight deliveries, each waiting for at most one
 // connection at a time) passes that bound, so a busy pool queues them rather than failing them.
-// `watch_failover`: pg::pool_options::watch_failover (consume, whose sweeper heals what a failover lost).
+// `watch_failover`: pg::pool_options::watch_failover (consume, whose sweeper heals what a failover lost);
+// `failover_record`: pg::pool_options::failover_record (consume: its key namespace).
 std::shared_ptr<pg::pool> start_pool(runtime& rt, const pg_flags& f, bool close_on_shutdown = true,
-                                     std::size_t max_waiters = 0, bool watch_failover = false);
+                                     std::size_t max_waiters = 0, bool watch_failover = false,
+                                     std::string failover_record = {});
 
 // For long-running subcommands: when --migrate was given, applies `ms` on a connection from `p` before the
 // command starts serving. Returns the first error. Completes on the pool's executor; `p`, `f` and `ms` must

@@ -6,6 +6,7 @@
 
 #include "billing/flow/recovery.hpp"
 #include "billing/machine/key.hpp"
+#include "billing/machine/machine.hpp"
 #include "billing/store/retry_store.hpp"
 #include "pg/rows.hpp"
 #include "stripe/error.hpp"
@@ -181,6 +182,29 @@ net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since) {
     co_return true;
 }
 
+namespace {
+
+// The recovery search's step as the machine's command of the same name.
+billing::machine::found_command machine_command(billing::found_step s) noexcept {
+    using billing::found_step;
+    using billing::machine::found_command;
+    switch (s) {
+        case found_step::mark_charged:
+            return found_command::mark_charged;
+        case found_step::mark_declined:
+            return found_command::mark_declined;
+        case found_step::mark_processing:
+            return found_command::mark_processing;
+        case found_step::still_open:
+            return found_command::still_open;
+        case found_step::none:
+            return found_command::none;
+    }
+    return found_command::none;
+}
+
+}  // namespace
+
 // The pipeline's recovery search (billing/flow/recovery.hpp) for a pending row: what it finds settled or
 // declined settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile
 // wins); a payment still moving is left to the pipeline, which follows it.
@@ -210,11 +234,12 @@ net::awaitable<void> resolve_pending(reconcile_run& run, billing::ledger& ledger
         co_return;
     }
     const std::string id = found->charge_id.value_or(found->payment_intent_id.value_or(""));
-    if (found->step == found_step::mark_processing || found->step == found_step::still_open) {
+    const auto command = billing::machine::on_reconcile_found(machine_command(found->step));
+    if (command == billing::machine::reconcile_command::leave) {
         it.action = "found " + id + " still " + found->status + "; left to the pipeline";
         co_return;
     }
-    const bool declined = found->step == found_step::mark_declined;
+    const bool declined = command == billing::machine::reconcile_command::mark_declined;
     result<bool> marked = false;
     if (declined)
         marked = co_await ledger.mark_declined(rec.key, found->charge_id,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "billing/machine/machine.hpp"
 #include "core/bytes.hpp"
 #include "pg/rows.hpp"
 #include "stripe/payment_method_change.hpp"
@@ -264,7 +265,7 @@ asio::awaitable<http::response> webhook_receiver::record(const http::request& re
 
 asio::awaitable<bool> webhook_receiver::refund_vault(const stripe::webhook_event& ev,
                                                      const billing::payment_fact& f) {
-    if (f.kind != billing::fact_kind::refunded && f.kind != billing::fact_kind::refund_update) co_return true;
+    if (!billing::machine::names_refund(f.kind)) co_return true;
     if (f.charge_id.empty() && f.payment_intent_id.empty()) co_return true;
     auto r = co_await vault_.apply_refund_by_object(f.charge_id, f.payment_intent_id);
     if (!r) {

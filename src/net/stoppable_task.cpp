@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "core/error.hpp"
+#include "metrics/registry.hpp"
 
 namespace cg::net {
 
@@ -25,6 +26,52 @@ awaitable<void> stoppable_task::run(stoppable_task* self, std::shared_ptr<void> 
     co_await std::move(loop);
     self->ended();
     (void)owner;  // held until here: the loop's end is signalled while this task still exists
+}
+
+void stoppable_task::start_job(asio::any_io_executor ex, std::shared_ptr<void> owner, job_spec spec,
+                               std::function<awaitable<bool>()> pass, logger log) {
+    log.info(spec.name + " started",
+             {{"job", spec.name}, {"interval_ms", static_cast<std::int64_t>(spec.interval.count())}});
+    auto name = spec.name;
+    auto loop = job_loop(this, std::move(spec), std::move(pass));
+    start(std::move(ex), std::move(owner), std::move(loop), std::move(log), std::move(name));
+}
+
+awaitable<void> stoppable_task::job_loop(stoppable_task* self, job_spec spec,
+                                         std::function<awaitable<bool>()> pass) {
+    metrics::Counter* passes = nullptr;
+    metrics::Counter* failures = nullptr;
+    if (spec.metrics) {
+        passes = &spec.metrics
+                      ->counter("chargeguard_background_job_passes_total",
+                                "Passes run by each background job (sweeper, poller, backfill, ...)")
+                      .Add({{"job", spec.name}});
+        failures = &spec.metrics
+                        ->counter("chargeguard_background_job_failures_total",
+                                  "Passes of a background job that ended in an exception (the job goes on)")
+                        .Add({{"job", spec.name}});
+    }
+    // Named waits only in the co_await expressions: g++ 12 evaluates both arms of a conditional operator
+    // there (an empty next_wait would be called).
+    std::chrono::steady_clock::duration wait = spec.interval;
+    if (spec.first_after.count() >= 0) wait = spec.first_after;
+    co_await self->sleep(wait);
+    while (!self->stopping()) {
+        bool more = true;
+        try {
+            more = co_await pass();
+        } catch (...) {
+            if (failures) failures->Increment();
+            self->log_.error(spec.name + " pass failed; trying again at the next interval",
+                             {{"job", spec.name}, {"error", describe_exception(std::current_exception())}});
+        }
+        if (passes) passes->Increment();
+        if (!more || self->stopping()) break;
+        wait = spec.interval;
+        if (spec.next_wait) wait = spec.next_wait();
+        co_await self->sleep(wait);
+    }
+    self->log_.info(spec.name + " stopped", {{"job", spec.name}});
 }
 
 void stoppable_task::ended() noexcept {

@@ -1,7 +1,5 @@
 #include "nsq/channel_depth.hpp"
 
-#include <asio/co_spawn.hpp>
-
 #include "http/proto/message.hpp"
 #include "net/address.hpp"
 #include "net/timeout.hpp"
@@ -36,31 +34,25 @@ channel_depth_monitor::channel_depth_monitor(asio::any_io_executor ex, channel_d
       depth_(reg.gauge("chargeguard_nsq_channel_depth",
                        "Messages queued for the consume's channel at each nsqd (nsqd's /stats depth: memory "
                        "and disk, not in flight), read every --channel-depth-interval")),
-      log_(std::move(log)),
-      wake_(ex, std::chrono::steady_clock::time_point::max()) {}
+      log_(std::move(log)) {}
 
 void channel_depth_monitor::start() {
-    asio::co_spawn(ex_, loop(shared_from_this()), [w = weak_from_this()](std::exception_ptr ep) {
-        if (!ep) return;
-        if (auto self = w.lock())
-            self->log_.error("channel depth monitor failed: chargeguard_nsq_channel_depth is no longer read",
-                             {{"error", describe_exception(ep)}});
-    });
+    net::job_spec job;
+    job.name = "channel depth monitor";
+    job.interval = cfg_.interval;
+    job.first_after = std::chrono::milliseconds(0);
+    auto self = shared_from_this();
+    task_.start_job(
+        ex_, self, std::move(job), [this] { return pass(); }, log_);
 }
 
 void channel_depth_monitor::stop() {
-    stopped_ = true;
-    wake_.cancel();
+    task_.request_stop();
 }
 
-asio::awaitable<void> channel_depth_monitor::loop(std::shared_ptr<channel_depth_monitor> self) {
-    while (!self->stopped_) {
-        co_await self->round();
-        if (self->stopped_) break;
-        co_await net::with_timeout(
-            self->wake_.async_wait(),
-            std::chrono::duration_cast<std::chrono::steady_clock::duration>(self->cfg_.interval));
-    }
+asio::awaitable<bool> channel_depth_monitor::pass() {
+    co_await round();
+    co_return true;
 }
 
 // The nsqds to ask this round: those given directly, and those some nsqlookupd lists for the topic. When no
@@ -73,7 +65,7 @@ asio::awaitable<std::set<std::string>> channel_depth_monitor::nsqds() {
         if (!hp) continue;
         auto r = co_await http_get(*hp, "/lookup?topic=" + http::url_encode(cfg_.topic),
                                    "application/vnd.nsq; version=1.0", cfg_.timeout);
-        if (stopped_) co_return out;
+        if (task_.stopping()) co_return out;
         if (!r || (r->status != 200 && r->status != 404)) continue;  // the lookupd poller logs these
         any_answer = true;
         if (r->status == 404) continue;
@@ -89,7 +81,7 @@ asio::awaitable<std::set<std::string>> channel_depth_monitor::nsqds() {
 
 asio::awaitable<void> channel_depth_monitor::round() {
     auto nsqds_now = co_await nsqds();
-    if (stopped_) co_return;
+    if (task_.stopping()) co_return;
     // Series of nsqds no longer listed go.
     for (auto it = series_.begin(); it != series_.end();) {
         if (nsqds_now.contains(it->first)) {
@@ -109,7 +101,7 @@ asio::awaitable<void> channel_depth_monitor::round() {
             why = "not host:port";
         } else {
             auto r = co_await http_get(*hp, target, "application/json", cfg_.timeout);
-            if (stopped_) co_return;
+            if (task_.stopping()) co_return;
             if (!r) {
                 why = r.err().describe();
             } else if (r->status != 200) {

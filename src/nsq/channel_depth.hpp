@@ -20,6 +20,7 @@
 
 #include "core/log.hpp"
 #include "metrics/registry.hpp"
+#include "net/stoppable_task.hpp"
 #include "net/tokens.hpp"
 
 namespace cg::nsq {
@@ -43,7 +44,7 @@ class channel_depth_monitor : public std::enable_shared_from_this<channel_depth_
     std::uint64_t rounds() const { return rounds_; }
 
   private:
-    static asio::awaitable<void> loop(std::shared_ptr<channel_depth_monitor> self);
+    asio::awaitable<bool> pass();
     asio::awaitable<void> round();
     asio::awaitable<std::set<std::string>> nsqds();
 
@@ -53,8 +54,7 @@ class channel_depth_monitor : public std::enable_shared_from_this<channel_depth_
     logger log_;
     std::map<std::string, metrics::Gauge*> series_;  // by nsqd HTTP address
     std::set<std::string> failing_;                  // nsqds whose failure was logged
-    net::steady_timer wake_;
-    bool stopped_ = false;
+    net::stoppable_task task_;
     std::uint64_t rounds_ = 0;
 };
 

@@ -21,21 +21,6 @@ std::chrono::milliseconds next_backoff(milliseconds current, milliseconds initia
     return net::exponential_delay(current, 1, max);
 }
 
-std::string failover_cause(const server_identity& before, const server_identity& now) {
-    if (now.in_recovery) return {};
-    if (!before.system_identifier.empty() && !now.system_identifier.empty() &&
-        before.system_identifier != now.system_identifier)
-        return "another cluster (system identifier " + now.system_identifier + ", was " +
-               before.system_identifier + ")";
-    if (before.in_recovery) return "the server was a standby and is now a primary";
-    if (before.timeline > 0 && now.timeline > 0 && before.timeline != now.timeline)
-        return "a new WAL timeline " + std::to_string(now.timeline) + " (was " +
-               std::to_string(before.timeline) + "): a standby was promoted";
-    if (!before.address.empty() && !now.address.empty() && before.address != now.address)
-        return "another server address " + now.address + " (was " + before.address + ")";
-    return {};
-}
-
 // ---- readiness: written on the pool's executor, read by health checks from anywhere
 // ------------------------
 
@@ -247,62 +232,6 @@ net::awaitable<result<std::unique_ptr<connection>>> pool::open_one(clock::time_p
     co_return std::move(*r);
 }
 
-namespace {
-// The timeline of a primary is the first 8 hex digits of its current WAL file's name (pg_walfile_name may not
-// run in recovery); pg_control_checkpoint()'s timeline would lag a promotion until its first checkpoint.
-const std::string identity_sql =
-    "SELECT (SELECT system_identifier FROM pg_control_system())::text, pg_is_in_recovery(), "
-    "CASE WHEN pg_is_in_recovery() THEN 0::bigint "
-    "ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint END, "
-    "coalesce(host(inet_server_addr()) || ':' || inet_server_port()::text, 'local')";
-}  // namespace
-
-void pool::on_failover(std::function<void(const failover_event&)> f) {
-    failover_listeners_.push_back(std::move(f));
-}
-
-net::awaitable<void> pool::note_identity(connection& c) {
-    auto timeout = std::min<milliseconds>(opts_.conn.query_timeout, milliseconds(2000));
-    if (timeout <= milliseconds::zero()) timeout = milliseconds(2000);
-    auto r = co_await c.query_with(identity_sql, params(), timeout);
-    if (!r || r->size() != 1) {
-        // Not a verdict on the connection (its next statement tells); only this connect goes unchecked.
-        log_.warn("could not read the server's identity: a failover on this connect would go unnoticed",
-                  {{"error", r ? std::string("no row") : r.err().describe()}});
-        co_return;
-    }
-    server_identity now;
-    now.system_identifier = r->get<std::string>(0, 0);
-    now.in_recovery = r->get<bool>(0, 1);
-    now.timeline = r->get<std::int64_t>(0, 2);
-    now.address = r->get<std::string>(0, 3);
-    if (!identity_) {
-        log_.info("connected to PostgreSQL", {{"system_identifier", now.system_identifier},
-                                              {"timeline", now.timeline},
-                                              {"in_recovery", now.in_recovery},
-                                              {"server_address", now.address}});
-        identity_ = std::move(now);
-        co_return;
-    }
-    auto cause = failover_cause(*identity_, now);
-    if (now.in_recovery) co_return;  // a standby: not where commits go, and not what later ones compare with
-    if (cause.empty()) {
-        identity_ = std::move(now);
-        co_return;
-    }
-    failover_event ev{*identity_, now, std::move(cause)};
-    identity_ = std::move(now);
-    if (stats_) stats_->failovers.Increment();
-    log_.warn("PostgreSQL failed over: commits acknowledged by the previous server may be lost",
-              {{"cause", ev.cause},
-               {"system_identifier", ev.now.system_identifier},
-               {"timeline", ev.now.timeline},
-               {"server_address", ev.now.address}});
-    // A copy: a listener may register another.
-    auto listeners = failover_listeners_;
-    for (auto& f : listeners) f(ev);
-}
-
 void pool::give_back(std::unique_ptr<connection> c) noexcept {
     --in_use_;
     if (closed_ || c->broken()) return drop(std::move(c));
@@ -413,62 +342,6 @@ net::awaitable<void> pool::close() {
     }
     ready_->set(false, "the pool is closed");
     co_return;
-}
-
-// ---- maintenance ------------------------------------------------------------------------------------------
-
-struct pool::maintainer {
-    static net::awaitable<void> run(std::shared_ptr<pool> self) {
-        while (!self->closed_) {
-            if (self->open_ == 0 || self->down_) {
-                // Warm-up and reconnect probes, so readiness tracks the server without traffic.
-                if (self->may_connect() && self->open_ < self->opts_.size) {
-                    auto r = co_await self->open_one();
-                    if (r) self->to_idle(std::move(*r));
-                }
-            } else if (!self->idle_.empty() &&
-                       clock::now() - self->idle_.front()->last_used() >= self->opts_.health_interval) {
-                auto c = std::move(self->idle_.front());
-                self->idle_.pop_front();
-                co_await ping(self, std::move(c));
-                continue;  // the next stale connection, if any, right away
-            }
-            if (self->closed_) break;
-            auto wait = self->down_
-                            ? std::chrono::duration_cast<milliseconds>(self->next_attempt_ - clock::now())
-                            : self->opts_.health_interval / 2;
-            self->maint_timer_->expires_after(std::max(wait, milliseconds(10)));
-            co_await self->maint_timer_->async_wait();
-        }
-    }
-};
-
-net::awaitable<void> pool::ping(std::shared_ptr<pool> self, std::unique_ptr<connection> c) {
-    auto timeout = std::min<milliseconds>(self->opts_.conn.query_timeout, milliseconds(2000));
-    if (timeout <= milliseconds::zero()) timeout = milliseconds(2000);
-    auto r = co_await c->query_with("SELECT 1", params(), timeout);
-    if (r) {
-        self->mark_up();
-        self->to_idle(std::move(c));
-        co_return;
-    }
-    self->log_.info("an idle connection failed its health check", {{"error", r.err().describe()}});
-    self->drop(std::move(c));
-    // Is it the connection or the server? A fresh connect tells, and marks the pool down if needed.
-    if (!self->closed_ && self->may_connect() && self->open_ < self->opts_.size) {
-        auto fresh = co_await self->open_one();
-        if (fresh) self->to_idle(std::move(*fresh));
-    }
-}
-
-void pool::start() {
-    if (started_) return;
-    started_ = true;
-    maint_timer_ = std::make_unique<net::steady_timer>(ex_);
-    asio::co_spawn(ex_, maintainer::run(shared_from_this()), [log = log_](std::exception_ptr e) {
-        if (!e) return;
-        log.error("pool maintenance task failed", {{"error", describe_exception(e)}});
-    });
 }
 
 net::awaitable<result<rows>> exec_pooled(std::shared_ptr<pool> pool, const std::string& sql, params p,

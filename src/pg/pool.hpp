@@ -16,6 +16,8 @@
 //    reached (server_identity); one that differs from the last seen in a way only another server explains
 //    (failover_cause) is a failover: counted, logged, and told to the listeners (on_failover). A failover
 //    with asynchronous replication may have lost the last commits, which only a sweep of the ledger heals.
+//    With pool_options::failover_record the last server seen is also kept in the database and compared at
+//    start and on each reconnect, so a pool started after a failover sees it as well (record_identity).
 #pragma once
 
 #include <asio/any_io_executor.hpp>
@@ -57,6 +59,11 @@ struct pool_options {
     // Read each new connection's server identity and report a change of server (on_failover). One more
     // statement per connect; consume sets it (its sweeper heals what a failover lost).
     bool watch_failover = false;
+    // With watch_failover: the name under which the server last seen as the primary is kept in the database
+    // (pg_server_seen, migration 0024). A new primary connection is also compared with that record, so a
+    // pool started only after a failover, which never saw the server before it, reports it too; then the
+    // server it reached is recorded. Empty: compared in memory only. consume names it by its key namespace.
+    std::string failover_record;
 };
 
 // The server a connection reached, as it describes itself.
@@ -185,6 +192,13 @@ class pool : public std::enable_shared_from_this<pool> {
     std::string down_message() const;
     void update_gauges();
     net::awaitable<void> note_identity(connection& c);
+    // Compares `now` (a primary) with the database's record (failover_record) and records it; reports a
+    // failover when the record names another server and `seen` (one already reported in memory) is false.
+    // A failed statement (the table not there yet before the migrations) leaves it to the next connect or
+    // the maintenance task.
+    net::awaitable<void> record_identity(connection& c, const server_identity& now, bool seen);
+    bool record_due() const noexcept;
+    void report_failover(failover_event ev);
     static net::awaitable<void> rollback_and_return(std::shared_ptr<pool> self,
                                                     std::unique_ptr<connection> c);
     static net::awaitable<void> ping(std::shared_ptr<pool> self, std::unique_ptr<connection> c);
@@ -214,6 +228,10 @@ class pool : public std::enable_shared_from_this<pool> {
     std::minstd_rand rng_;
     std::unique_ptr<net::steady_timer> maint_timer_;
     std::optional<server_identity> identity_;
+    // The identity the database's record was last found equal to, or set to (failover_record).
+    std::optional<server_identity> recorded_;
+    bool failed_over_in_memory_ = false;  // a failover was seen between two of this pool's connections
+    bool recording_ = false;              // a record_identity in progress
     std::vector<std::function<void(const failover_event&)>> failover_listeners_;
 };
 

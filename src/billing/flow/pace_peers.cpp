@@ -123,6 +123,9 @@ struct pace_peers_loop::state {
     stripe::client* client;
     logger log;
     std::chrono::milliseconds interval, expiry;
+    std::chrono::steady_clock::time_point last_ok = std::chrono::steady_clock::now();
+    bool alone = true;    // each pacer on its own law
+    bool warned = false;  // the failed exchange was logged
     net::stoppable_task task;
     state(std::shared_ptr<pg::pool> pool, stripe::client& c, logger l, std::chrono::milliseconds i,
           std::chrono::milliseconds e)
@@ -135,35 +138,30 @@ struct pace_peers_loop::state {
 
 namespace {
 
-net::awaitable<void> pace_loop(std::shared_ptr<pace_peers_loop::state> st) {
+// One exchange with the peers: their reports applied to this sidecar's pacers, or each pacer on its own law
+// once no exchange has worked for the expiry.
+net::awaitable<bool> pace_pass(std::shared_ptr<pace_peers_loop::state> st) {
     using clock = std::chrono::steady_clock;
-    auto last_ok = clock::now();
-    bool alone = true;
-    bool warned = false;
-    while (!st->task.stopping()) {
-        auto started = clock::now();
-        auto mine = co_await st->client->pace_reports();
-        auto views = co_await st->peers.exchange(std::move(mine));
-        auto now = clock::now();
-        if (views && now - started <= st->expiry) {
-            last_ok = now;
-            alone = false;
-            warned = false;
-            co_await st->client->apply_pace(std::move(*views));
-        } else if (now - last_ok > st->expiry) {
-            if (!alone) co_await st->client->apply_pace({});  // each pacer on its own law
-            alone = true;
-            if (!warned) {
-                st->log.warn("stripe pace peers: no exchange, pacing alone",
-                             {{"error", views ? std::string("exchange slower than the expiry")
-                                              : views.err().describe()}});
-                warned = true;
-            }
+    auto started = clock::now();
+    auto mine = co_await st->client->pace_reports();
+    auto views = co_await st->peers.exchange(std::move(mine));
+    auto now = clock::now();
+    if (views && now - started <= st->expiry) {
+        st->last_ok = now;
+        st->alone = false;
+        st->warned = false;
+        co_await st->client->apply_pace(std::move(*views));
+    } else if (now - st->last_ok > st->expiry) {
+        if (!st->alone) co_await st->client->apply_pace({});  // each pacer on its own law
+        st->alone = true;
+        if (!st->warned) {
+            st->log.warn(
+                "stripe pace peers: no exchange, pacing alone",
+                {{"error", views ? std::string("exchange slower than the expiry") : views.err().describe()}});
+            st->warned = true;
         }
-        if (st->task.stopping()) break;
-        co_await st->task.sleep(st->interval);
     }
-    (void)co_await st->peers.leave();
+    co_return true;
 }
 
 }  // namespace
@@ -175,7 +173,12 @@ std::shared_ptr<pace_peers_loop> pace_peers_loop::start(asio::any_io_executor ex
                                                         std::chrono::milliseconds expiry) {
     auto l = std::shared_ptr<pace_peers_loop>(new pace_peers_loop());
     l->st_ = std::make_shared<state>(std::move(pool), client, log, interval, expiry);
-    l->st_->task.start(std::move(ex), l->st_, pace_loop(l->st_), std::move(log), "stripe pace peers");
+    net::job_spec job;
+    job.name = "stripe pace peers";
+    job.interval = interval;
+    job.first_after = std::chrono::milliseconds(0);
+    l->st_->task.start_job(
+        std::move(ex), l->st_, std::move(job), [st = l->st_] { return pace_pass(st); }, std::move(log));
     return l;
 }
 
@@ -186,6 +189,8 @@ pace_peers_loop::~pace_peers_loop() {
 net::awaitable<void> pace_peers_loop::stop() {
     auto st = st_;
     co_await st->task.stop();
+    // Leaving at once spares the peers an expiry of sharing with a sidecar that is gone.
+    (void)co_await st->peers.leave();
 }
 
 }  // namespace cg::billing

@@ -6,8 +6,10 @@
 #include <set>
 #include <vector>
 
+#include "billing/heal/backfill_rows.hpp"
 #include "billing/machine/event.hpp"
 #include "billing/machine/key.hpp"
+#include "billing/machine/machine.hpp"
 #include "billing/store/ledger_batch.hpp"
 #include "billing/store/settlement_store.hpp"
 #include "metrics/registry.hpp"
@@ -16,6 +18,8 @@
 #include "stripe/fact.hpp"
 
 namespace cg::billing {
+
+using namespace backfill_rows;
 
 namespace {
 
@@ -35,52 +39,6 @@ const std::string backfill_insert_sql =
     "$8::text[], $9::text[], $10::int8[]) AS v(key, customer_id, billing_period, amount_cents, currency, "
     "stripe_customer_id, charge_id, payment_intent_id, description, created) "
     "ON CONFLICT DO NOTHING RETURNING key, charge_id";
-
-struct missing_rows {
-    std::vector<std::string> keys, customers, periods, currencies, stripe_customers, charges, intents,
-        descriptions;
-    std::vector<std::int64_t> amounts, created;
-    bool empty() const noexcept { return keys.empty(); }
-};
-
-// A charge of this namespace still in flight (a bank debit's `pending` charge) or failed after processing
-// (a bank debit's `failed` one), kept until the window has been read: a key's succeeded charge anywhere in
-// it wins, then its newest pending one, then its newest failed one.
-struct in_flight_candidate {
-    stripe::charge ch;
-    std::string key, customer, period;
-    bool failed = false;
-    std::size_t order = 0;  // position in the listing, newest first
-};
-
-// The metadata of a charge this namespace made: its key is the one we would compute from its customer and
-// period (the key hashes the namespace in).
-struct charge_owner {
-    std::string key, customer, period;
-};
-std::optional<charge_owner> owner_of(const stripe::charge& ch, const std::string& ns,
-                                     const std::string& account) {
-    if (ch.customer.empty()) return std::nullopt;
-    auto key = stripe::metadata_value(ch.metadata, "billing_key");
-    auto customer = stripe::metadata_value(ch.metadata, "customer_id");
-    auto period = stripe::metadata_value(ch.metadata, "billing_period");
-    if (!key || !customer || !period || customer->empty() || period->empty()) return std::nullopt;
-    if (base_key(ns, *customer, *period, account) != *key) return std::nullopt;
-    return charge_owner{std::string(*key), std::string(*customer), std::string(*period)};
-}
-
-void add_charged(const stripe::charge& ch, const charge_owner& o, missing_rows& out) {
-    out.keys.emplace_back(o.key);
-    out.customers.emplace_back(o.customer);
-    out.periods.emplace_back(o.period);
-    out.amounts.push_back(ch.amount);
-    out.currencies.push_back(ch.currency);
-    out.stripe_customers.push_back(ch.customer);
-    out.charges.push_back(ch.id);
-    out.intents.push_back(ch.payment_intent);
-    out.descriptions.push_back(ch.description);
-    out.created.push_back(ch.created);
-}
 
 // A row in flight is inserted `processing`, as the pipeline leaves one: with the delivery a later dead letter
 // re-publishes (the event as its producer would publish it, to the consumer's topic and channel) and the key
@@ -117,6 +75,7 @@ struct backfill::state {
     metrics::Counter* errors = nullptr;
     metrics::Counter* failed_after_processing = nullptr;
     std::unique_ptr<settlement_store> settlements;
+    metrics::registry* reg = nullptr;
     net::stoppable_task task;
 };
 
@@ -145,28 +104,6 @@ net::awaitable<result<std::size_t>> insert_missing(backfill_state_ptr st, missin
              {"charge_id", r->get<std::string>(i, 1)}});
     if (st->inserted) st->inserted->Increment(static_cast<double>(r->size()));
     co_return r->size();
-}
-
-// Keeps, per key, the in-flight candidate that stands for its row: the newest pending charge, else the
-// newest failed one. The key generation of that charge is one more than the failed bank debits of the key
-// listed before it in time (each failure after processing moved the key to its next generation).
-std::vector<std::pair<in_flight_candidate, std::int64_t>> choose_in_flight(
-    std::vector<in_flight_candidate> all, const std::set<std::string>& charged_keys) {
-    std::map<std::string, std::vector<in_flight_candidate>> by_key;
-    for (auto& c : all)
-        if (!charged_keys.contains(c.key)) by_key[c.key].push_back(std::move(c));
-    std::vector<std::pair<in_flight_candidate, std::int64_t>> out;
-    for (auto& [key, cs] : by_key) {
-        const in_flight_candidate* pick = nullptr;
-        for (const auto& c : cs)  // newest first: the first pending, else the first failed
-            if (!c.failed && (!pick || pick->failed)) pick = &c;
-        if (!pick) pick = &cs.front();
-        std::int64_t generation = 1;
-        for (const auto& c : cs)
-            if (c.failed && c.order > pick->order) ++generation;
-        out.emplace_back(*pick, generation);
-    }
-    return out;
 }
 
 net::awaitable<result<std::size_t>> insert_in_flight(
@@ -250,7 +187,7 @@ net::awaitable<result<std::size_t>> insert_in_flight(
         const auto now = *recorded ? (*recorded)->after.status
                          : settled ? settled->after.status
                                    : record_status::processing;
-        if (now == record_status::processing) ++rep.processing;
+        if (machine::awaits_payment_fact(now)) ++rep.processing;
         if (failed_now) {
             ++rep.failed;
             if (st->failed_after_processing) st->failed_after_processing->Increment();
@@ -291,16 +228,15 @@ net::awaitable<result<void>> backfill_account(backfill_state_ptr st, std::string
             ++rep.listed;
             auto o = owner_of(ch, st->cfg.key_namespace, account);
             if (!o) continue;
-            auto fact = stripe::read(ch, account);
-            if (fact.moved == stripe::movement::charged) {
+            const auto fact = stripe::read(ch, account);
+            const auto command = machine::on_backfill(fact, follow_in_flight);
+            if (command == machine::backfill_command::insert_charged) {
                 ++rep.ours;
                 charged_keys.insert(o->key);
                 add_charged(ch, *o, m);
-            } else if (follow_in_flight && fact.bank_debit &&
-                       (fact.moved == stripe::movement::in_flight ||
-                        fact.moved == stripe::movement::failed)) {
+            } else if (command != machine::backfill_command::none) {
                 ++rep.ours;
-                bool failed = fact.moved == stripe::movement::failed;
+                bool failed = command == machine::backfill_command::insert_processing_then_fail;
                 in_flight.push_back({ch, o->key, o->customer, o->period, failed, rep.listed});
             }
         }
@@ -352,22 +288,16 @@ net::awaitable<result<backfill_report>> backfill_run(backfill_state_ptr st) {
     co_return rep;
 }
 
-net::awaitable<void> backfill_loop(backfill_state_ptr st) {
-    auto wait = st->cfg.first_delay;
-    while (!st->task.stopping()) {
-        co_await st->task.sleep(wait);
-        if (st->task.stopping()) break;
-        wait = st->cfg.interval;
-        auto rep = co_await backfill_run(st);
-        if (!rep) {
-            if (st->errors) st->errors->Increment();
-            st->log.warn("backfill failed; trying again at the next interval",
-                         {{"error", rep.err().describe()}});
-        } else if (rep->inserted > 0) {
-            st->log.info("backfill done", {{"listed", static_cast<std::int64_t>(rep->listed)},
-                                           {"inserted", static_cast<std::int64_t>(rep->inserted)}});
-        }
+net::awaitable<bool> backfill_pass(backfill_state_ptr st) {
+    auto rep = co_await backfill_run(st);
+    if (!rep) {
+        if (st->errors) st->errors->Increment();
+        st->log.warn("backfill failed; trying again at the next interval", {{"error", rep.err().describe()}});
+    } else if (rep->inserted > 0) {
+        st->log.info("backfill done", {{"listed", static_cast<std::int64_t>(rep->listed)},
+                                       {"inserted", static_cast<std::int64_t>(rep->inserted)}});
     }
+    co_return true;
 }
 
 }  // namespace
@@ -381,6 +311,7 @@ backfill::backfill(backfill_config cfg, std::shared_ptr<pg::pool> pool, stripe::
     st_->stripe = &stripe;
     st_->log = log.with({{"component", "backfill"}});
     st_->settlements = std::make_unique<settlement_store>(st_->pool);
+    st_->reg = reg;
     if (!reg) return;
     st_->inserted =
         &reg->counter("chargeguard_billing_backfilled_total",
@@ -404,7 +335,13 @@ net::awaitable<result<backfill_report>> backfill::run_once() {
 }
 
 void backfill::start(asio::any_io_executor ex) {
-    st_->task.start(ex, st_, backfill_loop(st_), st_->log, "backfill");
+    net::job_spec job;
+    job.name = "backfill";
+    job.interval = st_->cfg.interval;
+    job.first_after = st_->cfg.first_delay;
+    job.metrics = st_->reg;
+    st_->task.start_job(
+        ex, st_, std::move(job), [st = st_] { return backfill_pass(st); }, st_->log);
 }
 
 net::awaitable<void> backfill::stop() {

@@ -65,6 +65,7 @@ struct pending_age_monitor::state {
     std::map<std::string, metrics::Gauge*> open_letters;  // by reason class
     metrics::Gauge* dismissed_letters = nullptr;
     std::optional<std::int64_t> abandoned_after_ms;  // the sweep bound, once watched
+    metrics::registry* reg = nullptr;
     net::stoppable_task task;
 };
 
@@ -109,14 +110,9 @@ net::awaitable<void> query_once(state_ptr st) {
     for (auto& [cls, gauge] : st->open_letters) gauge->Set(open.count(cls) ? open[cls] : 0.0);
 }
 
-net::awaitable<void> loop(state_ptr st) {
-    // The first query waits a moment: `consume --migrate` creates the table right after startup.
-    co_await st->task.sleep(std::min(st->interval, std::chrono::milliseconds(1000)));
-    while (!st->task.stopping()) {
-        co_await query_once(st);
-        if (st->task.stopping()) break;
-        co_await st->task.sleep(st->interval);
-    }
+net::awaitable<bool> query_pass(state_ptr st) {
+    co_await query_once(st);
+    co_return true;
 }
 
 }  // namespace
@@ -127,6 +123,7 @@ pending_age_monitor::pending_age_monitor(std::shared_ptr<pg::pool> pool, metrics
     st_->pool = std::move(pool);
     st_->log = std::move(log);
     st_->interval = interval;
+    st_->reg = &reg;
     st_->age =
         &reg.gauge("chargeguard_billing_oldest_pending_age_seconds",
                    "Age of the oldest pending billing record or correction revision (0 when none is pending)")
@@ -161,7 +158,14 @@ pending_age_monitor::~pending_age_monitor() {
 }
 
 void pending_age_monitor::start(asio::any_io_executor ex) {
-    st_->task.start(ex, st_, loop(st_), st_->log, "pending age monitor");
+    net::job_spec job;
+    job.name = "pending age monitor";
+    job.interval = st_->interval;
+    // The first query waits a moment: `consume --migrate` creates the table right after startup.
+    job.first_after = std::min(st_->interval, std::chrono::milliseconds(1000));
+    job.metrics = st_->reg;
+    st_->task.start_job(
+        ex, st_, std::move(job), [st = st_] { return query_pass(st); }, st_->log);
 }
 
 void pending_age_monitor::watch_abandoned(std::chrono::milliseconds bound) {

@@ -2,6 +2,7 @@
 
 #include <asio/this_coro.hpp>
 
+#include "billing/machine/machine.hpp"
 #include "metrics/registry.hpp"
 #include "stripe/client.hpp"
 
@@ -103,9 +104,12 @@ settlement_poller::settlement_poller(poller_config cfg, std::shared_ptr<pg::pool
       stripe_(stripe),
       log_(std::move(log)),
       metrics_(reg ? std::make_unique<metrics_set>(*reg) : nullptr),
-      pacer_(cfg.rate_per_second > 0 ? cfg.rate_per_second : 1, 1) {}
+      pacer_(cfg.rate_per_second > 0 ? cfg.rate_per_second : 1, 1),
+      reg_(reg) {}
 
-settlement_poller::~settlement_poller() = default;
+settlement_poller::~settlement_poller() {
+    task_.request_stop();
+}
 
 net::awaitable<void> settlement_poller::pace() {
     auto wait = pacer_.delay(request_pacer::clock::now());
@@ -130,7 +134,7 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
     if (!due) co_return due.err();
     rep.due = due->size();
     for (const auto& row : *due) {
-        if (stopped_) break;
+        if (task_.stopping()) break;
         co_await pace();
         auto f = co_await retrieve_fact(stripe_, log_, row);
         if (!f) {
@@ -147,7 +151,7 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
         }
         if (!*applied) continue;
         const auto& s = **applied;
-        bool left = s.after.status != record_status::processing;
+        bool left = !machine::awaits_payment_fact(s.after.status);
         if (metrics_) (left ? metrics_->settled : metrics_->still)->Increment();
         if (left) ++rep.settled;
         log_.info(
@@ -182,31 +186,31 @@ net::awaitable<result<poll_report>> settlement_poller::poll_once() {
     co_return rep;
 }
 
-net::awaitable<void> settlement_poller::run() {
-    wake_ = std::make_unique<net::steady_timer>(co_await asio::this_coro::executor);
-    // The first pass waits one interval: the schema gate (and --migrate) runs at startup meanwhile.
-    wake_->expires_after(cfg_.interval);
-    co_await wake_->async_wait();
-    while (!stopped_) {
-        auto rep = co_await poll_once();
-        if (!rep)
-            log_.warn("processing poll failed; trying again next pass", {{"error", rep.err().describe()}});
-        else if (rep->due > 0 || rep->deferred_rows > 0)
-            log_.info("processing poll pass", {{"due", rep->due},
-                                               {"retrieved", rep->retrieved},
-                                               {"settled", rep->settled},
-                                               {"failed_after_processing", rep->failed},
-                                               {"errors", rep->errors},
-                                               {"deferred_rows", rep->deferred_rows}});
-        if (stopped_) break;
-        wake_->expires_after(cfg_.interval);
-        co_await wake_->async_wait();
-    }
+void settlement_poller::start(asio::any_io_executor ex, std::shared_ptr<settlement_poller> self) {
+    net::job_spec job;
+    job.name = "processing poll";
+    job.interval = cfg_.interval;
+    job.metrics = reg_;
+    task_.start_job(
+        std::move(ex), self, std::move(job), [this] { return pass(); }, log_);
 }
 
-void settlement_poller::stop() {
-    stopped_ = true;
-    if (wake_) wake_->cancel();
+net::awaitable<bool> settlement_poller::pass() {
+    auto rep = co_await poll_once();
+    if (!rep)
+        log_.warn("processing poll failed; trying again next pass", {{"error", rep.err().describe()}});
+    else if (rep->due > 0 || rep->deferred_rows > 0)
+        log_.info("processing poll pass", {{"due", rep->due},
+                                           {"retrieved", rep->retrieved},
+                                           {"settled", rep->settled},
+                                           {"failed_after_processing", rep->failed},
+                                           {"errors", rep->errors},
+                                           {"deferred_rows", rep->deferred_rows}});
+    co_return true;
+}
+
+net::awaitable<void> settlement_poller::stop() {
+    co_await task_.stop();
 }
 
 }  // namespace cg::billing

@@ -9,6 +9,7 @@
 // client and the registry must outlive the poller.
 #pragma once
 
+#include <asio/any_io_executor.hpp>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "billing/machine/request_pacer.hpp"
 #include "billing/store/settlement_store.hpp"
 #include "core/log.hpp"
+#include "net/stoppable_task.hpp"
 #include "net/tokens.hpp"
 #include "pg/pool.hpp"
 
@@ -54,13 +56,16 @@ class settlement_poller {
     // One pass: the due rows (at most `batch`), each retrieved and applied, at most rate_per_second
     // retrieves per second; then the deferred events. Fails only when the due rows cannot be read.
     net::awaitable<result<poll_report>> poll_once();
-    // Passes every `interval` until stop(). Completes on the caller's executor.
-    net::awaitable<void> run();
-    void stop();
+    // Passes every `interval` on `ex` (the first after one interval: the schema gate and --migrate run at
+    // startup meanwhile) until stop(); `self` (this poller) is kept alive until the loop has ended.
+    void start(asio::any_io_executor ex, std::shared_ptr<settlement_poller> self);
+    // Ends the passes; completes once a pass in progress has ended (between two rows).
+    net::awaitable<void> stop();
 
   private:
     struct metrics_set;
     net::awaitable<void> pace();
+    net::awaitable<bool> pass();
 
     poller_config cfg_;
     std::shared_ptr<pg::pool> pool_;
@@ -69,8 +74,8 @@ class settlement_poller {
     logger log_;
     std::unique_ptr<metrics_set> metrics_;
     request_pacer pacer_;
-    bool stopped_ = false;
-    std::unique_ptr<net::steady_timer> wake_;
+    metrics::registry* reg_ = nullptr;
+    net::stoppable_task task_;
 };
 
 }  // namespace cg::billing

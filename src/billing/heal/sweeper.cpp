@@ -18,30 +18,6 @@ namespace cg::billing {
 
 using std::chrono::milliseconds;
 
-milliseconds sweep_bound(const charge_flow_config& p, milliseconds msg_timeout) noexcept {
-    auto longest_requeue =
-        std::max({p.lease_held_delay, p.retry_same_key_delay, p.indeterminate_delay,
-                  p.stripe_unavailable_delay, p.postgres_backoff.max, p.new_key_quiet + milliseconds(100)});
-    longest_requeue = std::min(longest_requeue, p.max_requeue_delay);
-    auto lease_held_jitter = std::max(p.lease_held_delay, p.lease / 10);
-    return 2 * msg_timeout + longest_requeue + lease_held_jitter;
-}
-
-milliseconds sweep_interval(milliseconds bound) noexcept {
-    return std::clamp(bound / 4, milliseconds(1'000), milliseconds(60'000));
-}
-
-milliseconds failover_sweep_interval(milliseconds lease) noexcept {
-    return std::clamp(lease / 30, milliseconds(1'000), milliseconds(5'000));
-}
-
-void derive_failover_sweeps(sweeper_config& c, const charge_flow_config& p) noexcept {
-    if (c.failover_interval.count() <= 0) c.failover_interval = failover_sweep_interval(p.lease);
-    if (c.failover_grace.count() < 0) c.failover_grace = 2 * p.lease_renew_interval + c.failover_interval;
-    if (c.failover_window.count() <= 0)
-        c.failover_window = std::max(p.lease, c.failover_grace) + 2 * c.failover_interval;
-}
-
 namespace {
 
 // The pending rows of one key namespace ($1) with no live lease that also meet `condition`, least recently
@@ -135,6 +111,7 @@ struct sweeper::state {
     // after_failover: the settles the pipeline remembers are re-applied at once, before the grace.
     bool reapply_due = false;
     metrics::Counter* reapplied = nullptr;
+    metrics::registry* reg = nullptr;
 
     void count(std::size_t slot) {
         if (swept[slot]) swept[slot]->Increment();
@@ -148,6 +125,7 @@ sweeper::sweeper(sweeper_config cfg, charge_flow& p, std::shared_ptr<pg::pool> p
     st_->p = &p;
     st_->pool = std::move(pool);
     st_->log = log.with({{"component", "sweeper"}});
+    st_->reg = reg;
     if (!reg) return;
     auto& fam = reg->counter("chargeguard_billing_swept_total",
                              "Abandoned pending ledger rows the sweeper ran, by how they ended (a verdict "
@@ -310,32 +288,28 @@ net::awaitable<void> reapply_settles(sweeper_state_ptr st) {
                   {"errors", static_cast<std::int64_t>(rep.errors)}});
 }
 
-net::awaitable<void> sweep_loop(sweeper_state_ptr st) {
-    while (!st->task.stopping()) {
-        if (auto wait = next_sweep_in(*st); wait > steady::duration::zero() && !st->reapply_due)
-            co_await st->task.sleep(wait);  // after_failover ends it early
-        if (st->task.stopping()) break;
-        if (st->reapply_due) co_await reapply_settles(st);
-        if (st->task.stopping()) break;
-        const auto now = steady::now();
-        // Woken by a failover whose grace has not passed: the failover sweeps come after it (they cover every
-        // row a regular sweep would take meanwhile).
-        if (now < st->failover_from) continue;
-        std::optional<milliseconds> since_failover;
-        if (now < st->failover_until) {
-            since_failover = std::chrono::duration_cast<milliseconds>(now - st->failover_at);
-            st->failover_swept = true;
-        }
-        auto rep = co_await sweep_rows(st, since_failover);
-        if (!rep)
-            st->log.warn("sweep failed; trying again at the next interval",
-                         {{"error", rep.err().describe()}});
-        else if (rep->found + rep->corrections_found > 0)
-            st->log.info("sweep done",
-                         {{"found", static_cast<std::int64_t>(rep->found)},
-                          {"corrections_found", static_cast<std::int64_t>(rep->corrections_found)},
-                          {"charged", static_cast<std::int64_t>(rep->count(verdict_reason::charged))}});
+// One pass: the settles to re-apply after a failover first, then a failover sweep or a regular one.
+net::awaitable<bool> sweep_pass(sweeper_state_ptr st) {
+    if (st->reapply_due) co_await reapply_settles(st);
+    if (st->task.stopping()) co_return false;
+    const auto now = steady::now();
+    // Woken by a failover whose grace has not passed: the failover sweeps come after it (they cover every
+    // row a regular sweep would take meanwhile).
+    if (now < st->failover_from) co_return true;
+    std::optional<milliseconds> since_failover;
+    if (now < st->failover_until) {
+        since_failover = std::chrono::duration_cast<milliseconds>(now - st->failover_at);
+        st->failover_swept = true;
     }
+    auto rep = co_await sweep_rows(st, since_failover);
+    if (!rep)
+        st->log.warn("sweep failed; trying again at the next interval", {{"error", rep.err().describe()}});
+    else if (rep->found + rep->corrections_found > 0)
+        st->log.info("sweep done",
+                     {{"found", static_cast<std::int64_t>(rep->found)},
+                      {"corrections_found", static_cast<std::int64_t>(rep->corrections_found)},
+                      {"charged", static_cast<std::int64_t>(rep->count(verdict_reason::charged))}});
+    co_return true;
 }
 
 }  // namespace
@@ -364,7 +338,17 @@ void sweeper::after_failover() {
 
 void sweeper::start(asio::any_io_executor ex) {
     if (st_->cfg.interval.count() <= 0) st_->cfg.interval = sweep_interval(st_->cfg.after);
-    st_->task.start(ex, st_, sweep_loop(st_), st_->log, "sweeper");
+    net::job_spec job;
+    job.name = "sweeper";
+    job.interval = st_->cfg.interval;
+    // The regular interval, or less while failover sweeps are due; at once when settles are to be re-applied
+    // (after_failover wakes a sleep in progress).
+    job.next_wait = [st = st_.get()] {
+        return st->reapply_due ? steady::duration::zero() : next_sweep_in(*st);
+    };
+    job.metrics = st_->reg;
+    st_->task.start_job(
+        ex, st_, std::move(job), [st = st_] { return sweep_pass(st); }, st_->log);
 }
 
 net::awaitable<void> sweeper::stop() {

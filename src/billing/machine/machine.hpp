@@ -18,6 +18,7 @@
 
 #include "billing/machine/decision.hpp"
 #include "billing/machine/outcome.hpp"
+#include "billing/machine/settlement.hpp"
 #include "core/result.hpp"
 #include "stripe/fact.hpp"
 #include "stripe/outcome.hpp"
@@ -122,5 +123,67 @@ found_command on_found(table t, const stripe::fact& f) noexcept;
 
 // A statement failed: REQ with the PostgreSQL backoff, the verdict naming the step.
 verdict on_postgres_error(const backoff& b, std::int32_t attempts, const error& e, std::string_view step);
+
+// ---- The healers and the operator commands (machine_heal.cpp)
+// ---------------------------------------------- They run these decisions rather than compare states
+// themselves; each target state is one the table above allows for their input
+// (tests/unit/billing/machine_heal_test.cpp checks it).
+
+// What a dead letter's replay does with the ledger row of its key (input::replay).
+enum class replay_command {
+    publish,              // pending: the pipeline is on it, one more delivery is harmless
+    reopen_then_publish,  // failed, cap_blocked, failed_after_processing: back to pending, then published
+    refuse_superseded,    // charged or processing: the event would be finished as a duplicate
+    refuse_declined,      // declined: retry-declined reopens it, not a replay
+    refuse_conflict,      // conflict: resolved by hand
+};
+std::string_view to_string(replay_command c) noexcept;
+replay_command on_replay(record_status s) noexcept;
+
+// What retry-declined does with a row it was asked to retry (input::retry_declined).
+enum class retry_command {
+    reopen,           // declined: reopened under a new key generation, then published
+    follow_pending,   // pending: published again when a retry of its generation is under way, else nothing
+    already_charged,  // charged: nothing to retry
+    not_declined,     // anything else: not retried (dead letters, processing…)
+};
+std::string_view to_string(retry_command c) noexcept;
+retry_command on_retry_declined(record_status s) noexcept;
+
+// A row in this state waits for Stripe's word on a payment in flight (a webhook or the poll ends it); the
+// poller counts a row that left it as settled, the backfill a recovered row still in it as processing.
+bool awaits_payment_fact(record_status s) noexcept;
+
+// A successful payment carrying the row's key is still to be recorded by the machine in this state
+// (recovery's search for pending, a payment fact for processing); in any other state it is money the ledger
+// does not account for (reconcile reports it).
+bool records_found_payment(record_status s) noexcept;
+
+// What the backfill makes of a Stripe charge carrying a key the ledger has no row for (input::backfill).
+enum class backfill_command {
+    none,                         // nothing moved, or in flight and not followed: no row
+    insert_charged,               // the money moved: the row is recorded charged
+    insert_processing,            // a bank debit in flight: the row waits as processing
+    insert_processing_then_fail,  // a bank debit that failed: processing, then failed after processing
+};
+std::string_view to_string(backfill_command c) noexcept;
+// `follow_in_flight`: the backfill can write a dead letter for a debit that fails (it knows the topic).
+backfill_command on_backfill(const stripe::fact& f, bool follow_in_flight) noexcept;
+
+// What an operator's reconcile does with the recovery search's find for a pending row: it records a final
+// answer only; a payment still moving (or none) is left to the pipeline, which follows it.
+enum class reconcile_command {
+    leave,          // nothing found, or a payment still moving
+    mark_charged,   // pending → charged
+    mark_declined,  // pending → declined
+};
+std::string_view to_string(reconcile_command c) noexcept;
+reconcile_command on_reconcile_found(found_command c) noexcept;
+
+// A payment fact about a refund (one refund, or a charge's cumulative refunds): the vault's reservation is
+// refunded by it and it is recorded by what it names; and whether a fact's Stripe status is the payment's
+// own (a dispute's or a refund's is not; an unknown event type has none).
+bool names_refund(fact_kind k) noexcept;
+bool states_payment_status(fact_kind k) noexcept;
 
 }  // namespace cg::billing::machine

@@ -5,6 +5,7 @@
 #include <optional>
 #include <tuple>
 
+#include "billing/machine/machine.hpp"
 #include "billing/report/expected_run.hpp"
 #include "core/log.hpp"
 #include "stripe/fact.hpp"
@@ -324,7 +325,7 @@ recon_verdict classify(const recon_facts& f) {
             return {recon_class::absent_at_stripe, "charge " + id + " is " + ch.status + " at Stripe" + also};
     }
     // A second successful charge for one key: money taken that the ledger does not account for.
-    if (succeeded && rec.status != record_status::pending && rec.status != record_status::processing)
+    if (succeeded && !machine::records_found_payment(rec.status))
         return {recon_class::not_in_ledger,
                 "charge " + succeeded->id + " (" + money(succeeded->amount, succeeded->currency) +
                     ") carries the key; the ledger records " + rec.charge_id.value_or("none")};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "billing/machine/machine.hpp"
 #include "pg/rows.hpp"
 
 // g++ 12 at -O2 reports a false positive on Asio's coroutine frame allocator (GCC bug 109224), as the
@@ -131,9 +132,7 @@ settlement_row decode_row(const pg::rows& r) {
 
 // A fact's Stripe status worth recording as the payment's (a dispute's status is not the payment's).
 std::optional<std::string> payment_status_of(const payment_fact& f) {
-    if (f.kind == fact_kind::dispute_opened || f.kind == fact_kind::dispute_closed ||
-        f.kind == fact_kind::refund_update || f.kind == fact_kind::unknown_type)
-        return std::nullopt;
+    if (!machine::states_payment_status(f.kind)) return std::nullopt;
     return opt(f.status);
 }
 
@@ -189,7 +188,7 @@ net::awaitable<result<std::optional<pg::pooled_connection>>> begin_on_row(
 }
 
 bool refund_fact(const payment_fact& f) {
-    return f.kind == fact_kind::refunded || f.kind == fact_kind::refund_update;
+    return machine::names_refund(f.kind);
 }
 
 // Records a refund fact by what it names (see refund_update_sql); inside the caller's transaction.

@@ -61,6 +61,14 @@ struct cluster_pair {
         shell("'" + ctl + "' stop '" + standby + "' >/dev/null 2>&1");
         shell("rm -rf '" + root + "'");
     }
+    // Until the standby has replayed everything the primary wrote so far (WAL is polled: pg_ctl has no wait).
+    void wait_standby_replayed() const {
+        const auto lsn = value(primary_port, "SELECT pg_current_wal_lsn()");
+        const auto caught_up = "SELECT pg_last_wal_replay_lsn() >= '" + lsn + "'";
+        for (int i = 0; i < 200 && value(standby_port, caught_up) != "t"; ++i)
+            std::this_thread::sleep_for(50ms);
+        BOOST_TEST_REQUIRE(value(standby_port, caught_up) == "t");
+    }
     static int shell(const std::string& cmd) { return std::system(cmd.c_str()); }
     // pg_ctl waits: never while the loop has work (the test calls it between runs of the loop).
     void sh(const std::string& args) const {
@@ -125,6 +133,7 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
     o.server.connect_timeout = 2s;
     o.size = 4;
     o.watch_failover = true;
+    o.failover_record = test::key_namespace;  // as consume: its detection is recorded too, counted once
     f.pg = pg::pool::create(f.io.get_executor(), f.pool.get_executor(), std::move(o), logger(), &reg);
     f.pg->start();
     f.ledger = std::make_unique<billing::ledger>(f.pg);
@@ -157,11 +166,7 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
     const auto leased_epoch =
         cl.value(cl.primary_port, "SELECT lease_epoch FROM billing_records WHERE key = '" + leased_key + "'");
     // The standby has it all before the primary fails.
-    const auto lsn = cl.value(cl.primary_port, "SELECT pg_current_wal_lsn()");
-    for (int i = 0;
-         i < 200 && cl.value(cl.standby_port, "SELECT pg_last_wal_replay_lsn() >= '" + lsn + "'") != "t"; ++i)
-        std::this_thread::sleep_for(50ms);
-    BOOST_TEST_REQUIRE(cl.value(cl.standby_port, "SELECT pg_last_wal_replay_lsn() >= '" + lsn + "'") == "t");
+    cl.wait_standby_replayed();
 
     // The sweeper as consume starts it: default bound (2 × 60 s + 300.1 s + 10 s) and interval (60 s).
     auto s =
@@ -248,6 +253,114 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
     }
     BOOST_TEST(failovers_seen(reg) == 1.0);
     BOOST_TEST(cl.value(cl.standby_port, "SELECT pg_is_in_recovery()::text") == "false");
+
+    run_async(f.io, [&]() -> net::awaitable<void> { co_await s->stop(); });
+}
+
+// A sidecar started only after the failover never saw the server before it: its pool finds the promoted
+// standby's timeline differs from the one recorded in the ledger (pg_server_seen, migration 0024) by the
+// sidecar that ran before, reports the failover as one it saw itself, and its sweeper settles the row the
+// failover returned to pending (charged at Stripe, its message FINed) within 60 s of the promotion with the
+// default settings, by the payment already made. Without the record the row would wait for the sweep bound.
+BOOST_AUTO_TEST_CASE(a_sidecar_started_after_the_failover_settles_the_rows_it_returned_to_pending) {
+    if (::access("/usr/lib/postgresql/15/bin/pg_basebackup", X_OK) != 0) {
+        BOOST_TEST_MESSAGE("skipped: no pg_basebackup (ci/pg-cluster standby needs it)");
+        return;
+    }
+    cluster_pair cl;
+    metrics::registry before_reg, after_reg;  // each outlives its pool
+    fixture f;
+    auto watching_pool = [&](metrics::registry& reg) {
+        pg::pool_options o;
+        o.server = cl.both();
+        o.server.connect_timeout = 2s;
+        o.size = 4;
+        o.health_interval = 1s;  // the record is retried by the maintenance once the migrations made it
+        o.watch_failover = true;
+        o.failover_record = test::key_namespace;
+        return pg::pool::create(f.io.get_executor(), f.pool.get_executor(), std::move(o), logger(), &reg);
+    };
+    // The sidecar before the failover: it migrates, charges, and records the primary it reached.
+    run_async(f.io, [&]() -> net::awaitable<void> { co_await f.pg->close(); });
+    f.pg = watching_pool(before_reg);
+    f.pg->start();
+    f.ledger = std::make_unique<billing::ledger>(f.pg);
+    auto migrated = f.run(f.boxed_migrate());
+    BOOST_TEST_REQUIRE(migrated.has_value(), (migrated ? "" : migrated.err().describe()));
+    billing::charge_flow_config pc;  // the defaults: a 60 s lease
+    pc.key_namespace = test::key_namespace;
+    const auto key = key_of("fl-0", "2026-11");
+    {
+        auto p = f.make_pipeline(pc);
+        auto v = f.handle(*p, delivery_of(event_json("fl-0", "2026-11", 1999), "fl00"));
+        BOOST_TEST_REQUIRE(billing::to_string(v.reason) == "charged", v.detail);
+    }
+    const auto recorded =
+        "SELECT timeline::text FROM pg_server_seen WHERE name = '" + std::string(test::key_namespace) + "'";
+    run_async(
+        f.io,
+        [&]() -> net::awaitable<void> {
+            for (int i = 0; i < 100; ++i) {
+                auto r = co_await f.query(recorded, pg::params());
+                if (r && r->size() == 1) co_return;
+                co_await net::sleep_for(100ms);
+            }
+        },
+        15s);
+    const auto old_timeline = cl.value(cl.primary_port, recorded);
+    // What the standby holds when the settle was lost: pending without Stripe ids, no live lease, its epoch
+    // moved by another worker (not this process's to re-apply).
+    auto lost = f.run(f.query(
+        "UPDATE billing_records SET status = 'pending', charge_id = NULL, payment_intent_id = NULL, "
+        "lease_until = now() - interval '1 s', lease_epoch = lease_epoch + 1 WHERE key = $1 RETURNING key",
+        pg::params(key)));
+    BOOST_TEST_REQUIRE(lost.has_value(), (lost ? "" : lost.err().describe()));
+    cl.wait_standby_replayed();
+    run_async(f.io, [&]() -> net::awaitable<void> { co_await f.pg->close(); });
+    f.ledger.reset();
+
+    cl.sh("crash '" + cl.primary + "'");
+    cl.sh("promote '" + cl.standby + "'");
+    const auto failed_over = clock_type::now();
+
+    // The sidecar started after it, as consume starts one: the sweeper with the default bound (> 400 s).
+    f.pg = watching_pool(after_reg);
+    f.ledger = std::make_unique<billing::ledger>(f.pg);
+    auto p = f.make_pipeline(pc);
+    auto s = billing::start_sweeper(f.io.get_executor(), *p, f.pg, billing::sweeper_config{}, 60s, after_reg,
+                                    logger());
+    BOOST_TEST_REQUIRE(s->config().after > 400s);
+    f.pg->start();
+    std::optional<clock_type::duration> detected_at, charged_at;
+    run_async(
+        f.io,
+        [&]() -> net::awaitable<void> {
+            while (clock_type::now() - failed_over < 60s && !charged_at) {
+                if (!detected_at && failovers_seen(after_reg) > 0.0)
+                    detected_at = clock_type::now() - failed_over;
+                auto r =
+                    co_await f.query("SELECT status FROM billing_records WHERE key = $1", pg::params(key));
+                if (r && r->size() == 1 && r->get<std::string>(0, 0) == "charged")
+                    charged_at = clock_type::now() - failed_over;
+                co_await net::sleep_for(100ms);
+            }
+        },
+        75s);
+    using std::chrono::duration_cast;
+    using std::chrono::milliseconds;
+    BOOST_TEST_REQUIRE(detected_at.has_value(), "the failover before the start was not detected");
+    BOOST_TEST_REQUIRE(charged_at.has_value(), "the row was not charged within 60 s of the failover");
+    BOOST_TEST_MESSAGE("a sidecar started after the failover detected it "
+                       << duration_cast<milliseconds>(*detected_at).count() << " ms and charged the row "
+                       << duration_cast<milliseconds>(*charged_at).count() << " ms after the promotion");
+    BOOST_TEST(failovers_seen(after_reg) == 1.0);
+    BOOST_TEST(failovers_seen(before_reg) == 0.0);
+    // One payment at Stripe, the row holding its id; the new server is recorded for the next sidecar.
+    BOOST_TEST(f.fake->charges().size() == 1u);
+    auto row = f.row(key);
+    BOOST_TEST_REQUIRE(row.has_value());
+    BOOST_TEST(row->charge_id.has_value());
+    BOOST_TEST(cl.value(cl.standby_port, recorded) != old_timeline);
 
     run_async(f.io, [&]() -> net::awaitable<void> { co_await s->stop(); });
 }

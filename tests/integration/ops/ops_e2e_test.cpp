@@ -1809,6 +1809,22 @@ net::awaitable<child*> start_receiver(ops& t, bool retry) {
     co_return &r;
 }
 
+// The auto-retry tests' start: nsqd and the schema, Stripe declining each of `declined` (Stripe customer
+// ids), the `events` published and consumed to their decline. Returns the consumer, still running.
+net::awaitable<child*> declined_first(ops& t, std::vector<std::string> declined,
+                                      std::vector<std::string> events) {
+    t.start_nsqd();
+    co_await t.migrate();
+    for (const auto& customer : declined) t.fake->decline(customer);
+    for (const auto& body : events) t.nsqd->publish(topic, body);
+    auto& consumer = t.spawn_consume(t.nsqd->tcp_address());
+    BOOST_TEST_REQUIRE(
+        co_await eventually([&] { return t.nsqd->channel(topic, channel).finish_count == events.size(); },
+                            seconds(40)),
+        consumer.err());
+    co_return &consumer;
+}
+
 // Every event fake-stripe made has been answered 2xx by the receiver (each copy of a duplicated one).
 bool all_acked(ops& t) {
     const auto st = t.fake->webhooks().stats();
@@ -1823,17 +1839,11 @@ bool all_acked(ops& t) {
 // charges it, once. The retry shows in `explain`.
 BOOST_FIXTURE_TEST_CASE(a_card_attached_at_stripe_retries_the_declined_key_once, ops) {
     run(*this, [this]() -> net::awaitable<void> {
-        start_nsqd();
-        co_await migrate();
         const std::string p = "2026-08";
-        fake->decline("cus_w1");
-        fake->decline("cus_w9");  // another customer: never retried
-        nsqd->publish(topic, event_json("w1", p, 1500, "cus_w1"));
-        nsqd->publish(topic, event_json("w9", p, 1900, "cus_w9"));
-        auto& consumer = spawn_consume(nsqd->tcp_address());
-        BOOST_TEST_REQUIRE(co_await eventually(
-                               [&] { return nsqd->channel(topic, channel).finish_count == 2u; }, seconds(40)),
-                           consumer.err());
+        // cus_w9: another customer, never retried.
+        const std::vector<std::string> declined{"cus_w1", "cus_w9"},
+            events{event_json("w1", p, 1500, "cus_w1"), event_json("w9", p, 1900, "cus_w9")};
+        auto& consumer = *co_await declined_first(*this, declined, events);
         child* receiver = co_await start_receiver(*this, true);
         const std::string pm = fake->attach_payment_method("cus_w1");
         const std::string event_id = fake->events().back().id;
@@ -1903,15 +1913,9 @@ BOOST_FIXTURE_TEST_CASE(a_card_attached_at_stripe_retries_the_declined_key_once,
 // close behind it, each delivered twice: one retry, one charge.
 BOOST_FIXTURE_TEST_CASE(a_duplicated_event_and_a_second_event_retry_once, ops) {
     run(*this, [this]() -> net::awaitable<void> {
-        start_nsqd();
-        co_await migrate();
         const std::string p = "2026-08";
-        fake->decline("cus_w2");
-        nsqd->publish(topic, event_json("w2", p, 1600, "cus_w2"));
-        auto& consumer = spawn_consume(nsqd->tcp_address());
-        BOOST_TEST_REQUIRE(co_await eventually(
-                               [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
-                           consumer.err());
+        const std::vector<std::string> declined{"cus_w2"}, events{event_json("w2", p, 1600, "cus_w2")};
+        auto& consumer = *co_await declined_first(*this, declined, events);
         child* receiver = co_await start_receiver(*this, true);
         fake->webhooks().faults().duplicate = 2;
         const std::string pm = fake->attach_payment_method("cus_w2");
@@ -1948,15 +1952,9 @@ BOOST_FIXTURE_TEST_CASE(a_duplicated_event_and_a_second_event_retry_once, ops) {
 // event (the card made the default) is a new request and retries once more.
 BOOST_FIXTURE_TEST_CASE(a_redelivered_event_never_retries_a_row_twice, ops) {
     run(*this, [this]() -> net::awaitable<void> {
-        start_nsqd();
-        co_await migrate();
         const std::string p = "2026-08", key = key_of("w4", p);
-        fake->decline("cus_w4");
-        nsqd->publish(topic, event_json("w4", p, 1800, "cus_w4"));
-        auto& consumer = spawn_consume(nsqd->tcp_address());
-        BOOST_TEST_REQUIRE(co_await eventually(
-                               [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
-                           consumer.err());
+        const std::vector<std::string> declined{"cus_w4"}, events{event_json("w4", p, 1800, "cus_w4")};
+        auto& consumer = *co_await declined_first(*this, declined, events);
         child* receiver = co_await start_receiver(*this, true);
         const std::string pm = fake->attach_payment_method("cus_w4");
         const auto attached = fake->events().back();
@@ -2016,19 +2014,13 @@ BOOST_FIXTURE_TEST_CASE(a_redelivered_event_never_retries_a_row_twice, ops) {
 // retried — the same customer id's declined row on the platform is another customer's, and stays declined.
 BOOST_FIXTURE_TEST_CASE(a_card_change_retries_only_the_rows_of_its_account, ops) {
     run(*this, [this]() -> net::awaitable<void> {
-        start_nsqd();
-        co_await migrate();
         const std::string p = "2026-08", acct = "acct_1CardW5";
         fake->add_account(acct, {"cus_w5"});
-        fake->decline("cus_w5");
-        nsqd->publish(topic, event_json("w5", p, 1500, "cus_w5"));
         auto connected = event_json("w5", p, 1501, "cus_w5");
         connected.pop_back();
-        nsqd->publish(topic, connected + R"(,"stripe_account":")" + acct + "\"}");
-        auto& consumer = spawn_consume(nsqd->tcp_address());
-        BOOST_TEST_REQUIRE(co_await eventually(
-                               [&] { return nsqd->channel(topic, channel).finish_count == 2u; }, seconds(40)),
-                           consumer.err());
+        const std::vector<std::string> declined{"cus_w5"},
+            events{event_json("w5", p, 1500, "cus_w5"), connected + R"(,"stripe_account":")" + acct + "\"}"};
+        auto& consumer = *co_await declined_first(*this, declined, events);
         child* receiver = co_await start_receiver(*this, true);
         fake->attach_payment_method("cus_w5", acct);
         BOOST_TEST_REQUIRE(co_await eventually(
@@ -2073,15 +2065,9 @@ BOOST_FIXTURE_TEST_CASE(a_card_change_retries_only_the_rows_of_its_account, ops)
 // Without --retry-declined-on-payment-method-change the same event is recorded and nothing is retried.
 BOOST_FIXTURE_TEST_CASE(without_the_flag_a_card_change_retries_nothing, ops) {
     run(*this, [this]() -> net::awaitable<void> {
-        start_nsqd();
-        co_await migrate();
         const std::string p = "2026-08";
-        fake->decline("cus_w3");
-        nsqd->publish(topic, event_json("w3", p, 1700, "cus_w3"));
-        auto& consumer = spawn_consume(nsqd->tcp_address());
-        BOOST_TEST_REQUIRE(co_await eventually(
-                               [&] { return nsqd->channel(topic, channel).finish_count == 1u; }, seconds(40)),
-                           consumer.err());
+        const std::vector<std::string> declined{"cus_w3"}, events{event_json("w3", p, 1700, "cus_w3")};
+        auto& consumer = *co_await declined_first(*this, declined, events);
         child* receiver = co_await start_receiver(*this, false);
         const std::string pm = fake->attach_payment_method("cus_w3");
         fake->set_default_payment_method("cus_w3", pm);
@@ -2158,7 +2144,7 @@ net::awaitable<void> depth_follows_stats(ops& t, depth_nsqd n) {
         d = co_await depth();
         if (d != 0) co_await net::sleep_for(milliseconds(50));
     }
-    BOOST_TEST(d == 0);
+    BOOST_TEST(d == 0, consumer.err());
     co_await t.stop_cleanly(consumer);
     if (!n.lookupd.empty()) co_return;
     auto& blind = t.spawn_consume(n.tcp);
