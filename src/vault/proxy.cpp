@@ -161,8 +161,8 @@ net::awaitable<http::client_result> forward(state_ptr st, http::request up, ledg
     co_return r;
 }
 
-// The connection went away (reset by the client, or closed by the server's stop) with the request's body
-// still in it: nothing was reserved or sent, as for a request that found no place in time.
+// The connection's socket can no longer be read (the listener's stop closed it) with the request's body still
+// in it: nothing was reserved or sent, as for a request that found no place in time.
 http::response client_gone(proxy::state& st, ledger_line& l, bool creates) {
     return finish(st, l, creates ? "upstream_unreachable" : "upstream_failed",
                   refuse(st, refusals::upstream_failure(false), true));

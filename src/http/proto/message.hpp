@@ -35,7 +35,7 @@ class headers {
 class body_source {
   public:
     // The next `n` bytes of the connection, which are there already: consumed (`take`), or copied and left
-    // there. nullopt when the connection is gone (reset by the peer, or closed by the server's stop).
+    // there. nullopt when the socket can no longer be read (the server's stop closed it).
     virtual std::optional<std::string> read(std::size_t n, bool take) = 0;
 
   protected:
