@@ -21,10 +21,9 @@ client_connection::client_connection(asio::any_io_executor ex, std::shared_ptr<a
                                      std::shared_ptr<net::tls_session_cache> sessions)
     : tls_ctx_(std::move(tls)), sessions_(std::move(sessions)) {
     if (tls_ctx_) {
-        tls_ = std::make_unique<net::tls_stream>(ex, *tls_ctx_);
-        // OpenSSL frees a connection's record buffers whenever they are empty: a connection waiting for its
-        // response, or idle in the pool, holds none.
-        SSL_set_mode(tls_->native_handle(), SSL_MODE_RELEASE_BUFFERS);
+        // OpenSSL on the socket itself, its record buffers freed whenever they are empty: a connection
+        // waiting for its response, or idle in the pool, holds its SSL state alone (net/tls_socket.hpp).
+        tls_ = std::make_unique<net::tls_client_socket>(ex, *tls_ctx_);
     } else
         tcp_ = std::make_unique<net::tcp_socket>(ex);
 }
@@ -51,17 +50,17 @@ net::awaitable<result<void>> client_connection::connect(const origin& o,
     lowest().set_option(net::tcp::no_delay(true), ignored);
     if (!tls_) co_return result<void>{};
 
-    if (auto p = net::prepare_tls_client(*tls_, o.host); !p) co_return p.err();
-    if (sessions_) sessions_->attach(*tls_);
-    auto [hec] = co_await tls_->async_handshake(asio::ssl::stream_base::client);
+    if (auto p = net::prepare_tls_client(tls_->native_handle(), o.host); !p) co_return p.err();
+    if (sessions_) sessions_->attach(tls_->native_handle());
+    auto [hec] = co_await tls_->async_handshake(net::nothrow);
     if (hec) {
         bool verify = SSL_get_verify_result(tls_->native_handle()) != X509_V_OK;
-        std::string why =
-            "TLS handshake with " + o.to_string() + " failed: " + net::describe_tls_error(*tls_, hec);
+        std::string why = "TLS handshake with " + o.to_string() +
+                          " failed: " + net::describe_tls_error(tls_->native_handle(), hec);
         if (verify) co_return error(net::errc::tls_verify_failed, std::move(why));
         co_return error(hec, std::move(why));
     }
-    resumed_ = net::tls_session_resumed(*tls_);
+    resumed_ = net::tls_session_resumed(tls_->native_handle());
     co_return result<void>{};
 }
 

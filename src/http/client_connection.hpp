@@ -15,6 +15,7 @@
 #include "http/proto/message.hpp"
 #include "http/proto/parser.hpp"
 #include "net/tls.hpp"
+#include "net/tls_socket.hpp"
 #include "net/tokens.hpp"
 
 namespace cg::http {
@@ -60,7 +61,7 @@ class client_connection {
 
     std::shared_ptr<asio::ssl::context> tls_ctx_;
     std::shared_ptr<net::tls_session_cache> sessions_;
-    std::unique_ptr<net::tls_stream> tls_;
+    std::unique_ptr<net::tls_client_socket> tls_;
     std::unique_ptr<net::tcp_socket> tcp_;
     std::string buf_;          // bytes read past the parser
     std::string out_;          // the serialized request (reused)

@@ -23,6 +23,16 @@ class router {
     // differs. Exceptions from handlers propagate to the caller (the server turns them into 500).
     asio::awaitable<response> dispatch(request& req) const;
 
+    // The handlers take their requests' bodies themselves (request::take_body, request::peek_body): on a
+    // plain connection the server leaves a Content-Length body that has fully arrived in the socket, so a
+    // request waiting in its handler holds no copy of it. The server consumes what a handler left unread
+    // after answering.
+    router& leave_bodies_unread() {
+        bodies_unread_ = true;
+        return *this;
+    }
+    bool bodies_unread() const noexcept { return bodies_unread_; }
+
   private:
     struct route {
         std::string method;
@@ -31,6 +41,7 @@ class router {
         handler h;
     };
     std::vector<route> routes_;
+    bool bodies_unread_ = false;
 };
 
 }  // namespace cg::http

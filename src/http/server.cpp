@@ -1,6 +1,9 @@
 #include "http/server.hpp"
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <array>
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 #include <asio/ssl/stream.hpp>
@@ -9,6 +12,8 @@
 #include <cerrno>
 #include <list>
 #include <optional>
+#include <string_view>
+#include <type_traits>
 
 #include "net/error.hpp"
 #include "net/timeout.hpp"
@@ -75,22 +80,38 @@ std::size_t read_ready(net::tcp_socket& s, std::string& buf, std::size_t max, st
     return n;
 }
 
+constexpr std::size_t plain_read_max = 16 * 1024;
+
+// How much of what is there to read belongs to a request head: up to and including the first blank line
+// in it, else all of it. A head whose end is not in what is there (split across reads, over 16 KiB, bare-LF
+// line ends) is read as it comes, and then the body with it: the parser still sees every byte.
+std::size_t head_bytes_there(net::tcp_socket& s) {
+    thread_local std::array<char, plain_read_max> peeked;
+    auto n = ::recv(s.native_handle(), peeked.data(), peeked.size(), MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0) return plain_read_max;  // EOF or an error: the read reports it
+    std::string_view there(peeked.data(), static_cast<std::size_t>(n));
+    auto end = there.find("\r\n\r\n");
+    return end == std::string_view::npos ? there.size() : end + 4;
+}
+
 // One read of what the peer sent, appended to `buf`, within `left`: nullopt on timeout. A plain socket waits
 // for readability without a buffer and then reads what is there straight into `buf`, so a connection waiting
 // for (the rest of) a request holds no read buffer in its frame; a TLS stream reads through a chunk.
+// `head_only` (plain sockets): a body after the head stays in the socket (head_bytes_there).
 asio::awaitable<std::optional<std::error_code>> read_more(net::tcp_socket& s, std::string& buf,
-                                                          clock::duration left) {
+                                                          clock::duration left, bool head_only) {
     auto r = co_await net::with_timeout(s.async_wait(net::tcp::socket::wait_read, net::nothrow), left);
     if (!r) co_return std::nullopt;
     auto [ec] = *r;
     if (ec) co_return ec;
     std::error_code rec;
-    read_ready(s, buf, 16 * 1024, rec);  // nothing there: reads EOF if the peer closed, else waits again
+    // Nothing there: reads EOF if the peer closed, else waits again.
+    read_ready(s, buf, head_only ? head_bytes_there(s) : plain_read_max, rec);
     co_return rec;
 }
 
 asio::awaitable<std::optional<std::error_code>> read_more(net::tls_stream& s, std::string& buf,
-                                                          clock::duration left) {
+                                                          clock::duration left, bool) {
     char chunk[8192];
     auto r = co_await net::with_timeout(s.async_read_some(asio::buffer(chunk), net::nothrow), left);
     if (!r) co_return std::nullopt;
@@ -123,12 +144,38 @@ struct buffer_charge {
 
 enum class read_outcome { message, closed, over_budget };
 
+// A plain connection's next bytes, where the server left a request's body for its handler
+// (router::leave_bodies_unread); all of them had arrived when the request was dispatched.
+class socket_body final : public body_source {
+  public:
+    explicit socket_body(net::tcp_socket& s) : sock_(s) {}
+    std::optional<std::string> read(std::size_t n, bool take) override {
+        std::string out(n, '\0');
+        std::size_t got = 0;
+        while (got < n) {
+            auto r = ::recv(sock_.native_handle(), out.data() + got, n - got,
+                            MSG_DONTWAIT | (take ? 0 : MSG_PEEK));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) return std::nullopt;
+            got += static_cast<std::size_t>(r);
+            if (!take && got < n) return std::nullopt;  // a peek sees at once all that is there
+        }
+        return out;
+    }
+
+  private:
+    net::tcp_socket& sock_;
+};
+
 // Reads until the parser has a full message or fails. `closed` on EOF/timeout/error before any byte of a
 // message, or after a transport failure; `over_budget` when a read took the server over
-// max_buffered_bytes.
+// max_buffered_bytes. With `unread` (a plain connection whose handlers take their bodies), a message whose
+// Content-Length body has all arrived after its head comes back with the body left in the socket
+// (request::unread_body), charged to the budget as if read.
 template <typename Stream>
 asio::awaitable<read_outcome> read_request(Stream& stream, request_parser& parser, std::string& buf,
-                                           clock::duration timeout, buffer_charge& charge) {
+                                           clock::duration timeout, buffer_charge& charge,
+                                           socket_body* unread) {
     auto deadline = clock::now() + timeout;
     for (;;) {
         if (!buf.empty()) {
@@ -136,10 +183,23 @@ asio::awaitable<read_outcome> read_request(Stream& stream, request_parser& parse
             buf.erase(0, used);
             if (parser.state() != parse_state::need_more) co_return read_outcome::message;
         }
+        if constexpr (std::is_same_v<Stream, net::tcp_socket>) {
+            if (unread && buf.empty()) {
+                std::error_code ec;
+                auto n = parser.body_left_unfed();
+                if (n > 0 && stream.available(ec) >= n && !ec) {
+                    auto& req = parser.message();
+                    req.unread_body = n;
+                    req.unread_from = unread;
+                    charge.add(n);
+                    co_return charge.over() ? read_outcome::over_budget : read_outcome::message;
+                }
+            }
+        }
         auto left = deadline - clock::now();
         if (left <= clock::duration::zero()) co_return read_outcome::closed;
         const auto before = buf.size();
-        auto r = co_await read_more(stream, buf, left);
+        auto r = co_await read_more(stream, buf, left, unread != nullptr);
         if (!r) co_return read_outcome::closed;
         charge.add(buf.size() - before);
         if (charge.over()) co_return read_outcome::over_budget;
@@ -214,10 +274,13 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
     request_parser parser(st->opts.limits);
     std::string buf, out;
     buffer_charge charge(*st);
+    std::optional<socket_body> unread;
+    if constexpr (std::is_same_v<Stream, net::tcp_socket>)
+        if (st->routes.bodies_unread()) unread.emplace(stream);
     while (!st->stopped) {
         auto timeout = self->served ? st->opts.read_timeout : first_timeout;
         self->between = self->served;
-        auto got = co_await read_request(stream, parser, buf, timeout, charge);
+        auto got = co_await read_request(stream, parser, buf, timeout, charge, unread ? &*unread : nullptr);
         self->between = false;
         if (got == read_outcome::closed) co_return;
         if (got == read_outcome::over_budget) {
@@ -259,6 +322,11 @@ asio::awaitable<void> serve(std::shared_ptr<server::state> st, Stream& stream, c
                 resp = make_response(500, "internal error\n");
             }
             if (st->stopped || resp.abort_connection) co_return;
+            // What the handler left of its body in the socket goes: the next request starts after it.
+            if (req.unread_body > 0) {
+                if (!req.take_body()) co_return;
+                std::string().swap(req.body);
+            }
             if (!req.keep_alive()) resp.headers.set("Connection", "close");
         }
         if (!resp.headers.has("Server")) resp.headers.add("Server", st->opts.server_name);

@@ -63,8 +63,7 @@ tls_session_cache::~tls_session_cache() {
     if (session_) SSL_SESSION_free(session_);
 }
 
-void tls_session_cache::attach(tls_stream& stream) {
-    SSL* ssl = stream.native_handle();
+void tls_session_cache::attach(SSL* ssl) {
     SSL_set_ex_data(ssl, cache_index(), this);
     std::lock_guard lock(m_);
     if (session_ && SSL_SESSION_is_resumable(session_)) SSL_set_session(ssl, session_);  // takes its own ref
@@ -80,8 +79,8 @@ void tls_session_cache::store(SSL_SESSION* s) noexcept {
     if (old) SSL_SESSION_free(old);
 }
 
-bool tls_session_resumed(tls_stream& stream) {
-    return SSL_session_reused(stream.native_handle()) == 1;
+bool tls_session_resumed(SSL* ssl) {
+    return SSL_session_reused(ssl) == 1;
 }
 
 result<std::shared_ptr<asio::ssl::context>> make_tls_client_context(const tls_client_options& opts) {
@@ -120,8 +119,7 @@ result<std::shared_ptr<asio::ssl::context>> make_tls_server_context(const tls_se
     return ctx;
 }
 
-result<void> prepare_tls_client(tls_stream& stream, const std::string& host) {
-    SSL* ssl = stream.native_handle();
+result<void> prepare_tls_client(SSL* ssl, const std::string& host) {
     if (!is_ip_literal(host)) {
         if (SSL_set_tlsext_host_name(ssl, host.c_str()) != 1)
             return error(errc::tls_setup_failed, "SNI: " + openssl_errors());
@@ -136,9 +134,9 @@ result<void> prepare_tls_client(tls_stream& stream, const std::string& host) {
     return {};
 }
 
-std::string describe_tls_error(tls_stream& stream, std::error_code ec) {
+std::string describe_tls_error(SSL* ssl, std::error_code ec) {
     std::string out = ec.message();
-    long v = SSL_get_verify_result(stream.native_handle());
+    long v = SSL_get_verify_result(ssl);
     if (v != X509_V_OK) {
         out += " (certificate: ";
         out += X509_verify_cert_error_string(v);

@@ -31,7 +31,10 @@ result<std::shared_ptr<asio::ssl::context>> make_tls_server_context(const tls_se
 
 // Prepares a client stream for a handshake with `host`: SNI (for names, not IP literals) and host name
 // (or IP) verification of the peer certificate. Call before async_handshake.
-result<void> prepare_tls_client(tls_stream& stream, const std::string& host);
+result<void> prepare_tls_client(SSL* ssl, const std::string& host);
+inline result<void> prepare_tls_client(tls_stream& stream, const std::string& host) {
+    return prepare_tls_client(stream.native_handle(), host);
+}
 
 // Client TLS session resumption for ONE origin: keeps the latest session that origin's server issued
 // (TLS 1.3 ticket or TLS 1.2 session) and offers it on the next connection, which then skips certificate
@@ -49,7 +52,8 @@ class tls_session_cache {
 
     // Before async_handshake (after prepare_tls_client): offers the kept session, if any, and makes the
     // sessions this stream receives land here. The cache must outlive the stream.
-    void attach(tls_stream& stream);
+    void attach(SSL* ssl);
+    void attach(tls_stream& stream) { attach(stream.native_handle()); }
     // Keeps `s` (taking over its reference) as the session to offer next.
     void store(SSL_SESSION* s) noexcept;
 
@@ -59,9 +63,15 @@ class tls_session_cache {
 };
 
 // After a successful handshake: the server accepted the offered session (no certificate was exchanged).
-bool tls_session_resumed(tls_stream& stream);
+bool tls_session_resumed(SSL* ssl);
+inline bool tls_session_resumed(tls_stream& stream) {
+    return tls_session_resumed(stream.native_handle());
+}
 
 // Human-readable reason for a failed handshake, including OpenSSL's verify result when relevant.
-std::string describe_tls_error(tls_stream& stream, std::error_code ec);
+std::string describe_tls_error(SSL* ssl, std::error_code ec);
+inline std::string describe_tls_error(tls_stream& stream, std::error_code ec) {
+    return describe_tls_error(stream.native_handle(), ec);
+}
 
 }  // namespace cg::net

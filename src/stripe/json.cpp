@@ -2,6 +2,9 @@
 
 #include <simdjson.h>
 
+#include <algorithm>
+#include <cstddef>
+
 #include "stripe/error.hpp"
 
 namespace cg::stripe {
@@ -15,9 +18,21 @@ simdjson::dom::parser& parser() {
     return p;
 }
 
+// A parser grows to the largest document it parsed (its tape and string buffers, several times the body) and
+// keeps that: one list page (100 objects) would hold its memory on every thread that read one for good. A
+// body far smaller than the parser's capacity gives it back first; single objects, most of what is parsed,
+// fit in the floor.
+constexpr std::size_t parser_floor = 64 * 1024;
+
+void fit_parser(simdjson::dom::parser& p, std::size_t body) {
+    if (p.capacity() <= parser_floor || body * 4 >= p.capacity()) return;
+    if (p.allocate(std::max(body, parser_floor)) != simdjson::SUCCESS) return;  // the parse allocates itself
+}
+
 // The top-level object of `body`, valid until the next parse on this thread.
 result<object> parse_object(std::string_view body) {
     element doc;
+    fit_parser(parser(), body.size());
     if (auto e = parser().parse(body.data(), body.size()).get(doc); e)
         return error(errc::bad_response, std::string("JSON: ") + simdjson::error_message(e));
     object o;

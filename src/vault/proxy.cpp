@@ -161,6 +161,13 @@ net::awaitable<http::client_result> forward(state_ptr st, http::request up, ledg
     co_return r;
 }
 
+// The connection's socket can no longer be read (the listener's stop closed it) with the request's body still
+// in it: nothing was reserved or sent, as for a request that found no place in time.
+http::response client_gone(proxy::state& st, ledger_line& l, bool creates) {
+    return finish(st, l, creates ? "upstream_unreachable" : "upstream_failed",
+                  refuse(st, refusals::upstream_failure(false), true));
+}
+
 // A GET the key may make: forwarded as it is, no accounting.
 net::awaitable<http::response> forward_read(state_ptr st, http::request& req, ledger_line& l,
                                             clock::duration budget) {
@@ -173,7 +180,7 @@ net::awaitable<http::response> forward_read(state_ptr st, http::request& req, le
 // Idempotency-Key Stripe accepts, which the audit line records. The refusal, or nullopt to go on.
 std::optional<http::response> refuse_unkeyed_write(proxy::state& s, const http::request& req,
                                                    ledger_line& l) {
-    if (req.body.size() > s.cfg.max_body_bytes)
+    if (req.body_size() > s.cfg.max_body_bytes)
         return finish(s, l, "too_large", refuse(s, refusals::too_large(s.cfg.max_body_bytes), false));
     auto idem = req.headers.get("Idempotency-Key").value_or("");
     if (idem.empty() || idem.size() > 255)
@@ -187,6 +194,7 @@ std::optional<http::response> refuse_unkeyed_write(proxy::state& s, const http::
 // the key's policy's, applied when Stripe reports the refund (webhooks, refunds_reopen_cap).
 net::awaitable<http::response> forward_refund(state_ptr st, http::request& req, ledger_line& l,
                                               clock::duration budget) {
+    if (!req.take_body()) co_return client_gone(*st, l, false);
     auto r = co_await forward(st, upstream_request(*st, req, req.body), l, budget);
     if (!r.ok()) co_return finish(*st, l, "upstream_failed", transport_failure(*st, r));
     co_return finish(*st, l, "refund", relay(r.resp));
@@ -201,6 +209,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
                                               const std::string& key_id, const std::string& currency,
                                               const create_params& p, clock::duration budget) {
     const std::string idem = *l.row.idempotency_key;  // checked and recorded by refuse_unkeyed_write
+    if (!req.take_body()) co_return client_gone(*st, l, true);
     std::string body = with_vault_tag(req.body, idem);
     // Nothing reads the client's body past here (the tagged copy is what is reserved and forwarded): its
     // memory goes back now rather than being held for the whole upstream call.
@@ -298,7 +307,11 @@ net::awaitable<std::optional<http::response>> check_request(state_ptr st, http::
         // Stripe executes differ from what the vault reserved.
         if (auto bad = check_create_envelope(req.query(), req.headers.get("Content-Type")))
             co_return finish(*st, l, "bad_request", refuse(*st, *bad, false));
-        auto parsed = parse_create(req.body, (*key)->currency);
+        // The body as the server left it: in the connection, read again once the request may go on.
+        auto body = req.peek_body();
+        if (!body) co_return client_gone(*st, l, true);
+        auto parsed = parse_create(*body, (*key)->currency);
+        std::string().swap(*body);
         if (auto* bad = std::get_if<refusal>(&parsed))
             co_return finish(*st, l, "bad_request", refuse(*st, *bad, false));
         c.create = std::move(std::get<create_params>(parsed));
@@ -391,6 +404,9 @@ proxy::~proxy() = default;
 http::router proxy::routes() {
     http::router r;
     r.add_prefix("", "/", [this](http::request& q) { return handle(q); });
+    // A request waiting for its key, its place or its reservation holds no copy of its body: the handler
+    // reads it from the connection when it checks a create and when it forwards.
+    r.leave_bodies_unread();
     return r;
 }
 

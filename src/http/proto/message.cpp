@@ -69,6 +69,24 @@ std::string_view request::query() const {
     return q == std::string_view::npos ? std::string_view{} : t.substr(q + 1);
 }
 
+std::optional<std::string> request::peek_body() const {
+    if (unread_body == 0) return body;
+    auto rest = unread_from->read(unread_body, false);
+    if (!rest) return std::nullopt;
+    return body + *rest;
+}
+
+bool request::take_body() {
+    if (unread_body == 0) return true;
+    auto rest = unread_from->read(std::exchange(unread_body, 0), true);
+    if (!rest) return false;
+    if (body.empty())
+        body = std::move(*rest);
+    else
+        body += *rest;
+    return true;
+}
+
 bool request::keep_alive() const {
     if (headers.has_token("Connection", "close")) return false;
     if (version_minor == 0) return headers.has_token("Connection", "keep-alive");

@@ -31,12 +31,34 @@ class headers {
     std::vector<std::pair<std::string, std::string>> items_;
 };
 
+// What reads a request's body that the server left in its connection (router::leave_bodies_unread).
+class body_source {
+  public:
+    // The next `n` bytes of the connection, which are there already: consumed (`take`), or copied and left
+    // there. nullopt when the socket can no longer be read (the server's stop closed it).
+    virtual std::optional<std::string> read(std::size_t n, bool take) = 0;
+
+  protected:
+    ~body_source() = default;
+};
+
 struct request {
     std::string method = "GET";
     std::string target = "/";  // origin-form: path?query
     int version_minor = 1;
     http::headers headers;
     std::string body;
+    // Bytes of the body still in the connection, all of them arrived (`body` is empty until take_body()),
+    // and what reads them; 0 when the whole body is in `body`.
+    std::size_t unread_body = 0;
+    body_source* unread_from = nullptr;
+
+    std::size_t body_size() const noexcept { return body.size() + unread_body; }
+    // The whole body, a copy of what is still unread, which stays in the connection: what a check reads
+    // without holding the body while the request waits. nullopt when the connection is gone.
+    std::optional<std::string> peek_body() const;
+    // Moves what is still unread into `body`. False when the connection is gone (`body` stays empty).
+    bool take_body();
 
     std::string_view path() const;   // target up to '?'
     std::string_view query() const;  // after '?', or empty

@@ -61,6 +61,7 @@ struct parser_impl {
     bool started = false;
     bool no_body = false;
     bool is_request = true;
+    bool head_done = false;    // on_headers_complete accepted the head
     std::string field, value;  // current header being assembled
     bool in_value = false;
     // Message sinks, bound by the owning parser.
@@ -151,6 +152,7 @@ int on_headers_complete(http_parser* p) {
                    std::to_string(s.limits.max_body_bytes);
         return -1;
     }
+    s.head_done = true;
     if (!s.is_request && s.no_body) return 1;  // response to HEAD: skip the body
     return 0;
 }
@@ -226,6 +228,7 @@ void basic_parser<Message>::reset() {
     s.detail.clear();
     s.header_bytes = 0;
     s.started = false;
+    s.head_done = false;
     s.field.clear();
     s.value.clear();
     s.in_value = false;
@@ -275,6 +278,20 @@ void basic_parser<Message>::feed_eof() {
     if (s.err == errc::ok) {
         s.err = errc::connection_closed;
         s.detail = s.started ? "peer closed mid-message" : "peer closed";
+    }
+}
+
+template <typename Message>
+std::size_t basic_parser<Message>::body_left_unfed() {
+    auto& s = *impl_;
+    if constexpr (!std::is_same_v<Message, request>) {
+        return 0;
+    } else {
+        if (s.state != parse_state::need_more || !s.head_done || !s.body->empty()) return 0;
+        if (!(s.p.flags & F_CONTENTLENGTH) || (s.p.flags & F_CHUNKED) || s.p.content_length == 0) return 0;
+        msg_.method = http_method_str(static_cast<http_method>(s.p.method));
+        msg_.version_minor = s.p.http_minor;
+        return static_cast<std::size_t>(s.p.content_length);
     }
 }
 

@@ -48,6 +48,12 @@ class basic_parser {
     // Ready for the next message on the same connection.
     void reset();
 
+    // Request parsers: the head is complete, its body has a Content-Length and none of it was fed yet. Its
+    // length, with the message's method and version filled in as for a complete message; 0 otherwise. The
+    // caller may then leave the body to the handler (request::unread_body) and reset() before the next
+    // message.
+    std::size_t body_left_unfed();
+
     // Response parsers only: the request was HEAD, so no body follows.
     void expect_no_body(bool v) noexcept;
 

@@ -1,12 +1,14 @@
 // http::server over real sockets: slow clients are cut off, handler failures become 500s, a handler can
-// drop the connection, the connection limit holds (shedding idle connections, never a running request), and
-// the budget of bytes buffered across connections sheds the read that would exceed it.
+// drop the connection, the connection limit holds (shedding idle connections, never a running request), the
+// budget of bytes buffered across connections sheds the read that would exceed it, and a router's handlers
+// may take bodies the server left in the connection.
 #define BOOST_TEST_MODULE http_server
 #include "http/server.hpp"
 
 #include <asio/io_context.hpp>
 #include <atomic>
 #include <boost/test/unit_test.hpp>
+#include <future>
 #include <string>
 #include <thread>
 
@@ -41,6 +43,28 @@ asio::awaitable<http::response> hold_handler(http::request&) {
     co_return http::make_response(200, "held");
 }
 
+// A router that leaves bodies unread (router::leave_bodies_unread): what its handler last saw of the body —
+// the bytes already in `body`, those left in the connection, and a peek at the whole.
+struct unread_view {
+    std::size_t in_body = 0, unread = 0;
+    std::string peeked;
+};
+unread_view seen;
+void look(const http::request& req) {
+    seen = {req.body.size(), req.unread_body, req.peek_body().value_or("<connection gone>")};
+}
+// Takes the body and answers it.
+asio::awaitable<http::response> take_handler(http::request& req) {
+    look(req);
+    if (!req.take_body()) co_return http::make_response(500, "connection gone");
+    co_return http::make_response(200, req.body);
+}
+// Answers without taking the body: the server consumes it.
+asio::awaitable<http::response> leave_handler(http::request& req) {
+    look(req);
+    co_return http::make_response(200, "left " + std::to_string(req.body_size()));
+}
+
 // chargeguard_http_shed_total{listener="test",reason=…} as rendered; -1 when the sample is missing.
 double shed_count(const metrics::registry& reg, const std::string& reason) {
     const std::string text = reg.render();
@@ -57,8 +81,11 @@ struct running_server {
     unsigned short port = 0;
     std::thread t;
 
-    explicit running_server(http::server_options o) {
+    explicit running_server(http::server_options o, bool bodies_unread = false) {
         http::router r;
+        r.add("POST", "/take", take_handler);
+        r.add("POST", "/leave", leave_handler);
+        if (bodies_unread) r.leave_bodies_unread();
         r.add("GET", "/fail", fail_handler);
         r.add("GET", "/drop", drop_handler);
         r.add("GET", "/slow", slow_handler);
@@ -77,6 +104,13 @@ struct running_server {
         t.join();
     }
 };
+
+// The server's bytes buffered and not yet answered, read on its loop.
+std::size_t buffered(running_server& s) {
+    std::promise<std::size_t> p;
+    asio::post(s.io, [&] { p.set_value(s.srv->buffered_bytes()); });
+    return p.get_future().get();
+}
 
 }  // namespace
 
@@ -177,5 +211,66 @@ BOOST_AUTO_TEST_CASE(the_buffered_bytes_budget_sheds_the_read_over_it) {
     BOOST_TEST(a.exchange(post).status == 200);
     test::raw_http c(s.port);
     BOOST_TEST(c.exchange(post).status == 200);
+    BOOST_TEST(shed_count(reg, "buffered_bytes") == 1.0);
+}
+
+// A handler that takes its body finds it in the connection, not in the request, until it takes it; a peek
+// leaves it there. Requests on the same kept-alive connection follow one another as before.
+BOOST_AUTO_TEST_CASE(a_body_that_has_arrived_waits_in_the_connection_for_its_handler) {
+    running_server s({}, true);
+    test::raw_http c(s.port);
+    auto r = c.exchange("POST /take HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\nhello world");
+    BOOST_TEST(r.status == 200);
+    BOOST_TEST(r.body == "hello world");
+    BOOST_TEST(seen.in_body == 0u);
+    BOOST_TEST(seen.unread == 11u);
+    BOOST_TEST(seen.peeked == "hello world");
+    r = c.exchange("POST /take HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nsecond");
+    BOOST_TEST(r.body == "second");
+    BOOST_TEST(seen.unread == 6u);
+    // Without a body, nothing is left unread.
+    BOOST_TEST(c.exchange("POST /take HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").body == "");
+    BOOST_TEST(seen.unread == 0u);
+}
+
+// What a handler leaves of its body is consumed after its answer: the next request on the connection is
+// parsed from its own first byte, not from the left body.
+BOOST_AUTO_TEST_CASE(a_body_the_handler_left_is_consumed_before_the_next_request) {
+    running_server s({}, true);
+    test::raw_http c(s.port);
+    auto r = c.exchange("POST /leave HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nabcdef");
+    BOOST_TEST(r.body == "left 6");
+    BOOST_TEST(seen.unread == 6u);
+    r = c.exchange("POST /take HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nxyz");
+    BOOST_TEST(r.status == 200);
+    BOOST_TEST(r.body == "xyz");
+}
+
+// A body still arriving when the head is read is read as it comes: the handler gets it in the request.
+BOOST_AUTO_TEST_CASE(a_body_still_arriving_is_read_into_the_request) {
+    running_server s({}, true);
+    test::raw_http c(s.port);
+    const std::string head = "POST /take HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n";
+    c.exchange_partial(head + "he");
+    // The rest is sent once the server has read the head and what there was of the body.
+    while (buffered(s) < head.size() + 2) std::this_thread::yield();
+    auto r = c.exchange("llo");
+    BOOST_TEST(r.body == "hello");
+    BOOST_TEST(seen.in_body == 5u);
+    BOOST_TEST(seen.unread == 0u);
+}
+
+// A body left in the connection counts against the budget of bytes buffered as if it had been read.
+BOOST_AUTO_TEST_CASE(a_body_left_in_the_connection_counts_against_the_budget) {
+    metrics::registry reg;
+    http::server_options o;
+    o.max_buffered_bytes = 64;
+    o.metrics = &reg;
+    o.listener = "test";
+    running_server s(o, true);
+    test::raw_http c(s.port);
+    auto r =
+        c.exchange("POST /take HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + std::string(100, 'b'));
+    BOOST_TEST(r.status == 503);
     BOOST_TEST(shed_count(reg, "buffered_bytes") == 1.0);
 }
