@@ -164,7 +164,9 @@ rate_control::clock::duration rate_control::until_next(time_point now) {
 
 void rate_control::rate_window::add(time_point now, double weight) {
     if (now - start >= std::chrono::seconds(1)) {
-        last = count / seconds(now - start);
+        // A window that lasted seconds was mostly idle (a process that waited for its first request): it
+        // says nothing of the rate now, which the new window measures from its start.
+        last = now - start < std::chrono::seconds(2) ? count / seconds(now - start) : -1;
         start = now;
         count = 0;
     }

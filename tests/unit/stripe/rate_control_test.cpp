@@ -429,18 +429,19 @@ pace_run simulate(int sidecars, std::chrono::milliseconds exchange = 0ms, bucket
     return out;
 }
 
-// The pace benchmark's steady run: `events` published at once to `sidecars` (each holding at most
-// `in_flight` of them, as NSQ's max-in-flight; a message goes to whichever sidecar has room), a 429'd request
-// sent again when the pacer admits it, answers after 5 ms. The ratio of the limit reached (events / time of
-// the last charge / rate) and the share of requests answered 429, the cold start and the tail included.
+// The pace benchmark's steady run: sidecars started a while before `events` are published at once to them
+// (each holding at most `in_flight` of them, as NSQ's max-in-flight; a message goes to whichever sidecar has
+// room), a 429'd request sent again when the pacer admits it, answers after 5 ms. The ratio of the limit
+// reached (events / time of the last charge / rate) and the share of requests answered 429, the cold start
+// and the tail included.
 std::pair<double, double> cold_run(int sidecars, std::chrono::milliseconds exchange, bucket_shape shape,
                                    int events = 1500, int in_flight = 200, double rate = 25) {
     peer_exchange peers;
     peers.every = exchange;
     peers.init(sidecars);
     stripe_limit account(rate, shape, t0);
-    std::vector<rate_control> rcs;
-    for (int i = 0; i < sidecars; ++i) rcs.emplace_back(rate_config{}, t0);
+    std::vector<rate_control> rcs;  // started 5 s before the events come, as sidecars wait for work
+    for (int i = 0; i < sidecars; ++i) rcs.emplace_back(rate_config{}, t0 - 5s);
     std::vector<int> held(sidecars, 0), waiting(sidecars, 0);
     std::vector<std::deque<std::tuple<tp, bool, tp>>> answers(sidecars);
     int published = events, done = 0, ok = 0, throttled = 0;
@@ -561,8 +562,8 @@ BOOST_AUTO_TEST_CASE(one_and_three_sharing_sidecars_against_token_buckets_of_any
                 BOOST_TEST(ratio >= (n == 3 && once_a_second ? 0.95 : 0.97));
                 BOOST_TEST(high_ratio >= (n == 3 && once_a_second ? 0.95 : 0.97));
                 BOOST_TEST(low_ratio >= 0.9);
-                BOOST_TEST(cold >= (shape.burst_s >= 1 && !once_a_second ? 0.97 : 0.9));
-                BOOST_TEST(cold_share < (n == 1 && continuous && shape.burst_s == 1 ? 0.005 : 0.01));
+                BOOST_TEST(cold >= (shape.burst_s >= 1 && !once_a_second ? 0.97 : 0.85));
+                BOOST_TEST(cold_share < 0.015);
                 if (n == 1 && continuous) {
                     BOOST_TEST(down < 5.0);
                     BOOST_TEST(up < 5.0);
