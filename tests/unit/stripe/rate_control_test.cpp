@@ -771,6 +771,20 @@ BOOST_AUTO_TEST_CASE(slow_start_ends_at_half_then_calibrates_until_the_next_429)
     BOOST_TEST(rc.limit() / l1 == std::exp(c.calibrate_growth), boost::test_tools::tolerance(0.03));
 }
 
+// A sidecar that waited 10 s for its first request (started before the work came): its first rate window
+// spans the wait, which says nothing of the rate Stripe accepts once requests flow, so the slow start ends
+// at half of what was accepted (as without the wait), not at the floor.
+BOOST_AUTO_TEST_CASE(a_slow_start_after_a_wait_ends_from_the_rate_accepted_not_the_floor) {
+    rate_config c;  // 10/s, doubling every 250 ms
+    rate_control rc(c, t0);
+    server_bucket account{25, 25, 25, t0 + 10s};
+    (void)drive(rc, account, t0 + 10s, 1500ms);
+    BOOST_TEST_REQUIRE(rc.decreases() >= 1u);
+    BOOST_TEST(!rc.in_slow_start());
+    BOOST_TEST(rc.estimate() >= 0.4 * 25);
+    BOOST_TEST(rc.limit() >= 0.4 * 25 * c.decrease_factor);
+}
+
 // Not probing (at its estimate) a sidecar answered since its last 429 gets one: another sender's probe or
 // a lowered limit. One such episode lowers the estimate by at most victim_step; with nothing answered
 // since, the estimate follows what was accepted.
