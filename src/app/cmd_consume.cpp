@@ -68,7 +68,7 @@ struct consume_flags {
     heal_flags heal;
     runtime_flags rt;
     std::string stripe_io = "offload";
-    bool pace_peers = true;  // docs/operating/configuration.md "Sidecars sharing a ledger"
+    bool pace_peers = false;  // opt-in: see docs/operating/configuration.md "Sidecars sharing a ledger"
     unsigned pace_peers_interval_ms = 100;
     std::string processing_poll_after = "1h";
     double processing_poll_rate = 5;
@@ -506,7 +506,7 @@ void register_consume(CLI::App& app, command_main& selected) {
     cmd->add_option("--stripe-pace-peers", f->pace_peers,
                     "share the Stripe rate control with the other consume sidecars of this ledger through "
                     "PostgreSQL (table stripe_pace_peers): one rate law per Stripe account, each sidecar its "
-                    "share; off: each paces alone")
+                    "share (opt-in: it drains a backlog slower after a 429 storm); off: each paces alone")
         ->capture_default_str()
         ->group(group_stripe);
     cmd->add_option("--stripe-pace-peers-interval-ms", f->pace_peers_interval_ms,
