@@ -36,7 +36,7 @@ struct stripe_flags {
     double max_rps = 0;
     bool adaptive_rate = true;
     double rate_increase = 0;
-    double rate_decrease = 0.8;
+    double rate_decrease = stripe::rate_config{}.decrease_factor;
     double rate_min = 1;
     double rate_initial = 10;
     // Test-only: accept an http:// --stripe-api-base (the key would travel in cleartext). Command line only.

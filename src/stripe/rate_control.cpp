@@ -164,7 +164,9 @@ rate_control::clock::duration rate_control::until_next(time_point now) {
 
 void rate_control::rate_window::add(time_point now, double weight) {
     if (now - start >= std::chrono::seconds(1)) {
-        last = count / seconds(now - start);
+        // A window that lasted seconds was mostly idle (a process that waited for its first request): it
+        // says nothing of the rate now, which the new window measures from its start.
+        last = now - start < std::chrono::seconds(2) ? count / seconds(now - start) : -1;
         start = now;
         count = 0;
     }
@@ -203,11 +205,25 @@ double rate_control::recent::rate(time_point now) const noexcept {
 
 void rate_control::decrease(time_point now) {
     refill(now);  // tokens earned at the old limit count at the old limit
+    // Episodes close together, the first of the run less than `run_min` ago: too short to say what Stripe
+    // accepts (a bucket refilled in whole tokens once a second accepts nothing between two ticks), so the
+    // dip of the first holds, its curve starting again, without compounding one decrease on another.
+    if (decreased_once_ && !slow_start_ && now - last_decrease_ < 2 * cfg_.decrease_hold &&
+        (now - run_from_ < cfg_.run_min || run_accepted_ < 1)) {
+        last_decrease_ = now;
+        last_increase_ = now;
+        accepted_since_ = 0;  // the run's answers still count in run_accepted_
+        curve_s_ = 0;
+        pressed_ = false;
+        ++decreases_;
+        return;
+    }
     // Stripe's bucket is empty at a 429 and was empty at the one before: what it accepted in between, per
     // second, is its rate, whatever the rate was in between (as long as the bucket did not overflow). When
     // the one before is too recent for that, the last second says it, bounded by what was sent (it reads
     // high by the bucket's drain; after a lowered limit it is the lower figure).
     double since = seconds(now - last_decrease_);
+    double limit_before = adaptive_;
     double accepted = std::min(recent_accepted_.rate(now), accepted_rate(now));
     if (recent_sent_.first_bin >= 0) accepted = std::min(accepted, recent_sent_.rate(now));
     bool long_cycle = decreased_once_ && since >= seconds(cfg_.long_cycle);
@@ -228,7 +244,7 @@ void rate_control::decrease(time_point now) {
     // since then, per second, is its rate (a lowered limit, found within a second).
     if (decreased_once_ && since < 2 * seconds(cfg_.decrease_hold)) {
         double run = seconds(now - run_from_);
-        if (run >= 0.5 && !slow_start_)
+        if (run >= seconds(cfg_.run_min) && !slow_start_)
             estimate_ = std::max(floor_, std::min(estimate_, run_accepted_ / run));
     } else {
         run_from_ = now;
@@ -253,6 +269,10 @@ void rate_control::decrease(time_point now) {
     // back by doubling under pressure, as in the slow start, until the next 429 measures the rate.
     bool limited = pressed_seen_ && now - pressed_at_ <= cfg_.decrease_hold;
     rebound_ = cfg_.rebound && decreased_once_ && !slow_start_ && !limited;
+    // The calibration's 429 came well above what it measured: Stripe's bucket overflowed while the limit
+    // climbed from below (a shallow bucket keeps little of what is not sent), so the rate is likely between
+    // the two: probe past the estimate faster this cycle.
+    fast_probe_to_ = calibrating_ && limit_before > cfg_.fast_probe_above * estimate_ ? limit_before : 0;
     calibrating_ = slow_start_;
     reclaiming_ = !slow_start_ && recalled_ > 0 && estimate_ < cfg_.reclaim_below * recalled_;
     if (slow_start_) {
@@ -300,6 +320,9 @@ void rate_control::grow(time_point now) {
     } else {
         double u = curve_s_ - k;
         target = estimate_ * (1 + cfg_.probe_growth * u * u) + cfg_.increase_rps_per_s * u;
+        if (fast_probe_to_ > 0)
+            target =
+                std::max(target, estimate_ + (fast_probe_to_ - estimate_) * u / seconds(cfg_.fast_probe));
     }
     adaptive_ = std::max(adaptive_, target);
 }

@@ -12,14 +12,20 @@
 //   A 429 episode (at most one per `decrease_hold`, however many 429s it produced; a 429 to a request sent
 //   after the decrease is a new episode) sets the *estimate*: Stripe's bucket is empty at a 429, so the
 //   rate it accepted from this process since the episode before (at least `long_cycle` earlier) is its
-//   rate; episodes close together (a lowered limit) are measured from the first of the run, found within
-//   about a second; otherwise the last second, bounded by what was sent. A 429 while not probing (the
+//   rate; episodes close together (a lowered limit) are measured from the first of the run once it is
+//   `run_min` long and something was accepted in it (until then the first dip holds: a bucket refilled in
+//   whole tokens once a second accepts nothing between two ticks), found within about a second; otherwise
+//   the last second, bounded by what was sent. A 429 while not probing (the
 //   limit at or below the estimate: another sender's probe) lowers the estimate by at most `victim_step`.
 //   The limit drops to `decrease_factor` × the estimate and climbs back to it in `recover` (linearly), then
 //   probes past it: `increase_rps_per_s` per second plus `probe_growth` × estimate × t² (t: seconds past
 //   the estimate), slow just above the rate that was last too much and faster the longer no 429 says so.
-//   Stripe's limit is a token bucket: the dip below the estimate fills it and the climb above spends it,
-//   so the rate between two 429s averages the limit.
+//   Stripe's limit is a token bucket of a depth and refill that cannot be seen from outside: a deep one
+//   keeps what the dip leaves unsent for the climb above the estimate to spend, a shallow one (or one
+//   refilled in whole tokens every second) loses it, so the dip is shallow and short and the probe slow,
+//   which keeps the 429s rare. When the calibration's 429 came well above what it measured
+//   (`fast_probe_above`: the bucket overflowed while the limit climbed from below), the probe also climbs
+//   linearly back to that 429's limit in `fast_probe`.
 //   The highest estimate of the last `recall` is remembered. While the estimate is below `reclaim_below` ×
 //   that (a limit Stripe lowered), the limit holds at `reclaim_hold_factor` × the estimate for
 //   1 / (`reclaim_budget` × estimate) seconds, so these attempts cost about `reclaim_budget` of the
@@ -35,7 +41,8 @@
 //   without talking to each other; a 429 reaches one of them, not always the one probing, so N sidecars
 //   draw more 429s than one.
 // The defaults were chosen by simulation (tests/unit/stripe/rate_control_test.cpp: one and three sidecars
-// against one account's limit, steady and changing; the test states the bounds it holds them to).
+// against one account's limit, steady and changing, against buckets 0.2–2 s deep refilled continuously or
+// in whole tokens every 100 ms or 1 s; the test states the bounds it holds them to).
 // Admission is a token bucket refilled at the current limit holding `burst_s` seconds of it (at least one
 // token), so pacing stays smooth and a lowered limit takes effect at once.
 //
@@ -61,10 +68,10 @@ struct rate_config {
     double max_rps = 0;                             // hard ceiling; 0: none
     bool adaptive = true;                           // AIMD on 429
     double increase_rps_per_s = 0;                  // linear part of the probe past the estimate, per second
-    double decrease_factor = 0.8;                   // the limit after a 429 episode, × the estimate
+    double decrease_factor = 0.93;                  // the limit after a 429 episode, × the estimate
     std::chrono::milliseconds decrease_hold{1000};  // at most one decrease per hold
-    std::chrono::milliseconds recover{7000};        // from the decreased limit back to the estimate
-    double probe_growth = 0.005;                    // quadratic part of the probe, × estimate per s²
+    std::chrono::milliseconds recover{2000};        // from the decreased limit back to the estimate
+    double probe_growth = 0.0005;                   // quadratic part of the probe, × estimate per s²
     double min_rps = 1;                             // the adaptive limit never goes below
     double initial_rps = 10;                        // slow start from here (0: unlimited until the first 429)
     std::chrono::milliseconds slow_start_step{250};  // doubling period of the slow start
@@ -77,9 +84,12 @@ struct rate_config {
     double reclaim_hold_factor = 0.99;        // between attempts the limit holds at this × the estimate
     double reclaim_budget = 0.03;             // attempts spend at most this share of the requests as 429s
     std::chrono::milliseconds long_cycle{2000};  // 429s this far apart: the rate between them
-    double victim_step = 0.05;  // a 429 while not probing lowers the estimate at most by this
-    double regrow = 0.2;        // past the remembered rate: + this × it per second
-    bool rebound = true;        // an episode while demand did not reach the limit: double back under pressure
+    std::chrono::milliseconds run_min{700};      // a run of close episodes this long measures the rate
+    double victim_step = 0.05;       // a 429 while not probing lowers the estimate at most by this
+    double regrow = 0.2;             // past the remembered rate: + this × it per second
+    double fast_probe_above = 1.15;  // a calibration's 429 this far above its estimate: probe faster,
+    std::chrono::milliseconds fast_probe{5000};  // back to the limit of that 429 in this (linearly)
+    bool rebound = true;  // an episode while demand did not reach the limit: double back under pressure
 };
 
 // What a peer sharing an account says of itself (billing/flow/pace_peers.hpp carries it between processes).
@@ -190,6 +200,7 @@ class rate_control {
     bool calibrating_ = false;  // since the slow start ended, until the next 429
     bool reclaiming_ = false;   // the last estimate was well below the remembered one
     bool rebound_ = false;      // the last episode came while demand did not reach the limit
+    double fast_probe_to_ = 0;  // the limit at the calibration's 429, when well above its estimate
     time_point pressed_at_{};   // when demand last reached the limit (this process's, or a peer's)
     bool pressed_seen_ = false;
     double tokens_ = 1;

@@ -3,7 +3,8 @@
 requests Stripe answers 429, and how fast they follow a limit Stripe changes while they run.
 
 fake-stripe plays a Stripe-like limiter (--endpoint-rps 25, --global-rps 100, --rate-burst 1: token buckets one
-second deep, answers at once); the sidecars run with chargeguard's defaults (--max-in-flight 200 each unless
+second deep, refilled continuously, answers at once; --rate-burst S and --rate-refill S pick another shape of
+bucket, S seconds deep and refilled in whole tokens every S seconds); the sidecars run with chargeguard's defaults (--max-in-flight 200 each unless
 --max-in-flight says otherwise).
 
 - steady: --events published at once to 1 and 3 sidecars; the ratio of the limit reached (events / (last
@@ -18,13 +19,14 @@ say how busy the shared machine was. Real processes: the built chargeguard, NSQD
 fake-stripe, PostgreSQL from PG*.
 
 Usage: pace [--sidecars N]… [--events N] [--only steady|change] [--low R] [--phase S] [--repeat N] [--max-in-flight N]
-            [--build DIR] [--consume-arg=--flag=value]…
+            [--rate-burst S] [--rate-refill S] [--build DIR] [--consume-arg=--flag=value]…
 """
 import argparse, os, sys, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIMIT = 25.0
 MAX_IN_FLIGHT = 200
+BUCKET = ["--rate-burst", "1"]  # fake-stripe's bucket shape (main() adds --rate-refill when given)
 
 
 sys.path.insert(0, os.path.join(HERE, "..", "common"))
@@ -64,7 +66,7 @@ class sampler(threading.Thread):
 
 def start_stack(build, n, extra, name):
     st = H.stack(build, name)
-    fs = st.fake_stripe(0, ["--endpoint-rps", str(LIMIT), "--global-rps", "100", "--rate-burst", "1"])
+    fs = st.fake_stripe(0, ["--endpoint-rps", str(LIMIT), "--global-rps", "100", *BUCKET])
     st.nsqd()
     cs = [st.consume(i, ["--max-in-flight", str(MAX_IN_FLIGHT), *extra]) for i in range(n)]
     return st, fs, cs
@@ -161,14 +163,19 @@ def main():
     ap.add_argument("--phase", type=float, default=30, help="change: seconds at each limit")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--max-in-flight", type=int, default=200, help="every consume's --max-in-flight")
+    ap.add_argument("--rate-burst", type=float, default=1, help="fake-stripe's bucket depth, seconds of its rate")
+    ap.add_argument("--rate-refill", type=float, default=0,
+                    help="fake-stripe's refill: 0 continuous, else whole tokens every this many seconds")
     ap.add_argument("--consume-arg", action="append", default=[], help="extra argument for every consume")
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
-    global MAX_IN_FLIGHT
+    global MAX_IN_FLIGHT, BUCKET
     MAX_IN_FLIGHT = a.max_in_flight
+    BUCKET = ["--rate-burst", f"{a.rate_burst:g}", "--rate-refill", f"{a.rate_refill:g}"]
     if not H.pg_configured():
         return 0
-    print(f"load before {load()}; --max-in-flight {MAX_IN_FLIGHT}; fake-stripe --endpoint-rps {LIMIT:g} --global-rps 100 --rate-burst 1, 0 ms")
+    print(f"load before {load()}; --max-in-flight {MAX_IN_FLIGHT}; fake-stripe --endpoint-rps {LIMIT:g} --global-rps 100 "
+          f"{' '.join(BUCKET)}, 0 ms; consume {' '.join(a.consume_arg) or 'defaults'}")
     print("| sidecars | run | figures | | | | | |")
     print("|---|---|---|---|---|---|---|---|")
     for _ in range(a.repeat):

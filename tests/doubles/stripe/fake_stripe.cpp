@@ -1799,6 +1799,7 @@ asio::awaitable<http::response> fake_stripe::admin(http::request& req) {
         real("global_rps", l.global_rps);
         real("endpoint_rps", l.endpoint_rps);
         real("burst_s", l.burst_s);
+        real("refill_s", l.refill_s);
         num("max_concurrent", l.max_concurrent);
         set_limits(l);
         co_return json_response(200, "{}");

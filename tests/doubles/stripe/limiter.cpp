@@ -1,6 +1,7 @@
 #include "tests/doubles/stripe/limiter.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace cg::fake {
 
@@ -21,10 +22,23 @@ std::string limiter::endpoint_of(std::string_view method, std::string_view path)
     return out;
 }
 
-bool limiter::bucket::ready(double rate, double depth, clock::time_point now) {
+bool limiter::bucket::ready(double rate, double depth, double step_s, clock::time_point now) {
     double cap = std::max(1.0, rate * depth);
     if (at == clock::time_point{}) tokens = cap;
-    if (now > at) tokens = std::min(cap, tokens + std::chrono::duration<double>(now - at).count() * rate);
+    if (now > at) {
+        if (step_s > 0) {
+            // Whole tokens at fixed ticks of the clock: tick k has granted floor(k × rate × step) in all,
+            // so the long-run rate is exact and no token comes between two ticks.
+            auto step = std::max<std::int64_t>(1, std::llround(step_s * 1e9));
+            auto granted = [&](clock::time_point t) {
+                auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+                return std::floor(static_cast<double>(ns / step) * rate * step_s + 1e-9);
+            };
+            tokens = std::min(cap, tokens + (granted(now) - granted(at)));
+        } else {
+            tokens = std::min(cap, tokens + std::chrono::duration<double>(now - at).count() * rate);
+        }
+    }
     at = std::max(at, now);
     return tokens >= 1;
 }
@@ -35,7 +49,7 @@ void limiter::set(const limits& l, clock::time_point now) {
     // used start full at the new rate.
     auto carry = [&](bucket& b, double old_rate, double new_rate) {
         if (b.at == clock::time_point{}) return;
-        if (old_rate > 0) (void)b.ready(old_rate, limits_.burst_s, now);
+        if (old_rate > 0) (void)b.ready(old_rate, limits_.burst_s, limits_.refill_s, now);
         if (new_rate <= 0 || old_rate <= 0) {
             b = {};
             return;
@@ -59,8 +73,9 @@ limiter::verdict limiter::admit(std::string_view endpoint, clock::time_point now
         if (it == endpoints_.end()) it = endpoints_.emplace(std::string(endpoint), bucket{}).first;
         ep = &it->second;
     }
-    bool ok = (limits_.global_rps <= 0 || global_.ready(limits_.global_rps, limits_.burst_s, now)) &&
-              (!ep || ep->ready(limits_.endpoint_rps, limits_.burst_s, now));
+    bool ok = (limits_.global_rps <= 0 ||
+               global_.ready(limits_.global_rps, limits_.burst_s, limits_.refill_s, now)) &&
+              (!ep || ep->ready(limits_.endpoint_rps, limits_.burst_s, limits_.refill_s, now));
     if (!ok) {
         ++rate_limited_;
         return verdict::rate_limited;

@@ -1,7 +1,9 @@
 // fake-stripe's rate limiter, shaped like Stripe's (specs/stripe.md "Rate limits"): a token bucket for the
 // whole account, one per endpoint (method + path with object ids folded), and a concurrency limit. Pure: the
 // time and the number of requests in flight are passed in. A refused request costs no token. The limits may
-// change while running (POST /_admin/limits), the buckets keeping what they hold.
+// change while running (POST /_admin/limits), the buckets keeping what they hold. Stripe's bucket depth and
+// refill cannot be seen from outside, so both are chosen here: `burst_s` deep, refilled continuously or in
+// whole tokens every `refill_s` (rate × refill_s of them at each tick, the fractions carried).
 #pragma once
 
 #include <chrono>
@@ -17,6 +19,7 @@ struct limits {
     double endpoint_rps = 0;  // per endpoint (Stripe's default: 25); 0: off
     double burst_s = 1;       // bucket depth in seconds of its rate (at least one token)
     int max_concurrent = 0;   // requests in flight at once; 0: off
+    double refill_s = 0;      // 0: refilled continuously; else whole tokens every this many seconds
 };
 
 class limiter {
@@ -41,7 +44,7 @@ class limiter {
     struct bucket {
         double tokens = 0;
         clock::time_point at{};
-        bool ready(double rate, double depth, clock::time_point now);
+        bool ready(double rate, double depth, double step_s, clock::time_point now);
     };
     limits limits_;
     bucket global_;

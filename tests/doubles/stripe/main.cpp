@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--rate-burst", limits.burst_s, "token bucket depth in seconds of its rate")
         ->capture_default_str();
+    app.add_option("--rate-refill", limits.refill_s,
+                   "token bucket refill: 0 continuous, else whole tokens every this many seconds")
+        ->capture_default_str();
     app.add_option("--max-concurrent", limits.max_concurrent, "requests in flight before 429 (0: off)")
         ->capture_default_str();
     app.add_option("--latency-ms", latency_ms, "added to every /v1 request")->capture_default_str();
