@@ -370,17 +370,19 @@ net::awaitable<void> lease_loop(state_ptr st) {
 }
 
 net::awaitable<void> return_leases(state_ptr st) {
+    // Every record and take ends first (at stop a record that keeps failing is given up after
+    // settle_attempts and strands its lease), so no lease task outlives stop() holding the state.
+    for (int i = 0; i < 4000; ++i) {
+        bool busy = false;
+        for (auto& [key, kl] : st->leases) busy = busy || kl.recording || kl.taking || kl.returning;
+        if (!busy) break;
+        net::steady_timer t(st->main, std::chrono::milliseconds(5));
+        co_await t.async_wait();
+    }
     std::vector<std::string> keys;
     for (auto& [key, kl] : st->leases)
         if (kl.id != 0) keys.push_back(key);
-    for (auto& key : keys) {
-        // A take still in flight ends within the pool's timeouts; the lease goes back after it.
-        for (int i = 0; i < 1000 && (st->leases[key].taking || st->leases[key].returning); ++i) {
-            net::steady_timer t(st->main, std::chrono::milliseconds(5));
-            co_await t.async_wait();
-        }
-        (void)co_await give_back(st, key);
-    }
+    for (auto& key : keys) (void)co_await give_back(st, key);
 }
 
 }  // namespace cg::vault
