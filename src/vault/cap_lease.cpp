@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <asio/co_spawn.hpp>
+#include <asio/post.hpp>
 #include <climits>
 #include <cstdio>
 #include <random>
@@ -114,8 +115,11 @@ net::awaitable<void> take_task(state_ptr st, std::string key) {
 void start_take(const state_ptr& st, const std::string& key, key_lease& kl) {
     if (kl.taking || kl.returning || kl.stranded || st->stopping || st->cfg.cap_lease.count() <= 0) return;
     kl.taking = true;
-    asio::co_spawn(st->main, take_task(st, key), [log = st->log](std::exception_ptr e) {
-        if (e) log.error("vault proxy: cap lease take failed", {{"error", describe_exception(e)}});
+    // Posted, not dispatched: the create that asked for it is forwarded first.
+    asio::post(st->main, [st, key] {
+        asio::co_spawn(st->main, take_task(st, key), [log = st->log](std::exception_ptr e) {
+            if (e) log.error("vault proxy: cap lease take failed", {{"error", describe_exception(e)}});
+        });
     });
 }
 
@@ -142,7 +146,7 @@ std::shared_ptr<lease_spend> spend_from_lease(const state_ptr& st, reserve_reque
         return nullptr;
     kl.remaining -= rq.amount_cents;
     kl.last_spend = now;
-    const std::string key = rq.key_id;  // the recorder may take the request at once (co_spawn dispatches)
+    const std::string key = rq.key_id;
     auto sp = std::make_shared<lease_spend>();
     sp->req = std::move(rq);
     kl.unrecorded.push_back(sp);
@@ -247,8 +251,11 @@ void start_record(const state_ptr& st, const std::string& key) {
     auto& kl = st->leases[key];
     if (kl.recording) return;
     kl.recording = true;
-    asio::co_spawn(st->main, record_task(st, key), [log = st->log](std::exception_ptr e) {
-        if (e) log.error("vault proxy: cap lease record failed", {{"error", describe_exception(e)}});
+    // Posted, not dispatched: the spend's create is forwarded before its row is even sent.
+    asio::post(st->main, [st, key] {
+        asio::co_spawn(st->main, record_task(st, key), [log = st->log](std::exception_ptr e) {
+            if (e) log.error("vault proxy: cap lease record failed", {{"error", describe_exception(e)}});
+        });
     });
 }
 
