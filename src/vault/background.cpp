@@ -315,14 +315,17 @@ net::awaitable<bool> run_flush_settlements(state_ptr st) {
     for (auto& [key, q] : st->key_queues)
         if (q.linger) q.linger->cancel();
     if (st->quick_linger) st->quick_linger->cancel();
-    while (st->settlements_pending > 0 && st->settle_failures == failures) {
+    // A lease spend's settlement is queued once its row is written: those rows first.
+    while ((st->settlements_pending > 0 || st->lease_records_pending > 0) &&
+           st->settle_failures == failures) {
         net::steady_timer t(st->main, std::chrono::steady_clock::time_point::max());
         st->settle_waiters.insert(&t);
         co_await t.async_wait();  // cancelled after every batch
         st->settle_waiters.erase(&t);
     }
     --st->flushing;
-    co_return st->settle_failures == failures && st->settlements_pending == 0;
+    co_return st->settle_failures == failures && st->settlements_pending == 0 &&
+        st->lease_records_pending == 0;
 }
 
 net::awaitable<void> audit_loop(state_ptr st) {
@@ -409,6 +412,7 @@ void proxy::start() {
     spawn_logged(st_, audit_loop(st_), "audit");
     spawn_logged(st_, gauge_loop(st_), "gauges");
     spawn_logged(st_, probe_loop(st_), "upstream_probe");
+    if (st_->cfg.cap_lease.count() > 0) spawn_logged(st_, lease_loop(st_), "cap_leases");
 }
 
 net::awaitable<void> proxy::stop() {
@@ -423,6 +427,8 @@ net::awaitable<void> proxy::stop() {
         st_->all_stopped = nullptr;
     }
     co_await run_flush_settlements(st_);
+    // Every spend written (or its lease stranded): what the leases still hold goes back to the cap.
+    co_await return_leases(st_);
     co_await run_flush(st_);
 }
 

@@ -223,7 +223,8 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
     rq.body = body;
     rq.customer = p.customer;
     rq.same_key_window = st->cfg.same_key_window;
-    auto res = co_await reserve_batched(st, std::move(rq), l);
+    auto reservation = co_await reserve_create(st, std::move(rq), l);
+    auto& res = reservation.res;
     if (!res) co_return unavailable(*st, l, res.err());
     switch (res->outcome) {
         case reserve_outcome::key_unusable:
@@ -242,7 +243,7 @@ net::awaitable<http::response> forward_create(state_ptr st, http::request& req, 
     }
     // The tagged body moves into the upstream request: one copy held during the call, not two.
     auto r = co_await forward(st, upstream_request(*st, req, std::move(body)), l, budget);
-    std::string outcome = account(st, *res, key_id, std::string(idem), r);
+    std::string outcome = account_create(st, reservation, key_id, std::string(idem), r);
     if (!r.ok()) co_return finish(*st, l, outcome, transport_failure(*st, r));
     co_return finish(*st, l, outcome, relay(r.resp));
 }

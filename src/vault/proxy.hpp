@@ -90,6 +90,17 @@ struct proxy_config {
     // re-read in the background (it never waits for a key read once the key was seen). A read (GET) may pass
     // for up to the TTL after a revoke, and waits for the re-read past it. Zero: every request reads the row.
     std::chrono::milliseconds key_cache_ttl{1000};
+    // Cap leases (docs/design.md §5, "Cap leases"): once a key has had `lease_min_creates` creates here
+    // within one `lease_pace_window`, this proxy takes a lease of the key's free room sized to `cap_lease`
+    // of that pace (at most an eighth of the free room; none near the cap) and spends it in memory — a create
+    // it covers is forwarded without a PostgreSQL round trip, and its row is written just after, batched. The
+    // lease is topped up when half of it is spent, renewed to expire `lease_ttl` later, and given back once
+    // nothing has been spent from it for half of `lease_ttl` (and at stop). A create it cannot cover takes
+    // the key's reservation batch as without leases. Zero `cap_lease`: no leases.
+    std::chrono::milliseconds cap_lease{2000};
+    std::chrono::milliseconds lease_pace_window{1000};
+    int lease_min_creates = 10;
+    std::chrono::milliseconds lease_ttl{30'000};
 };
 
 class proxy {

@@ -107,6 +107,33 @@ struct proxy::state {
     std::set<net::steady_timer*> settle_waiters;  // woken after every batch
     std::uint64_t settle_failures = 0;            // batches with settlements that failed
 
+    // Cap leases (cap_lease.cpp), per key: what this proxy may spend without PostgreSQL, and the spends
+    // whose rows are still to be written.
+    struct lease_spend {
+        reserve_request req;                        // its row, as a reservation would write it
+        std::optional<reserve_result> recorded;     // the row's outcome, once written
+        std::optional<http::client_result> answer;  // Stripe's answer, when it came before the row
+    };
+    struct key_lease {
+        std::int64_t id = 0;                                  // 0: none held
+        std::int64_t remaining = 0;                           // cents this proxy may still spend from it
+        std::chrono::steady_clock::time_point spend_until{};  // its expiry by this clock, early
+        std::chrono::steady_clock::time_point last_spend{};
+        bool taking = false, recording = false, returning = false;
+        // A record given up (PostgreSQL gone at stop): spends may be unwritten, so the lease is never given
+        // back — what it holds stays counted.
+        bool stranded = false;
+        int record_failures = 0;
+        std::deque<std::shared_ptr<lease_spend>> unrecorded;
+        // The key's pace of creates here: the current window and the last whole one.
+        std::chrono::steady_clock::time_point window_start{}, last_end{};
+        std::int64_t window_creates = 0, window_cents = 0, last_creates = 0, last_cents = 0;
+        std::int64_t max_amount = 0;
+    };
+    std::unordered_map<std::string, key_lease> leases;  // by key id
+    std::string lease_holder;                           // this process, as vault_leases.holder names it
+    std::size_t lease_records_pending = 0;              // spends not yet written, every key
+
     // Read by the readiness check from the health server's thread (the same main loop, but keep it simple).
     std::mutex probe_mu;
     bool upstream_ok = false;
@@ -169,6 +196,24 @@ net::awaitable<void> await_key_read(state_ptr st, std::string id);
 net::awaitable<result<reserve_result>> reserve_batched(state_ptr st, reserve_request rq, ledger_line& l);
 // Starts the key's drain unless one runs (then wakes it if it lingers for creates).
 void start_drain(state_ptr st, const std::string& key_id);
+
+// --- cap_lease.cpp -----------------------------------------------------------------------------------------
+
+// A create's reservation: from this proxy's lease of the key's cap when it covers the amount (no PostgreSQL
+// round trip; `spend` set), else the key's reservation batch.
+struct create_reservation {
+    result<reserve_result> res = error(core_errc::io_error, "not reserved");
+    std::shared_ptr<proxy::state::lease_spend> spend;
+};
+net::awaitable<create_reservation> reserve_create(state_ptr st, reserve_request rq, ledger_line& l);
+// account() for a create's answer; for a lease spend whose row is not written yet, once it is (the audit
+// outcome returned is then the owner's).
+std::string account_create(const state_ptr& st, const create_reservation& c, const std::string& key_id,
+                           const std::string& idem, const http::client_result& r);
+// Every lease: renewed while spent, given back once idle (background.cpp runs it).
+net::awaitable<void> lease_loop(state_ptr st);
+// At stop, after the spends are written: every lease given back.
+net::awaitable<void> return_leases(state_ptr st);
 
 // --- settlement_queue.cpp ----------------------------------------------------------------------------------
 

@@ -211,6 +211,28 @@ class store {
     // Sets a key's refund policy; false: no such key.
     net::awaitable<result<bool>> set_refunds_reopen_cap(std::string key_id, bool reopen);
 
+    // Leases of a key's cap (migration 0025; store_lease.cpp). lease_take takes a new lease (`lease`
+    // nullopt) or tops up and renews `holder`'s lease: least(want, the key's free room / 8), nothing when
+    // that is below `min`; the lease is renewed to expire `ttl` from the statement either way.
+    struct lease_grant {
+        std::optional<std::int64_t> lease_id;  // nullopt: none held (none granted, or it was forfeited)
+        std::int64_t granted_cents = 0;        // added by this call
+        bool usable = false;                   // the key may spend (not revoked, not expired)
+    };
+    net::awaitable<result<lease_grant>> lease_take(std::string key_id, std::optional<std::int64_t> lease,
+                                                   std::string holder, std::int64_t want, std::int64_t min,
+                                                   std::chrono::milliseconds ttl);
+    // Records spends already made from `lease` as reservation rows, in order (cg_vault_lease_record): one
+    // result per element — reserved / rereserved (the row is this spend's: the caller owns it), existing or
+    // amount_mismatch (nothing counted: the cents go back to the lease), key_expired (counted without a
+    // row). `state` is the row's.
+    net::awaitable<result<std::vector<reserve_result>>> lease_record(std::string key_id, std::int64_t lease,
+                                                                     const std::vector<reserve_request>& rs);
+    // Gives back up to `cents` of what `holder`'s lease holds and has not recorded, closing it when `close`.
+    // Returns the cents given back.
+    net::awaitable<result<std::int64_t>> lease_return(std::string key_id, std::int64_t lease,
+                                                      std::string holder, std::int64_t cents, bool close);
+
     // One multi-row INSERT.
     net::awaitable<result<void>> write_audit(std::vector<audit_row> rows);
     // A key's last `limit` audit rows, newest first.

@@ -166,11 +166,11 @@ struct vault_fixture : fake_stripe_fixture {
     };
     metrics::registry vreg2;
     std::unique_ptr<replica> second;
-    http::client& start_second() {
+    http::client& start_second(std::optional<vault::proxy_config> c = std::nullopt) {
         second = std::make_unique<replica>();
         second->pool = pool_for(db.config());
-        auto p = vault::proxy::create(io.get_executor(), pool.get_executor(), proxy_config(), second->pool,
-                                      log, vreg2);
+        auto p = vault::proxy::create(io.get_executor(), pool.get_executor(), c ? *c : proxy_config(),
+                                      second->pool, log, vreg2);
         BOOST_TEST_REQUIRE(p.has_value());
         second->proxy = std::move(*p);
         second->server = std::make_unique<http::server>(io.get_executor(), second->proxy->routes(),

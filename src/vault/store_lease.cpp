@@ -1,0 +1,90 @@
+// vault::store: the leases of a key's cap (migration 0025, docs/design.md §5 "Cap leases") — taken and
+// topped up, spends recorded as reservation rows, given back. The rest of the store is in store.cpp.
+#include <string>
+#include <vector>
+
+#include "pg/array_literal.hpp"
+#include "pg/rows.hpp"
+#include "vault/store.hpp"
+
+namespace cg::vault {
+namespace {
+
+const std::string lease_take_sql =
+    "SELECT lease_id, granted, usable FROM cg_vault_lease_take($1::text, $2::bigint, $3::text, $4::bigint, "
+    "$5::bigint, $6::bigint)";
+
+const std::string lease_record_sql =
+    "SELECT ord, outcome, state FROM cg_vault_lease_record($1::text, $2::bigint, $3::text[], $4::bigint[], "
+    "$5::text[], $6::text[], $7::text[], $8::bigint) ORDER BY ord";
+
+const std::string lease_return_sql =
+    "SELECT cg_vault_lease_return($1::text, $2::bigint, $3::text, $4::bigint, $5::boolean)";
+
+}  // namespace
+
+net::awaitable<result<store::lease_grant>> store::lease_take(std::string key_id,
+                                                             std::optional<std::int64_t> lease,
+                                                             std::string holder, std::int64_t want,
+                                                             std::int64_t min,
+                                                             std::chrono::milliseconds ttl) {
+    pg::params p;
+    p.add(std::move(key_id)).add(lease).add(std::move(holder)).add(want).add(min);
+    p.add(static_cast<std::int64_t>(ttl.count()));
+    auto r = co_await pg::exec_pooled(pool_, lease_take_sql, std::move(p));
+    if (!r) co_return r.err();
+    if (r->size() != 1)
+        throw pg::column_error("cg_vault_lease_take returned " + std::to_string(r->size()) + " rows");
+    lease_grant g;
+    g.lease_id = r->get<std::optional<std::int64_t>>(0, 0);
+    g.granted_cents = r->get<std::int64_t>(0, 1);
+    g.usable = r->get<bool>(0, 2);
+    co_return g;
+}
+
+net::awaitable<result<std::vector<reserve_result>>> store::lease_record(
+    std::string key_id, std::int64_t lease, const std::vector<reserve_request>& rs) {
+    std::vector<reserve_result> out;
+    if (rs.empty()) co_return out;
+    std::vector<std::optional<std::string>> idems, paths, bodies, customers;
+    std::vector<std::int64_t> amounts;
+    for (const auto& q : rs) {
+        idems.emplace_back(q.idempotency_key);
+        paths.emplace_back(q.path);
+        bodies.emplace_back(q.body);
+        customers.emplace_back(q.customer.empty() ? std::nullopt : std::optional<std::string>(q.customer));
+        amounts.push_back(q.amount_cents);
+    }
+    pg::params p;
+    p.add(std::move(key_id)).add(lease);
+    p.add(pg::text_array_literal(idems)).add(pg::int_array_literal(amounts));
+    p.add(pg::text_array_literal(paths))
+        .add(pg::text_array_literal(bodies))
+        .add(pg::text_array_literal(customers));
+    p.add(static_cast<std::int64_t>(rs[0].same_key_window.count()));
+    auto r = co_await pg::exec_pooled(pool_, lease_record_sql, std::move(p));
+    if (!r) co_return r.err();
+    if (r->size() != rs.size())
+        throw pg::column_error("cg_vault_lease_record returned " + std::to_string(r->size()) + " rows for " +
+                               std::to_string(rs.size()));
+    for (std::size_t i = 0; i < r->size(); ++i) {
+        auto o = parse_reserve_outcome(r->get<std::string_view>(i, 1));
+        if (!o) throw pg::column_error("cg_vault_lease_record: unknown outcome " + r->get<std::string>(i, 1));
+        reserve_result one;
+        one.outcome = *o;
+        one.state = r->get<std::optional<std::string>>(i, 2).value_or("");
+        out.push_back(std::move(one));
+    }
+    co_return out;
+}
+
+net::awaitable<result<std::int64_t>> store::lease_return(std::string key_id, std::int64_t lease,
+                                                         std::string holder, std::int64_t cents, bool close) {
+    auto r = co_await pg::exec_pooled(pool_, lease_return_sql,
+                                      pg::params(std::move(key_id), lease, std::move(holder), cents, close));
+    if (!r) co_return r.err();
+    if (r->size() != 1) throw pg::column_error("cg_vault_lease_return returned no row");
+    co_return r->get<std::int64_t>(0, 0);
+}
+
+}  // namespace cg::vault
