@@ -182,34 +182,11 @@ net::awaitable<bool> scan_stripe(reconcile_run& run, std::int64_t since) {
     co_return true;
 }
 
-namespace {
-
-// The recovery search's step as the machine's command of the same name.
-billing::machine::found_command machine_command(billing::found_step s) noexcept {
-    using billing::found_step;
-    using billing::machine::found_command;
-    switch (s) {
-        case found_step::mark_charged:
-            return found_command::mark_charged;
-        case found_step::mark_declined:
-            return found_command::mark_declined;
-        case found_step::mark_processing:
-            return found_command::mark_processing;
-        case found_step::still_open:
-            return found_command::still_open;
-        case found_step::none:
-            return found_command::none;
-    }
-    return found_command::none;
-}
-
-}  // namespace
-
-// The pipeline's recovery search (billing/flow/recovery.hpp) for a pending row: what it finds settled or
-// declined settles the row (mark_* apply only to a still-pending row, so a worker settling it meanwhile
-// wins); a payment still moving is left to the pipeline, which follows it.
+// The pipeline's recovery search (billing/flow/recovery.hpp) for a pending row, read by the machine
+// (on_found, then on_reconcile_found): what it finds settled or declined settles the row (mark_* apply only
+// to a still-pending row, so a worker settling it meanwhile wins); a payment still moving is left to the
+// pipeline, which follows it.
 net::awaitable<void> resolve_pending(reconcile_run& run, billing::ledger& ledger, item& it) {
-    using billing::found_step;
     auto& rec = *it.facts.record;
     billing::recovery_query q{rec.stripe_customer_id,        rec.key,           rec.first_stripe_attempt_at,
                               billing::default_search_slack, it.payment_intent, rec.stripe_account};
@@ -228,13 +205,13 @@ net::awaitable<void> resolve_pending(reconcile_run& run, billing::ledger& ledger
         it.action = "recovery search failed: " + found.err().describe();
         co_return;
     }
-    if (found->step == found_step::none) {
+    if (!found->charge && !found->intent) {
         it.action =
             it.lease_expired ? "no charge carries the key" : "no charge yet; a worker holds the lease";
         co_return;
     }
     const std::string id = found->charge_id.value_or(found->payment_intent_id.value_or(""));
-    const auto command = billing::machine::on_reconcile_found(machine_command(found->step));
+    const auto command = billing::machine::on_reconcile_found(found->command);
     if (command == billing::machine::reconcile_command::leave) {
         it.action = "found " + id + " still " + found->status + "; left to the pipeline";
         co_return;

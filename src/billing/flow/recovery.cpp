@@ -25,58 +25,32 @@ bool superseded_failure(const recovery_query& q, const std::string& id, std::int
     return machine::superseded_failure(q.superseded, q.first_attempt, id, created);
 }
 
-// What a charge carrying the key makes of the row, as the money machine reads its fact (machine::on_found):
-// a bank debit that failed while the answer to its create call was lost failed after processing, so it goes
-// processing first; a status the pinned API version does not define is looked at again later, never
-// charged beside.
+// The charge carrying the key, and the machine's reading of it (on_found): a bank debit that failed while the
+// answer to its create call was lost goes processing first; a status the pinned API version does not define
+// is looked at again later, never charged beside.
 recovery_found found_charge(stripe::charge ch) {
     recovery_found f;
+    f.command = machine::on_found(machine::table::charge, stripe::read(ch));
     f.charge_id = ch.id;
     if (!ch.payment_intent.empty()) f.payment_intent_id = ch.payment_intent;
     f.status = ch.status;
-    switch (machine::on_found(machine::table::charge, stripe::read(ch))) {
-        case machine::found_command::mark_processing:
-            f.step = found_step::mark_processing;
-            break;
-        case machine::found_command::mark_declined:
-            f.step = found_step::mark_declined;
-            f.decline = ch.failure_code;
-            break;
-        case machine::found_command::mark_charged:
-            f.step = found_step::mark_charged;
-            break;
-        case machine::found_command::still_open:
-        case machine::found_command::none:
-            f.step = found_step::still_open;
-            break;
-    }
+    if (f.command == machine::found_command::mark_declined) f.decline = ch.failure_code;
     f.charge = std::move(ch);
     return f;
 }
 
-// What a PaymentIntent carrying the key makes of the row (step_for_found_intent; not_charged is none).
+// The PaymentIntent carrying the key, and the machine's reading of it (on_found). `none` (an intent Stripe
+// never tried) is as if nothing carried the key.
 recovery_found found_intent(stripe::payment_intent pi) {
     recovery_found f;
+    f.command = machine::on_found(machine::table::charge, stripe::read(pi));
+    if (f.command == machine::found_command::none) return recovery_found{};
     if (!pi.latest_charge.empty()) f.charge_id = pi.latest_charge;
     f.payment_intent_id = pi.id;
     f.status = pi.status;
-    switch (step_for_found_intent(pi)) {
-        case found_intent_step::mark_charged:
-            f.step = found_step::mark_charged;
-            break;
-        case found_intent_step::mark_declined:
-            f.step = found_step::mark_declined;
-            f.decline = "payment intent " + pi.id + " is " + pi.status;
-            if (!pi.last_error_code.empty()) f.decline += ": " + pi.last_error_code;
-            break;
-        case found_intent_step::still_open:
-            f.step = found_step::still_open;
-            break;
-        case found_intent_step::mark_processing:
-            f.step = found_step::mark_processing;
-            break;
-        case found_intent_step::not_charged:
-            return recovery_found{};
+    if (f.command == machine::found_command::mark_declined) {
+        f.decline = "payment intent " + pi.id + " is " + pi.status;
+        if (!pi.last_error_code.empty()) f.decline += ": " + pi.last_error_code;
     }
     f.intent = std::move(pi);
     return f;
@@ -114,7 +88,7 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
                  {{"payment_intent", (**pi).id}});
         pi->reset();
     }
-    if (*pi && step_for_found_intent(**pi) == found_intent_step::not_charged)
+    if (*pi && machine::on_found(machine::table::charge, stripe::read(**pi)) == machine::found_command::none)
         log.warn("the payment intent found was never confirmed: Stripe did not try the card",
                  {{"payment_intent", (*pi)->id}});
     if (*pi) co_return found_intent(std::move(**pi));

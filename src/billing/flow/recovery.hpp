@@ -1,7 +1,9 @@
-// The recovery search as one call: which payment at Stripe carries a ledger row's base key, and what it makes
-// of the row, for `chargeguard reconcile` (which applies the step as a report line). The charge flow's
-// RECOVER takes the same two lists as commands of its fsm (billing/machine/charge_fsm.hpp), which reads
-// them with the same rules (machine::on_found, step_for_found_intent, machine::superseded_failure).
+// The recovery search as one call: which payment at Stripe carries a ledger row's base key, and the money
+// machine's reading of it (machine::on_found, the command the charge fsm takes for the same find), for
+// `chargeguard reconcile` (which applies machine::on_reconcile_found of it as a report line). The charge
+// flow's RECOVER takes the same two lists as commands of its fsm (billing/machine/charge_fsm.hpp); both
+// drop a failure from an earlier life of the key by machine::superseded_failure. This file keeps no rule of
+// its own about what a found payment means.
 #pragma once
 
 #include <chrono>
@@ -12,6 +14,7 @@
 
 #include "billing/machine/charge_fsm.hpp"
 #include "billing/machine/decision.hpp"
+#include "billing/machine/machine.hpp"
 #include "core/log.hpp"
 #include "core/result.hpp"
 #include "net/tokens.hpp"
@@ -39,18 +42,11 @@ struct recovery_query {
     std::vector<std::string> superseded{};
 };
 
-// What the payment found makes of the row.
-enum class found_step {
-    none,             // nothing carries the key (or only what says nothing of this generation)
-    mark_charged,     // it succeeded
-    mark_declined,    // it failed at once
-    mark_processing,  // the money has not moved yet: the row waits for Stripe's final answer
-    still_open,       // an intent succeeding without a charge yet, or a status the pinned API version
-                      // does not define: look again later, never recharge
-};
-
 struct recovery_found {
-    found_step step = found_step::none;
+    // What the payment found makes of the row, as the machine reads it (machine::on_found on the charge
+    // table). `none` with neither `charge` nor `intent`: nothing carries the key (or only what says nothing
+    // of this generation, or an intent Stripe never tried).
+    machine::found_command command = machine::found_command::none;
     // What carries the key: the charge when the charges had one, else the PaymentIntent.
     std::optional<stripe::charge> charge;
     std::optional<stripe::payment_intent> intent;

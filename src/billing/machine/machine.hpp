@@ -5,10 +5,13 @@
 // time, and the same answer or the same found fact means the same thing for both; they differ only in the
 // states their tables name for it (a charge's `charged` is a move's `done`).
 //
-// Pure: no Asio, no database, no clock. The pipeline (charge_flow.cpp, recovery.cpp) and the corrections
-// (corrections.cpp) run the commands it gives; the statements that move a row's state are checked against
-// its transitions by tests/unit/billing/machine_test.cpp, and the table is printed into docs/design.md from
-// transitions() (the same test keeps them equal).
+// Pure: no Asio, no database, no clock. Its decisions are taken by the sans-io fsms of one delivery, the
+// charge's (charge_fsm.hpp) and a correction revision's (revision_fsm.hpp), whose commands
+// billing::charge_flow and billing::corrections only run; by the healers and the operator commands
+// (machine_heal.cpp below); and by reconcile, which applies on_reconcile_found to the reading of
+// billing::search_by_key's find (billing/flow/recovery.hpp). The statements that move a row's state are
+// checked against its transitions by tests/unit/billing/machine_test.cpp, and the table is printed into
+// docs/design.md from transitions() (the same test keeps them equal).
 #pragma once
 
 #include <cstdint>
