@@ -137,7 +137,7 @@ net::awaitable<void> lab::prepare(variant_run& v) {
     need(co_await admin("POST", "/_admin/faults", faults), "fake-stripe faults");
     co_await sql(
         "TRUNCATE billing_records, billing_correction_moves, billing_corrections, dead_letters, vault_audit, "
-        "vault_spend, vault_keys");
+        "vault_spend, vault_leases, vault_keys");
     for (int i = 0; i < (v.two_brokers ? 2 : 1); ++i)
         v.brokers.push_back(need(co_await start_broker(v.real, v.data_dir), "broker"));
     for (auto& b : v.brokers) {
