@@ -25,6 +25,7 @@
 #include "support/pg_main.hpp"
 #include "support/pg_server_ctl.hpp"
 #include "support/prom_text.hpp"
+#include "support/loops.hpp"
 #include "support/run_async.hpp"
 
 using namespace cg;
@@ -60,9 +61,8 @@ http::request delivery(const std::string& body, const std::string& secret, std::
     return r;
 }
 
-struct webhooks_fixture {
-    asio::io_context io{1};
-    net::offload_pool offload{2};
+// Its pool and receiver outlive the handlers left on the loops (loops.hpp).
+struct webhooks_fixture : test::loops {
     test::scratch_db db{"webhooks"};
     metrics::registry reg;
     std::shared_ptr<pg::pool> pool;
@@ -98,6 +98,7 @@ struct webhooks_fixture {
             run_async(io, [&]() -> net::awaitable<void> { co_await pool->close(); });
         } catch (...) {
         }
+        shut_down();
     }
 
     http::response send(http::request req) {

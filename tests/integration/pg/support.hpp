@@ -17,6 +17,7 @@
 #include "pg/config.hpp"
 #include "pg/connection.hpp"
 #include "pg/pool.hpp"
+#include "support/loops.hpp"
 
 namespace cg::test {
 
@@ -78,9 +79,7 @@ struct scratch_db {
     pg::config config() const { return server_config("dbname=" + name); }
 };
 
-struct pg_fixture {
-    asio::io_context io{1};
-    net::offload_pool offload{2};
-};
+// The main loop and offload pool, torn down together (loops.hpp).
+struct pg_fixture : loops {};
 
 }  // namespace cg::test
