@@ -28,6 +28,7 @@
 #include "billing/machine/machine.hpp"
 #include "billing/machine/outcome.hpp"
 #include "core/result.hpp"
+#include "stripe/fact.hpp"
 #include "stripe/outcome.hpp"
 #include "stripe/types.hpp"
 
@@ -178,11 +179,14 @@ using fsm_input = std::variant<in::delivery, in::swept, in::failed, in::prefligh
                                in::applied, in::bumped, in::superseded, in::answer, in::charge_found,
                                in::intent_found, in::resumed, in::corrected>;
 
-// A failed payment carrying the key that says nothing of the current generation: one the row's earlier
-// attempts made (a retried declined row names them), or one created well before the first attempt (an
-// earlier life of the row, which a replay superseded; five minutes of clock skew allowed).
-bool superseded_failure(const std::vector<std::string>& superseded, std::optional<sys_time> first_attempt,
-                        std::string_view id, std::int64_t created) noexcept;
+// A payment the recovery search found (its fact, and when Stripe created it) that is a failure saying nothing
+// of the current generation: one the row's earlier attempts made (a retried declined row names them), or one
+// created well before the first attempt (an earlier life of the row, which a replay superseded; five minutes
+// of clock skew allowed). The search drops it, as if nothing carried the key; a success is always believed.
+// The one filter of both the charge fsm's search and billing::search_by_key.
+bool superseded_failure(const stripe::fact& found, std::int64_t created,
+                        const std::vector<std::string>& superseded,
+                        std::optional<sys_time> first_attempt) noexcept;
 
 class charge_fsm {
   public:
