@@ -321,7 +321,6 @@ void cworld::release(revision_row& r, std::int64_t epoch) {
 void cworld::call(int id, const billing::machine::revision_command& c) {
     dlv& d = dlvs_[id];
     d.calling = true;
-    d.gen = c.generation;
     int n = ++d.call;
     at(now_ + renew_every, [this, id, n] { renew_tick(id, n); });
     req_t q;
@@ -371,15 +370,21 @@ void cworld::renew_tick(int id, int c) {
         at(now_ + rnd_.range(1, 500), [this, m] { deliver(m); });
     }
     if (has(safeguard::lease_renewal)) {
+        // What the fsm asks for (billing::renew_once): renew_sql under its epoch, its result handed back;
+        // once the lease was found taken over, in_flight_sql under its generation.
         revision_row& r = rev_of(d);
         move_row& m = *r.move;
-        auto& held = d.fsm->held_lease();
-        if (r.status == "pending" && r.epoch == held && m.status == "pending") {
-            r.lease_until = now_ + lease;
-            held = ++r.epoch;
+        const auto what = d.fsm->renewal();
+        if (!what.note_in_flight) {
+            std::optional<std::int64_t> e;
+            if (r.status == "pending" && r.epoch == what.epoch && m.status == "pending") {
+                r.lease_until = now_ + lease;
+                e = ++r.epoch;
+                m.last_life = now_;
+            }
+            d.fsm->renewed(in::renewed{e});
+        } else if (m.status == "pending" && m.gen == what.generation) {
             m.last_life = now_;
-        } else if (m.status == "pending" && m.gen == d.gen) {
-            m.last_life = now_;  // noted in flight
         }
     }
     at(now_ + renew_every, [this, id, c] { renew_tick(id, c); });

@@ -79,7 +79,6 @@ struct dlv {
     std::uint64_t token = 0;
     int sc = 0;
     std::uint64_t inc = 0;
-    std::int32_t gen = 1;  // the key generation of the call under way
     int call = 0;
     bool calling = false;
     std::optional<billing::machine::revision_fsm> fsm;  // the delivery's machine, as corrections.cpp runs it

@@ -76,6 +76,19 @@ bool superseded_failure(const stripe::fact& found, std::int64_t created,
     return first_attempt && created < unix_seconds(*first_attempt) - 300;
 }
 
+renew_command charge_fsm::renewal() const {
+    if (at_ != at::create) throw std::logic_error("charge_fsm: a lease renewal with no call outstanding");
+    return {lease_lost_, lease_, gen_};
+}
+
+void charge_fsm::renewed(const in::renewed& r) {
+    if (at_ != at::create) throw std::logic_error("charge_fsm: a lease renewal with no call outstanding");
+    if (r.epoch)
+        lease_ = *r.epoch;
+    else
+        lease_lost_ = true;
+}
+
 command charge_fsm::emit(command c, at next) {
     at_ = next;
     if (c.what != op::done && c.what != op::pause) step_name_ = c.name;

@@ -12,7 +12,7 @@
 // random source: the inputs carry the time (by the caller's clock) and a uniform number for jitter.
 //
 // The one input that can arrive while a command is outstanding is a lease renewal during the create call
-// (lease_keeper beside the call): held_lease() is the epoch the renewals move on.
+// (lease_keeper beside the call): renewal() says what the next one writes, renewed() takes its result.
 #pragma once
 
 #include <chrono>
@@ -175,6 +175,21 @@ struct corrected {  // op::correction
 };
 }  // namespace in
 
+namespace in {
+struct renewed {  // a lease renewal during the call: the lease's new epoch, or nullopt: it was taken over
+    std::optional<std::int64_t> epoch;
+};
+}  // namespace in
+
+// What the next lease renewal during a create call writes (both fsms): the lease held under `epoch` extended
+// — or, once a renewal found it taken over, only the call noted in flight under its key `generation`, so
+// whoever holds the row now takes no new key generation while this call can still move money.
+struct renew_command {
+    bool note_in_flight = false;
+    std::int64_t epoch = 0;
+    std::int32_t generation = 1;
+};
+
 using fsm_input = std::variant<in::delivery, in::swept, in::failed, in::preflighted, in::row, in::attempted,
                                in::applied, in::bumped, in::superseded, in::answer, in::charge_found,
                                in::intent_found, in::resumed, in::corrected>;
@@ -202,9 +217,11 @@ class charge_fsm {
     const billing_event& event() const noexcept { return ev_; }
     bool event_known() const noexcept { return parsed_; }
     std::int32_t generation() const noexcept { return gen_; }
-    // The lease epoch held now; renewals during the create call move it on (lease_keeper).
-    std::int64_t& held_lease() noexcept { return lease_; }
+    // The lease epoch held now; renewals during the create call move it on.
     std::int64_t held_lease() const noexcept { return lease_; }
+    // While the create call is outstanding (else std::logic_error): the next renewal, and its result.
+    renew_command renewal() const;
+    void renewed(const in::renewed& r);
     // The epoch the delivery's lease started at (its pre-flight or its take).
     std::int64_t first_lease() const noexcept { return attempt_lease_; }
 
@@ -262,6 +279,7 @@ class charge_fsm {
     std::string key_;
     std::int64_t lease_ = 0;
     std::int64_t attempt_lease_ = 0;
+    bool lease_lost_ = false;  // a renewal during this call found the lease taken over
     std::int32_t gen_ = 1;
     std::optional<sys_time> first_attempt_;
     std::vector<std::string> superseded_;

@@ -57,6 +57,7 @@ command charge_fsm::record_attempt() {
 command charge_fsm::create() {
     command c;
     c.what = op::create;
+    lease_lost_ = false;
     c.request = build_request(ev_, key_, gen_);
     return emit(std::move(c), at::create);
 }

@@ -255,8 +255,19 @@ BOOST_AUTO_TEST_CASE(charge_fsm_names_the_call_and_the_settle) {
     BOOST_TEST_REQUIRE(req != nullptr);
     BOOST_TEST(req->idempotency_key == stripe_idempotency_key(key, 1));
     BOOST_TEST(f.held_lease() == 7);
-    f.held_lease() = 8;  // a renewal during the call
+    // Renewals during the call: the lease held extended, until one finds it taken over; from then on only
+    // the call under its generation is noted in flight.
+    auto w = f.renewal();
+    BOOST_TEST(!w.note_in_flight);
+    BOOST_TEST(w.epoch == 7);
+    BOOST_TEST(w.generation == 1);
+    f.renewed(in::renewed{8});
+    BOOST_TEST(f.renewal().epoch == 8);
+    f.renewed(in::renewed{});
+    BOOST_TEST(f.renewal().note_in_flight);
+    BOOST_TEST(f.renewal().generation == 1);
     auto s = f.resume(in::answer{answer(stripe::outcome_class::indeterminate)});
+    BOOST_CHECK_THROW(f.renewal(), std::logic_error);  // no call outstanding any more
     BOOST_TEST(s.text == "stripe said so");
     auto d = f.resume(in::applied{true});
     BOOST_TEST(f.held_lease() == 8);
