@@ -1,6 +1,6 @@
 // The correction simulator's world (corrections.cpp: the deliveries, the process, the revision fsm's driver
-// and the corrections ledger's statements; corrections_stripe.cpp: Stripe's create, answer and search, and
-// the final checks).
+// and the call with its lease renewals; corrections_ledger.cpp: the corrections ledger's statements;
+// corrections_stripe.cpp: Stripe's create, answer and search, and the final checks).
 #pragma once
 
 #include <algorithm>
