@@ -1,5 +1,6 @@
-// The correction simulator's Stripe (corrections_world.hpp): the create under an idempotency cache, the
-// answer read through the money machine, the search by metadata, the new key generation, the final checks.
+// The correction simulator's Stripe (corrections_world.hpp): the create under an idempotency cache, its
+// answer and the search by metadata handed to the revision fsm as billing::corrections hands them, the final
+// checks.
 #include "corrections_world.hpp"
 
 namespace cg::sim::corrections_world {
@@ -20,13 +21,12 @@ void cworld::execute(int rq) {
     }
     const dlv& d = dlvs_[q.d];
     const int pi = msgs_[d.m].period;
-    const move_row& m = *periods_[pi].rev->move;
     object o;
-    o.id = (m.refund ? "re_" : "ch_") + std::to_string(objects_.size());
-    o.move_key = move_key(pi);
-    o.refund = m.refund;
-    o.amount = m.amount;
-    o.status = !m.refund ? "succeeded" : fault(0.05) ? "failed" : rnd_.chance(0.1) ? "pending" : "succeeded";
+    o.id = (q.refund ? "re_" : "ch_") + std::to_string(objects_.size());
+    o.move_key = q.move_key;
+    o.refund = q.refund;
+    o.amount = q.amount;
+    o.status = !q.refund ? "succeeded" : fault(0.05) ? "failed" : rnd_.chance(0.1) ? "pending" : "succeeded";
     o.visible_at = now_ + rnd_.range(0, 30 * sec);
     o.period = pi;
     objects_.push_back(o);
@@ -58,102 +58,60 @@ void cworld::answered(int rq, bool timed_out) {
         if (q.http == 429) rf.error_type = "rate_limit_error";
         cls = stripe::classify_response(rf);
     }
-    const move_row& m = *rev_of(d).move;
     const bool ok = !timed_out && q.http == 200;
-    billing::machine::move_output o;
-    if (m.refund) {
-        o = billing::machine::on_refund_answer(cls, ok ? objects_[q.obj].status : std::string());
-    } else {
-        stripe::charge_outcome out;
-        out.cls = cls;
-        if (ok) out.charge_id = objects_[q.obj].id;
-        o = billing::machine::on_move_answer(out);
-    }
-    note("answer " + std::string(billing::machine::to_string(o.command)));
+    note("answer " + std::to_string(timed_out ? 0 : q.http));
     const int id = q.d;
-    at(now_ + pg(), [this, id, o] {
-        if (!alive(id)) return;
-        dlv& d = dlvs_[id];
-        move_row& m = *rev_of(d).move;
-        switch (o.command) {
-            case billing::machine::move_command::done:
-                if (m.status == "pending") {
-                    set_move(m, "done");
-                    m.indeterminate_since = -1;
-                }
-                return applied(id);
-            case billing::machine::move_command::release:
-                release(d);
-                return req(d, 5 * sec);
-            case billing::machine::move_command::indeterminate:
-                if (m.status == "pending" && m.indeterminate_since < 0) m.indeterminate_since = now_;
-                release(d);
-                return req(d, 30 * sec);
-            default:
-                violation("an answer the simulated Stripe never gives: " +
-                          std::string(billing::machine::to_string(o.command)));
-                return fin(d);
+    if (q.refund) {
+        billing::machine::in::refund_answer a;
+        a.cls = cls;
+        if (ok) {
+            stripe::refund re;
+            re.id = objects_[q.obj].id;
+            re.status = objects_[q.obj].status;
+            re.amount = objects_[q.obj].amount;
+            a.refund = std::move(re);
         }
-    });
+        return resume(id, a);
+    }
+    billing::machine::in::answer a;
+    a.out.cls = cls;
+    a.out.http_status = timed_out ? 0 : q.http;
+    if (ok) a.out.charge_id = objects_[q.obj].id;
+    resume(id, a);
 }
 
-// The search by metadata[billing_key] (corrections.cpp search_move), read through the machine.
-void cworld::search(int id) {
-    if (!alive(id)) return;
-    dlv& d = dlvs_[id];
-    const int pi = msgs_[d.m].period;
-    const std::string key = move_key(pi);
+// The search by metadata[billing_key] (find_charge_by_metadata, find_refund_by_metadata): a refund or charge
+// that moved money if one is listed yet, else a failed one. Without search_before_new_key the lists show
+// nothing, as the code that went straight to a new key generation saw.
+billing::machine::revision_input cworld::search(int id, const billing::machine::revision_command& c) {
+    const int pi = msgs_[dlvs_[id].m].period;
     const object* found = nullptr;
-    for (const auto& o : objects_)
-        if (o.move_key == key && o.visible_at <= now_ && (!found || found->status == "failed")) found = &o;
-    auto cmd = billing::machine::found_command::none;
-    if (found && found->refund) {
-        stripe::refund re;
-        re.id = found->id;
-        re.status = found->status;
-        cmd = billing::machine::on_found(table::move, stripe::read(re));
-    } else if (found) {
+    if (has(safeguard::search_before_new_key))
+        for (const auto& o : objects_)
+            if (o.period == pi && o.move_key == c.move_key && o.visible_at <= now_ &&
+                (!found || found->status == "failed"))
+                found = &o;
+    note("search " + c.move_key + " " + (found ? found->id + " " + found->status : std::string("nothing")));
+    if (c.what == billing::machine::rop::search_refund) {
+        billing::machine::in::refund_found r;
+        if (found && found->refund) {
+            stripe::refund re;
+            re.id = found->id;
+            re.status = found->status;
+            re.amount = found->amount;
+            re.charge = periods_[pi].charge_id;
+            r.found = std::move(re);
+        }
+        return r;
+    }
+    billing::machine::in::charge_found f;
+    if (found && !found->refund) {
         stripe::charge ch;
         ch.id = found->id;
         ch.status = found->status;
-        cmd = billing::machine::on_found(table::move, stripe::read(ch));
+        f.found = std::move(ch);
     }
-    note("search " + key + " " + std::string(billing::machine::to_string(cmd)));
-    move_row& m = *rev_of(d).move;
-    switch (cmd) {
-        case billing::machine::found_command::mark_charged:
-            if (m.status == "pending") {
-                set_move(m, "done");
-                m.indeterminate_since = -1;
-            }
-            return at(now_ + pg(), [this, id] {
-                if (alive(id)) applied(id);
-            });
-        case billing::machine::found_command::none:
-            return at(now_ + pg(), [this, id] { bump(id); });
-        default:
-            release(d);
-            return req(d, 30 * sec);
-    }
-}
-
-// bump_sql: a new key generation while we hold the lease, once no call under the old one showed life
-// for the quiet period.
-void cworld::bump(int id) {
-    if (!alive(id)) return;
-    dlv& d = dlvs_[id];
-    revision_row& r = rev_of(d);
-    move_row& m = *r.move;
-    if (r.status != "pending" || r.epoch != d.epoch || m.status != "pending") return req(d, 5 * sec);
-    if (has(safeguard::quiet_period) && m.last_life >= 0 && now_ - m.last_life < quiet) {
-        release(d);
-        return req(d, std::max<ms_t>(30 * sec, quiet / 10));
-    }
-    ++m.gen;
-    m.indeterminate_since = -1;
-    m.first_attempt = -1;
-    note("bump " + move_key(msgs_[d.m].period) + " g" + std::to_string(m.gen));
-    attempt(id);
+    return f;
 }
 
 void cworld::check_final() {

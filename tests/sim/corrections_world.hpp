@@ -1,5 +1,6 @@
-// The correction simulator's world (corrections.cpp: the deliveries, the process and corrections.cpp's
-// steps; corrections_stripe.cpp: Stripe, the search, the new key generation and the final checks).
+// The correction simulator's world (corrections.cpp: the deliveries, the process, the revision fsm's driver
+// and the call with its lease renewals; corrections_ledger.cpp: the corrections ledger's statements;
+// corrections_stripe.cpp: Stripe's create, answer and search, and the final checks).
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "billing/machine/key.hpp"
 #include "billing/machine/machine.hpp"
+#include "billing/machine/revision_fsm.hpp"
 #include "models.hpp"
 #include "sim.hpp"
 #include "stripe/fact.hpp"
@@ -29,6 +31,7 @@ struct move_row {
     ms_t first_attempt = -1;
     ms_t indeterminate_since = -1;
     ms_t last_life = -1;  // last_stripe_attempt_at
+    std::string object_id;
 };
 
 struct revision_row {
@@ -42,7 +45,8 @@ struct period {
     std::string base;
     std::string charge_id;  // the original charge, charged
     std::int64_t original = 0;
-    std::int64_t total = 0;  // revision 1's total
+    std::int64_t total = 0;     // revision 1's total
+    billing::billing_event ev;  // revision 1, as its delivery parses it
     std::optional<revision_row> rev;
 };
 
@@ -75,16 +79,19 @@ struct dlv {
     std::uint64_t token = 0;
     int sc = 0;
     std::uint64_t inc = 0;
-    std::int64_t epoch = 0;
-    std::int32_t gen = 1;
     int call = 0;
     bool calling = false;
+    std::optional<billing::machine::revision_fsm> fsm;  // the delivery's machine, as corrections.cpp runs it
+    billing::machine::revision_command pending;         // its command awaiting the ledger or the search
 };
 
-struct req_t {
+struct req_t {  // a create as the fsm built it
     int d = 0;
     int call = 0;
     std::string idem;
+    std::string move_key;  // metadata[billing_key]
+    bool refund = true;
+    std::int64_t amount = 0;
     int http = 0;  // 0: not executed (yet)
     int obj = -1;
 };
@@ -146,32 +153,33 @@ class cworld {
     // ---- the process ----
     bool alive(int id);
 
-    // ---- corrections.cpp's steps ----
-    // cg_correction_admit for a period whose original is charged.
-    void admit(int id);
+    // ---- the revision fsm's driver (billing::corrections) ----
+    billing::machine::flow_config fsm_config() const;
+    void start(int id);
+    void resume(int id, const billing::machine::revision_input& i);
+    void exec(int id, billing::machine::revision_command c);
     revision_row& rev_of(const dlv& d) { return *periods_[msgs_[d.m].period].rev; }
-    void applied(int id);
-    void release(const dlv& d);
-    void run_move(int id);
-    void attempt(int id);
-    void call(int id);
+    // ---- the corrections ledger's statements (correction_ledger.cpp, migration 0018's admit) ----
+    billing::machine::revision_input statement(int id, const billing::machine::revision_command& c);
+    billing::machine::revision_input admit(int id);
+    std::vector<billing::machine::move_view> moves(const dlv& d) const;
+    void release(revision_row& r, std::int64_t epoch);
+    void call(int id, const billing::machine::revision_command& c);
     void renew_tick(int id, int c);
 
     // ---- Stripe ----
     void execute(int rq);
     void answered(int rq, bool timed_out);
 
-    // The search by metadata[billing_key] (corrections.cpp search_move), read through the machine.
-    void search(int id);
-    // bump_sql: a new key generation while we hold the lease, once no call under the old one showed life
-    // for the quiet period.
-    void bump(int id);
+    // The search by metadata[billing_key] (correction ledger's search_move): what the lists show.
+    billing::machine::revision_input search(int id, const billing::machine::revision_command& c);
 
     void check_final();
 
     config cfg_;
     rng rnd_;
     std::vector<safeguard> removed_;
+    billing::machine::flow_config fsm_cfg_;
     run_result res_;
     bool faults_ = true;
     ms_t now_ = 0;

@@ -2,7 +2,7 @@
 // search_intents, bump_generation) find them in the models: the lists as stripe/client.cpp's
 // find_charge_by_billing_key and find_payment_intent_by_billing_key return them, the generation as
 // ledger_sql.hpp's bump statement moves it. The fsm reads what they return (machine::on_found,
-// step_for_found_intent, machine::superseded_failure); a removed safeguard is a list that shows what the
+// machine::superseded_failure); a removed safeguard is a list that shows what the
 // code without it would have read.
 #include <algorithm>
 #include <optional>

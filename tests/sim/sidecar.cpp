@@ -320,7 +320,7 @@ void world::finish_call(int id, const stripe::charge_outcome& out) {
             return req(d, p_.retry_same_key_delay);
         }
         d.row_written = true;
-        d.fsm->held_lease() = 1;
+        d.fsm->renewed(in::renewed{1});  // the lease the row was written with
     }
     resume(id, in::answer{out});
 }
@@ -344,10 +344,15 @@ void world::renew_tick(int id, int c) {
         }
     }
     if (has(safeguard::lease_renewal) && d.row_written) {
-        if (auto e = renew(d.key, d.fsm->held_lease()))
-            d.fsm->held_lease() = *e;
-        else
-            in_flight_note(d.key, d.fsm->generation());
+        // What the fsm asks for (billing::renew_once), its result handed back; the model notes the call in
+        // flight as soon as a renewal finds the lease taken over.
+        const auto what = d.fsm->renewal();
+        std::optional<std::int64_t> e;
+        if (!what.note_in_flight) {
+            e = renew(d.key, what.epoch);
+            d.fsm->renewed(in::renewed{e});
+        }
+        if (!e) in_flight_note(d.key, what.generation);
     }
     at(now_ + p_.renew, [this, id, c] { renew_tick(id, c); });
 }

@@ -167,7 +167,7 @@ class charge_flow {
                                                    const machine::command& c);
     net::awaitable<machine::fsm_input> settle(run& r, machine::charge_fsm& fsm, const machine::command& c);
     net::awaitable<void> test_pause();
-    net::awaitable<void> renew_once(run& r, machine::charge_fsm& fsm, lease_keeper& k);
+    net::awaitable<void> renew_once(run& r, machine::charge_fsm& fsm);
     verdict count(verdict v);
     void note_stripe_time(std::chrono::steady_clock::duration took);
 

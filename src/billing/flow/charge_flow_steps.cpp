@@ -186,8 +186,7 @@ net::awaitable<machine::fsm_input> charge_flow::call_stripe(run& r, machine::cha
     stripe::charge_outcome out;
     auto ex = co_await asio::this_coro::executor;
     auto keeper = std::make_shared<lease_keeper>(
-        ex, cfg_.lease_renew_interval, [this, &r, &fsm](lease_keeper& k) { return renew_once(r, fsm, k); },
-        r.log);
+        ex, cfg_.lease_renew_interval, [this, &r, &fsm] { return renew_once(r, fsm); }, r.log);
     auto began = std::chrono::steady_clock::now();
     r.log.debug("calling Stripe", {{"generation", fsm.generation()}});
     keeper->start();
@@ -219,15 +218,14 @@ net::awaitable<machine::fsm_input> charge_flow::call_stripe(run& r, machine::cha
 
 // One renewal while Stripe is awaited (lease_keeper): tell the transport we are alive and extend the lease,
 // so a redelivery elsewhere sees "lease held" instead of recovering a row whose call is still in flight.
-// The renewal moves the fsm's held lease on.
-net::awaitable<void> charge_flow::renew_once(run& r, machine::charge_fsm& fsm, lease_keeper& k) {
+// The fsm says what to write and takes the result (its held lease moves on, or it learns the lease is lost).
+net::awaitable<void> charge_flow::renew_once(run& r, machine::charge_fsm& fsm) {
     const auto& key = fsm.key();
-    const auto generation = fsm.generation();
     lease_renewal how{
         r.touch, [this, &key](std::int64_t epoch) { return ledger_.renew_lease(key, epoch, cfg_.lease); },
-        [this, &key, generation] { return note_in_flight(ledger_, key, generation); },
+        [this, &key](std::int32_t generation) { return note_in_flight(ledger_, key, generation); },
         metrics_ ? metrics_->lease_lost : nullptr, "row"};
-    co_await billing::renew_once(k, how, fsm.held_lease(), r.log);
+    if (auto renewed = co_await billing::renew_once(how, fsm.renewal(), r.log)) fsm.renewed(*renewed);
 }
 
 }  // namespace cg::billing

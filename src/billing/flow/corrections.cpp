@@ -169,8 +169,7 @@ net::awaitable<machine::revision_input> corrections::call(job& j, machine::revis
                                                           const machine::revision_command& c) {
     auto ex = co_await asio::this_coro::executor;
     auto keeper = std::make_shared<lease_keeper>(
-        ex, cfg_.lease_renew_interval, [this, &j, &fsm](lease_keeper& k) { return renew_once(j, fsm, k); },
-        j.log);
+        ex, cfg_.lease_renew_interval, [this, &j, &fsm] { return renew_once(j, fsm); }, j.log);
     j.log.debug("calling Stripe for a correction",
                 {{"part", c.part}, {"amount", c.amount_cents}, {"generation", c.generation}});
     keeper->start();
@@ -200,16 +199,15 @@ net::awaitable<machine::revision_input> corrections::call(job& j, machine::revis
 
 // One renewal while a move's call is awaited: the message touched, the revision's lease extended — or, once
 // it was taken over, the call noted in flight, so whoever holds the revision now takes no new key generation
-// while this call can still move money.
-net::awaitable<void> corrections::renew_once(job& j, machine::revision_fsm& fsm, lease_keeper& k) {
+// while this call can still move money. The fsm says which and takes the result.
+net::awaitable<void> corrections::renew_once(job& j, machine::revision_fsm& fsm) {
     const auto part = fsm.current().part;
-    const auto generation = fsm.current().key_generation;
     lease_renewal how{
         j.touch,
         [this, &j, part](std::int64_t epoch) { return store_.renew_lease(j.key, part, epoch, cfg_.lease); },
-        [this, &j, part, generation]() { return store_.note_in_flight(j.key, part, generation); },
+        [this, &j, part](std::int32_t generation) { return store_.note_in_flight(j.key, part, generation); },
         lease_lost_, "revision"};
-    co_await billing::renew_once(k, how, fsm.held_lease(), j.log);
+    if (auto renewed = co_await billing::renew_once(how, fsm.renewal(), j.log)) fsm.renewed(*renewed);
 }
 
 }  // namespace cg::billing

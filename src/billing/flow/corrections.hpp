@@ -38,7 +38,6 @@ namespace cg::billing {
 struct delivery;
 struct charge_flow_config;
 class ledger;
-class lease_keeper;
 
 class corrections {
   public:
@@ -65,7 +64,7 @@ class corrections {
                                                     const machine::revision_command& c);
     net::awaitable<machine::revision_input> call(job& j, machine::revision_fsm& fsm,
                                                  const machine::revision_command& c);
-    net::awaitable<void> renew_once(job& j, machine::revision_fsm& fsm, lease_keeper& k);
+    net::awaitable<void> renew_once(job& j, machine::revision_fsm& fsm);
 
     const charge_flow_config& cfg_;
     machine::flow_config fsm_cfg_;  // cfg_'s decision parameters

@@ -31,7 +31,7 @@ void lease_keeper::arm() {
     timer_.async_wait([self = shared_from_this()](std::error_code ec) {
         if (ec || self->done_) return;
         self->renewing_ = true;
-        asio::co_spawn(self->timer_.get_executor(), self->renew_(*self), [self](std::exception_ptr e) {
+        asio::co_spawn(self->timer_.get_executor(), self->renew_(), [self](std::exception_ptr e) {
             // A broken invariant in the renewal: the call goes on unrenewed at this interval, and is not left
             // waiting.
             if (e) self->log_.error("lease renewal failed unexpectedly", {{"error", describe_exception(e)}});
@@ -49,26 +49,27 @@ void lease_keeper::ended() {
         arm();
 }
 
-net::awaitable<void> renew_once(lease_keeper& k, const lease_renewal& how, std::int64_t& epoch,
-                                const logger& log) {
+net::awaitable<std::optional<machine::in::renewed>> renew_once(const lease_renewal& how,
+                                                               const machine::renew_command& what,
+                                                               const logger& log) {
     if (how.touch) how.touch();
-    if (k.lost()) {
-        auto noted = co_await how.note_in_flight();
+    if (what.note_in_flight) {
+        auto noted = co_await how.note_in_flight(what.generation);
         if (!noted) log.warn("cannot note the call in flight", {{"error", noted.err().describe()}});
-        co_return;
+        co_return std::nullopt;
     }
-    auto renewed = co_await how.renew(epoch);
+    auto renewed = co_await how.renew(what.epoch);
     if (!renewed) {
         log.warn("lease renewal failed; retrying at the next interval",
                  {{"error", renewed.err().describe()}});
-    } else if (!*renewed) {
-        k.mark_lost();
+        co_return std::nullopt;
+    }
+    if (!*renewed) {
         if (how.lost) how.lost->Increment();
         log.error("lease lost while Stripe was called: another worker may recover this " +
                   std::string(how.row));
-    } else {
-        epoch = **renewed;
     }
+    co_return machine::in::renewed{*renewed};
 }
 
 }  // namespace cg::billing

@@ -1,8 +1,9 @@
 // Keeps a ledger lease alive while a Stripe call is awaited (docs/design.md §4 CHARGE, §4a MOVES): a timer
-// beside the call runs one renewal every interval — the caller's, which touches the message and extends the
-// lease, or, once the lease was found taken over, notes that the call is still in flight — never two at once
-// and none after the call returned. One mechanism for the charge path (charge_flow.cpp) and the corrections'
-// money moves (corrections.cpp); what a renewal writes is theirs.
+// beside the call runs one renewal every interval — the caller's, which touches the message and runs what
+// the fsm's renewal() says (the lease extended, or, once it was found taken over, the call noted in flight)
+// and hands the result to the fsm's renewed() — never two at once and none after the call returned. One
+// mechanism for the charge path (charge_flow.cpp) and the corrections' money moves (corrections.cpp); what a
+// renewal writes is theirs, and whether the lease is still held is the fsm's.
 #pragma once
 
 #include <asio/any_io_executor.hpp>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <string_view>
 
+#include "billing/machine/charge_fsm.hpp"
 #include "core/log.hpp"
 #include "core/result.hpp"
 #include "metrics/registry.hpp"
@@ -21,10 +23,9 @@ namespace cg::billing {
 
 class lease_keeper : public std::enable_shared_from_this<lease_keeper> {
   public:
-    // One renewal. It reads lost() and calls mark_lost() when the lease turned out not to be ours any more;
-    // it must not throw for database failures (a renewal that fails is retried at the next interval).
-    // Whatever it refers to must outlive stop().
-    using renew_fn = std::function<net::awaitable<void>(lease_keeper&)>;
+    // One renewal. It must not throw for database failures (a renewal that fails is retried at the next
+    // interval). Whatever it refers to must outlive stop().
+    using renew_fn = std::function<net::awaitable<void>()>;
 
     // Create with std::make_shared (the timer's handler holds the keeper too). Every handler runs on `ex`,
     // the executor the call is awaited on.
@@ -37,9 +38,6 @@ class lease_keeper : public std::enable_shared_from_this<lease_keeper> {
     // under way has ended (it may refer to the caller's frame).
     net::awaitable<void> stop();
 
-    bool lost() const noexcept { return lost_; }
-    void mark_lost() noexcept { lost_ = true; }
-
   private:
     void arm();
     void ended();
@@ -50,7 +48,6 @@ class lease_keeper : public std::enable_shared_from_this<lease_keeper> {
     renew_fn renew_;
     logger log_;
     bool done_ = false;      // the call returned
-    bool lost_ = false;      // a renewal found the lease taken over
     bool renewing_ = false;  // a renewal is under way
 };
 
@@ -61,17 +58,19 @@ struct lease_renewal {
     // Extends the lease held under the epoch it was last given: the new epoch, or nullopt when it was
     // taken over.
     std::function<net::awaitable<result<std::optional<std::int64_t>>>(std::int64_t epoch)> renew;
-    // Once the lease was taken over: the call under our generation is still in flight.
-    std::function<net::awaitable<result<void>>()> note_in_flight;
+    // Once the lease was taken over: the call under the key generation given is still in flight.
+    std::function<net::awaitable<result<void>>(std::int32_t generation)> note_in_flight;
     metrics::Counter* lost = nullptr;  // counts leases lost during a call; null counts nothing
     std::string_view row = "row";      // what the lease is on, for the log ("row", "revision")
 };
 
-// One renewal while a Stripe call is awaited: TOUCH, then the lease extended (epoch moves on) — or, found
-// taken over, marked lost, counted and logged, so whoever holds the row now does not take a new generation
-// while this call can still move money; once lost, every later renewal notes the call in flight instead.
-// A failed statement is logged and retried at the next interval.
-net::awaitable<void> renew_once(lease_keeper& k, const lease_renewal& how, std::int64_t& epoch,
-                                const logger& log);
+// One renewal while a Stripe call is awaited, as the fsm's renewal() says: TOUCH, then the lease extended
+// under the epoch the fsm holds — the result for the fsm's renewed(): the new epoch, or nullopt once found
+// taken over (counted and logged, so the fsm asks only for in-flight notes from then on, and whoever holds
+// the row now takes no new generation while this call can still move money) — or the call noted in flight
+// (no result). A failed statement is logged and retried at the next interval (no result).
+net::awaitable<std::optional<machine::in::renewed>> renew_once(const lease_renewal& how,
+                                                               const machine::renew_command& what,
+                                                               const logger& log);
 
 }  // namespace cg::billing

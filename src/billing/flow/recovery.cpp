@@ -15,16 +15,6 @@ std::int64_t unix_seconds(sys_time t) {
     return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
 }
 
-// A failed payment carrying the key, created well before the row's first attempt (five minutes of clock
-// skew allowed), belongs to an earlier life of the row: the payment that failed after processing, which a
-// replay superseded (reopening restarts the attempt window). It says nothing about the current generation
-// and is never read as this row's decline; a success is always believed.
-// A retried declined row (retry_store.hpp) names the payments its earlier attempts made: those are never this
-// generation's answer either, however recent.
-bool superseded_failure(const recovery_query& q, const std::string& id, std::int64_t created) {
-    return machine::superseded_failure(q.superseded, q.first_attempt, id, created);
-}
-
 // The charge carrying the key, and the machine's reading of it (on_found): a bank debit that failed while the
 // answer to its create call was lost goes processing first; a status the pinned API version does not define
 // is looked at again later, never charged beside.
@@ -66,8 +56,8 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
     auto found =
         co_await stripe.find_charge_by_billing_key(q.stripe_customer_id, q.key, since, 100, q.stripe_account);
     if (!found) co_return found.err();
-    if (*found && stripe::charge_movement((**found).status) == stripe::movement::failed &&
-        superseded_failure(q, (**found).id, (**found).created)) {
+    if (*found && machine::superseded_failure(stripe::read(**found), (**found).created, q.superseded,
+                                              q.first_attempt)) {
         log.info("a failed charge from before the replay carries the key: not this generation's answer",
                  {{"charge_id", (**found).id}});
         found->reset();
@@ -78,12 +68,8 @@ net::awaitable<result<recovery_found>> search_by_key(stripe::client& stripe, rec
     auto pi = co_await stripe.find_payment_intent_by_billing_key(q.stripe_customer_id, q.key, since, 100,
                                                                  q.stripe_account);
     if (!pi) co_return pi.err();
-    const auto failed_attempt = [](const stripe::payment_intent& p) {
-        auto m = stripe::read(p).moved;
-        return m == stripe::movement::failed || m == stripe::movement::needs_customer ||
-               m == stripe::movement::canceled;
-    };
-    if (*pi && failed_attempt(**pi) && superseded_failure(q, (**pi).id, (**pi).created)) {
+    if (*pi &&
+        machine::superseded_failure(stripe::read(**pi), (**pi).created, q.superseded, q.first_attempt)) {
         log.info("a failed payment intent from before the replay carries the key: not this generation's",
                  {{"payment_intent", (**pi).id}});
         pi->reset();

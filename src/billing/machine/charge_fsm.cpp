@@ -65,10 +65,28 @@ std::string_view to_string(op o) noexcept {
     return "?";
 }
 
-bool superseded_failure(const std::vector<std::string>& superseded, std::optional<sys_time> first_attempt,
-                        std::string_view id, std::int64_t created) noexcept {
-    if (std::find(superseded.begin(), superseded.end(), id) != superseded.end()) return true;
+bool superseded_failure(const stripe::fact& found, std::int64_t created,
+                        const std::vector<std::string>& superseded,
+                        std::optional<sys_time> first_attempt) noexcept {
+    const auto m = found.moved;
+    if (m != stripe::movement::failed && m != stripe::movement::needs_customer &&
+        m != stripe::movement::canceled)
+        return false;
+    if (std::find(superseded.begin(), superseded.end(), found.id) != superseded.end()) return true;
     return first_attempt && created < unix_seconds(*first_attempt) - 300;
+}
+
+renew_command charge_fsm::renewal() const {
+    if (at_ != at::create) throw std::logic_error("charge_fsm: a lease renewal with no call outstanding");
+    return {lease_lost_, lease_, gen_};
+}
+
+void charge_fsm::renewed(const in::renewed& r) {
+    if (at_ != at::create) throw std::logic_error("charge_fsm: a lease renewal with no call outstanding");
+    if (r.epoch)
+        lease_ = *r.epoch;
+    else
+        lease_lost_ = true;
 }
 
 command charge_fsm::emit(command c, at next) {

@@ -12,7 +12,7 @@
 // random source: the inputs carry the time (by the caller's clock) and a uniform number for jitter.
 //
 // The one input that can arrive while a command is outstanding is a lease renewal during the create call
-// (lease_keeper beside the call): held_lease() is the epoch the renewals move on.
+// (lease_keeper beside the call): renewal() says what the next one writes, renewed() takes its result.
 #pragma once
 
 #include <chrono>
@@ -28,6 +28,7 @@
 #include "billing/machine/machine.hpp"
 #include "billing/machine/outcome.hpp"
 #include "core/result.hpp"
+#include "stripe/fact.hpp"
 #include "stripe/outcome.hpp"
 #include "stripe/types.hpp"
 
@@ -174,15 +175,33 @@ struct corrected {  // op::correction
 };
 }  // namespace in
 
+namespace in {
+struct renewed {  // a lease renewal during the call: the lease's new epoch, or nullopt: it was taken over
+    std::optional<std::int64_t> epoch;
+};
+}  // namespace in
+
+// What the next lease renewal during a create call writes (both fsms): the lease held under `epoch` extended
+// — or, once a renewal found it taken over, only the call noted in flight under its key `generation`, so
+// whoever holds the row now takes no new key generation while this call can still move money.
+struct renew_command {
+    bool note_in_flight = false;
+    std::int64_t epoch = 0;
+    std::int32_t generation = 1;
+};
+
 using fsm_input = std::variant<in::delivery, in::swept, in::failed, in::preflighted, in::row, in::attempted,
                                in::applied, in::bumped, in::superseded, in::answer, in::charge_found,
                                in::intent_found, in::resumed, in::corrected>;
 
-// A failed payment carrying the key that says nothing of the current generation: one the row's earlier
-// attempts made (a retried declined row names them), or one created well before the first attempt (an
-// earlier life of the row, which a replay superseded; five minutes of clock skew allowed).
-bool superseded_failure(const std::vector<std::string>& superseded, std::optional<sys_time> first_attempt,
-                        std::string_view id, std::int64_t created) noexcept;
+// A payment the recovery search found (its fact, and when Stripe created it) that is a failure saying nothing
+// of the current generation: one the row's earlier attempts made (a retried declined row names them), or one
+// created well before the first attempt (an earlier life of the row, which a replay superseded; five minutes
+// of clock skew allowed). The search drops it, as if nothing carried the key; a success is always believed.
+// The one filter of both the charge fsm's search and billing::search_by_key.
+bool superseded_failure(const stripe::fact& found, std::int64_t created,
+                        const std::vector<std::string>& superseded,
+                        std::optional<sys_time> first_attempt) noexcept;
 
 class charge_fsm {
   public:
@@ -198,9 +217,11 @@ class charge_fsm {
     const billing_event& event() const noexcept { return ev_; }
     bool event_known() const noexcept { return parsed_; }
     std::int32_t generation() const noexcept { return gen_; }
-    // The lease epoch held now; renewals during the create call move it on (lease_keeper).
-    std::int64_t& held_lease() noexcept { return lease_; }
+    // The lease epoch held now; renewals during the create call move it on.
     std::int64_t held_lease() const noexcept { return lease_; }
+    // While the create call is outstanding (else std::logic_error): the next renewal, and its result.
+    renew_command renewal() const;
+    void renewed(const in::renewed& r);
     // The epoch the delivery's lease started at (its pre-flight or its take).
     std::int64_t first_lease() const noexcept { return attempt_lease_; }
 
@@ -258,6 +279,7 @@ class charge_fsm {
     std::string key_;
     std::int64_t lease_ = 0;
     std::int64_t attempt_lease_ = 0;
+    bool lease_lost_ = false;  // a renewal during this call found the lease taken over
     std::int32_t gen_ = 1;
     std::optional<sys_time> first_attempt_;
     std::vector<std::string> superseded_;

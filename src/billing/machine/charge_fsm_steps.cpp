@@ -57,6 +57,7 @@ command charge_fsm::record_attempt() {
 command charge_fsm::create() {
     command c;
     c.what = op::create;
+    lease_lost_ = false;
     c.request = build_request(ev_, key_, gen_);
     return emit(std::move(c), at::create);
 }
@@ -88,8 +89,7 @@ command charge_fsm::search_charges() {
 // Charges first: every confirmed intent that reached the card made one (carrying the intent's metadata).
 command charge_fsm::after_charges(std::optional<stripe::charge> ch) {
     std::string note;
-    if (ch && stripe::charge_movement(ch->status) == stripe::movement::failed &&
-        superseded_failure(superseded_, first_attempt_, ch->id, ch->created)) {
+    if (ch && superseded_failure(stripe::read(*ch), ch->created, superseded_, first_attempt_)) {
         note =
             "a failed charge from before the replay carries the key: not this generation's answer: " + ch->id;
         ch.reset();
@@ -146,25 +146,24 @@ command charge_fsm::after_charges(std::optional<stripe::charge> ch) {
 
 command charge_fsm::after_intents(std::optional<stripe::payment_intent> pi) {
     std::string note;
-    if (pi) {
-        const auto m = stripe::read(*pi).moved;
-        const bool failed = m == stripe::movement::failed || m == stripe::movement::needs_customer ||
-                            m == stripe::movement::canceled;
-        if (failed && superseded_failure(superseded_, first_attempt_, pi->id, pi->created)) {
-            note = "a failed payment intent from before the replay carries the key: not this generation's: " +
-                   pi->id;
-            pi.reset();
-        }
+    std::optional<stripe::fact> fact;
+    if (pi) fact = stripe::read(*pi);
+    if (pi && superseded_failure(*fact, pi->created, superseded_, first_attempt_)) {
+        note = "a failed payment intent from before the replay carries the key: not this generation's: " +
+               pi->id;
+        pi.reset();
     }
-    const auto step = pi ? step_for_found_intent(*pi) : found_intent_step::not_charged;
-    if (pi && step == found_intent_step::not_charged)
+    // The intent as the money machine reads it: `none` is an intent Stripe never tried, as if nothing carried
+    // the key.
+    const auto step = pi ? on_found(table::charge, *fact) : found_command::none;
+    if (pi && step == found_command::none)
         note = "the payment intent found was never confirmed: Stripe did not try the card: " + pi->id;
     command c;
     switch (step) {
-        case found_intent_step::not_charged:
+        case found_command::none:
             c = bump();
             break;
-        case found_intent_step::mark_charged:
+        case found_command::mark_charged:
             c = settle(charge_step::mark_charged, "mark charged",
                        verdict::finish(verdict_reason::charged, "found existing payment intent " + pi->id));
             c.charge_id = nonempty(pi->latest_charge);
@@ -172,12 +171,11 @@ command charge_fsm::after_intents(std::optional<stripe::payment_intent> pi) {
             journal_ = journal_note{record_status::charged, pi->latest_charge, pi->id, std::nullopt};
             not_changed_ = "row already settled by another worker: " + pi->id;
             break;
-        case found_intent_step::mark_declined: {
+        case found_command::mark_declined: {
             auto decline = "payment intent " + pi->id + " is " + pi->status;
             if (!pi->last_error_code.empty()) decline += ": " + pi->last_error_code;
             auto why = "declined (found by search): " + decline;
-            const auto fact = stripe::read(*pi);
-            const bool authenticate = needs_authentication(pi->last_error_code, &fact);
+            const bool authenticate = needs_authentication(pi->last_error_code, &*fact);
             c = settle(charge_step::mark_declined, "mark declined",
                        verdict::finish(
                            authenticate ? verdict_reason::needs_authentication : verdict_reason::declined,
@@ -188,10 +186,10 @@ command charge_fsm::after_intents(std::optional<stripe::payment_intent> pi) {
             journal_ = journal_note{record_status::declined, pi->latest_charge, pi->id, std::move(why)};
             break;
         }
-        case found_intent_step::mark_processing:
+        case found_command::mark_processing:
             c = leave_processing(nonempty(pi->latest_charge), pi->id, pi->status);
             break;
-        case found_intent_step::still_open: {
+        case found_command::still_open: {
             const std::string what = "payment intent " + pi->id;
             c = release(what + " still open",
                         verdict::requeue(verdict_reason::requeued_indeterminate, cfg_->indeterminate_delay,
@@ -201,7 +199,7 @@ command charge_fsm::after_intents(std::optional<stripe::payment_intent> pi) {
     }
     if (!note.empty()) {
         c.note = std::move(note);
-        c.warn = step == found_intent_step::not_charged && pi.has_value();
+        c.warn = step == found_command::none && pi.has_value();
     }
     return c;
 }

@@ -158,21 +158,4 @@ create_request build_request(const billing_event& ev, std::string_view base, std
     return build_charge_request(ev, base, generation);
 }
 
-found_intent_step step_for_found_intent(const stripe::payment_intent& pi) noexcept {
-    // The money machine's reading of a found payment (machine::on_found).
-    switch (machine::on_found(machine::table::charge, stripe::read(pi))) {
-        case machine::found_command::mark_charged:
-            return found_intent_step::mark_charged;
-        case machine::found_command::mark_declined:
-            return found_intent_step::mark_declined;
-        case machine::found_command::mark_processing:
-            return found_intent_step::mark_processing;
-        case machine::found_command::none:
-            return found_intent_step::not_charged;
-        case machine::found_command::still_open:
-            break;
-    }
-    return found_intent_step::still_open;
-}
-
 }  // namespace cg::billing

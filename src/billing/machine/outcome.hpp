@@ -102,13 +102,4 @@ stripe::payment_intent_request build_intent_request(const billing_event& ev, std
 using create_request = std::variant<stripe::charge_request, stripe::payment_intent_request>;
 create_request build_request(const billing_event& ev, std::string_view base, std::int32_t generation);
 
-// What a recovery search found, as a ledger step: a PaymentIntent that succeeded is charged (with its
-// latest_charge; without one yet it is still open), one processing or requires_capture is left processing
-// (settlement.hpp follows it), and so is a bank debit that failed (last_payment_error names its method:
-// it failed after processing), one that needs the customer is declined, and one Stripe
-// never tried to charge (requires_confirmation: our create-and-confirm stopped before the confirm) is as
-// good as none — the search goes on to a new key generation.
-enum class found_intent_step { mark_charged, mark_declined, still_open, not_charged, mark_processing };
-found_intent_step step_for_found_intent(const stripe::payment_intent& pi) noexcept;
-
 }  // namespace cg::billing

@@ -39,6 +39,19 @@ std::string_view to_string(rop o) noexcept {
     return i < std::size(names) ? names[i] : "?";
 }
 
+renew_command revision_fsm::renewal() const {
+    if (at_ != at::call) throw std::logic_error("revision_fsm: a lease renewal with no call outstanding");
+    return {lease_lost_, epoch_, move_.key_generation};
+}
+
+void revision_fsm::renewed(const in::renewed& r) {
+    if (at_ != at::call) throw std::logic_error("revision_fsm: a lease renewal with no call outstanding");
+    if (r.epoch)
+        epoch_ = *r.epoch;
+    else
+        lease_lost_ = true;
+}
+
 revision_command revision_fsm::statement(rop what, std::string_view name, at next) {
     revision_command c;
     c.what = what;
@@ -327,6 +340,7 @@ revision_command revision_fsm::resume(const revision_input& i) {
                 return done(verdict::requeue(verdict_reason::requeued_lease_lost, cfg_->lease_held_delay,
                                              "correction"));
             epoch_ = *l.epoch;
+            lease_lost_ = false;
             const auto idem = stripe_idempotency_key(move_.key, move_.key_generation);
             revision_command c;
             if (move_.refund) {

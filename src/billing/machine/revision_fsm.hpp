@@ -119,7 +119,10 @@ class revision_fsm {
 
     const std::string& key() const noexcept { return key_; }
     // The revision's lease epoch held now; renewals during a move's call move it on.
-    std::int64_t& held_lease() noexcept { return epoch_; }
+    std::int64_t held_lease() const noexcept { return epoch_; }
+    // While a move's call is outstanding (else std::logic_error): the next lease renewal, and its result.
+    renew_command renewal() const;
+    void renewed(const in::renewed& r);
     // The move whose call is under way.
     const move_view& current() const noexcept { return move_; }
 
@@ -168,6 +171,7 @@ class revision_fsm {
     std::int32_t attempts_ = 1;
     double unit_ = 0;
     std::int64_t epoch_ = 0;
+    bool lease_lost_ = false;  // a renewal during this call found the lease taken over
     std::int64_t delta_ = 0;
     std::vector<move_view> moves_;
     std::size_t index_ = 0;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "billing/machine/key.hpp"
+#include "stripe/fact.hpp"
 
 namespace charge_fsm_test {
 
@@ -254,8 +255,19 @@ BOOST_AUTO_TEST_CASE(charge_fsm_names_the_call_and_the_settle) {
     BOOST_TEST_REQUIRE(req != nullptr);
     BOOST_TEST(req->idempotency_key == stripe_idempotency_key(key, 1));
     BOOST_TEST(f.held_lease() == 7);
-    f.held_lease() = 8;  // a renewal during the call
+    // Renewals during the call: the lease held extended, until one finds it taken over; from then on only
+    // the call under its generation is noted in flight.
+    auto w = f.renewal();
+    BOOST_TEST(!w.note_in_flight);
+    BOOST_TEST(w.epoch == 7);
+    BOOST_TEST(w.generation == 1);
+    f.renewed(in::renewed{8});
+    BOOST_TEST(f.renewal().epoch == 8);
+    f.renewed(in::renewed{});
+    BOOST_TEST(f.renewal().note_in_flight);
+    BOOST_TEST(f.renewal().generation == 1);
     auto s = f.resume(in::answer{answer(stripe::outcome_class::indeterminate)});
+    BOOST_CHECK_THROW(f.renewal(), std::logic_error);  // no call outstanding any more
     BOOST_TEST(s.text == "stripe said so");
     auto d = f.resume(in::applied{true});
     BOOST_TEST(f.held_lease() == 8);
@@ -288,6 +300,52 @@ BOOST_AUTO_TEST_CASE(charge_fsm_refuses_an_input_out_of_turn) {
     g.resume(deliver(card_body));
     g.resume(in::failed{pg_down()});
     BOOST_CHECK_THROW(g.resume(in::resumed{}), std::logic_error);
+}
+
+// The one filter of the recovery search (the charge fsm's and search_by_key's): a failure that an earlier
+// attempt of a retried row made, or one from before the row's first attempt, is dropped; a success, or a
+// payment still moving, never is.
+BOOST_AUTO_TEST_CASE(superseded_failure_drops_only_an_earlier_failure) {
+    const std::int64_t first =
+        std::chrono::duration_cast<std::chrono::seconds>(t0.time_since_epoch()).count();
+    const std::vector<std::string> earlier = {"ch_old", "pi_old"};
+    auto charge = [](std::string id, std::string status) {
+        stripe::charge c;
+        c.id = std::move(id);
+        c.status = std::move(status);
+        return stripe::read(c);
+    };
+    auto intent = [](std::string id, std::string status) {
+        stripe::payment_intent p;
+        p.id = std::move(id);
+        p.status = std::move(status);
+        return stripe::read(p);
+    };
+    struct row {
+        stripe::fact found;
+        std::int64_t created;
+        bool dropped;
+    };
+    const row rows[] = {
+        {charge("ch_old", "failed"), first, true},                   // an earlier attempt's failure
+        {charge("ch_old", "succeeded"), first, false},               // a success is always believed
+        {charge("ch_old", "pending"), first, false},                 // still moving
+        {charge("ch_new", "failed"), first - 301, true},             // from before the first attempt
+        {charge("ch_new", "failed"), first - 299, false},            // within the clock skew allowed
+        {charge("ch_new", "failed"), first + 10, false},             // this generation's answer
+        {intent("pi_old", "requires_payment_method"), first, true},  // failed
+        {intent("pi_old", "requires_action"), first, true},          // needs the customer
+        {intent("pi_old", "canceled"), first, true},
+        {intent("pi_old", "processing"), first, false},
+        {intent("pi_new", "canceled"), first - 3600, true},
+    };
+    for (const auto& r : rows)
+        BOOST_TEST_CONTEXT(r.found.id << " " << r.found.status << " created " << r.created - first) {
+            BOOST_TEST(superseded_failure(r.found, r.created, earlier, t0) == r.dropped);
+        }
+    // Without a first attempt only the named payments are dropped.
+    BOOST_TEST(!superseded_failure(charge("ch_new", "failed"), 0, earlier, std::nullopt));
+    BOOST_TEST(superseded_failure(charge("ch_old", "failed"), 0, earlier, std::nullopt));
 }
 
 }  // namespace charge_fsm_test

@@ -5,12 +5,21 @@
 #include <set>
 
 #include "billing/machine/key.hpp"
+#include "billing/machine/machine.hpp"
+#include "stripe/fact.hpp"
 
 using namespace cg::billing;
 using namespace std::chrono_literals;
+using cg::billing::machine::found_command;
 using cg::stripe::outcome_class;
 
 BOOST_AUTO_TEST_SUITE(outcome)
+
+namespace {
+found_command found(const cg::stripe::payment_intent& pi) {
+    return machine::on_found(machine::table::charge, cg::stripe::read(pi));
+}
+}  // namespace
 
 // docs/design.md §4's CHARGE table, row by row.
 BOOST_AUTO_TEST_CASE(outcome_to_ledger_step_table) {
@@ -98,25 +107,26 @@ BOOST_AUTO_TEST_CASE(event_becomes_intent_or_charge_request) {
     BOOST_TEST(!build_intent_request(e, base, 1).off_session);
 }
 
-// A PaymentIntent found by the recovery search, by status.
-BOOST_AUTO_TEST_CASE(found_intent_step_table) {
+// A PaymentIntent found by the recovery search, by status, as the money machine reads it for a ledger row
+// (`none`: Stripe never tried the card, as if nothing carried the key).
+BOOST_AUTO_TEST_CASE(found_intent_table) {
     struct row {
         std::string status;
         std::string latest_charge;
-        found_intent_step want;
+        found_command want;
     };
     const row rows[] = {
-        {"succeeded", "ch_1", found_intent_step::mark_charged},
-        {"processing", "ch_1", found_intent_step::mark_processing},
-        {"requires_capture", "ch_1", found_intent_step::mark_processing},
-        {"succeeded", "", found_intent_step::still_open},
-        {"processing", "", found_intent_step::mark_processing},
-        {"requires_payment_method", "ch_1", found_intent_step::mark_declined},
-        {"requires_action", "", found_intent_step::mark_declined},
-        {"requires_confirmation", "", found_intent_step::not_charged},
-        {"canceled", "", found_intent_step::mark_declined},
+        {"succeeded", "ch_1", found_command::mark_charged},
+        {"processing", "ch_1", found_command::mark_processing},
+        {"requires_capture", "ch_1", found_command::mark_processing},
+        {"succeeded", "", found_command::still_open},
+        {"processing", "", found_command::mark_processing},
+        {"requires_payment_method", "ch_1", found_command::mark_declined},
+        {"requires_action", "", found_command::mark_declined},
+        {"requires_confirmation", "", found_command::none},
+        {"canceled", "", found_command::mark_declined},
         // A status the pinned API version does not define: the intent exists; never declined or recharged.
-        {"requires_source", "", found_intent_step::still_open},
+        {"requires_source", "", found_command::still_open},
     };
     // A bank debit whose attempt failed (last_payment_error.payment_method.type) failed after processing.
     {
@@ -125,9 +135,9 @@ BOOST_AUTO_TEST_CASE(found_intent_step_table) {
         pi.status = "requires_payment_method";
         pi.latest_charge = "ch_1";
         pi.payment_method_type = "us_bank_account";
-        BOOST_TEST((step_for_found_intent(pi) == found_intent_step::mark_processing));
+        BOOST_TEST((found(pi) == found_command::mark_processing));
         pi.payment_method_type = "card";
-        BOOST_TEST((step_for_found_intent(pi) == found_intent_step::mark_declined));
+        BOOST_TEST((found(pi) == found_command::mark_declined));
     }
     for (const auto& r : rows) {
         cg::stripe::payment_intent pi;
@@ -135,7 +145,7 @@ BOOST_AUTO_TEST_CASE(found_intent_step_table) {
         pi.status = r.status;
         pi.latest_charge = r.latest_charge;
         BOOST_TEST_CONTEXT(r.status << " charge=" << r.latest_charge) {
-            BOOST_TEST((step_for_found_intent(pi) == r.want));
+            BOOST_TEST((found(pi) == r.want));
         }
     }
 }

@@ -207,7 +207,21 @@ BOOST_AUTO_TEST_CASE(revision_fsm_names_the_move_key_and_its_generation) {
     BOOST_TEST(req->idempotency_key == stripe_idempotency_key("base-r1-p1", 2));
     BOOST_TEST(req->amount == 500);
     BOOST_TEST(f.held_lease() == 6);
+    // Renewals during the move's call: the revision's lease extended, until one finds it taken over; then
+    // only the call under the move's generation is noted in flight.
+    BOOST_TEST(!f.renewal().note_in_flight);
+    BOOST_TEST(f.renewal().epoch == 6);
+    BOOST_TEST(f.renewal().generation == 2);
+    f.renewed(in::renewed{7});
+    BOOST_TEST(f.held_lease() == 7);
+    f.renewed(in::renewed{});
+    BOOST_TEST(f.renewal().note_in_flight);
+    BOOST_TEST(f.renewal().generation == 2);
+    BOOST_TEST(f.held_lease() == 7);
     BOOST_CHECK_THROW(f.resume(in::applied{}), std::logic_error);
+    revision_fsm g(cfg);
+    BOOST_CHECK_THROW(g.renewal(), std::logic_error);  // no call outstanding
+    BOOST_CHECK_THROW(g.renewed(in::renewed{1}), std::logic_error);
 }
 
 }  // namespace revision_fsm_test
