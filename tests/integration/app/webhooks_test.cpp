@@ -22,10 +22,10 @@
 #include "net/tokens.hpp"
 #include "pg/migrations.hpp"
 #include "stripe/webhook_signature.hpp"
+#include "support/loops.hpp"
 #include "support/pg_main.hpp"
 #include "support/pg_server_ctl.hpp"
 #include "support/prom_text.hpp"
-#include "support/loops.hpp"
 #include "support/run_async.hpp"
 
 using namespace cg;
