@@ -1,7 +1,7 @@
 // `chargeguard vault issue | list | show | revoke | set-policy`: vault keys for the spend-cap proxy
 // (docs/design.md §1, §5). `issue` prints the secret once on stdout (and nothing else there, so
 // `secret=$(chargeguard vault issue …)` works); the description goes to stderr. Only the secret's SHA-256 is
-// stored.
+// stored. `list` and `show` print through app/vault_listing.*.
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <cstdio>
@@ -12,6 +12,7 @@
 #include "app/commands.hpp"
 #include "app/pg_flags.hpp"
 #include "app/vault_expected.hpp"
+#include "app/vault_listing.hpp"
 #include "billing/machine/event.hpp"
 #include "net/offload.hpp"
 #include "pg/error.hpp"
@@ -22,6 +23,8 @@
 
 namespace cg::app {
 namespace {
+
+using vault_listing::fail;
 
 struct issue_flags {
     pg_flags pg;
@@ -79,11 +82,6 @@ int with_store(const pg_flags& f, const global_flags& g, Body body) {
     offload.drain();
     if (failure) std::rethrow_exception(failure);
     return rc;
-}
-
-int fail(const char* what, const error& e) {
-    std::fprintf(stderr, "chargeguard vault %s: %s\n", what, e.describe().c_str());
-    return 1;
 }
 
 std::string money(std::int64_t cents, const std::string& currency) {
@@ -186,102 +184,6 @@ int run_issue(const issue_flags& f, const global_flags& g) {
     return with_store(f.pg, g, [&f, k, expected](vault::store& s) { return issue(s, f, k, expected); });
 }
 
-std::string json_str(const std::string& s) {
-    return "\"" + vault::json_escape(s) + "\"";
-}
-
-std::string usage_json(const vault::key_usage& u) {
-    const auto& k = u.key;
-    std::string allowed;
-    for (const auto& a : k.allowed) allowed += (allowed.empty() ? "" : ",") + json_str(a);
-    auto ts = [](const std::optional<pg::timestamp>& t) {
-        return t ? json_str(pg::format_timestamptz(*t)) : std::string("null");
-    };
-    return "{\"id\":" + json_str(k.id) + ",\"name\":" + json_str(k.name) +
-           ",\"period\":" + json_str(k.billing_period) + ",\"currency\":" + json_str(k.currency) +
-           ",\"cap_cents\":" + std::to_string(k.cap_cents) +
-           ",\"settled_cents\":" + std::to_string(u.settled_cents) +
-           ",\"reserved_cents\":" + std::to_string(u.reserved_cents) +
-           ",\"uncertain_cents\":" + std::to_string(u.uncertain_cents) +
-           ",\"released_cents\":" + std::to_string(u.released_cents) + ",\"utilisation_pct\":" +
-           vault::format_percent_bp(vault::utilisation_bp(u.committed(), k.cap_cents)) + ",\"allowed\":[" +
-           allowed + "],\"expires_at\":" + ts(k.expires_at) + ",\"revoked_at\":" + ts(k.revoked_at) +
-           ",\"created_at\":" + json_str(pg::format_timestamptz(k.created_at)) +
-           ",\"usable\":" + (k.usable ? "true" : "false") + ",\"stripe_account\":" +
-           (k.stripe_account.empty() ? std::string("null") : json_str(k.stripe_account)) + "}";
-}
-
-void print_table(const std::vector<vault::key_usage>& keys) {
-    std::printf("%-16s  %-20s  %-10s  %-3s  %14s  %14s  %12s  %12s  %7s  %-22s  %s\n", "ID", "NAME", "PERIOD",
-                "CUR", "CAP", "SETTLED", "RESERVED", "UNCERTAIN", "USED%", "EXPIRES", "REVOKED");
-    for (const auto& u : keys) {
-        const auto& k = u.key;
-        std::printf("%-16s  %-20.20s  %-10.10s  %-3s  %14lld  %14lld  %12lld  %12lld  %7s  %-22s  %s\n",
-                    k.id.c_str(), k.name.c_str(), k.billing_period.c_str(), k.currency.c_str(),
-                    static_cast<long long>(k.cap_cents), static_cast<long long>(u.settled_cents),
-                    static_cast<long long>(u.reserved_cents), static_cast<long long>(u.uncertain_cents),
-                    vault::format_percent_bp(vault::utilisation_bp(u.committed(), k.cap_cents)).c_str(),
-                    timestamp_or_dash(k.expires_at).c_str(), timestamp_or_dash(k.revoked_at).c_str());
-    }
-}
-
-net::awaitable<int> list(vault::store& s, bool json) {
-    auto keys = co_await s.usage();
-    if (!keys) co_return fail("list", keys.err());
-    if (json) {
-        std::printf("[");
-        for (std::size_t i = 0; i < keys->size(); ++i)
-            std::printf("%s%s", i ? ",\n " : "", usage_json((*keys)[i]).c_str());
-        std::printf("]\n");
-    } else {
-        print_table(*keys);
-    }
-    co_return 0;
-}
-
-net::awaitable<int> show(vault::store& s, const vault_show_flags& f) {
-    auto keys = co_await s.usage(f.id);
-    if (!keys) co_return fail("show", keys.err());
-    if (keys->empty()) {
-        std::fprintf(stderr, "chargeguard vault show: no vault key %s\n", f.id.c_str());
-        co_return 1;
-    }
-    auto audit = co_await s.recent_audit(f.id, f.audit);
-    if (!audit) co_return fail("show", audit.err());
-    const auto& u = keys->front();
-    if (f.json) {
-        std::string rows;
-        for (const auto& a : *audit) {
-            rows +=
-                std::string(rows.empty() ? "" : ",") + "{\"at\":" + json_str(pg::format_timestamptz(*a.at)) +
-                ",\"method\":" + json_str(a.method) + ",\"path\":" + json_str(a.path) +
-                ",\"amount_cents\":" + (a.amount_cents ? std::to_string(*a.amount_cents) : "null") +
-                ",\"idempotency_key\":" + (a.idempotency_key ? json_str(*a.idempotency_key) : "null") +
-                ",\"upstream_status\":" + (a.upstream_status ? std::to_string(*a.upstream_status) : "null") +
-                ",\"outcome\":" + json_str(a.outcome) + ",\"latency_ms\":" + std::to_string(a.latency_ms) +
-                "}";
-        }
-        std::printf("{\"key\":%s,\"audit\":[%s]}\n", usage_json(u).c_str(), rows.c_str());
-        co_return 0;
-    }
-    print_table(*keys);
-    std::string allowed;
-    for (const auto& a : u.key.allowed) allowed += (allowed.empty() ? "" : ",") + a;
-    std::printf("\nallows %s; acts in %s; created %s; released %lld\n\nlast %zu audit rows:\n",
-                allowed.c_str(),
-                u.key.stripe_account.empty() ? "the platform's account" : u.key.stripe_account.c_str(),
-                pg::format_timestamptz(u.key.created_at).c_str(), static_cast<long long>(u.released_cents),
-                audit->size());
-    for (const auto& a : *audit)
-        std::printf("  %s  %-4s %-24s %10s  %-24.24s  %3s  %-16s %8.2f ms\n",
-                    pg::format_timestamptz(*a.at).c_str(), a.method.c_str(), a.path.c_str(),
-                    a.amount_cents ? std::to_string(*a.amount_cents).c_str() : "-",
-                    a.idempotency_key.value_or("-").c_str(),
-                    a.upstream_status ? std::to_string(*a.upstream_status).c_str() : "-", a.outcome.c_str(),
-                    a.latency_ms);
-    co_return 0;
-}
-
 net::awaitable<int> revoke(vault::store& s, std::string id) {
     auto r = co_await s.revoke(id);
     if (!r) co_return fail("revoke", r.err());
@@ -362,7 +264,8 @@ void register_vault(CLI::App& app, command_main& selected) {
     list_cmd->add_flag("--json", fl->json, "one JSON array");
     list_cmd->callback([&selected, fl] {
         selected = [fl](const global_flags& g) {
-            return with_store(fl->pg, g, [json = fl->json](vault::store& s) { return list(s, json); });
+            return with_store(fl->pg, g,
+                              [json = fl->json](vault::store& s) { return vault_listing::list(s, json); });
         };
     });
 
@@ -376,7 +279,9 @@ void register_vault(CLI::App& app, command_main& selected) {
     show_cmd->add_flag("--json", fs->json, "one JSON object");
     show_cmd->callback([&selected, fs] {
         selected = [fs](const global_flags& g) {
-            return with_store(fs->pg, g, [fs](vault::store& s) { return show(s, *fs); });
+            return with_store(fs->pg, g, [fs](vault::store& s) {
+                return vault_listing::show(s, fs->id, fs->audit, fs->json);
+            });
         };
     });
 

@@ -1,9 +1,8 @@
+// http::server: the accept loop, each connection's life (plain or TLS, the requests it serves, its shedding
+// when connections or buffered bytes run out) and the server's API. Reading a request is server_read.cpp.
 #include "http/server.hpp"
 
-#include <sys/socket.h>
-
 #include <algorithm>
-#include <array>
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 #include <asio/ssl/stream.hpp>
@@ -11,233 +10,20 @@
 #include <asio/write.hpp>
 #include <cerrno>
 #include <list>
+#include <memory>
 #include <optional>
-#include <string_view>
+#include <string>
 #include <type_traits>
 
+#include "http/server_state.hpp"
 #include "net/error.hpp"
 #include "net/timeout.hpp"
 #include "net/tls.hpp"
 
 namespace cg::http {
-
-struct server::state {
-    struct conn {
-        net::tcp_socket* sock;
-        bool served = false;   // completed at least one request: shed only once idle, after the rest
-        bool between = false;  // served, and waiting for its next request (no request being handled)
-        bool shed = false;     // closed to make room; its coroutine has not yet unregistered it
-    };
-    asio::any_io_executor ex;
-    router routes;
-    server_options opts;
-    logger log;
-    net::tcp_acceptor acceptor;
-    bool stopped = false;
-    std::list<conn> conns;  // in accept order (oldest first); touched only on ex
-    std::size_t shed_pending = 0;
-    std::uint64_t shed_total = 0, refused_total = 0;
-    std::size_t buffered = 0;  // bytes of requests read and not yet answered (max_buffered_bytes)
-    std::uint64_t over_budget_total = 0;
-    // chargeguard_http_shed_total by reason, when the options name a registry.
-    metrics::Counter* shed_over_budget = nullptr;
-    metrics::Counter* shed_make_room = nullptr;
-    metrics::Counter* shed_refused = nullptr;
-
-    state(asio::any_io_executor e, router r, server_options o, logger l)
-        : ex(e), routes(std::move(r)), opts(std::move(o)), log(std::move(l)), acceptor(e) {
-        if (!opts.metrics) return;
-        auto& fam = opts.metrics->counter(
-            "chargeguard_http_shed_total",
-            "What an HTTP listener shed, by listener and reason: buffered_bytes (a request answered 503 over "
-            "the budget of bytes buffered across connections), make_room (a connection closed for a new "
-            "one), "
-            "refused (a new connection refused, every open one in a request)");
-        shed_over_budget = &fam.Add({{"listener", opts.listener}, {"reason", "buffered_bytes"}});
-        shed_make_room = &fam.Add({{"listener", opts.listener}, {"reason", "make_room"}});
-        shed_refused = &fam.Add({{"listener", opts.listener}, {"reason", "refused"}});
-    }
-
-    static void count(metrics::Counter* c) {
-        if (c) c->Increment();
-    }
-};
-
 namespace {
 
-using clock = std::chrono::steady_clock;
-
-// Up to `max` bytes of what is there to read (at least one byte is asked for, so a closed peer reads as EOF),
-// appended to `buf`: 0 bytes and no error when nothing is there yet. The socket is non-blocking.
-std::size_t read_ready(net::tcp_socket& s, std::string& buf, std::size_t max, std::error_code& ec) {
-    std::size_t want = std::clamp<std::size_t>(s.available(ec), 1, max);
-    if (ec) return 0;
-    auto old = buf.size();
-    buf.resize(old + want);
-    auto n = s.read_some(asio::buffer(buf.data() + old, want), ec);
-    buf.resize(old + n);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) ec.clear();
-    return n;
-}
-
-constexpr std::size_t plain_read_max = 16 * 1024;
-
-// How much of what is there to read belongs to a request head: up to and including the first blank line
-// in it, else all of it. A head whose end is not in what is there (split across reads, over 16 KiB, bare-LF
-// line ends) is read as it comes, and then the body with it: the parser still sees every byte.
-std::size_t head_bytes_there(net::tcp_socket& s) {
-    thread_local std::array<char, plain_read_max> peeked;
-    auto n = ::recv(s.native_handle(), peeked.data(), peeked.size(), MSG_PEEK | MSG_DONTWAIT);
-    if (n <= 0) return plain_read_max;  // EOF or an error: the read reports it
-    std::string_view there(peeked.data(), static_cast<std::size_t>(n));
-    auto end = there.find("\r\n\r\n");
-    return end == std::string_view::npos ? there.size() : end + 4;
-}
-
-// One read of what the peer sent, appended to `buf`, within `left`: nullopt on timeout. A plain socket waits
-// for readability without a buffer and then reads what is there straight into `buf`, so a connection waiting
-// for (the rest of) a request holds no read buffer in its frame; a TLS stream reads through a chunk.
-// `head_only` (plain sockets): a body after the head stays in the socket (head_bytes_there).
-asio::awaitable<std::optional<std::error_code>> read_more(net::tcp_socket& s, std::string& buf,
-                                                          clock::duration left, bool head_only) {
-    auto r = co_await net::with_timeout(s.async_wait(net::tcp::socket::wait_read, net::nothrow), left);
-    if (!r) co_return std::nullopt;
-    auto [ec] = *r;
-    if (ec) co_return ec;
-    std::error_code rec;
-    // Nothing there: reads EOF if the peer closed, else waits again.
-    read_ready(s, buf, head_only ? head_bytes_there(s) : plain_read_max, rec);
-    co_return rec;
-}
-
-asio::awaitable<std::optional<std::error_code>> read_more(net::tls_stream& s, std::string& buf,
-                                                          clock::duration left, bool) {
-    char chunk[8192];
-    auto r = co_await net::with_timeout(s.async_read_some(asio::buffer(chunk), net::nothrow), left);
-    if (!r) co_return std::nullopt;
-    auto [ec, n] = *r;
-    if (!ec) buf.append(chunk, n);
-    co_return ec;
-}
-
-// What one connection holds of server::state::buffered: charged as bytes are read, given back when the
-// request they belong to has been answered, or when the connection ends.
-struct buffer_charge {
-    server::state& st;
-    std::size_t held = 0;
-    explicit buffer_charge(server::state& s) : st(s) {}
-    ~buffer_charge() { st.buffered -= held; }
-    buffer_charge(const buffer_charge&) = delete;
-    buffer_charge& operator=(const buffer_charge&) = delete;
-    void add(std::size_t n) {
-        held += n;
-        st.buffered += n;
-    }
-    // The request was answered: what is still in the read buffer (a pipelined next request) stays charged.
-    void settle(std::size_t still_read) {
-        st.buffered -= held;
-        held = 0;
-        add(still_read);
-    }
-    bool over() const { return st.opts.max_buffered_bytes > 0 && st.buffered > st.opts.max_buffered_bytes; }
-};
-
-enum class read_outcome { message, closed, over_budget };
-
-// A plain connection's next bytes, where the server left a request's body for its handler
-// (router::leave_bodies_unread); all of them had arrived when the request was dispatched.
-class socket_body final : public body_source {
-  public:
-    explicit socket_body(net::tcp_socket& s) : sock_(s) {}
-    std::optional<std::string> read(std::size_t n, bool take) override {
-        std::string out(n, '\0');
-        std::size_t got = 0;
-        while (got < n) {
-            auto r = ::recv(sock_.native_handle(), out.data() + got, n - got,
-                            MSG_DONTWAIT | (take ? 0 : MSG_PEEK));
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) return std::nullopt;
-            got += static_cast<std::size_t>(r);
-            if (!take && got < n) return std::nullopt;  // a peek sees at once all that is there
-        }
-        return out;
-    }
-
-  private:
-    net::tcp_socket& sock_;
-};
-
-// Reads until the parser has a full message or fails. `closed` on EOF/timeout/error before any byte of a
-// message, or after a transport failure; `over_budget` when a read took the server over
-// max_buffered_bytes. With `unread` (a plain connection whose handlers take their bodies), a message whose
-// Content-Length body has all arrived after its head comes back with the body left in the socket
-// (request::unread_body), charged to the budget as if read.
-template <typename Stream>
-asio::awaitable<read_outcome> read_request(Stream& stream, request_parser& parser, std::string& buf,
-                                           clock::duration timeout, buffer_charge& charge,
-                                           socket_body* unread) {
-    auto deadline = clock::now() + timeout;
-    for (;;) {
-        if (!buf.empty()) {
-            auto used = parser.feed(buf);
-            buf.erase(0, used);
-            if (parser.state() != parse_state::need_more) co_return read_outcome::message;
-        }
-        if constexpr (std::is_same_v<Stream, net::tcp_socket>) {
-            if (unread && buf.empty()) {
-                std::error_code ec;
-                auto n = parser.body_left_unfed();
-                if (n > 0 && stream.available(ec) >= n && !ec) {
-                    auto& req = parser.message();
-                    req.unread_body = n;
-                    req.unread_from = unread;
-                    charge.add(n);
-                    co_return charge.over() ? read_outcome::over_budget : read_outcome::message;
-                }
-            }
-        }
-        auto left = deadline - clock::now();
-        if (left <= clock::duration::zero()) co_return read_outcome::closed;
-        const auto before = buf.size();
-        auto r = co_await read_more(stream, buf, left, unread != nullptr);
-        if (!r) co_return read_outcome::closed;
-        charge.add(buf.size() - before);
-        if (charge.over()) co_return read_outcome::over_budget;
-        auto ec = *r;
-        if (ec) {
-            if (parser.started()) {
-                parser.feed_eof();
-                co_return parser.state() != parse_state::need_more ? read_outcome::message
-                                                                   : read_outcome::closed;
-            }
-            co_return read_outcome::closed;
-        }
-    }
-}
-
-// After answering a request we refused mid-upload (413/431/400), keep reading and discarding for a
-// short while so the client can finish sending and read our answer; closing at once would reset the
-// connection and lose the response (the "lingering close" of RFC 9112 §9.6).
-void half_close(net::tcp_socket& s) {
-    std::error_code ignored;
-    s.shutdown(net::tcp::socket::shutdown_send, ignored);  // the client sees EOF after our answer at once
-}
-void half_close(net::tls_stream&) {}  // TLS: close_notify comes later; the linger still protects the answer
-
-template <typename Stream>
-asio::awaitable<void> linger(Stream& stream) {
-    half_close(stream);
-    auto deadline = clock::now() + std::chrono::seconds(2);
-    std::size_t budget = 4 * 1024 * 1024;
-    char chunk[8192];
-    while (budget > 0) {
-        auto left = deadline - clock::now();
-        if (left <= clock::duration::zero()) break;
-        auto r = co_await net::with_timeout(stream.async_read_some(asio::buffer(chunk), net::nothrow), left);
-        if (!r || std::get<0>(*r)) break;
-        budget -= std::min(budget, std::get<1>(*r));
-    }
-}
+using namespace server_detail;
 
 using conn_it = std::list<server::state::conn>::iterator;
 

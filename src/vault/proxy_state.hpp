@@ -1,7 +1,8 @@
 // proxy::state and the proxy's internal interfaces, shared by its files: proxy.cpp (the request path),
-// refusals.cpp (the answers it makes itself), key_cache.cpp, reservation_batcher.cpp (per-key cg_vault_step
-// batches), settlement_queue.cpp (what Stripe answered, written after the answer went back),
-// proxy_metrics.cpp, and background.cpp (resolver, audit writer, gauges, upstream probe). Internal to the
+// request_checks.cpp (what a request must be before it goes on), forward_places.cpp (the bound on requests
+// going on), refusals.cpp (the answers it makes itself), key_cache.cpp, reservation_batcher.cpp (per-key
+// cg_vault_step batches), settlement_queue.cpp (what Stripe answered, written after the answer went back),
+// proxy_metrics.cpp, background.cpp (audit writer, gauges, upstream probe) and resolver.cpp. Internal to the
 // vault module. Main executor only, except where a member says otherwise.
 #pragma once
 
@@ -18,7 +19,7 @@
 
 namespace cg::vault {
 
-struct forward_waiter;  // proxy.cpp
+struct forward_waiter;  // forward_places.cpp
 
 struct proxy::state {
     asio::any_io_executor main;
@@ -176,6 +177,54 @@ struct ledger_line {
     std::size_t batch_creates = 0, batch_settlements = 0;
 };
 
+// --- proxy.cpp: the request path ---------------------------------------------------------------------------
+
+// Ends the request: counts the outcome, queues the audit row, observes the latencies.
+http::response finish(proxy::state& st, ledger_line& l, std::string outcome, http::response resp);
+// PostgreSQL could not be asked: logged, refused as vault_unavailable, nothing forwarded.
+http::response unavailable(proxy::state& st, ledger_line& l, const error& e);
+// The connection's socket can no longer be read (the listener's stop closed it) with the request's body still
+// in it: nothing was reserved or sent, as for a request that found no place in time.
+http::response client_gone(proxy::state& st, ledger_line& l, bool creates);
+
+// --- request_checks.cpp ------------------------------------------------------------------------------------
+
+// What a request that passed every check made before forwarding goes on with.
+struct checked {
+    operation op;
+    std::string key_id, key_currency;  // the key's, not its whole row: a waiting request holds this
+    create_params create;              // a create's parameters
+};
+
+// Every check that needs neither a reservation nor the upstream: the path, the key and its scope, and for a
+// write its Idempotency-Key and body. The refusal (finished), or nullopt with `c` filled when the request
+// goes on.
+net::awaitable<std::optional<http::response>> check_request(state_ptr st, http::request& req, ledger_line& l,
+                                                            checked& c);
+
+// --- forward_places.cpp ------------------------------------------------------------------------------------
+
+// A place among the requests going on to the reservation and the upstream (proxy_config::max_forwarding).
+// Dropping it hands it to the oldest waiter, else frees it.
+class forward_place {
+  public:
+    forward_place() = default;
+    explicit forward_place(std::shared_ptr<proxy::state> st) : st_(std::move(st)) {}
+    forward_place(forward_place&& o) noexcept = default;
+    forward_place& operator=(forward_place&&) = delete;
+    forward_place(const forward_place&) = delete;
+    forward_place& operator=(const forward_place&) = delete;
+    ~forward_place();
+    bool held() const noexcept { return st_ != nullptr; }
+
+  private:
+    std::shared_ptr<proxy::state> st_;
+};
+
+// A place at once when one is free and nobody waits, else the oldest waiter's turn; an empty place when
+// `deadline` passed first.
+net::awaitable<forward_place> enter_forwarding(state_ptr st, std::chrono::steady_clock::time_point deadline);
+
 // --- refusals.cpp: a refusal as the client gets it ---------------------------------------------------------
 
 // `retry`: Stripe-Should-Retry (the SDKs obey it; absent → their defaults).
@@ -235,6 +284,15 @@ net::awaitable<void> settle_backoff(state_ptr st, int failures);
 
 // --- background.cpp --------------------------------------------------------------------------------------
 
+// Runs `task` on the main executor, counted in proxy::state::running (stop() waits for it); a failure is
+// logged under `name`.
+void spawn_logged(state_ptr st, net::awaitable<void> task, const char* name);
+
+// --- resolver.cpp ----------------------------------------------------------------------------------------
+
+// Resolver passes (uncertain and abandoned reservations, then payments in flight) every resolve_interval
+// until stop (background.cpp starts it).
+net::awaitable<void> resolver_loop(state_ptr st);
 // A settled answer whose payment is still in flight (an intent processing or requires_capture, a charge
 // pending) is marked for the resolver, which follows it until Stripe says how it ended.
 void note_in_flight(state_ptr st, const std::string& key_id, const std::string& idem, std::string_view body);

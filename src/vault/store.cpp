@@ -1,3 +1,7 @@
+// vault::store: the reservations — the atomic find-or-reserve step (cg_vault_step) and a reservation's state
+// changes (settled, released, deferred), the resolver's work list and the count by state. The keys are
+// store_keys.cpp, the audit trail store_audit.cpp, what follows a settled reservation store_followup.cpp,
+// the cap leases store_lease.cpp.
 #include "vault/store.hpp"
 
 #include <algorithm>
@@ -11,31 +15,6 @@ namespace cg::vault {
 namespace {
 
 using ms = std::chrono::milliseconds;
-
-#define CG_KEY_COLUMNS                                                                                       \
-    "k.id, k.name, k.secret_hash, k.billing_period, k.cap_cents, k.currency, k.allowed_endpoints::text, "    \
-    "k.expires_at, k.revoked_at, k.created_at, "                                                             \
-    "(k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())), coalesce(k.stripe_account, " \
-    "'')"
-
-const std::string insert_key_sql =
-    "INSERT INTO vault_keys (id, name, secret_hash, billing_period, cap_cents, currency, allowed_endpoints, "
-    "expires_at, stripe_account) VALUES ($1, $2, $3, $4, $5, $6, $7::text[], $8::timestamptz, "
-    "nullif($9::text, ''))";
-
-const std::string find_key_sql = "SELECT " CG_KEY_COLUMNS " FROM vault_keys k WHERE k.id = $1";
-
-const std::string usage_sql =
-    "SELECT " CG_KEY_COLUMNS
-    ", coalesce(sum(s.amount_cents - s.reopened_cents) FILTER (WHERE s.state = 'settled'), 0)::bigint, "
-    "coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'reserved'), 0)::bigint, "
-    "coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'uncertain'), 0)::bigint, "
-    "coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'released'), 0)::bigint "
-    "FROM vault_keys k LEFT JOIN vault_spend s ON s.vault_key_id = k.id "
-    "WHERE $1::text IS NULL OR k.id = $1::text GROUP BY k.id ORDER BY k.created_at DESC, k.id";
-
-const std::string revoke_sql =
-    "UPDATE vault_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL";
 
 const std::string step_sql =
     "SELECT ord, outcome, state, coalesce(committed_cents, 0), coalesce(cap_cents, 0) "
@@ -74,90 +53,9 @@ const std::string due_sql =
     " AND updated_at < now() - $1::bigint * interval '1 millisecond')) "
     "ORDER BY next_resolve_at NULLS FIRST, updated_at LIMIT $2::int";
 
-const std::string audit_sql =
-    "INSERT INTO vault_audit (vault_key_id, method, path, amount_cents, idempotency_key, upstream_status, "
-    "outcome, latency_ms, request_id) "
-    "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::int[], "
-    "$7::text[], "
-    "$8::float8[], $9::text[])";
-
-const std::string recent_audit_sql =
-    "SELECT vault_key_id, method, path, amount_cents, idempotency_key, upstream_status, outcome, latency_ms, "
-    "request_id, at FROM vault_audit WHERE vault_key_id = $1 ORDER BY at DESC, id DESC LIMIT $2::int";
-
 const std::string by_state_sql = "SELECT state, count(*)::bigint FROM vault_spend GROUP BY state";
 
-#undef CG_KEY_COLUMNS
-
-// {a,b,"c d"} → [a, b, c d]. Our names never need quoting, but PostgreSQL may quote anything.
-std::vector<std::string> parse_text_array(std::string_view s) {
-    std::vector<std::string> out;
-    if (s.size() < 2 || s.front() != '{' || s.back() != '}') return out;
-    s = s.substr(1, s.size() - 2);
-    std::string cur;
-    bool quoted = false, any = false;
-    for (std::size_t i = 0; i < s.size(); ++i) {
-        char c = s[i];
-        if (quoted) {
-            if (c == '\\' && i + 1 < s.size())
-                cur += s[++i];
-            else if (c == '"')
-                quoted = false;
-            else
-                cur += c;
-        } else if (c == '"') {
-            quoted = any = true;
-        } else if (c == ',') {
-            out.push_back(std::move(cur));
-            cur.clear();
-            any = false;
-        } else {
-            cur += c;
-            any = true;
-        }
-    }
-    if (any || !cur.empty() || !out.empty()) out.push_back(std::move(cur));
-    return out;
-}
-
-key_record decode_key(const pg::rows& r, std::size_t i) {
-    key_record k;
-    k.id = r.get<std::string>(i, 0);
-    k.name = r.get<std::string>(i, 1);
-    k.secret_hash = r.get<bytes>(i, 2);
-    k.billing_period = r.get<std::string>(i, 3);
-    k.cap_cents = r.get<std::int64_t>(i, 4);
-    k.currency = r.get<std::string>(i, 5);
-    k.allowed = parse_text_array(r.get<std::string_view>(i, 6));
-    k.expires_at = r.get<std::optional<pg::timestamp>>(i, 7);
-    k.revoked_at = r.get<std::optional<pg::timestamp>>(i, 8);
-    k.created_at = r.get<pg::timestamp>(i, 9);
-    k.usable = r.get<bool>(i, 10);
-    k.stripe_account = r.get<std::string>(i, 11);
-    return k;
-}
-
-// One audit column as an array literal: `f` gives each row's value (nullopt: NULL).
-template <typename T, typename F>
-std::string array_of(const std::vector<audit_row>& rows, F f) {
-    using element = std::conditional_t<std::is_same_v<T, std::string>, std::string, std::int64_t>;
-    std::vector<std::optional<element>> column;
-    column.reserve(rows.size());
-    for (const auto& row : rows) {
-        std::optional<T> v = f(row);
-        column.push_back(v ? std::optional<element>(*v) : std::nullopt);
-    }
-    if constexpr (std::is_same_v<T, std::string>)
-        return pg::text_array_literal(column);
-    else
-        return pg::int_array_literal(column);
-}
-
 }  // namespace
-
-bool key_record::allows(std::string_view op) const {
-    return std::find(allowed.begin(), allowed.end(), op) != allowed.end();
-}
 
 std::optional<reserve_outcome> parse_reserve_outcome(std::string_view s) {
     // What cg_vault_step answers per reservation.
@@ -171,45 +69,6 @@ std::optional<reserve_outcome> parse_reserve_outcome(std::string_view s) {
         {reserve_outcome::key_unusable, "key_unusable"},
     }});
     return names.parse(s);
-}
-
-net::awaitable<result<void>> store::insert_key(new_key k) {
-    std::vector<std::optional<std::string>> allowed(k.allowed.begin(), k.allowed.end());
-    pg::params p;
-    p.add(k.id).add(k.name).add(k.secret_hash).add(k.billing_period).add(k.cap_cents).add(k.currency);
-    p.add(pg::text_array_literal(allowed)).add(k.expires_at).add(k.stripe_account);
-    auto r = co_await pg::exec_pooled(pool_, insert_key_sql, std::move(p));
-    if (!r) co_return r.err();
-    co_return result<void>{};
-}
-
-net::awaitable<result<std::optional<key_record>>> store::find_key(std::string id) {
-    auto r = co_await pg::exec_pooled(pool_, find_key_sql, pg::params(std::move(id)));
-    if (!r) co_return r.err();
-    if (r->empty()) co_return std::optional<key_record>();
-    co_return std::optional<key_record>(decode_key(*r, 0));
-}
-
-net::awaitable<result<std::vector<key_usage>>> store::usage(std::optional<std::string> id) {
-    auto r = co_await pg::exec_pooled(pool_, usage_sql, pg::params(id));
-    if (!r) co_return r.err();
-    std::vector<key_usage> out;
-    for (std::size_t i = 0; i < r->size(); ++i) {
-        key_usage u;
-        u.key = decode_key(*r, i);
-        u.settled_cents = r->get<std::int64_t>(i, 12);
-        u.reserved_cents = r->get<std::int64_t>(i, 13);
-        u.uncertain_cents = r->get<std::int64_t>(i, 14);
-        u.released_cents = r->get<std::int64_t>(i, 15);
-        out.push_back(std::move(u));
-    }
-    co_return out;
-}
-
-net::awaitable<result<bool>> store::revoke(std::string id) {
-    auto r = co_await pg::exec_pooled(pool_, revoke_sql, pg::params(std::move(id)));
-    if (!r) co_return r.err();
-    co_return r->affected() == 1;
 }
 
 namespace {
@@ -363,50 +222,6 @@ net::awaitable<result<std::vector<spend_row>>> store::due(ms stale_reserved, int
         s.resolve_attempts = r->get<std::int32_t>(i, 9);
         s.stripe_account = r->get<std::optional<std::string>>(i, 10).value_or("");
         out.push_back(std::move(s));
-    }
-    co_return out;
-}
-
-net::awaitable<result<void>> store::write_audit(std::vector<audit_row> rows) {
-    if (rows.empty()) co_return result<void>{};
-    pg::params p;
-    p.add(array_of<std::string>(rows, [](const audit_row& a) { return a.key_id; }));
-    p.add(
-        array_of<std::string>(rows, [](const audit_row& a) { return std::optional<std::string>(a.method); }));
-    p.add(array_of<std::string>(rows, [](const audit_row& a) { return std::optional<std::string>(a.path); }));
-    p.add(array_of<std::int64_t>(rows, [](const audit_row& a) { return a.amount_cents; }));
-    p.add(array_of<std::string>(rows, [](const audit_row& a) { return a.idempotency_key; }));
-    p.add(array_of<int>(rows, [](const audit_row& a) { return a.upstream_status; }));
-    p.add(array_of<std::string>(rows,
-                                [](const audit_row& a) { return std::optional<std::string>(a.outcome); }));
-    p.add(array_of<std::string>(rows, [](const audit_row& a) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.3f", a.latency_ms);
-        return std::optional<std::string>(buf);
-    }));
-    p.add(array_of<std::string>(rows, [](const audit_row& a) { return a.request_id; }));
-    auto r = co_await pg::exec_pooled(pool_, audit_sql, std::move(p));
-    if (!r) co_return r.err();
-    co_return result<void>{};
-}
-
-net::awaitable<result<std::vector<audit_row>>> store::recent_audit(std::string key_id, int limit) {
-    auto r = co_await pg::exec_pooled(pool_, recent_audit_sql, pg::params(std::move(key_id), limit));
-    if (!r) co_return r.err();
-    std::vector<audit_row> out;
-    for (std::size_t i = 0; i < r->size(); ++i) {
-        audit_row a;
-        a.key_id = r->get<std::optional<std::string>>(i, 0);
-        a.method = r->get<std::string>(i, 1);
-        a.path = r->get<std::string>(i, 2);
-        a.amount_cents = r->get<std::optional<std::int64_t>>(i, 3);
-        a.idempotency_key = r->get<std::optional<std::string>>(i, 4);
-        if (auto s = r->get<std::optional<std::int32_t>>(i, 5)) a.upstream_status = *s;
-        a.outcome = r->get<std::string>(i, 6);
-        a.latency_ms = std::stod(r->get<std::string>(i, 7));
-        a.request_id = r->get<std::optional<std::string>>(i, 8);
-        a.at = r->get<pg::timestamp>(i, 9);
-        out.push_back(std::move(a));
     }
     co_return out;
 }

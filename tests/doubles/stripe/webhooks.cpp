@@ -1,3 +1,6 @@
+// fake-stripe's webhook sender (tests/doubles/stripe/webhooks.hpp): the queue of events, each delivery's
+// attempts and retries, duplicates, holds and reordering. The signature header and the JSON's layout are
+// webhook_wire.cpp.
 #include "tests/doubles/stripe/webhooks.hpp"
 
 // g++ 12 at -O2 reports a false mismatched-new-delete on Asio's coroutine frame allocator (GCC bug 109224).
@@ -23,17 +26,6 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-std::string hex(const stripe::hmac_sha256& h) {
-    static constexpr char digits[] = "0123456789abcdef";
-    std::string out;
-    out.reserve(64);
-    for (auto b : h) {
-        out += digits[b >> 4];
-        out += digits[b & 15];
-    }
-    return out;
-}
-
 struct item {
     webhook_event_out ev;
     bool duplicate = false;
@@ -49,71 +41,6 @@ struct attempt_result {
 };
 
 }  // namespace
-
-std::string stripe_signature_header(const std::vector<std::string>& secrets, std::int64_t t,
-                                    const std::string& body) {
-    std::string h = "t=" + std::to_string(t);
-    for (const auto& s : secrets)
-        if (!s.empty()) h += ",v1=" + hex(stripe::compute_signature(s, t, body));
-    // Stripe adds a v0 signature under a fake secret to test-mode events; receivers must ignore it.
-    h += ",v0=" + hex(stripe::compute_signature("whsec_fake_stripe_v0_test_mode", t, body));
-    return h;
-}
-
-std::string pretty_json(const std::string& s) {
-    std::string out;
-    out.reserve(s.size() * 2);
-    int depth = 0;
-    bool in_str = false;
-    auto newline = [&] {
-        out += '\n';
-        out.append(static_cast<std::size_t>(depth) * 2, ' ');
-    };
-    for (std::size_t i = 0; i < s.size(); ++i) {
-        char c = s[i];
-        if (in_str) {
-            out += c;
-            if (c == '\\' && i + 1 < s.size()) {
-                out += s[++i];
-            } else if (c == '"') {
-                in_str = false;
-            }
-            continue;
-        }
-        switch (c) {
-            case '"':
-                in_str = true;
-                out += c;
-                break;
-            case '{':
-            case '[':
-                out += c;
-                if (i + 1 < s.size() && (s[i + 1] == '}' || s[i + 1] == ']')) {
-                    out += s[++i];
-                } else {
-                    ++depth;
-                    newline();
-                }
-                break;
-            case '}':
-            case ']':
-                --depth;
-                newline();
-                out += c;
-                break;
-            case ',':
-                out += c;
-                newline();
-                break;
-            case ':':
-                out += ": ";
-                break;
-            default:
-                out += c;
-        }
-    }
-    return out;
-}
 
 struct webhook_sender::state : std::enable_shared_from_this<state> {
     asio::any_io_executor ex;

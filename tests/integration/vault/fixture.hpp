@@ -16,6 +16,7 @@
 #include "net/timeout.hpp"
 #include "pg/migrations.hpp"
 #include "pg/pool.hpp"
+#include "stripe/json.hpp"
 #include "support/run_async.hpp"
 #include "tests/integration/pg/support.hpp"
 #include "tests/integration/stripe/fake_fixture.hpp"
@@ -335,5 +336,23 @@ struct vault_fixture : fake_stripe_fixture {
         if (second) BOOST_TEST_REQUIRE(run(second->proxy->flush_settlements()));
     }
 };
+
+// "state:stripe_object_id" of the vault_spend row of `idem`.
+inline std::string row_of(vault_fixture& f, const std::string& idem) {
+    return f.scalar(
+        "SELECT state || ':' || coalesce(stripe_object_id, '') FROM vault_spend WHERE idempotency_key = '" +
+        idem + "'");
+}
+
+// The `error` object of a Stripe-shaped answer (a refusal of the proxy's own, or Stripe's relayed): its code
+// and its type.
+inline std::string error_code_of(const http::response& r) {
+    auto e = stripe::parse_error(r.body);
+    return e ? e->code : "(no error object)";
+}
+inline std::string error_type_of(const http::response& r) {
+    auto e = stripe::parse_error(r.body);
+    return e ? e->type : "(no error object)";
+}
 
 }  // namespace cg::test
