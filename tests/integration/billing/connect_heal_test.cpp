@@ -12,7 +12,6 @@
 #include "billing/machine/outcome.hpp"
 #include "connect_support.hpp"
 #include "fixture.hpp"
-#include "stripe/types.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;

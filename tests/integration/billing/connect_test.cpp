@@ -7,9 +7,6 @@
 
 #include <boost/test/unit_test.hpp>
 
-#include "billing/heal/backfill.hpp"
-#include "billing/heal/settlement_poller.hpp"
-#include "billing/heal/sweeper.hpp"
 #include "billing/machine/outcome.hpp"
 #include "connect_support.hpp"
 #include "fixture.hpp"

@@ -11,7 +11,6 @@
 #include <boost/test/unit_test.hpp>
 
 #include "billing/heal/pending_age.hpp"
-#include "billing/heal/settlement_poller.hpp"
 #include "billing/heal/sweeper.hpp"
 #include "billing/machine/outcome.hpp"
 #include "billing/store/correction_ledger.hpp"

@@ -3,19 +3,14 @@
 // positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/this_coro.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "billing/heal/pending_age.hpp"
 #include "billing/heal/settlement_poller.hpp"
-#include "billing/heal/sweeper.hpp"
 #include "billing/machine/outcome.hpp"
 #include "billing/store/correction_ledger.hpp"
 #include "correction_support.hpp"
 #include "fixture.hpp"
-#include "stripe/refunds.hpp"
 #include "stripe/types.hpp"
 #include "support/prom_text.hpp"
 

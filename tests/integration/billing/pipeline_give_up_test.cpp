@@ -4,13 +4,11 @@
 // g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include <asio/detached.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "billing/machine/outcome.hpp"
 #include "fixture.hpp"
 #include "pipeline_support.hpp"
-#include "stripe/types.hpp"
 #include "support/prom_text.hpp"
 
 using namespace std::chrono_literals;

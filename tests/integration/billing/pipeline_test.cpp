@@ -3,7 +3,6 @@
 // -O2 false positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include <asio/detached.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "billing/machine/outcome.hpp"

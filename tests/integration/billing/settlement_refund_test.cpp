@@ -7,16 +7,10 @@
 
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
-#include <map>
 
-#include "billing/heal/settlement_poller.hpp"
 #include "billing/store/settlement_store.hpp"
 #include "fixture.hpp"
-#include "http/server.hpp"
-#include "metrics/registry.hpp"
 #include "settlement_support.hpp"
-#include "stripe/webhook_event.hpp"
-#include "support/prom_text.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;

@@ -5,7 +5,6 @@
 // events as the webhook receiver records them.
 #pragma once
 
-#include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <map>
 #include <memory>

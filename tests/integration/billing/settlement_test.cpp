@@ -7,18 +7,12 @@
 // g++ 12 -O2 false positive on Asio coroutine frames (GCC bug 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include <algorithm>
 #include <boost/test/unit_test.hpp>
-#include <map>
 
 #include "billing/heal/settlement_poller.hpp"
 #include "billing/store/settlement_store.hpp"
 #include "fixture.hpp"
-#include "http/server.hpp"
-#include "metrics/registry.hpp"
 #include "settlement_support.hpp"
-#include "stripe/webhook_event.hpp"
-#include "support/prom_text.hpp"
 
 using namespace std::chrono_literals;
 using namespace cg;

@@ -10,9 +10,7 @@
 
 #include "billing/heal/pending_age.hpp"
 #include "billing/machine/outcome.hpp"
-#include "billing/store/settlement_store.hpp"
 #include "fixture.hpp"
-#include "stripe/webhook_event.hpp"
 #include "support/prom_text.hpp"
 #include "sweeper_support.hpp"
 

@@ -4,7 +4,6 @@
 // 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
-#include <asio/detached.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include "billing/heal/pending_age.hpp"

@@ -1,11 +1,13 @@
-// reconcile's expected-run reader (billing/report/expected_run.hpp): JSONL and CSV, corrections read as the
-// period's corrected total, an entry per customer, period and account, and bad input refused naming the line.
+// reconcile's expected-run reader (parse_expected in billing/report/reconcile.hpp, the expected sum in
+// billing/report/expected_run.hpp): JSONL and CSV, corrections read as the period's corrected total, an entry
+// per customer, period and account, and bad input refused naming the line.
 #include <boost/test/unit_test.hpp>
 #include <map>
 #include <string>
 
 #include "billing/machine/event.hpp"
 #include "billing/report/expected_run.hpp"
+#include "billing/report/reconcile.hpp"
 #include "reconcile_support.hpp"
 
 using namespace cg::billing;

@@ -4,7 +4,6 @@
 #include "billing/report/reconcile.hpp"
 
 #include <boost/test/unit_test.hpp>
-#include <map>
 
 #include "billing/report/expected_run.hpp"
 #include "reconcile_support.hpp"

@@ -1,9 +1,6 @@
 // The settlement step (billing/machine/settlement.hpp) linking a fact to a ledger row: every pairing of the
 // ids a row and a fact can carry, and a foreign charge carrying the row's metadata, which moves nothing.
-#include <algorithm>
 #include <boost/test/unit_test.hpp>
-#include <ostream>
-#include <vector>
 
 #include "billing/machine/settlement.hpp"
 #include "settlement_support.hpp"

@@ -1,9 +1,6 @@
 // The settlement step (billing/machine/settlement.hpp) reading Stripe: the event types it maps to facts, each
 // kind of object it parses, and the connected account an event names.
-#include <algorithm>
 #include <boost/test/unit_test.hpp>
-#include <ostream>
-#include <vector>
 
 #include "billing/machine/settlement.hpp"
 #include "settlement_support.hpp"

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
-#include <ostream>
 #include <vector>
 
 #include "settlement_support.hpp"
