@@ -126,4 +126,39 @@ inline net::awaitable<void> release_when_queued(billing::ledger* l, bool settle,
     holder->release();
 }
 
+// How many of `keys` are pending, leased (epoch 1) with their first attempt recorded, and lease still
+// running.
+inline std::int64_t count_leased(fixture& f, const std::vector<std::string>& keys) {
+    std::string list = "{";
+    for (std::size_t i = 0; i < keys.size(); ++i) list += (i ? "," : "") + keys[i];
+    list += "}";
+    return f.scalar(
+        "SELECT count(*) FROM billing_records WHERE key = ANY($1::text[]) AND status = 'pending' AND "
+        "lease_epoch = 1 AND stripe_attempts = 1 AND first_stripe_attempt_at IS NOT NULL AND lease_until > "
+        "now()",
+        list);
+}
+
+// What a caller saw when it resumed: its result, and how many of the batch's rows another connection could
+// already read as committed, leased rows at that moment.
+struct seen {
+    result<billing::preflight_result> pf = error(pg::errc::protocol_error, "not run");
+    std::int64_t committed_when_resumed = -1;
+};
+
+inline net::awaitable<seen> preflight_and_look(fixture* f, billing::ledger* l, billing::new_record rec,
+                                               std::vector<std::string> keys) {
+    seen s;
+    s.pf = co_await l->preflight(std::move(rec), 30s);
+    std::string list = "{";
+    for (std::size_t i = 0; i < keys.size(); ++i) list += (i ? "," : "") + keys[i];
+    list += "}";
+    auto r = co_await f->query(
+        "SELECT count(*) FROM billing_records WHERE key = ANY($1::text[]) AND status = 'pending' AND "
+        "lease_epoch = 1 AND first_stripe_attempt_at IS NOT NULL",
+        pg::params(list));
+    if (r) s.committed_when_resumed = (*r)[0].get<std::int64_t>(0);
+    co_return s;
+}
+
 }  // namespace cg::test::batch
