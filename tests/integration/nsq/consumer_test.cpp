@@ -300,7 +300,7 @@ BOOST_AUTO_TEST_CASE(a_wave_of_deliveries_starts_its_handlers_in_a_few_loop_turn
             {}, reg);
         BOOST_REQUIRE(c.start().has_value());
         std::uint64_t finished_before = 0;
-        auto wave = [&](const std::string& prefix) -> asio::awaitable<std::uint64_t> {
+        auto wave = [&](const char* prefix) -> asio::awaitable<std::uint64_t> {
             started.clear();
             for (int i = 0; i < n; ++i) nsqd.publish("wave", prefix + std::to_string(i));
             const bool all =
