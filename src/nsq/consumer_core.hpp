@@ -111,6 +111,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     // for its oldest entry: no per-message timer, and nothing armed while the queue stays short-lived.
     void arm_queue_touch();
     bool may_add_worker() const;
+    bool below_max_handlers() const;
 
     void touch_queued();
 

@@ -10,6 +10,10 @@ namespace cg::nsq {
 using namespace std::chrono;
 using sclock = steady_clock;
 
+bool consumer::core::below_max_handlers() const {
+    return cfg.max_handlers == 0 || workers < cfg.max_handlers;
+}
+
 // Below max_handlers a worker is always added; past it only while nothing downstream holds them up.
 bool consumer::core::may_add_worker() const {
     if (workers >= cfg.max_in_flight) return false;
@@ -19,7 +23,9 @@ bool consumer::core::may_add_worker() const {
 
 // One worker woken (or started) per queued message that no woken worker is on its way to yet: a read's wave
 // of messages starts in one turn of the loop, not one message per turn (each wake is a completion queued
-// behind the loop's next poll).
+// behind the loop's next poll). Past max_handlers new workers start one at a time, as each takes its
+// message, so held_up() is asked again before every one (a first wave must not start a pipeline for every
+// delivery before any of them reached Stripe).
 void consumer::core::maybe_wake_worker() {
     while (queued.size() > wakes_pending) {
         if (!parked.empty()) {
@@ -28,7 +34,7 @@ void consumer::core::maybe_wake_worker() {
             w->signalled = true;
             ++wakes_pending;
             w->wake.cancel();
-        } else if (may_add_worker()) {
+        } else if (may_add_worker() && (wakes_pending == 0 || below_max_handlers())) {
             ++workers;
             ++wakes_pending;
             // Started through the executor's queue: co_spawn alone would run the worker (and a handler)
