@@ -111,6 +111,7 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     // for its oldest entry: no per-message timer, and nothing armed while the queue stays short-lived.
     void arm_queue_touch();
     bool may_add_worker() const;
+    bool below_max_handlers() const;
 
     void touch_queued();
 
@@ -131,10 +132,10 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
 
     // --- handlers -----------------------------------------------------------------------------------
     // Handlers run on worker coroutines, at most max_in_flight of them, created as needed and parked when
-    // the queue is empty. A worker that takes a message first makes sure another one will look at the
-    // queue if it is not empty (wakes a parked one or starts one), then awaits the handler: a handler that
-    // suspends leaves the rest of the queue to the others, one that completes at once lets the same worker
-    // take the next message without a post or a coroutine spawn per message.
+    // the queue is empty. Each queued message has a worker on its way (woken or started, up to the
+    // bound); a worker that takes a message first makes sure of that for the rest, then awaits the handler: a
+    // handler that suspends leaves the rest of the queue to the others, one that completes at once lets the
+    // same worker take the next message without a post or a coroutine spawn per message.
     struct worker {
         explicit worker(asio::any_io_executor e) : wake(e, std::chrono::steady_clock::time_point::max()) {}
         net::steady_timer wake;
@@ -142,8 +143,8 @@ struct consumer::core final : supervisor_owner, std::enable_shared_from_this<cor
     };
     std::vector<worker*> parked;
     unsigned workers = 0;
-    bool wake_pending = false;   // a worker was woken or started and has not looked at the queue yet
-    unsigned drain_waiters = 0;  // wait_until() calls under way
+    std::size_t wakes_pending = 0;  // workers woken or started that have not looked at the queue yet
+    unsigned drain_waiters = 0;     // wait_until() calls under way
 
     void maybe_wake_worker();
 

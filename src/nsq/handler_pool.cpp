@@ -10,6 +10,10 @@ namespace cg::nsq {
 using namespace std::chrono;
 using sclock = steady_clock;
 
+bool consumer::core::below_max_handlers() const {
+    return cfg.max_handlers == 0 || workers < cfg.max_handlers;
+}
+
 // Below max_handlers a worker is always added; past it only while nothing downstream holds them up.
 bool consumer::core::may_add_worker() const {
     if (workers >= cfg.max_in_flight) return false;
@@ -17,37 +21,52 @@ bool consumer::core::may_add_worker() const {
     return cfg.held_up && !cfg.held_up();
 }
 
+// One worker woken (or started) per queued message that no woken worker is on its way to yet: a read's wave
+// of messages starts in one turn of the loop, not one message per turn (each wake is a completion queued
+// behind the loop's next poll). Past max_handlers new workers start one at a time, as each takes its
+// message, so held_up() is asked again before every one (a first wave must not start a pipeline for every
+// delivery before any of them reached Stripe).
 void consumer::core::maybe_wake_worker() {
-    if (queued.empty() || wake_pending) return;
-    if (!parked.empty()) {
-        auto* w = parked.back();
-        parked.pop_back();
-        w->signalled = true;
-        wake_pending = true;
-        w->wake.cancel();
-    } else if (may_add_worker()) {
-        ++workers;
-        wake_pending = true;
-        // Started through the executor's queue: co_spawn alone would run the worker (and a handler)
-        // right here, inside the read that delivered the message.
-        asio::post(ex, [self = shared_from_this()] {
-            asio::co_spawn(self->ex, worker_loop(self), handler_task_ended{self->log});
-        });
+    while (queued.size() > wakes_pending) {
+        if (!parked.empty()) {
+            auto* w = parked.back();
+            parked.pop_back();
+            w->signalled = true;
+            ++wakes_pending;
+            w->wake.cancel();
+        } else if (may_add_worker() && (wakes_pending == 0 || below_max_handlers())) {
+            ++workers;
+            ++wakes_pending;
+            // Started through the executor's queue: co_spawn alone would run the worker (and a handler)
+            // right here, inside the read that delivered the message.
+            asio::post(ex, [self = shared_from_this()] {
+                asio::co_spawn(self->ex, worker_loop(self), handler_task_ended{self->log});
+            });
+        } else {
+            return;
+        }
     }
 }
 
 asio::awaitable<void> consumer::core::worker_loop(std::shared_ptr<core> self) {
     worker w(self->ex);
-    self->wake_pending = false;  // a new worker looks at the queue now
+    // Counted in wakes_pending from its start or wake until it takes a message or parks (also while it
+    // waits for a turn), so no other worker is woken for the message it is on its way to.
+    bool on_its_way = true;
+    auto arrived = [&] {
+        if (on_its_way) --self->wakes_pending;
+        on_its_way = false;
+    };
     for (;;) {
         if (self->queued.empty()) {
+            arrived();
             self->publish_metrics();
             if (self->stopping) break;
             self->parked.push_back(&w);
             co_await w.wake.async_wait(net::nothrow);
             if (w.signalled) {
                 w.signalled = false;
-                self->wake_pending = false;
+                on_its_way = true;
             } else {
                 std::erase(self->parked, &w);  // woken by begin_stop()
             }
@@ -61,6 +80,7 @@ asio::awaitable<void> consumer::core::worker_loop(std::shared_ptr<core> self) {
         }
         auto held = self->queued.pop();
         auto& m = *held;
+        arrived();
         self->maybe_wake_worker();
         if (!m.conn()->can_answer(m.ticket())) {
             auto conn = m.conn();  // outlives the message's own reference, dropped with it

@@ -159,8 +159,20 @@ net::awaitable<std::vector<result<preflight_out>>> preflight_runner::run_stateme
         co_return outs;
     }
     std::vector<preflight_out> rows(reqs.size());
-    // Keys are unique in a batch and `keys` is sorted: find each returned row's caller by its key.
     for (std::size_t row = 0; row < r->size(); ++row) {
+        if (!r->get<bool>(row, preflight_batch_inserted_column)) {
+            // Found: the existing row of the request at this (1-based) position of the arrays.
+            auto at = r->get<std::int64_t>(row, preflight_batch_index_column);
+            if (at < 1 || static_cast<std::size_t>(at) > keys.size())
+                co_return failed_all<preflight_out>(
+                    reqs.size(),
+                    error(pg::errc::protocol_error, "pre-flight batch returned an unknown position"));
+            auto i = order[static_cast<std::size_t>(at - 1)];
+            rows[i] =
+                preflight_out{false, std::make_unique<ledger_record>(decode_record(*r, row)), std::nullopt};
+            continue;
+        }
+        // Inserted: keys are unique in a batch and `keys` is sorted, so the key finds its caller.
         auto k = r->get<std::string_view>(row, 0);
         auto at = std::lower_bound(keys.begin(), keys.end(), k);
         if (at == keys.end() || *at != k)
@@ -168,7 +180,7 @@ net::awaitable<std::vector<result<preflight_out>>> preflight_runner::run_stateme
                 reqs.size(), error(pg::errc::protocol_error, "pre-flight batch returned an unknown key"));
         auto i = order[static_cast<std::size_t>(at - keys.begin())];
         auto rec = std::make_unique<ledger_record>(decode_stored_record_columns(*r, row));
-        rec->lease_epoch = r->get<std::int64_t>(row, preflight_batch_epoch_column);
+        rec->lease_epoch = r->get<std::int64_t>(row, record_col::lease_epoch);
         rec->lease_remaining = ms(reqs[i].lease_ms);
         rows[i] = preflight_out{true, std::move(rec), std::nullopt};
     }
@@ -185,7 +197,7 @@ net::awaitable<void> preflight_runner::read_conflicts(std::shared_ptr<pg::pool> 
     at.reserve(reqs.size());
     for (auto* v : {&keys, &customers, &periods, &accounts}) v->reserve(reqs.size());
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-        if (rows[i].inserted) continue;
+        if (rows[i].inserted || rows[i].row) continue;  // inserted, or found by the batch statement
         at.push_back(i);
         keys.emplace_back(reqs[i].rec.key);
         customers.emplace_back(reqs[i].rec.event.customer_id);

@@ -52,8 +52,8 @@ struct preflight_runner {
     // conflict read).
     static net::awaitable<std::vector<result<preflight_out>>> run_statements(
         std::shared_ptr<pg::pool> pool, std::vector<preflight_req>& reqs);
-    // The existing rows of the batch's conflicts, one statement for all of them (a replayed run is all
-    // conflicts: one read per row would be the path's cost). A failed read leaves them to the callers' own.
+    // The existing rows of the batch's conflicts its statement could not read (committed after its snapshot),
+    // one statement for all of them. A failed read leaves them to the callers' own.
     static net::awaitable<void> read_conflicts(std::shared_ptr<pg::pool> pool,
                                                const std::vector<preflight_req>& reqs,
                                                std::vector<preflight_out>& rows);

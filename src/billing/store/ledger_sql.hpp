@@ -68,8 +68,8 @@ inline const std::string preflight_existing_sql =
     "AND stripe_account IS NOT DISTINCT FROM nullif($4::text, '')) "
     "ORDER BY key = $1::text DESC LIMIT 1";
 
-// preflight_existing_sql for every conflicting row of a batched insert, as one statement: the last column is
-// the 1-based position of the request in the arrays.
+// preflight_existing_sql for the conflicting rows a batch statement could not read (preflight_batch_sql), as
+// one statement: the last column is the 1-based position of the request in the arrays.
 inline const std::string preflight_existing_batch_sql =
     "SELECT e.*, v.i FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS v(key, "
     "customer_id, billing_period, stripe_account, i) CROSS JOIN LATERAL (SELECT " CG_RECORD_COLUMNS
@@ -129,26 +129,42 @@ inline const std::string settle_sql =
     "payment_intent_id = coalesce($5::text, payment_intent_id) "
     "WHERE key = $1 AND status = 'pending'";
 
-// Group commit (ledger_batch.hpp): the same two statements for many rows at once, the rows as arrays. The
-// insert writes exactly what preflight_insert_sql writes per row, one transaction for the batch; RETURNING
-// gives the inserted rows (a conflicting row, by key or by (customer_id, billing_period), is not returned:
-// its caller reads the existing row afterwards, as after a single insert). The remaining-lease column is
-// left out: for a row just inserted it is exactly the lease it was given (lease_until - now() in the
-// inserting transaction).
+// Group commit (ledger_batch.hpp): the pre-flight for many rows at once, the rows as arrays, in one statement
+// (one transaction for the batch). A row the statement's snapshot already holds — by key, or by
+// (customer_id, billing_period, stripe_account), exactly the two unique constraints a new row can meet — is
+// read (`found`, preflight_existing_sql per row) and not inserted: the insert could only conflict with it,
+// and a conflicting insert costs the database about twice the read (a replayed day is all conflicts). The
+// others are inserted in key order, writing exactly what preflight_insert_sql writes per row. A row that is
+// neither found nor inserted conflicted with a row committed after the statement's snapshot was taken (an
+// insert it waited for): invisible to this statement, its caller's row is read by a later one
+// (preflight_existing_batch_sql), as after a single insert.
+// Each result row: the record columns (decode_record; for an inserted row the remaining-lease column is NULL:
+// it is exactly the lease it was given), then the 1-based position of the request in the arrays (found rows;
+// NULL for an inserted row, which is known by its key), then whether the row was inserted.
 inline const std::string preflight_batch_sql =
-    "INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, stripe_customer_id, "
-    "status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, first_stripe_attempt_at, "
-    "last_stripe_attempt_at, description, payment_method, off_session, key_namespace, stripe_account) "
+    "WITH v AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], "
+    "$6::text[], $7::int8[], $8::text[], $9::int4[], $10::text[], $11::text[], $12::boolean[], $13::text[], "
+    "$14::text[]) WITH ORDINALITY AS v(key, customer_id, billing_period, amount_cents, currency, "
+    "stripe_customer_id, lease_ms, nsq_message_id, nsq_attempts, description, payment_method, off_session, "
+    "key_namespace, stripe_account, i)), "
+    "found AS MATERIALIZED (SELECT e.*, v.i FROM v CROSS JOIN LATERAL (SELECT " CG_RECORD_COLUMNS
+    " FROM billing_records r WHERE r.key = v.key OR (r.customer_id = v.customer_id AND r.billing_period = "
+    "v.billing_period AND r.stripe_account IS NOT DISTINCT FROM nullif(v.stripe_account, '')) "
+    "ORDER BY r.key = v.key DESC LIMIT 1) AS e), "
+    "ins AS (INSERT INTO billing_records (key, customer_id, billing_period, amount_cents, currency, "
+    "stripe_customer_id, status, lease_until, lease_epoch, nsq_message_id, nsq_attempts, stripe_attempts, "
+    "first_stripe_attempt_at, last_stripe_attempt_at, description, payment_method, off_session, key_namespace, "
+    "stripe_account) "
     "SELECT v.key, v.customer_id, v.billing_period, v.amount_cents, v.currency, v.stripe_customer_id, "
     "'pending', " CG_LEASE_END("v.lease_ms") ", 1, v.nsq_message_id, v.nsq_attempts, 1, now(), now(), "
     "v.description, v.payment_method, v.off_session, v.key_namespace, nullif(v.stripe_account, '') "
-    "FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::text[], $6::text[], $7::int8[], "
-    "$8::text[], $9::int4[], $10::text[], $11::text[], $12::boolean[], $13::text[], $14::text[]) AS v(key, "
-    "customer_id, billing_period, amount_cents, currency, stripe_customer_id, lease_ms, nsq_message_id, "
-    "nsq_attempts, description, payment_method, off_session, key_namespace, stripe_account) "
-    "ON CONFLICT DO NOTHING RETURNING " CG_STORED_COLUMNS ", lease_epoch";
-// The lease epoch: right after the stored columns.
-constexpr int preflight_batch_epoch_column = record_col::stored_count;
+    "FROM v WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.i = v.i) ORDER BY v.i "
+    "ON CONFLICT DO NOTHING RETURNING " CG_STORED_COLUMNS ", lease_epoch) "
+    "SELECT found.*, false FROM found "
+    "UNION ALL SELECT " CG_STORED_COLUMNS ", NULL::bigint, lease_epoch, NULL::bigint, true FROM ins";
+// The request's position (found rows) and the inserted flag: right after the record columns.
+constexpr int preflight_batch_index_column = record_col::count;
+constexpr int preflight_batch_inserted_column = record_col::count + 1;
 
 // settle_sql per row; RETURNING names the rows that were pending (each caller's `true`).
 inline const std::string settle_batch_sql =
