@@ -20,22 +20,14 @@
 // [CERT_DIR] [SECONDS] [--latency-ms N] [--trace-burst] [PROXY_FLAG…]
 //        (CERT_DIR defaults to $CG_TEST_CERTS; PROXY_FLAGs, e.g. --upstream-on-main, go to `chargeguard
 //        proxy`)
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include "tests/bench/proxy/vault_proxy.hpp"
 
 #include <algorithm>
 #include <asio/co_spawn.hpp>
-#include <asio/post.hpp>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <regex>
@@ -51,55 +43,10 @@
 #include "tests/doubles/stripe/fake_stripe.hpp"
 #include "tests/integration/pg/support.hpp"
 
-extern char** environ;
-
 using namespace cg;
-using clock_type = std::chrono::steady_clock;
+using namespace vault_bench;
 
 namespace {
-
-std::string slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-// CPU seconds (user + system) of a process or of one thread, from /proc (0 when it is gone).
-double cpu_seconds(const std::string& stat_path) {
-    std::ifstream in(stat_path);
-    std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto rp = s.rfind(')');
-    if (rp == std::string::npos) return 0;
-    std::istringstream rest(s.substr(rp + 2));
-    std::string field;
-    long ut = 0, st = 0;
-    for (int i = 3; i <= 15 && rest >> field; ++i) {
-        if (i == 14) ut = std::atol(field.c_str());
-        if (i == 15) st = std::atol(field.c_str());
-    }
-    return static_cast<double>(ut + st) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-double pid_cpu(long pid) {
-    return cpu_seconds("/proc/" + std::to_string(pid) + "/stat");
-}
-
-// The PostgreSQL backends serving database `db` (their pids, via pg_stat_activity; measurement only, off
-// any loop).
-std::vector<long> backends_of(const std::string& db) {
-    std::vector<long> out;
-    PGconn* c = PQconnectdb("");
-    if (PQstatus(c) == CONNECTION_OK) {
-        std::string sql =
-            "SELECT pid FROM pg_stat_activity WHERE datname = '" + db + "' AND pid <> pg_backend_pid()";
-        PGresult* r = PQexec(c, sql.c_str());
-        if (PQresultStatus(r) == PGRES_TUPLES_OK)
-            for (int i = 0; i < PQntuples(r); ++i) out.push_back(std::atol(PQgetvalue(r, i, 0)));
-        PQclear(r);
-    }
-    PQfinish(c);
-    return out;
-}
 
 // The fake on its own thread, with its thread's CPU time and a latency set from outside.
 struct fake_thread : test::fake_stripe_thread {
@@ -109,230 +56,6 @@ struct fake_thread : test::fake_stripe_thread {
         on_fake([this, ms] { fake->faults().latency_ms = ms; });
     }
 };
-
-// A child process with stdout/stderr in files.
-struct child {
-    pid_t pid = -1;
-    std::string out, err;
-    child(const std::vector<std::string>& args, const std::string& tag) {
-        out = "/tmp/cg-bench-" + tag + "-" + std::to_string(::getpid()) + ".out";
-        err = out.substr(0, out.size() - 4) + ".err";
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        std::vector<char*> argv;
-        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-        argv.push_back(nullptr);
-        if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0)
-            throw std::runtime_error("spawn " + args[0]);
-        posix_spawn_file_actions_destroy(&fa);
-    }
-    int wait() {
-        int st = 0;
-        ::waitpid(pid, &st, 0);
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    }
-    ~child() {
-        if (pid > 0) {
-            ::kill(pid, SIGTERM);
-            ::waitpid(pid, nullptr, 0);
-        }
-        ::unlink(out.c_str());
-        ::unlink(err.c_str());
-    }
-    long vm_hwm_kib() const {
-        std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-        std::string line;
-        while (std::getline(in, line))
-            if (line.starts_with("VmHWM:")) return std::atol(line.c_str() + 6);
-        return -1;
-    }
-};
-
-struct run_result {
-    double rps = 0;
-    double p50_ms = 0, p99_ms = 0;
-    double elapsed = 0;
-    std::vector<double> lat_ms;
-    std::size_t ok = 0, failed = 0;
-};
-
-double pct(std::vector<double>& v, double p) {
-    if (v.empty()) return 0;
-    std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())));
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
-    return v[i];
-}
-
-struct load {
-    std::vector<http::client*> clients;
-    std::string auth;
-    std::string prefix;
-    clock_type::time_point until;
-    std::vector<double> lat_ms;
-    std::size_t ok = 0, failed = 0;
-    std::uint64_t seq = 0;
-};
-
-net::awaitable<void> worker(load* l, std::size_t index) {
-    http::client* c = l->clients[index % l->clients.size()];
-    while (clock_type::now() < l->until) {
-        http::request q;
-        q.method = "POST";
-        q.target = "/v1/charges";
-        q.body = "amount=1999&currency=usd&customer=cus_bench&description=bench&metadata[billing_key]=bk";
-        q.headers.add("Authorization", l->auth);
-        q.headers.add("Content-Type", "application/x-www-form-urlencoded");
-        q.headers.add("Idempotency-Key", l->prefix + std::to_string(++l->seq));
-        auto t0 = clock_type::now();
-        auto r = co_await c->request(std::move(q));
-        double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-        if (r.ok() && r.resp.status == 200) {
-            ++l->ok;
-            l->lat_ms.push_back(ms);
-        } else {
-            ++l->failed;
-        }
-    }
-}
-
-run_result run_load(asio::io_context& io, std::vector<http::client*> clients, std::string auth,
-                    std::string prefix, int concurrency, double seconds) {
-    load l;
-    l.clients = std::move(clients);
-    l.auth = std::move(auth);
-    l.prefix = std::move(prefix);
-    auto start = clock_type::now();
-    l.until =
-        start + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
-    int left = concurrency;
-    for (int i = 0; i < concurrency; ++i)
-        asio::co_spawn(io, worker(&l, static_cast<std::size_t>(i)), [&left](std::exception_ptr e) {
-            if (e) std::rethrow_exception(e);
-            --left;
-        });
-    io.restart();
-    while (left > 0) io.run_one();
-    double elapsed = std::chrono::duration<double>(clock_type::now() - start).count();
-    run_result out;
-    out.ok = l.ok;
-    out.failed = l.failed;
-    out.rps = static_cast<double>(l.ok) / elapsed;
-    out.p50_ms = pct(l.lat_ms, 0.50);
-    out.p99_ms = pct(l.lat_ms, 0.99);
-    out.elapsed = elapsed;
-    out.lat_ms = std::move(l.lat_ms);
-    return out;
-}
-
-// Adds one slice's requests to a run's totals; finish() computes the rate and percentiles over all slices.
-void add_slice(run_result& total, run_result slice) {
-    total.ok += slice.ok;
-    total.failed += slice.failed;
-    total.elapsed += slice.elapsed;
-    total.lat_ms.insert(total.lat_ms.end(), slice.lat_ms.begin(), slice.lat_ms.end());
-}
-void finish(run_result& r) {
-    r.rps = static_cast<double>(r.ok) / std::max(1e-9, r.elapsed);
-    r.p50_ms = pct(r.lat_ms, 0.50);
-    r.p99_ms = pct(r.lat_ms, 0.99);
-}
-
-std::vector<std::unique_ptr<http::client>> clients_for(net::offload_pool& pool, const std::string& base,
-                                                       std::shared_ptr<asio::ssl::context> tls,
-                                                       int concurrency) {
-    std::vector<std::unique_ptr<http::client>> out;
-    int n = std::min(4, std::max(1, concurrency / 8));  // one strand per client: spread the TLS work
-    for (int i = 0; i < n; ++i) {
-        http::client_options o;
-        o.tls = tls;
-        o.max_connections = static_cast<std::size_t>((concurrency + n - 1) / n);
-        o.request_timeout = std::chrono::seconds(30);
-        auto c = http::client::create(pool.get_executor(), base, o, logger());
-        if (!c) throw std::runtime_error(c.err().describe());
-        out.push_back(std::move(*c));
-    }
-    return out;
-}
-
-std::vector<http::client*> raw(const std::vector<std::unique_ptr<http::client>>& v) {
-    std::vector<http::client*> out;
-    for (const auto& c : v) out.push_back(c.get());
-    return out;
-}
-
-// --trace-burst: the proxy's per-request stage lines (debug) of the measured run, grouped into bursts (a gap
-// of more than 5 ms between two arrivals starts a new one); prints each stage's p50 / p99 over every request
-// and the timeline of the largest burst of the run's second half.
-void print_burst_trace(const std::string& log, clock_type::time_point from) {
-    struct rec {
-        std::map<std::string, double> v;
-    };
-    std::vector<rec> recs;
-    auto since = static_cast<double>(
-        std::chrono::duration_cast<std::chrono::microseconds>(from.time_since_epoch()).count());
-    std::istringstream in(log);
-    std::string line;
-    std::regex field(R"re("([a-z_]+)":(-?[0-9.]+))re");
-    while (std::getline(in, line)) {
-        if (line.find("vault request stages") == std::string::npos) continue;
-        rec r;
-        for (std::sregex_iterator it(line.begin(), line.end(), field), end; it != end; ++it)
-            r.v[(*it)[1].str()] = std::atof((*it)[2].str().c_str());
-        if (r.v["t_us"] >= since) recs.push_back(std::move(r));
-    }
-    if (recs.empty()) {
-        std::printf("trace: no stage lines in the proxy's log\n");
-        return;
-    }
-    std::sort(recs.begin(), recs.end(),
-              [](const rec& a, const rec& b) { return a.v.at("t_us") < b.v.at("t_us"); });
-    const char* stages[] = {"auth_us",     "parse_us",  "wait_us",  "stmt_us", "to_upstream_us",
-                            "upstream_us", "answer_us", "total_us", "batch",   "settlements"};
-    std::printf("trace: %zu forwarded creates; per stage p50 / p99 (µs), from the proxy's own clock:\n",
-                recs.size());
-    for (const char* s : stages) {
-        std::vector<double> v;
-        for (auto& r : recs) v.push_back(r.v[s]);
-        std::printf("  %-15s %8.0f %8.0f\n", s, pct(v, 0.5), pct(v, 0.99));
-    }
-    std::vector<std::pair<std::size_t, std::size_t>> bursts;  // [begin, end)
-    std::size_t b = 0;
-    for (std::size_t i = 1; i <= recs.size(); ++i)
-        if (i == recs.size() || recs[i].v["t_us"] - recs[i - 1].v["t_us"] > 5000) {
-            bursts.emplace_back(b, i);
-            b = i;
-        }
-    std::vector<double> spans, sizes;
-    for (auto [lo, hi] : bursts) {
-        sizes.push_back(static_cast<double>(hi - lo));
-        spans.push_back(recs[hi - 1].v["t_us"] - recs[lo].v["t_us"]);
-    }
-    std::printf(
-        "trace: %zu bursts; requests per burst p50 %.0f; arrival spread within a burst p50 %.0f µs, p99 %.0f "
-        "µs\n",
-        bursts.size(), pct(sizes, 0.5), pct(spans, 0.5), pct(spans, 0.99));
-    // The largest burst of the second half of the run (the first half has the warm-up and the direct runs'
-    // neighbours): where a synchronised burst's time goes.
-    std::size_t pick = bursts.size() / 2;
-    for (std::size_t i = bursts.size() / 2; i < bursts.size(); ++i)
-        if (bursts[i].second - bursts[i].first > bursts[pick].second - bursts[pick].first) pick = i;
-    auto [lo, hi] = bursts[pick];
-    double t0 = recs[lo].v["t_us"];
-    std::printf(
-        "trace: one burst (the largest of the run's second half), µs; arrival = offset from its first "
-        "request\n");
-    std::printf("  %8s %6s %6s %6s %6s %5s %5s %7s %8s %6s %7s\n", "arrival", "auth", "parse", "wait", "stmt",
-                "batch", "settl", "to_up", "upstream", "answer", "total");
-    for (std::size_t i = lo; i < hi; ++i) {
-        auto& v = recs[i].v;
-        std::printf("  %8.0f %6.0f %6.0f %6.0f %6.0f %5.0f %5.0f %7.0f %8.0f %6.0f %7.0f\n", v["t_us"] - t0,
-                    v["auth_us"], v["parse_us"], v["wait_us"], v["stmt_us"], v["batch"], v["settlements"],
-                    v["to_upstream_us"], v["upstream_us"], v["answer_us"], v["total_us"]);
-    }
-}
 
 }  // namespace
 
