@@ -1,5 +1,7 @@
 // vault::store: the leases of a key's cap (migration 0025, docs/design.md §5 "Cap leases") — taken and
 // topped up, spends recorded as reservation rows, given back. The rest of the store is in store.cpp.
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,18 @@ const std::string lease_record_sql =
 
 const std::string lease_return_sql =
     "SELECT cg_vault_lease_return($1::text, $2::bigint, $3::text, $4::bigint, $5::boolean)";
+
+const std::string open_leases_sql =
+    "SELECT id, holder, granted_cents, spent_cents, taken_at, expires_at, expires_at < now() FROM "
+    "vault_leases "
+    "WHERE vault_key_id = $1 AND closed_at IS NULL ORDER BY id";
+
+// The lease's held cents read before the forfeit (in the same statement, so under its snapshot); the
+// function itself locks the key's row and the lease and gives back only what the lease holds then.
+const std::string forfeit_sql =
+    "SELECT l.granted_cents - l.spent_cents, cg_vault_lease_forfeit(l.id, $3::bigint) FROM vault_leases l "
+    "WHERE l.id = $2::bigint AND l.vault_key_id = $1::text AND l.closed_at IS NULL "
+    "AND (l.expires_at < now() OR $4::boolean)";
 
 }  // namespace
 
@@ -85,6 +99,41 @@ net::awaitable<result<std::int64_t>> store::lease_return(std::string key_id, std
     if (!r) co_return r.err();
     if (r->size() != 1) throw pg::column_error("cg_vault_lease_return returned no row");
     co_return r->get<std::int64_t>(0, 0);
+}
+
+net::awaitable<result<std::vector<store::open_lease>>> store::open_leases(std::string key_id) {
+    auto r = co_await pg::exec_pooled(pool_, open_leases_sql, pg::params(std::move(key_id)));
+    if (!r) co_return r.err();
+    std::vector<open_lease> out;
+    for (std::size_t i = 0; i < r->size(); ++i) {
+        open_lease l;
+        l.id = r->get<std::int64_t>(i, 0);
+        l.holder = r->get<std::string>(i, 1);
+        l.granted_cents = r->get<std::int64_t>(i, 2);
+        l.spent_cents = r->get<std::int64_t>(i, 3);
+        l.taken_at = r->get<pg::timestamp>(i, 4);
+        l.expires_at = r->get<pg::timestamp>(i, 5);
+        l.expired = r->get<bool>(i, 6);
+        out.push_back(std::move(l));
+    }
+    co_return out;
+}
+
+net::awaitable<result<std::optional<store::forfeited>>> store::forfeit_lease(std::string key_id,
+                                                                             std::int64_t lease,
+                                                                             std::int64_t keep_cents,
+                                                                             bool force) {
+    auto r =
+        co_await pg::exec_pooled(pool_, forfeit_sql, pg::params(std::move(key_id), lease, keep_cents, force));
+    if (!r) co_return r.err();
+    if (r->empty()) co_return std::optional<forfeited>();
+    auto back = r->get<std::optional<std::int64_t>>(0, 1);
+    if (!back) co_return std::optional<forfeited>();  // closed meanwhile by its holder or another forfeit
+    forfeited f;
+    f.given_back_cents = *back;
+    // What the lease held at the forfeit, less what went back: kept counted.
+    f.kept_cents = std::max<std::int64_t>(0, r->get<std::int64_t>(0, 0) - *back);
+    co_return std::optional<forfeited>(f);
 }
 
 }  // namespace cg::vault
