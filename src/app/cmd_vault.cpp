@@ -230,9 +230,11 @@ net::awaitable<int> forfeit_lease(vault::store& s, vault_forfeit_flags f) {
     for (auto& l : *leases)
         if ((!f.lease || l.id == *f.lease) && (f.holder.empty() || l.holder == f.holder)) match.push_back(l);
     if (match.empty()) {
-        std::fprintf(stderr, "chargeguard vault forfeit-lease: vault key %s has no open lease%s%s\n",
-                     f.id.c_str(), f.lease ? (" " + std::to_string(*f.lease)).c_str() : "",
-                     f.holder.empty() ? "" : (" of holder " + f.holder).c_str());
+        std::string which;
+        if (f.lease) which += " " + std::to_string(*f.lease);
+        if (!f.holder.empty()) which += " of holder " + f.holder;
+        std::fprintf(stderr, "chargeguard vault forfeit-lease: vault key %s has no open lease%s\n",
+                     f.id.c_str(), which.c_str());
         co_return 1;
     }
     if (match.size() > 1) {
