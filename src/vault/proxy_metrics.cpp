@@ -58,6 +58,11 @@ void register_metrics(proxy::state& state, metrics::registry& reg) {
                                        "Cap leases this proxy left open because their spends could not be "
                                        "written (an operator forfeits them)")
                                .Add({});
+    st->expired_lease_cents =
+        &reg.gauge("chargeguard_vault_expired_lease_cents",
+                   "Cents held by open cap leases past their expiry, every key: leases no holder renews "
+                   "(a dead proxy's), counted against the caps until forfeited")
+             .Add({});
 }
 
 void observe_stages(proxy::state& st, const ledger_line& l, clock::time_point end) {

@@ -51,6 +51,7 @@ struct proxy::state {
     metrics::family<metrics::Counter>* lease_takes = nullptr;  // by result
     metrics::Counter* lease_returned_cents = nullptr;
     metrics::Counter* leases_stranded = nullptr;
+    metrics::Gauge* expired_lease_cents = nullptr;  // ledger-wide
 
     // Main executor only.
     std::deque<audit_row> audit;

@@ -250,6 +250,9 @@ class store {
     struct forfeited {
         std::int64_t given_back_cents = 0, kept_cents = 0;
     };
+    // Cents held by open leases past their expiry, every key: no holder renews them (a dead proxy's,
+    // stranded until forfeited). Reads only the open leases (the partial index of 0025).
+    net::awaitable<result<std::int64_t>> expired_lease_cents();
     net::awaitable<result<std::optional<forfeited>>> forfeit_lease(std::string key_id, std::int64_t lease,
                                                                    std::int64_t keep_cents, bool force);
 

@@ -23,6 +23,10 @@ const std::string lease_record_sql =
 const std::string lease_return_sql =
     "SELECT cg_vault_lease_return($1::text, $2::bigint, $3::text, $4::bigint, $5::boolean)";
 
+const std::string expired_lease_cents_sql =
+    "SELECT coalesce(sum(granted_cents - spent_cents), 0)::bigint FROM vault_leases "
+    "WHERE closed_at IS NULL AND expires_at < now()";
+
 const std::string open_leases_sql =
     "SELECT id, holder, granted_cents, spent_cents, taken_at, expires_at, expires_at < now() FROM "
     "vault_leases "
@@ -117,6 +121,13 @@ net::awaitable<result<std::vector<store::open_lease>>> store::open_leases(std::s
         out.push_back(std::move(l));
     }
     co_return out;
+}
+
+net::awaitable<result<std::int64_t>> store::expired_lease_cents() {
+    auto r = co_await pg::exec_pooled(pool_, expired_lease_cents_sql, pg::params());
+    if (!r) co_return r.err();
+    if (r->size() != 1) throw pg::column_error("expired lease cents: no row");
+    co_return r->get<std::int64_t>(0, 0);
 }
 
 net::awaitable<result<std::optional<store::forfeited>>> store::forfeit_lease(std::string key_id,

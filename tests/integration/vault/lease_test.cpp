@@ -233,9 +233,23 @@ BOOST_AUTO_TEST_CASE(lease_metrics_show_what_the_proxy_holds_took_and_gave_back)
     auto text = f.vreg.render();
     BOOST_TEST(sample(text, "chargeguard_vault_lease_takes_total{result=\"new\"}") == 1, text);
     BOOST_TEST(sample(text, "chargeguard_vault_lease_returned_cents_total") == 0, text);
+    BOOST_TEST(sample(text, "chargeguard_vault_expired_lease_cents") == 0, text);
+    // A dead proxy's lease (taken as a proxy takes one, 1 ms to live, never renewed): the ledger-wide gauge
+    // shows what it holds once the gauges are refreshed past its expiry.
+    const auto dead =
+        f.count("SELECT granted FROM cg_vault_lease_take('" + k.id + "', NULL, 'dead:1:0f', 700, 1, 1)");
+    BOOST_TEST_REQUIRE(dead > 0);
+    double expired = -1;
+    for (int i = 0; i < 400 && expired != static_cast<double>(dead); ++i) {
+        f.pause(5ms);
+        expired = sample(f.vreg.render(), "chargeguard_vault_expired_lease_cents");
+    }
+    BOOST_TEST(expired == static_cast<double>(dead));
     // Stopped, it gives the lease back: what it held, and the gauge falls to 0.
     f.run(f.proxy->stop());
     const auto closed = f.count("SELECT count(*) FROM vault_leases WHERE closed_by = 'holder'");
+    BOOST_TEST(
+        f.count("SELECT count(*) FROM vault_leases WHERE closed_at IS NULL AND holder = 'dead:1:0f'") == 1);
     BOOST_TEST(closed == 1);
     text = f.vreg.render();
     BOOST_TEST(sample(text, gauge) == 0, text);
