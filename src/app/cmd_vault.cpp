@@ -6,6 +6,7 @@
 #include <asio/io_context.hpp>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -380,7 +381,7 @@ void register_vault(CLI::App& app, command_main& selected) {
                      "cents of the lease that stay counted: the holder's creates found on Stripe without a "
                      "vault_spend row (docs/operating/vault.md)")
         ->required()
-        ->check(CLI::NonNegativeNumber);
+        ->check(CLI::Range(std::int64_t{0}, std::numeric_limits<std::int64_t>::max()));
     forfeit_cmd->add_flag("--force", ff->force,
                           "forfeit a lease that has not expired (its holder may be alive)");
     forfeit_cmd->callback([&selected, ff] {
