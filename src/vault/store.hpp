@@ -245,8 +245,9 @@ class store {
     };
     net::awaitable<result<std::vector<open_lease>>> open_leases(std::string key_id);
     // An operator's forfeit of an open lease of `key_id` (cg_vault_lease_forfeit): `keep_cents` of what it
-    // holds stay counted, the rest goes back to the cap. Unless `force`, only a lease past its expiry (the
-    // check and the forfeit are one statement). nullopt: no such open lease (or, unforced, not expired).
+    // holds stay counted, the rest goes back to the cap. Unless `force`, only a lease past its expiry,
+    // checked in the forfeit's transaction under the key's lock (no renewal between). nullopt: no such open
+    // lease (or, unforced, not expired).
     struct forfeited {
         std::int64_t given_back_cents = 0, kept_cents = 0;
     };

@@ -1,6 +1,5 @@
 // vault::store: the leases of a key's cap (migration 0025, docs/design.md §5 "Cap leases") — taken and
 // topped up, spends recorded as reservation rows, given back. The rest of the store is in store.cpp.
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,12 +31,14 @@ const std::string open_leases_sql =
     "vault_leases "
     "WHERE vault_key_id = $1 AND closed_at IS NULL ORDER BY id";
 
-// The lease's held cents read before the forfeit (in the same statement, so under its snapshot); the
-// function itself locks the key's row and the lease and gives back only what the lease holds then.
-const std::string forfeit_sql =
-    "SELECT l.granted_cents - l.spent_cents, cg_vault_lease_forfeit(l.id, $3::bigint) FROM vault_leases l "
-    "WHERE l.id = $2::bigint AND l.vault_key_id = $1::text AND l.closed_at IS NULL "
-    "AND (l.expires_at < now() OR $4::boolean)";
+// The forfeit's transaction: the key's row first, as every lease statement locks it (cg_vault_lease_take,
+// _record, _return), so no holder renews, records or returns meanwhile; then the lease, whose expiry and
+// held cents are read under that lock; then cg_vault_lease_forfeit.
+const std::string forfeit_lock_key_sql = "SELECT 1 FROM vault_keys WHERE id = $1 FOR NO KEY UPDATE";
+const std::string forfeit_lock_lease_sql =
+    "SELECT granted_cents - spent_cents, expires_at < now() FROM vault_leases "
+    "WHERE id = $1::bigint AND vault_key_id = $2::text AND closed_at IS NULL FOR UPDATE";
+const std::string forfeit_sql = "SELECT cg_vault_lease_forfeit($1::bigint, $2::bigint)";
 
 }  // namespace
 
@@ -134,16 +135,27 @@ net::awaitable<result<std::optional<store::forfeited>>> store::forfeit_lease(std
                                                                              std::int64_t lease,
                                                                              std::int64_t keep_cents,
                                                                              bool force) {
-    auto r =
-        co_await pg::exec_pooled(pool_, forfeit_sql, pg::params(std::move(key_id), lease, keep_cents, force));
+    auto conn = co_await pool_->acquire();
+    if (!conn) co_return conn.err();
+    auto& c = **conn;
+    if (auto b = co_await c.execute("BEGIN"); !b) co_return b.err();
+    if (auto k = co_await c.query(forfeit_lock_key_sql, key_id); !k) co_return k.err();
+    auto l = co_await c.query(forfeit_lock_lease_sql, lease, key_id);
+    if (!l) co_return l.err();
+    if (l->empty() || (!l->get<bool>(0, 1) && !force)) {
+        // Closed, or renewed (so its holder is alive) since it was read: nothing forfeited.
+        if (auto e = co_await c.execute("ROLLBACK"); !e) co_return e.err();
+        co_return std::optional<forfeited>();
+    }
+    const std::int64_t held = l->get<std::int64_t>(0, 0);
+    auto r = co_await c.query(forfeit_sql, lease, keep_cents);
     if (!r) co_return r.err();
-    if (r->empty()) co_return std::optional<forfeited>();
-    auto back = r->get<std::optional<std::int64_t>>(0, 1);
-    if (!back) co_return std::optional<forfeited>();  // closed meanwhile by its holder or another forfeit
+    if (auto e = co_await c.execute("COMMIT"); !e) co_return e.err();
+    auto back = r->get<std::optional<std::int64_t>>(0, 0);
+    if (!back) co_return std::optional<forfeited>();
     forfeited f;
     f.given_back_cents = *back;
-    // What the lease held at the forfeit, less what went back: kept counted.
-    f.kept_cents = std::max<std::int64_t>(0, r->get<std::int64_t>(0, 0) - *back);
+    f.kept_cents = held - *back;  // what it held under the lock, less what went back
     co_return std::optional<forfeited>(f);
 }
 
