@@ -1,12 +1,16 @@
-// `chargeguard vault issue | list | show | revoke | set-policy`: vault keys for the spend-cap proxy
-// (docs/design.md §1, §5). `issue` prints the secret once on stdout (and nothing else there, so
+// `chargeguard vault issue | list | show | revoke | set-policy | forfeit-lease`: vault keys for the spend-cap
+// proxy (docs/design.md §1, §5). `issue` prints the secret once on stdout (and nothing else there, so
 // `secret=$(chargeguard vault issue …)` works); the description goes to stderr. Only the secret's SHA-256 is
 // stored. `list` and `show` print through app/vault_listing.*.
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "app/cli.hpp"
 #include "app/commands.hpp"
@@ -16,6 +20,7 @@
 #include "billing/machine/event.hpp"
 #include "net/offload.hpp"
 #include "pg/error.hpp"
+#include "pg/types.hpp"
 #include "vault/cap.hpp"
 #include "vault/policy.hpp"
 #include "vault/secret.hpp"
@@ -47,6 +52,14 @@ struct vault_show_flags {
 struct vault_revoke_flags {
     pg_flags pg;
     std::string id;
+};
+
+struct vault_forfeit_flags {
+    pg_flags pg;
+    std::string id, holder;
+    std::optional<std::int64_t> lease;
+    std::int64_t keep_cents = 0;
+    bool force = false;
 };
 
 struct vault_policy_flags {
@@ -209,6 +222,62 @@ net::awaitable<int> set_policy(vault::store& s, std::string id, bool reopen) {
     co_return 0;
 }
 
+// The one open lease the flags name (by --lease, else --holder, else the key's only one); exit code 1 when
+// none or several match, or when it has not expired and --force is not given. Says what it did on stderr.
+net::awaitable<int> forfeit_lease(vault::store& s, vault_forfeit_flags f) {
+    auto leases = co_await s.open_leases(f.id);
+    if (!leases) co_return fail("forfeit-lease", leases.err());
+    std::vector<vault::store::open_lease> match;
+    for (auto& l : *leases)
+        if ((!f.lease || l.id == *f.lease) && (f.holder.empty() || l.holder == f.holder)) match.push_back(l);
+    if (match.empty()) {
+        std::string which;
+        if (f.lease) which += " " + std::to_string(*f.lease);
+        if (!f.holder.empty()) which += " of holder " + f.holder;
+        std::fprintf(stderr, "chargeguard vault forfeit-lease: vault key %s has no open lease%s\n",
+                     f.id.c_str(), which.c_str());
+        co_return 1;
+    }
+    if (match.size() > 1) {
+        std::fprintf(
+            stderr,
+            "chargeguard vault forfeit-lease: vault key %s has %zu open leases; name one with --lease:\n",
+            f.id.c_str(), match.size());
+        for (const auto& l : match)
+            std::fprintf(stderr, "  lease %lld  holder %s  held %lld cents  expires %s%s\n",
+                         static_cast<long long>(l.id), l.holder.c_str(), static_cast<long long>(l.held()),
+                         pg::format_timestamptz(l.expires_at).c_str(), l.expired ? "  (expired)" : "");
+        co_return 1;
+    }
+    const auto& l = match.front();
+    if (!l.expired && !f.force) {
+        std::fprintf(
+            stderr,
+            "chargeguard vault forfeit-lease: lease %lld of vault key %s (holder %s) has not expired "
+            "(expires %s): its holder may be alive and spending; nothing forfeited (--force to forfeit "
+            "it anyway)\n",
+            static_cast<long long>(l.id), f.id.c_str(), l.holder.c_str(),
+            pg::format_timestamptz(l.expires_at).c_str());
+        co_return 1;
+    }
+    auto r = co_await s.forfeit_lease(f.id, l.id, f.keep_cents, f.force);
+    if (!r) co_return fail("forfeit-lease", r.err());
+    if (!*r) {
+        std::fprintf(stderr,
+                     "chargeguard vault forfeit-lease: lease %lld of vault key %s was closed or renewed "
+                     "meanwhile; nothing forfeited\n",
+                     static_cast<long long>(l.id), f.id.c_str());
+        co_return 1;
+    }
+    std::fprintf(stderr,
+                 "forfeited lease %lld of vault key %s (holder %s%s): %lld cents back to the cap, %lld cents "
+                 "kept counted\n",
+                 static_cast<long long>(l.id), f.id.c_str(), l.holder.c_str(),
+                 l.expired ? ", expired" : ", not expired: forced",
+                 static_cast<long long>((*r)->given_back_cents), static_cast<long long>((*r)->kept_cents));
+    co_return 0;
+}
+
 }  // namespace
 
 void register_vault(CLI::App& app, command_main& selected) {
@@ -221,6 +290,7 @@ void register_vault(CLI::App& app, command_main& selected) {
         "  chargeguard vault list\n"
         "  chargeguard vault revoke vk_…\n"
         "  chargeguard vault set-policy vk_… --refunds-reopen-cap=true\n"
+        "  chargeguard vault forfeit-lease vk_… --lease 42 --keep-cents 0\n"
         "Key names, periods and ids come from the command line only, never from CHARGEGUARD_* variables.\n");
 
     auto fi = std::make_shared<issue_flags>();
@@ -293,6 +363,30 @@ void register_vault(CLI::App& app, command_main& selected) {
     revoke_cmd->callback([&selected, fr] {
         selected = [fr](const global_flags& g) {
             return with_store(fr->pg, g, [id = fr->id](vault::store& s) { return revoke(s, id); });
+        };
+    });
+
+    auto ff = std::make_shared<vault_forfeit_flags>();
+    auto* forfeit_cmd = vault_cmd->add_subcommand(
+        "forfeit-lease",
+        "give back a cap lease a dead proxy left open (cg_vault_lease_forfeit); only an expired one "
+        "unless --force");
+    add_pg_flags(*forfeit_cmd, ff->pg, false);
+    forfeit_cmd->add_option("id", ff->id, "vault key id")->required();
+    forfeit_cmd->add_option("--lease", ff->lease, "the lease's id (vault show lists them)");
+    forfeit_cmd->add_option("--holder", ff->holder,
+                            "the lease's holder (host:pid:random, as vault show prints)");
+    forfeit_cmd
+        ->add_option("--keep-cents", ff->keep_cents,
+                     "cents of the lease that stay counted: the holder's creates found on Stripe without a "
+                     "vault_spend row (docs/operating/vault.md)")
+        ->required()
+        ->check(CLI::Range(std::int64_t{0}, std::numeric_limits<std::int64_t>::max()));
+    forfeit_cmd->add_flag("--force", ff->force,
+                          "forfeit a lease that has not expired (its holder may be alive)");
+    forfeit_cmd->callback([&selected, ff] {
+        selected = [ff](const global_flags& g) {
+            return with_store(ff->pg, g, [f = *ff](vault::store& s) { return forfeit_lease(s, f); });
         };
     });
 

@@ -127,6 +127,8 @@ net::awaitable<void> refresh_gauges(state_ptr st) {
             st->reservations->Add({{"state", std::string(s)}}).Set(static_cast<double>(n));
         }
     }
+    auto expired = co_await st->store.expired_lease_cents();
+    if (expired) st->expired_lease_cents->Set(static_cast<double>(*expired));
 }
 
 net::awaitable<void> gauge_loop(state_ptr st) {

@@ -35,6 +35,20 @@ const std::string& holder(proxy::state& st) {
     return st.lease_holder;
 }
 
+// chargeguard_vault_lease_cents of the key: what this proxy may still spend from its lease (0 without one).
+void show_lease(proxy::state& st, const std::string& key, key_lease& kl) {
+    if (!st.lease_cents) return;
+    if (!kl.gauge) {
+        if (kl.id == 0 && kl.remaining == 0) return;  // a key never leased here has no series
+        kl.gauge = &st.lease_cents->Add({{"key", key}});
+    }
+    kl.gauge->Set(static_cast<double>(kl.id == 0 ? 0 : kl.remaining));
+}
+
+void count_take(proxy::state& st, const char* result) {
+    if (st.lease_takes) st.lease_takes->Add({{"result", result}}).Increment();
+}
+
 // Counts a create in the key's pace (both paths).
 void note_pace(proxy::state& st, key_lease& kl, std::int64_t amount, clock::time_point now) {
     const auto w = st.cfg.lease_pace_window;
@@ -82,25 +96,34 @@ net::awaitable<void> take_task(state_ptr st, std::string key) {
     kl = &st->leases[key];
     kl->taking = false;
     if (!g) {
+        count_take(*st, "failed");
         st->log.warn("vault proxy: cannot take or renew a cap lease; creates reserve one by one",
                      {{"key_id", key}, {"error", g.err().describe()}});
         co_return;
     }
     if (!g->usable) {  // revoked or expired: nothing more is spent from it
+        count_take(*st, "key_unusable");
         kl->remaining = 0;
         kl->spend_until = {};
+        show_lease(*st, key, *kl);
         co_return;
     }
     if (!g->lease_id) {
         if (kl->id != 0) {  // forfeited by an operator: never spent from again
+            count_take(*st, "forfeited");
             kl->id = 0;
             kl->remaining = 0;
+            show_lease(*st, key, *kl);
+        } else {
+            count_take(*st, "none");
         }
         co_return;
     }
+    count_take(*st, kl->id == 0 ? "new" : g->granted_cents > 0 ? "topped_up" : "renewed");
     if (kl->id == 0) kl->last_spend = clock::now();  // a new lease is not idle yet
     kl->id = *g->lease_id;
     kl->remaining += g->granted_cents;
+    show_lease(*st, key, *kl);
     // Measured from before the statement was sent, less a tenth: this proxy stops spending before the
     // database's expiry.
     kl->spend_until = sent + st->cfg.lease_ttl - st->cfg.lease_ttl / 10;
@@ -147,6 +170,7 @@ std::shared_ptr<lease_spend> spend_from_lease(const state_ptr& st, reserve_reque
     kl.remaining -= rq.amount_cents;
     kl.last_spend = now;
     const std::string key = rq.key_id;
+    show_lease(*st, key, kl);
     auto sp = std::make_shared<lease_spend>();
     sp->req = std::move(rq);
     kl.unrecorded.push_back(sp);
@@ -203,8 +227,10 @@ net::awaitable<void> record_task(state_ptr st, std::string key) {
                                {"lease", lease},
                                {"spends", batch.size()},
                                {"error", r.err().describe()}});
+                if (!kl->stranded && st->leases_stranded) st->leases_stranded->Increment();
                 kl->stranded = true;
                 kl->remaining = 0;
+                show_lease(*st, key, *kl);
                 st->lease_records_pending -= batch.size();
                 kl->record_failures = 0;
                 wake_settle_waiters(*st);
@@ -221,6 +247,7 @@ net::awaitable<void> record_task(state_ptr st, std::string key) {
             continue;
         }
         kl->record_failures = 0;
+        const std::int64_t remaining_before = kl->remaining;
         for (std::size_t i = 0; i < batch.size(); ++i) {
             auto& sp = *batch[i];
             const auto& res = (*r)[i];
@@ -242,6 +269,7 @@ net::awaitable<void> record_task(state_ptr st, std::string key) {
             // The row holds what the resolver needs: the request need not stay in memory.
             std::string().swap(sp.req.body);
         }
+        if (kl->remaining != remaining_before) show_lease(*st, key, *kl);
         st->lease_records_pending -= batch.size();
         wake_settle_waiters(*st);
     }
@@ -269,6 +297,7 @@ net::awaitable<bool> give_back(state_ptr st, std::string key) {
     kl->returning = true;
     const std::int64_t id = kl->id;
     kl->remaining = 0;
+    show_lease(*st, key, *kl);
     result<std::int64_t> r = error(core_errc::io_error, "not run");
     try {
         // Nothing unwritten: all the lease still holds in PostgreSQL is unspent.
@@ -285,6 +314,7 @@ net::awaitable<bool> give_back(state_ptr st, std::string key) {
     }
     kl->id = 0;
     kl->spend_until = {};
+    if (st->lease_returned_cents && *r > 0) st->lease_returned_cents->Increment(static_cast<double>(*r));
     st->log.debug("vault proxy: cap lease given back", {{"key_id", key}, {"lease", id}, {"cents", *r}});
     co_return true;
 }
@@ -325,6 +355,7 @@ net::awaitable<create_reservation> reserve_create(state_ptr st, reserve_request 
         co_return out;
     const std::int64_t cents = it->second.remaining, id = it->second.id;
     it->second.remaining = 0;
+    show_lease(*st, again->key_id, it->second);
     result<std::int64_t> back = error(core_errc::io_error, "not run");
     try {
         back = co_await st->store.lease_return(again->key_id, id, holder(*st), cents, false);
@@ -332,6 +363,7 @@ net::awaitable<create_reservation> reserve_create(state_ptr st, reserve_request 
         back = error(core_errc::io_error, e.what());
     }
     if (!back || *back == 0) co_return out;
+    if (st->lease_returned_cents) st->lease_returned_cents->Increment(static_cast<double>(*back));
     out.res = co_await reserve_batched(st, std::move(*again), l);
     co_return out;
 }

@@ -45,6 +45,24 @@ void register_metrics(proxy::state& state, metrics::registry& reg) {
     st->stage_upstream = &stages.Add({{"stage", "upstream"}}, metrics::latency_buckets());
     st->stage_answer = &stages.Add({{"stage", "answer"}}, metrics::latency_buckets());
     st->audit_written = &reg.counter("chargeguard_vault_audit_written_total", "Audit rows written").Add({});
+    st->lease_cents =
+        &reg.gauge("chargeguard_vault_lease_cents",
+                   "Cents this proxy's cap lease of a key holds and has not spent, per vault key");
+    st->lease_takes = &reg.counter("chargeguard_vault_lease_takes_total",
+                                   "Cap lease statements (take, top up, renew) by result");
+    st->lease_returned_cents =
+        &reg.counter("chargeguard_vault_lease_returned_cents_total",
+                     "Cents this proxy gave back from its cap leases unspent (idle, refused, or at stop)")
+             .Add({});
+    st->leases_stranded = &reg.counter("chargeguard_vault_leases_stranded_total",
+                                       "Cap leases this proxy left open because their spends could not be "
+                                       "written (an operator forfeits them)")
+                               .Add({});
+    st->expired_lease_cents =
+        &reg.gauge("chargeguard_vault_expired_lease_cents",
+                   "Cents held by open cap leases past their expiry, every key: leases no holder renews "
+                   "(a dead proxy's), counted against the caps until forfeited")
+             .Add({});
 }
 
 void observe_stages(proxy::state& st, const ledger_line& l, clock::time_point end) {

@@ -47,6 +47,11 @@ struct proxy::state {
     metrics::Counter* audit_dropped = nullptr;
     metrics::Counter* audit_written = nullptr;
     metrics::Counter* settlements_dropped = nullptr;
+    metrics::family<metrics::Gauge>* lease_cents = nullptr;    // per key: what this proxy may still spend
+    metrics::family<metrics::Counter>* lease_takes = nullptr;  // by result
+    metrics::Counter* lease_returned_cents = nullptr;
+    metrics::Counter* leases_stranded = nullptr;
+    metrics::Gauge* expired_lease_cents = nullptr;  // ledger-wide
 
     // Main executor only.
     std::deque<audit_row> audit;
@@ -130,6 +135,7 @@ struct proxy::state {
         std::chrono::steady_clock::time_point window_start{}, last_end{};
         std::int64_t window_creates = 0, window_cents = 0, last_creates = 0, last_cents = 0;
         std::int64_t max_amount = 0;
+        metrics::Gauge* gauge = nullptr;  // chargeguard_vault_lease_cents{key}, once the key has had a lease
     };
     std::unordered_map<std::string, key_lease> leases;  // by key id
     std::string lease_holder;                           // this process, as vault_leases.holder names it

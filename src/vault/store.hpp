@@ -51,6 +51,8 @@ struct key_record : key_terms {
 struct key_usage {
     key_record key;
     std::int64_t settled_cents = 0, reserved_cents = 0, uncertain_cents = 0, released_cents = 0;
+    // What the key's open cap leases hold and have not yet written as rows (vault_keys.leased_cents).
+    std::int64_t leased_cents = 0;
     std::int64_t committed() const { return settled_cents + reserved_cents + uncertain_cents; }
 };
 
@@ -232,6 +234,28 @@ class store {
     // Returns the cents given back.
     net::awaitable<result<std::int64_t>> lease_return(std::string key_id, std::int64_t lease,
                                                       std::string holder, std::int64_t cents, bool close);
+    // A key's open leases, oldest first (the operator's view: `vault show`, `vault forfeit-lease`).
+    struct open_lease {
+        std::int64_t id = 0;
+        std::string holder;
+        std::int64_t granted_cents = 0, spent_cents = 0;
+        std::int64_t held() const { return granted_cents - spent_cents; }
+        pg::timestamp taken_at{}, expires_at{};
+        bool expired = false;  // expires_at has passed by PostgreSQL's clock: no holder renews it
+    };
+    net::awaitable<result<std::vector<open_lease>>> open_leases(std::string key_id);
+    // An operator's forfeit of an open lease of `key_id` (cg_vault_lease_forfeit): `keep_cents` of what it
+    // holds stay counted, the rest goes back to the cap. Unless `force`, only a lease past its expiry,
+    // checked in the forfeit's transaction under the key's lock (no renewal between). nullopt: no such open
+    // lease (or, unforced, not expired).
+    struct forfeited {
+        std::int64_t given_back_cents = 0, kept_cents = 0;
+    };
+    // Cents held by open leases past their expiry, every key: no holder renews them (a dead proxy's,
+    // stranded until forfeited). Reads only the open leases (the partial index of 0025).
+    net::awaitable<result<std::int64_t>> expired_lease_cents();
+    net::awaitable<result<std::optional<forfeited>>> forfeit_lease(std::string key_id, std::int64_t lease,
+                                                                   std::int64_t keep_cents, bool force);
 
     // One multi-row INSERT.
     net::awaitable<result<void>> write_audit(std::vector<audit_row> rows);

@@ -33,7 +33,7 @@ const std::string usage_sql =
     ", coalesce(sum(s.amount_cents - s.reopened_cents) FILTER (WHERE s.state = 'settled'), 0)::bigint, "
     "coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'reserved'), 0)::bigint, "
     "coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'uncertain'), 0)::bigint, "
-    "coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'released'), 0)::bigint "
+    "coalesce(sum(s.amount_cents) FILTER (WHERE s.state = 'released'), 0)::bigint, k.leased_cents "
     "FROM vault_keys k LEFT JOIN vault_spend s ON s.vault_key_id = k.id "
     "WHERE $1::text IS NULL OR k.id = $1::text GROUP BY k.id ORDER BY k.created_at DESC, k.id";
 
@@ -124,6 +124,7 @@ net::awaitable<result<std::vector<key_usage>>> store::usage(std::optional<std::s
         u.reserved_cents = r->get<std::int64_t>(i, 13);
         u.uncertain_cents = r->get<std::int64_t>(i, 14);
         u.released_cents = r->get<std::int64_t>(i, 15);
+        u.leased_cents = r->get<std::int64_t>(i, 16);
         out.push_back(std::move(u));
     }
     co_return out;

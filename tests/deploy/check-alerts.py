@@ -38,7 +38,8 @@ def slug(heading):
 
 # Gauges whose value is the shared ledger's (or its database's), identical on every replica.
 LEDGER_WIDE = {"chargeguard_billing_oldest_pending_age_seconds", "chargeguard_billing_oldest_abandoned_age_seconds",
-               "chargeguard_pg_async_replication", "chargeguard_dead_letters_open"}
+               "chargeguard_pg_async_replication", "chargeguard_dead_letters_open",
+               "chargeguard_vault_expired_lease_cents"}
 UNIT_S = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60, "minutes": 60,
           "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
 

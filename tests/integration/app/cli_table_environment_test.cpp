@@ -82,6 +82,19 @@ BOOST_AUTO_TEST_CASE(the_configmap_environment_supplies_no_selector) {
          64,
          "Could not convert: --refunds-reopen-cap = maybe",
          ""},
+        // What a forfeit keeps counted is the operator's, given on the command line, never a default.
+        {"vault forfeit-lease takes no kept cents from the environment",
+         {"vault", "forfeit-lease", "vk_0123456789abcdef", "--holder", "h:1:0f"},
+         with(configmap, {{"CHARGEGUARD_KEEP_CENTS", "0"}}),
+         64,
+         "--keep-cents is required",
+         ""},
+        {"vault forfeit-lease keeps no negative cents",
+         {"vault", "forfeit-lease", "vk_0123456789abcdef", "--keep-cents", "-5"},
+         configmap,
+         64,
+         "--keep-cents: Value -5 not in range 0 to",
+         ""},
         // Topic, channel, lookupd, "60s", "30" and the key file all come from the ConfigMap: the run gets as
         // far as the bad --health-listen, checked last.
         {"consume reads the ConfigMap (a service)",

@@ -32,6 +32,17 @@ std::int64_t charged_total(vault_fixture& f) {
     }(f.fake.get()));
 }
 
+bool has(const std::string& text, const std::string& what) {
+    return text.find(what) != std::string::npos;
+}
+
+// The value of a metric's series as the registry renders it (`name{labels} value`), or -1 without one.
+double sample(const std::string& text, const std::string& series) {
+    auto at = text.find("\n" + series + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(text.substr(at + series.size() + 2));
+}
+
 bool capped(const http::response& r) {
     auto e = stripe::parse_error(r.body);
     return r.status == 402 && e && e->code == "spend_cap_exceeded";
@@ -143,6 +154,11 @@ BOOST_AUTO_TEST_CASE(a_proxy_killed_holding_a_lease_strands_its_cents_and_the_ca
     const std::int64_t stranded = f.count("SELECT leased_cents FROM vault_keys WHERE id = " + key);
     BOOST_TEST(stranded >= unwritten * amount);  // the unwritten creates are inside what stays counted
     BOOST_TEST(f.count("SELECT count(*) FROM vault_leases WHERE closed_at IS NULL") == 1);
+    {
+        auto text = f.vreg.render();
+        BOOST_TEST(has(text, "chargeguard_vault_leases_stranded_total 1"), text);
+        BOOST_TEST(has(text, "chargeguard_vault_lease_cents{key=\"" + k.id + "\"} 0"), text);
+    }
 
     // B spends all the rest: refused once the rows and A's lease fill the cap.
     int refused_in_a_row = 0, n = 0;
@@ -183,6 +199,63 @@ BOOST_AUTO_TEST_CASE(a_proxy_killed_holding_a_lease_strands_its_cents_and_the_ca
     BOOST_TEST(f.count("SELECT leased_cents FROM vault_keys WHERE id = " + key) == 0);
     BOOST_TEST(charged_total(f) == cap);
     BOOST_TEST(f.count("SELECT committed_cents FROM vault_keys WHERE id = " + key) == cap);
+}
+
+// The proxy's lease metrics follow its lease: what it may still spend (the lease's granted less spent cents
+// in PostgreSQL once every spend is written), the statement that took it, and the cents it gave back at stop.
+BOOST_AUTO_TEST_CASE(lease_metrics_show_what_the_proxy_holds_took_and_gave_back) {
+    vault_fixture f(false);
+    f.start(leasing(f));
+    auto k = f.issue(1000 * amount);
+    const std::string gauge = "chargeguard_vault_lease_cents{key=\"" + k.id + "\"}";
+    BOOST_TEST(sample(f.vreg.render(), gauge) == -1);  // no series before a lease
+    int sent = 0;
+    while (f.count("SELECT count(*) FROM vault_leases WHERE spent_cents > 0") == 0 && sent < 300) {
+        BOOST_TEST_REQUIRE(
+            f.send(f.post(k.secret, "/v1/charges", f.charge_body(amount), "m-" + std::to_string(sent++)))
+                .status == 200);
+    }
+    BOOST_TEST_REQUIRE(sent < 300);
+    // No create now: once the spends are written (and a top-up in flight has landed), the gauge is what the
+    // lease holds in PostgreSQL.
+    std::int64_t held = -1;
+    double shown = -2;
+    for (int i = 0; i < 400 && shown != static_cast<double>(held); ++i) {
+        BOOST_TEST_REQUIRE(f.run(f.proxy->flush_settlements()));
+        held = f.count(
+            "SELECT coalesce(sum(granted_cents - spent_cents), -1) FROM vault_leases WHERE "
+            "closed_at IS NULL");
+        shown = sample(f.vreg.render(), gauge);
+        if (shown != static_cast<double>(held)) f.pause(5ms);
+    }
+    BOOST_TEST(held > 0);
+    BOOST_TEST(shown == static_cast<double>(held));
+    auto text = f.vreg.render();
+    BOOST_TEST(sample(text, "chargeguard_vault_lease_takes_total{result=\"new\"}") == 1, text);
+    BOOST_TEST(sample(text, "chargeguard_vault_lease_returned_cents_total") == 0, text);
+    BOOST_TEST(sample(text, "chargeguard_vault_expired_lease_cents") == 0, text);
+    // A dead proxy's lease (taken as a proxy takes one, 1 ms to live, never renewed): the ledger-wide gauge
+    // shows what it holds once the gauges are refreshed past its expiry.
+    const auto dead =
+        f.count("SELECT granted FROM cg_vault_lease_take('" + k.id + "', NULL, 'dead:1:0f', 700, 1, 1)");
+    BOOST_TEST_REQUIRE(dead > 0);
+    double expired = -1;
+    for (int i = 0; i < 400 && expired != static_cast<double>(dead); ++i) {
+        f.pause(5ms);
+        expired = sample(f.vreg.render(), "chargeguard_vault_expired_lease_cents");
+    }
+    BOOST_TEST(expired == static_cast<double>(dead));
+    // Stopped, it gives the lease back: what it held, and the gauge falls to 0.
+    f.run(f.proxy->stop());
+    const auto closed = f.count("SELECT count(*) FROM vault_leases WHERE closed_by = 'holder'");
+    BOOST_TEST(
+        f.count("SELECT count(*) FROM vault_leases WHERE closed_at IS NULL AND holder = 'dead:1:0f'") == 1);
+    BOOST_TEST(closed == 1);
+    text = f.vreg.render();
+    BOOST_TEST(sample(text, gauge) == 0, text);
+    BOOST_TEST(sample(text, "chargeguard_vault_lease_returned_cents_total") == static_cast<double>(held),
+               text);
+    BOOST_TEST(sample(text, "chargeguard_vault_leases_stranded_total") == 0, text);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
