@@ -269,6 +269,11 @@ std::string account_create(const state_ptr& st, const create_reservation& c, con
 net::awaitable<void> lease_loop(state_ptr st);
 // At stop, after the spends are written: every lease given back.
 net::awaitable<void> return_leases(state_ptr st);
+// Within the leases (cap_lease.cpp, cap_lease_record.cpp): chargeguard_vault_lease_cents of the key set to
+// what this proxy may still spend from its lease; the key's spends written in the background (one writer
+// per key, started unless running).
+void show_lease(proxy::state& st, const std::string& key, proxy::state::key_lease& kl);
+void start_record(const state_ptr& st, const std::string& key);
 
 // --- settlement_queue.cpp ----------------------------------------------------------------------------------
 
