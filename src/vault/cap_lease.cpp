@@ -84,8 +84,10 @@ net::awaitable<void> take_task(state_ptr st, std::string key) {
     std::optional<std::int64_t> id;
     if (kl->id != 0) id = kl->id;
     const std::int64_t want = wanted(*st, *kl);
-    // A new lease must be worth holding (half of what is wanted); a top-up, one more create.
-    const std::int64_t min = id ? kl->max_amount : std::max(want / 2, kl->max_amount);
+    // A new lease must cover two of the largest creates seen; a top-up, one more. Not a share of what is
+    // wanted: a busy proxy wants more than the eighth of the free room a grant may take, and would then never
+    // lease beside another proxy that leased first (the room's eighth still keeps near the cap lease-free).
+    const std::int64_t min = id ? kl->max_amount : 2 * kl->max_amount;
     const auto sent = clock::now();
     result<store::lease_grant> g = error(core_errc::io_error, "not run");
     try {
