@@ -35,11 +35,12 @@ def report_failure(t, xml):
         print(f"  case {name}:", file=sys.stderr)
         for line in text.splitlines():
             print(f"    {line}", file=sys.stderr)
-    tail = (t.get("stdout") or "").splitlines()[-30:]
-    if tail:
-        print(f"  last lines of {t['name']}:", file=sys.stderr)
-        for line in tail:
-            print(f"    {line}", file=sys.stderr)
+    for stream in ("stdout", "stderr"):
+        tail = (t.get(stream) or "").splitlines()[-30:]
+        if tail:
+            print(f"  last lines of {t['name']} ({stream}):", file=sys.stderr)
+            for line in tail:
+                print(f"    {line}", file=sys.stderr)
 
 
 def junit_counts(path):
