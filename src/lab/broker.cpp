@@ -82,22 +82,33 @@ net::awaitable<void> add_timeouts(run_t& v) {
 }
 
 net::awaitable<result<std::unique_ptr<lab::broker>>> lab::start_broker(bool real, std::string data_dir) {
+    // A real nsqd is given ports that were free a moment ago; another process on the machine may take one
+    // first. nsqd then exits, or a /ping is answered by someone else's server: start again on new ports.
+    for (int attempt = 1;; ++attempt) {
+        auto b = co_await start_broker_once(real, data_dir);
+        if (b || !real || attempt == 5) co_return b;
+        log_.warn("nsqd did not start; again on new ports", {{"reason", b.err().describe()}});
+    }
+}
+
+net::awaitable<result<std::unique_ptr<lab::broker>>> lab::start_broker_once(bool real, std::string data_dir) {
     auto b = std::make_unique<broker>();
     b->real = real;
     b->data_dir = data_dir;
     std::string line;
     std::vector<std::string> argv;
     std::string err_log = opts_.work_dir + (real ? "/nsqd.log" : "/fake-nsqd.log");
+    unsigned tcp = 0, http = 0;
     if (real) {
         auto tp = free_port();
         auto hp = free_port();
         if (!tp || !hp) co_return error(std::make_error_code(std::errc::address_in_use), "no free port");
-        b->tcp_address = "127.0.0.1:" + std::to_string(*tp);
-        b->http_address = "127.0.0.1:" + std::to_string(*hp);
+        tcp = *tp;
+        http = *hp;
         std::filesystem::create_directories(data_dir);
         argv = {opts_.nsqd_bin,
-                "--tcp-address=" + b->tcp_address,
-                "--http-address=" + b->http_address,
+                "--tcp-address=127.0.0.1:" + std::to_string(tcp),
+                "--http-address=127.0.0.1:" + std::to_string(http),
                 "--data-path=" + data_dir,
                 "--msg-timeout=" + std::to_string(opts_.msg_timeout.count()) + "ms",
                 "--broadcast-address=127.0.0.1",
@@ -110,13 +121,10 @@ net::awaitable<result<std::unique_ptr<lab::broker>>> lab::start_broker(bool real
                                    spawn_and_wait_line(argv, err_log, real ? nullptr : &line));
     if (!p) co_return error(std::make_error_code(std::errc::no_such_process), "did not start: " + argv[0]);
     b->proc = std::move(*p);
-    if (!real) {
-        unsigned tcp = 0, http = 0;
-        if (std::sscanf(line.c_str(), "tcp=%u http=%u", &tcp, &http) != 2)
-            co_return error(std::make_error_code(std::errc::protocol_error), "fake-nsqd said: " + line);
-        b->tcp_address = "127.0.0.1:" + std::to_string(tcp);
-        b->http_address = "127.0.0.1:" + std::to_string(http);
-    }
+    if (!real && std::sscanf(line.c_str(), "tcp=%u http=%u", &tcp, &http) != 2)
+        co_return error(std::make_error_code(std::errc::protocol_error), "fake-nsqd said: " + line);
+    b->tcp_address = "127.0.0.1:" + std::to_string(tcp);
+    b->http_address = "127.0.0.1:" + std::to_string(http);
     b->started = sclock::now();
     http::client_options ho;
     ho.request_timeout = 5s;
@@ -124,13 +132,27 @@ net::awaitable<result<std::unique_ptr<lab::broker>>> lab::start_broker(bool real
     auto hc = http::client::create(offload_.get_executor(), "http://" + b->http_address, ho, log_);
     if (!hc) co_return hc.err();
     b->http = std::move(*hc);
-    // Up when /ping answers.
+    // Up when /ping answers (a real nsqd: /info, with our ports, while our process still runs).
     auto deadline = sclock::now() + 10s;
     for (;;) {
-        auto r = co_await http_call(*b->http, "GET", "/ping", "");
-        if (r) break;
+        if (b->proc.exited())
+            co_return error(std::make_error_code(std::errc::address_in_use), argv[0] + " exited at start");
+        if (auto r = co_await http_call(*b->http, "GET", real ? "/info" : "/ping", ""); r) {
+            if (!real) break;  // fake-nsqd bound its own ports before it said which
+            simdjson::dom::parser parser;
+            simdjson::dom::element info;
+            std::int64_t port = 0;
+            if (parser.parse(*r).get(info) || info["tcp_port"].get(port) ||
+                port != static_cast<std::int64_t>(tcp))
+                co_return error(std::make_error_code(std::errc::address_in_use),
+                                b->http_address + " is another server's: " + *r);
+            if (b->proc.exited())
+                co_return error(std::make_error_code(std::errc::address_in_use),
+                                argv[0] + " exited at start");
+            break;
+        }
         if (sclock::now() > deadline)
-            co_return error(std::make_error_code(std::errc::timed_out), "nsqd /ping");
+            co_return error(std::make_error_code(std::errc::timed_out), "nsqd /info");
         co_await net::sleep_for(50ms);
     }
     co_return std::move(b);

@@ -103,6 +103,7 @@ class lab {
     // The POSTs fake-stripe saw under each of `keys`, into out.stripe_posts (count.cpp).
     net::awaitable<void> count_posts(row& out, std::set<std::string> keys);
     net::awaitable<result<std::unique_ptr<broker>>> start_broker(bool real, std::string data_dir);
+    net::awaitable<result<std::unique_ptr<broker>>> start_broker_once(bool real, std::string data_dir);
     net::awaitable<void> stop_broker(std::unique_ptr<broker> b);
     net::awaitable<result<std::string>> admin(std::string method, std::string target, std::string body);
     net::awaitable<pg::rows> sql(std::string statement, pg::params params = {});

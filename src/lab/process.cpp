@@ -116,6 +116,15 @@ int child::stop(int sig, std::chrono::milliseconds timeout) {
     return status;
 }
 
+bool child::exited() {
+    if (pid_ <= 0) return true;
+    int status = 0;
+    pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == 0 || (r < 0 && errno == EINTR)) return false;
+    pid_ = -1;
+    return true;
+}
+
 result<unsigned> free_port() {
     int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0) return sys_error("socket");

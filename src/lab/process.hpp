@@ -29,6 +29,8 @@ class child {
     std::optional<std::string> read_line(std::chrono::milliseconds timeout);
     // Sends `sig` and waits up to `timeout` for the child to exit (then SIGKILL). Returns the wait status.
     int stop(int sig, std::chrono::milliseconds timeout);
+    // True once the child has exited (it is reaped then); never blocks.
+    bool exited();
 
     pid_t pid() const noexcept { return pid_; }
 
