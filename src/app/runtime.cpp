@@ -76,18 +76,12 @@ const char* signal_name(int sig) {
 }  // namespace
 
 runtime::runtime(runtime_options opts, logger log)
-    : opts_(std::move(opts)), log_(std::move(log)), offload_(opts_.offload_threads), signals_(io_) {}
+    : opts_(std::move(opts)), log_(std::move(log)), loops_(opts_.offload_threads), signals_(io_) {}
 
 runtime::~runtime() {
     if (probe_) probe_->stop();
-    offload_.stop();
-    offload_.join();
-    // The handlers still queued on the main loop may hold work on the pool, and the pool's on the main
-    // loop: both are destroyed here, while both contexts (and every member) exist, not by the members'
-    // destructors one after the other (a coroutine frame on the main loop would release work on a pool
-    // already freed).
-    io_.shutdown();
-    offload_.shutdown();
+    // Both contexts' queued handlers are destroyed here, while every member they may refer to exists.
+    loops_.shut_down();
 }
 
 result<net::tcp::endpoint> runtime::start() {

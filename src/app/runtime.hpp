@@ -102,8 +102,9 @@ class runtime {
 
     runtime_options opts_;
     logger log_;
-    net::shutdown_io_context io_{1};
-    net::offload_pool offload_;
+    net::loop_pair loops_;
+    net::shutdown_io_context& io_ = loops_.io;
+    net::offload_pool& offload_ = loops_.offload;
     metrics::registry metrics_;
     metrics::health health_;
     metrics::startup startup_;

@@ -18,6 +18,7 @@
 #include <stdexcept>
 
 #include "lab/lab.hpp"
+#include "net/offload.hpp"
 
 #ifndef LAB_FAKE_NSQD
 #define LAB_FAKE_NSQD "fake-nsqd"
@@ -165,9 +166,9 @@ int main(int argc, char** argv) {
 
     run_state st;
     {
-        asio::io_context io{1};
-        net::offload_pool offload{2};
-        lab::lab l(io, offload, o, log);
+        net::loop_pair loops{2};
+        auto& io = loops.io;
+        lab::lab l(io, loops.offload, o, log);
         asio::co_spawn(io, run_all(&l, scenarios, &st), [&st](std::exception_ptr e) {
             if (!e) return;
             try {
@@ -177,6 +178,7 @@ int main(int argc, char** argv) {
             }
         });
         io.run();
+        loops.shut_down();  // the handlers left on either loop go while the lab they refer to exists
     }
     try {
         admin_exec("DROP DATABASE IF EXISTS " + db + " WITH (FORCE)");

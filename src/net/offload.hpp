@@ -55,6 +55,29 @@ class offload_pool {
     std::vector<std::thread> threads_;
 };
 
+// A process's (or a test's) main loop and offload pool, torn down together: the pool's threads stopped and
+// joined, then the handlers still queued on both contexts destroyed while both exist. Freed one after the
+// other instead, a coroutine frame left on the main loop (a pool's maintenance task caught in a connect)
+// would hand a connection's PQfinish to a pool already freed.
+struct loop_pair {
+    shutdown_io_context io{1};
+    offload_pool offload;
+
+    explicit loop_pair(unsigned offload_threads = 2) : offload(offload_threads) {}
+    loop_pair(const loop_pair&) = delete;
+    loop_pair& operator=(const loop_pair&) = delete;
+    ~loop_pair() { shut_down(); }
+
+    // Idempotent; an owner whose other members the queued handlers refer to calls it from its own
+    // destructor, before those members go.
+    void shut_down() {
+        offload.stop();
+        offload.join();
+        io.shutdown();
+        offload.shutdown();
+    }
+};
+
 // The hand-off between executors. Runs `task` on `ex` (the offload pool, a client's strand) and resumes
 // the caller on its own executor with the result; an exception thrown by `task` is rethrown in the caller.
 // Cancellation of the caller is not forwarded: `task` must bound itself (timeouts). Forwarding it would

@@ -18,8 +18,9 @@
 namespace cg::test {
 
 struct fake_stripe_fixture {
-    asio::io_context io{1};
-    net::offload_pool pool{2};
+    net::loop_pair loops{2};
+    asio::io_context& io = loops.io;
+    net::offload_pool& pool = loops.offload;
     std::unique_ptr<fake::fake_stripe> fake;
     std::uint16_t port = 0;
     metrics::registry reg;  // for clients created with &reg
@@ -33,6 +34,8 @@ struct fake_stripe_fixture {
         port = ep->port();
         fake->start();
     }
+    // The handlers left on either loop go while the fake and the registry they may refer to exist.
+    ~fake_stripe_fixture() { loops.shut_down(); }
 
     // Short timeouts and retry delays so the suite stays fast.
     stripe::client_config config() const {

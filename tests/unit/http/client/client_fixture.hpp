@@ -129,8 +129,9 @@ inline http::router make_routes(server_log& log) {
 
 // A server on the test io_context plus an offload pool for clients.
 struct fixture {
-    asio::io_context io{1};
-    net::offload_pool pool{2};
+    net::loop_pair loops{2};
+    asio::io_context& io = loops.io;
+    net::offload_pool& pool = loops.offload;
     server_log log;
     std::unique_ptr<http::server> server;
     std::uint16_t port = 0;
@@ -148,6 +149,8 @@ struct fixture {
         port = ep->port();
         server->start();
     }
+    // The handlers left on either loop go while the server and the log they may refer to exist.
+    ~fixture() { loops.shut_down(); }
 
     std::unique_ptr<http::client> client(bool tls, http::client_options o = {},
                                          const char* host = "127.0.0.1") {
