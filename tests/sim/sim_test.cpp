@@ -4,7 +4,8 @@
 //   * a seed replays bit for bit.
 // Environment: CHARGEGUARD_SIM_SCHEDULES (the budget of schedules, set by meson per build tree),
 // CHARGEGUARD_SIM_SEED (the first seed; with CHARGEGUARD_SIM_SCHEDULES=1 it replays one seed and prints its
-// schedule), CHARGEGUARD_SIM_REMOVE (a safeguard to switch off, to replay a seed of the teeth table).
+// schedule), CHARGEGUARD_SIM_REMOVE (a safeguard to switch off, to replay a seed of the teeth table),
+// CHARGEGUARD_SIM_KEEP_FAULTS (the faults a shrunk schedule kept, as a failure prints them).
 #define BOOST_TEST_MODULE chargeguard_sim
 #include "sim.hpp"
 
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,31 @@ void print_failure(const run_result& r, const config& c) {
     for (std::size_t i = from; i < t.schedule.size(); ++i) std::cout << "    " << t.schedule[i] << "\n";
 }
 
+// The failing seed's faults shrunk to a short schedule that still fails, printed with how to replay it.
+void print_shrunk(const config& failing) {
+    auto sh = shrink(failing, run);
+    std::cout << "  shrunk in " << sh.runs << " runs from " << sh.original << " faults to " << sh.kept.size()
+              << " (CHARGEGUARD_SIM_KEEP_FAULTS=";
+    for (std::size_t i = 0; i < sh.kept.size(); ++i) std::cout << (i ? "," : "") << sh.kept[i];
+    std::cout << "), still failing: " << (sh.result.violations.empty() ? "no" : sh.result.violations.front())
+              << "\n";
+    for (const auto& line : sh.schedule) std::cout << "    " << line << "\n";
+}
+
+// CHARGEGUARD_SIM_KEEP_FAULTS: a shrunk schedule's faults (comma-separated numbers) to replay.
+std::optional<std::vector<std::uint32_t>> kept_by_env() {
+    const char* v = std::getenv("CHARGEGUARD_SIM_KEEP_FAULTS");
+    if (!v) return std::nullopt;
+    std::vector<std::uint32_t> out;
+    for (const char* p = v; *p;) {
+        char* end = nullptr;
+        out.push_back(static_cast<std::uint32_t>(std::strtoul(p, &end, 10)));
+        p = *end ? end + 1 : end;
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
@@ -74,6 +101,8 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
         c.seed = s;
         c.trace = schedules == 1;
         c.removed = removed_by_env();
+        c.keep_faults = kept_by_env();
+        c.failover_loses_bumps = env_number("CHARGEGUARD_SIM_LOSE_BUMPS", 0) != 0;
         auto r = run(c);
         deliveries += r.deliveries;
         steps += r.steps;
@@ -82,6 +111,7 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
             for (const auto& line : r.schedule) std::cout << line << "\n";
         if (!r.violations.empty()) {
             if (++broken <= 3) print_failure(r, c);
+            if (broken == 1 && !c.keep_faults) print_shrunk(c);
         }
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -194,4 +224,37 @@ BOOST_AUTO_TEST_CASE(a_seed_replays_bit_for_bit) {
     BOOST_TEST(ca.deliveries > 0u);
     c.seed = 43;
     BOOST_TEST(run_corrections(c).digest != ca.digest);
+}
+
+// The shrinker, on a deliberately broken world (the sweeper switched off, so a failover that loses a
+// settle leaves its row pending for good): it finds a failing seed, shrinks its faults to a shorter
+// schedule that still fails, and that schedule replays bit for bit.
+BOOST_AUTO_TEST_CASE(a_failing_schedule_shrinks_and_replays) {
+    const std::uint64_t budget = env_number("CHARGEGUARD_SIM_TEETH_BUDGET", 5000);
+    config c;
+    c.removed = {safeguard::sweeper};
+    std::uint64_t found = 0;
+    for (std::uint64_t s = 1; s <= budget && !found; ++s) {
+        c.seed = s;
+        if (!run(c).violations.empty()) found = s;
+    }
+    BOOST_REQUIRE(found != 0u);
+    c.seed = found;
+    auto sh = shrink(c, run);
+    std::cout << "shrinker: seed " << found << " (without the sweeper): " << sh.original << " faults -> "
+              << sh.kept.size() << " in " << sh.runs << " runs\n";
+    for (const auto& line : sh.schedule) std::cout << "    " << line << "\n";
+    BOOST_TEST(sh.kept.size() < sh.original);
+    BOOST_TEST(!sh.result.violations.empty());
+    config again = c;
+    again.keep_faults = sh.kept;
+    again.trace = true;
+    auto a = run(again);
+    BOOST_TEST(!a.violations.empty());
+    BOOST_TEST(a.digest == sh.result.digest);
+    BOOST_TEST(a.schedule == sh.result.schedule);
+    BOOST_TEST(a.faults <= sh.kept.size());
+    // With every safeguard in place the same shrunk schedule holds: the sweeper heals what the failover lost.
+    again.removed.clear();
+    BOOST_TEST(run(again).violations.empty());
 }
