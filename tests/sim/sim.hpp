@@ -76,6 +76,9 @@ struct run_result {
     std::uint64_t steps = 0;              // scheduled actions run
     std::uint64_t stripe_creates = 0;     // create requests that reached Stripe
     std::uint64_t faults = 0;             // faults that fired (numbered 1..faults)
+    std::uint64_t lost_commits = 0;       // commits the failovers rolled back
+    std::uint64_t swept = 0;              // rows the sweepers ran through the fsm
+    std::uint64_t replays = 0;            // dead letters the operator replayed
     std::uint64_t digest = 0;             // a hash of the whole schedule: equal digests, equal runs
     std::vector<std::string> schedule;    // with config::trace
 };

@@ -41,6 +41,7 @@ void world::failover() {
         journal_.pop_back();
     }
     journal_.clear();
+    result_.lost_commits += static_cast<std::uint64_t>(undone);
     note("failover: " + std::to_string(undone) + " commit(s) lost");
     // Each running sidecar's pool sees the failover (pg::pool::on_failover) and its sweeper sweeps soon.
     for (int sc = 0; sc < static_cast<int>(sidecars_.size()); ++sc) {
@@ -102,6 +103,7 @@ void world::sweep(int sc, ms_t written_before) {
         d.key = k;
         deliveries_.push_back(std::move(d));
         const int id = static_cast<int>(deliveries_.size()) - 1;
+        ++result_.swept;
         note("sweep s" + std::to_string(sc) + " " + k + (written_before >= 0 ? " (failover)" : ""));
         at(now_ + pg(), [this, id] { start_swept(id); });
     }
@@ -129,6 +131,7 @@ void world::replay_letters() {
             continue;
         e.replayed = true;
         e.fixed = true;
+        ++result_.replays;
         const auto what = billing::machine::on_replay(r->rec.status);
         note("replay letter " + e.key + ": " + std::string(billing::machine::to_string(what)));
         if (what != billing::machine::replay_command::reopen_then_publish) continue;
