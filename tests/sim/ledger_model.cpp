@@ -19,6 +19,26 @@ void world::set_status(row& r, record_status to) {
     r.rec.status = to;
 }
 
+// Every statement that writes a row: its trigger sets updated_at, and the row as it was is journalled — the
+// commits an asynchronous standby may not have yet (failover() in sweeper.cpp rolls them back). A failover
+// is armed for a moment and strikes just after the next commit, when it can lose something. The writes it
+// never loses: a pre-flight insert (a row lost entirely is the backfill's to heal, not modelled here), the
+// operator's commands, and a webhook's settle of a row not processing (nothing in the design heals that:
+// reconcile reports it).
+void world::commit(const row* before, row& after, bool losable) {
+    after.updated = now_;
+    if (!before || !losable) {
+        journal_.clear();
+        return;
+    }
+    journal_.push_back({after.rec.key, *before, now_});
+    if (journal_.size() > static_cast<std::size_t>(p_.lost_commits)) journal_.pop_front();
+    if (failover_armed_ && faults_) {
+        failover_armed_ = false;
+        at(now_ + rnd_.range(1, 2 * sec), [this] { failover(); });
+    }
+}
+
 bool world::insert(const delivery& d) {
     if (rows_.count(d.key)) return false;
     row r;
@@ -33,13 +53,14 @@ bool world::insert(const delivery& d) {
     r.epoch = 1;
     r.first_attempt = now_;
     r.last_life = now_;
-    rows_.emplace(d.key, std::move(r));
+    commit(nullptr, rows_.emplace(d.key, std::move(r)).first->second);
     return true;
 }
 
 std::optional<std::int64_t> world::take(const std::string& key) {
     row* r = find_row(key);
     if (!r || !r->pending() || (r->lease_until >= 0 && r->lease_until >= now_)) return std::nullopt;
+    commit(r, *r);
     r->lease_until = now_ + p_.lease;
     return ++r->epoch;
 }
@@ -47,6 +68,7 @@ std::optional<std::int64_t> world::take(const std::string& key) {
 std::optional<world::attempted> world::attempt(const std::string& key, std::int64_t epoch) {
     row* r = find_row(key);
     if (!r || !r->pending() || r->epoch != epoch) return std::nullopt;
+    commit(r, *r);
     ++r->rec.stripe_attempts;
     if (r->first_attempt < 0) r->first_attempt = now_;
     r->last_life = now_;
@@ -57,6 +79,7 @@ std::optional<world::attempted> world::attempt(const std::string& key, std::int6
 std::optional<std::int64_t> world::renew(const std::string& key, std::int64_t epoch) {
     row* r = find_row(key);
     if (!r || !r->pending() || r->epoch != epoch) return std::nullopt;
+    commit(r, *r);
     r->lease_until = now_ + p_.lease;
     r->last_life = now_;
     return ++r->epoch;
@@ -64,13 +87,16 @@ std::optional<std::int64_t> world::renew(const std::string& key, std::int64_t ep
 
 void world::in_flight_note(const std::string& key, std::int32_t gen) {
     row* r = find_row(key);
-    if (r && r->pending() && r->rec.key_generation == gen) r->last_life = now_;
+    if (!r || !r->pending() || r->rec.key_generation != gen) return;
+    commit(r, *r);
+    r->last_life = now_;
 }
 
 bool world::settle(const std::string& key, record_status s, const std::string& charge_id,
                    const std::string& payment_intent) {
     row* r = find_row(key);
     if (!r || !r->pending()) return false;
+    commit(r, *r);
     set_status(*r, s);
     if (!charge_id.empty() && !r->rec.charge_id) r->rec.charge_id = charge_id;
     if (!payment_intent.empty() && !r->payment_intent_id) r->payment_intent_id = payment_intent;
@@ -84,6 +110,7 @@ bool world::settle(const std::string& key, record_status s, const std::string& c
 void world::indeterminate(const std::string& key, std::int64_t epoch) {
     row* r = find_row(key);
     if (!r || !r->pending()) return;
+    commit(r, *r);
     if (r->indeterminate_since < 0) r->indeterminate_since = now_;
     if (r->epoch == epoch) {
         r->lease_until = now_ - 1;
@@ -94,6 +121,7 @@ void world::indeterminate(const std::string& key, std::int64_t epoch) {
 void world::release(const std::string& key, std::int64_t epoch) {
     row* r = find_row(key);
     if (!r || !r->pending() || r->epoch != epoch) return;
+    commit(r, *r);
     r->lease_until = now_ - 1;
     ++r->epoch;
 }

@@ -51,6 +51,7 @@ struct row {
     ms_t last_life = -1;  // last_stripe_attempt_at
     ms_t indeterminate_since = -1;
     ms_t processing_since = -1;
+    ms_t updated = 0;  // updated_at: the last statement that wrote the row
     std::int64_t refunded_cents = 0;
     std::int64_t disputed_cents = 0;
     std::optional<std::string> dispute_status;

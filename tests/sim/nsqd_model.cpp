@@ -26,7 +26,7 @@ void world::deliver(int id) {
     for (int i = 0; i < static_cast<int>(sidecars_.size()); ++i)
         if (sidecars_[i].up) up.push_back(i);
     if (up.empty()) {
-        at(now_ + sec, [this, id] { deliver(id); });
+        at(std::max(now_ + sec, fleet_down_until_), [this, id] { deliver(id); });
         return;
     }
     int sc = up[rnd_.next() % up.size()];
@@ -55,11 +55,25 @@ void world::timeout_check(int id, std::uint64_t token) {
         return;
     }
     m.inflight = false;  // nsqd redelivers; the worker that had it may still be running
-    ms_t held = fault(0.01) ? rnd_.range(24 * hour, 27 * hour) : 0;  // nsqd or the fleet down for a day
+    ms_t held = day_outage();
     at(now_ + held, [this, id] { deliver(id); });
 }
 
+// nsqd, or the whole fleet, down for a day now and then: the message comes back after it. When it is the
+// fleet, every sidecar — its deliveries and its sweeper — is down meanwhile.
+ms_t world::day_outage() {
+    if (!fault(0.01)) return 0;
+    const ms_t held = rnd_.range(24 * hour, 27 * hour);
+    if (rnd_.chance(0.5)) {
+        note("the fleet is down for " + std::to_string(held / minute) + " min");
+        fleet_down_until_ = std::max(fleet_down_until_, now_ + held);
+        for (int sc = 0; sc < static_cast<int>(sidecars_.size()); ++sc) crash(sc);
+    }
+    return held;
+}
+
 void world::fin(const delivery& d) {
+    if (d.swept) return;  // the sweeper's: no message
     message& m = messages_[d.msg];
     if (m.inflight && m.token == d.token) {
         m.inflight = false;
@@ -68,15 +82,17 @@ void world::fin(const delivery& d) {
 }
 
 void world::req(const delivery& d, ms_t delay) {
+    if (d.swept) return;  // the sweeper's: no message
     message& m = messages_[d.msg];
     if (!m.inflight || m.token != d.token) return;
     m.inflight = false;
-    ms_t held = fault(0.01) ? rnd_.range(24 * hour, 27 * hour) : 0;
+    ms_t held = day_outage();
     int id = d.msg;
     at(now_ + delay + held, [this, id] { deliver(id); });
 }
 
 void world::touch(const delivery& d) {
+    if (d.swept) return;  // the sweeper's: no message
     message& m = messages_[d.msg];
     if (m.inflight && m.token == d.token && !fault(0.05)) m.timeout_at = now_ + p_.msg_timeout;
 }

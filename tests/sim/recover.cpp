@@ -93,6 +93,7 @@ billing::machine::fsm_input world::bump(int id) {
     ms_t life = r->last_life >= 0 ? r->last_life : r->first_attempt >= 0 ? r->first_attempt : now_ - quiet;
     ms_t wait = std::max<ms_t>(0, life + quiet - now_);
     if (wait > 0) return in::bumped{std::nullopt, std::chrono::milliseconds(std::min(wait, p_.max_requeue))};
+    commit(r, *r, cfg_.failover_loses_bumps);  // see config::failover_loses_bumps
     ++r->rec.key_generation;
     r->indeterminate_since = -1;
     note("bump " + d.key + " g" + std::to_string(r->rec.key_generation));

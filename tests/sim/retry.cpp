@@ -14,6 +14,7 @@ namespace cg::sim::detail {
 
 // `retry-declined --all` now and then, while a row the operator means to retry is not charged yet.
 void world::operator_run() {
+    replay_letters();
     bool waiting = false;
     for (int i = 0; i < static_cast<int>(events_.size()); ++i) {
         if (!events_[i].retry) continue;
@@ -23,6 +24,10 @@ void world::operator_run() {
             at(now_ + pg(), [this, i] { retry_look(i, 0); });
         }
         waiting = waiting || !r || r->rec.status != record_status::charged;
+    }
+    for (const auto& e : events_) {
+        const row* r = find_row(e.key);
+        waiting = waiting || (e.replay && !e.replayed && (!r || r->rec.status != record_status::charged));
     }
     if (waiting && now_ < cfg_.fault_ms + p_.horizon)
         at(now_ + rnd_.range(2 * hour, 8 * hour), [this] { operator_run(); });
@@ -47,6 +52,7 @@ void world::retry_look(int event, int round) {
         case stripe::movement::charged: {
             // charged_by_its_intent: the customer completed it; nothing is retried.
             row& w = *find_row(events_[event].key);
+            commit(&w, w, false);
             set_status(w, record_status::charged);
             w.rec.charge_id = p.latest_charge;
             note("retry finds " + p.id + " succeeded: " + w.rec.key + " charged");
@@ -86,6 +92,7 @@ void world::reopen(int event) {
     if (!r || r->rec.status != record_status::declined) return;
     if (r->rec.charge_id) retried_payments_.insert(*r->rec.charge_id);
     if (r->payment_intent_id) retried_payments_.insert(*r->payment_intent_id);
+    commit(r, *r, false);
     set_status(*r, record_status::pending);
     ++r->rec.key_generation;
     r->rec.charge_id.reset();

@@ -52,7 +52,10 @@ void world::crash(int sc) {
     note("crash s" + std::to_string(sc));
     sidecars_[sc].up = false;
     ++sidecars_[sc].incarnation;
-    at(now_ + rnd_.range(sec, 60 * sec), [this, sc] { sidecars_[sc].up = true; });
+    // Back within a minute, or once the fleet is up again (a restart due during a fleet outage waits).
+    at(std::max(now_ + rnd_.range(sec, 60 * sec), fleet_down_until_), [this, sc] {
+        if (now_ >= fleet_down_until_) sidecars_[sc].up = true;
+    });
 }
 
 void world::start(int id) {
@@ -213,7 +216,7 @@ void world::send(int id, int c, int attempt) {
     q.idempotency_key = std::visit([](const auto& r) { return r.idempotency_key; }, d.request);
     q.billing_key = d.key;
     q.amount = d.ev.amount_cents;
-    q.event = messages_[d.msg].event;
+    q.event = d.swept ? event_of(d.key) : messages_[d.msg].event;
     requests_.push_back(q);
     int rq = static_cast<int>(requests_.size()) - 1;
     // In a 429 storm the client's rate control holds each request back for a slot (minutes, under pressure).
@@ -333,7 +336,7 @@ void world::renew_tick(int id, int c) {
     const sidecar& s = sidecars_[d.sidecar];
     if (!s.up || s.incarnation != d.incarnation) return;
     touch(d);
-    if (fault(0.02)) {
+    if (!d.swept && fault(0.02)) {
         // The connection to nsqd dropped: nsqd puts the message back at once; this worker carries on (its
         // FIN will be refused), and another sidecar gets the message.
         message& m = messages_[d.msg];

@@ -30,6 +30,10 @@ std::string_view to_string(safeguard s) noexcept {
             return "failed_debit_processing";
         case safeguard::cancel_before_retry:
             return "cancel_before_retry";
+        case safeguard::sweeper:
+            return "sweeper";
+        case safeguard::replay_new_generation:
+            return "replay_new_generation";
     }
     return "?";
 }
@@ -65,6 +69,9 @@ void world::check_final() {
             violation("event " + std::to_string(i) + " declined though its customer's payment method pays");
         if (s == rs::declined && e.retry)
             violation("event " + std::to_string(i) + " still declined though the operator retried it");
+        if (s == rs::failed_after_processing && e.replay)
+            violation("event " + std::to_string(i) +
+                      " still failed after processing though the operator replayed its dead letter");
         if (s != rs::charged && !moved.empty())
             violation("ledger != Stripe: " + e.key + " " + std::string(billing::to_string(s)) +
                       ", Stripe has " + moved[0]->id + " " + moved[0]->status);
@@ -97,6 +104,14 @@ run_result world::run() {
         e.retry = (e.declines || e.needs_auth) && rnd_.chance(0.6);
         events_.push_back(std::move(e));
     }
+    // What was added since keeps its own stream, so the seeds of the earlier faults replay as they did.
+    rng more{cfg_.seed ^ 0x5ca1ab1e0ddba11ULL};
+    for (auto& e : events_) e.replay = e.debit && more.chance(0.6);
+    if (cfg_.failovers)  // PostgreSQL fails over in some schedules, once or twice while faults last
+        for (int n = more.chance(0.4) ? static_cast<int>(more.range(1, 2)) : 0; n > 0; --n)
+            at(more.range(0, cfg_.fault_ms), [this] { failover_armed_ = true; });
+    for (int sc = 0; sc < cfg_.sidecars; ++sc, ++sweep_ticks_)
+        at(more.range(0, p_.sweep_every), [this, sc] { sweep_tick(sc); });
     for (int i = 0; i < cfg_.events; ++i) {
         ms_t t = rnd_.range(0, cfg_.fault_ms / 2);
         at(t, [this, i] { publish(i); });
@@ -106,7 +121,7 @@ run_result world::run() {
     // Faults of the world beside the flow: foreign webhooks, 429 storms, crashes of idle sidecars.
     for (ms_t t = 0; t < cfg_.fault_ms; t += rnd_.range(5 * minute, 40 * minute)) {
         at(t, [this] {
-            if (!faults_) return;
+            if (!faults_ || !kept_fault()) return;
             int i = static_cast<int>(rnd_.next() % events_.size());
             bool ok = rnd_.chance(0.5);
             const std::string n = std::to_string(++seq_);
@@ -115,7 +130,10 @@ run_result world::run() {
                                   "ch_foreign" + n, ok ? "succeeded" : "failed", events_[i].key);
             if (auto f = read_webhook(body)) receive_webhook(*f, true);
         });
-        if (rnd_.chance(0.1)) at(t, [this] { storm_until_ = now_ + rnd_.range(2 * minute, 10 * minute); });
+        if (rnd_.chance(0.1))
+            at(t, [this] {
+                if (kept_fault()) storm_until_ = now_ + rnd_.range(2 * minute, 10 * minute);
+            });
     }
     at(cfg_.fault_ms, [this] {
         faults_ = false;

@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,12 +32,23 @@ enum class safeguard {
     failed_debit_processing,  // a debit found failed goes processing (then failed_after_processing), not
                               // declined
     cancel_before_retry,      // retry-declined cancels the intent a decline left open before reopening
+    sweeper,                  // a pending row no message brings back is recovered by the sweeper
+    replay_new_generation,    // a dead letter's replay of a debit that failed reopens under a new key
+                              // generation (reopen_for_replay), so Stripe does not replay the failure
 };
 inline constexpr safeguard all_safeguards[] = {
-    safeguard::write_before_call,     safeguard::lease_renewal,          safeguard::search_before_new_key,
-    safeguard::same_key_window,       safeguard::quiet_period,           safeguard::same_payment,
-    safeguard::in_flight_not_charged, safeguard::not_tried_not_declined, safeguard::failed_debit_processing,
+    safeguard::write_before_call,
+    safeguard::lease_renewal,
+    safeguard::search_before_new_key,
+    safeguard::same_key_window,
+    safeguard::quiet_period,
+    safeguard::same_payment,
+    safeguard::in_flight_not_charged,
+    safeguard::not_tried_not_declined,
+    safeguard::failed_debit_processing,
     safeguard::cancel_before_retry,
+    safeguard::sweeper,
+    safeguard::replay_new_generation,
 };
 std::string_view to_string(safeguard s) noexcept;
 
@@ -46,6 +59,14 @@ struct config {
     std::int64_t fault_ms = 6 * 3600 * 1000;  // faults happen in [0, fault_ms); then the world settles
     std::vector<safeguard> removed;           // safeguards switched off
     bool trace = false;                       // keep the schedule (printed for a failing seed)
+    bool failovers = true;                    // PostgreSQL fails over now and then, losing its last commits
+    // Whether a failover may lose a new key generation (the bump statement). Off: a lost bump whose call
+    // reached Stripe leaves the row on the older generation, and a dead-letter replay of that payment then
+    // reopens under the generation Stripe already used, whose failure Stripe replays within 24 h: a finding
+    // about the shipped replay (docs/testing.md), kept reproducible by this switch.
+    bool failover_loses_bumps = false;
+    // The faults kept (their numbers in firing order, sorted); nullopt: all. A shrunk schedule.
+    std::optional<std::vector<std::uint32_t>> keep_faults;
 };
 
 struct run_result {
@@ -54,11 +75,28 @@ struct run_result {
     std::uint64_t deliveries = 0;         // NSQ deliveries to a sidecar
     std::uint64_t steps = 0;              // scheduled actions run
     std::uint64_t stripe_creates = 0;     // create requests that reached Stripe
+    std::uint64_t faults = 0;             // faults that fired (numbered 1..faults)
+    std::uint64_t lost_commits = 0;       // commits the failovers rolled back
+    std::uint64_t swept = 0;              // rows the sweepers ran through the fsm
+    std::uint64_t replays = 0;            // dead letters the operator replayed
     std::uint64_t digest = 0;             // a hash of the whole schedule: equal digests, equal runs
     std::vector<std::string> schedule;    // with config::trace
 };
 
 run_result run(const config& c);
+
+// A failing schedule shrunk (shrink.cpp): the faults kept (config::keep_faults replays it), how many fired
+// in the run it came from, its run (traced; still failing unless the first run did not fail), and its faults,
+// each with the step that followed it.
+struct shrunk {
+    std::vector<std::uint32_t> kept;
+    std::uint64_t original = 0;
+    run_result result;
+    std::vector<std::string> schedule;
+    int runs = 0;
+};
+shrunk shrink(const config& failing, const std::function<run_result(const config&)>& run_fn,
+              int max_runs = 300);
 // A correction revision's flow (tests/sim/corrections.cpp): config::events / 2 charged periods, each
 // corrected once (a partial refund, or an extra charge), with its own random stream.
 run_result run_corrections(const config& c);

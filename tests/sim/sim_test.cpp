@@ -4,7 +4,10 @@
 //   * a seed replays bit for bit.
 // Environment: CHARGEGUARD_SIM_SCHEDULES (the budget of schedules, set by meson per build tree),
 // CHARGEGUARD_SIM_SEED (the first seed; with CHARGEGUARD_SIM_SCHEDULES=1 it replays one seed and prints its
-// schedule), CHARGEGUARD_SIM_REMOVE (a safeguard to switch off, to replay a seed of the teeth table).
+// schedule), CHARGEGUARD_SIM_REMOVE (a safeguard to switch off, to replay a seed of the teeth table),
+// CHARGEGUARD_SIM_KEEP_FAULTS (the faults a shrunk schedule kept, as a failure prints them),
+// CHARGEGUARD_SIM_FAILOVERS=0 (no PostgreSQL failover), CHARGEGUARD_SIM_LOSE_BUMPS=1
+// (config::failover_loses_bumps).
 #define BOOST_TEST_MODULE chargeguard_sim
 #include "sim.hpp"
 
@@ -15,6 +18,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,8 +43,13 @@ std::vector<safeguard> removed_by_env() {
 }
 
 void print_failure(const run_result& r, const config& c) {
+    std::string env;
+    for (std::size_t i = 0; i < c.removed.size(); ++i)
+        env += (i ? "," : " CHARGEGUARD_SIM_REMOVE=") + std::string(to_string(c.removed[i]));
+    if (c.failover_loses_bumps) env += " CHARGEGUARD_SIM_LOSE_BUMPS=1";
     std::cout << "seed " << r.seed << " broke an invariant; replay: CHARGEGUARD_SIM_SEED=" << r.seed
-              << " CHARGEGUARD_SIM_SCHEDULES=1 test_sim --run_test=every_safeguard_in_place_holds\n";
+              << " CHARGEGUARD_SIM_SCHEDULES=1" << env
+              << " test_sim --run_test=every_safeguard_in_place_holds\n";
     for (const auto& v : r.violations) std::cout << "  " << v << "\n";
     config again = c;
     again.seed = r.seed;
@@ -52,12 +61,37 @@ void print_failure(const run_result& r, const config& c) {
     for (std::size_t i = from; i < t.schedule.size(); ++i) std::cout << "    " << t.schedule[i] << "\n";
 }
 
+// The failing seed's faults shrunk to a short schedule that still fails, printed with how to replay it.
+void print_shrunk(const config& failing) {
+    auto sh = shrink(failing, run);
+    std::cout << "  shrunk in " << sh.runs << " runs from " << sh.original << " faults to " << sh.kept.size()
+              << " (CHARGEGUARD_SIM_KEEP_FAULTS=";
+    for (std::size_t i = 0; i < sh.kept.size(); ++i) std::cout << (i ? "," : "") << sh.kept[i];
+    std::cout << "), still failing: " << (sh.result.violations.empty() ? "no" : sh.result.violations.front())
+              << "\n";
+    for (const auto& line : sh.schedule) std::cout << "    " << line << "\n";
+}
+
+// CHARGEGUARD_SIM_KEEP_FAULTS: a shrunk schedule's faults (comma-separated numbers) to replay.
+std::optional<std::vector<std::uint32_t>> kept_by_env() {
+    const char* v = std::getenv("CHARGEGUARD_SIM_KEEP_FAULTS");
+    if (!v) return std::nullopt;
+    std::vector<std::uint32_t> out;
+    for (const char* p = v; *p;) {
+        char* end = nullptr;
+        out.push_back(static_cast<std::uint32_t>(std::strtoul(p, &end, 10)));
+        p = *end ? end + 1 : end;
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
     const std::uint64_t schedules = env_number("CHARGEGUARD_SIM_SCHEDULES", 2000);
     const std::uint64_t first = env_number("CHARGEGUARD_SIM_SEED", 1);
-    std::uint64_t deliveries = 0, steps = 0, creates = 0, broken = 0;
+    std::uint64_t deliveries = 0, steps = 0, creates = 0, broken = 0, lost = 0, swept = 0, replays = 0;
     // A safety net for an overloaded machine, never reached on an idle one: past this many seconds the run
     // stops early and says so (0: no cap).
     const std::uint64_t cap = env_number("CHARGEGUARD_SIM_MAX_SECONDS", 0);
@@ -74,14 +108,21 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
         c.seed = s;
         c.trace = schedules == 1;
         c.removed = removed_by_env();
+        c.keep_faults = kept_by_env();
+        c.failover_loses_bumps = env_number("CHARGEGUARD_SIM_LOSE_BUMPS", 0) != 0;
+        c.failovers = env_number("CHARGEGUARD_SIM_FAILOVERS", 1) != 0;
         auto r = run(c);
         deliveries += r.deliveries;
         steps += r.steps;
         creates += r.stripe_creates;
+        lost += r.lost_commits;
+        swept += r.swept;
+        replays += r.replays;
         if (schedules == 1)
             for (const auto& line : r.schedule) std::cout << line << "\n";
         if (!r.violations.empty()) {
             if (++broken <= 3) print_failure(r, c);
+            if (broken == 1 && !c.keep_faults) print_shrunk(c);
         }
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -89,9 +130,16 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
               << " Stripe creates, " << steps << " steps in " << secs
               << " s: " << static_cast<double>(ran) / secs << " schedules/s, " << deliveries / secs
               << " deliveries/s (CPU " << static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC << " s); "
-              << broken << " broken\n";
+              << broken << " broken; " << lost << " commits lost to failovers, " << swept << " rows swept, "
+              << replays << " dead letters replayed\n";
     BOOST_TEST(broken == 0u);
     BOOST_TEST(ran > 0u);
+    // The failovers, the sweepers and the operator's replays did run (a budget of a few hundred suffices).
+    if (ran >= 500 && env_number("CHARGEGUARD_SIM_FAILOVERS", 1) != 0) {
+        BOOST_TEST(lost > 0u);
+        BOOST_TEST(swept > 0u);
+        BOOST_TEST(replays > 0u);
+    }
 }
 
 // Each safeguard switched off alone: some seed within the budget must break an invariant.
@@ -194,4 +242,40 @@ BOOST_AUTO_TEST_CASE(a_seed_replays_bit_for_bit) {
     BOOST_TEST(ca.deliveries > 0u);
     c.seed = 43;
     BOOST_TEST(run_corrections(c).digest != ca.digest);
+}
+
+// The shrinker, on a deliberately broken world (the sweeper switched off, so a failover that loses a
+// settle leaves its row pending for good): it finds a failing seed, shrinks its faults to a shorter
+// schedule that still fails, and that schedule replays bit for bit.
+BOOST_AUTO_TEST_CASE(a_failing_schedule_shrinks_and_replays) {
+    const std::uint64_t budget = env_number("CHARGEGUARD_SIM_TEETH_BUDGET", 5000);
+    config c;
+    c.removed = {safeguard::sweeper};
+    std::uint64_t found = 0;
+    for (std::uint64_t s = 1; s <= budget && !found; ++s) {
+        c.seed = s;
+        if (!run(c).violations.empty()) found = s;
+    }
+    BOOST_REQUIRE(found != 0u);
+    c.seed = found;
+    auto sh = shrink(c, run);
+    std::cout << "shrinker: seed " << found << " (without the sweeper): " << sh.original << " faults -> "
+              << sh.kept.size() << " in " << sh.runs << " runs\n";
+    for (const auto& line : sh.schedule) std::cout << "    " << line << "\n";
+    BOOST_TEST(sh.kept.size() < sh.original);
+    BOOST_TEST(!sh.result.violations.empty());
+    config again = c;
+    again.keep_faults = sh.kept;
+    again.trace = true;
+    auto a = run(again);
+    BOOST_TEST(!a.violations.empty());
+    BOOST_TEST(a.digest == sh.result.digest);
+    BOOST_TEST(a.schedule == sh.result.schedule);
+    BOOST_TEST(a.faults <= sh.kept.size());
+    // With every safeguard in place the same shrunk schedule holds: the sweeper heals what the failover lost.
+    again.removed.clear();
+    auto healed = run(again);
+    BOOST_TEST(healed.violations.empty());
+    BOOST_TEST(healed.lost_commits > 0u);
+    BOOST_TEST(healed.swept > 0u);
 }

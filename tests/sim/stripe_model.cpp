@@ -159,7 +159,10 @@ void world::authenticate(int pidx) {
 
 void world::settle_debit(int idx) {
     stripe_charge& ch = charges_[idx];
-    ch.status = rnd_.chance(0.75) ? "succeeded" : "failed";
+    // A debit the customer's bank refuses fails, unless the operator replayed it once the account was fixed.
+    const int e = event_of(ch.owner);
+    const bool fixed = e >= 0 && events_[e].fixed;
+    ch.status = rnd_.chance(0.75) || fixed ? "succeeded" : "failed";
     note("debit " + ch.id + " " + ch.status);
     if (ch.status == "failed") --live_[ch.owner];
     emit_webhook(idx);
@@ -267,6 +270,7 @@ void world::apply_to_row(row& r, const billing::payment_fact& fact, bool foreign
     auto c = billing::apply_fact(before, f);
     if (c.result != billing::settle_result::applied) return;
     if (foreign) violation("a fact about another payment changed row " + r.rec.key + " (" + f.source + ")");
+    commit(&r, r, before.status == record_status::processing);  // the poll reads a processing row again
     if (c.row.status != r.rec.status) set_status(r, c.row.status);
     r.rec.charge_id = c.row.charge_id;
     r.payment_intent_id = c.row.payment_intent_id;
@@ -298,7 +302,7 @@ void world::poll() {
         apply_to_row(r, f, false);
     }
     // The poll runs while anything else may still happen, or a row still waits for it.
-    bool waiting = !queue_.empty();
+    bool waiting = queue_.size() > static_cast<std::size_t>(sweep_ticks_);  // the sweepers' ticks aside
     for (const auto& [k, r] : rows_) waiting = waiting || r.rec.status == record_status::processing;
     if (waiting && now_ < cfg_.fault_ms + p_.horizon) at(now_ + p_.poll_every, [this] { poll(); });
 }

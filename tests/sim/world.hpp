@@ -4,7 +4,9 @@
 // Internal to tests/sim.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <queue>
@@ -45,6 +47,19 @@ struct params {
     // quiet period must exceed it (docs/design.md §4).
     ms_t max_late_execution = 240 * sec;
     ms_t horizon = 5 * 24 * hour;  // after the faults stop, how long the world may take to settle
+    // The sweeper's defaults (billing/heal/sweep_bound.cpp for the pipeline's settings above): the bound
+    // 2 × msg_timeout + quiet + 100 ms + max(lease_held_delay, lease / 10), a quarter of it capped at 60 s
+    // between sweeps; after a failover a sweep every lease / 30 (at least 1 s) from a grace of two renewals
+    // and one interval until max(lease, grace) + two intervals. Safety never depends on them.
+    ms_t sweep_after = 2 * 60 * sec + 300 * sec + 100 + 10 * sec;
+    ms_t sweep_every = 60 * sec;
+    ms_t failover_every = 2 * sec;
+    ms_t failover_grace = 2 * 15 * sec + 2 * sec;
+    ms_t failover_window = 60 * sec + 2 * 2 * sec;
+    // A failover loses at most this many of the last committed statements, none older than the standby's
+    // replication lag.
+    int lost_commits = 4;
+    ms_t replication_lag = 30 * sec;
 };
 
 struct message {
@@ -72,6 +87,7 @@ struct delivery {
     int call = 0;  // which call of this delivery is outstanding (a late answer to an older one is ignored)
     bool calling = false;
     bool row_written = true;  // false: write_before_call removed and the call went first
+    bool swept = false;       // the sweeper's: no message (msg is -1), no FIN or REQ
 };
 
 struct request {
@@ -101,6 +117,8 @@ struct event_spec {
     bool needs_auth = false;  // an on-session card intent that stops at requires_action
     bool retry = false;       // the operator runs retry-declined on its declined row
     bool fixed = false;       // the payment method was fixed (at the retry): it pays from then on
+    bool replay = false;      // the operator replays its dead letter once its debit failed after processing
+    bool replayed = false;
 };
 
 // A Stripe webhook event about a PaymentIntent.
@@ -140,7 +158,17 @@ class world {
             result_.violations.push_back("t=" + std::to_string(now_) + "ms " + what);
     }
     bool has(safeguard s) const { return !removed_.count(static_cast<int>(s)); }
-    bool fault(double p) { return faults_ && rnd_.chance(p); }
+    // A fault of the schedule: drawn from the seed, numbered in the order they fire; config::keep_faults
+    // suppresses those it does not list (the draw is made all the same), which is how a schedule shrinks.
+    bool fault(double p) { return faults_ && rnd_.chance(p) && kept_fault(); }
+    bool kept_fault() {
+        const std::uint32_t n = ++fault_n_;
+        if (cfg_.keep_faults && !std::binary_search(cfg_.keep_faults->begin(), cfg_.keep_faults->end(), n))
+            return false;
+        ++result_.faults;
+        note("fault #" + std::to_string(n));
+        return true;
+    }
     ms_t pg() { return rnd_.range(1, 20); }
 
     // ---- ledger (ledger_sql.hpp's statements) ----
@@ -148,6 +176,9 @@ class world {
         auto it = rows_.find(key);
         return it == rows_.end() ? nullptr : &it->second;
     }
+    // A statement's write: updated_at now, and the row as it was journalled — unless the write is one the
+    // simulated standby always has (then every earlier commit too: replication keeps the commit order).
+    void commit(const row* before, row& after, bool losable = true);
     void set_status(row& r, record_status to);
     void left_pending(row& r);
     bool insert(const delivery& d);
@@ -189,6 +220,7 @@ class world {
     void req(const delivery& d, ms_t delay);
     void touch(const delivery& d);
     void timeout_check(int msg, std::uint64_t token);
+    ms_t day_outage();
 
     // ---- the sidecars: the charge fsm's commands run against the models (sidecar.cpp, recover.cpp) ----
     billing::machine::flow_config fsm_config() const;
@@ -209,6 +241,15 @@ class world {
     billing::machine::fsm_input bump(int id);
     void renew_tick(int id, int call);
 
+    // ---- the healers and PostgreSQL's failover (sweeper.cpp) ----
+    void failover();
+    void sweep_tick(int sc);
+    void failover_sweeps(int sc, std::uint64_t incarnation, ms_t failed_over, ms_t until);
+    void sweep(int sc, ms_t written_before);
+    void start_swept(int id);
+    void replay_letters();
+    int event_of(const std::string& key) const;
+
     void check_final();
 
     config cfg_;
@@ -225,6 +266,15 @@ class world {
 
     std::vector<event_spec> events_;
     std::unordered_map<std::string, row> rows_;
+    struct journalled {
+        std::string key;
+        row before;
+        ms_t at;
+    };
+    std::deque<journalled> journal_;  // the last commits the standby may lack, oldest first
+    bool failover_armed_ = false;     // a failover strikes soon after the next commit
+    int sweep_ticks_ = 0;             // the sweepers' regular ticks scheduled
+    std::uint32_t fault_n_ = 0;
     std::unordered_map<std::string, std::vector<std::pair<billing::payment_fact, bool>>>
         stashed_;  // for pending rows
     std::vector<stripe_charge> charges_;
@@ -238,7 +288,8 @@ class world {
     std::vector<sidecar> sidecars_;
     std::uint64_t tokens_ = 0;
     int events_sent_ = 0;
-    ms_t storm_until_ = -1;  // a 429 storm: Stripe refuses most requests, the client waits for its pacer
+    ms_t fleet_down_until_ = -1;  // every sidecar down until then
+    ms_t storm_until_ = -1;       // a 429 storm: Stripe refuses most requests, the client waits for its pacer
 };
 
 // A Stripe webhook event about a charge, as Stripe sends it.
