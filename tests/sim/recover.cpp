@@ -83,17 +83,17 @@ billing::machine::fsm_input world::search_intents(int id, const billing::machine
 }
 
 // A new key generation, once no call under the current one has shown life for the quiet period.
-billing::machine::fsm_input world::bump(int id) {
+billing::machine::fsm_input world::bump(int id, const billing::machine::command& c) {
     delivery& d = deliveries_[id];
     const auto& f = *d.fsm;
     row* r = find_row(d.key);
     if (!r || !r->pending() || r->epoch != f.held_lease() || r->rec.key_generation != f.generation())
         return in::bumped{};
-    ms_t quiet = has(safeguard::quiet_period) ? p_.quiet : 0;
+    ms_t quiet = !has(safeguard::quiet_period) ? 0 : c.quiet ? c.quiet->count() : p_.quiet;
     ms_t life = r->last_life >= 0 ? r->last_life : r->first_attempt >= 0 ? r->first_attempt : now_ - quiet;
     ms_t wait = std::max<ms_t>(0, life + quiet - now_);
     if (wait > 0) return in::bumped{std::nullopt, std::chrono::milliseconds(std::min(wait, p_.max_requeue))};
-    commit(r, *r, cfg_.failover_loses_bumps);  // see config::failover_loses_bumps
+    commit(r, *r);
     ++r->rec.key_generation;
     r->indeterminate_since = -1;
     note("bump " + d.key + " g" + std::to_string(r->rec.key_generation));

@@ -155,7 +155,7 @@ void world::ledger_step(int id, const billing::machine::command& c) {
         case op::superseded_payments:
             return resume(id, in::superseded{{retried_payments_.begin(), retried_payments_.end()}});
         case op::bump_generation:
-            return resume(id, bump(id));
+            return resume(id, bump(id, c));
         case op::settle:
             return settle_step(id, c);
         default:

@@ -60,11 +60,6 @@ struct config {
     std::vector<safeguard> removed;           // safeguards switched off
     bool trace = false;                       // keep the schedule (printed for a failing seed)
     bool failovers = true;                    // PostgreSQL fails over now and then, losing its last commits
-    // Whether a failover may lose a new key generation (the bump statement). Off: a lost bump whose call
-    // reached Stripe leaves the row on the older generation, and a dead-letter replay of that payment then
-    // reopens under the generation Stripe already used, whose failure Stripe replays within 24 h: a finding
-    // about the shipped replay (docs/testing.md), kept reproducible by this switch.
-    bool failover_loses_bumps = false;
     // The faults kept (their numbers in firing order, sorted); nullopt: all. A shrunk schedule.
     std::optional<std::vector<std::uint32_t>> keep_faults;
 };

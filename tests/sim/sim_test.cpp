@@ -6,8 +6,7 @@
 // CHARGEGUARD_SIM_SEED (the first seed; with CHARGEGUARD_SIM_SCHEDULES=1 it replays one seed and prints its
 // schedule), CHARGEGUARD_SIM_REMOVE (a safeguard to switch off, to replay a seed of the teeth table),
 // CHARGEGUARD_SIM_KEEP_FAULTS (the faults a shrunk schedule kept, as a failure prints them),
-// CHARGEGUARD_SIM_FAILOVERS=0 (no PostgreSQL failover), CHARGEGUARD_SIM_LOSE_BUMPS=1
-// (config::failover_loses_bumps).
+// CHARGEGUARD_SIM_FAILOVERS=0 (no PostgreSQL failover).
 #define BOOST_TEST_MODULE chargeguard_sim
 #include "sim.hpp"
 
@@ -46,7 +45,6 @@ void print_failure(const run_result& r, const config& c) {
     std::string env;
     for (std::size_t i = 0; i < c.removed.size(); ++i)
         env += (i ? "," : " CHARGEGUARD_SIM_REMOVE=") + std::string(to_string(c.removed[i]));
-    if (c.failover_loses_bumps) env += " CHARGEGUARD_SIM_LOSE_BUMPS=1";
     std::cout << "seed " << r.seed << " broke an invariant; replay: CHARGEGUARD_SIM_SEED=" << r.seed
               << " CHARGEGUARD_SIM_SCHEDULES=1" << env
               << " test_sim --run_test=every_safeguard_in_place_holds\n";
@@ -109,7 +107,6 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
         c.trace = schedules == 1;
         c.removed = removed_by_env();
         c.keep_faults = kept_by_env();
-        c.failover_loses_bumps = env_number("CHARGEGUARD_SIM_LOSE_BUMPS", 0) != 0;
         c.failovers = env_number("CHARGEGUARD_SIM_FAILOVERS", 1) != 0;
         auto r = run(c);
         deliveries += r.deliveries;

@@ -136,7 +136,11 @@ void world::replay_letters() {
         note("replay letter " + e.key + ": " + std::string(billing::machine::to_string(what)));
         if (what != billing::machine::replay_command::reopen_then_publish) continue;
         // reopen_sql from failed_after_processing: pending under a new key generation, the failed payment's
-        // ids cleared, the attempt window restarted, no lease.
+        // ids moved to billing_retries, the attempt window restarted, no lease.
+        if (has(safeguard::replay_new_generation)) {
+            if (r->rec.charge_id) retried_payments_.insert(*r->rec.charge_id);
+            if (r->payment_intent_id) retried_payments_.insert(*r->payment_intent_id);
+        }
         commit(r, *r, false);
         set_status(*r, record_status::pending);
         if (has(safeguard::replay_new_generation)) ++r->rec.key_generation;

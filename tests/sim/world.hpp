@@ -238,7 +238,7 @@ class world {
     void finish_call(int id, const stripe::charge_outcome& out);
     billing::machine::fsm_input search_charges(int id, const billing::machine::search_query& q);
     billing::machine::fsm_input search_intents(int id, const billing::machine::search_query& q);
-    billing::machine::fsm_input bump(int id);
+    billing::machine::fsm_input bump(int id, const billing::machine::command& c);
     void renew_tick(int id, int call);
 
     // ---- the healers and PostgreSQL's failover (sweeper.cpp) ----

@@ -67,8 +67,8 @@ net::awaitable<machine::fsm_input> charge_flow::execute(run& r, machine::charge_
             co_return in::superseded{std::move(*old)};
         }
         case op::bump_generation: {
-            auto b =
-                co_await ledger_.bump_generation(key, fsm.held_lease(), fsm.generation(), cfg_.new_key_quiet);
+            auto b = co_await ledger_.bump_generation(key, fsm.held_lease(), fsm.generation(),
+                                                      c.quiet.value_or(cfg_.new_key_quiet));
             if (!b) co_return in::failed{b.err()};
             co_return in::bumped{b->generation, b->wait};
         }

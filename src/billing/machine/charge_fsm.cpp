@@ -1,6 +1,5 @@
 #include "billing/machine/charge_fsm.hpp"
 
-#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -265,6 +264,7 @@ command charge_fsm::resume(const fsm_input& i) {
         case at::superseded: {
             if (const auto* f = std::get_if<in::failed>(&i)) return postgres_failed(f->e);
             superseded_ = want<in::superseded>(i, "read retries").ids;
+            superseded_read_ = true;
             return search_charges();
         }
         case at::charges:
@@ -317,18 +317,15 @@ command charge_fsm::resume(const fsm_input& i) {
             c.warn = true;
             return c;
         }
-        case at::create: {
-            const auto& a = want<in::answer>(i, "create");
-            if (cfg_->step_pauses) {  // between Stripe's answer and the ledger update
-                parked_ = settle_answer(a.out);
-                auto next = at_;
-                command p;
-                p.what = op::pause;
-                at_ = at::answer_pause;
-                answer_next_ = next;
-                return p;
-            }
-            return settle_answer(a.out);
+        case at::create:
+            return after_create(want<in::answer>(i, "create").out);
+        case at::answer_superseded: {
+            if (const auto* f = std::get_if<in::failed>(&i)) return postgres_failed(f->e);
+            superseded_ = want<in::superseded>(i, "read retries").ids;
+            superseded_read_ = true;
+            auto out = std::move(*answer_);
+            answer_.reset();
+            return after_superseded(out);
         }
         case at::answer_pause: {
             want<in::resumed>(i, "pause");

@@ -68,7 +68,7 @@ enum class op {
     find,                 // the row by key
     take_lease,           // take the pending row's expired lease
     record_attempt,       // stripe_attempts+1 and a fresh lease, before a call under the same key
-    superseded_payments,  // the payments a retried declined row's earlier attempts made
+    superseded_payments,  // the payments a retried or replayed row's earlier lives made (billing_retries)
     bump_generation,      // key_generation+1 once no call under the old one showed life for new_key_quiet
     settle,          // `step`: mark_charged … mark_indeterminate_requeue, release_requeue (lease released)
     apply_recorded,  // the webhook events recorded against the pending row, now that it is processing
@@ -110,12 +110,15 @@ struct command {
     std::string letter;                     // settle with a dead letter: the letter's reason
     std::optional<std::string> letter_key;  // dead_letter: the key the letter names
     bool alert = false;                     // an operator must look (cap, setup, requires_capture)
-    create_request request;                 // op::create
-    search_query search;                    // op::search_*
-    verdict result;                         // op::done
-    std::optional<journal_note> journal;    // op::done: the settle the delivery applied
-    std::string note;                       // a line worth logging at this step (empty: none)
-    bool warn = false;                      // `note` is a warning
+    // op::bump_generation: how long no call under the old key must have shown life (nullopt:
+    // flow_config::new_key_quiet; zero when Stripe answered the old key with an earlier life's payment).
+    std::optional<std::chrono::milliseconds> quiet;
+    create_request request;               // op::create
+    search_query search;                  // op::search_*
+    verdict result;                       // op::done
+    std::optional<journal_note> journal;  // op::done: the settle the delivery applied
+    std::string note;                     // a line worth logging at this step (empty: none)
+    bool warn = false;                    // `note` is a warning
 };
 
 // Inputs: how the command the fsm gave last ended.
@@ -237,6 +240,7 @@ class charge_fsm {
         charges,
         intents,
         create,
+        answer_superseded,
         answer_pause,
         settle,
         processing,
@@ -258,6 +262,9 @@ class charge_fsm {
     command bump();
     command record_attempt();
     command create();
+    command after_create(const stripe::charge_outcome& out);
+    command after_superseded(const stripe::charge_outcome& out);
+    command answered(const stripe::charge_outcome& out);
     command settle_answer(const stripe::charge_outcome& out);
     command leave_processing(std::optional<std::string> charge_id, std::optional<std::string> intent,
                              std::string status);
@@ -283,7 +290,9 @@ class charge_fsm {
     std::int32_t gen_ = 1;
     std::optional<sys_time> first_attempt_;
     std::vector<std::string> superseded_;
-    std::string_view step_name_;  // the statement awaited, for a failure's verdict
+    bool superseded_read_ = false;
+    std::optional<stripe::charge_outcome> answer_;  // a create's answer while the superseded ids are read
+    std::string_view step_name_;                    // the statement awaited, for a failure's verdict
     // What the pending settle, release or dead letter ends in once it is written.
     verdict then_;
     std::optional<journal_note> journal_;  // noted when the pending settle changed the row

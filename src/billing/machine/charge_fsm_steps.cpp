@@ -1,5 +1,6 @@
 // The charge fsm's steps (charge_fsm.hpp): the decision on an existing row, RECOVER's search and new key
 // generation, the create call and what its answer, or the search's find, makes of the row.
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -210,6 +211,53 @@ command charge_fsm::bump() {
     c.what = op::bump_generation;
     c.name = "bump generation";
     return emit(std::move(c), at::bump);
+}
+
+// A row reopened under a new key generation (a retry, a replay) whose call Stripe answered with a payment
+// that is not a success: the payment may be an earlier life's, which Stripe replays when a failover lost the
+// bump that had already used this generation. The earlier lives' payments are read first.
+command charge_fsm::after_create(const stripe::charge_outcome& out) {
+    const bool names_payment = !out.charge_id.empty() || !out.payment_intent_id.empty();
+    if (gen_ >= 2 && !superseded_read_ && names_payment &&
+        on_answer(out).command != charge_step::mark_charged) {
+        answer_ = out;
+        command c;
+        c.what = op::superseded_payments;
+        c.name = "read retries";
+        return emit(std::move(c), at::answer_superseded);
+    }
+    return answered(out);
+}
+
+command charge_fsm::after_superseded(const stripe::charge_outcome& out) {
+    const auto earlier = [this](const std::string& id) {
+        return !id.empty() && std::find(superseded_.begin(), superseded_.end(), id) != superseded_.end();
+    };
+    if (!earlier(out.charge_id) && !earlier(out.payment_intent_id)) return answered(out);
+    // Stripe keeps that payment as this key's answer: no call under the key can move money any more, so the
+    // next generation needs no quiet period.
+    auto c = bump();
+    c.quiet = std::chrono::milliseconds(0);
+    c.note = "Stripe answered key generation " + std::to_string(gen_) +
+             " with a payment an earlier life of the row made (" +
+             (earlier(out.charge_id) ? out.charge_id : out.payment_intent_id) +
+             "): the key is spent; charging under the next generation";
+    c.warn = true;
+    return c;
+}
+
+// Stripe's answer to the create call: settled, after the chaos failpoint's pause when it is set.
+command charge_fsm::answered(const stripe::charge_outcome& out) {
+    if (cfg_->step_pauses) {  // between Stripe's answer and the ledger update
+        parked_ = settle_answer(out);
+        auto next = at_;
+        command p;
+        p.what = op::pause;
+        at_ = at::answer_pause;
+        answer_next_ = next;
+        return p;
+    }
+    return settle_answer(out);
 }
 
 // The answer as the money machine reads it (on_answer): the ledger command, then FIN or REQ.

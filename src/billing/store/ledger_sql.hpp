@@ -214,11 +214,14 @@ inline const std::string in_flight_sql =
     "UPDATE billing_records SET last_stripe_attempt_at = now() "
     "WHERE key = $1 AND status = 'pending' AND key_generation = $2";
 
-// The old status comes from the locked read (RETURNING shows only new values).
+// The old status comes from the locked read (RETURNING shows only new values). A payment that failed after
+// processing leaves the row for billing_retries, as a declined row's does on a retry (retry_store.hpp): the
+// new generation's call may be answered with it (a failover lost the bump that had used that generation
+// already), and the charge fsm then knows it for an earlier life's.
 inline const std::string reopen_sql =
-    "WITH prev AS (SELECT status FROM billing_records WHERE key = $1 "
-    "AND status IN ('failed', 'cap_blocked', 'failed_after_processing') FOR UPDATE) "
-    "UPDATE billing_records b SET status = 'pending', "
+    "WITH prev AS (SELECT key, status, charge_id, payment_intent_id, last_error FROM billing_records "
+    "WHERE key = $1 AND status IN ('failed', 'cap_blocked', 'failed_after_processing') FOR UPDATE), "
+    "reopened AS (UPDATE billing_records b SET status = 'pending', "
     "indeterminate_since = CASE WHEN prev.status = 'failed_after_processing' THEN NULL "
     "ELSE coalesce(b.indeterminate_since, now()) END, "
     "key_generation = b.key_generation + CASE WHEN prev.status = 'failed_after_processing' THEN 1 ELSE 0 "
@@ -229,7 +232,13 @@ inline const std::string reopen_sql =
     "first_stripe_attempt_at = CASE WHEN prev.status = 'failed_after_processing' THEN now() "
     "ELSE b.first_stripe_attempt_at END, "
     "lease_until = NULL, lease_epoch = b.lease_epoch + 1, last_error = $2 "
-    "FROM prev WHERE b.key = $1 RETURNING prev.status";
+    "FROM prev WHERE b.key = $1 RETURNING prev.status, b.key_generation), "
+    "logged AS (INSERT INTO billing_retries (key, generation, requested_by, reason, previous_status, "
+    "previous_charge_id, previous_payment_intent_id, previous_error) "
+    "SELECT prev.key, reopened.key_generation, 'dead-letter replay', coalesce(nullif($2::text, ''), 'replay'), "
+    "prev.status, prev.charge_id, prev.payment_intent_id, prev.last_error FROM prev, reopened "
+    "WHERE prev.status = 'failed_after_processing' ON CONFLICT (key, generation) DO NOTHING) "
+    "SELECT status FROM reopened";
 
 inline const std::string processing_sql =
     "UPDATE billing_records SET status = 'processing', charge_id = coalesce($2::text, charge_id), "
