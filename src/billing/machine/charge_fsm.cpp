@@ -1,5 +1,6 @@
 #include "billing/machine/charge_fsm.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
