@@ -117,6 +117,13 @@ in::preflighted inserted() {
     return {true, row(record_status::pending, 60'000ms), t0};
 }
 
+// A row a dead-letter replay (or retry-declined) reopened under key generation 2.
+ledger_record reopened(std::chrono::milliseconds lease_remaining) {
+    auto r = row(record_status::pending, lease_remaining);
+    r.key_generation = 2;
+    return r;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(charge_fsm_input_sequences_give_command_sequences) {
@@ -222,6 +229,29 @@ BOOST_AUTO_TEST_CASE(charge_fsm_input_sequences_give_command_sequences) {
           {in::preflighted{false, row(record_status::pending, 0ms, true), t0}, "take_lease"},
           {in::row{row(record_status::pending, 60'000ms, true), t0}, "search_charges"},
           {in::charge_found{charge("py_1", "failed", "us_bank_account")}, "settle mark_processing"}}},
+        {"a reopened row's new key answered with an earlier life's payment: the next generation at once",
+         {{deliver(card_body), "preflight"},
+          {in::preflighted{false, reopened(0ms), t0}, "take_lease"},
+          {in::row{reopened(60'000ms), t0}, "record_attempt"},
+          {in::attempted{2, 9}, "create"},
+          {in::answer{answer(stripe::outcome_class::declined, "py_old")}, "superseded_payments"},
+          {in::superseded{{"py_old"}}, "bump_generation"},
+          {in::bumped{3, 0ms}, "record_attempt"},
+          {in::attempted{3, 10}, "create"}}},
+        {"a reopened row's own decline is settled",
+         {{deliver(card_body), "preflight"},
+          {in::preflighted{false, reopened(0ms), t0}, "take_lease"},
+          {in::row{reopened(60'000ms), t0}, "record_attempt"},
+          {in::attempted{2, 9}, "create"},
+          {in::answer{answer(stripe::outcome_class::declined, "ch_new")}, "superseded_payments"},
+          {in::superseded{{"py_old"}}, "settle mark_declined"},
+          {in::applied{true}, "FIN declined"}}},
+        {"a reopened row charged: no read of the earlier lives",
+         {{deliver(card_body), "preflight"},
+          {in::preflighted{false, reopened(0ms), t0}, "take_lease"},
+          {in::row{reopened(60'000ms), t0}, "record_attempt"},
+          {in::attempted{2, 9}, "create"},
+          {in::answer{answer(stripe::outcome_class::succeeded, "ch_new")}, "settle mark_charged"}}},
         {"a correction goes to the corrections machine",
          {{deliver(correction_body), "correction"},
           {in::corrected{verdict::finish(verdict_reason::refunded, "re_1")}, "FIN refunded"}}},
@@ -290,6 +320,22 @@ BOOST_AUTO_TEST_CASE(charge_fsm_names_the_call_and_the_settle) {
     BOOST_TEST(done.journal->charge_id == "ch_9");
     BOOST_TEST(g.first_lease() == 7);
     BOOST_TEST(g.held_lease() == 11);
+}
+
+BOOST_AUTO_TEST_CASE(charge_fsm_takes_a_spent_keys_next_generation_without_the_quiet_period) {
+    flow_config cfg;
+    charge_fsm f(cfg);
+    f.resume(deliver(card_body));
+    f.resume(in::preflighted{false, reopened(0ms), t0});
+    f.resume(in::row{reopened(60'000ms), t0});
+    f.resume(in::attempted{2, 9});
+    auto read = f.resume(in::answer{answer(stripe::outcome_class::succeeded, "py_old", "pending")});
+    BOOST_TEST(line(read) == "superseded_payments");
+    auto bump = f.resume(in::superseded{{"py_old"}});
+    BOOST_TEST(line(bump) == "bump_generation");
+    BOOST_TEST_REQUIRE(bump.quiet.has_value());
+    BOOST_TEST(bump.quiet->count() == 0);
+    BOOST_TEST(bump.note.find("py_old") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(charge_fsm_refuses_an_input_out_of_turn) {
