@@ -184,6 +184,38 @@ BOOST_AUTO_TEST_CASE(the_search_after_a_replay_ignores_the_superseded_failure) {
     BOOST_TEST(f.bank.intents[1].status == "succeeded");
 }
 
+// A failover lost the bump to generation 2 after its call had made a debit, and recovery recorded that debit
+// (failed after processing) under generation 1. The replay reopens under generation 2, whose key Stripe
+// answers with that same failed debit: the key is spent, so the row takes generation 3 at once and charges.
+BOOST_AUTO_TEST_CASE(a_replay_whose_key_stripe_already_spent_charges_under_the_next_generation) {
+    settle_fixture f;
+    auto p = f.async_pipeline();
+    f.processing_row("spent-1", *p);
+    auto key = key_of("spent-1", "2026-12");
+    f.bank.intents.push_back(async_intent{"pi_lost", "requires_payment_method", "ch_lost", key, "cus_ok",
+                                          key + "-g2", "insufficient_funds", 1999});
+    auto moved =
+        f.run(f.query("UPDATE billing_records SET status = 'failed_after_processing', "
+                      "payment_intent_id = 'pi_lost', charge_id = 'ch_lost', key_generation = 1 "
+                      "WHERE key = $1 RETURNING key",
+                      pg::params(key)));
+    BOOST_TEST_REQUIRE((moved && moved->size() == 1u));
+    auto reopened = f.run(f.ledger->reopen_for_replay(key, "replay test"));
+    BOOST_TEST_REQUIRE((reopened && reopened->has_value()));
+    BOOST_TEST(
+        f.scalar("SELECT count(*) FROM billing_retries WHERE key = $1 AND generation = 2 AND "
+                 "previous_payment_intent_id = 'pi_lost' AND previous_status = 'failed_after_processing'",
+                 key) == 1);
+    f.bank.next_status = "succeeded";
+    auto v = f.handle(*p, delivery_of(intent_event_body("spent-1"), "m-spent-2"));
+    BOOST_TEST(reason(v) == "charged", v.detail);
+    BOOST_TEST_REQUIRE(f.bank.intents.size() == 3u);
+    BOOST_TEST(f.bank.intents[2].idempotency_key == key + "-g3");
+    BOOST_TEST(f.scalar("SELECT count(*) FROM billing_records WHERE key = $1 AND status = 'charged' AND "
+                        "payment_intent_id = $2 AND key_generation = 3",
+                        key, f.bank.intents[2].id) == 1);
+}
+
 // Events for objects no row names, and types not acted on: recorded once, counted, nothing changed.
 BOOST_AUTO_TEST_CASE(unknown_objects_and_types_are_recorded_and_ignored) {
     settle_fixture f;
