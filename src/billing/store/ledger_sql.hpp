@@ -235,7 +235,8 @@ inline const std::string reopen_sql =
     "FROM prev WHERE b.key = $1 RETURNING prev.status, b.key_generation), "
     "logged AS (INSERT INTO billing_retries (key, generation, requested_by, reason, previous_status, "
     "previous_charge_id, previous_payment_intent_id, previous_error) "
-    "SELECT prev.key, reopened.key_generation, 'dead-letter replay', coalesce(nullif($2::text, ''), 'replay'), "
+    "SELECT prev.key, reopened.key_generation, 'dead-letter replay', coalesce(nullif($2::text, ''), "
+    "'replay'), "
     "prev.status, prev.charge_id, prev.payment_intent_id, prev.last_error FROM prev, reopened "
     "WHERE prev.status = 'failed_after_processing' ON CONFLICT (key, generation) DO NOTHING) "
     "SELECT status FROM reopened";
