@@ -56,8 +56,7 @@ const std::string& end_stale_lease() {
     static const std::string sql =
         "WITH ended AS (UPDATE billing_records SET lease_until = now() - interval '1 millisecond', "
         "lease_epoch = lease_epoch + 1 WHERE key = $1 AND status = 'pending' AND lease_epoch = $2::bigint "
-        "AND "
-        "lease_until >= now() AND updated_at < now() - $3::bigint * interval '1 millisecond' RETURNING *) "
+        "AND updated_at < now() - $3::bigint * interval '1 millisecond' RETURNING *) "
         "SELECT " +
         stored_record_columns() +
         ", 0::bigint, lease_epoch, description, payment_method, off_session FROM ended";

@@ -17,6 +17,7 @@
 namespace cg::billing {
 
 using std::chrono::milliseconds;
+using steady = std::chrono::steady_clock;
 
 namespace {
 
@@ -143,6 +144,7 @@ net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st,
     auto& cfg = st->cfg;
     const auto& ns = st->p->config().key_namespace;
     const auto age = since_failover ? std::max(*since_failover, milliseconds(0)) : cfg.after;
+    const auto began = steady::now();
     auto rows = co_await pg::exec_pooled(
         st->pool, since_failover ? sweep_sql::failed_over_rows() : sweep_sql::abandoned_rows(),
         pg::params(ns, static_cast<std::int64_t>(age.count()), static_cast<std::int64_t>(cfg.batch)));
@@ -166,7 +168,9 @@ net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st,
             continue;
         }
         if (since_failover && a.rec.lease_remaining && a.rec.lease_remaining->count() > 0) {
-            auto ended = co_await end_stale_lease_of(st, a, age, log);
+            // The failover as long ago as now: the rows before this one may have taken a while.
+            const auto since = age + std::chrono::duration_cast<milliseconds>(steady::now() - began);
+            auto ended = co_await end_stale_lease_of(st, a, since, log);
             if (!ended) continue;  // written since the failover: its holder is working on it
         }
         delivery d;
@@ -251,8 +255,6 @@ net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_repor
     }
     co_return result<void>{};
 }
-
-using steady = std::chrono::steady_clock;
 
 // How long to sleep before the next sweep: the regular interval, or less while failover sweeps are due.
 steady::duration next_sweep_in(const sweeper::state& st) {
