@@ -263,11 +263,12 @@ BOOST_AUTO_TEST_CASE(failover_sweep_ends_a_lease_nothing_wrote_since_and_leaves_
     auto p = f.make_pipeline();
     auto gone = f.dead_workers_row(event_json("sw-12", "2026-11", 100), "5a12", 30s);
     auto live = f.dead_workers_row(event_json("sw-13", "2026-11", 100), "5a13", 30s);
-    // The failover, between the rows' last writes and the live holder's renewal (its timestamps apart from
-    // both: the database's clock and this one's are compared to the millisecond).
+    // The failover, between the rows' last writes and the live holder's renewal, its timestamp apart from
+    // both: the sweep's statement places it at its own now() less the time since, later than this clock's
+    // moment by the time the statement takes to start, so the renewal comes well after it.
     std::this_thread::sleep_for(50ms);
     const auto failed_over = std::chrono::steady_clock::now();
-    std::this_thread::sleep_for(50ms);
+    std::this_thread::sleep_for(300ms);
     auto renewed = f.run(f.query(
         "UPDATE billing_records SET lease_until = now() + interval '30 s', lease_epoch = lease_epoch + 1, "
         "last_stripe_attempt_at = now() WHERE key = $1 AND lease_epoch = $2 RETURNING lease_epoch",
