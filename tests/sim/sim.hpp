@@ -73,6 +73,7 @@ struct run_result {
     std::uint64_t faults = 0;             // faults that fired (numbered 1..faults)
     std::uint64_t lost_commits = 0;       // commits the failovers rolled back
     std::uint64_t swept = 0;              // rows the sweepers ran through the fsm
+    std::uint64_t leases_ended = 0;       // leases unwritten since a failover that its sweeps ended
     std::uint64_t replays = 0;            // dead letters the operator replayed
     std::uint64_t digest = 0;             // a hash of the whole schedule: equal digests, equal runs
     std::vector<std::string> schedule;    // with config::trace

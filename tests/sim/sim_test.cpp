@@ -89,7 +89,8 @@ std::optional<std::vector<std::uint32_t>> kept_by_env() {
 BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
     const std::uint64_t schedules = env_number("CHARGEGUARD_SIM_SCHEDULES", 2000);
     const std::uint64_t first = env_number("CHARGEGUARD_SIM_SEED", 1);
-    std::uint64_t deliveries = 0, steps = 0, creates = 0, broken = 0, lost = 0, swept = 0, replays = 0;
+    std::uint64_t deliveries = 0, steps = 0, creates = 0, broken = 0, lost = 0, swept = 0, ended = 0,
+                  replays = 0;
     // A safety net for an overloaded machine, never reached on an idle one: past this many seconds the run
     // stops early and says so (0: no cap).
     const std::uint64_t cap = env_number("CHARGEGUARD_SIM_MAX_SECONDS", 0);
@@ -114,6 +115,7 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
         creates += r.stripe_creates;
         lost += r.lost_commits;
         swept += r.swept;
+        ended += r.leases_ended;
         replays += r.replays;
         if (schedules == 1)
             for (const auto& line : r.schedule) std::cout << line << "\n";
@@ -127,14 +129,16 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
               << " Stripe creates, " << steps << " steps in " << secs
               << " s: " << static_cast<double>(ran) / secs << " schedules/s, " << deliveries / secs
               << " deliveries/s (CPU " << static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC << " s); "
-              << broken << " broken; " << lost << " commits lost to failovers, " << swept << " rows swept, "
-              << replays << " dead letters replayed\n";
+              << broken << " broken; " << lost << " commits lost to failovers, " << swept << " rows swept ("
+              << ended << " after ending a lease nothing wrote since a failover), " << replays
+              << " dead letters replayed\n";
     BOOST_TEST(broken == 0u);
     BOOST_TEST(ran > 0u);
     // The failovers, the sweepers and the operator's replays did run (a budget of a few hundred suffices).
     if (ran >= 500 && env_number("CHARGEGUARD_SIM_FAILOVERS", 1) != 0) {
         BOOST_TEST(lost > 0u);
         BOOST_TEST(swept > 0u);
+        BOOST_TEST(ended > 0u);
         BOOST_TEST(replays > 0u);
     }
 }

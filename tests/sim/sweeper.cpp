@@ -5,8 +5,9 @@
 //   * the sweeper of each sidecar (billing/heal/sweeper.hpp) takes up the pending rows no message brings
 //     back: every sweep interval, the unleased pending rows inactive for the sweep bound (or with a webhook's
 //     fact waiting); after a failover, from its grace and every failover interval within its window, the
-//     unleased pending rows last written before it. Each row runs through the charge fsm that ships, started
-//     with in::swept as charge_flow::resume starts it: the lease take, then RECOVER;
+//     pending rows last written before it, a lease still on one ended first (under the epoch the sweep read,
+//     if nothing wrote the row since: sweep_sql.cpp end_stale_lease). Each row runs through the charge fsm
+//     that ships, started with in::swept as charge_flow::resume starts it: the lease take, then RECOVER;
 //   * the operator's dead-letter replay (app/dead_letter_replay.cpp) of a debit that failed after
 //     processing, once the customer's account was fixed: machine::on_replay decides, the ledger's
 //     reopen_for_replay statement (ledger_sql.hpp reopen_sql) reopens, the event is published again.
@@ -86,27 +87,51 @@ void world::sweep_tick(int sc) {
     at(next, [this, sc] { sweep_tick(sc); });
 }
 
-// One sweep (sweeper.cpp's abandoned_sql, or failed_over_sql when `written_before` is the failover's time):
-// the unleased pending rows, each run as a delivery of the sweeper's.
+// One sweep (sweep_sql.cpp's abandoned_rows, or failed_over_rows when `written_before` is the failover's
+// time): the unleased pending rows — after a failover also the leased ones last written before it, whose
+// lease is ended first — each run as a delivery of the sweeper's.
 void world::sweep(int sc, ms_t written_before) {
     for (const auto& [k, r] : rows_) {
-        if (!r.pending() || r.lease_until >= now_) continue;
+        const bool leased = r.lease_until >= now_;
+        if (!r.pending() || (leased && written_before < 0)) continue;
         const bool found = written_before >= 0 ? r.updated < written_before
                                                : std::max(r.updated, r.lease_until) < now_ - p_.sweep_after ||
                                                      stashed_.count(k);
         if (!found) continue;
-        delivery d;
-        d.msg = -1;
-        d.swept = true;
-        d.sidecar = sc;
-        d.incarnation = sidecars_[sc].incarnation;
-        d.key = k;
-        deliveries_.push_back(std::move(d));
-        const int id = static_cast<int>(deliveries_.size()) - 1;
-        ++result_.swept;
-        note("sweep s" + std::to_string(sc) + " " + k + (written_before >= 0 ? " (failover)" : ""));
-        at(now_ + pg(), [this, id] { start_swept(id); });
+        if (!leased) {
+            sweep_row(sc, k, written_before >= 0);
+            continue;
+        }
+        // end_stale_lease: a statement of its own, after the read, under the epoch read and only if nothing
+        // wrote the row since the failover.
+        at(now_ + pg(), [this, sc, key = k, epoch = r.epoch, written_before] {
+            row* now_row = find_row(key);
+            if (!now_row || !now_row->pending() || now_row->epoch != epoch ||
+                now_row->updated >= written_before)
+                return;
+            commit(now_row, *now_row);
+            now_row->lease_until = now_ - 1;
+            ++now_row->epoch;
+            ++result_.leases_ended;
+            note("sweep s" + std::to_string(sc) + " " + key + ": lease unwritten since the failover ended");
+            sweep_row(sc, key, true);
+        });
     }
+}
+
+// The sweeper runs one row it found as a delivery of its own.
+void world::sweep_row(int sc, const std::string& k, bool after_failover) {
+    delivery d;
+    d.msg = -1;
+    d.swept = true;
+    d.sidecar = sc;
+    d.incarnation = sidecars_[sc].incarnation;
+    d.key = k;
+    deliveries_.push_back(std::move(d));
+    const int id = static_cast<int>(deliveries_.size()) - 1;
+    ++result_.swept;
+    note("sweep s" + std::to_string(sc) + " " + k + (after_failover ? " (failover)" : ""));
+    at(now_ + pg(), [this, id] { start_swept(id); });
 }
 
 // charge_flow::resume: the row as the sweep read it, its event from the row's fields.

@@ -246,6 +246,7 @@ class world {
     void sweep_tick(int sc);
     void failover_sweeps(int sc, std::uint64_t incarnation, ms_t failed_over, ms_t until);
     void sweep(int sc, ms_t written_before);
+    void sweep_row(int sc, const std::string& key, bool after_failover);
     void start_swept(int id);
     void replay_letters();
     int event_of(const std::string& key) const;

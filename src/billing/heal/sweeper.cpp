@@ -6,8 +6,8 @@
 
 #include "billing/flow/settle_journal.hpp"
 #include "billing/heal/pending_age.hpp"
+#include "billing/heal/sweep_sql.hpp"
 #include "billing/machine/key.hpp"
-#include "billing/store/abandoned_sql.hpp"
 #include "billing/store/correction_ledger.hpp"
 #include "billing/store/ledger.hpp"
 #include "metrics/registry.hpp"
@@ -17,56 +17,9 @@
 namespace cg::billing {
 
 using std::chrono::milliseconds;
+using steady = std::chrono::steady_clock;
 
 namespace {
-
-// The pending rows of one key namespace ($1) with no live lease that also meet `condition`, least recently
-// active first, at most $3, as the ledger's whole-row statements read them (stored columns, remaining lease,
-// lease epoch) plus the event's other fields. The partial index billing_records_pending_lease_idx holds the
-// pending rows.
-std::string unleased_pending_sql(const std::string& condition) {
-    using namespace abandoned_sql;
-    return "SELECT " + stored_record_columns() +
-           ", greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint, lease_epoch, "
-           "description, payment_method, off_session "
-           "FROM billing_records WHERE status = 'pending' AND key_namespace = $1::text AND " +
-           record_unleased + " AND (" + condition + ") ORDER BY " + record_active + " LIMIT $3::bigint";
-}
-
-// Pending rows whose lease expired (or was released) and whose last activity — greatest(updated_at,
-// lease_until) — is older than $2 ms, or for which a webhook already brought Stripe's word of a payment (a
-// deferred event: see abandoned_sql::record_has_deferred_fact).
-const std::string& abandoned_sql() {
-    using namespace abandoned_sql;
-    static const std::string sql = unleased_pending_sql(
-        record_active + " < now() - $2::bigint * interval '1 millisecond' OR " + record_has_deferred_fact);
-    return sql;
-}
-
-// After a failover: pending rows of one key namespace with no live lease whose last write (updated_at, kept
-// by a trigger on every update) is older than $2 ms — the moment the failover was seen — whatever their age.
-// A row a live delivery or an earlier sweep wrote since is left to them. Same columns as abandoned_sql().
-const std::string& failed_over_sql() {
-    static const std::string sql =
-        unleased_pending_sql("updated_at < now() - $2::bigint * interval '1 millisecond'");
-    return sql;
-}
-
-// Correction revisions (billing_corrections, migration 0018) left pending by the same kind of loss: their
-// lease expired (or was released) and no sign of life — planned (started_at), leased or released
-// (lease_until; a release sets it just in the past), a move's Stripe attempt or renewal
-// (last_stripe_attempt_at) — for longer than $2 ms; of originals in this key namespace. The revision's raw
-// body is its event.
-const std::string& abandoned_corrections_sql() {
-    using namespace abandoned_sql;
-    static const std::string sql =
-        "SELECT c.key, c.base_key, c.raw_body FROM billing_corrections c "
-        "JOIN billing_records r ON r.key = c.base_key " +
-        revision_moves_join + " WHERE c.status = 'pending' AND r.key_namespace = $1::text AND " +
-        revision_unleased + " AND " + revision_active +
-        " < now() - $2::bigint * interval '1 millisecond' ORDER BY " + revision_active + " LIMIT $3::bigint";
-    return sql;
-}
 
 struct abandoned_row {
     ledger_record rec;
@@ -111,6 +64,7 @@ struct sweeper::state {
     // after_failover: the settles the pipeline remembers are re-applied at once, before the grace.
     bool reapply_due = false;
     metrics::Counter* reapplied = nullptr;
+    metrics::Counter* stale_leases = nullptr;  // leases ended by a failover sweep (end_stale_lease)
     metrics::registry* reg = nullptr;
 
     void count(std::size_t slot) {
@@ -139,6 +93,11 @@ sweeper::sweeper(sweeper_config cfg, charge_flow& p, std::shared_ptr<pg::pool> p
                       "Settles this sidecar wrote that a PostgreSQL failover returned to pending, "
                       "re-applied from its memory of them without a Stripe call")
              .Add({});
+    st_->stale_leases =
+        &reg->counter("chargeguard_billing_failover_leases_ended_total",
+                      "Leases on pending rows that nothing wrote since a PostgreSQL failover, ended by a "
+                      "failover sweep after its grace so the row's recovery could take it")
+             .Add({});
     st_->errors = &reg->counter("chargeguard_billing_sweep_errors_total",
                                 "Sweeps whose query of abandoned ledger rows failed")
                        .Add({});
@@ -155,13 +114,39 @@ using sweeper_state_ptr = std::shared_ptr<sweeper::state>;
 void count_verdict(sweeper::state& st, sweep_report& rep, const verdict& v, const logger& log);
 net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_report& rep);
 
+// A failover sweep found `a` still leased on the new primary, though nothing wrote it since the failover
+// (`since` ago): ends that lease (sweep_sql::end_stale_lease) so the recovery can take it. True when it did,
+// with `a` as the statement left it; false when the row moved (its holder wrote it) or the statement failed.
+net::awaitable<bool> end_stale_lease_of(sweeper_state_ptr st, abandoned_row& a, milliseconds since,
+                                        const logger& log) {
+    const auto remaining = a.rec.lease_remaining.value_or(milliseconds(0));
+    auto r = co_await pg::exec_pooled(
+        st->pool, sweep_sql::end_stale_lease(),
+        pg::params(a.rec.key, a.rec.lease_epoch, static_cast<std::int64_t>(since.count())));
+    if (!r) {
+        log.warn("could not end a lease unwritten since the failover; the next failover sweep tries again",
+                 {{"error", r.err().describe()}});
+        co_return false;
+    }
+    if (r->size() != 1) co_return false;
+    a = decode_abandoned(*r, 0);
+    if (st->stale_leases) st->stale_leases->Increment();
+    log.warn(
+        "ended a lease nobody renewed since the PostgreSQL failover: its holder is gone (a live one renews "
+        "within the grace), so the row is recovered now rather than when the lease runs out",
+        {{"lease_left_ms", static_cast<std::int64_t>(remaining.count())},
+         {"since_failover_ms", static_cast<std::int64_t>(since.count())}});
+    co_return true;
+}
+
 net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st,
                                                 std::optional<milliseconds> since_failover) {
     auto& cfg = st->cfg;
     const auto& ns = st->p->config().key_namespace;
     const auto age = since_failover ? std::max(*since_failover, milliseconds(0)) : cfg.after;
+    const auto began = steady::now();
     auto rows = co_await pg::exec_pooled(
-        st->pool, since_failover ? failed_over_sql() : abandoned_sql(),
+        st->pool, since_failover ? sweep_sql::failed_over_rows() : sweep_sql::abandoned_rows(),
         pg::params(ns, static_cast<std::int64_t>(age.count()), static_cast<std::int64_t>(cfg.batch)));
     if (!rows) {
         if (st->errors) st->errors->Increment();
@@ -181,6 +166,12 @@ net::awaitable<result<sweep_report>> sweep_rows(sweeper_state_ptr st,
             st->count(foreign_slot);
             log.warn("abandoned row's key is not this sidecar's key for its event: left alone");
             continue;
+        }
+        if (since_failover && a.rec.lease_remaining && a.rec.lease_remaining->count() > 0) {
+            // The failover as long ago as now: the rows before this one may have taken a while.
+            const auto since = age + std::chrono::duration_cast<milliseconds>(steady::now() - began);
+            auto ended = co_await end_stale_lease_of(st, a, since, log);
+            if (!ended) continue;  // written since the failover: its holder is working on it
         }
         delivery d;
         d.topic = cfg.topic;
@@ -225,7 +216,7 @@ net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_repor
     auto& cfg = st->cfg;
     const auto& ns = st->p->config().key_namespace;
     auto rows = co_await pg::exec_pooled(
-        st->pool, abandoned_corrections_sql(),
+        st->pool, sweep_sql::abandoned_corrections(),
         pg::params(ns, static_cast<std::int64_t>(cfg.after.count()), static_cast<std::int64_t>(cfg.batch)));
     if (!rows) co_return rows.err();
     rep.corrections_found = rows->size();
@@ -264,8 +255,6 @@ net::awaitable<result<void>> sweep_corrections(sweeper_state_ptr st, sweep_repor
     }
     co_return result<void>{};
 }
-
-using steady = std::chrono::steady_clock;
 
 // How long to sleep before the next sweep: the regular interval, or less while failover sweeps are due.
 steady::duration next_sweep_in(const sweeper::state& st) {

@@ -28,19 +28,21 @@
 // another address) the sweeper does not wait for the bound: commits the old primary acknowledged may be lost,
 // and a row whose `charged` commit was lost after its message was FINed has no delivery left. So it sweeps
 // soon (after failover_grace, below), and again every failover_interval for failover_window, the pending rows
-// of its namespace with no live lease whose last write is older than the failover — whatever their age. A row
-// written since (by a live delivery, or by a sweep that left it pending) is not taken again in that window;
-// its message or the regular bound brings it back. A row whose lease the new primary still shows (the lease
-// was taken before the failover) is left alone until that lease expires — its holder may still be working;
-// the window outlasts a lease taken at the failover's last moment, so such a row is swept within one interval
-// of its lease's end. The first failover sweep waits a grace of two lease renewals: a delivery whose lease
-// take was itself among the lost commits is invisible to the lease rules, but by then its Stripe call has
-// returned or its lease keeper, finding the lease not its own, has noted the call in flight — a write after
-// the failover, which keeps the row out of these sweeps. The lease and the recovery are the same as for any
-// swept row: a live delivery is never raced into a second Stripe call, and a row whose attempt was lost too
-// is settled by the same key or the charge search. Before the grace, at once, it re-applies the settles this
-// sidecar's own deliveries wrote that the new primary shows reverted under a lease they held
-// (settle_journal.hpp): no Stripe call, and no wait for that lease.
+// of its namespace whose last write is older than the failover — whatever their age. A row written since (by
+// a live delivery, or by a sweep that left it pending) is not taken again in that window; its message or the
+// regular bound brings it back. The failover sweeps wait a grace of two lease renewals and an interval, and
+// within it every live delivery writes its row: one awaiting Stripe renews its lease (or, finding the lease
+// not its own — its take or a renewal was among the lost commits — notes the call in flight); one before or
+// after its call records its attempt, settles, releases or requeues, and a Stripe call is always preceded by
+// an epoch-checked write. So a row nothing wrote since the failover, once the grace has passed, has no live
+// holder, whether or not the new primary still shows a lease on it: such a lease (its holder finished and
+// FINed, or died) is ended under the epoch it was read with (sweep_sql::end_stale_lease) — a holder's write
+// meanwhile moves the epoch and keeps it — and the row recovered at once rather than when the lease runs
+// out (chargeguard_billing_failover_leases_ended_total). The lease and the recovery are then the same as for
+// any swept row: a live delivery is never raced into a second Stripe call, a late write of the old holder is
+// fenced by the epoch, and a row whose attempt was lost too is settled by the same key or the charge search.
+// Before the grace, at once, it re-applies the settles this sidecar's own deliveries wrote that the new
+// primary shows reverted under a lease they held (settle_journal.hpp): no Stripe call, and no wait at all.
 //
 // Rows of another key namespace are left to their own sidecars (selected by key_namespace, and the key is
 // recomputed and compared before anything runs); rows written before migration 0011 have no namespace and
@@ -140,16 +142,16 @@ class sweeper {
     // One sweep: reads up to `batch` abandoned rows and runs each through charge_flow::resume, one after the
     // other; then up to `batch` abandoned correction revisions, each through charge_flow::resume_correction.
     // Returns what it did, or a query's error (rows already run stay counted in the metrics).
-    // `since_failover` (after a failover): instead of the bound, the unleased pending rows last written
-    // before that long ago, whatever their age.
+    // `since_failover` (after a failover, once its grace has passed): instead of the bound, the pending rows
+    // last written before that long ago, whatever their age, a lease on them ended first.
     // Completes on the pool's executor; not cancellable while a row is at Stripe (the client's timeouts bound
     // it). Stops between rows once stop() was called.
     net::awaitable<result<sweep_report>> sweep_once(
         std::optional<std::chrono::milliseconds> since_failover = std::nullopt);
 
     // PostgreSQL failed over (pg::pool::on_failover): after failover_grace sweep at once, then every
-    // failover_interval until failover_window has passed, the rows last written before the failover (see
-    // above). On the sweeper's executor.
+    // failover_interval until failover_window has passed, the rows last written before the failover, leased
+    // or not (see above). On the sweeper's executor.
     void after_failover();
 
     // Sweeps every `interval` on `ex` (the pool's executor) until stop().

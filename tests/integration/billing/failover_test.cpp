@@ -3,9 +3,10 @@
 // consume's pool sees the promoted standby on its next connection (a new timeline, another address) and the
 // sweeper, with the default sweep settings, settles the rows the failover returned to `pending`: those it
 // settled itself under a lease the new primary still shows as its own at once from its memory of them, the
-// others after a short grace — a row whose lease another holder took only once that lease has expired — each
-// by the payment Stripe already made under its key, never by a second one. Without the detection those rows
-// wait out the sweep bound (430 s with the defaults). Needs CHARGEGUARD_TEST_PG_CTL (ci/lib.sh) and
+// others after a short grace — a row whose lease another holder took too, once nothing renewed that lease
+// since the failover, while a row whose holder keeps renewing it is left to that holder — each by the payment
+// Stripe already made under its key, never by a second one. Without the detection those rows wait out the
+// sweep bound (430 s with the defaults). Needs CHARGEGUARD_TEST_PG_CTL (ci/lib.sh) and
 // pg_basebackup; leaves the shared server alone. g++ 12 -O2 false positive on Asio coroutine frames (GCC bug
 // 109224).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
@@ -110,14 +111,16 @@ double failovers_seen(metrics::registry& reg) {
 
 BOOST_AUTO_TEST_SUITE(billing_failover)
 
-// Three rows charged at Stripe by this sidecar whose `charged` commits the failover lost (their messages
+// Four rows charged at Stripe by this sidecar whose `charged` commits the failover lost (their messages
 // FINed, gone), as the new primary shows them: one still leased under the epoch this sidecar's delivery held
 // (its lease write committed, its settle did not); one with no live lease whose epoch another worker moved
-// since; one whose lease another (dead) holder took and still holds there for 50 s. The first is re-applied
-// from the sidecar's memory of its settle within seconds of the detection (settle_journal.hpp). The second
-// is charged once the failover grace (two lease renewals and an interval) has passed; the third is left
-// alone (no write, no Stripe call) while its lease runs and charged within one failover interval of its end;
-// all within 60 s of the failover, by the payment made under their key (one payment each at Stripe).
+// since; one whose lease another (dead) holder took and still holds there for 50 s; one whose lease another
+// holder took and keeps renewing after the failover, as a live delivery's lease keeper does while its call is
+// awaited. The first is re-applied from the sidecar's memory of its settle within seconds of the detection
+// (settle_journal.hpp). The second and the third are charged once the failover grace (two lease renewals and
+// an interval) has passed: the dead holder's lease, unwritten since the failover, is ended then rather than
+// waited out. The fourth is left alone (no write, no Stripe call) while its holder renews it. All within
+// 60 s of the failover, by the payment made under their key (one payment each at Stripe).
 BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_minute_and_charged_once) {
     if (::access("/usr/lib/postgresql/15/bin/pg_basebackup", X_OK) != 0) {
         BOOST_TEST_MESSAGE("skipped: no pg_basebackup (ci/pg-cluster standby needs it)");
@@ -146,25 +149,25 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
     const auto own_key = key_of("fo-0", "2026-11");
     const auto free_key = key_of("fo-1", "2026-11");
     const auto leased_key = key_of("fo-2", "2026-11");
-    for (auto [customer, id] :
-         {std::pair{"fo-0", "f000"}, std::pair{"fo-1", "f001"}, std::pair{"fo-2", "f002"}}) {
+    const auto live_key = key_of("fo-3", "2026-11");
+    for (auto [customer, id] : {std::pair{"fo-0", "f000"}, std::pair{"fo-1", "f001"},
+                                std::pair{"fo-2", "f002"}, std::pair{"fo-3", "f003"}}) {
         auto v = f.handle(*p, delivery_of(event_json(customer, "2026-11", 1999), id));
         BOOST_TEST_REQUIRE(billing::to_string(v.reason) == "charged", v.detail);
     }
-    BOOST_TEST_REQUIRE(f.fake->charges().size() == 3u);
-    BOOST_TEST_REQUIRE(p->journal().size() == 3u);
+    BOOST_TEST_REQUIRE(f.fake->charges().size() == 4u);
+    BOOST_TEST_REQUIRE(p->journal().size() == 4u);
     // What the standby holds when the settles were lost: the rows pending without Stripe ids; the own row
     // leased under the epoch its delivery held (as just after its pre-flight: the settle moved it by one),
-    // the free one released under an epoch another worker wrote, the leased one taken by another holder.
+    // the free one released under an epoch another worker wrote, the leased and the live ones taken by
+    // other holders.
     auto lost = f.run(f.query(
         "UPDATE billing_records SET status = 'pending', charge_id = NULL, payment_intent_id = NULL, "
         "lease_until = CASE WHEN key = $2 THEN now() - interval '1 s' ELSE now() + interval '50 s' END, "
         "lease_epoch = CASE WHEN key = $1 THEN lease_epoch - 1 ELSE lease_epoch + 1 END "
-        "WHERE key IN ($1, $2, $3) RETURNING lease_epoch",
-        pg::params(own_key, free_key, leased_key)));
+        "WHERE key IN ($1, $2, $3, $4) RETURNING lease_epoch",
+        pg::params(own_key, free_key, leased_key, live_key)));
     BOOST_TEST_REQUIRE(lost.has_value(), (lost ? "" : lost.err().describe()));
-    const auto leased_epoch =
-        cl.value(cl.primary_port, "SELECT lease_epoch FROM billing_records WHERE key = '" + leased_key + "'");
     // The standby has it all before the primary fails.
     cl.wait_standby_replayed();
 
@@ -179,32 +182,42 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
     const auto failed_over = clock_type::now();
 
     // Watches the ledger (through the same pool: its broken connections are replaced on the promoted
-    // standby) until the rows are charged or 60 s have passed; notes when each was first seen charged and
-    // what the leased row looked like when the free one was.
+    // standby) until the rows are charged or 60 s have passed; notes when each was first seen charged.
+    // Meanwhile, once the failover was seen, renews the live row's lease every 10 s as its holder's lease
+    // keeper would (renew_sql: the epoch moved, the lease extended, the call noted in flight), each renewal
+    // under the epoch the last one left.
     std::optional<clock_type::duration> own_at, free_at, leased_at, detected_at;
-    std::string leased_when_free_charged;
-    int leased_posts_when_free_charged = -1;
+    std::optional<clock_type::time_point> renewed_at;
+    std::string live_epoch, live_lost;
     run_async(
         f.io,
         [&]() -> net::awaitable<void> {
             while (clock_type::now() - failed_over < 60s && !(own_at && free_at && leased_at)) {
                 if (!detected_at && failovers_seen(reg) > 0.0) detected_at = clock_type::now() - failed_over;
-                auto r = co_await f.query(
-                    "SELECT key, status, lease_epoch::text FROM billing_records WHERE key IN ($1, $2, $3)",
-                    pg::params(own_key, free_key, leased_key));
+                if (detected_at && live_lost.empty() &&
+                    (!renewed_at || clock_type::now() - *renewed_at > 10s)) {
+                    auto renewed = co_await f.query(
+                        "UPDATE billing_records SET lease_until = now() + interval '50 s', "
+                        "lease_epoch = lease_epoch + 1, last_stripe_attempt_at = now() "
+                        "WHERE key = $1 AND status = 'pending' AND lease_epoch = coalesce(nullif($2::text, "
+                        "'')::bigint, lease_epoch) "
+                        "RETURNING lease_epoch::text",
+                        pg::params(live_key, live_epoch));
+                    if (renewed && renewed->size() == 1) {
+                        live_epoch = renewed->get<std::string>(0, 0);
+                        renewed_at = clock_type::now();
+                    } else if (renewed) {
+                        live_lost = "the live holder's lease was taken over (epoch " + live_epoch + ")";
+                    }
+                }
+                auto r = co_await f.query("SELECT key, status FROM billing_records WHERE key IN ($1, $2, $3)",
+                                          pg::params(own_key, free_key, leased_key));
                 if (r && r->size() == 3) {
                     for (std::size_t i = 0; i < 3; ++i) {
                         const auto key = r->get<std::string>(i, 0);
                         const bool charged = r->get<std::string>(i, 1) == "charged";
                         if (key == own_key && charged && !own_at) own_at = clock_type::now() - failed_over;
-                        if (key == free_key && charged && !free_at) {
-                            free_at = clock_type::now() - failed_over;
-                            for (std::size_t j = 0; j < 3; ++j)
-                                if (r->get<std::string>(j, 0) == leased_key)
-                                    leased_when_free_charged =
-                                        r->get<std::string>(j, 1) + "/" + r->get<std::string>(j, 2);
-                            leased_posts_when_free_charged = f.fake->posts_for(leased_key);
-                        }
+                        if (key == free_key && charged && !free_at) free_at = clock_type::now() - failed_over;
                         if (key == leased_key && charged && !leased_at)
                             leased_at = clock_type::now() - failed_over;
                     }
@@ -232,19 +245,26 @@ BOOST_AUTO_TEST_CASE(rows_a_failover_returned_to_pending_are_settled_within_a_mi
     // Not before the grace (two lease renewals and an interval: 32 s), within a few seconds after it.
     BOOST_TEST(*free_at >= 31s);
     BOOST_TEST(*free_at < 40s);
-    // The row another holder leased was left alone while its lease ran: still pending, its lease epoch
-    // unmoved, no call.
-    BOOST_TEST(leased_when_free_charged == "pending/" + leased_epoch);
-    BOOST_TEST(leased_posts_when_free_charged == 1);
+    // The row a dead holder leased for 50 s more: nothing renewed it since the failover, so its lease was
+    // ended with the grace's first sweep rather than waited out (it would run until 45–50 s).
     BOOST_TEST_REQUIRE(leased_at.has_value(), "the leased row was not charged within 60 s of the failover");
-    BOOST_TEST_MESSAGE("row whose lease ran 50 s more charged "
+    BOOST_TEST_MESSAGE("row whose lease a dead holder held 50 s more charged "
                        << duration_cast<milliseconds>(*leased_at).count() << " ms after the failover");
-    BOOST_TEST(*leased_at >= 45s);  // not before its lease (50 s from a moment before the failover) ended
-    BOOST_TEST(*leased_at < 60s);
+    BOOST_TEST(*leased_at >= 31s);  // not before the grace: a live holder renews within it
+    BOOST_TEST(*leased_at < 40s);
+    BOOST_TEST(test::first_sample(reg, "chargeguard_billing_failover_leases_ended_total") == 1.0);
+    // The row whose holder kept renewing its lease was left to it: every renewal found the lease where the
+    // last one left it, the row still pending, no second call at Stripe.
+    BOOST_TEST(live_lost.empty(), live_lost);
+    BOOST_TEST(!live_epoch.empty());
+    BOOST_TEST(
+        cl.value(cl.standby_port, "SELECT status || '/' || lease_epoch FROM billing_records WHERE key = '" +
+                                      live_key + "'") == "pending/" + live_epoch);
+    BOOST_TEST(f.fake->posts_for(live_key) == 1);
     // Charged by the payments made before the failover: one each at Stripe (the swept rows' recovery sent
     // their key again, which Stripe answered with the same payment; the re-applied row called nothing), the
     // rows holding their ids.
-    BOOST_TEST(f.fake->charges().size() == 3u);
+    BOOST_TEST(f.fake->charges().size() == 4u);
     BOOST_TEST(f.fake->posts_for(own_key) == 1);
     for (const auto& key : {own_key, free_key, leased_key}) {
         auto row = f.row(key);

@@ -7,6 +7,8 @@
 
 #include <asio/detached.hpp>
 #include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <thread>
 
 #include "billing/heal/pending_age.hpp"
 #include "billing/machine/outcome.hpp"
@@ -248,6 +250,50 @@ BOOST_AUTO_TEST_CASE(rows_not_abandoned_or_not_ours_are_left_alone) {
     BOOST_TEST_REQUIRE(live_now.has_value());
     BOOST_TEST(live_now->lease_epoch == live.lease_epoch);  // its lease was never taken
     BOOST_TEST(billing::to_string(live_now->status) == "pending");
+}
+
+// A failover sweep (sweep_once with the time since the failover, after its grace): a row still leased on the
+// new primary that nothing wrote since the failover has no live holder — its lease is ended under the epoch
+// read and the row charged now, not when the lease runs out — while a row whose holder renewed its lease
+// after the failover (as a live delivery's lease keeper does while its call is awaited) is left to it: never
+// selected, its lease and epoch as the holder left them, no Stripe request.
+BOOST_AUTO_TEST_CASE(failover_sweep_ends_a_lease_nothing_wrote_since_and_leaves_a_renewed_one) {
+    fixture f;
+    metrics::registry reg;
+    auto p = f.make_pipeline();
+    auto gone = f.dead_workers_row(event_json("sw-12", "2026-11", 100), "5a12", 30s);
+    auto live = f.dead_workers_row(event_json("sw-13", "2026-11", 100), "5a13", 30s);
+    // The failover, between the rows' last writes and the live holder's renewal, its timestamp apart from
+    // both: the sweep's statement places it at its own now() less the time since, later than this clock's
+    // moment by the time the statement takes to start, so the renewal comes well after it.
+    std::this_thread::sleep_for(50ms);
+    const auto failed_over = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(300ms);
+    auto renewed = f.run(f.query(
+        "UPDATE billing_records SET lease_until = now() + interval '30 s', lease_epoch = lease_epoch + 1, "
+        "last_stripe_attempt_at = now() WHERE key = $1 AND lease_epoch = $2 RETURNING lease_epoch",
+        pg::params(live.key, live.lease_epoch)));
+    BOOST_TEST_REQUIRE((renewed && renewed->size() == 1u));
+    const auto live_epoch = renewed->get<std::int64_t>(0, 0);
+
+    billing::sweeper s(sweep_now(), *p, f.pg, logger(), &reg);
+    const auto since =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - failed_over);
+    auto rep = f.run(s.sweep_once(since));
+    BOOST_TEST_REQUIRE(rep.has_value(), (rep ? "" : rep.err().describe()));
+    BOOST_TEST(rep->found == 1u);  // sw-12 only
+    BOOST_TEST(rep->count(verdict_reason::charged) == 1u);
+    BOOST_TEST(first_sample(reg, "chargeguard_billing_failover_leases_ended_total") == 1.0);
+    auto gone_now = f.row(gone.key);
+    BOOST_TEST_REQUIRE(gone_now.has_value());
+    BOOST_TEST(billing::to_string(gone_now->status) == "charged");
+    BOOST_TEST(f.fake->posts_for(gone.key) == 1);
+    auto live_now = f.row(live.key);
+    BOOST_TEST_REQUIRE(live_now.has_value());
+    BOOST_TEST(billing::to_string(live_now->status) == "pending");
+    BOOST_TEST(live_now->lease_epoch == live_epoch);
+    BOOST_TEST(live_now->lease_remaining.value_or(0ms) > 20s);
+    BOOST_TEST(f.fake->posts_for(live.key) == 0);
 }
 
 // The pending-age monitor, given the sweep bound, counts what the sweeper would take up: of two pending rows
