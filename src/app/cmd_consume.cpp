@@ -188,15 +188,16 @@ int run_consume(const consume_flags& f, const global_flags& g) {
             std::min<std::size_t>({f.stripe.connection_cap, consume_stripe_connections,
                                    std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight))});
     scfg.max_calls = scfg.max_connections;
-    // Pipelines at once while deliveries wait for their turn at Stripe: four times the Stripe calls (a
-    // delivery in its pre-flight statement, at Stripe, waiting its turn, settling), at least 512. The other
-    // deliveries in flight then wait in the consumer's queue with only their message (4 KiB bodies: ~4 KiB
-    // each instead of a pipeline's ~14 KiB of state and coroutine frames), TOUCHed from receipt. With no
-    // delivery waiting for Stripe (a replay's duplicates never call it) every delivery in flight runs, so
-    // they share group-commit statements as large as --max-in-flight allows. held_up is set once the
-    // Stripe client exists.
+    // Pipelines at once while deliveries wait for their turn at Stripe (or, as the last deliveries did,
+    // will): twice the Stripe calls, at least 256. A call takes hundreds of milliseconds and a pre-flight or
+    // settle statement a few, so one pipeline waiting its turn per call keeps every call busy: a call's
+    // answer is settled while the next delivery takes its place. The other deliveries in flight wait in the
+    // consumer's queue with only their message (~4 KiB each with 4 KiB bodies, where a pipeline's state and
+    // coroutine frames are ~12 KiB more), TOUCHed from receipt. When deliveries do not call Stripe (a
+    // replay's duplicates) every delivery in flight runs, so they share group-commit statements as large as
+    // --max-in-flight allows. held_up is set once the pipeline exists.
     ncfg.max_handlers = static_cast<unsigned>(
-        std::min<std::size_t>(ncfg.max_in_flight, std::max<std::size_t>(512, 4 * scfg.max_calls)));
+        std::min<std::size_t>(ncfg.max_in_flight, std::max<std::size_t>(256, 2 * scfg.max_calls)));
     auto bcfg = to_pipeline_config(f.billing);
     auto pollcfg = to_poller_config(f);
     auto opts = to_runtime_options(f.rt);
@@ -252,9 +253,14 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     lopts.on_batch = [&preflight_rows, &settle_rows](std::string_view statement, std::size_t rows) {
         (statement == "preflight" ? preflight_rows : settle_rows).Observe(static_cast<double>(rows));
     };
-    ncfg.held_up = [s = stripe->get()] { return s->calls_waiting() > 0; };
     billing::ledger ledger(pool, std::move(lopts));
     billing::charge_flow pipeline(std::move(bcfg), ledger, **stripe, log, &rt.metrics());
+    // Held up while deliveries wait for their turn at Stripe, and while the last deliveries called Stripe:
+    // a wave of deliveries arriving at once then starts only max_handlers pipelines, not one per delivery
+    // until the first of them reach Stripe's turn (they all wait in their pre-flight statement first).
+    ncfg.held_up = [s = stripe->get(), &pipeline] {
+        return s->calls_waiting() > 0 || pipeline.deliveries_call_stripe();
+    };
     nsq::consumer consumer(
         rt.io().get_executor(), ncfg,
         [&pipeline, &ncfg](nsq::message& m) { return handle_message(&pipeline, &ncfg, m); }, log,
