@@ -201,8 +201,7 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     // flight wait in the consumer's queue with only their message (~4 KiB each with 4 KiB bodies, where a
     // pipeline's state and coroutine frames are ~12 KiB more), TOUCHed from receipt. When deliveries do not
     // call Stripe (a replay's duplicates) every delivery in flight runs, so they share group-commit
-    // statements as large as
-    // --max-in-flight allows. held_up is set once the pipeline exists.
+    // statements as large as the in-flight limit allows. held_up is set once the pipeline exists.
     ncfg.max_handlers = static_cast<unsigned>(std::min<std::size_t>(
         ncfg.max_in_flight, std::max<std::size_t>(128, scfg.max_calls + scfg.max_calls / 2)));
     auto bcfg = to_pipeline_config(f.billing);
