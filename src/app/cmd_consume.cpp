@@ -5,6 +5,8 @@
 // server run on the runtime's main io_context; the Stripe client's HTTPS work runs on the offload pool and
 // its results come back to the main loop. SIGTERM: the consumer drains first (RDY 0, in-flight pipelines
 // finish, CLS), then the pool closes, then the process exits 0.
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -173,6 +175,10 @@ effective_config consume_config(const consume_flags& f, const nsq::consumer_conf
 }
 
 int run_consume(const consume_flags& f, const global_flags& g) {
+    // One malloc arena for every thread: the offload threads' own arenas each kept their freed TLS and HTTP
+    // memory apart from the main heap's, ~1.3 MiB more at the peak of 2 500 deliveries in flight
+    // (docs/benchmarks/footprint.md); small blocks still come from each thread's cache without a lock.
+    mallopt(M_ARENA_MAX, 1);
     // Every validation (and reading the key) happens before anything connects.
     auto ncfg = to_consumer_config(f.nsq);
     auto pgc = to_pg_config(f.pg);
@@ -188,15 +194,16 @@ int run_consume(const consume_flags& f, const global_flags& g) {
             std::min<std::size_t>({f.stripe.connection_cap, consume_stripe_connections,
                                    std::max<std::size_t>(16, static_cast<std::size_t>(ncfg.max_in_flight))});
     scfg.max_calls = scfg.max_connections;
-    // Pipelines at once while deliveries wait for their turn at Stripe: four times the Stripe calls (a
-    // delivery in its pre-flight statement, at Stripe, waiting its turn, settling), at least 512. The other
-    // deliveries in flight then wait in the consumer's queue with only their message (4 KiB bodies: ~4 KiB
-    // each instead of a pipeline's ~14 KiB of state and coroutine frames), TOUCHed from receipt. With no
-    // delivery waiting for Stripe (a replay's duplicates never call it) every delivery in flight runs, so
-    // they share group-commit statements as large as --max-in-flight allows. held_up is set once the
-    // Stripe client exists.
-    ncfg.max_handlers = static_cast<unsigned>(
-        std::min<std::size_t>(ncfg.max_in_flight, std::max<std::size_t>(512, 4 * scfg.max_calls)));
+    // Pipelines at once while deliveries wait for their turn at Stripe (or, as the last deliveries did,
+    // will): one and a half times the Stripe calls, at least 128. A call takes hundreds of milliseconds and a
+    // pre-flight or settle statement a few, so a pipeline waiting its turn for every other call keeps every
+    // call busy: a call's answer is settled while the next delivery takes its place. The other deliveries in
+    // flight wait in the consumer's queue with only their message (~4 KiB each with 4 KiB bodies, where a
+    // pipeline's state and coroutine frames are ~12 KiB more), TOUCHed from receipt. When deliveries do not
+    // call Stripe (a replay's duplicates) every delivery in flight runs, so they share group-commit
+    // statements as large as the in-flight limit allows. held_up is set once the pipeline exists.
+    ncfg.max_handlers = static_cast<unsigned>(std::min<std::size_t>(
+        ncfg.max_in_flight, std::max<std::size_t>(128, scfg.max_calls + scfg.max_calls / 2)));
     auto bcfg = to_pipeline_config(f.billing);
     auto pollcfg = to_poller_config(f);
     auto opts = to_runtime_options(f.rt);
@@ -252,9 +259,14 @@ int run_consume(const consume_flags& f, const global_flags& g) {
     lopts.on_batch = [&preflight_rows, &settle_rows](std::string_view statement, std::size_t rows) {
         (statement == "preflight" ? preflight_rows : settle_rows).Observe(static_cast<double>(rows));
     };
-    ncfg.held_up = [s = stripe->get()] { return s->calls_waiting() > 0; };
     billing::ledger ledger(pool, std::move(lopts));
     billing::charge_flow pipeline(std::move(bcfg), ledger, **stripe, log, &rt.metrics());
+    // Held up while deliveries wait for their turn at Stripe, and while the last deliveries called Stripe:
+    // a wave of deliveries arriving at once then starts only max_handlers pipelines, not one per delivery
+    // until the first of them reach Stripe's turn (they all wait in their pre-flight statement first).
+    ncfg.held_up = [s = stripe->get(), &pipeline] {
+        return s->calls_waiting() > 0 || pipeline.deliveries_call_stripe();
+    };
     nsq::consumer consumer(
         rt.io().get_executor(), ncfg,
         [&pipeline, &ncfg](nsq::message& m) { return handle_message(&pipeline, &ncfg, m); }, log,

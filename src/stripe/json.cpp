@@ -29,11 +29,11 @@ void fit_parser(simdjson::dom::parser& p, std::size_t body) {
     if (p.allocate(std::max(body, parser_floor)) != simdjson::SUCCESS) return;  // the parse allocates itself
 }
 
-// The top-level object of `body`, valid until the next parse on this thread.
-result<object> parse_object(std::string_view body) {
+// The top-level object of `body`, valid until the next parse with `p` (this thread's parser by default).
+result<object> parse_object(std::string_view body, simdjson::dom::parser& p = parser()) {
     element doc;
-    fit_parser(parser(), body.size());
-    if (auto e = parser().parse(body.data(), body.size()).get(doc); e)
+    fit_parser(p, body.size());
+    if (auto e = p.parse(body.data(), body.size()).get(doc); e)
         return error(errc::bad_response, std::string("JSON: ") + simdjson::error_message(e));
     object o;
     if (doc.get_object().get(o)) return error(errc::bad_response, "JSON body is not an object");
@@ -133,7 +133,10 @@ result<refund> to_refund(object o) {
 // A list object ({"object":"list","data":[…],"has_more":…}) of items read by `item`.
 template <typename Page, typename Item>
 result<Page> parse_page(std::string_view body, Item item) {
-    auto o = parse_object(body);
+    // A parser of its own, freed on return: a page of up to 100 objects makes a parser several times the
+    // body, which this thread's parser would keep until a small body on the same thread shrank it.
+    simdjson::dom::parser page_parser;
+    auto o = parse_object(body, page_parser);
     if (!o) return o.err();
     if (str(*o, "object") != "list") return error(errc::bad_response, "not a list object");
     Page page;

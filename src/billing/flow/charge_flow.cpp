@@ -103,6 +103,7 @@ net::awaitable<verdict> charge_flow::handle_delivery(delivery d, touch_fn touch,
     const machine::fsm_input first =
         machine::in::delivery{r.d.body, r.d.message_id, r.d.attempts, cfg_.now(), unit};
     auto v = co_await drive(r, first);
+    stripe_share_ += ((r.called_stripe ? 1.0 : 0.0) - stripe_share_) / 8.0;
     // A decline, a dead letter or a blocked charge is finished but wants a person (a retry once the card is
     // fixed, a replay or a dismissal): warn, as a requeue is.
     const bool needs_a_person =

@@ -151,6 +151,10 @@ class charge_flow {
     net::awaitable<verdict> resume_correction(delivery d, billing_event ev, std::string base);
 
     const charge_flow_config& config() const noexcept { return cfg_; }
+    // Whether most of the last deliveries (an average over about the last eight) started a Stripe call:
+    // the next ones likely will too (charging, not replaying duplicates). False before the first delivery.
+    // Same executor as handle().
+    bool deliveries_call_stripe() const noexcept { return stripe_share_ >= 0.5; }
     // The settles this pipeline's deliveries wrote lately (the sweeper re-applies the ones a failover lost).
     const settle_journal& journal() const noexcept { return journal_; }
     billing::ledger& ledger_ref() noexcept { return ledger_; }
@@ -163,6 +167,9 @@ class charge_flow {
     // The driver: runs the fsm's commands (billing/machine/charge_fsm.hpp) until it gives the verdict.
     net::awaitable<verdict> drive(run& r, const machine::fsm_input& first);
     net::awaitable<machine::fsm_input> execute(run& r, machine::charge_fsm& fsm, const machine::command& c);
+    net::awaitable<machine::fsm_input> preflight(run& r, machine::charge_fsm& fsm);
+    net::awaitable<machine::fsm_input> run_command(run& r, machine::charge_fsm& fsm,
+                                                   const machine::command& c);
     net::awaitable<machine::fsm_input> call_stripe(run& r, machine::charge_fsm& fsm,
                                                    const machine::command& c);
     net::awaitable<machine::fsm_input> settle(run& r, machine::charge_fsm& fsm, const machine::command& c);
@@ -180,6 +187,7 @@ class charge_flow {
     std::unique_ptr<settlement_store> settlements_;  // on ledger_'s pool
     std::mt19937_64 rng_{std::random_device{}()};    // requeue jitter; used on the pipeline's executor only
     double stripe_time_avg_us_ = 0;                  // exponential average of Stripe call times (µs)
+    double stripe_share_ = 0;  // exponential average of deliveries that started a Stripe call (0 or 1 each)
     net::turn_budget* turns_ = nullptr;  // the main loop's (net/turn_budget.hpp), found on first use
     settle_journal journal_;
 

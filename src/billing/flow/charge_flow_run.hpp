@@ -91,6 +91,7 @@ struct charge_flow::run {
     delivery_log log;
     billing_event ev;  // once the fsm parsed it (the log's context)
     std::string key;
+    bool called_stripe = false;  // a create was started (charge_flow::deliveries_call_stripe)
 
     dead_letter letter(std::string reason, std::optional<std::string> billing_key) const {
         return {d.topic, d.channel,         d.message_id,          d.attempts,

@@ -33,18 +33,38 @@ machine::fsm_input changed(const result<bool>& m) {
 
 }  // namespace
 
+// Not a coroutine: the command's own coroutine is what drive() awaits. g++ gives every local of every
+// branch of a coroutine its own slot in the frame, so one coroutine for all commands kept a frame sized for
+// all of them beside the Stripe call or the pre-flight statement a delivery waits in, for each of the
+// hundreds of deliveries in flight.
 net::awaitable<machine::fsm_input> charge_flow::execute(run& r, machine::charge_fsm& fsm,
                                                         const machine::command& c) {
+    switch (c.what) {
+        case op::preflight:
+            return preflight(r, fsm);
+        case op::create:
+            return call_stripe(r, fsm, c);
+        case op::settle:
+            return settle(r, fsm, c);
+        default:
+            return run_command(r, fsm, c);
+    }
+}
+
+net::awaitable<machine::fsm_input> charge_flow::preflight(run& r, machine::charge_fsm& fsm) {
+    r.log.debug("pre-flight");
+    new_record row{fsm.key(), fsm.event(), r.d.message_id, r.d.attempts, cfg_.key_namespace};
+    auto pf = co_await ledger_.preflight(std::move(row), cfg_.lease);
+    if (!pf) co_return in::failed{pf.err()};
+    if (pf->inserted) r.log.debug("ledger row written");
+    co_return in::preflighted{pf->inserted, std::move(pf->record), cfg_.now()};
+}
+
+// The commands other than the pre-flight, the Stripe call and the settles (execute() above).
+net::awaitable<machine::fsm_input> charge_flow::run_command(run& r, machine::charge_fsm& fsm,
+                                                            const machine::command& c) {
     const auto& key = fsm.key();
     switch (c.what) {
-        case op::preflight: {
-            r.log.debug("pre-flight");
-            new_record row{key, fsm.event(), r.d.message_id, r.d.attempts, cfg_.key_namespace};
-            auto pf = co_await ledger_.preflight(std::move(row), cfg_.lease);
-            if (!pf) co_return in::failed{pf.err()};
-            if (pf->inserted) r.log.debug("ledger row written");
-            co_return in::preflighted{pf->inserted, std::move(pf->record), cfg_.now()};
-        }
         case op::find: {
             auto row = co_await ledger_.find(key);
             if (!row) co_return in::failed{row.err()};
@@ -72,8 +92,6 @@ net::awaitable<machine::fsm_input> charge_flow::execute(run& r, machine::charge_
             if (!b) co_return in::failed{b.err()};
             co_return in::bumped{b->generation, b->wait};
         }
-        case op::settle:
-            co_return co_await settle(r, fsm, c);
         case op::apply_recorded: {
             auto applied = co_await settlements_->apply_recorded(key);
             if (!applied) {
@@ -92,8 +110,6 @@ net::awaitable<machine::fsm_input> charge_flow::execute(run& r, machine::charge_
             auto added = co_await ledger_.add_dead_letter(r.letter(c.text, c.letter_key));
             co_return changed(added);
         }
-        case op::create:
-            co_return co_await call_stripe(r, fsm, c);
         case op::search_charges: {
             const auto& q = c.search;
             auto found = co_await stripe_.find_charge_by_billing_key(q.stripe_customer_id, q.key, q.since,
@@ -116,6 +132,9 @@ net::awaitable<machine::fsm_input> charge_flow::execute(run& r, machine::charge_
             co_return in::corrected{std::move(v)};
         }
         case op::done:
+        case op::preflight:
+        case op::create:
+        case op::settle:
             break;
     }
     throw std::logic_error("charge_flow: no command to execute");
@@ -183,6 +202,7 @@ net::awaitable<machine::fsm_input> charge_flow::settle(run& r, machine::charge_f
 // neither the request nor the client's coroutines.
 net::awaitable<machine::fsm_input> charge_flow::call_stripe(run& r, machine::charge_fsm& fsm,
                                                             const machine::command& c) {
+    r.called_stripe = true;
     stripe::charge_outcome out;
     auto ex = co_await asio::this_coro::executor;
     auto keeper = std::make_shared<lease_keeper>(

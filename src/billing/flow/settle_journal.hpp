@@ -12,6 +12,7 @@
 // its generation moved, settled meanwhile) is left to the normal recovery. Main executor only.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -54,10 +55,23 @@ class settle_journal {
     std::size_t size() const noexcept { return ring_.size(); }
 
   private:
+    // An entry as kept: its strings in one allocation (the ring holds up to `capacity` entries, 20 000 by
+    // default, and a journal_entry's four strings and optionals are most of its size).
+    struct packed {
+        std::string text;                     // key, charge id, PaymentIntent id, last error
+        std::array<std::uint32_t, 3> ends{};  // where the key, the charge id, the PaymentIntent id end
+        std::uint8_t present = 0;             // which of the three optionals are set (bits 0..2)
+        record_status status = record_status::charged;
+        std::int32_t generation = 1;
+        lease_token first_lease = 0, last_lease = 0;
+        clock::time_point at{};
+    };
+    static packed pack(const journal_entry& e);
+    static journal_entry unpack(const packed& p);
     void trim(clock::time_point now);
     std::chrono::milliseconds keep_;
     std::size_t capacity_;
-    std::deque<journal_entry> ring_;
+    std::deque<packed> ring_;
 };
 
 // Whether the row as the new primary shows it is the one `e` settled, reverted by a failover: pending, the

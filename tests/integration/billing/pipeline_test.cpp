@@ -92,6 +92,24 @@ BOOST_AUTO_TEST_CASE(redelivery_is_a_prevented_duplicate) {
     BOOST_TEST(metric(reg, "chargeguard_billing_messages_total", "duplicate_prevented") == 2.0);
 }
 
+// Whether the last deliveries called Stripe (consume holds its pipelines to max_handlers while they do): no
+// before any, yes after a run of charges, no again once duplicates, which never call it, follow.
+BOOST_AUTO_TEST_CASE(deliveries_call_stripe_follows_the_last_deliveries) {
+    fixture f;
+    auto p = f.make_pipeline(f.config_for_pipeline());
+    BOOST_TEST(!p->deliveries_call_stripe());
+    std::vector<std::string> bodies;
+    for (int i = 0; i < 6; ++i) {
+        bodies.push_back(event_json("acme-share-" + std::to_string(i), "2026-11", 100 + i));
+        auto id = "0c0" + std::to_string(i);
+        BOOST_TEST(reason(f.handle(*p, delivery_of(bodies.back(), id))) == "charged");
+        BOOST_TEST(p->deliveries_call_stripe() == (i == 5), i);  // 1 − (7/8)^6 ≥ 0.5 after the sixth
+    }
+    BOOST_TEST(reason(f.handle(*p, delivery_of(bodies[0], "0c10", 2))) == "duplicate_prevented");
+    BOOST_TEST(!p->deliveries_call_stripe());
+    BOOST_TEST(f.fake->charges().size() == 6u);
+}
+
 // Every line of a delivery carries its context: the message id and attempts, then once the event is parsed
 // its billing key, customer and period — whether a line was written before the event was known (debug: the
 // context is rendered for "billing delivery received", then extended) or none was (info: rendered for the

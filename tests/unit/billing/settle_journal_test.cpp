@@ -42,6 +42,36 @@ BOOST_AUTO_TEST_CASE(keeps_recent_entries_within_age_and_count) {
     BOOST_TEST(j.size() == 2u);
 }
 
+// An entry comes back as it was noted: each optional set, unset, or set and empty, the others around it.
+BOOST_AUTO_TEST_CASE(entries_come_back_as_noted) {
+    const auto t0 = std::chrono::steady_clock::now();
+    billing::settle_journal j(60s, 10);
+    auto full = entry("bench:cus_1:2026-11", t0);
+    full.status = billing::record_status::declined;
+    full.payment_intent_id = "pi_3";
+    full.last_error = "card_declined: insufficient funds";
+    auto none = entry("k2", t0);
+    none.charge_id.reset();
+    auto empty = entry("", t0);
+    empty.charge_id = "";
+    empty.last_error = "";
+    for (const auto& e : {full, none, empty}) j.note(e);
+    auto r = j.recent(t0 + 1s);
+    BOOST_TEST_REQUIRE(r.size() == 3u);
+    for (std::size_t i = 0; i < r.size(); ++i) {
+        const auto& want = i == 0 ? full : i == 1 ? none : empty;
+        BOOST_TEST(r[i].key == want.key, i);
+        BOOST_TEST((r[i].charge_id == want.charge_id), i);
+        BOOST_TEST((r[i].payment_intent_id == want.payment_intent_id), i);
+        BOOST_TEST((r[i].last_error == want.last_error), i);
+        BOOST_TEST((r[i].status == want.status), i);
+        BOOST_TEST(r[i].generation == want.generation);
+        BOOST_TEST(r[i].first_lease == want.first_lease);
+        BOOST_TEST(r[i].last_lease == want.last_lease);
+        BOOST_TEST((r[i].at == want.at));
+    }
+}
+
 // Only a pending row under the same generation and a lease epoch the delivery held is its reverted settle.
 BOOST_AUTO_TEST_CASE(reverted_only_under_an_epoch_the_delivery_held) {
     const auto e = entry("k", std::chrono::steady_clock::now());
