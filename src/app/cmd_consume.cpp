@@ -176,7 +176,7 @@ effective_config consume_config(const consume_flags& f, const nsq::consumer_conf
 
 int run_consume(const consume_flags& f, const global_flags& g) {
     // One malloc arena for every thread: the offload threads' own arenas each kept their freed TLS and HTTP
-    // memory apart from the main heap's, ~1.3 MiB more at the peak of 2 500 deliveries in flight
+    // memory apart from the main heap's, adding to the peak with many deliveries in flight
     // (docs/benchmarks/footprint.md); small blocks still come from each thread's cache without a lock.
     mallopt(M_ARENA_MAX, 1);
     // Every validation (and reading the key) happens before anything connects.

@@ -116,7 +116,7 @@ net::awaitable<void> drain(http::server* server, vault::proxy* p, std::shared_pt
 
 int run_proxy(const proxy_flags& f, const global_flags& g) {
     // One malloc arena for every thread: the upstream clients' threads' own arenas each kept their freed TLS
-    // and HTTP memory apart from the main heap's, ~2 MiB more at the peak of 2 500 held requests
+    // and HTTP memory apart from the main heap's, adding to the peak with many requests held
     // (docs/benchmarks/footprint.md); small blocks still come from each thread's cache without a lock.
     mallopt(M_ARENA_MAX, 1);
     auto cfg = to_proxy_config(f);
