@@ -84,14 +84,18 @@ void world::retry_look(int event, int round) {
     });
 }
 
+void world::supersede_payments(const row& r) {
+    if (r.rec.charge_id) retried_payments_.insert(*r.rec.charge_id);
+    if (r.payment_intent_id) retried_payments_.insert(*r.payment_intent_id);
+}
+
 // retry_store's reopen: pending, key_generation + 1, no lease, the attempt window restarted, the old
 // payment's ids cleared and recorded (the recovery search skips them); then the event is published again.
 void world::reopen(int event) {
     event_spec& e = events_[event];
     row* r = find_row(e.key);
     if (!r || r->rec.status != record_status::declined) return;
-    if (r->rec.charge_id) retried_payments_.insert(*r->rec.charge_id);
-    if (r->payment_intent_id) retried_payments_.insert(*r->payment_intent_id);
+    supersede_payments(*r);
     commit(r, *r, false);
     set_status(*r, record_status::pending);
     ++r->rec.key_generation;

@@ -162,10 +162,7 @@ void world::replay_letters() {
         if (what != billing::machine::replay_command::reopen_then_publish) continue;
         // reopen_sql from failed_after_processing: pending under a new key generation, the failed payment's
         // ids moved to billing_retries, the attempt window restarted, no lease.
-        if (has(safeguard::replay_new_generation)) {
-            if (r->rec.charge_id) retried_payments_.insert(*r->rec.charge_id);
-            if (r->payment_intent_id) retried_payments_.insert(*r->payment_intent_id);
-        }
+        if (has(safeguard::replay_new_generation)) supersede_payments(*r);
         commit(r, *r, false);
         set_status(*r, record_status::pending);
         if (has(safeguard::replay_new_generation)) ++r->rec.key_generation;

@@ -179,6 +179,7 @@ class world {
     // A statement's write: updated_at now, and the row as it was journalled — unless the write is one the
     // simulated standby always has (then every earlier commit too: replication keeps the commit order).
     void commit(const row* before, row& after, bool losable = true);
+    void supersede_payments(const row& r);  // the reopen's billing_retries row: the old payment's ids
     void set_status(row& r, record_status to);
     void left_pending(row& r);
     bool insert(const delivery& d);

@@ -255,6 +255,7 @@ class charge_fsm {
     };
 
     command on_existing(const ledger_record& rec, sys_time now);
+    command read_retries(at next);
     command start_search();
     command search_charges();
     command after_charges(std::optional<stripe::charge> ch);

@@ -63,13 +63,18 @@ command charge_fsm::create() {
     return emit(std::move(c), at::create);
 }
 
+// The payments the row's earlier lives made (billing_retries), read before `next`.
+command charge_fsm::read_retries(at next) {
+    command c;
+    c.what = op::superseded_payments;
+    c.name = "read retries";
+    return emit(std::move(c), next);
+}
+
 command charge_fsm::start_search() {
     if (gen_ >= 2) {
         // Maybe a retried declined row: its earlier attempts' payments are not this generation's answer.
-        command c;
-        c.what = op::superseded_payments;
-        c.name = "read retries";
-        return emit(std::move(c), at::superseded);
+        return read_retries(at::superseded);
     }
     return search_charges();
 }
@@ -221,10 +226,7 @@ command charge_fsm::after_create(const stripe::charge_outcome& out) {
     if (gen_ >= 2 && !superseded_read_ && names_payment &&
         on_answer(out).command != charge_step::mark_charged) {
         answer_ = out;
-        command c;
-        c.what = op::superseded_payments;
-        c.name = "read retries";
-        return emit(std::move(c), at::answer_superseded);
+        return read_retries(at::answer_superseded);
     }
     return answered(out);
 }
