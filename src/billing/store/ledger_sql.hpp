@@ -251,10 +251,16 @@ inline const std::string processing_sql =
 // Held until the batch's transaction ends: concurrent deliveries of one message insert one letter.
 inline const std::string letter_lock_sql =
     "SELECT pg_advisory_xact_lock(hashtextextended('cg_dead_letter:' || $1::text, 0))";
+// Inserts the letter, or counts the delivery on the letter already there (a redelivery: no FIN reached
+// nsqd). It writes either way, so its commit waits for the synchronous standby and the FIN after it never
+// rests on a first commit whose wait was cancelled, which exists on the primary only (a commit that wrote
+// nothing returns at once). Affects one row only when it inserted.
 inline const std::string letter_insert_sql =
+    "WITH again AS (UPDATE dead_letters SET deliveries = deliveries + 1 "
+    "WHERE nsq_message_id = $3::text AND reason = $6::text RETURNING 1) "
     "INSERT INTO dead_letters (topic, channel, nsq_message_id, attempts, raw_body, reason, billing_key) "
     "SELECT $1::text, $2::text, $3::text, $4::int, $5::bytea, $6::text, $7::text "
-    "WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE nsq_message_id = $3::text AND reason = $6::text)";
+    "WHERE NOT EXISTS (SELECT 1 FROM again)";
 
 // Constant-initialized: other translation units' statics build statements from it.
 inline constexpr const char* stored_columns = CG_STORED_COLUMNS;

@@ -54,6 +54,7 @@ const std::string dead_letter_sql =
     "AND d.nsq_message_id = coalesce(b.nsq_message_id, 'settlement-' || b.key) "
     "AND d.reason LIKE 'failed after processing%')";
 
+const std::string redelivered_event_sql = "UPDATE stripe_webhook_events SET deliveries = deliveries + 1 WHERE id = $1";
 const std::string insert_event_sql =
     "INSERT INTO stripe_webhook_events (id, type, created, livemode, object_id, payload, payment_intent_id, "
     "charge_id, billing_key) VALUES ($1, $2, to_timestamp($3), $4, NULLIF($5, ''), $6::jsonb, "
@@ -268,6 +269,10 @@ net::awaitable<result<event_record_result>> settlement_store::record_event(strip
                                 body, res.fact.payment_intent_id, res.fact.charge_id, res.fact.billing_key);
     if (!ins) co_return ins.err();
     if (ins->empty()) {
+        // A redelivery of an event recorded before. It writes (counts the delivery) so that its commit waits
+        // for the synchronous standby: the 2xx must not rest on a first commit whose wait was cancelled,
+        // which exists on the primary only (a commit that wrote nothing returns at once).
+        if (auto w = co_await c.query(redelivered_event_sql, env.id); !w) co_return w.err();
         if (auto e = co_await c.execute("COMMIT"); !e) co_return e.err();
         res.duplicate = true;
         co_return res;

@@ -5,6 +5,9 @@
 #include <boost/test/unit_test.hpp>
 
 #include "faults.hpp"
+#include "standby_cluster.hpp"
+
+using cg::test::cluster_waiting_for_a_standby;
 
 namespace {
 
@@ -78,45 +81,6 @@ BOOST_AUTO_TEST_CASE(stuck_cancel_requests_do_not_starve_the_offload_pool) {
 }
 
 // ---- 4. a commit the synchronous standby never confirmed is not a success ----------------------------
-
-// A throwaway cluster of its own (ci/pg-cluster), with synchronous replication to a standby that never
-// connects: every commit on it waits. Its own, so nothing else ever waits on it, even if this test dies.
-struct cluster_waiting_for_a_standby : test::pg_server_ctl {
-    unsigned short port = test::closed_port();
-    cluster_waiting_for_a_standby() : pg_server_ctl("start a cluster of the test's own") {
-        char tmpl[] = "/tmp/cg-syncrep.XXXXXX";
-        BOOST_TEST_REQUIRE(::mkdtemp(tmpl) != nullptr);
-        dir = tmpl;
-        ::chmod(tmpl, 0755);
-        BOOST_TEST_REQUIRE(run("start", std::to_string(port)) == 0);
-        exec("CREATE TABLE t (id int PRIMARY KEY)");
-        exec("ALTER SYSTEM SET synchronous_standby_names = 'cg_no_such_standby'");
-        exec("SELECT pg_reload_conf()");
-    }
-    ~cluster_waiting_for_a_standby() {
-        run("stop");
-        std::system(("rm -rf \"" + dir + "\"").c_str());
-    }
-    int run(const std::string& what, const std::string& extra = "") const {
-        return std::system(
-            ("\"" + ctl + "\" " + what + " \"" + dir + "\" " + extra + " >/dev/null 2>&1").c_str());
-    }
-    std::string dsn() const {
-        return "host=127.0.0.1 port=" + std::to_string(port) + " dbname=chargeguard_test user=postgres";
-    }
-    // libpq's synchronous API: for setting up and reading back, never on a loop.
-    std::string exec(const std::string& sql) const {
-        PGconn* c = PQconnectdb(dsn().c_str());
-        PGresult* r = PQexec(c, sql.c_str());
-        auto st = PQresultStatus(r);
-        std::string out = st == PGRES_TUPLES_OK && PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "";
-        std::string err = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK ? "" : PQerrorMessage(c);
-        PQclear(r);
-        PQfinish(c);
-        BOOST_TEST_REQUIRE(err.empty(), sql << ": " << err);
-        return out;
-    }
-};
 
 // PostgreSQL answers a cancel during a commit's wait for the standby with a WARNING and the command's
 // success, the row committed on the primary only. Our deadline's cancel must turn that into an error.
