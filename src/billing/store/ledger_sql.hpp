@@ -214,6 +214,16 @@ inline const std::string in_flight_sql =
     "UPDATE billing_records SET last_stripe_attempt_at = now() "
     "WHERE key = $1 AND status = 'pending' AND key_generation = $2";
 
+// A reopen's record in billing_retries, from the CTEs `prev` (the row as it was, with its key, status, ids
+// and last_error) and `reopened` (its key_generation now); the statement goes on with the two values left,
+// requested_by and reason, then FROM. Constant-initialized: other translation units' statics build
+// statements from it.
+inline constexpr const char* retry_log_insert =
+    "INSERT INTO billing_retries (key, generation, previous_status, previous_charge_id, "
+    "previous_payment_intent_id, previous_error, requested_by, reason) "
+    "SELECT prev.key, reopened.key_generation, prev.status, prev.charge_id, prev.payment_intent_id, "
+    "prev.last_error, ";
+
 // The old status comes from the locked read (RETURNING shows only new values). A payment that failed after
 // processing leaves the row for billing_retries, as a declined row's does on a retry (retry_store.hpp): the
 // new generation's call may be answered with it (a failover lost the bump that had used that generation
@@ -233,11 +243,9 @@ inline const std::string reopen_sql =
     "ELSE b.first_stripe_attempt_at END, "
     "lease_until = NULL, lease_epoch = b.lease_epoch + 1, last_error = $2 "
     "FROM prev WHERE b.key = $1 RETURNING prev.status, b.key_generation), "
-    "logged AS (INSERT INTO billing_retries (key, generation, requested_by, reason, previous_status, "
-    "previous_charge_id, previous_payment_intent_id, previous_error) "
-    "SELECT prev.key, reopened.key_generation, 'dead-letter replay', coalesce(nullif($2::text, ''), "
-    "'replay'), "
-    "prev.status, prev.charge_id, prev.payment_intent_id, prev.last_error FROM prev, reopened "
+    "logged AS (" +
+    std::string(retry_log_insert) +
+    "'dead-letter replay', coalesce(nullif($2::text, ''), 'replay') FROM prev, reopened "
     "WHERE prev.status = 'failed_after_processing' ON CONFLICT (key, generation) DO NOTHING) "
     "SELECT status FROM reopened";
 

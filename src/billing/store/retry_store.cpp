@@ -2,6 +2,7 @@
 
 #include <string_view>
 
+#include "billing/store/ledger_sql.hpp"
 #include "pg/rows.hpp"
 
 namespace cg::billing {
@@ -46,10 +47,9 @@ const std::string reopen_declined_sql =
     "stripe_status_at = NULL, first_stripe_attempt_at = now(), lease_until = NULL, "
     "lease_epoch = b.lease_epoch + 1, last_error = $4::text "
     "FROM prev WHERE b.key = prev.key RETURNING b.key_generation), "
-    "logged AS (INSERT INTO billing_retries (key, generation, requested_by, reason, previous_status, "
-    "previous_charge_id, previous_payment_intent_id, previous_error) "
-    "SELECT prev.key, reopened.key_generation, $2::text, $3::text, prev.status, prev.charge_id, "
-    "prev.payment_intent_id, prev.last_error FROM prev, reopened "
+    "logged AS (" +
+    std::string(ledger_sql::retry_log_insert) +
+    "$2::text, $3::text FROM prev, reopened "
     "RETURNING id, key, generation, requested_at::text, requested_by, reason, previous_status, "
     "previous_charge_id, previous_payment_intent_id, previous_error) "
     "SELECT * FROM logged";

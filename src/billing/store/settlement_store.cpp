@@ -54,7 +54,8 @@ const std::string dead_letter_sql =
     "AND d.nsq_message_id = coalesce(b.nsq_message_id, 'settlement-' || b.key) "
     "AND d.reason LIKE 'failed after processing%')";
 
-const std::string redelivered_event_sql = "UPDATE stripe_webhook_events SET deliveries = deliveries + 1 WHERE id = $1";
+const std::string redelivered_event_sql =
+    "UPDATE stripe_webhook_events SET deliveries = deliveries + 1 WHERE id = $1";
 const std::string insert_event_sql =
     "INSERT INTO stripe_webhook_events (id, type, created, livemode, object_id, payload, payment_intent_id, "
     "charge_id, billing_key) VALUES ($1, $2, to_timestamp($3), $4, NULLIF($5, ''), $6::jsonb, "

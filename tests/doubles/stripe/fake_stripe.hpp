@@ -278,6 +278,9 @@ class fake_stripe {
               const std::string& group);
     void emit(const std::string& type, const render_fn& object, const std::string& object_id,
               const std::string& group, const std::string& previous_attributes = {});
+    // After settle_after_, `step` on the object, unless the double was reset (settle_gen_) or destroyed.
+    using settle_step = void (*)(fake_stripe&, const std::string& id);
+    void settle_later(const std::string& id, settle_step step);
     void schedule_settlement(const std::string& intent_id);
     void schedule_charge_settlement(const std::string& charge_id);
     std::string new_id(const char* prefix);

@@ -23,32 +23,31 @@ void fake_stripe::bank_outcome(std::string customer, std::string outcome, std::s
     bank_outcomes_[std::move(customer)] = {std::move(outcome), std::move(failure_code)};
 }
 
-void fake_stripe::schedule_settlement(const std::string& intent_id) {
+void fake_stripe::settle_later(const std::string& id, settle_step step) {
     ++pending_settle_;
     auto body = [](fake_stripe* self, std::shared_ptr<bool> alive, std::uint64_t gen, std::string id,
-                   std::chrono::milliseconds after) -> asio::awaitable<void> {
+                   std::chrono::milliseconds after, settle_step step) -> asio::awaitable<void> {
         co_await net::sleep_for(after);
         if (!*alive || gen != self->settle_gen_) co_return;
         --self->pending_settle_;
-        auto* pi = self->find_intent(id);
-        if (pi && pi->status == "processing") self->settle(id, pi->settles_to, pi->settle_failure_code);
+        step(*self, id);
         self->webhooks_->notify();
     };
-    asio::co_spawn(ex_, body(this, alive_, settle_gen_, intent_id, settle_after_), asio::detached);
+    asio::co_spawn(ex_, body(this, alive_, settle_gen_, id, settle_after_, step), asio::detached);
+}
+
+void fake_stripe::schedule_settlement(const std::string& intent_id) {
+    settle_later(intent_id, [](fake_stripe& self, const std::string& id) {
+        auto* pi = self.find_intent(id);
+        if (pi && pi->status == "processing") self.settle(id, pi->settles_to, pi->settle_failure_code);
+    });
 }
 
 void fake_stripe::schedule_charge_settlement(const std::string& charge_id) {
-    ++pending_settle_;
-    auto body = [](fake_stripe* self, std::shared_ptr<bool> alive, std::uint64_t gen, std::string id,
-                   std::chrono::milliseconds after) -> asio::awaitable<void> {
-        co_await net::sleep_for(after);
-        if (!*alive || gen != self->settle_gen_) co_return;
-        --self->pending_settle_;
-        auto* c = self->find_charge(id);
-        if (c && c->status == "pending") self->settle_charge(id, c->settles_to, c->settle_failure_code);
-        self->webhooks_->notify();
-    };
-    asio::co_spawn(ex_, body(this, alive_, settle_gen_, charge_id, settle_after_), asio::detached);
+    settle_later(charge_id, [](fake_stripe& self, const std::string& id) {
+        auto* c = self.find_charge(id);
+        if (c && c->status == "pending") self.settle_charge(id, c->settles_to, c->settle_failure_code);
+    });
 }
 
 bool fake_stripe::settle_charge(const std::string& charge_id, const std::string& outcome,
