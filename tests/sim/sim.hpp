@@ -35,6 +35,9 @@ enum class safeguard {
     sweeper,                  // a pending row no message brings back is recovered by the sweeper
     replay_new_generation,    // a dead letter's replay of a debit that failed reopens under a new key
                               // generation (reopen_for_replay), so Stripe does not replay the failure
+    cap_reservation,          // the vault proxy reserves each create against its period's cap before
+                              // forwarding it (cg_vault_step)
+    retry_counted_once,  // a retry with the same idempotency key finds its reservation: not counted again
 };
 inline constexpr safeguard all_safeguards[] = {
     safeguard::write_before_call,
@@ -49,6 +52,8 @@ inline constexpr safeguard all_safeguards[] = {
     safeguard::cancel_before_retry,
     safeguard::sweeper,
     safeguard::replay_new_generation,
+    safeguard::cap_reservation,
+    safeguard::retry_counted_once,
 };
 std::string_view to_string(safeguard s) noexcept;
 
@@ -75,6 +80,7 @@ struct run_result {
     std::uint64_t swept = 0;              // rows the sweepers ran through the fsm
     std::uint64_t leases_ended = 0;       // leases unwritten since a failover that its sweeps ended
     std::uint64_t replays = 0;            // dead letters the operator replayed
+    std::uint64_t cap_refusals = 0;       // creates the vault refused (spend_cap_exceeded)
     std::uint64_t digest = 0;             // a hash of the whole schedule: equal digests, equal runs
     std::vector<std::string> schedule;    // with config::trace
 };

@@ -90,7 +90,7 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
     const std::uint64_t schedules = env_number("CHARGEGUARD_SIM_SCHEDULES", 2000);
     const std::uint64_t first = env_number("CHARGEGUARD_SIM_SEED", 1);
     std::uint64_t deliveries = 0, steps = 0, creates = 0, broken = 0, lost = 0, swept = 0, ended = 0,
-                  replays = 0;
+                  replays = 0, refused = 0;
     // A safety net for an overloaded machine, never reached on an idle one: past this many seconds the run
     // stops early and says so (0: no cap).
     const std::uint64_t cap = env_number("CHARGEGUARD_SIM_MAX_SECONDS", 0);
@@ -117,6 +117,7 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
         swept += r.swept;
         ended += r.leases_ended;
         replays += r.replays;
+        refused += r.cap_refusals;
         if (schedules == 1)
             for (const auto& line : r.schedule) std::cout << line << "\n";
         if (!r.violations.empty()) {
@@ -131,7 +132,7 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
               << " deliveries/s (CPU " << static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC << " s); "
               << broken << " broken; " << lost << " commits lost to failovers, " << swept << " rows swept ("
               << ended << " after ending a lease nothing wrote since a failover), " << replays
-              << " dead letters replayed\n";
+              << " dead letters replayed, " << refused << " creates refused by the vault's cap\n";
     BOOST_TEST(broken == 0u);
     BOOST_TEST(ran > 0u);
     // The failovers, the sweepers and the operator's replays did run (a budget of a few hundred suffices).
@@ -140,6 +141,7 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
         BOOST_TEST(swept > 0u);
         BOOST_TEST(ended > 0u);
         BOOST_TEST(replays > 0u);
+        BOOST_TEST(refused > 0u);
     }
 }
 
