@@ -101,11 +101,12 @@ struct stripe_charge {
 // A PaymentIntent as Stripe holds it (created with confirm=true).
 struct stripe_intent {
     std::string id;
-    std::string billing_key;     // metadata[billing_key]
-    std::string status;          // succeeded | processing | requires_payment_method | requires_confirmation
-    int charge = -1;             // latest_charge
-    std::string created_status;  // its status when the create answered (the body Stripe saved)
-    std::string failed_method;   // last_payment_error.payment_method.type
+    std::string billing_key;      // metadata[billing_key]
+    std::string idempotency_key;  // the request that created it (the vault's metadata tag names it too)
+    std::string status;           // succeeded | processing | requires_payment_method | requires_confirmation
+    int charge = -1;              // latest_charge
+    std::string created_status;   // its status when the create answered (the body Stripe saved)
+    std::string failed_method;    // last_payment_error.payment_method.type
     ms_t created = 0;
     ms_t visible_at = 0;
 };
@@ -130,6 +131,8 @@ struct spend_row {
     bool in_flight = false;
     int charge = -1;  // the Stripe object it settled with (stripe_object_id), for the in-flight follow
     int intent = -1;
+    int request = -1;  // the request it stores (request_path, request_body): what the resolver replays
+    int attempts = 0;  // resolve_attempts
     // vault_keys.committed_cents counts reserved, settled and uncertain rows (reopened_cents is 0: the key
     // is issued without refunds_reopen_cap, and the charge flow refunds nothing).
     bool counted() const { return st != state::released; }

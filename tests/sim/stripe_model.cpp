@@ -69,6 +69,7 @@ void world::create_intent(request& q, const event_spec& e) {
     stripe_intent pi;
     pi.id = "pi_" + std::to_string(intents_.size() + 1);
     pi.billing_key = q.billing_key;
+    pi.idempotency_key = q.idempotency_key;
     pi.created = now_;
     pi.visible_at = now_ + (fault(0.3) ? rnd_.range(0, 20 * sec) : 0);
     const int pidx = static_cast<int>(intents_.size());

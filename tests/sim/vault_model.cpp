@@ -8,10 +8,9 @@
 // check_in_flight gives a failed payment's room back. The upstream bug the cap exists for — a period's event
 // published again as another customer's, or for the period's whole total — is upstream_bug().
 //
-// Not modelled: cap leases (their spends are rows under the same arithmetic); the key_expired refusal of a
-// key reused past the proxy's same-key window (the fsm's own window is what the simulator tests); the
-// resolver's replay and search of an `uncertain` row — such a row stays counted, so the cap only gets
-// stricter and no overshoot is hidden.
+// The resolver takes up an `uncertain` row (vault_resolver.cpp). Not modelled: cap leases (their spends are
+// rows under the same arithmetic); the key_expired refusal of a key reused past the proxy's same-key window
+// (the fsm's own window is what the simulator tests); a proxy that dies with rows left `reserved`.
 #include <string>
 
 #include "billing/machine/key.hpp"
@@ -69,7 +68,7 @@ bool world::vault_forward(int rq) {
     request& q = requests_[rq];
     const event_spec& e = events_[q.event];
     vault_key& k = vault_[e.ev.billing_period];
-    if (!has(safeguard::cap_reservation)) return true;  // forwarded as sent: nothing reserved or counted
+    if (!vault_on_ || !has(safeguard::cap_reservation)) return true;  // nothing reserved or counted
     const bool fits = k.committed + q.amount <= k.cap;
     auto it = k.by_key.find(q.idempotency_key);
     if (it != k.by_key.end() && has(safeguard::retry_counted_once)) {
@@ -79,6 +78,7 @@ bool world::vault_forward(int rq) {
         if (r.st != spend::released) return true;  // existing (the fsm re-sends a key only at its amount)
         if (fits) {
             r = spend_row{q.idempotency_key, q.amount};
+            r.request = rq;
             k.committed += q.amount;
             q.vault_owner = true;
             q.vault_state = spend::reserved;
@@ -87,6 +87,7 @@ bool world::vault_forward(int rq) {
     } else if (fits) {
         // Without retry_counted_once a retry is a new reservation like any other (a second row).
         k.rows.push_back(spend_row{q.idempotency_key, q.amount});
+        k.rows.back().request = rq;
         q.vault_row = k.by_key[q.idempotency_key] = static_cast<int>(k.rows.size()) - 1;
         k.committed += q.amount;
         q.vault_owner = true;
@@ -135,24 +136,30 @@ void world::vault_account(int rq, bool timed_out) {
         if (!q.vault_owner && q.vault_state != spend::reserved && q.vault_state != spend::uncertain) return;
         if (r.st == spend::settled) return;
         if (r.st == spend::released) k.committed += r.amount;
-        r.st = spend::settled;
-        r.charge = q.intent ? -1 : q.charge;
-        r.intent = q.intent ? q.intent_idx : -1;
-        // The 2xx body is the object as Stripe saved it at the create.
-        if (r.intent >= 0)
-            r.in_flight = stripe::intent_in_flight(intents_[r.intent].created_status);
-        else if (r.charge >= 0)
-            r.in_flight = stripe::charge_in_flight(
-                stripe::bank_debit(charges_[r.charge].payment_method_type) ? "pending" : "succeeded");
-        return;
+        return vault_settled(r, q);
     }
     if (!q.vault_owner) return;
     if (how == vault::settlement::release && (r.st == spend::reserved || r.st == spend::uncertain)) {
         r.st = spend::released;
         k.committed -= r.amount;
     } else if (how == vault::settlement::uncertain && r.st == spend::reserved) {
-        r.st = spend::uncertain;
+        r.st = spend::uncertain;  // due for the resolver after first_resolve_delay
+        const std::string& period = events_[q.event].ev.billing_period;
+        at(now_ + 5 * sec, [this, period, row = q.vault_row] { resolve(period, row); });
     }
+}
+
+// Settled with the object a 2xx named; its body is the object as Stripe saved it at the create, followed
+// when it shows the payment in flight (note_in_flight).
+void world::vault_settled(spend_row& r, const request& q) {
+    r.st = spend::settled;
+    r.charge = q.intent ? -1 : q.charge;
+    r.intent = q.intent ? q.intent_idx : -1;
+    if (r.intent >= 0)
+        r.in_flight = stripe::intent_in_flight(intents_[r.intent].created_status);
+    else if (r.charge >= 0)
+        r.in_flight = stripe::charge_in_flight(
+            stripe::bank_debit(charges_[r.charge].payment_method_type) ? "pending" : "succeeded");
 }
 
 // The resolver's check_in_flight (store_followup.cpp): a reservation settled with its payment in flight is
@@ -179,7 +186,7 @@ void world::money_moves(const stripe_charge& ch, int sign) {
     live_[ch.owner] += sign;
     if (sign > 0) money_check(ch.owner);
     auto p = period_of_.find(ch.owner);
-    if (p == period_of_.end()) return;
+    if (!vault_on_ || p == period_of_.end()) return;
     std::int64_t& moving = moving_[p->second];
     moving += sign * ch.amount;
     if (sign > 0 && moving > vault_[p->second].cap) cap_exceeded(p->second, moving);
@@ -191,6 +198,7 @@ void world::cap_exceeded(const std::string& period, std::int64_t moving) {
 }
 
 void world::cap_check() {
+    if (!vault_on_) return;
     std::unordered_map<std::string, std::int64_t> moving;
     for (const auto& c : charges_)
         if (c.status != "failed" && period_of_.count(c.owner)) moving[period_of_[c.owner]] += c.amount;

@@ -1,6 +1,7 @@
 // The simulator's world (sim.hpp): its parameters, the state of nsqd, the sidecars and their deliveries, and
-// the one class whose members are the models (ledger_model.cpp, stripe_model.cpp, nsqd_model.cpp), the
-// executor of the charge fsm's commands (sidecar.cpp, recover.cpp) and the run with its invariants (sim.cpp).
+// the one class whose members are the models (ledger_model.cpp, stripe_model.cpp, nsqd_model.cpp,
+// vault_model.cpp), the executor of the charge fsm's commands (sidecar.cpp, recover.cpp) and the run with its
+// invariants (sim.cpp).
 // Internal to tests/sim.
 #pragma once
 
@@ -267,6 +268,9 @@ class world {
     void vault_open();
     bool vault_forward(int rq);
     void vault_account(int rq, bool timed_out);
+    void vault_settled(spend_row& r, const request& q);
+    void resolve(const std::string& period, int row);
+    void resolver_search(vault_key& k, spend_row& r);
     void vault_payment_ended(int charge, bool failed);
     void money_moves(const stripe_charge& ch, int sign);
     void cap_exceeded(const std::string& period, std::int64_t moving);
@@ -307,7 +311,8 @@ class world {
     std::unordered_map<std::string, int> live_;         // succeeded or pending charges by billing key
     std::unordered_set<std::string> retried_payments_;  // billing_retries: the old payments of a retried row
     std::vector<request> requests_;
-    std::unordered_map<std::string, vault_key> vault_;        // by billing period
+    bool vault_on_ = false;                             // the sidecars call Stripe through the vault proxy
+    std::unordered_map<std::string, vault_key> vault_;  // by billing period
     std::unordered_map<std::string, std::string> period_of_;  // billing key → its period
     std::unordered_map<std::string, std::int64_t> moving_;    // succeeded or pending cents by period
     // Valid events the cap refused: true while every refusal was one the cap owed (counted once, the
