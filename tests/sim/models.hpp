@@ -133,6 +133,7 @@ struct spend_row {
     int intent = -1;
     int request = -1;  // the request it stores (request_path, request_body): what the resolver replays
     int attempts = 0;  // resolve_attempts
+    std::int64_t reserved_at = 0;  // simulated ms
     // vault_keys.committed_cents counts reserved, settled and uncertain rows (reopened_cents is 0: the key
     // is issued without refunds_reopen_cap, and the charge flow refunds nothing).
     bool counted() const { return st != state::released; }

@@ -7,7 +7,7 @@
 // schedule), CHARGEGUARD_SIM_REMOVE (a safeguard to switch off, to replay a seed of the teeth table),
 // CHARGEGUARD_SIM_KEEP_FAULTS (the faults a shrunk schedule kept, as a failure prints them),
 // CHARGEGUARD_SIM_FAILOVERS=0 (no PostgreSQL failover), CHARGEGUARD_SIM_RESOLVER_LAG=1 (the vault resolver's
-// search sees Stripe's list lag).
+// search sees Stripe's list lag), CHARGEGUARD_SIM_RESOLVER_REPLAY_LATE=1 (it replays for 23 h, as it ships).
 #define BOOST_TEST_MODULE chargeguard_sim
 #include "sim.hpp"
 
@@ -111,6 +111,7 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
         c.keep_faults = kept_by_env();
         c.failovers = env_number("CHARGEGUARD_SIM_FAILOVERS", 1) != 0;
         c.resolver_list_lag = env_number("CHARGEGUARD_SIM_RESOLVER_LAG", 0) != 0;
+        c.resolver_replay_late = env_number("CHARGEGUARD_SIM_RESOLVER_REPLAY_LATE", 0) != 0;
         auto r = run(c);
         deliveries += r.deliveries;
         steps += r.steps;

@@ -79,6 +79,7 @@ bool world::vault_forward(int rq) {
         if (fits) {
             r = spend_row{q.idempotency_key, q.amount};
             r.request = rq;
+            r.reserved_at = now_;
             k.committed += q.amount;
             q.vault_owner = true;
             q.vault_state = spend::reserved;
@@ -88,6 +89,7 @@ bool world::vault_forward(int rq) {
         // Without retry_counted_once a retry is a new reservation like any other (a second row).
         k.rows.push_back(spend_row{q.idempotency_key, q.amount});
         k.rows.back().request = rq;
+        k.rows.back().reserved_at = now_;
         q.vault_row = k.by_key[q.idempotency_key] = static_cast<int>(k.rows.size()) - 1;
         k.committed += q.amount;
         q.vault_owner = true;

@@ -2,8 +2,9 @@
 // answer): after first_resolve_delay it replays the stored request under its Idempotency-Key — Stripe replays
 // what it saved, or executes the request now —, and vault::replay_settlement decides: settle, release, defer
 // (again after exponential backoff, as backoff_for), or search the customer's PaymentIntents and charges for
-// the vault's tag. The replay's window (replay_in_window, 23 h) is not modelled: every row is resolved well
-// within it.
+// the vault's tag. It replays only while the row is younger than half the flow's quiet period and searches
+// after (config::resolver_replay_late: within the 23 h window, as it ships — a replay that late can charge
+// under a key the flow has abandoned for a new generation).
 #include <chrono>
 #include <string>
 
@@ -21,6 +22,10 @@ void world::resolve(const std::string& period, int i) {
     vault_key& k = vault_[period];
     if (k.rows[i].st != spend::uncertain) return;  // settled or released since (a retry's answer)
     const std::string idem = k.rows[i].idempotency_key;
+    if (!cfg_.resolver_replay_late && now_ - k.rows[i].reserved_at >= p_.quiet / 2) {
+        note("vault resolver searches " + idem);
+        return resolver_search(k, k.rows[i]);
+    }
     auto s = saved_.find(idem);
     const bool replayed = s != saved_.end() && now_ - s->second.first < p_.idempotency_ttl;
     request q = requests_[k.rows[i].request];
