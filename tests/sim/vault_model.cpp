@@ -8,10 +8,14 @@
 // check_in_flight gives a failed payment's room back. The upstream bug the cap exists for — a period's event
 // published again as another customer's, or for the period's whole total — is upstream_bug().
 //
-// The resolver takes up an `uncertain` row (vault_resolver.cpp). Not modelled: cap leases (their spends are
-// rows under the same arithmetic); the key_expired refusal of a key reused past the proxy's same-key window
-// (the fsm's own window is what the simulator tests); a proxy that dies with rows left `reserved`.
+// Two schedules in three go through it (vault_on_), the others call Stripe directly. The resolver takes up an
+// `uncertain` row (vault_resolver.cpp). Not modelled: cap leases (their spends are rows under the same
+// arithmetic); the key_expired refusal of a key reused past the proxy's same-key window (the fsm's own window
+// is what the simulator tests); a proxy that dies with rows left `reserved`.
+#include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "billing/machine/key.hpp"
 #include "stripe/fact.hpp"

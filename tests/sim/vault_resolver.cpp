@@ -6,6 +6,7 @@
 // after (config::resolver_replay_late: within the 23 h window, as it ships — a replay that late can charge
 // under a key the flow has abandoned for a new generation).
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "net/backoff.hpp"
