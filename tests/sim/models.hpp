@@ -101,11 +101,12 @@ struct stripe_charge {
 // A PaymentIntent as Stripe holds it (created with confirm=true).
 struct stripe_intent {
     std::string id;
-    std::string billing_key;     // metadata[billing_key]
-    std::string status;          // succeeded | processing | requires_payment_method | requires_confirmation
-    int charge = -1;             // latest_charge
-    std::string created_status;  // its status when the create answered (the body Stripe saved)
-    std::string failed_method;   // last_payment_error.payment_method.type
+    std::string billing_key;      // metadata[billing_key]
+    std::string idempotency_key;  // the request that created it (the vault's metadata tag names it too)
+    std::string status;           // succeeded | processing | requires_payment_method | requires_confirmation
+    int charge = -1;              // latest_charge
+    std::string created_status;   // its status when the create answered (the body Stripe saved)
+    std::string failed_method;    // last_payment_error.payment_method.type
     ms_t created = 0;
     ms_t visible_at = 0;
 };
@@ -116,6 +117,36 @@ struct saved_answer {
     int http = 0;
     int charge = -1;  // index into the charges
     int intent = -1;  // index into the intents
+};
+
+// One vault_spend row (migrations 0003, 0004, 0014), as cg_vault_step (0025) and the proxy's settlements
+// read and write it: a create the proxy reserved under its Idempotency-Key.
+struct spend_row {
+    enum class state { reserved, settled, released, uncertain };
+    std::string idempotency_key;
+    std::int64_t amount = 0;
+    state st = state::reserved;
+    // settled_status IS NOT NULL (0014): settled with its payment still in flight (a pending charge, a
+    // processing intent), followed by the resolver's check_in_flight until Stripe says how it ended.
+    bool in_flight = false;
+    int charge = -1;  // the Stripe object it settled with (stripe_object_id), for the in-flight follow
+    int intent = -1;
+    int request = -1;  // the request it stores (request_path, request_body): what the resolver replays
+    int attempts = 0;  // resolve_attempts
+    std::int64_t reserved_at = 0;  // simulated ms
+    // vault_keys.committed_cents counts reserved, settled and uncertain rows (reopened_cents is 0: the key
+    // is issued without refunds_reopen_cap, and the charge flow refunds nothing).
+    bool counted() const { return st != state::released; }
+};
+
+// A vault key (vault_keys): one per billing period, its cap and the committed total cg_vault_step keeps.
+// Cap leases (0025) are not modelled: a lease's spend is recorded as a reservation row under the same cap
+// arithmetic (committed + leased + amount <= cap), so the model reserves every create directly.
+struct vault_key {
+    std::int64_t cap = 0;
+    std::int64_t committed = 0;  // committed_cents
+    std::vector<spend_row> rows;
+    std::unordered_map<std::string, int> by_key;  // PRIMARY KEY (vault_key_id, idempotency_key)
 };
 
 }  // namespace cg::sim

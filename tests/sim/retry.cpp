@@ -12,10 +12,14 @@
 
 namespace cg::sim::detail {
 
-// `retry-declined --all` now and then, while a row the operator means to retry is not charged yet.
+// `retry-declined --all` now and then, while a row the operator means to retry is not charged yet (a row the
+// vault's cap blocked waits for a decision about the cap instead, not modelled).
 void world::operator_run() {
     replay_letters();
     bool waiting = false;
+    auto open = [](const row* r) {
+        return !r || (r->rec.status != record_status::charged && r->rec.status != record_status::cap_blocked);
+    };
     for (int i = 0; i < static_cast<int>(events_.size()); ++i) {
         if (!events_[i].retry) continue;
         const row* r = find_row(events_[i].key);
@@ -23,11 +27,11 @@ void world::operator_run() {
             note("retry-declined " + r->rec.key);
             at(now_ + pg(), [this, i] { retry_look(i, 0); });
         }
-        waiting = waiting || !r || r->rec.status != record_status::charged;
+        waiting = waiting || open(r);
     }
     for (const auto& e : events_) {
         const row* r = find_row(e.key);
-        waiting = waiting || (e.replay && !e.replayed && (!r || r->rec.status != record_status::charged));
+        waiting = waiting || (e.replay && !e.replayed && open(r));
     }
     if (waiting && now_ < cfg_.fault_ms + p_.horizon)
         at(now_ + rnd_.range(2 * hour, 8 * hour), [this] { operator_run(); });

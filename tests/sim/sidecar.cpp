@@ -14,6 +14,7 @@
 #include "billing/machine/key.hpp"
 #include "billing/machine/outcome.hpp"
 #include "stripe/fact.hpp"
+#include "stripe/json.hpp"
 #include "stripe/outcome.hpp"
 #include "world.hpp"
 
@@ -178,6 +179,9 @@ void world::settle_step(int id, const billing::machine::command& c) {
         case billing::charge_step::mark_processing:
             changed = settle(d.key, record_status::processing, ch, pi);
             break;
+        case billing::charge_step::mark_cap_blocked:  // with its dead letter, in the same statement
+            changed = settle(d.key, record_status::cap_blocked, ch, pi);
+            break;
         case billing::charge_step::release_requeue:
         case billing::charge_step::setup_requeue:
             release(d.key, lease);
@@ -232,6 +236,12 @@ void world::transmit(int id, int c, int attempt, int rq) {
         at(now_ + rnd_.range(1, 100), [this, id, c, attempt, rq] { answered(id, c, attempt, rq, false); });
         return;
     }
+    // The vault proxy reserves it against its period's cap (vault_model.cpp); a refusal is the proxy's
+    // answer.
+    if (!vault_forward(rq)) {
+        at(now_ + 20, [this, id, c, attempt, rq] { answered(id, c, attempt, rq, false); });
+        return;
+    }
     // Stripe runs it at once, or (a stall) later, maybe after our client gave up on it.
     ms_t exec =
         now_ + (fault(0.03) ? rnd_.range(p_.client_timeout / 2, p_.max_late_execution) : rnd_.range(5, 300));
@@ -241,6 +251,10 @@ void world::transmit(int id, int c, int attempt, int rq) {
         at(now_ + p_.client_timeout, [this, id, c, attempt, rq] { answered(id, c, attempt, rq, true); });
     else
         at(back, [this, id, c, attempt, rq] { answered(id, c, attempt, rq, false); });
+    // The proxy settles the reservation by the answer, or once it gave up waiting (its timeout the client's).
+    const bool proxy_gave_up = back - now_ > p_.client_timeout;
+    at(std::min(back, now_ + p_.client_timeout),
+       [this, rq, proxy_gave_up] { vault_account(rq, proxy_gave_up); });
 }
 
 void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
@@ -257,7 +271,14 @@ void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
     } else {
         stripe::response_facts rf;
         rf.status = q.http;
-        if (q.http == 402) rf.error_type = "card_error";
+        // The vault's refusal, its body read as stripe/client_call.cpp reads any error body.
+        const auto refusal = q.refusal.empty() ? std::nullopt : stripe::parse_error(q.refusal);
+        if (refusal) {
+            rf.error_type = refusal->type;
+            rf.error_code = refusal->code;
+            rf.error_param = refusal->param;
+        }
+        if (q.http == 402 && !refusal) rf.error_type = "card_error";
         if (q.http == 500) rf.error_type = "api_error";
         if (q.http == 429) rf.error_type = "rate_limit_error";
         out.cls = stripe::classify_response(rf);
@@ -268,7 +289,8 @@ void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
         at(now_ + backoff, [this, id, c, attempt] { send(id, c, attempt + 1); });
         return;
     }
-    if (!timed_out && q.intent && q.intent_idx >= 0 && (q.http == 200 || q.http == 402)) {
+    const bool stripe_answered = !timed_out && q.refusal.empty();
+    if (stripe_answered && q.intent && q.intent_idx >= 0 && (q.http == 200 || q.http == 402)) {
         // The intent in the body Stripe saved, read as stripe/client.cpp's read_intent reads it.
         const stripe_intent& pi = intents_[q.intent_idx];
         stripe::payment_intent p;
@@ -293,7 +315,7 @@ void world::answered(int id, int c, int attempt, int rq, bool timed_out) {
                 out.cls = stripe::outcome_class::indeterminate;
                 break;
         }
-    } else if (!timed_out && !q.intent && (q.http == 200 || q.http == 402)) {
+    } else if (stripe_answered && !q.intent && (q.http == 200 || q.http == 402)) {
         // The create's 2xx body or its 402 (which names the failed charge), read as stripe/client.cpp reads
         // it: through the fact. The body is the one Stripe saved: the charge as it was when created.
         const stripe_charge& ch = charges_[q.charge];

@@ -4,10 +4,12 @@
 // ledger (its statements' semantics), nsqd (at-least-once, timeouts, requeues, re-publication), Stripe (the
 // 24 h idempotency cache, a 500 saved after the create, 429, stalls, late execution, bank debits pending then
 // succeeded or failed, list lag, webhooks duplicated, reordered, lost and foreign) and the process (a crash
-// between any two steps, lease expiry), driven by one seeded scheduler on a simulated clock. The rules are
-// the project's own pure code (billing/machine/charge_fsm, billing/machine/decision, billing/machine/outcome,
-// billing/machine/settlement, billing/machine/key, billing/machine/event, stripe/outcome, stripe/fact): the
-// simulator only models what they talk to. No Asio, no sockets, no wall clock: a seed replays bit for bit.
+// between any two steps, lease expiry), with the spend-cap vault proxy between the sidecars and Stripe,
+// driven by one seeded scheduler on a simulated clock. The rules are the project's own pure code
+// (billing/machine/charge_fsm, billing/machine/decision, billing/machine/outcome, billing/machine/settlement,
+// billing/machine/key, billing/machine/event, stripe/outcome, stripe/fact, vault/cap, vault/policy,
+// vault/refusals): the simulator only models what they talk to. No Asio, no sockets, no wall clock: a seed
+// replays bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,9 @@ enum class safeguard {
     sweeper,                  // a pending row no message brings back is recovered by the sweeper
     replay_new_generation,    // a dead letter's replay of a debit that failed reopens under a new key
                               // generation (reopen_for_replay), so Stripe does not replay the failure
+    cap_reservation,          // the vault proxy reserves each create against its period's cap before
+                              // forwarding it (cg_vault_step)
+    retry_counted_once,  // a retry with the same idempotency key finds its reservation: not counted again
 };
 inline constexpr safeguard all_safeguards[] = {
     safeguard::write_before_call,
@@ -49,6 +54,8 @@ inline constexpr safeguard all_safeguards[] = {
     safeguard::cancel_before_retry,
     safeguard::sweeper,
     safeguard::replay_new_generation,
+    safeguard::cap_reservation,
+    safeguard::retry_counted_once,
 };
 std::string_view to_string(safeguard s) noexcept;
 
@@ -60,6 +67,15 @@ struct config {
     std::vector<safeguard> removed;           // safeguards switched off
     bool trace = false;                       // keep the schedule (printed for a failing seed)
     bool failovers = true;                    // PostgreSQL fails over now and then, losing its last commits
+    // The vault resolver's search sees Stripe's list lag too. Off: its lists show Stripe's writes at once,
+    // as src/vault/resolver.cpp assumes (with the lag a search can miss a charge a saved 5xx hid and release
+    // its room: the cap is exceeded, seed 125).
+    bool resolver_list_lag = false;
+    // The vault resolver replays a row for as long as resolver.cpp does (its 23 h window). Off: only while
+    // the row is younger than half the flow's quiet period, searched after. With the shipped window a replay
+    // deferred by 429s past the quiet period runs after the flow searched, found nothing and charged under a
+    // new key generation: two payments (seed 31776).
+    bool resolver_replay_late = false;
     // The faults kept (their numbers in firing order, sorted); nullopt: all. A shrunk schedule.
     std::optional<std::vector<std::uint32_t>> keep_faults;
 };
@@ -75,6 +91,9 @@ struct run_result {
     std::uint64_t swept = 0;              // rows the sweepers ran through the fsm
     std::uint64_t leases_ended = 0;       // leases unwritten since a failover that its sweeps ended
     std::uint64_t replays = 0;            // dead letters the operator replayed
+    std::uint64_t cap_refusals = 0;       // creates the vault refused (spend_cap_exceeded)
+    std::uint64_t upstream_bugs = 0;      // events the upstream bug published
+    std::uint64_t valid_cap_blocked = 0;  // valid events the cap refused (each refusal one it owed)
     std::uint64_t digest = 0;             // a hash of the whole schedule: equal digests, equal runs
     std::vector<std::string> schedule;    // with config::trace
 };

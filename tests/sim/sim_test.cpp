@@ -6,7 +6,8 @@
 // CHARGEGUARD_SIM_SEED (the first seed; with CHARGEGUARD_SIM_SCHEDULES=1 it replays one seed and prints its
 // schedule), CHARGEGUARD_SIM_REMOVE (a safeguard to switch off, to replay a seed of the teeth table),
 // CHARGEGUARD_SIM_KEEP_FAULTS (the faults a shrunk schedule kept, as a failure prints them),
-// CHARGEGUARD_SIM_FAILOVERS=0 (no PostgreSQL failover).
+// CHARGEGUARD_SIM_FAILOVERS=0 (no PostgreSQL failover), CHARGEGUARD_SIM_RESOLVER_LAG=1 (the vault resolver's
+// search sees Stripe's list lag), CHARGEGUARD_SIM_RESOLVER_REPLAY_LATE=1 (it replays for 23 h, as it ships).
 #define BOOST_TEST_MODULE chargeguard_sim
 #include "sim.hpp"
 
@@ -90,7 +91,7 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
     const std::uint64_t schedules = env_number("CHARGEGUARD_SIM_SCHEDULES", 2000);
     const std::uint64_t first = env_number("CHARGEGUARD_SIM_SEED", 1);
     std::uint64_t deliveries = 0, steps = 0, creates = 0, broken = 0, lost = 0, swept = 0, ended = 0,
-                  replays = 0;
+                  replays = 0, refused = 0, bugs = 0, blocked = 0;
     // A safety net for an overloaded machine, never reached on an idle one: past this many seconds the run
     // stops early and says so (0: no cap).
     const std::uint64_t cap = env_number("CHARGEGUARD_SIM_MAX_SECONDS", 0);
@@ -109,6 +110,8 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
         c.removed = removed_by_env();
         c.keep_faults = kept_by_env();
         c.failovers = env_number("CHARGEGUARD_SIM_FAILOVERS", 1) != 0;
+        c.resolver_list_lag = env_number("CHARGEGUARD_SIM_RESOLVER_LAG", 0) != 0;
+        c.resolver_replay_late = env_number("CHARGEGUARD_SIM_RESOLVER_REPLAY_LATE", 0) != 0;
         auto r = run(c);
         deliveries += r.deliveries;
         steps += r.steps;
@@ -117,6 +120,9 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
         swept += r.swept;
         ended += r.leases_ended;
         replays += r.replays;
+        refused += r.cap_refusals;
+        bugs += r.upstream_bugs;
+        blocked += r.valid_cap_blocked;
         if (schedules == 1)
             for (const auto& line : r.schedule) std::cout << line << "\n";
         if (!r.violations.empty()) {
@@ -131,7 +137,8 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
               << " deliveries/s (CPU " << static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC << " s); "
               << broken << " broken; " << lost << " commits lost to failovers, " << swept << " rows swept ("
               << ended << " after ending a lease nothing wrote since a failover), " << replays
-              << " dead letters replayed\n";
+              << " dead letters replayed; " << bugs << " events of the upstream bug, " << refused
+              << " creates refused by the vault's cap, " << blocked << " valid events cap_blocked\n";
     BOOST_TEST(broken == 0u);
     BOOST_TEST(ran > 0u);
     // The failovers, the sweepers and the operator's replays did run (a budget of a few hundred suffices).
@@ -140,6 +147,7 @@ BOOST_AUTO_TEST_CASE(every_safeguard_in_place_holds) {
         BOOST_TEST(swept > 0u);
         BOOST_TEST(ended > 0u);
         BOOST_TEST(replays > 0u);
+        BOOST_TEST(refused > 0u);
     }
 }
 

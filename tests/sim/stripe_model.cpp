@@ -59,10 +59,7 @@ void world::stripe_execute(int rq) {
     q.http = declines ? 402 : 200;
     if (fault(0.03)) q.http = 500;  // the create ran, then Stripe failed: the 500 is saved and replayed
     saved_[q.idempotency_key] = {now_, q.http, idx};
-    if (ch.status != "failed") {
-        ++live_[ch.owner];
-        money_check(ch.owner);
-    }
+    if (ch.status != "failed") money_moves(charges_[idx], 1);
     emit_webhook(idx);
     if (e.debit) at(now_ + rnd_.range(10 * minute, 12 * hour), [this, idx] { settle_debit(idx); });
 }
@@ -72,6 +69,7 @@ void world::create_intent(request& q, const event_spec& e) {
     stripe_intent pi;
     pi.id = "pi_" + std::to_string(intents_.size() + 1);
     pi.billing_key = q.billing_key;
+    pi.idempotency_key = q.idempotency_key;
     pi.created = now_;
     pi.visible_at = now_ + (fault(0.3) ? rnd_.range(0, 20 * sec) : 0);
     const int pidx = static_cast<int>(intents_.size());
@@ -121,10 +119,7 @@ void world::create_intent(request& q, const event_spec& e) {
     q.http = declines ? 402 : 200;
     if (fault(0.03)) q.http = 500;
     saved_[q.idempotency_key] = {now_, q.http, idx, pidx};
-    if (ch.status != "failed") {
-        ++live_[ch.owner];
-        money_check(ch.owner);
-    }
+    if (ch.status != "failed") money_moves(charges_[idx], 1);
     emit_webhook(idx);
     emit_intent_webhook(pidx);
     if (e.debit) at(now_ + rnd_.range(10 * minute, 12 * hour), [this, idx] { settle_debit(idx); });
@@ -151,8 +146,7 @@ void world::authenticate(int pidx) {
     pi.charge = idx;
     pi.status = "succeeded";
     note("customer authenticates " + pi.id);
-    ++live_[ch.owner];
-    money_check(ch.owner);
+    money_moves(charges_[idx], 1);
     emit_webhook(idx);
     emit_intent_webhook(pidx);
 }
@@ -164,7 +158,8 @@ void world::settle_debit(int idx) {
     const bool fixed = e >= 0 && events_[e].fixed;
     ch.status = rnd_.chance(0.75) || fixed ? "succeeded" : "failed";
     note("debit " + ch.id + " " + ch.status);
-    if (ch.status == "failed") --live_[ch.owner];
+    if (ch.status == "failed") money_moves(ch, -1);
+    vault_payment_ended(idx, ch.status == "failed");
     emit_webhook(idx);
     for (int i = 0; i < static_cast<int>(intents_.size()); ++i)
         if (intents_[i].charge == idx) {

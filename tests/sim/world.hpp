@@ -1,6 +1,7 @@
 // The simulator's world (sim.hpp): its parameters, the state of nsqd, the sidecars and their deliveries, and
-// the one class whose members are the models (ledger_model.cpp, stripe_model.cpp, nsqd_model.cpp), the
-// executor of the charge fsm's commands (sidecar.cpp, recover.cpp) and the run with its invariants (sim.cpp).
+// the one class whose members are the models (ledger_model.cpp, stripe_model.cpp, nsqd_model.cpp,
+// vault_model.cpp), the executor of the charge fsm's commands (sidecar.cpp, recover.cpp) and the run with its
+// invariants (sim.cpp).
 // Internal to tests/sim.
 #pragma once
 
@@ -102,6 +103,13 @@ struct request {
     int charge = -1;
     bool intent = false;  // POST /v1/payment_intents (confirm=true) rather than /v1/charges
     int intent_idx = -1;
+    // The vault proxy in front of Stripe (vault_model.cpp): the row the reservation found or wrote, whether
+    // this request owns it (reserved / rereserved) and the row's state then; a refusal's body, the proxy's
+    // answer when it did not forward.
+    int vault_row = -1;
+    bool vault_owner = false;
+    spend_row::state vault_state = spend_row::state::reserved;
+    std::string refusal;
 };
 
 struct sidecar {
@@ -119,6 +127,10 @@ struct event_spec {
     bool fixed = false;       // the payment method was fixed (at the retry): it pays from then on
     bool replay = false;      // the operator replays its dead letter once its debit failed after processing
     bool replayed = false;
+    // Not a valid event: an upstream bug published a period's event again under another customer id (so
+    // another key) for the same customer, or for the period's whole expected total. Charging it moves money
+    // nobody owes; only the vault's cap stands in its way.
+    bool upstream_bug = false;
 };
 
 // A Stripe webhook event about a PaymentIntent.
@@ -252,6 +264,20 @@ class world {
     void replay_letters();
     int event_of(const std::string& key) const;
 
+    // ---- the vault proxy (vault_model.cpp) ----
+    void vault_open();
+    bool vault_forward(int rq);
+    void vault_account(int rq, bool timed_out);
+    void vault_settled(spend_row& r, const request& q);
+    void resolve(const std::string& period, int row);
+    void resolver_search(vault_key& k, spend_row& r);
+    void vault_payment_ended(int charge, bool failed);
+    void money_moves(const stripe_charge& ch, int sign);
+    void cap_exceeded(const std::string& period, std::int64_t moving);
+    void cap_check();
+    std::int64_t counted_once(const vault_key& k) const;
+    void upstream_bug(rng& bug);
+
     void check_final();
 
     config cfg_;
@@ -285,6 +311,13 @@ class world {
     std::unordered_map<std::string, int> live_;         // succeeded or pending charges by billing key
     std::unordered_set<std::string> retried_payments_;  // billing_retries: the old payments of a retried row
     std::vector<request> requests_;
+    bool vault_on_ = false;                             // the sidecars call Stripe through the vault proxy
+    std::unordered_map<std::string, vault_key> vault_;  // by billing period
+    std::unordered_map<std::string, std::string> period_of_;  // billing key → its period
+    std::unordered_map<std::string, std::int64_t> moving_;    // succeeded or pending cents by period
+    // Valid events the cap refused: true while every refusal was one the cap owed (counted once, the
+    // reservations left no room), false once one was not.
+    std::unordered_map<int, bool> cap_refused_;
     std::vector<message> messages_;
     std::vector<delivery> deliveries_;
     std::vector<sidecar> sidecars_;
