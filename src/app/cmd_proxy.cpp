@@ -41,6 +41,7 @@ struct proxy_flags {
     std::size_t max_body_bytes = 64 * 1024;
     listener_flags listener;
     std::string same_key_window = "23h";
+    std::string replay_window = "150s";
     std::string resolve_interval = "5s";
     std::string stale_reserved = "2m";
     std::string key_cache_ttl = "1s";
@@ -75,6 +76,13 @@ vault::proxy_config to_proxy_config(const proxy_flags& f) {
     if (auto why = vault::same_key_window_problem(std::chrono::ceil<std::chrono::seconds>(window)))
         throw CLI::ValidationError("--same-key-window", *why + " (got " + f.same_key_window + ")");
     c.same_key_window = std::chrono::duration_cast<std::chrono::seconds>(window);
+    auto replay = duration_flag("--replay-window", f.replay_window);
+    if (replay < std::chrono::seconds(10) || replay > window)
+        throw CLI::ValidationError("--replay-window",
+                                   "must be between 10s and --same-key-window, and under "
+                                   "consume's --new-key-quiet (got " +
+                                       f.replay_window + ")");
+    c.replay_window = std::chrono::duration_cast<std::chrono::seconds>(replay);
     c.resolve_interval = duration_flag("--resolve-interval", f.resolve_interval);
     c.first_resolve_delay = c.resolve_interval;
     c.stale_reserved = duration_flag("--stale-reserved", f.stale_reserved);
@@ -129,6 +137,7 @@ int run_proxy(const proxy_flags& f, const global_flags& g) {
         .add("stripe_key_from", cg::app::stripe_key_source(f.stripe_key_file, std::getenv("STRIPE_API_KEY")))
         .add("max_body_bytes", cfg.max_body_bytes)
         .add("same_key_window_s", static_cast<std::int64_t>(cfg.same_key_window.count()))
+        .add("replay_window_s", static_cast<std::int64_t>(cfg.replay_window.count()))
         .add("resolve_interval_ms", static_cast<std::int64_t>(cfg.resolve_interval.count()))
         .add_address("pg", to_pg_config(f.pg).describe());
     add_runtime_settings(settings, f.rt, opts);
@@ -204,6 +213,10 @@ void register_proxy(CLI::App& app, command_main& selected) {
            "--same-key-window", f->same_key_window,
            "refuse a retry whose Idempotency-Key was first used longer ago; 1m to 23h (Stripe may forget "
            "a key once it is 24 h old)")
+        ->capture_default_str();
+    cmd->add_option("--replay-window", f->replay_window,
+                    "the resolver re-sends an uncertain request under its key only while it is younger than "
+                    "this, then searches Stripe; keep it well under consume's --new-key-quiet")
         ->capture_default_str();
     cmd->add_option("--resolve-interval", f->resolve_interval,
                     "how often uncertain reservations are looked at")

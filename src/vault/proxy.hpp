@@ -59,6 +59,13 @@ struct proxy_config {
     std::size_t max_body_bytes = 64 * 1024;  // larger create bodies → 413
     // A retry under a key first used longer ago than this is refused (Stripe may have pruned the key).
     std::chrono::seconds same_key_window{23 * 3600};
+    // The resolver re-sends an uncertain row's request under its Idempotency-Key only while the row is
+    // younger than this (and same_key_window); after it, it searches Stripe for the row instead. A replay
+    // executes a request Stripe never saved, so it must not come after the client may have given the key up:
+    // consume searches and charges under a new key generation once no call under the old one has shown life
+    // for --new-key-quiet, and the proxy's replay is a call consume does not see. Half of consume's default
+    // quiet period leaves the replay's own exchange and a stall at Stripe inside it.
+    std::chrono::seconds replay_window{150};
     // Resolver: how often it looks, how many rows per look, after how long a `reserved` row counts as
     // abandoned, the first delay after a row becomes uncertain, and the longest backoff between attempts.
     std::chrono::milliseconds resolve_interval{5000};

@@ -168,11 +168,12 @@ net::awaitable<void> resolve_row(state_ptr st, spend_row row) {
         co_return;
     }
     // The row's age now, not when the pass read it: the rows before it in this pass (each with its retries)
-    // may have taken long, and a replay past Stripe's 24 h would execute the request again.
-    bool in_window =
-        !row.path.empty() && !row.body.empty() &&
-        replay_in_window(std::chrono::seconds(row.age_seconds),
-                         std::chrono::steady_clock::now() - row.read_at, st->cfg.same_key_window);
+    // may have taken long, and a replay past the replay window (proxy_config::replay_window: the client may
+    // have moved on to a new key) or Stripe's 24 h would execute the request again.
+    bool in_window = !row.path.empty() && !row.body.empty() &&
+                     replay_in_window(std::chrono::seconds(row.age_seconds),
+                                      std::chrono::steady_clock::now() - row.read_at,
+                                      std::min(st->cfg.replay_window, st->cfg.same_key_window));
     if (!in_window) {
         co_await search(st, std::move(row));
         co_return;

@@ -71,10 +71,11 @@ struct config {
     // as src/vault/resolver.cpp assumes (with the lag a search can miss a charge a saved 5xx hid and release
     // its room: the cap is exceeded, seed 125).
     bool resolver_list_lag = false;
-    // The vault resolver replays a row for as long as resolver.cpp does (its 23 h window). Off: only while
-    // the row is younger than half the flow's quiet period, searched after. With the shipped window a replay
-    // deferred by 429s past the quiet period runs after the flow searched, found nothing and charged under a
-    // new key generation: two payments (seed 31776).
+    // The vault resolver replays a row for as long as resolver.cpp did before its replay window (the 23 h
+    // window). Off: only while the row is younger than half the flow's quiet period (the proxy's default
+    // --replay-window), searched after. With the 23 h window a replay deferred by 429s past the quiet period
+    // runs after the flow searched, found nothing and charged under a new key generation: two payments
+    // (seed 31776).
     bool resolver_replay_late = false;
     // The faults kept (their numbers in firing order, sorted); nullopt: all. A shrunk schedule.
     std::optional<std::vector<std::uint32_t>> keep_faults;

@@ -2,9 +2,9 @@
 // answer): after first_resolve_delay it replays the stored request under its Idempotency-Key — Stripe replays
 // what it saved, or executes the request now —, and vault::replay_settlement decides: settle, release, defer
 // (again after exponential backoff, as backoff_for), or search the customer's PaymentIntents and charges for
-// the vault's tag. It replays only while the row is younger than half the flow's quiet period and searches
-// after (config::resolver_replay_late: within the 23 h window, as it ships — a replay that late can charge
-// under a key the flow has abandoned for a new generation).
+// the vault's tag. It replays only while the row is younger than half the flow's quiet period (the proxy's
+// default --replay-window) and searches after (config::resolver_replay_late: within the 23 h window, as it
+// shipped before — a replay that late can charge under a key the flow has abandoned for a new generation).
 #include <chrono>
 #include <cstdint>
 #include <string>

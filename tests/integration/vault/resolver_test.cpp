@@ -89,6 +89,33 @@ BOOST_AUTO_TEST_CASE(a_replay_answered_429_or_409_is_deferred_and_never_released
     BOOST_TEST(f.fake_charges() == 1u);
 }
 
+BOOST_AUTO_TEST_CASE(a_row_past_the_replay_window_is_searched_never_replayed) {
+    // consume gives an uncertain key up after its quiet period (no sign of life from a call under it),
+    // searches, finds nothing and charges under a new key generation. The resolver's replay is a call consume
+    // does not see: past the replay window it must not execute the stored request, which would be a second
+    // payment; it searches instead. A row inside the window is still replayed.
+    vault_fixture f;
+    auto k = f.issue(10'000);
+    auto age = [&f](const std::string& idem, int seconds) {
+        f.scalar("UPDATE vault_spend SET reserved_at = now() - make_interval(secs => " +
+                 std::to_string(seconds) + ") WHERE idempotency_key = '" + idem + "' RETURNING 1");
+    };
+    f.put_row(k.id, "given-up", 800, "/v1/charges", tagged_charge_body(800, "cus_vault", "given-up"),
+              "cus_vault");
+    age("given-up", 151);
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 1u);
+    BOOST_TEST(f.fake_charges() == 0u, "a request was executed after the client may have given its key up");
+    BOOST_TEST(row_of(f, "given-up").starts_with("released"));
+    BOOST_TEST(f.sink.contains("search found nothing tagged"));
+    f.put_row(k.id, "in-time", 700, "/v1/charges", tagged_charge_body(700, "cus_vault", "in-time"),
+              "cus_vault");
+    age("in-time", 120);
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 1u);
+    BOOST_TEST(f.fake_charges() == 1u);
+    BOOST_TEST(row_of(f, "in-time").starts_with("settled:ch_"));
+    BOOST_TEST(f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'") == 700);
+}
+
 BOOST_AUTO_TEST_CASE(a_replay_answered_idempotency_error_is_looked_up_on_stripe_not_released) {
     // The key was used at Stripe with other parameters (here: a statement descriptor too): that request
     // executed and charged. Stripe answers the replay 400 idempotency_error; the search finds the charge by
