@@ -22,14 +22,16 @@ struct standby_fixture {
         pg::pool_options o;
         o.server = test::server_config(srv.dsn());
         o.size = 2;
+        // The schema first, with the default deadline: commits do not wait yet.
+        auto setup = pg::pool::create(f.io.get_executor(), f.offload.get_executor(), o, logger());
+        cg::test::run_async(
+            f.io, [&] { return migrate(setup); }, 120s);
         o.conn.query_timeout = 300ms;  // the deadline whose cancel ends a commit's wait
         pool = pg::pool::create(f.io.get_executor(), f.offload.get_executor(), o, logger());
-        cg::test::run_async(
-            f.io, [this] { return migrate(); }, 60s);
         srv.require_standby();
     }
-    net::awaitable<void> migrate() {
-        auto c = must(co_await pool->acquire(), "acquire");
+    static net::awaitable<void> migrate(std::shared_ptr<pg::pool> setup) {
+        auto c = must(co_await setup->acquire(), "acquire");
         auto ms = must(pg::embedded_migrations(), "migrations");
         must(co_await pg::migrate(*c, ms, {}, logger()), "migrate");
     }
