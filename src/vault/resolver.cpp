@@ -32,6 +32,21 @@ bool followed(stripe::movement m) {
     return stripe::money_may_move(m) && m != stripe::movement::charged;
 }
 
+// The status a 2xx's body (a PaymentIntent or a charge, as Stripe answered the create) is followed by, or
+// empty when it is not followed: note_in_flight's reading, for any settle of a create's answer.
+std::string status_to_follow(std::string_view body) {
+    simdjson::dom::parser parser;
+    simdjson::dom::element doc;
+    if (parser.parse(body.data(), body.size()).get(doc) != simdjson::SUCCESS) return {};
+    std::string_view kind, status;
+    if (doc["object"].get(kind) != simdjson::SUCCESS || doc["status"].get(status) != simdjson::SUCCESS)
+        return {};
+    stripe::movement moved = stripe::movement::charged;  // any other object: nothing to follow
+    if (kind == "payment_intent") moved = stripe::intent_movement(status);
+    if (kind == "charge") moved = stripe::charge_movement(status);
+    return followed(moved) ? std::string(status) : std::string();
+}
+
 ms backoff_for(const proxy::state& st, std::int32_t attempts) {
     return net::exponential_delay(st.cfg.first_resolve_delay,
                                   static_cast<std::uint64_t>(std::max(attempts, 0)),
@@ -290,17 +305,9 @@ net::awaitable<void> mark_in_flight_task(state_ptr st, std::string key_id, std::
 
 void note_in_flight(std::shared_ptr<proxy::state> st, const std::string& key_id, const std::string& idem,
                     std::string_view body) {
-    simdjson::dom::parser parser;
-    simdjson::dom::element doc;
-    if (parser.parse(body.data(), body.size()).get(doc) != simdjson::SUCCESS) return;
-    std::string_view kind, status;
-    if (doc["object"].get(kind) != simdjson::SUCCESS || doc["status"].get(status) != simdjson::SUCCESS)
-        return;
-    stripe::movement moved = kind == "payment_intent" ? stripe::intent_movement(status)
-                             : kind == "charge"       ? stripe::charge_movement(status)
-                                                      : stripe::movement::charged;
-    if (!followed(moved)) return;
-    spawn_logged(st, mark_in_flight_task(st, key_id, idem, std::string(status)), "mark_in_flight");
+    auto status = status_to_follow(body);
+    if (status.empty()) return;
+    spawn_logged(st, mark_in_flight_task(st, key_id, idem, std::move(status)), "mark_in_flight");
 }
 
 }  // namespace cg::vault
