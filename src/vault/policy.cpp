@@ -64,6 +64,14 @@ std::string_view trim(std::string_view s) {
 
 }  // namespace
 
+std::string_view cancelled_intent(std::string_view path) {
+    constexpr std::string_view prefix = "/v1/payment_intents/", suffix = "/cancel";
+    if (!path.starts_with(prefix) || !path.ends_with(suffix)) return {};
+    auto id = path.substr(prefix.size(), path.size() - prefix.size() - suffix.size());
+    if (!id.starts_with("pi_") || !is_object_id(id)) return {};
+    return id;
+}
+
 operation operation_for(std::string_view method, std::string_view path) {
     auto under = [&](std::string_view collection) -> int {
         // 0: the collection itself; 1: one object or /search; -1: neither
@@ -78,6 +86,7 @@ operation operation_for(std::string_view method, std::string_view path) {
         if (c == 0) return {std::string(op_charges_create), true};
         if (p == 0) return {std::string(op_intents_create), true};
         if (r == 0) return {std::string(op_refunds_create), false, true};
+        if (!cancelled_intent(path).empty()) return {std::string(op_intents_create), false, false, true};
         return {};
     }
     if (method == "GET") {

@@ -31,12 +31,20 @@ struct operation {
     std::string name;      // one of the op_* names; empty when the endpoint is not one the vault governs
     bool creates = false;  // a POST that moves money: needs Idempotency-Key, amount, currency; is capped
     bool refund = false;   // POST /v1/refunds: needs Idempotency-Key; forwarded as sent, not capped
+    // POST /v1/payment_intents/pi_…/cancel, under payment_intents.create (a key that may create intents may
+    // cancel the ones it created): forwarded only for an intent the vault reserved under the key, whose
+    // reservation it then releases. It moves no money and gives the cap its room back.
+    bool cancel = false;
 };
+
+// The intent a POST /v1/payment_intents/pi_…/cancel path names, or empty for any other path.
+std::string_view cancelled_intent(std::string_view path);
 
 // The operation of `method path` (path without the query). POST /v1/charges and POST /v1/payment_intents
 // create; GET of those collections, of one object (/v1/charges/ch_…), and /v1/charges/search read; POST
-// /v1/refunds refunds and GET /v1/refunds (or one refund) reads refunds. Anything else under /v1 has an empty
-// name (→ 403); the caller answers 404 outside /v1.
+// /v1/refunds refunds and GET /v1/refunds (or one refund) reads refunds; POST
+// /v1/payment_intents/pi_…/cancel cancels (named payment_intents.create). Anything else under /v1 has an
+// empty name (→ 403); the caller answers 404 outside /v1.
 operation operation_for(std::string_view method, std::string_view path);
 
 // "charges.create, charges.read" → the names, validated and deduplicated, in order. Empty input → error.

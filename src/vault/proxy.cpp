@@ -1,5 +1,6 @@
 // vault::proxy: set-up, routes, and the request path — checked (request_checks.cpp), a place among the
-// requests going on (forward_places.cpp), then a read or refund forwarded as it is, or a create reserved
+// requests going on (forward_places.cpp), then a read or refund forwarded as it is, a cancel of an intent
+// the vault created forwarded and its reservation released, or a create reserved
 // against the key's cap, forwarded with the vault tag and accounted (settlement_queue.cpp).
 #include "vault/proxy.hpp"
 
@@ -9,6 +10,10 @@
 #include <variant>
 
 #include "net/tls.hpp"
+#include "stripe/client.hpp"
+#include "stripe/error.hpp"
+#include "stripe/fact.hpp"
+#include "stripe/json.hpp"
 #include "vault/proxy_state.hpp"
 #include "vault/refusals.hpp"
 #include "vault/secret.hpp"
@@ -131,6 +136,58 @@ net::awaitable<http::response> forward_refund(state_ptr st, http::request& req, 
     if (!r.ok()) co_return finish(*st, l, "upstream_failed", transport_failure(*st, r));
     co_return finish(*st, l, "refund", relay(r.resp));
 }
+// A cancel of a PaymentIntent (allowed by payment_intents.create). It moves no money, and a caller giving up
+// on a payment — an intent waiting for an authentication nobody will give, retry-declined before charging
+// a declined customer again — must be able to make it never succeed. Forwarded only for an intent the
+// vault tagged for a reservation of this key (retrieved first with the real key, in the key's account), so
+// a key cannot cancel other callers' payments. Once Stripe canceled it the reservation is released before
+// the answer goes back: the caller's next create finds the room.
+net::awaitable<http::response> forward_cancel(state_ptr st, http::request& req, ledger_line& l,
+                                              const std::string& key_id, clock::duration budget) {
+    if (req.body_size() > st->cfg.max_body_bytes)
+        co_return finish(*st, l, "too_large",
+                         refuse(*st, refusals::too_large(st->cfg.max_body_bytes), false));
+    if (auto idem = req.headers.get("Idempotency-Key")) l.row.idempotency_key = std::string(*idem);
+    const std::string id(cancelled_intent(req.path()));
+    auto not_ours = [&] {
+        return finish(
+            *st, l, "forbidden",
+            refuse(*st, refusals::forbidden("canceling " + id + ", which the vault did not create"), false));
+    };
+    std::string account(req.headers.get("Stripe-Account").value_or(""));  // the key's own (checked)
+    auto pi = co_await st->stripe->retrieve_payment_intent(id, std::move(account));
+    if (!pi && pi.err().code == stripe::errc::rejected) co_return not_ours();
+    if (!pi)
+        co_return finish(*st, l, "upstream_failed", refuse(*st, refusals::upstream_failure(false), true));
+    auto tag = stripe::metadata_value(pi->metadata, vault_tag_key);
+    if (!tag) co_return not_ours();
+    const std::string idem(*tag);
+    auto owns = co_await st->store.owns_intent(key_id, idem, id);
+    if (!owns) co_return unavailable(*st, l, owns.err());
+    if (!*owns) co_return not_ours();
+    if (!req.take_body()) co_return client_gone(*st, l, false);
+    auto r = co_await forward(st, upstream_request(*st, req, req.body), l, budget);
+    if (!r.ok()) co_return finish(*st, l, "upstream_failed", transport_failure(*st, r));
+    // The intent as Stripe now has it: the cancel's answer, or (refused: already canceled, or succeeded)
+    // as retrieved.
+    bool canceled = stripe::read(*pi).moved == stripe::movement::canceled;
+    if (r.resp.status / 100 == 2) {
+        auto after = stripe::parse_payment_intent(r.resp.body);
+        canceled = after && stripe::read(*after).moved == stripe::movement::canceled;
+    }
+    if (canceled) {
+        auto released = co_await st->store.release_canceled(
+            key_id, idem, id, "PaymentIntent " + id + " canceled through the vault");
+        if (!released)  // a followed reservation is still released by the resolver once it sees the cancel
+            st->log.warn(
+                "vault: cannot release a canceled PaymentIntent's reservation",
+                {{"key_id", key_id}, {"idempotency_key", idem}, {"error", released.err().describe()}});
+        else if (*released)
+            st->log.info("vault reservation released: its PaymentIntent was canceled",
+                         {{"key_id", key_id}, {"idempotency_key", idem}, {"payment_intent", id}});
+    }
+    co_return finish(*st, l, "cancel", relay(r.resp));
+}
 // A create that passed check_request (`p`: its parameters): reserved, then forwarded.
 net::awaitable<http::response> forward_create(state_ptr st, http::request& req, ledger_line& l,
                                               const std::string& key_id, const std::string& currency,
@@ -191,6 +248,7 @@ net::awaitable<http::response> run_handle(state_ptr st, http::request& req) {
     // reservation, as before, does not.
     const auto budget = deadline - clock::now();
     if (c.op.refund) co_return co_await forward_refund(st, req, l, budget);
+    if (c.op.cancel) co_return co_await forward_cancel(st, req, l, c.key_id, budget);
     if (!c.op.creates) co_return co_await forward_read(st, req, l, budget);
     co_return co_await forward_create(st, req, l, c.key_id, c.key_currency, c.create, budget);
 }

@@ -26,7 +26,8 @@ const std::string step_sql =
 // predicate of vault_spend_counted_idx (on vault_key_id only, dropped by 0009), and a plan on it walked every
 // counted row of the key instead of the one primary-key lookup.
 const std::string settle_sql =
-    "UPDATE vault_spend SET state = 'settled', stripe_object_id = $3, next_resolve_at = NULL "
+    "UPDATE vault_spend SET state = 'settled', stripe_object_id = $3, next_resolve_at = NULL, "
+    "settled_status = coalesce(nullif($4, ''), settled_status) "
     "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'settled' AND state <> 'released'";
 
 const std::string settle_many_sql =
@@ -176,9 +177,11 @@ net::awaitable<result<std::vector<std::size_t>>> store::settle_many(std::vector<
     co_return out;
 }
 
-net::awaitable<result<bool>> store::settle(std::string key_id, std::string idem, std::string object_id) {
-    auto r = co_await pg::exec_pooled(pool_, settle_sql,
-                                      pg::params(std::move(key_id), std::move(idem), std::move(object_id)));
+net::awaitable<result<bool>> store::settle(std::string key_id, std::string idem, std::string object_id,
+                                           std::string in_flight_status) {
+    auto r = co_await pg::exec_pooled(
+        pool_, settle_sql,
+        pg::params(std::move(key_id), std::move(idem), std::move(object_id), std::move(in_flight_status)));
     if (!r) co_return r.err();
     co_return r->affected() == 1;
 }

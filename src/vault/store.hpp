@@ -156,8 +156,11 @@ class store {
         std::string object_id;
     };
     net::awaitable<result<std::vector<std::size_t>>> settle_many(std::vector<keyed_settlement>& s);
-    // reserved/uncertain → settled. False when the row was in neither state.
-    net::awaitable<result<bool>> settle(std::string key_id, std::string idem, std::string object_id);
+    // reserved/uncertain → settled. False when the row was in neither state. A non-empty
+    // `in_flight_status` settles it in flight in the same statement (as mark_in_flight does), so the
+    // resolver follows it until Stripe says how it ended; empty keeps a mark made before.
+    net::awaitable<result<bool>> settle(std::string key_id, std::string idem, std::string object_id,
+                                        std::string in_flight_status = {});
     // reserved/uncertain → released.
     net::awaitable<result<bool>> release(std::string key_id, std::string idem, std::string why);
     // Keeps the row as it is, due again after `retry_in`; counts an attempt.
@@ -187,6 +190,14 @@ class store {
     enum class in_flight_end { succeeded, failed, still };
     net::awaitable<result<bool>> end_in_flight(std::string key_id, std::string idem, in_flight_end how,
                                                std::string why);
+    // A cancel of a PaymentIntent the vault tagged with `idem` (POST /v1/payment_intents/pi_…/cancel through
+    // the proxy). owns_intent: the key holds a reservation under `idem` that is this intent's (settled with
+    // it, or with no object recorded yet — a 402 records none). release_canceled: once Stripe canceled the
+    // intent nothing moved and nothing can, so the reservation (reserved, uncertain or settled, followed or
+    // not) is released and the cap room comes back at once; false when it was released already.
+    net::awaitable<result<bool>> owns_intent(std::string key_id, std::string idem, std::string intent_id);
+    net::awaitable<result<bool>> release_canceled(std::string key_id, std::string idem, std::string intent_id,
+                                                  std::string why);
     // A refund of a settled reservation (cumulative, as Stripe reports amount_refunded; the largest kept):
     // recorded always. Cap room comes back only for a key whose policy says so (vault_keys.
     // refunds_reopen_cap) when the refund is applied: a rise in the refunded amount reopens that rise under

@@ -1,6 +1,7 @@
 // vault::store: what follows a settled reservation — a payment still in flight when its create was
-// answered (followed until Stripe says how it ended) and refunds (recorded; cap room back only under the
-// key's refunds_reopen_cap). The rest of the store is in store.cpp.
+// answered (followed until Stripe says how it ended), a cancel of its intent through the proxy (released at
+// once), and refunds (recorded; cap room back only under the key's refunds_reopen_cap). The rest of the
+// store is in store.cpp.
 #include "pg/rows.hpp"
 #include "vault/store.hpp"
 
@@ -18,6 +19,16 @@ const std::string in_flight_due_sql =
     "WHERE state = 'settled' AND settled_status IS NOT NULL "
     "AND coalesce(in_flight_checked_at, reserved_at) < now() - $1::bigint * interval '1 millisecond' "
     "ORDER BY coalesce(in_flight_checked_at, reserved_at) LIMIT $2::int";
+
+// The intent's own reservation: settled with it, or with no object recorded (a 402 records none).
+const std::string owns_intent_sql =
+    "SELECT count(*) FROM vault_spend WHERE vault_key_id = $1 AND idempotency_key = $2 "
+    "AND (stripe_object_id IS NULL OR stripe_object_id = $3)";
+const std::string release_canceled_sql =
+    "UPDATE vault_spend SET state = 'released', settled_status = NULL, next_resolve_at = NULL, "
+    "in_flight_checked_at = now(), last_error = $4, refunded_cents = 0, reopened_cents = 0 "
+    "WHERE vault_key_id = $1 AND idempotency_key = $2 AND state <> 'released' "
+    "AND (stripe_object_id IS NULL OR stripe_object_id = $3)";
 
 // Each only from a settled row still in flight: a second answer (two resolver passes, a retry) finds the
 // row ended and changes nothing, so the cap room comes back once.
@@ -97,6 +108,22 @@ net::awaitable<result<bool>> store::end_in_flight(std::string key_id, std::strin
     auto p = pg::params(std::move(key_id), std::move(idem));
     if (how == in_flight_end::failed) p.add(std::move(why));
     auto r = co_await pg::exec_pooled(pool_, sql, std::move(p));
+    if (!r) co_return r.err();
+    co_return r->affected() == 1;
+}
+
+net::awaitable<result<bool>> store::owns_intent(std::string key_id, std::string idem, std::string intent_id) {
+    auto r = co_await pg::exec_pooled(pool_, owns_intent_sql,
+                                      pg::params(std::move(key_id), std::move(idem), std::move(intent_id)));
+    if (!r) co_return r.err();
+    co_return r->get<std::int64_t>(0, 0) > 0;
+}
+
+net::awaitable<result<bool>> store::release_canceled(std::string key_id, std::string idem,
+                                                     std::string intent_id, std::string why) {
+    auto r = co_await pg::exec_pooled(
+        pool_, release_canceled_sql,
+        pg::params(std::move(key_id), std::move(idem), std::move(intent_id), std::move(why)));
     if (!r) co_return r.err();
     co_return r->affected() == 1;
 }

@@ -243,4 +243,131 @@ BOOST_AUTO_TEST_CASE(a_bank_debit_through_the_proxy_is_held_while_processing_the
     BOOST_TEST(f.send(f.post(k.secret, "/v1/charges", f.charge_body(1), "over")).status == 402);
 }
 
+// An on-session PaymentIntent answered requires_action (3-D Secure) moved nothing but may still: its
+// reservation keeps counting, and the proxy follows it by itself (no one marks it by hand). While the
+// customer has not authenticated the room stays held; once the intent is canceled (the customer never
+// authenticated; retry-declined cancels it before reopening the row) the resolver gives the room back,
+// once, and a new create fits again.
+BOOST_AUTO_TEST_CASE(an_intent_waiting_for_authentication_is_followed_and_released_when_canceled) {
+    vault_fixture f;
+    auto k = f.issue(2000);
+    f.run([](fake::fake_stripe* fk) -> net::awaitable<void> {
+        fk->decline("cus_3ds", {"authentication_required", "authentication_required"});
+        co_return;
+    }(f.fake.get()));
+    auto r = f.send(f.post(k.secret, "/v1/payment_intents",
+                           f.charge_body(1500, "cus_3ds") +
+                               "&payment_method=pm_card_visa&confirm=true&automatic_payment_methods["
+                               "enabled]=true&automatic_payment_methods[allow_redirects]=never",
+                           "needs-3ds"));
+    BOOST_TEST_REQUIRE(r.status == 200, r.body);
+    BOOST_TEST(r.body.find("\"requires_action\"") != std::string::npos, r.body);
+    f.settle_now();
+    auto followed = [&] {
+        return f.count(
+                   "SELECT count(*) FROM vault_spend WHERE idempotency_key = 'needs-3ds' AND state = "
+                   "'settled' AND settled_status = 'requires_action'") == 1;
+    };
+    // The mark is a task of the proxy's own after its answer, with no completion to await: bounded wait.
+    for (int i = 0; i < 200 && !followed(); ++i) f.pause(10ms);
+    BOOST_TEST_REQUIRE(followed());
+    auto committed = [&] {
+        return f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'");
+    };
+    BOOST_TEST(committed() == 1500);
+    BOOST_TEST(f.send(f.post(k.secret, "/v1/charges", f.charge_body(1000), "no-room")).status == 402);
+    // Due, still waiting for the customer: checked, still held.
+    f.scalar("UPDATE vault_spend SET reserved_at = now() - interval '1 hour' RETURNING 1");
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 1u);
+    BOOST_TEST(followed());
+    BOOST_TEST(committed() == 1500);
+    auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
+        co_return fk->intents();
+    }(f.fake.get()));
+    BOOST_TEST_REQUIRE(intents.size() == 1u);
+    auto direct = f.direct_stripe();
+    auto cancel = f.run(direct->call("POST", "/v1/payment_intents/" + intents[0].id + "/cancel",
+                                     "cancellation_reason=abandoned", "cancel-3ds"));
+    BOOST_TEST_REQUIRE(cancel.http.ok());
+    BOOST_TEST_REQUIRE(cancel.http.resp.status == 200);
+    f.scalar("UPDATE vault_spend SET in_flight_checked_at = now() - interval '1 hour' RETURNING 1");
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 1u);
+    BOOST_TEST(row_of(f, "needs-3ds") == "released:" + intents[0].id);
+    BOOST_TEST(committed() == 0);
+    f.scalar("UPDATE vault_spend SET in_flight_checked_at = now() - interval '1 hour' RETURNING 1");
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 0u);  // ended: never released twice
+    BOOST_TEST(committed() == 0);
+    BOOST_TEST(f.send(f.post(k.secret, "/v1/charges", f.charge_body(2000), "after-cancel")).status == 200);
+    f.settle_now();
+    BOOST_TEST(committed() == 2000);
+}
+
+// The holder of a key cancels, through the vault, an intent it created (what retry-declined does before
+// charging a declined customer again): the cancel moves no money, so payment_intents.create allows it, and
+// the reservation is released before the answer comes back, so the next create finds the room at once. A
+// cancel of an intent the vault did not create under this key (another key's, an untagged one) is refused
+// and never reaches Stripe; a declined intent (402, its row released already) is canceled all the same.
+BOOST_AUTO_TEST_CASE(a_cancel_through_the_vault_releases_the_intents_reservation_at_once) {
+    vault_fixture f;
+    auto k = f.issue(2000);
+    auto other = f.issue(2000);
+    f.run([](fake::fake_stripe* fk) -> net::awaitable<void> {
+        fk->decline("cus_3ds", {"authentication_required", "authentication_required"});
+        fk->decline("cus_broke", {"card_declined", "insufficient_funds"});
+        co_return;
+    }(f.fake.get()));
+    const std::string confirm =
+        "&payment_method=pm_card_visa&confirm=true&automatic_payment_methods[enabled]="
+        "true&automatic_payment_methods[allow_redirects]=never";
+    auto r = f.send(f.post(k.secret, "/v1/payment_intents", f.charge_body(1500, "cus_3ds") + confirm, "3ds"));
+    BOOST_TEST_REQUIRE(r.status == 200, r.body);
+    r = f.send(f.post(k.secret, "/v1/payment_intents",
+                      f.charge_body(400, "cus_broke") + confirm + "&off_session=true", "broke"));
+    BOOST_TEST_REQUIRE(r.status == 402, r.body);
+    f.settle_now();
+    auto direct = f.direct_stripe();
+    auto untagged = f.run(direct->call("POST", "/v1/payment_intents", f.charge_body(100), "untagged"));
+    BOOST_TEST_REQUIRE(untagged.http.ok());
+    auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
+        co_return fk->intents();
+    }(f.fake.get()));
+    BOOST_TEST_REQUIRE(intents.size() == 3u);
+    auto committed = [&] {
+        return f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'");
+    };
+    BOOST_TEST(committed() == 1500);
+    int sent = 0;
+    auto cancel = [&](const std::string& secret, const std::string& id) {
+        return f.send(f.post(secret, "/v1/payment_intents/" + id + "/cancel", "cancellation_reason=abandoned",
+                             "cancel-" + std::to_string(++sent)));
+    };
+    auto status_of = [&](std::size_t i) {
+        return f.run([](fake::fake_stripe* fk, std::size_t i) -> net::awaitable<std::string> {
+            co_return fk->intents().at(i).status;
+        }(f.fake.get(), i));
+    };
+    // Not this key's to cancel: refused before Stripe.
+    BOOST_TEST(cancel(other.secret, intents[0].id).status == 403);
+    BOOST_TEST(cancel(k.secret, intents[2].id).status == 403);
+    BOOST_TEST(status_of(0) == "requires_action");
+    BOOST_TEST(status_of(2) == "requires_confirmation");
+    BOOST_TEST(committed() == 1500);
+    // Its own: canceled at Stripe, the room back before the answer.
+    r = cancel(k.secret, intents[0].id);
+    BOOST_TEST(r.status == 200, r.body);
+    BOOST_TEST(status_of(0) == "canceled");
+    BOOST_TEST(row_of(f, "3ds") == "released:" + intents[0].id);
+    BOOST_TEST(committed() == 0);
+    r = cancel(k.secret, intents[1].id);  // declined: released already, the intent canceled all the same
+    BOOST_TEST(r.status == 200, r.body);
+    BOOST_TEST(status_of(1) == "canceled");
+    BOOST_TEST(committed() == 0);
+    BOOST_TEST(f.send(f.post(k.secret, "/v1/charges", f.charge_body(2000), "room-back")).status == 200);
+    f.settle_now();
+    BOOST_TEST(committed() == 2000);
+    // Canceled again: Stripe refuses (400), nothing is released twice.
+    BOOST_TEST(cancel(k.secret, intents[0].id).status == 400);
+    BOOST_TEST(committed() == 2000);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

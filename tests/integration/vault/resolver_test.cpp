@@ -243,4 +243,55 @@ BOOST_AUTO_TEST_CASE(a_body_that_only_spells_the_tag_in_a_value_is_replayed_not_
     BOOST_TEST(f.fake_charges() == 1u);
 }
 
+// The search's settle of a payment still in flight follows it like the proxy's own answer does: a bank
+// debit PaymentIntent found processing and a Charges-API debit found pending (each created at Stripe and
+// answered with a saved 500, so the replay searches) are settled in flight; when the bank fails them the
+// resolver releases both, their room back once.
+BOOST_AUTO_TEST_CASE(the_search_follows_a_payment_it_finds_in_flight_and_releases_it_when_it_fails) {
+    vault_fixture f;
+    auto k = f.issue(10'000);
+    f.run([](fake::fake_stripe* fk) -> net::awaitable<void> {
+        fk->settle_after(std::chrono::hours(1));  // the test settles the debits by hand
+        fk->faults().fail_after_create = 2;
+        co_return;
+    }(f.fake.get()));
+    auto r = f.send(f.post(k.secret, "/v1/payment_intents",
+                           f.charge_body(3000) +
+                               "&payment_method=pm_usBankAccount_processing&confirm=true&automatic_payment_"
+                               "methods[enabled]=true&automatic_payment_methods[allow_redirects]=never",
+                           "found-processing"));
+    BOOST_TEST(r.status == 500, r.body);
+    r = f.send(f.post(k.secret, "/v1/charges", f.charge_body(2000) + "&source=ba_debit", "found-pending"));
+    BOOST_TEST(r.status == 500, r.body);
+    f.settle_now();
+    BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE state = 'uncertain'") == 2);
+    auto committed = [&] {
+        return f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'");
+    };
+    BOOST_TEST(committed() == 5000);
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 2u);
+    BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'found-processing' AND "
+                       "state = 'settled' AND settled_status = 'processing'") == 1);
+    BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'found-pending' AND "
+                       "state = 'settled' AND settled_status = 'pending'") == 1);
+    BOOST_TEST(committed() == 5000);
+    auto ids = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::pair<std::string, std::string>> {
+        co_return std::pair(fk->intents().empty() ? std::string() : fk->intents().front().id,
+                            fk->charges().empty() ? std::string() : fk->charges().back().id);
+    }(f.fake.get()));
+    auto failed = f.run([](fake::fake_stripe* fk, std::string pi, std::string ch) -> net::awaitable<bool> {
+        co_return fk->settle(pi, "failed", "insufficient_funds") &&
+            fk->settle_charge(ch, "failed", "account_closed");
+    }(f.fake.get(), ids.first, ids.second));
+    BOOST_TEST_REQUIRE(failed);
+    f.scalar("UPDATE vault_spend SET reserved_at = now() - interval '1 hour' RETURNING 1");
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 2u);
+    BOOST_TEST(row_of(f, "found-processing") == "released:" + ids.first);
+    BOOST_TEST(row_of(f, "found-pending") == "released:" + ids.second);
+    BOOST_TEST(committed() == 0);
+    f.scalar("UPDATE vault_spend SET in_flight_checked_at = now() - interval '1 hour' RETURNING 1");
+    BOOST_TEST(f.run(f.proxy->resolve_once()) == 0u);
+    BOOST_TEST(committed() == 0);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -23,20 +23,26 @@ BOOST_AUTO_TEST_CASE(operations_of_requests) {
                    row{"POST", "/v1/charges/ch_1", "", false},  // update: not governed
                    row{"POST", "/v1/charges/ch_1/capture", "", false},
                    row{"POST", "/v1/payment_intents/pi_1/confirm", "", false},
+                   // A cancel moves no money: a key that may create intents may cancel its own.
+                   row{"POST", "/v1/payment_intents/pi_1/cancel", "payment_intents.create", false},
+                   row{"GET", "/v1/payment_intents/pi_1/cancel", "", false},
+                   row{"POST", "/v1/payment_intents/ch_1/cancel", "", false},
+                   row{"POST", "/v1/payment_intents/pi_1/x/cancel", "", false},
                    row{"POST", "/v1/refunds", "refunds.create", false},
                    row{"GET", "/v1/refunds", "refunds.read", false},
                    row{"GET", "/v1/refunds/re_1", "refunds.read", false},
                    row{"POST", "/v1/refunds/re_1", "", false},  // update: not governed
-                   row{"POST", "/v1/refunds/re_1/cancel", "", false},
-                   row{"GET", "/v1/customers", "", false},
-                   row{"DELETE", "/v1/charges", "", false},
-                   row{"GET", "/v1/chargesX", "", false},
-                   row{"GET", "/v1/charges/", "", false},
-                   row{"GET", "/v1/charges/a/b", "", false}}) {
+                   row{"POST", "/v1/refunds/re_1/cancel", "", false}, row{"GET", "/v1/customers", "", false},
+                   row{"DELETE", "/v1/charges", "", false}, row{"GET", "/v1/chargesX", "", false},
+                   row{"GET", "/v1/charges/", "", false}, row{"GET", "/v1/charges/a/b", "", false}}) {
         auto op = operation_for(r.method, r.path);
         BOOST_TEST(op.name == r.op, r.method << " " << r.path);
         BOOST_TEST(op.creates == r.creates, r.method << " " << r.path);
+        BOOST_TEST(op.cancel == (std::string_view(r.path).ends_with("/cancel") && !op.name.empty()),
+                   r.method << " " << r.path);
     }
+    BOOST_TEST(cancelled_intent("/v1/payment_intents/pi_1/cancel") == "pi_1");
+    BOOST_TEST(cancelled_intent("/v1/payment_intents/pi_1") == "");
 }
 
 BOOST_AUTO_TEST_CASE(allow_lists) {
