@@ -25,7 +25,8 @@ connection::connection(asio::any_io_executor ex, std::string key, const consumer
       io_(ex),
       decoder_(cfg.max_frame_size),
       writer_wake_(ex, sclock::time_point::max()),
-      drained_wake_(ex, sclock::time_point::max()) {}
+      drained_wake_(ex, sclock::time_point::max()),
+      keepalives_(ex) {}
 
 asio::awaitable<error> connection::run(std::vector<net::tcp::endpoint> eps) {
     auto self = shared_from_this();

@@ -7,6 +7,7 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,34 @@ class connection_owner {
     virtual void on_read_batch(connection& c) = 0;
     virtual void on_error_frame(connection& c, const proto::error_frame& e) = 0;
     virtual void on_touch_sent() = 0;
+};
+
+// The keepalives (message.hpp) of one connection's deliveries, with one timer armed for the earliest
+// TOUCH due among them: a keepalive joins and leaves the list without an allocation or a timer of its own.
+// When the timer fires every member whose TOUCH is due sends it; one whose TOUCH fails (the delivery was
+// answered, the connection is gone) or could no longer extend nsqd's deadline leaves the list. A member due
+// before the armed expiry moves the timer earlier; members mostly join in receipt order, so while
+// deliveries stream through the timer is armed about once per msg_timeout / 2 (a member that leaves does
+// not disarm it: it fires for the earliest one left, if any). Connection executor only.
+class keepalive_list {
+  public:
+    explicit keepalive_list(asio::any_io_executor ex) : timer_(ex) {}
+    keepalive_list(const keepalive_list&) = delete;
+    keepalive_list& operator=(const keepalive_list&) = delete;
+
+    // `owner` is the connection holding this list (the timer's callback finds the list through it).
+    void add(keepalive& k, const std::shared_ptr<connection>& owner);
+    void remove(keepalive& k) noexcept;
+
+  private:
+    void arm(std::chrono::steady_clock::time_point at, std::weak_ptr<connection> owner);
+    void fired(std::weak_ptr<connection> owner);
+
+    keepalive *head_ = nullptr, *tail_ = nullptr;
+    net::steady_timer timer_;
+    bool armed_ = false;
+    std::chrono::steady_clock::time_point armed_at_{};
+    std::uint64_t gen_ = 0;  // filters the completion of a wait a later arm() replaced
 };
 
 class connection : public std::enable_shared_from_this<connection> {
@@ -85,6 +114,8 @@ class connection : public std::enable_shared_from_this<connection> {
     asio::any_io_executor executor() const { return ex_; }
     // When the read that carried the frame being handled completed (a message's receipt time).
     std::chrono::steady_clock::time_point last_read() const noexcept { return last_read_; }
+    // The keepalives of this connection's deliveries (message.hpp).
+    keepalive_list& keepalives() noexcept { return keepalives_; }
 
   private:
     asio::awaitable<error> handshake(std::vector<net::tcp::endpoint> eps);
@@ -143,6 +174,7 @@ class connection : public std::enable_shared_from_this<connection> {
     std::vector<std::uint32_t> free_slots_;
     std::size_t in_flight_total_ = 0;
     std::chrono::steady_clock::time_point last_read_{};
+    keepalive_list keepalives_;
 };
 
 }  // namespace cg::nsq

@@ -1,5 +1,7 @@
 #include "nsq/message.hpp"
 
+#include <optional>
+
 #include "net/tokens.hpp"
 #include "nsq/connection.hpp"
 #include "nsq/policy.hpp"
@@ -43,55 +45,77 @@ bool message::touch() {
     return true;
 }
 
-struct keepalive::state {
-    net::steady_timer timer;
-    message* msg;
-    clock::time_point last;  // when nsqd's deadline last started (receipt or the last TOUCH)
-    bool stopped = false;
-    std::size_t touches = 0;
-};
-
-namespace {
-
-// Waits for the next TOUCH and sends it, until stopped, until the connection is gone, or until a TOUCH could
-// no longer extend the deadline (nsqd's max-msg-timeout cap). A plain timer callback holding the state, not
-// the message: after stop it never dereferences `msg`. (Every delivery holds a keepalive and nearly all end
-// long before their first TOUCH: no coroutine is started for one.)
-void arm(std::shared_ptr<keepalive::state> st) {
-    // nsqd's deadline runs from delivery (or the last TOUCH), not from when the handler got round to
-    // holding a keepalive (it may have waited for a slot or done other work first): the first TOUCH is due
-    // msg_timeout / 2 after receipt or the last TOUCH — at once if that is already past — and each later
-    // one msg_timeout / 2 after the last.
-    auto next =
-        next_touch(st->last, st->msg->delivered_at(), st->msg->msg_timeout(), st->msg->max_msg_timeout());
-    if (!next) return;
-    auto& timer = st->timer;
-    timer.expires_at(*next);
-    timer.async_wait([st = std::move(st)](std::error_code) mutable {
-        if (st->stopped) return;
-        if (!st->msg->touch()) return;
-        ++st->touches;
-        st->last = clock::now();
-        arm(std::move(st));
-    });
-}
-
-}  // namespace
-
-keepalive::keepalive(message& m) {
-    if (!m.conn()) return;
-    st_ = std::make_shared<state>(state{net::steady_timer(m.conn()->executor()), &m, m.last_touched()});
-    arm(st_);
+keepalive::keepalive(message& m) : msg_(&m), last_(m.last_touched()) {
+    if (m.conn()) m.conn()->keepalives().add(*this, m.conn());
 }
 
 keepalive::~keepalive() {
-    if (!st_) return;
-    st_->stopped = true;
-    st_->timer.cancel();
+    if (list_) list_->remove(*this);
 }
 
-std::size_t keepalive::touches() const noexcept {
-    return st_ ? st_->touches : 0;
+// nsqd's deadline runs from delivery (or the last TOUCH), not from when the handler got round to holding a
+// keepalive (it may have waited for a slot or done other work first): the first TOUCH is due msg_timeout / 2
+// after receipt or the last TOUCH — at once if that is already past — and each later one msg_timeout / 2
+// after the last.
+void keepalive_list::add(keepalive& k, const std::shared_ptr<connection>& owner) {
+    const auto& m = *k.msg_;
+    auto due = next_touch(k.last_, m.delivered_at(), m.msg_timeout(), m.max_msg_timeout());
+    if (!due) return;
+    k.list_ = this;
+    k.prev_ = tail_;
+    k.next_ = nullptr;
+    (tail_ ? tail_->next_ : head_) = &k;
+    tail_ = &k;
+    if (!armed_ || *due < armed_at_) arm(*due, owner);
+}
+
+void keepalive_list::remove(keepalive& k) noexcept {
+    (k.prev_ ? k.prev_->next_ : head_) = k.next_;
+    (k.next_ ? k.next_->prev_ : tail_) = k.prev_;
+    k.prev_ = k.next_ = nullptr;
+    k.list_ = nullptr;
+}
+
+void keepalive_list::arm(clock::time_point at, std::weak_ptr<connection> owner) {
+    armed_ = true;
+    armed_at_ = at;
+    auto gen = ++gen_;
+    timer_.expires_at(at);  // cancels a wait pending: its completion sees another generation
+    // Through the connection, not `this`: the list is a member of it and may be gone by the completion.
+    timer_.async_wait([owner = std::move(owner), gen](std::error_code) {
+        auto c = owner.lock();
+        if (!c) return;
+        auto& l = c->keepalives();
+        if (l.gen_ != gen) return;
+        l.armed_ = false;
+        l.fired(owner);
+    });
+}
+
+void keepalive_list::fired(std::weak_ptr<connection> owner) {
+    auto now = clock::now();
+    std::optional<clock::time_point> first;
+    for (auto* k = head_; k;) {
+        auto* next = k->next_;
+        const auto& m = *k->msg_;
+        auto due = next_touch(k->last_, m.delivered_at(), m.msg_timeout(), m.max_msg_timeout());
+        if (due && *due <= now) {
+            if (k->msg_->touch()) {
+                ++k->touches_;
+                k->last_ = clock::now();
+                due = next_touch(k->last_, m.delivered_at(), m.msg_timeout(), m.max_msg_timeout());
+            } else {
+                due.reset();  // answered, or the connection is gone: nothing left to keep alive
+            }
+        }
+        if (!due) {
+            remove(*k);
+        } else if (!first || *due < *first) {
+            first = due;
+        }
+        k = next;
+    }
+    if (first) arm(*first, std::move(owner));
 }
 
 }  // namespace cg::nsq

@@ -113,10 +113,14 @@ using message_handler = std::function<asio::awaitable<disposition>(message&)>;
 // applied (finish → counted as given up; a requeue keeps the message). Without one the consumer FINs.
 using give_up_handler = std::function<asio::awaitable<disposition>(message&)>;
 
+class keepalive_list;
+
 // Holds a message alive while a handler awaits slow work: TOUCHes every effective msg_timeout / 2 and
 // stops before nsqd's max-msg-timeout cap, where a TOUCH can no longer help. Construct on the
 // consumer's executor; destroy (normally: leave scope) before the handler returns. The message must
-// outlive the keepalive.
+// outlive the keepalive. It joins its connection's keepalive_list (connection.hpp), whose one timer
+// sends the TOUCHes of all of them: constructing and destroying one allocates nothing and arms no timer
+// (nearly every delivery ends long before its first TOUCH is due).
 class keepalive {
   public:
     explicit keepalive(message& m);
@@ -124,12 +128,15 @@ class keepalive {
     keepalive(const keepalive&) = delete;
     keepalive& operator=(const keepalive&) = delete;
 
-    std::size_t touches() const noexcept;
-
-    struct state;
+    std::size_t touches() const noexcept { return touches_; }
 
   private:
-    std::shared_ptr<state> st_;
+    friend class keepalive_list;
+    message* msg_;
+    keepalive_list* list_ = nullptr;  // null once it keeps nothing alive (stopped, or never started)
+    keepalive *prev_ = nullptr, *next_ = nullptr;
+    message::clock::time_point last_;  // when nsqd's deadline last started (receipt or the last TOUCH)
+    std::size_t touches_ = 0;
 };
 
 }  // namespace cg::nsq

@@ -72,7 +72,7 @@ net::awaitable<verdict> charge_flow::resume(delivery d, billing_event ev, ledger
     r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
     if (r.key != rec.key)
         throw std::invalid_argument("resume: row " + rec.key + " is not this pipeline's key");
-    r.log.add(run::delivery_log::context::swept);
+    r.log.add(run::delivery_log::context::swept, r.key, r.ev);
     double unit = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
     // Named first: g++ 12 destroys a temporary argument of a co_awaited call twice.
     const machine::fsm_input first = machine::in::swept{r.ev, std::move(rec), r.d.attempts, cfg_.now(), unit};
@@ -85,12 +85,28 @@ net::awaitable<verdict> charge_flow::resume_correction(delivery d, billing_event
     r.key = base_key(cfg_.key_namespace, r.ev.customer_id, r.ev.billing_period, r.ev.stripe_account);
     if (!r.ev.is_correction() || r.key != base)
         throw std::invalid_argument("resume_correction: revision of " + base + " is not this pipeline's");
-    r.log.add(run::delivery_log::context::swept);
+    r.log.add(run::delivery_log::context::swept, r.key, r.ev);
     co_return co_await corrections_->handle(r.d, {}, r.ev, r.key, r.log);
 }
 
+namespace {
+
+// The level of a delivery's finish line. A decline, a dead letter or a blocked charge is finished but wants a
+// person (a retry once the card is fixed, a replay or a dismissal): warn, as a requeue is.
+log_level finish_level(const verdict& v, bool past_max_attempts) {
+    const bool needs_a_person =
+        v.reason == verdict_reason::declined || v.reason == verdict_reason::needs_authentication ||
+        v.reason == verdict_reason::dead_lettered || v.reason == verdict_reason::cap_blocked;
+    return past_max_attempts && !v.finished() ? log_level::error
+           : v.finished() && !needs_a_person  ? log_level::info
+                                              : log_level::warn;
+}
+
+}  // namespace
+
 net::awaitable<verdict> charge_flow::handle_delivery(delivery d, touch_fn touch, bool past_max_attempts) {
     run r(std::move(d), std::move(touch), log_);
+    r.past_max_attempts = past_max_attempts;
     if (past_max_attempts) {
         if (metrics_) metrics_->past_max_attempts->Increment();
         r.log.error(
@@ -104,16 +120,9 @@ net::awaitable<verdict> charge_flow::handle_delivery(delivery d, touch_fn touch,
         machine::in::delivery{r.d.body, r.d.message_id, r.d.attempts, cfg_.now(), unit};
     auto v = co_await drive(r, first);
     stripe_share_ += ((r.called_stripe ? 1.0 : 0.0) - stripe_share_) / 8.0;
-    // A decline, a dead letter or a blocked charge is finished but wants a person (a retry once the card is
-    // fixed, a replay or a dismissal): warn, as a requeue is.
-    const bool needs_a_person =
-        v.reason == verdict_reason::declined || v.reason == verdict_reason::needs_authentication ||
-        v.reason == verdict_reason::dead_lettered || v.reason == verdict_reason::cap_blocked;
-    auto level = past_max_attempts && !v.finished() ? log_level::error
-                 : v.finished() && !needs_a_person  ? log_level::info
-                                                    : log_level::warn;
     r.log.log(
-        level, v.finished() ? "billing message finished" : "billing message requeued",
+        finish_level(v, past_max_attempts),
+        v.finished() ? "billing message finished" : "billing message requeued",
         std::array<log_field, 4>{log_field("reason", to_string(v.reason)), log_field("detail", v.detail),
                                  log_field("delay_ms", static_cast<std::int64_t>(v.delay.count())),
                                  log_field("past_max_attempts", past_max_attempts)});
@@ -124,11 +133,10 @@ net::awaitable<verdict> charge_flow::handle_delivery(delivery d, touch_fn touch,
 net::awaitable<verdict> charge_flow::drive(run& r, const machine::fsm_input& first) {
     machine::charge_fsm fsm(fsm_cfg_);
     auto cmd = fsm.resume(first);
-    if (r.key.empty() && fsm.event_known()) {
-        r.ev = fsm.event();
-        r.key = fsm.key();
-        r.log.add(run::delivery_log::context::event);
-    }
+    // A delivery's log context reads the event and key where the fsm keeps them (no copy of them per
+    // delivery); they go with this frame, so the context is rendered before that if a line still follows.
+    const bool borrowed = !r.log.has_event() && fsm.event_known();
+    if (borrowed) r.log.add(run::delivery_log::context::event, fsm.key(), fsm.event());
     for (;;) {
         if (!cmd.note.empty()) {
             if (cmd.alert)
@@ -146,6 +154,8 @@ net::awaitable<verdict> charge_flow::drive(run& r, const machine::fsm_input& fir
         journal_.note({fsm.key(), fsm.generation(), fsm.first_lease(), fsm.held_lease(), cmd.journal->status,
                        cmd.journal->charge_id, cmd.journal->payment_intent_id, cmd.journal->message,
                        std::chrono::steady_clock::now()});
+    // handle_delivery()'s finish line is the one line written after this.
+    if (borrowed) r.log.forget(r.log.enabled(finish_level(cmd.result, r.past_max_attempts)));
     co_return std::move(cmd.result);
 }
 

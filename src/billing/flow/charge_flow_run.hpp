@@ -30,10 +30,23 @@ struct charge_flow::run {
         delivery_log& operator=(const delivery_log&) = delete;
 
         // The event's fields (`event`: billing key, customer, period and a connected account; `swept`: the
-        // key and swept=true) join the context from now on; the run's key and event must be set.
-        void add(context c) {
+        // key and swept=true) join the context from now on. `key` and `ev` are read when the context is
+        // rendered: they must live until then, or until forget().
+        void add(context c, const std::string& key, const billing_event& ev) {
             ctx_ = c;
+            key_ = &key;
+            ev_ = &ev;
             if (built_) append(*built_, c);
+        }
+        bool has_event() const noexcept { return ctx_ != context::delivery; }
+        // The key and event given to add() are about to go: the context is rendered now if `render` (a line
+        // will still be written), else the event's fields leave it (no line is expected any more; one written
+        // anyway carries the delivery's fields only).
+        void forget(bool render) {
+            if (render) get();
+            if (!built_) ctx_ = context::delivery;
+            key_ = nullptr;
+            ev_ = nullptr;
         }
 
         const logger& get() const {
@@ -65,18 +78,19 @@ struct charge_flow::run {
       private:
         void append(logger& l, context c) const {
             if (c == context::swept) {
-                l = l.with({{"billing_key", r_->key}, {"swept", true}});
+                l = l.with({{"billing_key", *key_}, {"swept", true}});
                 return;
             }
-            l = l.with({{"billing_key", r_->key},
-                        {"customer_id", r_->ev.customer_id},
-                        {"period", r_->ev.billing_period}});
-            if (r_->ev.connected()) l = l.with({{"stripe_account", r_->ev.stripe_account}});
+            l = l.with(
+                {{"billing_key", *key_}, {"customer_id", ev_->customer_id}, {"period", ev_->billing_period}});
+            if (ev_->connected()) l = l.with({{"stripe_account", ev_->stripe_account}});
         }
 
         const logger* base_;
         const run* r_;
         context ctx_ = context::delivery;
+        const std::string* key_ = nullptr;
+        const billing_event* ev_ = nullptr;
         mutable std::optional<logger> built_;
     };
 
@@ -89,9 +103,10 @@ struct charge_flow::run {
     delivery d;
     touch_fn touch;
     delivery_log log;
-    billing_event ev;  // once the fsm parsed it (the log's context)
+    billing_event ev;  // a swept row's event and key (resume()); a delivery's are the fsm's
     std::string key;
-    bool called_stripe = false;  // a create was started (charge_flow::deliveries_call_stripe)
+    bool called_stripe = false;      // a create was started (charge_flow::deliveries_call_stripe)
+    bool past_max_attempts = false;  // give_up(): the finish line's level (finish_level)
 
     dead_letter letter(std::string reason, std::optional<std::string> billing_key) const {
         return {d.topic, d.channel,         d.message_id,          d.attempts,

@@ -89,10 +89,10 @@ void charge_fsm::renewed(const in::renewed& r) {
         lease_lost_ = true;
 }
 
-command charge_fsm::emit(command c, at next) {
+command charge_fsm::emit(command&& c, at next) {
     at_ = next;
     if (c.what != op::done && c.what != op::pause) step_name_ = c.name;
-    return c;
+    return std::move(c);
 }
 
 command charge_fsm::finish(verdict v) {

@@ -275,7 +275,9 @@ class charge_fsm {
     command lease_held(std::optional<std::chrono::milliseconds> remaining, std::string detail = {});
     command finish(verdict v);
     command postgres_failed(const error& e);
-    command emit(command c, at next);
+    // Takes the command by reference: a command is large (the create request, the search, the verdict),
+    // and a parameter by value would be one more move and destruction of it on every step.
+    command emit(command&& c, at next);
 
     const flow_config* cfg_;
     at at_ = at::start;

@@ -15,9 +15,11 @@ PostgreSQL from PG*):
      costs PostgreSQL done one statement at a time).
 Prints rates, the CPU-ms per skipped message of every process (consume, PostgreSQL, nsqd), ratios against the
 goals (≥ 90 % of the ceiling, ≥ 2× pgbench), and the machine's load. --perf-record FILE samples consume's
-CPU (perf record -e cpu-clock -g) during the one-sidecar replay.
+CPU (perf record -e cpu-clock, --perf-call-graph MODE) during the
+one-sidecar replay.
 
-Usage: replay [--events N] [--repeat R] [--max-in-flight N] [--pgbench-clients N] [--perf-record FILE] [--build DIR]
+Usage: replay [--events N] [--repeat R] [--max-in-flight N] [--pgbench-clients N] [--perf-record FILE [--perf-call-graph dwarf]]
+              [--build DIR]
               [--consume-arg=--flag=value]…
 """
 import argparse, os, signal, subprocess, sys, tempfile, time, urllib.request
@@ -46,7 +48,7 @@ def cpu_of(st, cs):
     return out
 
 
-def replay_pass(st, cs, evs, perf_file=None):
+def replay_pass(st, cs, evs, perf_file=None, call_graph="fp", event="cpu-clock"):
     """Publishes evs with every consume stopped, resumes them and times the drain. Returns the figures."""
     ports = [c.health for c in cs]
     dup0 = outcome(ports, "duplicate_prevented")
@@ -60,8 +62,9 @@ def replay_pass(st, cs, evs, perf_file=None):
     finally:
         rec = None
         if perf_file:
-            rec = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-g", "-o", perf_file, "-p",
-                                    str(cs[0].cg_pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            rec = subprocess.Popen(["perf", "record", "-q", "-e", event, "--call-graph", call_graph, "-o",
+                                    perf_file, "-p", str(cs[0].cg_pid)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)  # perf attaches before the clock starts
         cpu0 = cpu_of(st, cs)
         t0 = time.time()
@@ -168,6 +171,8 @@ def main():
     ap.add_argument("--sidecars", type=int, action="append", help="replay with these sidecar counts (default 1, 3)")
     ap.add_argument("--repeat", type=int, default=1, help="alternating replay / ceiling runs per sidecar count (medians)")
     ap.add_argument("--perf-record", help="perf record consume (one sidecar) into this file")
+    ap.add_argument("--perf-call-graph", default="fp",
+                    help="perf record --call-graph mode (default fp; dwarf unwinds a build without frame pointers)")
     ap.add_argument("--consume-arg", action="append", default=[])
     ap.add_argument("--build", default=os.path.abspath(os.path.join(HERE, "../../..")))
     a = ap.parse_args()
@@ -199,7 +204,8 @@ def main():
             # Replay and ceiling alternate (A B A B …) so both see the same moments of a shared machine; the
             # sidecars are stopped while the ceiling runs.
             for rep in range(a.repeat):
-                fig = replay_pass(st, cs[:k], evs, a.perf_record if k == 1 and rep == 0 else None)
+                fig = replay_pass(st, cs[:k], evs, a.perf_record if k == 1 and rep == 0 else None,
+                                  a.perf_call_graph)
                 figs.append(fig)
                 calls = fig["stripe"] - fig["listing"]
                 ok = ("all, no Stripe call" if fig["dups"] == n and calls == 0 else

@@ -4,7 +4,8 @@ then alternates replay passes of each configuration on the same ledger and the s
 with a fresh `consume`, optionally each followed by its own no-NSQ ceiling (its build's replay_ceiling). On a
 shared machine the wall rates of runs minutes apart are not comparable; passes seconds apart are closer.
 
-Usage: replay_ab.py [--events N] [--rounds R] [--ceiling] NAME=BUILD[,--consume-flag=value…] …
+Usage: replay_ab.py [--events N] [--rounds R] [--ceiling] [--perf-record PREFIX [--perf-call-graph dwarf]]
+                    NAME=BUILD[,--consume-flag=value…] …
 e.g.   NSQD_BIN=…/nsqd replay_ab.py --ceiling before=/tmp/old-build after=build-rel \\
            after-nobackfill=build-rel,--backfill-window=0
 """
@@ -22,6 +23,11 @@ def main():
     ap.add_argument("--events", type=int, default=50000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ceiling", action="store_true", help="run each build's replay_ceiling after its pass")
+    ap.add_argument("--perf-record", metavar="PREFIX",
+                    help="perf record each pass's consume into PREFIX-NAME-ROUND.data")
+    ap.add_argument("--perf-call-graph", default="fp", help="perf record --call-graph mode (default fp)")
+    ap.add_argument("--perf-event", default="cpu-clock",
+                    help="perf record -e (default cpu-clock; e.g. a uprobe on malloc to count allocations)")
     ap.add_argument("cfg", nargs="+", help="NAME=BUILD[,--consume-flag=value…]")
     a = ap.parse_args()
     if not H.pg_configured():
@@ -46,11 +52,12 @@ def main():
         charger.send_signal(signal.SIGTERM)
         charger.wait(30)
         rates = {n: [] for n, _, _ in cfgs}
-        for _ in range(a.rounds):
+        for rnd in range(a.rounds):
             for name, build, args in cfgs:
                 st.build = build
                 c = st.consume(1, base + args)
-                fig = R.replay_pass(st, [c], evs)
+                perf = f"{a.perf_record}-{name}-{rnd}.data" if a.perf_record else None
+                fig = R.replay_pass(st, [c], evs, perf, a.perf_call_graph, a.perf_event)
                 c.send_signal(signal.SIGTERM)
                 c.wait(30)
                 rates[name].append(fig["rate"])

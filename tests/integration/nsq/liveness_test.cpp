@@ -1,7 +1,8 @@
 // Liveness gaps of the consumer (and producer) found by reading the code, each shown against fake-nsqd:
 // a backoff that stalled for ever when its trial connection dropped, only the first resolved address
-// tried, the first TOUCH timed from handler start instead of receipt, and a background task whose
-// exception was swallowed so its nsqd was never reconnected.
+// tried, the first TOUCH timed from handler start instead of receipt (also when keepalives share their
+// connection's timer), and a background task whose exception was swallowed so its nsqd was never
+// reconnected.
 #include <boost/test/unit_test.hpp>
 #include <stdexcept>
 
@@ -144,6 +145,57 @@ BOOST_AUTO_TEST_CASE(first_touch_is_timed_from_receipt_not_from_keepalive_start)
         co_await cg::net::sleep_for(milliseconds(200));
         BOOST_TEST(nsqd.channel("recv", "c").timeout_count == 0u);
         BOOST_TEST((attempts == std::vector<int>{1}));
+        BOOST_TEST(c.stats().fin_failed == 0u);
+        co_await c.stop();
+    });
+}
+
+// A connection's keepalives share one timer, armed for the earliest TOUCH due among them. A keepalive that
+// joins later but is due sooner (its message came first) must move that timer earlier: here "early" (received
+// at 0) holds its keepalive only once "late" (received at 1.2 s) armed the timer for 2.2 s — past early's
+// deadline at 2 s.
+BOOST_AUTO_TEST_CASE(a_keepalive_due_before_the_connections_touch_timer_moves_it_earlier) {
+    cg::test::run_async([]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        fake_nsqd nsqd(ex);
+        BOOST_REQUIRE(nsqd.start().has_value());
+        nsqd.publish("shared", "early");
+        std::vector<std::pair<std::string, int>> seen;
+        std::size_t early_touches = 0, late_touches = 0;
+        auto cfg = liveness_config("shared", nsqd.tcp_address());
+        cfg.max_in_flight = 2;
+        cg::metrics::registry reg;
+        consumer c(
+            ex, cfg,
+            [&](message& m) -> asio::awaitable<disposition> {
+                seen.emplace_back(m.body(), m.attempts());
+                if (m.attempts() > 1) co_return disposition::finish();
+                if (m.body() == "early") {
+                    // Once "late" is being handled: its handler holds its keepalive from its first step.
+                    bool late_started = co_await eventually([&] { return seen.size() == 2; }, seconds(3));
+                    BOOST_TEST(late_started);
+                    cg::nsq::keepalive ka(m);
+                    co_await cg::net::sleep_for(milliseconds(1500));
+                    early_touches = ka.touches();
+                } else {
+                    cg::nsq::keepalive ka(m);
+                    co_await cg::net::sleep_for(milliseconds(2500));
+                    late_touches = ka.touches();
+                }
+                co_return disposition::finish();
+            },
+            {}, reg);
+        BOOST_REQUIRE(c.start().has_value());
+        co_await cg::net::sleep_for(milliseconds(1200));
+        nsqd.publish("shared", "late");
+        BOOST_REQUIRE(
+            co_await eventually([&] { return nsqd.channel("shared", "c").finish_count == 2; }, seconds(8)));
+        co_await cg::net::sleep_for(milliseconds(200));
+        BOOST_TEST(nsqd.channel("shared", "c").timeout_count == 0u);
+        BOOST_TEST(seen.size() == 2u);
+        for (const auto& [body, attempts] : seen) BOOST_TEST(attempts == 1, body << " delivered again");
+        BOOST_TEST(early_touches >= 2u);  // at once (due since 1 s), then 1 s later
+        BOOST_TEST(late_touches >= 2u);   // at 2.2 s and 3.2 s
         BOOST_TEST(c.stats().fin_failed == 0u);
         co_await c.stop();
     });
