@@ -126,8 +126,9 @@ struct spend_row {
     std::string idempotency_key;
     std::int64_t amount = 0;
     state st = state::reserved;
-    // settled_status IS NOT NULL (0014): settled with its payment still in flight (a pending charge, a
-    // processing intent), followed by the resolver's check_in_flight until Stripe says how it ended.
+    // settled_status IS NOT NULL (0014): settled with a payment that may still move money but has not (a
+    // pending charge; a processing, requires_action or requires_confirmation intent), followed by the
+    // resolver's check_in_flight until Stripe says how it ended.
     bool in_flight = false;
     int charge = -1;  // the Stripe object it settled with (stripe_object_id), for the in-flight follow
     int intent = -1;

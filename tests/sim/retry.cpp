@@ -1,8 +1,9 @@
 // The operator's `retry-declined` (app/declined_retry.cpp, billing/store/retry_store.hpp, docs/design.md
 // "Retrying a decline"): once the customer fixed the payment method, a declined row's open PaymentIntent is
-// read through the fact and cancelled (one that succeeded meanwhile makes the row charged instead), then the
-// row is reopened under a new key generation with its old payments recorded, and the event is published
-// again.
+// read through the fact and cancelled (one that succeeded meanwhile makes the row charged instead) — through
+// the vault proxy when the schedule has one, which releases the intent's reservation once Stripe canceled it
+// (forward_cancel) —, then the row is reopened under a new key generation with its old payments recorded, and
+// the event is published again.
 #include <functional>
 #include <optional>
 #include <string>
@@ -80,6 +81,7 @@ void world::retry_look(int event, int round) {
             m == stripe::movement::not_tried) {
             pi.status = "canceled";
             note("cancel " + pi.id);
+            vault_cancel(idx);
             emit_intent_webhook(idx);
             at(now_ + pg(), [this, event] { reopen(event); });
         } else if (round == 0) {

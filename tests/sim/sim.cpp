@@ -38,6 +38,8 @@ std::string_view to_string(safeguard s) noexcept {
             return "cap_reservation";
         case safeguard::retry_counted_once:
             return "retry_counted_once";
+        case safeguard::follow_until_ended:
+            return "follow_until_ended";
     }
     return "?";
 }
@@ -69,15 +71,17 @@ void world::check_final() {
             violation("ledger != Stripe: " + e.key + " charged " + r->rec.charge_id.value_or("?") +
                       ", Stripe has " + std::to_string(moved.size()) + " payment(s)" +
                       (moved.empty() ? "" : " (" + moved[0]->id + " " + moved[0]->status + ")"));
-        // Never zero times, for valid events: the cap refuses one only when the reservations, each
-        // idempotency key counted once, leave it no room (an upstream bug's event, or an older key
-        // generation that may still charge, holds it); its dead letter waits for the operator.
+        // Never zero times, for valid events: the cap refuses one only when the reservations that may still
+        // move money, each idempotency key counted once, leave it no room (an upstream bug's event, an
+        // intent still waiting for its customer, or an older key generation that may still charge, holds
+        // it); its dead letter waits for the operator.
         if (s == rs::cap_blocked && !e.upstream_bug) {
             ++result_.valid_cap_blocked;
             auto it = cap_refused_.find(i);
             if (it == cap_refused_.end() || !it->second)
                 violation("event " + std::to_string(i) +
-                          " cap_blocked though the cap had room for every request counted once: zero times");
+                          " cap_blocked though the cap had room for every payment that may still move money "
+                          "(each key counted once): zero times");
         }
         // Only a customer whose payment method declines (or asks them to authenticate)
         // ends declined, and not once the operator retried it with the payment method fixed.

@@ -40,6 +40,8 @@ enum class safeguard {
     cap_reservation,          // the vault proxy reserves each create against its period's cap before
                               // forwarding it (cg_vault_step)
     retry_counted_once,  // a retry with the same idempotency key finds its reservation: not counted again
+    follow_until_ended,  // the vault follows every settled payment that may still move money but has not,
+                         // and a cancel through it releases the intent's reservation
 };
 inline constexpr safeguard all_safeguards[] = {
     safeguard::write_before_call,
@@ -56,6 +58,7 @@ inline constexpr safeguard all_safeguards[] = {
     safeguard::replay_new_generation,
     safeguard::cap_reservation,
     safeguard::retry_counted_once,
+    safeguard::follow_until_ended,
 };
 std::string_view to_string(safeguard s) noexcept;
 

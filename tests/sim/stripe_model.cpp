@@ -149,6 +149,7 @@ void world::authenticate(int pidx) {
     money_moves(charges_[idx], 1);
     emit_webhook(idx);
     emit_intent_webhook(pidx);
+    vault_payments_ended();
 }
 
 void world::settle_debit(int idx) {
@@ -159,7 +160,6 @@ void world::settle_debit(int idx) {
     ch.status = rnd_.chance(0.75) || fixed ? "succeeded" : "failed";
     note("debit " + ch.id + " " + ch.status);
     if (ch.status == "failed") money_moves(ch, -1);
-    vault_payment_ended(idx, ch.status == "failed");
     emit_webhook(idx);
     for (int i = 0; i < static_cast<int>(intents_.size()); ++i)
         if (intents_[i].charge == idx) {
@@ -168,6 +168,7 @@ void world::settle_debit(int idx) {
             if (ch.status == "failed") intents_[i].failed_method = ch.payment_method_type;
             emit_intent_webhook(i);
         }
+    vault_payments_ended();
 }
 
 std::string charge_event_json(const std::string& evt, const std::string& type, ms_t created,

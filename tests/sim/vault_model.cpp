@@ -4,9 +4,10 @@
 // migration 0025's cg_vault_step reserves an element; a refusal is the proxy's own answer
 // (vault::refusals::cap_exceeded written by vault::error_body, which the sidecar reads as
 // stripe/client_call.cpp reads any error body); the proxy settles the reservation by what the answer means
-// for its owner (vault::owner_settlement, settlement_queue.cpp's account()), and the resolver's
-// check_in_flight gives a failed payment's room back. The upstream bug the cap exists for — a period's event
-// published again as another customer's, or for the period's whole total — is upstream_bug().
+// for its owner (vault::owner_settlement, settlement_queue.cpp's account()), the resolver's check_in_flight
+// gives the room of a payment that ended without moving money back, and a cancel through the proxy
+// (forward_cancel) releases its intent's reservation at once. The upstream bug the cap exists for — a
+// period's event published again as another customer's, or for the period's whole total — is upstream_bug().
 //
 // Two schedules in three go through it (vault_on_), the others call Stripe directly. The resolver takes up an
 // `uncertain` row (vault_resolver.cpp). Not modelled: cap leases (their spends are rows under the same
@@ -106,8 +107,10 @@ bool world::vault_forward(int rq) {
     note("vault refuses " + q.idempotency_key + " (committed " + std::to_string(k.committed) + " of " +
          std::to_string(k.cap) + ")");
     if (!e.upstream_bug) {
-        // The cap owed this refusal only if the reservations, each Idempotency-Key counted once, left no
-        // room (other events', a bug's, an older key generation's that may still charge).
+        // The cap owed this refusal only if the reservations that may still move money, each
+        // Idempotency-Key counted once, left no room (other events', a bug's, an older key generation's that
+        // may still charge): one it still counted for a payment that ended without moving money is room it
+        // owed back.
         const bool owed = counted_once(k) + q.amount > k.cap;
         auto [r, first] = cap_refused_.emplace(q.event, owed);
         if (!first) r->second = r->second && owed;
@@ -115,11 +118,15 @@ bool world::vault_forward(int rq) {
     return false;
 }
 
+// What the key's reservations hold, each Idempotency-Key counted once, leaving out a settled one whose
+// payment Stripe says can no longer move money (failed, canceled): the room a refusal may be owed to.
 std::int64_t world::counted_once(const vault_key& k) const {
     std::int64_t sum = 0;
     for (const auto& [idem, i] : k.by_key) {
         bool counted = false;
-        for (const auto& r : k.rows) counted = counted || (r.idempotency_key == idem && r.counted());
+        for (const auto& r : k.rows)
+            counted = counted || (r.idempotency_key == idem && r.counted() &&
+                                  (r.st != spend::settled || stripe::money_may_move(vault_payment_now(r))));
         if (counted) sum += k.rows[i].amount;
     }
     return sum;
@@ -131,7 +138,8 @@ std::int64_t world::counted_once(const vault_key& k) const {
 // reserved or uncertain; released from reserved or uncertain, giving its amount back; uncertain from
 // reserved; any other a no-op). A retry that does not own the row settles it on a 2xx when the row was
 // reserved or uncertain as it found it; a row released meanwhile then counts again (the owner's 4xx, a
-// retry's 2xx: Stripe did charge). A 2xx whose body shows the payment in flight is followed (note_in_flight).
+// retry's 2xx: Stripe did charge). A 2xx whose body shows a payment that may still move money but has not
+// is followed (note_in_flight).
 void world::vault_account(int rq, bool timed_out) {
     const request& q = requests_[rq];
     if (q.vault_row < 0) return;
@@ -142,7 +150,7 @@ void world::vault_account(int rq, bool timed_out) {
         if (!q.vault_owner && q.vault_state != spend::reserved && q.vault_state != spend::uncertain) return;
         if (r.st == spend::settled) return;
         if (r.st == spend::released) k.committed += r.amount;
-        return vault_settled(r, q);
+        return vault_settled(k, r, q);
     }
     if (!q.vault_owner) return;
     if (how == vault::settlement::release && (r.st == spend::reserved || r.st == spend::uncertain)) {
@@ -155,34 +163,91 @@ void world::vault_account(int rq, bool timed_out) {
     }
 }
 
+bool followed(stripe::movement m) {
+    return stripe::money_may_move(m) && m != stripe::movement::charged;
+}
+
 // Settled with the object a 2xx named; its body is the object as Stripe saved it at the create, followed
-// when it shows the payment in flight (note_in_flight).
-void world::vault_settled(spend_row& r, const request& q) {
+// when it shows a payment that may still move money but has not (resolver.cpp status_to_follow: a pending
+// charge; a processing, requires_capture, requires_action or requires_confirmation intent) — the owner's
+// answer, a retry's or the resolver's replay alike. A saved body replayed after its payment ended is found
+// ended by check_in_flight's next look.
+void world::vault_settled(vault_key& k, spend_row& r, const request& q) {
     r.st = spend::settled;
     r.charge = q.intent ? -1 : q.charge;
     r.intent = q.intent ? q.intent_idx : -1;
+    stripe::movement saved = stripe::movement::charged;
     if (r.intent >= 0)
-        r.in_flight = stripe::intent_in_flight(intents_[r.intent].created_status);
+        saved = stripe::intent_movement(intents_[r.intent].created_status);
     else if (r.charge >= 0)
-        r.in_flight = stripe::charge_in_flight(
+        saved = stripe::charge_movement(
             stripe::bank_debit(charges_[r.charge].payment_method_type) ? "pending" : "succeeded");
+    // Without follow_until_ended, the reading before: only a processing or requires_capture intent or a
+    // pending charge is followed.
+    r.in_flight = has(safeguard::follow_until_ended)
+                      ? followed(saved)
+                      : saved == stripe::movement::in_flight || saved == stripe::movement::authorised;
+    vault_check_in_flight(k, r);
 }
 
-// The resolver's check_in_flight (store_followup.cpp): a reservation settled with its payment in flight is
-// released when Stripe says the payment failed (in_flight_failed_sql; the trigger gives its amount back),
-// and followed no more when it succeeded. Modelled at the moment the payment ends rather than at the
-// resolver's next pass: the cap's room comes back no earlier than Stripe's money does.
-void world::vault_payment_ended(int charge, bool failed) {
+// The reservation's payment as Stripe has it now, read by stripe::read (unknown when it names none).
+stripe::movement world::vault_payment_now(const spend_row& r) const {
+    if (r.intent >= 0) {
+        const stripe_intent& pi = intents_[r.intent];
+        stripe::payment_intent p;
+        p.id = pi.id;
+        p.status = pi.status;
+        if (pi.charge >= 0) p.latest_charge = charges_[pi.charge].id;
+        return stripe::read(p).moved;
+    }
+    if (r.charge < 0) return stripe::movement::unknown;
+    stripe::charge c;
+    c.id = charges_[r.charge].id;
+    c.status = charges_[r.charge].status;
+    c.payment_method_type = charges_[r.charge].payment_method_type;
+    return stripe::read(c).moved;
+}
+
+// The resolver's check_in_flight (resolver.cpp, store_followup.cpp) for one followed reservation: its
+// payment as Stripe has it now; charged → followed no more; failed or canceled → released
+// (in_flight_failed_sql: the trigger gives its amount back); anything else → still followed.
+void world::vault_check_in_flight(vault_key& k, spend_row& r) {
+    if (!r.in_flight || r.st != spend::settled) return;
+    const stripe::movement m = vault_payment_now(r);
+    if (m == stripe::movement::charged) {
+        r.in_flight = false;
+    } else if (m == stripe::movement::failed || m == stripe::movement::canceled) {
+        r.in_flight = false;
+        r.st = spend::released;
+        k.committed -= r.amount;
+    }
+}
+
+// check_in_flight's passes, modelled at the moment a payment ends (a debit settles, a customer
+// authenticates, an intent is canceled) rather than at the resolver's next pass: the cap's room comes back no
+// earlier than Stripe's money does.
+void world::vault_payments_ended() {
     for (auto& [period, k] : vault_)
-        for (auto& r : k.rows) {
-            if (!r.in_flight || r.st != spend::settled) continue;
-            if (r.charge != charge && (r.intent < 0 || intents_[r.intent].charge != charge)) continue;
-            r.in_flight = false;
-            if (failed) {
-                r.st = spend::released;
-                k.committed -= r.amount;
-            }
-        }
+        for (auto& r : k.rows) vault_check_in_flight(k, r);
+}
+
+// forward_cancel: a cancel of an intent the vault tagged for a reservation of the key (owns_intent: settled
+// with it, or with no object recorded), once Stripe canceled it, releases that reservation whatever its
+// state (release_canceled_sql) before the answer goes back.
+void world::vault_cancel(int intent) {
+    const stripe_intent& pi = intents_[intent];
+    auto p = period_of_.find(pi.billing_key);
+    if (!vault_on_ || !has(safeguard::follow_until_ended) || p == period_of_.end() || pi.status != "canceled")
+        return;
+    vault_key& k = vault_[p->second];
+    auto it = k.by_key.find(pi.idempotency_key);
+    if (it == k.by_key.end()) return;
+    spend_row& r = k.rows[it->second];
+    if (r.st == spend::released || (r.intent >= 0 && r.intent != intent)) return;
+    r.in_flight = false;
+    r.st = spend::released;
+    k.committed -= r.amount;
+    note("vault releases " + r.idempotency_key + ": " + pi.id + " canceled through the proxy");
 }
 
 // The invariant: under each vault key, what Stripe moved or may still move (charges succeeded or pending)

@@ -48,7 +48,7 @@ void world::resolve(const std::string& period, int i) {
     spend_row& r = k.rows[i];
     switch (vault::replay_settlement(ans)) {
         case vault::replay_action::settle:
-            return vault_settled(r, a);
+            return vault_settled(k, r, a);
         case vault::replay_action::release:
             r.st = spend::released;
             k.committed -= r.amount;
@@ -67,9 +67,10 @@ void world::resolve(const std::string& period, int i) {
 
 // resolver.cpp search(): for a /v1/payment_intents row the PaymentIntent carrying the tag, settled while
 // money may still move under it (stripe::money_may_move), else released; then the charge carrying it, failed
-// → released, else settled (not followed in flight: the search settles without note_in_flight); nothing →
-// released. The lists show Stripe's writes at once, as resolver.cpp assumes (config::resolver_list_lag: once
-// the list lag has passed, as recovery's search sees them).
+// → released, else settled; nothing → released. A settled find that may still move money but has not is
+// followed (store::settle with its status), as the owner's answer is. The lists show Stripe's writes at once,
+// as resolver.cpp assumes (config::resolver_list_lag: once the list lag has passed, as recovery's search sees
+// them).
 void world::resolver_search(vault_key& k, spend_row& r) {
     const bool intent_row = requests_[r.request].intent;
     const bool lag = cfg_.resolver_list_lag;
@@ -85,9 +86,11 @@ void world::resolver_search(vault_key& k, spend_row& r) {
             p.id = pi.id;
             p.status = pi.status;
             if (pi.charge >= 0) p.latest_charge = charges_[pi.charge].id;
-            if (!stripe::money_may_move(stripe::read(p).moved)) return release();
+            const auto moved = stripe::read(p).moved;
+            if (!stripe::money_may_move(moved)) return release();
             r.st = spend::settled;
             r.intent = i;
+            r.in_flight = has(safeguard::follow_until_ended) && followed(moved);
             return;
         }
     for (int i = 0; i < static_cast<int>(charges_.size()); ++i) {
@@ -97,9 +100,11 @@ void world::resolver_search(vault_key& k, spend_row& r) {
         c.id = ch.id;
         c.status = ch.status;
         c.payment_method_type = ch.payment_method_type;
-        if (stripe::read(c).moved == stripe::movement::failed) return release();
+        const auto moved = stripe::read(c).moved;
+        if (moved == stripe::movement::failed) return release();
         r.st = spend::settled;
         r.charge = i;
+        r.in_flight = has(safeguard::follow_until_ended) && followed(moved);
         return;
     }
     release();

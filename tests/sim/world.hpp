@@ -22,6 +22,7 @@
 #include "billing/machine/settlement.hpp"
 #include "models.hpp"
 #include "sim.hpp"
+#include "stripe/fact.hpp"
 #include "stripe/types.hpp"
 
 namespace cg::sim::detail {
@@ -268,10 +269,13 @@ class world {
     void vault_open();
     bool vault_forward(int rq);
     void vault_account(int rq, bool timed_out);
-    void vault_settled(spend_row& r, const request& q);
+    void vault_settled(vault_key& k, spend_row& r, const request& q);
     void resolve(const std::string& period, int row);
     void resolver_search(vault_key& k, spend_row& r);
-    void vault_payment_ended(int charge, bool failed);
+    stripe::movement vault_payment_now(const spend_row& r) const;
+    void vault_check_in_flight(vault_key& k, spend_row& r);
+    void vault_payments_ended();
+    void vault_cancel(int intent);
     void money_moves(const stripe_charge& ch, int sign);
     void cap_exceeded(const std::string& period, std::int64_t moving);
     void cap_check();
@@ -315,8 +319,8 @@ class world {
     std::unordered_map<std::string, vault_key> vault_;  // by billing period
     std::unordered_map<std::string, std::string> period_of_;  // billing key → its period
     std::unordered_map<std::string, std::int64_t> moving_;    // succeeded or pending cents by period
-    // Valid events the cap refused: true while every refusal was one the cap owed (counted once, the
-    // reservations left no room), false once one was not.
+    // Valid events the cap refused: true while every refusal was one the cap owed (the reservations that
+    // may still move money, each counted once, left no room), false once one was not.
     std::unordered_map<int, bool> cap_refused_;
     std::vector<message> messages_;
     std::vector<delivery> deliveries_;
@@ -326,6 +330,10 @@ class world {
     ms_t fleet_down_until_ = -1;  // every sidecar down until then
     ms_t storm_until_ = -1;       // a 429 storm: Stripe refuses most requests, the client waits for its pacer
 };
+
+// resolver.cpp's followed() (in an anonymous namespace there), mirrored: a reservation settled while its
+// payment may still move money without having moved is followed until Stripe says how it ended.
+bool followed(stripe::movement m);
 
 // A Stripe webhook event about a charge, as Stripe sends it.
 std::string charge_event_json(const std::string& evt, const std::string& type, ms_t created,
