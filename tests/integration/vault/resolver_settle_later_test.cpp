@@ -32,8 +32,8 @@ BOOST_AUTO_TEST_CASE(a_payment_that_fails_after_processing_releases_its_reservat
                                idem));
         BOOST_TEST(r.status == 200, idem << ": " << r.body);
     };
-    create("late-fail", "cus_3ds");  // on-session: requires_action, which the test takes for "in flight"
-    create("late-ok", "cus_vault");  // succeeded
+    create("late-fail", "cus_3ds");  // on-session: requires_action, which the proxy follows
+    create("late-ok", "cus_vault");  // succeeded: the test marks it as if Stripe had answered processing
     create("late-open", "cus_3ds");
     f.settle_now();
     auto committed = [&] {
@@ -47,11 +47,18 @@ BOOST_AUTO_TEST_CASE(a_payment_that_fails_after_processing_releases_its_reservat
                    "'uncertain'))") == 1;
     };
     BOOST_TEST(committed() == 4500);
-    for (const char* idem : {"late-fail", "late-ok", "late-open"}) {
-        auto marked = f.run(f.store->mark_in_flight(k.id, idem, "processing"));
-        BOOST_TEST_REQUIRE(marked.has_value());
-        BOOST_TEST(*marked);
-    }
+    // The proxy follows the two intents waiting for authentication itself, in a task of its own after
+    // answering, with no completion to await: wait (bounded) for its writes.
+    auto followed = [&](const std::string& idem) {
+        return f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = '" + idem +
+                       "' AND settled_status = 'requires_action'") == 1;
+    };
+    for (int i = 0; i < 500 && !(followed("late-fail") && followed("late-open")); ++i) f.pause(10ms);
+    BOOST_TEST_REQUIRE(followed("late-fail"));
+    BOOST_TEST_REQUIRE(followed("late-open"));
+    auto marked = f.run(f.store->mark_in_flight(k.id, "late-ok", "processing"));
+    BOOST_TEST_REQUIRE(marked.has_value());
+    BOOST_TEST(*marked);
     // Due: their last check (none yet, so the reservation time) older than the resolver interval.
     f.scalar("UPDATE vault_spend SET reserved_at = now() - interval '1 hour' RETURNING 1");
     auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
@@ -68,9 +75,10 @@ BOOST_AUTO_TEST_CASE(a_payment_that_fails_after_processing_releases_its_reservat
     BOOST_TEST(
         f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'late-ok' AND state = 'settled' "
                 "AND settled_status IS NULL") == 1);
-    BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'late-open' AND state = "
-                       "'settled' AND settled_status = 'processing' AND in_flight_checked_at IS NOT NULL") ==
-               1);
+    BOOST_TEST(
+        f.count("SELECT count(*) FROM vault_spend WHERE idempotency_key = 'late-open' AND state = "
+                "'settled' AND settled_status = 'requires_action' AND in_flight_checked_at IS NOT NULL") ==
+        1);
     BOOST_TEST(committed() == 3000);
     BOOST_TEST(exact());
     // Checked rows are not due again at once; a second pass, even when due, releases nothing twice.
