@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "http/client.hpp"
 #include "http/server.hpp"
@@ -320,6 +321,11 @@ struct vault_fixture : fake_stripe_fixture {
     std::size_t fake_charges() {
         return run([](fake::fake_stripe* f) -> net::awaitable<std::size_t> {
             co_return f->charges().size();
+        }(fake.get()));
+    }
+    std::vector<fake::intent_rec> fake_intents() {
+        return run([](fake::fake_stripe* f) -> net::awaitable<std::vector<fake::intent_rec>> {
+            co_return f->intents();
         }(fake.get()));
     }
     std::uint64_t fake_requests() {

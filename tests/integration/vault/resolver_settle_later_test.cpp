@@ -61,9 +61,7 @@ BOOST_AUTO_TEST_CASE(a_payment_that_fails_after_processing_releases_its_reservat
     BOOST_TEST(*marked);
     // Due: their last check (none yet, so the reservation time) older than the resolver interval.
     f.scalar("UPDATE vault_spend SET reserved_at = now() - interval '1 hour' RETURNING 1");
-    auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
-        co_return fk->intents();
-    }(f.fake.get()));
+    auto intents = f.fake_intents();
     BOOST_TEST_REQUIRE(intents.size() == 3u);
     auto direct = f.direct_stripe();
     auto cancel = f.run(direct->call("POST", "/v1/payment_intents/" + intents[0].id + "/cancel",
@@ -217,9 +215,7 @@ BOOST_AUTO_TEST_CASE(a_bank_debit_through_the_proxy_is_held_while_processing_the
     BOOST_TEST(committed() == 3500);
     BOOST_TEST(exact());
     // The bank answers: one debit succeeds, the other fails.
-    auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
-        co_return fk->intents();
-    }(f.fake.get()));
+    auto intents = f.fake_intents();
     BOOST_TEST_REQUIRE(intents.size() == 2u);
     auto settle = [&](const std::string& id, const std::string& outcome, const std::string& code) {
         return f.run([](fake::fake_stripe* fk, std::string id, std::string outcome,
@@ -289,9 +285,7 @@ BOOST_AUTO_TEST_CASE(an_intent_waiting_for_authentication_is_followed_and_releas
     BOOST_TEST(f.run(f.proxy->resolve_once()) == 1u);
     BOOST_TEST(followed());
     BOOST_TEST(committed() == 1500);
-    auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
-        co_return fk->intents();
-    }(f.fake.get()));
+    auto intents = f.fake_intents();
     BOOST_TEST_REQUIRE(intents.size() == 1u);
     auto direct = f.direct_stripe();
     auto cancel = f.run(direct->call("POST", "/v1/payment_intents/" + intents[0].id + "/cancel",
@@ -336,9 +330,7 @@ BOOST_AUTO_TEST_CASE(a_cancel_through_the_vault_releases_the_intents_reservation
     auto direct = f.direct_stripe();
     auto untagged = f.run(direct->call("POST", "/v1/payment_intents", f.charge_body(100), "untagged"));
     BOOST_TEST_REQUIRE(untagged.http.ok());
-    auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
-        co_return fk->intents();
-    }(f.fake.get()));
+    auto intents = f.fake_intents();
     BOOST_TEST_REQUIRE(intents.size() == 3u);
     auto committed = [&] {
         return f.count("SELECT committed_cents FROM vault_keys WHERE id = '" + k.id + "'");

@@ -163,9 +163,7 @@ BOOST_AUTO_TEST_CASE(the_search_finds_payment_intents_that_made_no_charge_and_re
     pi("pi-cancel", "");
     f.settle_now();
     BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE state = 'uncertain'") == 3);
-    auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
-        co_return fk->intents();
-    }(f.fake.get()));
+    auto intents = f.fake_intents();
     BOOST_TEST_REQUIRE(intents.size() == 3u);
     BOOST_TEST(intents[0].status == "requires_action");
     BOOST_TEST(intents[1].status == "requires_confirmation");
@@ -209,9 +207,7 @@ BOOST_AUTO_TEST_CASE(the_search_releases_a_declined_payment_intent) {
     BOOST_TEST(r.status == 500);
     f.settle_now();
     BOOST_TEST(f.count("SELECT count(*) FROM vault_spend WHERE state = 'uncertain'") == 1);
-    auto intents = f.run([](fake::fake_stripe* fk) -> net::awaitable<std::vector<fake::intent_rec>> {
-        co_return fk->intents();
-    }(f.fake.get()));
+    auto intents = f.fake_intents();
     BOOST_TEST_REQUIRE(intents.size() == 1u);
     BOOST_TEST(intents[0].status == "requires_payment_method");
     BOOST_TEST(f.run(f.proxy->resolve_once()) == 1u);
